@@ -1,0 +1,218 @@
+//! # cairn
+//!
+//! The command-line tool: parses arguments, wires the codec and pipeline
+//! layers together, draws progress on a terminal and prints reports as
+//! text or JSON. It is the only crate that knows every layer.
+
+mod files;
+mod pack;
+mod report;
+
+use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
+
+/// cairn: a storage stack for big images and streams.
+#[derive(Parser, Debug)]
+#[command(name = "cairn", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Compress files or stdin in parallel, in a standard format.
+    ///
+    /// Levels can be given pigz-style as -1 .. -19 or as -l LEVEL
+    /// (zstd accepts negative levels: -l -5).
+    Pack(PackArgs),
+    /// Decompress files or stdin in parallel; the format is detected by magic.
+    Unpack(UnpackArgs),
+}
+
+/// Options shared by pack and unpack.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct CommonArgs {
+    /// Worker threads (default: number of cores; 1 = exactly one thread).
+    #[arg(short = 'T', long = "threads")]
+    pub threads: Option<usize>,
+    /// Keep input files (default: remove them after success, like gzip).
+    #[arg(short = 'k', long = "keep")]
+    pub keep: bool,
+    /// Overwrite existing output files; write compressed data to a terminal.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    /// Write to standard output, keep input files.
+    #[arg(short = 'c', long = "stdout")]
+    pub stdout: bool,
+    /// Write to this file (one input only).
+    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    pub output: Option<std::path::PathBuf>,
+    /// Print a one-line summary per file (size, ratio, speed) on stderr.
+    #[arg(short = 'v', long = "verbose")]
+    pub verbose: bool,
+    /// No progress bar.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+    /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
+    #[arg(long = "json")]
+    pub json: bool,
+    /// Files to process; none or "-" means standard input.
+    #[arg(value_name = "FILES")]
+    pub files: Vec<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct PackArgs {
+    /// Output format: gzip, zstd, lz4, snappy, lzop, bzip2, xz.
+    #[arg(short = 'F', long = "format", default_value = "gzip")]
+    pub format: String,
+    /// Compression level (format-specific range; -1..-19 work too).
+    #[arg(short = 'l', long = "level", allow_negative_numbers = true)]
+    pub level: Option<i32>,
+    /// Input block size per worker task, e.g. 1M, 4M, 512K.
+    #[arg(short = 'b', long = "block", value_parser = parse_size)]
+    pub block: Option<usize>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UnpackArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// Parse `4M`, `512K`, `1G`, `65536`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: usize = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix in {s:?} (use K, M or G)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: usize = num
+        .trim_end_matches(['i', 'B'])
+        .parse()
+        .map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// Turn pigz-style `-9` / `-19` into `--level=9` before clap sees them.
+fn rewrite_level_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut after_dashdash = false;
+    let mut prev_takes_value = false;
+    for a in args {
+        let rewritten = match a.to_str() {
+            Some("--") => {
+                after_dashdash = true;
+                None
+            }
+            Some(s)
+                if !after_dashdash
+                    && !prev_takes_value
+                    && s.len() >= 2
+                    && s.len() <= 3
+                    && s.starts_with('-')
+                    && s[1..].bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                Some(format!("--level={}", &s[1..]).into())
+            }
+            _ => None,
+        };
+        prev_takes_value = matches!(
+            a.to_str(),
+            Some(
+                "-l" | "--level"
+                    | "-T"
+                    | "--threads"
+                    | "-b"
+                    | "--block"
+                    | "-o"
+                    | "--output"
+                    | "-F"
+                    | "--format"
+            )
+        );
+        out.push(rewritten.unwrap_or(a));
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(rewrite_level_flags(std::env::args_os()));
+    let result = match cli.command {
+        Command::Pack(args) => pack::pack(&args),
+        Command::Unpack(args) => pack::unpack(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cairn: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4M"), Ok(4 << 20));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(
+            parse_size("1GiB"),
+            Err("unknown size suffix in \"1GiB\" (use K, M or G)".into())
+        );
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("x").is_err());
+    }
+
+    #[test]
+    fn level_flags() {
+        let args = ["cairn", "pack", "-9", "-T", "2", "-l", "-5", "--", "-3"]
+            .iter()
+            .map(std::ffi::OsString::from);
+        let got = rewrite_level_flags(args);
+        let got: Vec<&str> = got.iter().filter_map(|s| s.to_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "cairn",
+                "pack",
+                "--level=9",
+                "-T",
+                "2",
+                "-l",
+                "-5",
+                "--",
+                "-3"
+            ]
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! `cairn pack` and `cairn unpack`: a reader thread, N workers and an
+//! in-order writer on the pipeline crate, with the codec crate's formats.
+
+use crate::files::{copy_metadata, read_full, Sink, Source};
+use crate::report::{Progress, Summary};
+use crate::{CommonArgs, PackArgs, UnpackArgs};
+use anyhow::{anyhow, bail, Context, Result};
+use cairn_codec::{BlockMeta, ContentChecker, Format, Input, Unit};
+use cairn_pipeline::{Config, Fill, Slot};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Largest block size accepted on the command line.
+const MAX_BLOCK: usize = 64 << 20;
+
+fn threads(common: &CommonArgs) -> Result<usize> {
+    match common.threads {
+        Some(0) => bail!("-T needs at least 1 thread"),
+        Some(n) if n > 1024 => bail!("-T {n}: too many threads (at most 1024)"),
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+    }
+}
+
+/// One input and where its output goes.
+struct Plan {
+    source: Source,
+    dest: Dest,
+    remove_input: bool,
+}
+
+enum Dest {
+    Stdout,
+    File(PathBuf),
+}
+
+/// Decide outputs for every input, gzip-style.
+fn plan(common: &CommonArgs, name_output: impl Fn(&Path) -> Result<PathBuf>) -> Result<Vec<Plan>> {
+    let inputs: Vec<Source> = if common.files.is_empty() {
+        vec![Source::Stdin]
+    } else {
+        common.files.iter().map(|p| Source::from_arg(p)).collect()
+    };
+    if common.output.is_some() && inputs.len() > 1 {
+        bail!(
+            "-o names one output, but {} inputs were given",
+            inputs.len()
+        );
+    }
+    if common.output.is_some() && common.stdout {
+        bail!("-o and -c both name the output; choose one");
+    }
+    inputs
+        .into_iter()
+        .map(|source| {
+            let (dest, remove_input) = match (&source, &common.output) {
+                (_, Some(out)) if out.as_os_str() == "-" => (Dest::Stdout, false),
+                (Source::File(_), Some(out)) => (Dest::File(out.clone()), !common.keep),
+                (Source::Stdin, Some(out)) => (Dest::File(out.clone()), false),
+                (Source::Stdin, None) => (Dest::Stdout, false),
+                (Source::File(_), None) if common.stdout => (Dest::Stdout, false),
+                (Source::File(p), None) => (Dest::File(name_output(p)?), !common.keep),
+            };
+            Ok(Plan {
+                source,
+                dest,
+                remove_input,
+            })
+        })
+        .collect()
+}
+
+fn open_sink(dest: &Dest, force: bool, binary: bool) -> Result<Sink> {
+    match dest {
+        Dest::Stdout => Sink::stdout(force, binary),
+        Dest::File(p) => Sink::file(p, force),
+    }
+}
+
+fn finish(plan: &Plan, sink: Sink) -> Result<()> {
+    sink.commit()?;
+    if let (Source::File(src), Dest::File(dst)) = (&plan.source, &plan.dest) {
+        copy_metadata(src, dst);
+        if plan.remove_input {
+            std::fs::remove_file(src).with_context(|| format!("remove {}", src.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn emit(common: &CommonArgs, summaries: &[Summary], data_on_stdout: bool) -> Result<()> {
+    if common.json {
+        let text = if summaries.len() == 1 {
+            serde_json::to_string_pretty(&summaries[0])?
+        } else {
+            serde_json::to_string_pretty(summaries)?
+        };
+        if data_on_stdout {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    }
+    if common.verbose {
+        for s in summaries {
+            eprintln!("{}", s.line());
+        }
+    }
+    Ok(())
+}
+
+pub fn pack(args: &PackArgs) -> Result<()> {
+    let format: Format = args.format.parse()?;
+    let common = &args.common;
+    let level = match args.level {
+        Some(l) => {
+            let (lo, hi) = format.level_range();
+            if l < lo || l > hi {
+                // lz4 and snappy have one speed here; accept any level the
+                // standard tool accepts, like `lz4 -9` would, by clamping.
+                if matches!(format, Format::Lz4 | Format::Snappy) && (1..=12).contains(&l) {
+                    lo
+                } else {
+                    bail!("{format}: level {l} is out of range {lo}..={hi}");
+                }
+            } else {
+                l
+            }
+        }
+        None => format.default_level(),
+    };
+    let block = args
+        .block
+        .unwrap_or_else(|| format.default_block_size(level));
+    if block > MAX_BLOCK {
+        bail!("-b {block}: block size over the 64 MiB limit");
+    }
+    let threads = threads(common)?;
+    let plans = plan(common, |p| {
+        let mut name = p.as_os_str().to_owned();
+        name.push(format.suffix());
+        Ok(PathBuf::from(name))
+    })?;
+    let mut summaries = Vec::new();
+    let data_on_stdout = plans.iter().any(|p| matches!(p.dest, Dest::Stdout));
+    for plan in &plans {
+        let s = pack_one(plan, format, level, block, threads, common)
+            .with_context(|| plan.source.name())?;
+        summaries.push(s);
+    }
+    emit(common, &summaries, data_on_stdout)
+}
+
+/// What a pack worker hands the writer: the encoded bytes and their meta.
+#[derive(Default)]
+struct Packed {
+    bytes: Vec<u8>,
+    meta: BlockMeta,
+}
+
+fn pack_one(
+    plan: &Plan,
+    format: Format,
+    level: i32,
+    block: usize,
+    threads: usize,
+    common: &CommonArgs,
+) -> Result<Summary> {
+    let started = Instant::now();
+    let (mut reader, size) = plan.source.open()?;
+    let mut sink = open_sink(&plan.dest, common.force, true)?;
+    let progress = Progress::new("pack", size, !common.quiet && !common.json);
+    // Build one encoder now so a bad level fails before any output.
+    drop(format.encoder(level, block)?);
+    let mut framer = format.framer(level);
+    let mut head = Vec::new();
+    framer.header(&mut head);
+    let out_name = sink.name();
+    let w = sink.writer();
+    w.write_all(&head).with_context(|| out_name.clone())?;
+    let mut bytes_out = head.len() as u64;
+    let mut bytes_in = 0u64;
+    let mut blocks = 0u64;
+    let mut first = true;
+    let source_name = plan.source.name();
+    let result = cairn_pipeline::run(
+        Config::new(threads),
+        |input: &mut Vec<u8>| {
+            let n = read_full(&mut reader, input, block)
+                .map_err(|e| anyhow!(e).context(format!("read {source_name}")))?;
+            // An empty input still gets one (empty) block: every format's
+            // tools expect at least a header and most a member or frame.
+            if n == 0 && !first {
+                return Ok(Fill::End);
+            }
+            first = false;
+            Ok(Fill::Item)
+        },
+        || {
+            let mut enc = format.encoder(level, block);
+            move |input: &mut Vec<u8>, out: &mut Packed| -> Result<()> {
+                let enc = enc.as_mut().map_err(|e| anyhow!("{e}"))?;
+                out.meta = enc.encode(input, &mut out.bytes)?;
+                Ok(())
+            }
+        },
+        |slot: &mut Slot<Vec<u8>, Packed>| {
+            w.write_all(&slot.output.bytes)
+                .with_context(|| out_name.clone())?;
+            framer.block(&slot.output.meta);
+            bytes_in += slot.input.len() as u64;
+            bytes_out += slot.output.bytes.len() as u64;
+            blocks += 1;
+            progress.advance(slot.input.len() as u64, bytes_out);
+            Ok(())
+        },
+        |slot| {
+            slot.input.clear();
+            slot.output.bytes.clear();
+        },
+    );
+    progress.finish();
+    result?;
+    let mut tail = Vec::new();
+    framer.trailer(&mut tail)?;
+    sink.writer()
+        .write_all(&tail)
+        .with_context(|| out_name.clone())?;
+    bytes_out += tail.len() as u64;
+    finish(plan, sink)?;
+    Ok(Summary::new(
+        "pack",
+        plan.source.name(),
+        out_name,
+        format.name().to_string(),
+        Some(level),
+        Some(block),
+        threads,
+        bytes_in,
+        bytes_out,
+        started,
+    ))
+}
+
+pub fn unpack(args: &UnpackArgs) -> Result<()> {
+    let common = &args.common;
+    let threads = threads(common)?;
+    let plans = plan(common, |p| {
+        let name = p.to_string_lossy();
+        for f in Format::ALL {
+            let extra: &[&str] = match f {
+                Format::Gzip => &[".tgz"],
+                Format::Zstd => &[".tzst"],
+                Format::Bzip2 => &[".tbz2", ".tbz"],
+                Format::Xz => &[".txz"],
+                _ => &[],
+            };
+            if let Some(stem) = name.strip_suffix(f.suffix()) {
+                if !stem.is_empty() && !stem.ends_with('/') {
+                    return Ok(PathBuf::from(stem));
+                }
+            }
+            for e in extra {
+                if let Some(stem) = name.strip_suffix(e) {
+                    return Ok(PathBuf::from(format!("{stem}.tar")));
+                }
+            }
+        }
+        bail!("{name}: unknown suffix; use -c or -o to name the output")
+    })?;
+    let data_on_stdout = plans.iter().any(|p| matches!(p.dest, Dest::Stdout));
+    let mut summaries = Vec::new();
+    for plan in &plans {
+        let s = unpack_one(plan, threads, common).with_context(|| plan.source.name())?;
+        summaries.push(s);
+    }
+    emit(common, &summaries, data_on_stdout)
+}
+
+fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summary> {
+    let started = Instant::now();
+    let (mut reader, size) = plan.source.open()?;
+    let mut head = Vec::with_capacity(16);
+    Read::by_ref(&mut reader)
+        .take(16)
+        .read_to_end(&mut head)
+        .context("read")?;
+    let format = Format::detect(&head).ok_or(cairn_codec::CodecError::UnknownFormat)?;
+    let input = Input::with_prefix(&head, Box::new(reader));
+    let mut splitter = format.splitter(input);
+    let mut sink = open_sink(&plan.dest, common.force, false)?;
+    let progress = Progress::new("unpack", size, !common.quiet && !common.json);
+    let out_name = sink.name();
+    let w = sink.writer();
+    let mut checker = ContentChecker::default();
+    let mut bytes_out = 0u64;
+    let mut last_offset = 0u64;
+    let result = cairn_pipeline::run(
+        Config::new(threads),
+        |unit: &mut Unit| {
+            Ok(if splitter.next_unit(unit)? {
+                Fill::Item
+            } else {
+                Fill::End
+            })
+        },
+        || {
+            let mut dec = format.unit_decoder();
+            move |unit: &mut Unit, out: &mut Vec<u8>| -> Result<()> {
+                dec.decode(unit, out)?;
+                Ok(())
+            }
+        },
+        |slot: &mut Slot<Unit, Vec<u8>>| {
+            checker.feed(format, slot.input.offset, slot.input.content, &slot.output)?;
+            w.write_all(&slot.output)
+                .with_context(|| out_name.clone())?;
+            bytes_out += slot.output.len() as u64;
+            let in_now = slot.input.offset;
+            progress.advance(in_now.saturating_sub(last_offset), bytes_out);
+            last_offset = last_offset.max(in_now);
+            Ok(())
+        },
+        |slot| {
+            slot.input.clear();
+            slot.output.clear();
+        },
+    );
+    progress.finish();
+    result?;
+    let bytes_in = splitter.offset();
+    finish(plan, sink)?;
+    Ok(Summary::new(
+        "unpack",
+        plan.source.name(),
+        out_name,
+        format.name().to_string(),
+        None,
+        None,
+        threads,
+        bytes_in,
+        bytes_out,
+        started,
+    ))
+}

@@ -1,0 +1,141 @@
+//! Helpers shared by the CLI integration tests: the built binary, peers
+//! that must exist under CI, deterministic test data.
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The cairn binary built for this test run.
+pub fn cairn() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+}
+
+/// Is a peer tool on PATH? Under `CI=true` a missing peer fails the test;
+/// elsewhere the caller skips with a message.
+pub fn have(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("peer tool {tool} is missing; .ci/run must install it");
+        }
+        eprintln!("skipping: {tool} not installed");
+    }
+    found
+}
+
+/// A Python with the `snappy` module (python-snappy), for the snappy
+/// framing interop: `CAIRN_SNAPPY_PYTHON` or the venv `.ci/run` makes.
+pub fn snappy_python() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("CAIRN_SNAPPY_PYTHON").ok().map(PathBuf::from),
+        Some(PathBuf::from("/opt/cairn-venv/bin/python")),
+    ];
+    for c in candidates.into_iter().flatten() {
+        let ok = Command::new(&c)
+            .args(["-c", "import snappy"])
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(c);
+        }
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("python-snappy is missing; .ci/run must install it");
+    }
+    eprintln!("skipping: no python with the snappy module");
+    None
+}
+
+/// Run `cmd` with `input` on stdin; returns the output.
+pub fn pipe(cmd: &mut Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let data = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        // The child may exit early on bad input; a broken pipe is fine.
+        let _ = stdin.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("wait");
+    writer.join().expect("writer thread");
+    out
+}
+
+/// Run `tool args` on stdin input and return stdout, asserting success.
+pub fn run_ok(tool: &str, args: &[&str], input: &[u8]) -> Vec<u8> {
+    let out = pipe(Command::new(tool).args(args), input);
+    assert!(
+        out.status.success(),
+        "{tool} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Run cairn with args on stdin input; returns the whole output.
+pub fn cairn_pipe(args: &[&str], input: &[u8]) -> Output {
+    pipe(cairn().args(args), input)
+}
+
+/// Run cairn and assert success, returning stdout.
+pub fn cairn_ok(args: &[&str], input: &[u8]) -> Vec<u8> {
+    let out = cairn_pipe(args, input);
+    assert!(
+        out.status.success(),
+        "cairn {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Deterministic mixed data: text-like runs, zero pages, random bytes, so
+/// every codec has something to do and blocks differ.
+pub fn mixed(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(n);
+    let words: [&[u8]; 6] = [b"kernel ", b"page ", b"cairn ", b"0000 ", b"\n", b"block "];
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match x % 8 {
+            0 => out.extend(std::iter::repeat(0u8).take((x >> 8) as usize % 5000)),
+            1 | 2 => out.extend((0..(x >> 8) as usize % 300).map(|i| (x >> (i % 56)) as u8)),
+            _ => {
+                for i in 0..((x >> 8) % 40) {
+                    out.extend_from_slice(words[((x >> (i % 60)) % 6) as usize]);
+                }
+            }
+        }
+    }
+    out.truncate(n);
+    out
+}
+
+/// A fresh temporary directory.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Names in a directory, sorted.
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}

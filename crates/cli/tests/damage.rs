@@ -1,0 +1,180 @@
+//! Bad input: truncated files, flipped bytes, wrong magic, trailing
+//! garbage and absurd declared sizes give a one-line error naming the
+//! format and an offset, a non-zero exit, no panic, no hang, and no output
+//! file left behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+const FORMATS: [&str; 7] = ["gzip", "zstd", "lz4", "snappy", "lzop", "bzip2", "xz"];
+
+fn packed(format: &str) -> (Vec<u8>, Vec<u8>) {
+    let data = mixed(400_000, 21);
+    let p = cairn_ok(&["pack", "-F", format, "-b", "64K", "-q"], &data);
+    (data, p)
+}
+
+/// Assert a clean failure: non-zero exit, exactly one stderr line that
+/// starts with `cairn:` and names the format, no panic message.
+fn assert_clean_failure(out: &std::process::Output, format: &str, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{format} {what}: exit 0");
+    assert_eq!(out.status.code(), Some(1), "{format} {what}: {err}");
+    assert!(!err.contains("panicked"), "{format} {what}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{format} {what}: {err}");
+    assert!(err.starts_with("cairn: "), "{format} {what}: {err}");
+    assert!(
+        err.contains(format),
+        "{format} {what}: no format named in {err}"
+    );
+}
+
+fn suffix(format: &str) -> &'static str {
+    match format {
+        "gzip" => ".gz",
+        "zstd" => ".zst",
+        "lz4" => ".lz4",
+        "snappy" => ".sz",
+        "lzop" => ".lzo",
+        "bzip2" => ".bz2",
+        _ => ".xz",
+    }
+}
+
+fn offset_named(err: &str) -> bool {
+    err.contains("offset")
+}
+
+#[test]
+fn truncated_files_fail_with_offset() {
+    for format in FORMATS {
+        let (_, p) = packed(format);
+        for cut in [p.len() / 3, p.len() / 2 + 1, p.len() - 1] {
+            let out = cairn_pipe(&["unpack", "-T2"], &p[..cut]);
+            assert_clean_failure(&out, format, &format!("cut at {cut}"));
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(offset_named(&err), "{format}: {err}");
+        }
+    }
+}
+
+#[test]
+fn flipped_bytes_fail_or_decode_correctly() {
+    for format in FORMATS {
+        let (data, p) = packed(format);
+        for i in (0..p.len()).step_by(p.len() / 40 + 1) {
+            let mut bad = p.clone();
+            bad[i] ^= 0x44;
+            let out = cairn_pipe(&["unpack", "-T2"], &bad);
+            if out.status.success() {
+                assert!(
+                    out.stdout == data,
+                    "{format}: flip at {i} gave wrong output"
+                );
+            } else {
+                assert_clean_failure(&out, format, &format!("flip at {i}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn wrong_magic_is_one_line() {
+    let out = cairn_pipe(&["unpack"], b"this is not compressed at all");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown format"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1);
+    let out = cairn_pipe(&["unpack"], b"");
+    assert!(!out.status.success());
+}
+
+#[test]
+fn trailing_garbage_is_an_error() {
+    for format in FORMATS {
+        let (_, mut p) = packed(format);
+        p.extend_from_slice(b"\x01garbage after the stream");
+        let out = cairn_pipe(&["unpack"], &p);
+        assert_clean_failure(&out, format, "trailing garbage");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("garbage") || offset_named(&err),
+            "{format}: {err}"
+        );
+    }
+}
+
+#[test]
+fn huge_declared_sizes_are_refused_before_allocating() {
+    // gzip: the member length field of the first member says 4 GiB - 1.
+    let (_, mut gz) = packed("gzip");
+    gz[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    let out = cairn_pipe(&["unpack"], &gz);
+    assert_clean_failure(&out, "gzip", "huge member");
+    // lz4: first block size field beyond the frame's maximum.
+    let (_, mut lz) = packed("lz4");
+    lz[7..11].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
+    let out = cairn_pipe(&["unpack"], &lz);
+    assert_clean_failure(&out, "lz4", "huge block");
+    // lzop: first block's uncompressed size 2 GiB.
+    let (_, mut lzo) = packed("lzop");
+    let hdr = 9 + 2 + 2 + 2 + 1 + 1 + 4 + 4 + 4 + 4 + 1 + 4;
+    lzo[hdr..hdr + 4].copy_from_slice(&0x7fff_ffffu32.to_be_bytes());
+    let out = cairn_pipe(&["unpack"], &lzo);
+    assert_clean_failure(&out, "lzop", "huge block");
+    // zstd: a frame claiming 2^40 bytes of content goes to the streaming
+    // decoder, which then finds the frame inconsistent.
+    let mut zs = cairn_ok(
+        &["pack", "-F", "zstd", "-b", "1M", "-q"],
+        &mixed(400_000, 22),
+    );
+    let fhd = zs[4];
+    assert_eq!(fhd >> 6, 2, "cairn frames record a 4-byte content size");
+    zs[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+    let out = cairn_pipe(&["unpack"], &zs);
+    assert_clean_failure(&out, "zstd", "huge frame");
+}
+
+#[test]
+fn no_partial_output_file_is_left_behind() {
+    for format in FORMATS {
+        let dir = tempdir();
+        let (_, p) = packed(format);
+        let bad = &p[..p.len() * 2 / 3];
+        let suffix = suffix(format);
+        let src = dir.path().join(format!("x{suffix}"));
+        std::fs::write(&src, bad).unwrap();
+        // Default name (strip the suffix) and -o.
+        let named = dir.path().join("named.out");
+        for extra in [vec![], vec!["-o", named.to_str().unwrap()]] {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_cairn"));
+            let mut args = vec!["unpack"];
+            args.extend(extra.iter().copied());
+            let out = cmd
+                .args(&args)
+                .arg(format!("x{suffix}"))
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{format}: accepted a cut file");
+        }
+        assert_eq!(listing(dir.path()), vec![format!("x{suffix}")], "{format}");
+    }
+}
+
+#[test]
+fn no_partial_output_when_packing_an_unreadable_file() {
+    let dir = tempdir();
+    // A directory is not a readable stream.
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let out = cairn()
+        .args(["pack", "sub"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(listing(dir.path()), vec!["sub".to_string()]);
+}

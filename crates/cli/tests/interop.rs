@@ -1,0 +1,187 @@
+//! cairn against the real tools, both ways, for every format: what cairn
+//! packs the standard tool reads, and what the standard tools write cairn
+//! unpacks (multi-member, multi-frame, linked blocks, parallel writers).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+
+const SIZE: usize = 3_000_000;
+
+/// cairn pack output (several blocks, 2 threads and 1) decoded by `tool`.
+fn cairn_to_peer(format: &str, level: Option<&str>, tool: &str, dargs: &[&str]) {
+    if !have(tool) {
+        return;
+    }
+    let data = mixed(SIZE, 1);
+    for threads in ["1", "2"] {
+        let mut args = vec!["pack", "-F", format, "-T", threads, "-b", "256K", "-q"];
+        if let Some(l) = level {
+            args.push(l);
+        }
+        let packed = cairn_ok(&args, &data);
+        let back = run_ok(tool, dargs, &packed);
+        assert!(
+            back == data,
+            "{tool} {dargs:?} misread cairn {format} (T{threads})"
+        );
+    }
+}
+
+/// `tool` output decoded by cairn unpack, on 2 threads and on 1.
+fn peer_to_cairn(tool: &str, cargs: &[&str], data: &[u8]) {
+    if !have(tool) {
+        return;
+    }
+    let packed = run_ok(tool, cargs, data);
+    for threads in ["1", "2"] {
+        let back = cairn_ok(&["unpack", "-T", threads, "-q"], &packed);
+        assert!(back == data, "cairn misread {tool} {cargs:?} (T{threads})");
+    }
+}
+
+#[test]
+fn gzip_both_ways() {
+    cairn_to_peer("gzip", None, "gzip", &["-dc"]);
+    cairn_to_peer("gzip", Some("-1"), "gzip", &["-dc"]);
+    cairn_to_peer("gzip", Some("-9"), "pigz", &["-dc"]);
+    let data = mixed(SIZE, 2);
+    peer_to_cairn("gzip", &["-c"], &data);
+    peer_to_cairn("pigz", &["-p2", "-c"], &data);
+    peer_to_cairn("pigz", &["-p2", "-1", "-c", "--name"], &data);
+}
+
+#[test]
+fn gzip_multi_member_and_mixed_members() {
+    if !have("gzip") {
+        return;
+    }
+    let a = mixed(500_000, 3);
+    let b = mixed(700_000, 4);
+    let mut both = run_ok("gzip", &["-c"], &a);
+    both.extend(run_ok("gzip", &["-c"], &b));
+    // A cairn file followed by a foreign member, and the reverse.
+    let mut mixed_file = cairn_ok(&["pack", "-b", "100K", "-q"], &a);
+    mixed_file.extend(run_ok("gzip", &["-c"], &b));
+    mixed_file.extend(cairn_ok(&["pack", "-b", "100K", "-q"], &a));
+    let want = [a.clone(), b.clone()].concat();
+    for threads in ["1", "2"] {
+        assert!(cairn_ok(&["unpack", "-T", threads], &both) == want);
+        let back = cairn_ok(&["unpack", "-T", threads], &mixed_file);
+        assert!(back == [a.clone(), b.clone(), a.clone()].concat());
+    }
+}
+
+#[test]
+fn zstd_both_ways() {
+    cairn_to_peer("zstd", None, "zstd", &["-dc"]);
+    cairn_to_peer("zstd", Some("-19"), "zstd", &["-dc"]);
+    cairn_to_peer("zstd", Some("--level=-5"), "zstd", &["-dc"]);
+    let data = mixed(SIZE, 5);
+    peer_to_cairn("zstd", &["-c", "-q"], &data);
+    peer_to_cairn("zstd", &["-T2", "-c", "-q"], &data);
+    // No content size in the header: the streaming path.
+    peer_to_cairn("zstd", &["-c", "-q", "--no-content-size"], &data);
+    if have("zstd") {
+        let mut frames = run_ok("zstd", &["-c", "-q"], &data[..1_000_000]);
+        frames.extend(run_ok("zstd", &["-c", "-q"], &data[1_000_000..]));
+        assert!(cairn_ok(&["unpack"], &frames) == data);
+    }
+}
+
+#[test]
+fn zstd_seek_table_is_the_public_seekable_format() {
+    let data = mixed(1_000_000, 6);
+    let packed = cairn_ok(&["pack", "-F", "zstd", "-b", "100K", "-q"], &data);
+    // Footer: frame count, descriptor, seekable magic.
+    let n = packed.len();
+    assert_eq!(&packed[n - 4..], &0x8F92_EAB1u32.to_le_bytes());
+    let frames = u32::from_le_bytes(packed[n - 9..n - 5].try_into().unwrap());
+    assert_eq!(frames, 10);
+    assert_eq!(packed[n - 5], 0x80, "checksums present");
+}
+
+#[test]
+fn lz4_both_ways() {
+    cairn_to_peer("lz4", None, "lz4", &["-dc"]);
+    let data = mixed(SIZE, 7);
+    peer_to_cairn("lz4", &["-c", "-q"], &data);
+    peer_to_cairn("lz4", &["-c", "-q", "-B4"], &data);
+    peer_to_cairn("lz4", &["-c", "-q", "-BD", "-B4"], &data);
+    peer_to_cairn("lz4", &["-c", "-q", "-9", "--content-size", "-BX"], &data);
+    peer_to_cairn("lz4", &["-c", "-q", "--no-frame-crc"], &data);
+}
+
+#[test]
+fn lzop_both_ways() {
+    cairn_to_peer("lzop", None, "lzop", &["-dc"]);
+    cairn_to_peer("lzop", Some("-9"), "lzop", &["-dc"]);
+    cairn_to_peer("lzop", Some("-1"), "lzop", &["-dc"]);
+    let data = mixed(SIZE, 8);
+    peer_to_cairn("lzop", &["-c"], &data);
+    peer_to_cairn("lzop", &["-c", "-9", "--crc32"], &data);
+    peer_to_cairn("lzop", &["-c", "-1"], &data);
+}
+
+#[test]
+fn snappy_both_ways() {
+    let Some(py) = snappy_python() else { return };
+    let py = py.to_string_lossy().into_owned();
+    let data = mixed(SIZE, 9);
+    let decode = "import snappy,sys; snappy.stream_decompress(sys.stdin.buffer, sys.stdout.buffer)";
+    let encode = "import snappy,sys; snappy.stream_compress(sys.stdin.buffer, sys.stdout.buffer)";
+    for threads in ["1", "2"] {
+        let packed = cairn_ok(
+            &["pack", "-F", "snappy", "-T", threads, "-b", "256K"],
+            &data,
+        );
+        assert!(run_ok(&py, &["-c", decode], &packed) == data);
+    }
+    let packed = run_ok(&py, &["-c", encode], &data);
+    assert!(cairn_ok(&["unpack"], &packed) == data);
+}
+
+#[test]
+fn bzip2_both_ways() {
+    cairn_to_peer("bzip2", None, "bzip2", &["-dc"]);
+    cairn_to_peer("bzip2", Some("-1"), "lbzip2", &["-dc"]);
+    cairn_to_peer("bzip2", None, "pbzip2", &["-dc"]);
+    let data = mixed(SIZE, 10);
+    peer_to_cairn("bzip2", &["-c", "-1"], &data);
+    peer_to_cairn("lbzip2", &["-n2", "-c", "-1"], &data);
+    peer_to_cairn("pbzip2", &["-p2", "-c", "-1"], &data);
+}
+
+#[test]
+fn xz_both_ways() {
+    cairn_to_peer("xz", None, "xz", &["-dc"]);
+    cairn_to_peer("xz", Some("-1"), "xz", &["-dc"]);
+    let data = mixed(SIZE, 11);
+    peer_to_cairn("xz", &["-c", "-1"], &data);
+    peer_to_cairn("xz", &["-c", "-T2", "-1", "--block-size=300KiB"], &data);
+    if have("xz") {
+        let mut two = run_ok("xz", &["-c", "-0"], &data[..100_000]);
+        two.extend(run_ok("xz", &["-c", "-0"], &data[100_000..]));
+        assert!(cairn_ok(&["unpack"], &two) == data);
+    }
+}
+
+#[test]
+fn empty_input_makes_a_valid_file_for_every_tool() {
+    let peers = [
+        ("gzip", "gzip"),
+        ("zstd", "zstd"),
+        ("lz4", "lz4"),
+        ("lzop", "lzop"),
+        ("bzip2", "bzip2"),
+        ("xz", "xz"),
+    ];
+    for (format, tool) in peers {
+        let packed = cairn_ok(&["pack", "-F", format], b"");
+        assert!(cairn_ok(&["unpack"], &packed).is_empty(), "{format}");
+        if have(tool) {
+            assert!(run_ok(tool, &["-dc"], &packed).is_empty(), "{tool}");
+        }
+    }
+}

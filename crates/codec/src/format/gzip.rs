@@ -1,0 +1,388 @@
+//! gzip (RFC 1952) written as independent members, each carrying its own
+//! total length in an FEXTRA subfield, in the manner of BGZF.
+//!
+//! Every gunzip reads a multi-member file as the concatenation of the
+//! members and skips unknown FEXTRA subfields, so the output is plain gzip.
+//! cairn reads the subfield (ours, `CN` with a 4-byte length, or BGZF's
+//! `BC` with a 2-byte length) to hop from member to member without
+//! inflating, and inflates the members on all cores with libdeflate.
+//! Members without a length (pigz, gzip, concatenations of those) are
+//! inflated in the splitter as a stream (zlib-rs through flate2).
+//!
+//! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
+//! | member length u32le | raw deflate | crc32 | isize`.
+
+use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use crate::block::{grow, BlockCodec, DeflateCodec};
+use crate::error::{CodecError, Result};
+use crate::input::Input;
+
+const NAME: &str = "gzip";
+const TRAILER_LEN: usize = 8;
+const FTEXT: u8 = 1;
+const FHCRC: u8 = 2;
+const FEXTRA: u8 = 4;
+const FNAME: u8 = 8;
+const FCOMMENT: u8 = 16;
+
+/// Compresses blocks into self-sizing gzip members.
+pub struct Encoder {
+    deflate: DeflateCodec,
+    level: i32,
+}
+
+impl Encoder {
+    /// An encoder at libdeflate `level` (1-12).
+    pub fn new(level: i32) -> Self {
+        Encoder {
+            deflate: DeflateCodec::new(level),
+            level,
+        }
+    }
+}
+
+impl super::BlockEncoder for Encoder {
+    fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
+        let start = out.len();
+        let xfl = match self.level {
+            1 => 4,
+            9.. => 2,
+            _ => 0,
+        };
+        out.extend_from_slice(&[
+            0x1f, 0x8b, 8, FEXTRA, 0, 0, 0, 0, xfl, 3, 8, 0, b'C', b'N', 4, 0, 0, 0, 0, 0,
+        ]);
+        self.deflate.compress(src, out)?;
+        let crc = crc32fast::hash(src);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&(src.len() as u32).to_le_bytes());
+        let member_len = out.len() - start;
+        let len32 = u32::try_from(member_len).map_err(|_| CodecError::Compress {
+            codec: NAME,
+            reason: format!("member of {member_len} bytes does not fit the length field"),
+        })?;
+        out[start + 16..start + 20].copy_from_slice(&len32.to_le_bytes());
+        Ok(BlockMeta {
+            raw_len: src.len() as u64,
+            packed_len: member_len as u64,
+            check: u64::from(crc),
+        })
+    }
+}
+
+/// Parsed fixed part of a member header.
+struct Header {
+    /// Bytes of header (through FHCRC).
+    len: usize,
+    /// Total member length, when a size subfield says so.
+    member_len: Option<usize>,
+}
+
+/// Parse the member header at the start of `input`, filling as needed.
+fn parse_header(input: &mut Input) -> Result<Header> {
+    let off = input.offset();
+    let head = input.need(10, NAME)?;
+    if head[0] != 0x1f || head[1] != 0x8b {
+        return Err(CodecError::TrailingGarbage {
+            format: NAME,
+            offset: off,
+        });
+    }
+    if head[2] != 8 {
+        return Err(CodecError::corrupt(
+            NAME,
+            off + 2,
+            format!("unknown compression method {}", head[2]),
+        ));
+    }
+    let flags = head[3];
+    if flags & 0xe0 != 0 {
+        return Err(CodecError::corrupt(
+            NAME,
+            off + 3,
+            format!("reserved header flags set ({flags:#04x})"),
+        ));
+    }
+    let _ = FTEXT;
+    let mut len = 10;
+    let mut member_len = None;
+    if flags & FEXTRA != 0 {
+        let b = input.need(len + 2, NAME)?;
+        let xlen = usize::from(u16::from_le_bytes([b[len], b[len + 1]]));
+        len += 2;
+        let b = input.need(len + xlen, NAME)?;
+        let extra = &b[len..len + xlen];
+        let mut i = 0;
+        while i + 4 <= extra.len() {
+            let (s1, s2) = (extra[i], extra[i + 1]);
+            let sl = usize::from(u16::from_le_bytes([extra[i + 2], extra[i + 3]]));
+            let data = extra.get(i + 4..i + 4 + sl);
+            match (s1, s2, data) {
+                (b'C', b'N', Some(d)) if sl == 4 => member_len = Some(le32(d, 0) as usize),
+                (b'B', b'C', Some(d)) if sl == 2 => {
+                    member_len = Some(usize::from(u16::from_le_bytes([d[0], d[1]])) + 1)
+                }
+                _ => {}
+            }
+            i += 4 + sl;
+        }
+        len += xlen;
+    }
+    for flag in [FNAME, FCOMMENT] {
+        if flags & flag != 0 {
+            loop {
+                let avail = input.fill(len + 1)?;
+                if avail <= len {
+                    return Err(CodecError::Truncated {
+                        format: NAME,
+                        offset: off + avail as u64,
+                    });
+                }
+                let b = input.peek();
+                if let Some(z) = b[len..].iter().position(|&c| c == 0) {
+                    len += z + 1;
+                    break;
+                }
+                let have = b.len();
+                if have > (1 << 20) {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        off,
+                        "file name or comment longer than 1 MiB",
+                    ));
+                }
+                if input.fill(have + 1)? <= have {
+                    return Err(CodecError::Truncated {
+                        format: NAME,
+                        offset: off + have as u64,
+                    });
+                }
+            }
+        }
+    }
+    if flags & FHCRC != 0 {
+        input.need(len + 2, NAME)?;
+        len += 2;
+    }
+    Ok(Header { len, member_len })
+}
+
+/// State of a member being inflated in the splitter.
+struct Streaming {
+    inflate: flate2::Decompress,
+    crc: crc32fast::Hasher,
+    size: u64,
+}
+
+/// Finds member boundaries; inflates members that carry no length.
+pub struct Splitter {
+    input: Input,
+    streaming: Option<Streaming>,
+    members: u64,
+}
+
+impl Splitter {
+    /// A splitter over `input`.
+    pub fn new(input: Input) -> Self {
+        Splitter {
+            input,
+            streaming: None,
+            members: 0,
+        }
+    }
+
+    fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
+        let Some(st) = self.streaming.as_mut() else {
+            return Ok(());
+        };
+        unit.kind = UnitKind::Plain;
+        unit.offset = self.input.offset();
+        unit.data.reserve(PLAIN_UNIT);
+        loop {
+            if self.input.fill(1)? == 0 {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: self.input.offset(),
+                });
+            }
+            let before_in = st.inflate.total_in();
+            let before_len = unit.data.len();
+            let (_, tail) = grow(&mut unit.data, PLAIN_UNIT - before_len.min(PLAIN_UNIT));
+            let status = st
+                .inflate
+                .decompress(self.input.peek(), tail, flate2::FlushDecompress::None)
+                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
+            let produced = (st.inflate.total_out() - st.size) as usize;
+            unit.data.truncate(before_len + produced);
+            st.crc.update(&unit.data[before_len..]);
+            st.size += produced as u64;
+            let consumed = (st.inflate.total_in() - before_in) as usize;
+            self.input.consume(consumed);
+            if status == flate2::Status::StreamEnd {
+                let off = self.input.offset();
+                let t = self.input.need(TRAILER_LEN, NAME)?;
+                let (crc, isize) = (le32(t, 0), le32(t, 4));
+                let st = self
+                    .streaming
+                    .take()
+                    .ok_or_else(|| CodecError::corrupt(NAME, off, "internal: lost member state"))?;
+                let got = st.crc.finalize();
+                if crc != got {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        off,
+                        format!("CRC mismatch: stored {crc:08x}, computed {got:08x}"),
+                    ));
+                }
+                if isize != st.size as u32 {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        off + 4,
+                        format!("length mismatch: stored {isize}, decoded {}", st.size),
+                    ));
+                }
+                self.input.consume(TRAILER_LEN);
+                return Ok(());
+            }
+            if unit.data.len() >= PLAIN_UNIT {
+                return Ok(());
+            }
+            if consumed == 0 && produced == 0 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    self.input.offset(),
+                    "inflate made no progress",
+                ));
+            }
+        }
+    }
+}
+
+impl super::Splitter for Splitter {
+    fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        if self.streaming.is_some() {
+            self.stream_some(unit)?;
+            return Ok(true);
+        }
+        if self.input.at_end()? {
+            if self.members == 0 {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: 0,
+                });
+            }
+            return Ok(false);
+        }
+        let off = self.input.offset();
+        // Zero padding after the last member (tape blocking) is allowed by
+        // gzip; anything else that is not a member is garbage.
+        if self.members > 0 && self.input.peek().first() == Some(&0) {
+            let avail = self.input.fill(1 << 16)?;
+            if self.input.peek()[..avail].iter().all(|&b| b == 0) && avail < (1 << 16) {
+                self.input.consume(avail);
+                return Ok(false);
+            }
+        }
+        let header = parse_header(&mut self.input)?;
+        self.members += 1;
+        match header.member_len {
+            Some(len) if len >= header.len + TRAILER_LEN => {
+                if len > MAX_UNIT {
+                    return Err(CodecError::TooLarge {
+                        format: NAME,
+                        what: "member length field",
+                        offset: off,
+                        size: len as u64,
+                        limit: MAX_UNIT as u64,
+                    });
+                }
+                unit.offset = off;
+                unit.kind = UnitKind::Packed(header.len as u32);
+                self.input.take(len, &mut unit.data, NAME)?;
+                let isize = le32(&unit.data, len - 4) as usize;
+                if isize > MAX_UNIT {
+                    return Err(CodecError::TooLarge {
+                        format: NAME,
+                        what: "member size trailer",
+                        offset: off + len as u64 - 4,
+                        size: isize as u64,
+                        limit: MAX_UNIT as u64,
+                    });
+                }
+                unit.raw_len = isize;
+                Ok(true)
+            }
+            Some(len) => Err(CodecError::corrupt(
+                NAME,
+                off,
+                format!("member length field {len} is smaller than the header"),
+            )),
+            None => {
+                self.input.consume(header.len);
+                self.streaming = Some(Streaming {
+                    inflate: flate2::Decompress::new(false),
+                    crc: crc32fast::Hasher::new(),
+                    size: 0,
+                });
+                self.stream_some(unit)?;
+                Ok(true)
+            }
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.input.offset()
+    }
+}
+
+/// Inflates self-sizing members with libdeflate.
+pub struct Decoder {
+    inflate: libdeflater::Decompressor,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder {
+            inflate: libdeflater::Decompressor::new(),
+        }
+    }
+}
+
+impl super::UnitDecoder for Decoder {
+    fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
+        let UnitKind::Packed(header_len) = unit.kind else {
+            pass_plain(unit, out);
+            return Ok(());
+        };
+        let data = &unit.data;
+        let body = &data[header_len as usize..data.len() - TRAILER_LEN];
+        let t = data.len() - TRAILER_LEN;
+        let (crc, isize) = (le32(data, t), le32(data, t + 4) as usize);
+        let start = out.len();
+        let (_, tail) = grow(out, isize);
+        let n = self.inflate.deflate_decompress(body, tail).map_err(|e| {
+            at_offset(
+                CodecError::corrupt(NAME, u64::from(header_len), format!("deflate: {e}")),
+                unit.offset,
+            )
+        })?;
+        if n != isize {
+            out.truncate(start);
+            return Err(CodecError::corrupt(
+                NAME,
+                unit.offset + t as u64 + 4,
+                format!("length mismatch: stored {isize}, decoded {n}"),
+            ));
+        }
+        let got = crc32fast::hash(&out[start..]);
+        if got != crc {
+            out.truncate(start);
+            return Err(CodecError::corrupt(
+                NAME,
+                unit.offset + t as u64,
+                format!("CRC mismatch: stored {crc:08x}, computed {got:08x}"),
+            ));
+        }
+        Ok(())
+    }
+}

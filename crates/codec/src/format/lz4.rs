@@ -1,0 +1,409 @@
+//! The LZ4 frame format with independent 4 MiB blocks and per-block XXH32
+//! checksums. One frame holds the whole stream: the framer writes the frame
+//! header and the end mark, each worker writes whole blocks. With no
+//! dependency between blocks, cairn decodes any independent-block frame in
+//! parallel, cut at block boundaries; linked-block frames (`lz4 -BD`) are
+//! decoded in the splitter with the previous 64 KiB as dictionary.
+//!
+//! The content checksum (XXH32 of everything) cannot be computed in
+//! parallel, so cairn leaves it out of what it writes and relies on the
+//! block checksums; it verifies the content checksum of frames that have
+//! one on the writing side, in order.
+
+use super::{
+    at_offset, le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
+};
+use crate::block::{grow, BlockCodec, Lz4Codec};
+use crate::error::{CodecError, Result};
+use crate::input::Input;
+use xxhash_rust::xxh32::xxh32;
+
+const NAME: &str = "lz4";
+/// Magic of an LZ4 frame.
+pub const MAGIC: u32 = 0x184D_2204;
+/// Largest block the frame format allows (the "4 MB" block size id 7).
+pub const MAX_BLOCK: usize = 4 << 20;
+const FLG_INDEP: u8 = 0x20;
+const FLG_BLOCK_CHECKSUM: u8 = 0x10;
+const FLG_CONTENT_SIZE: u8 = 0x08;
+const FLG_CONTENT_CHECKSUM: u8 = 0x04;
+const FLG_DICT_ID: u8 = 0x01;
+const UNCOMPRESSED_BIT: u32 = 0x8000_0000;
+
+/// Compresses input into whole LZ4 blocks of at most 4 MiB.
+pub struct Encoder {
+    codec: Lz4Codec,
+}
+
+impl Encoder {
+    /// A new encoder (LZ4 has one level here).
+    pub fn new() -> Self {
+        Encoder { codec: Lz4Codec }
+    }
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Encoder::new()
+    }
+}
+
+impl super::BlockEncoder for Encoder {
+    fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
+        let start = out.len();
+        for piece in src.chunks(MAX_BLOCK) {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            self.codec.compress(piece, out)?;
+            let mut clen = out.len() - at - 4;
+            if clen >= piece.len() {
+                out.truncate(at + 4);
+                out.extend_from_slice(piece);
+                clen = piece.len();
+                out[at..at + 4].copy_from_slice(&(clen as u32 | UNCOMPRESSED_BIT).to_le_bytes());
+            } else {
+                out[at..at + 4].copy_from_slice(&(clen as u32).to_le_bytes());
+            }
+            let sum = xxh32(&out[at + 4..at + 4 + clen], 0);
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        Ok(BlockMeta {
+            raw_len: src.len() as u64,
+            packed_len: (out.len() - start) as u64,
+            check: 0,
+        })
+    }
+}
+
+/// Writes the frame header and the end mark.
+pub struct Framer;
+
+impl super::Framer for Framer {
+    fn header(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        let flg = 0x40 | FLG_INDEP | FLG_BLOCK_CHECKSUM;
+        let bd = 7 << 4;
+        let hc = (xxh32(&[flg, bd], 0) >> 8) as u8;
+        out.extend_from_slice(&[flg, bd, hc]);
+    }
+    fn block(&mut self, _meta: &BlockMeta) {}
+    fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&[0; 4]);
+        Ok(())
+    }
+}
+
+/// Flags of the frame being split, kept as the unit tag.
+#[derive(Clone, Copy)]
+struct FrameFlags {
+    flg: u8,
+    max_block: usize,
+}
+
+/// Group independent blocks into units of about this many decoded bytes.
+const UNIT_TARGET: usize = 4 << 20;
+
+/// Cuts LZ4 frames at block boundaries.
+pub struct Splitter {
+    input: Input,
+    frame: Option<FrameFlags>,
+    /// Whether the current frame has handed out a unit yet.
+    started: bool,
+    /// Last 64 KiB of output of a linked-block frame.
+    dict: Vec<u8>,
+    frames: u64,
+}
+
+impl Splitter {
+    /// A splitter over `input`.
+    pub fn new(input: Input) -> Self {
+        Splitter {
+            input,
+            frame: None,
+            started: false,
+            dict: Vec::new(),
+            frames: 0,
+        }
+    }
+
+    fn parse_frame_header(&mut self) -> Result<Option<FrameFlags>> {
+        loop {
+            if self.input.at_end()? {
+                if self.frames == 0 {
+                    return Err(CodecError::Truncated {
+                        format: NAME,
+                        offset: 0,
+                    });
+                }
+                return Ok(None);
+            }
+            let off = self.input.offset();
+            let b = self.input.need(4, NAME)?;
+            let magic = le32(b, 0);
+            if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+                let b = self.input.need(8, NAME)?;
+                let size = le32(b, 4) as usize;
+                self.input.consume(8);
+                let mut sink = Vec::new();
+                let mut left = size;
+                while left > 0 {
+                    sink.clear();
+                    let k = self.input.take_up_to(left.min(1 << 20), &mut sink)?;
+                    if k == 0 {
+                        return Err(CodecError::Truncated {
+                            format: NAME,
+                            offset: self.input.offset(),
+                        });
+                    }
+                    left -= k;
+                }
+                self.frames += 1;
+                continue;
+            }
+            if magic != MAGIC {
+                return Err(if self.frames == 0 {
+                    CodecError::UnknownFormat
+                } else {
+                    CodecError::TrailingGarbage {
+                        format: NAME,
+                        offset: off,
+                    }
+                });
+            }
+            let b = self.input.need(7, NAME)?;
+            let (flg, bd) = (b[4], b[5]);
+            if flg >> 6 != 1 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    off + 4,
+                    format!("unsupported frame version {}", flg >> 6),
+                ));
+            }
+            if flg & 0x02 != 0 || bd & 0x8F != 0 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    off + 4,
+                    "reserved bits set in frame descriptor",
+                ));
+            }
+            let max_block = match (bd >> 4) & 7 {
+                4 => 64 << 10,
+                5 => 256 << 10,
+                6 => 1 << 20,
+                7 => 4 << 20,
+                id => {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        off + 5,
+                        format!("invalid block size id {id}"),
+                    ))
+                }
+            };
+            let desc_len = 2
+                + if flg & FLG_CONTENT_SIZE != 0 { 8 } else { 0 }
+                + if flg & FLG_DICT_ID != 0 { 4 } else { 0 };
+            let b = self.input.need(4 + desc_len + 1, NAME)?;
+            let hc = (xxh32(&b[4..4 + desc_len], 0) >> 8) as u8;
+            if hc != b[4 + desc_len] {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    off + 4 + desc_len as u64,
+                    "frame descriptor checksum mismatch",
+                ));
+            }
+            if flg & FLG_DICT_ID != 0 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    off + 4,
+                    "frames that need a preset dictionary are not supported",
+                ));
+            }
+            self.input.consume(4 + desc_len + 1);
+            self.frames += 1;
+            self.started = false;
+            self.dict.clear();
+            return Ok(Some(FrameFlags { flg, max_block }));
+        }
+    }
+
+    /// Read one block header; `None` at the end mark (content checksum
+    /// consumed and returned through `end`).
+    fn block_header(
+        &mut self,
+        ff: FrameFlags,
+        end: &mut Option<u32>,
+    ) -> Result<Option<(u32, usize)>> {
+        let off = self.input.offset();
+        let word = le32(self.input.need(4, NAME)?, 0);
+        if word == 0 {
+            self.input.consume(4);
+            if ff.flg & FLG_CONTENT_CHECKSUM != 0 {
+                *end = Some(le32(self.input.need(4, NAME)?, 0));
+                self.input.consume(4);
+            }
+            return Ok(None);
+        }
+        let size = (word & !UNCOMPRESSED_BIT) as usize;
+        if size > ff.max_block {
+            return Err(CodecError::TooLarge {
+                format: NAME,
+                what: "block size field",
+                offset: off,
+                size: size as u64,
+                limit: ff.max_block as u64,
+            });
+        }
+        Ok(Some((word, size)))
+    }
+
+    fn linked_blocks(&mut self, ff: FrameFlags, unit: &mut Unit) -> Result<Option<u32>> {
+        let mut end = None;
+        let mut comp = Vec::new();
+        unit.kind = UnitKind::Plain;
+        while unit.data.len() < PLAIN_UNIT {
+            let Some((word, size)) = self.block_header(ff, &mut end)? else {
+                self.frame = None;
+                break;
+            };
+            let off = self.input.offset();
+            self.input.consume(4);
+            comp.clear();
+            self.input.take(size, &mut comp, NAME)?;
+            if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
+                let want = le32(self.input.need(4, NAME)?, 0);
+                self.input.consume(4);
+                if xxh32(&comp, 0) != want {
+                    return Err(CodecError::corrupt(NAME, off, "block checksum mismatch"));
+                }
+            }
+            let at = unit.data.len();
+            if word & UNCOMPRESSED_BIT != 0 {
+                unit.data.extend_from_slice(&comp);
+            } else {
+                let (_, tail) = grow(&mut unit.data, ff.max_block);
+                let n = lz4_flex::block::decompress_into_with_dict(&comp, tail, &self.dict)
+                    .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
+                unit.data.truncate(at + n);
+            }
+            let produced = &unit.data[at..];
+            if produced.len() >= 64 << 10 {
+                self.dict.clear();
+                self.dict
+                    .extend_from_slice(&produced[produced.len() - (64 << 10)..]);
+            } else {
+                self.dict.extend_from_slice(produced);
+                let excess = self.dict.len().saturating_sub(64 << 10);
+                self.dict.drain(..excess);
+            }
+        }
+        Ok(end)
+    }
+
+    fn independent_blocks(&mut self, ff: FrameFlags, unit: &mut Unit) -> Result<Option<u32>> {
+        let mut end = None;
+        let mut raw_bound = 0usize;
+        unit.kind = UnitKind::Packed(u32::from(ff.flg) | (ff.max_block as u32));
+        while raw_bound < UNIT_TARGET && unit.data.len() < MAX_UNIT - ff.max_block - 8 {
+            let Some((_, size)) = self.block_header(ff, &mut end)? else {
+                self.frame = None;
+                break;
+            };
+            let sum = if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
+                4
+            } else {
+                0
+            };
+            self.input.take(4 + size + sum, &mut unit.data, NAME)?;
+            raw_bound += ff.max_block;
+        }
+        unit.raw_len = raw_bound;
+        Ok(end)
+    }
+}
+
+impl super::Splitter for Splitter {
+    fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        loop {
+            let ff = match self.frame {
+                Some(ff) => ff,
+                None => match self.parse_frame_header()? {
+                    Some(ff) => {
+                        self.frame = Some(ff);
+                        ff
+                    }
+                    None => return Ok(false),
+                },
+            };
+            unit.offset = self.input.offset();
+            let end = if ff.flg & FLG_INDEP != 0 {
+                self.independent_blocks(ff, unit)?
+            } else {
+                self.linked_blocks(ff, unit)?
+            };
+            let first = !self.started;
+            self.started = true;
+            let ends = self.frame.is_none();
+            if ff.flg & FLG_CONTENT_CHECKSUM != 0 {
+                unit.content = match (first, ends, end) {
+                    (_, true, Some(v)) => ContentCheck::EndXxh32(v),
+                    (true, _, _) => ContentCheck::StartXxh32,
+                    _ => ContentCheck::Continue,
+                };
+            }
+            if unit.data.is_empty() && unit.content == ContentCheck::None && ends {
+                // An empty frame: nothing to hand out.
+                continue;
+            }
+            return Ok(true);
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.input.offset()
+    }
+}
+
+/// Decodes runs of independent blocks.
+pub struct Decoder;
+
+impl super::UnitDecoder for Decoder {
+    fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
+        let UnitKind::Packed(flg) = unit.kind else {
+            pass_plain(unit, out);
+            return Ok(());
+        };
+        let sums = flg as u8 & FLG_BLOCK_CHECKSUM != 0;
+        let max_block = (flg & !0xFF) as usize;
+        let data = &unit.data;
+        out.reserve(unit.raw_len);
+        let mut i = 0;
+        while i < data.len() {
+            let word = le32(data, i);
+            let size = (word & !UNCOMPRESSED_BIT) as usize;
+            let body = &data[i + 4..i + 4 + size];
+            let block_off = unit.offset + i as u64;
+            if sums {
+                let want = le32(data, i + 4 + size);
+                if xxh32(body, 0) != want {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        block_off,
+                        "block checksum mismatch",
+                    ));
+                }
+            }
+            if word & UNCOMPRESSED_BIT != 0 {
+                out.extend_from_slice(body);
+            } else {
+                let at = out.len();
+                let (_, tail) = grow(out, max_block);
+                let n = lz4_flex::block::decompress_into(body, tail).map_err(|e| {
+                    at_offset(CodecError::corrupt(NAME, 0, e.to_string()), block_off)
+                })?;
+                out.truncate(at + n);
+            }
+            i += 4 + size + if sums { 4 } else { 0 };
+        }
+        Ok(())
+    }
+}

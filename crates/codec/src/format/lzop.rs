@@ -1,0 +1,379 @@
+//! lzop files: the lzop header, then blocks of at most 256 KiB (lzop's own
+//! block size, which every lzop reads) each with its sizes and an Adler-32
+//! of its uncompressed and compressed bytes, then a zero end mark. Blocks
+//! are independent, so cairn groups them into units and decodes in
+//! parallel. lzop stores a block uncompressed when LZO does not shrink it.
+//!
+//! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940,
+//! method (1 = LZO1X-1, 2 = LZO1X-1(15), 3 = LZO1X-999), level, flags
+//! (Adler-32 of data and compressed data, Unix), mode 0644, mtime 0, empty
+//! name, Adler-32 of the header.
+
+use super::{at_offset, be32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use crate::block::{BlockCodec, LzoCodec};
+use crate::error::{CodecError, Result};
+use crate::input::Input;
+
+const NAME: &str = "lzop";
+/// The lzop magic.
+pub const MAGIC: &[u8] = b"\x89LZO\x00\r\n\x1a\n";
+/// lzop's block size.
+pub const BLOCK: usize = 256 << 10;
+/// Largest block lzop accepts on reading.
+const MAX_BLOCK: usize = 64 << 20;
+const F_ADLER32_D: u32 = 0x0001;
+const F_ADLER32_C: u32 = 0x0002;
+const F_H_EXTRA_FIELD: u32 = 0x0040;
+const F_CRC32_D: u32 = 0x0100;
+const F_CRC32_C: u32 = 0x0200;
+const F_MULTIPART: u32 = 0x0400;
+const F_H_FILTER: u32 = 0x0800;
+const F_H_CRC32: u32 = 0x1000;
+const F_OS_UNIX: u32 = 0x0300_0000;
+/// Group blocks into units of about this many decoded bytes.
+const UNIT_TARGET: usize = 4 << 20;
+
+fn adler(data: &[u8]) -> u32 {
+    adler32::adler32(data).unwrap_or(1)
+}
+
+/// Compresses input into lzop blocks.
+pub struct Encoder {
+    codec: LzoCodec,
+}
+
+impl Encoder {
+    /// An encoder at lzop `level` (1 = LZO1X-1(15), 2-6 = LZO1X-1, 7-9 = LZO1X-999).
+    pub fn new(level: i32) -> Self {
+        Encoder {
+            codec: LzoCodec::new(level),
+        }
+    }
+}
+
+impl super::BlockEncoder for Encoder {
+    fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
+        let start = out.len();
+        for piece in src.chunks(BLOCK) {
+            let at = out.len();
+            out.extend_from_slice(&(piece.len() as u32).to_be_bytes());
+            out.extend_from_slice(&[0; 12]);
+            self.codec.compress(piece, out)?;
+            let clen = out.len() - at - 16;
+            let d_sum = adler(piece);
+            out[at + 8..at + 12].copy_from_slice(&d_sum.to_be_bytes());
+            if clen >= piece.len() {
+                // Stored: no compressed-data checksum field.
+                out.truncate(at + 4);
+                out.extend_from_slice(&(piece.len() as u32).to_be_bytes());
+                out.extend_from_slice(&d_sum.to_be_bytes());
+                out.extend_from_slice(piece);
+            } else {
+                out[at + 4..at + 8].copy_from_slice(&(clen as u32).to_be_bytes());
+                let c_sum = adler(&out[at + 16..]);
+                out[at + 12..at + 16].copy_from_slice(&c_sum.to_be_bytes());
+            }
+        }
+        Ok(BlockMeta {
+            raw_len: src.len() as u64,
+            packed_len: (out.len() - start) as u64,
+            check: 0,
+        })
+    }
+}
+
+/// Writes the lzop header and the end mark.
+pub struct Framer {
+    level: i32,
+}
+
+impl Framer {
+    /// A framer recording `level` in the header.
+    pub fn new(level: i32) -> Self {
+        Framer { level }
+    }
+}
+
+impl super::Framer for Framer {
+    fn header(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(MAGIC);
+        let h = out.len();
+        let method = match self.level {
+            1 => 2,
+            2..=6 => 1,
+            _ => 3,
+        };
+        out.extend_from_slice(&0x1040u16.to_be_bytes());
+        out.extend_from_slice(&0x20a0u16.to_be_bytes());
+        out.extend_from_slice(&0x0940u16.to_be_bytes());
+        out.push(method);
+        out.push(self.level.clamp(1, 9) as u8);
+        out.extend_from_slice(&(F_ADLER32_D | F_ADLER32_C | F_OS_UNIX).to_be_bytes());
+        out.extend_from_slice(&0o100644u32.to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.push(0);
+        let sum = adler(&out[h..]);
+        out.extend_from_slice(&sum.to_be_bytes());
+    }
+    fn block(&mut self, _meta: &BlockMeta) {}
+    fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(&[0; 4]);
+        Ok(())
+    }
+}
+
+/// Cuts an lzop file into runs of blocks.
+pub struct Splitter {
+    input: Input,
+    flags: Option<u32>,
+    files: u64,
+}
+
+impl Splitter {
+    /// A splitter over `input`.
+    pub fn new(input: Input) -> Self {
+        Splitter {
+            input,
+            flags: None,
+            files: 0,
+        }
+    }
+
+    fn parse_header(&mut self) -> Result<u32> {
+        let off = self.input.offset();
+        let b = self.input.need(MAGIC.len() + 2, NAME)?;
+        if &b[..MAGIC.len()] != MAGIC {
+            return Err(CodecError::TrailingGarbage {
+                format: NAME,
+                offset: off,
+            });
+        }
+        let m = MAGIC.len();
+        let version = u16::from_be_bytes([b[m], b[m + 1]]);
+        // version, lib version, [needed], method, [level], flags, [filter],
+        // mode, mtime low, [mtime high], name length.
+        let mut len = m + 4;
+        if version >= 0x0940 {
+            len += 2;
+        }
+        len += 1; // method
+        if version >= 0x0940 {
+            len += 1; // level
+        }
+        let b = self.input.need(len + 4, NAME)?;
+        let method = b[len - if version >= 0x0940 { 2 } else { 1 }];
+        let flags = be32(b, len);
+        len += 4;
+        if !(1..=3).contains(&method) {
+            return Err(CodecError::corrupt(
+                NAME,
+                off + len as u64 - 5,
+                format!("unsupported method {method}"),
+            ));
+        }
+        if flags & F_H_FILTER != 0 {
+            len += 4;
+        }
+        len += 8; // mode, mtime low
+        if version >= 0x0940 {
+            len += 4;
+        }
+        let b = self.input.need(len + 1, NAME)?;
+        let name_len = usize::from(b[len]);
+        len += 1 + name_len;
+        let b = self.input.need(len + 4, NAME)?;
+        let stored = be32(b, len);
+        let got = if flags & F_H_CRC32 != 0 {
+            crc32fast::hash(&b[m..len])
+        } else {
+            adler(&b[m..len])
+        };
+        if stored != got {
+            return Err(CodecError::corrupt(
+                NAME,
+                off + len as u64,
+                "header checksum mismatch",
+            ));
+        }
+        len += 4;
+        if flags & F_H_EXTRA_FIELD != 0 {
+            let b = self.input.need(len + 4, NAME)?;
+            let extra = be32(b, len) as usize;
+            if extra > (1 << 20) {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    off + len as u64,
+                    "extra field too large",
+                ));
+            }
+            len += 4 + extra + 4;
+            self.input.need(len, NAME)?;
+        }
+        if flags & F_MULTIPART != 0 {
+            return Err(CodecError::corrupt(
+                NAME,
+                off,
+                "multipart lzop files are not supported",
+            ));
+        }
+        self.input.consume(len);
+        self.files += 1;
+        Ok(flags)
+    }
+}
+
+fn sums_len(flags: u32, stored: bool) -> usize {
+    let d = usize::from(flags & (F_ADLER32_D | F_CRC32_D) != 0) * 4;
+    let c = if stored {
+        0
+    } else {
+        usize::from(flags & (F_ADLER32_C | F_CRC32_C) != 0) * 4
+    };
+    d + c
+}
+
+impl super::Splitter for Splitter {
+    fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        loop {
+            let flags = match self.flags {
+                Some(f) => f,
+                None => {
+                    if self.files > 0 && self.input.at_end()? {
+                        return Ok(false);
+                    }
+                    let f = self.parse_header()?;
+                    self.flags = Some(f);
+                    f
+                }
+            };
+            unit.offset = self.input.offset();
+            unit.kind = UnitKind::Packed(flags);
+            let mut raw = 0usize;
+            while raw < UNIT_TARGET && unit.data.len() < MAX_UNIT - 2 * MAX_BLOCK.min(BLOCK * 4) {
+                let off = self.input.offset();
+                let b = self.input.need(4, NAME)?;
+                let dst_len = be32(b, 0) as usize;
+                if dst_len == 0 {
+                    self.input.consume(4);
+                    self.flags = None;
+                    break;
+                }
+                let b = self.input.need(8, NAME)?;
+                let src_len = be32(b, 4) as usize;
+                if dst_len > MAX_BLOCK {
+                    return Err(CodecError::TooLarge {
+                        format: NAME,
+                        what: "block size field",
+                        offset: off,
+                        size: dst_len as u64,
+                        limit: MAX_BLOCK as u64,
+                    });
+                }
+                if src_len > dst_len {
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        off + 4,
+                        format!("compressed size {src_len} exceeds block size {dst_len}"),
+                    ));
+                }
+                let total = 8 + sums_len(flags, src_len == dst_len) + src_len;
+                self.input.take(total, &mut unit.data, NAME)?;
+                raw += dst_len;
+            }
+            unit.raw_len = raw;
+            if unit.data.is_empty() {
+                continue;
+            }
+            return Ok(true);
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.input.offset()
+    }
+}
+
+/// Decodes runs of lzop blocks, checking their sums.
+pub struct Decoder {
+    codec: LzoCodec,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Decoder {
+            codec: LzoCodec::new(1),
+        }
+    }
+}
+
+fn check(
+    flags: u32,
+    adler_flag: u32,
+    data: &[u8],
+    stored: u32,
+    off: u64,
+    what: &str,
+) -> Result<()> {
+    let got = if flags & adler_flag != 0 {
+        adler(data)
+    } else {
+        crc32fast::hash(data)
+    };
+    if got != stored {
+        return Err(CodecError::corrupt(
+            NAME,
+            off,
+            format!("{what} checksum mismatch: stored {stored:08x}, computed {got:08x}"),
+        ));
+    }
+    Ok(())
+}
+
+impl super::UnitDecoder for Decoder {
+    fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
+        let UnitKind::Packed(flags) = unit.kind else {
+            pass_plain(unit, out);
+            return Ok(());
+        };
+        out.reserve(unit.raw_len);
+        let data = &unit.data;
+        let mut i = 0;
+        while i < data.len() {
+            let off = unit.offset + i as u64;
+            let dst_len = be32(data, i) as usize;
+            let src_len = be32(data, i + 4) as usize;
+            let stored = src_len == dst_len;
+            let mut p = i + 8;
+            let d_sum = if flags & (F_ADLER32_D | F_CRC32_D) != 0 {
+                p += 4;
+                Some(be32(data, p - 4))
+            } else {
+                None
+            };
+            let c_sum = if !stored && flags & (F_ADLER32_C | F_CRC32_C) != 0 {
+                p += 4;
+                Some(be32(data, p - 4))
+            } else {
+                None
+            };
+            let body = &data[p..p + src_len];
+            if let Some(s) = c_sum {
+                check(flags, F_ADLER32_C, body, s, off, "compressed block")?;
+            }
+            let at = out.len();
+            if stored {
+                out.extend_from_slice(body);
+            } else {
+                self.codec
+                    .decompress(body, out, dst_len)
+                    .map_err(|e| at_offset(e, off))?;
+            }
+            if let Some(s) = d_sum {
+                check(flags, F_ADLER32_D, &out[at..], s, off, "block")?;
+            }
+            i = p + src_len;
+        }
+        Ok(())
+    }
+}

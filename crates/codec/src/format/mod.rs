@@ -1,0 +1,608 @@
+//! Stream formats: the standard file framings, written so that the standard
+//! tool reads them and split so that cairn decodes them in parallel.
+//!
+//! Encoding is split three ways so the pipeline can run it on many cores:
+//! a [`BlockEncoder`] per worker turns one input block into self-contained
+//! bytes of the format (a gzip member, a zstd frame, a run of lz4 blocks...),
+//! and a [`Framer`] on the writing side adds the stream header and the
+//! trailer (seek table, index, end mark) from each block's [`BlockMeta`].
+//!
+//! Decoding mirrors it: a [`Splitter`] reads the stream and cuts it into
+//! [`Unit`]s that decode independently, and a [`UnitDecoder`] per worker
+//! decodes them. Where a stream cannot be cut (one big gzip member, a zstd
+//! frame with no size), the splitter decodes it itself, sequentially, and
+//! hands out [`UnitKind::Plain`] units: never wrong, and with reading,
+//! decoding and writing still overlapped on different threads.
+
+use crate::error::{CodecError, Result};
+use crate::input::Input;
+use std::fmt;
+use std::str::FromStr;
+
+pub mod bzip2;
+pub mod gzip;
+pub mod lz4;
+pub mod lzop;
+pub mod snappy;
+pub mod xz;
+pub mod zstd;
+
+/// Largest unit a splitter hands to a worker, compressed or decoded. It
+/// bounds memory per slot; bigger frames are decoded as a stream.
+pub const MAX_UNIT: usize = 64 << 20;
+
+/// Size of the plain units a sequential (fallback) decode hands out.
+pub const PLAIN_UNIT: usize = 1 << 20;
+
+/// The stream formats cairn writes and reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// gzip members with a size field in FEXTRA.
+    Gzip,
+    /// zstd frames plus the seekable-format seek table.
+    Zstd,
+    /// LZ4 frame with independent blocks.
+    Lz4,
+    /// Snappy framing format.
+    Snappy,
+    /// lzop.
+    Lzop,
+    /// Concatenated bzip2 streams.
+    Bzip2,
+    /// xz with one block per input block and the index.
+    Xz,
+}
+
+impl Format {
+    /// Every format.
+    pub const ALL: [Format; 7] = [
+        Format::Gzip,
+        Format::Zstd,
+        Format::Lz4,
+        Format::Snappy,
+        Format::Lzop,
+        Format::Bzip2,
+        Format::Xz,
+    ];
+
+    /// Name on the command line and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Gzip => "gzip",
+            Format::Zstd => "zstd",
+            Format::Lz4 => "lz4",
+            Format::Snappy => "snappy",
+            Format::Lzop => "lzop",
+            Format::Bzip2 => "bzip2",
+            Format::Xz => "xz",
+        }
+    }
+
+    /// The usual file-name suffix, with its dot.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Format::Gzip => ".gz",
+            Format::Zstd => ".zst",
+            Format::Lz4 => ".lz4",
+            Format::Snappy => ".sz",
+            Format::Lzop => ".lzo",
+            Format::Bzip2 => ".bz2",
+            Format::Xz => ".xz",
+        }
+    }
+
+    /// Accepted levels, inclusive.
+    pub fn level_range(self) -> (i32, i32) {
+        match self {
+            Format::Gzip => (1, 12),
+            Format::Zstd => (-50, 22),
+            Format::Lz4 | Format::Snappy => (1, 1),
+            Format::Lzop => (1, 9),
+            Format::Bzip2 => (1, 9),
+            Format::Xz => (0, 9),
+        }
+    }
+
+    /// Level when none is given (the standard tool's default).
+    pub fn default_level(self) -> i32 {
+        match self {
+            Format::Gzip => 6,
+            Format::Zstd => 3,
+            Format::Lz4 | Format::Snappy => 1,
+            Format::Lzop => 3,
+            Format::Bzip2 => 9,
+            Format::Xz => 6,
+        }
+    }
+
+    /// Clamp a level the way the standard tools do (`lz4 -9` is accepted).
+    pub fn clamp_level(self, level: i32) -> i32 {
+        let (lo, hi) = self.level_range();
+        level.clamp(lo, hi)
+    }
+
+    /// Input block size used when none is given: big enough that per-block
+    /// overhead and lost cross-block matches cost well under 1%, small
+    /// enough that several blocks per thread stay in flight.
+    pub fn default_block_size(self, level: i32) -> usize {
+        match self {
+            Format::Gzip => 1 << 20,
+            Format::Zstd => {
+                if level >= 10 {
+                    8 << 20
+                } else {
+                    4 << 20
+                }
+            }
+            Format::Lz4 | Format::Snappy | Format::Lzop => 4 << 20,
+            Format::Bzip2 => bzip2::block_size(level),
+            Format::Xz => xz::block_size(level),
+        }
+    }
+
+    /// The format whose magic `head` starts with. Needs up to 9 bytes.
+    pub fn detect(head: &[u8]) -> Option<Format> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Format::Gzip)
+        } else if head.starts_with(&zstd::FRAME_MAGIC.to_le_bytes())
+            || (head.len() >= 4 && zstd::is_skippable_magic(head))
+        {
+            Some(Format::Zstd)
+        } else if head.starts_with(&lz4::MAGIC.to_le_bytes()) {
+            Some(Format::Lz4)
+        } else if head.starts_with(snappy::STREAM_ID) {
+            Some(Format::Snappy)
+        } else if head.starts_with(lzop::MAGIC) {
+            Some(Format::Lzop)
+        } else if head.len() >= 4 && head.starts_with(b"BZh") && (b'1'..=b'9').contains(&head[3]) {
+            Some(Format::Bzip2)
+        } else if head.starts_with(xz::HEADER_MAGIC) {
+            Some(Format::Xz)
+        } else {
+            None
+        }
+    }
+
+    /// A worker-side encoder at `level` for blocks of up to `block_size`.
+    pub fn encoder(self, level: i32, block_size: usize) -> Result<Box<dyn BlockEncoder>> {
+        let level = self.clamp_level(level);
+        Ok(match self {
+            Format::Gzip => Box::new(gzip::Encoder::new(level)),
+            Format::Zstd => Box::new(zstd::Encoder::new(level)),
+            Format::Lz4 => Box::new(lz4::Encoder::new()),
+            Format::Snappy => Box::new(snappy::Encoder::default()),
+            Format::Lzop => Box::new(lzop::Encoder::new(level)),
+            Format::Bzip2 => Box::new(bzip2::Encoder::new(level)),
+            Format::Xz => Box::new(xz::Encoder::new(level, block_size)?),
+        })
+    }
+
+    /// The writer-side framer.
+    pub fn framer(self, level: i32) -> Box<dyn Framer> {
+        let level = self.clamp_level(level);
+        match self {
+            Format::Gzip => Box::new(NoFraming),
+            Format::Zstd => Box::new(zstd::SeekTable::default()),
+            Format::Lz4 => Box::new(lz4::Framer),
+            Format::Snappy => Box::new(snappy::Framer),
+            Format::Lzop => Box::new(lzop::Framer::new(level)),
+            Format::Bzip2 => Box::new(NoFraming),
+            Format::Xz => Box::new(xz::Framer::default()),
+        }
+    }
+
+    /// A splitter over `input`, which must start with this format's magic.
+    pub fn splitter(self, input: Input) -> Box<dyn Splitter> {
+        match self {
+            Format::Gzip => Box::new(gzip::Splitter::new(input)),
+            Format::Zstd => Box::new(zstd::Splitter::new(input)),
+            Format::Lz4 => Box::new(lz4::Splitter::new(input)),
+            Format::Snappy => Box::new(snappy::Splitter::new(input)),
+            Format::Lzop => Box::new(lzop::Splitter::new(input)),
+            Format::Bzip2 => Box::new(bzip2::Splitter::new(input)),
+            Format::Xz => Box::new(xz::Splitter::new(input)),
+        }
+    }
+
+    /// A worker-side unit decoder.
+    pub fn unit_decoder(self) -> Box<dyn UnitDecoder> {
+        match self {
+            Format::Gzip => Box::new(gzip::Decoder::default()),
+            Format::Zstd => Box::new(zstd::Decoder::default()),
+            Format::Lz4 => Box::new(lz4::Decoder),
+            Format::Snappy => Box::new(snappy::Decoder::default()),
+            Format::Lzop => Box::new(lzop::Decoder::default()),
+            Format::Bzip2 => Box::new(bzip2::Decoder),
+            Format::Xz => Box::new(xz::Decoder),
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Format {
+    type Err = CodecError;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.to_ascii_lowercase();
+        let alias = match s.as_str() {
+            "gz" => "gzip",
+            "zst" => "zstd",
+            "bz2" => "bzip2",
+            "lzo" => "lzop",
+            "sz" => "snappy",
+            other => other,
+        };
+        Format::ALL
+            .into_iter()
+            .find(|f| f.name() == alias)
+            .ok_or_else(|| {
+                CodecError::Invalid(format!(
+                    "unknown format {s:?} (expected gzip, zstd, lz4, snappy, lzop, bzip2 or xz)"
+                ))
+            })
+    }
+}
+
+/// What the framer needs to know of an encoded block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockMeta {
+    /// Uncompressed bytes in the block.
+    pub raw_len: u64,
+    /// Encoded bytes, as the format's trailer counts them.
+    pub packed_len: u64,
+    /// A format-defined check value (zstd: XXH64 low bits; xz: unpadded size).
+    pub check: u64,
+}
+
+/// Turns one input block into self-contained bytes of the format.
+pub trait BlockEncoder: Send {
+    /// Encode `src`, appending to `out`.
+    fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta>;
+}
+
+/// Stream header and trailer, on the writing side, in block order.
+pub trait Framer: Send {
+    /// Bytes before the first block.
+    fn header(&mut self, out: &mut Vec<u8>);
+    /// Note a block just written.
+    fn block(&mut self, meta: &BlockMeta);
+    /// Bytes after the last block.
+    fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()>;
+}
+
+/// Framing for formats that need none (gzip members, bzip2 streams).
+struct NoFraming;
+
+impl Framer for NoFraming {
+    fn header(&mut self, _out: &mut Vec<u8>) {}
+    fn block(&mut self, _meta: &BlockMeta) {}
+    fn trailer(&mut self, _out: &mut Vec<u8>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How a unit's bytes are to be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnitKind {
+    /// Already decoded by the splitter: pass through.
+    #[default]
+    Plain,
+    /// Compressed; the tag is format-defined (flags from a stream header).
+    Packed(u32),
+}
+
+/// A whole-content check that spans units (the lz4 content checksum): the
+/// writing side hashes the decoded bytes in order and compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContentCheck {
+    /// Nothing to do.
+    #[default]
+    None,
+    /// Start a new XXH32 over this unit's output (a new frame begins).
+    StartXxh32,
+    /// Start (if not started) and hash this unit's output; then the hash of
+    /// everything since the start must equal the value.
+    EndXxh32(u32),
+    /// Hash this unit's output into the running hash.
+    Continue,
+}
+
+/// One independently decodable piece of a stream.
+#[derive(Debug, Default)]
+pub struct Unit {
+    /// Compressed bytes (or decoded bytes when `kind` is `Plain`).
+    pub data: Vec<u8>,
+    /// Offset of the unit in the compressed stream, for error messages.
+    pub offset: u64,
+    /// Decoded size when the format states it, else 0.
+    pub raw_len: usize,
+    /// How to decode it.
+    pub kind: UnitKind,
+    /// Whole-content check to run on the writing side.
+    pub content: ContentCheck,
+}
+
+impl Unit {
+    /// Reset for reuse, keeping the buffer's capacity.
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.offset = 0;
+        self.raw_len = 0;
+        self.kind = UnitKind::Plain;
+        self.content = ContentCheck::None;
+    }
+}
+
+/// Cuts a compressed stream into units.
+pub trait Splitter: Send {
+    /// Fill `unit` (cleared by the caller) with the next unit; `false` at a
+    /// clean end of the stream.
+    fn next_unit(&mut self, unit: &mut Unit) -> Result<bool>;
+    /// Compressed bytes consumed so far.
+    fn offset(&self) -> u64;
+}
+
+/// Decodes units on a worker.
+pub trait UnitDecoder: Send {
+    /// Decode `unit`, appending the output to `out`. `Plain` units are moved.
+    fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()>;
+}
+
+/// Move a plain unit's bytes to `out` without copying when `out` is empty.
+pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
+    if out.is_empty() {
+        std::mem::swap(&mut unit.data, out);
+    } else {
+        out.extend_from_slice(&unit.data);
+    }
+}
+
+/// Shift the offsets of errors raised inside a unit to stream offsets.
+pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
+    match e {
+        CodecError::Corrupt {
+            format,
+            offset,
+            reason,
+        } => CodecError::Corrupt {
+            format,
+            offset: base + offset,
+            reason,
+        },
+        CodecError::Truncated { format, offset } => CodecError::Truncated {
+            format,
+            offset: base + offset,
+        },
+        other => other,
+    }
+}
+
+/// Little-endian u32 at `at` (the caller has checked the length).
+pub(crate) fn le32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+/// Big-endian u32 at `at` (the caller has checked the length).
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(w)
+}
+
+/// Encode everything in `data` with `format` in one thread (tests, fuzzing
+/// and small inputs): header, blocks of `block_size`, trailer.
+pub fn encode_all(format: Format, level: i32, block_size: usize, data: &[u8]) -> Result<Vec<u8>> {
+    let block_size = block_size.max(1);
+    let mut enc = format.encoder(level, block_size)?;
+    let mut framer = format.framer(level);
+    let mut out = Vec::new();
+    framer.header(&mut out);
+    let mut chunks: Vec<&[u8]> = data.chunks(block_size).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    for chunk in chunks {
+        let meta = enc.encode(chunk, &mut out)?;
+        framer.block(&meta);
+    }
+    framer.trailer(&mut out)?;
+    Ok(out)
+}
+
+/// Decode a whole stream in one thread (tests, fuzzing, small inputs).
+pub fn decode_all(data: &[u8]) -> Result<Vec<u8>> {
+    let format = Format::detect(data).ok_or(CodecError::UnknownFormat)?;
+    let input = Input::new(Box::new(std::io::Cursor::new(data.to_vec())));
+    let mut splitter = format.splitter(input);
+    let mut dec = format.unit_decoder();
+    let mut checker = ContentChecker::default();
+    let mut out = Vec::new();
+    let mut unit = Unit::default();
+    let mut piece = Vec::new();
+    loop {
+        unit.clear();
+        if !splitter.next_unit(&mut unit)? {
+            break;
+        }
+        piece.clear();
+        dec.decode(&mut unit, &mut piece)?;
+        checker.feed(format, unit.offset, unit.content, &piece)?;
+        out.extend_from_slice(&piece);
+    }
+    Ok(out)
+}
+
+/// Runs [`ContentCheck`]s on the writing side, in stream order.
+#[derive(Default)]
+pub struct ContentChecker {
+    xxh32: Option<xxhash_rust::xxh32::Xxh32>,
+}
+
+impl ContentChecker {
+    /// Feed one unit's decoded output with its check instruction.
+    pub fn feed(
+        &mut self,
+        format: Format,
+        offset: u64,
+        check: ContentCheck,
+        data: &[u8],
+    ) -> Result<()> {
+        match check {
+            ContentCheck::None => {}
+            ContentCheck::StartXxh32 => {
+                let mut h = xxhash_rust::xxh32::Xxh32::new(0);
+                h.update(data);
+                self.xxh32 = Some(h);
+            }
+            ContentCheck::Continue => {
+                if let Some(h) = self.xxh32.as_mut() {
+                    h.update(data);
+                }
+            }
+            ContentCheck::EndXxh32(want) => {
+                let mut h = self
+                    .xxh32
+                    .take()
+                    .unwrap_or_else(|| xxhash_rust::xxh32::Xxh32::new(0));
+                h.update(data);
+                let got = h.digest();
+                if got != want {
+                    return Err(CodecError::corrupt(
+                        format.name(),
+                        offset,
+                        format!("content checksum mismatch: stored {want:08x}, computed {got:08x}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample(n: usize, seed: u32) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                match i % 11 {
+                    0..=3 => (x >> 24) as u8,
+                    4..=5 => 0,
+                    _ => b"the quick brown fox "[i % 20],
+                }
+            })
+            .collect()
+    }
+
+    /// Formats whose encoder and splitter are implemented in this module's
+    /// siblings; every one must round-trip.
+    fn formats() -> Vec<Format> {
+        Format::ALL.to_vec()
+    }
+
+    #[test]
+    fn round_trip_edge_sizes() {
+        let block = 1000;
+        for format in formats() {
+            for n in [0, 1, block - 1, block, block + 1, 7 * block + 3] {
+                let data = sample(n, n as u32 + 7);
+                let packed = encode_all(format, format.default_level(), block, &data)
+                    .unwrap_or_else(|e| panic!("{format} n={n}: {e}"));
+                assert_eq!(Format::detect(&packed), Some(format), "{format} magic");
+                let back = decode_all(&packed).unwrap_or_else(|e| panic!("{format} n={n}: {e}"));
+                assert_eq!(back, data, "{format} n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn truncation_is_an_error_everywhere() {
+        for format in formats() {
+            let data = sample(5000, 3);
+            let packed = encode_all(format, format.default_level(), 1500, &data).unwrap();
+            for cut in 1..packed.len() {
+                if let Ok(back) = decode_all(&packed[..cut]) {
+                    // A cut at a member/stream boundary is a valid shorter
+                    // stream; it must then decode to a prefix.
+                    assert!(
+                        data.starts_with(&back),
+                        "{format}: cut at {cut} decoded to something else"
+                    );
+                    assert!(
+                        matches!(
+                            format,
+                            Format::Gzip | Format::Bzip2 | Format::Zstd | Format::Xz
+                        ) || back.len() < data.len(),
+                        "{format}: cut at {cut} of {} accepted",
+                        packed.len()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flipped_bytes_never_decode_to_wrong_data() {
+        for format in formats() {
+            let data = sample(20_000, 5);
+            let packed = encode_all(format, format.default_level(), 6000, &data).unwrap();
+            for i in 0..packed.len() {
+                let mut bad = packed.clone();
+                bad[i] ^= 0x10;
+                if let Ok(back) = decode_all(&bad) {
+                    assert_eq!(back, data, "{format}: flip at {i} gave wrong data");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_garbage_is_rejected() {
+        for format in formats() {
+            let data = sample(3000, 9);
+            let mut packed = encode_all(format, format.default_level(), 1000, &data).unwrap();
+            packed.extend_from_slice(b"garbage!");
+            assert!(
+                decode_all(&packed).is_err(),
+                "{format} accepted trailing garbage"
+            );
+        }
+    }
+
+    #[test]
+    fn concatenated_streams_decode_to_the_concatenation() {
+        for format in formats() {
+            if format == Format::Snappy {
+                // Concatenated snappy streams are valid too (repeated
+                // stream identifiers), covered by the same rule.
+            }
+            let a = sample(2500, 1);
+            let b = sample(1700, 2);
+            let mut packed = encode_all(format, format.default_level(), 1000, &a).unwrap();
+            packed.extend(encode_all(format, format.default_level(), 1000, &b).unwrap());
+            let back = decode_all(&packed).unwrap_or_else(|e| panic!("{format}: {e}"));
+            assert_eq!(back, [a, b].concat(), "{format}");
+        }
+    }
+
+    #[test]
+    fn detection_and_names() {
+        assert_eq!(Format::detect(b"nothing"), None);
+        assert_eq!("gz".parse::<Format>().unwrap(), Format::Gzip);
+        assert!("rar".parse::<Format>().is_err());
+        for f in Format::ALL {
+            assert_eq!(f.name().parse::<Format>().unwrap(), f);
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! # cairn-codec
+//!
+//! Block codecs and the standard stream formats, as pure functions over
+//! buffers. This crate imports nothing of cairn; the pipeline and the CLI
+//! run its pieces on many threads.
+//!
+//! ## Design decisions
+//!
+//! - **Libraries, not hand-written codecs.** Every codec is the reference
+//!   library or the fastest well-kept one: libdeflate for DEFLATE (whole
+//!   buffers, which is what parallel blocks are; about twice zlib's speed at
+//!   equal size), zlib-rs for streaming inflate of foreign gzip, libzstd,
+//!   lz4_flex, snap, liblzo2, libbz2 (Rust port), liblzma. What is written
+//!   here is only the framing each format needs to be produced in pieces and
+//!   cut again: BGZF-style member sizes, the zstd seek table, LZ4 frame and
+//!   lzop block framing, snappy chunking, bzip2 block scanning and xz blocks
+//!   and index. No library exposes those as parallel building blocks.
+//! - **Reusable contexts.** A [`BlockCodec`] or [`BlockEncoder`] owns its
+//!   state and writes into caller-owned `Vec`s, so a worker that keeps them
+//!   allocates nothing per block in the steady state.
+//! - **Splittable output, sequential fallback.** Everything cairn writes
+//!   can be cut into independent units without decoding; anything foreign
+//!   that cannot (one gzip member, a zstd frame without a size) is decoded
+//!   in the splitter, never guessed at.
+//! - **Errors carry the format and the stream offset**, and a declared size
+//!   is checked against [`format::MAX_UNIT`] before anything is allocated.
+
+pub mod block;
+pub mod error;
+pub mod format;
+pub mod input;
+
+pub use block::{BlockCodec, CodecKind, CodecSpec};
+pub use error::{CodecError, Result};
+pub use format::{
+    decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, Format, Framer,
+    Splitter, Unit, UnitDecoder, UnitKind,
+};
+pub use input::Input;
