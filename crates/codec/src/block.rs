@@ -656,9 +656,15 @@ pub(crate) fn lzma2_options(level: i32, max_dict: usize) -> Result<liblzma::stre
             codec: "xz",
             reason: e.to_string(),
         })?;
-    let dict = lzma2_dict_size(level).min(max_dict.max(4096) as u32);
-    opts.dict_size(dict);
+    opts.dict_size(lzma2_block_dict(level, max_dict));
     Ok(opts)
+}
+
+/// The dictionary size [`lzma2_options`] picks for `level` and `max_dict`
+/// (the xz block header must announce at least this much).
+pub(crate) fn lzma2_block_dict(level: i32, max_dict: usize) -> u32 {
+    let cap = u32::try_from(max_dict.max(4096)).unwrap_or(u32::MAX);
+    lzma2_dict_size(level).min(cap)
 }
 
 /// The dictionary size of xz preset `level`.

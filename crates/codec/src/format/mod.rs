@@ -418,6 +418,13 @@ pub fn encode_all(format: Format, level: i32, block_size: usize, data: &[u8]) ->
 /// Decode a whole stream in one thread (tests, fuzzing, small inputs).
 pub fn decode_all(data: &[u8]) -> Result<Vec<u8>> {
     let format = Format::detect(data).ok_or(CodecError::UnknownFormat)?;
+    decode_as(format, data, usize::MAX)
+}
+
+/// Decode `data` as `format` in one thread, whatever its first bytes say,
+/// failing once the output would pass `limit` bytes (fuzzing feeds
+/// decompression bombs; a stream decoder must not be asked to hold them).
+pub fn decode_as(format: Format, data: &[u8], limit: usize) -> Result<Vec<u8>> {
     let input = Input::new(Box::new(std::io::Cursor::new(data.to_vec())));
     let mut splitter = format.splitter(input);
     let mut dec = format.unit_decoder();
@@ -433,6 +440,15 @@ pub fn decode_all(data: &[u8]) -> Result<Vec<u8>> {
         piece.clear();
         dec.decode(&mut unit, &mut piece)?;
         checker.feed(format, unit.offset, unit.content, &piece)?;
+        if out.len() + piece.len() > limit {
+            return Err(CodecError::TooLarge {
+                format: format.name(),
+                what: "decoded output",
+                offset: unit.offset,
+                size: (out.len() + piece.len()) as u64,
+                limit: limit as u64,
+            });
+        }
         out.extend_from_slice(&piece);
     }
     Ok(out)
