@@ -193,6 +193,51 @@ pub(crate) fn grow(dst: &mut Vec<u8>, extra: usize) -> (usize, &mut [u8]) {
     (start, &mut dst[start..])
 }
 
+/// Append the output of a one-shot compressor to `dst`: `compress` gets a
+/// tail of `bound` bytes and returns how many it wrote.
+pub(crate) fn compress_into<E: fmt::Display>(
+    codec: &'static str,
+    dst: &mut Vec<u8>,
+    bound: usize,
+    compress: impl FnOnce(&mut [u8]) -> std::result::Result<usize, E>,
+) -> Result<()> {
+    let (start, tail) = grow(dst, bound);
+    match compress(tail) {
+        Ok(n) => {
+            dst.truncate(start + n);
+            Ok(())
+        }
+        Err(e) => {
+            dst.truncate(start);
+            Err(CodecError::Compress {
+                codec,
+                reason: e.to_string(),
+            })
+        }
+    }
+}
+
+/// Append exactly `raw_len` decoded bytes to `dst`: `decode` gets a tail
+/// of `raw_len` bytes and returns how many it wrote; fewer is corruption.
+pub(crate) fn decompress_into<E: fmt::Display>(
+    codec: &'static str,
+    dst: &mut Vec<u8>,
+    raw_len: usize,
+    decode: impl FnOnce(&mut [u8]) -> std::result::Result<usize, E>,
+) -> Result<()> {
+    let (start, tail) = grow(dst, raw_len);
+    let n = decode(tail).map_err(|e| CodecError::corrupt(codec, 0, e.to_string()));
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            dst.truncate(start);
+            return Err(e);
+        }
+    };
+    dst.truncate(start + n);
+    check_len(codec, n, raw_len)
+}
+
 fn check_len(codec: &'static str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(CodecError::corrupt(
@@ -230,20 +275,14 @@ impl BlockCodec for Lz4Codec {
     }
     fn compress(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
         let bound = lz4_flex::block::get_maximum_output_size(src.len());
-        let (start, tail) = grow(dst, bound);
-        let n = lz4_flex::block::compress_into(src, tail).map_err(|e| CodecError::Compress {
-            codec: "lz4",
-            reason: e.to_string(),
-        })?;
-        dst.truncate(start + n);
-        Ok(())
+        compress_into("lz4", dst, bound, |tail| {
+            lz4_flex::block::compress_into(src, tail)
+        })
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        let (start, tail) = grow(dst, raw_len);
-        let n = lz4_flex::block::decompress_into(src, tail)
-            .map_err(|e| CodecError::corrupt("lz4", 0, e.to_string()))?;
-        dst.truncate(start + n);
-        check_len("lz4", n, raw_len)
+        decompress_into("lz4", dst, raw_len, |tail| {
+            lz4_flex::block::decompress_into(src, tail)
+        })
     }
 }
 
@@ -274,28 +313,15 @@ impl BlockCodec for SnappyCodec {
                 reason: format!("input of {} bytes is too large", src.len()),
             });
         }
-        let (start, tail) = grow(dst, bound);
-        let n = self
-            .enc
-            .compress(src, tail)
-            .map_err(|e| CodecError::Compress {
-                codec: "snappy",
-                reason: e.to_string(),
-            })?;
-        dst.truncate(start + n);
-        Ok(())
+        let enc = &mut self.enc;
+        compress_into("snappy", dst, bound, |tail| enc.compress(src, tail))
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
         let declared = snap::raw::decompress_len(src)
             .map_err(|e| CodecError::corrupt("snappy", 0, e.to_string()))?;
         check_len("snappy", declared, raw_len)?;
-        let (start, tail) = grow(dst, raw_len);
-        let n = self
-            .dec
-            .decompress(src, tail)
-            .map_err(|e| CodecError::corrupt("snappy", 0, e.to_string()))?;
-        dst.truncate(start + n);
-        check_len("snappy", n, raw_len)
+        let dec = &mut self.dec;
+        decompress_into("snappy", dst, raw_len, |tail| dec.decompress(src, tail))
     }
 }
 
@@ -346,76 +372,58 @@ impl BlockCodec for LzoCodec {
             self.wrkmem = vec![0u64; LZO1X_999_MEM / 8 + 1];
         }
         let wrk = self.wrkmem.as_mut_ptr().cast::<std::ffi::c_void>();
-        let (start, tail) = grow(dst, bound);
-        let mut out_len: usize = tail.len() as _;
-        // SAFETY: `src` and `tail` are valid for the lengths passed; `tail`
-        // holds the documented worst case for incompressible input, so the
-        // compressor cannot write past it; `wrk` points to LZO1X_999_MEM
-        // bytes (8-aligned), enough for every lzo1x compressor used here;
-        // `out_len` is a valid out-pointer.
-        let rc = unsafe {
-            match level {
-                1 => lzo_sys::lzo1x::lzo1x_1_15_compress(
-                    src.as_ptr(),
-                    src.len() as _,
-                    tail.as_mut_ptr(),
-                    &mut out_len,
-                    wrk,
-                ),
-                2..=6 => lzo_sys::lzo1x::lzo1x_1_compress(
-                    src.as_ptr(),
-                    src.len() as _,
-                    tail.as_mut_ptr(),
-                    &mut out_len,
-                    wrk,
-                ),
-                _ => lzo_sys::lzo1x::lzo1x_999_compress_level(
-                    src.as_ptr(),
-                    src.len() as _,
-                    tail.as_mut_ptr(),
-                    &mut out_len,
-                    wrk,
-                    std::ptr::null(),
-                    0,
-                    std::ptr::null_mut(),
-                    level,
-                ),
+        compress_into("lzo", dst, bound, |tail| {
+            let mut out_len = tail.len();
+            let (s, d) = (src.as_ptr(), tail.as_mut_ptr());
+            // SAFETY: `src` and `tail` are valid for the lengths passed;
+            // `tail` holds the documented worst case for incompressible
+            // input, so the compressor cannot write past it; `wrk` points to
+            // LZO1X_999_MEM bytes (8-aligned), more than any lzo1x
+            // compressor used here needs; `out_len` is a valid out-pointer.
+            let rc = unsafe {
+                use lzo_sys::lzo1x::*;
+                match level {
+                    1 => lzo1x_1_15_compress(s, src.len(), d, &mut out_len, wrk),
+                    2..=6 => lzo1x_1_compress(s, src.len(), d, &mut out_len, wrk),
+                    _ => lzo1x_999_compress_level(
+                        s,
+                        src.len(),
+                        d,
+                        &mut out_len,
+                        wrk,
+                        std::ptr::null(),
+                        0,
+                        std::ptr::null_mut(),
+                        level,
+                    ),
+                }
+            };
+            match rc {
+                0 => Ok(out_len),
+                rc => Err(format!("liblzo2 error {rc}")),
             }
-        };
-        if rc != 0 {
-            return Err(CodecError::Compress {
-                codec: "lzo",
-                reason: format!("liblzo2 error {rc}"),
-            });
-        }
-        dst.truncate(start + out_len);
-        Ok(())
+        })
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        let (start, tail) = grow(dst, raw_len);
-        let mut out_len: usize = tail.len() as _;
-        // SAFETY: the `_safe` decompressor checks every read against
-        // `src.len()` and every write against `out_len`, which starts at the
-        // true length of `tail`; work memory is unused by decompressors.
-        let rc = unsafe {
-            lzo_sys::lzo1x::lzo1x_decompress_safe(
-                src.as_ptr(),
-                src.len() as _,
-                tail.as_mut_ptr(),
-                &mut out_len,
-                std::ptr::null_mut(),
-            )
-        };
-        if rc != 0 {
-            dst.truncate(start);
-            return Err(CodecError::corrupt(
-                "lzo",
-                0,
-                format!("lzo1x decoder error {rc}"),
-            ));
-        }
-        dst.truncate(start + out_len);
-        check_len("lzo", out_len, raw_len)
+        decompress_into("lzo", dst, raw_len, |tail| {
+            let mut out_len = tail.len();
+            // SAFETY: the `_safe` decompressor checks every read against
+            // `src.len()` and every write against `out_len`, which starts at
+            // the true length of `tail`; decompressors use no work memory.
+            let rc = unsafe {
+                lzo_sys::lzo1x::lzo1x_decompress_safe(
+                    src.as_ptr(),
+                    src.len(),
+                    tail.as_mut_ptr(),
+                    &mut out_len,
+                    std::ptr::null_mut(),
+                )
+            };
+            match rc {
+                0 => Ok(out_len),
+                rc => Err(format!("lzo1x decoder error {rc}")),
+            }
+        })
     }
 }
 
@@ -538,25 +546,16 @@ impl BlockCodec for DeflateCodec {
     }
     fn compress(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
         let bound = self.comp.deflate_compress_bound(src.len());
-        let (start, tail) = grow(dst, bound);
-        let n = self
-            .comp
-            .deflate_compress(src, tail)
-            .map_err(|e| CodecError::Compress {
-                codec: "deflate",
-                reason: e.to_string(),
-            })?;
-        dst.truncate(start + n);
-        Ok(())
+        let comp = &mut self.comp;
+        compress_into("deflate", dst, bound, |tail| {
+            comp.deflate_compress(src, tail)
+        })
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        let (start, tail) = grow(dst, raw_len);
-        let n = self
-            .decomp
-            .deflate_decompress(src, tail)
-            .map_err(|e| CodecError::corrupt("deflate", 0, e.to_string()))?;
-        dst.truncate(start + n);
-        check_len("deflate", n, raw_len)
+        let decomp = &mut self.decomp;
+        decompress_into("deflate", dst, raw_len, |tail| {
+            decomp.deflate_decompress(src, tail)
+        })
     }
 }
 

@@ -125,6 +125,24 @@ impl Input {
         Ok(())
     }
 
+    /// Skip exactly `n` bytes or fail as truncated `format`.
+    pub fn skip(&mut self, n: u64, format: &'static str) -> Result<()> {
+        let mut left = n;
+        while left > 0 {
+            let have = self.fill(1)?;
+            if have == 0 {
+                return Err(CodecError::Truncated {
+                    format,
+                    offset: self.offset,
+                });
+            }
+            let k = (have as u64).min(left) as usize;
+            self.consume(k);
+            left -= k as u64;
+        }
+        Ok(())
+    }
+
     /// Read up to `max` bytes (fewer only at the end of input) into `dst`,
     /// appending; returns how many.
     pub fn take_up_to(&mut self, max: usize, dst: &mut Vec<u8>) -> Result<usize> {

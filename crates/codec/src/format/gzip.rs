@@ -12,7 +12,7 @@
 //! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
 //! | member length u32le | raw deflate | crc32 | isize`.
 
-use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{grow, BlockCodec, DeflateCodec};
 use crate::error::{CodecError, Result};
 use crate::input::Input;
@@ -337,13 +337,13 @@ impl super::Splitter for Splitter {
 
 /// Inflates self-sizing members with libdeflate.
 pub struct Decoder {
-    inflate: libdeflater::Decompressor,
+    inflate: DeflateCodec,
 }
 
 impl Default for Decoder {
     fn default() -> Self {
         Decoder {
-            inflate: libdeflater::Decompressor::new(),
+            inflate: DeflateCodec::new(6),
         }
     }
 }
@@ -359,21 +359,9 @@ impl super::UnitDecoder for Decoder {
         let t = data.len() - TRAILER_LEN;
         let (crc, isize) = (le32(data, t), le32(data, t + 4) as usize);
         let start = out.len();
-        let (_, tail) = grow(out, isize);
-        let n = self.inflate.deflate_decompress(body, tail).map_err(|e| {
-            at_offset(
-                CodecError::corrupt(NAME, u64::from(header_len), format!("deflate: {e}")),
-                unit.offset,
-            )
-        })?;
-        if n != isize {
-            out.truncate(start);
-            return Err(CodecError::corrupt(
-                NAME,
-                unit.offset + t as u64 + 4,
-                format!("length mismatch: stored {isize}, decoded {n}"),
-            ));
-        }
+        self.inflate
+            .decompress(body, out, isize)
+            .map_err(|e| in_stream(e, NAME, unit.offset + u64::from(header_len)))?;
         let got = crc32fast::hash(&out[start..]);
         if got != crc {
             out.truncate(start);

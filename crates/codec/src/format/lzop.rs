@@ -9,7 +9,7 @@
 //! (Adler-32 of data and compressed data, Unix), mode 0644, mtime 0, empty
 //! name, Adler-32 of the header.
 
-use super::{at_offset, be32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use super::{be32, in_stream, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
 use crate::block::{BlockCodec, LzoCodec};
 use crate::error::{CodecError, Result};
 use crate::input::Input;
@@ -367,7 +367,7 @@ impl super::UnitDecoder for Decoder {
             } else {
                 self.codec
                     .decompress(body, out, dst_len)
-                    .map_err(|e| at_offset(e, off))?;
+                    .map_err(|e| in_stream(e, NAME, off))?;
             }
             if let Some(s) = d_sum {
                 check(flags, F_ADLER32_D, &out[at..], s, off, "block")?;

@@ -381,6 +381,25 @@ pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
     }
 }
 
+/// Like [`at_offset`], and name the container `format` rather than the
+/// inner codec (`gzip` for a deflate error, `lzop` for an lzo one), with the
+/// codec kept in the reason.
+pub(crate) fn in_stream(e: CodecError, format: &'static str, base: u64) -> CodecError {
+    match at_offset(e, base) {
+        CodecError::Corrupt {
+            format: inner,
+            offset,
+            reason,
+        } if inner != format => CodecError::Corrupt {
+            format,
+            offset,
+            reason: format!("{inner}: {reason}"),
+        },
+        CodecError::Truncated { offset, .. } => CodecError::Truncated { format, offset },
+        other => other,
+    }
+}
+
 /// Little-endian u32 at `at` (the caller has checked the length).
 pub(crate) fn le32(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];

@@ -270,21 +270,9 @@ impl super::Splitter for Splitter {
             let magic = le32(self.input.peek(), 0);
             if is_skippable_magic(self.input.peek()) {
                 let b = self.input.need(8, NAME)?;
-                let size = le32(b, 4) as usize;
+                let size = le32(b, 4);
                 self.input.consume(8);
-                let mut left = size;
-                while left > 0 {
-                    let have = self.input.fill(1)?;
-                    if have == 0 {
-                        return Err(CodecError::Truncated {
-                            format: NAME,
-                            offset: self.input.offset(),
-                        });
-                    }
-                    let k = have.min(left);
-                    self.input.consume(k);
-                    left -= k;
-                }
+                self.input.skip(u64::from(size), NAME)?;
                 self.frames += 1;
                 continue;
             }
