@@ -138,7 +138,7 @@ impl CodecSpec {
     pub fn build(self) -> Box<dyn BlockCodec> {
         match self.kind {
             CodecKind::None => Box::new(NoneCodec),
-            CodecKind::Lz4 => Box::new(Lz4Codec),
+            CodecKind::Lz4 => Box::new(Lz4Codec::default()),
             CodecKind::Snappy => Box::new(SnappyCodec::default()),
             CodecKind::Lzo => Box::new(LzoCodec::new(self.level)),
             CodecKind::Zstd => Box::new(ZstdCodec::new(self.level)),
@@ -195,6 +195,34 @@ pub(crate) fn grow(dst: &mut Vec<u8>, extra: usize) -> (usize, &mut [u8]) {
 
 /// Append the output of a one-shot compressor to `dst`: `compress` gets a
 /// tail of `bound` bytes and returns how many it wrote.
+/// Append up to `cap` bytes that a C codec writes through a raw pointer
+/// into `dst`'s spare capacity, with no zero-filling first (a memset of
+/// every block costs up to a fifth of LZ4's decoding time).
+///
+/// # Safety
+///
+/// `write(ptr, cap)` must write only within `ptr..ptr + cap` and may return
+/// `Some(n)` only after initialising the first `n <= cap` bytes at `ptr`.
+pub(crate) unsafe fn append_raw(
+    dst: &mut Vec<u8>,
+    cap: usize,
+    write: impl FnOnce(*mut u8, usize) -> Option<usize>,
+) -> Option<usize> {
+    dst.reserve(cap);
+    let start = dst.len();
+    // SAFETY: `reserve` made room for `cap` bytes past `len`, so the pointer
+    // stays inside the allocation.
+    let ptr = unsafe { dst.as_mut_ptr().add(start) };
+    let n = write(ptr, cap)?;
+    if n > cap {
+        return None;
+    }
+    // SAFETY: the caller's contract: `write` initialised the first `n`
+    // bytes of the spare capacity, and `start + n <= capacity`.
+    unsafe { dst.set_len(start + n) };
+    Some(n)
+}
+
 pub(crate) fn compress_into<E: fmt::Display>(
     codec: &'static str,
     dst: &mut Vec<u8>,
@@ -266,23 +294,29 @@ impl BlockCodec for NoneCodec {
     }
 }
 
-/// LZ4 block format (lz4_flex; no dictionary).
-pub(crate) struct Lz4Codec;
+/// LZ4 block format (liblz4; no dictionary).
+#[derive(Default)]
+pub(crate) struct Lz4Codec {
+    state: crate::lz4_ffi::Compressor,
+}
 
 impl BlockCodec for Lz4Codec {
     fn kind(&self) -> CodecKind {
         CodecKind::Lz4
     }
     fn compress(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
-        let bound = lz4_flex::block::get_maximum_output_size(src.len());
-        compress_into("lz4", dst, bound, |tail| {
-            lz4_flex::block::compress_into(src, tail)
-        })
+        self.state
+            .compress_append(src, dst)
+            .map(|_| ())
+            .ok_or_else(|| CodecError::Compress {
+                codec: "lz4",
+                reason: format!("input of {} bytes is too large", src.len()),
+            })
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        decompress_into("lz4", dst, raw_len, |tail| {
-            lz4_flex::block::decompress_into(src, tail)
-        })
+        let n = crate::lz4_ffi::decompress_append(src, dst, raw_len, &[])
+            .ok_or_else(|| CodecError::corrupt("lz4", 0, "invalid LZ4 block"))?;
+        check_len("lz4", n, raw_len)
     }
 }
 
@@ -372,16 +406,15 @@ impl BlockCodec for LzoCodec {
             self.wrkmem = vec![0u64; LZO1X_999_MEM / 8 + 1];
         }
         let wrk = self.wrkmem.as_mut_ptr().cast::<std::ffi::c_void>();
-        compress_into("lzo", dst, bound, |tail| {
-            let mut out_len = tail.len();
-            let (s, d) = (src.as_ptr(), tail.as_mut_ptr());
-            // SAFETY: `src` and `tail` are valid for the lengths passed;
-            // `tail` holds the documented worst case for incompressible
-            // input, so the compressor cannot write past it; `wrk` points to
-            // LZO1X_999_MEM bytes (8-aligned), more than any lzo1x
-            // compressor used here needs; `out_len` is a valid out-pointer.
-            let rc = unsafe {
+        let mut rc = 0;
+        let write = |d: *mut u8, cap: usize| {
+            let mut out_len = cap;
+            // SAFETY: `src` is valid for its length, `d` for `cap`
+            // bytes; `wrk` points to LZO1X_999_MEM bytes (8-aligned),
+            // more than any lzo1x compressor used here needs.
+            rc = unsafe {
                 use lzo_sys::lzo1x::*;
+                let s = src.as_ptr();
                 match level {
                     1 => lzo1x_1_15_compress(s, src.len(), d, &mut out_len, wrk),
                     2..=6 => lzo1x_1_compress(s, src.len(), d, &mut out_len, wrk),
@@ -398,32 +431,46 @@ impl BlockCodec for LzoCodec {
                     ),
                 }
             };
-            match rc {
-                0 => Ok(out_len),
-                rc => Err(format!("liblzo2 error {rc}")),
-            }
+            (rc == 0).then_some(out_len)
+        };
+        // SAFETY (append_raw's contract): liblzo2 writes only into the
+        // `cap` bytes it is given, which hold the documented worst case for
+        // incompressible input, and sets `out_len` to what it wrote.
+        let written = unsafe { append_raw(dst, bound, write) };
+        written.map(|_| ()).ok_or_else(|| CodecError::Compress {
+            codec: "lzo",
+            reason: format!("liblzo2 error {rc}"),
         })
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        decompress_into("lzo", dst, raw_len, |tail| {
-            let mut out_len = tail.len();
-            // SAFETY: the `_safe` decompressor checks every read against
-            // `src.len()` and every write against `out_len`, which starts at
-            // the true length of `tail`; decompressors use no work memory.
-            let rc = unsafe {
+        let mut rc = 0;
+        let write = |d: *mut u8, cap: usize| {
+            let mut out_len = cap;
+            // SAFETY: the `_safe` decoder checks every read against
+            // `src.len()` and every write against `out_len` (= `cap`,
+            // the room at `d`); decoders use no work memory.
+            rc = unsafe {
                 lzo_sys::lzo1x::lzo1x_decompress_safe(
                     src.as_ptr(),
                     src.len(),
-                    tail.as_mut_ptr(),
+                    d,
                     &mut out_len,
                     std::ptr::null_mut(),
                 )
             };
-            match rc {
-                0 => Ok(out_len),
-                rc => Err(format!("lzo1x decoder error {rc}")),
-            }
-        })
+            (rc == 0).then_some(out_len)
+        };
+        // SAFETY (append_raw's contract): the `_safe` decoder writes only
+        // within the `cap` bytes it is given and reports what it wrote.
+        let written = unsafe { append_raw(dst, raw_len, write) };
+        match written {
+            Some(n) => check_len("lzo", n, raw_len),
+            None => Err(CodecError::corrupt(
+                "lzo",
+                0,
+                format!("lzo1x decoder error {rc}"),
+            )),
+        }
     }
 }
 

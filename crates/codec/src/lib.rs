@@ -10,7 +10,7 @@
 //!   library or the fastest well-kept one: libdeflate for DEFLATE (whole
 //!   buffers, which is what parallel blocks are; about twice zlib's speed at
 //!   equal size), zlib-rs for streaming inflate of foreign gzip, libzstd,
-//!   lz4_flex, snap, liblzo2, libbz2 (Rust port), liblzma. What is written
+//!   liblz4, snap, liblzo2, libbz2 (Rust port), liblzma. What is written
 //!   here is only the framing each format needs to be produced in pieces and
 //!   cut again: BGZF-style member sizes, the zstd seek table, LZ4 frame and
 //!   lzop block framing, snappy chunking, bzip2 block scanning and xz blocks
@@ -29,6 +29,7 @@ pub mod block;
 pub mod error;
 pub mod format;
 pub mod input;
+pub mod lz4_ffi;
 
 pub use block::{BlockCodec, CodecKind, CodecSpec};
 pub use error::{CodecError, Result};

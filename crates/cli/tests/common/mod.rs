@@ -112,7 +112,7 @@ pub fn mixed(n: usize, seed: u64) -> Vec<u8> {
         x ^= x >> 7;
         x ^= x << 17;
         match x % 8 {
-            0 => out.extend(std::iter::repeat(0u8).take((x >> 8) as usize % 5000)),
+            0 => out.extend(std::iter::repeat_n(0u8, (x >> 8) as usize % 5000)),
             1 | 2 => out.extend((0..(x >> 8) as usize % 300).map(|i| (x >> (i % 56)) as u8)),
             _ => {
                 for i in 0..((x >> 8) % 40) {

@@ -10,13 +10,11 @@
 //! block checksums; it verifies the content checksum of frames that have
 //! one on the writing side, in order.
 
-use super::{
-    at_offset, le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
-};
-use crate::block::{grow, BlockCodec, Lz4Codec};
+use super::{le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use crate::block::{BlockCodec, Lz4Codec};
 use crate::error::{CodecError, Result};
 use crate::input::Input;
-use xxhash_rust::xxh32::xxh32;
+use crate::lz4_ffi::{self, xxh32};
 
 const NAME: &str = "lz4";
 /// Magic of an LZ4 frame.
@@ -38,7 +36,9 @@ pub struct Encoder {
 impl Encoder {
     /// A new encoder (LZ4 has one level here).
     pub fn new() -> Self {
-        Encoder { codec: Lz4Codec }
+        Encoder {
+            codec: Lz4Codec::default(),
+        }
     }
 }
 
@@ -64,7 +64,7 @@ impl super::BlockEncoder for Encoder {
             } else {
                 out[at..at + 4].copy_from_slice(&(clen as u32).to_le_bytes());
             }
-            let sum = xxh32(&out[at + 4..at + 4 + clen], 0);
+            let sum = xxh32(&out[at + 4..at + 4 + clen]);
             out.extend_from_slice(&sum.to_le_bytes());
         }
         Ok(BlockMeta {
@@ -83,7 +83,7 @@ impl super::Framer for Framer {
         out.extend_from_slice(&MAGIC.to_le_bytes());
         let flg = 0x40 | FLG_INDEP | FLG_BLOCK_CHECKSUM;
         let bd = 7 << 4;
-        let hc = (xxh32(&[flg, bd], 0) >> 8) as u8;
+        let hc = (xxh32(&[flg, bd]) >> 8) as u8;
         out.extend_from_slice(&[flg, bd, hc]);
     }
     fn block(&mut self, _meta: &BlockMeta) {}
@@ -191,7 +191,7 @@ impl Splitter {
                 + if flg & FLG_CONTENT_SIZE != 0 { 8 } else { 0 }
                 + if flg & FLG_DICT_ID != 0 { 4 } else { 0 };
             let b = self.input.need(4 + desc_len + 1, NAME)?;
-            let hc = (xxh32(&b[4..4 + desc_len], 0) >> 8) as u8;
+            let hc = (xxh32(&b[4..4 + desc_len]) >> 8) as u8;
             if hc != b[4 + desc_len] {
                 return Err(CodecError::corrupt(
                     NAME,
@@ -260,7 +260,7 @@ impl Splitter {
             if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
                 let want = le32(self.input.need(4, NAME)?, 0);
                 self.input.consume(4);
-                if xxh32(&comp, 0) != want {
+                if xxh32(&comp) != want {
                     return Err(CodecError::corrupt(NAME, off, "block checksum mismatch"));
                 }
             }
@@ -268,10 +268,8 @@ impl Splitter {
             if word & UNCOMPRESSED_BIT != 0 {
                 unit.data.extend_from_slice(&comp);
             } else {
-                let (_, tail) = grow(&mut unit.data, ff.max_block);
-                let n = lz4_flex::block::decompress_into_with_dict(&comp, tail, &self.dict)
-                    .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
-                unit.data.truncate(at + n);
+                lz4_ffi::decompress_append(&comp, &mut unit.data, ff.max_block, &self.dict)
+                    .ok_or_else(|| CodecError::corrupt(NAME, off, "invalid LZ4 block"))?;
             }
             let produced = &unit.data[at..];
             if produced.len() >= 64 << 10 {
@@ -372,7 +370,7 @@ impl super::UnitDecoder for Decoder {
             let block_off = unit.offset + i as u64;
             if sums {
                 let want = le32(data, i + 4 + size);
-                if xxh32(body, 0) != want {
+                if xxh32(body) != want {
                     return Err(CodecError::corrupt(
                         NAME,
                         block_off,
@@ -383,12 +381,8 @@ impl super::UnitDecoder for Decoder {
             if word & UNCOMPRESSED_BIT != 0 {
                 out.extend_from_slice(body);
             } else {
-                let at = out.len();
-                let (_, tail) = grow(out, max_block);
-                let n = lz4_flex::block::decompress_into(body, tail).map_err(|e| {
-                    at_offset(CodecError::corrupt(NAME, 0, e.to_string()), block_off)
-                })?;
-                out.truncate(at + n);
+                lz4_ffi::decompress_append(body, out, max_block, &[])
+                    .ok_or_else(|| CodecError::corrupt(NAME, block_off, "invalid LZ4 block"))?;
             }
             i += 4 + size + if sums { 4 } else { 0 };
         }

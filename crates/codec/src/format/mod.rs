@@ -476,10 +476,16 @@ pub fn decode_as(format: Format, data: &[u8], limit: usize) -> Result<Vec<u8>> {
 /// Runs [`ContentCheck`]s on the writing side, in stream order.
 #[derive(Default)]
 pub struct ContentChecker {
-    xxh32: Option<xxhash_rust::xxh32::Xxh32>,
+    xxh32: Option<crate::lz4_ffi::Xxh32>,
 }
 
 impl ContentChecker {
+    fn new_hash(format: Format, offset: u64) -> Result<crate::lz4_ffi::Xxh32> {
+        crate::lz4_ffi::Xxh32::new().ok_or_else(|| {
+            CodecError::corrupt(format.name(), offset, "out of memory for the content hash")
+        })
+    }
+
     /// Feed one unit's decoded output with its check instruction.
     pub fn feed(
         &mut self,
@@ -491,7 +497,7 @@ impl ContentChecker {
         match check {
             ContentCheck::None => {}
             ContentCheck::StartXxh32 => {
-                let mut h = xxhash_rust::xxh32::Xxh32::new(0);
+                let mut h = Self::new_hash(format, offset)?;
                 h.update(data);
                 self.xxh32 = Some(h);
             }
@@ -501,10 +507,10 @@ impl ContentChecker {
                 }
             }
             ContentCheck::EndXxh32(want) => {
-                let mut h = self
-                    .xxh32
-                    .take()
-                    .unwrap_or_else(|| xxhash_rust::xxh32::Xxh32::new(0));
+                let mut h = match self.xxh32.take() {
+                    Some(h) => h,
+                    None => Self::new_hash(format, offset)?,
+                };
                 h.update(data);
                 let got = h.digest();
                 if got != want {
