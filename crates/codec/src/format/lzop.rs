@@ -1,12 +1,12 @@
 //! lzop files: the lzop header, then blocks of at most 256 KiB (lzop's own
 //! block size, which every lzop reads) each with its sizes and an Adler-32
-//! of its uncompressed and compressed bytes, then a zero end mark. Blocks
+//! of its uncompressed bytes, then a zero end mark. Blocks
 //! are independent, so cairn groups them into units and decodes in
 //! parallel. lzop stores a block uncompressed when LZO does not shrink it.
 //!
 //! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940,
 //! method (1 = LZO1X-1, 2 = LZO1X-1(15), 3 = LZO1X-999), level, flags
-//! (Adler-32 of data and compressed data, Unix), mode 0644, mtime 0, empty
+//! (Adler-32 of the data, Unix; lzop's defaults), mode 0644, mtime 0, empty
 //! name, Adler-32 of the header.
 
 use super::{be32, in_stream, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
@@ -34,7 +34,7 @@ const F_OS_UNIX: u32 = 0x0300_0000;
 const UNIT_TARGET: usize = 4 << 20;
 
 fn adler(data: &[u8]) -> u32 {
-    adler32::adler32(data).unwrap_or(1)
+    simd_adler32::adler32(&data)
 }
 
 /// Compresses input into lzop blocks.
@@ -55,24 +55,20 @@ impl super::BlockEncoder for Encoder {
     fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
         let start = out.len();
         for piece in src.chunks(BLOCK) {
+            // Block: uncompressed length, compressed length, Adler-32 of the
+            // uncompressed bytes (lzop's default: no sum of the compressed
+            // bytes), data; stored as is when LZO does not shrink it.
             let at = out.len();
             out.extend_from_slice(&(piece.len() as u32).to_be_bytes());
-            out.extend_from_slice(&[0; 12]);
+            out.extend_from_slice(&[0; 8]);
             self.codec.compress(piece, out)?;
-            let clen = out.len() - at - 16;
-            let d_sum = adler(piece);
-            out[at + 8..at + 12].copy_from_slice(&d_sum.to_be_bytes());
-            if clen >= piece.len() {
-                // Stored: no compressed-data checksum field.
-                out.truncate(at + 4);
-                out.extend_from_slice(&(piece.len() as u32).to_be_bytes());
-                out.extend_from_slice(&d_sum.to_be_bytes());
+            let clen = (out.len() - at - 12).min(piece.len());
+            if clen == piece.len() {
+                out.truncate(at + 12);
                 out.extend_from_slice(piece);
-            } else {
-                out[at + 4..at + 8].copy_from_slice(&(clen as u32).to_be_bytes());
-                let c_sum = adler(&out[at + 16..]);
-                out[at + 12..at + 16].copy_from_slice(&c_sum.to_be_bytes());
             }
+            out[at + 4..at + 8].copy_from_slice(&(clen as u32).to_be_bytes());
+            out[at + 8..at + 12].copy_from_slice(&adler(piece).to_be_bytes());
         }
         Ok(BlockMeta {
             raw_len: src.len() as u64,
@@ -108,7 +104,7 @@ impl super::Framer for Framer {
         out.extend_from_slice(&0x0940u16.to_be_bytes());
         out.push(method);
         out.push(self.level.clamp(1, 9) as u8);
-        out.extend_from_slice(&(F_ADLER32_D | F_ADLER32_C | F_OS_UNIX).to_be_bytes());
+        out.extend_from_slice(&(F_ADLER32_D | F_OS_UNIX).to_be_bytes());
         out.extend_from_slice(&0o100644u32.to_be_bytes());
         out.extend_from_slice(&0u32.to_be_bytes());
         out.extend_from_slice(&0u32.to_be_bytes());
