@@ -108,19 +108,38 @@ impl Input {
 
     /// Move exactly `n` bytes to the end of `dst` or fail as truncated.
     pub fn take(&mut self, n: usize, dst: &mut Vec<u8>, format: &'static str) -> Result<()> {
-        let mut left = n;
-        while left > 0 {
-            let have = self.end - self.pos;
-            if have == 0 && self.fill(left.min(CHUNK))? == 0 {
-                return Err(CodecError::Truncated {
-                    format,
-                    offset: self.offset,
-                });
+        // What is buffered first, then the rest straight from the source
+        // into `dst`: a whole frame or block run is copied once, not twice.
+        let k = (self.end - self.pos).min(n);
+        dst.extend_from_slice(&self.buf[self.pos..self.pos + k]);
+        self.consume(k);
+        let mut left = (n - k) as u64;
+        if left == 0 {
+            return Ok(());
+        }
+        dst.reserve(left as usize);
+        while left > 0 && !self.eof {
+            // `take` + `read_to_end` fills spare capacity without zeroing.
+            match Read::by_ref(&mut self.inner).take(left).read_to_end(dst) {
+                Ok(0) => self.eof = true,
+                Ok(got) => {
+                    left -= got as u64;
+                    self.offset += got as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(CodecError::Io {
+                        offset: self.offset,
+                        source,
+                    })
+                }
             }
-            let k = (self.end - self.pos).min(left);
-            dst.extend_from_slice(&self.buf[self.pos..self.pos + k]);
-            self.consume(k);
-            left -= k;
+        }
+        if left > 0 {
+            return Err(CodecError::Truncated {
+                format,
+                offset: self.offset,
+            });
         }
         Ok(())
     }
