@@ -153,6 +153,7 @@ impl PendingFile {
             .create_new(true)
             .open(&tmp)
             .with_context(|| format!("{}", tmp.display()))?;
+        crate::signals::register(&tmp);
         Ok(PendingFile {
             path: path.to_path_buf(),
             tmp,
@@ -175,6 +176,7 @@ impl PendingFile {
 impl Drop for PendingFile {
     fn drop(&mut self) {
         if !self.committed {
+            crate::signals::unregister();
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

@@ -7,6 +7,7 @@
 mod files;
 mod pack;
 mod report;
+mod signals;
 
 use clap::{Args, Parser, Subcommand};
 use std::process::ExitCode;

@@ -178,3 +178,45 @@ fn no_partial_output_when_packing_an_unreadable_file() {
     assert!(!out.status.success());
     assert_eq!(listing(dir.path()), vec!["sub".to_string()]);
 }
+
+#[test]
+fn interrupted_run_leaves_no_temporary_file() {
+    use std::io::Write;
+    use std::process::Stdio;
+    for signal in ["INT", "TERM"] {
+        let dir = tempdir();
+        let out = dir.path().join("out.gz");
+        let mut child = cairn()
+            .args(["pack", "-q", "-o"])
+            .arg(&out)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        // Feed some data, keep the pipe open so cairn waits for more.
+        stdin.write_all(&mixed(3_000_000, 40)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while listing(dir.path()).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(
+            listing(dir.path()).len(),
+            1,
+            "temporary file never appeared"
+        );
+        let st = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let status = child.wait().unwrap();
+        drop(stdin);
+        assert!(!status.success(), "SIG{signal}: cairn exited successfully");
+        assert!(
+            listing(dir.path()).is_empty(),
+            "SIG{signal}: left {:?}",
+            listing(dir.path())
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! Ctrl-C and `kill` must not leave a half-written output behind: while a
+//! temporary output file exists, SIGINT, SIGTERM, SIGHUP and SIGPIPE remove
+//! it before the process dies of the signal as usual.
+//!
+//! A signal handler may only call async-signal-safe functions, so the path
+//! is kept as a leaked C string behind an atomic pointer, and the handler
+//! does nothing but `unlink`, restore the default action and re-raise.
+
+use std::ffi::{c_char, c_int, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Once;
+
+static PENDING: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
+const SIGNALS: [c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE];
+
+extern "C" fn on_signal(sig: c_int) {
+    let path = PENDING.swap(ptr::null_mut(), Ordering::SeqCst);
+    // SAFETY: unlink, signal and raise are async-signal-safe; `path` is
+    // null or a NUL-terminated string leaked by `register` and never freed
+    // while it is published (`unregister` takes it out before freeing).
+    unsafe {
+        if !path.is_null() {
+            libc::unlink(path);
+        }
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+fn install() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for sig in SIGNALS {
+            // SAFETY: `on_signal` is an `extern "C" fn(c_int)` that only
+            // performs async-signal-safe calls.
+            unsafe {
+                libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+            }
+        }
+    });
+}
+
+/// Remove `path` if a terminating signal arrives before [`unregister`].
+pub fn register(path: &Path) {
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    install();
+    let old = PENDING.swap(c.into_raw(), Ordering::SeqCst);
+    free(old);
+}
+
+/// The temporary file is gone or renamed: stop guarding it.
+pub fn unregister() {
+    let old = PENDING.swap(ptr::null_mut(), Ordering::SeqCst);
+    free(old);
+}
+
+fn free(p: *mut c_char) {
+    if !p.is_null() {
+        // SAFETY: every non-null pointer in PENDING came from
+        // CString::into_raw and was swapped out exactly once.
+        drop(unsafe { CString::from_raw(p) });
+    }
+}

@@ -1,0 +1,98 @@
+//! Committed fixtures:
+//!
+//! - `tests/fixtures/streams-v1/sample.*`: small files written by cairn's
+//!   first stream layout, one per format. Every later cairn must still read
+//!   them to the same bytes (readers never drop a layout they once wrote).
+//! - `tests/fixtures/sizes.tsv`: the compressed size of a fixed corpus for
+//!   every format and level, so that a ratio regression (or gain) shows up
+//!   as a diff in review, as zstd does with its results table.
+//!
+//! `CAIRN_BLESS=1 cargo test -p cairn-codec --test fixtures` rewrites both
+//! after an intended change; commit the result with the reason.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+use cairn_codec::{decode_all, encode_all, Format};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn bless() -> bool {
+    std::env::var("CAIRN_BLESS").as_deref() == Ok("1")
+}
+
+/// The fixed corpus: text, zero runs and noise, 300 000 bytes.
+fn corpus() -> Vec<u8> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut out = Vec::with_capacity(300_000);
+    let words: [&[u8]; 5] = [b"cairn ", b"stores ", b"images ", b"\n", b"0000 "];
+    while out.len() < 300_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        match x % 6 {
+            0 => out.extend(std::iter::repeat_n(0u8, (x >> 8) as usize % 3000)),
+            1 => out.extend((0..(x >> 8) as usize % 200).map(|i| (x >> (i % 56)) as u8)),
+            _ => out.extend_from_slice(words[((x >> 16) % 5) as usize]),
+        }
+    }
+    out.truncate(300_000);
+    out
+}
+
+#[test]
+fn version_1_streams_still_decode() {
+    let dir = root().join("streams-v1");
+    let data = corpus();
+    for format in Format::ALL {
+        let path = dir.join(format!("sample{}", format.suffix()));
+        if bless() {
+            std::fs::create_dir_all(&dir).unwrap();
+            let packed = encode_all(format, format.default_level(), 64 << 10, &data).unwrap();
+            std::fs::write(&path, packed).unwrap();
+        }
+        let packed = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
+        let back = decode_all(&packed).unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(back == data, "{format}: fixture decodes to other bytes");
+    }
+}
+
+#[test]
+fn compressed_sizes_match_the_committed_table() {
+    let data = corpus();
+    let mut table =
+        String::from("# format\tlevel\tbytes (corpus of 300000 bytes, 64 KiB blocks)\n");
+    for format in Format::ALL {
+        let (lo, hi) = format.level_range();
+        let levels: Vec<i32> = match format {
+            Format::Zstd => vec![-5, 1, 3, 9, 19],
+            _ => (lo..=hi).collect(),
+        };
+        for level in levels {
+            let n = encode_all(format, level, 64 << 10, &data).unwrap().len();
+            writeln!(table, "{format}\t{level}\t{n}").unwrap();
+        }
+    }
+    let path = root().join("sizes.tsv");
+    if bless() {
+        std::fs::write(&path, &table).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
+    if committed != table {
+        let diff: Vec<String> = committed
+            .lines()
+            .zip(table.lines())
+            .filter(|(a, b)| a != b)
+            .map(|(a, b)| format!("  committed {a:<24} now {b}"))
+            .collect();
+        panic!(
+            "compressed sizes changed (CAIRN_BLESS=1 to accept):\n{}",
+            diff.join("\n")
+        );
+    }
+}
