@@ -183,6 +183,7 @@ fn pack_one(
     let mut bytes_in = 0u64;
     let mut blocks = 0u64;
     let mut first = true;
+    let mut read_total = 0u64;
     let source_name = plan.source.name();
     let result = cairn_pipeline::run(
         Config::new(threads),
@@ -195,6 +196,8 @@ fn pack_one(
                 return Ok(Fill::End);
             }
             first = false;
+            read_total += n as u64;
+            progress.read_to(read_total);
             Ok(Fill::Item)
         },
         || {
@@ -212,7 +215,7 @@ fn pack_one(
             bytes_in += slot.input.len() as u64;
             bytes_out += slot.output.bytes.len() as u64;
             blocks += 1;
-            progress.advance(slot.input.len() as u64, bytes_out);
+            progress.ratio(bytes_in, bytes_out);
             Ok(())
         },
         |slot| {
@@ -295,15 +298,12 @@ fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summar
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
-    let mut last_offset = 0u64;
     let result = cairn_pipeline::run(
         Config::new(threads),
         |unit: &mut Unit| {
-            Ok(if splitter.next_unit(unit)? {
-                Fill::Item
-            } else {
-                Fill::End
-            })
+            let more = splitter.next_unit(unit)?;
+            progress.read_to(splitter.offset());
+            Ok(if more { Fill::Item } else { Fill::End })
         },
         || {
             let mut dec = format.unit_decoder();
@@ -317,9 +317,7 @@ fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summar
             w.write_all(&slot.output)
                 .with_context(|| out_name.clone())?;
             bytes_out += slot.output.len() as u64;
-            let in_now = slot.input.offset;
-            progress.advance(in_now.saturating_sub(last_offset), bytes_out);
-            last_offset = last_offset.max(in_now);
+            progress.ratio(bytes_out, slot.input.offset);
             Ok(())
         },
         |slot| {

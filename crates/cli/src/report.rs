@@ -33,12 +33,17 @@ impl Progress {
         Progress { bar }
     }
 
-    pub fn advance(&self, bytes: u64, out_bytes: u64) {
-        self.bar.inc(bytes);
-        let done = self.bar.position();
-        if done > 0 {
+    /// The reader has consumed input up to `position` bytes: progress is
+    /// counted where bytes enter, so a slow first block still shows motion.
+    pub fn read_to(&self, position: u64) {
+        self.bar.set_position(position);
+    }
+
+    /// Uncompressed and compressed bytes written so far.
+    pub fn ratio(&self, raw: u64, packed: u64) {
+        if raw > 0 {
             self.bar
-                .set_message(format!("ratio {:.3}", out_bytes as f64 / done as f64));
+                .set_message(format!("ratio {:.3}", packed as f64 / raw as f64));
         }
     }
 
