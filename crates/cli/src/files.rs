@@ -162,6 +162,19 @@ impl PendingFile {
         })
     }
 
+    /// The temporary file being written.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Flush to disk, then rename into place.
+    pub fn commit_durable(self) -> Result<()> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("fsync {}", self.tmp.display()))?;
+        self.commit()
+    }
+
     fn commit(mut self) -> Result<()> {
         self.file
             .flush()

@@ -6,6 +6,7 @@
 
 mod files;
 mod pack;
+mod repo_cmd;
 mod report;
 mod signals;
 
@@ -29,6 +30,22 @@ enum Command {
     Pack(PackArgs),
     /// Decompress files or stdin in parallel; the format is detected by magic.
     Unpack(UnpackArgs),
+    /// Create a repository, its packs striped over one or more targets.
+    Init(repo_cmd::InitArgs),
+    /// Store a file, a block device or stdin as a new snapshot of an image.
+    Backup(repo_cmd::BackupArgs),
+    /// Write a snapshot back to a file, a block device or stdout.
+    Restore(repo_cmd::RestoreArgs),
+    /// List images and snapshots with their sizes and ratios.
+    Ls(repo_cmd::ListArgs),
+    /// Check the repository; name every image and offset a problem affects.
+    Verify(repo_cmd::VerifyArgs),
+    /// Remove a snapshot, or every snapshot of an image.
+    Rm(repo_cmd::RmArgs),
+    /// Reclaim chunks no snapshot uses; repack half-empty packs.
+    Gc(repo_cmd::GcArgs),
+    /// Repository totals: sizes, ratios, index memory per chunk, targets.
+    Stats(repo_cmd::StatsArgs),
 }
 
 /// Options shared by pack and unpack.
@@ -155,6 +172,14 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Pack(args) => pack::pack(&args),
         Command::Unpack(args) => pack::unpack(&args),
+        Command::Init(args) => repo_cmd::init(&args),
+        Command::Backup(args) => repo_cmd::backup(&args),
+        Command::Restore(args) => repo_cmd::restore(&args),
+        Command::Ls(args) => repo_cmd::ls(&args),
+        Command::Verify(args) => repo_cmd::verify(&args),
+        Command::Rm(args) => repo_cmd::rm(&args),
+        Command::Gc(args) => repo_cmd::gc(&args),
+        Command::Stats(args) => repo_cmd::stats(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,6 +47,11 @@ impl Progress {
         }
     }
 
+    /// Free text after the figures.
+    pub fn message(&self, msg: String) {
+        self.bar.set_message(msg);
+    }
+
     pub fn finish(&self) {
         self.bar.finish_and_clear();
     }

@@ -1,0 +1,864 @@
+//! The repository commands: init, backup, restore, ls, verify, rm, gc,
+//! stats. Each parses its arguments, opens what it needs, calls the store
+//! and prints a table or `--json`.
+
+use crate::files::PendingFile;
+use crate::report::Progress;
+use anyhow::{bail, Context, Result};
+use cairn_codec::CodecSpec;
+use cairn_store::{
+    backup::Progress as BackupProgress, stats, ChunkerSpec, Destination, GcOptions, Repository,
+    RestoreOptions, VerifyOptions,
+};
+use clap::Args;
+use indicatif::HumanBytes;
+use serde_json::json;
+use std::fs::File;
+use std::io::{IsTerminal, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// `--repo`, shared by every repository command.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct RepoArg {
+    /// The repository (or set CAIRN_REPO).
+    #[arg(long = "repo", short = 'r', env = "CAIRN_REPO", value_name = "REPO")]
+    pub repo: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct InitArgs {
+    /// Where the repository's metadata lives.
+    #[arg(value_name = "REPO")]
+    pub repo: PathBuf,
+    /// A directory for packs, on its own disk ideally; repeat for more
+    /// (default: REPO/data).
+    #[arg(long = "target", value_name = "DIR")]
+    pub targets: Vec<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BackupArgs {
+    /// A file, a block device, or - for standard input.
+    #[arg(value_name = "SRC")]
+    pub source: PathBuf,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Image name; each backup adds a snapshot of it.
+    #[arg(long, short = 'n')]
+    pub name: String,
+    /// Codec for new chunks: none, lz4, snappy, lzo, zstd, deflate, bzip2,
+    /// xz, with an optional :LEVEL.
+    #[arg(long = "codec", short = 'c', default_value = "zstd:3")]
+    pub codec: String,
+    /// cdc[:MIN,AVG,MAX] | cdc:AVG | fixed[:SIZE] (sizes take K and M).
+    #[arg(long, default_value_t = cairn_store::DEFAULT_CHUNKER.to_string())]
+    pub chunker: String,
+    /// Worker threads hashing and compressing (default: number of cores).
+    #[arg(short = 'T', long = "threads")]
+    pub threads: Option<usize>,
+    /// Read the source with O_DIRECT (bypass the page cache).
+    #[arg(long)]
+    pub direct: bool,
+    /// Wait for another writer to finish instead of failing.
+    #[arg(long)]
+    pub wait: bool,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RestoreArgs {
+    /// NAME, NAME@SNAPSHOT or NAME@latest.
+    #[arg(value_name = "NAME[@SNAPSHOT]")]
+    pub image: String,
+    /// A file, a block device, or - for standard output.
+    #[arg(value_name = "DEST")]
+    pub dest: PathBuf,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Worker threads reading and decompressing (default: number of cores).
+    #[arg(short = 'T', long = "threads")]
+    pub threads: Option<usize>,
+    /// Overwrite an existing file; write to a terminal.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    /// Where a chunk is damaged or missing, write zeros and list the
+    /// ranges instead of failing.
+    #[arg(long)]
+    pub zero_damaged: bool,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Print the result as JSON (on stderr when the image goes to stdout).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Only this image.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct VerifyArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Read every stored chunk, check and decode it.
+    #[arg(long)]
+    pub read_data: bool,
+    /// Threads reading packs (default: number of cores).
+    #[arg(short = 'T', long = "threads")]
+    pub threads: Option<usize>,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RmArgs {
+    /// NAME@SNAPSHOT removes one snapshot; NAME removes them all.
+    #[arg(value_name = "NAME[@SNAPSHOT]")]
+    pub image: String,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Wait for another writer to finish instead of failing.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct GcArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Repack packs whose live data is below this fraction.
+    #[arg(long, default_value_t = 0.5)]
+    pub repack_below: f64,
+    /// Wait for another writer to finish instead of failing.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatsArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn threads(t: Option<usize>) -> usize {
+    t.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+fn open_repo(r: &RepoArg) -> Result<Repository> {
+    Ok(Repository::open(&r.repo)?)
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+pub(crate) fn init(a: &InitArgs) -> Result<()> {
+    let repo = Repository::init(&a.repo, &a.targets)?;
+    if a.json {
+        print_json(&json!({
+            "repository": repo.root(),
+            "id": repo.id().to_string(),
+            "targets": repo.targets(),
+        }));
+    } else {
+        eprintln!(
+            "cairn: created repository {} with {} target(s)",
+            repo.root().display(),
+            repo.targets().len()
+        );
+    }
+    Ok(())
+}
+
+/// Size of a block device, by ioctl.
+fn block_device_size(f: &File) -> Result<u64> {
+    use std::os::unix::io::AsRawFd;
+    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
+    // at a live u64; the descriptor is owned by `f`.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error()).context("BLKGETSIZE64");
+    }
+    Ok(size)
+}
+
+/// Reads through an aligned buffer, as O_DIRECT requires.
+struct DirectReader {
+    file: File,
+    buf: Vec<u8>,
+    start: usize,
+    pos: usize,
+    end: usize,
+}
+
+const DIRECT_BUF: usize = 4 << 20;
+const DIRECT_ALIGN: usize = 4096;
+
+impl DirectReader {
+    fn new(file: File) -> Self {
+        let buf = vec![0u8; DIRECT_BUF + DIRECT_ALIGN];
+        // The aligned window inside the Vec; the Vec is never resized, so
+        // its address, and the window, stay put.
+        let start = buf.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
+        DirectReader {
+            file,
+            buf,
+            start,
+            pos: 0,
+            end: 0,
+        }
+    }
+}
+
+impl Read for DirectReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.end {
+            let window = &mut self.buf[self.start..self.start + DIRECT_BUF];
+            let n = self.file.read(window)?;
+            self.pos = 0;
+            self.end = n;
+            if n == 0 {
+                return Ok(0);
+            }
+        }
+        let n = out.len().min(self.end - self.pos);
+        let from = self.start + self.pos;
+        out[..n].copy_from_slice(&self.buf[from..from + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Open a backup source: the reader, its size when known, its label.
+fn open_source(path: &Path, direct: bool) -> Result<(Box<dyn Read + Send>, Option<u64>, String)> {
+    if path.as_os_str() == "-" {
+        if direct {
+            bail!("--direct needs a file or device, not standard input");
+        }
+        return Ok((Box::new(std::io::stdin()), None, "-".into()));
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = opts.open(path).with_context(|| {
+        if direct {
+            format!("{} (with O_DIRECT)", path.display())
+        } else {
+            path.display().to_string()
+        }
+    })?;
+    let meta = file
+        .metadata()
+        .with_context(|| path.display().to_string())?;
+    let size = if meta.file_type().is_block_device() {
+        Some(block_device_size(&file).with_context(|| path.display().to_string())?)
+    } else if meta.is_file() {
+        Some(meta.len())
+    } else if meta.is_dir() {
+        bail!(
+            "{}: is a directory (back up a stream: tar -cf - DIR | cairn backup - ...)",
+            path.display()
+        );
+    } else {
+        None
+    };
+    let reader: Box<dyn Read + Send> = if direct {
+        Box::new(DirectReader::new(file))
+    } else {
+        Box::new(file)
+    };
+    Ok((reader, size, path.display().to_string()))
+}
+
+pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
+    let codec: CodecSpec = a.codec.parse()?;
+    let chunker: ChunkerSpec = a.chunker.parse()?;
+    let repo = open_repo(&a.repo)?;
+    let (mut source, size, label) = open_source(&a.source, a.direct)?;
+    let lock = repo.lock_writer(&format!("cairn backup {}", a.name), a.wait)?;
+    let bar = Progress::new("backup", size, !a.quiet);
+    let progress = |p: &BackupProgress| {
+        bar.read_to(p.bytes_in);
+        bar.message(format!(
+            "new {} stored {} dedup {} zero {}",
+            HumanBytes(p.new_raw),
+            HumanBytes(p.new_stored),
+            HumanBytes(p.dedup),
+            HumanBytes(p.zero)
+        ));
+    };
+    let opts = cairn_store::BackupOptions {
+        name: a.name.clone(),
+        codec,
+        chunker,
+        threads: threads(a.threads),
+        source: label,
+        progress: Some(&progress),
+    };
+    let r = cairn_store::backup(&repo, &lock, source.as_mut(), &opts);
+    bar.finish();
+    let r = r?;
+    let t = &r.totals;
+    for e in &r.damaged_index_files {
+        eprintln!("cairn: warning: {e}");
+    }
+    let mbs = t.bytes_in as f64 / 1e6 / r.seconds.max(1e-9);
+    if a.json {
+        print_json(&json!({
+            "name": r.name,
+            "snapshot": r.snapshot,
+            "bytes_in": t.bytes_in,
+            "chunks": t.chunks,
+            "new_chunks": t.new_chunks,
+            "bytes_new_raw": t.new_raw,
+            "bytes_stored_new": t.new_stored,
+            "bytes_dedup": t.dedup,
+            "bytes_zero": t.zero,
+            "packs": r.packs,
+            "salvaged_packs": r.salvaged.packs,
+            "salvaged_chunks": r.salvaged.chunks,
+            "seconds": r.seconds,
+            "mb_per_s": mbs,
+            "threads": opts.threads,
+            "codec": codec.to_string(),
+            "chunker": chunker.to_string(),
+        }));
+    } else if !a.quiet {
+        if r.salvaged.packs > 0 {
+            eprintln!(
+                "cairn: reused {} chunk(s) from {} pack(s) of an interrupted run",
+                r.salvaged.chunks, r.salvaged.packs
+            );
+        }
+        eprintln!(
+            "cairn: {}@{}: {} in {:.2} s ({:.0} MB/s): new {} stored as {}, dedup {}, zero {}",
+            r.name,
+            r.snapshot,
+            HumanBytes(t.bytes_in),
+            r.seconds,
+            mbs,
+            HumanBytes(t.new_raw),
+            HumanBytes(t.new_stored),
+            HumanBytes(t.dedup),
+            HumanBytes(t.zero)
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let _read = repo.lock_read()?;
+    let (name, snap) = repo.resolve(&a.image)?;
+    let manifest = repo.read_manifest(&name, snap)?;
+    let loaded = repo.load_index()?;
+    for e in &loaded.damaged {
+        eprintln!("cairn: warning: {e}");
+    }
+    let to_stdout = a.dest.as_os_str() == "-";
+    let bar = Progress::new("restore", Some(manifest.size), !a.quiet);
+    let progress = |done: u64| bar.read_to(done);
+    let opts = RestoreOptions {
+        threads: threads(a.threads),
+        zero_damaged: a.zero_damaged,
+        progress: Some(&progress),
+    };
+    let report = if to_stdout {
+        let out = std::io::stdout();
+        if out.is_terminal() && !a.force {
+            bail!("image data not written to a terminal; use -f to force, or redirect");
+        }
+        let mut lock = out.lock();
+        cairn_store::restore(
+            &repo,
+            &loaded.index,
+            &manifest,
+            Destination::Stream(&mut lock),
+            &opts,
+        )
+    } else {
+        let is_device = std::fs::metadata(&a.dest)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
+        if is_device {
+            let dev = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&a.dest)
+                .with_context(|| a.dest.display().to_string())?;
+            let size = block_device_size(&dev)?;
+            if size < manifest.size {
+                bail!(
+                    "{}: device has {} bytes, the image needs {}",
+                    a.dest.display(),
+                    size,
+                    manifest.size
+                );
+            }
+            let r = cairn_store::restore(
+                &repo,
+                &loaded.index,
+                &manifest,
+                Destination::At {
+                    file: &dev,
+                    zeroed: false,
+                },
+                &opts,
+            );
+            if r.is_ok() {
+                dev.sync_all()
+                    .with_context(|| format!("fsync {}", a.dest.display()))?;
+            }
+            r
+        } else {
+            let pending = PendingFile::create(&a.dest, a.force)?;
+            pending
+                .file()
+                .set_len(manifest.size)
+                .with_context(|| a.dest.display().to_string())?;
+            let r = cairn_store::restore(
+                &repo,
+                &loaded.index,
+                &manifest,
+                Destination::At {
+                    file: pending.file(),
+                    zeroed: true,
+                },
+                &opts,
+            );
+            if r.is_ok() {
+                pending.commit_durable()?;
+            }
+            r
+        }
+    };
+    bar.finish();
+    let r = report?;
+    for d in &r.damaged {
+        eprintln!(
+            "cairn: damaged: image offset {} length {} (chunk {}) written as zeros: {}",
+            d.offset, d.len, d.chunk, d.reason
+        );
+    }
+    let mbs = r.size as f64 / 1e6 / r.seconds.max(1e-9);
+    let summary = json!({
+        "name": name,
+        "snapshot": snap,
+        "bytes": r.size,
+        "bytes_read": r.stored_read,
+        "seconds": r.seconds,
+        "mb_per_s": mbs,
+        "threads": opts.threads,
+        "damaged": r.damaged.iter().map(|d| json!({
+            "offset": d.offset, "length": d.len, "chunk": d.chunk.to_string(), "reason": d.reason,
+        })).collect::<Vec<_>>(),
+    });
+    if a.json {
+        let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
+        if to_stdout {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    } else if !a.quiet {
+        eprintln!(
+            "cairn: {name}@{snap}: {} restored in {:.2} s ({mbs:.0} MB/s)",
+            HumanBytes(r.size),
+            r.seconds
+        );
+    }
+    if !r.damaged.is_empty() {
+        bail!("{} damaged range(s) were written as zeros", r.damaged.len());
+    }
+    Ok(())
+}
+
+pub(crate) fn ls(a: &ListArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let mut rows = Vec::new();
+    let mut bad = Vec::new();
+    for item in stats::list(&repo)? {
+        match item {
+            Ok(s) if a.name.as_ref().is_none_or(|n| *n == s.name) => rows.push(s),
+            Ok(_) => {}
+            Err(e) => bad.push(e),
+        }
+    }
+    if a.json {
+        print_json(&json!({
+            "snapshots": rows.iter().map(|s| json!({
+                "name": s.name,
+                "snapshot": s.snapshot,
+                "created": s.created,
+                "size": s.size,
+                "source": s.source,
+                "chunker": s.chunker,
+                "codec": s.codec,
+                "chunks": s.stats.chunks,
+                "new_chunks": s.stats.new_chunks,
+                "zero_bytes": s.stats.zero_bytes,
+                "new_raw_bytes": s.stats.new_raw,
+                "stored_bytes": s.stats.new_stored,
+                "dedup_ratio": ratio(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
+                "compression_ratio": ratio(s.stats.new_raw, s.stats.new_stored),
+                "seconds": s.stats.millis as f64 / 1000.0,
+            })).collect::<Vec<_>>(),
+            "unreadable": bad,
+        }));
+    } else {
+        println!(
+            "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}",
+            "IMAGE", "SNAP", "CREATED (UTC)", "SIZE", "ZERO", "STORED", "DEDUP", "COMPR"
+        );
+        for s in &rows {
+            println!(
+                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>6.2}x {:>6.2}x",
+                s.name,
+                s.snapshot,
+                utc(s.created),
+                HumanBytes(s.size).to_string(),
+                HumanBytes(s.stats.zero_bytes).to_string(),
+                HumanBytes(s.stats.new_stored).to_string(),
+                ratio(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
+                ratio(s.stats.new_raw, s.stats.new_stored)
+            );
+        }
+        for e in &bad {
+            eprintln!("cairn: unreadable snapshot: {e}");
+        }
+    }
+    if !bad.is_empty() {
+        bail!(
+            "{} snapshot(s) could not be read; run `cairn verify`",
+            bad.len()
+        );
+    }
+    Ok(())
+}
+
+/// `2026-11-22 08:00:00` from Unix seconds (UTC), without a date crate.
+fn utc(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let bar = Progress::new("verify", None, !a.quiet && a.read_data);
+    let progress = |done: u64, _total: u64| bar.read_to(done);
+    let r = cairn_store::verify(
+        &repo,
+        &VerifyOptions {
+            read_data: a.read_data,
+            threads: threads(a.threads),
+            progress: Some(&progress),
+        },
+    );
+    bar.finish();
+    let r = r?;
+    if a.json {
+        print_json(&json!({
+            "ok": r.problems.is_empty(),
+            "images": r.images,
+            "snapshots": r.snapshots,
+            "chunks": r.chunks,
+            "packs": r.packs,
+            "bytes_read": r.bytes_read,
+            "unindexed_packs": r.unindexed_packs,
+            "problems": r.problems.iter().map(|p| json!({
+                "kind": p.kind,
+                "message": p.message,
+                "chunk": p.chunk.map(|c| c.to_string()),
+                "affected": p.affected.iter().map(|x| json!({
+                    "image": x.image, "snapshot": x.snapshot, "offset": x.offset,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }));
+    } else {
+        for p in &r.problems {
+            println!("{}: {}", p.kind, p.message);
+            for x in p.affected.iter().take(20) {
+                println!(
+                    "    affects {}@{} at offset {}",
+                    x.image, x.snapshot, x.offset
+                );
+            }
+            if p.affected.len() > 20 {
+                println!("    ... and {} more places", p.affected.len() - 20);
+            }
+        }
+        if !r.unindexed_packs.is_empty() {
+            println!(
+                "note: {} pack(s) from an interrupted run are not indexed yet (the next backup reuses them, gc removes them)",
+                r.unindexed_packs.len()
+            );
+        }
+        println!(
+            "{}: {} image(s), {} snapshot(s), {} chunk(s) in {} pack(s){}",
+            if r.problems.is_empty() {
+                "ok"
+            } else {
+                "DAMAGED"
+            },
+            r.images,
+            r.snapshots,
+            r.chunks,
+            r.packs,
+            if a.read_data {
+                format!(", {} read and checked", HumanBytes(r.bytes_read))
+            } else {
+                String::new()
+            }
+        );
+    }
+    if !r.problems.is_empty() {
+        bail!("verify found {} problem(s)", r.problems.len());
+    }
+    Ok(())
+}
+
+pub(crate) fn rm(a: &RmArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let lock = repo.lock_writer("cairn rm", a.wait)?;
+    let removed: Vec<(String, u64)> = if a.image.contains('@') {
+        vec![repo.resolve(&a.image)?]
+    } else {
+        cairn_store::repo::validate_name(&a.image)?;
+        let snaps = repo.snapshots(&a.image)?;
+        if snaps.is_empty() {
+            bail!("no image named {:?}", a.image);
+        }
+        snaps.into_iter().map(|s| (a.image.clone(), s)).collect()
+    };
+    for (name, snap) in &removed {
+        repo.remove_snapshot(&lock, name, *snap)?;
+    }
+    if a.json {
+        print_json(&json!({
+            "removed": removed.iter().map(|(n, s)| json!({"name": n, "snapshot": s})).collect::<Vec<_>>(),
+        }));
+    } else {
+        for (n, s) in &removed {
+            eprintln!("cairn: removed {n}@{s} (run `cairn gc` to reclaim its space)");
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn gc(a: &GcArgs) -> Result<()> {
+    if !(0.0..=1.0).contains(&a.repack_below) {
+        bail!("--repack-below must be between 0 and 1");
+    }
+    let repo = open_repo(&a.repo)?;
+    let lock = repo.lock_writer("cairn gc", a.wait)?;
+    let r = cairn_store::gc(
+        &repo,
+        &lock,
+        &GcOptions {
+            repack_below: a.repack_below,
+            progress: None,
+        },
+    )?;
+    if a.json {
+        print_json(&json!({
+            "chunks_before": r.chunks_before,
+            "chunks_after": r.chunks_after,
+            "packs_deleted": r.packs_deleted,
+            "packs_repacked": r.packs_repacked,
+            "packs_written": r.packs_written,
+            "bytes_before": r.bytes_before,
+            "bytes_after": r.bytes_after,
+            "salvaged_packs": r.salvaged.packs,
+            "deferred": r.deferred,
+        }));
+    } else {
+        eprintln!(
+            "cairn: gc: {} -> {} chunks, {} pack(s) deleted, {} repacked into {}, {} -> {}{}",
+            r.chunks_before,
+            r.chunks_after,
+            r.packs_deleted,
+            r.packs_repacked,
+            r.packs_written,
+            HumanBytes(r.bytes_before),
+            HumanBytes(r.bytes_after),
+            if r.deferred {
+                " (a reader is active: packs are deleted by the next writer)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Resident memory of this process, from /proc/self/statm.
+fn rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let s = stats::stats(&repo)?;
+    // Measured, not computed: load the index once more and see what the
+    // process grew by.
+    let before = rss_bytes();
+    let loaded = repo.load_index()?;
+    let after = rss_bytes();
+    let grown = match (before, after) {
+        (Some(b), Some(a)) => a.saturating_sub(b),
+        _ => 0,
+    };
+    let per_chunk_rss = ratio(grown, loaded.index.len() as u64);
+    drop(loaded);
+    let per_chunk_heap = ratio(s.index_entry_bytes, s.chunks);
+    if a.json {
+        print_json(&json!({
+            "repository": repo.root(),
+            "images": s.images,
+            "snapshots": s.snapshots,
+            "logical_bytes": s.logical_bytes,
+            "zero_bytes": s.zero_bytes,
+            "chunks": s.chunks,
+            "unique_raw_bytes": s.unique_raw_bytes,
+            "pack_bytes": s.pack_bytes,
+            "index_files": s.index_files,
+            "unindexed_packs": s.unindexed_packs,
+            "dedup_ratio": ratio(s.logical_bytes - s.zero_bytes.min(s.logical_bytes), s.unique_raw_bytes),
+            "compression_ratio": ratio(s.unique_raw_bytes, s.pack_bytes),
+            "total_ratio": ratio(s.logical_bytes, s.pack_bytes),
+            "index_heap_bytes_per_chunk": per_chunk_heap,
+            "index_rss_bytes_per_chunk": per_chunk_rss,
+            "targets": s.targets.iter().map(|t| json!({
+                "path": t.path, "packs": t.packs, "bytes": t.bytes,
+            })).collect::<Vec<_>>(),
+        }));
+    } else {
+        println!("repository     {}", repo.root().display());
+        println!("images         {} ({} snapshots)", s.images, s.snapshots);
+        println!(
+            "logical        {} (of which zero {})",
+            HumanBytes(s.logical_bytes),
+            HumanBytes(s.zero_bytes)
+        );
+        println!(
+            "chunks         {} holding {}",
+            s.chunks,
+            HumanBytes(s.unique_raw_bytes)
+        );
+        println!(
+            "stored         {} in packs ({:.2}x overall)",
+            HumanBytes(s.pack_bytes),
+            ratio(s.logical_bytes, s.pack_bytes)
+        );
+        println!("index          {per_chunk_heap:.1} bytes/chunk in memory (heap), {per_chunk_rss:.1} measured (RSS growth)");
+        for t in &s.targets {
+            println!(
+                "target         {}  {} packs, {}",
+                t.path.display(),
+                t.packs,
+                HumanBytes(t.bytes)
+            );
+        }
+        if s.unindexed_packs > 0 {
+            println!(
+                "unindexed      {} pack(s) from an interrupted run",
+                s.unindexed_packs
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00");
+    }
+
+    #[test]
+    fn direct_reader_reads_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..(DIRECT_BUF * 2 + 12345))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        std::fs::write(&p, &data).unwrap();
+        let mut r = DirectReader::new(File::open(&p).unwrap());
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+        assert_eq!(
+            r.buf.as_ptr().wrapping_add(r.start) as usize % DIRECT_ALIGN,
+            0
+        );
+    }
+}

@@ -1,0 +1,427 @@
+//! `backup`: a stream into a new snapshot.
+//!
+//! ```text
+//! reader thread: read 8 MiB batches, cut them into chunks (sequential: cuts
+//!                depend on the bytes before them)
+//!     -> N workers: zero test, BLAKE3, dedup against the index and the
+//!                   chunks claimed by this backup, compress new chunks into
+//!                   a batch of pack records
+//!         -> one pack writer per target, all pulling from one queue, so a
+//!            faster (less busy) disk takes more batches
+//!     -> calling thread, in order: the image's extent list, progress
+//! ```
+//!
+//! Commit: the writers seal and fsync their packs, then the index file for
+//! them is written, then the manifest. A crash before the manifest leaves
+//! no snapshot, only packs that the next backup salvages and reuses.
+
+use crate::chunker::ChunkerSpec;
+use crate::error::{Result, StoreError};
+use crate::id::{ChunkId, PREFIX_LEN};
+use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
+use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
+use crate::pack::{encode_record, PackWriter};
+use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
+use cairn_codec::CodecSpec;
+use cairn_pipeline::{Config, Fill, Slot};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Bytes read per batch.
+const BATCH: usize = 8 << 20;
+
+/// What to back up and how.
+pub struct BackupOptions<'a> {
+    /// Image name.
+    pub name: String,
+    /// Codec for new chunks.
+    pub codec: CodecSpec,
+    /// How to cut the stream.
+    pub chunker: ChunkerSpec,
+    /// Worker threads (hashing and compressing).
+    pub threads: usize,
+    /// A label for the source, recorded in the manifest.
+    pub source: String,
+    /// Called in stream order after each batch.
+    pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
+}
+
+/// Running totals of a backup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes read from the source.
+    pub bytes_in: u64,
+    /// Bytes of chunks stored for the first time (uncompressed).
+    pub new_raw: u64,
+    /// What the new chunks take in packs.
+    pub new_stored: u64,
+    /// Bytes of chunks the repository already had.
+    pub dedup: u64,
+    /// Bytes of all-zero chunks (never stored).
+    pub zero: u64,
+    /// Data chunks.
+    pub chunks: u64,
+    /// New chunks.
+    pub new_chunks: u64,
+}
+
+impl Progress {
+    fn add(&mut self, o: &Progress) {
+        self.bytes_in += o.bytes_in;
+        self.new_raw += o.new_raw;
+        self.new_stored += o.new_stored;
+        self.dedup += o.dedup;
+        self.zero += o.zero;
+        self.chunks += o.chunks;
+        self.new_chunks += o.new_chunks;
+    }
+}
+
+/// What a backup did.
+#[derive(Debug, Clone)]
+pub struct BackupReport {
+    /// Image name.
+    pub name: String,
+    /// The new snapshot's number.
+    pub snapshot: u64,
+    /// Totals.
+    pub totals: Progress,
+    /// Wall time in seconds.
+    pub seconds: f64,
+    /// Packs of an interrupted earlier run taken back into the index.
+    pub salvaged: Salvaged,
+    /// Index files that could not be read (their chunks were stored again).
+    pub damaged_index_files: Vec<String>,
+    /// Packs written.
+    pub packs: usize,
+}
+
+#[derive(Default)]
+struct Batch {
+    data: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Done {
+    extents: Vec<Extent>,
+    totals: Progress,
+}
+
+/// Records for the pack writers: bytes, and (id, offset, length) of each.
+#[derive(Default)]
+struct Blob {
+    bytes: Vec<u8>,
+    records: Vec<(ChunkId, u32, u32)>,
+}
+
+/// Whether every byte is zero (64 bytes at a time, which vectorises).
+pub fn is_zero(data: &[u8]) -> bool {
+    let mut blocks = data.chunks_exact(64);
+    blocks.all(|b| b.iter().fold(0u8, |a, &x| a | x) == 0)
+        && blocks.remainder().iter().all(|&x| x == 0)
+}
+
+/// Back up `source` as a new snapshot of `opts.name`.
+pub fn backup(
+    repo: &Repository,
+    lock: &WriterLock,
+    source: &mut (dyn Read + Send),
+    opts: &BackupOptions,
+) -> Result<BackupReport> {
+    validate_name(&opts.name)?;
+    let chunker = opts.chunker.validate()?;
+    let started = Instant::now();
+    let created = now_secs();
+    repo.collect_garbage(lock)?;
+    let mut loaded = repo.load_index()?;
+    let salvaged = repo.salvage(lock, &mut loaded.index)?;
+    let index = &loaded.index;
+    let snapshot = repo.snapshots(&opts.name)?.last().map_or(1, |n| n + 1);
+
+    let claimed: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
+    let failed = AtomicBool::new(false);
+    let (blob_tx, blob_rx) = bounded::<Blob>(repo.targets().len() * 2);
+    let (spare_tx, spare_rx) = unbounded::<Blob>();
+    let mut list = ExtentList::default();
+    let mut totals = Progress::default();
+
+    let (run, written) = std::thread::scope(|s| {
+        let writers: Vec<_> = repo
+            .targets()
+            .iter()
+            .enumerate()
+            .map(|(t, dir)| {
+                let rx = blob_rx.clone();
+                let spare = spare_tx.clone();
+                let failed = &failed;
+                s.spawn(move || write_packs(repo, t as u16, dir, rx, spare, failed))
+            })
+            .collect();
+        drop(blob_rx);
+        let run = cairn_pipeline::run(
+            Config::new(opts.threads),
+            reader(source, chunker),
+            || worker(opts.codec, index, &claimed, &blob_tx, &spare_rx, &failed),
+            |slot: &mut Slot<Batch, Done>| {
+                for e in slot.output.extents.drain(..) {
+                    list.push(e);
+                }
+                totals.add(&slot.output.totals);
+                if let Some(p) = opts.progress {
+                    p(&totals);
+                }
+                Ok(())
+            },
+            |slot: &mut Slot<Batch, Done>| {
+                slot.input.data.clear();
+                slot.input.ends.clear();
+                slot.output.extents.clear();
+                slot.output.totals = Progress::default();
+            },
+        );
+        drop(blob_tx);
+        let written: Vec<Result<IndexFile>> = writers
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(StoreError::Aborted("a pack writer panicked".into())))
+            })
+            .collect();
+        (run, written)
+    });
+
+    // A writer's error (disk full, I/O error) explains a stopped pipeline
+    // better than the pipeline's own "writers stopped".
+    let mut parts = Vec::new();
+    let mut first_err = None;
+    for w in written {
+        match w {
+            Ok(f) => parts.push(f),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let combined = combine(parts);
+    if let Some(e) = first_err.or(run.err()) {
+        // Keep what reached disk findable without a scan; if even that
+        // fails, the next backup salvages the packs.
+        let _ = repo.write_index(lock, &combined);
+        return Err(e);
+    }
+    repo.write_index(lock, &combined)?;
+    let stats = SnapshotStats {
+        chunks: totals.chunks,
+        new_chunks: totals.new_chunks,
+        zero_bytes: totals.zero,
+        new_raw: totals.new_raw,
+        new_stored: totals.new_stored,
+        millis: started.elapsed().as_millis() as u64,
+    };
+    let manifest = Manifest {
+        name: opts.name.clone(),
+        snapshot,
+        created,
+        size: list.size,
+        chunker: chunker.to_string(),
+        codec: opts.codec.to_string(),
+        source: opts.source.clone(),
+        stats,
+        extents: list.extents,
+    };
+    repo.write_manifest(lock, &manifest)?;
+    Ok(BackupReport {
+        name: opts.name.clone(),
+        snapshot,
+        totals,
+        seconds: started.elapsed().as_secs_f64(),
+        salvaged,
+        damaged_index_files: loaded.damaged.iter().map(|e| e.to_string()).collect(),
+        packs: combined.packs.len(),
+    })
+}
+
+/// The reader: fills batches and cuts them, carrying a chunk that may
+/// still grow into the next batch.
+fn reader<'a>(
+    source: &'a mut (dyn Read + Send),
+    chunker: ChunkerSpec,
+) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
+    let batch = BATCH.max(2 * chunker.max_chunk() as usize);
+    let mut carry: Vec<u8> = Vec::new();
+    let mut eof = false;
+    let mut offset = 0u64;
+    move |b: &mut Batch| {
+        if eof && carry.is_empty() {
+            return Ok(Fill::End);
+        }
+        b.data.extend_from_slice(&carry);
+        carry.clear();
+        if !eof {
+            let want = batch - b.data.len();
+            let got = (&mut *source)
+                .take(want as u64)
+                .read_to_end(&mut b.data)
+                .map_err(|e| StoreError::Source {
+                    offset: offset + b.data.len() as u64,
+                    source: e,
+                })?;
+            eof = got < want;
+        }
+        let used = chunker.cut(&b.data, eof, &mut b.ends);
+        carry.extend_from_slice(&b.data[used..]);
+        b.data.truncate(used);
+        offset += used as u64;
+        if b.data.is_empty() {
+            return Ok(Fill::End);
+        }
+        Ok(Fill::Item)
+    }
+}
+
+fn worker<'a>(
+    codec: CodecSpec,
+    index: &'a ChunkIndex,
+    claimed: &'a Mutex<HashSet<[u8; PREFIX_LEN], IdHash>>,
+    blobs: &'a Sender<Blob>,
+    spare: &'a Receiver<Blob>,
+    failed: &'a AtomicBool,
+) -> impl FnMut(&mut Batch, &mut Done) -> Result<()> + 'a {
+    let mut codec = codec.build();
+    move |b: &mut Batch, out: &mut Done| {
+        let mut blob = spare.try_recv().unwrap_or_default();
+        blob.bytes.clear();
+        blob.records.clear();
+        let mut prev = 0usize;
+        for &end in &b.ends {
+            let chunk = &b.data[prev..end as usize];
+            prev = end as usize;
+            let len = chunk.len() as u64;
+            out.totals.bytes_in += len;
+            if is_zero(chunk) {
+                out.extents.push(Extent::Hole { len });
+                out.totals.zero += len;
+                continue;
+            }
+            let id = ChunkId::of(chunk);
+            out.extents.push(Extent::Data {
+                len: chunk.len() as u32,
+                id,
+            });
+            out.totals.chunks += 1;
+            let new = !index.contains(&id)
+                && claimed
+                    .lock()
+                    .map_err(|_| StoreError::Aborted("a worker panicked".into()))?
+                    .insert(id.prefix());
+            if !new {
+                out.totals.dedup += len;
+                continue;
+            }
+            let at = blob.bytes.len();
+            encode_record(&mut blob.bytes, &id, chunk, codec.as_mut())?;
+            let rec_len = blob.bytes.len() - at;
+            blob.records.push((id, at as u32, rec_len as u32));
+            out.totals.new_chunks += 1;
+            out.totals.new_raw += len;
+            out.totals.new_stored += rec_len as u64;
+        }
+        if !blob.records.is_empty() && (failed.load(Ordering::Relaxed) || blobs.send(blob).is_err())
+        {
+            return Err(StoreError::Aborted("the pack writers stopped".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One target's writer: append batches of records to packs, sealing each
+/// at the repository's pack size. Returns the index of what it wrote.
+fn write_packs(
+    repo: &Repository,
+    target: u16,
+    dir: &Path,
+    rx: Receiver<Blob>,
+    spare: Sender<Blob>,
+    failed: &AtomicBool,
+) -> Result<IndexFile> {
+    let mut out = IndexFile::default();
+    let mut current: Option<PackWriter> = None;
+    let result = (|| {
+        for mut blob in rx.iter() {
+            let w = match &mut current {
+                Some(w) => w,
+                None => current.insert(PackWriter::create(dir, repo.id())?),
+            };
+            let base = w.append(&blob.bytes)?;
+            let pack = out.packs.len() as u32;
+            for (id, at, len) in blob.records.drain(..) {
+                out.entries.push((
+                    id,
+                    Location {
+                        pack,
+                        offset: (base + u64::from(at)) as u32,
+                        len,
+                    },
+                ));
+            }
+            let _ = spare.send(blob);
+            if w.len() >= repo.pack_size() {
+                if let Some(w) = current.take() {
+                    let (id, len) = w.finish()?;
+                    out.packs.push(PackInfo { id, target, len });
+                }
+            }
+        }
+        if let Some(w) = current.take() {
+            let (id, len) = w.finish()?;
+            out.packs.push(PackInfo { id, target, len });
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(out),
+        Err(e) => {
+            failed.store(true, Ordering::Relaxed);
+            // Drain so that workers blocked on a full queue see the failure.
+            drop(rx);
+            Err(e)
+        }
+    }
+}
+
+/// Concatenate the writers' index parts, renumbering packs.
+fn combine(parts: Vec<IndexFile>) -> IndexFile {
+    let mut all = IndexFile::default();
+    for p in parts {
+        let base = all.packs.len() as u32;
+        all.packs.extend(p.packs);
+        all.entries
+            .extend(p.entries.into_iter().filter_map(|(id, mut loc)| {
+                loc.pack += base;
+                (loc.pack < all.packs.len() as u32).then_some((id, loc))
+            }));
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_test() {
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 1000]));
+        for i in [0, 63, 64, 999] {
+            let mut v = vec![0u8; 1000];
+            v[i] = 1;
+            assert!(!is_zero(&v), "{i}");
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Chunkers: where a stream is cut into chunks.
+//!
+//! - `cdc:MIN,AVG,MAX` — content-defined (FastCDC 2020, from the `fastcdc`
+//!   crate: gear hash, normalized chunking, cut-point skipping). Cuts
+//!   depend only on the bytes since the previous cut, so an insertion
+//!   shifts the cuts near it and the chunks after it dedup again.
+//! - `fixed:SIZE` — every SIZE bytes; the right choice for block devices
+//!   whose changes are block-aligned and for the fastest possible backup.
+//!
+//! The chunker runs on the reader thread over large batches; a chunk that
+//! might still grow (fewer than MAX bytes left in a batch that is not the
+//! last) is carried over to the next batch, so the cuts never depend on
+//! batch boundaries.
+
+use crate::error::{Result, StoreError};
+use std::fmt;
+use std::str::FromStr;
+
+/// How to cut a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkerSpec {
+    /// Content-defined chunks between `min` and `max` bytes, `avg` on average.
+    Cdc {
+        /// Smallest chunk (except the last).
+        min: u32,
+        /// Target average.
+        avg: u32,
+        /// Largest chunk.
+        max: u32,
+    },
+    /// Chunks of exactly `size` bytes (the last may be shorter).
+    Fixed(u32),
+}
+
+/// The default chunker; see `docs/format/repository.md` for the
+/// measurement that chose it.
+pub const DEFAULT_CHUNKER: ChunkerSpec = ChunkerSpec::Cdc {
+    min: 4096,
+    avg: 16384,
+    max: 65536,
+};
+
+/// Largest chunk any chunker may produce (bounds every buffer that holds
+/// one chunk, and keeps lengths in a u32).
+pub const MAX_CHUNK: u32 = 16 << 20;
+
+impl ChunkerSpec {
+    /// Check the parameters.
+    pub fn validate(self) -> Result<Self> {
+        let bad = |m: String| Err(StoreError::Invalid(format!("chunker {self}: {m}")));
+        match self {
+            ChunkerSpec::Fixed(size) => {
+                if !(512..=MAX_CHUNK).contains(&size) {
+                    return bad(format!("size must be between 512 and {MAX_CHUNK}"));
+                }
+            }
+            ChunkerSpec::Cdc { min, avg, max } => {
+                use fastcdc::v2020::{
+                    AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MAXIMUM_MIN, MINIMUM_MAX, MINIMUM_MIN,
+                };
+                if !(min < avg && avg < max) {
+                    return bad("need MIN < AVG < MAX".into());
+                }
+                if !(MINIMUM_MIN..=MINIMUM_MAX).contains(&min)
+                    || !(AVERAGE_MIN..=AVERAGE_MAX).contains(&avg)
+                    || !(MAXIMUM_MIN..=MAXIMUM_MAX.min(MAX_CHUNK)).contains(&max)
+                {
+                    return bad(format!(
+                        "sizes out of range (MIN {MINIMUM_MIN}..={MINIMUM_MAX}, \
+                         AVG {AVERAGE_MIN}..={AVERAGE_MAX}, MAX {MAXIMUM_MIN}..={})",
+                        MAXIMUM_MAX.min(MAX_CHUNK)
+                    ));
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// The largest chunk this chunker produces.
+    pub fn max_chunk(self) -> u32 {
+        match self {
+            ChunkerSpec::Fixed(size) => size,
+            ChunkerSpec::Cdc { max, .. } => max,
+        }
+    }
+
+    /// Cut `buf`: push the end offset of every chunk found and return how
+    /// many bytes they cover. Unless `eof`, bytes that could still belong
+    /// to a longer chunk are left over; the caller puts them in front of
+    /// the next batch. With `eof` every byte is covered.
+    pub fn cut(self, buf: &[u8], eof: bool, ends: &mut Vec<u32>) -> usize {
+        let len = buf.len();
+        match self {
+            ChunkerSpec::Fixed(size) => {
+                let size = size as usize;
+                let mut pos = 0;
+                while len - pos >= size || (eof && pos < len) {
+                    pos = (pos + size).min(len);
+                    ends.push(pos as u32);
+                }
+                pos
+            }
+            ChunkerSpec::Cdc { min, avg, max } => {
+                let cdc = fastcdc::v2020::FastCDC::new(buf, min, avg, max);
+                let mut pos = 0;
+                while len - pos >= max as usize || (eof && pos < len) {
+                    let (_, end) = cdc.cut(pos, len - pos);
+                    // `cut` returns the absolute end of the chunk; it always
+                    // advances on non-empty input, but stay safe on surprises.
+                    let end = if end <= pos { len } else { end.min(len) };
+                    ends.push(end as u32);
+                    pos = end;
+                }
+                pos
+            }
+        }
+    }
+}
+
+impl fmt::Display for ChunkerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChunkerSpec::Cdc { min, avg, max } => write!(f, "cdc:{min},{avg},{max}"),
+            ChunkerSpec::Fixed(size) => write!(f, "fixed:{size}"),
+        }
+    }
+}
+
+/// A size with an optional K/M suffix (powers of 1024).
+fn parse_size(s: &str) -> Option<u32> {
+    let s = s.trim();
+    let (num, mult) = match s.as_bytes().last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1024u64),
+        b'm' | b'M' => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let v = num.parse::<u64>().ok()?.checked_mul(mult)?;
+    u32::try_from(v).ok()
+}
+
+impl FromStr for ChunkerSpec {
+    type Err = StoreError;
+    /// `cdc`, `cdc:4K,16K,64K`, `cdc:16K` (MIN = AVG/4, MAX = AVG*4),
+    /// `fixed`, `fixed:64K`.
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            StoreError::Invalid(format!(
+                "bad chunker {s:?}: expected cdc[:MIN,AVG,MAX], cdc:AVG or fixed[:SIZE]"
+            ))
+        };
+        let (kind, args) = s.split_once(':').unwrap_or((s, ""));
+        let spec = match (kind, args) {
+            ("cdc", "") => DEFAULT_CHUNKER,
+            ("cdc", args) => {
+                let v: Vec<u32> = args
+                    .split(',')
+                    .map(parse_size)
+                    .collect::<Option<_>>()
+                    .ok_or_else(bad)?;
+                match v[..] {
+                    [avg] => ChunkerSpec::Cdc {
+                        min: avg / 4,
+                        avg,
+                        max: avg.saturating_mul(4),
+                    },
+                    [min, avg, max] => ChunkerSpec::Cdc { min, avg, max },
+                    _ => return Err(bad()),
+                }
+            }
+            ("fixed", "") => ChunkerSpec::Fixed(65536),
+            ("fixed", size) => ChunkerSpec::Fixed(parse_size(size).ok_or_else(bad)?),
+            _ => return Err(bad()),
+        };
+        spec.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// Cut `data` fed in batches of `batch` bytes, as the backup reader does.
+    fn cut_in_batches(spec: ChunkerSpec, data: &[u8], batch: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        let mut base = 0;
+        let mut fed = 0;
+        loop {
+            let take = batch.min(data.len() - fed);
+            buf.extend_from_slice(&data[fed..fed + take]);
+            fed += take;
+            let eof = fed == data.len();
+            let mut ends = Vec::new();
+            let used = spec.cut(&buf, eof, &mut ends);
+            out.extend(ends.iter().map(|&e| base + e as usize));
+            buf.drain(..used);
+            base += used;
+            if eof {
+                assert!(buf.is_empty());
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn cuts_do_not_depend_on_batch_size() {
+        let data = pseudo_random(3 << 20, 7);
+        for spec in [
+            DEFAULT_CHUNKER,
+            "cdc:1K,4K,16K".parse().unwrap(),
+            "fixed:4096".parse().unwrap(),
+        ] {
+            let whole = cut_in_batches(spec, &data, data.len());
+            for batch in [70_000, 1 << 20, 1_500_001] {
+                assert_eq!(cut_in_batches(spec, &data, batch), whole, "{spec} {batch}");
+            }
+            assert_eq!(*whole.last().unwrap(), data.len());
+            let mut prev = 0;
+            for &e in &whole {
+                assert!(e - prev <= spec.max_chunk() as usize);
+                prev = e;
+            }
+        }
+    }
+
+    #[test]
+    fn cdc_resynchronises_after_an_insertion() {
+        let data = pseudo_random(2 << 20, 3);
+        let mut changed = data[..100_000].to_vec();
+        changed.extend_from_slice(b"a few inserted bytes");
+        changed.extend_from_slice(&data[100_000..]);
+        let chunks = |d: &[u8]| {
+            let ends = cut_in_batches(DEFAULT_CHUNKER, d, d.len());
+            let mut prev = 0;
+            let mut set = std::collections::HashSet::new();
+            for e in ends {
+                set.insert(d[prev..e].to_vec());
+                prev = e;
+            }
+            set
+        };
+        let (a, b) = (chunks(&data), chunks(&changed));
+        let shared = a.intersection(&b).count();
+        assert!(shared + 3 >= a.len(), "shared {shared} of {}", a.len());
+    }
+
+    #[test]
+    fn parse_and_display() {
+        assert_eq!("cdc".parse::<ChunkerSpec>().unwrap(), DEFAULT_CHUNKER);
+        assert_eq!(
+            "cdc:16K".parse::<ChunkerSpec>().unwrap(),
+            ChunkerSpec::Cdc {
+                min: 4096,
+                avg: 16384,
+                max: 65536
+            }
+        );
+        assert_eq!(
+            "fixed:1M".parse::<ChunkerSpec>().unwrap(),
+            ChunkerSpec::Fixed(1 << 20)
+        );
+        for s in [
+            "cdc:1,2,3",
+            "cdc:64K,16K,4K",
+            "fixed:0",
+            "fixed:1G",
+            "rabin",
+            "cdc:x",
+            "cdc:1K,2K",
+        ] {
+            assert!(s.parse::<ChunkerSpec>().is_err(), "{s}");
+        }
+        let spec: ChunkerSpec = "cdc:2K,8K,32K".parse().unwrap();
+        assert_eq!(spec.to_string().parse::<ChunkerSpec>().unwrap(), spec);
+    }
+
+    #[test]
+    fn empty_and_tiny_inputs() {
+        let mut ends = Vec::new();
+        assert_eq!(DEFAULT_CHUNKER.cut(&[], true, &mut ends), 0);
+        assert!(ends.is_empty());
+        assert_eq!(DEFAULT_CHUNKER.cut(&[1], false, &mut ends), 0);
+        assert_eq!(DEFAULT_CHUNKER.cut(&[1], true, &mut ends), 1);
+        assert_eq!(ends, vec![1]);
+    }
+}

@@ -1,0 +1,149 @@
+//! Errors of the store: each names what it was doing and where (repository
+//! path, file, offset, chunk id, image), so a one-line message is enough to
+//! find the damage.
+
+use crate::id::ChunkId;
+use std::io;
+use std::path::PathBuf;
+
+/// What went wrong in the repository.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An operating-system call on a file failed.
+    #[error("{path}: {what}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What cairn was doing (`read`, `create`, `fsync`, ...).
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading the source of a backup failed.
+    #[error("reading the source at offset {offset}: {source}")]
+    Source {
+        /// Byte offset in the source.
+        offset: u64,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing the destination of a restore failed.
+    #[error("writing the destination at offset {offset}: {source}")]
+    Dest {
+        /// Byte offset in the image.
+        offset: u64,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A metadata file or pack is damaged or not what its format allows.
+    #[error("{path}: corrupt at offset {offset}: {reason}")]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Where in it.
+        offset: u64,
+        /// What exactly is wrong.
+        reason: String,
+    },
+    /// A stored chunk does not decode to the data its id names.
+    #[error("chunk {chunk} in {path} at offset {offset}: {reason}")]
+    BadChunk {
+        /// The chunk.
+        chunk: ChunkId,
+        /// The pack holding it.
+        path: PathBuf,
+        /// Record offset in the pack.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An image refers to a chunk the index does not know.
+    #[error("chunk {chunk} (image offset {offset}) is missing from the repository")]
+    MissingChunk {
+        /// The chunk.
+        chunk: ChunkId,
+        /// Offset in the image being read.
+        offset: u64,
+    },
+    /// A file was written by a newer cairn.
+    #[error("{path}: format version {found} is newer than this cairn supports ({supported}); upgrade cairn")]
+    NewerVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+        /// Newest version this build reads.
+        supported: u32,
+    },
+    /// The path is not a cairn repository.
+    #[error("{0}: not a cairn repository (no config file; create one with `cairn init`)")]
+    NotARepository(PathBuf),
+    /// `init` on a path that already holds something.
+    #[error("{0}: already exists and is not empty")]
+    AlreadyExists(PathBuf),
+    /// Another process holds the writer lock.
+    #[error("repository {path} is locked by another writer ({holder}); retry when it is done, or pass --wait")]
+    Locked {
+        /// The repository.
+        path: PathBuf,
+        /// Who holds it, as recorded in the lock file.
+        holder: String,
+    },
+    /// No such image or snapshot.
+    #[error("{0}")]
+    NotFound(String),
+    /// A bad argument (name, chunker parameters, ...).
+    #[error("{0}")]
+    Invalid(String),
+    /// A codec refused (compressing) or a stored chunk failed to decode.
+    #[error(transparent)]
+    Codec(#[from] cairn_codec::CodecError),
+    /// An error while reading or writing an image, with the image offset.
+    #[error("image offset {offset}: {source}")]
+    InImage {
+        /// Offset in the image.
+        offset: u64,
+        /// What went wrong there.
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// The operation was cancelled (a writer thread stopped).
+    #[error("{0}")]
+    Aborted(String),
+}
+
+/// Results of the store.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Attach a path and an action to an `io::Error`.
+pub(crate) trait IoContext<T> {
+    fn ctx(self, path: impl Into<PathBuf>, what: &'static str) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, path: impl Into<PathBuf>, what: &'static str) -> Result<T> {
+        self.map_err(|source| StoreError::Io {
+            path: path.into(),
+            what,
+            source,
+        })
+    }
+}
+
+impl StoreError {
+    /// A `Corrupt` error.
+    pub(crate) fn corrupt(
+        path: impl Into<PathBuf>,
+        offset: u64,
+        reason: impl Into<String>,
+    ) -> Self {
+        StoreError::Corrupt {
+            path: path.into(),
+            offset,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `gc`: reclaim chunks no snapshot uses, and repack packs that are mostly
+//! garbage.
+//!
+//! Order of work, so that a kill at any moment loses nothing:
+//!
+//! 1. finish an earlier gc's garbage list; salvage unindexed packs;
+//! 2. mark the chunks every manifest uses (one bit per index entry);
+//! 3. copy the live records of sparse packs, verbatim, into new packs
+//!    (fsync'd) — a kill here leaves unindexed packs, salvaged later;
+//! 4. write new index files naming only live chunks — a kill here leaves
+//!    old and new index files side by side, both right;
+//! 5. write the garbage list (old index files, dead and repacked packs);
+//! 6. delete the old index files, then the packs once no reader is active
+//!    (a reader holds `read.lock`; the list waits for the next writer).
+
+use crate::error::{IoContext, Result, StoreError};
+use crate::index::{IndexFile, Location, PackInfo};
+use crate::manifest::Extent;
+use crate::pack::{PackWriter, RecordHeader};
+use crate::repo::{Garbage, Repository, Salvaged, WriterLock};
+use std::collections::HashMap;
+
+/// How to collect.
+pub struct GcOptions<'a> {
+    /// Repack a pack whose live bytes are below this fraction of its size.
+    pub repack_below: f64,
+    /// Called with a short description of each step.
+    pub progress: Option<&'a (dyn Fn(&str) + Sync)>,
+}
+
+impl Default for GcOptions<'_> {
+    fn default() -> Self {
+        GcOptions {
+            repack_below: 0.5,
+            progress: None,
+        }
+    }
+}
+
+/// What gc did.
+#[derive(Debug, Clone, Default)]
+pub struct GcReport {
+    /// Packs of interrupted runs taken into the index first.
+    pub salvaged: Salvaged,
+    /// Distinct chunks before and after.
+    pub chunks_before: u64,
+    /// Distinct chunks after.
+    pub chunks_after: u64,
+    /// Packs deleted because nothing in them is used.
+    pub packs_deleted: u64,
+    /// Packs whose live chunks were copied into new packs.
+    pub packs_repacked: u64,
+    /// New packs written.
+    pub packs_written: u64,
+    /// Bytes of pack files before.
+    pub bytes_before: u64,
+    /// Bytes of pack files after (once the garbage is deleted).
+    pub bytes_after: u64,
+    /// Packs are still on the garbage list because a reader was active.
+    pub deferred: bool,
+}
+
+fn bit(v: &[u64], i: usize) -> bool {
+    v[i / 64] >> (i % 64) & 1 == 1
+}
+
+fn set(v: &mut [u64], i: usize) {
+    v[i / 64] |= 1 << (i % 64);
+}
+
+/// Collect garbage.
+pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcReport> {
+    let say = |s: &str| {
+        if let Some(p) = opts.progress {
+            p(s);
+        }
+    };
+    let mut report = GcReport::default();
+    repo.collect_garbage(lock)?;
+    let mut loaded = repo.load_index()?;
+    if let Some(e) = loaded.damaged.first() {
+        return Err(StoreError::Invalid(format!(
+            "gc refuses to run while an index file is damaged ({e}): it could lose track of chunks; see `cairn verify`"
+        )));
+    }
+    report.salvaged = repo.salvage(lock, &mut loaded.index)?;
+    let index = loaded.index;
+    report.chunks_before = index.len() as u64;
+
+    say("marking");
+    let mut live = vec![0u64; index.len().div_ceil(64)];
+    for (name, snaps) in repo.images()? {
+        for snap in snaps {
+            let m = repo.read_manifest(&name, snap).map_err(|e| {
+                StoreError::Invalid(format!(
+                    "gc refuses to run: {e}; remove the snapshot or repair it first"
+                ))
+            })?;
+            for e in &m.extents {
+                if let Extent::Data { id, .. } = e {
+                    if let Some(i) = index.position(id) {
+                        set(&mut live, i);
+                    }
+                }
+            }
+        }
+    }
+
+    // Live bytes per pack, and the files as they are on disk.
+    let npacks = index.packs().len();
+    let mut live_bytes = vec![0u64; npacks];
+    let mut dead_entries = 0u64;
+    for i in 0..index.len() {
+        let Some(loc) = index.location_at(i) else {
+            continue;
+        };
+        if bit(&live, i) {
+            live_bytes[loc.pack as usize] += u64::from(loc.len);
+        } else {
+            dead_entries += 1;
+        }
+    }
+    let files = repo.pack_files()?;
+    report.bytes_before = files.iter().map(|f| f.len).sum();
+    let on_disk: HashMap<_, _> = files.iter().map(|f| (f.id, f.len)).collect();
+    let mut dead = Vec::new();
+    let mut sparse = Vec::new();
+    for (n, p) in index.packs().iter().enumerate() {
+        let size = on_disk.get(&p.id).copied().unwrap_or(p.len).max(1);
+        if live_bytes[n] == 0 {
+            dead.push(n);
+        } else if (live_bytes[n] as f64) < opts.repack_below * size as f64 {
+            sparse.push(n);
+        }
+    }
+    let old_files = repo.index_files()?;
+    if dead.is_empty() && sparse.is_empty() && dead_entries == 0 && old_files.len() <= 8 {
+        report.chunks_after = report.chunks_before;
+        report.bytes_after = report.bytes_before;
+        return Ok(report);
+    }
+
+    // Repack: copy live records of sparse packs, verbatim.
+    say("repacking");
+    let mut moved = IndexFile::default();
+    let mut repacked = vec![false; npacks];
+    let mut by_pack: HashMap<u32, Vec<(usize, Location)>> = HashMap::new();
+    for i in 0..index.len() {
+        if let Some(loc) = index.location_at(i) {
+            if bit(&live, i) && sparse.contains(&(loc.pack as usize)) {
+                by_pack.entry(loc.pack).or_default().push((i, loc));
+            }
+        }
+    }
+    let mut writer: Option<(PackWriter, u16)> = None;
+    let mut target = 0usize;
+    for &n in &sparse {
+        let info = index.packs()[n];
+        let path = repo.pack_path(&info)?;
+        let data = std::fs::read(&path).ctx(&path, "read")?;
+        let mut records = Vec::new();
+        let mut sound = true;
+        for (_, loc) in by_pack.get(&(n as u32)).map(|v| &v[..]).unwrap_or(&[]) {
+            let (s, e) = (loc.offset as usize, loc.offset as usize + loc.len as usize);
+            let ok = data.get(s..e).and_then(|rec| {
+                let h = RecordHeader::parse(rec).ok()?;
+                let crc = crc32c::crc32c_append(
+                    crc32c::crc32c(&rec[..48]),
+                    &rec[crate::pack::RECORD_HEADER_LEN..],
+                );
+                (crc == h.crc && h.record_len() == rec.len()).then_some((h.id, rec))
+            });
+            match ok {
+                Some(r) => records.push(r),
+                None => {
+                    // A damaged live record: keep the pack as it is, so
+                    // that nothing is lost that is not already lost.
+                    sound = false;
+                    break;
+                }
+            }
+        }
+        if !sound {
+            continue;
+        }
+        for (id, rec) in records {
+            let (w, _) = match &mut writer {
+                Some(w) => w,
+                None => {
+                    let t = target % repo.targets().len();
+                    target += 1;
+                    writer.insert((PackWriter::create(&repo.targets()[t], repo.id())?, t as u16))
+                }
+            };
+            let at = w.append(rec)?;
+            moved.entries.push((
+                id,
+                Location {
+                    pack: moved.packs.len() as u32,
+                    offset: at as u32,
+                    len: rec.len() as u32,
+                },
+            ));
+            if w.len() >= repo.pack_size() {
+                if let Some(w) = writer.take() {
+                    finish(w, &mut moved)?;
+                }
+            }
+        }
+        repacked[n] = true;
+        report.packs_repacked += 1;
+    }
+    if let Some(w) = writer.take() {
+        finish(w, &mut moved)?;
+    }
+    report.packs_written = moved.packs.len() as u64;
+
+    // New index: live entries in kept packs, read back from the old files
+    // for their full ids, plus the moved ones.
+    say("writing the index");
+    let mut fresh = moved;
+    let mut table: HashMap<u32, u32> = HashMap::new();
+    let mut emitted = vec![0u64; live.len()];
+    let is_dead: Vec<bool> = (0..npacks).map(|n| dead.contains(&n)).collect();
+    for path in &old_files {
+        let data = std::fs::read(path).ctx(path, "read")?;
+        let f = IndexFile::decode(path, &data)?;
+        for (id, loc) in &f.entries {
+            let Some(i) = index.position(id) else {
+                continue;
+            };
+            let Some(here) = index.location_at(i) else {
+                continue;
+            };
+            let Some(global) = index.pack_number(&f.packs[loc.pack as usize].id) else {
+                continue;
+            };
+            if !bit(&live, i)
+                || bit(&emitted, i)
+                || here.pack != global
+                || here.offset != loc.offset
+            {
+                continue;
+            }
+            if is_dead[global as usize] || repacked[global as usize] {
+                continue;
+            }
+            set(&mut emitted, i);
+            let local = *table.entry(global).or_insert_with(|| {
+                fresh.packs.push(index.packs()[global as usize]);
+                fresh.packs.len() as u32 - 1
+            });
+            fresh.entries.push((
+                *id,
+                Location {
+                    pack: local,
+                    ..*loc
+                },
+            ));
+        }
+    }
+    report.chunks_after = fresh.entries.len() as u64;
+    let new_files = repo.write_index(lock, &fresh)?;
+
+    say("deleting");
+    let mut garbage = Garbage::default();
+    for p in &old_files {
+        if !new_files.contains(p) {
+            if let Some(n) = p.file_name() {
+                garbage.index_files.push(n.to_string_lossy().into_owned());
+            }
+        }
+    }
+    for (n, p) in index.packs().iter().enumerate() {
+        if is_dead[n] || repacked[n] {
+            garbage.packs.push((p.target, p.id.to_string()));
+            if is_dead[n] {
+                report.packs_deleted += 1;
+            }
+        }
+    }
+    repo.write_garbage(lock, &garbage)?;
+    report.deferred = !repo.collect_garbage(lock)?;
+    report.bytes_after = repo.pack_files()?.iter().map(|f| f.len).sum::<u64>();
+    if report.deferred {
+        let doomed: u64 = index
+            .packs()
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| is_dead[*n] || repacked[*n])
+            .map(|(_, p)| on_disk.get(&p.id).copied().unwrap_or(0))
+            .sum();
+        report.bytes_after = report.bytes_after.saturating_sub(doomed);
+    }
+    Ok(report)
+}
+
+fn finish((w, target): (PackWriter, u16), moved: &mut IndexFile) -> Result<()> {
+    let (id, len) = w.finish()?;
+    moved.packs.push(PackInfo { id, target, len });
+    Ok(())
+}

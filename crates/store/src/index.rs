@@ -1,0 +1,364 @@
+//! The chunk index: where each chunk lives.
+//!
+//! **On disk** (`REPO/index/<random>.idx`, a metadata envelope of kind 3,
+//! body version 1), written once and never changed:
+//!
+//! ```text
+//! u32 P                     packs named by this file
+//! P × { pack id [16], target u16, pack length u64 }
+//! u64 E                     entries
+//! E × { chunk id [32], pack u32 (position in the table above),
+//!       record offset u32, record length u32 }
+//! ```
+//!
+//! Each backup writes one file for the packs it wrote; `gc` replaces them
+//! with consolidated ones. The repository's index is the union of the
+//! files; an id listed twice (a crash between gc's steps) is fine, both
+//! places hold the chunk.
+//!
+//! **In memory** ([`ChunkIndex`]) every chunk costs exactly 32 bytes: the
+//! first 20 bytes of its id, pack number, offset and length, in one
+//! sorted `Vec` searched by bisection. No hash table (its empty slots and
+//! per-entry overhead are what make restic need 56 bytes and borg ~100),
+//! no full ids (see [`PREFIX_LEN`](crate::id::PREFIX_LEN) for why 160 bits
+//! are enough). Chunks added by a running backup live in a small side set
+//! until they are merged at commit.
+
+use crate::bytes::{Reader, Writer};
+use crate::error::{Result, StoreError};
+use crate::id::{ChunkId, PackId, PREFIX_LEN};
+use crate::meta::{self, Kind};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Version of the index body this build writes and reads.
+pub const INDEX_VERSION: u32 = 1;
+/// Entries per index file at most (bounds the memory needed to load one).
+pub const MAX_ENTRIES_PER_FILE: usize = 1 << 20;
+
+/// A pack named in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackInfo {
+    /// Its id (file name).
+    pub id: PackId,
+    /// Which target holds it.
+    pub target: u16,
+    /// Its length when it was sealed.
+    pub len: u64,
+}
+
+/// Where a record is: pack number (in the file's or the index's pack
+/// table), offset and length of the whole record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// Pack number.
+    pub pack: u32,
+    /// Offset of the record in the pack.
+    pub offset: u32,
+    /// Length of the whole record (header and stored bytes).
+    pub len: u32,
+}
+
+/// The contents of one index file.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct IndexFile {
+    /// Packs, referred to by position.
+    pub packs: Vec<PackInfo>,
+    /// Chunks.
+    pub entries: Vec<(ChunkId, Location)>,
+}
+
+impl IndexFile {
+    /// The sealed file bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.buf
+            .reserve(12 + self.packs.len() * 26 + self.entries.len() * 44);
+        w.u32(self.packs.len() as u32);
+        for p in &self.packs {
+            w.bytes(&p.id.0);
+            w.u16(p.target);
+            w.u64(p.len);
+        }
+        w.u64(self.entries.len() as u64);
+        for (id, loc) in &self.entries {
+            w.bytes(&id.0);
+            w.u32(loc.pack);
+            w.u32(loc.offset);
+            w.u32(loc.len);
+        }
+        meta::seal(Kind::Index, INDEX_VERSION, &w.buf)
+    }
+
+    /// Parse a file's bytes (the whole file, envelope included).
+    pub fn decode(path: &Path, data: &[u8]) -> Result<IndexFile> {
+        let (_, body) = meta::open(path, data, Kind::Index, INDEX_VERSION)?;
+        let at = |off: usize| StoreError::corrupt(path, off as u64, "index body is truncated");
+        let mut r = Reader::new(body);
+        let np = r.u32().map_err(at)? as usize;
+        if np > r.remaining() / 26 {
+            return Err(StoreError::corrupt(
+                path,
+                0,
+                format!("{np} packs cannot fit"),
+            ));
+        }
+        let mut packs = Vec::with_capacity(np);
+        for _ in 0..np {
+            packs.push(PackInfo {
+                id: PackId(r.array().map_err(at)?),
+                target: r.u16().map_err(at)?,
+                len: r.u64().map_err(at)?,
+            });
+        }
+        let ne = r.u64().map_err(at)?;
+        if ne != (r.remaining() / 44) as u64 || r.remaining() % 44 != 0 {
+            return Err(StoreError::corrupt(
+                path,
+                r.pos() as u64,
+                format!("{ne} entries do not match the {} bytes left", r.remaining()),
+            ));
+        }
+        let mut entries = Vec::with_capacity(ne as usize);
+        for _ in 0..ne {
+            let id = ChunkId(r.array().map_err(at)?);
+            let loc = Location {
+                pack: r.u32().map_err(at)?,
+                offset: r.u32().map_err(at)?,
+                len: r.u32().map_err(at)?,
+            };
+            if loc.pack as usize >= packs.len() {
+                return Err(StoreError::corrupt(
+                    path,
+                    r.pos() as u64,
+                    format!("entry names pack {} of {}", loc.pack, packs.len()),
+                ));
+            }
+            entries.push((id, loc));
+        }
+        Ok(IndexFile { packs, entries })
+    }
+}
+
+/// One in-memory entry: 32 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+struct Entry {
+    prefix: [u8; PREFIX_LEN],
+    pack: u32,
+    offset: u32,
+    len: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+
+/// The repository's chunk index in memory.
+#[derive(Debug, Default)]
+pub struct ChunkIndex {
+    entries: Vec<Entry>,
+    packs: Vec<PackInfo>,
+    pack_numbers: HashMap<PackId, u32>,
+}
+
+impl ChunkIndex {
+    /// Add the contents of an index file (call [`ChunkIndex::seal`] after the last).
+    pub fn add_file(&mut self, file: &IndexFile) {
+        let map: Vec<u32> = file.packs.iter().map(|p| self.add_pack(*p)).collect();
+        self.entries.reserve(file.entries.len());
+        for (id, loc) in &file.entries {
+            self.entries.push(Entry {
+                prefix: id.prefix(),
+                pack: map[loc.pack as usize],
+                offset: loc.offset,
+                len: loc.len,
+            });
+        }
+    }
+
+    /// Number a pack (the same id always gets the same number).
+    pub fn add_pack(&mut self, p: PackInfo) -> u32 {
+        if let Some(&n) = self.pack_numbers.get(&p.id) {
+            return n;
+        }
+        let n = self.packs.len() as u32;
+        self.packs.push(p);
+        self.pack_numbers.insert(p.id, n);
+        n
+    }
+
+    /// Sort for lookups and drop duplicate ids; frees spare capacity so
+    /// that memory is exactly 32 bytes per chunk.
+    pub fn seal(&mut self) {
+        self.entries.sort_unstable_by_key(|e| e.prefix);
+        self.entries.dedup_by(|a, b| a.prefix == b.prefix);
+        self.entries.shrink_to_fit();
+    }
+
+    /// Where chunk `id` is stored.
+    pub fn get(&self, id: &ChunkId) -> Option<Location> {
+        let p = id.prefix();
+        self.entries
+            .binary_search_by(|e| e.prefix.cmp(&p))
+            .ok()
+            .map(|i| {
+                let e = &self.entries[i];
+                Location {
+                    pack: e.pack,
+                    offset: e.offset,
+                    len: e.len,
+                }
+            })
+    }
+
+    /// Position of chunk `id` in the sorted table (stable until the next
+    /// [`ChunkIndex::seal`]).
+    pub fn position(&self, id: &ChunkId) -> Option<usize> {
+        let p = id.prefix();
+        self.entries.binary_search_by(|e| e.prefix.cmp(&p)).ok()
+    }
+
+    /// The location at a position.
+    pub fn location_at(&self, i: usize) -> Option<Location> {
+        self.entries.get(i).map(|e| Location {
+            pack: e.pack,
+            offset: e.offset,
+            len: e.len,
+        })
+    }
+
+    /// Whether chunk `id` is stored.
+    pub fn contains(&self, id: &ChunkId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// The pack numbered `n`.
+    pub fn pack(&self, n: u32) -> Option<&PackInfo> {
+        self.packs.get(n as usize)
+    }
+
+    /// The number of a pack, if the index knows it.
+    pub fn pack_number(&self, id: &PackId) -> Option<u32> {
+        self.pack_numbers.get(id).copied()
+    }
+
+    /// Every pack.
+    pub fn packs(&self) -> &[PackInfo] {
+        &self.packs
+    }
+
+    /// Distinct chunks.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// No chunks at all.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Heap bytes held by the entry table (the per-chunk cost).
+    pub fn entry_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+    }
+
+    /// Every (pack, offset, len) the index holds, with the id prefix.
+    pub fn locations(&self) -> impl Iterator<Item = ([u8; PREFIX_LEN], Location)> + '_ {
+        self.entries.iter().map(|e| {
+            (
+                e.prefix,
+                Location {
+                    pack: e.pack,
+                    offset: e.offset,
+                    len: e.len,
+                },
+            )
+        })
+    }
+}
+
+/// A `HashSet`/`HashMap` hasher for chunk ids and prefixes: they are
+/// already uniformly random, so their first eight bytes are the hash.
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        if bytes.len() >= 8 {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[..8]);
+            self.0 = u64::from_le_bytes(w);
+        }
+    }
+    fn write_usize(&mut self, _: usize) {}
+}
+
+/// Builds [`IdHasher`]s.
+pub type IdHash = std::hash::BuildHasherDefault<IdHasher>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(n: u32) -> IndexFile {
+        let packs = vec![
+            PackInfo {
+                id: PackId::random(),
+                target: 0,
+                len: 1000,
+            },
+            PackInfo {
+                id: PackId::random(),
+                target: 1,
+                len: 2000,
+            },
+        ];
+        let entries = (0..n)
+            .map(|i| {
+                (
+                    ChunkId::of(&i.to_le_bytes()),
+                    Location {
+                        pack: i % 2,
+                        offset: 64 + i * 100,
+                        len: 100,
+                    },
+                )
+            })
+            .collect();
+        IndexFile { packs, entries }
+    }
+
+    #[test]
+    fn file_round_trip_and_damage() {
+        let f = sample(100);
+        let bytes = f.encode();
+        let p = Path::new("i.idx");
+        assert_eq!(IndexFile::decode(p, &bytes).unwrap(), f);
+        let mut bad = bytes.clone();
+        bad[40] ^= 1;
+        assert!(IndexFile::decode(p, &bad).is_err());
+        assert!(IndexFile::decode(p, &bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn lookups_find_every_entry_and_nothing_else() {
+        let f = sample(1000);
+        let mut idx = ChunkIndex::default();
+        idx.add_file(&f);
+        idx.add_file(&f); // twice, as after an interrupted gc
+        idx.seal();
+        assert_eq!(idx.len(), 1000);
+        assert_eq!(idx.entry_bytes(), 32 * 1000);
+        for (id, loc) in &f.entries {
+            let got = idx.get(id).unwrap();
+            assert_eq!((got.offset, got.len), (loc.offset, loc.len));
+            assert_eq!(
+                idx.pack(got.pack).unwrap().id,
+                f.packs[loc.pack as usize].id
+            );
+        }
+        assert!(!idx.contains(&ChunkId::of(b"absent")));
+    }
+}

@@ -1,0 +1,60 @@
+//! # cairn-store
+//!
+//! The repository: a deduplicating, compressed store of images (disk and
+//! memory images, streams), striped over several target directories.
+//!
+//! ## Design decisions
+//!
+//! - **Content-defined chunks, BLAKE3 ids.** A stream is cut by FastCDC
+//!   (or at fixed sizes), each chunk is named by the BLAKE3 of its bytes
+//!   and stored once; all-zero chunks are never stored, only recorded as
+//!   holes, so sparse images and kdump zero pages cost nothing.
+//! - **Packs on every target, one writer each.** Compressed chunk records
+//!   are appended to pack files; each target has its own writer thread and
+//!   they pull from one queue, so N disks give N times the bandwidth and a
+//!   slower disk simply takes fewer batches (seed 000).
+//! - **Self-describing records.** Every record carries its chunk id,
+//!   codec, lengths and CRC-32C: packs can be walked without the index,
+//!   which is how an interrupted backup's packs are salvaged and reused,
+//!   and how `verify --read-data` works.
+//! - **32 bytes per chunk in memory.** The index is a sorted table of
+//!   160-bit id prefixes with their location ([`index`]); on disk the full
+//!   ids are kept.
+//! - **Commit by rename.** Packs are fsync'd, then the index file, then the
+//!   manifest is renamed into place: a snapshot exists whole or not at all
+//!   ([`meta`], [`backup`]). One writer at a time (flock on `REPO/lock`);
+//!   readers take no writer lock and are never blocked by a backup, and gc
+//!   deletes packs only while no reader holds `REPO/read.lock`.
+//! - **Everything checksummed and versioned.** Metadata files sit in one
+//!   envelope with a BLAKE3 trailer and a format version; a newer version
+//!   is refused with a clear error. Formats: `docs/format/repository.md`.
+//!
+//! Written by hand: no crate offers a chunk store with these properties
+//! (rustic_core and borg's formats are tied to encryption and their own
+//! index designs, and neither stripes over disks). FastCDC, BLAKE3,
+//! CRC-32C and the codecs come from crates.
+
+pub mod backup;
+mod bytes;
+pub mod chunker;
+pub mod error;
+pub mod gc;
+pub mod id;
+pub mod index;
+pub mod manifest;
+pub mod meta;
+pub mod pack;
+pub mod repo;
+pub mod restore;
+pub mod stats;
+pub mod verify;
+
+pub use backup::{backup, BackupOptions, BackupReport};
+pub use chunker::{ChunkerSpec, DEFAULT_CHUNKER};
+pub use error::{Result, StoreError};
+pub use gc::{gc, GcOptions, GcReport};
+pub use id::{ChunkId, PackId, RepoId};
+pub use manifest::{Extent, Manifest};
+pub use repo::{Repository, WriterLock};
+pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
+pub use verify::{verify, VerifyOptions, VerifyReport};

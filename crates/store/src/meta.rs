@@ -1,0 +1,219 @@
+//! The envelope around every metadata file (config, target marker, index,
+//! manifest, garbage list), and crash-safe replacement of files.
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic "CAIRNMET"
+//! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 garbage list
+//! 12      4     format version of the body (u32 LE)
+//! 16      8     body length N (u64 LE)
+//! 24      N     body
+//! 24+N    32    BLAKE3-256 of bytes 0 .. 24+N
+//! ```
+//!
+//! A file is written whole to a temporary name in the same directory,
+//! fsync'd, renamed over its final name, and the directory fsync'd: after a
+//! crash the name holds either the old file or the new one, never a mix.
+
+use crate::error::{IoContext, Result, StoreError};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+const MAGIC: &[u8; 8] = b"CAIRNMET";
+const HEADER: usize = 24;
+const TRAILER: usize = 32;
+
+/// What a metadata file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Kind {
+    /// `REPO/config`.
+    Config = 1,
+    /// `TARGET/cairn-target`.
+    TargetMarker = 2,
+    /// `REPO/index/*.idx`.
+    Index = 3,
+    /// `REPO/snapshots/NAME/*.snap`.
+    Manifest = 4,
+    /// `REPO/garbage`.
+    Garbage = 5,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Config => "config",
+            Kind::TargetMarker => "target marker",
+            Kind::Index => "index",
+            Kind::Manifest => "manifest",
+            Kind::Garbage => "garbage list",
+        }
+    }
+}
+
+/// Wrap `body` in the envelope.
+pub fn seal(kind: Kind, version: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + body.len() + TRAILER);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(kind as u32).to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(body);
+    let sum = blake3::hash(&out);
+    out.extend_from_slice(sum.as_bytes());
+    out
+}
+
+/// Check the envelope of `data` (read from `path`) and return the body's
+/// version and the body. Versions above `supported` are refused.
+pub fn open<'a>(
+    path: &Path,
+    data: &'a [u8],
+    kind: Kind,
+    supported: u32,
+) -> Result<(u32, &'a [u8])> {
+    if data.len() < HEADER + TRAILER {
+        return Err(StoreError::corrupt(
+            path,
+            data.len() as u64,
+            format!("{} file is truncated ({} bytes)", kind.name(), data.len()),
+        ));
+    }
+    if &data[..8] != MAGIC {
+        return Err(StoreError::corrupt(
+            path,
+            0,
+            "bad magic (not a cairn metadata file)",
+        ));
+    }
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&data[8..12]);
+    let found_kind = u32::from_le_bytes(word);
+    word.copy_from_slice(&data[12..16]);
+    let version = u32::from_le_bytes(word);
+    let mut dword = [0u8; 8];
+    dword.copy_from_slice(&data[16..24]);
+    let len = u64::from_le_bytes(dword);
+    if found_kind != kind as u32 {
+        return Err(StoreError::corrupt(
+            path,
+            8,
+            format!("holds kind {found_kind}, expected a {} file", kind.name()),
+        ));
+    }
+    let expect = (data.len() - HEADER - TRAILER) as u64;
+    if len != expect {
+        return Err(StoreError::corrupt(
+            path,
+            16,
+            format!("body length {len} does not match the file ({expect} bytes of body)"),
+        ));
+    }
+    let end = data.len() - TRAILER;
+    if blake3::hash(&data[..end]).as_bytes() != &data[end..] {
+        return Err(StoreError::corrupt(
+            path,
+            end as u64,
+            format!("{} checksum mismatch (the file is damaged)", kind.name()),
+        ));
+    }
+    if version > supported {
+        return Err(StoreError::NewerVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported,
+        });
+    }
+    Ok((version, &data[HEADER..end]))
+}
+
+/// Read `path` and check its envelope; returns (version, body).
+pub fn read(path: &Path, kind: Kind, supported: u32) -> Result<(u32, Vec<u8>)> {
+    let data = fs::read(path).ctx(path, "read")?;
+    let (version, body) = open(path, &data, kind, supported)?;
+    Ok((version, body.to_vec()))
+}
+
+/// Write `bytes` to `path` crash-safely (temporary file, fsync, rename,
+/// directory fsync).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .ctx(&tmp, "create")?;
+        f.write_all(bytes).ctx(&tmp, "write")?;
+        f.sync_all().ctx(&tmp, "fsync")?;
+        fs::rename(&tmp, path).ctx(path, "rename into place")?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// fsync a directory, so that names created or removed in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx(dir, "fsync directory")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_open_round_trip() {
+        let p = Path::new("x");
+        let sealed = seal(Kind::Index, 1, b"hello");
+        let (v, body) = open(p, &sealed, Kind::Index, 1).unwrap();
+        assert_eq!((v, body), (1, &b"hello"[..]));
+    }
+
+    #[test]
+    fn every_damage_is_caught() {
+        let p = Path::new("x");
+        let sealed = seal(Kind::Manifest, 1, b"some body bytes");
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 0x40;
+            assert!(open(p, &bad, Kind::Manifest, 1).is_err(), "flip at {i}");
+        }
+        for n in 0..sealed.len() {
+            assert!(
+                open(p, &sealed[..n], Kind::Manifest, 1).is_err(),
+                "cut at {n}"
+            );
+        }
+        assert!(matches!(
+            open(p, &sealed, Kind::Index, 1),
+            Err(StoreError::Corrupt { .. })
+        ));
+        let newer = seal(Kind::Manifest, 7, b"");
+        assert!(matches!(
+            open(p, &newer, Kind::Manifest, 1),
+            Err(StoreError::NewerVersion { found: 7, .. })
+        ));
+    }
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}

@@ -1,0 +1,727 @@
+//! A repository on disk: layout, config, targets, locks, snapshots, index
+//! files, salvage of interrupted writes, and the garbage list.
+//!
+//! ```text
+//! REPO/config                 metadata envelope (kind 1), JSON body
+//! REPO/lock                   writer lock (flock), holds who has it
+//! REPO/read.lock              readers hold it shared; gc deletes packs only
+//!                             when it can take it exclusively, at once
+//! REPO/index/<hex>.idx        index files
+//! REPO/snapshots/NAME/<n>.snap manifests, n zero-padded
+//! REPO/garbage                what an unfinished gc still has to delete
+//! TARGET/cairn-target         marker (kind 2): repository id, target number
+//! TARGET/packs/<xx>/<id>.pack pack files (default TARGET: REPO/data)
+//! ```
+
+use crate::error::{IoContext, Result, StoreError};
+use crate::id::{hex, PackId, RepoId};
+use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FILE};
+use crate::manifest::Manifest;
+use crate::meta::{self, Kind};
+use crate::pack::{self, PACK_HEADER_LEN};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// Version of the config body (and of the repository layout).
+pub const REPO_VERSION: u32 = 1;
+/// Default size at which a pack is sealed and a new one started.
+pub const DEFAULT_PACK_SIZE: u64 = 32 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Config {
+    id: String,
+    created: i64,
+    /// Target directories; relative ones are relative to the repository.
+    targets: Vec<PathBuf>,
+    pack_size: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Marker {
+    repository: String,
+    target: u16,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Garbage {
+    pub index_files: Vec<String>,
+    pub packs: Vec<(u16, String)>,
+}
+
+/// An open repository.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    root: PathBuf,
+    id: RepoId,
+    targets: Vec<PathBuf>,
+    pack_size: u64,
+}
+
+/// The writer lock; released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct WriterLock {
+    _file: File,
+}
+
+/// A reader's shared lock; gc does not delete packs while one is held.
+#[derive(Debug)]
+pub struct ReadLock {
+    _file: File,
+}
+
+/// The index as loaded, with the files that could not be read.
+#[derive(Debug, Default)]
+pub struct LoadedIndex {
+    /// Every readable entry.
+    pub index: ChunkIndex,
+    /// Index files that are damaged, with the error.
+    pub damaged: Vec<StoreError>,
+}
+
+/// A pack file found on a target.
+#[derive(Debug, Clone)]
+pub struct PackFile {
+    /// Target number.
+    pub target: u16,
+    /// Pack id.
+    pub id: PackId,
+    /// Its path.
+    pub path: PathBuf,
+    /// Its length now.
+    pub len: u64,
+}
+
+/// What [`Repository::salvage`] recovered.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Salvaged {
+    /// Packs taken into the index.
+    pub packs: u64,
+    /// Chunks in them.
+    pub chunks: u64,
+    /// Bytes of torn tails cut off, and of packs with nothing in them removed.
+    pub dropped_bytes: u64,
+}
+
+pub(crate) fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Check an image name: 1 to 128 of `A-Z a-z 0-9 . _ + -`, not starting
+/// with a dot.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "bad image name {name:?}: use 1 to 128 of A-Z a-z 0-9 . _ + - (not starting with a dot)"
+        )))
+    }
+}
+
+fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    // SAFETY: flock takes a file descriptor and flags; the descriptor is
+    // owned by `file`, which outlives the call.
+    let r = unsafe { libc::flock(file.as_raw_fd(), op) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+impl Repository {
+    /// Create a repository at `root` with packs on `targets` (none: one
+    /// target at `root/data`).
+    pub fn init(root: &Path, targets: &[PathBuf]) -> Result<Repository> {
+        if root.exists() {
+            let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
+            if entries.next().is_some() {
+                return Err(StoreError::AlreadyExists(root.to_path_buf()));
+            }
+        }
+        fs::create_dir_all(root).ctx(root, "create directory")?;
+        let root = fs::canonicalize(root).ctx(root, "resolve path")?;
+        for sub in ["index", "snapshots"] {
+            let d = root.join(sub);
+            fs::create_dir_all(&d).ctx(&d, "create directory")?;
+        }
+        let id = RepoId::random();
+        let stored: Vec<PathBuf> = if targets.is_empty() {
+            vec![PathBuf::from("data")]
+        } else {
+            let mut v = Vec::new();
+            for t in targets {
+                fs::create_dir_all(t).ctx(t, "create target directory")?;
+                v.push(fs::canonicalize(t).ctx(t, "resolve path")?);
+            }
+            v
+        };
+        if stored.len() > usize::from(u16::MAX) {
+            return Err(StoreError::Invalid("too many targets".into()));
+        }
+        for (i, t) in stored.iter().enumerate() {
+            let dir = root.join(t);
+            if dir.join("cairn-target").exists() {
+                return Err(StoreError::Invalid(format!(
+                    "{}: already a target of a cairn repository",
+                    dir.display()
+                )));
+            }
+            if stored[..i].iter().any(|o| root.join(o) == dir) {
+                return Err(StoreError::Invalid(format!(
+                    "{}: target given twice",
+                    dir.display()
+                )));
+            }
+            for b in 0..=255u8 {
+                let d = dir.join("packs").join(hex(&[b]));
+                fs::create_dir_all(&d).ctx(&d, "create directory")?;
+            }
+            let marker = Marker {
+                repository: id.to_string(),
+                target: i as u16,
+            };
+            let body =
+                serde_json::to_vec(&marker).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            meta::write_atomic(
+                &dir.join("cairn-target"),
+                &meta::seal(Kind::TargetMarker, REPO_VERSION, &body),
+            )?;
+            meta::sync_dir(&dir.join("packs"))?;
+        }
+        for f in ["lock", "read.lock"] {
+            let p = root.join(f);
+            File::create(&p).ctx(&p, "create")?;
+        }
+        let config = Config {
+            id: id.to_string(),
+            created: now_secs(),
+            targets: stored,
+            pack_size: DEFAULT_PACK_SIZE,
+        };
+        let body =
+            serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        // The config is written last: until it exists, this is not a repository.
+        meta::write_atomic(
+            &root.join("config"),
+            &meta::seal(Kind::Config, REPO_VERSION, &body),
+        )?;
+        Repository::open(&root)
+    }
+
+    /// Open the repository at `root` and check that every target is the
+    /// right one.
+    pub fn open(root: &Path) -> Result<Repository> {
+        let cfg_path = root.join("config");
+        if !cfg_path.is_file() {
+            return Err(StoreError::NotARepository(root.to_path_buf()));
+        }
+        let (_, body) = meta::read(&cfg_path, Kind::Config, REPO_VERSION)?;
+        let config: Config = serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(&cfg_path, 24, format!("config: {e}")))?;
+        let id = RepoId::from_hex(&config.id)
+            .ok_or_else(|| StoreError::corrupt(&cfg_path, 24, "config: bad repository id"))?;
+        let mut targets = Vec::new();
+        for (i, t) in config.targets.iter().enumerate() {
+            let dir = root.join(t);
+            let mpath = dir.join("cairn-target");
+            if !mpath.is_file() {
+                return Err(StoreError::NotFound(format!(
+                    "target {i} ({}) has no cairn-target marker: is its disk mounted?",
+                    dir.display()
+                )));
+            }
+            let (_, body) = meta::read(&mpath, Kind::TargetMarker, REPO_VERSION)?;
+            let marker: Marker = serde_json::from_slice(&body)
+                .map_err(|e| StoreError::corrupt(&mpath, 24, format!("marker: {e}")))?;
+            if marker.repository != config.id || usize::from(marker.target) != i {
+                return Err(StoreError::Invalid(format!(
+                    "{}: belongs to repository {} as target {}, expected {} target {i}",
+                    dir.display(),
+                    marker.repository,
+                    marker.target,
+                    config.id
+                )));
+            }
+            targets.push(dir);
+        }
+        if targets.is_empty() {
+            return Err(StoreError::corrupt(
+                &cfg_path,
+                24,
+                "config lists no targets",
+            ));
+        }
+        Ok(Repository {
+            root: root.to_path_buf(),
+            id,
+            targets,
+            pack_size: config.pack_size.clamp(1 << 20, 1 << 31),
+        })
+    }
+
+    /// The repository directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The repository id.
+    pub fn id(&self) -> RepoId {
+        self.id
+    }
+
+    /// Target directories, in order.
+    pub fn targets(&self) -> &[PathBuf] {
+        &self.targets
+    }
+
+    /// Size at which packs are sealed.
+    pub fn pack_size(&self) -> u64 {
+        self.pack_size
+    }
+
+    /// Take the writer lock. `what` is recorded for whoever finds it
+    /// taken; with `wait`, block until it is free.
+    pub fn lock_writer(&self, what: &str, wait: bool) -> Result<WriterLock> {
+        let path = self.root.join("lock");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .ctx(&path, "open lock")?;
+        let op = if wait {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_EX | libc::LOCK_NB
+        };
+        if !flock(&file, op).ctx(&path, "lock")? {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            return Err(StoreError::Locked {
+                path: self.root.clone(),
+                holder: if holder.trim().is_empty() {
+                    "unknown".into()
+                } else {
+                    holder.trim().to_string()
+                },
+            });
+        }
+        let line = format!("pid {}, {what}, since {}", std::process::id(), now_secs());
+        file.set_len(0).ctx(&path, "truncate")?;
+        file.write_all(line.as_bytes()).ctx(&path, "write")?;
+        Ok(WriterLock { _file: file })
+    }
+
+    /// Take a reader's lock (shared; waits only while gc deletes packs).
+    pub fn lock_read(&self) -> Result<ReadLock> {
+        let path = self.root.join("read.lock");
+        let file = File::open(&path).ctx(&path, "open lock")?;
+        flock(&file, libc::LOCK_SH).ctx(&path, "lock")?;
+        Ok(ReadLock { _file: file })
+    }
+
+    /// Run `f` only if no reader holds the repository; `Ok(None)` if one does.
+    pub(crate) fn without_readers<T>(
+        &self,
+        _w: &WriterLock,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<Option<T>> {
+        let path = self.root.join("read.lock");
+        let file = File::open(&path).ctx(&path, "open lock")?;
+        if !flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&path, "lock")? {
+            return Ok(None);
+        }
+        f().map(Some)
+    }
+
+    // ---- snapshots ----
+
+    fn image_dir(&self, name: &str) -> PathBuf {
+        self.root.join("snapshots").join(name)
+    }
+
+    /// Path of a manifest.
+    pub fn manifest_path(&self, name: &str, snapshot: u64) -> PathBuf {
+        self.image_dir(name).join(format!("{snapshot:010}.snap"))
+    }
+
+    /// Every image with its snapshot numbers, sorted.
+    pub fn images(&self) -> Result<Vec<(String, Vec<u64>)>> {
+        let dir = self.root.join("snapshots");
+        let mut out = Vec::new();
+        for e in fs::read_dir(&dir).ctx(&dir, "read directory")? {
+            let e = e.ctx(&dir, "read directory")?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if validate_name(&name).is_err() {
+                continue;
+            }
+            let snaps = self.snapshots(&name)?;
+            if !snaps.is_empty() {
+                out.push((name, snaps));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Snapshot numbers of one image, ascending (empty if none).
+    pub fn snapshots(&self, name: &str) -> Result<Vec<u64>> {
+        let dir = self.image_dir(name);
+        let mut v = Vec::new();
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(v),
+            Err(e) => return Err(e).ctx(&dir, "read directory"),
+        };
+        for e in rd {
+            let e = e.ctx(&dir, "read directory")?;
+            let f = e.file_name().to_string_lossy().into_owned();
+            if let Some(n) = f.strip_suffix(".snap").and_then(|s| s.parse::<u64>().ok()) {
+                v.push(n);
+            }
+        }
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// `NAME` (latest snapshot) or `NAME@N` or `NAME@latest`.
+    pub fn resolve(&self, spec: &str) -> Result<(String, u64)> {
+        let (name, snap) = match spec.rsplit_once('@') {
+            Some((n, s)) => (n, Some(s)),
+            None => (spec, None),
+        };
+        validate_name(name)?;
+        let snaps = self.snapshots(name)?;
+        let Some(&latest) = snaps.last() else {
+            return Err(StoreError::NotFound(format!(
+                "no image named {name:?} in {}",
+                self.root.display()
+            )));
+        };
+        match snap {
+            None | Some("latest") => Ok((name.to_string(), latest)),
+            Some(s) => {
+                let n: u64 = s.parse().map_err(|_| {
+                    StoreError::Invalid(format!(
+                        "bad snapshot {s:?} in {spec:?}: use a number or latest"
+                    ))
+                })?;
+                if snaps.contains(&n) {
+                    Ok((name.to_string(), n))
+                } else {
+                    Err(StoreError::NotFound(format!(
+                        "image {name:?} has no snapshot {n} (it has {snaps:?})"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Read one manifest.
+    pub fn read_manifest(&self, name: &str, snapshot: u64) -> Result<Manifest> {
+        let path = self.manifest_path(name, snapshot);
+        let data = fs::read(&path).ctx(&path, "read")?;
+        let m = Manifest::decode(&path, &data)?;
+        if m.name != name || m.snapshot != snapshot {
+            return Err(StoreError::corrupt(
+                &path,
+                24,
+                format!(
+                    "manifest names {}@{}, its file {name}@{snapshot}",
+                    m.name, m.snapshot
+                ),
+            ));
+        }
+        Ok(m)
+    }
+
+    /// Commit a manifest (the commit point of a backup).
+    pub fn write_manifest(&self, _lock: &WriterLock, m: &Manifest) -> Result<()> {
+        let dir = self.image_dir(&m.name);
+        if !dir.exists() {
+            fs::create_dir_all(&dir).ctx(&dir, "create directory")?;
+            meta::sync_dir(&self.root.join("snapshots"))?;
+        }
+        meta::write_atomic(&self.manifest_path(&m.name, m.snapshot), &m.encode())
+    }
+
+    /// Remove a snapshot (its chunks stay until `gc`).
+    pub fn remove_snapshot(&self, _lock: &WriterLock, name: &str, snapshot: u64) -> Result<()> {
+        let path = self.manifest_path(name, snapshot);
+        fs::remove_file(&path).ctx(&path, "remove")?;
+        let dir = self.image_dir(name);
+        meta::sync_dir(&dir)?;
+        if self.snapshots(name)?.is_empty() {
+            let _ = fs::remove_dir(&dir);
+            meta::sync_dir(&self.root.join("snapshots"))?;
+        }
+        Ok(())
+    }
+
+    // ---- index ----
+
+    /// Every index file.
+    pub fn index_files(&self) -> Result<Vec<PathBuf>> {
+        let dir = self.root.join("index");
+        let mut v = Vec::new();
+        for e in fs::read_dir(&dir).ctx(&dir, "read directory")? {
+            let p = e.ctx(&dir, "read directory")?.path();
+            if p.extension().is_some_and(|x| x == "idx") {
+                v.push(p);
+            }
+        }
+        v.sort();
+        Ok(v)
+    }
+
+    /// Load every index file into memory.
+    pub fn load_index(&self) -> Result<LoadedIndex> {
+        let mut out = LoadedIndex::default();
+        for path in self.index_files()? {
+            let data = match fs::read(&path) {
+                Ok(d) => d,
+                // Removed by a gc since the listing; its replacement was
+                // committed before, and is in the listing or will be.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    out.damaged.push(StoreError::Io {
+                        path,
+                        what: "read",
+                        source: e,
+                    });
+                    continue;
+                }
+            };
+            match IndexFile::decode(&path, &data) {
+                Ok(f) => out.index.add_file(&f),
+                Err(e) => out.damaged.push(e),
+            }
+        }
+        out.index.seal();
+        Ok(out)
+    }
+
+    /// Write index files for `file` (split so no file is too big to load
+    /// cheaply); returns their paths.
+    pub fn write_index(&self, _lock: &WriterLock, file: &IndexFile) -> Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        if file.entries.is_empty() && file.packs.is_empty() {
+            return Ok(paths);
+        }
+        let parts: Vec<&[(crate::id::ChunkId, Location)]> = if file.entries.is_empty() {
+            vec![&[]]
+        } else {
+            file.entries.chunks(MAX_ENTRIES_PER_FILE).collect()
+        };
+        for part in parts {
+            // Each part carries the whole pack table: small, and every file
+            // stays readable on its own.
+            let f = IndexFile {
+                packs: file.packs.clone(),
+                entries: part.to_vec(),
+            };
+            let path = self
+                .root
+                .join("index")
+                .join(format!("{}.idx", PackId::random()));
+            meta::write_atomic(&path, &f.encode())?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+
+    /// Path of a pack named by the index.
+    pub fn pack_path(&self, p: &PackInfo) -> Result<PathBuf> {
+        let t = self.targets.get(usize::from(p.target)).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "pack {} names target {}, the repository has {}",
+                p.id,
+                p.target,
+                self.targets.len()
+            ))
+        })?;
+        Ok(pack::pack_path(t, p.id))
+    }
+
+    /// Every pack file on every target.
+    pub fn pack_files(&self) -> Result<Vec<PackFile>> {
+        let mut v = Vec::new();
+        for (t, dir) in self.targets.iter().enumerate() {
+            let packs = dir.join("packs");
+            for sub in fs::read_dir(&packs).ctx(&packs, "read directory")? {
+                let sub = sub.ctx(&packs, "read directory")?.path();
+                if !sub.is_dir() {
+                    continue;
+                }
+                for e in fs::read_dir(&sub).ctx(&sub, "read directory")? {
+                    let e = e.ctx(&sub, "read directory")?;
+                    let path = e.path();
+                    let Some(id) = path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| n.strip_suffix(".pack"))
+                        .and_then(PackId::from_hex)
+                    else {
+                        continue;
+                    };
+                    let len = e.metadata().ctx(&path, "stat")?.len();
+                    v.push(PackFile {
+                        target: t as u16,
+                        id,
+                        path,
+                        len,
+                    });
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    // ---- interrupted writers ----
+
+    pub(crate) fn read_garbage(&self) -> Result<Garbage> {
+        let path = self.root.join("garbage");
+        if !path.exists() {
+            return Ok(Garbage::default());
+        }
+        let (_, body) = meta::read(&path, Kind::Garbage, REPO_VERSION)?;
+        serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))
+    }
+
+    pub(crate) fn write_garbage(&self, _lock: &WriterLock, g: &Garbage) -> Result<()> {
+        let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        meta::write_atomic(
+            &self.root.join("garbage"),
+            &meta::seal(Kind::Garbage, REPO_VERSION, &body),
+        )
+    }
+
+    /// Finish what a gc left to delete: superseded index files at once,
+    /// packs when no reader is active. Returns whether everything is gone.
+    pub(crate) fn collect_garbage(&self, lock: &WriterLock) -> Result<bool> {
+        let g = self.read_garbage()?;
+        if g.index_files.is_empty() && g.packs.is_empty() {
+            return Ok(true);
+        }
+        let idx_dir = self.root.join("index");
+        for name in &g.index_files {
+            remove_if_present(&idx_dir.join(name))?;
+        }
+        meta::sync_dir(&idx_dir)?;
+        let done = self.without_readers(lock, || {
+            for (t, id) in &g.packs {
+                let (Some(dir), Some(id)) =
+                    (self.targets.get(usize::from(*t)), PackId::from_hex(id))
+                else {
+                    continue;
+                };
+                remove_if_present(&pack::pack_path(dir, id))?;
+            }
+            for dir in &self.targets {
+                meta::sync_dir(&dir.join("packs"))?;
+            }
+            remove_if_present(&self.root.join("garbage"))?;
+            meta::sync_dir(&self.root)
+        })?;
+        Ok(done.is_some())
+    }
+
+    /// Take into the index the packs that an interrupted backup or gc
+    /// wrote but did not index (their valid records; a torn tail is cut
+    /// off), so that the next backup reuses them instead of storing them
+    /// again. Packs on the garbage list are left alone.
+    pub fn salvage(&self, lock: &WriterLock, index: &mut ChunkIndex) -> Result<Salvaged> {
+        let garbage = self.read_garbage()?;
+        let mut found = IndexFile::default();
+        let mut report = Salvaged::default();
+        for pf in self.pack_files()? {
+            if index.pack_number(&pf.id).is_some()
+                || garbage
+                    .packs
+                    .iter()
+                    .any(|(t, id)| *t == pf.target && *id == pf.id.to_string())
+            {
+                continue;
+            }
+            let data = fs::read(&pf.path).ctx(&pf.path, "read")?;
+            if data.len() < PACK_HEADER_LEN {
+                report.dropped_bytes += data.len() as u64;
+                fs::remove_file(&pf.path).ctx(&pf.path, "remove")?;
+                continue;
+            }
+            if pack::check_pack_header(&pf.path, &data, self.id)? != pf.id {
+                return Err(StoreError::corrupt(
+                    &pf.path,
+                    28,
+                    "pack header names another pack",
+                ));
+            }
+            let pack_no = found.packs.len() as u32;
+            let mut entries = Vec::new();
+            let end = pack::walk_records(&data, |off, h, rec| {
+                entries.push((
+                    h.id,
+                    Location {
+                        pack: pack_no,
+                        offset: off as u32,
+                        len: rec.len() as u32,
+                    },
+                ));
+                Ok(())
+            })?;
+            if entries.is_empty() {
+                report.dropped_bytes += data.len() as u64;
+                fs::remove_file(&pf.path).ctx(&pf.path, "remove")?;
+                continue;
+            }
+            if end < data.len() as u64 {
+                report.dropped_bytes += data.len() as u64 - end;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&pf.path)
+                    .ctx(&pf.path, "open")?;
+                f.set_len(end).ctx(&pf.path, "truncate")?;
+                f.sync_all().ctx(&pf.path, "fsync")?;
+            }
+            report.packs += 1;
+            report.chunks += entries.len() as u64;
+            found.packs.push(PackInfo {
+                id: pf.id,
+                target: pf.target,
+                len: end,
+            });
+            found.entries.extend(entries);
+        }
+        if report.packs > 0 {
+            self.write_index(lock, &found)?;
+            index.add_file(&found);
+            index.seal();
+        }
+        Ok(report)
+    }
+}
+
+fn remove_if_present(p: &Path) -> Result<()> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).ctx(p, "remove"),
+        _ => Ok(()),
+    }
+}

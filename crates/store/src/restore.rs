@@ -1,0 +1,375 @@
+//! `restore`: a snapshot back into a file, a device or a stream.
+//!
+//! The extent list is cut into batches of about 8 MiB; workers read the
+//! records from the packs (so every target is read at once), check and
+//! decode them on all cores, and either write at the image offset
+//! themselves (files and devices: no waiting for order, holes skipped in a
+//! fresh file so it stays sparse) or hand the bytes to the calling thread,
+//! which writes them in order (streams).
+
+use crate::error::{IoContext, Result, StoreError};
+use crate::id::ChunkId;
+use crate::index::{ChunkIndex, Location};
+use crate::manifest::{Extent, Manifest};
+use crate::pack::{decode_record, Decoders};
+use crate::repo::Repository;
+use cairn_pipeline::{Config, Fill, Slot};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+const BATCH: u64 = 8 << 20;
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Where restored bytes go.
+pub enum Destination<'a> {
+    /// A file or device written at offsets. `zeroed`: it reads as zeros
+    /// already (a fresh file of the right length), so holes are skipped.
+    At {
+        /// The open file.
+        file: &'a File,
+        /// Whether holes can be skipped.
+        zeroed: bool,
+    },
+    /// A stream written in order.
+    Stream(&'a mut dyn Write),
+}
+
+/// How to restore.
+pub struct RestoreOptions<'a> {
+    /// Worker threads.
+    pub threads: usize,
+    /// Write zeros where a chunk is missing or damaged (and list the
+    /// ranges) instead of failing.
+    pub zero_damaged: bool,
+    /// Called in order with the number of image bytes done.
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+/// A range of the image that could not be restored.
+#[derive(Debug, Clone)]
+pub struct Damaged {
+    /// Offset in the image.
+    pub offset: u64,
+    /// Length.
+    pub len: u64,
+    /// The chunk that should be there.
+    pub chunk: ChunkId,
+    /// Why it is not.
+    pub reason: String,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default)]
+pub struct RestoreReport {
+    /// Image bytes written.
+    pub size: u64,
+    /// Bytes read from packs.
+    pub stored_read: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Ranges written as zeros because their chunk was damaged or missing.
+    pub damaged: Vec<Damaged>,
+}
+
+/// Open pack files, shared by the workers.
+pub(crate) struct PackFiles<'a> {
+    repo: &'a Repository,
+    index: &'a ChunkIndex,
+    open: Mutex<HashMap<u32, Arc<File>>>,
+}
+
+impl<'a> PackFiles<'a> {
+    pub fn new(repo: &'a Repository, index: &'a ChunkIndex) -> Self {
+        PackFiles {
+            repo,
+            index,
+            open: Mutex::default(),
+        }
+    }
+
+    fn path(&self, pack: u32) -> Result<PathBuf> {
+        let p = self.index.pack(pack).ok_or_else(|| {
+            StoreError::Invalid(format!("index names unknown pack number {pack}"))
+        })?;
+        self.repo.pack_path(p)
+    }
+
+    /// Read the record at `loc` into `buf`; returns the pack's path.
+    pub fn read(&self, loc: Location, buf: &mut Vec<u8>) -> Result<PathBuf> {
+        let path = self.path(loc.pack)?;
+        let file = {
+            let mut open = self
+                .open
+                .lock()
+                .map_err(|_| StoreError::Aborted("a reader panicked".into()))?;
+            match open.get(&loc.pack) {
+                Some(f) => f.clone(),
+                None => {
+                    // Bounded: a big repository has more packs than the
+                    // process may hold open.
+                    if open.len() >= 256 {
+                        open.clear();
+                    }
+                    let f = Arc::new(File::open(&path).ctx(&path, "open pack")?);
+                    open.insert(loc.pack, f.clone());
+                    f
+                }
+            }
+        };
+        buf.clear();
+        buf.resize(loc.len as usize, 0);
+        file.read_exact_at(buf, u64::from(loc.offset))
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    StoreError::corrupt(
+                        &path,
+                        u64::from(loc.offset),
+                        "pack is shorter than the index says (truncated?)",
+                    )
+                } else {
+                    StoreError::Io {
+                        path: path.clone(),
+                        what: "read",
+                        source: e,
+                    }
+                }
+            })?;
+        Ok(path)
+    }
+}
+
+#[derive(Default)]
+struct Work {
+    extents: Vec<(u64, Extent)>,
+}
+
+#[derive(Default)]
+struct Out {
+    bytes: Vec<u8>,
+    done: u64,
+    stored: u64,
+    damaged: Vec<Damaged>,
+}
+
+/// Reads and checks chunks: one per worker, with its buffers.
+pub(crate) struct Fetcher<'a> {
+    files: &'a PackFiles<'a>,
+    index: &'a ChunkIndex,
+    rec: Vec<u8>,
+    dec: Decoders,
+}
+
+impl<'a> Fetcher<'a> {
+    pub fn new(files: &'a PackFiles<'a>, index: &'a ChunkIndex) -> Self {
+        Fetcher {
+            files,
+            index,
+            rec: Vec::new(),
+            dec: Decoders::default(),
+        }
+    }
+
+    /// Append chunk `id` (`len` bytes, at image `offset`) to `out`;
+    /// returns the bytes read from its pack.
+    pub fn fetch(&mut self, id: &ChunkId, len: u32, offset: u64, out: &mut Vec<u8>) -> Result<u64> {
+        let loc = self
+            .index
+            .get(id)
+            .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
+        let path = self.files.read(loc, &mut self.rec)?;
+        let start = out.len();
+        let h = decode_record(
+            &path,
+            u64::from(loc.offset),
+            &self.rec,
+            Some(id),
+            &mut self.dec,
+            out,
+        )
+        .inspect_err(|_| out.truncate(start))?;
+        if h.raw_len != len {
+            out.truncate(start);
+            return Err(StoreError::BadChunk {
+                chunk: *id,
+                path,
+                offset: u64::from(loc.offset),
+                reason: format!("holds {} bytes, the manifest says {len}", h.raw_len),
+            });
+        }
+        Ok(u64::from(loc.len))
+    }
+}
+
+/// Restore `manifest` (whose chunks `index` locates) into `dest`.
+pub fn restore(
+    repo: &Repository,
+    index: &ChunkIndex,
+    manifest: &Manifest,
+    dest: Destination,
+    opts: &RestoreOptions,
+) -> Result<RestoreReport> {
+    let started = Instant::now();
+    let files = PackFiles::new(repo, index);
+    let (positional, zeroed, mut stream) = match dest {
+        Destination::At { file, zeroed } => (Some(file), zeroed, None),
+        Destination::Stream(w) => (None, false, Some(w)),
+    };
+    let mut extents = manifest.with_offsets().peekable();
+    // A hole longer than a batch is cut into batch-sized pieces so that a
+    // stream never holds more than a batch of zeros.
+    let mut hole_left: Option<(u64, u64)> = None;
+    let source = |w: &mut Work| -> Result<Fill> {
+        let mut size = 0u64;
+        while size < BATCH && w.extents.len() < 4096 {
+            if let Some((off, left)) = hole_left.take() {
+                let piece = if positional.is_some() {
+                    left
+                } else {
+                    left.min(BATCH - size)
+                };
+                w.extents.push((off, Extent::Hole { len: piece }));
+                if positional.is_none() {
+                    size += piece;
+                }
+                if piece < left {
+                    hole_left = Some((off + piece, left - piece));
+                }
+                continue;
+            }
+            let Some((off, e)) = extents.next() else {
+                break;
+            };
+            match *e {
+                Extent::Hole { len } => hole_left = Some((off, len)),
+                Extent::Data { len, .. } => {
+                    w.extents.push((off, *e));
+                    size += u64::from(len);
+                }
+            }
+        }
+        Ok(if w.extents.is_empty() {
+            Fill::End
+        } else {
+            Fill::Item
+        })
+    };
+    let make_worker = || {
+        let mut fetcher = Fetcher::new(&files, index);
+        let mut chunk = Vec::new();
+        move |w: &mut Work, out: &mut Out| -> Result<()> {
+            for &(off, e) in &w.extents {
+                match e {
+                    Extent::Hole { len } => {
+                        out.done += len;
+                        match positional {
+                            Some(f) if !zeroed => write_zeros(f, off, len)?,
+                            Some(_) => {}
+                            None => out.bytes.resize(out.bytes.len() + len as usize, 0),
+                        }
+                    }
+                    Extent::Data { len, id } => {
+                        out.done += u64::from(len);
+                        let target: &mut Vec<u8> = if positional.is_some() {
+                            &mut chunk
+                        } else {
+                            &mut out.bytes
+                        };
+                        if positional.is_some() {
+                            target.clear();
+                        }
+                        let start = target.len();
+                        match fetcher.fetch(&id, len, off, target) {
+                            Ok(stored) => out.stored += stored,
+                            Err(err) if opts.zero_damaged => {
+                                target.truncate(start);
+                                target.resize(start + len as usize, 0);
+                                out.damaged.push(Damaged {
+                                    offset: off,
+                                    len: u64::from(len),
+                                    chunk: id,
+                                    reason: err.to_string(),
+                                });
+                            }
+                            Err(err) => return Err(with_image_offset(err, off)),
+                        }
+                        if let Some(f) = positional {
+                            f.write_all_at(&chunk, off).map_err(|e| StoreError::Dest {
+                                offset: off,
+                                source: e,
+                            })?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    };
+    let mut report = RestoreReport::default();
+    cairn_pipeline::run(
+        Config::new(opts.threads),
+        source,
+        make_worker,
+        |slot: &mut Slot<Work, Out>| {
+            if let Some(w) = stream.as_mut() {
+                let at = report.size;
+                w.write_all(&slot.output.bytes)
+                    .map_err(|e| StoreError::Dest {
+                        offset: at,
+                        source: e,
+                    })?;
+            }
+            report.size += slot.output.done;
+            report.stored_read += slot.output.stored;
+            report.damaged.append(&mut slot.output.damaged);
+            if let Some(p) = opts.progress {
+                p(report.size);
+            }
+            Ok(())
+        },
+        |slot: &mut Slot<Work, Out>| {
+            slot.input.extents.clear();
+            slot.output.bytes.clear();
+            slot.output.done = 0;
+            slot.output.stored = 0;
+            slot.output.damaged.clear();
+        },
+    )?;
+    if let Some(w) = stream {
+        w.flush().map_err(|e| StoreError::Dest {
+            offset: report.size,
+            source: e,
+        })?;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {
+    while len > 0 {
+        let n = len.min(ZEROS.len() as u64) as usize;
+        f.write_all_at(&ZEROS[..n], off)
+            .map_err(|e| StoreError::Dest {
+                offset: off,
+                source: e,
+            })?;
+        off += n as u64;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
+/// Name the image offset in a chunk error that lacks it.
+fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
+    match err {
+        StoreError::MissingChunk { .. } => err,
+        other => StoreError::InImage {
+            offset,
+            source: Box::new(other),
+        },
+    }
+}

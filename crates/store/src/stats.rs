@@ -1,0 +1,127 @@
+//! `ls` and `stats`: what the repository holds, from the manifests and the
+//! pack files (no chunk is read).
+
+use crate::error::Result;
+use crate::manifest::SnapshotStats;
+use crate::repo::Repository;
+use std::path::PathBuf;
+
+/// One snapshot as `ls` shows it.
+#[derive(Debug, Clone)]
+pub struct SnapshotInfo {
+    /// Image name.
+    pub name: String,
+    /// Snapshot number.
+    pub snapshot: u64,
+    /// When it was made (Unix seconds).
+    pub created: i64,
+    /// Logical size.
+    pub size: u64,
+    /// What was backed up.
+    pub source: String,
+    /// Chunker used.
+    pub chunker: String,
+    /// Codec used.
+    pub codec: String,
+    /// The backup's figures.
+    pub stats: SnapshotStats,
+}
+
+/// Every snapshot of every image, by name then number. A manifest that
+/// cannot be read is returned as an error string in its place.
+pub fn list(repo: &Repository) -> Result<Vec<std::result::Result<SnapshotInfo, String>>> {
+    let mut out = Vec::new();
+    for (name, snaps) in repo.images()? {
+        for snap in snaps {
+            out.push(
+                repo.read_manifest(&name, snap)
+                    .map(|m| SnapshotInfo {
+                        name: m.name,
+                        snapshot: m.snapshot,
+                        created: m.created,
+                        size: m.size,
+                        source: m.source,
+                        chunker: m.chunker,
+                        codec: m.codec,
+                        stats: m.stats,
+                    })
+                    .map_err(|e| format!("{name}@{snap}: {e}")),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// One target's share.
+#[derive(Debug, Clone)]
+pub struct TargetStats {
+    /// The directory.
+    pub path: PathBuf,
+    /// Pack files on it.
+    pub packs: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Repository totals.
+#[derive(Debug, Clone, Default)]
+pub struct RepoStats {
+    /// Images.
+    pub images: u64,
+    /// Snapshots.
+    pub snapshots: u64,
+    /// Sum of the snapshots' sizes.
+    pub logical_bytes: u64,
+    /// Of which all-zero chunks (never stored).
+    pub zero_bytes: u64,
+    /// Distinct chunks in the index.
+    pub chunks: u64,
+    /// Uncompressed bytes the chunks hold, as recorded by the backups that stored them.
+    pub unique_raw_bytes: u64,
+    /// Index files.
+    pub index_files: u64,
+    /// Bytes of pack files on all targets.
+    pub pack_bytes: u64,
+    /// Per target.
+    pub targets: Vec<TargetStats>,
+    /// Pack files no index names.
+    pub unindexed_packs: u64,
+    /// Heap bytes of the in-memory index's entry table.
+    pub index_entry_bytes: u64,
+}
+
+/// Compute the totals (loads the index).
+pub fn stats(repo: &Repository) -> Result<RepoStats> {
+    let mut s = RepoStats::default();
+    for snap in list(repo)?.into_iter().flatten() {
+        s.snapshots += 1;
+        s.logical_bytes += snap.size;
+        s.zero_bytes += snap.stats.zero_bytes;
+        s.unique_raw_bytes += snap.stats.new_raw;
+    }
+    s.images = repo.images()?.len() as u64;
+    let loaded = repo.load_index()?;
+    s.chunks = loaded.index.len() as u64;
+    s.index_entry_bytes = loaded.index.entry_bytes() as u64;
+    s.index_files = repo.index_files()?.len() as u64;
+    s.targets = repo
+        .targets()
+        .iter()
+        .map(|p| TargetStats {
+            path: p.clone(),
+            packs: 0,
+            bytes: 0,
+        })
+        .collect();
+    for f in repo.pack_files()? {
+        s.pack_bytes += f.len;
+        if let Some(t) = s.targets.get_mut(usize::from(f.target)) {
+            t.packs += 1;
+            t.bytes += f.len;
+        }
+        if loaded.index.pack_number(&f.id).is_none() {
+            s.unindexed_packs += 1;
+        }
+    }
+    Ok(s)
+}

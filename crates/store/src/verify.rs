@@ -1,0 +1,319 @@
+//! `verify`: check that every snapshot can be restored, and name what
+//! cannot.
+//!
+//! Always: every index file and manifest (envelope checksums), every chunk
+//! a manifest names is in the index, every pack the index names exists
+//! with at least its sealed length. With `read_data`: every record the
+//! index names is read, its CRC checked, decoded and hashed against its id
+//! (all packs in parallel). Each problem lists the images, snapshots and
+//! offsets it affects.
+
+use crate::error::Result;
+use crate::id::{ChunkId, PREFIX_LEN};
+use crate::index::{IdHash, Location};
+use crate::manifest::Extent;
+use crate::pack::{self, decode_record, Decoders};
+use crate::repo::Repository;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// How to verify.
+pub struct VerifyOptions<'a> {
+    /// Read and check every stored chunk.
+    pub read_data: bool,
+    /// Threads reading packs.
+    pub threads: usize,
+    /// Called with (bytes checked, bytes to check) while reading packs.
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+/// A place in an image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Affected {
+    /// Image name.
+    pub image: String,
+    /// Snapshot number.
+    pub snapshot: u64,
+    /// Offset of the chunk in the image.
+    pub offset: u64,
+}
+
+/// One thing that is wrong.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// What kind: `index`, `manifest`, `pack`, `missing-chunk`, `damaged-chunk`.
+    pub kind: &'static str,
+    /// One line saying what and where.
+    pub message: String,
+    /// The chunk, when the problem is one chunk.
+    pub chunk: Option<ChunkId>,
+    /// Where the problem shows in images.
+    pub affected: Vec<Affected>,
+}
+
+/// What verify found.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    /// Images.
+    pub images: usize,
+    /// Snapshots.
+    pub snapshots: usize,
+    /// Chunks in the index.
+    pub chunks: usize,
+    /// Packs in the index.
+    pub packs: usize,
+    /// Bytes of packs read (with `read_data`).
+    pub bytes_read: u64,
+    /// Everything wrong; empty when the repository is sound.
+    pub problems: Vec<Problem>,
+    /// Packs on disk that no index names (left by an interrupted backup
+    /// or gc: reused by the next backup, removed by gc). Not a problem.
+    pub unindexed_packs: Vec<PathBuf>,
+}
+
+/// Verify the repository.
+pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
+    let _read = repo.lock_read()?;
+    let mut report = VerifyReport::default();
+    let loaded = repo.load_index()?;
+    let index = &loaded.index;
+    report.chunks = index.len();
+    report.packs = index.packs().len();
+    for e in &loaded.damaged {
+        report.problems.push(Problem {
+            kind: "index",
+            message: format!("{e} (the chunks it lists count as missing)"),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
+
+    // Chunks known to be bad, by prefix, with the reason.
+    let mut bad: HashMap<[u8; PREFIX_LEN], (ChunkId, &'static str, String), IdHash> =
+        HashMap::default();
+
+    // Packs: present, long enough, and (read_data) every record sound.
+    let on_disk: HashMap<_, _> = repo.pack_files()?.into_iter().map(|p| (p.id, p)).collect();
+    for p in on_disk.values() {
+        if index.pack_number(&p.id).is_none() {
+            report.unindexed_packs.push(p.path.clone());
+        }
+    }
+    report.unindexed_packs.sort();
+    let mut by_pack: Vec<Vec<([u8; PREFIX_LEN], Location)>> = vec![Vec::new(); index.packs().len()];
+    for (prefix, loc) in index.locations() {
+        if let Some(v) = by_pack.get_mut(loc.pack as usize) {
+            v.push((prefix, loc));
+        }
+    }
+    let mut readable = Vec::new();
+    for (n, info) in index.packs().iter().enumerate() {
+        let path = repo.pack_path(info)?;
+        let problem = match on_disk.get(&info.id) {
+            None => Some(format!("pack {} is missing", path.display())),
+            Some(f) if f.len < info.len => Some(format!(
+                "pack {} is {} bytes, it was sealed at {}",
+                path.display(),
+                f.len,
+                info.len
+            )),
+            Some(_) => None,
+        };
+        match problem {
+            Some(msg) => {
+                for (prefix, loc) in &by_pack[n] {
+                    if u64::from(loc.offset) + u64::from(loc.len)
+                        > on_disk.get(&info.id).map_or(0, |f| f.len)
+                    {
+                        bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
+                    }
+                }
+                report.problems.push(Problem {
+                    kind: "pack",
+                    message: msg,
+                    chunk: None,
+                    affected: Vec::new(),
+                });
+            }
+            None => readable.push((n, path, info.len)),
+        }
+    }
+
+    if opts.read_data {
+        let total: u64 = readable.iter().map(|r| r.2).sum();
+        let done = AtomicU64::new(0);
+        let next = AtomicUsize::new(0);
+        let found: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
+        let io_errors: Mutex<Vec<String>> = Mutex::default();
+        std::thread::scope(|s| {
+            for _ in 0..opts.threads.max(1) {
+                s.spawn(|| {
+                    let mut dec = Decoders::default();
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((n, path, len)) = readable.get(i) else {
+                            break;
+                        };
+                        let data = match std::fs::read(path) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                if let Ok(mut v) = io_errors.lock() {
+                                    v.push(format!("{}: read: {e}", path.display()));
+                                }
+                                continue;
+                            }
+                        };
+                        let header_err = pack::check_pack_header(path, &data, repo.id()).err();
+                        for (prefix, loc) in &by_pack[*n] {
+                            let start = loc.offset as usize;
+                            let end = start + loc.len as usize;
+                            let verdict = if let Some(e) = &header_err {
+                                Err((ChunkId([0; 32]), e.to_string()))
+                            } else if end > data.len() {
+                                Err((
+                                    ChunkId([0; 32]),
+                                    "record runs past the end of the pack".to_string(),
+                                ))
+                            } else {
+                                out.clear();
+                                match decode_record(
+                                    path,
+                                    u64::from(loc.offset),
+                                    &data[start..end],
+                                    None,
+                                    &mut dec,
+                                    &mut out,
+                                ) {
+                                    Ok(h) if h.id.prefix() == *prefix => Ok(()),
+                                    Ok(h) => Err((
+                                        h.id,
+                                        format!(
+                                            "record at offset {} holds another chunk",
+                                            loc.offset
+                                        ),
+                                    )),
+                                    Err(e) => Err((ChunkId([0; 32]), e.to_string())),
+                                }
+                            };
+                            if let Err((id, why)) = verdict {
+                                if let Ok(mut v) = found.lock() {
+                                    v.push((*prefix, id, why));
+                                }
+                            }
+                        }
+                        let d = done.fetch_add(*len, Ordering::Relaxed) + len;
+                        if let Some(p) = opts.progress {
+                            p(d, total);
+                        }
+                    }
+                });
+            }
+        });
+        report.bytes_read = done.load(Ordering::Relaxed);
+        for msg in io_errors.into_inner().unwrap_or_default() {
+            report.problems.push(Problem {
+                kind: "pack",
+                message: msg,
+                chunk: None,
+                affected: Vec::new(),
+            });
+        }
+        for (prefix, id, why) in found.into_inner().unwrap_or_default() {
+            bad.insert(prefix, (id, "damaged-chunk", why));
+        }
+    }
+
+    // Manifests: readable, every chunk present and not bad.
+    let mut missing: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
+        HashMap::default();
+    let mut hit: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> = HashMap::default();
+    let images = repo.images()?;
+    report.images = images.len();
+    for (name, snaps) in &images {
+        for &snap in snaps {
+            report.snapshots += 1;
+            let m = match repo.read_manifest(name, snap) {
+                Ok(m) => m,
+                Err(e) => {
+                    report.problems.push(Problem {
+                        kind: "manifest",
+                        message: format!("{name}@{snap} cannot be restored: {e}"),
+                        chunk: None,
+                        affected: vec![Affected {
+                            image: name.clone(),
+                            snapshot: snap,
+                            offset: 0,
+                        }],
+                    });
+                    continue;
+                }
+            };
+            let mut seen: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
+            for (off, e) in m.with_offsets() {
+                let Extent::Data { id, .. } = e else { continue };
+                let prefix = id.prefix();
+                let place = Affected {
+                    image: name.clone(),
+                    snapshot: snap,
+                    offset: off,
+                };
+                if bad.contains_key(&prefix) {
+                    hit.entry(prefix)
+                        .or_insert_with(|| (*id, Vec::new()))
+                        .1
+                        .push(place);
+                } else if !seen.contains(&prefix) && !index.contains(id) {
+                    missing
+                        .entry(prefix)
+                        .or_insert_with(|| (*id, Vec::new()))
+                        .1
+                        .push(place);
+                } else {
+                    seen.insert(prefix);
+                }
+            }
+        }
+    }
+    let mut missing: Vec<_> = missing.into_values().collect();
+    missing.sort_by_key(|m| m.0);
+    for (id, affected) in missing {
+        report.problems.push(Problem {
+            kind: "missing-chunk",
+            message: format!("chunk {id} is not in the index (its pack or index file is lost)"),
+            chunk: Some(id),
+            affected,
+        });
+    }
+    let mut damaged: Vec<_> = bad.into_iter().collect();
+    damaged.sort_by_key(|d| d.0);
+    for (prefix, (id, kind, why)) in damaged {
+        let (full, affected) = match hit.remove(&prefix) {
+            Some((full, aff)) => (Some(full), aff),
+            None => ((id != ChunkId([0; 32])).then_some(id), Vec::new()),
+        };
+        let kind = if kind == "pack" {
+            "damaged-chunk"
+        } else {
+            kind
+        };
+        let unused = if affected.is_empty() {
+            " (no snapshot uses it)"
+        } else {
+            ""
+        };
+        let shown = full.map_or_else(
+            || format!("{}...", crate::id::hex(&prefix)),
+            |f| f.to_string(),
+        );
+        report.problems.push(Problem {
+            kind,
+            message: format!("chunk {shown}: {why}{unused}"),
+            chunk: full,
+            affected,
+        });
+    }
+    Ok(report)
+}
