@@ -102,7 +102,7 @@ pub(crate) struct UnpackArgs {
 }
 
 /// Parse `4M`, `512K`, `1G`, `65536`.
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {

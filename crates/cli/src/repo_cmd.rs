@@ -35,6 +35,9 @@ pub(crate) struct InitArgs {
     /// (default: REPO/data).
     #[arg(long = "target", value_name = "DIR")]
     pub targets: Vec<PathBuf>,
+    /// Seal packs at this size (1M to 2G; default 32M).
+    #[arg(long, value_parser = crate::parse_size)]
+    pub pack_size: Option<usize>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -193,7 +196,7 @@ fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
-    let repo = Repository::init(&a.repo, &a.targets)?;
+    let repo = Repository::init(&a.repo, &a.targets, a.pack_size.map(|s| s as u64))?;
     if a.json {
         print_json(&json!({
             "repository": repo.root(),

@@ -29,6 +29,10 @@ use std::path::{Path, PathBuf};
 pub const REPO_VERSION: u32 = 1;
 /// Default size at which a pack is sealed and a new one started.
 pub const DEFAULT_PACK_SIZE: u64 = 32 << 20;
+/// Smallest pack size accepted.
+pub const MIN_PACK_SIZE: u64 = 1 << 20;
+/// Largest pack size accepted (record offsets are 32-bit).
+pub const MAX_PACK_SIZE: u64 = 2 << 30;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Config {
@@ -147,8 +151,15 @@ fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
 
 impl Repository {
     /// Create a repository at `root` with packs on `targets` (none: one
-    /// target at `root/data`).
-    pub fn init(root: &Path, targets: &[PathBuf]) -> Result<Repository> {
+    /// target at `root/data`), sealing packs at `pack_size` bytes (1 MiB to
+    /// 2 GiB; `None`: [`DEFAULT_PACK_SIZE`]).
+    pub fn init(root: &Path, targets: &[PathBuf], pack_size: Option<u64>) -> Result<Repository> {
+        let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
+        if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
+            return Err(StoreError::Invalid(format!(
+                "pack size {pack_size} is out of range {MIN_PACK_SIZE}..={MAX_PACK_SIZE}"
+            )));
+        }
         if root.exists() {
             let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
             if entries.next().is_some() {
@@ -213,7 +224,7 @@ impl Repository {
             id: id.to_string(),
             created: now_secs(),
             targets: stored,
-            pack_size: DEFAULT_PACK_SIZE,
+            pack_size,
         };
         let body =
             serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -272,7 +283,7 @@ impl Repository {
             root: root.to_path_buf(),
             id,
             targets,
-            pack_size: config.pack_size.clamp(1 << 20, 1 << 31),
+            pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
         })
     }
 
