@@ -32,12 +32,16 @@ pub enum ChunkerSpec {
     Fixed(u32),
 }
 
-/// The default chunker; see `docs/format/repository.md` for the
-/// measurement that chose it.
+/// The default chunker, chosen by measurement (`bench/chunker.py`, run
+/// `bench/runs/2026-11-22-chunker/`, table in `docs/benchmarks.md`): on a
+/// pair of Debian images, 32 KiB average chunks save 32.5% of the second
+/// image's cost (16 KiB: 34.9%, 64 KiB: 29.1%, fixed 4 KiB: 8.6%), give the
+/// smallest repository of all, and half the index memory of 16 KiB chunks
+/// (32 bytes per chunk: 1 GiB of RAM per TiB of distinct data).
 pub const DEFAULT_CHUNKER: ChunkerSpec = ChunkerSpec::Cdc {
-    min: 4096,
-    avg: 16384,
-    max: 65536,
+    min: 8192,
+    avg: 32768,
+    max: 131072,
 };
 
 /// Largest chunk any chunker may produce (bounds every buffer that holds

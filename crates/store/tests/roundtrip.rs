@@ -1,0 +1,256 @@
+//! Round trips through the library API: whatever goes into `backup` comes
+//! out of `restore` byte for byte, for every chunker, codec, thread count
+//! and target count, at the sizes where chunking has edges.
+
+use cairn_codec::CodecSpec;
+use cairn_store::{
+    backup, restore, BackupOptions, ChunkerSpec, Destination, Repository, RestoreOptions,
+};
+use proptest::prelude::*;
+use std::io::Cursor;
+use std::path::PathBuf;
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Random bytes, text-like runs and zero runs, from a seed.
+fn image(len: usize, seed: u64) -> Vec<u8> {
+    let mut r = Lcg(seed | 1);
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        let run = (r.next() % 70_000) as usize + 1;
+        let run = run.min(len - v.len());
+        match r.next() % 3 {
+            0 => v.extend((0..run).map(|_| r.next() as u8)),
+            1 => v.extend(
+                b"the quick brown fox jumps over the lazy dog "
+                    .iter()
+                    .cycle()
+                    .take(run),
+            ),
+            _ => v.resize(v.len() + run, 0),
+        }
+    }
+    v
+}
+
+fn repo(targets: usize) -> (tempfile::TempDir, Repository) {
+    let dir = tempfile::tempdir().unwrap();
+    let ts: Vec<PathBuf> = (0..targets)
+        .map(|i| dir.path().join(format!("t{i}")))
+        .collect();
+    let r = Repository::init(&dir.path().join("repo"), &ts, Some(1 << 20)).unwrap();
+    (dir, r)
+}
+
+fn store(
+    r: &Repository,
+    name: &str,
+    data: &[u8],
+    chunker: ChunkerSpec,
+    codec: &str,
+    threads: usize,
+) -> cairn_store::BackupReport {
+    let lock = r.lock_writer("test", false).unwrap();
+    let opts = BackupOptions {
+        name: name.into(),
+        codec: codec.parse::<CodecSpec>().unwrap(),
+        chunker,
+        threads,
+        source: "test".into(),
+        progress: None,
+    };
+    backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap()
+}
+
+fn load(r: &Repository, name: &str, threads: usize) -> Vec<u8> {
+    let (n, s) = r.resolve(name).unwrap();
+    let m = r.read_manifest(&n, s).unwrap();
+    let idx = r.load_index().unwrap();
+    assert!(idx.damaged.is_empty());
+    let opts = RestoreOptions {
+        threads,
+        zero_damaged: false,
+        progress: None,
+    };
+    let mut out = Vec::new();
+    restore(r, &idx.index, &m, Destination::Stream(&mut out), &opts).unwrap();
+    // And positionally, into a fresh file.
+    let f = tempfile::tempfile().unwrap();
+    f.set_len(m.size).unwrap();
+    restore(
+        r,
+        &idx.index,
+        &m,
+        Destination::At {
+            file: &f,
+            zeroed: true,
+        },
+        &opts,
+    )
+    .unwrap();
+    let mut again = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut again).unwrap();
+    assert_eq!(again.len(), out.len());
+    assert!(again == out, "positional and stream restores differ");
+    out
+}
+
+#[test]
+fn edge_sizes_round_trip() {
+    let small: ChunkerSpec = "cdc:1K,4K,16K".parse().unwrap();
+    let fixed: ChunkerSpec = "fixed:4K".parse().unwrap();
+    let (_d, r) = repo(2);
+    let mut n = 0;
+    for spec in [small, fixed] {
+        let max = spec.max_chunk() as usize;
+        for len in [0, 1, max - 1, max, max + 1, 3 * max + 7, (8 << 20) + 1] {
+            for threads in [1, 2] {
+                let data = image(len, len as u64 + 99);
+                let name = format!("img{n}");
+                n += 1;
+                store(&r, &name, &data, spec, "lz4", threads);
+                assert!(
+                    load(&r, &name, threads) == data,
+                    "{spec} len {len} threads {threads}"
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn anything_round_trips(
+        len in 0usize..3_000_000,
+        seed in any::<u64>(),
+        chunker in prop::sample::select(vec!["cdc:1K,4K,16K", "cdc", "fixed:4K", "fixed:64K"]),
+        codec in prop::sample::select(vec!["none", "lz4", "snappy", "lzo", "zstd:1", "deflate:1", "bzip2:1", "xz:0"]),
+        threads in 1usize..4,
+        targets in 1usize..4,
+    ) {
+        let (_d, r) = repo(targets);
+        let data = image(len, seed);
+        let spec: ChunkerSpec = chunker.parse().unwrap();
+        let rep = store(&r, "x", &data, spec, codec, threads);
+        prop_assert_eq!(rep.totals.bytes_in, len as u64);
+        prop_assert!(load(&r, "x", threads) == data);
+        // The same bytes again store nothing new.
+        let again = store(&r, "x", &data, spec, codec, threads);
+        prop_assert_eq!(again.totals.new_chunks, 0);
+        prop_assert_eq!(again.snapshot, 2);
+        prop_assert!(load(&r, "x@1", threads) == data);
+    }
+}
+
+#[test]
+fn a_slightly_changed_image_stores_only_the_change() {
+    let (_d, r) = repo(1);
+    let mut r0 = Lcg(5);
+    let first: Vec<u8> = (0..(16 << 20)).map(|_| r0.next() as u8).collect();
+    store(&r, "vm", &first, cairn_store::DEFAULT_CHUNKER, "zstd:1", 2);
+    let mut second = first.clone();
+    second.splice(1_000_000..1_000_000, b"inserted bytes".iter().copied());
+    second[9_000_000..9_004_096].fill(7);
+    let len = second.len();
+    second.truncate(len - 3000);
+    let rep = store(&r, "vm", &second, cairn_store::DEFAULT_CHUNKER, "zstd:1", 2);
+    // Three edits, each costing at most a couple of the largest chunks.
+    assert!(
+        rep.totals.new_raw < 6 * 131_072,
+        "stored {} new bytes",
+        rep.totals.new_raw
+    );
+    assert!(load(&r, "vm@2", 2) == second);
+    assert!(load(&r, "vm@1", 2) == first);
+}
+
+#[test]
+fn zero_runs_are_holes_and_restore_sparse() {
+    let (d, r) = repo(1);
+    let mut data = vec![0u8; 64 << 20];
+    data[..5000].fill(1);
+    let n = data.len();
+    data[n - 5000..].fill(2);
+    let rep = store(&r, "sparse", &data, cairn_store::DEFAULT_CHUNKER, "lz4", 2);
+    assert!(rep.totals.zero > 60 << 20);
+    assert!(rep.totals.new_raw < 1 << 20);
+    let (name, s) = r.resolve("sparse").unwrap();
+    let m = r.read_manifest(&name, s).unwrap();
+    let idx = r.load_index().unwrap();
+    let path = d.path().join("out");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(m.size).unwrap();
+    let opts = RestoreOptions {
+        threads: 2,
+        zero_damaged: false,
+        progress: None,
+    };
+    restore(
+        &r,
+        &idx.index,
+        &m,
+        Destination::At {
+            file: &f,
+            zeroed: true,
+        },
+        &opts,
+    )
+    .unwrap();
+    drop(f);
+    assert!(std::fs::read(&path).unwrap() == data);
+    use std::os::unix::fs::MetadataExt;
+    let blocks = std::fs::metadata(&path).unwrap().blocks() * 512;
+    assert!(
+        blocks < 8 << 20,
+        "restored file uses {blocks} bytes on disk"
+    );
+}
+
+#[test]
+fn one_writer_at_a_time_and_readers_are_not_blocked() {
+    let (_d, r) = repo(1);
+    store(
+        &r,
+        "a",
+        &image(100_000, 1),
+        cairn_store::DEFAULT_CHUNKER,
+        "lz4",
+        1,
+    );
+    let held = r.lock_writer("first", false).unwrap();
+    let second = Repository::open(r.root()).unwrap();
+    let err = second.lock_writer("second", false).unwrap_err();
+    assert!(
+        matches!(err, cairn_store::StoreError::Locked { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("first"), "{err}");
+    let _reader = second.lock_read().unwrap();
+    assert!(load(&second, "a", 1) == image(100_000, 1));
+    drop(held);
+    second.lock_writer("third", false).unwrap();
+}
+
+#[test]
+fn names_and_snapshots_are_checked() {
+    let (_d, r) = repo(1);
+    store(&r, "a", b"hello", cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    for bad in ["", "../x", "a/b", ".hidden", "a b", "a@1@2"] {
+        assert!(r.resolve(bad).is_err(), "{bad:?}");
+    }
+    assert!(r.resolve("a@2").is_err());
+    assert!(r.resolve("a@x").is_err());
+    assert_eq!(r.resolve("a@latest").unwrap(), ("a".to_string(), 1));
+    assert!(r.resolve("b").is_err());
+}
