@@ -2,6 +2,8 @@
 //! out of `restore` byte for byte, for every chunker, codec, thread count
 //! and target count, at the sizes where chunking has edges.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
 use cairn_codec::CodecSpec;
 use cairn_store::{
     backup, restore, BackupOptions, ChunkerSpec, Destination, Repository, RestoreOptions,
