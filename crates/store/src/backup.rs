@@ -251,9 +251,10 @@ pub fn backup(
 /// still grow into the next batch.
 fn reader<'a>(
     source: &'a mut (dyn Read + Send),
-    chunker: ChunkerSpec,
+    spec: ChunkerSpec,
 ) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
-    let batch = BATCH.max(2 * chunker.max_chunk() as usize);
+    let batch = BATCH.max(2 * spec.max_chunk() as usize);
+    let chunker = spec.build();
     let mut carry: Vec<u8> = Vec::new();
     let mut eof = false;
     let mut offset = 0u64;

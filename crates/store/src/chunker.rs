@@ -88,13 +88,48 @@ impl ChunkerSpec {
         }
     }
 
+    /// A chunker for this spec (computes what it needs once).
+    pub fn build(self) -> Chunker {
+        let zero_cut = match self {
+            ChunkerSpec::Fixed(size) => size as usize,
+            ChunkerSpec::Cdc { min, avg, max } => {
+                let zeros = vec![0u8; max as usize];
+                let cdc = fastcdc::v2020::FastCDC::new(&zeros, min, avg, max);
+                let (_, end) = cdc.cut(0, zeros.len());
+                end.clamp(1, zeros.len())
+            }
+        };
+        Chunker {
+            spec: self,
+            zero_cut,
+        }
+    }
+}
+
+/// Cuts batches of a stream; see [`ChunkerSpec::build`].
+#[derive(Debug, Clone)]
+pub struct Chunker {
+    spec: ChunkerSpec,
+    /// Where a chunk that starts with MAX zero bytes ends: a cut depends
+    /// only on the MAX bytes from the chunk's start, so zero runs (free
+    /// space in images, zero pages in memory dumps) are cut without
+    /// rolling the hash over them.
+    zero_cut: usize,
+}
+
+impl Chunker {
+    /// The spec this chunker follows.
+    pub fn spec(&self) -> ChunkerSpec {
+        self.spec
+    }
+
     /// Cut `buf`: push the end offset of every chunk found and return how
     /// many bytes they cover. Unless `eof`, bytes that could still belong
     /// to a longer chunk are left over; the caller puts them in front of
     /// the next batch. With `eof` every byte is covered.
-    pub fn cut(self, buf: &[u8], eof: bool, ends: &mut Vec<u32>) -> usize {
+    pub fn cut(&self, buf: &[u8], eof: bool, ends: &mut Vec<u32>) -> usize {
         let len = buf.len();
-        match self {
+        match self.spec {
             ChunkerSpec::Fixed(size) => {
                 let size = size as usize;
                 let mut pos = 0;
@@ -105,13 +140,22 @@ impl ChunkerSpec {
                 pos
             }
             ChunkerSpec::Cdc { min, avg, max } => {
-                let cdc = fastcdc::v2020::FastCDC::new(buf, min, avg, max);
+                let max = max as usize;
+                let cdc = fastcdc::v2020::FastCDC::new(buf, min, avg, max as u32);
                 let mut pos = 0;
-                while len - pos >= max as usize || (eof && pos < len) {
-                    let (_, end) = cdc.cut(pos, len - pos);
-                    // `cut` returns the absolute end of the chunk; it always
-                    // advances on non-empty input, but stay safe on surprises.
-                    let end = if end <= pos { len } else { end.min(len) };
+                while len - pos >= max || (eof && pos < len) {
+                    let end = if len - pos >= max && crate::backup::is_zero(&buf[pos..pos + max]) {
+                        pos + self.zero_cut
+                    } else {
+                        let (_, end) = cdc.cut(pos, len - pos);
+                        // `cut` returns the absolute end of the chunk; it
+                        // always advances on non-empty input, but stay safe.
+                        if end <= pos {
+                            len
+                        } else {
+                            end.min(len)
+                        }
+                    };
                     ends.push(end as u32);
                     pos = end;
                 }
@@ -197,6 +241,7 @@ mod tests {
 
     /// Cut `data` fed in batches of `batch` bytes, as the backup reader does.
     fn cut_in_batches(spec: ChunkerSpec, data: &[u8], batch: usize) -> Vec<usize> {
+        let chunker = spec.build();
         let mut out = Vec::new();
         let mut buf = Vec::new();
         let mut base = 0;
@@ -207,7 +252,7 @@ mod tests {
             fed += take;
             let eof = fed == data.len();
             let mut ends = Vec::new();
-            let used = spec.cut(&buf, eof, &mut ends);
+            let used = chunker.cut(&buf, eof, &mut ends);
             out.extend(ends.iter().map(|&e| base + e as usize));
             buf.drain(..used);
             base += used;
@@ -261,6 +306,23 @@ mod tests {
     }
 
     #[test]
+    fn zero_runs_cut_as_the_rolling_hash_would() {
+        // Data, a long zero run, data: the fast path for zero runs must
+        // give the cuts FastCDC gives when it rolls over the zeros.
+        let mut data = pseudo_random(300_000, 11);
+        data.extend(std::iter::repeat_n(0u8, 2_000_000));
+        data.extend(pseudo_random(300_000, 12));
+        for spec in [DEFAULT_CHUNKER, "cdc:1K,4K,16K".parse().unwrap()] {
+            let ChunkerSpec::Cdc { min, avg, max } = spec else {
+                unreachable!()
+            };
+            let cdc = fastcdc::v2020::FastCDC::new(&data, min, avg, max);
+            let slow: Vec<usize> = cdc.map(|c| c.offset + c.length).collect();
+            assert_eq!(cut_in_batches(spec, &data, 1 << 20), slow, "{spec}");
+        }
+    }
+
+    #[test]
     fn parse_and_display() {
         assert_eq!("cdc".parse::<ChunkerSpec>().unwrap(), DEFAULT_CHUNKER);
         assert_eq!(
@@ -293,10 +355,11 @@ mod tests {
     #[test]
     fn empty_and_tiny_inputs() {
         let mut ends = Vec::new();
-        assert_eq!(DEFAULT_CHUNKER.cut(&[], true, &mut ends), 0);
+        let c = DEFAULT_CHUNKER.build();
+        assert_eq!(c.cut(&[], true, &mut ends), 0);
         assert!(ends.is_empty());
-        assert_eq!(DEFAULT_CHUNKER.cut(&[1], false, &mut ends), 0);
-        assert_eq!(DEFAULT_CHUNKER.cut(&[1], true, &mut ends), 1);
+        assert_eq!(c.cut(&[1], false, &mut ends), 0);
+        assert_eq!(c.cut(&[1], true, &mut ends), 1);
         assert_eq!(ends, vec![1]);
     }
 }
