@@ -191,6 +191,24 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// A ratio for a table: "-" when there is nothing to divide by.
+fn ratio_text(a: u64, b: u64) -> String {
+    if b == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.2}x", a as f64 / b as f64)
+    }
+}
+
+/// A ratio for JSON: null when there is nothing to divide by.
+fn ratio_json(a: u64, b: u64) -> serde_json::Value {
+    if b == 0 {
+        serde_json::Value::Null
+    } else {
+        json!(a as f64 / b as f64)
+    }
+}
+
 fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
@@ -282,6 +300,12 @@ fn open_source(path: &Path, direct: bool) -> Result<(Box<dyn Read + Send>, Optio
             bail!("--direct needs a file or device, not standard input");
         }
         return Ok((Box::new(std::io::stdin()), None, "-".into()));
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        bail!(
+            "{}: is a directory (back up a stream: tar -cf - DIR | cairn backup - ...)",
+            path.display()
+        );
     }
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
@@ -546,8 +570,8 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
                 "zero_bytes": s.stats.zero_bytes,
                 "new_raw_bytes": s.stats.new_raw,
                 "stored_bytes": s.stats.new_stored,
-                "dedup_ratio": ratio(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
-                "compression_ratio": ratio(s.stats.new_raw, s.stats.new_stored),
+                "dedup_ratio": ratio_json(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
+                "compression_ratio": ratio_json(s.stats.new_raw, s.stats.new_stored),
                 "seconds": s.stats.millis as f64 / 1000.0,
             })).collect::<Vec<_>>(),
             "unreadable": bad,
@@ -559,15 +583,15 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
         );
         for s in &rows {
             println!(
-                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>6.2}x {:>6.2}x",
+                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}",
                 s.name,
                 s.snapshot,
                 utc(s.created),
                 HumanBytes(s.size).to_string(),
                 HumanBytes(s.stats.zero_bytes).to_string(),
                 HumanBytes(s.stats.new_stored).to_string(),
-                ratio(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
-                ratio(s.stats.new_raw, s.stats.new_stored)
+                ratio_text(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
+                ratio_text(s.stats.new_raw, s.stats.new_stored)
             );
         }
         for e in &bad {
@@ -790,9 +814,9 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "pack_bytes": s.pack_bytes,
             "index_files": s.index_files,
             "unindexed_packs": s.unindexed_packs,
-            "dedup_ratio": ratio(s.logical_bytes - s.zero_bytes.min(s.logical_bytes), s.unique_raw_bytes),
-            "compression_ratio": ratio(s.unique_raw_bytes, s.pack_bytes),
-            "total_ratio": ratio(s.logical_bytes, s.pack_bytes),
+            "dedup_ratio": ratio_json(s.logical_bytes - s.zero_bytes.min(s.logical_bytes), s.unique_raw_bytes),
+            "compression_ratio": ratio_json(s.unique_raw_bytes, s.pack_bytes),
+            "total_ratio": ratio_json(s.logical_bytes, s.pack_bytes),
             "index_heap_bytes_per_chunk": per_chunk_heap,
             "index_rss_bytes_per_chunk": per_chunk_rss,
             "targets": s.targets.iter().map(|t| json!({
