@@ -1,0 +1,291 @@
+//! The repository commands end to end with the real binary: block devices
+//! (loop devices) as source and destination, O_DIRECT, stdin, and the
+//! report commands' JSON.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn run(args: &[&str]) -> Output {
+    cairn().args(args).output().unwrap()
+}
+
+/// A loop device over `file`, detached on drop.
+struct Loop(String);
+
+impl Loop {
+    fn attach(file: &Path) -> Option<Loop> {
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                Some(Loop(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+            }
+            other => {
+                let why = format!("{other:?}");
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("cannot attach a loop device under CI: {why}");
+                }
+                eprintln!("skipping: no loop device ({why})");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// An image with data, a hole and a size that is no multiple of anything.
+fn image(len: usize) -> Vec<u8> {
+    let mut v = mixed(len, 77);
+    v[len / 3..len / 3 + (1 << 20)].fill(0);
+    v
+}
+
+#[test]
+fn block_devices_in_and_out() {
+    let dir = tempdir();
+    let d = dir.path();
+    // Loop devices need a multiple of 512 bytes.
+    let data = image(6 << 20);
+    std::fs::write(d.join("disk.img"), &data).unwrap();
+    std::fs::write(d.join("blank.img"), vec![0xAAu8; data.len()]).unwrap();
+    let Some(src) = Loop::attach(&d.join("disk.img")) else {
+        return;
+    };
+    let Some(dst) = Loop::attach(&d.join("blank.img")) else {
+        return;
+    };
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    for (name, extra) in [("dev", None), ("direct", Some("--direct"))] {
+        let mut args = vec![
+            "backup", &src.0, "--repo", repo, "--name", name, "-q", "--json",
+        ];
+        args.extend(extra);
+        let out = ok(run(&args));
+        let j = json(&out);
+        assert_eq!(
+            j["bytes_in"],
+            data.len() as u64,
+            "size of the device by ioctl"
+        );
+        assert!(j["bytes_zero"].as_u64().unwrap() >= 1 << 19, "{j}");
+    }
+    // To a block device: every byte written, holes included (the blank
+    // device is not zero).
+    ok(run(&["restore", "direct", &dst.0, "--repo", repo, "-q"]));
+    drop(dst);
+    assert!(std::fs::read(d.join("blank.img")).unwrap() == data);
+    // A device smaller than the image is refused.
+    std::fs::write(d.join("small.img"), vec![0u8; 1 << 20]).unwrap();
+    let Some(small) = Loop::attach(&d.join("small.img")) else {
+        return;
+    };
+    let out = run(&["restore", "dev", &small.0, "--repo", repo, "-q"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("device has"));
+}
+
+#[test]
+fn stdin_files_and_reports() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&[
+        "init",
+        repo,
+        "--target",
+        d.join("t0").to_str().unwrap(),
+        "--target",
+        d.join("t1").to_str().unwrap(),
+        "--pack-size",
+        "1M",
+    ]));
+    let a = image(5_000_001);
+    let mut b = a.clone();
+    b[4_000_000..4_000_100].fill(9);
+    b.extend_from_slice(b"tail");
+    let out = cairn_pipe(
+        &[
+            "backup", "-", "--repo", repo, "--name", "a", "-q", "--json", "-c", "lz4",
+        ],
+        &a,
+    );
+    let first = json(&ok(out));
+    assert_eq!(first["snapshot"], 1);
+    std::fs::write(d.join("b.img"), &b).unwrap();
+    let second = json(&ok(run(&[
+        "backup",
+        d.join("b.img").to_str().unwrap(),
+        "--repo",
+        repo,
+        "--name",
+        "a",
+        "-q",
+        "--json",
+    ])));
+    assert_eq!(second["snapshot"], 2);
+    assert!(
+        second["bytes_new_raw"].as_u64().unwrap() < 600_000,
+        "{second}"
+    );
+    let other = mixed(3_000_000, 5);
+    ok(cairn_pipe(
+        &["backup", "-", "--repo", repo, "--name", "other", "-q"],
+        &other,
+    ));
+
+    // Both snapshots, to a file and to stdout.
+    let out_file = d.join("a1.img");
+    ok(run(&[
+        "restore",
+        "a@1",
+        out_file.to_str().unwrap(),
+        "--repo",
+        repo,
+        "-q",
+    ]));
+    assert!(std::fs::read(&out_file).unwrap() == a);
+    let out = ok(run(&["restore", "a", "-", "--repo", repo, "-q"]));
+    assert!(out.stdout == b);
+    // An existing file is not overwritten without -f.
+    let again = run(&[
+        "restore",
+        "a@1",
+        out_file.to_str().unwrap(),
+        "--repo",
+        repo,
+        "-q",
+    ]);
+    assert!(!again.status.success());
+    ok(run(&[
+        "restore",
+        "a@1",
+        out_file.to_str().unwrap(),
+        "--repo",
+        repo,
+        "-q",
+        "-f",
+    ]));
+
+    let ls = json(&ok(run(&["ls", "--repo", repo, "--json"])));
+    let snaps = ls["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 3);
+    assert_eq!(snaps[0]["name"], "a");
+    assert_eq!(snaps[0]["size"], a.len() as u64);
+    assert_eq!(snaps[1]["size"], b.len() as u64);
+    let stats = json(&ok(run(&["stats", "--repo", repo, "--json"])));
+    assert_eq!(stats["images"], 2);
+    assert_eq!(stats["snapshots"], 3);
+    assert_eq!(stats["index_heap_bytes_per_chunk"], 32.0);
+    let targets = stats["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2);
+    assert!(
+        targets.iter().all(|t| t["packs"].as_u64().unwrap() > 0),
+        "both targets get packs: {stats}"
+    );
+    let v = json(&ok(run(&[
+        "verify",
+        "--repo",
+        repo,
+        "--read-data",
+        "--json",
+    ])));
+    assert_eq!(v["ok"], true);
+
+    // rm + gc give space back and leave the rest restorable.
+    ok(run(&["rm", "other", "--repo", repo]));
+    ok(run(&["rm", "a@1", "--repo", repo]));
+    let gc = json(&ok(run(&["gc", "--repo", repo, "--json"])));
+    assert!(
+        gc["bytes_after"].as_u64().unwrap() < gc["bytes_before"].as_u64().unwrap(),
+        "{gc}"
+    );
+    assert!(
+        gc["chunks_after"].as_u64().unwrap() < gc["chunks_before"].as_u64().unwrap(),
+        "{gc}"
+    );
+    let v = json(&ok(run(&[
+        "verify",
+        "--repo",
+        repo,
+        "--read-data",
+        "--json",
+    ])));
+    assert_eq!(v["ok"], true, "{v}");
+    let out = ok(run(&["restore", "a@2", "-", "--repo", repo, "-q"]));
+    assert!(out.stdout == b);
+    let ls = json(&ok(run(&["ls", "--repo", repo, "--json"])));
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 1);
+    // A second gc finds nothing to do.
+    let gc = json(&ok(run(&["gc", "--repo", repo, "--json"])));
+    assert_eq!(gc["bytes_after"], gc["bytes_before"]);
+}
+
+#[test]
+fn repo_from_the_environment_and_fixed_chunks() {
+    let dir = tempdir();
+    let repo = dir.path().join("r");
+    ok(run(&["init", repo.to_str().unwrap()]));
+    let data = mixed(1_000_003, 9);
+    let out = cairn()
+        .env("CAIRN_REPO", &repo)
+        .args([
+            "backup",
+            "-",
+            "--name",
+            "x",
+            "--chunker",
+            "fixed:4K",
+            "-q",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(&data)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    let j = json(&ok(out));
+    assert_eq!(j["chunker"], "fixed:4096");
+    assert_eq!(
+        j["chunks"].as_u64().unwrap() + j["bytes_zero"].as_u64().unwrap() / 4096,
+        245
+    );
+    let out = ok(cairn()
+        .env("CAIRN_REPO", &repo)
+        .args(["restore", "x", "-", "-q"])
+        .output()
+        .unwrap());
+    assert!(out.stdout == data);
+}
