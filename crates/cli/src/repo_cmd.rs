@@ -63,6 +63,10 @@ pub(crate) struct BackupArgs {
     /// Worker threads hashing and compressing (default: number of cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
+    /// Compress new chunks together in groups of about this size (up to
+    /// 8M; 0: each chunk alone, for the fastest random reads).
+    #[arg(long, value_parser = parse_group, default_value = "2M")]
+    pub group: usize,
     /// Read the source with O_DIRECT (bypass the page cache).
     #[arg(long)]
     pub direct: bool,
@@ -172,6 +176,14 @@ pub(crate) struct StatsArgs {
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_group(s: &str) -> Result<usize, String> {
+    if s.trim() == "0" {
+        Ok(0)
+    } else {
+        crate::parse_size(s)
+    }
 }
 
 fn threads(t: Option<usize>) -> usize {
@@ -364,6 +376,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         codec,
         chunker,
         threads: threads(a.threads),
+        group_size: a.group,
         source: label,
         progress: Some(&progress),
     };

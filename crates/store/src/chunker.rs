@@ -45,8 +45,8 @@ pub const DEFAULT_CHUNKER: ChunkerSpec = ChunkerSpec::Cdc {
 };
 
 /// Largest chunk any chunker may produce (bounds every buffer that holds
-/// one chunk, and keeps lengths in a u32).
-pub const MAX_CHUNK: u32 = 16 << 20;
+/// one chunk; a chunk must fit in one pack record).
+pub const MAX_CHUNK: u32 = 8 << 20;
 
 impl ChunkerSpec {
     /// Check the parameters.

@@ -14,11 +14,12 @@
 //!    (a reader holds `read.lock`; the list waits for the next writer).
 
 use crate::error::{IoContext, Result, StoreError};
+use crate::id::ChunkId;
 use crate::index::{IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
-use crate::pack::{PackWriter, RecordHeader};
+use crate::pack::{PackWriter, Record};
 use crate::repo::{Garbage, Repository, Salvaged, WriterLock};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// How to collect.
 pub struct GcOptions<'a> {
@@ -158,32 +159,39 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         let info = index.packs()[n];
         let path = repo.pack_path(&info)?;
         let data = std::fs::read(&path).ctx(&path, "read")?;
+        // Live chunks by record: a record is copied once, whole, and
+        // keeps its dead chunks (they cost space until the record dies).
+        let mut by_record: BTreeMap<u32, Vec<Location>> = BTreeMap::new();
+        for (_, loc) in by_pack.get(&(n as u32)).map(|v| &v[..]).unwrap_or(&[]) {
+            by_record.entry(loc.offset).or_default().push(*loc);
+        }
         let mut records = Vec::new();
         let mut sound = true;
-        for (_, loc) in by_pack.get(&(n as u32)).map(|v| &v[..]).unwrap_or(&[]) {
-            let (s, e) = (loc.offset as usize, loc.offset as usize + loc.len as usize);
-            let ok = data.get(s..e).and_then(|rec| {
-                let h = RecordHeader::parse(rec).ok()?;
-                let crc = crc32c::crc32c_append(
-                    crc32c::crc32c(&rec[..48]),
-                    &rec[crate::pack::RECORD_HEADER_LEN..],
-                );
-                (crc == h.crc && h.record_len() == rec.len()).then_some((h.id, rec))
+        for (offset, locs) in &by_record {
+            let (s, e) = (*offset as usize, *offset as usize + locs[0].len as usize);
+            let parsed = data.get(s..e).and_then(|rec| {
+                Record::parse(rec)
+                    .ok()
+                    .filter(|r| r.len() == rec.len())
+                    .map(|r| (rec, r))
             });
-            match ok {
-                Some(r) => records.push(r),
-                None => {
-                    // A damaged live record: keep the pack as it is, so
-                    // that nothing is lost that is not already lost.
-                    sound = false;
-                    break;
-                }
-            }
+            let Some((rec, r)) = parsed else {
+                // A damaged live record: keep the pack as it is, so that
+                // nothing is lost that is not already lost.
+                sound = false;
+                break;
+            };
+            let ids: Vec<(ChunkId, u32)> = r
+                .chunks()
+                .filter(|(_, slice, _)| locs.iter().any(|l| l.slice == *slice))
+                .map(|(id, slice, _)| (id, slice))
+                .collect();
+            records.push((rec, ids));
         }
         if !sound {
             continue;
         }
-        for (id, rec) in records {
+        for (rec, ids) in records {
             let (w, _) = match &mut writer {
                 Some(w) => w,
                 None => {
@@ -193,14 +201,17 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
                 }
             };
             let at = w.append(rec)?;
-            moved.entries.push((
-                id,
-                Location {
-                    pack: moved.packs.len() as u32,
-                    offset: at as u32,
-                    len: rec.len() as u32,
-                },
-            ));
+            for (id, slice) in ids {
+                moved.entries.push((
+                    id,
+                    Location {
+                        pack: moved.packs.len() as u32,
+                        offset: at as u32,
+                        len: rec.len() as u32,
+                        slice,
+                    },
+                ));
+            }
             if w.len() >= repo.pack_size() {
                 if let Some(w) = writer.take() {
                     finish(w, &mut moved)?;

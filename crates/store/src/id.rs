@@ -9,12 +9,12 @@ pub struct ChunkId(pub [u8; 32]);
 
 /// How many leading bytes of a [`ChunkId`] the in-memory index keeps.
 ///
-/// 160 bits, as git's object names: among 2^40 chunks (16 PiB of 16 KiB
-/// chunks) the chance that two distinct chunks share a prefix is below
-/// 2^-80. Even then nothing is silently wrong: the full id is stored in
-/// every pack record and every manifest, and restore checks the BLAKE3 of
-/// what it decoded against the full id.
-pub const PREFIX_LEN: usize = 20;
+/// 152 bits: among 2^40 chunks (32 PiB of 32 KiB chunks) the chance that
+/// two distinct chunks share a prefix is below 2^-72. Even then nothing
+/// is silently wrong: the full id is stored in every pack record and every
+/// manifest, and restore checks the BLAKE3 of what it decoded against the
+/// full id.
+pub const PREFIX_LEN: usize = 19;
 
 impl ChunkId {
     /// Hash `data`.

@@ -8,7 +8,8 @@
 //! P × { pack id [16], target u16, pack length u64 }
 //! u64 E                     entries
 //! E × { chunk id [32], pack u32 (position in the table above),
-//!       record offset u32, record length u32 }
+//!       record offset u32, record length u32,
+//!       offset of the chunk in the record's decoded group u32 }
 //! ```
 //!
 //! Each backup writes one file for the packs it wrote; `gc` replaces them
@@ -16,12 +17,13 @@
 //! files; an id listed twice (a crash between gc's steps) is fine, both
 //! places hold the chunk.
 //!
-//! **In memory** ([`ChunkIndex`]) every chunk costs exactly 32 bytes: the
-//! first 20 bytes of its id, pack number, offset and length, in one
-//! sorted `Vec` searched by bisection. No hash table (its empty slots and
-//! per-entry overhead are what make restic need 56 bytes and borg ~100),
-//! no full ids (see [`PREFIX_LEN`](crate::id::PREFIX_LEN) for why 160 bits
-//! are enough). Chunks added by a running backup live in a small side set
+//! **In memory** ([`ChunkIndex`]) every chunk costs exactly 32 bytes, in
+//! one sorted `Vec` searched by bisection: the first 19 bytes of its id,
+//! then pack number (24 bits), record offset (32), record length (24) and
+//! offset in the group (24). No hash table (its empty slots and per-entry
+//! overhead are what make restic need 56 bytes and borg ~100), no full ids
+//! (see [`PREFIX_LEN`](crate::id::PREFIX_LEN) for why 152 bits are
+//! enough). Chunks added by a running backup live in a small side set
 //! until they are merged at commit.
 
 use crate::bytes::{Reader, Writer};
@@ -33,6 +35,8 @@ use std::path::Path;
 
 /// Version of the index body this build writes and reads.
 pub const INDEX_VERSION: u32 = 1;
+/// Bytes per entry in an index file.
+const ENTRY_LEN: usize = 48;
 /// Entries per index file at most (bounds the memory needed to load one).
 pub const MAX_ENTRIES_PER_FILE: usize = 1 << 20;
 
@@ -47,17 +51,24 @@ pub struct PackInfo {
     pub len: u64,
 }
 
-/// Where a record is: pack number (in the file's or the index's pack
-/// table), offset and length of the whole record.
+/// Where a chunk is: pack number (in the file's or the index's pack
+/// table), offset and length of the whole record holding it, and its
+/// offset in the record's decoded group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Location {
     /// Pack number.
     pub pack: u32,
     /// Offset of the record in the pack.
     pub offset: u32,
-    /// Length of the whole record (header and stored bytes).
+    /// Length of the whole record (header, chunk table, stored bytes).
     pub len: u32,
+    /// Offset of the chunk in the decoded group.
+    pub slice: u32,
 }
+
+/// Largest pack number, record length and group offset the in-memory
+/// index can hold (24 bits each).
+pub const MAX_24: u32 = (1 << 24) - 1;
 
 /// The contents of one index file.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -86,6 +97,7 @@ impl IndexFile {
             w.u32(loc.pack);
             w.u32(loc.offset);
             w.u32(loc.len);
+            w.u32(loc.slice);
         }
         meta::seal(Kind::Index, INDEX_VERSION, &w.buf)
     }
@@ -112,7 +124,7 @@ impl IndexFile {
             });
         }
         let ne = r.u64().map_err(at)?;
-        if ne != (r.remaining() / 44) as u64 || r.remaining() % 44 != 0 {
+        if ne != (r.remaining() / ENTRY_LEN) as u64 || r.remaining() % ENTRY_LEN != 0 {
             return Err(StoreError::corrupt(
                 path,
                 r.pos() as u64,
@@ -126,7 +138,18 @@ impl IndexFile {
                 pack: r.u32().map_err(at)?,
                 offset: r.u32().map_err(at)?,
                 len: r.u32().map_err(at)?,
+                slice: r.u32().map_err(at)?,
             };
+            if loc.len > MAX_24 || loc.slice > MAX_24 {
+                return Err(StoreError::corrupt(
+                    path,
+                    r.pos() as u64,
+                    format!(
+                        "entry with record length {} at group offset {}",
+                        loc.len, loc.slice
+                    ),
+                ));
+            }
             if loc.pack as usize >= packs.len() {
                 return Err(StoreError::corrupt(
                     path,
@@ -140,17 +163,38 @@ impl IndexFile {
     }
 }
 
-/// One in-memory entry: 32 bytes.
+/// One in-memory entry, 32 bytes: id prefix, then pack (24 bits), record
+/// offset (32), record length (24) and group offset (24), little-endian.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 struct Entry {
     prefix: [u8; PREFIX_LEN],
-    pack: u32,
-    offset: u32,
-    len: u32,
+    packed: [u8; 32 - PREFIX_LEN],
 }
 
 const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+
+impl Entry {
+    fn new(prefix: [u8; PREFIX_LEN], loc: Location) -> Entry {
+        let mut p = [0u8; 32 - PREFIX_LEN];
+        p[0..3].copy_from_slice(&loc.pack.to_le_bytes()[..3]);
+        p[3..7].copy_from_slice(&loc.offset.to_le_bytes());
+        p[7..10].copy_from_slice(&loc.len.to_le_bytes()[..3]);
+        p[10..13].copy_from_slice(&loc.slice.to_le_bytes()[..3]);
+        Entry { prefix, packed: p }
+    }
+
+    fn location(&self) -> Location {
+        let p = &self.packed;
+        let u24 = |o: usize| u32::from_le_bytes([p[o], p[o + 1], p[o + 2], 0]);
+        Location {
+            pack: u24(0),
+            offset: u32::from_le_bytes([p[3], p[4], p[5], p[6]]),
+            len: u24(7),
+            slice: u24(10),
+        }
+    }
+}
 
 /// The repository's chunk index in memory.
 #[derive(Debug, Default)]
@@ -161,29 +205,39 @@ pub struct ChunkIndex {
 }
 
 impl ChunkIndex {
-    /// Add the contents of an index file (call [`ChunkIndex::seal`] after the last).
-    pub fn add_file(&mut self, file: &IndexFile) {
-        let map: Vec<u32> = file.packs.iter().map(|p| self.add_pack(*p)).collect();
+    /// Add the contents of an index file (call [`ChunkIndex::seal`] after
+    /// the last). Fails only past 2^24 packs.
+    pub fn add_file(&mut self, file: &IndexFile) -> Result<()> {
+        let map: Vec<u32> = file
+            .packs
+            .iter()
+            .map(|p| self.add_pack(*p))
+            .collect::<Result<_>>()?;
         self.entries.reserve(file.entries.len());
         for (id, loc) in &file.entries {
-            self.entries.push(Entry {
-                prefix: id.prefix(),
+            let global = Location {
                 pack: map[loc.pack as usize],
-                offset: loc.offset,
-                len: loc.len,
-            });
+                ..*loc
+            };
+            self.entries.push(Entry::new(id.prefix(), global));
         }
+        Ok(())
     }
 
     /// Number a pack (the same id always gets the same number).
-    pub fn add_pack(&mut self, p: PackInfo) -> u32 {
+    pub fn add_pack(&mut self, p: PackInfo) -> Result<u32> {
         if let Some(&n) = self.pack_numbers.get(&p.id) {
-            return n;
+            return Ok(n);
         }
         let n = self.packs.len() as u32;
+        if n > MAX_24 {
+            return Err(StoreError::Invalid(format!(
+                "the repository has more than {MAX_24} packs; run gc, or use a larger --pack-size"
+            )));
+        }
         self.packs.push(p);
         self.pack_numbers.insert(p.id, n);
-        n
+        Ok(n)
     }
 
     /// Sort for lookups and drop duplicate ids; frees spare capacity so
@@ -200,14 +254,7 @@ impl ChunkIndex {
         self.entries
             .binary_search_by(|e| e.prefix.cmp(&p))
             .ok()
-            .map(|i| {
-                let e = &self.entries[i];
-                Location {
-                    pack: e.pack,
-                    offset: e.offset,
-                    len: e.len,
-                }
-            })
+            .map(|i| self.entries[i].location())
     }
 
     /// Position of chunk `id` in the sorted table (stable until the next
@@ -219,11 +266,7 @@ impl ChunkIndex {
 
     /// The location at a position.
     pub fn location_at(&self, i: usize) -> Option<Location> {
-        self.entries.get(i).map(|e| Location {
-            pack: e.pack,
-            offset: e.offset,
-            len: e.len,
-        })
+        self.entries.get(i).map(Entry::location)
     }
 
     /// Whether chunk `id` is stored.
@@ -263,16 +306,7 @@ impl ChunkIndex {
 
     /// Every (pack, offset, len) the index holds, with the id prefix.
     pub fn locations(&self) -> impl Iterator<Item = ([u8; PREFIX_LEN], Location)> + '_ {
-        self.entries.iter().map(|e| {
-            (
-                e.prefix,
-                Location {
-                    pack: e.pack,
-                    offset: e.offset,
-                    len: e.len,
-                },
-            )
-        })
+        self.entries.iter().map(|e| (e.prefix, e.location()))
     }
 }
 
@@ -322,7 +356,8 @@ mod tests {
                     Location {
                         pack: i % 2,
                         offset: 64 + i * 100,
-                        len: 100,
+                        len: 100 + i % 7,
+                        slice: i * 3 % 1000,
                     },
                 )
             })
@@ -346,14 +381,17 @@ mod tests {
     fn lookups_find_every_entry_and_nothing_else() {
         let f = sample(1000);
         let mut idx = ChunkIndex::default();
-        idx.add_file(&f);
-        idx.add_file(&f); // twice, as after an interrupted gc
+        idx.add_file(&f).unwrap();
+        idx.add_file(&f).unwrap(); // twice, as after an interrupted gc
         idx.seal();
         assert_eq!(idx.len(), 1000);
         assert_eq!(idx.entry_bytes(), 32 * 1000);
         for (id, loc) in &f.entries {
             let got = idx.get(id).unwrap();
-            assert_eq!((got.offset, got.len), (loc.offset, loc.len));
+            assert_eq!(
+                (got.offset, got.len, got.slice),
+                (loc.offset, loc.len, loc.slice)
+            );
             assert_eq!(
                 idx.pack(got.pack).unwrap().id,
                 f.packs[loc.pack as usize].id

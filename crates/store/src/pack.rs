@@ -9,20 +9,25 @@
 //! 44  16  reserved, zero
 //! 60  4   CRC-32C of bytes 0..60
 //!
-//! record (52-byte header, then the stored bytes)
-//! 0   4   magic "CCHK"
+//! record: a group of chunks compressed together
+//! 0   4   magic "CBLK"
 //! 4   1   codec (0 none, 1 lz4, 2 snappy, 3 lzo, 4 zstd, 5 deflate, 6 bzip2, 7 xz)
-//! 5   3   reserved, zero
-//! 8   4   raw length (u32 LE)
+//! 5   1   reserved, zero
+//! 6   2   chunk count n (u16 LE, at least 1)
+//! 8   4   raw length: the chunks' lengths added up (u32 LE, at most 8 MiB)
 //! 12  4   stored length (u32 LE)
-//! 16  32  chunk id: BLAKE3-256 of the raw bytes
-//! 48  4   CRC-32C of bytes 0..48 and the stored bytes
+//! 16  4   CRC-32C of bytes 0..16, the chunk table and the stored bytes
+//! 20  36n chunk table: n × { chunk id [32] (BLAKE3-256 of its bytes), length u32 }
+//! ..      stored bytes: the chunks, concatenated in table order, compressed
 //! ```
 //!
-//! A record is self-describing, so a pack can be read without any index:
-//! that is how packs left by an interrupted backup are salvaged, and how
-//! `verify --read-data` walks them. The CRC finds torn and flipped records
-//! cheaply; the BLAKE3 id proves the decoded bytes.
+//! Chunks are deduplicated one by one, but the new chunks of a backup are
+//! compressed in groups of about a MiB: a 32 KiB chunk alone compresses
+//! badly (no history to match against), a group nearly as well as the
+//! whole stream. A record is self-describing, so a pack can be read
+//! without any index: that is how packs left by an interrupted backup are
+//! salvaged, and how `verify --read-data` walks them. The CRC finds torn
+//! and flipped records cheaply; the BLAKE3 id proves each decoded chunk.
 
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
@@ -35,10 +40,8 @@ use std::path::{Path, PathBuf};
 pub const PACK_VERSION: u32 = 1;
 /// Bytes before the first record.
 pub const PACK_HEADER_LEN: usize = 64;
-/// Bytes of a record before its data.
-pub const RECORD_HEADER_LEN: usize = 52;
 const PACK_MAGIC: &[u8; 8] = b"CAIRNPAK";
-const RECORD_MAGIC: &[u8; 4] = b"CCHK";
+const RECORD_MAGIC: &[u8; 4] = b"CBLK";
 
 /// Codec number in a record.
 pub fn codec_code(kind: CodecKind) -> u8 {
@@ -101,84 +104,182 @@ pub fn check_pack_header(path: &Path, data: &[u8], repo: RepoId) -> Result<PackI
     Ok(PackId(id))
 }
 
-/// A record header.
+/// Largest sum of chunk lengths in one record.
+pub const MAX_GROUP_RAW: usize = 8 << 20;
+/// Bytes of a record before its chunk table.
+pub const RECORD_FIXED_LEN: usize = 20;
+/// Bytes per chunk-table entry.
+pub const TABLE_ENTRY_LEN: usize = 36;
+
+/// The fixed part of a record header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordHeader {
     /// Codec of the stored bytes.
     pub codec: CodecKind,
-    /// Length after decoding.
+    /// Chunks in the record (at least one).
+    pub count: u16,
+    /// Length of the decoded group (the chunks' lengths added up).
     pub raw_len: u32,
     /// Length of the stored bytes.
     pub stored_len: u32,
-    /// The chunk.
-    pub id: ChunkId,
-    /// CRC-32C of header bytes 0..48 and the stored bytes.
+    /// CRC-32C of bytes 0..16, the chunk table and the stored bytes.
     pub crc: u32,
 }
 
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(w)
+}
+
 impl RecordHeader {
-    /// Parse a record header; `Err(reason)` if it is not one.
+    /// Parse the fixed part; `Err(reason)` if it is not a record.
     pub fn parse(h: &[u8]) -> std::result::Result<RecordHeader, &'static str> {
-        if h.len() < RECORD_HEADER_LEN {
+        if h.len() < RECORD_FIXED_LEN {
             return Err("record header is truncated");
         }
         if &h[..4] != RECORD_MAGIC {
             return Err("bad record magic");
         }
         let codec = codec_of(h[4]).ok_or("unknown codec number")?;
-        let u32_at = |o: usize| {
-            let mut w = [0u8; 4];
-            w.copy_from_slice(&h[o..o + 4]);
-            u32::from_le_bytes(w)
-        };
-        let mut id = [0u8; 32];
-        id.copy_from_slice(&h[16..48]);
+        let count = u16::from_le_bytes([h[6], h[7]]);
+        if count == 0 {
+            return Err("record holds no chunk");
+        }
+        let raw_len = u32_at(h, 8);
+        if raw_len as usize > MAX_GROUP_RAW {
+            return Err("record's raw length is over the limit");
+        }
         Ok(RecordHeader {
             codec,
-            raw_len: u32_at(8),
-            stored_len: u32_at(12),
-            id: ChunkId(id),
-            crc: u32_at(48),
+            count,
+            raw_len,
+            stored_len: u32_at(h, 12),
+            crc: u32_at(h, 16),
         })
+    }
+
+    /// Header length: fixed part and chunk table.
+    pub fn header_len(&self) -> usize {
+        RECORD_FIXED_LEN + TABLE_ENTRY_LEN * usize::from(self.count)
     }
 
     /// Total record length.
     pub fn record_len(&self) -> usize {
-        RECORD_HEADER_LEN + self.stored_len as usize
+        self.header_len() + self.stored_len as usize
     }
 }
 
-/// Append a record for chunk `id` holding `raw` to `out`, compressed with
-/// `codec` unless that does not make it smaller (then stored as is).
+/// A whole record whose lengths, table and CRC have been checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    /// The fixed header.
+    pub header: RecordHeader,
+    table: &'a [u8],
+    /// The stored (compressed) bytes.
+    pub stored: &'a [u8],
+}
+
+impl<'a> Record<'a> {
+    /// Check the record at the start of `data` (which may go on past it).
+    pub fn parse(data: &'a [u8]) -> std::result::Result<Record<'a>, &'static str> {
+        let header = RecordHeader::parse(data)?;
+        let end = header.record_len();
+        if data.len() < end {
+            return Err("record runs past the end of the data");
+        }
+        let rec = &data[..end];
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&rec[..16]), &rec[RECORD_FIXED_LEN..]);
+        if crc != header.crc {
+            return Err("record checksum mismatch");
+        }
+        let table = &rec[RECORD_FIXED_LEN..header.header_len()];
+        let sum: u64 = table
+            .chunks_exact(TABLE_ENTRY_LEN)
+            .map(|e| u64::from(u32_at(e, 32)))
+            .sum();
+        if sum != u64::from(header.raw_len) {
+            return Err("chunk table does not add up to the raw length");
+        }
+        Ok(Record {
+            header,
+            table,
+            stored: &rec[header.header_len()..],
+        })
+    }
+
+    /// The record's bytes length.
+    pub fn len(&self) -> usize {
+        self.header.record_len()
+    }
+
+    /// Never empty: a record holds at least one chunk.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The chunks: id, offset in the decoded group, length.
+    pub fn chunks(&self) -> impl Iterator<Item = (ChunkId, u32, u32)> + 'a {
+        self.table
+            .chunks_exact(TABLE_ENTRY_LEN)
+            .scan(0u32, |off, e| {
+                let mut id = [0u8; 32];
+                id.copy_from_slice(&e[..32]);
+                let len = u32_at(e, 32);
+                let at = *off;
+                *off += len;
+                Some((ChunkId(id), at, len))
+            })
+    }
+}
+
+/// Append a record holding the chunks `table` (id and length, in order)
+/// whose bytes are `raw` (their concatenation), compressed with `codec`
+/// unless that does not make it smaller (then stored as is).
 pub fn encode_record(
     out: &mut Vec<u8>,
-    id: &ChunkId,
+    table: &[(ChunkId, u32)],
     raw: &[u8],
     codec: &mut dyn BlockCodec,
 ) -> Result<()> {
+    debug_assert_eq!(table.iter().map(|t| t.1 as usize).sum::<usize>(), raw.len());
+    if table.is_empty() || table.len() > usize::from(u16::MAX) || raw.len() > MAX_GROUP_RAW {
+        return Err(StoreError::Invalid(format!(
+            "a record holds 1 to 65535 chunks and at most {MAX_GROUP_RAW} bytes ({} chunks, {} bytes given)",
+            table.len(),
+            raw.len()
+        )));
+    }
     let start = out.len();
-    out.extend_from_slice(&[0u8; RECORD_HEADER_LEN]);
+    out.extend_from_slice(&[0u8; RECORD_FIXED_LEN]);
+    for (id, len) in table {
+        out.extend_from_slice(&id.0);
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+    let data_at = out.len();
     let mut kind = codec.kind();
     if kind != CodecKind::None {
         codec.compress(raw, out)?;
-        if out.len() - start - RECORD_HEADER_LEN >= raw.len() {
-            out.truncate(start + RECORD_HEADER_LEN);
+        if out.len() - data_at >= raw.len() {
+            out.truncate(data_at);
             kind = CodecKind::None;
         }
     }
     if kind == CodecKind::None {
         out.extend_from_slice(raw);
     }
-    let stored_len = (out.len() - start - RECORD_HEADER_LEN) as u32;
-    let h = &mut out[start..start + RECORD_HEADER_LEN];
+    let stored_len = (out.len() - data_at) as u32;
+    let h = &mut out[start..start + RECORD_FIXED_LEN];
     h[..4].copy_from_slice(RECORD_MAGIC);
     h[4] = codec_code(kind);
+    h[6..8].copy_from_slice(&(table.len() as u16).to_le_bytes());
     h[8..12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
     h[12..16].copy_from_slice(&stored_len.to_le_bytes());
-    h[16..48].copy_from_slice(&id.0);
-    let crc = crc32c::crc32c(&out[start..start + 48]);
-    let crc = crc32c::crc32c_append(crc, &out[start + RECORD_HEADER_LEN..]);
-    out[start + 48..start + 52].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c(&out[start..start + 16]),
+        &out[start + RECORD_FIXED_LEN..],
+    );
+    out[start + 16..start + 20].copy_from_slice(&crc.to_le_bytes());
     Ok(())
 }
 
@@ -203,88 +304,66 @@ impl Decoders {
 }
 
 /// Check and decode the record in `rec` (read from `path` at `offset`),
-/// appending the chunk's bytes to `out`. With `expect`, the record must
-/// hold that chunk. The decoded bytes are always hashed and compared with
-/// the id.
-pub fn decode_record(
+/// replacing the contents of `out` with the decoded group. Chunks are not
+/// hashed here: see [`check_chunk`].
+pub fn decode_record<'a>(
     path: &Path,
     offset: u64,
-    rec: &[u8],
-    expect: Option<&ChunkId>,
+    rec: &'a [u8],
     decoders: &mut Decoders,
     out: &mut Vec<u8>,
-) -> Result<RecordHeader> {
-    let corrupt = |why: String| StoreError::corrupt(path, offset, why);
-    let h = RecordHeader::parse(rec).map_err(|e| corrupt(e.to_string()))?;
-    let bad = |why: String| StoreError::BadChunk {
-        chunk: h.id,
-        path: path.to_path_buf(),
-        offset,
-        reason: why,
-    };
-    if let Some(want) = expect {
-        if *want != h.id {
-            return Err(corrupt(format!(
-                "record holds chunk {} instead of {want}",
-                h.id
-            )));
-        }
+) -> Result<Record<'a>> {
+    let r = Record::parse(rec).map_err(|why| StoreError::corrupt(path, offset, why))?;
+    if r.len() != rec.len() {
+        return Err(StoreError::corrupt(
+            path,
+            offset,
+            format!("record is {} bytes, the index says {}", r.len(), rec.len()),
+        ));
     }
-    if rec.len() != h.record_len() {
-        return Err(bad(format!(
-            "record is {} bytes, its header says {}",
-            rec.len(),
-            h.record_len()
-        )));
-    }
-    let crc = crc32c::crc32c(&rec[..48]);
-    let crc = crc32c::crc32c_append(crc, &rec[RECORD_HEADER_LEN..]);
-    if crc != h.crc {
-        return Err(bad("record checksum mismatch".into()));
-    }
-    if h.raw_len > crate::chunker::MAX_CHUNK {
-        return Err(bad(format!("raw length {} is over the limit", h.raw_len)));
-    }
-    let start = out.len();
-    let stored = &rec[RECORD_HEADER_LEN..];
+    out.clear();
+    let raw_len = r.header.raw_len as usize;
     decoders
-        .get(h.codec)
-        .decompress(stored, out, h.raw_len as usize)
-        .map_err(|e| bad(e.to_string()))?;
-    if out.len() - start != h.raw_len as usize {
-        return Err(bad("decoded length differs from the header".into()));
+        .get(r.header.codec)
+        .decompress(r.stored, out, raw_len)
+        .map_err(|e| StoreError::corrupt(path, offset, format!("record does not decode: {e}")))?;
+    if out.len() != raw_len {
+        return Err(StoreError::corrupt(
+            path,
+            offset,
+            "decoded length differs from the header",
+        ));
     }
-    if ChunkId::of(&out[start..]) != h.id {
-        return Err(bad("decoded bytes do not hash to the chunk id".into()));
+    Ok(r)
+}
+
+/// Check that `data` (decoded from the record at `offset` in `path`) is
+/// chunk `id`.
+pub fn check_chunk(path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Result<()> {
+    if ChunkId::of(data) == *id {
+        Ok(())
+    } else {
+        Err(StoreError::BadChunk {
+            chunk: *id,
+            path: path.to_path_buf(),
+            offset,
+            reason: "decoded bytes do not hash to the chunk id".into(),
+        })
     }
-    Ok(h)
 }
 
 /// Walk the records of a whole pack held in `data`: calls `each(offset,
-/// header, record bytes)` for every record whose header and length are
-/// sane, and returns the offset where the valid sequence ends (the file
-/// length for an intact pack). The CRC is checked here too, so a torn
-/// tail ends the walk.
-pub fn walk_records(
-    data: &[u8],
-    mut each: impl FnMut(u64, &RecordHeader, &[u8]) -> Result<()>,
-) -> Result<u64> {
+/// record)` for every record that parses and passes its CRC, and returns
+/// the offset where the valid sequence ends (the file length for an
+/// intact pack), so a torn tail ends the walk.
+pub fn walk_records(data: &[u8], mut each: impl FnMut(u64, &Record) -> Result<()>) -> Result<u64> {
     let mut pos = PACK_HEADER_LEN;
     while pos < data.len() {
-        let Ok(h) = RecordHeader::parse(&data[pos..]) else {
+        let Ok(r) = Record::parse(&data[pos..]) else {
             break;
         };
-        let end = pos + h.record_len();
-        if end > data.len() || h.raw_len > crate::chunker::MAX_CHUNK {
-            break;
-        }
-        let rec = &data[pos..end];
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&rec[..48]), &rec[RECORD_HEADER_LEN..]);
-        if crc != h.crc {
-            break;
-        }
-        each(pos as u64, &h, rec)?;
-        pos = end;
+        each(pos as u64, &r)?;
+        pos += r.len();
     }
     Ok(pos as u64)
 }
@@ -371,26 +450,47 @@ impl PackWriter {
 mod tests {
     use super::*;
 
+    fn group(n: usize, seed: u8) -> (Vec<(ChunkId, u32)>, Vec<u8>) {
+        let mut raw = Vec::new();
+        let mut table = Vec::new();
+        for i in 0..n {
+            let chunk: Vec<u8> = (0..5000 + i * 37)
+                .map(|j| (j % 251) as u8 ^ (j / 7) as u8 ^ seed ^ i as u8)
+                .collect();
+            table.push((ChunkId::of(&chunk), chunk.len() as u32));
+            raw.extend_from_slice(&chunk);
+        }
+        (table, raw)
+    }
+
     #[test]
     fn records_round_trip_with_every_codec() {
-        let raw: Vec<u8> = (0..50_000u32)
-            .map(|i| (i % 251) as u8 ^ (i / 7) as u8)
-            .collect();
-        let id = ChunkId::of(&raw);
+        let (table, raw) = group(5, 1);
         let mut dec = Decoders::default();
         for kind in CodecKind::ALL {
             let mut codec = CodecSpec::default_for(kind).build();
             let mut rec = Vec::new();
-            encode_record(&mut rec, &id, &raw, codec.as_mut()).unwrap();
+            encode_record(&mut rec, &table, &raw, codec.as_mut()).unwrap();
             let mut out = Vec::new();
-            let h = decode_record(Path::new("p"), 64, &rec, Some(&id), &mut dec, &mut out).unwrap();
+            let r = decode_record(Path::new("p"), 64, &rec, &mut dec, &mut out).unwrap();
             assert_eq!(out, raw, "{kind}");
-            assert_eq!(h.raw_len as usize, raw.len());
+            let chunks: Vec<_> = r.chunks().collect();
+            assert_eq!(chunks.len(), 5);
+            for ((id, at, len), (want, wlen)) in chunks.iter().zip(&table) {
+                assert_eq!((id, len), (want, wlen));
+                check_chunk(
+                    Path::new("p"),
+                    64,
+                    id,
+                    &out[*at as usize..(*at + *len) as usize],
+                )
+                .unwrap();
+            }
         }
     }
 
     #[test]
-    fn incompressible_chunks_are_stored_raw() {
+    fn incompressible_groups_are_stored_raw() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let raw: Vec<u8> = (0..4096)
             .map(|_| {
@@ -402,26 +502,25 @@ mod tests {
             .collect();
         let mut rec = Vec::new();
         let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
-        encode_record(&mut rec, &ChunkId::of(&raw), &raw, codec.as_mut()).unwrap();
+        encode_record(&mut rec, &[(ChunkId::of(&raw), 4096)], &raw, codec.as_mut()).unwrap();
         let h = RecordHeader::parse(&rec).unwrap();
         assert_eq!(h.codec, CodecKind::None);
-        assert_eq!(rec.len(), RECORD_HEADER_LEN + raw.len());
+        assert_eq!(rec.len(), RECORD_FIXED_LEN + TABLE_ENTRY_LEN + raw.len());
     }
 
     #[test]
     fn every_flipped_byte_is_detected() {
-        let raw = b"hello hello hello hello hello hello".repeat(20);
-        let id = ChunkId::of(&raw);
+        let (table, raw) = group(2, 3);
         let mut rec = Vec::new();
         let mut codec = CodecSpec::default_for(CodecKind::Lz4).build();
-        encode_record(&mut rec, &id, &raw, codec.as_mut()).unwrap();
+        encode_record(&mut rec, &table, &raw, codec.as_mut()).unwrap();
         let mut dec = Decoders::default();
         for i in 0..rec.len() {
             let mut bad = rec.clone();
             bad[i] ^= 1;
             let mut out = Vec::new();
             assert!(
-                decode_record(Path::new("p"), 0, &bad, Some(&id), &mut dec, &mut out).is_err(),
+                decode_record(Path::new("p"), 0, &bad, &mut dec, &mut out).is_err(),
                 "flip at {i}"
             );
         }
@@ -434,25 +533,40 @@ mod tests {
         let mut codec = CodecSpec::default_for(CodecKind::Lz4).build();
         let mut ends = Vec::new();
         for i in 0..5u8 {
-            let raw = vec![i; 1000 + usize::from(i)];
-            encode_record(&mut data, &ChunkId::of(&raw), &raw, codec.as_mut()).unwrap();
+            let (table, raw) = group(1 + usize::from(i), i);
+            encode_record(&mut data, &table, &raw, codec.as_mut()).unwrap();
             ends.push(data.len() as u64);
         }
         assert!(check_pack_header(Path::new("p"), &data, repo).is_ok());
         assert!(check_pack_header(Path::new("p"), &data, RepoId::random()).is_err());
         let mut n = 0;
         assert_eq!(
-            walk_records(&data, |_, _, _| {
-                n += 1;
+            walk_records(&data, |_, r| {
+                n += r.chunks().count();
                 Ok(())
             })
             .unwrap(),
             ends[4]
         );
-        assert_eq!(n, 5);
-        for cut in [ends[3] + 10, ends[4] - 1, ends[3] + 51] {
-            let end = walk_records(&data[..cut as usize], |_, _, _| Ok(())).unwrap();
+        assert_eq!(n, 1 + 2 + 3 + 4 + 5);
+        for cut in [ends[3] + 10, ends[4] - 1, ends[3] + 21] {
+            let end = walk_records(&data[..cut as usize], |_, _| Ok(())).unwrap();
             assert_eq!(end, ends[3], "cut {cut}");
         }
+    }
+
+    #[test]
+    fn bad_groups_are_refused() {
+        let mut codec = CodecSpec::default_for(CodecKind::None).build();
+        let mut out = Vec::new();
+        assert!(encode_record(&mut out, &[], &[], codec.as_mut()).is_err());
+        let big = vec![1u8; MAX_GROUP_RAW + 1];
+        assert!(encode_record(
+            &mut out,
+            &[(ChunkId::of(&big), big.len() as u32)],
+            &big,
+            codec.as_mut()
+        )
+        .is_err());
     }
 }

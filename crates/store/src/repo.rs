@@ -521,7 +521,7 @@ impl Repository {
                 }
             };
             match IndexFile::decode(&path, &data) {
-                Ok(f) => out.index.add_file(&f),
+                Ok(f) => out.index.add_file(&f)?,
                 Err(e) => out.damaged.push(e),
             }
         }
@@ -687,15 +687,18 @@ impl Repository {
             }
             let pack_no = found.packs.len() as u32;
             let mut entries = Vec::new();
-            let end = pack::walk_records(&data, |off, h, rec| {
-                entries.push((
-                    h.id,
-                    Location {
-                        pack: pack_no,
-                        offset: off as u32,
-                        len: rec.len() as u32,
-                    },
-                ));
+            let end = pack::walk_records(&data, |off, r| {
+                for (id, slice, _) in r.chunks() {
+                    entries.push((
+                        id,
+                        Location {
+                            pack: pack_no,
+                            offset: off as u32,
+                            len: r.len() as u32,
+                            slice,
+                        },
+                    ));
+                }
                 Ok(())
             })?;
             if entries.is_empty() {
@@ -723,7 +726,7 @@ impl Repository {
         }
         if report.packs > 0 {
             self.write_index(lock, &found)?;
-            index.add_file(&found);
+            index.add_file(&found)?;
             index.seal();
         }
         Ok(report)

@@ -11,7 +11,7 @@ use crate::error::{IoContext, Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
 use crate::manifest::{Extent, Manifest};
-use crate::pack::{decode_record, Decoders};
+use crate::pack::{check_chunk, decode_record, Decoders};
 use crate::repo::Repository;
 use cairn_pipeline::{Config, Fill, Slot};
 use std::collections::HashMap;
@@ -156,12 +156,16 @@ struct Out {
     damaged: Vec<Damaged>,
 }
 
-/// Reads and checks chunks: one per worker, with its buffers.
+/// Reads and checks chunks: one per worker, with its buffers and the last
+/// record it decoded (the chunks of a group are usually read one after
+/// the other, so each group is decoded once).
 pub(crate) struct Fetcher<'a> {
     files: &'a PackFiles<'a>,
     index: &'a ChunkIndex,
     rec: Vec<u8>,
     dec: Decoders,
+    group: Vec<u8>,
+    cached: Option<(u32, u32, PathBuf)>,
 }
 
 impl<'a> Fetcher<'a> {
@@ -171,37 +175,52 @@ impl<'a> Fetcher<'a> {
             index,
             rec: Vec::new(),
             dec: Decoders::default(),
+            group: Vec::new(),
+            cached: None,
         }
     }
 
     /// Append chunk `id` (`len` bytes, at image `offset`) to `out`;
-    /// returns the bytes read from its pack.
+    /// returns the bytes read from its pack (0 when its group was decoded
+    /// already).
     pub fn fetch(&mut self, id: &ChunkId, len: u32, offset: u64, out: &mut Vec<u8>) -> Result<u64> {
         let loc = self
             .index
             .get(id)
             .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
-        let path = self.files.read(loc, &mut self.rec)?;
-        let start = out.len();
-        let h = decode_record(
-            &path,
-            u64::from(loc.offset),
-            &self.rec,
-            Some(id),
-            &mut self.dec,
-            out,
-        )
-        .inspect_err(|_| out.truncate(start))?;
-        if h.raw_len != len {
-            out.truncate(start);
+        let mut read = 0;
+        let path = match &self.cached {
+            Some((p, o, path)) if (*p, *o) == (loc.pack, loc.offset) => path.clone(),
+            _ => {
+                self.cached = None;
+                let path = self.files.read(loc, &mut self.rec)?;
+                decode_record(
+                    &path,
+                    u64::from(loc.offset),
+                    &self.rec,
+                    &mut self.dec,
+                    &mut self.group,
+                )?;
+                self.cached = Some((loc.pack, loc.offset, path.clone()));
+                read = u64::from(loc.len);
+                path
+            }
+        };
+        let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
+        let Some(data) = self.group.get(s..e) else {
             return Err(StoreError::BadChunk {
                 chunk: *id,
                 path,
                 offset: u64::from(loc.offset),
-                reason: format!("holds {} bytes, the manifest says {len}", h.raw_len),
+                reason: format!(
+                    "{len} bytes at {s} run past the end of a {}-byte group",
+                    self.group.len()
+                ),
             });
-        }
-        Ok(u64::from(loc.len))
+        };
+        check_chunk(&path, u64::from(loc.offset), id, data)?;
+        out.extend_from_slice(data);
+        Ok(read)
     }
 }
 

@@ -19,6 +19,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+/// A decoded record's chunk table, or why it could not be decoded.
+type Decoded = std::result::Result<Vec<(ChunkId, u32, u32)>, String>;
+
 /// How to verify.
 pub struct VerifyOptions<'a> {
     /// Read and check every stored chunk.
@@ -151,7 +154,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             for _ in 0..opts.threads.max(1) {
                 s.spawn(|| {
                     let mut dec = Decoders::default();
-                    let mut out = Vec::new();
+                    let mut group = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some((n, path, len)) = readable.get(i) else {
@@ -167,36 +170,58 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             }
                         };
                         let header_err = pack::check_pack_header(path, &data, repo.id()).err();
-                        for (prefix, loc) in &by_pack[*n] {
-                            let start = loc.offset as usize;
-                            let end = start + loc.len as usize;
-                            let verdict = if let Some(e) = &header_err {
-                                Err((ChunkId([0; 32]), e.to_string()))
-                            } else if end > data.len() {
-                                Err((
-                                    ChunkId([0; 32]),
-                                    "record runs past the end of the pack".to_string(),
-                                ))
-                            } else {
-                                out.clear();
-                                match decode_record(
-                                    path,
-                                    u64::from(loc.offset),
-                                    &data[start..end],
-                                    None,
-                                    &mut dec,
-                                    &mut out,
-                                ) {
-                                    Ok(h) if h.id.prefix() == *prefix => Ok(()),
-                                    Ok(h) => Err((
-                                        h.id,
+                        // Entries sorted by record, so each record is decoded once.
+                        let mut entries = by_pack[*n].clone();
+                        entries.sort_unstable_by_key(|(_, l)| (l.offset, l.slice));
+                        let mut last: Option<(u32, Decoded)> = None;
+                        for (prefix, loc) in &entries {
+                            if last.as_ref().map(|(o, _)| *o) != Some(loc.offset) {
+                                let start = loc.offset as usize;
+                                let end = start + loc.len as usize;
+                                let decoded = if let Some(e) = &header_err {
+                                    Err(e.to_string())
+                                } else if end > data.len() {
+                                    Err("record runs past the end of the pack".to_string())
+                                } else {
+                                    decode_record(
+                                        path,
+                                        u64::from(loc.offset),
+                                        &data[start..end],
+                                        &mut dec,
+                                        &mut group,
+                                    )
+                                    .map(|r| r.chunks().collect())
+                                    .map_err(|e| e.to_string())
+                                };
+                                last = Some((loc.offset, decoded));
+                            }
+                            let verdict = match last.as_ref().map(|(_, d)| d) {
+                                Some(Ok(table)) => match table
+                                    .iter()
+                                    .find(|(_, at, _)| *at == loc.slice)
+                                {
+                                    Some((id, at, n)) if id.prefix() == *prefix => {
+                                        let chunk = &group[*at as usize..(*at + *n) as usize];
+                                        pack::check_chunk(path, u64::from(loc.offset), id, chunk)
+                                            .map_err(|e| (*id, e.to_string()))
+                                    }
+                                    Some((id, _, _)) => Err((
+                                        *id,
                                         format!(
-                                            "record at offset {} holds another chunk",
+                                            "record at offset {} holds another chunk there",
                                             loc.offset
                                         ),
                                     )),
-                                    Err(e) => Err((ChunkId([0; 32]), e.to_string())),
-                                }
+                                    None => Err((
+                                        ChunkId([0; 32]),
+                                        format!(
+                                            "record at offset {} has no chunk at {}",
+                                            loc.offset, loc.slice
+                                        ),
+                                    )),
+                                },
+                                Some(Err(why)) => Err((ChunkId([0; 32]), why.clone())),
+                                None => Ok(()),
                             };
                             if let Err((id, why)) = verdict {
                                 if let Ok(mut v) = found.lock() {

@@ -67,6 +67,11 @@ fn store(
         codec: codec.parse::<CodecSpec>().unwrap(),
         chunker,
         threads,
+        group_size: if threads == 2 {
+            0
+        } else {
+            cairn_store::backup::DEFAULT_GROUP_SIZE
+        },
         source: "test".into(),
         progress: None,
     };

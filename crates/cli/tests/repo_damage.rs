@@ -1,0 +1,1347 @@
+//! A damaged repository, a full disk, bad arguments and files of a newer
+//! format version, with the real binary.
+//!
+//! Every kind of damage is made on a fresh copy of one small repository
+//! (three snapshots of two images; `alpha@2` shares most chunks with
+//! `alpha@1` at shifted offsets, `beta` shares none): a flipped byte in a
+//! record's data, in each field of a record header, in the pack header, in
+//! an index file and in a manifest; a truncated pack, a deleted pack and a
+//! deleted index file. For each, `verify --read-data --json` must name the
+//! kind and exactly the image, snapshot and offset of every place the
+//! damage shows, and no other; `restore` of a damaged snapshot must fail
+//! with one line naming the offset and the file or chunk, and leave no
+//! output file; `restore --zero-damaged` must write the image with zeros
+//! exactly in the damaged ranges, list them, and exit non-zero; every other
+//! snapshot must restore byte for byte. Where is chunk X, which images use
+//! it at which offsets: read from the intact copy with `cairn_store`.
+//!
+//! The full-disk tests mount a small tmpfs (root needed; under `CI=true` a
+//! failing mount fails the test, elsewhere it is skipped with a message).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use cairn_store::index::IndexFile;
+use cairn_store::manifest::Extent;
+use cairn_store::{ChunkId, Repository};
+use common::*;
+use serde_json::Value;
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Small chunks, so that the images have many and zero runs become holes.
+const CHUNKER: &str = "cdc:2K,8K,32K";
+
+// ---------------------------------------------------------------- data
+
+/// Deterministic image data: random bytes, text-like runs of words drawn
+/// at random (so no two images share chunks by accident), and zero runs
+/// long enough to become holes.
+fn image(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    const WORDS: [&[u8]; 12] = [
+        b"cairn ", b"stores ", b"images ", b"kernel ", b"page ", b"block ", b"\n", b"0000 ",
+        b"snapshot ", b"of ", b"the ", b"disk ",
+    ];
+    let mut v = Vec::with_capacity(len + 200_000);
+    while v.len() < len {
+        let r = next();
+        match r % 10 {
+            0 => v.resize(v.len() + 40_000 + (r >> 8) as usize % 80_000, 0),
+            1..=3 => {
+                for _ in 0..1 + (r >> 8) as usize % 20_000 {
+                    v.push((next() >> 24) as u8);
+                }
+            }
+            _ => {
+                for _ in 0..(r >> 8) as usize % 3_000 {
+                    v.extend_from_slice(WORDS[(next() % 12) as usize]);
+                }
+            }
+        }
+    }
+    v.truncate(len);
+    v
+}
+
+/// One snapshot and its bytes.
+struct Snap {
+    name: &'static str,
+    snap: u64,
+    data: Vec<u8>,
+}
+
+impl Snap {
+    fn spec(&self) -> String {
+        format!("{}@{}", self.name, self.snap)
+    }
+}
+
+/// The intact repository every damage test copies.
+struct Base {
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+    snaps: Vec<Snap>,
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn base() -> Base {
+    let dir = tempdir();
+    let repo = dir.path().join("repo");
+    ok(&cairn().args(["init", s(&repo)]).output().unwrap());
+    let a1 = image(800_000, 1);
+    // alpha@2: bytes inserted near the start (later chunks shift and
+    // dedup) and a run overwritten further on.
+    let mut a2 = a1.clone();
+    a2.splice(100_000..100_000, image(5_000, 3));
+    a2[500_000..502_000].copy_from_slice(&image(2_000, 4));
+    let b1 = image(600_000, 2);
+    let snaps = vec![
+        Snap {
+            name: "alpha",
+            snap: 1,
+            data: a1,
+        },
+        Snap {
+            name: "alpha",
+            snap: 2,
+            data: a2,
+        },
+        Snap {
+            name: "beta",
+            snap: 1,
+            data: b1,
+        },
+    ];
+    for (sn, codec) in snaps.iter().zip(["zstd:3", "lz4", "zstd:1"]) {
+        let out = cairn_pipe(
+            &[
+                "backup",
+                "-",
+                "--repo",
+                s(&repo),
+                "--name",
+                sn.name,
+                "--chunker",
+                CHUNKER,
+                "-c",
+                codec,
+                "-q",
+                "--json",
+            ],
+            &sn.data,
+        );
+        let j = json(&ok(&out));
+        assert_eq!(j["snapshot"], sn.snap);
+        assert!(j["bytes_zero"].as_u64().unwrap() > 0, "no hole: {j}");
+    }
+    Base {
+        _dir: dir,
+        repo,
+        snaps,
+    }
+}
+
+/// A copy of the base repository in a fresh directory.
+fn copy(base: &Base) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempdir();
+    let repo = dir.path().join("repo");
+    copy_tree(&base.repo, &repo);
+    (dir, repo)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            fs::copy(e.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// Every file under `dir` with its contents (to prove nothing changed).
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut v = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n != "lock") {
+                // `lock` records the last writer: a refused writer may
+                // rewrite it, and it holds no data.
+                v.push((p.clone(), fs::read(&p).unwrap()));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut d = fs::read(path).unwrap();
+    d[at as usize] ^= 0x55;
+    fs::write(path, d).unwrap();
+}
+
+// ---------------------------------------------------------------- running
+
+fn ok(out: &Output) -> &Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    out
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn run(args: &[&str]) -> Output {
+    cairn().args(args).output().unwrap()
+}
+
+/// A clean failure: exit 1, no panic, every stderr line starts with
+/// `cairn: `, and exactly one of them, the last, is not a warning or a
+/// report of damaged ranges. Returns that line.
+fn failure(out: &Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(!lines.is_empty(), "{what}: nothing on stderr");
+    assert!(
+        lines.iter().all(|l| l.starts_with("cairn: ")),
+        "{what}: {err}"
+    );
+    let errors: Vec<&&str> = lines
+        .iter()
+        .filter(|l| !l.starts_with("cairn: warning: ") && !l.starts_with("cairn: damaged: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "{what}: {err}");
+    assert_eq!(Some(*errors[0]), lines.last().copied(), "{what}: {err}");
+    (*errors[0]).to_string()
+}
+
+/// A clean failure with exactly one line on stderr; returns it.
+fn one_line_failure(out: &Output, what: &str) -> String {
+    let line = failure(out, what);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{what}: {err}");
+    line
+}
+
+// ---------------------------------------------------------------- layout
+
+/// A place in an image where a chunk is used.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Place {
+    image: String,
+    snap: u64,
+    offset: u64,
+    len: u64,
+}
+
+/// Where a chunk's record is.
+#[derive(Debug, Clone)]
+struct Record {
+    pack: PathBuf,
+    offset: u64,
+    len: u64,
+}
+
+/// What the intact repository holds, read through the library.
+struct Layout {
+    /// Every chunk with the places that use it.
+    places: HashMap<ChunkId, Vec<Place>>,
+    records: HashMap<ChunkId, Record>,
+    /// The index file that names each pack.
+    index_of: HashMap<PathBuf, PathBuf>,
+}
+
+fn layout(root: &Path) -> Layout {
+    let repo = Repository::open(root).unwrap();
+    let loaded = repo.load_index().unwrap();
+    assert!(loaded.damaged.is_empty());
+    let mut places: HashMap<ChunkId, Vec<Place>> = HashMap::new();
+    let mut records = HashMap::new();
+    for (name, snaps) in repo.images().unwrap() {
+        for snap in snaps {
+            let m = repo.read_manifest(&name, snap).unwrap();
+            for (offset, e) in m.with_offsets() {
+                let Extent::Data { len, id } = *e else {
+                    continue;
+                };
+                places.entry(id).or_default().push(Place {
+                    image: name.clone(),
+                    snap,
+                    offset,
+                    len: u64::from(len),
+                });
+                let loc = loaded.index.get(&id).unwrap();
+                let pack = repo
+                    .pack_path(loaded.index.pack(loc.pack).unwrap())
+                    .unwrap();
+                records.insert(
+                    id,
+                    Record {
+                        pack,
+                        offset: u64::from(loc.offset),
+                        len: u64::from(loc.len),
+                    },
+                );
+            }
+        }
+    }
+    let mut index_of = HashMap::new();
+    for path in repo.index_files().unwrap() {
+        let f = IndexFile::decode(&path, &fs::read(&path).unwrap()).unwrap();
+        for p in &f.packs {
+            index_of.insert(repo.pack_path(p).unwrap(), path.clone());
+        }
+    }
+    Layout {
+        places,
+        records,
+        index_of,
+    }
+}
+
+impl Layout {
+    /// The chunk to damage: used by alpha@1 (past the insertion, so at
+    /// another offset in alpha@2) and alpha@2, not by beta, stored in more
+    /// than a few bytes.
+    fn shared_chunk(&self) -> ChunkId {
+        let mut ids: Vec<_> = self
+            .places
+            .iter()
+            .filter(|(id, places)| {
+                let in_snap = |n: &str, s: u64| places.iter().any(|p| p.image == n && p.snap == s);
+                in_snap("alpha", 1)
+                    && in_snap("alpha", 2)
+                    && !in_snap("beta", 1)
+                    && places.iter().all(|p| p.image != "alpha" || p.offset > 200_000)
+                    && self.records[*id].len > 200
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort();
+        *ids.first().expect("alpha@1 and alpha@2 share a chunk")
+    }
+
+    /// Places of all `chunks`.
+    fn places_of<'a>(&self, chunks: impl IntoIterator<Item = &'a ChunkId>) -> BTreeSet<Place> {
+        chunks
+            .into_iter()
+            .flat_map(|id| self.places[id].iter().cloned())
+            .collect()
+    }
+
+    /// Chunks whose record lies (partly) at or after `cut` in `pack`.
+    fn chunks_in(&self, pack: &Path, cut: u64) -> Vec<ChunkId> {
+        self.records
+            .iter()
+            .filter(|(_, r)| r.pack == pack && r.offset + r.len > cut)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------- checks
+
+/// What a kind of damage must look like.
+struct Expect<'a> {
+    what: &'a str,
+    /// Problem kinds `verify --read-data` must report.
+    kinds: &'a [&'a str],
+    /// Text some problem's message must hold (the damaged file).
+    file: String,
+    /// Every place in an image that the damage makes unreadable.
+    places: BTreeSet<Place>,
+    /// Whether `verify` without `--read-data` sees it.
+    plain_verify_sees_it: bool,
+    /// Text the error of a failed restore must hold, besides the offset.
+    restore_names: String,
+}
+
+/// (image, snapshot, offset) of every place the chunk problems name.
+fn affected(v: &Value) -> BTreeSet<(String, u64, u64)> {
+    v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == "damaged-chunk" || p["kind"] == "missing-chunk")
+        .flat_map(|p| p["affected"].as_array().unwrap().iter())
+        .map(|a| {
+            (
+                a["image"].as_str().unwrap().to_string(),
+                a["snapshot"].as_u64().unwrap(),
+                a["offset"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn verify(repo: &Path, read_data: bool) -> (Output, Value) {
+    let mut args = vec!["verify", "--repo", s(repo), "--json", "-q"];
+    if read_data {
+        args.push("--read-data");
+    }
+    let out = run(&args);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    let v = json(&out);
+    (out, v)
+}
+
+fn assert_sound(repo: &Path, what: &str) {
+    let (out, v) = verify(repo, true);
+    assert!(out.status.success(), "{what}: {v}");
+    assert_eq!(v["ok"], true, "{what}: {v}");
+}
+
+/// Restore `spec` to a file in a fresh directory; returns the output and
+/// the directory with the file's path.
+fn restore(repo: &Path, spec: &str, extra: &[&str]) -> (Output, tempfile::TempDir, PathBuf) {
+    let dir = tempdir();
+    let dest = dir.path().join("out.img");
+    let mut args = vec!["restore", spec, s(&dest), "--repo", s(repo), "-q"];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    (out, dir, dest)
+}
+
+fn check_damage(base: &Base, repo: &Path, e: &Expect) {
+    let what = e.what;
+    let wanted: BTreeSet<(String, u64, u64)> = e
+        .places
+        .iter()
+        .map(|p| (p.image.clone(), p.snap, p.offset))
+        .collect();
+    assert!(!wanted.is_empty(), "{what}: the damage should matter");
+
+    // verify --read-data: the kind, the file, exactly the places.
+    let (out, v) = verify(repo, true);
+    assert_eq!(out.status.code(), Some(1), "{what}: {v}");
+    assert_eq!(v["ok"], false, "{what}: {v}");
+    let problems = v["problems"].as_array().unwrap();
+    for kind in e.kinds {
+        assert!(
+            problems.iter().any(|p| p["kind"] == *kind),
+            "{what}: no {kind} problem in {v}"
+        );
+    }
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["message"].as_str().unwrap().contains(&e.file)),
+        "{what}: no problem names {} in {v}",
+        e.file
+    );
+    assert_eq!(affected(&v), wanted, "{what}: affected places, {v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{what}: {err}");
+    assert!(err.starts_with("cairn: verify found"), "{what}: {err}");
+
+    // verify without reading packs.
+    let (out, plain) = verify(repo, false);
+    if e.plain_verify_sees_it {
+        assert_eq!(out.status.code(), Some(1), "{what}: {plain}");
+        assert_eq!(affected(&plain), wanted, "{what}: plain verify, {plain}");
+    } else {
+        // It reads no pack data, so it cannot see this: it says ok.
+        assert!(out.status.success(), "{what}: {plain}");
+        assert_eq!(plain["ok"], true, "{what}: {plain}");
+    }
+
+    for sn in &base.snaps {
+        let spec = sn.spec();
+        let here: Vec<&Place> = e
+            .places
+            .iter()
+            .filter(|p| p.image == sn.name && p.snap == sn.snap)
+            .collect();
+        if here.is_empty() {
+            // Untouched snapshots restore byte for byte.
+            let (out, _d, dest) = restore(repo, &spec, &[]);
+            ok(&out);
+            assert!(fs::read(&dest).unwrap() == sn.data, "{what}: {spec} differs");
+            continue;
+        }
+        // Restore fails: one line naming an offset of the damage and the
+        // file or chunk; nothing left at the destination.
+        let (out, dir, _) = restore(repo, &spec, &[]);
+        let line = failure(&out, &format!("{what}: restore {spec}"));
+        assert!(
+            here.iter()
+                .any(|p| line.contains(&format!("image offset {}:", p.offset))
+                    || line.contains(&format!("image offset {})", p.offset))),
+            "{what}: restore {spec} names no damaged offset: {line}"
+        );
+        assert!(
+            line.contains(&e.restore_names),
+            "{what}: restore {spec} does not name {}: {line}",
+            e.restore_names
+        );
+        assert!(
+            listing(dir.path()).is_empty(),
+            "{what}: restore {spec} left {:?}",
+            listing(dir.path())
+        );
+
+        // --zero-damaged: zeros exactly in the damaged ranges, listed,
+        // non-zero exit; every other byte as it was.
+        let (out, _dir, dest) = restore(repo, &spec, &["--zero-damaged", "--json"]);
+        let line = failure(&out, &format!("{what}: restore --zero-damaged {spec}"));
+        assert!(line.contains("written as zeros"), "{what}: {line}");
+        let j = json(&out);
+        let listed: BTreeSet<(u64, u64)> = j["damaged"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["offset"].as_u64().unwrap(), d["length"].as_u64().unwrap()))
+            .collect();
+        let expect: BTreeSet<(u64, u64)> = here.iter().map(|p| (p.offset, p.len)).collect();
+        assert_eq!(listed, expect, "{what}: {spec} damaged ranges, {j}");
+        let got = fs::read(&dest).unwrap();
+        assert_eq!(got.len(), sn.data.len(), "{what}: {spec}");
+        let mut want = sn.data.clone();
+        for p in &here {
+            want[p.offset as usize..(p.offset + p.len) as usize].fill(0);
+        }
+        assert!(got == want, "{what}: {spec} --zero-damaged bytes");
+    }
+}
+
+// ---------------------------------------------------------------- damage
+
+#[test]
+fn flipped_byte_in_chunk_data() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = lay.shared_chunk();
+    let rec = &lay.records[&id];
+    // The middle of the stored bytes (after the 52-byte record header).
+    flip(&rec.pack, rec.offset + 52 + (rec.len - 52) / 2);
+    let places = lay.places_of([&id]);
+    assert!(places.iter().any(|p| p.snap == 2), "shared by alpha@2");
+    let pack_name = rec.pack.file_name().unwrap().to_str().unwrap().to_string();
+    check_damage(
+        &base,
+        &repo,
+        &Expect {
+            what: "flipped data byte",
+            kinds: &["damaged-chunk"],
+            file: pack_name.clone(),
+            places,
+            plain_verify_sees_it: false,
+            restore_names: id.to_string(),
+        },
+    );
+    // The problem names the chunk.
+    let (_, v) = verify(&repo, true);
+    assert!(
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["chunk"] == id.to_string()),
+        "{v}"
+    );
+}
+
+#[test]
+fn flipped_byte_in_each_record_header_field() {
+    let base = base();
+    // magic, codec, raw length, stored length, chunk id, CRC.
+    for (field, at) in [
+        ("magic", 1),
+        ("codec", 4),
+        ("raw length", 9),
+        ("stored length", 12),
+        ("chunk id", 30),
+        ("crc", 49),
+    ] {
+        let (_d, repo) = copy(&base);
+        let lay = layout(&repo);
+        let id = lay.shared_chunk();
+        let rec = &lay.records[&id];
+        flip(&rec.pack, rec.offset + at);
+        let pack_name = rec.pack.file_name().unwrap().to_str().unwrap().to_string();
+        check_damage(
+            &base,
+            &repo,
+            &Expect {
+                what: &format!("flipped record header byte ({field})"),
+                kinds: &["damaged-chunk"],
+                file: pack_name.clone(),
+                places: lay.places_of([&id]),
+                plain_verify_sees_it: false,
+                restore_names: pack_name,
+            },
+        );
+    }
+}
+
+#[test]
+fn flipped_byte_in_pack_header() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = lay.shared_chunk();
+    let pack = lay.records[&id].pack.clone();
+    flip(&pack, 30); // the pack id
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let name = pack.file_name().unwrap().to_str().unwrap();
+    assert!(v.to_string().contains(name), "{v}");
+    assert!(v.to_string().contains("pack header"), "{v}");
+    // Verify names every place whose chunk lives in that pack.
+    let wanted: BTreeSet<_> = lay
+        .places_of(&lay.chunks_in(&pack, 0))
+        .into_iter()
+        .map(|p| (p.image, p.snap, p.offset))
+        .collect();
+    assert_eq!(affected(&v), wanted, "{v}");
+    // Restore reads records, which are intact: it either restores them
+    // (each is checked against its id) or fails cleanly.
+    for sn in &base.snaps {
+        let (out, dir, dest) = restore(&repo, &sn.spec(), &[]);
+        if out.status.success() {
+            assert!(fs::read(&dest).unwrap() == sn.data, "{}", sn.spec());
+        } else {
+            failure(&out, "restore with a damaged pack header");
+            assert!(listing(dir.path()).is_empty());
+        }
+    }
+}
+
+#[test]
+fn flipped_byte_in_index_file() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = lay.shared_chunk();
+    let pack = lay.records[&id].pack.clone();
+    let idx = lay.index_of[&pack].clone();
+    let len = fs::metadata(&idx).unwrap().len();
+    flip(&idx, len / 2);
+    // Every chunk that index file lists counts as missing.
+    let lost = lay.chunks_in(&pack, 0);
+    let idx_name = idx.file_name().unwrap().to_str().unwrap().to_string();
+    check_damage(
+        &base,
+        &repo,
+        &Expect {
+            what: "flipped index byte",
+            kinds: &["index", "missing-chunk"],
+            file: idx_name,
+            places: lay.places_of(&lost),
+            plain_verify_sees_it: true,
+            restore_names: "is missing from the repository".into(),
+        },
+    );
+    // Restore says why the chunk is missing: the damaged index file.
+    let (out, _dir, _) = restore(&repo, "alpha@1", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("checksum mismatch"), "{err}");
+    // gc must not run on a partial index (it would lose chunks).
+    let before = tree(&repo);
+    let out = run(&["gc", "--repo", s(&repo)]);
+    let line = one_line_failure(&out, "gc with a damaged index file");
+    assert!(line.contains("gc refuses"), "{line}");
+    assert!(tree(&repo) == before, "a refused gc changed the repository");
+}
+
+#[test]
+fn flipped_byte_in_manifest() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let m = repo.join("snapshots/alpha/0000000002.snap");
+    let original = fs::read(&m).unwrap();
+    flip(&m, original.len() as u64 / 2);
+    for read_data in [true, false] {
+        let (out, v) = verify(&repo, read_data);
+        assert_eq!(out.status.code(), Some(1), "{v}");
+        let problems = v["problems"].as_array().unwrap();
+        assert_eq!(problems.len(), 1, "{v}");
+        let p = &problems[0];
+        assert_eq!(p["kind"], "manifest", "{v}");
+        let msg = p["message"].as_str().unwrap();
+        assert!(msg.contains("alpha@2") && msg.contains("0000000002.snap"), "{v}");
+        assert!(msg.contains("checksum mismatch"), "{v}");
+        assert_eq!(
+            p["affected"],
+            serde_json::json!([{"image": "alpha", "snapshot": 2, "offset": 0}]),
+            "{v}"
+        );
+    }
+    // The damaged snapshot cannot be restored, with or without
+    // --zero-damaged, and leaves nothing behind; the others can.
+    for extra in [&[][..], &["--zero-damaged"][..]] {
+        for spec in ["alpha@2", "alpha"] {
+            let (out, dir, _) = restore(&repo, spec, extra);
+            let line = one_line_failure(&out, "restore of a damaged manifest");
+            assert!(line.contains("0000000002.snap"), "{line}");
+            assert!(line.contains("checksum mismatch"), "{line}");
+            assert!(listing(dir.path()).is_empty());
+        }
+    }
+    for sn in base.snaps.iter().filter(|sn| sn.spec() != "alpha@2") {
+        let (out, _dir, dest) = restore(&repo, &sn.spec(), &[]);
+        ok(&out);
+        assert!(fs::read(&dest).unwrap() == sn.data, "{}", sn.spec());
+    }
+    // ls shows the rest and fails.
+    let out = run(&["ls", "--repo", s(&repo), "--json"]);
+    failure(&out, "ls with a damaged manifest");
+    assert_eq!(json(&out)["snapshots"].as_array().unwrap().len(), 2);
+    // gc refuses (it cannot know which chunks alpha@2 uses), so once the
+    // manifest is repaired nothing is lost.
+    let before = tree(&repo);
+    let out = run(&["gc", "--repo", s(&repo)]);
+    let line = one_line_failure(&out, "gc with a damaged manifest");
+    assert!(line.contains("gc refuses"), "{line}");
+    assert!(tree(&repo) == before, "a refused gc changed the repository");
+    fs::write(&m, &original).unwrap();
+    assert_sound(&repo, "manifest repaired");
+    let (out, _dir, dest) = restore(&repo, "alpha@2", &[]);
+    ok(&out);
+    assert!(fs::read(dest).unwrap() == base.snaps[1].data);
+}
+
+#[test]
+fn truncated_pack() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = lay.shared_chunk();
+    let rec = lay.records[&id].clone();
+    // Cut inside the shared chunk's record: it and every later record
+    // are gone, the earlier ones are intact.
+    let cut = rec.offset + rec.len / 2;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&rec.pack)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let lost = lay.chunks_in(&rec.pack, cut);
+    assert!(lost.len() < lay.chunks_in(&rec.pack, 0).len());
+    let name = rec.pack.file_name().unwrap().to_str().unwrap().to_string();
+    check_damage(
+        &base,
+        &repo,
+        &Expect {
+            what: "truncated pack",
+            kinds: &["pack", "damaged-chunk"],
+            file: name.clone(),
+            places: lay.places_of(&lost),
+            plain_verify_sees_it: true,
+            restore_names: name,
+        },
+    );
+}
+
+#[test]
+fn deleted_pack() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    fs::remove_file(&pack).unwrap();
+    let name = pack.file_name().unwrap().to_str().unwrap().to_string();
+    check_damage(
+        &base,
+        &repo,
+        &Expect {
+            what: "deleted pack",
+            kinds: &["pack", "damaged-chunk"],
+            file: name.clone(),
+            places: lay.places_of(&lay.chunks_in(&pack, 0)),
+            plain_verify_sees_it: true,
+            restore_names: name,
+        },
+    );
+}
+
+#[test]
+fn deleted_index_file() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    fs::remove_file(&lay.index_of[&pack]).unwrap();
+    check_damage(
+        &base,
+        &repo,
+        &Expect {
+            what: "deleted index file",
+            kinds: &["missing-chunk"],
+            file: "is not in the index".into(),
+            places: lay.places_of(&lay.chunks_in(&pack, 0)),
+            plain_verify_sees_it: true,
+            restore_names: "is missing from the repository".into(),
+        },
+    );
+    // The pack is still there, unindexed, and gc takes it back first.
+    let (_, v) = verify(&repo, true);
+    assert_eq!(v["unindexed_packs"], serde_json::json!([pack]), "{v}");
+    ok(&run(&["gc", "--repo", s(&repo)]));
+    assert_sound(&repo, "after gc re-indexed the pack");
+    for sn in &base.snaps {
+        let (out, _dir, dest) = restore(&repo, &sn.spec(), &[]);
+        ok(&out);
+        assert!(fs::read(&dest).unwrap() == sn.data, "{}", sn.spec());
+    }
+}
+
+#[test]
+fn damaged_config_and_target_marker() {
+    let base = base();
+    for file in ["config", "data/cairn-target"] {
+        let (_d, repo) = copy(&base);
+        let p = repo.join(file);
+        flip(&p, fs::metadata(&p).unwrap().len() / 2);
+        for args in [
+            &["ls"][..],
+            &["verify", "--read-data"],
+            &["restore", "alpha", "-"],
+        ] {
+            let mut a = args.to_vec();
+            a.extend(["--repo", s(&repo)]);
+            let line = one_line_failure(&run(&a), &format!("{file}: {args:?}"));
+            assert!(line.contains(file), "{line}");
+            assert!(line.contains("checksum mismatch"), "{line}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------- versions
+
+/// Rewrite the version of a metadata file and seal it again: bytes 12..16
+/// are the version; the last 32 bytes are the BLAKE3 of all before them.
+fn reseal(path: &Path, version: u32) {
+    let mut d = fs::read(path).unwrap();
+    assert_eq!(&d[..8], b"CAIRNMET");
+    assert_eq!(u32::from_le_bytes(d[12..16].try_into().unwrap()), 1);
+    d[12..16].copy_from_slice(&version.to_le_bytes());
+    let end = d.len() - 32;
+    // ChunkId::of is BLAKE3-256.
+    let sum = ChunkId::of(&d[..end]).0;
+    d[end..].copy_from_slice(&sum);
+    fs::write(path, d).unwrap();
+}
+
+#[test]
+fn newer_format_versions_are_refused() {
+    let base = base();
+    let newer = "format version 2 is newer than this cairn supports (1)";
+
+    // A newer config or target marker: every command refuses, and the
+    // writers change nothing.
+    for file in ["config", "data/cairn-target"] {
+        let (dir, repo) = copy(&base);
+        reseal(&repo.join(file), 2);
+        let before = tree(&repo);
+        let src = dir.path().join("src");
+        fs::write(&src, image(50_000, 9)).unwrap();
+        let cmds: Vec<Vec<&str>> = vec![
+            vec!["ls"],
+            vec!["stats"],
+            vec!["verify", "--read-data"],
+            vec!["restore", "alpha", "-"],
+            vec!["backup", s(&src), "--name", "new", "-q"],
+            vec!["rm", "alpha@1"],
+            vec!["gc"],
+        ];
+        for mut args in cmds {
+            args.extend(["--repo", s(&repo)]);
+            let line = one_line_failure(&run(&args), &format!("{file} v2: {args:?}"));
+            assert!(line.contains(newer), "{line}");
+            assert!(line.contains(file), "{line}");
+        }
+        assert!(tree(&repo) == before, "{file} v2: the repository changed");
+    }
+
+    // A newer manifest: that snapshot is refused, the others restore.
+    let (_d, repo) = copy(&base);
+    reseal(&repo.join("snapshots/alpha/0000000002.snap"), 2);
+    let line = one_line_failure(
+        &run(&["restore", "alpha@2", "-", "--repo", s(&repo)]),
+        "manifest v2",
+    );
+    assert!(line.contains(newer) && line.contains("0000000002.snap"), "{line}");
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let problems = v["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{v}");
+    assert_eq!(problems[0]["kind"], "manifest");
+    assert!(problems[0]["message"].as_str().unwrap().contains(newer), "{v}");
+    for sn in base.snaps.iter().filter(|sn| sn.spec() != "alpha@2") {
+        let (out, _dir, dest) = restore(&repo, &sn.spec(), &[]);
+        ok(&out);
+        assert!(fs::read(&dest).unwrap() == sn.data);
+    }
+    let before = tree(&repo);
+    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v2");
+    assert!(line.contains(newer), "{line}");
+    assert!(tree(&repo) == before, "manifest v2: gc changed the repository");
+
+    // A newer index file: verify names it; restore of an image that needs
+    // it says why its chunks are missing; gc refuses.
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let idx = lay.index_of[&pack].clone();
+    reseal(&idx, 2);
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let p = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "index")
+        .unwrap_or_else(|| panic!("no index problem: {v}"));
+    assert!(p["message"].as_str().unwrap().contains(newer), "{v}");
+    let (out, _dir, _) = restore(&repo, "alpha@1", &[]);
+    failure(&out, "restore, index v2");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(newer));
+    let before = tree(&repo);
+    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, index v2");
+    assert!(line.contains(newer), "{line}");
+    assert!(tree(&repo) == before, "index v2: gc changed the repository");
+}
+
+// ---------------------------------------------------------------- arguments
+
+#[test]
+fn bad_arguments_give_one_line() {
+    let base = base();
+    let (d, repo) = copy(&base);
+    let d = d.path();
+    let r = s(&repo);
+    let src = d.join("src.img");
+    fs::write(&src, image(100_000, 7)).unwrap();
+    let src = s(&src);
+    let existing = d.join("existing.img");
+    fs::write(&existing, b"keep me").unwrap();
+    let empty = d.join("empty");
+    fs::create_dir(&empty).unwrap();
+    let not_repo = d.join("not-a-repo");
+    fs::create_dir(&not_repo).unwrap();
+    fs::write(not_repo.join("file"), b"x").unwrap();
+    let out_img = d.join("out.img");
+    let long_name = "x".repeat(129);
+    let nowhere = d.join("no/such/dir/out.img");
+    let new_repo = d.join("new");
+
+    let mut cases: Vec<(Vec<&str>, &str)> = Vec::new();
+    // Missing repository, and directories that are not one.
+    for bad in ["/nonexistent/repo", s(&empty), s(&not_repo)] {
+        for cmd in [
+            vec!["ls", "--repo", bad],
+            vec!["verify", "--repo", bad],
+            vec!["stats", "--repo", bad],
+            vec!["gc", "--repo", bad],
+            vec!["rm", "alpha", "--repo", bad],
+            vec!["restore", "alpha", "-", "--repo", bad],
+            vec!["backup", src, "--name", "x", "--repo", bad],
+        ] {
+            cases.push((cmd, "not a cairn repository"));
+        }
+    }
+    cases.extend([
+        (vec!["init", s(&not_repo)], "already exists and is not empty"),
+        (vec!["init", r], "already exists and is not empty"),
+        (
+            vec!["init", s(&new_repo), "--pack-size", "1K"],
+            "pack size 1024 is out of range",
+        ),
+    ]);
+    for name in ["../x", "", "a/b", ".hidden", "a b", &long_name] {
+        cases.push((
+            vec!["backup", src, "--repo", r, "--name", name],
+            "bad image name",
+        ));
+    }
+    for spec in ["../x", "a/b", "/etc/passwd", "@1"] {
+        cases.push((
+            vec!["restore", spec, s(&out_img), "--repo", r],
+            "bad image name",
+        ));
+        cases.push((vec!["rm", spec, "--repo", r], "bad image name"));
+    }
+    cases.extend([
+        (
+            vec!["restore", "alpha@99", s(&out_img), "--repo", r],
+            "has no snapshot 99",
+        ),
+        (vec!["rm", "alpha@99", "--repo", r], "has no snapshot 99"),
+        (
+            vec!["restore", "alpha@x", s(&out_img), "--repo", r],
+            "bad snapshot \"x\"",
+        ),
+        (
+            vec!["restore", "alpha@", s(&out_img), "--repo", r],
+            "bad snapshot",
+        ),
+        (
+            vec!["restore", "nosuch", s(&out_img), "--repo", r],
+            "no image named \"nosuch\"",
+        ),
+        (vec!["rm", "nosuch", "--repo", r], "no image named \"nosuch\""),
+        (
+            vec!["backup", src, "--repo", r, "--name", "n", "-c", "zstd:99"],
+            "level 99",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "--name", "n", "-c", "foo"],
+            "unknown codec \"foo\"",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "--name", "n", "-c", "lz4:x"],
+            "lz4",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "cdc:1,2,3"],
+            "chunker cdc:1,2,3",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "cdc:16K,8K,32K"],
+            "MIN < AVG < MAX",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "fixed:0"],
+            "chunker",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "foo"],
+            "foo",
+        ),
+        (
+            vec!["backup", "/nonexistent/src", "--repo", r, "-n", "n"],
+            "/nonexistent/src",
+        ),
+        (
+            vec!["backup", s(d), "--repo", r, "-n", "n"],
+            "is a directory",
+        ),
+        (
+            vec!["restore", "alpha", s(&existing), "--repo", r],
+            "already exists; use -f",
+        ),
+        (
+            vec!["restore", "alpha", s(&nowhere), "--repo", r],
+            "No such file or directory",
+        ),
+        (
+            vec!["gc", "--repo", r, "--repack-below", "2"],
+            "--repack-below",
+        ),
+    ]);
+    for (args, needle) in &cases {
+        let out = run(args);
+        let line = one_line_failure(&out, &format!("{args:?}"));
+        assert!(line.contains(needle), "{args:?}: {line} (want {needle:?})");
+        assert!(out.stdout.is_empty(), "{args:?}: wrote to stdout");
+    }
+
+    // Nothing was created or overwritten.
+    assert_eq!(fs::read(&existing).unwrap(), b"keep me");
+    assert!(!out_img.exists());
+    assert_eq!(listing(&not_repo), vec!["file".to_string()]);
+    assert!(listing(&empty).is_empty());
+    assert!(!Path::new("/nonexistent").exists());
+    assert!(!new_repo.exists() || listing(&new_repo).is_empty());
+    let ls = json(ok(&run(&["ls", "--repo", r, "--json"])));
+    let names: Vec<(String, u64)> = ls["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["snapshot"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        base.snaps
+            .iter()
+            .map(|s| (s.name.to_string(), s.snap))
+            .collect::<Vec<_>>()
+    );
+    assert_sound(&repo, "after bad arguments");
+
+    // Usage errors are clap's: exit 2, no panic.
+    for args in [
+        &["restore"][..],
+        &["backup", src, "--repo", r],
+        &["verify", "--repo", r, "--no-such-flag"],
+        &["restore", "alpha", "-", "--repo", r, "-T", "x"],
+    ] {
+        let out = run(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+    }
+
+    // Restore to a stdout that is no terminal (a pipe) works, and -f
+    // overwrites an existing file.
+    for sn in &base.snaps {
+        let out = run(&["restore", &sn.spec(), "-", "--repo", r, "-q"]);
+        ok(&out);
+        assert!(out.stdout == sn.data, "{}", sn.spec());
+    }
+    ok(&run(&[
+        "restore",
+        "beta",
+        s(&existing),
+        "--repo",
+        r,
+        "-q",
+        "-f",
+    ]));
+    assert!(fs::read(&existing).unwrap() == base.snaps[2].data);
+}
+
+// ---------------------------------------------------------------- full disk
+
+/// A tmpfs mounted for the test; unmounted on drop (even when the test
+/// fails). `None` (after a message) if mounting is impossible here, which
+/// under `CI=true` fails the test instead.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir.to_path_buf())),
+            other => {
+                let why = format!("{other:?}");
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("cannot mount a tmpfs under CI: {why}");
+                }
+                eprintln!("skipping: cannot mount a tmpfs ({why})");
+                None
+            }
+        }
+    }
+
+    fn resize(&self, size: &str) {
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(st.success(), "remount {size}");
+    }
+
+    /// Free blocks and the block size.
+    fn free(&self) -> (u64, u64) {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%a %S"])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut it = text.split_whitespace().map(|w| w.parse::<u64>().unwrap());
+        (it.next().unwrap(), it.next().unwrap())
+    }
+
+    /// Fill the file system so that exactly `blocks` blocks stay free.
+    fn leave_free(&self, filler: &Path, blocks: u64) {
+        let _ = fs::remove_file(filler);
+        let (free, bs) = self.free();
+        assert!(free >= blocks, "only {free} blocks free, want {blocks}");
+        fs::write(filler, vec![0xA5u8; ((free - blocks) * bs) as usize]).unwrap();
+        assert_eq!(self.free().0, blocks, "filler left another amount free");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+fn backup_json(repo: &Path, name: &str, data: &[u8]) -> Output {
+    cairn_pipe(
+        &[
+            "backup",
+            "-",
+            "--repo",
+            s(repo),
+            "--name",
+            name,
+            "--chunker",
+            CHUNKER,
+            "-q",
+            "--json",
+        ],
+        data,
+    )
+}
+
+fn restores_to(repo: &Path, spec: &str, data: &[u8]) {
+    let out = run(&["restore", spec, "-", "--repo", s(repo), "-q"]);
+    ok(&out);
+    assert!(out.stdout == data, "{spec} differs");
+}
+
+/// Random bytes (incompressible), from a seed.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn full_target_disk() {
+    let dir = tempdir();
+    let target = dir.path().join("small-disk");
+    let Some(disk) = Tmpfs::mount(&target, "4m") else {
+        return;
+    };
+    let repo = dir.path().join("repo");
+    ok(&run(&["init", s(&repo), "--target", s(&target)]));
+    let first = noise(1_000_000, 1);
+    ok(&backup_json(&repo, "first", &first));
+
+    // More than fits: one clean line naming the cause.
+    let big = noise(8_000_000, 2);
+    let out = backup_json(&repo, "big", &big);
+    let line = one_line_failure(&out, "backup onto a full disk");
+    assert!(line.contains("No space left on device"), "{line}");
+    assert!(out.stdout.is_empty());
+    assert_eq!(disk.free().0, 0, "the disk should be full");
+
+    // The repository is sound, has no new snapshot, and restores.
+    assert_sound(&repo, "after ENOSPC");
+    let ls = json(ok(&run(&["ls", "--repo", s(&repo), "--json"])));
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 1, "{ls}");
+    restores_to(&repo, "first", &first);
+
+    // gc works on the full disk and frees the partial pack; a backup that
+    // fits then works.
+    ok(&run(&["gc", "--repo", s(&repo)]));
+    assert_sound(&repo, "after gc");
+    let second = noise(2_000_000, 3);
+    ok(&backup_json(&repo, "second", &second));
+
+    // A bigger disk takes the big backup.
+    disk.resize("32m");
+    ok(&backup_json(&repo, "big", &big));
+    assert_sound(&repo, "after growing the disk");
+    restores_to(&repo, "first", &first);
+    restores_to(&repo, "second", &second);
+    restores_to(&repo, "big", &big);
+}
+
+#[test]
+fn full_disk_under_the_whole_repository() {
+    let dir = tempdir();
+    let mnt = dir.path().join("small-disk");
+    let Some(disk) = Tmpfs::mount(&mnt, "4m") else {
+        return;
+    };
+    let repo = mnt.join("repo");
+    let filler = mnt.join("filler");
+    ok(&run(&["init", s(&repo)]));
+    let first = image(600_000, 11);
+    ok(&backup_json(&repo, "first", &first));
+
+    // How big the next backup's pack is: the same backup into a scratch
+    // repository (no chunk is shared with `first`).
+    let second = noise(300_000, 12);
+    let scratch = dir.path().join("scratch");
+    ok(&run(&["init", s(&scratch)]));
+    ok(&backup_json(&scratch, "second", &second));
+    let stats = json(ok(&run(&["stats", "--repo", s(&scratch), "--json"])));
+    let pack_bytes = stats["pack_bytes"].as_u64().unwrap();
+    let (_, bs) = disk.free();
+    let pack_blocks = pack_bytes.div_ceil(bs);
+
+    // Room for the pack, none for the index file: the pack is written and
+    // fsync'd, the index write fails.
+    disk.leave_free(&filler, pack_blocks);
+    let out = backup_json(&repo, "second", &second);
+    let line = one_line_failure(&out, "index write on a full disk");
+    assert!(line.contains("No space left on device"), "{line}");
+    assert!(line.contains("index"), "{line}");
+    assert_sound(&repo, "after the index write failed");
+    assert!(listing(&repo.join("index")).iter().all(|n| !n.starts_with('.')));
+    restores_to(&repo, "first", &first);
+
+    // Room for one block: the next backup salvages that pack (its index
+    // file takes the block), then the manifest write fails.
+    disk.leave_free(&filler, 1);
+    let out = backup_json(&repo, "second", &second);
+    let line = one_line_failure(&out, "manifest write on a full disk");
+    assert!(line.contains("No space left on device"), "{line}");
+    assert_sound(&repo, "after the manifest write failed");
+    let ls = json(ok(&run(&["ls", "--repo", s(&repo), "--json"])));
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 1, "{ls}");
+    restores_to(&repo, "first", &first);
+
+    // Space again: the backup works and stores nothing new (the chunks
+    // that reached disk are reused).
+    fs::remove_file(&filler).unwrap();
+    let j = json(ok(&backup_json(&repo, "second", &second)));
+    assert_eq!(j["new_chunks"], 0, "{j}");
+    assert_sound(&repo, "after space was freed");
+    restores_to(&repo, "first", &first);
+    restores_to(&repo, "second", &second);
+    // No temporary file was left anywhere.
+    let mut stack = vec![repo.clone()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(!n.contains(".tmp-"), "left {}", p.display());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+}
