@@ -463,6 +463,18 @@ impl Repository {
         Ok(m)
     }
 
+    /// Read one manifest, or `None` if it was removed since the listing
+    /// (an `rm` running beside a reader).
+    pub fn read_manifest_if_present(&self, name: &str, snapshot: u64) -> Result<Option<Manifest>> {
+        match self.read_manifest(name, snapshot) {
+            Ok(m) => Ok(Some(m)),
+            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Commit a manifest (the commit point of a backup).
     pub fn write_manifest(&self, _lock: &WriterLock, m: &Manifest) -> Result<()> {
         let dir = self.image_dir(&m.name);

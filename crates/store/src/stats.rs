@@ -28,24 +28,29 @@ pub struct SnapshotInfo {
 }
 
 /// Every snapshot of every image, by name then number. A manifest that
-/// cannot be read is returned as an error string in its place.
+/// cannot be read is returned as an error string in its place; one removed
+/// while listing is left out.
 pub fn list(repo: &Repository) -> Result<Vec<std::result::Result<SnapshotInfo, String>>> {
     let mut out = Vec::new();
     for (name, snaps) in repo.images()? {
         for snap in snaps {
+            let m = match repo.read_manifest_if_present(&name, snap) {
+                Ok(None) => continue,
+                Ok(Some(m)) => Ok(m),
+                Err(e) => Err(e),
+            };
             out.push(
-                repo.read_manifest(&name, snap)
-                    .map(|m| SnapshotInfo {
-                        name: m.name,
-                        snapshot: m.snapshot,
-                        created: m.created,
-                        size: m.size,
-                        source: m.source,
-                        chunker: m.chunker,
-                        codec: m.codec,
-                        stats: m.stats,
-                    })
-                    .map_err(|e| format!("{name}@{snap}: {e}")),
+                m.map(|m| SnapshotInfo {
+                    name: m.name,
+                    snapshot: m.snapshot,
+                    created: m.created,
+                    size: m.size,
+                    source: m.source,
+                    chunker: m.chunker,
+                    codec: m.codec,
+                    stats: m.stats,
+                })
+                .map_err(|e| format!("{name}@{snap}: {e}")),
             );
         }
     }

@@ -260,8 +260,12 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     for (name, snaps) in &images {
         for &snap in snaps {
             report.snapshots += 1;
-            let m = match repo.read_manifest(name, snap) {
-                Ok(m) => m,
+            let m = match repo.read_manifest_if_present(name, snap) {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    report.snapshots -= 1;
+                    continue;
+                }
                 Err(e) => {
                     report.problems.push(Problem {
                         kind: "manifest",
