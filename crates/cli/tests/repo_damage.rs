@@ -1,22 +1,30 @@
 //! A damaged repository, a full disk, bad arguments and files of a newer
 //! format version, with the real binary.
 //!
-//! Every kind of damage is made on a fresh copy of one small repository
-//! (three snapshots of two images; `alpha@2` shares most chunks with
-//! `alpha@1` at shifted offsets, `beta` shares none): a flipped byte in a
-//! record's data, in each field of a record header, in the pack header, in
-//! an index file and in a manifest; a truncated pack, a deleted pack and a
+//! Every kind of damage is made on a fresh copy of one small repository:
+//! three snapshots of two images (`alpha@2` shares most chunks with
+//! `alpha@1`, at shifted offsets; `beta` shares none), stored in groups of
+//! 64 KiB, one chunk per record and 2 MiB groups. Damage: a flipped byte
+//! in a record's stored bytes, in each field of a record header and its
+//! chunk table, in a pack header, in an index file, in a manifest, in the
+//! config and the target marker; a truncated pack, a deleted pack and a
 //! deleted index file. For each, `verify --read-data --json` must name the
 //! kind and exactly the image, snapshot and offset of every place the
-//! damage shows, and no other; `restore` of a damaged snapshot must fail
-//! with one line naming the offset and the file or chunk, and leave no
-//! output file; `restore --zero-damaged` must write the image with zeros
-//! exactly in the damaged ranges, list them, and exit non-zero; every other
-//! snapshot must restore byte for byte. Where is chunk X, which images use
-//! it at which offsets: read from the intact copy with `cairn_store`.
+//! damage reaches (all chunks of a damaged record), and no other;
+//! `restore` of a damaged snapshot must fail with one line naming an
+//! offset and the file or chunk, leaving nothing at the destination;
+//! `restore --zero-damaged` must write the image with zeros in exactly the
+//! damaged ranges, list them, and exit non-zero; every other snapshot must
+//! restore byte for byte. Where each chunk and record is, and which images
+//! use it at which offsets, is read from the intact copy with
+//! `cairn_store`.
 //!
-//! The full-disk tests mount a small tmpfs (root needed; under `CI=true` a
-//! failing mount fails the test, elsewhere it is skipped with a message).
+//! The full-disk tests mount small tmpfs file systems (root needed; under
+//! `CI=true` a failing mount fails the test, elsewhere it is skipped with
+//! a message), unmounted on drop.
+//!
+//! Tests marked `#[ignore = "bug: ..."]` show bugs still open; run them
+//! with `-- --ignored`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
@@ -48,8 +56,18 @@ fn image(len: usize, seed: u64) -> Vec<u8> {
         x
     };
     const WORDS: [&[u8]; 12] = [
-        b"cairn ", b"stores ", b"images ", b"kernel ", b"page ", b"block ", b"\n", b"0000 ",
-        b"snapshot ", b"of ", b"the ", b"disk ",
+        b"cairn ",
+        b"stores ",
+        b"images ",
+        b"kernel ",
+        b"page ",
+        b"block ",
+        b"\n",
+        b"0000 ",
+        b"snapshot ",
+        b"of ",
+        b"the ",
+        b"disk ",
     ];
     let mut v = Vec::with_capacity(len + 200_000);
     while v.len() < len {
@@ -124,7 +142,13 @@ fn base() -> Base {
             data: b1,
         },
     ];
-    for (sn, codec) in snaps.iter().zip(["zstd:3", "lz4", "zstd:1"]) {
+    // alpha@1 in small groups (several records), alpha@2 chunk by chunk,
+    // beta in the default groups (one record).
+    for (sn, (codec, group)) in
+        snaps
+            .iter()
+            .zip([("zstd:3", "64K"), ("lz4", "0"), ("zstd:1", "2M")])
+    {
         let out = cairn_pipe(
             &[
                 "backup",
@@ -137,12 +161,14 @@ fn base() -> Base {
                 CHUNKER,
                 "-c",
                 codec,
+                "--group",
+                group,
                 "-q",
                 "--json",
             ],
             &sn.data,
         );
-        let j = json(&ok(&out));
+        let j = json(ok(&out));
         assert_eq!(j["snapshot"], sn.snap);
         assert!(j["bytes_zero"].as_u64().unwrap() > 0, "no hole: {j}");
     }
@@ -263,8 +289,8 @@ struct Place {
     len: u64,
 }
 
-/// Where a chunk's record is.
-#[derive(Debug, Clone)]
+/// A record (a group of chunks compressed together) in a pack.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Record {
     pack: PathBuf,
     offset: u64,
@@ -275,6 +301,7 @@ struct Record {
 struct Layout {
     /// Every chunk with the places that use it.
     places: HashMap<ChunkId, Vec<Place>>,
+    /// The record holding each chunk.
     records: HashMap<ChunkId, Record>,
     /// The index file that names each pack.
     index_of: HashMap<PathBuf, PathBuf>,
@@ -330,24 +357,30 @@ fn layout(root: &Path) -> Layout {
 
 impl Layout {
     /// The chunk to damage: used by alpha@1 (past the insertion, so at
-    /// another offset in alpha@2) and alpha@2, not by beta, stored in more
-    /// than a few bytes.
+    /// another offset in alpha@2) and alpha@2, not by beta.
     fn shared_chunk(&self) -> ChunkId {
         let mut ids: Vec<_> = self
             .places
             .iter()
-            .filter(|(id, places)| {
+            .filter(|(_, places)| {
                 let in_snap = |n: &str, s: u64| places.iter().any(|p| p.image == n && p.snap == s);
                 in_snap("alpha", 1)
                     && in_snap("alpha", 2)
                     && !in_snap("beta", 1)
-                    && places.iter().all(|p| p.image != "alpha" || p.offset > 200_000)
-                    && self.records[*id].len > 200
+                    && places
+                        .iter()
+                        .all(|p| p.image != "alpha" || p.offset > 200_000)
             })
             .map(|(id, _)| *id)
             .collect();
         ids.sort();
-        *ids.first().expect("alpha@1 and alpha@2 share a chunk")
+        let id = *ids.first().expect("alpha@1 and alpha@2 share a chunk");
+        let rec = &self.records[&id];
+        assert!(
+            self.records_in(&rec.pack).len() > 2,
+            "alpha@1 should be stored in several records"
+        );
+        id
     }
 
     /// Places of all `chunks`.
@@ -365,6 +398,26 @@ impl Layout {
             .filter(|(_, r)| r.pack == pack && r.offset + r.len > cut)
             .map(|(id, _)| *id)
             .collect()
+    }
+
+    /// Chunks held by record `rec`: a damaged record loses them all.
+    fn chunks_of(&self, rec: &Record) -> Vec<ChunkId> {
+        self.records
+            .iter()
+            .filter(|(_, r)| *r == rec)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The records of `pack`, in order.
+    fn records_in(&self, pack: &Path) -> Vec<Record> {
+        let set: BTreeSet<Record> = self
+            .records
+            .values()
+            .filter(|r| r.pack == pack)
+            .cloned()
+            .collect();
+        set.into_iter().collect()
     }
 }
 
@@ -485,7 +538,10 @@ fn check_damage(base: &Base, repo: &Path, e: &Expect) {
             // Untouched snapshots restore byte for byte.
             let (out, _d, dest) = restore(repo, &spec, &[]);
             ok(&out);
-            assert!(fs::read(&dest).unwrap() == sn.data, "{what}: {spec} differs");
+            assert!(
+                fs::read(&dest).unwrap() == sn.data,
+                "{what}: {spec} differs"
+            );
             continue;
         }
         // Restore fails: one line naming an offset of the damage and the
@@ -535,16 +591,34 @@ fn check_damage(base: &Base, repo: &Path, e: &Expect) {
 
 // ---------------------------------------------------------------- damage
 
+/// Flip the middle byte of a record's stored bytes; returns the record's
+/// chunks (all lost: the group no longer passes its CRC).
+fn flip_stored_byte(lay: &Layout, rec: &Record) -> Vec<ChunkId> {
+    // Record: 20 bytes (count u16 at 6, stored length u32 at 12), a
+    // chunk table of 36 bytes per chunk, then the stored bytes.
+    let pack = fs::read(&rec.pack).unwrap();
+    let at = rec.offset as usize;
+    let count = u64::from(u16::from_le_bytes([pack[at + 6], pack[at + 7]]));
+    let stored = u64::from(u32::from_le_bytes(
+        pack[at + 12..at + 16].try_into().unwrap(),
+    ));
+    let header = 20 + 36 * count;
+    assert_eq!(header + stored, rec.len, "record layout as documented");
+    let lost = lay.chunks_of(rec);
+    assert_eq!(lost.len() as u64, count);
+    flip(&rec.pack, rec.offset + header + stored / 2);
+    lost
+}
+
 #[test]
-fn flipped_byte_in_chunk_data() {
+fn flipped_byte_in_stored_data() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
     let id = lay.shared_chunk();
     let rec = &lay.records[&id];
-    // The middle of the stored bytes (after the 52-byte record header).
-    flip(&rec.pack, rec.offset + 52 + (rec.len - 52) / 2);
-    let places = lay.places_of([&id]);
+    let lost = flip_stored_byte(&lay, rec);
+    let places = lay.places_of(&lost);
     assert!(places.iter().any(|p| p.snap == 2), "shared by alpha@2");
     let pack_name = rec.pack.file_name().unwrap().to_str().unwrap().to_string();
     check_damage(
@@ -556,32 +630,42 @@ fn flipped_byte_in_chunk_data() {
             file: pack_name.clone(),
             places,
             plain_verify_sees_it: false,
-            restore_names: id.to_string(),
+            restore_names: pack_name,
         },
     );
-    // The problem names the chunk.
+    // The problems name the chunks.
     let (_, v) = verify(&repo, true);
-    assert!(
-        v["problems"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|p| p["chunk"] == id.to_string()),
-        "{v}"
-    );
+    let named: BTreeSet<String> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["chunk"].as_str().unwrap_or("").to_string())
+        .collect();
+    let lost: BTreeSet<String> = lost.iter().map(|c| c.to_string()).collect();
+    assert_eq!(named, lost, "{v}");
+    // A failed restore with -f leaves the file it would have replaced.
+    let dir = tempdir();
+    let keep = dir.path().join("keep.img");
+    fs::write(&keep, b"precious").unwrap();
+    let out = run(&["restore", "alpha@1", s(&keep), "--repo", s(&repo), "-f"]);
+    failure(&out, "restore -f of a damaged snapshot");
+    assert_eq!(fs::read(&keep).unwrap(), b"precious");
+    assert_eq!(listing(dir.path()), vec!["keep.img".to_string()]);
 }
 
 #[test]
 fn flipped_byte_in_each_record_header_field() {
     let base = base();
-    // magic, codec, raw length, stored length, chunk id, CRC.
     for (field, at) in [
         ("magic", 1),
         ("codec", 4),
+        ("reserved", 5),
+        ("chunk count", 6),
         ("raw length", 9),
-        ("stored length", 12),
-        ("chunk id", 30),
-        ("crc", 49),
+        ("stored length", 13),
+        ("crc", 17),
+        ("chunk table: id", 20 + 36 + 5),
+        ("chunk table: length", 20 + 32),
     ] {
         let (_d, repo) = copy(&base);
         let lay = layout(&repo);
@@ -596,7 +680,7 @@ fn flipped_byte_in_each_record_header_field() {
                 what: &format!("flipped record header byte ({field})"),
                 kinds: &["damaged-chunk"],
                 file: pack_name.clone(),
-                places: lay.places_of([&id]),
+                places: lay.places_of(&lay.chunks_of(rec)),
                 plain_verify_sees_it: false,
                 restore_names: pack_name,
             },
@@ -689,7 +773,10 @@ fn flipped_byte_in_manifest() {
         let p = &problems[0];
         assert_eq!(p["kind"], "manifest", "{v}");
         let msg = p["message"].as_str().unwrap();
-        assert!(msg.contains("alpha@2") && msg.contains("0000000002.snap"), "{v}");
+        assert!(
+            msg.contains("alpha@2") && msg.contains("0000000002.snap"),
+            "{v}"
+        );
         assert!(msg.contains("checksum mismatch"), "{v}");
         assert_eq!(
             p["affected"],
@@ -736,10 +823,11 @@ fn truncated_pack() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let id = lay.shared_chunk();
-    let rec = lay.records[&id].clone();
-    // Cut inside the shared chunk's record: it and every later record
-    // are gone, the earlier ones are intact.
+    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let records = lay.records_in(&pack);
+    let rec = records[records.len() / 2].clone();
+    // Cut inside a record in the middle: it and every later record are
+    // gone, the earlier ones are intact.
     let cut = rec.offset + rec.len / 2;
     fs::OpenOptions::new()
         .write(true)
@@ -818,6 +906,164 @@ fn deleted_index_file() {
 }
 
 #[test]
+#[ignore = "bug: verify --read-data names no image for a pack it cannot read (verify.rs, read error path)"]
+fn unreadable_pack_names_the_images() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    // alpha@2's own pack (its new chunks): the smallest.
+    let pack = lay
+        .places
+        .iter()
+        .find(|(_, ps)| ps.iter().all(|p| p.image == "alpha" && p.snap == 2))
+        .map(|(id, _)| lay.records[id].pack.clone())
+        .unwrap();
+    // A read error: a directory where the pack was, at least as long as
+    // the pack (so the cheap size check passes), which read(2) refuses.
+    let len = fs::metadata(&pack).unwrap().len();
+    fs::remove_file(&pack).unwrap();
+    fs::create_dir(&pack).unwrap();
+    let mut n = 0;
+    while fs::metadata(&pack).unwrap().len() < len {
+        assert!(n < 200_000, "the directory does not grow");
+        for _ in 0..100 {
+            fs::write(pack.join(format!("{n:0>60}")), b"").unwrap();
+            n += 1;
+        }
+    }
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    assert!(v.to_string().contains("Is a directory"), "{v}");
+    let wanted: BTreeSet<_> = lay
+        .places_of(&lay.chunks_in(&pack, 0))
+        .into_iter()
+        .map(|p| (p.image, p.snap, p.offset))
+        .collect();
+    assert_eq!(affected(&v), wanted, "{v}");
+}
+
+#[test]
+#[ignore = "bug: a backup dedups against chunks of a lost pack, so backing up the same data again gives another unrestorable snapshot, with exit 0 (backup.rs/repo.rs load_index)"]
+fn backup_after_a_lost_pack_stores_its_chunks_again() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    fs::remove_file(&pack).unwrap();
+    // The same bytes again, the same way: the repository should heal.
+    let out = cairn_pipe(
+        &[
+            "backup",
+            "-",
+            "--repo",
+            s(&repo),
+            "--name",
+            "alpha",
+            "--chunker",
+            CHUNKER,
+            "--group",
+            "64K",
+            "-q",
+            "--json",
+        ],
+        &base.snaps[0].data,
+    );
+    let j = json(ok(&out));
+    assert_eq!(j["snapshot"], 3);
+    let (_, v) = verify(&repo, false);
+    assert!(
+        affected(&v).iter().all(|a| a.2 != 3 || a.0 != "alpha"),
+        "alpha@3 is damaged as soon as it is made: {v}"
+    );
+    let (out, _dir, dest) = restore(&repo, "alpha@3", &[]);
+    ok(&out);
+    assert!(fs::read(&dest).unwrap() == base.snaps[0].data);
+}
+
+#[test]
+#[ignore = "bug: salvage (repo.rs) deletes or truncates an unindexed pack at its first bad record, destroying the intact records after it"]
+fn salvage_keeps_intact_records_after_a_damaged_one() {
+    let base = base();
+    let mut lost_more = Vec::new();
+    // The first record of the pack damaged (salvage deletes the pack),
+    // then the second (salvage cuts the pack there).
+    for which in [0, 1] {
+        let (_d, repo) = copy(&base);
+        let lay = layout(&repo);
+        let pack = lay.records[&lay.shared_chunk()].pack.clone();
+        let records = lay.records_in(&pack);
+        let was = fs::metadata(&pack).unwrap().len();
+        let rec = &records[which];
+        let lost = flip_stored_byte(&lay, rec);
+        // Its index file damaged too: the pack is now unindexed, and the
+        // next writer salvages it.
+        let idx = lay.index_of[&pack].clone();
+        let original = fs::read(&idx).unwrap();
+        flip(&idx, original.len() as u64 / 2);
+        let out = cairn_pipe(
+            &["backup", "-", "--repo", s(&repo), "--name", "gamma", "-q"],
+            &image(100_000, 31),
+        );
+        ok(&out);
+        // The index file repaired (say, from a copy): only the damaged
+        // record may be lost.
+        fs::write(&idx, &original).unwrap();
+        let (_, v) = verify(&repo, true);
+        let wanted: BTreeSet<_> = lay
+            .places_of(&lost)
+            .into_iter()
+            .map(|p| (p.image, p.snap, p.offset))
+            .collect();
+        if affected(&v) != wanted {
+            lost_more.push(format!(
+                "damaged record {which}: the pack is now {} bytes, it was {was}; verify: {v}",
+                fs::metadata(&pack).map_or(0, |m| m.len()),
+            ));
+        }
+    }
+    assert!(lost_more.is_empty(), "{}", lost_more.join("\n"));
+}
+
+#[test]
+fn gc_loses_nothing_more_after_damage() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let r = s(&repo);
+    let lay = layout(&repo);
+    let rec = lay.records[&lay.shared_chunk()].clone();
+    let lost = flip_stored_byte(&lay, &rec);
+    let (out, _keep, dest) = restore(&repo, "alpha@2", &["--zero-damaged", "--json"]);
+    failure(&out, "restore alpha@2 before gc");
+    let before = (json(&out)["damaged"].clone(), fs::read(&dest).unwrap());
+
+    // Remove alpha@1 and collect everything collectable: the pack with
+    // the damaged record holds live chunks of alpha@2, so gc must keep it
+    // (a damaged record cannot be copied).
+    ok(&run(&["rm", "alpha@1", "--repo", r]));
+    ok(&run(&["gc", "--repo", r, "--repack-below", "1"]));
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(1), "{v}");
+    let wanted: BTreeSet<_> = lay
+        .places_of(&lost)
+        .into_iter()
+        .filter(|p| p.snap == 2)
+        .map(|p| (p.image, p.snap, p.offset))
+        .collect();
+    assert!(!wanted.is_empty());
+    assert_eq!(affected(&v), wanted, "{v}");
+    let (out, _keep2, dest) = restore(&repo, "alpha@2", &["--zero-damaged", "--json"]);
+    failure(&out, "restore alpha@2 after gc");
+    assert_eq!(json(&out)["damaged"], before.0);
+    assert!(
+        fs::read(&dest).unwrap() == before.1,
+        "gc lost more of alpha@2"
+    );
+    let (out, _keep3, dest) = restore(&repo, "beta", &[]);
+    ok(&out);
+    assert!(fs::read(&dest).unwrap() == base.snaps[2].data);
+}
+
+#[test]
 fn damaged_config_and_target_marker() {
     let base = base();
     for file in ["config", "data/cairn-target"] {
@@ -892,13 +1138,19 @@ fn newer_format_versions_are_refused() {
         &run(&["restore", "alpha@2", "-", "--repo", s(&repo)]),
         "manifest v2",
     );
-    assert!(line.contains(newer) && line.contains("0000000002.snap"), "{line}");
+    assert!(
+        line.contains(newer) && line.contains("0000000002.snap"),
+        "{line}"
+    );
     let (out, v) = verify(&repo, true);
     assert_eq!(out.status.code(), Some(1), "{v}");
     let problems = v["problems"].as_array().unwrap();
     assert_eq!(problems.len(), 1, "{v}");
     assert_eq!(problems[0]["kind"], "manifest");
-    assert!(problems[0]["message"].as_str().unwrap().contains(newer), "{v}");
+    assert!(
+        problems[0]["message"].as_str().unwrap().contains(newer),
+        "{v}"
+    );
     for sn in base.snaps.iter().filter(|sn| sn.spec() != "alpha@2") {
         let (out, _dir, dest) = restore(&repo, &sn.spec(), &[]);
         ok(&out);
@@ -907,7 +1159,10 @@ fn newer_format_versions_are_refused() {
     let before = tree(&repo);
     let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v2");
     assert!(line.contains(newer), "{line}");
-    assert!(tree(&repo) == before, "manifest v2: gc changed the repository");
+    assert!(
+        tree(&repo) == before,
+        "manifest v2: gc changed the repository"
+    );
 
     // A newer index file: verify names it; restore of an image that needs
     // it says why its chunks are missing; gc refuses.
@@ -973,7 +1228,10 @@ fn bad_arguments_give_one_line() {
         }
     }
     cases.extend([
-        (vec!["init", s(&not_repo)], "already exists and is not empty"),
+        (
+            vec!["init", s(&not_repo)],
+            "already exists and is not empty",
+        ),
         (vec!["init", r], "already exists and is not empty"),
         (
             vec!["init", s(&new_repo), "--pack-size", "1K"],
@@ -1011,7 +1269,10 @@ fn bad_arguments_give_one_line() {
             vec!["restore", "nosuch", s(&out_img), "--repo", r],
             "no image named \"nosuch\"",
         ),
-        (vec!["rm", "nosuch", "--repo", r], "no image named \"nosuch\""),
+        (
+            vec!["rm", "nosuch", "--repo", r],
+            "no image named \"nosuch\"",
+        ),
         (
             vec!["backup", src, "--repo", r, "--name", "n", "-c", "zstd:99"],
             "level 99",
@@ -1025,15 +1286,42 @@ fn bad_arguments_give_one_line() {
             "lz4",
         ),
         (
-            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "cdc:1,2,3"],
+            vec![
+                "backup",
+                src,
+                "--repo",
+                r,
+                "-n",
+                "n",
+                "--chunker",
+                "cdc:1,2,3",
+            ],
             "chunker cdc:1,2,3",
         ),
         (
-            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "cdc:16K,8K,32K"],
+            vec![
+                "backup",
+                src,
+                "--repo",
+                r,
+                "-n",
+                "n",
+                "--chunker",
+                "cdc:16K,8K,32K",
+            ],
             "MIN < AVG < MAX",
         ),
         (
-            vec!["backup", src, "--repo", r, "-n", "n", "--chunker", "fixed:0"],
+            vec![
+                "backup",
+                src,
+                "--repo",
+                r,
+                "-n",
+                "n",
+                "--chunker",
+                "fixed:0",
+            ],
             "chunker",
         ),
         (
@@ -1059,6 +1347,10 @@ fn bad_arguments_give_one_line() {
         (
             vec!["gc", "--repo", r, "--repack-below", "2"],
             "--repack-below",
+        ),
+        (
+            vec!["backup", src, "--repo", r, "-n", "n", "--group", "9M"],
+            "group size",
         ),
     ]);
     for (args, needle) in &cases {
@@ -1279,6 +1571,73 @@ fn full_target_disk() {
 }
 
 #[test]
+fn full_second_target() {
+    let dir = tempdir();
+    let t1 = dir.path().join("small-disk");
+    let Some(disk) = Tmpfs::mount(&t1, "4m") else {
+        return;
+    };
+    let repo = dir.path().join("repo");
+    let t0 = dir.path().join("t0");
+    ok(&run(&[
+        "init",
+        s(&repo),
+        "--target",
+        s(&t0),
+        "--target",
+        s(&t1),
+        "--pack-size",
+        "1M",
+    ]));
+    let first = noise(1_000_000, 21);
+    ok(&backup_json(&repo, "first", &first));
+    // Nothing left on the second target.
+    let filler = t1.join("filler");
+    disk.leave_free(&filler, 0);
+    let big = noise(24_000_000, 22);
+    let out = backup_json(&repo, "big", &big);
+    if out.status.success() {
+        // The first target took every batch: fine, if it is all there.
+        eprintln!("note: the full second target received no batch");
+        restores_to(&repo, "big", &big);
+    } else {
+        let line = one_line_failure(&out, "backup onto a full second target");
+        assert!(line.contains("No space left on device"), "{line}");
+        assert!(line.contains("small-disk"), "{line}");
+        let ls = json(ok(&run(&["ls", "--repo", s(&repo), "--json"])));
+        assert_eq!(ls["snapshots"].as_array().unwrap().len(), 1, "{ls}");
+    }
+    assert_sound(&repo, "after the second target filled up");
+    restores_to(&repo, "first", &first);
+    fs::remove_file(&filler).unwrap();
+    disk.resize("64m");
+    let again = noise(3_000_000, 23);
+    ok(&backup_json(&repo, "again", &again));
+    assert_sound(&repo, "after space was freed");
+    restores_to(&repo, "first", &first);
+    restores_to(&repo, "again", &again);
+}
+
+#[test]
+fn full_disk_under_a_restore() {
+    let base = base();
+    let dir = tempdir();
+    let mnt = dir.path().join("small-disk");
+    let Some(_disk) = Tmpfs::mount(&mnt, "256k") else {
+        return;
+    };
+    for extra in [&[][..], &["--zero-damaged"][..]] {
+        let dest = mnt.join("alpha.img");
+        let mut args = vec!["restore", "alpha", s(&dest), "--repo", s(&base.repo), "-q"];
+        args.extend_from_slice(extra);
+        let line = one_line_failure(&run(&args), "restore onto a full disk");
+        assert!(line.contains("No space left on device"), "{line}");
+        assert!(listing(&mnt).is_empty(), "left {:?}", listing(&mnt));
+    }
+    assert_sound(&base.repo, "after a failed restore");
+}
+
+#[test]
 fn full_disk_under_the_whole_repository() {
     let dir = tempdir();
     let mnt = dir.path().join("small-disk");
@@ -1310,7 +1669,9 @@ fn full_disk_under_the_whole_repository() {
     assert!(line.contains("No space left on device"), "{line}");
     assert!(line.contains("index"), "{line}");
     assert_sound(&repo, "after the index write failed");
-    assert!(listing(&repo.join("index")).iter().all(|n| !n.starts_with('.')));
+    assert!(listing(&repo.join("index"))
+        .iter()
+        .all(|n| !n.starts_with('.')));
     restores_to(&repo, "first", &first);
 
     // Room for one block: the next backup salvages that pack (its index
