@@ -152,7 +152,7 @@ impl PendingFile {
             .write(true)
             .create_new(true)
             .open(&tmp)
-            .with_context(|| format!("{}", tmp.display()))?;
+            .with_context(|| format!("cannot create {}", path.display()))?;
         crate::signals::register(&tmp);
         Ok(PendingFile {
             path: path.to_path_buf(),

@@ -168,7 +168,10 @@ fn rewrite_level_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<st
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(rewrite_level_flags(std::env::args_os()));
+    let cli = match Cli::try_parse_from(rewrite_level_flags(std::env::args_os())) {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let result = match cli.command {
         Command::Pack(args) => pack::pack(&args),
         Command::Unpack(args) => pack::unpack(&args),
@@ -188,6 +191,36 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Help and version go out as clap prints them; a usage error becomes one
+/// line, like every other error of cairn, with exit code 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.use_stderr() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    let text = e.render().to_string();
+    let mut lines = text.lines().map(str::trim).skip_while(|l| l.is_empty());
+    let mut msg = lines.next().unwrap_or("bad arguments").to_string();
+    // "the following required arguments were not provided:" lists them below.
+    if msg.ends_with(':') {
+        let more: Vec<&str> = lines.take_while(|l| !l.is_empty()).collect();
+        msg = format!("{} {}", msg, more.join(", "));
+    }
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    eprintln!("cairn: {msg} (see cairn --help)");
+    ExitCode::from(2)
 }
 
 /// The error and its causes on one line.

@@ -384,9 +384,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     bar.finish();
     let r = r?;
     let t = &r.totals;
-    for e in &r.damaged_index_files {
-        eprintln!("cairn: warning: {e}");
-    }
+    warn_writer_repairs(&r.quarantined, &r.lost_packs);
     let mbs = t.bytes_in as f64 / 1e6 / r.seconds.max(1e-9);
     if a.json {
         print_json(&json!({
@@ -429,6 +427,19 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// What a writer repaired on its way in, said once on stderr.
+fn warn_writer_repairs(quarantined: &[PathBuf], lost: &[String]) {
+    for q in quarantined {
+        eprintln!(
+            "cairn: warning: damaged index file set aside as {} (its packs were indexed again from their records)",
+            q.display()
+        );
+    }
+    for l in lost {
+        eprintln!("cairn: warning: {l}: its chunks are no longer used, and are stored again when backed up again (run `cairn verify` to see the snapshots that lost data)");
+    }
 }
 
 pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
@@ -520,8 +531,12 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     let r = report?;
     for d in &r.damaged {
         eprintln!(
-            "cairn: damaged: image offset {} length {} (chunk {}) written as zeros: {}",
-            d.offset, d.len, d.chunk, d.reason
+            "cairn: damaged: image offset {} length {} ({} chunk(s) from {}) written as zeros: {}",
+            d.offset,
+            d.len,
+            d.chunks.len(),
+            d.chunks.first().map(|c| c.to_string()).unwrap_or_default(),
+            d.reason
         );
     }
     let mbs = r.size as f64 / 1e6 / r.seconds.max(1e-9);
@@ -534,7 +549,8 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         "mb_per_s": mbs,
         "threads": opts.threads,
         "damaged": r.damaged.iter().map(|d| json!({
-            "offset": d.offset, "length": d.len, "chunk": d.chunk.to_string(), "reason": d.reason,
+            "offset": d.offset, "length": d.len, "reason": d.reason,
+            "chunks": d.chunks.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     });
     if a.json {
@@ -759,6 +775,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             progress: None,
         },
     )?;
+    warn_writer_repairs(&r.quarantined, &r.lost_packs);
     if a.json {
         print_json(&json!({
             "chunks_before": r.chunks_before,
@@ -815,6 +832,9 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     let per_chunk_rss = ratio(grown, loaded.index.len() as u64);
     drop(loaded);
     let per_chunk_heap = ratio(s.index_entry_bytes, s.chunks);
+    for e in s.unreadable_snapshots.iter().chain(&s.damaged_index_files) {
+        eprintln!("cairn: warning: {e}");
+    }
     if a.json {
         print_json(&json!({
             "repository": repo.root(),
@@ -835,6 +855,8 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "targets": s.targets.iter().map(|t| json!({
                 "path": t.path, "packs": t.packs, "bytes": t.bytes,
             })).collect::<Vec<_>>(),
+            "unreadable_snapshots": s.unreadable_snapshots,
+            "damaged_index_files": s.damaged_index_files,
         }));
     } else {
         println!("repository     {}", repo.root().display());
@@ -869,6 +891,10 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
                 s.unindexed_packs
             );
         }
+    }
+    let damaged = s.unreadable_snapshots.len() + s.damaged_index_files.len();
+    if damaged > 0 {
+        bail!("{damaged} metadata file(s) could not be read; the totals leave them out (run `cairn verify`)");
     }
     Ok(())
 }

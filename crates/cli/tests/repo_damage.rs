@@ -55,20 +55,6 @@ fn image(len: usize, seed: u64) -> Vec<u8> {
         x ^= x << 17;
         x
     };
-    const WORDS: [&[u8]; 12] = [
-        b"cairn ",
-        b"stores ",
-        b"images ",
-        b"kernel ",
-        b"page ",
-        b"block ",
-        b"\n",
-        b"0000 ",
-        b"snapshot ",
-        b"of ",
-        b"the ",
-        b"disk ",
-    ];
     let mut v = Vec::with_capacity(len + 200_000);
     while v.len() < len {
         let r = next();
@@ -242,6 +228,20 @@ fn ok(out: &Output) -> &Output {
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Ranges with neighbours joined.
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.into_iter().collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (o, l) in v {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == o => last.1 += l,
+            _ => out.push((o, l)),
+        }
+    }
+    out
 }
 
 fn run(args: &[&str]) -> Output {
@@ -577,8 +577,9 @@ fn check_damage(base: &Base, repo: &Path, e: &Expect) {
             .iter()
             .map(|d| (d["offset"].as_u64().unwrap(), d["length"].as_u64().unwrap()))
             .collect();
-        let expect: BTreeSet<(u64, u64)> = here.iter().map(|p| (p.offset, p.len)).collect();
-        assert_eq!(listed, expect, "{what}: {spec} damaged ranges, {j}");
+        // Neighbouring ranges lost together are listed as one.
+        let expect = merged(here.iter().map(|p| (p.offset, p.len)));
+        assert_eq!(merged(listed), expect, "{what}: {spec} damaged ranges, {j}");
         let got = fs::read(&dest).unwrap();
         assert_eq!(got.len(), sn.data.len(), "{what}: {spec}");
         let mut want = sn.data.clone();
@@ -750,12 +751,22 @@ fn flipped_byte_in_index_file() {
     let (out, _dir, _) = restore(&repo, "alpha@1", &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("checksum mismatch"), "{err}");
-    // gc must not run on a partial index (it would lose chunks).
-    let before = tree(&repo);
+    // A writer (here gc) first indexes again every pack the damaged file
+    // could name, from the packs' own records, then sets the file aside:
+    // nothing was lost, and the repository is whole again.
     let out = run(&["gc", "--repo", s(&repo)]);
-    let line = one_line_failure(&out, "gc with a damaged index file");
-    assert!(line.contains("gc refuses"), "{line}");
-    assert!(tree(&repo) == before, "a refused gc changed the repository");
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("set aside"), "{err}");
+    assert!(!idx.exists());
+    assert!(idx.with_extension("idx.damaged").exists());
+    let (out, v) = verify(&repo, true);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    for sn in &base.snaps {
+        let (out, _dir, dest) = restore(&repo, &sn.spec(), &[]);
+        ok(&out);
+        assert!(fs::read(&dest).unwrap() == sn.data, "{}", sn.spec());
+    }
 }
 
 #[test]
@@ -906,7 +917,6 @@ fn deleted_index_file() {
 }
 
 #[test]
-#[ignore = "bug: verify --read-data names no image for a pack it cannot read (verify.rs, read error path)"]
 fn unreadable_pack_names_the_images() {
     let base = base();
     let (_d, repo) = copy(&base);
@@ -943,7 +953,6 @@ fn unreadable_pack_names_the_images() {
 }
 
 #[test]
-#[ignore = "bug: a backup dedups against chunks of a lost pack, so backing up the same data again gives another unrestorable snapshot, with exit 0 (backup.rs/repo.rs load_index)"]
 fn backup_after_a_lost_pack_stores_its_chunks_again() {
     let base = base();
     let (_d, repo) = copy(&base);
@@ -981,7 +990,6 @@ fn backup_after_a_lost_pack_stores_its_chunks_again() {
 }
 
 #[test]
-#[ignore = "bug: salvage (repo.rs) deletes or truncates an unindexed pack at its first bad record, destroying the intact records after it"]
 fn salvage_keeps_intact_records_after_a_damaged_one() {
     let base = base();
     let mut lost_more = Vec::new();
@@ -1388,7 +1396,7 @@ fn bad_arguments_give_one_line() {
     );
     assert_sound(&repo, "after bad arguments");
 
-    // Usage errors are clap's: exit 2, no panic.
+    // Usage errors: exit 2, one line, no panic.
     for args in [
         &["restore"][..],
         &["backup", src, "--repo", r],
@@ -1399,7 +1407,8 @@ fn bad_arguments_give_one_line() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
-        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(err.starts_with("cairn: "), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
 
     // Restore to a stdout that is no terminal (a pipe) works, and -f

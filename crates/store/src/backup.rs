@@ -105,8 +105,11 @@ pub struct BackupReport {
     pub seconds: f64,
     /// Packs of an interrupted earlier run taken back into the index.
     pub salvaged: Salvaged,
-    /// Index files that could not be read (their chunks were stored again).
-    pub damaged_index_files: Vec<String>,
+    /// Damaged index files set aside (their packs were indexed again).
+    pub quarantined: Vec<std::path::PathBuf>,
+    /// Packs that are missing or cut short: their chunks were stored again
+    /// where this backup needed them.
+    pub lost_packs: Vec<String>,
     /// Packs written.
     pub packs: usize,
 }
@@ -155,10 +158,8 @@ pub fn backup(
     }
     let started = Instant::now();
     let created = now_secs();
-    repo.collect_garbage(lock)?;
-    let mut loaded = repo.load_index()?;
-    let salvaged = repo.salvage(lock, &mut loaded.index)?;
-    let index = &loaded.index;
+    let writer_index = repo.writer_index(lock)?;
+    let index = &writer_index.index;
     let snapshot = repo.snapshots(&opts.name)?.last().map_or(1, |n| n + 1);
 
     let claimed: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
@@ -268,8 +269,9 @@ pub fn backup(
         snapshot,
         totals,
         seconds: started.elapsed().as_secs_f64(),
-        salvaged,
-        damaged_index_files: loaded.damaged.iter().map(|e| e.to_string()).collect(),
+        salvaged: writer_index.salvaged,
+        quarantined: writer_index.quarantined.clone(),
+        lost_packs: writer_index.lost_packs.clone(),
         packs: combined.packs.len(),
     })
 }

@@ -3,7 +3,8 @@
 //!
 //! Order of work, so that a kill at any moment loses nothing:
 //!
-//! 1. finish an earlier gc's garbage list; salvage unindexed packs;
+//! 1. finish an earlier gc's garbage list; salvage unindexed packs (and
+//!    set aside damaged index files, whose packs salvage re-indexed);
 //! 2. mark the chunks every manifest uses (one bit per index entry);
 //! 3. copy the live records of sparse packs, verbatim, into new packs
 //!    (fsync'd) — a kill here leaves unindexed packs, salvaged later;
@@ -18,7 +19,7 @@ use crate::id::ChunkId;
 use crate::index::{IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
 use crate::pack::{PackWriter, Record};
-use crate::repo::{Garbage, Repository, Salvaged, WriterLock};
+use crate::repo::{Repository, Salvaged, WriterLock};
 use std::collections::{BTreeMap, HashMap};
 
 /// How to collect.
@@ -43,6 +44,10 @@ impl Default for GcOptions<'_> {
 pub struct GcReport {
     /// Packs of interrupted runs taken into the index first.
     pub salvaged: Salvaged,
+    /// Damaged index files set aside (their packs were indexed again).
+    pub quarantined: Vec<std::path::PathBuf>,
+    /// Packs the index named that are missing or cut short.
+    pub lost_packs: Vec<String>,
     /// Distinct chunks before and after.
     pub chunks_before: u64,
     /// Distinct chunks after.
@@ -77,15 +82,13 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         }
     };
     let mut report = GcReport::default();
-    repo.collect_garbage(lock)?;
-    let mut loaded = repo.load_index()?;
-    if let Some(e) = loaded.damaged.first() {
-        return Err(StoreError::Invalid(format!(
-            "gc refuses to run while an index file is damaged ({e}): it could lose track of chunks; see `cairn verify`"
-        )));
-    }
-    report.salvaged = repo.salvage(lock, &mut loaded.index)?;
-    let index = loaded.index;
+    // Damaged index files are set aside only after every pack they could
+    // name has been indexed again from its records: nothing is lost track of.
+    let w = repo.writer_index(lock)?;
+    report.salvaged = w.salvaged;
+    report.quarantined = w.quarantined;
+    report.lost_packs = w.lost_packs;
+    let index = w.index;
     report.chunks_before = index.len() as u64;
 
     say("marking");
@@ -107,16 +110,20 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         }
     }
 
-    // Live bytes per pack, and the files as they are on disk.
+    // Live bytes per pack (a record counts once, whatever number of its
+    // chunks are live), and the files as they are on disk.
     let npacks = index.packs().len();
     let mut live_bytes = vec![0u64; npacks];
     let mut dead_entries = 0u64;
+    let mut live_records = std::collections::HashSet::new();
     for i in 0..index.len() {
         let Some(loc) = index.location_at(i) else {
             continue;
         };
         if bit(&live, i) {
-            live_bytes[loc.pack as usize] += u64::from(loc.len);
+            if live_records.insert((loc.pack, loc.offset)) {
+                live_bytes[loc.pack as usize] += u64::from(loc.len);
+            }
         } else {
             dead_entries += 1;
         }
@@ -135,7 +142,12 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         }
     }
     let old_files = repo.index_files()?;
-    if dead.is_empty() && sparse.is_empty() && dead_entries == 0 && old_files.len() <= 8 {
+    if dead.is_empty()
+        && sparse.is_empty()
+        && dead_entries == 0
+        && old_files.len() <= 8
+        && report.salvaged.empty.is_empty()
+    {
         report.chunks_after = report.chunks_before;
         report.bytes_after = report.bytes_before;
         return Ok(report);
@@ -274,11 +286,15 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
     let new_files = repo.write_index(lock, &fresh)?;
 
     say("deleting");
-    let mut garbage = Garbage::default();
+    // Keep what an earlier gc could not delete yet (a reader was active).
+    let mut garbage = repo.read_garbage()?;
     for p in &old_files {
         if !new_files.contains(p) {
             if let Some(n) = p.file_name() {
-                garbage.index_files.push(n.to_string_lossy().into_owned());
+                let n = n.to_string_lossy().into_owned();
+                if !garbage.index_files.contains(&n) {
+                    garbage.index_files.push(n);
+                }
             }
         }
     }
@@ -289,6 +305,9 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
                 report.packs_deleted += 1;
             }
         }
+    }
+    for (t, id) in &report.salvaged.empty {
+        garbage.packs.push((*t, id.to_string()));
     }
     repo.write_garbage(lock, &garbage)?;
     report.deferred = !repo.collect_garbage(lock)?;

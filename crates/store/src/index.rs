@@ -243,8 +243,29 @@ impl ChunkIndex {
     /// Sort for lookups and drop duplicate ids; frees spare capacity so
     /// that memory is exactly 32 bytes per chunk.
     pub fn seal(&mut self) {
+        self.seal_preferring(|_| true);
+    }
+
+    /// [`ChunkIndex::seal`], keeping of two entries for the same chunk one
+    /// that `good` accepts (a record that is on disk) if there is one.
+    pub fn seal_preferring(&mut self, mut good: impl FnMut(Location) -> bool) {
         self.entries.sort_unstable_by_key(|e| e.prefix);
-        self.entries.dedup_by(|a, b| a.prefix == b.prefix);
+        self.entries.dedup_by(|later, kept| {
+            if later.prefix != kept.prefix {
+                return false;
+            }
+            if !good(kept.location()) && good(later.location()) {
+                std::mem::swap(later, kept);
+            }
+            true
+        });
+        self.entries.shrink_to_fit();
+    }
+
+    /// Keep only the entries whose location passes `keep` (sorted order
+    /// is kept).
+    pub fn retain(&mut self, mut keep: impl FnMut(Location) -> bool) {
+        self.entries.retain(|e| keep(e.location()));
         self.entries.shrink_to_fit();
     }
 

@@ -368,6 +368,28 @@ pub fn walk_records(data: &[u8], mut each: impl FnMut(u64, &Record) -> Result<()
     Ok(pos as u64)
 }
 
+/// Every sound record of a whole pack held in `data`, also past damage:
+/// where a record does not parse or fails its CRC, the scan moves on to
+/// the next record magic. Returns the end of the last sound record.
+pub fn scan_records(data: &[u8], mut each: impl FnMut(u64, &Record) -> Result<()>) -> Result<u64> {
+    let mut pos = PACK_HEADER_LEN;
+    let mut end = pos;
+    while pos < data.len() {
+        match Record::parse(&data[pos..]) {
+            Ok(r) => {
+                each(pos as u64, &r)?;
+                pos += r.len();
+                end = pos;
+            }
+            Err(_) => match data[pos + 1..].windows(4).position(|w| w == RECORD_MAGIC) {
+                Some(i) => pos += 1 + i,
+                None => break,
+            },
+        }
+    }
+    Ok(end as u64)
+}
+
 /// Where a pack lives under a target directory.
 pub fn pack_path(target: &Path, id: PackId) -> PathBuf {
     let hex = id.to_string();

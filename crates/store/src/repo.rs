@@ -83,6 +83,23 @@ pub struct LoadedIndex {
     pub index: ChunkIndex,
     /// Index files that are damaged, with the error.
     pub damaged: Vec<StoreError>,
+    /// Their paths.
+    pub damaged_paths: Vec<PathBuf>,
+}
+
+/// The index as a writer sees it: complete for the packs on disk.
+#[derive(Debug, Default)]
+pub struct WriterIndex {
+    /// Entries whose records are on disk.
+    pub index: ChunkIndex,
+    /// Unindexed packs taken in.
+    pub salvaged: Salvaged,
+    /// Damaged index files set aside (renamed `*.idx.damaged`): every pack
+    /// they could name has been indexed again from its records.
+    pub quarantined: Vec<PathBuf>,
+    /// Packs the index names that are missing or shorter than sealed;
+    /// their chunks are not used for dedup (a backup stores them again).
+    pub lost_packs: Vec<String>,
 }
 
 /// A pack file found on a target.
@@ -99,14 +116,18 @@ pub struct PackFile {
 }
 
 /// What [`Repository::salvage`] recovered.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Salvaged {
+    /// Unindexed packs of this repository with no sound record (killed
+    /// before their first record was whole): gc deletes them.
+    pub empty: Vec<(u16, PackId)>,
     /// Packs taken into the index.
     pub packs: u64,
     /// Chunks in them.
     pub chunks: u64,
-    /// Bytes of torn tails cut off, and of packs with nothing in them removed.
-    pub dropped_bytes: u64,
+    /// Bytes of unindexed packs that hold no sound record (torn tails,
+    /// damage, foreign headers): left in place, not indexed.
+    pub skipped_bytes: u64,
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -516,14 +537,27 @@ impl Repository {
 
     /// Load every index file into memory.
     pub fn load_index(&self) -> Result<LoadedIndex> {
+        self.load_index_without(&[])
+    }
+
+    /// Load the index, leaving out the index files named in `skip` (file
+    /// names in `REPO/index`).
+    fn load_index_without(&self, skip: &[String]) -> Result<LoadedIndex> {
         let mut out = LoadedIndex::default();
         for path in self.index_files()? {
+            if path
+                .file_name()
+                .is_some_and(|n| skip.iter().any(|s| n == s.as_str()))
+            {
+                continue;
+            }
             let data = match fs::read(&path) {
                 Ok(d) => d,
                 // Removed by a gc since the listing; its replacement was
                 // committed before, and is in the listing or will be.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => {
+                    out.damaged_paths.push(path.clone());
                     out.damaged.push(StoreError::Io {
                         path,
                         what: "read",
@@ -534,11 +568,34 @@ impl Repository {
             };
             match IndexFile::decode(&path, &data) {
                 Ok(f) => out.index.add_file(&f)?,
-                Err(e) => out.damaged.push(e),
+                Err(e) => {
+                    out.damaged_paths.push(path);
+                    out.damaged.push(e);
+                }
             }
         }
-        out.index.seal();
+        // A chunk stored twice (again after its pack was lost, or by an
+        // interrupted gc) is read from a copy that is on disk.
+        let sizes = self.pack_sizes(&out.index)?;
+        out.index.seal_preferring(|loc| {
+            u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
+        });
         Ok(out)
+    }
+
+    /// Length on disk of each pack `index` names, by pack number (0 when
+    /// the file is missing).
+    pub fn pack_sizes(&self, index: &ChunkIndex) -> Result<Vec<u64>> {
+        let on_disk: std::collections::HashMap<PackId, u64> = self
+            .pack_files()?
+            .into_iter()
+            .map(|p| (p.id, p.len))
+            .collect();
+        Ok(index
+            .packs()
+            .iter()
+            .map(|p| on_disk.get(&p.id).copied().unwrap_or(0))
+            .collect())
     }
 
     /// Write index files for `file` (split so no file is too big to load
@@ -644,12 +701,15 @@ impl Repository {
         if g.index_files.is_empty() && g.packs.is_empty() {
             return Ok(true);
         }
+        // Readers list the index directory, then read the files: deleting
+        // a superseded file under a reader could hide chunks from it, so
+        // index files go, like packs, only while no reader is active.
         let idx_dir = self.root.join("index");
-        for name in &g.index_files {
-            remove_if_present(&idx_dir.join(name))?;
-        }
-        meta::sync_dir(&idx_dir)?;
         let done = self.without_readers(lock, || {
+            for name in &g.index_files {
+                remove_if_present(&idx_dir.join(name))?;
+            }
+            meta::sync_dir(&idx_dir)?;
             for (t, id) in &g.packs {
                 let (Some(dir), Some(id)) =
                     (self.targets.get(usize::from(*t)), PackId::from_hex(id))
@@ -667,10 +727,72 @@ impl Repository {
         Ok(done.is_some())
     }
 
+    /// The index for a writer (backup, gc): finish an earlier gc's garbage,
+    /// load the index, salvage unindexed packs, set aside damaged index
+    /// files (salvage has re-indexed every pack they could name), and drop
+    /// the entries of packs that are gone or cut short, so that nothing
+    /// new is deduplicated against chunks that cannot be read.
+    pub fn writer_index(&self, lock: &WriterLock) -> Result<WriterIndex> {
+        self.collect_garbage(lock)?;
+        // What a gc left for deletion (readers were active) is invisible to
+        // writers: nothing new may come to depend on a doomed pack. The
+        // live chunks of those index files are in the files gc wrote.
+        let garbage = self.read_garbage()?;
+        let mut loaded = self.load_index_without(&garbage.index_files)?;
+        // A file of a newer format is no damage: refuse to write over it.
+        if let Some(pos) = loaded
+            .damaged
+            .iter()
+            .position(|e| matches!(e, StoreError::NewerVersion { .. }))
+        {
+            return Err(loaded.damaged.swap_remove(pos));
+        }
+        let salvaged = self.salvage(lock, &mut loaded.index)?;
+        let mut quarantined = Vec::new();
+        for path in loaded.damaged_paths {
+            let aside = path.with_extension("idx.damaged");
+            fs::rename(&path, &aside).ctx(&path, "set aside damaged index file")?;
+            quarantined.push(aside);
+        }
+        if !quarantined.is_empty() {
+            meta::sync_dir(&self.root.join("index"))?;
+        }
+        let sizes = self.pack_sizes(&loaded.index)?;
+        let mut lost_packs = Vec::new();
+        for (p, &size) in loaded.index.packs().iter().zip(&sizes) {
+            if size < p.len {
+                lost_packs.push(format!(
+                    "pack {} is {}",
+                    p.id,
+                    if size == 0 {
+                        "missing".to_string()
+                    } else {
+                        format!("cut to {size} of {} bytes", p.len)
+                    }
+                ));
+            }
+        }
+        if !lost_packs.is_empty() {
+            loaded.index.retain(|loc| {
+                u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
+            });
+        }
+        Ok(WriterIndex {
+            index: loaded.index,
+            salvaged,
+            quarantined,
+            lost_packs,
+        })
+    }
+
     /// Take into the index the packs that an interrupted backup or gc
-    /// wrote but did not index (their valid records; a torn tail is cut
-    /// off), so that the next backup reuses them instead of storing them
-    /// again. Packs on the garbage list are left alone.
+    /// wrote but did not index, so that the next backup reuses them
+    /// instead of storing them again. Every sound record is taken, also
+    /// past a damaged one. Packs are never cut or removed here (a pack
+    /// whose index file is damaged looks the same as an interrupted one),
+    /// except a file too short to hold even a pack header. Packs on the
+    /// garbage list, and packs whose header is not this repository's, are
+    /// left alone (verify lists them as unindexed).
     pub fn salvage(&self, lock: &WriterLock, index: &mut ChunkIndex) -> Result<Salvaged> {
         let garbage = self.read_garbage()?;
         let mut found = IndexFile::default();
@@ -686,20 +808,20 @@ impl Repository {
             }
             let data = fs::read(&pf.path).ctx(&pf.path, "read")?;
             if data.len() < PACK_HEADER_LEN {
-                report.dropped_bytes += data.len() as u64;
+                // Created, then killed before its header was written.
+                report.skipped_bytes += data.len() as u64;
                 fs::remove_file(&pf.path).ctx(&pf.path, "remove")?;
                 continue;
             }
-            if pack::check_pack_header(&pf.path, &data, self.id)? != pf.id {
-                return Err(StoreError::corrupt(
-                    &pf.path,
-                    28,
-                    "pack header names another pack",
-                ));
+            if pack::check_pack_header(&pf.path, &data, self.id).ok() != Some(pf.id) {
+                report.skipped_bytes += data.len() as u64;
+                continue;
             }
             let pack_no = found.packs.len() as u32;
             let mut entries = Vec::new();
-            let end = pack::walk_records(&data, |off, r| {
+            let mut covered = 0u64;
+            pack::scan_records(&data, |off, r| {
+                covered += r.len() as u64;
                 for (id, slice, _) in r.chunks() {
                     entries.push((
                         id,
@@ -713,26 +835,17 @@ impl Repository {
                 }
                 Ok(())
             })?;
+            report.skipped_bytes += data.len() as u64 - PACK_HEADER_LEN as u64 - covered;
             if entries.is_empty() {
-                report.dropped_bytes += data.len() as u64;
-                fs::remove_file(&pf.path).ctx(&pf.path, "remove")?;
+                report.empty.push((pf.target, pf.id));
                 continue;
-            }
-            if end < data.len() as u64 {
-                report.dropped_bytes += data.len() as u64 - end;
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&pf.path)
-                    .ctx(&pf.path, "open")?;
-                f.set_len(end).ctx(&pf.path, "truncate")?;
-                f.sync_all().ctx(&pf.path, "fsync")?;
             }
             report.packs += 1;
             report.chunks += entries.len() as u64;
             found.packs.push(PackInfo {
                 id: pf.id,
                 target: pf.target,
-                len: end,
+                len: data.len() as u64,
             });
             found.entries.extend(entries);
         }

@@ -11,7 +11,7 @@ use crate::error::{IoContext, Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
 use crate::manifest::{Extent, Manifest};
-use crate::pack::{check_chunk, decode_record, Decoders};
+use crate::pack::{check_chunk, check_pack_header, decode_record, Decoders, PACK_HEADER_LEN};
 use crate::repo::Repository;
 use cairn_pipeline::{Config, Fill, Slot};
 use std::collections::HashMap;
@@ -57,8 +57,8 @@ pub struct Damaged {
     pub offset: u64,
     /// Length.
     pub len: u64,
-    /// The chunk that should be there.
-    pub chunk: ChunkId,
+    /// The chunks that should be there, in order.
+    pub chunks: Vec<ChunkId>,
     /// Why it is not.
     pub reason: String,
 }
@@ -115,7 +115,12 @@ impl<'a> PackFiles<'a> {
                     if open.len() >= 256 {
                         open.clear();
                     }
-                    let f = Arc::new(File::open(&path).ctx(&path, "open pack")?);
+                    let f = File::open(&path).ctx(&path, "open pack")?;
+                    let mut header = [0u8; PACK_HEADER_LEN];
+                    f.read_exact_at(&mut header, 0)
+                        .ctx(&path, "read pack header")?;
+                    check_pack_header(&path, &header, self.repo.id())?;
+                    let f = Arc::new(f);
                     open.insert(loc.pack, f.clone());
                     f
                 }
@@ -310,7 +315,7 @@ pub fn restore(
                                 out.damaged.push(Damaged {
                                     offset: off,
                                     len: u64::from(len),
-                                    chunk: id,
+                                    chunks: vec![id],
                                     reason: err.to_string(),
                                 });
                             }
@@ -364,8 +369,26 @@ pub fn restore(
             source: e,
         })?;
     }
+    report.damaged = merge_damaged(std::mem::take(&mut report.damaged));
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Merge neighbouring damaged ranges with the same cause (the chunks of
+/// one lost group) into one.
+fn merge_damaged(mut v: Vec<Damaged>) -> Vec<Damaged> {
+    v.sort_by_key(|d| d.offset);
+    let mut out: Vec<Damaged> = Vec::with_capacity(v.len());
+    for d in v {
+        match out.last_mut() {
+            Some(last) if last.offset + last.len == d.offset && last.reason == d.reason => {
+                last.len += d.len;
+                last.chunks.extend(d.chunks);
+            }
+            _ => out.push(d),
+        }
+    }
+    out
 }
 
 fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {

@@ -93,12 +93,23 @@ pub struct RepoStats {
     pub unindexed_packs: u64,
     /// Heap bytes of the in-memory index's entry table.
     pub index_entry_bytes: u64,
+    /// Snapshots whose manifest cannot be read (not counted above).
+    pub unreadable_snapshots: Vec<String>,
+    /// Index files that cannot be read.
+    pub damaged_index_files: Vec<String>,
 }
 
 /// Compute the totals (loads the index).
 pub fn stats(repo: &Repository) -> Result<RepoStats> {
     let mut s = RepoStats::default();
-    for snap in list(repo)?.into_iter().flatten() {
+    for item in list(repo)? {
+        let snap = match item {
+            Ok(snap) => snap,
+            Err(e) => {
+                s.unreadable_snapshots.push(e);
+                continue;
+            }
+        };
         s.snapshots += 1;
         s.logical_bytes += snap.size;
         s.zero_bytes += snap.stats.zero_bytes;
@@ -107,6 +118,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     s.images = repo.images()?.len() as u64;
     let loaded = repo.load_index()?;
     s.chunks = loaded.index.len() as u64;
+    s.damaged_index_files = loaded.damaged.iter().map(|e| e.to_string()).collect();
     s.index_entry_bytes = loaded.index.entry_bytes() as u64;
     s.index_files = repo.index_files()?.len() as u64;
     s.targets = repo

@@ -163,8 +163,14 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         let data = match std::fs::read(path) {
                             Ok(d) => d,
                             Err(e) => {
+                                let why = format!("{}: read: {e}", path.display());
+                                if let Ok(mut v) = found.lock() {
+                                    for (prefix, _) in &by_pack[*n] {
+                                        v.push((*prefix, ChunkId([0; 32]), why.clone()));
+                                    }
+                                }
                                 if let Ok(mut v) = io_errors.lock() {
-                                    v.push(format!("{}: read: {e}", path.display()));
+                                    v.push(why);
                                 }
                                 continue;
                             }

@@ -503,8 +503,9 @@ fn check(what: &str, repo_dir: &Path, lay: &Layout, places: &BTreeSet<Place>, ki
                 "{what}: {name}@{snap}: {text}"
             );
             let (bytes, damaged) = restore_stream(&repo, name, *snap, true).unwrap();
-            let want: BTreeSet<(u64, u64)> = here.iter().map(|p| (p.offset, p.len)).collect();
-            let got: BTreeSet<(u64, u64)> = damaged.into_iter().collect();
+            // Neighbouring ranges lost together are listed as one.
+            let want = merged(here.iter().map(|p| (p.offset, p.len)));
+            let got = merged(damaged);
             assert_eq!(got, want, "{what}: {name}@{snap}");
             let (mut good, _) = restore_stream(&pristine, name, *snap, false).unwrap();
             for p in &here {
@@ -869,4 +870,18 @@ fn newer_versions_are_refused_by_name() {
         "{:?}",
         report.problems
     );
+}
+
+/// Ranges with neighbours joined.
+fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = ranges.into_iter().collect();
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (o, l) in v {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == o => last.1 += l,
+            _ => out.push((o, l)),
+        }
+    }
+    out
 }

@@ -139,3 +139,19 @@ pub fn listing(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Words for text-like test data (compressible, with repeats).
+pub const WORDS: [&[u8]; 12] = [
+    b"cairn ",
+    b"stores ",
+    b"images ",
+    b"kernel ",
+    b"page ",
+    b"block ",
+    b"\n",
+    b"0000 ",
+    b"snapshot ",
+    b"of ",
+    b"the ",
+    b"disk ",
+];
