@@ -76,10 +76,27 @@ pub fn read_full(r: &mut impl Read, buf: &mut Vec<u8>, want: usize) -> std::io::
     Ok(got)
 }
 
-/// An output that is either stdout or a file committed on success.
+/// An output: stdout, a regular file committed on success, or a special
+/// file (a character device such as /dev/null, a FIFO) written in place.
 pub enum Sink {
     Stdout(File),
     File(PendingFile),
+    Special(File, PathBuf),
+}
+
+/// Whether `path` exists and is neither a regular file nor a directory: a
+/// device, a FIFO or a socket. Such an output is written in place; a
+/// temporary file renamed over it would replace the device itself.
+pub fn is_special(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
+/// Open a special file (see [`is_special`]) for writing.
+pub fn open_special(path: &Path) -> Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))
 }
 
 impl Sink {
@@ -96,6 +113,9 @@ impl Sink {
     }
 
     pub fn file(path: &Path, force: bool) -> Result<Sink> {
+        if is_special(path) {
+            return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
+        }
         Ok(Sink::File(PendingFile::create(path, force)?))
     }
 
@@ -103,6 +123,7 @@ impl Sink {
         match self {
             Sink::Stdout(f) => f,
             Sink::File(p) => &mut p.file,
+            Sink::Special(f, _) => f,
         }
     }
 
@@ -110,6 +131,7 @@ impl Sink {
         match self {
             Sink::Stdout(_) => "(stdout)".to_string(),
             Sink::File(p) => p.path.display().to_string(),
+            Sink::Special(_, p) => p.display().to_string(),
         }
     }
 
@@ -118,6 +140,9 @@ impl Sink {
         match self {
             Sink::Stdout(mut f) => f.flush().context("write to stdout"),
             Sink::File(p) => p.commit(),
+            Sink::Special(mut f, p) => f
+                .flush()
+                .with_context(|| format!("write to {}", p.display())),
         }
     }
 }

@@ -476,7 +476,18 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         let is_device = std::fs::metadata(&a.dest)
             .map(|m| m.file_type().is_block_device())
             .unwrap_or(false);
-        if is_device {
+        if crate::files::is_special(&a.dest) && !is_device {
+            // A character device (/dev/null) or a FIFO: written in order,
+            // in place; never replaced by a file.
+            let mut out = crate::files::open_special(&a.dest)?;
+            cairn_store::restore(
+                &repo,
+                &loaded.index,
+                &manifest,
+                Destination::Stream(&mut out),
+                &opts,
+            )
+        } else if is_device {
             let dev = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&a.dest)

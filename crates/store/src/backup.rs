@@ -6,8 +6,10 @@
 //!     -> N workers: zero test, BLAKE3, dedup against the index and the
 //!                   chunks claimed by this backup, compress new chunks into
 //!                   a batch of pack records
-//!         -> one pack writer per target, all pulling from one queue, so a
-//!            faster (less busy) disk takes more batches
+//!         -> one pack writer per target, each with its own short queue;
+//!            a worker hands each batch of records to the least busy
+//!            target (fewest bytes queued, then fewest bytes stored), so a
+//!            faster disk takes more batches and idle disks fill evenly
 //!     -> calling thread, in order: the image's extent list, progress
 //! ```
 //!
@@ -28,7 +30,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -134,6 +136,72 @@ struct Blob {
     records: Vec<(ChunkId, u32, u32, u32)>,
 }
 
+/// How busy each target is. Each blob goes to the target with the fewest
+/// bytes queued or being written, ties broken by the fewest bytes stored
+/// there (packs already in the repository plus this backup's), then by
+/// target number. A shared queue that every writer pulls from would also
+/// favour a fast disk, but leaves the choice to thread wake-up order: small
+/// backups could land on one disk every time.
+struct TargetLoad {
+    busy: Vec<AtomicU64>,
+    stored: Vec<AtomicU64>,
+}
+
+impl TargetLoad {
+    fn new(stored: Vec<u64>) -> TargetLoad {
+        TargetLoad {
+            busy: stored.iter().map(|_| AtomicU64::new(0)).collect(),
+            stored: stored.into_iter().map(AtomicU64::new).collect(),
+        }
+    }
+
+    /// The least busy target, now charged with `len` bytes.
+    fn take(&self, len: u64) -> usize {
+        let t = (0..self.busy.len())
+            .min_by_key(|&t| {
+                (
+                    self.busy[t].load(Ordering::Relaxed),
+                    self.stored[t].load(Ordering::Relaxed),
+                    t,
+                )
+            })
+            .unwrap_or(0);
+        self.busy[t].fetch_add(len, Ordering::Relaxed);
+        self.stored[t].fetch_add(len, Ordering::Relaxed);
+        t
+    }
+
+    /// Target `t` has written `len` bytes it was handed.
+    fn written(&self, t: usize, len: u64) {
+        self.busy[t].fetch_sub(len, Ordering::Relaxed);
+    }
+}
+
+/// The pack writers' queues, one per target.
+struct Dispatch<'a> {
+    queues: Vec<Sender<Blob>>,
+    load: &'a TargetLoad,
+}
+
+impl Dispatch<'_> {
+    /// Queue `blob` for the least busy target; false if its writer stopped.
+    fn send(&self, blob: Blob) -> bool {
+        let t = self.load.take(blob.bytes.len() as u64);
+        self.queues.get(t).is_some_and(|q| q.send(blob).is_ok())
+    }
+}
+
+/// Bytes each target holds, by the index's pack table.
+fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> {
+    let mut stored = vec![0u64; targets];
+    for p in index.packs() {
+        if let Some(s) = stored.get_mut(usize::from(p.target)) {
+            *s += p.len;
+        }
+    }
+    stored
+}
+
 /// Whether every byte is zero (64 bytes at a time, which vectorises).
 pub fn is_zero(data: &[u8]) -> bool {
     let mut blocks = data.chunks_exact(64);
@@ -164,7 +232,13 @@ pub fn backup(
 
     let claimed: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
     let failed = AtomicBool::new(false);
-    let (blob_tx, blob_rx) = bounded::<Blob>(repo.targets().len() * 2);
+    let load = TargetLoad::new(stored_per_target(index, repo.targets().len()));
+    let (queues, receivers): (Vec<_>, Vec<_>) =
+        repo.targets().iter().map(|_| bounded::<Blob>(2)).unzip();
+    let dispatch = Dispatch {
+        queues,
+        load: &load,
+    };
     let (spare_tx, spare_rx) = unbounded::<Blob>();
     let mut list = ExtentList::default();
     let mut totals = Progress::default();
@@ -173,15 +247,15 @@ pub fn backup(
         let writers: Vec<_> = repo
             .targets()
             .iter()
+            .zip(receivers)
             .enumerate()
-            .map(|(t, dir)| {
-                let rx = blob_rx.clone();
+            .map(|(t, (dir, rx))| {
                 let spare = spare_tx.clone();
                 let failed = &failed;
-                s.spawn(move || write_packs(repo, t as u16, dir, rx, spare, failed))
+                let load = &load;
+                s.spawn(move || write_packs(repo, t as u16, dir, rx, load, spare, failed))
             })
             .collect();
-        drop(blob_rx);
         let run = cairn_pipeline::run(
             Config::new(opts.threads),
             reader(source, chunker),
@@ -191,7 +265,7 @@ pub fn backup(
                     opts.group_size,
                     index,
                     &claimed,
-                    &blob_tx,
+                    &dispatch,
                     &spare_rx,
                     &failed,
                 )
@@ -213,7 +287,7 @@ pub fn backup(
                 slot.output.totals = Progress::default();
             },
         );
-        drop(blob_tx);
+        drop(dispatch);
         let written: Vec<Result<IndexFile>> = writers
             .into_iter()
             .map(|h| {
@@ -353,7 +427,7 @@ fn worker<'a>(
     group_size: usize,
     index: &'a ChunkIndex,
     claimed: &'a Mutex<HashSet<[u8; PREFIX_LEN], IdHash>>,
-    blobs: &'a Sender<Blob>,
+    blobs: &'a Dispatch<'a>,
     spare: &'a Receiver<Blob>,
     failed: &'a AtomicBool,
 ) -> impl FnMut(&mut Batch, &mut Done) -> Result<()> + 'a {
@@ -401,8 +475,7 @@ fn worker<'a>(
             }
         }
         group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
-        if !blob.records.is_empty() && (failed.load(Ordering::Relaxed) || blobs.send(blob).is_err())
-        {
+        if !blob.records.is_empty() && (failed.load(Ordering::Relaxed) || !blobs.send(blob)) {
             return Err(StoreError::Aborted("the pack writers stopped".into()));
         }
         Ok(())
@@ -416,6 +489,7 @@ fn write_packs(
     target: u16,
     dir: &Path,
     rx: Receiver<Blob>,
+    load: &TargetLoad,
     spare: Sender<Blob>,
     failed: &AtomicBool,
 ) -> Result<IndexFile> {
@@ -428,6 +502,7 @@ fn write_packs(
                 None => current.insert(PackWriter::create(dir, repo.id())?),
             };
             let base = w.append(&blob.bytes)?;
+            load.written(usize::from(target), blob.bytes.len() as u64);
             let pack = out.packs.len() as u32;
             for (id, at, len, slice) in blob.records.drain(..) {
                 out.entries.push((

@@ -10,9 +10,10 @@
 //!   and stored once; all-zero chunks are never stored, only recorded as
 //!   holes, so sparse images and kdump zero pages cost nothing.
 //! - **Packs on every target, one writer each.** Compressed chunk records
-//!   are appended to pack files; each target has its own writer thread and
-//!   they pull from one queue, so N disks give N times the bandwidth and a
-//!   slower disk simply takes fewer batches (seed 000).
+//!   are appended to pack files; each target has its own writer thread,
+//!   and each batch of records goes to the least busy target (fewest bytes
+//!   queued, then fewest stored), so N disks give N times the bandwidth, a
+//!   slower disk takes fewer batches and idle disks fill evenly (seed 000).
 //! - **Self-describing records.** Every record carries its chunk id,
 //!   codec, lengths and CRC-32C: packs can be walked without the index,
 //!   which is how an interrupted backup's packs are salvaged and reused,
