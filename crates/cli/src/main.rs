@@ -8,6 +8,8 @@ mod files;
 mod pack;
 mod repo_cmd;
 mod report;
+mod serve;
+mod serve_repo;
 mod signals;
 
 use clap::{Args, Parser, Subcommand};
@@ -46,6 +48,8 @@ enum Command {
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
     Stats(repo_cmd::StatsArgs),
+    /// Export repository images, files and devices over NBD.
+    Serve(serve::ServeArgs),
 }
 
 /// Options shared by pack and unpack.
@@ -183,6 +187,7 @@ fn main() -> ExitCode {
         Command::Rm(args) => repo_cmd::rm(&args),
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
+        Command::Serve(args) => serve::serve(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,3 +66,27 @@ fn free(p: *mut c_char) {
         drop(unsafe { CString::from_raw(p) });
     }
 }
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop(_sig: c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// For servers: SIGINT and SIGTERM set the returned flag instead of
+/// killing the process, so it can finish requests in flight and flush.
+/// SIGPIPE is ignored (a client that vanished is an error on its socket).
+pub fn stop_flag() -> &'static std::sync::atomic::AtomicBool {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_stop` is an `extern "C" fn(c_int)` that only stores
+        // to an atomic, which is async-signal-safe.
+        unsafe {
+            libc::signal(sig, on_stop as *const () as libc::sighandler_t);
+        }
+    }
+    // SAFETY: SIG_IGN is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    &STOP
+}

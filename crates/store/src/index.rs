@@ -290,6 +290,12 @@ impl ChunkIndex {
         self.entries.get(i).map(Entry::location)
     }
 
+    /// The id prefix stored at a position: lets a reader that keeps only
+    /// positions check that a record's chunk is the one it looked up.
+    pub fn prefix_at(&self, i: usize) -> Option<[u8; PREFIX_LEN]> {
+        self.entries.get(i).map(|e| e.prefix)
+    }
+
     /// Whether chunk `id` is stored.
     pub fn contains(&self, id: &ChunkId) -> bool {
         self.get(id).is_some()
@@ -419,5 +425,10 @@ mod tests {
             );
         }
         assert!(!idx.contains(&ChunkId::of(b"absent")));
+        for (id, _) in &f.entries {
+            let i = idx.position(id).unwrap();
+            assert_eq!(idx.prefix_at(i), Some(id.prefix()));
+        }
+        assert_eq!(idx.prefix_at(idx.len()), None);
     }
 }

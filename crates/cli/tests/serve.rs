@@ -1,0 +1,1396 @@
+//! `cairn serve` end to end with the real binary and real NBD clients:
+//! nbdinfo, qemu-img, qemu-io, nbdcopy, fio's nbd engine, a filesystem
+//! read through nbdfuse + fuse2fs, clean shutdown, clients that break the
+//! protocol, and bad arguments.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------
+// Helpers
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn run(args: &[&str]) -> Output {
+    cairn()
+        .env_remove("CAIRN_REPO")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Run a peer tool to completion.
+fn tool(name: &str, args: &[&str]) -> Output {
+    Command::new(name)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {name}: {e}"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A requirement other than a tool on PATH: under `CI=true` a missing one
+/// fails the test; elsewhere the caller skips with a message.
+fn need(cond: bool, what: &str) -> bool {
+    if !cond {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{what} is missing; .ci/run must provide it");
+        }
+        eprintln!("skipping: {what} is missing");
+    }
+    cond
+}
+
+/// Every tool, via [`have`] (so each missing one is named).
+fn have_all(tools: &[&str]) -> bool {
+    tools.iter().all(|t| have(t))
+}
+
+/// Random bytes (xorshift), for data that does not compress.
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// Where two buffers first differ, for messages.
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .or((a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+#[track_caller]
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        panic!(
+            "{what}: {} bytes, want {}; first difference at {:?}",
+            got.len(),
+            want.len(),
+            first_diff(got, want)
+        );
+    }
+}
+
+/// A repository at `dir/repo` with `images`: (name, contents of each
+/// snapshot in order).
+fn repo_with(dir: &Path, images: &[(&str, &[&[u8]])]) -> PathBuf {
+    let repo = dir.join("repo");
+    ok(run(&["init", s(&repo)]));
+    for (name, snaps) in images {
+        for (i, data) in snaps.iter().enumerate() {
+            let f = dir.join(format!("{name}.{i}.src"));
+            std::fs::write(&f, data).unwrap();
+            ok(run(&[
+                "backup",
+                s(&f),
+                "--repo",
+                s(&repo),
+                "--name",
+                name,
+                "-q",
+            ]));
+            std::fs::remove_file(&f).unwrap();
+        }
+    }
+    repo
+}
+
+/// A running `cairn serve`, stopped (SIGTERM, then SIGKILL) on drop.
+struct Serve {
+    child: Option<Child>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    sock: Option<PathBuf>,
+    port: Option<u16>,
+}
+
+impl Serve {
+    /// Start `cairn serve args` and wait until it lists its exports.
+    fn start(args: &[&str]) -> Serve {
+        let mut child = cairn()
+            .env_remove("CAIRN_REPO")
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cairn serve");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let pipe = child.stderr.take().unwrap();
+        let lines = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                lines.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let mut serve = Serve {
+            child: Some(child),
+            stderr,
+            sock: None,
+            port: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix("cairn serve: listening on ") {
+                        if let Some(p) = rest.strip_prefix("nbd+unix:///?socket=") {
+                            serve.sock = Some(PathBuf::from(p));
+                        } else if let Some(a) = rest.strip_prefix("nbd://") {
+                            let port = a.rsplit(':').next().unwrap();
+                            serve.port = Some(port.parse().expect("port"));
+                        }
+                    }
+                    if line.starts_with("cairn serve: exports:") {
+                        return serve;
+                    }
+                }
+                Err(e) => {
+                    let status = serve.child.as_mut().unwrap().try_wait().unwrap();
+                    panic!(
+                        "cairn serve {args:?} not ready ({e}, status {status:?}): {}",
+                        serve.stderr_text()
+                    );
+                }
+            }
+        }
+    }
+
+    fn stderr_text(&self) -> String {
+        // The reader thread may lag the process's exit a little.
+        std::thread::sleep(Duration::from_millis(50));
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// `nbd+unix:///NAME?socket=SOCK`.
+    fn uri(&self, name: &str) -> String {
+        format!(
+            "nbd+unix:///{name}?socket={}",
+            self.sock.as_ref().expect("no unix socket").display()
+        )
+    }
+
+    /// `nbd://127.0.0.1:PORT/NAME`.
+    fn tcp_uri(&self, name: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{name}", self.port.expect("no TCP port"))
+    }
+
+    /// Still running?
+    fn alive(&mut self) -> bool {
+        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
+    }
+
+    /// Send `sig` and wait up to `timeout` for the exit.
+    fn signal_and_wait(&mut self, sig: i32, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+        unsafe {
+            libc::kill(child.id() as i32, sig);
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(st) = child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// SIGTERM: the exit status and how long it took, or a panic if it
+    /// does not exit within `timeout`.
+    fn stop(mut self, timeout: Duration) -> (ExitStatus, Duration) {
+        let t = Instant::now();
+        let st = self.signal_and_wait(libc::SIGTERM, timeout);
+        let took = t.elapsed();
+        match st {
+            Some(st) => {
+                self.child = None;
+                (st, took)
+            }
+            None => panic!(
+                "cairn serve did not exit within {timeout:?} of SIGTERM: {}",
+                self.stderr_text()
+            ),
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
+        if self
+            .signal_and_wait(libc::SIGTERM, Duration::from_secs(5))
+            .is_none()
+        {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// A peer process killed on drop (nbdfuse, qemu-io in a session).
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Wait for `cond` up to `timeout`.
+fn wait_for(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+// A minimal NBD client, for what the real clients refuse to do.
+
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const EPERM: u32 = 1;
+
+/// Read the server's greeting; returns its handshake flags.
+fn greeting(s: &mut impl Read) -> u16 {
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).expect("greeting");
+    assert_eq!(&g[..8], b"NBDMAGIC");
+    assert_eq!(&g[8..16], b"IHAVEOPT");
+    u16::from_be_bytes([g[16], g[17]])
+}
+
+/// Fixed newstyle handshake with NBD_OPT_EXPORT_NAME; returns the size
+/// and transmission flags.
+fn attach<S: Read + Write>(s: &mut S, name: &str) -> (u64, u16) {
+    let flags = greeting(s);
+    let no_zeroes = flags & 2 != 0;
+    let client: u32 = 1 | if no_zeroes { 2 } else { 0 };
+    s.write_all(&client.to_be_bytes()).unwrap();
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+    opt.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    opt.extend_from_slice(name.as_bytes());
+    s.write_all(&opt).unwrap();
+    let mut r = [0u8; 10];
+    s.read_exact(&mut r).expect("export info");
+    if !no_zeroes {
+        let mut z = [0u8; 124];
+        s.read_exact(&mut z).unwrap();
+    }
+    (
+        u64::from_be_bytes(r[..8].try_into().unwrap()),
+        u16::from_be_bytes([r[8], r[9]]),
+    )
+}
+
+fn request(s: &mut impl Write, cmd: u16, handle: u64, offset: u64, len: u32, data: &[u8]) {
+    let mut m = Vec::with_capacity(28 + data.len());
+    m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&cmd.to_be_bytes());
+    m.extend_from_slice(&handle.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+}
+
+/// A simple reply: (error, handle).
+fn simple_reply(s: &mut impl Read) -> (u32, u64) {
+    let mut r = [0u8; 16];
+    s.read_exact(&mut r).expect("reply");
+    assert_eq!(
+        u32::from_be_bytes(r[..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
+    (
+        u32::from_be_bytes(r[4..8].try_into().unwrap()),
+        u64::from_be_bytes(r[8..].try_into().unwrap()),
+    )
+}
+
+/// One option request during the handshake.
+fn option(s: &mut impl Write, opt: u32, data: &[u8]) {
+    let mut m = b"IHAVEOPT".to_vec();
+    m.extend_from_slice(&opt.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+}
+
+/// One option reply: (reply type, payload).
+fn option_reply(s: &mut impl Read, opt: u32) -> (u32, Vec<u8>) {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h).expect("option reply");
+    assert_eq!(
+        u64::from_be_bytes(h[..8].try_into().unwrap()),
+        0x0003_e889_0455_65a9
+    );
+    assert_eq!(u32::from_be_bytes(h[8..12].try_into().unwrap()), opt);
+    let ty = u32::from_be_bytes(h[12..16].try_into().unwrap());
+    let mut p = vec![0u8; u32::from_be_bytes(h[16..].try_into().unwrap()) as usize];
+    s.read_exact(&mut p).unwrap();
+    (ty, p)
+}
+
+/// Fixed newstyle with NBD_OPT_STRUCTURED_REPLY and NBD_OPT_GO; returns
+/// the size.
+fn attach_structured<S: Read + Write>(s: &mut S, name: &str) -> u64 {
+    let flags = greeting(s);
+    let client: u32 = 1 | if flags & 2 != 0 { 2 } else { 0 };
+    s.write_all(&client.to_be_bytes()).unwrap();
+    option(s, 8, &[]); // NBD_OPT_STRUCTURED_REPLY
+    assert_eq!(option_reply(s, 8).0, 1, "structured replies refused");
+    let mut go = (name.len() as u32).to_be_bytes().to_vec();
+    go.extend_from_slice(name.as_bytes());
+    go.extend_from_slice(&0u16.to_be_bytes());
+    option(s, 7, &go); // NBD_OPT_GO
+    let mut size = None;
+    loop {
+        match option_reply(s, 7) {
+            (1, _) => break, // NBD_REP_ACK
+            (3, p) => {
+                // NBD_REP_INFO; NBD_INFO_EXPORT is type 0.
+                if p[..2] == [0, 0] {
+                    size = Some(u64::from_be_bytes(p[2..10].try_into().unwrap()));
+                }
+            }
+            (ty, p) => panic!("NBD_OPT_GO: reply {ty:#x} {p:?}"),
+        }
+    }
+    size.expect("no NBD_INFO_EXPORT")
+}
+
+/// The structured reply chunks to one request, up to NBD_REPLY_FLAG_DONE:
+/// (type, cookie, payload).
+fn chunks(s: &mut impl Read) -> Vec<(u16, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).expect("structured reply");
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x668e_33ef);
+        let flags = u16::from_be_bytes([h[4], h[5]]);
+        let ty = u16::from_be_bytes([h[6], h[7]]);
+        let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+        let mut p = vec![0u8; u32::from_be_bytes(h[16..].try_into().unwrap()) as usize];
+        s.read_exact(&mut p).unwrap();
+        out.push((ty, cookie, p));
+        if flags & 1 != 0 {
+            return out;
+        }
+    }
+}
+
+fn unix(sock: &Path) -> UnixStream {
+    let s = UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+fn nbdinfo_json(args: &[&str]) -> serde_json::Value {
+    let out = ok(tool("nbdinfo", args));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "nbdinfo {args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+// ---------------------------------------------------------------------
+// 1. Listing
+
+#[test]
+fn nbdinfo_lists_every_export() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let v1 = random(1_000_003, 1);
+    let mut v2 = v1.clone();
+    v2.extend_from_slice(&random(4101, 2));
+    let other = mixed(300_001, 3);
+    let repo = repo_with(d, &[("img", &[&v1, &v2]), ("other", &[&other])]);
+    std::fs::write(d.join("a.raw"), random(65_536 + 7, 4)).unwrap();
+    std::fs::write(d.join("b.img"), random(12_288, 5)).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&d.join("a.raw")),
+        "--file",
+        &format!("bee={},ro", s(&d.join("b.img"))),
+        "--repo",
+        s(&repo),
+        "--image",
+        "img@1",
+        "--image",
+        "other",
+        "--socket",
+        s(&sock),
+    ]);
+    let j = nbdinfo_json(&["--list", "--json", &srv.uri("")]);
+    let mut got: Vec<(String, u64, bool)> = j["exports"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no exports: {j}"))
+        .iter()
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap().to_string(),
+                e["export-size"].as_u64().unwrap(),
+                e["is_read_only"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut want = vec![
+        ("a.raw".to_string(), 65_543, false),
+        ("bee".to_string(), 12_288, true),
+        ("img@1".to_string(), v1.len() as u64, true),
+        ("other".to_string(), other.len() as u64, true),
+    ];
+    want.sort();
+    assert_eq!(got, want, "{j}");
+    drop(srv);
+
+    // Without --image: every image's latest snapshot, named NAME.
+    let srv = Serve::start(&["--repo", s(&repo), "--socket", s(&sock)]);
+    let j = nbdinfo_json(&["--list", "--json", &srv.uri("")]);
+    let mut got: Vec<(String, u64)> = j["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["export-name"].as_str().unwrap().to_string(),
+                e["export-size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("img".to_string(), v2.len() as u64),
+            ("other".to_string(), other.len() as u64)
+        ],
+        "{j}"
+    );
+}
+
+// ---------------------------------------------------------------------
+// 2. and 3. Reading an image: bytes and map
+
+const BIG: usize = 17_000_003;
+const ZERO_AT: usize = 4 << 20;
+const ZERO_LEN: usize = 8 << 20;
+
+/// Random data with an 8 MiB run of zeros and an odd size; the second
+/// snapshot changes a few bytes.
+fn big_image() -> (Vec<u8>, Vec<u8>) {
+    let mut v1 = random(BIG, 21);
+    v1[ZERO_AT..ZERO_AT + ZERO_LEN].fill(0);
+    let mut v2 = v1.clone();
+    v2[15_000_000..15_000_100].fill(0x5a);
+    v2[1000..1003].copy_from_slice(b"two");
+    (v1, v2)
+}
+
+#[test]
+fn image_export_reads_like_restore() {
+    if !have_all(&["qemu-img", "nbdcopy", "nbdinfo"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let (v1, v2) = big_image();
+    let repo = repo_with(d, &[("disk", &[&v1, &v2])]);
+    let restored = |spec: &str| {
+        let out = d.join(format!("restore-{spec}"));
+        ok(run(&["restore", spec, s(&out), "--repo", s(&repo), "-q"]));
+        let bytes = std::fs::read(&out).unwrap();
+        std::fs::remove_file(&out).unwrap();
+        bytes
+    };
+    let r1 = restored("disk@1");
+    let r2 = restored("disk");
+    assert_same(&r1, &v1, "restore disk@1");
+    assert_same(&r2, &v2, "restore disk");
+
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--image",
+        "disk",
+        "--image",
+        "disk@1",
+        "--socket",
+        s(&d.join("s.sock")),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    for (name, want) in [("disk", &r2), ("disk@1", &r1)] {
+        // qemu-img over the unix socket; it rounds the size up to 512.
+        let out = d.join("qemu.raw");
+        ok(tool(
+            "qemu-img",
+            &["convert", "-f", "raw", "-O", "raw", &srv.uri(name), s(&out)],
+        ));
+        let got = std::fs::read(&out).unwrap();
+        std::fs::remove_file(&out).unwrap();
+        assert!(
+            got.len() >= BIG && got.len() < BIG + 512,
+            "{name}: qemu-img wrote {} bytes",
+            got.len()
+        );
+        assert!(got[BIG..].iter().all(|&b| b == 0), "{name}: tail");
+        assert_same(&got[..BIG], want, &format!("qemu-img convert {name}"));
+
+        // nbdcopy, over unix and over TCP.
+        for uri in [srv.uri(name), srv.tcp_uri(name)] {
+            let out = d.join("copy.raw");
+            ok(tool("nbdcopy", &[&uri, s(&out)]));
+            let got = std::fs::read(&out).unwrap();
+            std::fs::remove_file(&out).unwrap();
+            assert_same(&got, want, &format!("nbdcopy {uri}"));
+        }
+    }
+    // The size over TCP too.
+    let j = nbdinfo_json(&["--json", &srv.tcp_uri("disk")]);
+    assert_eq!(j["exports"][0]["export-size"], BIG as u64, "{j}");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+}
+
+#[test]
+fn image_export_map_reports_holes() {
+    if !have("nbdinfo") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let (v1, _) = big_image();
+    let repo = repo_with(d, &[("disk", &[&v1])]);
+    let srv = Serve::start(&["--repo", s(&repo), "--socket", s(&d.join("s.sock"))]);
+    let j = nbdinfo_json(&["--map", "--json", &srv.uri("disk")]);
+    let extents = j.as_array().unwrap_or_else(|| panic!("not a list: {j}"));
+    let mut at = 0u64;
+    let mut hole_in_run = 0u64;
+    let mut data = 0u64;
+    for e in extents {
+        let off = e["offset"].as_u64().unwrap();
+        let len = e["length"].as_u64().unwrap();
+        let ty = e["type"].as_u64().unwrap();
+        assert_eq!(off, at, "extents not contiguous: {j}");
+        assert!(len > 0, "{j}");
+        at += len;
+        let range = &v1[off as usize..(off + len) as usize];
+        if ty & 3 != 0 {
+            // Hole or zero: the source must be all zeros there.
+            assert!(
+                range.iter().all(|&b| b == 0),
+                "type {ty} over non-zero bytes at {off}+{len}: {j}"
+            );
+        } else {
+            data += len;
+        }
+        if ty == 3 {
+            let lo = off.max(ZERO_AT as u64);
+            let hi = (off + len).min((ZERO_AT + ZERO_LEN) as u64);
+            hole_in_run += hi.saturating_sub(lo);
+        }
+    }
+    assert_eq!(at, BIG as u64, "map does not cover the image: {j}");
+    assert!(
+        hole_in_run >= (ZERO_LEN as u64) * 3 / 4,
+        "only {hole_in_run} of the {ZERO_LEN} zero bytes reported as holes: {j}"
+    );
+    assert!(data >= (BIG - ZERO_LEN) as u64, "{j}");
+}
+
+// ---------------------------------------------------------------------
+// 4. Writing with qemu-io, and read-only exports
+
+fn qemu_io(uri: &str, cmds: &[&str]) -> Output {
+    let mut args = vec!["-f", "raw"];
+    for c in cmds {
+        args.push("-c");
+        args.push(c);
+    }
+    args.push(uri);
+    tool("qemu-io", &args)
+}
+
+#[test]
+fn qemu_io_writes_and_read_only_refuses() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: usize = 4 << 20;
+    const K: usize = 1024;
+    const M: usize = 1 << 20;
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0x11u8; SIZE]).unwrap();
+    let ro = d.join("ro.raw");
+    let ro_data = random(SIZE, 31);
+    std::fs::write(&ro, &ro_data).unwrap();
+    let img = random(500_000, 32);
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--file",
+        &format!("{},ro", s(&ro)),
+        "--repo",
+        s(&repo),
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+
+    let out = qemu_io(
+        &srv.uri("w.raw"),
+        &[
+            "write -P 0xab 0 64k",
+            "read -P 0xab 0 64k",
+            "write -z 1M 64k",
+            "read -P 0 1M 64k",
+            "discard 2M 64k",
+            "flush",
+            // -f: FUA.
+            "write -P 0xcd -f 3M 4k",
+            "read -P 0xcd 3M 4k",
+            "read -P 0x11 64k 4k",
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    assert_eq!(text.matches("wrote ").count(), 3, "{text}");
+    assert_eq!(text.matches("read ").count(), 4, "{text}");
+
+    let got = std::fs::read(&w).unwrap();
+    assert_eq!(got.len(), SIZE);
+    let mut want = vec![0x11u8; SIZE];
+    want[..64 * K].fill(0xab);
+    want[M..M + 64 * K].fill(0);
+    want[3 * M..3 * M + 4 * K].fill(0xcd);
+    // Trimmed bytes may read as zeros or as before; nothing else changes.
+    let trimmed = &got[2 * M..2 * M + 64 * K];
+    assert!(
+        trimmed.iter().all(|&b| b == 0) || trimmed.iter().all(|&b| b == 0x11),
+        "trimmed range is neither zeros nor what it was"
+    );
+    want[2 * M..2 * M + 64 * K].copy_from_slice(trimmed);
+    assert_same(&got, &want, "w.raw after qemu-io");
+
+    // Read-only: the file export and the image refuse writes, but read.
+    for name in ["ro.raw", "img"] {
+        let out = qemu_io(&srv.uri(name), &["write -P 0x77 0 4k"]);
+        assert!(
+            !out.status.success(),
+            "qemu-io wrote to read-only {name}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let out = tool(
+        "qemu-io",
+        &[
+            "-r",
+            "-f",
+            "raw",
+            "-c",
+            &format!("read -P {:#x} 0 1", ro_data[0]),
+            &srv.uri("ro.raw"),
+        ],
+    );
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("failed"),
+        "read-only export does not read: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A client that ignores the read-only flag gets EPERM, not a write.
+    for name in ["ro.raw", "img"] {
+        let mut c = unix(srv.sock.as_ref().unwrap());
+        let (size, flags) = attach(&mut c, name);
+        assert!(flags & 2 != 0, "{name}: NBD_FLAG_READ_ONLY not set");
+        assert!(size > 4096);
+        request(&mut c, CMD_WRITE, 7, 0, 4096, &[0x77u8; 4096]);
+        let (err, handle) = simple_reply(&mut c);
+        assert_eq!(
+            (err, handle),
+            (EPERM, 7),
+            "{name}: write to a read-only export"
+        );
+        // The connection goes on: read what is there.
+        request(&mut c, CMD_READ, 8, 0, 4096, &[]);
+        let (err, handle) = simple_reply(&mut c);
+        assert_eq!((err, handle), (0, 8));
+        let mut buf = vec![0u8; 4096];
+        c.read_exact(&mut buf).unwrap();
+        let want = if name == "img" { &img } else { &ro_data };
+        assert_same(&buf, &want[..4096], name);
+        request(&mut c, CMD_DISC, 9, 0, 0, &[]);
+    }
+    assert_same(&std::fs::read(&ro).unwrap(), &ro_data, "ro.raw");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+    let out = ok(run(&["restore", "img", "-", "--repo", s(&repo), "-q"]));
+    assert_same(&out.stdout, &img, "img after the write attempts");
+}
+
+// ---------------------------------------------------------------------
+// 5. nbdcopy between exports, fio
+
+#[test]
+fn nbdcopy_between_exports_and_fio_verify() {
+    if !have_all(&["nbdcopy", "fio"]) {
+        return;
+    }
+    let enghelp = tool("fio", &["--enghelp=nbd"]);
+    let has_nbd =
+        enghelp.status.success() && String::from_utf8_lossy(&enghelp.stdout).contains("uri");
+    if !need(has_nbd, "fio's nbd engine (fio >= 3.19 built with libnbd)") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: usize = 16 << 20;
+    // A sparse source: data, a hole, more data, an odd tail.
+    let src = d.join("src.raw");
+    let mut want = vec![0u8; SIZE];
+    want[..3 << 20].copy_from_slice(&random(3 << 20, 41));
+    want[9 << 20..(9 << 20) + 1_234_567].copy_from_slice(&random(1_234_567, 42));
+    want[SIZE - 999..].copy_from_slice(&random(999, 43));
+    {
+        let f = std::fs::File::create(&src).unwrap();
+        f.set_len(SIZE as u64).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&want[..3 << 20], 0).unwrap();
+        f.write_all_at(&want[9 << 20..(9 << 20) + 1_234_567], 9 << 20)
+            .unwrap();
+        f.write_all_at(&want[SIZE - 999..], (SIZE - 999) as u64)
+            .unwrap();
+    }
+    // Destinations full of garbage, so holes must be written as zeros.
+    let dst = d.join("dst.raw");
+    let back = d.join("back.raw");
+    std::fs::write(&dst, vec![0xeeu8; SIZE]).unwrap();
+    std::fs::write(&back, vec![0xddu8; SIZE]).unwrap();
+    let f1 = d.join("fio1.raw");
+    let f2 = d.join("fio2.raw");
+    for f in [&f1, &f2] {
+        std::fs::File::create(f)
+            .unwrap()
+            .set_len(SIZE as u64)
+            .unwrap();
+    }
+    let srv = Serve::start(&[
+        "--file",
+        &format!("src={},ro", s(&src)),
+        "--file",
+        &format!("dst={}", s(&dst)),
+        "--file",
+        &format!("back={}", s(&back)),
+        "--file",
+        &format!("fio1={}", s(&f1)),
+        "--file",
+        &format!("fio2={}", s(&f2)),
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    ok(tool("nbdcopy", &[&srv.uri("src"), &srv.uri("dst")]));
+    assert_same(&std::fs::read(&dst).unwrap(), &want, "src -> dst");
+    ok(tool("nbdcopy", &[&srv.uri("dst"), &srv.uri("back")]));
+    assert_same(&std::fs::read(&back).unwrap(), &want, "dst -> back");
+
+    for (name, rw) in [("fio1", "randwrite"), ("fio2", "randrw")] {
+        let uri = srv.uri(name);
+        let out = tool(
+            "fio",
+            &[
+                "--name=serve",
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                &format!("--rw={rw}"),
+                "--bs=4k",
+                "--size=16M",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--iodepth=8",
+                "--randseed=7",
+                // fio would leave its verify state file in the crate.
+                "--verify_state_save=0",
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "fio {rw}: {text}");
+        assert!(text.contains("err= 0"), "fio {rw}: {text}");
+        assert!(!text.contains("verify: bad"), "fio {rw}: {text}");
+    }
+    // fio wrote through the server into the files.
+    let written = std::fs::read(&f1).unwrap();
+    assert!(
+        written
+            .chunks(4096)
+            .filter(|c| c.iter().any(|&b| b != 0))
+            .count()
+            > 3000,
+        "fio's writes are not in fio1.raw"
+    );
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+}
+
+// ---------------------------------------------------------------------
+// 6. A filesystem inside an image, through nbdfuse and fuse2fs
+
+/// Mounts to undo, innermost first, and the nbdfuse process.
+struct Mounts {
+    points: Vec<PathBuf>,
+    nbdfuse: Option<Reap>,
+}
+
+fn unmount(p: &Path) -> bool {
+    for (cmd, args) in [
+        ("fusermount3", vec!["-u"]),
+        ("fusermount", vec!["-u"]),
+        ("umount", vec![]),
+        ("umount", vec!["-l"]),
+    ] {
+        let st = Command::new(cmd)
+            .args(&args)
+            .arg(p)
+            .stderr(Stdio::null())
+            .status();
+        if st.is_ok_and(|s| s.success()) {
+            return true;
+        }
+    }
+    false
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        while let Some(p) = self.points.pop() {
+            if !unmount(&p) {
+                eprintln!("could not unmount {}", p.display());
+            }
+        }
+        if let Some(mut r) = self.nbdfuse.take() {
+            // nbdfuse exits once its mount is gone.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                if r.0.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Files under `root`, relative, sorted.
+fn tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            if rel == Path::new("lost+found") {
+                continue;
+            }
+            if e.file_type().unwrap().is_dir() {
+                todo.push(p);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn filesystem_in_an_image_reads_through_nbdfuse() {
+    if !have_all(&["mkfs.ext4", "nbdfuse", "fuse2fs"]) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !need(Path::new("/dev/fuse").exists(), "/dev/fuse") || !need(root, "root (for FUSE mounts)")
+    {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let src = d.join("src");
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    let mut zeros_and_data = vec![0u8; 300_000];
+    zeros_and_data[150_000..150_100].fill(7);
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("a.bin", random(1_500_000, 51)),
+        ("b.bin", random(700_001, 52)),
+        ("sub/c.txt", mixed(12_345, 53)),
+        ("sub/deeper/d.bin", random(2 << 20, 54)),
+        ("sub/empty", Vec::new()),
+        ("sparse-ish", zeros_and_data),
+    ];
+    for (name, data) in &files {
+        std::fs::write(src.join(name), data).unwrap();
+    }
+    let img = d.join("fs.img");
+    ok(tool(
+        "mkfs.ext4",
+        &["-F", "-q", "-d", s(&src), s(&img), "32M"],
+    ));
+    let repo = d.join("repo");
+    ok(run(&["init", s(&repo)]));
+    ok(run(&[
+        "backup",
+        s(&img),
+        "--repo",
+        s(&repo),
+        "--name",
+        "fs",
+        "-q",
+    ]));
+    std::fs::remove_file(&img).unwrap();
+    let srv = Serve::start(&["--repo", s(&repo), "--socket", s(&d.join("s.sock"))]);
+
+    let nbdmnt = d.join("nbdmnt");
+    let fsmnt = d.join("fsmnt");
+    std::fs::create_dir(&nbdmnt).unwrap();
+    std::fs::create_dir(&fsmnt).unwrap();
+    let mut mounts = Mounts {
+        points: Vec::new(),
+        nbdfuse: None,
+    };
+    let child = Command::new("nbdfuse")
+        .arg(&nbdmnt)
+        .arg(srv.uri("fs"))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("nbdfuse");
+    mounts.nbdfuse = Some(Reap(child));
+    mounts.points.push(nbdmnt.clone());
+    let dev = nbdmnt.join("nbd");
+    assert!(
+        wait_for(Duration::from_secs(15), || dev.exists()),
+        "nbdfuse did not expose {}",
+        dev.display()
+    );
+    assert_eq!(std::fs::metadata(&dev).unwrap().len(), 32 << 20);
+    ok(tool("fuse2fs", &["-o", "ro,fakeroot", s(&dev), s(&fsmnt)]));
+    mounts.points.push(fsmnt.clone());
+
+    let mut want: Vec<PathBuf> = files.iter().map(|(n, _)| PathBuf::from(n)).collect();
+    want.sort();
+    assert_eq!(tree(&fsmnt), want, "files in the mounted image");
+    for (name, data) in &files {
+        let got = std::fs::read(fsmnt.join(name)).unwrap();
+        assert_same(&got, data, name);
+    }
+    drop(mounts);
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+}
+
+// ---------------------------------------------------------------------
+// 7. Clean shutdown
+
+#[test]
+fn sigterm_finishes_and_keeps_written_data() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: usize = 8 << 20;
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0u8; SIZE]).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&w), "--socket", s(&sock), "-v"]);
+
+    // An interactive qemu-io that writes and stays connected.
+    let mut qio = Reap(
+        Command::new("qemu-io")
+            .args(["-f", "raw", &srv.uri("w.raw")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("qemu-io"),
+    );
+    let mut stdin = qio.0.stdin.take().unwrap();
+    let stdout = qio.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        // qemu-io prompts without a newline: read bytes, report text.
+        let mut b = [0u8; 4096];
+        while let Ok(n) = r.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&b[..n]);
+            let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+        }
+    });
+    // One command at a time: qemu-io reads stdin when the last is done.
+    let mut seen = String::new();
+    for (i, cmd) in ["write -P 0x5a 1M 2M", "write -P 0xa5 7M 4k"]
+        .iter()
+        .enumerate()
+    {
+        writeln!(stdin, "{cmd}").unwrap();
+        stdin.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while seen.matches("wrote ").count() <= i {
+            let left = deadline.saturating_duration_since(Instant::now());
+            seen = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("qemu-io did not {cmd} ({e}): {seen}"));
+        }
+    }
+    // Also an idle raw client in the middle of transmission.
+    let mut idle = unix(&sock);
+    attach(&mut idle, "w.raw");
+
+    let (st, took) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?} after SIGTERM");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    assert!(!sock.exists(), "the unix socket is left behind");
+    let mut want = vec![0u8; SIZE];
+    want[1 << 20..3 << 20].fill(0x5a);
+    want[7 << 20..(7 << 20) + 4096].fill(0xa5);
+    assert_same(&std::fs::read(&w).unwrap(), &want, "w.raw after SIGTERM");
+    // The idle client sees the connection closed.
+    let mut b = [0u8; 1];
+    assert!(matches!(idle.read(&mut b), Ok(0) | Err(_)));
+    drop(stdin);
+}
+
+// ---------------------------------------------------------------------
+// 8. Clients that break the protocol
+
+#[test]
+fn garbage_clients_do_not_hurt_others() {
+    if !have_all(&["qemu-img", "nbdinfo"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let data = random(6_000_001, 61);
+    let repo = repo_with(d, &[("img", &[&data])]);
+    let sock = d.join("s.sock");
+    let mut srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--socket",
+        s(&sock),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let port = srv.port.unwrap();
+
+    // The good client runs while the bad ones misbehave.
+    let good_uri = srv.uri("img");
+    let out = d.join("good.raw");
+    let good_out = out.clone();
+    let good = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            let _ = std::fs::remove_file(&good_out);
+            let o = tool(
+                "qemu-img",
+                &["convert", "-f", "raw", "-O", "raw", &good_uri, s(&good_out)],
+            );
+            v.push(o);
+        }
+        v
+    });
+
+    let junk = random(64 << 10, 62);
+    let mut held = Vec::new();
+    for round in 0..3 {
+        // Garbage right after the greeting, over unix and TCP.
+        let mut u = unix(&sock);
+        greeting(&mut u);
+        let _ = u.write_all(&junk[round * 1000..]);
+        held.push(u);
+        let mut t = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        greeting(&mut t);
+        let _ = t.write_all(&junk[..5000 + round]);
+        drop(t);
+        // An option with a huge length, then nothing.
+        let mut u = unix(&sock);
+        greeting(&mut u);
+        let mut m = 3u32.to_be_bytes().to_vec();
+        m.extend_from_slice(b"IHAVEOPT");
+        m.extend_from_slice(&1u32.to_be_bytes());
+        m.extend_from_slice(&u32::MAX.to_be_bytes());
+        let _ = u.write_all(&m);
+        held.push(u);
+        // Garbage instead of a request after a good handshake.
+        let mut u = unix(&sock);
+        attach(&mut u, "img");
+        let _ = u.write_all(&junk[..4096]);
+        held.push(u);
+        // A read request cut short, then gone.
+        let mut u = unix(&sock);
+        attach(&mut u, "img");
+        let _ = u.write_all(&REQUEST_MAGIC.to_be_bytes());
+        let _ = u.write_all(&[0, 0, 0]);
+        drop(u);
+        // A request past the end and an enormous one: errors, not hangs.
+        let mut u = unix(&sock);
+        let (size, _) = attach(&mut u, "img");
+        request(&mut u, CMD_READ, 1, size - 10, 4096, &[]);
+        let (err, h) = simple_reply(&mut u);
+        assert!(err != 0 && h == 1, "read past the end: error {err}");
+        request(&mut u, CMD_READ, 2, 0, 4096, &[]);
+        let (err, h) = simple_reply(&mut u);
+        assert_eq!((err, h), (0, 2));
+        let mut buf = vec![0u8; 4096];
+        u.read_exact(&mut buf).unwrap();
+        assert_same(&buf, &data[..4096], "read after an error");
+        held.push(u);
+    }
+    // Idle connections stuck in the handshake do not block anyone.
+    for _ in 0..4 {
+        held.push(unix(&sock));
+    }
+
+    for o in good.join().unwrap() {
+        ok(o);
+    }
+    let got = std::fs::read(&out).unwrap();
+    assert_same(
+        &got[..data.len()],
+        &data,
+        "qemu-img convert next to garbage",
+    );
+    assert!(srv.alive(), "cairn serve died: {}", srv.stderr_text());
+    let j = nbdinfo_json(&["--json", &srv.tcp_uri("img")]);
+    assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
+    let (st, took) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} with bad clients"
+    );
+    drop(held);
+}
+
+/// A zero-length read with structured replies: the spec forbids an
+/// empty NBD_REPLY_TYPE_OFFSET_DATA chunk (libnbd drops the connection as
+/// "a bug in the NBD server"); a NONE chunk or an error is what may come.
+#[test]
+fn zero_length_structured_read_is_well_formed() {
+    let dir = tempdir();
+    let d = dir.path();
+    let data = random(100_000, 81);
+    let f = d.join("f.raw");
+    std::fs::write(&f, &data).unwrap();
+    let repo = repo_with(d, &[("img", &[&data])]);
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&f), "--repo", s(&repo), "--socket", s(&sock)]);
+    for name in ["f.raw", "img"] {
+        for at in [0, 4096, data.len() as u64] {
+            let mut c = unix(srv.sock.as_ref().unwrap());
+            assert_eq!(attach_structured(&mut c, name), data.len() as u64);
+            request(&mut c, CMD_READ, 5, at, 0, &[]);
+            for (ty, cookie, p) in chunks(&mut c) {
+                assert_eq!(cookie, 5);
+                assert!(
+                    !(ty == 1 && p.len() <= 8),
+                    "{name}: empty OFFSET_DATA chunk for a zero-length read at {at}"
+                );
+                assert!(ty == 0 || ty & 0x8000 != 0, "{name}: chunk type {ty}");
+            }
+            // The connection goes on.
+            request(&mut c, CMD_READ, 6, 1000, 3000, &[]);
+            let mut got = Vec::new();
+            for (ty, cookie, p) in chunks(&mut c) {
+                assert_eq!((ty, cookie), (1, 6), "{name}");
+                assert_eq!(u64::from_be_bytes(p[..8].try_into().unwrap()), 1000);
+                got.extend_from_slice(&p[8..]);
+            }
+            assert_same(&got, &data[1000..4000], name);
+            request(&mut c, CMD_DISC, 7, 0, 0, &[]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// 9. Bad arguments
+
+/// Run `cairn serve args`: it must fail quickly with one line.
+fn serve_fails(args: &[&str], expect: &str) {
+    let mut child = cairn()
+        .env_remove("CAIRN_REPO")
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = wait_for(Duration::from_secs(10), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("cairn serve {args:?} is still running");
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "cairn serve {args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: not one line: {err}");
+    assert!(lines[0].starts_with("cairn: "), "{args:?}: {err}");
+    assert!(
+        lines[0].to_lowercase().contains(&expect.to_lowercase()),
+        "{args:?}: {err} (expected {expect:?})"
+    );
+}
+
+#[test]
+fn bad_arguments_fail_with_one_line() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = repo_with(d, &[("img", &[&random(10_000, 71)])]);
+    let repo = s(&repo);
+    let f = d.join("f.raw");
+    std::fs::write(&f, [1u8; 4096]).unwrap();
+    let f = s(&f);
+    let sock = d.join("s.sock");
+    let sock = s(&sock);
+    let missing = d.join("nope");
+    let missing = s(&missing);
+    serve_fails(&["--socket", sock], "nothing to export");
+    serve_fails(&[], "nothing to export");
+    serve_fails(
+        &["--file", "/nonexistent", "--socket", sock],
+        "/nonexistent",
+    );
+    serve_fails(&["--image", "x", "--socket", sock], "--repo");
+    serve_fails(
+        &["--repo", missing, "--socket", sock],
+        "not a cairn repository",
+    );
+    serve_fails(
+        &["--repo", repo, "--image", "nosuch", "--socket", sock],
+        "nosuch",
+    );
+    serve_fails(
+        &["--repo", repo, "--image", "img@99", "--socket", sock],
+        "img@99",
+    );
+    serve_fails(
+        &[
+            "--file",
+            &format!("a={f}"),
+            "--file",
+            &format!("a={f},ro"),
+            "--socket",
+            sock,
+        ],
+        "\"a\"",
+    );
+    // A file named like an image.
+    serve_fails(
+        &[
+            "--repo",
+            repo,
+            "--file",
+            &format!("img={f}"),
+            "--socket",
+            sock,
+        ],
+        "\"img\"",
+    );
+    serve_fails(
+        &[
+            "--repo", repo, "--image", "img", "--image", "img", "--socket", sock,
+        ],
+        "\"img\"",
+    );
+    serve_fails(
+        &["--file", &format!("{f},bogus"), "--socket", sock],
+        "bogus",
+    );
+    serve_fails(
+        &["--file", f, "--workers", "0", "--socket", sock],
+        "workers",
+    );
+    serve_fails(
+        &["--file", f, "--socket", &format!("{missing}/dir/s.sock")],
+        "listen",
+    );
+    serve_fails(&["--file", f, "--listen", "not-an-address"], "listen");
+    assert!(!Path::new(sock).exists(), "a failed start left its socket");
+}

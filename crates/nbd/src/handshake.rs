@@ -1,0 +1,299 @@
+//! Fixed newstyle negotiation: the greeting, then options until the client
+//! picks an export (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
+
+use crate::proto::{self, info, opt, rep, tflag, Cursor, BASE_ALLOCATION};
+use crate::Export;
+use std::io::{self, Read, Write};
+
+/// Option data longer than this is refused (and drained while it is at
+/// most [`DRAIN_LIMIT`]; past that the connection is closed).
+const MAX_OPTION_LEN: usize = 64 << 10;
+const DRAIN_LIMIT: u64 = 16 << 20;
+/// Options in one negotiation before the server gives up on the client.
+const MAX_OPTIONS: usize = 4096;
+/// The id of `base:allocation` in this server.
+pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
+
+/// What the client chose.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    /// Index of the export.
+    pub export: usize,
+    /// Structured replies are on.
+    pub structured: bool,
+    /// `base:allocation` was selected for this export.
+    pub base_allocation: bool,
+}
+
+/// The transmission flags of `e`: what its device can really do.
+pub(crate) fn transmission_flags(e: &Export) -> u16 {
+    let caps = e.dev.caps();
+    let mut f = tflag::HAS_FLAGS | tflag::SEND_DF;
+    if e.is_read_only() {
+        f |= tflag::READ_ONLY;
+    } else {
+        f |= tflag::SEND_FLUSH | tflag::SEND_FUA | tflag::SEND_TRIM | tflag::SEND_WRITE_ZEROES;
+        if caps.fast_zero {
+            f |= tflag::SEND_FAST_ZERO;
+        }
+    }
+    if caps.rotational {
+        f |= tflag::ROTATIONAL;
+    }
+    if caps.multi_conn {
+        f |= tflag::CAN_MULTI_CONN;
+    }
+    f
+}
+
+fn find(exports: &[Export], name: &str) -> Option<usize> {
+    if name.is_empty() {
+        return (!exports.is_empty()).then_some(0);
+    }
+    exports.iter().position(|e| e.name == name)
+}
+
+/// Negotiate on `s`. `Ok(None)`: the client aborted or asked for an export
+/// that does not exist by NBD_OPT_EXPORT_NAME (the spec's answer to that is
+/// closing the connection).
+pub(crate) fn negotiate<S: Read + Write>(
+    s: &mut S,
+    exports: &[Export],
+    max_request: u32,
+) -> io::Result<Option<Negotiated>> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&proto::NBD_MAGIC.to_be_bytes());
+    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&out)?;
+    s.flush()?;
+    let mut b4 = [0u8; 4];
+    s.read_exact(&mut b4)?;
+    let client = u32::from_be_bytes(b4);
+    if client & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0
+        || client & proto::CLIENT_FIXED_NEWSTYLE == 0
+    {
+        // Unknown flags, or a client that cannot do fixed newstyle: the
+        // spec has the server close.
+        return Ok(None);
+    }
+    let no_zeroes = client & proto::CLIENT_NO_ZEROES != 0;
+    let mut structured = false;
+    // (export name it was set for, selected)
+    let mut meta: Option<(String, bool)> = None;
+    for _ in 0..MAX_OPTIONS {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h)?;
+        if proto::be64(&h[0..8]) != proto::IHAVEOPT {
+            return Ok(None);
+        }
+        let option = proto::be32(&h[8..12]);
+        let len = proto::be32(&h[12..16]) as usize;
+        out.clear();
+        if len > MAX_OPTION_LEN {
+            if len as u64 > DRAIN_LIMIT {
+                return Ok(None);
+            }
+            io::copy(&mut (&mut *s).take(len as u64), &mut io::sink())?;
+            proto::option_reply(&mut out, option, rep::ERR_TOO_BIG, b"option too long");
+            s.write_all(&out)?;
+            s.flush()?;
+            continue;
+        }
+        let mut data = vec![0u8; len];
+        s.read_exact(&mut data)?;
+        match option {
+            opt::EXPORT_NAME => {
+                let Some(i) = std::str::from_utf8(&data)
+                    .ok()
+                    .and_then(|name| find(exports, name))
+                else {
+                    return Ok(None);
+                };
+                let e = &exports[i];
+                out.extend_from_slice(&e.dev.size().to_be_bytes());
+                out.extend_from_slice(&transmission_flags(e).to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&out)?;
+                s.flush()?;
+                return Ok(Some(chosen(i, structured, &meta, exports)));
+            }
+            opt::ABORT => {
+                proto::option_reply(&mut out, option, rep::ACK, &[]);
+                // The client may already be gone.
+                let _ = s.write_all(&out).and_then(|_| s.flush());
+                return Ok(None);
+            }
+            opt::LIST => {
+                if !data.is_empty() {
+                    proto::option_reply(&mut out, option, rep::ERR_INVALID, b"LIST takes no data");
+                } else {
+                    for e in exports {
+                        let mut d = Vec::with_capacity(4 + e.name.len() + e.description.len());
+                        d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
+                        d.extend_from_slice(e.name.as_bytes());
+                        d.extend_from_slice(e.description.as_bytes());
+                        proto::option_reply(&mut out, option, rep::SERVER, &d);
+                    }
+                    proto::option_reply(&mut out, option, rep::ACK, &[]);
+                }
+            }
+            opt::INFO | opt::GO => match parse_info_request(&data) {
+                None => proto::option_reply(
+                    &mut out,
+                    option,
+                    rep::ERR_INVALID,
+                    b"malformed INFO/GO request",
+                ),
+                Some((name, wanted)) => match find(exports, name) {
+                    None => proto::option_reply(
+                        &mut out,
+                        option,
+                        rep::ERR_UNKNOWN,
+                        format!("no export named {name:?}").as_bytes(),
+                    ),
+                    Some(i) => {
+                        info_replies(&mut out, option, &exports[i], &wanted, max_request);
+                        proto::option_reply(&mut out, option, rep::ACK, &[]);
+                        if option == opt::GO {
+                            s.write_all(&out)?;
+                            s.flush()?;
+                            return Ok(Some(chosen(i, structured, &meta, exports)));
+                        }
+                    }
+                },
+            },
+            opt::STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    proto::option_reply(&mut out, option, rep::ERR_INVALID, b"takes no data");
+                } else {
+                    structured = true;
+                    proto::option_reply(&mut out, option, rep::ACK, &[]);
+                }
+            }
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                let set = option == opt::SET_META_CONTEXT;
+                match parse_meta_request(&data) {
+                    None => proto::option_reply(
+                        &mut out,
+                        option,
+                        rep::ERR_INVALID,
+                        b"malformed meta context request",
+                    ),
+                    Some(_) if set && !structured => proto::option_reply(
+                        &mut out,
+                        option,
+                        rep::ERR_INVALID,
+                        b"structured replies must be negotiated first",
+                    ),
+                    Some((name, queries)) => {
+                        if find(exports, name).is_none() {
+                            proto::option_reply(
+                                &mut out,
+                                option,
+                                rep::ERR_UNKNOWN,
+                                format!("no export named {name:?}").as_bytes(),
+                            );
+                        } else {
+                            let matched = if set {
+                                queries.contains(&BASE_ALLOCATION)
+                            } else {
+                                queries.is_empty()
+                                    || queries
+                                        .iter()
+                                        .any(|q| *q == BASE_ALLOCATION || *q == "base:")
+                            };
+                            if matched {
+                                let mut d = Vec::new();
+                                d.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+                                d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+                                proto::option_reply(&mut out, option, rep::META_CONTEXT, &d);
+                            }
+                            if set {
+                                meta = Some((name.to_string(), matched));
+                            }
+                            proto::option_reply(&mut out, option, rep::ACK, &[]);
+                        }
+                    }
+                }
+            }
+            opt::STARTTLS | opt::EXTENDED_HEADERS => {
+                proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"not offered");
+            }
+            _ => proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"unknown option"),
+        }
+        s.write_all(&out)?;
+        s.flush()?;
+    }
+    Ok(None)
+}
+
+/// Export `i` was chosen: what transmission runs with. `base:allocation`
+/// holds only if it was selected for this same export.
+fn chosen(
+    i: usize,
+    structured: bool,
+    meta: &Option<(String, bool)>,
+    exports: &[Export],
+) -> Negotiated {
+    let base_allocation = meta
+        .as_ref()
+        .is_some_and(|(n, on)| *on && find(exports, n) == Some(i));
+    Negotiated {
+        export: i,
+        structured,
+        base_allocation,
+    }
+}
+
+/// Export name and the NBD_INFO types asked for.
+fn parse_info_request(data: &[u8]) -> Option<(&str, Vec<u16>)> {
+    let mut c = Cursor::new(data);
+    let name = c.string()?;
+    let n = c.u16()? as usize;
+    let wanted = (0..n).map(|_| c.u16()).collect::<Option<Vec<_>>>()?;
+    (c.rest() == 0).then_some((name, wanted))
+}
+
+/// Export name and the queries.
+fn parse_meta_request(data: &[u8]) -> Option<(&str, Vec<&str>)> {
+    let mut c = Cursor::new(data);
+    let name = c.string()?;
+    let n = c.u32()? as usize;
+    if n > 1024 {
+        return None;
+    }
+    let queries = (0..n).map(|_| c.string()).collect::<Option<Vec<_>>>()?;
+    (c.rest() == 0).then_some((name, queries))
+}
+
+fn info_replies(out: &mut Vec<u8>, option: u32, e: &Export, wanted: &[u16], max_request: u32) {
+    let mut d = Vec::with_capacity(12);
+    d.extend_from_slice(&info::EXPORT.to_be_bytes());
+    d.extend_from_slice(&e.dev.size().to_be_bytes());
+    d.extend_from_slice(&transmission_flags(e).to_be_bytes());
+    proto::option_reply(out, option, rep::INFO, &d);
+    // Block sizes are always sent: clients that did not ask ignore them.
+    let bs = e.dev.block_sizes();
+    let minimum = bs.minimum.clamp(1, 64 << 10).next_power_of_two();
+    let preferred = bs.preferred.max(minimum).next_power_of_two();
+    let maximum = bs.maximum.min(max_request).max(preferred);
+    let mut d = Vec::with_capacity(14);
+    d.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
+    d.extend_from_slice(&minimum.to_be_bytes());
+    d.extend_from_slice(&preferred.to_be_bytes());
+    d.extend_from_slice(&maximum.to_be_bytes());
+    proto::option_reply(out, option, rep::INFO, &d);
+    if wanted.contains(&info::NAME) {
+        let mut d = info::NAME.to_be_bytes().to_vec();
+        d.extend_from_slice(e.name.as_bytes());
+        proto::option_reply(out, option, rep::INFO, &d);
+    }
+    if wanted.contains(&info::DESCRIPTION) && !e.description.is_empty() {
+        let mut d = info::DESCRIPTION.to_be_bytes().to_vec();
+        d.extend_from_slice(e.description.as_bytes());
+        proto::option_reply(out, option, rep::INFO, &d);
+    }
+}

@@ -1,0 +1,522 @@
+//! The server against a small client written from the protocol spec:
+//! negotiation, every command, bad peers. Real clients (qemu-io, nbdinfo,
+//! nbdcopy) are run against `cairn serve` in the cli crate's tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure
+
+use cairn_blockdev::{BlockDev, Caps, Extent, MemDev, Op, Result as BResult, ZeroFlags};
+use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Request};
+use cairn_nbd::{Export, Listener, Server, ServerConfig};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A memory device that reports the second half as a hole.
+struct HalfHole(MemDev);
+
+impl BlockDev for HalfHole {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            writable: false,
+            extents: true,
+            multi_conn: true,
+            ..Caps::default()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> BResult<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, _: &[u8], offset: u64, _: bool) -> BResult<()> {
+        Err(cairn_blockdev::read_only(Op::Write, offset, 0))
+    }
+    fn flush(&self) -> BResult<()> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, _: bool) -> BResult<()> {
+        Err(cairn_blockdev::read_only(Op::Trim, offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _: ZeroFlags) -> BResult<()> {
+        Err(cairn_blockdev::read_only(Op::WriteZeroes, offset, len))
+    }
+    fn extents(&self, offset: u64, len: u64) -> BResult<Vec<Extent>> {
+        let half = self.size() / 2;
+        let mut v = Vec::new();
+        if offset < half {
+            v.push(Extent::data((half - offset).min(len)));
+        }
+        let start = offset.max(half);
+        if start < offset + len {
+            v.push(Extent::hole(offset + len - start));
+        }
+        Ok(v)
+    }
+}
+
+const SIZE: usize = 1 << 20;
+
+fn exports() -> Vec<Export> {
+    let data: Vec<u8> = (0..SIZE).map(|i| (i * 7 % 251) as u8).collect();
+    let mut holey = data.clone();
+    holey[SIZE / 2..].fill(0);
+    vec![
+        Export {
+            name: "mem".into(),
+            description: "scratch".into(),
+            dev: Arc::new(MemDev::from_vec(data)),
+            read_only: false,
+        },
+        Export {
+            name: "holey".into(),
+            description: String::new(),
+            dev: Arc::new(HalfHole(MemDev::from_vec(holey))),
+            read_only: false,
+        },
+        Export {
+            name: "ro".into(),
+            description: String::new(),
+            dev: Arc::new(MemDev::new(SIZE)),
+            read_only: true,
+        },
+    ]
+}
+
+struct Running {
+    addr: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+fn start() -> Running {
+    let l = Listener::tcp("127.0.0.1:0").unwrap();
+    let addr = match &l {
+        Listener::Tcp(t) => t.local_addr().unwrap().to_string(),
+        Listener::Unix(..) => unreachable!(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let server = Server::new(
+            exports(),
+            ServerConfig {
+                handshake_timeout: std::time::Duration::from_secs(2),
+                ..ServerConfig::default()
+            },
+        );
+        server.serve(&[l], &s).unwrap();
+    });
+    Running {
+        addr,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+struct Client {
+    s: TcpStream,
+    cookie: u64,
+}
+
+fn read_n(s: &mut impl Read, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    s.read_exact(&mut v).unwrap();
+    v
+}
+
+impl Client {
+    /// Greeting read, client flags sent.
+    fn connect(addr: &str) -> Client {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let g = read_n(&mut s, 18);
+        assert_eq!(proto::be64(&g[0..8]), proto::NBD_MAGIC);
+        assert_eq!(proto::be64(&g[8..16]), proto::IHAVEOPT);
+        assert_eq!(proto::be16(&g[16..18]) & 3, 3);
+        s.write_all(&3u32.to_be_bytes()).unwrap();
+        Client { s, cookie: 1 }
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) {
+        let mut b = proto::IHAVEOPT.to_be_bytes().to_vec();
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// (reply type, data)
+    fn option_reply(&mut self, option: u32) -> (u32, Vec<u8>) {
+        let h = read_n(&mut self.s, 20);
+        assert_eq!(proto::be64(&h[0..8]), proto::REPLY_MAGIC);
+        assert_eq!(proto::be32(&h[8..12]), option);
+        let len = proto::be32(&h[16..20]) as usize;
+        (proto::be32(&h[12..16]), read_n(&mut self.s, len))
+    }
+
+    fn name_request(name: &str, tail: &[u8]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(tail);
+        d
+    }
+
+    /// Structured replies, base:allocation, GO: returns (size, flags).
+    fn go(&mut self, name: &str) -> (u64, u16) {
+        self.option(opt::STRUCTURED_REPLY, &[]);
+        assert_eq!(self.option_reply(opt::STRUCTURED_REPLY).0, rep::ACK);
+        let mut q = 1u32.to_be_bytes().to_vec();
+        q.extend_from_slice(&(proto::BASE_ALLOCATION.len() as u32).to_be_bytes());
+        q.extend_from_slice(proto::BASE_ALLOCATION.as_bytes());
+        self.option(opt::SET_META_CONTEXT, &Self::name_request(name, &q));
+        let (t, d) = self.option_reply(opt::SET_META_CONTEXT);
+        assert_eq!(t, rep::META_CONTEXT);
+        assert_eq!(&d[4..], proto::BASE_ALLOCATION.as_bytes());
+        assert_eq!(self.option_reply(opt::SET_META_CONTEXT).0, rep::ACK);
+        self.option(
+            opt::GO,
+            &Self::name_request(name, &[0, 1, 0, info::BLOCK_SIZE as u8]),
+        );
+        let mut size_flags = None;
+        loop {
+            let (t, d) = self.option_reply(opt::GO);
+            match t {
+                rep::INFO if proto::be16(&d) == info::EXPORT => {
+                    size_flags = Some((proto::be64(&d[2..10]), proto::be16(&d[10..12])));
+                }
+                rep::INFO => {}
+                rep::ACK => break,
+                other => panic!("GO failed: {other:#x} {:?}", String::from_utf8_lossy(&d)),
+            }
+        }
+        size_flags.unwrap()
+    }
+
+    fn send(&mut self, kind: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
+        self.cookie += 1;
+        let r = Request {
+            flags,
+            kind,
+            cookie: self.cookie,
+            offset,
+            len,
+        };
+        let mut b = proto::encode_request(&r).to_vec();
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+        self.cookie
+    }
+
+    /// A simple reply: the error.
+    fn simple(&mut self, cookie: u64) -> u32 {
+        let h = read_n(&mut self.s, 16);
+        assert_eq!(proto::be32(&h[0..4]), proto::SIMPLE_REPLY_MAGIC);
+        assert_eq!(proto::be64(&h[8..16]), cookie);
+        proto::be32(&h[4..8])
+    }
+
+    /// Structured chunks until DONE: (type, payload) each.
+    fn chunks(&mut self, cookie: u64) -> Vec<(u16, Vec<u8>)> {
+        let mut v = Vec::new();
+        loop {
+            let h = read_n(&mut self.s, 20);
+            assert_eq!(proto::be32(&h[0..4]), proto::STRUCTURED_REPLY_MAGIC);
+            assert_eq!(proto::be64(&h[8..16]), cookie);
+            let flags = proto::be16(&h[4..6]);
+            let len = proto::be32(&h[16..20]) as usize;
+            v.push((proto::be16(&h[6..8]), read_n(&mut self.s, len)));
+            if flags & reply::FLAG_DONE != 0 {
+                return v;
+            }
+        }
+    }
+
+    fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
+        let c = self.send(cmd::READ, 0, offset, len, &[]);
+        let mut out = vec![0u8; len as usize];
+        for (t, d) in self.chunks(c) {
+            match t {
+                reply::OFFSET_DATA => {
+                    let at = (proto::be64(&d) - offset) as usize;
+                    out[at..at + d.len() - 8].copy_from_slice(&d[8..]);
+                }
+                reply::OFFSET_HOLE => {}
+                reply::ERROR => return Err(proto::be32(&d)),
+                other => panic!("unexpected chunk {other}"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[test]
+fn negotiation_list_info_and_unknown_options() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::LIST, &[]);
+    let mut names = Vec::new();
+    loop {
+        let (t, d) = c.option_reply(opt::LIST);
+        if t == rep::ACK {
+            break;
+        }
+        assert_eq!(t, rep::SERVER);
+        let n = proto::be32(&d) as usize;
+        names.push(String::from_utf8(d[4..4 + n].to_vec()).unwrap());
+    }
+    assert_eq!(names, ["mem", "holey", "ro"]);
+    c.option(opt::LIST, b"junk");
+    assert_eq!(c.option_reply(opt::LIST).0, rep::ERR_INVALID);
+    c.option(999, b"whatever");
+    assert_eq!(c.option_reply(999).0, rep::ERR_UNSUP);
+    c.option(opt::STARTTLS, &[]);
+    assert_eq!(c.option_reply(opt::STARTTLS).0, rep::ERR_UNSUP);
+    c.option(opt::INFO, &Client::name_request("nope", &[0, 0]));
+    assert_eq!(c.option_reply(opt::INFO).0, rep::ERR_UNKNOWN);
+    c.option(opt::INFO, &[0, 0, 0, 200, 1]);
+    assert_eq!(c.option_reply(opt::INFO).0, rep::ERR_INVALID);
+    // SET_META_CONTEXT before structured replies is refused.
+    c.option(
+        opt::SET_META_CONTEXT,
+        &Client::name_request("mem", &[0, 0, 0, 0]),
+    );
+    assert_eq!(c.option_reply(opt::SET_META_CONTEXT).0, rep::ERR_INVALID);
+    c.option(opt::INFO, &Client::name_request("ro", &[0, 0]));
+    let (t, d) = c.option_reply(opt::INFO);
+    assert_eq!(t, rep::INFO);
+    assert_eq!(proto::be64(&d[2..10]), SIZE as u64);
+    assert_ne!(proto::be16(&d[10..12]) & tflag::READ_ONLY, 0);
+    loop {
+        if c.option_reply(opt::INFO).0 == rep::ACK {
+            break;
+        }
+    }
+    c.option(opt::ABORT, &[]);
+    assert_eq!(c.option_reply(opt::ABORT).0, rep::ACK);
+}
+
+#[test]
+fn every_command_on_a_writable_export() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    let (size, flags) = c.go("mem");
+    assert_eq!(size, SIZE as u64);
+    for f in [
+        tflag::SEND_FLUSH,
+        tflag::SEND_FUA,
+        tflag::SEND_TRIM,
+        tflag::SEND_WRITE_ZEROES,
+        tflag::CAN_MULTI_CONN,
+    ] {
+        assert_ne!(flags & f, 0, "{f:#x}");
+    }
+    assert_eq!(flags & tflag::READ_ONLY, 0);
+    let orig = c.read(0, 8192).unwrap();
+    assert_eq!(orig[7], 49);
+    let w = c.send(cmd::WRITE, cflag::FUA, 100, 5, b"hello");
+    assert_eq!(c.simple(w), 0);
+    assert_eq!(
+        &c.read(98, 9).unwrap()[..],
+        &[orig[98], orig[99], b'h', b'e', b'l', b'l', b'o', orig[105], orig[106]]
+    );
+    let z = c.send(cmd::WRITE_ZEROES, cflag::NO_HOLE, 101, 2, &[]);
+    assert_eq!(c.simple(z), 0);
+    assert_eq!(&c.read(100, 5).unwrap()[..], b"h\0\0lo");
+    let t = c.send(cmd::TRIM, 0, 0, 4096, &[]);
+    assert_eq!(c.simple(t), 0);
+    let f = c.send(cmd::FLUSH, 0, 0, 0, &[]);
+    assert_eq!(c.simple(f), 0);
+    // Out of range: reads EINVAL, writes ENOSPC; the connection goes on.
+    assert_eq!(c.read(SIZE as u64 - 1, 2), Err(err::EINVAL));
+    assert_eq!(c.read(u64::MAX, 1), Err(err::EINVAL));
+    let w = c.send(cmd::WRITE, 0, SIZE as u64 - 2, 4, b"abcd");
+    assert_eq!(c.simple(w), err::ENOSPC);
+    // Oversized requests: refused, payload drained, stream still in sync.
+    assert_eq!(c.read(0, (32 << 20) + 1), Err(err::EINVAL));
+    let big = vec![1u8; (32 << 20) + 1];
+    let w = c.send(cmd::WRITE, 0, 0, big.len() as u32, &big);
+    assert_eq!(c.simple(w), err::EINVAL);
+    // FAST_ZERO on a write is invalid; an unknown command too.
+    let w = c.send(cmd::WRITE, cflag::FAST_ZERO, 0, 1, b"x");
+    assert_eq!(c.simple(w), err::EINVAL);
+    let u = c.send(77, 0, 0, 0, &[]);
+    assert_eq!(c.simple(u), err::EINVAL);
+    // Many requests in flight, answered in any order.
+    let cookies: Vec<u64> = (0..64)
+        .map(|i| c.send(cmd::READ, 0, i * 4096, 4096, &[]))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for _ in &cookies {
+        let h = read_n(&mut c.s, 20);
+        let cookie = proto::be64(&h[8..16]);
+        let len = proto::be32(&h[16..20]) as usize;
+        let d = read_n(&mut c.s, len);
+        let i = cookies.iter().position(|&c| c == cookie).unwrap() as u64;
+        assert_eq!(proto::be64(&d), i * 4096);
+        seen.insert(cookie);
+    }
+    assert_eq!(seen.len(), 64);
+    c.send(cmd::DISC, 0, 0, 0, &[]);
+    let mut rest = Vec::new();
+    c.s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
+
+#[test]
+fn read_only_export_refuses_writes_and_keeps_its_bytes() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    let (_, flags) = c.go("ro");
+    assert_ne!(flags & tflag::READ_ONLY, 0);
+    for (kind, payload) in [
+        (cmd::WRITE, &b"data"[..]),
+        (cmd::TRIM, &[][..]),
+        (cmd::WRITE_ZEROES, &[][..]),
+    ] {
+        let len = if payload.is_empty() {
+            4
+        } else {
+            payload.len() as u32
+        };
+        let r = c.send(kind, 0, 0, len, payload);
+        assert_eq!(c.simple(r), err::EPERM);
+    }
+    assert_eq!(c.read(0, 4).unwrap(), [0, 0, 0, 0]);
+}
+
+#[test]
+fn block_status_reports_holes() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    c.go("holey");
+    let r = c.send(cmd::BLOCK_STATUS, 0, 0, SIZE as u32, &[]);
+    let chunks = c.chunks(r);
+    assert_eq!(chunks.len(), 1);
+    let (t, d) = &chunks[0];
+    assert_eq!(*t, reply::BLOCK_STATUS);
+    assert_eq!(proto::be32(d), 1);
+    let descs: Vec<(u32, u32)> = d[4..]
+        .chunks(8)
+        .map(|x| (proto::be32(x), proto::be32(&x[4..])))
+        .collect();
+    assert_eq!(
+        descs,
+        [
+            (SIZE as u32 / 2, 0),
+            (SIZE as u32 / 2, proto::STATE_HOLE | proto::STATE_ZERO)
+        ]
+    );
+    let r = c.send(cmd::BLOCK_STATUS, cflag::REQ_ONE, 0, SIZE as u32, &[]);
+    let chunks = c.chunks(r);
+    assert_eq!(chunks[0].1.len(), 12);
+    // Zero length is invalid.
+    let r = c.send(cmd::BLOCK_STATUS, 0, 0, 0, &[]);
+    assert_eq!(c.chunks(r)[0].0, reply::ERROR);
+}
+
+#[test]
+fn bad_peers_do_not_disturb_other_clients() {
+    let srv = start();
+    let mut good = Client::connect(&srv.addr);
+    good.go("mem");
+    let before = good.read(0, 4096).unwrap();
+    // Garbage instead of client flags.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    read_n(&mut s, 18);
+    s.write_all(&[0xff; 64]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{rest:?}");
+    // A bad option magic closes that connection.
+    let mut bad = Client::connect(&srv.addr);
+    bad.s.write_all(&[0u8; 16]).unwrap();
+    let mut rest = Vec::new();
+    let _ = bad.s.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    // A request with a bad magic closes the connection.
+    let mut bad = Client::connect(&srv.addr);
+    bad.go("mem");
+    bad.s.write_all(&[0x55; 28]).unwrap();
+    let mut rest = Vec::new();
+    let _ = bad.s.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    // A client that vanishes mid-write: nothing is written.
+    let mut gone = Client::connect(&srv.addr);
+    gone.go("mem");
+    let r = Request {
+        flags: 0,
+        kind: cmd::WRITE,
+        cookie: 9,
+        offset: 0,
+        len: 4096,
+    };
+    gone.s.write_all(&proto::encode_request(&r)).unwrap();
+    gone.s.write_all(&[0xee; 100]).unwrap();
+    drop(gone);
+    // A client that stalls in the handshake is dropped by the timeout.
+    let mut slow = TcpStream::connect(&srv.addr).unwrap();
+    read_n(&mut slow, 18);
+    // The good client is unaffected, and no byte of the torn write landed.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(good.read(0, 4096).unwrap() == before);
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+}
+
+#[test]
+fn export_name_option_and_default_export() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::EXPORT_NAME, b"");
+    let d = read_n(&mut c.s, 10);
+    assert_eq!(proto::be64(&d), SIZE as u64);
+    // No zeroes (we asked), simple replies.
+    let r = c.send(cmd::READ, 0, 0, 4, &[]);
+    assert_eq!(c.simple(r), 0);
+    assert_eq!(read_n(&mut c.s, 4), [0, 7, 14, 21]);
+    // An unknown name closes the connection.
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::EXPORT_NAME, b"missing");
+    let mut rest = Vec::new();
+    let _ = c.s.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+}
+
+#[test]
+fn session_over_bytes_survives_any_input() {
+    let ex = exports();
+    // A scripted session: flags, GO on "mem", a read, DISC.
+    let mut input = 3u32.to_be_bytes().to_vec();
+    input.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    input.extend_from_slice(&opt::GO.to_be_bytes());
+    input.extend_from_slice(&9u32.to_be_bytes());
+    input.extend_from_slice(&3u32.to_be_bytes());
+    input.extend_from_slice(b"mem");
+    input.extend_from_slice(&[0, 0]);
+    input.extend_from_slice(&proto::encode_request(&Request {
+        flags: 0,
+        kind: cmd::READ,
+        cookie: 5,
+        offset: 1,
+        len: 3,
+    }));
+    let out = cairn_nbd::session_over_bytes(&input, &ex, 1);
+    assert_eq!(&out[out.len() - 3..], &[7, 14, 21]);
+    // Every prefix and some corruptions end without a panic.
+    for n in 0..input.len() {
+        cairn_nbd::session_over_bytes(&input[..n], &ex, 1);
+        let mut bad = input.clone();
+        bad[n] ^= 0x5a;
+        cairn_nbd::session_over_bytes(&bad, &ex, 2);
+    }
+}

@@ -1,0 +1,163 @@
+//! Sequential-stream detection and the readahead thread pool.
+
+use crate::cache::{Cache, Slot};
+use crate::packs::Packs;
+use cairn_store::index::Location;
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Streams tracked at once: enough for several connections each reading
+/// its own part of the image (nbdcopy, `qemu-img convert -m`).
+const STREAMS: usize = 8;
+
+#[derive(Clone, Copy, Default)]
+struct Stream {
+    /// Highest end offset read so far.
+    next: u64,
+    /// Readahead has been scheduled up to here.
+    ahead: u64,
+    /// Reads that continued the stream.
+    hits: u32,
+    /// Last use, for replacing the stalest stream.
+    used: u64,
+}
+
+/// Finds forward-moving streams among the reads.
+pub(crate) struct Streams {
+    window: u64,
+    state: Mutex<(u64, [Stream; STREAMS])>,
+}
+
+impl Streams {
+    pub(crate) fn new(window: u64) -> Streams {
+        Streams {
+            window,
+            state: Mutex::new((0, [Stream::default(); STREAMS])),
+        }
+    }
+
+    /// Note a read of `offset..end`. If it continues a stream (starts
+    /// within a window of where one got to; requests of a parallel
+    /// reader arrive a little out of order) for the second time or more,
+    /// returns the range to read ahead and the stream it belongs to.
+    pub(crate) fn on_read(&self, offset: u64, end: u64) -> Option<(usize, u64, u64)> {
+        if self.window == 0 {
+            return None;
+        }
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        let tick = g.0;
+        let w = self.window;
+        let found = g.1.iter().position(|s| {
+            s.used != 0 && offset.saturating_add(w) >= s.next && offset <= s.next.saturating_add(w)
+        });
+        let Some(i) = found else {
+            // Random access (or a new stream): take the stalest slot, and
+            // read nothing ahead until the stream continues.
+            let i = (0..STREAMS).min_by_key(|&i| g.1[i].used).unwrap_or(0);
+            g.1[i] = Stream {
+                next: end,
+                ahead: end,
+                hits: 0,
+                used: tick,
+            };
+            return None;
+        };
+        let s = &mut g.1[i];
+        s.used = tick;
+        // Only a read that moves the stream forward counts: a reader
+        // going back and forth near one place is not sequential.
+        if end > s.next {
+            s.hits = s.hits.saturating_add(1);
+            s.next = end;
+        }
+        let to = s.next.saturating_add(w);
+        let from = s.ahead.max(s.next);
+        if s.hits < 2 || from >= to {
+            return None;
+        }
+        s.ahead = to;
+        Some((i, from, to))
+    }
+
+    /// Scheduling of stream `i`'s range stopped short at `reached` (the
+    /// pool was busy): let the next read schedule the rest.
+    pub(crate) fn stopped_at(&self, i: usize, reached: u64) {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = g.1.get_mut(i) {
+            s.ahead = s.ahead.min(reached);
+        }
+    }
+}
+
+/// A record to decode in the background.
+pub(crate) struct Job {
+    pub slot: Arc<Slot>,
+    pub loc: Location,
+}
+
+/// Decoding threads fed by a short queue.
+pub(crate) struct Pool {
+    tx: Option<Sender<Job>>,
+    closing: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// `threads` decoders taking records from a queue of `depth`.
+    pub(crate) fn new(threads: usize, depth: usize, packs: Arc<Packs>, cache: Arc<Cache>) -> Pool {
+        let (tx, rx) = bounded::<Job>(depth.max(1));
+        let closing = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .filter_map(|i| {
+                let (rx, packs, cache, closing) =
+                    (rx.clone(), packs.clone(), cache.clone(), closing.clone());
+                std::thread::Builder::new()
+                    .name(format!("volume-ahead-{i}"))
+                    .spawn(move || work(&rx, &packs, &cache, &closing))
+                    .ok()
+            })
+            .collect();
+        Pool {
+            tx: Some(tx),
+            closing,
+            threads,
+        }
+    }
+
+    /// Queue `job`; gives it back if the queue is full (or no thread
+    /// could be started).
+    pub(crate) fn try_send(&self, job: Job) -> Result<(), Job> {
+        match &self.tx {
+            Some(tx) if !self.threads.is_empty() => tx.try_send(job).map_err(|e| match e {
+                TrySendError::Full(j) | TrySendError::Disconnected(j) => j,
+            }),
+            _ => Err(job),
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Relaxed);
+        self.tx = None;
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn work(rx: &Receiver<Job>, packs: &Packs, cache: &Cache, closing: &AtomicBool) {
+    for job in rx {
+        if closing.load(Ordering::Relaxed) {
+            continue;
+        }
+        let (_, ran) = job.slot.get_or_load(|| packs.load(job.loc).map(Arc::new));
+        if ran {
+            cache.counters.ahead.fetch_add(1, Ordering::Relaxed);
+            cache.loaded(&job.slot);
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! # cairn-volume
+//!
+//! A snapshot of an image in a cairn repository, seen as a read-only
+//! [`BlockDev`]: what the NBD server exports when a user asks to mount,
+//! copy or boot a backup without restoring it first.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), cairn_store::StoreError> {
+//! use cairn_blockdev::BlockDev;
+//! use std::sync::Arc;
+//! let repo = Arc::new(cairn_store::Repository::open("/backup/repo".as_ref())?);
+//! let vol = cairn_volume::Volume::open(repo, "vm@3", &Default::default())?;
+//! let mut sector = [0u8; 512];
+//! vol.read_at(&mut sector, 0).ok();
+//! # Ok(()) }
+//! ```
+//!
+//! ## Design decisions
+//!
+//! - **The lookup table costs 12 bytes per extent.** A volume keeps, per
+//!   extent of the manifest, its start offset (`u64`) and the position of
+//!   its chunk in the repository's sorted in-memory index (`u32`), in two
+//!   flat vectors (no padding, no per-entry allocation); an offset is
+//!   found by bisection. The manifest itself (40 bytes an extent in
+//!   memory) is dropped after open: the record location comes from the
+//!   index position, the chunk length from the next start, and the chunk
+//!   id is checked through the 152-bit id prefix the index keeps (the
+//!   store's own identity rule, see `cairn_store::id::PREFIX_LEN`) and
+//!   the full id in the record's chunk table, whose BLAKE3 is verified.
+//!   A 1 TiB image of 32 KiB chunks costs 384 MiB of table, against the
+//!   1.25 GiB its manifest would. The manifest is read again only to name
+//!   a damaged chunk in full in an error message.
+//! - **One index for many volumes.** [`RepoView`] takes the read lock,
+//!   then loads the index once (32 bytes per chunk of the repository);
+//!   every volume opened from it shares that index and also takes a read
+//!   lock of its own for its whole life, so `gc` never deletes a pack
+//!   under a reader.
+//! - **The cache holds decoded groups, bounded by bytes, with CLOCK.**
+//!   Chunks are compressed in groups of about 2 MiB, and a group is the
+//!   unit that costs something to get (one read and one decode), so the
+//!   cache holds whole decoded groups keyed by pack and record offset;
+//!   deduplicated chunks and neighbouring small reads hit the same entry.
+//!   CLOCK rather than strict LRU: a hit sets a bit and moves nothing, so
+//!   the common case needs only a short map lookup under the lock. The
+//!   bound is on bytes (default 256 MiB), not entries, because group sizes
+//!   vary from one chunk to 8 MiB. Groups in use by a reader stay alive
+//!   after eviction until it is done, so the true peak is the bound plus
+//!   one group per reading thread.
+//! - **Decode once, however many readers.** A cache entry is created
+//!   before its group is decoded, holding a `OnceLock`: the first reader
+//!   (or readahead thread) decodes, the others block on it. Failed loads
+//!   are not cached, so a transient I/O error is retried by the next read.
+//! - **Verify on first serve.** A record's CRC-32C and lengths are
+//!   checked when it is decoded; each chunk's BLAKE3 is checked the first
+//!   time a read touches it (one atomic state per chunk), so a random 4 KiB
+//!   read hashes one chunk, not the whole 2 MiB group. Damage is reported
+//!   as [`ErrorKind::Corrupt`] naming the image, offset and chunk; wrong
+//!   bytes are never returned.
+//! - **Readahead follows streams, on a pool.** Reads are matched against
+//!   a few tracked streams (a read starting within one readahead window of
+//!   where a stream got to continues it, because the parallel requests of
+//!   nbdcopy or `qemu-img convert` arrive slightly out of order). From the
+//!   second continuing read on, the records of the next window (default
+//!   16 MiB, at most half the cache) are queued for decoding on a pool of
+//!   threads (default: one per core), so a sequential reader finds decoded
+//!   groups. A random read matches no stream and schedules nothing. The
+//!   queue is short and never waited on: when it is full, readahead simply
+//!   stops where it got to. Only reads that move a stream forward count,
+//!   so a reader going back and forth in one place is not "sequential". A
+//!   request spanning several records also has its later records (those
+//!   big enough, 64 KiB stored, to be worth a hand-off) decoded in
+//!   parallel while the caller does the first.
+//!
+//! Written by hand: the repository format is cairn's own, and the cache
+//! needs the in-flight state tied to it.
+
+mod ahead;
+mod cache;
+mod map;
+mod packs;
+
+use ahead::{Job, Pool, Streams};
+use cache::{key, Cache, Loaded};
+use cairn_blockdev::{
+    check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op,
+    ZeroFlags,
+};
+use cairn_store::repo::{LoadedIndex, ReadLock};
+use cairn_store::{Repository, Result};
+use map::{ExtentMap, HOLE, MISSING};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Most extents one `extents` call reports (a device may stop early).
+const MAX_EXTENTS: usize = 1 << 16;
+/// Records queued for background decoding at most. Deep enough for a
+/// whole readahead window of small records (a queue of one request's
+/// worth would only ever hold what the reader is about to decode itself);
+/// the memory bound is the window, not this.
+const QUEUE_DEPTH: usize = 4096;
+/// Records of a request smaller than this (stored bytes) are decoded by
+/// the reader itself: handing them to another thread costs about as much
+/// as decoding them, and the reader would get there first anyway.
+const MIN_PARALLEL_RECORD: u32 = 64 << 10;
+
+/// How a volume caches and reads ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeOptions {
+    /// Bytes of decoded groups to keep (default 256 MiB).
+    pub cache_bytes: usize,
+    /// Bytes to decode ahead of a sequential reader (default 16 MiB; 0
+    /// turns readahead off). Capped at half of `cache_bytes`, so readahead
+    /// never evicts what it just decoded.
+    pub readahead: u64,
+    /// Background decoding threads (default: one per core; 0: none, every
+    /// record is decoded by the reader that needs it).
+    pub threads: usize,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            cache_bytes: 256 << 20,
+            readahead: 16 << 20,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        }
+    }
+}
+
+/// A repository opened for reading volumes: a read lock, and the index
+/// loaded once under it and shared by every volume opened from here.
+pub struct RepoView {
+    repo: Arc<Repository>,
+    index: Arc<LoadedIndex>,
+    _lock: ReadLock,
+}
+
+impl RepoView {
+    /// Take the read lock, then load the index.
+    pub fn open(repo: Arc<Repository>) -> Result<RepoView> {
+        let lock = repo.lock_read()?;
+        let index = Arc::new(repo.load_index()?);
+        Ok(RepoView {
+            repo,
+            index,
+            _lock: lock,
+        })
+    }
+
+    /// The repository.
+    pub fn repository(&self) -> &Arc<Repository> {
+        &self.repo
+    }
+
+    /// The index (its `damaged` list names index files that could not be
+    /// read: chunks only they knew read as damaged).
+    pub fn index(&self) -> &Arc<LoadedIndex> {
+        &self.index
+    }
+
+    /// Open `spec` (`NAME`, `NAME@N` or `NAME@latest`) as a volume.
+    pub fn volume(&self, spec: &str, opts: &VolumeOptions) -> Result<Volume> {
+        Volume::open_with(self, spec, opts)
+    }
+}
+
+/// Cache and readahead figures of a volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    /// Reads of a record served from the cache (or from a decode another
+    /// thread was already doing).
+    pub hits: u64,
+    /// Records a reader had to read and decode itself.
+    pub misses: u64,
+    /// Records queued for decoding in the background (readahead, and the
+    /// later records of a request spanning several).
+    pub queued: u64,
+    /// Records the background threads decoded before any reader needed
+    /// them (the rest of the queued ones were decoded by their reader
+    /// first, or are still queued).
+    pub readahead: u64,
+    /// Groups evicted from the cache.
+    pub evictions: u64,
+    /// Bytes of decoded groups in the cache now.
+    pub cached_bytes: usize,
+    /// Heap bytes of the offset → chunk table.
+    pub map_bytes: usize,
+}
+
+/// A snapshot of an image as a read-only block device.
+pub struct Volume {
+    // Declared first so it is dropped first: its threads are joined
+    // before the lock below is released.
+    pool: Option<Pool>,
+    name: String,
+    snapshot: u64,
+    size: u64,
+    map: ExtentMap,
+    packs: Arc<packs::Packs>,
+    cache: Arc<Cache>,
+    streams: Streams,
+    repo: Arc<Repository>,
+    _lock: ReadLock,
+}
+
+impl Volume {
+    /// Open `spec` (`NAME`, `NAME@N` or `NAME@latest`) in `repo`, loading
+    /// the index for this volume alone (use [`RepoView`] to share it).
+    pub fn open(repo: Arc<Repository>, spec: &str, opts: &VolumeOptions) -> Result<Volume> {
+        RepoView::open(repo)?.volume(spec, opts)
+    }
+
+    /// Open `spec` with the index `view` loaded.
+    pub fn open_with(view: &RepoView, spec: &str, opts: &VolumeOptions) -> Result<Volume> {
+        let repo = view.repo.clone();
+        let lock = repo.lock_read()?;
+        let (name, snapshot) = repo.resolve(spec)?;
+        let manifest = repo.read_manifest(&name, snapshot)?;
+        let map = ExtentMap::build(&manifest, &view.index.index)?;
+        let size = manifest.size;
+        drop(manifest);
+        let packs = Arc::new(packs::Packs::new(repo.clone(), view.index.clone()));
+        let cache = Arc::new(Cache::new(opts.cache_bytes));
+        let window = opts.readahead.min(opts.cache_bytes as u64 / 2);
+        let pool = (opts.threads > 0)
+            .then(|| Pool::new(opts.threads, QUEUE_DEPTH, packs.clone(), cache.clone()));
+        Ok(Volume {
+            pool,
+            name,
+            snapshot,
+            size,
+            map,
+            packs,
+            cache,
+            streams: Streams::new(if opts.threads > 0 { window } else { 0 }),
+            repo,
+            _lock: lock,
+        })
+    }
+
+    /// The image name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The snapshot number.
+    pub fn snapshot(&self) -> u64 {
+        self.snapshot
+    }
+
+    /// Extents (chunks and holes) in the image.
+    pub fn extent_count(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Cache and readahead figures so far.
+    pub fn stats(&self) -> VolumeStats {
+        let c = &self.cache.counters;
+        VolumeStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            queued: c.queued.load(Ordering::Relaxed),
+            readahead: c.ahead.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            cached_bytes: self.cache.bytes(),
+            map_bytes: self.map.heap_bytes(),
+        }
+    }
+
+    /// The decoded group holding `loc`, from the cache or decoded now.
+    fn group(&self, loc: cairn_store::index::Location) -> Loaded {
+        let (slot, _) = self.cache.slot(key(loc.pack, loc.offset), false);
+        let (got, ran) = slot.get_or_load(|| self.packs.load(loc).map(Arc::new));
+        let c = &self.cache.counters;
+        if ran {
+            c.misses.fetch_add(1, Ordering::Relaxed);
+            self.cache.loaded(&slot);
+        } else {
+            c.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        got
+    }
+
+    /// Queue for decoding the records of `from..to` that have no cache
+    /// entry. For the caller's own request (`own`), the first record is
+    /// left out (the caller decodes it) and so are small ones. Returns
+    /// where it stopped: `to`, or earlier if the queue was full.
+    fn prefetch(&self, from: u64, to: u64, own: bool) -> u64 {
+        let mut skip_first = own;
+        let Some(pool) = &self.pool else {
+            return to;
+        };
+        let to = to.min(self.size);
+        if from >= to {
+            return to;
+        }
+        let index = &self.packs.index().index;
+        let mut last = None;
+        let mut k = self.map.find(from);
+        while k < self.map.len() && self.map.start(k) < to {
+            let p = self.map.pos(k);
+            if let Some(loc) = (p < MISSING)
+                .then(|| index.location_at(p as usize))
+                .flatten()
+            {
+                let key = key(loc.pack, loc.offset);
+                if last != Some(key) {
+                    last = Some(key);
+                    if skip_first {
+                        skip_first = false;
+                    } else if !own || loc.len >= MIN_PARALLEL_RECORD {
+                        let (slot, created) = self.cache.slot(key, true);
+                        if created {
+                            if let Err(job) = pool.try_send(Job { slot, loc }) {
+                                self.cache.forget(&job.slot);
+                                return self.map.start(k).max(from);
+                            }
+                            self.cache.counters.queued.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            k += 1;
+        }
+        to
+    }
+
+    /// The error for extent `k` being unreadable during a request.
+    fn damaged(
+        &self,
+        k: usize,
+        req: (u64, u64),
+        msg: &str,
+        io: Option<std::io::ErrorKind>,
+    ) -> BlockError {
+        let text = format!(
+            "image {}@{} offset {}: chunk {}: {msg}",
+            self.name,
+            self.snapshot,
+            self.map.start(k),
+            self.chunk_name(k)
+        );
+        let kind = match io {
+            None => ErrorKind::Corrupt(text),
+            Some(kind) => ErrorKind::Io(std::io::Error::new(kind, text)),
+        };
+        BlockError::new(Op::Read, req.0, req.1, kind)
+    }
+
+    /// The full id of extent `k`'s chunk, from the manifest read again
+    /// (errors are rare; keeping every id would triple the table), or
+    /// the prefix the index holds if the manifest cannot be read.
+    fn chunk_name(&self, k: usize) -> String {
+        if let Ok(m) = self.repo.read_manifest(&self.name, self.snapshot) {
+            if let Some(cairn_store::Extent::Data { id, .. }) = m.extents.get(k) {
+                return id.to_string();
+            }
+        }
+        let p = self.map.pos(k);
+        match self.packs.index().index.prefix_at(p as usize) {
+            Some(prefix) if p < MISSING => {
+                let hex: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{hex}…")
+            }
+            _ => "(id unknown: the manifest cannot be read)".into(),
+        }
+    }
+}
+
+impl BlockDev for Volume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            extents: true,
+            multi_conn: true,
+            ..Caps::default()
+        }
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        BlockSizes {
+            minimum: 1,
+            preferred: 4096,
+            maximum: 32 << 20,
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_blockdev::Result<()> {
+        let len = buf.len() as u64;
+        check_range(self.size, Op::Read, offset, len)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset + len;
+        let mut k = self.map.find(offset);
+        if self.pool.is_some() {
+            if self.map.end(k) < end {
+                self.prefetch(offset, end, true);
+            }
+            if let Some((stream, from, to)) = self.streams.on_read(offset, end) {
+                let reached = self.prefetch(from, to, false);
+                if reached < to {
+                    self.streams.stopped_at(stream, reached);
+                }
+            }
+        }
+        let index = &self.packs.index().index;
+        let mut held: Option<(u64, Arc<packs::Group>)> = None;
+        let mut at = offset;
+        while at < end {
+            let (s, e) = (self.map.start(k), self.map.end(k));
+            let n = (e.min(end) - at) as usize;
+            let dst = &mut buf[(at - offset) as usize..][..n];
+            let p = self.map.pos(k);
+            if p == HOLE {
+                dst.fill(0);
+            } else {
+                let found = (p != MISSING)
+                    .then(|| {
+                        index
+                            .location_at(p as usize)
+                            .zip(index.prefix_at(p as usize))
+                    })
+                    .flatten();
+                let Some((loc, prefix)) = found else {
+                    return Err(self.damaged(
+                        k,
+                        (offset, len),
+                        "the chunk is missing from the repository",
+                        None,
+                    ));
+                };
+                let key = key(loc.pack, loc.offset);
+                let group = match &held {
+                    Some((hk, g)) if *hk == key => g.clone(),
+                    _ => self
+                        .group(loc)
+                        .map_err(|err| self.damaged(k, (offset, len), &err.msg, err.io))?,
+                };
+                // Chunks are at most MAX_CHUNK (well under 4 GiB) long.
+                let chunk = group
+                    .chunk(loc.slice, (e - s) as u32, &prefix)
+                    .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
+                let from = (at - s) as usize;
+                dst.copy_from_slice(&chunk[from..from + n]);
+                held = Some((key, group));
+            }
+            at += n as u64;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> cairn_blockdev::Result<()> {
+        Err(read_only(Op::Write, offset, buf.len() as u64))
+    }
+
+    fn flush(&self) -> cairn_blockdev::Result<()> {
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> cairn_blockdev::Result<()> {
+        Err(read_only(Op::Trim, offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _flags: ZeroFlags) -> cairn_blockdev::Result<()> {
+        Err(read_only(Op::WriteZeroes, offset, len))
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> cairn_blockdev::Result<Vec<Extent>> {
+        check_range(self.size, Op::Extents, offset, len)?;
+        let end = offset + len;
+        let mut out: Vec<Extent> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        let mut k = self.map.find(offset);
+        let mut at = offset;
+        while at < end {
+            let n = self.map.end(k).min(end) - at;
+            let hole = self.map.pos(k) == HOLE;
+            let full = out.len() >= MAX_EXTENTS;
+            match out.last_mut() {
+                Some(last) if last.hole == hole => last.len += n,
+                _ if full => break,
+                _ => out.push(if hole {
+                    Extent::hole(n)
+                } else {
+                    Extent::data(n)
+                }),
+            }
+            at += n;
+            k += 1;
+        }
+        Ok(out)
+    }
+}
