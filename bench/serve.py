@@ -18,7 +18,7 @@ Loads:
 Every round runs every (load, server) pair once, in turn; medians over
 --runs rounds; page cache warm. Results in bench/runs/<date>-serve/.
 
-Usage: bench/serve.py [--image bench/data/os.img] [--runs 3] [--quick]
+Usage: bench/serve.py [--image bench/data/os.img] [--runs 5] [--warmup 1] [--quick]
 """
 import argparse
 import csv
@@ -120,13 +120,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--image", default=os.path.join(ROOT, "bench/data/os.img"))
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted")
     ap.add_argument("--fio-seconds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="1 run, 2 s fio: a smoke test")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.quick:
-        a.runs, a.fio_seconds = 1, 2
+        a.runs, a.warmup, a.fio_seconds = 1, 0, 2
     for tool in ["qemu-img", "qemu-nbd", "nbdkit", "fio", "nbdcopy"]:
         if not shutil.which(tool):
             sys.exit(f"missing {tool}: apt-get install -y qemu-utils nbdkit fio libnbd-bin")
@@ -152,10 +153,10 @@ def main():
 
     servers = {
         "cairn-image": ([a.cairn, "serve", "--repo", repo, "--socket", sock], "os", False),
-        "qemu-qcow2": (["qemu-nbd", "-r", "-f", "qcow2", "-k", sock, "-x", "os", "--cache=writeback", qcow], "os", False),
+        "qemu-qcow2": (["qemu-nbd", "-t", "-e", "8", "-r", "-f", "qcow2", "-k", sock, "-x", "os", "--cache=writeback", qcow], "os", False),
         "cairn-file": ([a.cairn, "serve", "--file", f"os={raw}", "--socket", sock], "os", True),
         "nbdkit-file": (["nbdkit", "-f", "-U", sock, "-e", "os", "file", raw], "os", True),
-        "qemu-raw": (["qemu-nbd", "-f", "raw", "-k", sock, "-x", "os", "--cache=writeback", raw], "os", True),
+        "qemu-raw": (["qemu-nbd", "-t", "-e", "8", "-f", "raw", "-k", sock, "-x", "os", "--cache=writeback", raw], "os", True),
     }
     seq_count = size // (1 << 20)
     stride = (1 << 20) + 4096
@@ -169,7 +170,7 @@ def main():
     ]
     rows = []
     commands = {}
-    for r in range(1, a.runs + 1):
+    for r in range(1 - a.warmup, a.runs + 1):
         for lname, fn, unit, conv, writes in loads:
             for sname, (cmd, export, writable) in servers.items():
                 if writes and not writable:
@@ -180,6 +181,9 @@ def main():
                 finally:
                     srv.stop()
                 value = conv(v) if conv else v
+                if r < 1:
+                    log(f"warm-up {lname:13} {sname:12} {value:12.1f} {unit}")
+                    continue
                 rows.append({"load": lname, "server": sname, "run": r, "value": round(value, 1), "unit": unit})
                 commands[(lname, sname)] = (" ".join(cmd), " ".join(lcmd))
                 log(f"run {r} {lname:13} {sname:12} {value:12.1f} {unit}")
@@ -210,7 +214,7 @@ def main():
     med = {k: statistics.median(v) for k, v in med.items()}
     lines = [f"# cairn serve against qemu-nbd and nbdkit ({os.path.basename(out_dir)})", "",
              f"Image: {a.image} ({size} bytes); cairn repository {sizes['repo']} bytes (zstd:3), "
-             f"qcow2 (zlib, `qemu-img convert -c`) {sizes['qcow2']} bytes. {a.runs} rounds, medians; "
+             f"qcow2 (zlib, `qemu-img convert -c`) {sizes['qcow2']} bytes. {a.runs} rounds after {a.warmup} warm-up, medians; "
              "every measurement starts a fresh server on a unix socket; page cache warm.", "",
              "| load | unit | " + " | ".join(servers) + " |", "|---|---|" + "--:|" * len(servers)]
     for lname, _, unit, _, _ in loads:
