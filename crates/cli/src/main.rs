@@ -4,6 +4,7 @@
 //! layers together, draws progress on a terminal and prints reports as
 //! text or JSON. It is the only crate that knows every layer.
 
+mod cache_cmd;
 mod files;
 mod pack;
 mod repo_cmd;
@@ -50,6 +51,8 @@ enum Command {
     Stats(repo_cmd::StatsArgs),
     /// Export repository images, files and devices over NBD.
     Serve(serve::ServeArgs),
+    /// Status, drain or detach of a write-back cache not in use by a server.
+    Cache(cache_cmd::CacheArgs),
 }
 
 /// Options shared by pack and unpack.
@@ -188,6 +191,7 @@ fn main() -> ExitCode {
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Cache(args) => cache_cmd::cache(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

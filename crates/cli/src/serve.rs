@@ -2,8 +2,9 @@
 //! over NBD until SIGINT or SIGTERM.
 
 use anyhow::{bail, Context, Result};
-use cairn_blockdev::{BlockDev, FileDev, FileOptions};
+use cairn_blockdev::{BlockDev, FaultDev, FileDev, FileOptions, RotationalModel};
 use cairn_nbd::{Export, Listener, Server, ServerConfig};
+use cairn_wbcache::WbConfig;
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,10 +19,16 @@ pub(crate) struct ServeArgs {
     /// image's latest snapshot, named NAME.
     #[arg(long = "image", value_name = "NAME[@SNAPSHOT]")]
     pub images: Vec<String>,
-    /// Export a file or block device: [NAME=]PATH[,ro][,direct]. The export
-    /// is named NAME, or the file's name; `ro` refuses writes, `direct`
-    /// uses O_DIRECT.
-    #[arg(long = "file", value_name = "[NAME=]PATH[,ro][,direct]")]
+    /// Export a file or block device: [NAME=]PATH[,ro][,direct][,cache=CACHE][,hdd].
+    /// The export is named NAME, or the file's name; `ro` refuses writes,
+    /// `direct` uses O_DIRECT, `cache=CACHE` puts a write-back log cache
+    /// on the file or device CACHE in front of it (formatted if blank);
+    /// `hdd` makes PATH as slow as a 7200 rpm disk (the rotational cost
+    /// model of cairn-blockdev, for benchmarks).
+    #[arg(
+        long = "file",
+        value_name = "[NAME=]PATH[,ro][,direct][,cache=CACHE][,hdd]"
+    )]
     pub files: Vec<String>,
     /// TCP address to listen on (repeatable; default 127.0.0.1:10809
     /// unless --socket is given). Port 0 picks a free port.
@@ -39,22 +46,46 @@ pub(crate) struct ServeArgs {
     /// Threads decoding ahead of sequential readers (default: cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
+    /// Write-back cache: segments written back per batch.
+    #[arg(long = "cache-batch", default_value_t = WbConfig::default().batch)]
+    pub cache_batch: usize,
+    /// Write-back cache: start writeback when this fraction of the log is dirty.
+    #[arg(long = "cache-dirty-high", default_value_t = WbConfig::default().dirty_high)]
+    pub cache_dirty_high: f64,
+    /// Write-back cache: write back after this many milliseconds without writes.
+    #[arg(long = "cache-idle-ms", default_value_t = WbConfig::default().idle_writeback.as_millis() as u64)]
+    pub cache_idle_ms: u64,
     /// Log connections and protocol errors on stderr.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
 }
 
-/// `[NAME=]PATH[,ro][,direct]`.
-fn parse_file_spec(spec: &str) -> Result<(String, PathBuf, FileOptions)> {
+/// A parsed `--file`.
+struct FileSpec {
+    name: String,
+    path: PathBuf,
+    opts: FileOptions,
+    cache: Option<PathBuf>,
+    hdd: bool,
+}
+
+/// `[NAME=]PATH[,ro][,direct][,cache=CACHE]`.
+fn parse_file_spec(spec: &str) -> Result<FileSpec> {
     let mut parts = spec.split(',');
     let first = parts.next().unwrap_or_default();
     let mut opts = FileOptions::default();
+    let mut cache = None;
+    let mut hdd = false;
     for p in parts {
         match p {
+            "hdd" => hdd = true,
             "ro" => opts.read_only = true,
             "rw" => opts.read_only = false,
             "direct" => opts.direct = true,
-            other => bail!("--file {spec:?}: unknown option {other:?} (ro, rw, direct)"),
+            c if c.starts_with("cache=") && c.len() > 6 => cache = Some(PathBuf::from(&c[6..])),
+            other => {
+                bail!("--file {spec:?}: unknown option {other:?} (ro, rw, direct, cache=PATH, hdd)")
+            }
         }
     }
     let (name, path) = match first.split_once('=') {
@@ -74,22 +105,57 @@ fn parse_file_spec(spec: &str) -> Result<(String, PathBuf, FileOptions)> {
     if name.is_empty() {
         bail!("--file {spec:?}: no export name");
     }
-    Ok((name, path, opts))
+    Ok(FileSpec {
+        name,
+        path,
+        opts,
+        cache,
+        hdd,
+    })
 }
 
 pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     if a.workers == 0 || a.workers > 256 {
         bail!("--workers must be 1 to 256");
     }
+    if a.cache_batch == 0 || !(0.0..=1.0).contains(&a.cache_dirty_high) {
+        bail!("--cache-batch must be at least 1 and --cache-dirty-high between 0 and 1");
+    }
     let mut exports: Vec<Export> = Vec::new();
+    let mut caches = Vec::new();
     for spec in &a.files {
-        let (name, path, opts) = parse_file_spec(spec)?;
-        let dev = FileDev::open(&path, opts).with_context(|| format!("--file {spec}"))?;
+        let f = parse_file_spec(spec)?;
+        let mut description = format!("file {}", f.path.display());
+        let mut dev: Arc<dyn BlockDev> =
+            Arc::new(FileDev::open(&f.path, f.opts).with_context(|| format!("--file {spec}"))?);
+        if f.hdd {
+            dev = Arc::new(FaultDev::with_rotational(dev, RotationalModel::default()));
+            description.push_str(" (modelled as a 7200 rpm disk)");
+        }
+        if let Some(c) = &f.cache {
+            if f.opts.read_only {
+                bail!("--file {spec}: a cache needs a writable file: drop `ro`");
+            }
+            if caches.iter().any(|(p, _, _)| p == c) {
+                bail!("cache {} is given twice", c.display());
+            }
+            let cfg = WbConfig {
+                batch: a.cache_batch,
+                dirty_high: a.cache_dirty_high,
+                idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
+                ..WbConfig::default()
+            };
+            let (wb, lock) = crate::cache_cmd::open_cached(dev, c, cfg)
+                .with_context(|| format!("--file {spec}"))?;
+            caches.push((c.clone(), wb.clone(), lock));
+            description.push_str(&format!(", cached on {}", c.display()));
+            dev = wb;
+        }
         exports.push(Export {
-            description: format!("file {}", path.display()),
-            name,
-            dev: Arc::new(dev) as Arc<dyn BlockDev>,
-            read_only: opts.read_only,
+            description,
+            name: f.name,
+            dev,
+            read_only: f.opts.read_only,
         });
     }
     if let Some(repo) = &a.repo {
@@ -145,6 +211,16 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     eprintln!("cairn serve: exports: {}", names.join(", "));
     let report = server.serve(&listeners, stop)?;
+    // The server flushed every writable export (cached writes are durable
+    // in their log); stop the caches' threads.
+    drop(server);
+    for (path, wb, lock) in caches {
+        if let Ok(wb) = Arc::try_unwrap(wb) {
+            wb.close()
+                .with_context(|| format!("close the cache {}", path.display()))?;
+        }
+        drop(lock);
+    }
     if a.verbose {
         eprintln!(
             "cairn serve: stopped after {} connections ({} protocol errors)",
@@ -160,12 +236,17 @@ mod tests {
 
     #[test]
     fn file_specs() {
-        let (n, p, o) = parse_file_spec("disk=/tmp/x.img,ro,direct").unwrap();
-        assert_eq!((n.as_str(), p.to_str().unwrap()), ("disk", "/tmp/x.img"));
-        assert!(o.read_only && o.direct);
-        let (n, _, o) = parse_file_spec("/var/a.raw").unwrap();
-        assert_eq!(n, "a.raw");
-        assert!(!o.read_only);
+        let f = parse_file_spec("disk=/tmp/x.img,ro,direct").unwrap();
+        assert_eq!(
+            (f.name.as_str(), f.path.to_str().unwrap()),
+            ("disk", "/tmp/x.img")
+        );
+        assert!(f.opts.read_only && f.opts.direct && f.cache.is_none());
+        let f = parse_file_spec("/var/a.raw,cache=/dev/fast").unwrap();
+        assert_eq!(f.name, "a.raw");
+        assert!(!f.opts.read_only);
+        assert_eq!(f.cache.unwrap().to_str(), Some("/dev/fast"));
+        assert!(parse_file_spec("/a,cache=").is_err());
         assert!(parse_file_spec("/a,bogus").is_err());
         assert!(parse_file_spec("x=").is_err());
         assert!(parse_file_spec("=/a").is_err());

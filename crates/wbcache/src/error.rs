@@ -1,0 +1,146 @@
+//! Errors of the write-back cache, with the segment, slot or offset they
+//! concern, and their mapping to [`BlockError`] at the `BlockDev` edge.
+
+use cairn_blockdev::{BlockError, ErrorKind, Op};
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+/// Where an I/O error happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The superblock of the cache device.
+    Superblock,
+    /// A watermark slot (0 = A, 1 = B) with the sequence number written.
+    Watermark {
+        /// Slot index.
+        slot: usize,
+        /// Sequence number being written (0 when reading).
+        seq: u64,
+    },
+    /// A segment on the cache device.
+    Segment {
+        /// Segment id.
+        id: u64,
+        /// Slot in the ring.
+        slot: u64,
+    },
+    /// Flushing the cache device.
+    CacheFlush,
+    /// The backing device at this byte offset.
+    Backing {
+        /// Byte offset.
+        offset: u64,
+    },
+    /// Flushing the backing device.
+    BackingFlush,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Superblock => f.write_str("cache superblock"),
+            Place::Watermark { slot, seq } => {
+                write!(
+                    f,
+                    "watermark slot {} (sequence {seq})",
+                    ["A", "B"][*slot & 1]
+                )
+            }
+            Place::Segment { id, slot } => write!(f, "segment {id} (slot {slot})"),
+            Place::CacheFlush => f.write_str("cache device flush"),
+            Place::Backing { offset } => write!(f, "backing device at offset {offset}"),
+            Place::BackingFlush => f.write_str("backing device flush"),
+        }
+    }
+}
+
+/// What went wrong in the write-back cache.
+#[derive(Debug, thiserror::Error)]
+pub enum WbError {
+    /// A device operation failed.
+    #[error("{place}: {source}")]
+    Io {
+        /// Where.
+        place: Place,
+        /// The device's error.
+        #[source]
+        source: BlockError,
+    },
+    /// The superblock is not a valid cairn write-back cache superblock.
+    #[error("bad cache superblock: {reason}")]
+    BadSuperblock {
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The cache was formatted by a newer version of the format.
+    #[error("cache format version {found} is newer than the supported version {supported}")]
+    UnsupportedVersion {
+        /// Version on disk.
+        found: u32,
+        /// Newest version this crate reads.
+        supported: u32,
+    },
+    /// The backing device is not the one the cache was formatted for.
+    #[error("backing device is {actual} bytes but the cache was formatted for {formatted}")]
+    BackingSizeMismatch {
+        /// Size recorded in the superblock.
+        formatted: u64,
+        /// Size of the device given.
+        actual: u64,
+    },
+    /// The cache device cannot hold the ring.
+    #[error("cache device of {size} bytes is too small: {needed} bytes needed")]
+    CacheTooSmall {
+        /// Its size.
+        size: u64,
+        /// The least size that works.
+        needed: u64,
+    },
+    /// An earlier failure of a background thread; the cache stopped
+    /// writing (acknowledged data is still in RAM or in the log).
+    #[error("write-back cache failed earlier: {0}")]
+    Failed(Arc<WbError>),
+    /// The cache is shutting down.
+    #[error("write-back cache is closed")]
+    Closed,
+}
+
+/// Result of the cache's own operations.
+pub type Result<T> = std::result::Result<T, WbError>;
+
+impl WbError {
+    pub(crate) fn io(place: Place, source: BlockError) -> WbError {
+        WbError::Io { place, source }
+    }
+
+    /// The [`ErrorKind`] a block layer user sees for this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            WbError::Io { place, source } => match &source.kind {
+                ErrorKind::OutOfRange => ErrorKind::OutOfRange,
+                ErrorKind::ReadOnly => ErrorKind::ReadOnly,
+                ErrorKind::Unsupported => ErrorKind::Unsupported,
+                ErrorKind::NoSpace => ErrorKind::NoSpace,
+                ErrorKind::Corrupt(s) => ErrorKind::Corrupt(format!("{place}: {s}")),
+                ErrorKind::Io(e) => ErrorKind::Io(match e.raw_os_error() {
+                    Some(n) => io::Error::from_raw_os_error(n),
+                    None => io::Error::new(e.kind(), format!("{place}: {e}")),
+                }),
+            },
+            WbError::Failed(inner) => inner.kind(),
+            WbError::Closed => ErrorKind::Io(io::Error::from_raw_os_error(libc_eio())),
+            other => ErrorKind::Corrupt(other.to_string()),
+        }
+    }
+
+    /// This error as a [`BlockError`] of `op` on `offset..offset + len`.
+    pub fn to_block(&self, op: Op, offset: u64, len: u64) -> BlockError {
+        BlockError::new(op, offset, len, self.kind())
+    }
+}
+
+/// EIO without depending on libc.
+fn libc_eio() -> i32 {
+    5
+}

@@ -1,0 +1,341 @@
+//! The on-disk format of the cache device (docs/format/wbcache.md): the
+//! superblock, the two watermark slots and segment headers, encoded and
+//! decoded. Nothing here does I/O.
+
+use crate::error::WbError;
+
+/// Bytes in a block of the backing device (the unit the cache logs).
+pub const BLOCK_SIZE: u64 = 4096;
+/// Bytes in a sector (the unit of the dirty bits).
+pub const SECTOR_SIZE: u64 = 512;
+/// Data blocks per segment: a header block holds 64 bytes of header and
+/// 16 bytes of metadata per data block, so 252 fill it exactly.
+pub const DATA_BLOCKS: usize = 252;
+/// Bytes of one segment slot: a header block and the data blocks.
+pub const SEGMENT_BYTES: u64 = (1 + DATA_BLOCKS as u64) * BLOCK_SIZE;
+/// Where the segment ring starts on the cache device.
+pub const RING_OFFSET: u64 = 1 << 20;
+/// Byte offsets of watermark slots A and B.
+pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
+/// The format version this crate writes and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
+const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
+const SG_MAGIC: &[u8; 8] = b"CAIRNSG\0";
+/// Bytes of the fixed part of a segment header.
+const HEADER_FIXED: usize = 64;
+/// Bytes of one metadata entry.
+const ENTRY_BYTES: usize = 16;
+
+/// The slot that segment `id` (>= 1) lives in.
+pub fn segment_slot(id: u64, segment_count: u64) -> u64 {
+    (id - 1) % segment_count
+}
+
+/// The byte offset of segment `id` on the cache device.
+pub fn segment_offset(id: u64, segment_count: u64) -> u64 {
+    RING_OFFSET + segment_slot(id, segment_count) * SEGMENT_BYTES
+}
+
+/// How many segments a cache device of `cache_size` bytes holds.
+pub fn segments_for(cache_size: u64) -> u64 {
+    cache_size.saturating_sub(RING_OFFSET) / SEGMENT_BYTES
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn id16(b: &[u8], at: usize) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a.copy_from_slice(&b[at..at + 16]);
+    a
+}
+
+/// The superblock (offset 0, written once by `format`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Superblock {
+    pub segment_count: u64,
+    pub cache_id: [u8; 16],
+    pub backing_size: u64,
+    pub created: u64,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_SIZE as usize];
+        b[0..8].copy_from_slice(SB_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(BLOCK_SIZE as u32).to_le_bytes());
+        b[16..20].copy_from_slice(&(DATA_BLOCKS as u32).to_le_bytes());
+        b[24..32].copy_from_slice(&self.segment_count.to_le_bytes());
+        b[32..48].copy_from_slice(&self.cache_id);
+        b[48..56].copy_from_slice(&self.backing_size.to_le_bytes());
+        b[56..64].copy_from_slice(&self.created.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Superblock, WbError> {
+        let bad = |reason: &'static str| WbError::BadSuperblock { reason };
+        if b.len() < 68 || &b[0..8] != SB_MAGIC {
+            return Err(bad("no cairn write-back cache superblock (magic)"));
+        }
+        if crc32c::crc32c(&b[0..64]) != le_u32(b, 64) {
+            return Err(bad("checksum mismatch"));
+        }
+        let version = le_u32(b, 8);
+        if version > FORMAT_VERSION || version == 0 {
+            return Err(WbError::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if u64::from(le_u32(b, 12)) != BLOCK_SIZE {
+            return Err(bad("block size is not 4096"));
+        }
+        if le_u32(b, 16) as usize != DATA_BLOCKS {
+            return Err(bad("data blocks per segment is not 252"));
+        }
+        let segment_count = le_u64(b, 24);
+        if segment_count < 2 {
+            return Err(bad("fewer than 2 segments"));
+        }
+        Ok(Superblock {
+            segment_count,
+            cache_id: id16(b, 32),
+            backing_size: le_u64(b, 48),
+            created: le_u64(b, 56),
+        })
+    }
+}
+
+/// A watermark slot's contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Watermark {
+    pub seq: u64,
+    pub clean_id: u64,
+}
+
+impl Watermark {
+    /// The slot (0 = A, 1 = B) a watermark with this sequence number goes to.
+    pub fn slot(seq: u64) -> usize {
+        if seq % 2 == 1 {
+            0
+        } else {
+            1
+        }
+    }
+
+    pub fn encode(&self, cache_id: &[u8; 16]) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_SIZE as usize];
+        b[0..8].copy_from_slice(WM_MAGIC);
+        b[8..24].copy_from_slice(cache_id);
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.clean_id.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..40]);
+        b[40..44].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The watermark in `b`, if it is valid and belongs to `cache_id`.
+    pub fn decode(b: &[u8], cache_id: &[u8; 16]) -> Option<Watermark> {
+        if b.len() < 44 || &b[0..8] != WM_MAGIC || &b[8..24] != cache_id {
+            return None;
+        }
+        if crc32c::crc32c(&b[0..40]) != le_u32(b, 40) {
+            return None;
+        }
+        Some(Watermark {
+            seq: le_u64(b, 24),
+            clean_id: le_u64(b, 32),
+        })
+    }
+}
+
+/// One metadata entry of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub lba: u64,
+    pub dirty: u8,
+    /// kind = 1: the block reads as zeroes and uses no data block.
+    pub zero: bool,
+}
+
+/// Build a segment image (header block + `data`, which holds one block
+/// per data entry in entry order).
+pub(crate) fn encode_segment(
+    cache_id: &[u8; 16],
+    id: u64,
+    entries: &[Entry],
+    data: &[u8],
+) -> Vec<u8> {
+    let mut img = vec![0u8; BLOCK_SIZE as usize + data.len()];
+    img[0..8].copy_from_slice(SG_MAGIC);
+    img[8..24].copy_from_slice(cache_id);
+    img[24..32].copy_from_slice(&id.to_le_bytes());
+    img[32..36].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (i, e) in entries.iter().enumerate() {
+        let at = HEADER_FIXED + i * ENTRY_BYTES;
+        img[at..at + 8].copy_from_slice(&e.lba.to_le_bytes());
+        img[at + 8] = e.dirty;
+        img[at + 9] = u8::from(e.zero);
+    }
+    img[BLOCK_SIZE as usize..].copy_from_slice(data);
+    let crc = segment_crc(&img[..HEADER_FIXED + entries.len() * ENTRY_BYTES], data);
+    img[36..40].copy_from_slice(&crc.to_le_bytes());
+    img
+}
+
+/// CRC of a header (its bytes up to the last used entry; the CRC field is
+/// taken as 0) followed by the data blocks.
+fn segment_crc(header: &[u8], data: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&header[..36]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    let c = crc32c::crc32c_append(c, &header[40..]);
+    crc32c::crc32c_append(c, data)
+}
+
+/// A segment header that passed its structural checks (the CRC needs the
+/// data blocks too: [`SegmentHeader::check_crc`]).
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentHeader {
+    pub entries: Vec<Entry>,
+    header: Vec<u8>,
+    crc: u32,
+}
+
+impl SegmentHeader {
+    /// The id in a header block, if it has the segment magic and this
+    /// cache's id (used to find stale segments).
+    pub fn peek_id(b: &[u8], cache_id: &[u8; 16]) -> Option<u64> {
+        if b.len() < 32 || &b[0..8] != SG_MAGIC || &b[8..24] != cache_id {
+            return None;
+        }
+        Some(le_u64(b, 24))
+    }
+
+    /// Parse a header block that should hold segment `id`. `blocks` is the
+    /// number of blocks of the backing device (entries must lie inside).
+    pub fn decode(b: &[u8], cache_id: &[u8; 16], id: u64, blocks: u64) -> Option<SegmentHeader> {
+        if SegmentHeader::peek_id(b, cache_id) != Some(id) {
+            return None;
+        }
+        let count = le_u32(b, 32) as usize;
+        if count == 0 || count > DATA_BLOCKS {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        for i in 0..count {
+            let at = HEADER_FIXED + i * ENTRY_BYTES;
+            let lba = le_u64(b, at);
+            let kind = b[at + 9];
+            if lba >= blocks || kind > 1 {
+                return None;
+            }
+            entries.push(Entry {
+                lba,
+                dirty: b[at + 8],
+                zero: kind == 1,
+            });
+        }
+        Some(SegmentHeader {
+            entries,
+            header: b[..HEADER_FIXED + count * ENTRY_BYTES].to_vec(),
+            crc: le_u32(b, 36),
+        })
+    }
+
+    /// Data blocks the entries use.
+    pub fn data_blocks(&self) -> usize {
+        self.entries.iter().filter(|e| !e.zero).count()
+    }
+
+    /// Whether the CRC matches with these data blocks.
+    pub fn check_crc(&self, data: &[u8]) -> bool {
+        segment_crc(&self.header, data) == self.crc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    #[test]
+    fn header_fits_one_block() {
+        assert_eq!(
+            HEADER_FIXED + DATA_BLOCKS * ENTRY_BYTES,
+            BLOCK_SIZE as usize
+        );
+    }
+
+    #[test]
+    fn superblock_round_trip_and_damage() {
+        let sb = Superblock {
+            segment_count: 7,
+            cache_id: [3; 16],
+            backing_size: 1 << 30,
+            created: 12,
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        b[25] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(WbError::BadSuperblock { .. })
+        ));
+    }
+
+    #[test]
+    fn segment_round_trip_and_damage() {
+        let id = [9; 16];
+        let entries = [
+            Entry {
+                lba: 5,
+                dirty: 0xff,
+                zero: false,
+            },
+            Entry {
+                lba: 2,
+                dirty: 0xff,
+                zero: true,
+            },
+        ];
+        let data = vec![7u8; 4096];
+        let img = encode_segment(&id, 3, &entries, &data);
+        let h = SegmentHeader::decode(&img[..4096], &id, 3, 100).unwrap();
+        assert_eq!(h.entries, entries);
+        assert_eq!(h.data_blocks(), 1);
+        assert!(h.check_crc(&img[4096..]));
+        let mut bad = img[4096..].to_vec();
+        bad[100] ^= 1;
+        assert!(!h.check_crc(&bad));
+        assert!(SegmentHeader::decode(&img[..4096], &id, 4, 100).is_none());
+        assert!(SegmentHeader::decode(&img[..4096], &[0; 16], 3, 100).is_none());
+        assert!(SegmentHeader::decode(&img[..4096], &id, 3, 5).is_none());
+    }
+
+    #[test]
+    fn watermark_slots_alternate() {
+        assert_eq!(Watermark::slot(1), 0);
+        assert_eq!(Watermark::slot(2), 1);
+        let w = Watermark {
+            seq: 4,
+            clean_id: 9,
+        };
+        let b = w.encode(&[1; 16]);
+        assert_eq!(Watermark::decode(&b, &[1; 16]), Some(w));
+        assert_eq!(Watermark::decode(&b, &[2; 16]), None);
+    }
+}

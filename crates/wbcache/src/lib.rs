@@ -1,0 +1,1363 @@
+//! # cairn-wbcache
+//!
+//! A log-structured write-back cache in front of any block device, after
+//! dm-writeboost: writes are acknowledged from a RAM segment, written to a
+//! cache device (an SSD) as whole sequential segments, and written back to
+//! the backing device (a disk) later, sorted by address, in batches.
+//! [`WbCache`] is a [`BlockDev`] decorator; the on-disk format of the cache
+//! device is `docs/format/wbcache.md`.
+//!
+//! ## Design decisions
+//!
+//! - **Three tiers, one index.** A block's newest version is in the open
+//!   RAM segment, in a sealed segment still in RAM (waiting for the
+//!   flusher), in a segment on the cache device, or on the backing device.
+//!   One in-memory index (`lba -> segment, data block, dirty sectors`)
+//!   says which; a read per block goes there, and consecutive blocks only
+//!   on the backing device are one backing read.
+//! - **Whole blocks in the log.** Writes are split into 4 KiB blocks; a
+//!   partial block is merged with the block's current contents under a
+//!   striped lock (so a read-modify-write never races another write to
+//!   the block) and logged whole, with per-sector dirty bits so writeback
+//!   writes only what was written (the bits of a still-dirty older version
+//!   are carried over).
+//! - **One write per segment.** A full segment (252 data blocks, or a
+//!   FLUSH) is sealed and handed to one flusher thread, which writes header
+//!   and data in one request to the segment's slot in the ring. At most
+//!   [`WbConfig::max_sealed_in_ram`] sealed segments wait; then writers
+//!   block (backpressure, never failure).
+//! - **Group commit.** FLUSH (and FUA) seals the open segment, waits for the
+//!   flusher to write it, then flushes the cache device once; flushes that
+//!   arrive meanwhile share the next device flush.
+//! - **Sorted, batched writeback.** A writeback thread takes the oldest
+//!   written segments (up to [`WbConfig::batch`]), keeps the entries that
+//!   are still the newest version of their block, sorts them by address,
+//!   merges adjacent dirty sector runs into single writes, flushes the
+//!   backing device and only then advances the watermark (`clean_id`) and
+//!   flushes the cache device. It runs when the dirty part of the ring
+//!   passes [`WbConfig::dirty_high`], when the ring is nearly full, after
+//!   [`WbConfig::idle_writeback`] without writes, or on [`WbCache::drain`].
+//! - **Zeroes and trims are metadata.** `write_zeroes` and `trim` of whole
+//!   blocks log zero entries (no data block); writeback issues
+//!   `write_zeroes` (with `may_trim` for a trim seen in this session).
+//!   Parts of blocks are written as zeroes like any partial write.
+//! - **Failures stop, never lose.** A failed cache or backing write stops
+//!   the background threads; the error is remembered and returned by every
+//!   later flush and write; acknowledged data stays readable from RAM or the
+//!   log.
+//! - **Recovery replays, writes nothing to the log.** `open` replays the
+//!   segments after the watermark (see the format doc) and then erases the
+//!   headers of stale segments in the free slots, so that a segment from an
+//!   earlier lap can never be taken for part of the log later.
+//!
+//! ## What survives a crash
+//!
+//! - A write acknowledged before a completed FLUSH (or a FUA write) is in a
+//!   segment that was written and followed by a cache device flush: it is
+//!   replayed.
+//! - A write acknowledged after the last completed FLUSH reads back after
+//!   recovery as either its new data or the data before it, never anything
+//!   else (segments are all-or-nothing through their CRC).
+//! - Writeback never advances `clean_id` past a segment whose blocks are not
+//!   on the backing device and flushed there.
+
+mod error;
+pub mod format;
+
+pub use error::{Place, Result, WbError};
+pub use format::{
+    segment_offset, segment_slot, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, RING_OFFSET,
+    SECTOR_SIZE, SEGMENT_BYTES,
+};
+
+use cairn_blockdev::{
+    check_range, read_only, write_zeroes_by_writing, BlockDev, BlockError, BlockSizes, Caps,
+    ErrorKind, Op, ZeroFlags,
+};
+use format::{Entry, SegmentHeader, Superblock, Watermark};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const B: u64 = BLOCK_SIZE;
+const BU: usize = BLOCK_SIZE as usize;
+/// Stripes of the per-block read-modify-write lock.
+const STRIPES: usize = 256;
+/// The largest merged backing write writeback builds.
+const MAX_MERGED_WRITE: usize = 8 << 20;
+
+/// How to format a cache device.
+#[derive(Debug, Clone, Default)]
+pub struct FormatOptions {
+    /// Use at most this many segments (default: as many as fit).
+    pub max_segments: Option<u64>,
+    /// The cache id (default: random).
+    pub cache_id: Option<[u8; 16]>,
+}
+
+/// Tunables of an open cache.
+#[derive(Debug, Clone)]
+pub struct WbConfig {
+    /// Segments written back per batch.
+    pub batch: usize,
+    /// Write back when more than this fraction of the ring is dirty.
+    pub dirty_high: f64,
+    /// Write back after this long without writes.
+    pub idle_writeback: Duration,
+    /// Sealed segments that may wait in RAM for the flusher before writers
+    /// block.
+    pub max_sealed_in_ram: usize,
+}
+
+impl Default for WbConfig {
+    fn default() -> Self {
+        WbConfig {
+            batch: 32,
+            dirty_high: 0.5,
+            idle_writeback: Duration::from_secs(1),
+            max_sealed_in_ram: 2,
+        }
+    }
+}
+
+/// A snapshot of the cache's state and counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WbStatus {
+    /// Segments in the ring.
+    pub segment_count: u64,
+    /// Every segment up to this id is written back (durable watermark).
+    pub clean_id: u64,
+    /// The newest segment written to the cache device.
+    pub last_written_id: u64,
+    /// Blocks in the open RAM segment.
+    pub open_blocks: u64,
+    /// Blocks whose newest version is not on the backing device.
+    pub dirty_blocks: u64,
+    /// Segments written to the cache device and not yet written back.
+    pub dirty_segments: u64,
+    /// Blocks read from RAM segments.
+    pub read_hits_ram: u64,
+    /// Blocks read from the log on the cache device.
+    pub read_hits_log: u64,
+    /// Blocks read from the backing device.
+    pub read_misses: u64,
+    /// Blocks written back.
+    pub written_back_blocks: u64,
+    /// Writeback batches completed.
+    pub writeback_batches: u64,
+}
+
+/// One block of a segment in memory. `data` is the block's index among
+/// the segment's data blocks (None: a zero entry).
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    lba: u64,
+    dirty: u8,
+    data: Option<u16>,
+    trim: bool,
+}
+
+/// Where a block's newest version is.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    seg: u64,
+    data: Option<u16>,
+    dirty: u8,
+    trim: bool,
+}
+
+/// The segment being filled in RAM. Data indexes are into `data` (a zero
+/// entry that replaced data leaves its block unused until sealing
+/// compacts).
+struct OpenSeg {
+    id: u64,
+    entries: Vec<Meta>,
+    map: HashMap<u64, usize>,
+    data: Vec<u8>,
+}
+
+impl OpenSeg {
+    fn new(id: u64) -> OpenSeg {
+        OpenSeg {
+            id,
+            entries: Vec::new(),
+            map: HashMap::new(),
+            data: Vec::new(),
+        }
+    }
+
+    fn data_used(&self) -> usize {
+        self.data.len() / BU
+    }
+}
+
+/// A sealed segment: its image (header + data) and entries with compacted
+/// data indexes.
+struct Sealed {
+    id: u64,
+    image: Vec<u8>,
+    entries: Vec<Meta>,
+}
+
+/// A segment on the cache device that is not written back yet.
+struct Written {
+    id: u64,
+    entries: Vec<Meta>,
+}
+
+#[derive(Default)]
+struct Counters {
+    read_hits_ram: u64,
+    read_hits_log: u64,
+    read_misses: u64,
+    written_back_blocks: u64,
+    writeback_batches: u64,
+}
+
+struct State {
+    open: OpenSeg,
+    sealed: VecDeque<Arc<Sealed>>,
+    written: VecDeque<Written>,
+    index: HashMap<u64, Loc>,
+    clean_id: u64,
+    last_sealed_id: u64,
+    last_written_id: u64,
+    /// Every segment up to this id is written and a cache flush followed.
+    durable_id: u64,
+    wm_seq: u64,
+    flushing: bool,
+    drain_to: u64,
+    error: Option<Arc<WbError>>,
+    stop: bool,
+    last_write: Instant,
+    counters: Counters,
+}
+
+struct Inner {
+    cache: Arc<dyn BlockDev>,
+    backing: Arc<dyn BlockDev>,
+    cfg: WbConfig,
+    cache_id: [u8; 16],
+    segment_count: u64,
+    size: u64,
+    state: Mutex<State>,
+    cv: Condvar,
+    stripes: Vec<Mutex<()>>,
+    /// Pins of ring slots: readers of a slot hold it shared, the flusher
+    /// exclusively while it overwrites the slot.
+    slots: Vec<RwLock<()>>,
+}
+
+/// The write-back cache: a [`BlockDev`] over a backing device, with a log
+/// on a cache device. See the crate doc.
+pub struct WbCache {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if getrandom::fill(&mut id).is_err() {
+        // No OS randomness: time and address are unique enough to tell
+        // caches apart.
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        id.copy_from_slice(&t.to_le_bytes());
+        id[0] ^= (&id as *const _ as usize) as u8;
+    }
+    id
+}
+
+/// Dirty bits of the sectors `off..off + len` of a block.
+fn sector_bits(off: usize, len: usize) -> u8 {
+    let first = off / 512;
+    let last = (off + len - 1) / 512;
+    let mut bits = 0u8;
+    for s in first..=last {
+        bits |= 1 << s;
+    }
+    bits
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a write puts into a block.
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    Data(&'a [u8]),
+    Zero { trim: bool },
+}
+
+/// Where a read finds a block (decided under the state lock).
+enum Src {
+    Done,
+    Backing,
+    /// Byte offset on the cache device and the segment id.
+    Cache(u64, u64),
+}
+
+impl WbCache {
+    /// Format `cache` for a backing device of `backing_size` bytes: a new
+    /// cache id, empty watermarks, as many segments as fit (at least 2).
+    pub fn format(cache: &dyn BlockDev, backing_size: u64, opts: &FormatOptions) -> Result<()> {
+        let size = cache.size();
+        let mut count = format::segments_for(size);
+        if let Some(m) = opts.max_segments {
+            count = count.min(m);
+        }
+        if count < 2 {
+            return Err(WbError::CacheTooSmall {
+                size,
+                needed: RING_OFFSET + 2 * SEGMENT_BYTES,
+            });
+        }
+        let sb = Superblock {
+            segment_count: count,
+            cache_id: opts.cache_id.unwrap_or_else(random_id),
+            backing_size,
+            created: now_secs(),
+        };
+        let zero = vec![0u8; BU];
+        for (slot, off) in format::WATERMARK_OFFSETS.iter().enumerate() {
+            cache
+                .write_at(&zero, *off, false)
+                .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
+        }
+        cache
+            .flush()
+            .map_err(|e| WbError::io(Place::CacheFlush, e))?;
+        cache
+            .write_at(&sb.encode(), 0, false)
+            .map_err(|e| WbError::io(Place::Superblock, e))?;
+        cache.flush().map_err(|e| WbError::io(Place::CacheFlush, e))
+    }
+
+    /// Open a formatted cache over `backing`: check the superblock, replay
+    /// the log after the watermark, and start the flusher and writeback
+    /// threads.
+    pub fn open(
+        cache: Arc<dyn BlockDev>,
+        backing: Arc<dyn BlockDev>,
+        cfg: WbConfig,
+    ) -> Result<WbCache> {
+        let mut sbuf = vec![0u8; BU];
+        cache
+            .read_at(&mut sbuf, 0)
+            .map_err(|e| WbError::io(Place::Superblock, e))?;
+        let sb = Superblock::decode(&sbuf)?;
+        let size = backing.size();
+        if size != sb.backing_size {
+            return Err(WbError::BackingSizeMismatch {
+                formatted: sb.backing_size,
+                actual: size,
+            });
+        }
+        let count = sb.segment_count;
+        let needed = RING_OFFSET + count * SEGMENT_BYTES;
+        if cache.size() < needed {
+            return Err(WbError::CacheTooSmall {
+                size: cache.size(),
+                needed,
+            });
+        }
+        let cid = sb.cache_id;
+
+        // The watermark: the valid slot with the highest sequence number.
+        let mut wm = Watermark {
+            seq: 0,
+            clean_id: 0,
+        };
+        for (slot, off) in format::WATERMARK_OFFSETS.iter().enumerate() {
+            let mut b = vec![0u8; BU];
+            cache
+                .read_at(&mut b, *off)
+                .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
+            if let Some(w) = Watermark::decode(&b, &cid) {
+                if w.seq > wm.seq {
+                    wm = w;
+                }
+            }
+        }
+
+        // Replay the segments after the watermark.
+        let blocks = size.div_ceil(B);
+        let mut index: HashMap<u64, Loc> = HashMap::new();
+        let mut written = VecDeque::new();
+        let mut last = wm.clean_id;
+        for id in wm.clean_id + 1..=wm.clean_id + count {
+            let place = Place::Segment {
+                id,
+                slot: segment_slot(id, count),
+            };
+            let off = segment_offset(id, count);
+            let mut hb = vec![0u8; BU];
+            cache
+                .read_at(&mut hb, off)
+                .map_err(|e| WbError::io(place, e))?;
+            let Some(h) = SegmentHeader::decode(&hb, &cid, id, blocks) else {
+                break;
+            };
+            let mut data = vec![0u8; h.data_blocks() * BU];
+            cache
+                .read_at(&mut data, off + B)
+                .map_err(|e| WbError::io(place, e))?;
+            if !h.check_crc(&data) {
+                break;
+            }
+            let mut entries = Vec::with_capacity(h.entries.len());
+            let mut d = 0u16;
+            for e in &h.entries {
+                let data = if e.zero {
+                    None
+                } else {
+                    d += 1;
+                    Some(d - 1)
+                };
+                let m = Meta {
+                    lba: e.lba,
+                    dirty: e.dirty,
+                    data,
+                    trim: false,
+                };
+                index.insert(
+                    e.lba,
+                    Loc {
+                        seg: id,
+                        data,
+                        dirty: e.dirty,
+                        trim: false,
+                    },
+                );
+                entries.push(m);
+            }
+            written.push_back(Written { id, entries });
+            last = id;
+        }
+
+        // Erase stale segments in the free slots: after new segments are
+        // written past the end of this log, an old segment with a matching
+        // id further on must not look like part of it.
+        let mut erased = false;
+        for id in last + 1..=wm.clean_id + count {
+            let off = segment_offset(id, count);
+            let place = Place::Segment {
+                id,
+                slot: segment_slot(id, count),
+            };
+            let mut hb = vec![0u8; BU];
+            cache
+                .read_at(&mut hb, off)
+                .map_err(|e| WbError::io(place, e))?;
+            if let Some(old) = SegmentHeader::peek_id(&hb, &cid) {
+                if old > last {
+                    cache
+                        .write_at(&vec![0u8; BU], off, false)
+                        .map_err(|e| WbError::io(place, e))?;
+                    erased = true;
+                }
+            }
+        }
+        if erased {
+            cache
+                .flush()
+                .map_err(|e| WbError::io(Place::CacheFlush, e))?;
+        }
+
+        let state = State {
+            open: OpenSeg::new(last + 1),
+            sealed: VecDeque::new(),
+            written,
+            index,
+            clean_id: wm.clean_id,
+            last_sealed_id: last,
+            last_written_id: last,
+            durable_id: last,
+            wm_seq: wm.seq,
+            flushing: false,
+            drain_to: 0,
+            error: None,
+            stop: false,
+            last_write: Instant::now(),
+            counters: Counters::default(),
+        };
+        let inner = Arc::new(Inner {
+            cache,
+            backing,
+            cfg,
+            cache_id: cid,
+            segment_count: count,
+            size,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            slots: (0..count).map(|_| RwLock::new(())).collect(),
+        });
+        let mut threads = Vec::new();
+        let f = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("wbcache-flush".into())
+                .spawn(move || f.flusher())
+                .map_err(|e| WbError::io(Place::CacheFlush, BlockError::io(Op::Open, 0, 0, e)))?,
+        );
+        let w = inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name("wbcache-writeback".into())
+            .spawn(move || w.writeback_loop());
+        let mut cache = WbCache { inner, threads };
+        match spawned {
+            Ok(h) => cache.threads.push(h),
+            Err(e) => {
+                cache.shutdown();
+                return Err(WbError::io(
+                    Place::BackingFlush,
+                    BlockError::io(Op::Open, 0, 0, e),
+                ));
+            }
+        }
+        Ok(cache)
+    }
+
+    /// Counters and positions of the log.
+    pub fn status(&self) -> WbStatus {
+        let st = lock(&self.inner.state);
+        WbStatus {
+            segment_count: self.inner.segment_count,
+            clean_id: st.clean_id,
+            last_written_id: st.last_written_id,
+            open_blocks: st.open.entries.len() as u64,
+            dirty_blocks: st.index.len() as u64,
+            dirty_segments: st.last_written_id - st.clean_id,
+            read_hits_ram: st.counters.read_hits_ram,
+            read_hits_log: st.counters.read_hits_log,
+            read_misses: st.counters.read_misses,
+            written_back_blocks: st.counters.written_back_blocks,
+            writeback_batches: st.counters.writeback_batches,
+        }
+    }
+
+    /// Make every acknowledged write durable in the log (what FLUSH does).
+    pub fn sync(&self) -> Result<()> {
+        self.inner.flush_log()
+    }
+
+    /// Flush, then write everything back to the backing device: on return
+    /// every write acknowledged before the call is on the backing device,
+    /// flushed, and the watermark saying so is durable.
+    pub fn drain(&self) -> Result<()> {
+        self.inner.flush_log()?;
+        let inner = &self.inner;
+        let mut st = lock(&inner.state);
+        let target = st.last_sealed_id;
+        st.drain_to = st.drain_to.max(target);
+        inner.cv.notify_all();
+        loop {
+            if let Some(e) = &st.error {
+                return Err(WbError::Failed(e.clone()));
+            }
+            if st.clean_id >= target {
+                return Ok(());
+            }
+            if st.stop {
+                return Err(WbError::Closed);
+            }
+            st = inner.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Flush and stop the background threads (does not write back).
+    pub fn close(mut self) -> Result<()> {
+        let r = self.inner.flush_log();
+        self.shutdown();
+        r
+    }
+
+    /// Stop the background threads without flushing the open segment or
+    /// waiting for sealed ones: what a power cut leaves (for tests of
+    /// recovery).
+    pub fn crash(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        {
+            let mut st = lock(&self.inner.state);
+            st.stop = true;
+            self.inner.cv.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for WbCache {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            // Best effort: a caller who cares about the error calls close().
+            let _ = self.inner.flush_log();
+            self.shutdown();
+        }
+    }
+}
+
+impl Inner {
+    fn failed(st: &State) -> Result<()> {
+        match &st.error {
+            Some(e) => Err(WbError::Failed(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, st: &mut State, e: WbError) {
+        if st.error.is_none() {
+            st.error = Some(Arc::new(e));
+        }
+        self.cv.notify_all();
+    }
+
+    fn slot_off(&self, seg: u64, data: u16) -> u64 {
+        segment_offset(seg, self.segment_count) + (1 + u64::from(data)) * B
+    }
+
+    fn can_seal(&self, st: &State) -> bool {
+        st.sealed.len() < self.cfg.max_sealed_in_ram.max(1)
+            && st.open.id <= st.clean_id + self.segment_count
+    }
+
+    /// Seal the (non-empty) open segment and queue it for the flusher.
+    fn seal(&self, st: &mut State) {
+        let id = st.open.id;
+        let open = std::mem::replace(&mut st.open, OpenSeg::new(id + 1));
+        let mut entries = Vec::with_capacity(open.entries.len());
+        let mut metas = Vec::with_capacity(open.entries.len());
+        let mut data = Vec::with_capacity(open.data.len());
+        let mut n = 0u16;
+        for m in &open.entries {
+            let compact = m.data.map(|d| {
+                let at = usize::from(d) * BU;
+                data.extend_from_slice(&open.data[at..at + BU]);
+                n += 1;
+                n - 1
+            });
+            entries.push(Entry {
+                lba: m.lba,
+                dirty: m.dirty,
+                zero: compact.is_none(),
+            });
+            metas.push(Meta {
+                data: compact,
+                ..*m
+            });
+            if let Some(loc) = st.index.get_mut(&m.lba) {
+                if loc.seg == id {
+                    loc.data = compact;
+                }
+            }
+        }
+        let image = format::encode_segment(&self.cache_id, id, &entries, &data);
+        st.sealed.push_back(Arc::new(Sealed {
+            id,
+            image,
+            entries: metas,
+        }));
+        st.last_sealed_id = id;
+        self.cv.notify_all();
+    }
+
+    /// Put one whole block into the open segment (None: a zero block).
+    fn insert(&self, lba: u64, data: Option<&[u8]>, bits: u8, trim: bool) -> Result<()> {
+        let mut guard = lock(&self.state);
+        guard.last_write = Instant::now();
+        loop {
+            Self::failed(&guard)?;
+            if guard.stop {
+                return Err(WbError::Closed);
+            }
+            let st = &mut *guard;
+            let id = st.open.id;
+            let room = st.open.data_used() < DATA_BLOCKS;
+            if let Some(&i) = st.open.map.get(&lba) {
+                let m = st.open.entries[i];
+                let slot = match (data, m.data) {
+                    (Some(_), Some(d)) => Some(Some(d)),
+                    (Some(_), None) if room => Some(None),
+                    (Some(_), None) => None,
+                    (None, _) => Some(None),
+                };
+                if let Some(slot) = slot {
+                    let new = match data {
+                        Some(buf) => {
+                            let d = match slot {
+                                Some(d) => d,
+                                None => {
+                                    st.open.data.extend_from_slice(&[0u8; BU]);
+                                    (st.open.data_used() - 1) as u16
+                                }
+                            };
+                            let at = usize::from(d) * BU;
+                            st.open.data[at..at + BU].copy_from_slice(buf);
+                            Meta {
+                                lba,
+                                dirty: m.dirty | bits,
+                                data: Some(d),
+                                trim: false,
+                            }
+                        }
+                        None => Meta {
+                            lba,
+                            dirty: 0xff,
+                            data: None,
+                            trim,
+                        },
+                    };
+                    st.open.entries[i] = new;
+                    st.index.insert(
+                        lba,
+                        Loc {
+                            seg: id,
+                            data: new.data,
+                            dirty: new.dirty,
+                            trim: new.trim,
+                        },
+                    );
+                    return Ok(());
+                }
+            } else if st.open.entries.len() < DATA_BLOCKS && (data.is_none() || room) {
+                let old = st.index.get(&lba).map_or(0, |l| l.dirty);
+                let new = match data {
+                    Some(buf) => {
+                        st.open.data.extend_from_slice(buf);
+                        Meta {
+                            lba,
+                            dirty: bits | old,
+                            data: Some((st.open.data_used() - 1) as u16),
+                            trim: false,
+                        }
+                    }
+                    None => Meta {
+                        lba,
+                        dirty: 0xff,
+                        data: None,
+                        trim,
+                    },
+                };
+                st.open.map.insert(lba, st.open.entries.len());
+                st.open.entries.push(new);
+                st.index.insert(
+                    lba,
+                    Loc {
+                        seg: id,
+                        data: new.data,
+                        dirty: new.dirty,
+                        trim: new.trim,
+                    },
+                );
+                return Ok(());
+            }
+            // The open segment is full.
+            if self.can_seal(st) {
+                self.seal(st);
+                continue;
+            }
+            self.cv.notify_all();
+            guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Read `buf` at `offset` (inside the device) through the tiers.
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset + buf.len() as u64;
+        let first = offset / B;
+        let last = (end - 1) / B;
+        let mut plan: Vec<(u64, Src)> = Vec::with_capacity((last - first + 1) as usize);
+        let mut pins: Vec<(u64, RwLockReadGuard<'_, ()>)> = Vec::new();
+        {
+            let mut st = lock(&self.state);
+            let (mut ram, mut log, mut miss) = (0u64, 0u64, 0u64);
+            for lba in first..=last {
+                let bs = offset.max(lba * B);
+                let be = end.min((lba + 1) * B);
+                let dst = &mut buf[(bs - offset) as usize..(be - offset) as usize];
+                let inb = (bs - lba * B) as usize;
+                let Some(loc) = st.index.get(&lba).copied() else {
+                    plan.push((lba, Src::Backing));
+                    miss += 1;
+                    continue;
+                };
+                let Some(d) = loc.data else {
+                    dst.fill(0);
+                    plan.push((lba, Src::Done));
+                    ram += 1;
+                    continue;
+                };
+                let at = usize::from(d) * BU + inb;
+                if loc.seg == st.open.id {
+                    dst.copy_from_slice(&st.open.data[at..at + dst.len()]);
+                    plan.push((lba, Src::Done));
+                    ram += 1;
+                } else if let Some(s) = st.sealed.iter().find(|s| s.id == loc.seg) {
+                    dst.copy_from_slice(&s.image[BU + at..BU + at + dst.len()]);
+                    plan.push((lba, Src::Done));
+                    ram += 1;
+                } else {
+                    let slot = segment_slot(loc.seg, self.segment_count);
+                    if !pins.iter().any(|(s, _)| *s == slot) {
+                        let g = self.slots[slot as usize]
+                            .read()
+                            .unwrap_or_else(|p| p.into_inner());
+                        pins.push((slot, g));
+                    }
+                    plan.push((
+                        lba,
+                        Src::Cache(self.slot_off(loc.seg, d) + inb as u64, loc.seg),
+                    ));
+                    log += 1;
+                }
+            }
+            st.counters.read_hits_ram += ram;
+            st.counters.read_hits_log += log;
+            st.counters.read_misses += miss;
+        }
+        let mut i = 0;
+        while i < plan.len() {
+            let lba = plan[i].0;
+            let bs = offset.max(lba * B);
+            match plan[i].1 {
+                Src::Done => i += 1,
+                Src::Cache(off, seg) => {
+                    // Blocks that follow each other in the log are one read.
+                    let mut be = end.min((lba + 1) * B);
+                    let mut j = i + 1;
+                    while j < plan.len() {
+                        match plan[j].1 {
+                            Src::Cache(o, _) if o == off + (be - bs) => {
+                                be = end.min((plan[j].0 + 1) * B);
+                                j += 1;
+                            }
+                            _ => break,
+                        }
+                    }
+                    let dst = &mut buf[(bs - offset) as usize..(be - offset) as usize];
+                    self.cache.read_at(dst, off).map_err(|e| {
+                        WbError::io(
+                            Place::Segment {
+                                id: seg,
+                                slot: segment_slot(seg, self.segment_count),
+                            },
+                            e,
+                        )
+                    })?;
+                    i = j;
+                }
+                Src::Backing => {
+                    let mut j = i + 1;
+                    while j < plan.len() && matches!(plan[j].1, Src::Backing) {
+                        j += 1;
+                    }
+                    let be = end.min((plan[j - 1].0 + 1) * B);
+                    let dst = &mut buf[(bs - offset) as usize..(be - offset) as usize];
+                    self.backing
+                        .read_at(dst, bs)
+                        .map_err(|e| WbError::io(Place::Backing { offset: bs }, e))?;
+                    i = j;
+                }
+            }
+        }
+        drop(pins);
+        Ok(())
+    }
+
+    /// The current contents of block `lba` (zeroes past the device end).
+    fn read_block(&self, lba: u64) -> Result<Vec<u8>> {
+        let mut b = vec![0u8; BU];
+        let len = (self.size - lba * B).min(B) as usize;
+        self.read(&mut b[..len], lba * B)?;
+        Ok(b)
+    }
+
+    /// Log `fill` over `offset..offset + len` (inside the device).
+    fn write(&self, offset: u64, len: u64, fill: Fill<'_>) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        for lba in offset / B..=(end - 1) / B {
+            let bs = offset.max(lba * B);
+            let be = end.min((lba + 1) * B);
+            let inb = (bs - lba * B) as usize;
+            let n = (be - bs) as usize;
+            let full = n == BU;
+            let _g = lock(&self.stripes[(lba % STRIPES as u64) as usize]);
+            match fill {
+                Fill::Data(src) => {
+                    let part = &src[(bs - offset) as usize..(be - offset) as usize];
+                    if full {
+                        self.insert(lba, Some(part), 0xff, false)?;
+                    } else {
+                        let mut cur = self.read_block(lba)?;
+                        cur[inb..inb + n].copy_from_slice(part);
+                        self.insert(lba, Some(&cur), sector_bits(inb, n), false)?;
+                    }
+                }
+                Fill::Zero { trim } => {
+                    if full {
+                        self.insert(lba, None, 0xff, trim)?;
+                    } else {
+                        let mut cur = self.read_block(lba)?;
+                        cur[inb..inb + n].fill(0);
+                        self.insert(lba, Some(&cur), sector_bits(inb, n), false)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Seal the open segment, wait until it and all before it are written,
+    /// and flush the cache device (shared with concurrent callers).
+    fn flush_log(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        loop {
+            Self::failed(&st)?;
+            if st.open.entries.is_empty() {
+                break;
+            }
+            if self.can_seal(&st) {
+                self.seal(&mut st);
+                break;
+            }
+            if st.stop {
+                return Err(WbError::Closed);
+            }
+            self.cv.notify_all();
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let target = st.last_sealed_id;
+        loop {
+            Self::failed(&st)?;
+            if st.durable_id >= target {
+                return Ok(());
+            }
+            if st.last_written_id >= target && !st.flushing {
+                st.flushing = true;
+                let w = st.last_written_id;
+                drop(st);
+                let r = self.cache.flush();
+                st = lock(&self.state);
+                st.flushing = false;
+                match r {
+                    Ok(()) => st.durable_id = st.durable_id.max(w),
+                    Err(e) => self.fail(&mut st, WbError::io(Place::CacheFlush, e)),
+                }
+                self.cv.notify_all();
+                continue;
+            }
+            if st.stop && st.last_written_id < target {
+                return Err(WbError::Closed);
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The flusher thread: write sealed segments to their slots, in order.
+    fn flusher(&self) {
+        loop {
+            let seg = {
+                let mut st = lock(&self.state);
+                loop {
+                    if st.stop || st.error.is_some() {
+                        return;
+                    }
+                    if let Some(s) = st.sealed.front() {
+                        break s.clone();
+                    }
+                    st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let slot = segment_slot(seg.id, self.segment_count);
+            let r = {
+                let _g = self.slots[slot as usize]
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner());
+                self.cache.write_at(
+                    &seg.image,
+                    segment_offset(seg.id, self.segment_count),
+                    false,
+                )
+            };
+            let mut st = lock(&self.state);
+            match r {
+                Ok(()) => {
+                    st.sealed.pop_front();
+                    st.written.push_back(Written {
+                        id: seg.id,
+                        entries: seg.entries.clone(),
+                    });
+                    st.last_written_id = seg.id;
+                    self.cv.notify_all();
+                }
+                Err(e) => {
+                    self.fail(&mut st, WbError::io(Place::Segment { id: seg.id, slot }, e));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether writeback should run now.
+    fn want_writeback(&self, st: &State) -> bool {
+        let dirty = st.last_written_id - st.clean_id;
+        if dirty == 0 {
+            return false;
+        }
+        let count = self.segment_count;
+        dirty as f64 >= self.cfg.dirty_high * count as f64
+            || st.open.id + 1 >= st.clean_id + count
+            || st.drain_to > st.clean_id
+            || st.last_write.elapsed() >= self.cfg.idle_writeback
+    }
+
+    /// The writeback thread.
+    fn writeback_loop(&self) {
+        let tick = self
+            .cfg
+            .idle_writeback
+            .clamp(Duration::from_millis(1), Duration::from_millis(100));
+        loop {
+            let batch = {
+                let mut st = lock(&self.state);
+                loop {
+                    if st.stop || st.error.is_some() {
+                        return;
+                    }
+                    if self.want_writeback(&st) {
+                        break;
+                    }
+                    st = self
+                        .cv
+                        .wait_timeout(st, tick)
+                        .map_or_else(|p| p.into_inner().0, |r| r.0);
+                }
+                self.collect_batch(&st)
+            };
+            if let Err(e) = self.write_back(batch) {
+                let mut st = lock(&self.state);
+                self.fail(&mut st, e);
+                return;
+            }
+        }
+    }
+
+    fn collect_batch(&self, st: &State) -> Batch {
+        let mut cands = Vec::new();
+        let mut last = st.clean_id;
+        for w in st.written.iter().take(self.cfg.batch.max(1)) {
+            last = w.id;
+            for m in &w.entries {
+                if st.index.get(&m.lba).is_some_and(|l| l.seg == w.id) {
+                    cands.push(Cand {
+                        seg: w.id,
+                        meta: *m,
+                        trim: st.index.get(&m.lba).is_some_and(|l| l.trim),
+                    });
+                }
+            }
+        }
+        Batch { last, cands }
+    }
+
+    /// Write one batch back, advance the watermark, drop its index entries.
+    fn write_back(&self, mut batch: Batch) -> Result<()> {
+        // Read the data blocks, one read per segment.
+        let mut data: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut i = 0;
+        while i < batch.cands.len() {
+            let seg = batch.cands[i].seg;
+            let mut j = i;
+            let mut max = None;
+            while j < batch.cands.len() && batch.cands[j].seg == seg {
+                if let Some(d) = batch.cands[j].meta.data {
+                    max = Some(max.map_or(d, |m: u16| m.max(d)));
+                }
+                j += 1;
+            }
+            if let Some(max) = max {
+                let mut buf = vec![0u8; (usize::from(max) + 1) * BU];
+                self.cache
+                    .read_at(&mut buf, self.slot_off(seg, 0))
+                    .map_err(|e| {
+                        WbError::io(
+                            Place::Segment {
+                                id: seg,
+                                slot: segment_slot(seg, self.segment_count),
+                            },
+                            e,
+                        )
+                    })?;
+                for c in &batch.cands[i..j] {
+                    if let Some(d) = c.meta.data {
+                        let at = usize::from(d) * BU;
+                        data.insert(c.meta.lba, buf[at..at + BU].to_vec());
+                    }
+                }
+            }
+            i = j;
+        }
+        batch.cands.sort_by_key(|c| c.meta.lba);
+
+        // Write dirty sector runs (merged) and zero runs, in address order.
+        let mut run: Option<(u64, Vec<u8>)> = None;
+        let mut zrun: Option<(u64, u64, bool)> = None;
+        for c in &batch.cands {
+            let base = c.meta.lba * B;
+            match data.get(&c.meta.lba) {
+                None => {
+                    self.flush_run(&mut run)?;
+                    let zend = (base + B).min(self.size);
+                    zrun = match zrun.take() {
+                        Some((s, e, t)) if e == base => Some((s, zend, t && c.trim)),
+                        other => {
+                            if let Some(z) = other {
+                                self.zero_run(z)?;
+                            }
+                            Some((base, zend, c.trim))
+                        }
+                    };
+                }
+                Some(block) => {
+                    if let Some(z) = zrun.take() {
+                        self.zero_run(z)?;
+                    }
+                    let mut s = 0usize;
+                    while s < 8 {
+                        if c.meta.dirty & (1 << s) == 0 {
+                            s += 1;
+                            continue;
+                        }
+                        let mut e = s;
+                        while e < 8 && c.meta.dirty & (1 << e) != 0 {
+                            e += 1;
+                        }
+                        let off = base + s as u64 * SECTOR_SIZE;
+                        let stop = (base + e as u64 * SECTOR_SIZE).min(self.size);
+                        if off < stop {
+                            let bytes = &block[s * 512..s * 512 + (stop - off) as usize];
+                            match &mut run {
+                                Some((ro, rb))
+                                    if *ro + rb.len() as u64 == off
+                                        && rb.len() < MAX_MERGED_WRITE =>
+                                {
+                                    rb.extend_from_slice(bytes);
+                                }
+                                _ => {
+                                    self.flush_run(&mut run)?;
+                                    run = Some((off, bytes.to_vec()));
+                                }
+                            }
+                        }
+                        s = e;
+                    }
+                }
+            }
+        }
+        self.flush_run(&mut run)?;
+        if let Some(z) = zrun.take() {
+            self.zero_run(z)?;
+        }
+        self.backing
+            .flush()
+            .map_err(|e| WbError::io(Place::BackingFlush, e))?;
+
+        // The watermark, then the cache flush that makes slot reuse safe.
+        let seq = lock(&self.state).wm_seq + 1;
+        let slot = Watermark::slot(seq);
+        let wm = Watermark {
+            seq,
+            clean_id: batch.last,
+        };
+        self.cache
+            .write_at(
+                &wm.encode(&self.cache_id),
+                format::WATERMARK_OFFSETS[slot],
+                false,
+            )
+            .map_err(|e| WbError::io(Place::Watermark { slot, seq }, e))?;
+        self.cache
+            .flush()
+            .map_err(|e| WbError::io(Place::CacheFlush, e))?;
+
+        let mut st = lock(&self.state);
+        st.wm_seq = seq;
+        st.clean_id = batch.last;
+        while st.written.front().is_some_and(|w| w.id <= batch.last) {
+            st.written.pop_front();
+        }
+        for c in &batch.cands {
+            if st.index.get(&c.meta.lba).is_some_and(|l| l.seg == c.seg) {
+                st.index.remove(&c.meta.lba);
+            }
+        }
+        st.counters.written_back_blocks += batch.cands.len() as u64;
+        st.counters.writeback_batches += 1;
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    fn flush_run(&self, run: &mut Option<(u64, Vec<u8>)>) -> Result<()> {
+        if let Some((off, buf)) = run.take() {
+            self.backing
+                .write_at(&buf, off, false)
+                .map_err(|e| WbError::io(Place::Backing { offset: off }, e))?;
+        }
+        Ok(())
+    }
+
+    fn zero_run(&self, (start, end, trim): (u64, u64, bool)) -> Result<()> {
+        let len = end - start;
+        let place = Place::Backing { offset: start };
+        let flags = ZeroFlags {
+            fua: false,
+            may_trim: trim,
+            fast: false,
+        };
+        if self.backing.caps().zeroes {
+            match self.backing.write_zeroes(start, len, flags) {
+                Ok(()) => return Ok(()),
+                Err(e) if matches!(e.kind, ErrorKind::Unsupported) => {}
+                Err(e) => return Err(WbError::io(place, e)),
+            }
+        }
+        write_zeroes_by_writing(&*self.backing, start, len, false)
+            .map_err(|e| WbError::io(place, e))
+    }
+}
+
+/// A block a writeback batch writes.
+struct Cand {
+    seg: u64,
+    meta: Meta,
+    trim: bool,
+}
+
+struct Batch {
+    last: u64,
+    cands: Vec<Cand>,
+}
+
+impl WbCache {
+    fn writable(&self, op: Op, offset: u64, len: u64) -> cairn_blockdev::Result<()> {
+        check_range(self.inner.size, op, offset, len)?;
+        if !self.inner.backing.caps().writable {
+            return Err(read_only(op, offset, len));
+        }
+        Ok(())
+    }
+
+    fn after_write(
+        &self,
+        r: Result<()>,
+        fua: bool,
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> cairn_blockdev::Result<()> {
+        r.and_then(|()| if fua { self.inner.flush_log() } else { Ok(()) })
+            .map_err(|e| e.to_block(op, offset, len))
+    }
+}
+
+impl BlockDev for WbCache {
+    fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            writable: self.inner.backing.caps().writable,
+            flush: true,
+            fua: true,
+            trim: true,
+            zeroes: true,
+            fast_zero: true,
+            extents: false,
+            multi_conn: true,
+            rotational: false,
+        }
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        BlockSizes {
+            minimum: 512,
+            preferred: 4096,
+            ..BlockSizes::default()
+        }
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_blockdev::Result<()> {
+        let len = buf.len() as u64;
+        check_range(self.inner.size, Op::Read, offset, len)?;
+        self.inner
+            .read(buf, offset)
+            .map_err(|e| e.to_block(Op::Read, offset, len))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
+        let len = buf.len() as u64;
+        self.writable(Op::Write, offset, len)?;
+        let r = self.inner.write(offset, len, Fill::Data(buf));
+        self.after_write(r, fua, Op::Write, offset, len)
+    }
+
+    fn flush(&self) -> cairn_blockdev::Result<()> {
+        self.inner
+            .flush_log()
+            .map_err(|e| e.to_block(Op::Flush, 0, 0))
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> cairn_blockdev::Result<()> {
+        self.writable(Op::Trim, offset, len)?;
+        let r = self.inner.write(offset, len, Fill::Zero { trim: true });
+        self.after_write(r, fua, Op::Trim, offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> cairn_blockdev::Result<()> {
+        self.writable(Op::WriteZeroes, offset, len)?;
+        let r = self.inner.write(
+            offset,
+            len,
+            Fill::Zero {
+                trim: flags.may_trim,
+            },
+        );
+        self.after_write(r, flags.fua, Op::WriteZeroes, offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    #[test]
+    fn sector_bits_cover_the_range() {
+        assert_eq!(sector_bits(0, 4096), 0xff);
+        assert_eq!(sector_bits(0, 1), 0x01);
+        assert_eq!(sector_bits(511, 2), 0x03);
+        assert_eq!(sector_bits(4095, 1), 0x80);
+        assert_eq!(sector_bits(1024, 1024), 0x0c);
+    }
+}
