@@ -41,7 +41,7 @@ pub(crate) struct ServeArgs {
     #[arg(long = "workers", default_value_t = 8)]
     pub workers: usize,
     /// Cache of decompressed chunks per repository image (e.g. 256M).
-    #[arg(long = "cache", value_parser = crate::parse_size, default_value = "256M")]
+    #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
     /// Threads decoding ahead of sequential readers (default: cores).
     #[arg(short = 'T', long = "threads")]

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Seed 001's filesystem workloads (C)/(D) on an exported device:
+ext4 on a loop device over nbdfuse over `cairn serve`, with and without
+the write-back cache, over this machine's disk and over the rotational
+cost model (`,hdd`).
+
+  dbench    `dbench -D MNT -t SECS 4` (its default client load: many
+            small files, fsync'd regularly); MB/s as dbench reports it
+  fsync-1   fio 4 KiB random writes into a 64 MiB file, fsync after every
+            write (the FLUSH-heavy load a persistent log is for); IOPS
+  fsync-32  the same with an fsync every 32 writes; IOPS
+
+The ext4 filesystem (1 GiB, no discard) is made on the backing file
+before each measurement; the cache file is new each time. Needs root,
+/dev/fuse, nbdfuse (libnbd-bin), losetup, dbench and fio.
+
+Usage: bench/wbcache-fs.py [--runs 3] [--seconds 10] [--quick]
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve import ROOT, Server, log, run  # noqa: E402
+
+
+class Stack:
+    """server -> nbdfuse -> loop device -> ext4, torn down in reverse."""
+
+    def __init__(self, cairn, work, spec):
+        self.work = work
+        self.sock = os.path.join(work, "sock")
+        self.fuse = os.path.join(work, "fuse")
+        self.mnt = os.path.join(work, "mnt")
+        os.makedirs(self.fuse, exist_ok=True)
+        os.makedirs(self.mnt, exist_ok=True)
+        self.server = Server([cairn, "serve", "--file", spec, "--socket", self.sock], self.sock)
+        self.nbdfuse = subprocess.Popen(["nbdfuse", self.fuse, f"nbd+unix:///d?socket={self.sock}"],
+                                        stderr=subprocess.DEVNULL)
+        t = time.time()
+        while not os.path.exists(os.path.join(self.fuse, "nbd")):
+            if time.time() - t > 20:
+                raise RuntimeError("nbdfuse did not come up")
+            time.sleep(0.05)
+        self.loop = run(["losetup", "-f", "--show", os.path.join(self.fuse, "nbd")]).stdout.strip()
+        run(["mount", "-t", "ext4", self.loop, self.mnt])
+
+    def close(self):
+        for cmd in (["umount", self.mnt], ["losetup", "-d", self.loop]):
+            subprocess.run(cmd, capture_output=True)
+        # Root: umount works without fusermount (not installed by default).
+        subprocess.run(["umount", self.fuse], capture_output=True)
+        try:
+            self.nbdfuse.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.nbdfuse.kill()
+        self.server.stop()
+
+
+def dbench(mnt, secs):
+    out = run(["dbench", "-D", mnt, "-t", str(secs), "4"]).stdout
+    m = re.search(r"Throughput ([0-9.]+) MB/sec", out)
+    return float(m.group(1))
+
+
+def fio_fsync(mnt, every, secs):
+    out = run(["fio", "--name=fs", f"--directory={mnt}", "--rw=randwrite", "--bs=4k", "--size=64M",
+               f"--fsync={every}", "--time_based", f"--runtime={secs}", "--output-format=json",
+               "--randseed=42"]).stdout
+    return json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if a.quick:
+        a.runs, a.seconds = 1, 4
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    out_dir = a.out or os.path.join(ROOT, f"bench/runs/{date}-wbcache-fs" + ("-quick" if a.quick else ""))
+    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.join(ROOT, "bench/work"), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="wbfs-", dir=os.path.join(ROOT, "bench/work"))
+    back = os.path.join(work, "back.raw")
+    cache = os.path.join(work, "cache.dev")
+    variants = [
+        ("disk", "no cache", f"d={back}"),
+        ("disk", "cache", f"d={back},cache={cache}"),
+        ("hdd", "no cache", f"d={back},hdd"),
+        ("hdd", "cache", f"d={back},hdd,cache={cache}"),
+    ]
+    loads = [("dbench", "MB/s", lambda m: dbench(m, a.seconds)),
+             ("fsync-1", "IOPS", lambda m: fio_fsync(m, 1, a.seconds)),
+             ("fsync-32", "IOPS", lambda m: fio_fsync(m, 32, a.seconds))]
+    rows = []
+    for r in range(a.runs):
+        for lname, unit, fn in loads:
+            for disk, name, spec in variants:
+                with open(back, "wb") as f:
+                    f.truncate(1 << 30)
+                run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", back])
+                with open(cache, "wb") as f:
+                    f.truncate(512 << 20)
+                st = Stack(a.cairn, work, spec)
+                try:
+                    v = fn(st.mnt)
+                finally:
+                    st.close()
+                rows.append((lname, disk, name, v, unit))
+                log(f"run {r + 1} {lname:9} {disk:5} {name:9} {v:10.1f} {unit}")
+    med = {}
+    for l, d, n, v, u in rows:
+        med.setdefault((l, d, n, u), []).append(v)
+    med = {k: statistics.median(v) for k, v in med.items()}
+    with open(os.path.join(out_dir, "results.csv"), "w") as f:
+        f.write("load,disk,variant,value,unit\n")
+        for l, d, n, v, u in rows:
+            f.write(f"{l},{d},{n},{v:.2f},{u}\n")
+    lines = [f"# Filesystem workloads through the write-back cache ({os.path.basename(out_dir)})", "",
+             f"ext4 on loop on nbdfuse on `cairn serve`; {a.runs} rounds of {a.seconds} s, medians.", "",
+             "| load | unit | disk, no cache | disk, cache | cache ÷ none | hdd model, no cache | hdd model, cache | cache ÷ none |",
+             "|---|---|--:|--:|--:|--:|--:|--:|"]
+    for lname, unit, _ in loads:
+        c = [med.get((lname, d, n, unit)) for d in ("disk", "hdd") for n in ("no cache", "cache")]
+        r1 = c[1] / c[0] if c[0] and c[1] else 0
+        r2 = c[3] / c[2] if c[2] and c[3] else 0
+        lines.append(f"| {lname} | {unit} | {c[0]:.1f} | {c[1]:.1f} | {r1:.2f}× | {c[2]:.1f} | {c[3]:.1f} | {r2:.2f}× |")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""The write-back cache (cairn serve --file PATH,cache=CACHE), seed 001's
+tests, side by side in one run.
+
+Backing files live on the work filesystem; `hdd` runs put cairn-blockdev's
+rotational cost model (7200 rpm: ~12.4 ms per random 4 KiB request, 2 ms
+per flush) between the server and the backing file, since this machine's
+disk is fast and host-cached.
+
+  (A) writeback: N random 4 KiB writes go into the cache with writeback
+      held off, the server stops, then `cairn cache drain --batch B` is
+      timed for B in 4, 32, 128, 256 segments; against the same writes
+      sent straight to the backing file (served by cairn, one flush at the
+      end).  N = 32768 (128 MiB) on the disk, 2048 (8 MiB) over the model.
+  (B) read overhead: fio randread, block sizes 1k..128k, through a clean
+      cache (every read misses) vs the backing file served alone.
+  (C) random 4 KiB writes with a FLUSH every 1000 writes (fio --fsync=1000,
+      depth 16): cache vs no cache, over the model and over the disk, and
+      qemu-nbd on the bare file (disk).  Client-side IOPS, and over the
+      model also the time until everything is on the backing (+ drain).
+
+Usage: bench/wbcache.py [--runs 3] [--quick]
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve import ROOT, Server, log, run, uri  # noqa: E402
+
+
+def fio(sock, rw, bs, extra, **kw):
+    cmd = ["fio", "--name=wb", "--ioengine=nbd", f"--uri={uri(sock, 'd')}", f"--rw={rw}",
+           f"--bs={bs}", "--iodepth=16", "--output-format=json", "--randseed=42",
+           "--norandommap", "--verify_state_save=0"] + extra
+    t = time.monotonic()
+    out = run(cmd).stdout
+    secs = time.monotonic() - t
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    side = j["read"] if "read" in rw else j["write"]
+    return side["iops"], secs, cmd
+
+
+def drain(cairn, cache, back, batch, hdd):
+    cmd = [cairn, "cache", "drain", "--json", "--batch", str(batch), "--cache", cache, "--backing", back]
+    if hdd:
+        cmd.append("--hdd")
+    out = json.loads(run(cmd).stdout)
+    return out["seconds"], out["written_back_blocks"], cmd
+
+
+def fresh(path, size):
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if a.quick:
+        a.runs = 1
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    out_dir = a.out or os.path.join(ROOT, f"bench/runs/{date}-wbcache" + ("-quick" if a.quick else ""))
+    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(os.path.join(ROOT, "bench/work"), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="wbcache-", dir=os.path.join(ROOT, "bench/work"))
+    sock = os.path.join(work, "sock")
+    back = os.path.join(work, "back.raw")
+    cache = os.path.join(work, "cache.dev")
+    C = a.cairn
+    rows = []
+    commands = set()
+
+    def rec(test, variant, value, unit, cmd=None):
+        rows.append((test, variant, value, unit))
+        if cmd:
+            commands.add(" ".join(cmd))
+        log(f"{test:12} {variant:28} {value:12.2f} {unit}")
+
+    def serve(spec, extra=()):
+        cmd = [C, "serve", "--file", spec, "--socket", sock, *extra]
+        commands.add(" ".join(cmd))
+        return Server(cmd, sock)
+
+    hold = ["--cache-dirty-high", "1.0", "--cache-idle-ms", "3600000"]
+    for r in range(a.runs):
+        # (A) writeback batches vs straight writes.
+        for hdd, n, size in [(False, 32768, 512 << 20), (True, 2048, 512 << 20)]:
+            tag = "hdd" if hdd else "disk"
+            model = ",hdd" if hdd else ""
+            fio_extra = [f"--number_ios={n}", f"--size={size}"]
+            fresh(back, size)
+            srv = serve(f"d={back}{model}")
+            _, secs, cmd = fio(sock, "randwrite", "4k", fio_extra + ["--end_fsync=1"])
+            srv.stop()
+            rec("A", f"{tag} straight to backing", secs, "s", cmd)
+            for batch in [4, 32, 128, 256]:
+                fresh(back, size)
+                fresh(cache, 256 << 20)
+                srv = serve(f"d={back}{model},cache={cache}", hold)
+                fio(sock, "randwrite", "4k", fio_extra + ["--end_fsync=1"])
+                srv.stop()
+                secs, blocks, cmd = drain(C, cache, back, batch, hdd)
+                rec("A", f"{tag} writeback batch {batch}", secs, "s", cmd)
+        # (B) read overhead through a clean cache.
+        size = 256 << 20
+        fresh(back, size)
+        srv = serve(f"d={back}")
+        fio(sock, "write", "1m", [f"--size={size}"])
+        srv.stop()
+        for bs in ["1k", "4k", "16k", "64k", "128k"]:
+            for variant in ["bare", "cache"]:
+                spec = f"d={back}" if variant == "bare" else f"d={back},cache={cache}"
+                if variant == "cache":
+                    fresh(cache, 64 << 20)
+                srv = serve(spec)
+                iops, _, cmd = fio(sock, "randread", bs, [f"--size={size}", "--time_based", "--runtime=3"])
+                srv.stop()
+                rec("B", f"read {bs} {variant}", iops, "IOPS", cmd)
+        # (C) random 4 KiB writes, FLUSH every 1000.
+        for hdd, n in [(False, 65536), (True, 2000)]:
+            tag = "hdd" if hdd else "disk"
+            model = ",hdd" if hdd else ""
+            size = 512 << 20
+            variants = [("no cache", f"d={back}{model}", None), ("cache", f"d={back}{model},cache={cache}", None)]
+            if not hdd:
+                variants.append(("qemu-nbd", None, ["qemu-nbd", "-t", "-e", "8", "-f", "raw", "-k", sock, "-x", "d", "--cache=writeback", back]))
+            for name, spec, qcmd in variants:
+                fresh(back, size)
+                fresh(cache, 512 << 20)
+                if qcmd:
+                    commands.add(" ".join(qcmd))
+                    srv = Server(qcmd, sock)
+                else:
+                    srv = serve(spec)
+                iops, secs, cmd = fio(sock, "randwrite", "4k", [f"--number_ios={n}", f"--size={size}", "--fsync=1000"])
+                srv.stop()
+                rec("C", f"{tag} {name}", iops, "IOPS", cmd)
+                if name == "cache":
+                    dsecs, _, dcmd = drain(C, cache, back, 32, hdd)
+                    rec("C", f"{tag} cache incl. drain", n / (secs + dsecs), "IOPS", dcmd)
+
+    med = {}
+    for t, v, val, unit in rows:
+        med.setdefault((t, v, unit), []).append(val)
+    med = {k: statistics.median(x) for k, x in med.items()}
+    with open(os.path.join(out_dir, "results.csv"), "w") as f:
+        f.write("test,variant,run,value,unit\n")
+        counts = {}
+        for t, v, val, unit in rows:
+            counts[(t, v)] = counts.get((t, v), 0) + 1
+            f.write(f"{t},{v},{counts[(t, v)]},{val:.4f},{unit}\n")
+    with open(os.path.join(out_dir, "commands.txt"), "w") as f:
+        f.write("\n".join(sorted(commands)) + "\n")
+    with open(os.path.join(out_dir, "machine.txt"), "w") as f:
+        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+        f.write(f"{os.cpu_count()} cores, {cpu}\n" + run(["df", "-T", work]).stdout)
+    lines = [f"# Write-back cache, seed 001's tests ({os.path.basename(out_dir)})", "",
+             f"{a.runs} rounds, medians. `hdd` = the rotational cost model between server and backing file.", "",
+             "| test | variant | median | unit |", "|---|---|--:|---|"]
+    for (t, v, unit), val in med.items():
+        lines.append(f"| {t} | {v} | {val:.2f} | {unit} |")
+
+    def get(t, v, unit):
+        return med.get((t, v, unit))
+
+    lines += ["", "| ratio | value | target |", "|---|--:|---|"]
+
+    def ratio(label, x, y, target=None, higher=True):
+        if x is None or y is None or y == 0:
+            return
+        r = x / y
+        ok = ""
+        if target is not None:
+            ok = (f"≥ {target}: " if higher else f"≤ {target}: ") + ("yes" if (r >= target if higher else r <= target) else "**no**")
+        lines.append(f"| {label} | {r:.2f} | {ok} |")
+
+    for tag in ["disk", "hdd"]:
+        for b in [4, 32, 128, 256]:
+            ratio(f"(A) {tag}: straight ÷ writeback batch {b} (time)", get("A", f"{tag} straight to backing", "s"), get("A", f"{tag} writeback batch {b}", "s"))
+    for bs in ["1k", "4k", "16k", "64k", "128k"]:
+        x, y = get("B", f"read {bs} cache", "IOPS"), get("B", f"read {bs} bare", "IOPS")
+        if x and y:
+            lines.append(f"| (B) read {bs}: overhead of the cache | {100 * (1 - x / y):.1f} % | {'≤ 5 %: ' + ('yes' if 1 - x / y <= 0.05 else '**no**') if bs == '128k' else ''} |")
+    ratio("(C) hdd: cache ÷ no cache (client IOPS)", get("C", "hdd cache", "IOPS"), get("C", "hdd no cache", "IOPS"), 3.0)
+    ratio("(C) hdd: cache incl. drain ÷ no cache", get("C", "hdd cache incl. drain", "IOPS"), get("C", "hdd no cache", "IOPS"))
+    ratio("(C) disk: cache ÷ no cache", get("C", "disk cache", "IOPS"), get("C", "disk no cache", "IOPS"), 0.9)
+    ratio("(C) disk: cache ÷ qemu-nbd", get("C", "disk cache", "IOPS"), get("C", "disk qemu-nbd", "IOPS"), 1.0)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()
