@@ -14,6 +14,9 @@ The ext4 filesystem (1 GiB, no discard) is made on the backing file
 before each measurement; the cache file is new each time. Needs root,
 /dev/fuse, nbdfuse (libnbd-bin), losetup, dbench and fio.
 
+Each runs without the cache, with it, and with it in persistent-log
+mode (`--cache-plog`).
+
 Usage: bench/wbcache-fs.py [--runs 3] [--seconds 10] [--quick]
 """
 import argparse
@@ -34,14 +37,14 @@ from serve import ROOT, Server, log, run  # noqa: E402
 class Stack:
     """server -> nbdfuse -> loop device -> ext4, torn down in reverse."""
 
-    def __init__(self, cairn, work, spec):
+    def __init__(self, cairn, work, spec, extra):
         self.work = work
         self.sock = os.path.join(work, "sock")
         self.fuse = os.path.join(work, "fuse")
         self.mnt = os.path.join(work, "mnt")
         os.makedirs(self.fuse, exist_ok=True)
         os.makedirs(self.mnt, exist_ok=True)
-        self.server = Server([cairn, "serve", "--file", spec, "--socket", self.sock], self.sock)
+        self.server = Server([cairn, "serve", "--file", spec, "--socket", self.sock, *extra], self.sock)
         self.nbdfuse = subprocess.Popen(["nbdfuse", self.fuse, f"nbd+unix:///d?socket={self.sock}"],
                                         stderr=subprocess.DEVNULL)
         t = time.time()
@@ -95,10 +98,12 @@ def main():
     back = os.path.join(work, "back.raw")
     cache = os.path.join(work, "cache.dev")
     variants = [
-        ("disk", "no cache", f"d={back}"),
-        ("disk", "cache", f"d={back},cache={cache}"),
-        ("hdd", "no cache", f"d={back},hdd"),
-        ("hdd", "cache", f"d={back},hdd,cache={cache}"),
+        ("disk", "no cache", f"d={back}", []),
+        ("disk", "cache", f"d={back},cache={cache}", []),
+        ("disk", "plog", f"d={back},cache={cache}", ["--cache-plog"]),
+        ("hdd", "no cache", f"d={back},hdd", []),
+        ("hdd", "cache", f"d={back},hdd,cache={cache}", []),
+        ("hdd", "plog", f"d={back},hdd,cache={cache}", ["--cache-plog"]),
     ]
     loads = [("dbench", "MB/s", lambda m: dbench(m, a.seconds)),
              ("fsync-1", "IOPS", lambda m: fio_fsync(m, 1, a.seconds)),
@@ -106,13 +111,13 @@ def main():
     rows = []
     for r in range(a.runs):
         for lname, unit, fn in loads:
-            for disk, name, spec in variants:
+            for disk, name, spec, extra in variants:
                 with open(back, "wb") as f:
                     f.truncate(1 << 30)
                 run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", back])
                 with open(cache, "wb") as f:
                     f.truncate(512 << 20)
-                st = Stack(a.cairn, work, spec)
+                st = Stack(a.cairn, work, spec, extra)
                 try:
                     v = fn(st.mnt)
                 finally:
@@ -129,13 +134,17 @@ def main():
             f.write(f"{l},{d},{n},{v:.2f},{u}\n")
     lines = [f"# Filesystem workloads through the write-back cache ({os.path.basename(out_dir)})", "",
              f"ext4 on loop on nbdfuse on `cairn serve`; {a.runs} rounds of {a.seconds} s, medians.", "",
-             "| load | unit | disk, no cache | disk, cache | cache ÷ none | hdd model, no cache | hdd model, cache | cache ÷ none |",
-             "|---|---|--:|--:|--:|--:|--:|--:|"]
+             "`plog` = the cache in persistent-log mode (`--cache-plog`).", "",
+             "| load | unit | disk: no cache | cache | plog | cache ÷ none | plog ÷ none "
+             "| hdd model: no cache | cache | plog | cache ÷ none | plog ÷ none |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for lname, unit, _ in loads:
-        c = [med.get((lname, d, n, unit)) for d in ("disk", "hdd") for n in ("no cache", "cache")]
-        r1 = c[1] / c[0] if c[0] and c[1] else 0
-        r2 = c[3] / c[2] if c[2] and c[3] else 0
-        lines.append(f"| {lname} | {unit} | {c[0]:.1f} | {c[1]:.1f} | {r1:.2f}× | {c[2]:.1f} | {c[3]:.1f} | {r2:.2f}× |")
+        cells = []
+        for d in ("disk", "hdd"):
+            c = [med.get((lname, d, n, unit)) or 0 for n in ("no cache", "cache", "plog")]
+            cells += [f"{c[0]:.1f}", f"{c[1]:.1f}", f"{c[2]:.1f}",
+                      f"{c[1] / c[0]:.2f}×" if c[0] else "", f"{c[2] / c[0]:.2f}×" if c[0] else ""]
+        lines.append(f"| {lname} | {unit} | " + " | ".join(cells) + " |")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -32,12 +32,18 @@ pub(crate) enum CacheCommand {
 
 #[derive(Args, Debug)]
 pub(crate) struct CacheTarget {
-    /// The cache device or file.
-    #[arg(long = "cache", value_name = "CACHE")]
-    pub cache: PathBuf,
+    /// The cache device or file (with --backing: a cache no server holds).
+    #[arg(long = "cache", value_name = "CACHE", requires = "backing")]
+    pub cache: Option<PathBuf>,
     /// The backing file or device it caches.
-    #[arg(long = "backing", value_name = "BACKING")]
-    pub backing: PathBuf,
+    #[arg(long = "backing", value_name = "BACKING", requires = "cache")]
+    pub backing: Option<PathBuf>,
+    /// Ask a running `cairn serve --control SOCK` instead (status, drain).
+    #[arg(long = "control", value_name = "SOCK", conflicts_with_all = ["cache", "backing"])]
+    pub control: Option<PathBuf>,
+    /// With --control: the export whose cache to drain.
+    #[arg(long = "export", value_name = "NAME")]
+    pub export: Option<String>,
     /// Segments written back per batch (drain, detach).
     #[arg(long = "batch", default_value_t = WbConfig::default().batch)]
     pub batch: usize,
@@ -120,10 +126,19 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         CacheCommand::Drain(t) => (t, true, false),
         CacheCommand::Detach(t) => (t, true, true),
     };
-    let probe = FileDev::open(&t.cache, FileOptions::default())
-        .with_context(|| format!("cannot open the cache {}", t.cache.display()))?;
+    if let Some(sock) = &t.control {
+        if detach {
+            bail!("detach works on a cache no server holds: stop the server, then use --cache and --backing");
+        }
+        return ask_server(sock, drain, t);
+    }
+    let (Some(cache), Some(backing)) = (&t.cache, &t.backing) else {
+        bail!("name the cache with --cache CACHE --backing FILE, or a server with --control SOCK");
+    };
+    let probe = FileDev::open(cache, FileOptions::default())
+        .with_context(|| format!("cannot open the cache {}", cache.display()))?;
     if is_blank(&probe)? {
-        bail!("{} is not a cairn cache (blank)", t.cache.display());
+        bail!("{} is not a cairn cache (blank)", cache.display());
     }
     drop(probe);
     if t.batch == 0 {
@@ -137,7 +152,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     } else {
         quiet_config()
     };
-    let mut backing = open_backing(&t.backing, FileOptions::default())?;
+    let mut backing = open_backing(backing, FileOptions::default())?;
     if t.hdd {
         backing = Arc::new(FaultDev::with_rotational(
             backing,
@@ -145,7 +160,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         ));
     }
     let started = std::time::Instant::now();
-    let (wb, lock) = open_cached(backing, &t.cache, cfg)?;
+    let (wb, lock) = open_cached(backing, cache, cfg)?;
     if drain {
         wb.drain().context("drain")?;
     }
@@ -155,60 +170,114 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     };
     wb.close().context("close the cache")?;
     if detach {
-        let dev = FileDev::open(&t.cache, FileOptions::default())
-            .with_context(|| format!("cannot open the cache {}", t.cache.display()))?;
+        let dev = FileDev::open(cache, FileOptions::default())
+            .with_context(|| format!("cannot open the cache {}", cache.display()))?;
         dev.write_at(&[0u8; 4096], 0, true)
             .map_err(|e| anyhow::anyhow!("cannot wipe the cache superblock: {e}"))?;
     }
     drop(lock);
     let seconds = started.elapsed().as_secs_f64();
-    print_status(&t.cache, &status, t.json, drain, detach, seconds);
+    if t.json {
+        let mut v = status_json(&cache.display().to_string(), &status);
+        v["drained"] = drain.into();
+        v["detached"] = detach.into();
+        v["seconds"] = seconds.into();
+        println!("{v}");
+    } else {
+        let mut line = status_line(&cache.display().to_string(), &status);
+        if drain {
+            line.push_str(&format!(
+                "; wrote back {} blocks",
+                status.written_back_blocks
+            ));
+        }
+        if detach {
+            line.push_str("; detached");
+        }
+        println!("{line}");
+    }
     Ok(())
 }
 
-fn print_status(
-    cache: &Path,
-    s: &WbStatus,
-    json: bool,
-    drained: bool,
-    detached: bool,
-    seconds: f64,
-) {
-    if json {
-        let v = serde_json::json!({
-            "cache": cache.display().to_string(),
-            "segment_count": s.segment_count,
-            "clean_id": s.clean_id,
-            "last_written_id": s.last_written_id,
-            "dirty_blocks": s.dirty_blocks,
-            "dirty_bytes": s.dirty_blocks * 4096,
-            "dirty_segments": s.dirty_segments,
-            "read_hits_ram": s.read_hits_ram,
-            "read_hits_log": s.read_hits_log,
-            "read_misses": s.read_misses,
-            "written_back_blocks": s.written_back_blocks,
-            "writeback_batches": s.writeback_batches,
-            "drained": drained,
-            "detached": detached,
-            "seconds": seconds,
-        });
-        println!("{v}");
-        return;
-    }
-    println!(
-        "{}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments{}{}",
-        cache.display(),
+/// A cache's status as JSON.
+pub(crate) fn status_json(cache: &str, s: &WbStatus) -> serde_json::Value {
+    serde_json::json!({
+        "cache": cache,
+        "segment_count": s.segment_count,
+        "clean_id": s.clean_id,
+        "last_written_id": s.last_written_id,
+        "open_blocks": s.open_blocks,
+        "dirty_blocks": s.dirty_blocks,
+        "dirty_bytes": s.dirty_blocks * 4096,
+        "dirty_segments": s.dirty_segments,
+        "read_hits_ram": s.read_hits_ram,
+        "read_hits_log": s.read_hits_log,
+        "read_misses": s.read_misses,
+        "written_back_blocks": s.written_back_blocks,
+        "writeback_batches": s.writeback_batches,
+        "plog_records": s.plog_records,
+    })
+}
+
+/// A cache's status on one line.
+pub(crate) fn status_line(cache: &str, s: &WbStatus) -> String {
+    let reads = s.read_hits_ram + s.read_hits_log + s.read_misses;
+    let hits = s.read_hits_ram + s.read_hits_log;
+    format!(
+        "{cache}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments; read hits {} of {} blocks{}; {} blocks written back in {} batches",
         s.segment_count,
         s.last_written_id,
         s.clean_id,
         s.dirty_blocks,
         (s.dirty_blocks * 4096) >> 20,
         s.dirty_segments,
-        if drained {
-            format!("; wrote back {} blocks", s.written_back_blocks)
+        hits,
+        reads,
+        if reads > 0 {
+            format!(" ({:.1} %)", 100.0 * hits as f64 / reads as f64)
         } else {
             String::new()
         },
-        if detached { "; detached" } else { "" }
-    );
+        s.written_back_blocks,
+        s.writeback_batches,
+    )
+}
+
+/// `status` or `drain` of a running server's caches, through its control
+/// socket: one request line, one JSON reply line.
+fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
+    use std::io::{BufRead, BufReader, Write};
+    let request = if drain {
+        let Some(name) = &t.export else {
+            bail!("--control with drain needs --export NAME");
+        };
+        format!("drain {name}\n")
+    } else {
+        "status\n".to_string()
+    };
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .with_context(|| format!("cannot reach the server at {}", sock.display()))?;
+    s.write_all(request.as_bytes())
+        .with_context(|| format!("write to {}", sock.display()))?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .with_context(|| format!("read from {}", sock.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&line)
+        .with_context(|| format!("bad reply from {}", sock.display()))?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("{e}");
+    }
+    if t.json {
+        println!("{v}");
+        return Ok(());
+    }
+    for c in v["caches"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        println!(
+            "{}: {}",
+            c["export"].as_str().unwrap_or("?"),
+            c["line"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use cairn_blockdev::{BlockDev, FaultDev, FileDev, FileOptions, RotationalModel};
 use cairn_nbd::{Export, Listener, Server, ServerConfig};
-use cairn_wbcache::WbConfig;
+use cairn_wbcache::{WbCache, WbConfig};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,6 +55,15 @@ pub(crate) struct ServeArgs {
     /// Write-back cache: write back after this many milliseconds without writes.
     #[arg(long = "cache-idle-ms", default_value_t = WbConfig::default().idle_writeback.as_millis() as u64)]
     pub cache_idle_ms: u64,
+    /// Write-back cache: persistent-log mode (for loads that flush after
+    /// nearly every write): a FLUSH appends the new blocks to a small log
+    /// instead of sealing a whole segment.
+    #[arg(long = "cache-plog")]
+    pub cache_plog: bool,
+    /// A unix socket where `cairn cache status|drain --control SOCK` reach
+    /// the write-back caches of this server.
+    #[arg(long = "control", value_name = "SOCK")]
+    pub control: Option<PathBuf>,
     /// Log connections and protocol errors on stderr.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
@@ -136,18 +145,19 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             if f.opts.read_only {
                 bail!("--file {spec}: a cache needs a writable file: drop `ro`");
             }
-            if caches.iter().any(|(p, _, _)| p == c) {
+            if caches.iter().any(|(p, _, _, _)| p == c) {
                 bail!("cache {} is given twice", c.display());
             }
             let cfg = WbConfig {
                 batch: a.cache_batch,
                 dirty_high: a.cache_dirty_high,
                 idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
+                plog: a.cache_plog,
                 ..WbConfig::default()
             };
             let (wb, lock) = crate::cache_cmd::open_cached(dev, c, cfg)
                 .with_context(|| format!("--file {spec}"))?;
-            caches.push((c.clone(), wb.clone(), lock));
+            caches.push((c.clone(), wb.clone(), lock, f.name.clone()));
             description.push_str(&format!(", cached on {}", c.display()));
             dev = wb;
         }
@@ -210,11 +220,29 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         eprintln!("cairn serve: listening on {}", l.describe());
     }
     eprintln!("cairn serve: exports: {}", names.join(", "));
-    let report = server.serve(&listeners, stop)?;
+    let control = match &a.control {
+        Some(path) => {
+            // The Listener owns the socket file (removed when it drops),
+            // so it lives in the thread.
+            let l = Listener::unix(path.clone())
+                .with_context(|| format!("control socket {}", path.display()))?;
+            let cached: Vec<(String, String, Arc<WbCache>)> = caches
+                .iter()
+                .map(|(p, wb, _, name)| (name.clone(), p.display().to_string(), wb.clone()))
+                .collect();
+            Some(std::thread::spawn(move || control_loop(l, cached, stop)))
+        }
+        None => None,
+    };
+    let report = server.serve(&listeners, stop);
+    if let Some(t) = control {
+        let _ = t.join();
+    }
+    let report = report?;
     // The server flushed every writable export (cached writes are durable
     // in their log); stop the caches' threads.
     drop(server);
-    for (path, wb, lock) in caches {
+    for (path, wb, lock, _) in caches {
         if let Ok(wb) = Arc::try_unwrap(wb) {
             wb.close()
                 .with_context(|| format!("close the cache {}", path.display()))?;
@@ -228,6 +256,63 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Answer `cairn cache status|drain --control` until `stop`: one request
+/// line ("status" or "drain NAME"), one JSON reply line.
+fn control_loop(
+    listener: Listener,
+    caches: Vec<(String, String, Arc<WbCache>)>,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    let Listener::Unix(l, _) = &listener else {
+        return;
+    };
+    if l.set_nonblocking(true).is_err() {
+        return;
+    }
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        let mut s = match l.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let mut line = String::new();
+        if BufReader::new(&s).read_line(&mut line).is_err() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let reply = match (words.next(), words.next()) {
+            (Some("status"), None) => Ok(()),
+            (Some("drain"), Some(name)) => match caches.iter().find(|(n, _, _)| n == name) {
+                Some((_, _, wb)) => wb.drain().map_err(|e| format!("drain of {name}: {e}")),
+                None => Err(format!("no cached export named {name:?}")),
+            },
+            _ => Err(format!("unknown request {:?}", line.trim())),
+        };
+        let v = match reply {
+            Ok(()) => serde_json::json!({
+                "caches": caches
+                    .iter()
+                    .map(|(name, path, wb)| {
+                        let st = wb.status();
+                        let mut v = crate::cache_cmd::status_json(path, &st);
+                        v["export"] = name.as_str().into();
+                        v["line"] = crate::cache_cmd::status_line(path, &st).into();
+                        v
+                    })
+                    .collect::<Vec<_>>()
+            }),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+        let _ = writeln!(s, "{v}");
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ fn python() -> Option<&'static str> {
     Some("/usr/bin/python3")
 }
 
-fn start(d: &Path) -> Child {
+fn start(d: &Path, plog: bool) -> Child {
     let sock = d.join("s.sock");
     let _ = std::fs::remove_file(&sock);
     let spec = format!(
@@ -82,9 +82,12 @@ fn start(d: &Path) -> Child {
         d.join("back.raw").display(),
         d.join("cache.dev").display()
     );
-    let child = cairn()
-        .args(["serve", "--file", &spec, "--socket"])
-        .arg(&sock)
+    let mut cmd = cairn();
+    cmd.args(["serve", "--file", &spec, "--socket"]).arg(&sock);
+    if plog {
+        cmd.arg("--cache-plog");
+    }
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -140,6 +143,17 @@ fn parse_journal(text: &str) -> Journal {
 
 #[test]
 fn sigkill_with_flushes_loses_nothing_flushed() {
+    crash_rounds(false);
+}
+
+/// The same in persistent-log mode, where flushed writes may be only in
+/// the plog records, not in a sealed segment.
+#[test]
+fn sigkill_in_persistent_log_mode_loses_nothing_flushed() {
+    crash_rounds(true);
+}
+
+fn crash_rounds(plog: bool) {
     let Some(py) = python() else { return };
     if !have("nbdinfo") {
         return;
@@ -155,7 +169,7 @@ fn sigkill_with_flushes_loses_nothing_flushed() {
     let rounds = 12;
     let mut killed_mid_write = 0;
     for round in 0..rounds {
-        let mut server = start(d);
+        let mut server = start(d, plog);
         let journal = d.join(format!("journal-{round}"));
         let mut client = Command::new(py)
             .arg(d.join("client.py"))
@@ -182,7 +196,7 @@ fn sigkill_with_flushes_loses_nothing_flushed() {
         }
 
         // Restart: recovery replays the log; read every block.
-        let mut server = start(d);
+        let mut server = start(d, plog);
         let dump = d.join("dump");
         let st = Command::new(py)
             .arg(d.join("client.py"))
@@ -264,4 +278,113 @@ fn sigkill_with_flushes_loses_nothing_flushed() {
         .unwrap();
     assert!(!out.status.success());
     assert_eq!(std::fs::read(d.join("back.raw")).unwrap(), model);
+}
+
+/// `cairn cache status|drain --control` on a running server: dirty data
+/// and hit counters while it serves, then a drain that puts the data in
+/// the backing file before the server stops.
+#[test]
+fn control_socket_reports_and_drains_a_running_cache() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    std::fs::write(d.join("back.raw"), vec![0u8; 8 << 20]).unwrap();
+    std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
+    let sock = d.join("s.sock");
+    let control = d.join("control.sock");
+    let spec = format!(
+        "d={},cache={}",
+        d.join("back.raw").display(),
+        d.join("cache.dev").display()
+    );
+    let mut server = cairn()
+        .args([
+            "serve",
+            "--file",
+            &spec,
+            "--cache-idle-ms",
+            "3600000",
+            "--socket",
+        ])
+        .arg(&sock)
+        .arg("--control")
+        .arg(&control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !(sock.exists() && control.exists()) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let uri = format!("nbd+unix:///d?socket={}", sock.display());
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x5a 1M 256k",
+            "-c",
+            "read -P 0x5a 1M 4k",
+            &uri,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ask = |args: &[&str]| -> serde_json::Value {
+        let out = cairn()
+            .args(["cache"])
+            .args(args)
+            .arg("--control")
+            .arg(&control)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let st = ask(&["status"]);
+    let c = &st["caches"][0];
+    assert_eq!(c["export"], "d", "{st}");
+    assert_eq!(c["dirty_blocks"], 64, "{st}");
+    assert!(
+        c["read_hits_ram"].as_u64().unwrap() + c["read_hits_log"].as_u64().unwrap() >= 1,
+        "{st}"
+    );
+    let back = std::fs::read(d.join("back.raw")).unwrap();
+    assert!(
+        back[1 << 20..(1 << 20) + 262_144].iter().all(|&b| b == 0),
+        "written back too early"
+    );
+    let st = ask(&["drain", "--export", "d"]);
+    assert_eq!(st["caches"][0]["dirty_blocks"], 0, "{st}");
+    let back = std::fs::read(d.join("back.raw")).unwrap();
+    assert!(back[1 << 20..(1 << 20) + 262_144]
+        .iter()
+        .all(|&b| b == 0x5a));
+    // A wrong export name is a clear error.
+    let out = cairn()
+        .args(["cache", "drain", "--export", "nope", "--control"])
+        .arg(&control)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no cached export"));
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

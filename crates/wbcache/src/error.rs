@@ -25,6 +25,13 @@ pub enum Place {
         /// Slot in the ring.
         slot: u64,
     },
+    /// A record of the persistent log on the cache device.
+    Plog {
+        /// The id of the open segment the record belongs to.
+        segment: u64,
+        /// Its sequence number within that segment id (0 when reading).
+        seq: u64,
+    },
     /// Flushing the cache device.
     CacheFlush,
     /// The backing device at this byte offset.
@@ -48,6 +55,9 @@ impl fmt::Display for Place {
                 )
             }
             Place::Segment { id, slot } => write!(f, "segment {id} (slot {slot})"),
+            Place::Plog { segment, seq } => {
+                write!(f, "persistent log record {seq} of segment {segment}")
+            }
             Place::CacheFlush => f.write_str("cache device flush"),
             Place::Backing { offset } => write!(f, "backing device at offset {offset}"),
             Place::BackingFlush => f.write_str("backing device flush"),

@@ -1,6 +1,6 @@
 //! The on-disk format of the cache device (docs/format/wbcache.md): the
-//! superblock, the two watermark slots and segment headers, encoded and
-//! decoded. Nothing here does I/O.
+//! superblock, the two watermark slots, segment headers and persistent
+//! log records, encoded and decoded. Nothing here does I/O.
 
 use crate::error::WbError;
 
@@ -15,14 +15,22 @@ pub const DATA_BLOCKS: usize = 252;
 pub const SEGMENT_BYTES: u64 = (1 + DATA_BLOCKS as u64) * BLOCK_SIZE;
 /// Where the segment ring starts on the cache device.
 pub const RING_OFFSET: u64 = 1 << 20;
+/// Where the persistent log (plog) region starts on the cache device; it
+/// ends where the ring starts.
+pub const PLOG_OFFSET: u64 = 64 << 10;
 /// Byte offsets of watermark slots A and B.
 pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
-/// The format version this crate writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this crate writes and the newest it reads. Version
+/// 2 added the persistent log; a version 1 cache (no plog records, the
+/// region unused) is read as one with an empty plog. The bump keeps a
+/// reader that knows no plog from opening a cache whose newest flushed
+/// writes may be only in the plog.
+pub const FORMAT_VERSION: u32 = 2;
 
 const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
 const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
 const SG_MAGIC: &[u8; 8] = b"CAIRNSG\0";
+const PL_MAGIC: &[u8; 8] = b"CAIRNPL\0";
 /// Bytes of the fixed part of a segment header.
 const HEADER_FIXED: usize = 64;
 /// Bytes of one metadata entry.
@@ -185,25 +193,137 @@ pub(crate) fn encode_segment(
     img[8..24].copy_from_slice(cache_id);
     img[24..32].copy_from_slice(&id.to_le_bytes());
     img[32..36].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (i, e) in entries.iter().enumerate() {
-        let at = HEADER_FIXED + i * ENTRY_BYTES;
-        img[at..at + 8].copy_from_slice(&e.lba.to_le_bytes());
-        img[at + 8] = e.dirty;
-        img[at + 9] = u8::from(e.zero);
-    }
+    put_entries(&mut img, entries);
     img[BLOCK_SIZE as usize..].copy_from_slice(data);
-    let crc = segment_crc(&img[..HEADER_FIXED + entries.len() * ENTRY_BYTES], data);
-    img[36..40].copy_from_slice(&crc.to_le_bytes());
+    let crc = header_crc(
+        &img[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
+        SG_CRC_AT,
+        data,
+    );
+    img[SG_CRC_AT..SG_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     img
 }
 
-/// CRC of a header (its bytes up to the last used entry; the CRC field is
-/// taken as 0) followed by the data blocks.
-fn segment_crc(header: &[u8], data: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&header[..36]);
+/// Where the CRC field of a segment header is.
+const SG_CRC_AT: usize = 36;
+/// Where the CRC field of a plog record header is.
+const PL_CRC_AT: usize = 44;
+
+/// CRC of a header (its bytes up to the last used entry; the 4-byte CRC
+/// field at `crc_at` is taken as 0) followed by the data blocks.
+fn header_crc(header: &[u8], crc_at: usize, data: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&header[..crc_at]);
     let c = crc32c::crc32c_append(c, &[0u8; 4]);
-    let c = crc32c::crc32c_append(c, &header[40..]);
+    let c = crc32c::crc32c_append(c, &header[crc_at + 4..]);
     crc32c::crc32c_append(c, data)
+}
+
+fn put_entries(b: &mut [u8], entries: &[Entry]) {
+    for (i, e) in entries.iter().enumerate() {
+        let at = HEADER_FIXED + i * ENTRY_BYTES;
+        b[at..at + 8].copy_from_slice(&e.lba.to_le_bytes());
+        b[at + 8] = e.dirty;
+        b[at + 9] = u8::from(e.zero);
+    }
+}
+
+/// Parse `count` entries (1..=`DATA_BLOCKS`) of a header block, each inside
+/// a device of `blocks` blocks.
+fn get_entries(b: &[u8], count: usize, blocks: u64) -> Option<Vec<Entry>> {
+    if count == 0 || count > DATA_BLOCKS || b.len() < HEADER_FIXED + count * ENTRY_BYTES {
+        return None;
+    }
+    let mut entries = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = HEADER_FIXED + i * ENTRY_BYTES;
+        let lba = le_u64(b, at);
+        let kind = b[at + 9];
+        if lba >= blocks || kind > 1 {
+            return None;
+        }
+        entries.push(Entry {
+            lba,
+            dirty: b[at + 8],
+            zero: kind == 1,
+        });
+    }
+    Some(entries)
+}
+
+/// Build a plog record (header block + `data`, one block per data entry in
+/// entry order) for the open segment that will get id `segment_id`.
+pub(crate) fn encode_plog_record(
+    cache_id: &[u8; 16],
+    segment_id: u64,
+    seq: u64,
+    entries: &[Entry],
+    data: &[u8],
+) -> Vec<u8> {
+    let mut img = vec![0u8; BLOCK_SIZE as usize + data.len()];
+    img[0..8].copy_from_slice(PL_MAGIC);
+    img[8..24].copy_from_slice(cache_id);
+    img[24..32].copy_from_slice(&segment_id.to_le_bytes());
+    img[32..40].copy_from_slice(&seq.to_le_bytes());
+    img[40..44].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    put_entries(&mut img, entries);
+    img[BLOCK_SIZE as usize..].copy_from_slice(data);
+    let crc = header_crc(
+        &img[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
+        PL_CRC_AT,
+        data,
+    );
+    img[PL_CRC_AT..PL_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+    img
+}
+
+/// A plog record header that passed its structural checks (the CRC needs
+/// the data blocks too: [`PlogHeader::check_crc`]).
+#[derive(Debug, Clone)]
+pub(crate) struct PlogHeader {
+    pub segment_id: u64,
+    pub seq: u64,
+    pub entries: Vec<Entry>,
+    header: Vec<u8>,
+    crc: u32,
+}
+
+impl PlogHeader {
+    /// The segment id in a block, if it has the plog record magic and this
+    /// cache's id (used to find stale records).
+    pub fn peek_segment(b: &[u8], cache_id: &[u8; 16]) -> Option<u64> {
+        if b.len() < 32 || &b[0..8] != PL_MAGIC || &b[8..24] != cache_id {
+            return None;
+        }
+        Some(le_u64(b, 24))
+    }
+
+    /// Parse a block that may hold a record header of this cache. `blocks`
+    /// is the number of blocks of the backing device.
+    pub fn decode(b: &[u8], cache_id: &[u8; 16], blocks: u64) -> Option<PlogHeader> {
+        let segment_id = PlogHeader::peek_segment(b, cache_id)?;
+        if b.len() < HEADER_FIXED {
+            return None;
+        }
+        let count = le_u32(b, 40) as usize;
+        let entries = get_entries(b, count, blocks)?;
+        Some(PlogHeader {
+            segment_id,
+            seq: le_u64(b, 32),
+            entries,
+            header: b[..HEADER_FIXED + count * ENTRY_BYTES].to_vec(),
+            crc: le_u32(b, PL_CRC_AT),
+        })
+    }
+
+    /// Data blocks the entries use.
+    pub fn data_blocks(&self) -> usize {
+        self.entries.iter().filter(|e| !e.zero).count()
+    }
+
+    /// Whether the CRC matches with these data blocks.
+    pub fn check_crc(&self, data: &[u8]) -> bool {
+        header_crc(&self.header, PL_CRC_AT, data) == self.crc
+    }
 }
 
 /// A segment header that passed its structural checks (the CRC needs the
@@ -232,23 +352,7 @@ impl SegmentHeader {
             return None;
         }
         let count = le_u32(b, 32) as usize;
-        if count == 0 || count > DATA_BLOCKS {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(count);
-        for i in 0..count {
-            let at = HEADER_FIXED + i * ENTRY_BYTES;
-            let lba = le_u64(b, at);
-            let kind = b[at + 9];
-            if lba >= blocks || kind > 1 {
-                return None;
-            }
-            entries.push(Entry {
-                lba,
-                dirty: b[at + 8],
-                zero: kind == 1,
-            });
-        }
+        let entries = get_entries(b, count, blocks)?;
         Some(SegmentHeader {
             entries,
             header: b[..HEADER_FIXED + count * ENTRY_BYTES].to_vec(),
@@ -263,7 +367,7 @@ impl SegmentHeader {
 
     /// Whether the CRC matches with these data blocks.
     pub fn check_crc(&self, data: &[u8]) -> bool {
-        segment_crc(&self.header, data) == self.crc
+        header_crc(&self.header, SG_CRC_AT, data) == self.crc
     }
 }
 
@@ -324,6 +428,47 @@ mod tests {
         assert!(SegmentHeader::decode(&img[..4096], &id, 4, 100).is_none());
         assert!(SegmentHeader::decode(&img[..4096], &[0; 16], 3, 100).is_none());
         assert!(SegmentHeader::decode(&img[..4096], &id, 3, 5).is_none());
+    }
+
+    #[test]
+    fn plog_record_round_trip_and_damage() {
+        let id = [4; 16];
+        let entries = [
+            Entry {
+                lba: 8,
+                dirty: 0x0c,
+                zero: false,
+            },
+            Entry {
+                lba: 1,
+                dirty: 0xff,
+                zero: true,
+            },
+        ];
+        let data = vec![5u8; 4096];
+        let img = encode_plog_record(&id, 7, 3, &entries, &data);
+        assert_eq!(img.len(), 8192);
+        assert_eq!(PlogHeader::peek_segment(&img, &id), Some(7));
+        let h = PlogHeader::decode(&img[..4096], &id, 100).unwrap();
+        assert_eq!((h.segment_id, h.seq), (7, 3));
+        assert_eq!(h.entries, entries);
+        assert_eq!(h.data_blocks(), 1);
+        assert!(h.check_crc(&img[4096..]));
+        let mut bad = img[4096..].to_vec();
+        bad[9] ^= 1;
+        assert!(!h.check_crc(&bad));
+        let mut hb = img[..4096].to_vec();
+        hb[33] ^= 1; // the sequence number is covered by the CRC
+        assert!(!PlogHeader::decode(&hb, &id, 100)
+            .unwrap()
+            .check_crc(&img[4096..]));
+        assert!(PlogHeader::decode(&img[..4096], &[0; 16], 100).is_none());
+        assert!(PlogHeader::decode(&img[..4096], &id, 8).is_none());
+        // A segment header is not a record, nor are zeroes.
+        let seg = encode_segment(&id, 7, &entries, &data);
+        assert!(PlogHeader::decode(&seg[..4096], &id, 100).is_none());
+        assert!(PlogHeader::decode(&[0u8; 4096], &id, 100).is_none());
+        assert!(PLOG_OFFSET >= WATERMARK_OFFSETS[1] + BLOCK_SIZE);
     }
 
     #[test]

@@ -22,13 +22,22 @@
 //!   writes only what was written (the bits of a still-dirty older version
 //!   are carried over).
 //! - **One write per segment.** A full segment (252 data blocks, or a
-//!   FLUSH) is sealed and handed to one flusher thread, which writes header
+//!   FLUSH; in plog mode a FLUSH only when the plog is full) is sealed and handed to one flusher thread, which writes header
 //!   and data in one request to the segment's slot in the ring. At most
 //!   [`WbConfig::max_sealed_in_ram`] sealed segments wait; then writers
 //!   block (backpressure, never failure).
 //! - **Group commit.** FLUSH (and FUA) seals the open segment, waits for the
 //!   flusher to write it, then flushes the cache device once; flushes that
 //!   arrive meanwhile share the next device flush.
+//! - **Persistent log for flush-heavy loads.** With [`WbConfig::plog`]
+//!   (dm-writeboost's "type 1") a FLUSH does not seal the open segment: it
+//!   appends one record with the blocks written since the previous flush
+//!   to the persistent log (bytes 64 KiB..1 MiB of the cache device) and
+//!   flushes the cache device once (concurrent flushes share the record).
+//!   The open segment keeps filling in RAM and goes to the ring when full
+//!   or when the plog region cannot take the next record; the plog then
+//!   restarts for the next segment id. So a flush per write costs a
+//!   header block and the written blocks, not a 1 MiB ring slot.
 //! - **Sorted, batched writeback.** A writeback thread takes the oldest
 //!   written segments (up to [`WbConfig::batch`]), keeps the entries that
 //!   are still the newest version of their block, sorts them by address,
@@ -48,16 +57,20 @@
 //! - **Recovery replays, writes nothing to the log.** `open` replays the
 //!   segments after the watermark (see the format doc) and then erases the
 //!   headers of stale segments in the free slots, so that a segment from an
-//!   earlier lap can never be taken for part of the log later.
+//!   earlier lap can never be taken for part of the log later. It then
+//!   replays the plog records of the segment after the last one in the
+//!   ring into the open RAM segment (in either mode, so a cache used in
+//!   plog mode may be reopened without it) and erases stale record
+//!   headers after them.
 //!
 //! ## What survives a crash
 //!
 //! - A write acknowledged before a completed FLUSH (or a FUA write) is in a
-//!   segment that was written and followed by a cache device flush: it is
-//!   replayed.
+//!   segment that was written and followed by a cache device flush, or (plog
+//!   mode) in a plog record followed by one: it is replayed.
 //! - A write acknowledged after the last completed FLUSH reads back after
 //!   recovery as either its new data or the data before it, never anything
-//!   else (segments are all-or-nothing through their CRC).
+//!   else (segments and plog records are all-or-nothing through their CRC).
 //! - Writeback never advances `clean_id` past a segment whose blocks are not
 //!   on the backing device and flushed there.
 
@@ -66,16 +79,16 @@ pub mod format;
 
 pub use error::{Place, Result, WbError};
 pub use format::{
-    segment_offset, segment_slot, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, RING_OFFSET,
-    SECTOR_SIZE, SEGMENT_BYTES,
+    segment_offset, segment_slot, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, PLOG_OFFSET,
+    RING_OFFSET, SECTOR_SIZE, SEGMENT_BYTES,
 };
 
 use cairn_blockdev::{
     check_range, read_only, write_zeroes_by_writing, BlockDev, BlockError, BlockSizes, Caps,
     ErrorKind, Op, ZeroFlags,
 };
-use format::{Entry, SegmentHeader, Superblock, Watermark};
-use std::collections::{HashMap, VecDeque};
+use format::{Entry, PlogHeader, SegmentHeader, Superblock, Watermark};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -108,6 +121,13 @@ pub struct WbConfig {
     /// Sealed segments that may wait in RAM for the flusher before writers
     /// block.
     pub max_sealed_in_ram: usize,
+    /// Persistent-log mode (dm-writeboost's "type 1"), for flush-heavy
+    /// loads: a FLUSH (or FUA write) appends the blocks written since the
+    /// previous flush to the persistent log on the cache device as one
+    /// record instead of sealing the open segment, which keeps filling in
+    /// RAM. `drain` and `close` still seal it. Recovery replays the
+    /// persistent log in either mode.
+    pub plog: bool,
 }
 
 impl Default for WbConfig {
@@ -117,6 +137,7 @@ impl Default for WbConfig {
             dirty_high: 0.5,
             idle_writeback: Duration::from_secs(1),
             max_sealed_in_ram: 2,
+            plog: false,
         }
     }
 }
@@ -146,6 +167,8 @@ pub struct WbStatus {
     pub written_back_blocks: u64,
     /// Writeback batches completed.
     pub writeback_batches: u64,
+    /// Persistent log records written (plog mode).
+    pub plog_records: u64,
 }
 
 /// One block of a segment in memory. `data` is the block's index among
@@ -175,6 +198,8 @@ struct OpenSeg {
     entries: Vec<Meta>,
     map: HashMap<u64, usize>,
     data: Vec<u8>,
+    /// Entries changed since the last plog record (plog mode only).
+    pending: BTreeSet<usize>,
 }
 
 impl OpenSeg {
@@ -184,11 +209,52 @@ impl OpenSeg {
             entries: Vec::new(),
             map: HashMap::new(),
             data: Vec::new(),
+            pending: BTreeSet::new(),
         }
     }
 
     fn data_used(&self) -> usize {
         self.data.len() / BU
+    }
+
+    /// Put a block replayed from the plog (None: a zero block), replacing
+    /// this segment's version of it; the caller checked there is room.
+    fn put_replayed(&mut self, e: &Entry, block: Option<&[u8]>, index: &mut HashMap<u64, Loc>) {
+        let old = self.map.get(&e.lba).copied();
+        let data = block.map(|b| {
+            let d = match old.and_then(|i| self.entries[i].data) {
+                Some(d) => d,
+                None => {
+                    self.data.extend_from_slice(&[0u8; BU]);
+                    (self.data_used() - 1) as u16
+                }
+            };
+            let at = usize::from(d) * BU;
+            self.data[at..at + BU].copy_from_slice(b);
+            d
+        });
+        let m = Meta {
+            lba: e.lba,
+            dirty: e.dirty,
+            data,
+            trim: false,
+        };
+        match old {
+            Some(i) => self.entries[i] = m,
+            None => {
+                self.map.insert(e.lba, self.entries.len());
+                self.entries.push(m);
+            }
+        }
+        index.insert(
+            e.lba,
+            Loc {
+                seg: self.id,
+                data,
+                dirty: e.dirty,
+                trim: false,
+            },
+        );
     }
 }
 
@@ -213,6 +279,7 @@ struct Counters {
     read_misses: u64,
     written_back_blocks: u64,
     writeback_batches: u64,
+    plog_records: u64,
 }
 
 struct State {
@@ -226,6 +293,17 @@ struct State {
     /// Every segment up to this id is written and a cache flush followed.
     durable_id: u64,
     wm_seq: u64,
+    /// Blocks put into open segments so far (a generation counter).
+    wgen: u64,
+    /// Every block put up to this generation is durable (plog mode).
+    synced_gen: u64,
+    /// The segment id the plog's records belong to (0: none yet), the
+    /// sequence number of the last record and where the next one goes.
+    plog_seg: u64,
+    plog_seq: u64,
+    plog_pos: u64,
+    /// Someone is writing a plog record or flushing the cache device for
+    /// a FLUSH.
     flushing: bool,
     drain_to: u64,
     error: Option<Arc<WbError>>,
@@ -274,6 +352,90 @@ fn random_id() -> [u8; 16] {
         id[0] ^= (&id as *const _ as usize) as u8;
     }
     id
+}
+
+/// What replaying the plog found.
+struct PlogReplay {
+    /// Records accepted (the last one's sequence number).
+    seq: u64,
+    /// Where the next record goes.
+    pos: u64,
+    /// Whether stale record headers were erased (a cache flush is due).
+    erased: bool,
+}
+
+/// Replay the plog records of segment `open.id` (in order, seq 1, 2, ...,
+/// up to the first bad one) into the open segment and the index, then
+/// erase the headers of records after them that could be taken for a
+/// continuation later (this cache's, for a segment id >= `open.id`).
+fn replay_plog(
+    cache: &dyn BlockDev,
+    cid: &[u8; 16],
+    blocks: u64,
+    open: &mut OpenSeg,
+    index: &mut HashMap<u64, Loc>,
+) -> Result<PlogReplay> {
+    let mut region = vec![0u8; (RING_OFFSET - PLOG_OFFSET) as usize];
+    cache
+        .read_at(&mut region, PLOG_OFFSET)
+        .map_err(|e| WbError::io(Place::Plog { segment: 0, seq: 0 }, e))?;
+    let mut pos = 0usize;
+    let mut seq = 0u64;
+    while pos + BU <= region.len() {
+        let Some(h) = PlogHeader::decode(&region[pos..pos + BU], cid, blocks) else {
+            break;
+        };
+        if h.segment_id != open.id || h.seq != seq + 1 {
+            break;
+        }
+        let end = pos + (1 + h.data_blocks()) * BU;
+        if end > region.len() || !h.check_crc(&region[pos + BU..end]) {
+            break;
+        }
+        let new = h
+            .entries
+            .iter()
+            .filter(|e| !open.map.contains_key(&e.lba))
+            .count();
+        if open.entries.len() + new > DATA_BLOCKS {
+            break;
+        }
+        let mut at = pos + BU;
+        for e in &h.entries {
+            let block = if e.zero {
+                None
+            } else {
+                at += BU;
+                Some(&region[at - BU..at])
+            };
+            open.put_replayed(e, block, index);
+        }
+        seq = h.seq;
+        pos = end;
+    }
+    let mut erased = false;
+    let mut p = pos;
+    while p + BU <= region.len() {
+        if PlogHeader::peek_segment(&region[p..p + BU], cid).is_some_and(|s| s >= open.id) {
+            let off = PLOG_OFFSET + p as u64;
+            cache.write_at(&[0u8; BU], off, false).map_err(|e| {
+                WbError::io(
+                    Place::Plog {
+                        segment: open.id,
+                        seq: 0,
+                    },
+                    e,
+                )
+            })?;
+            erased = true;
+        }
+        p += BU;
+    }
+    Ok(PlogReplay {
+        seq,
+        pos: PLOG_OFFSET + pos as u64,
+        erased,
+    })
 }
 
 /// Dirty bits of the sectors `off..off + len` of a block.
@@ -333,6 +495,14 @@ impl WbCache {
                 .write_at(&zero, *off, false)
                 .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
         }
+        // An empty persistent log (zeroes read as no record).
+        cache
+            .write_at(
+                &vec![0u8; (RING_OFFSET - PLOG_OFFSET) as usize],
+                PLOG_OFFSET,
+                false,
+            )
+            .map_err(|e| WbError::io(Place::Plog { segment: 0, seq: 0 }, e))?;
         cache
             .flush()
             .map_err(|e| WbError::io(Place::CacheFlush, e))?;
@@ -467,6 +637,12 @@ impl WbCache {
                 }
             }
         }
+        // Replay the persistent log into the open segment, and erase the
+        // headers of stale records after it.
+        let mut open = OpenSeg::new(last + 1);
+        let plog = replay_plog(&*cache, &cid, blocks, &mut open, &mut index)?;
+        erased |= plog.erased;
+
         if erased {
             cache
                 .flush()
@@ -474,7 +650,7 @@ impl WbCache {
         }
 
         let state = State {
-            open: OpenSeg::new(last + 1),
+            open,
             sealed: VecDeque::new(),
             written,
             index,
@@ -483,6 +659,11 @@ impl WbCache {
             last_written_id: last,
             durable_id: last,
             wm_seq: wm.seq,
+            wgen: 0,
+            synced_gen: 0,
+            plog_seg: if plog.seq > 0 { last + 1 } else { 0 },
+            plog_seq: plog.seq,
+            plog_pos: plog.pos,
             flushing: false,
             drain_to: 0,
             error: None,
@@ -543,6 +724,7 @@ impl WbCache {
             read_misses: st.counters.read_misses,
             written_back_blocks: st.counters.written_back_blocks,
             writeback_batches: st.counters.writeback_batches,
+            plog_records: st.counters.plog_records,
         }
     }
 
@@ -555,7 +737,7 @@ impl WbCache {
     /// every write acknowledged before the call is on the backing device,
     /// flushed, and the watermark saying so is durable.
     pub fn drain(&self) -> Result<()> {
-        self.inner.flush_log()?;
+        self.inner.flush_seal()?;
         let inner = &self.inner;
         let mut st = lock(&inner.state);
         let target = st.last_sealed_id;
@@ -577,7 +759,7 @@ impl WbCache {
 
     /// Flush and stop the background threads (does not write back).
     pub fn close(mut self) -> Result<()> {
-        let r = self.inner.flush_log();
+        let r = self.inner.flush_seal();
         self.shutdown();
         r
     }
@@ -605,7 +787,7 @@ impl Drop for WbCache {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             // Best effort: a caller who cares about the error calls close().
-            let _ = self.inner.flush_log();
+            let _ = self.inner.flush_seal();
             self.shutdown();
         }
     }
@@ -722,6 +904,10 @@ impl Inner {
                         },
                     };
                     st.open.entries[i] = new;
+                    if self.cfg.plog {
+                        st.open.pending.insert(i);
+                    }
+                    st.wgen += 1;
                     st.index.insert(
                         lba,
                         Loc {
@@ -752,8 +938,13 @@ impl Inner {
                         trim,
                     },
                 };
-                st.open.map.insert(lba, st.open.entries.len());
+                let i = st.open.entries.len();
+                st.open.map.insert(lba, i);
                 st.open.entries.push(new);
+                if self.cfg.plog {
+                    st.open.pending.insert(i);
+                }
+                st.wgen += 1;
                 st.index.insert(
                     lba,
                     Loc {
@@ -927,9 +1118,18 @@ impl Inner {
         Ok(())
     }
 
+    /// What FLUSH does: in plog mode append a plog record, else seal.
+    fn flush_log(&self) -> Result<()> {
+        if self.cfg.plog {
+            self.flush_plog()
+        } else {
+            self.flush_seal()
+        }
+    }
+
     /// Seal the open segment, wait until it and all before it are written,
     /// and flush the cache device (shared with concurrent callers).
-    fn flush_log(&self) -> Result<()> {
+    fn flush_seal(&self) -> Result<()> {
         let mut st = lock(&self.state);
         loop {
             Self::failed(&st)?;
@@ -971,6 +1171,177 @@ impl Inner {
             }
             st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// FLUSH in plog mode: every block put before the call becomes durable,
+    /// in a plog record or a sealed segment. One caller at a time leads
+    /// (writes one record for everyone's blocks and flushes the cache
+    /// device once); the others wait for it and are done if it covered
+    /// them.
+    fn flush_plog(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        let my = st.wgen;
+        loop {
+            Self::failed(&st)?;
+            if st.synced_gen >= my {
+                return Ok(());
+            }
+            if st.stop {
+                return Err(WbError::Closed);
+            }
+            if !st.flushing {
+                st.flushing = true;
+                st = self.lead_plog(st);
+                st.flushing = false;
+                self.cv.notify_all();
+                continue;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// One plog group commit (the caller set `flushing`): take the open
+    /// segment's pending blocks into a record (or seal the segment when
+    /// the plog cannot take the record), wait for the sealed segments to
+    /// be written, write the record and flush the cache device. Failures
+    /// are recorded in the state.
+    fn lead_plog<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        struct Rec {
+            pos: u64,
+            seg: u64,
+            seq: u64,
+            restart: bool,
+            image: Vec<u8>,
+        }
+        let rec = loop {
+            if st.error.is_some() || st.stop {
+                return st;
+            }
+            if st.open.pending.is_empty() {
+                break None;
+            }
+            let restart = st.plog_seg != st.open.id;
+            let pos = if restart { PLOG_OFFSET } else { st.plog_pos };
+            let open = &st.open;
+            let ndata = open
+                .pending
+                .iter()
+                .filter(|&&i| open.entries[i].data.is_some())
+                .count() as u64;
+            if pos + (1 + ndata) * B <= RING_OFFSET {
+                let mut entries = Vec::with_capacity(open.pending.len());
+                let mut data = Vec::with_capacity(ndata as usize * BU);
+                for &i in &open.pending {
+                    let m = open.entries[i];
+                    if let Some(d) = m.data {
+                        let at = usize::from(d) * BU;
+                        data.extend_from_slice(&open.data[at..at + BU]);
+                    }
+                    entries.push(Entry {
+                        lba: m.lba,
+                        dirty: m.dirty,
+                        zero: m.data.is_none(),
+                    });
+                }
+                let seg = open.id;
+                let seq = if restart { 1 } else { st.plog_seq + 1 };
+                let image = format::encode_plog_record(&self.cache_id, seg, seq, &entries, &data);
+                st.open.pending.clear();
+                st.plog_seg = seg;
+                st.plog_seq = seq;
+                st.plog_pos = pos + image.len() as u64;
+                break Some(Rec {
+                    pos,
+                    seg,
+                    seq,
+                    restart,
+                    image,
+                });
+            }
+            // The plog is full: the segment goes to the ring instead.
+            if self.can_seal(&st) {
+                self.seal(&mut st);
+                break None;
+            }
+            self.cv.notify_all();
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        // Every block put so far is in the record, an earlier record or a
+        // sealed segment; wait until the sealed ones are written, so that
+        // the device flush covers them.
+        let gen = st.wgen;
+        let target = st.last_sealed_id;
+        loop {
+            if st.error.is_some() {
+                return st;
+            }
+            if st.last_written_id >= target {
+                break;
+            }
+            if st.stop {
+                return st;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let behind = st.durable_id < target;
+        if rec.is_none() && !behind {
+            st.synced_gen = st.synced_gen.max(gen);
+            return st;
+        }
+        let written = st.last_written_id;
+        drop(st);
+        let r = match &rec {
+            Some(rec) => self.write_plog_record(
+                &rec.image,
+                rec.pos,
+                Place::Plog {
+                    segment: rec.seg,
+                    seq: rec.seq,
+                },
+                // The first record of a segment id overwrites the records
+                // of the previous one: that segment must be durable first.
+                rec.restart && behind,
+            ),
+            None => self
+                .cache
+                .flush()
+                .map_err(|e| WbError::io(Place::CacheFlush, e)),
+        };
+        let mut st = lock(&self.state);
+        match r {
+            Ok(()) => {
+                st.durable_id = st.durable_id.max(written);
+                st.synced_gen = st.synced_gen.max(gen);
+                if rec.is_some() {
+                    st.counters.plog_records += 1;
+                }
+            }
+            Err(e) => self.fail(&mut st, e),
+        }
+        st
+    }
+
+    /// Write a plog record at `pos` and flush the cache device (first too
+    /// when `flush_first`).
+    fn write_plog_record(
+        &self,
+        image: &[u8],
+        pos: u64,
+        place: Place,
+        flush_first: bool,
+    ) -> Result<()> {
+        let flush = || {
+            self.cache
+                .flush()
+                .map_err(|e| WbError::io(Place::CacheFlush, e))
+        };
+        if flush_first {
+            flush()?;
+        }
+        self.cache
+            .write_at(image, pos, false)
+            .map_err(|e| WbError::io(place, e))?;
+        flush()
     }
 
     /// The flusher thread: write sealed segments to their slots, in order.

@@ -65,14 +65,19 @@ fn config() -> WbConfig {
         dirty_high: 0.5,
         idle_writeback: Duration::from_millis(5),
         max_sealed_in_ram: 1,
+        plog: false,
     }
 }
 
 fn run(ops: &[Op]) -> cairn_wbcache::WbStatus {
+    run_with(ops, config())
+}
+
+fn run_with(ops: &[Op], cfg: WbConfig) -> cairn_wbcache::WbStatus {
     let cache_dev = Arc::new(MemDev::new((RING_OFFSET + 3 * SEGMENT_BYTES) as usize));
     let backing = Arc::new(MemDev::new(BACKING as usize));
     WbCache::format(&*cache_dev, BACKING, &FormatOptions::default()).unwrap();
-    let wb = WbCache::open(cache_dev.clone(), backing.clone(), config()).unwrap();
+    let wb = WbCache::open(cache_dev.clone(), backing.clone(), cfg.clone()).unwrap();
     let mut model = vec![0u8; BACKING as usize];
     for op in ops {
         match *op {
@@ -115,7 +120,7 @@ fn run(ops: &[Op]) -> cairn_wbcache::WbStatus {
     wb.close().unwrap();
 
     // Reopen: nothing to replay beyond the watermark, still the same.
-    let wb = WbCache::open(cache_dev, backing, config()).unwrap();
+    let wb = WbCache::open(cache_dev, backing, cfg).unwrap();
     let mut all = vec![0u8; BACKING as usize];
     wb.read_at(&mut all, 0).unwrap();
     assert!(all == model, "after reopen");
@@ -129,6 +134,11 @@ proptest! {
     #[test]
     fn behaves_like_a_byte_vector(ops in prop::collection::vec(op(), 1..120)) {
         run(&ops);
+    }
+
+    #[test]
+    fn behaves_like_a_byte_vector_in_plog_mode(ops in prop::collection::vec(op(), 1..120)) {
+        run_with(&ops, WbConfig { plog: true, ..config() });
     }
 }
 

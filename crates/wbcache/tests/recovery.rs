@@ -21,6 +21,7 @@ fn lazy() -> WbConfig {
         dirty_high: 1.0,
         idle_writeback: Duration::from_secs(3600),
         max_sealed_in_ram: 2,
+        plog: false,
     }
 }
 
@@ -292,7 +293,7 @@ fn bad_superblocks_are_refused_clearly() {
     let mut sb = vec![0u8; 4096];
     cache.read_at(&mut sb, 0).unwrap();
     let mut newer = sb.clone();
-    newer[8..12].copy_from_slice(&2u32.to_le_bytes());
+    newer[8..12].copy_from_slice(&(cairn_wbcache::format::FORMAT_VERSION + 1).to_le_bytes());
     let crc = crc32c::crc32c(&newer[..64]);
     newer[64..68].copy_from_slice(&crc.to_le_bytes());
     cache.write_at(&newer, 0, false).unwrap();
@@ -303,8 +304,8 @@ fn bad_superblocks_are_refused_clearly() {
         matches!(
             e,
             WbError::UnsupportedVersion {
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             }
         ),
         "{e}"
@@ -406,5 +407,30 @@ fn concurrent_flushes_share_device_flushes() {
     assert!(used < 40, "{used} device flushes for 40 flushes");
     for t in 0..8u64 {
         assert_eq!(read_block(&wb, t * 100 + 4), block(t as u8));
+    }
+}
+
+/// A version 1 cache (before the persistent log; its plog region never
+/// written) opens, replays its segments and serves them, in both modes.
+#[test]
+fn version_1_cache_is_read() {
+    let (cache, backing) = devs(3);
+    let wb = open(&cache, &backing);
+    wb.write_at(&block(5), 8192, false).unwrap();
+    wb.flush().unwrap();
+    wb.crash();
+    let mut sb = vec![0u8; 4096];
+    cache.read_at(&mut sb, 0).unwrap();
+    sb[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&sb[..64]);
+    sb[64..68].copy_from_slice(&crc.to_le_bytes());
+    // Version 1 left the plog region as mkfs-time garbage or zeroes.
+    cache.write_at(&sb, 0, false).unwrap();
+    cache.write_at(&[0xa5; 8192], 64 << 10, false).unwrap();
+    for plog in [false, true] {
+        let wb =
+            WbCache::open(cache.clone(), backing.clone(), WbConfig { plog, ..lazy() }).unwrap();
+        assert_eq!(read_block(&wb, 2), block(5), "plog {plog}");
+        wb.crash();
     }
 }
