@@ -4,48 +4,22 @@
 // Tests fail loudly on any error.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 use cairn_blockdev::{BlockDev, FaultDev, FaultPlan, MemDev, Op, Tear, When};
 use cairn_wbcache::{
     segment_offset, FormatOptions, WbCache, WbConfig, WbError, RING_OFFSET, SEGMENT_BYTES,
 };
+use common::{block, devs, lazy_config, read_block, BACKING};
 use std::sync::Arc;
 use std::time::Duration;
 
-const BACKING: u64 = 4 << 20;
-
-/// A config under which writeback runs only when asked (drain) or when
-/// the ring is nearly full.
+/// Writeback only when asked (drain) or when the ring is nearly full.
 fn lazy() -> WbConfig {
-    WbConfig {
-        batch: 32,
-        dirty_high: 1.0,
-        idle_writeback: Duration::from_secs(3600),
-        max_sealed_in_ram: 2,
-        plog: false,
-    }
-}
-
-fn devs(segments: u64) -> (Arc<MemDev>, Arc<MemDev>) {
-    let cache = Arc::new(MemDev::new(
-        (RING_OFFSET + segments * SEGMENT_BYTES) as usize,
-    ));
-    let backing = Arc::new(MemDev::new(BACKING as usize));
-    WbCache::format(&*cache, BACKING, &FormatOptions::default()).unwrap();
-    (cache, backing)
+    lazy_config(false)
 }
 
 fn open(cache: &Arc<MemDev>, backing: &Arc<MemDev>) -> WbCache {
     WbCache::open(cache.clone(), backing.clone(), lazy()).unwrap()
-}
-
-fn block(tag: u8) -> Vec<u8> {
-    (0..4096u32).map(|i| (i as u8) ^ tag).collect()
-}
-
-fn read_block(wb: &WbCache, lba: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    wb.read_at(&mut b, lba * 4096).unwrap();
-    b
 }
 
 #[test]
