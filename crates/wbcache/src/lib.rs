@@ -181,6 +181,18 @@ struct Meta {
     trim: bool,
 }
 
+impl Meta {
+    /// A block that reads as zeroes (from write-zeroes, or a trim).
+    fn zero(lba: u64, trim: bool) -> Meta {
+        Meta {
+            lba,
+            dirty: 0xff,
+            data: None,
+            trim,
+        }
+    }
+}
+
 /// Where a block's newest version is.
 #[derive(Debug, Clone, Copy)]
 struct Loc {
@@ -817,6 +829,24 @@ impl Inner {
             && st.open.id <= st.clean_id + self.segment_count
     }
 
+    /// Entry `i` of the open segment (segment `id`) now holds `new`: mark
+    /// it for the next plog record and point the index at it.
+    fn logged(&self, st: &mut State, i: usize, id: u64, new: Meta) {
+        if self.cfg.plog {
+            st.open.pending.insert(i);
+        }
+        st.wgen += 1;
+        st.index.insert(
+            new.lba,
+            Loc {
+                seg: id,
+                data: new.data,
+                dirty: new.dirty,
+                trim: new.trim,
+            },
+        );
+    }
+
     /// Seal the (non-empty) open segment and queue it for the flusher.
     fn seal(&self, st: &mut State) {
         let id = st.open.id;
@@ -896,27 +926,10 @@ impl Inner {
                                 trim: false,
                             }
                         }
-                        None => Meta {
-                            lba,
-                            dirty: 0xff,
-                            data: None,
-                            trim,
-                        },
+                        None => Meta::zero(lba, trim),
                     };
                     st.open.entries[i] = new;
-                    if self.cfg.plog {
-                        st.open.pending.insert(i);
-                    }
-                    st.wgen += 1;
-                    st.index.insert(
-                        lba,
-                        Loc {
-                            seg: id,
-                            data: new.data,
-                            dirty: new.dirty,
-                            trim: new.trim,
-                        },
-                    );
+                    self.logged(st, i, id, new);
                     return Ok(());
                 }
             } else if st.open.entries.len() < DATA_BLOCKS && (data.is_none() || room) {
@@ -931,29 +944,12 @@ impl Inner {
                             trim: false,
                         }
                     }
-                    None => Meta {
-                        lba,
-                        dirty: 0xff,
-                        data: None,
-                        trim,
-                    },
+                    None => Meta::zero(lba, trim),
                 };
                 let i = st.open.entries.len();
                 st.open.map.insert(lba, i);
                 st.open.entries.push(new);
-                if self.cfg.plog {
-                    st.open.pending.insert(i);
-                }
-                st.wgen += 1;
-                st.index.insert(
-                    lba,
-                    Loc {
-                        seg: id,
-                        data: new.data,
-                        dirty: new.dirty,
-                        trim: new.trim,
-                    },
-                );
+                self.logged(st, i, id, new);
                 return Ok(());
             }
             // The open segment is full.
