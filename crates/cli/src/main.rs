@@ -51,7 +51,7 @@ enum Command {
     Stats(repo_cmd::StatsArgs),
     /// Export repository images, files and devices over NBD.
     Serve(serve::ServeArgs),
-    /// Status, drain or detach of a write-back cache not in use by a server.
+    /// Status, drain or detach of a write-back cache (of a running server: --control).
     Cache(cache_cmd::CacheArgs),
 }
 
