@@ -23,7 +23,7 @@ impl MemDev {
 
     /// A copy of the contents.
     pub fn contents(&self) -> Vec<u8> {
-        self.data.read().map(|d| d.clone()).unwrap_or_default()
+        self.data.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn fill(&self, op: Op, offset: u64, len: u64) -> Result<()> {
@@ -36,7 +36,7 @@ impl MemDev {
 
 impl BlockDev for MemDev {
     fn size(&self) -> u64 {
-        self.data.read().map_or(0, |d| d.len() as u64)
+        self.data.read().unwrap_or_else(|p| p.into_inner()).len() as u64
     }
 
     fn caps(&self) -> Caps {

@@ -82,33 +82,27 @@ fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
     Ok(b.iter().all(|&x| x == 0))
 }
 
-/// Open the backing file at `path` (refusing `ro`: a cache writes back).
-pub(crate) fn open_backing(path: &Path, opts: FileOptions) -> Result<Arc<dyn BlockDev>> {
-    if opts.read_only {
-        bail!("a cache needs a writable backing file: drop `ro`");
-    }
-    let back = FileDev::open(path, opts)
-        .with_context(|| format!("cannot open the backing file {}", path.display()))?;
-    Ok(Arc::new(back))
-}
-
-/// Put the cache at `cache` in front of `backing`, formatting a blank
-/// cache.
+/// Put the cache at `cache` in front of `backing`. A blank cache device
+/// is formatted when `format_blank`, refused otherwise.
 pub(crate) fn open_cached(
     backing: Arc<dyn BlockDev>,
     cache: &Path,
     cfg: WbConfig,
-) -> Result<(Arc<WbCache>, CacheLock)> {
+    format_blank: bool,
+) -> Result<(WbCache, CacheLock)> {
     let lock = lock_cache(cache)?;
     let dev = FileDev::open(cache, FileOptions::default())
         .with_context(|| format!("cannot open the cache {}", cache.display()))?;
     if is_blank(&dev)? {
+        if !format_blank {
+            bail!("{} is not a cairn cache (blank)", cache.display());
+        }
         WbCache::format(&dev, backing.size(), &FormatOptions::default())
             .with_context(|| format!("cannot format the cache {}", cache.display()))?;
     }
     let wb = WbCache::open(Arc::new(dev), backing, cfg)
         .with_context(|| format!("cache {}", cache.display()))?;
-    Ok((Arc::new(wb), lock))
+    Ok((wb, lock))
 }
 
 /// A configuration that writes nothing back on its own (for `status`).
@@ -135,12 +129,6 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     let (Some(cache), Some(backing)) = (&t.cache, &t.backing) else {
         bail!("name the cache with --cache CACHE --backing FILE, or a server with --control SOCK");
     };
-    let probe = FileDev::open(cache, FileOptions::default())
-        .with_context(|| format!("cannot open the cache {}", cache.display()))?;
-    if is_blank(&probe)? {
-        bail!("{} is not a cairn cache (blank)", cache.display());
-    }
-    drop(probe);
     if t.batch == 0 {
         bail!("--batch must be at least 1");
     }
@@ -152,7 +140,10 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     } else {
         quiet_config()
     };
-    let mut backing = open_backing(backing, FileOptions::default())?;
+    let mut backing: Arc<dyn BlockDev> = Arc::new(
+        FileDev::open(backing, FileOptions::default())
+            .with_context(|| format!("cannot open the backing file {}", backing.display()))?,
+    );
     if t.hdd {
         backing = Arc::new(FaultDev::with_rotational(
             backing,
@@ -160,14 +151,11 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         ));
     }
     let started = std::time::Instant::now();
-    let (wb, lock) = open_cached(backing, cache, cfg)?;
+    let (wb, lock) = open_cached(backing, cache, cfg, false)?;
     if drain {
         wb.drain().context("drain")?;
     }
     let status = wb.status();
-    let Ok(wb) = Arc::try_unwrap(wb) else {
-        bail!("internal error: the cache is still shared");
-    };
     wb.close().context("close the cache")?;
     if detach {
         let dev = FileDev::open(cache, FileOptions::default())

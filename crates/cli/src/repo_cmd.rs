@@ -476,7 +476,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         let is_device = std::fs::metadata(&a.dest)
             .map(|m| m.file_type().is_block_device())
             .unwrap_or(false);
-        if crate::files::is_special(&a.dest) && !is_device {
+        if !is_device && crate::files::is_special(&a.dest) {
             // A character device (/dev/null) or a FIFO: written in order,
             // in place; never replaced by a file.
             let mut out = crate::files::open_special(&a.dest)?;

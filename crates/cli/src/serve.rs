@@ -155,8 +155,9 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 plog: a.cache_plog,
                 ..WbConfig::default()
             };
-            let (wb, lock) = crate::cache_cmd::open_cached(dev, c, cfg)
+            let (wb, lock) = crate::cache_cmd::open_cached(dev, c, cfg, true)
                 .with_context(|| format!("--file {spec}"))?;
+            let wb = Arc::new(wb);
             caches.push((c.clone(), wb.clone(), lock, f.name.clone()));
             description.push_str(&format!(", cached on {}", c.display()));
             dev = wb;
@@ -243,6 +244,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     // in their log); stop the caches' threads.
     drop(server);
     for (path, wb, lock, _) in caches {
+        // The server and the control thread are gone, so this is the last
+        // reference; were it not, the cache's Drop would flush and stop it.
         if let Ok(wb) = Arc::try_unwrap(wb) {
             wb.close()
                 .with_context(|| format!("close the cache {}", path.display()))?;

@@ -104,6 +104,19 @@ fn start(d: &Path, plog: bool) -> Child {
     child
 }
 
+/// `cairn cache ARGS --cache d/cache.dev --backing d/back.raw`.
+fn offline(d: &Path, args: &[&str]) -> std::process::Output {
+    cairn()
+        .arg("cache")
+        .args(args)
+        .arg("--cache")
+        .arg(d.join("cache.dev"))
+        .arg("--backing")
+        .arg(d.join("back.raw"))
+        .output()
+        .unwrap()
+}
+
 /// The content a block has after write `seq` (see CLIENT).
 fn pattern(seq: u64, blk: u64) -> Vec<u8> {
     let mut one = seq.to_le_bytes().to_vec();
@@ -241,13 +254,7 @@ fn crash_rounds(plog: bool) {
         "the kills should mostly land between flushes ({killed_mid_write} of {rounds})"
     );
     // Drain offline: the backing file alone equals the model.
-    let out = cairn()
-        .args(["cache", "drain", "--json", "--cache"])
-        .arg(d.join("cache.dev"))
-        .arg("--backing")
-        .arg(d.join("back.raw"))
-        .output()
-        .unwrap();
+    let out = offline(d, &["drain", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -261,22 +268,15 @@ fn crash_rounds(plog: bool) {
         "backing file differs from the model after drain"
     );
     // Detach wipes the superblock; status then refuses the cache.
-    let out = cairn()
-        .args(["cache", "detach", "--cache"])
-        .arg(d.join("cache.dev"))
-        .arg("--backing")
-        .arg(d.join("back.raw"))
-        .output()
-        .unwrap();
+    let out = offline(d, &["detach"]);
     assert!(out.status.success());
-    let out = cairn()
-        .args(["cache", "status", "--cache"])
-        .arg(d.join("cache.dev"))
-        .arg("--backing")
-        .arg(d.join("back.raw"))
-        .output()
-        .unwrap();
+    let out = offline(d, &["status"]);
     assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a cairn cache"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(std::fs::read(d.join("back.raw")).unwrap(), model);
 }
 

@@ -275,7 +275,12 @@ impl Server {
 /// Serve one client. Returns what went wrong if the client broke the
 /// protocol or the socket failed.
 fn connection(mut stream: Stream, exports: &[Export], config: &ServerConfig) -> Option<String> {
-    let _ = stream.set_read_timeout(Some(config.handshake_timeout));
+    // Without the timeout a client stalled in the handshake would hold
+    // this thread forever; without clearing it, an idle client would be
+    // cut off: either failure ends the connection.
+    if let Err(e) = stream.set_read_timeout(Some(config.handshake_timeout)) {
+        return Some(format!("cannot set the handshake timeout: {e}"));
+    }
     let neg = match negotiate(&mut stream, exports, config.max_request) {
         Ok(Some(n)) => n,
         Ok(None) => return None,
@@ -293,7 +298,9 @@ fn connection(mut stream: Stream, exports: &[Export], config: &ServerConfig) -> 
         }
         Err(e) => return Some(format!("handshake: {e}")),
     };
-    let _ = stream.set_read_timeout(None);
+    if let Err(e) = stream.set_read_timeout(None) {
+        return Some(format!("cannot clear the handshake timeout: {e}"));
+    }
     let export = &exports[neg.export];
     let Ok(reader) = stream.try_clone() else {
         return Some("cannot clone the socket".into());

@@ -288,13 +288,7 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, oversized: bool) -> Result<(), 
     let size = sh.export.dev.size();
     let end = req.offset.checked_add(u64::from(req.len));
     let writes = matches!(req.kind, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES);
-    if !matches!(
-        req.kind,
-        cmd::READ | cmd::WRITE | cmd::FLUSH | cmd::TRIM | cmd::CACHE | cmd::WRITE_ZEROES
-    ) && req.kind != cmd::BLOCK_STATUS
-    {
-        return Err(err::EINVAL);
-    }
+    // Unknown commands are refused by `handle` itself.
     if writes && sh.export.is_read_only() {
         return Err(err::EPERM);
     }
@@ -304,7 +298,11 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, oversized: bool) -> Result<(), 
     if req.flags & cflag::FAST_ZERO != 0 && req.kind != cmd::WRITE_ZEROES {
         return Err(err::EINVAL);
     }
-    if req.kind != cmd::FLUSH && end.is_none_or(|e| e > size) {
+    let ranged = matches!(
+        req.kind,
+        cmd::READ | cmd::WRITE | cmd::TRIM | cmd::CACHE | cmd::WRITE_ZEROES | cmd::BLOCK_STATUS
+    );
+    if ranged && end.is_none_or(|e| e > size) {
         return Err(if writes { err::ENOSPC } else { err::EINVAL });
     }
     if req.kind == cmd::BLOCK_STATUS && (!sh.neg.base_allocation || req.len == 0) {
@@ -347,9 +345,6 @@ fn block_status_reply(out: &mut Vec<u8>, req: &Request, extents: &[cairn_blockde
     if descs.is_empty() {
         // The device reported nothing: the conservative answer.
         descs.push((req.len, 0));
-    }
-    if req.flags & cflag::REQ_ONE != 0 {
-        descs.truncate(1);
     }
     proto::chunk_header(
         out,

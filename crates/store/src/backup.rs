@@ -559,6 +559,26 @@ fn combine(parts: Vec<IndexFile>) -> IndexFile {
 mod tests {
     use super::*;
 
+    /// Regression: with one shared queue, whichever writer woke first took
+    /// every batch, so small backups all landed on one target.
+    #[test]
+    fn batches_go_to_the_least_busy_then_least_full_target() {
+        let load = TargetLoad::new(vec![100, 0, 0]);
+        // Idle targets: the emptier one first, ties by number.
+        assert_eq!(load.take(10), 1);
+        // Target 1 is busy now: the idle target 2 takes the next batch.
+        assert_eq!(load.take(10), 2);
+        // Both 1 and 2 are busy with 10; 0 is idle (though fuller).
+        assert_eq!(load.take(10), 0);
+        load.written(1, 10);
+        load.written(2, 10);
+        load.written(0, 10);
+        // All idle again: 1 and 2 hold 10 each, 0 holds 110.
+        assert_eq!(load.take(5), 1);
+        load.written(1, 5);
+        assert_eq!(load.take(5), 2);
+    }
+
     #[test]
     fn zero_test() {
         assert!(is_zero(&[]));
