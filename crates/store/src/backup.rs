@@ -131,9 +131,9 @@ struct Done {
 /// Records for the pack writers: bytes, and for each chunk (id, record
 /// offset, record length, offset in the record's group).
 #[derive(Default)]
-struct Blob {
-    bytes: Vec<u8>,
-    records: Vec<(ChunkId, u32, u32, u32)>,
+pub(crate) struct Blob {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) records: Vec<(ChunkId, u32, u32, u32)>,
 }
 
 /// How busy each target is. Each blob goes to the target with the fewest
@@ -192,7 +192,7 @@ impl Dispatch<'_> {
 }
 
 /// Bytes each target holds, by the index's pack table.
-fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> {
+pub(crate) fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> {
     let mut stored = vec![0u64; targets];
     for p in index.packs() {
         if let Some(s) = stored.get_mut(usize::from(p.target)) {
@@ -391,14 +391,14 @@ fn reader<'a>(
 
 /// New chunks waiting to be compressed together into one record.
 #[derive(Default)]
-struct Group {
-    raw: Vec<u8>,
-    table: Vec<(ChunkId, u32)>,
+pub(crate) struct Group {
+    pub(crate) raw: Vec<u8>,
+    pub(crate) table: Vec<(ChunkId, u32)>,
 }
 
 impl Group {
     /// Compress the group into a record at the end of `blob`.
-    fn flush(
+    pub(crate) fn flush(
         &mut self,
         blob: &mut Blob,
         codec: &mut dyn BlockCodec,

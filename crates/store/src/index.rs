@@ -197,7 +197,7 @@ impl Entry {
 }
 
 /// The repository's chunk index in memory.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ChunkIndex {
     entries: Vec<Entry>,
     packs: Vec<PackInfo>,

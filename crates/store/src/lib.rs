@@ -38,6 +38,7 @@
 pub mod backup;
 mod bytes;
 pub mod chunker;
+pub mod edit;
 pub mod error;
 pub mod gc;
 pub mod id;
@@ -52,6 +53,7 @@ pub mod verify;
 
 pub use backup::{backup, BackupOptions, BackupReport};
 pub use chunker::{ChunkerSpec, DEFAULT_CHUNKER};
+pub use edit::{EditReport, ImageEditor, Span};
 pub use error::{Result, StoreError};
 pub use gc::{gc, GcOptions, GcReport};
 pub use id::{ChunkId, PackId, RepoId};

@@ -78,6 +78,7 @@ mod ahead;
 mod cache;
 mod map;
 mod packs;
+mod writable;
 
 use ahead::{Job, Pool, Streams};
 use cache::{key, Cache, Loaded};
@@ -90,6 +91,7 @@ use cairn_store::{Repository, Result};
 use map::{ExtentMap, HOLE, MISSING};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+pub use writable::{WritableStats, WritableVolume};
 
 /// Most extents one `extents` call reports (a device may stop early).
 const MAX_EXTENTS: usize = 1 << 16;
@@ -143,6 +145,17 @@ impl RepoView {
         Ok(RepoView {
             repo,
             index,
+            _lock: lock,
+        })
+    }
+
+    /// Take the read lock and use `index` (a writer's index, already in
+    /// memory) instead of loading one.
+    pub fn with_index(repo: Arc<Repository>, index: LoadedIndex) -> Result<RepoView> {
+        let lock = repo.lock_read()?;
+        Ok(RepoView {
+            repo,
+            index: Arc::new(index),
             _lock: lock,
         })
     }
@@ -251,6 +264,13 @@ impl Volume {
     /// Extents (chunks and holes) in the image.
     pub fn extent_count(&self) -> usize {
         self.map.len()
+    }
+
+    /// The extent holding `offset` (clamped to the image): its start,
+    /// end, and whether it is a hole.
+    pub(crate) fn extent_at(&self, offset: u64) -> (u64, u64, bool) {
+        let k = self.map.find(offset.min(self.size.saturating_sub(1)));
+        (self.map.start(k), self.map.end(k), self.map.pos(k) == HOLE)
     }
 
     /// Cache and readahead figures so far.

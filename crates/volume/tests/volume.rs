@@ -13,19 +13,8 @@ use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+mod common;
+use common::Rng;
 
 /// About 6 MiB with long zero runs (holes), a block repeated five times
 /// (deduplicated chunks), text, and an odd size.

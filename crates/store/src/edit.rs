@@ -1,0 +1,455 @@
+//! `edit`: new snapshots of an image made from its latest one with some
+//! ranges replaced, copy-on-write. This is how an image becomes writable
+//! (`cairn serve --image NAME,cache=CACHE`: each writeback of the cache
+//! commits one snapshot).
+//!
+//! ```text
+//! ImageEditor::open   writer lock (held until dropped), writer index,
+//!                     the image's latest manifest
+//! commit(spans)       chunk each new span with the image's chunker, skip
+//!                     zero chunks (holes) and chunks already stored,
+//!                     compress the rest in groups into one pack on the
+//!                     least full target, fsync it, write its index file,
+//!                     then the new manifest (the commit point)
+//! ```
+//!
+//! A span replaces whole extents of the base: it starts and ends at an
+//! extent boundary, or inside a hole (holes can be cut anywhere; chunks
+//! cannot, because a manifest names whole chunks). The caller widens its
+//! writes to the chunks they touch and supplies their full new bytes.
+//! Unchanged parts of a rewritten chunk dedup against what is stored: the
+//! span is cut by the same chunker, so the cuts after a small change fall
+//! back on the old ones.
+//!
+//! Crash semantics are a backup's: before the manifest is renamed into
+//! place there is no new snapshot, only a pack that the next writer
+//! salvages.
+
+use crate::backup::{stored_per_target, Blob, Group, Progress};
+use crate::chunker::{Chunker, ChunkerSpec};
+use crate::error::{Result, StoreError};
+use crate::id::{ChunkId, PREFIX_LEN};
+use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
+use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
+use crate::pack::{PackWriter, MAX_GROUP_RAW};
+use crate::repo::{now_secs, Repository, WriterLock};
+use cairn_codec::{BlockCodec, CodecSpec};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A range of the image with its new contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// Where it starts in the image.
+    pub offset: u64,
+    /// How long it is.
+    pub len: u64,
+    /// The new bytes (`len` of them), or `None` for zeros.
+    pub data: Option<Vec<u8>>,
+}
+
+impl Span {
+    /// Where it ends.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len
+    }
+}
+
+/// What one commit stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EditReport {
+    /// The new snapshot's number.
+    pub snapshot: u64,
+    /// Bytes of the spans.
+    pub bytes: u64,
+    /// Chunks stored for the first time.
+    pub new_chunks: u64,
+    /// Their uncompressed bytes.
+    pub new_raw: u64,
+    /// What they take in the pack.
+    pub new_stored: u64,
+    /// Bytes of span chunks the repository already had.
+    pub dedup: u64,
+    /// Bytes of spans that are zeros (holes).
+    pub zero: u64,
+}
+
+/// The writer of new snapshots of one image.
+pub struct ImageEditor {
+    repo: Arc<Repository>,
+    lock: WriterLock,
+    index: ChunkIndex,
+    base: Manifest,
+    chunker: Chunker,
+    codec: Box<dyn BlockCodec>,
+    codec_spec: CodecSpec,
+    group_size: usize,
+}
+
+impl ImageEditor {
+    /// Take the repository's writer lock (waiting for it with `wait`) for
+    /// as long as the editor lives, load the writer index and the latest
+    /// snapshot of `name`. New chunks use the codec `codec`, or the one the
+    /// latest snapshot was made with.
+    pub fn open(
+        repo: Arc<Repository>,
+        name: &str,
+        codec: Option<CodecSpec>,
+        wait: bool,
+    ) -> Result<ImageEditor> {
+        let lock = repo.lock_writer(&format!("writing image {name}"), wait)?;
+        let index = repo.writer_index(&lock)?.index;
+        let latest = repo
+            .snapshots(name)?
+            .last()
+            .copied()
+            .ok_or_else(|| StoreError::Invalid(format!("image {name} has no snapshot")))?;
+        let base = repo.read_manifest(name, latest)?;
+        let path = repo.manifest_path(name, latest);
+        let bad = |what: &str, e: String| StoreError::Corrupt {
+            path: path.clone(),
+            offset: 0,
+            reason: format!("{what}: {e}"),
+        };
+        let spec: ChunkerSpec = base
+            .chunker
+            .parse()
+            .map_err(|e: StoreError| bad("chunker", e.to_string()))?;
+        let codec_spec = match codec {
+            Some(c) => c,
+            None => base
+                .codec
+                .parse()
+                .map_err(|e: cairn_codec::CodecError| bad("codec", e.to_string()))?,
+        };
+        Ok(ImageEditor {
+            repo,
+            lock,
+            index,
+            chunker: spec.validate()?.build(),
+            codec: codec_spec.build(),
+            codec_spec,
+            base,
+            group_size: crate::backup::DEFAULT_GROUP_SIZE,
+        })
+    }
+
+    /// The latest snapshot (the base of the next commit).
+    pub fn base(&self) -> &Manifest {
+        &self.base
+    }
+
+    /// The repository's chunk index, including every commit so far.
+    pub fn index(&self) -> &ChunkIndex {
+        &self.index
+    }
+
+    /// The repository.
+    pub fn repository(&self) -> &Arc<Repository> {
+        &self.repo
+    }
+
+    /// Commit `spans` (sorted, not overlapping, each starting and ending
+    /// at an extent boundary of the base or inside a hole) as the next
+    /// snapshot, which becomes the base. With no spans nothing is written.
+    pub fn commit(&mut self, spans: &[Span], source: &str) -> Result<EditReport> {
+        let started = Instant::now();
+        if spans.is_empty() {
+            return Ok(EditReport {
+                snapshot: self.base.snapshot,
+                ..EditReport::default()
+            });
+        }
+        self.check_spans(spans)?;
+        let mut report = EditReport::default();
+        let mut blob = Blob::default();
+        let mut totals = Progress::default();
+        let mut group = Group::default();
+        let mut claimed: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
+
+        // The new chunks of each data span, in span order.
+        let mut pieces: Vec<Vec<Extent>> = Vec::with_capacity(spans.len());
+        let mut ends = Vec::new();
+        for span in spans {
+            report.bytes += span.len;
+            let mut out = Vec::new();
+            let Some(data) = &span.data else {
+                out.push(Extent::Hole { len: span.len });
+                report.zero += span.len;
+                pieces.push(out);
+                continue;
+            };
+            ends.clear();
+            self.chunker.cut(data, true, &mut ends);
+            let mut prev = 0usize;
+            for &end in &ends {
+                let chunk = &data[prev..end as usize];
+                prev = end as usize;
+                let len = chunk.len() as u64;
+                if crate::backup::is_zero(chunk) {
+                    out.push(Extent::Hole { len });
+                    report.zero += len;
+                    continue;
+                }
+                let id = ChunkId::of(chunk);
+                out.push(Extent::Data {
+                    len: chunk.len() as u32,
+                    id,
+                });
+                if self.index.contains(&id) || !claimed.insert(id.prefix()) {
+                    report.dedup += len;
+                    continue;
+                }
+                if group.raw.len() + chunk.len() > MAX_GROUP_RAW {
+                    group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
+                }
+                group.raw.extend_from_slice(chunk);
+                group.table.push((id, chunk.len() as u32));
+                report.new_chunks += 1;
+                report.new_raw += len;
+                if group.raw.len() >= self.group_size {
+                    group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
+                }
+            }
+            pieces.push(out);
+        }
+        group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
+        report.new_stored = totals.new_stored;
+
+        let file = self.write_pack(&mut blob)?;
+        self.repo.write_index(&self.lock, &file)?;
+        self.index.add_file(&file)?;
+        self.index.seal();
+
+        let extents = splice(&self.base, spans, pieces)?;
+        let snapshot = self
+            .repo
+            .snapshots(&self.base.name)?
+            .last()
+            .map_or(1, |n| n + 1);
+        let manifest = Manifest {
+            name: self.base.name.clone(),
+            snapshot,
+            created: now_secs(),
+            size: extents.size,
+            chunker: self.chunker.spec().to_string(),
+            codec: self.codec_spec.to_string(),
+            source: source.to_string(),
+            stats: SnapshotStats {
+                chunks: extents
+                    .extents
+                    .iter()
+                    .filter(|e| matches!(e, Extent::Data { .. }))
+                    .count() as u64,
+                new_chunks: report.new_chunks,
+                zero_bytes: extents
+                    .extents
+                    .iter()
+                    .filter(|e| matches!(e, Extent::Hole { .. }))
+                    .map(Extent::len)
+                    .sum(),
+                new_raw: report.new_raw,
+                new_stored: report.new_stored,
+                millis: started.elapsed().as_millis() as u64,
+            },
+            extents: extents.extents,
+        };
+        self.repo.write_manifest(&self.lock, &manifest)?;
+        report.snapshot = snapshot;
+        self.base = manifest;
+        Ok(report)
+    }
+
+    /// Spans sorted, apart, inside the image, of the length they say.
+    fn check_spans(&self, spans: &[Span]) -> Result<()> {
+        let mut at = 0u64;
+        for s in spans {
+            let bad = |why: &str| {
+                StoreError::Invalid(format!(
+                    "image {}: span {}..{}: {why}",
+                    self.base.name,
+                    s.offset,
+                    s.offset.saturating_add(s.len)
+                ))
+            };
+            if s.len == 0 {
+                return Err(bad("empty"));
+            }
+            if s.offset < at {
+                return Err(bad("overlaps the previous span or is out of order"));
+            }
+            if s.offset
+                .checked_add(s.len)
+                .is_none_or(|e| e > self.base.size)
+            {
+                return Err(bad(&format!("beyond the image's {} bytes", self.base.size)));
+            }
+            if s.data.as_ref().is_some_and(|d| d.len() as u64 != s.len) {
+                return Err(bad("data of another length"));
+            }
+            at = s.end();
+        }
+        Ok(())
+    }
+
+    /// Write the records in `blob` to one new pack on the least full
+    /// target; the index file for it (empty if `blob` is).
+    fn write_pack(&self, blob: &mut Blob) -> Result<IndexFile> {
+        let mut file = IndexFile::default();
+        if blob.records.is_empty() {
+            return Ok(file);
+        }
+        let stored = stored_per_target(&self.index, self.repo.targets().len());
+        let target = (0..stored.len()).min_by_key(|&t| stored[t]).unwrap_or(0);
+        let dir = self
+            .repo
+            .targets()
+            .get(target)
+            .ok_or_else(|| StoreError::Invalid("the repository has no target".to_string()))?;
+        let mut w = PackWriter::create(dir, self.repo.id())?;
+        let base = w.append(&blob.bytes)?;
+        for (id, at, len, slice) in blob.records.drain(..) {
+            file.entries.push((
+                id,
+                Location {
+                    pack: 0,
+                    offset: (base + u64::from(at)) as u32,
+                    len,
+                    slice,
+                },
+            ));
+        }
+        let (id, len) = w.finish()?;
+        file.packs.push(PackInfo {
+            id,
+            target: target as u16,
+            len,
+        });
+        Ok(file)
+    }
+}
+
+/// The base's extents with each span's range replaced by `pieces` (one
+/// list per span). Fails if a span cuts a data extent.
+fn splice(base: &Manifest, spans: &[Span], pieces: Vec<Vec<Extent>>) -> Result<ExtentList> {
+    let mut out = ExtentList::default();
+    let mut pieces = pieces.into_iter();
+    let mut k = 0usize;
+    let cut = |s: u64, ext: &Extent| {
+        StoreError::Invalid(format!(
+            "image {}: an edit cuts the chunk at {s}..{} (edits must cover whole chunks)",
+            base.name,
+            s + ext.len()
+        ))
+    };
+    for (s, ext) in base.with_offsets() {
+        let e = s + ext.len();
+        let mut at = s;
+        while at < e {
+            match spans.get(k) {
+                Some(sp) if sp.offset <= at => {
+                    if at == sp.offset {
+                        for p in pieces.next().into_iter().flatten() {
+                            out.push(p);
+                        }
+                    }
+                    if sp.end() < e && matches!(ext, Extent::Data { .. }) {
+                        return Err(cut(s, ext));
+                    }
+                    if sp.end() <= e {
+                        at = sp.end();
+                        k += 1;
+                    } else {
+                        at = e;
+                    }
+                }
+                next => {
+                    let stop = next.map_or(e, |sp| sp.offset.min(e));
+                    if at == s && stop == e {
+                        out.push(*ext);
+                    } else if matches!(ext, Extent::Hole { .. }) {
+                        out.push(Extent::Hole { len: stop - at });
+                    } else {
+                        return Err(cut(s, ext));
+                    }
+                    at = stop;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(extents: Vec<Extent>) -> Manifest {
+        let size = extents.iter().map(Extent::len).sum();
+        Manifest {
+            name: "t".into(),
+            snapshot: 1,
+            created: 0,
+            size,
+            chunker: "fixed:4096".into(),
+            codec: "none".into(),
+            source: String::new(),
+            stats: SnapshotStats::default(),
+            extents,
+        }
+    }
+
+    fn data(len: u32, b: u8) -> Extent {
+        Extent::Data {
+            len,
+            id: ChunkId::of(&[b]),
+        }
+    }
+
+    fn hole(len: u64) -> Extent {
+        Extent::Hole { len }
+    }
+
+    fn span(offset: u64, len: u64) -> Span {
+        Span {
+            offset,
+            len,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn splice_replaces_whole_extents_and_cuts_holes() {
+        let base = manifest(vec![data(10, 1), hole(100), data(10, 2), data(10, 3)]);
+        // A span over the first chunk, one inside the hole, one over the
+        // last two chunks.
+        let spans = [span(0, 10), span(40, 20), span(110, 20)];
+        let pieces = vec![vec![data(10, 9)], vec![data(20, 8)], vec![hole(20)]];
+        let got = splice(&base, &spans, pieces).unwrap();
+        assert_eq!(
+            got.extents,
+            vec![data(10, 9), hole(30), data(20, 8), hole(70)],
+            "holes on either side merge with the zero span"
+        );
+        assert_eq!(got.size, base.size);
+    }
+
+    #[test]
+    fn splice_spans_reaching_over_several_extents_and_across_holes() {
+        let base = manifest(vec![hole(50), data(10, 1), hole(50)]);
+        let spans = [span(45, 20)];
+        let got = splice(&base, &spans, vec![vec![data(20, 7)]]).unwrap();
+        assert_eq!(got.extents, vec![hole(45), data(20, 7), hole(45)]);
+    }
+
+    #[test]
+    fn splice_refuses_to_cut_a_chunk() {
+        let base = manifest(vec![data(10, 1), data(10, 2)]);
+        for s in [span(0, 5), span(5, 10), span(12, 8)] {
+            let err = splice(&base, std::slice::from_ref(&s), vec![vec![hole(s.len)]]).unwrap_err();
+            assert!(err.to_string().contains("cuts the chunk"), "{s:?}: {err}");
+        }
+        assert!(splice(&base, &[span(0, 20)], vec![vec![hole(20)]]).is_ok());
+    }
+}
