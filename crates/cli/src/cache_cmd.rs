@@ -32,14 +32,27 @@ pub(crate) enum CacheCommand {
 
 #[derive(Args, Debug)]
 pub(crate) struct CacheTarget {
-    /// The cache device or file (with --backing: a cache no server holds).
-    #[arg(long = "cache", value_name = "CACHE", requires = "backing")]
+    /// The cache device or file (with --backing or --image: a cache no
+    /// server holds).
+    #[arg(long = "cache", value_name = "CACHE")]
     pub cache: Option<PathBuf>,
     /// The backing file or device it caches.
     #[arg(long = "backing", value_name = "BACKING", requires = "cache")]
     pub backing: Option<PathBuf>,
+    /// The repository image it caches (instead of --backing; with --repo):
+    /// each writeback batch commits a new snapshot of it.
+    #[arg(
+        long = "image",
+        value_name = "NAME",
+        requires = "cache",
+        conflicts_with = "backing"
+    )]
+    pub image: Option<String>,
+    /// The repository of --image, also from $CAIRN_REPO.
+    #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
+    pub repo: Option<PathBuf>,
     /// Ask a running `cairn serve --control SOCK` instead (status, drain).
-    #[arg(long = "control", value_name = "SOCK", conflicts_with_all = ["cache", "backing"])]
+    #[arg(long = "control", value_name = "SOCK", conflicts_with_all = ["cache", "backing", "image"])]
     pub control: Option<PathBuf>,
     /// With --control: the export whose cache to drain.
     #[arg(long = "export", value_name = "NAME")]
@@ -126,8 +139,8 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         }
         return ask_server(sock, drain, t);
     }
-    let (Some(cache), Some(backing)) = (&t.cache, &t.backing) else {
-        bail!("name the cache with --cache CACHE --backing FILE, or a server with --control SOCK");
+    let Some(cache) = &t.cache else {
+        bail!("name the cache with --cache CACHE and --backing FILE or --image NAME, or a server with --control SOCK");
     };
     if t.batch == 0 {
         bail!("--batch must be at least 1");
@@ -140,10 +153,26 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     } else {
         quiet_config()
     };
-    let mut backing: Arc<dyn BlockDev> = Arc::new(
-        FileDev::open(backing, FileOptions::default())
-            .with_context(|| format!("cannot open the backing file {}", backing.display()))?,
-    );
+    let mut image = None;
+    let mut backing: Arc<dyn BlockDev> = match (&t.backing, &t.image) {
+        (Some(path), None) => Arc::new(
+            FileDev::open(path, FileOptions::default())
+                .with_context(|| format!("cannot open the backing file {}", path.display()))?,
+        ),
+        (None, Some(name)) => {
+            let Some(repo) = &t.repo else {
+                bail!("--image needs --repo (or CAIRN_REPO)");
+            };
+            let opts = crate::serve_repo::volume_options(64 << 20, None);
+            let vol = crate::serve_repo::open_writable(repo, name, &opts)?;
+            image = Some(vol.clone());
+            vol
+        }
+        _ => bail!(
+            "name what the cache {} caches: --backing FILE or --image NAME",
+            cache.display()
+        ),
+    };
     if t.hdd {
         backing = Arc::new(FaultDev::with_rotational(
             backing,
@@ -170,6 +199,15 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         v["drained"] = drain.into();
         v["detached"] = detach.into();
         v["seconds"] = seconds.into();
+        if let Some(img) = &image {
+            let st = img.stats();
+            v["image"] = serde_json::json!({
+                "name": img.name(),
+                "snapshot": st.snapshot,
+                "commits": st.commits,
+                "new_raw": st.new_raw,
+            });
+        }
         println!("{v}");
     } else {
         let mut line = status_line(&cache.display().to_string(), &status);
@@ -181,6 +219,15 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         }
         if detach {
             line.push_str("; detached");
+        }
+        if let Some(img) = &image {
+            let st = img.stats();
+            line.push_str(&format!(
+                "; image {} at snapshot {} ({} new)",
+                img.name(),
+                st.snapshot,
+                st.commits
+            ));
         }
         println!("{line}");
     }

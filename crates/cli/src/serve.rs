@@ -15,9 +15,13 @@ pub(crate) struct ServeArgs {
     #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: Option<PathBuf>,
     /// Export this image (NAME: its latest snapshot; NAME@SNAPSHOT: that
-    /// one), under that name; repeat for more. Default with --repo: every
-    /// image's latest snapshot, named NAME.
-    #[arg(long = "image", value_name = "NAME[@SNAPSHOT]")]
+    /// one, read-only), under that name; repeat for more. `rw` makes it
+    /// writable: every flush commits a new snapshot; `cache=CACHE` puts a
+    /// write-back log cache in front (implies rw), and every writeback
+    /// batch commits a new snapshot. A writable image holds the
+    /// repository's writer lock while served. Default with --repo: every
+    /// image's latest snapshot, read-only, named NAME.
+    #[arg(long = "image", value_name = "NAME[@SNAPSHOT][,rw][,cache=CACHE]")]
     pub images: Vec<String>,
     /// Export a file or block device: [NAME=]PATH[,ro][,direct][,cache=CACHE][,hdd].
     /// The export is named NAME, or the file's name; `ro` refuses writes,
@@ -123,6 +127,36 @@ fn parse_file_spec(spec: &str) -> Result<FileSpec> {
     })
 }
 
+/// A write-back cache in use: its path, the cache, its lock, the export.
+type Cached = (PathBuf, Arc<WbCache>, crate::cache_cmd::CacheLock, String);
+
+/// Put the write-back cache at `cache` in front of `export`.
+fn attach_cache(
+    a: &ServeArgs,
+    export: &mut Export,
+    cache: &std::path::Path,
+    caches: &mut Vec<Cached>,
+) -> Result<()> {
+    if caches.iter().any(|(p, _, _, _)| p == cache) {
+        bail!("cache {} is given twice", cache.display());
+    }
+    let cfg = WbConfig {
+        batch: a.cache_batch,
+        dirty_high: a.cache_dirty_high,
+        idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
+        plog: a.cache_plog,
+        ..WbConfig::default()
+    };
+    let (wb, lock) = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;
+    let wb = Arc::new(wb);
+    caches.push((cache.to_path_buf(), wb.clone(), lock, export.name.clone()));
+    export
+        .description
+        .push_str(&format!(", cached on {}", cache.display()));
+    export.dev = wb;
+    Ok(())
+}
+
 pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     if a.workers == 0 || a.workers > 256 {
         bail!("--workers must be 1 to 256");
@@ -131,7 +165,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         bail!("--cache-batch must be at least 1 and --cache-dirty-high between 0 and 1");
     }
     let mut exports: Vec<Export> = Vec::new();
-    let mut caches = Vec::new();
+    let mut caches: Vec<Cached> = Vec::new();
     for spec in &a.files {
         let f = parse_file_spec(spec)?;
         let mut description = format!("file {}", f.path.display());
@@ -141,36 +175,34 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             dev = Arc::new(FaultDev::with_rotational(dev, RotationalModel::default()));
             description.push_str(" (modelled as a 7200 rpm disk)");
         }
-        if let Some(c) = &f.cache {
-            if f.opts.read_only {
-                bail!("--file {spec}: a cache needs a writable file: drop `ro`");
-            }
-            if caches.iter().any(|(p, _, _, _)| p == c) {
-                bail!("cache {} is given twice", c.display());
-            }
-            let cfg = WbConfig {
-                batch: a.cache_batch,
-                dirty_high: a.cache_dirty_high,
-                idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
-                plog: a.cache_plog,
-                ..WbConfig::default()
-            };
-            let (wb, lock) = crate::cache_cmd::open_cached(dev, c, cfg, true)
-                .with_context(|| format!("--file {spec}"))?;
-            let wb = Arc::new(wb);
-            caches.push((c.clone(), wb.clone(), lock, f.name.clone()));
-            description.push_str(&format!(", cached on {}", c.display()));
-            dev = wb;
-        }
-        exports.push(Export {
+        let mut export = Export {
             description,
             name: f.name,
             dev,
             read_only: f.opts.read_only,
-        });
+        };
+        if let Some(c) = &f.cache {
+            if f.opts.read_only {
+                bail!("--file {spec}: a cache needs a writable file: drop `ro`");
+            }
+            attach_cache(a, &mut export, c, &mut caches)
+                .with_context(|| format!("--file {spec}"))?;
+        }
+        exports.push(export);
     }
     if let Some(repo) = &a.repo {
-        crate::serve_repo::add_images(repo, &a.images, a.cache, a.threads, &mut exports)?;
+        let specs = a
+            .images
+            .iter()
+            .map(|s| crate::serve_repo::parse_image_spec(s))
+            .collect::<Result<Vec<_>>>()?;
+        let opts = crate::serve_repo::volume_options(a.cache, a.threads);
+        let cached = crate::serve_repo::add_images(repo, &specs, &opts, &mut exports)?;
+        for (i, c) in cached {
+            let e = &mut exports[i];
+            let name = e.name.clone();
+            attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
+        }
     } else if !a.images.is_empty() {
         bail!("--image needs --repo (or CAIRN_REPO)");
     }

@@ -663,7 +663,13 @@ fn image_export_map_reports_holes() {
 // 4. Writing with qemu-io, and read-only exports
 
 fn qemu_io(uri: &str, cmds: &[&str]) -> Output {
+    qemu_io_with(&[], uri, cmds)
+}
+
+/// qemu-io with options `opts` (e.g. `-t writeback`) before the commands.
+fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> Output {
     let mut args = vec!["-f", "raw"];
+    args.extend_from_slice(opts);
     for c in cmds {
         args.push("-c");
         args.push(c);
@@ -792,6 +798,91 @@ fn qemu_io_writes_and_read_only_refuses() {
     assert!(st.success(), "{st:?}");
     let out = ok(run(&["restore", "img", "-", "--repo", s(&repo), "-q"]));
     assert_same(&out.stdout, &img, "img after the write attempts");
+}
+
+/// `--image NAME,rw`: every FLUSH commits a snapshot; earlier snapshots
+/// never change; the writer lock keeps a second writer out meanwhile.
+#[test]
+fn writable_image_commits_a_snapshot_per_flush() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const M: usize = 1 << 20;
+    let mut img = random(3 * M + 12_345, 41);
+    img[2 * M..2 * M + M / 2].fill(0);
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--image",
+        "img,rw",
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    // Write-back caching in qemu: no flush after each write.
+    let out = qemu_io_with(
+        &["-t", "writeback"],
+        &srv.uri("img"),
+        &[
+            "write -P 0xab 100k 8k",
+            "read -P 0xab 100k 8k",
+            "flush",
+            "write -z 1M 512k",
+            "write -P 0xcd 2200k 4k",
+            "discard 3M 12k",
+            "flush",
+            "read -P 0 1M 512k",
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    let mut v1 = img.clone();
+    v1[100 * 1024..108 * 1024].fill(0xab);
+    let mut v2 = v1.clone();
+    v2[M..M + M / 2].fill(0);
+    v2[2200 * 1024..2204 * 1024].fill(0xcd);
+    v2[3 * M..3 * M + 12 * 1024].fill(0);
+
+    // While served: another writer is refused, readers are not.
+    let out = run(&[
+        "serve",
+        "--repo",
+        s(&repo),
+        "--image",
+        "img,rw",
+        "--socket",
+        s(&d.join("t.sock")),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lock"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ok(run(&["restore", "img@2", "-", "--repo", s(&repo), "-q"]));
+    assert_same(&out.stdout, &v1, "img@2 while served");
+
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+    for (spec, want) in [
+        ("img@1", &img),
+        ("img@2", &v1),
+        ("img@3", &v2),
+        ("img", &v2),
+    ] {
+        let out = ok(run(&["restore", spec, "-", "--repo", s(&repo), "-q"]));
+        assert_same(&out.stdout, want, spec);
+    }
+    let out = run(&["restore", "img@4", "-", "--repo", s(&repo), "-q"]);
+    assert!(
+        !out.status.success(),
+        "a snapshot with no change was committed"
+    );
+    ok(run(&["verify", "--read-data", "--repo", s(&repo)]));
 }
 
 // ---------------------------------------------------------------------
@@ -1382,6 +1473,14 @@ fn bad_arguments_fail_with_one_line() {
     serve_fails(
         &["--file", &format!("{f},bogus"), "--socket", sock],
         "bogus",
+    );
+    serve_fails(
+        &["--repo", repo, "--image", "img,bogus", "--socket", sock],
+        "bogus",
+    );
+    serve_fails(
+        &["--repo", repo, "--image", "img@1,rw", "--socket", sock],
+        "latest snapshot",
     );
     serve_fails(
         &["--file", f, "--workers", "0", "--socket", sock],

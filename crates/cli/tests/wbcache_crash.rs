@@ -6,6 +6,11 @@
 //!   completed FLUSH, or as a later write to it (old or new data), never
 //!   anything else;
 //! - after `cairn cache drain`, the backing file equals the model.
+//!
+//! The same with a repository image behind the cache: writeback commits
+//! snapshots (killed mid-commit too), and after the drain the latest
+//! snapshot, restored, equals the model, the first one is unchanged and
+//! `verify --read-data` is clean.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure
 
 mod common;
@@ -74,16 +79,37 @@ fn python() -> Option<&'static str> {
     Some("/usr/bin/python3")
 }
 
-fn start(d: &Path, plog: bool) -> Child {
+/// What the cache is in front of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// The file d/back.raw.
+    File,
+    /// Image `d` of the repository d/repo.
+    Image,
+}
+
+fn start(d: &Path, backing: Backing, plog: bool) -> Child {
     let sock = d.join("s.sock");
     let _ = std::fs::remove_file(&sock);
-    let spec = format!(
-        "d={},cache={}",
-        d.join("back.raw").display(),
-        d.join("cache.dev").display()
-    );
     let mut cmd = cairn();
-    cmd.args(["serve", "--file", &spec, "--socket"]).arg(&sock);
+    cmd.arg("serve");
+    match backing {
+        Backing::File => {
+            let spec = format!(
+                "d={},cache={}",
+                d.join("back.raw").display(),
+                d.join("cache.dev").display()
+            );
+            cmd.args(["--file", &spec]);
+        }
+        Backing::Image => {
+            let spec = format!("d,cache={}", d.join("cache.dev").display());
+            cmd.arg("--repo")
+                .arg(d.join("repo"))
+                .args(["--image", &spec]);
+        }
+    }
+    cmd.arg("--socket").arg(&sock);
     if plog {
         cmd.arg("--cache-plog");
     }
@@ -104,17 +130,30 @@ fn start(d: &Path, plog: bool) -> Child {
     child
 }
 
-/// `cairn cache ARGS --cache d/cache.dev --backing d/back.raw`.
-fn offline(d: &Path, args: &[&str]) -> std::process::Output {
-    cairn()
-        .arg("cache")
+/// `cairn cache ARGS --cache d/cache.dev` and `--backing d/back.raw` or
+/// `--repo d/repo --image d`.
+fn offline(d: &Path, backing: Backing, args: &[&str]) -> std::process::Output {
+    let mut cmd = cairn();
+    cmd.arg("cache")
         .args(args)
         .arg("--cache")
-        .arg(d.join("cache.dev"))
-        .arg("--backing")
-        .arg(d.join("back.raw"))
-        .output()
-        .unwrap()
+        .arg(d.join("cache.dev"));
+    match backing {
+        Backing::File => cmd.arg("--backing").arg(d.join("back.raw")),
+        Backing::Image => cmd.arg("--repo").arg(d.join("repo")).args(["--image", "d"]),
+    };
+    cmd.output().unwrap()
+}
+
+/// Run cairn with `args`; its stdout, after checking it succeeded.
+fn run_ok(args: &[&str]) -> Vec<u8> {
+    let out = cairn().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cairn {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 /// The content a block has after write `seq` (see CLIENT).
@@ -156,17 +195,23 @@ fn parse_journal(text: &str) -> Journal {
 
 #[test]
 fn sigkill_with_flushes_loses_nothing_flushed() {
-    crash_rounds(false);
+    crash_rounds(Backing::File, false, 12);
+}
+
+/// A repository image behind the cache: writeback commits snapshots.
+#[test]
+fn sigkill_with_a_repository_image_behind_the_cache() {
+    crash_rounds(Backing::Image, false, 8);
 }
 
 /// The same in persistent-log mode, where flushed writes may be only in
 /// the plog records, not in a sealed segment.
 #[test]
 fn sigkill_in_persistent_log_mode_loses_nothing_flushed() {
-    crash_rounds(true);
+    crash_rounds(Backing::File, true, 12);
 }
 
-fn crash_rounds(plog: bool) {
+fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
     let Some(py) = python() else { return };
     if !have("nbdinfo") {
         return;
@@ -174,15 +219,38 @@ fn crash_rounds(plog: bool) {
     let dir = tempdir();
     let d = dir.path();
     std::fs::write(d.join("client.py"), CLIENT).unwrap();
-    std::fs::write(d.join("back.raw"), vec![0u8; (BLOCKS * 4096) as usize]).unwrap();
+    // The image starts as text with zero runs, so that writes land in
+    // chunks and in holes; the file starts zeroed.
+    let mut model = vec![0u8; (BLOCKS * 4096) as usize];
+    if backing == Backing::Image {
+        for (i, b) in model.iter_mut().enumerate() {
+            if (i >> 18) % 3 != 1 {
+                *b = b"image data "[i % 11];
+            }
+        }
+    }
+    let original = model.clone();
+    std::fs::write(d.join("back.raw"), &model).unwrap();
+    let repo = d.join("repo");
+    let repo_s = repo.to_str().unwrap();
+    let back_s = d.join("back.raw");
+    if backing == Backing::Image {
+        run_ok(&["init", repo_s]);
+        run_ok(&[
+            "backup",
+            back_s.to_str().unwrap(),
+            "--repo",
+            repo_s,
+            "--name",
+            "d",
+        ]);
+    }
     // Eight segments: the ring wraps and writeback runs during the test.
     std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
-    let mut model = vec![0u8; (BLOCKS * 4096) as usize];
     let mut seq = 1u64;
-    let rounds = 12;
     let mut killed_mid_write = 0;
     for round in 0..rounds {
-        let mut server = start(d, plog);
+        let mut server = start(d, backing, plog);
         let journal = d.join(format!("journal-{round}"));
         let mut client = Command::new(py)
             .arg(d.join("client.py"))
@@ -209,7 +277,7 @@ fn crash_rounds(plog: bool) {
         }
 
         // Restart: recovery replays the log; read every block.
-        let mut server = start(d, plog);
+        let mut server = start(d, backing, plog);
         let dump = d.join("dump");
         let st = Command::new(py)
             .arg(d.join("client.py"))
@@ -253,8 +321,9 @@ fn crash_rounds(plog: bool) {
         killed_mid_write >= rounds / 2,
         "the kills should mostly land between flushes ({killed_mid_write} of {rounds})"
     );
-    // Drain offline: the backing file alone equals the model.
-    let out = offline(d, &["drain", "--json"]);
+    // Drain offline: the backing file alone (or the image's latest
+    // snapshot, restored) equals the model.
+    let out = offline(d, backing, &["drain", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -262,22 +331,38 @@ fn crash_rounds(plog: bool) {
     );
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["dirty_blocks"], 0, "{status}");
-    let back = std::fs::read(d.join("back.raw")).unwrap();
+    let backing_now = || {
+        if backing == Backing::File {
+            return std::fs::read(d.join("back.raw")).unwrap();
+        }
+        run_ok(&["restore", "d", "-", "--repo", repo_s])
+    };
     assert!(
-        back == model,
-        "backing file differs from the model after drain"
+        backing_now() == model,
+        "backing differs from the model after drain"
     );
+    if backing == Backing::Image {
+        // Writeback committed snapshots; the first is untouched and the
+        // repository verifies, packs of killed commits included.
+        let ls: serde_json::Value =
+            serde_json::from_slice(&run_ok(&["ls", "--repo", repo_s, "--json"])).unwrap();
+        let snaps = ls["snapshots"].as_array().map_or(0, Vec::len);
+        eprintln!("image d: {snaps} snapshots after {rounds} rounds and the drain");
+        assert!(snaps >= 2, "no snapshot was committed: {ls}");
+        assert!(run_ok(&["restore", "d@1", "-", "--repo", repo_s]) == original);
+        run_ok(&["verify", "--read-data", "--repo", repo_s]);
+    }
     // Detach wipes the superblock; status then refuses the cache.
-    let out = offline(d, &["detach"]);
+    let out = offline(d, backing, &["detach"]);
     assert!(out.status.success());
-    let out = offline(d, &["status"]);
+    let out = offline(d, backing, &["status"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("not a cairn cache"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(std::fs::read(d.join("back.raw")).unwrap(), model);
+    assert!(backing_now() == model);
 }
 
 /// `cairn cache status|drain --control` on a running server: dirty data

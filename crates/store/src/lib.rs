@@ -26,6 +26,11 @@
 //!   ([`meta`], [`backup`]). One writer at a time (flock on `REPO/lock`);
 //!   readers take no writer lock and are never blocked by a backup, and gc
 //!   deletes packs only while no reader holds `REPO/read.lock`.
+//! - **Images change by copy-on-write snapshots.** [`edit`] commits a
+//!   set of replaced ranges of an image's latest snapshot as its next
+//!   snapshot (the writable images of `cairn serve`): the touched chunks
+//!   are cut again with the image's chunker, so unchanged parts dedup,
+//!   and the commit order is a backup's.
 //! - **Everything checksummed and versioned.** Metadata files sit in one
 //!   envelope with a BLAKE3 trailer and a format version; a newer version
 //!   is refused with a clear error. Formats: `docs/format/repository.md`.
