@@ -161,16 +161,36 @@ struct Out {
     damaged: Vec<Damaged>,
 }
 
+/// Decoded groups a worker keeps. An image backed up after another one
+/// interleaves its new chunks (its own groups, in stream order) with
+/// chunks the first image stored (that image's groups, also roughly in
+/// order), so a reader moving through the image needs a few groups at
+/// once; keeping only the last one decoded the same groups again and
+/// again. Measured on os2.img restored from a repository holding os.img
+/// too (576 MiB image, 142 MiB of packs, 2 threads): 636 MB read from
+/// packs keeping 1 group, 239 MB keeping 4, 217 MB keeping 8 (46 MiB peak
+/// RSS), 198 MB keeping 64.
+const KEPT_GROUPS: usize = 8;
+
+/// A decoded group: its record (pack, offset), the pack's path, its bytes
+/// and when it was last used.
+struct Kept {
+    key: (u32, u32),
+    path: PathBuf,
+    data: Vec<u8>,
+    used: u64,
+}
+
 /// Reads and checks chunks: one per worker, with its buffers and the last
-/// record it decoded (the chunks of a group are usually read one after
-/// the other, so each group is decoded once).
+/// few groups it decoded ([`KEPT_GROUPS`], least recently used evicted),
+/// so each group is usually decoded once.
 pub(crate) struct Fetcher<'a> {
     files: &'a PackFiles<'a>,
     index: &'a ChunkIndex,
     rec: Vec<u8>,
     dec: Decoders,
-    group: Vec<u8>,
-    cached: Option<(u32, u32, PathBuf)>,
+    kept: Vec<Kept>,
+    clock: u64,
 }
 
 impl<'a> Fetcher<'a> {
@@ -180,9 +200,49 @@ impl<'a> Fetcher<'a> {
             index,
             rec: Vec::new(),
             dec: Decoders::default(),
-            group: Vec::new(),
-            cached: None,
+            kept: Vec::with_capacity(KEPT_GROUPS),
+            clock: 0,
         }
+    }
+
+    /// The kept group of record `loc`, decoded now if it is not kept;
+    /// also the bytes read from its pack (0 if it was kept).
+    fn group(&mut self, loc: Location) -> Result<(&Kept, u64)> {
+        self.clock += 1;
+        let key = (loc.pack, loc.offset);
+        if let Some(i) = self.kept.iter().position(|k| k.key == key) {
+            self.kept[i].used = self.clock;
+            return Ok((&self.kept[i], 0));
+        }
+        // Reuse the least recently used slot's buffer once all are taken.
+        let slot = if self.kept.len() < KEPT_GROUPS {
+            self.kept.push(Kept {
+                key,
+                path: PathBuf::new(),
+                data: Vec::new(),
+                used: 0,
+            });
+            self.kept.len() - 1
+        } else {
+            (0..self.kept.len())
+                .min_by_key(|&i| self.kept[i].used)
+                .unwrap_or(0)
+        };
+        let path = self.files.read(loc, &mut self.rec)?;
+        let k = &mut self.kept[slot];
+        // Until decoded, the slot holds nothing a later lookup could hit.
+        k.key = (u32::MAX, u32::MAX);
+        decode_record(
+            &path,
+            u64::from(loc.offset),
+            &self.rec,
+            &mut self.dec,
+            &mut k.data,
+        )?;
+        k.key = key;
+        k.path = path;
+        k.used = self.clock;
+        Ok((&self.kept[slot], u64::from(loc.len)))
     }
 
     /// Append chunk `id` (`len` bytes, at image `offset`) to `out`;
@@ -193,37 +253,20 @@ impl<'a> Fetcher<'a> {
             .index
             .get(id)
             .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
-        let mut read = 0;
-        let path = match &self.cached {
-            Some((p, o, path)) if (*p, *o) == (loc.pack, loc.offset) => path.clone(),
-            _ => {
-                self.cached = None;
-                let path = self.files.read(loc, &mut self.rec)?;
-                decode_record(
-                    &path,
-                    u64::from(loc.offset),
-                    &self.rec,
-                    &mut self.dec,
-                    &mut self.group,
-                )?;
-                self.cached = Some((loc.pack, loc.offset, path.clone()));
-                read = u64::from(loc.len);
-                path
-            }
-        };
+        let (group, read) = self.group(loc)?;
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
-        let Some(data) = self.group.get(s..e) else {
+        let Some(data) = group.data.get(s..e) else {
             return Err(StoreError::BadChunk {
                 chunk: *id,
-                path,
+                path: group.path.clone(),
                 offset: u64::from(loc.offset),
                 reason: format!(
                     "{len} bytes at {s} run past the end of a {}-byte group",
-                    self.group.len()
+                    group.data.len()
                 ),
             });
         };
-        check_chunk(&path, u64::from(loc.offset), id, data)?;
+        check_chunk(&group.path, u64::from(loc.offset), id, data)?;
         out.extend_from_slice(data);
         Ok(read)
     }
