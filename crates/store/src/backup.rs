@@ -484,6 +484,12 @@ fn worker<'a>(
 
 /// One target's writer: append batches of records to packs, sealing each
 /// at the repository's pack size. Returns the index of what it wrote.
+///
+/// A sealed pack is made durable (fsync of it and its directory) by a
+/// second thread while this one goes on writing the next pack, so the
+/// disk flush of one pack overlaps the writing of the next instead of
+/// stalling the workers behind a full queue (a 1 GiB backup of random
+/// data spent 0.86 s of 4.6 s in these fsyncs).
 fn write_packs(
     repo: &Repository,
     target: u16,
@@ -494,41 +500,80 @@ fn write_packs(
     failed: &AtomicBool,
 ) -> Result<IndexFile> {
     let mut out = IndexFile::default();
-    let mut current: Option<PackWriter> = None;
-    let result = (|| {
-        for mut blob in rx.iter() {
-            let w = match &mut current {
-                Some(w) => w,
-                None => current.insert(PackWriter::create(dir, repo.id())?),
-            };
-            let base = w.append(&blob.bytes)?;
-            load.written(usize::from(target), blob.bytes.len() as u64);
-            let pack = out.packs.len() as u32;
-            for (id, at, len, slice) in blob.records.drain(..) {
-                out.entries.push((
-                    id,
-                    Location {
-                        pack,
-                        offset: (base + u64::from(at)) as u32,
-                        len,
-                        slice,
-                    },
-                ));
+    let mut current: Option<(PackWriter, u32)> = None;
+    let (seal_tx, seal_rx) = bounded::<(PackWriter, u32)>(2);
+    let (result, sealed) = std::thread::scope(|s| {
+        let syncer = s.spawn(move || -> Result<Vec<(u32, PackInfo)>> {
+            let mut done = Vec::new();
+            for (w, slot) in seal_rx.iter() {
+                let (id, len) = w.finish()?;
+                done.push((slot, PackInfo { id, target, len }));
             }
-            let _ = spare.send(blob);
-            if w.len() >= repo.pack_size() {
-                if let Some(w) = current.take() {
-                    let (id, len) = w.finish()?;
-                    out.packs.push(PackInfo { id, target, len });
+            Ok(done)
+        });
+        let result = (|| {
+            for mut blob in rx.iter() {
+                let (w, pack) = match &mut current {
+                    Some(c) => c,
+                    None => {
+                        let w = PackWriter::create(dir, repo.id())?;
+                        // Numbered now; its PackInfo is filled in once sealed.
+                        out.packs.push(PackInfo {
+                            id: w.id(),
+                            target,
+                            len: 0,
+                        });
+                        current.insert((w, out.packs.len() as u32 - 1))
+                    }
+                };
+                let base = w.append(&blob.bytes)?;
+                load.written(usize::from(target), blob.bytes.len() as u64);
+                for (id, at, len, slice) in blob.records.drain(..) {
+                    out.entries.push((
+                        id,
+                        Location {
+                            pack: *pack,
+                            offset: (base + u64::from(at)) as u32,
+                            len,
+                            slice,
+                        },
+                    ));
+                }
+                let _ = spare.send(blob);
+                if w.len() >= repo.pack_size() {
+                    if let Some(c) = current.take() {
+                        seal_tx.send(c).map_err(|_| {
+                            StoreError::Aborted("the pack syncer stopped".into())
+                        })?;
+                    }
                 }
             }
+            if let Some(c) = current.take() {
+                seal_tx
+                    .send(c)
+                    .map_err(|_| StoreError::Aborted("the pack syncer stopped".into()))?;
+            }
+            Ok(())
+        })();
+        drop(seal_tx);
+        let sealed = syncer
+            .join()
+            .unwrap_or_else(|_| Err(StoreError::Aborted("a pack syncer panicked".into())));
+        (result, sealed)
+    });
+    // The syncer's own error (an fsync that failed) explains a stop
+    // better than "the pack syncer stopped".
+    let result = match (result, sealed) {
+        (_, Err(e)) | (Err(e), Ok(_)) => Err(e),
+        (Ok(()), Ok(sealed)) => {
+            for (slot, info) in sealed {
+                if let Some(p) = out.packs.get_mut(slot as usize) {
+                    *p = info;
+                }
+            }
+            Ok(())
         }
-        if let Some(w) = current.take() {
-            let (id, len) = w.finish()?;
-            out.packs.push(PackInfo { id, target, len });
-        }
-        Ok(())
-    })();
+    };
     match result {
         Ok(()) => Ok(out),
         Err(e) => {
