@@ -363,8 +363,12 @@ impl Watcher {
             buf: vec![0u8; 1 << 16],
         };
         for t in &repo.targets {
-            for sub in std::fs::read_dir(t.join("packs")).unwrap() {
-                w.add(&sub.unwrap().path(), Place::Pack);
+            // cairn makes a fan-out directory with its first pack; made
+            // here up front, every pack's creation can be watched.
+            for b in 0..=255u8 {
+                let sub = t.join("packs").join(format!("{b:02x}"));
+                std::fs::create_dir_all(&sub).unwrap();
+                w.add(&sub, Place::Pack);
             }
         }
         w.add(&repo.root.join("index"), Place::Index);

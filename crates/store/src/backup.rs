@@ -542,9 +542,9 @@ fn write_packs(
                 let _ = spare.send(blob);
                 if w.len() >= repo.pack_size() {
                     if let Some(c) = current.take() {
-                        seal_tx.send(c).map_err(|_| {
-                            StoreError::Aborted("the pack syncer stopped".into())
-                        })?;
+                        seal_tx
+                            .send(c)
+                            .map_err(|_| StoreError::Aborted("the pack syncer stopped".into()))?;
                     }
                 }
             }

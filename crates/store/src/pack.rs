@@ -412,8 +412,16 @@ impl PackWriter {
     pub fn create(target: &Path, repo: RepoId) -> Result<PackWriter> {
         let id = PackId::random();
         let path = pack_path(target, id);
+        // The fan-out directory is made with its first pack (made up
+        // front, the 256 empty directories of a new target cost 1 MiB);
+        // its name is made durable in `packs/` at once.
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).ctx(dir, "create directory")?;
+            if !dir.is_dir() {
+                std::fs::create_dir_all(dir).ctx(dir, "create directory")?;
+                if let Some(packs) = dir.parent() {
+                    crate::meta::sync_dir(packs)?;
+                }
+            }
         }
         let mut file = OpenOptions::new()
             .write(true)

@@ -14,7 +14,7 @@
 //! ```
 
 use crate::error::{IoContext, Result, StoreError};
-use crate::id::{hex, PackId, RepoId};
+use crate::id::{PackId, RepoId};
 use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FILE};
 use crate::manifest::Manifest;
 use crate::meta::{self, Kind};
@@ -221,10 +221,8 @@ impl Repository {
                     dir.display()
                 )));
             }
-            for b in 0..=255u8 {
-                let d = dir.join("packs").join(hex(&[b]));
-                fs::create_dir_all(&d).ctx(&d, "create directory")?;
-            }
+            let packs = dir.join("packs");
+            fs::create_dir_all(&packs).ctx(&packs, "create directory")?;
             let marker = Marker {
                 repository: id.to_string(),
                 target: i as u16,
