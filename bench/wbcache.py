@@ -18,8 +18,14 @@ disk is fast and host-cached.
       depth 16): cache vs no cache, over the model and over the disk, and
       qemu-nbd on the bare file (disk).  Client-side IOPS, and over the
       model also the time until everything is on the backing (+ drain).
+  (E) the same load (C) on a repository image (512 MiB: 256 MiB of random
+      bytes, then zeros; lz4) made writable: `--image d,cache=CACHE`
+      (every writeback batch commits a snapshot) and `--image d,rw` (no
+      cache: every FLUSH commits one), against the disk rows of (C).
+      Client IOPS, snapshots committed, and the drain that commits the
+      rest.
 
-Usage: bench/wbcache.py [--runs 3] [--quick]
+Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E]
 """
 import argparse
 import datetime
@@ -55,6 +61,17 @@ def drain(cairn, cache, back, batch, hdd):
     return out["seconds"], out["written_back_blocks"], cmd
 
 
+def image_drain(cairn, cache, repo):
+    cmd = [cairn, "cache", "drain", "--json", "--cache", cache, "--repo", repo, "--image", "d"]
+    out = json.loads(run(cmd).stdout)
+    return out["seconds"], cmd
+
+
+def snapshots(cairn, repo):
+    out = json.loads(run([cairn, "ls", "--json", "--repo", repo]).stdout)
+    return len(out["snapshots"])
+
+
 def fresh(path, size):
     with open(path, "wb") as f:
         f.truncate(size)
@@ -66,7 +83,9 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tests", default="A,B,C,E", help="which tests to run (default all: A,B,C,E)")
     a = ap.parse_args()
+    tests = set(a.tests.split(","))
     if a.quick:
         a.runs = 1
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -95,7 +114,7 @@ def main():
     hold = ["--cache-dirty-high", "1.0", "--cache-idle-ms", "3600000"]
     for r in range(a.runs):
         # (A) writeback batches vs straight writes.
-        for hdd, n, size in [(False, 32768, 512 << 20), (True, 2048, 512 << 20)]:
+        for hdd, n, size in [(False, 32768, 512 << 20), (True, 2048, 512 << 20)] if "A" in tests else []:
             tag = "hdd" if hdd else "disk"
             model = ",hdd" if hdd else ""
             fio_extra = [f"--number_ios={n}", f"--size={size}"]
@@ -114,11 +133,12 @@ def main():
                 rec("A", f"{tag} writeback batch {batch}", secs, "s", cmd)
         # (B) read overhead through a clean cache.
         size = 256 << 20
-        fresh(back, size)
-        srv = serve(f"d={back}")
-        fio(sock, "write", "1m", [f"--size={size}"])
-        srv.stop()
-        for bs in ["1k", "4k", "16k", "64k", "128k"]:
+        if "B" in tests:
+            fresh(back, size)
+            srv = serve(f"d={back}")
+            fio(sock, "write", "1m", [f"--size={size}"])
+            srv.stop()
+        for bs in ["1k", "4k", "16k", "64k", "128k"] if "B" in tests else []:
             for variant in ["bare", "cache"]:
                 spec = f"d={back}" if variant == "bare" else f"d={back},cache={cache}"
                 if variant == "cache":
@@ -128,7 +148,7 @@ def main():
                 srv.stop()
                 rec("B", f"read {bs} {variant}", iops, "IOPS", cmd)
         # (C) random 4 KiB writes, FLUSH every 1000.
-        for hdd, n in [(False, 65536), (True, 2000)]:
+        for hdd, n in [(False, 65536), (True, 2000)] if "C" in tests else []:
             tag = "hdd" if hdd else "disk"
             model = ",hdd" if hdd else ""
             size = 512 << 20
@@ -149,6 +169,31 @@ def main():
                 if name == "cache":
                     dsecs, _, dcmd = drain(C, cache, back, 32, hdd)
                     rec("C", f"{tag} cache incl. drain", n / (secs + dsecs), "IOPS", dcmd)
+        # (E) the load of (C) on a writable repository image.
+        if "E" in tests:
+            n, size = 65536, 512 << 20
+            src = os.path.join(work, "image.src")
+            with open(src, "wb") as f:
+                f.write(os.urandom(256 << 20))
+                f.truncate(size)
+            repo = os.path.join(work, "repo")
+            for name, opt in [("image cache", f"d,cache={cache}"), ("image rw", "d,rw")]:
+                run(["rm", "-rf", repo])
+                run([C, "init", repo])
+                run([C, "backup", src, "--repo", repo, "--name", "d", "-c", "lz4", "-q"])
+                fresh(cache, 512 << 20)
+                cmd = [C, "serve", "--repo", repo, "--image", opt, "--socket", sock]
+                commands.add(" ".join(cmd))
+                srv = Server(cmd, sock)
+                iops, secs, fcmd = fio(sock, "randwrite", "4k", [f"--number_ios={n}", f"--size={size}", "--fsync=1000"])
+                srv.stop()
+                rec("E", f"disk {name}", iops, "IOPS", fcmd)
+                rec("E", f"disk {name}: snapshots while served", snapshots(C, repo) - 1, "snapshots")
+                if name == "image cache":
+                    dsecs, dcmd = image_drain(C, cache, repo)
+                    rec("E", f"disk {name} incl. drain", n / (secs + dsecs), "IOPS", dcmd)
+                    rec("E", f"disk {name}: snapshots after drain", snapshots(C, repo) - 1, "snapshots")
+            os.remove(src)
 
     med = {}
     for t, v, val, unit in rows:
@@ -196,6 +241,9 @@ def main():
     ratio("(C) hdd: cache incl. drain ÷ no cache", get("C", "hdd cache incl. drain", "IOPS"), get("C", "hdd no cache", "IOPS"))
     ratio("(C) disk: cache ÷ no cache", get("C", "disk cache", "IOPS"), get("C", "disk no cache", "IOPS"), 0.9)
     ratio("(C) disk: cache ÷ qemu-nbd", get("C", "disk cache", "IOPS"), get("C", "disk qemu-nbd", "IOPS"), 1.0)
+    ratio("(E) disk: image with cache ÷ file with cache", get("E", "disk image cache", "IOPS"), get("C", "disk cache", "IOPS"))
+    ratio("(E) disk: image with cache ÷ image without", get("E", "disk image cache", "IOPS"), get("E", "disk image rw", "IOPS"))
+    ratio("(E) disk: image without cache ÷ bare file", get("E", "disk image rw", "IOPS"), get("C", "disk no cache", "IOPS"))
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
