@@ -255,12 +255,9 @@ impl OpenSeg {
         &mut self.buf[at..at + BU]
     }
 
-    /// Append a data block (its contents, or zeroes) and return its index.
-    fn push_block(&mut self, b: Option<&[u8]>) -> u16 {
-        match b {
-            Some(b) => self.buf.extend_from_slice(b),
-            None => self.buf.resize(self.buf.len() + BU, 0),
-        }
+    /// Append a data block and return its index.
+    fn push_block(&mut self, b: &[u8]) -> u16 {
+        self.buf.extend_from_slice(b);
         (self.data_used() - 1) as u16
     }
 
@@ -273,7 +270,7 @@ impl OpenSeg {
                 self.block_mut(d).copy_from_slice(b);
                 d
             }
-            None => self.push_block(Some(b)),
+            None => self.push_block(b),
         });
         let m = Meta {
             lba: e.lba,
@@ -985,7 +982,11 @@ impl Inner {
     fn seal(&self, st: &mut State, wake_flusher: bool) {
         let id = st.open.id;
         let buf = segment_buf(&mut st.spare);
-        let open = std::mem::replace(&mut st.open, OpenSeg::with_buf(id + 1, buf));
+        let mut open = std::mem::replace(&mut st.open, OpenSeg::with_buf(id + 1, buf));
+        // The new open segment reuses the old one's lookup table.
+        let mut map = std::mem::take(&mut open.map);
+        map.clear();
+        st.open.map = map;
         let mut entries = Vec::with_capacity(open.entries.len());
         let mut metas = Vec::with_capacity(open.entries.len());
         // Data blocks must be in entry order with no gaps; they usually
@@ -1067,7 +1068,7 @@ impl Inner {
                                     st.open.block_mut(d).copy_from_slice(buf);
                                     d
                                 }
-                                None => st.open.push_block(Some(buf)),
+                                None => st.open.push_block(buf),
                             };
                             Meta {
                                 lba,
@@ -1088,7 +1089,7 @@ impl Inner {
                     Some(buf) => Meta {
                         lba,
                         dirty: bits | old,
-                        data: Some(st.open.push_block(Some(buf))),
+                        data: Some(st.open.push_block(buf)),
                         trim: false,
                     },
                     None => Meta::zero(lba, trim),
