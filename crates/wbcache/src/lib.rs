@@ -46,6 +46,16 @@
 //!   flushes the cache device. It runs when the dirty part of the ring
 //!   passes [`WbConfig::dirty_high`], when the ring is nearly full, after
 //!   [`WbConfig::idle_writeback`] without writes, or on [`WbCache::drain`].
+//! - **Sequential cutoff (bcache's).** A block-aligned write continuing a
+//!   sequential stream that has written [`WbConfig::seq_cutoff`] bytes
+//!   (default 4 MiB) goes straight to the backing device: a big copy
+//!   would otherwise be written twice and push the useful random writes
+//!   out of the ring. Streams are told from the ends of recent writes,
+//!   with slack for parallel requests arriving out of order. A write is
+//!   bypassed only if none of its blocks is in the cache, so no older
+//!   cached version can be written back over it and nothing has to be
+//!   invalidated in the log (no format change); a FLUSH then also flushes
+//!   the backing device, once for all bypassed writes before it.
 //! - **Zeroes and trims are metadata.** `write_zeroes` and `trim` of whole
 //!   blocks log zero entries (no data block); writeback issues
 //!   `write_zeroes` (with `may_trim` for a trim seen in this session).
@@ -89,6 +99,7 @@ use cairn_blockdev::{
 };
 use format::{Entry, PlogHeader, SegmentHeader, Superblock, Watermark};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -130,11 +141,17 @@ pub struct WbConfig {
     /// RAM. `drain` and `close` still seal it. Recovery replays the
     /// persistent log in either mode.
     pub plog: bool,
+    /// Sequential cutoff (bcache's): a block-aligned write that continues
+    /// a sequential stream which has written at least this many bytes
+    /// goes straight to the backing device, unless one of its blocks is
+    /// in the cache. 0 turns it off.
+    pub seq_cutoff: u64,
 }
 
 impl Default for WbConfig {
     fn default() -> Self {
         WbConfig {
+            seq_cutoff: 4 << 20,
             batch: 32,
             dirty_high: 0.5,
             idle_writeback: Duration::from_secs(1),
@@ -171,6 +188,8 @@ pub struct WbStatus {
     pub writeback_batches: u64,
     /// Persistent log records written (plog mode).
     pub plog_records: u64,
+    /// Blocks written straight to the backing device (sequential cutoff).
+    pub bypassed_blocks: u64,
 }
 
 /// One block of a segment in memory. `data` is the block's index among
@@ -319,6 +338,7 @@ struct Counters {
     written_back_blocks: u64,
     writeback_batches: u64,
     plog_records: u64,
+    bypassed_blocks: u64,
 }
 
 struct State {
@@ -374,6 +394,54 @@ enum WbWait {
     Untimed,
 }
 
+/// The ends of recent writes, each with the bytes of the sequential
+/// stream it continues (bcache's detection, with slack: parallel requests
+/// of one stream arrive slightly out of order).
+struct SeqStreams {
+    /// (end offset, stream bytes, last use); stream bytes 0: unused.
+    recent: [(u64, u64, u64); SEQ_STREAMS],
+    tick: u64,
+}
+
+/// Recent writes remembered for the sequential cutoff.
+const SEQ_STREAMS: usize = 16;
+
+impl SeqStreams {
+    fn new() -> SeqStreams {
+        SeqStreams {
+            recent: [(0, 0, 0); SEQ_STREAMS],
+            tick: 0,
+        }
+    }
+
+    /// Note a write; the bytes of the stream it continues, itself included.
+    /// A write continues a stream when it starts within four of its own
+    /// lengths of where the stream got to.
+    fn note(&mut self, offset: u64, len: u64) -> u64 {
+        self.tick += 1;
+        let slack = len.saturating_mul(4);
+        let end = offset.saturating_add(len);
+        let hit = self.recent.iter_mut().find(|(e, seq, _)| {
+            *seq > 0 && offset.saturating_add(slack) >= *e && offset <= e.saturating_add(slack)
+        });
+        match hit {
+            Some(r) => {
+                r.0 = r.0.max(end);
+                r.1 = r.1.saturating_add(len);
+                r.2 = self.tick;
+                r.1
+            }
+            None => {
+                let tick = self.tick;
+                if let Some(r) = self.recent.iter_mut().min_by_key(|r| r.2) {
+                    *r = (end, len, tick);
+                }
+                len
+            }
+        }
+    }
+}
+
 struct Inner {
     cache: Arc<dyn BlockDev>,
     backing: Arc<dyn BlockDev>,
@@ -393,6 +461,12 @@ struct Inner {
     /// a cache flush or plog record done, a writeback batch done.
     done_cv: Condvar,
     stripes: Vec<Mutex<()>>,
+    /// Recent writes, to tell sequential streams (sequential cutoff).
+    streams: Mutex<SeqStreams>,
+    /// Writes that went straight to the backing device, and how many of
+    /// them a backing flush has covered.
+    bypass_done: AtomicU64,
+    bypass_flushed: AtomicU64,
     /// Pins of ring slots: readers of a slot hold it shared, the flusher
     /// exclusively while it overwrites the slot.
     slots: Vec<RwLock<()>>,
@@ -761,6 +835,9 @@ impl WbCache {
             space_cv: Condvar::new(),
             done_cv: Condvar::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            streams: Mutex::new(SeqStreams::new()),
+            bypass_done: AtomicU64::new(0),
+            bypass_flushed: AtomicU64::new(0),
             slots: (0..count).map(|_| RwLock::new(())).collect(),
         });
         let mut threads = Vec::new();
@@ -805,19 +882,22 @@ impl WbCache {
             written_back_blocks: st.counters.written_back_blocks,
             writeback_batches: st.counters.writeback_batches,
             plog_records: st.counters.plog_records,
+            bypassed_blocks: st.counters.bypassed_blocks,
         }
     }
 
     /// Make every acknowledged write durable in the log (what FLUSH does).
     pub fn sync(&self) -> Result<()> {
-        self.inner.flush_log()
+        self.inner.flush_all()
     }
 
     /// Flush, then write everything back to the backing device: on return
     /// every write acknowledged before the call is on the backing device,
     /// flushed, and the watermark saying so is durable.
     pub fn drain(&self) -> Result<()> {
+        let seen = self.inner.bypass_done.load(Ordering::Acquire);
         self.inner.flush_seal()?;
+        self.inner.flush_bypassed(seen)?;
         let inner = &self.inner;
         let mut st = lock(&inner.state);
         let target = st.last_sealed_id;
@@ -1257,6 +1337,61 @@ impl Inner {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The sequential cutoff: write `buf` at `offset` straight to the
+    /// backing device if it is whole blocks, continues a sequential stream
+    /// of at least [`WbConfig::seq_cutoff`] bytes and none of its blocks
+    /// is in the cache (a cached block's newer version must not be
+    /// overtaken by its older one written back later, and refusing is
+    /// simpler than logging an invalidation). Returns whether it did.
+    /// A writeback batch that would write one of these blocks holds it in
+    /// the index until its backing writes are flushed, so it is seen here.
+    fn bypass(&self, buf: &[u8], offset: u64, fua: bool) -> Result<bool> {
+        let len = buf.len() as u64;
+        if self.cfg.seq_cutoff == 0 || len == 0 {
+            return Ok(false);
+        }
+        let seq = lock(&self.streams).note(offset, len);
+        if seq < self.cfg.seq_cutoff || offset % B != 0 || len % B != 0 {
+            return Ok(false);
+        }
+        {
+            let mut st = lock(&self.state);
+            Self::failed(&st)?;
+            if st.stop {
+                return Err(WbError::Closed);
+            }
+            if (offset / B..(offset + len) / B).any(|lba| st.index.contains_key(&lba)) {
+                return Ok(false);
+            }
+            st.counters.bypassed_blocks += len / B;
+        }
+        self.backing
+            .write_at(buf, offset, fua)
+            .map_err(|e| WbError::io(Place::Backing { offset }, e))?;
+        self.bypass_done.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
+    /// if writes went straight to it since it was last flushed.
+    fn flush_all(&self) -> Result<()> {
+        let seen = self.bypass_done.load(Ordering::Acquire);
+        self.flush_log()?;
+        self.flush_bypassed(seen)
+    }
+
+    /// Flush the backing device if the first `seen` writes that went
+    /// straight to it are not all covered by a backing flush yet.
+    fn flush_bypassed(&self, seen: u64) -> Result<()> {
+        if seen > self.bypass_flushed.load(Ordering::Acquire) {
+            self.backing
+                .flush()
+                .map_err(|e| WbError::io(Place::BackingFlush, e))?;
+            self.bypass_flushed.fetch_max(seen, Ordering::AcqRel);
         }
         Ok(())
     }
@@ -1875,7 +2010,7 @@ impl WbCache {
         offset: u64,
         len: u64,
     ) -> cairn_blockdev::Result<()> {
-        r.and_then(|()| if fua { self.inner.flush_log() } else { Ok(()) })
+        r.and_then(|()| if fua { self.inner.flush_all() } else { Ok(()) })
             .map_err(|e| e.to_block(op, offset, len))
     }
 }
@@ -1918,13 +2053,18 @@ impl BlockDev for WbCache {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
         let len = buf.len() as u64;
         self.writable(Op::Write, offset, len)?;
+        match self.inner.bypass(buf, offset, fua) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_block(Op::Write, offset, len)),
+        }
         let r = self.inner.write(offset, len, Fill::Data(buf));
         self.after_write(r, fua, Op::Write, offset, len)
     }
 
     fn flush(&self) -> cairn_blockdev::Result<()> {
         self.inner
-            .flush_log()
+            .flush_all()
             .map_err(|e| e.to_block(Op::Flush, 0, 0))
     }
 

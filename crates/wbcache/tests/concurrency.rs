@@ -100,6 +100,8 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         idle_writeback: Duration::from_millis(idle_ms),
         max_sealed_in_ram: 1,
         plog,
+        // Low, so that writers' runs of blocks go around the cache too.
+        seq_cutoff: 64 << 10,
     }
 }
 
