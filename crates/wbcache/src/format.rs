@@ -182,6 +182,7 @@ pub(crate) struct Entry {
 
 /// Build a segment image (header block + `data`, which holds one block
 /// per data entry in entry order).
+#[cfg(test)]
 pub(crate) fn encode_segment(
     cache_id: &[u8; 16],
     id: u64,
@@ -189,19 +190,28 @@ pub(crate) fn encode_segment(
     data: &[u8],
 ) -> Vec<u8> {
     let mut img = vec![0u8; BLOCK_SIZE as usize + data.len()];
-    img[0..8].copy_from_slice(SG_MAGIC);
-    img[8..24].copy_from_slice(cache_id);
-    img[24..32].copy_from_slice(&id.to_le_bytes());
-    img[32..36].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    put_entries(&mut img, entries);
     img[BLOCK_SIZE as usize..].copy_from_slice(data);
+    finish_segment(cache_id, id, entries, &mut img);
+    img
+}
+
+/// Write the header of a segment image in place: `img` is the header
+/// block (overwritten whole) followed by one block per data entry, in
+/// entry order.
+pub(crate) fn finish_segment(cache_id: &[u8; 16], id: u64, entries: &[Entry], img: &mut [u8]) {
+    let (hdr, data) = img.split_at_mut(BLOCK_SIZE as usize);
+    hdr.fill(0);
+    hdr[0..8].copy_from_slice(SG_MAGIC);
+    hdr[8..24].copy_from_slice(cache_id);
+    hdr[24..32].copy_from_slice(&id.to_le_bytes());
+    hdr[32..36].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    put_entries(hdr, entries);
     let crc = header_crc(
-        &img[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
+        &hdr[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
         SG_CRC_AT,
         data,
     );
-    img[SG_CRC_AT..SG_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
-    img
+    hdr[SG_CRC_AT..SG_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Where the CRC field of a segment header is.
@@ -252,6 +262,7 @@ fn get_entries(b: &[u8], count: usize, blocks: u64) -> Option<Vec<Entry>> {
 
 /// Build a plog record (header block + `data`, one block per data entry in
 /// entry order) for the open segment that will get id `segment_id`.
+#[cfg(test)]
 pub(crate) fn encode_plog_record(
     cache_id: &[u8; 16],
     segment_id: u64,
@@ -260,20 +271,35 @@ pub(crate) fn encode_plog_record(
     data: &[u8],
 ) -> Vec<u8> {
     let mut img = vec![0u8; BLOCK_SIZE as usize + data.len()];
-    img[0..8].copy_from_slice(PL_MAGIC);
-    img[8..24].copy_from_slice(cache_id);
-    img[24..32].copy_from_slice(&segment_id.to_le_bytes());
-    img[32..40].copy_from_slice(&seq.to_le_bytes());
-    img[40..44].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    put_entries(&mut img, entries);
     img[BLOCK_SIZE as usize..].copy_from_slice(data);
+    finish_plog_record(cache_id, segment_id, seq, entries, &mut img);
+    img
+}
+
+/// Write the header of a plog record in place: `img` is the header block
+/// (overwritten whole) followed by one block per data entry, in entry
+/// order.
+pub(crate) fn finish_plog_record(
+    cache_id: &[u8; 16],
+    segment_id: u64,
+    seq: u64,
+    entries: &[Entry],
+    img: &mut [u8],
+) {
+    let (hdr, data) = img.split_at_mut(BLOCK_SIZE as usize);
+    hdr.fill(0);
+    hdr[0..8].copy_from_slice(PL_MAGIC);
+    hdr[8..24].copy_from_slice(cache_id);
+    hdr[24..32].copy_from_slice(&segment_id.to_le_bytes());
+    hdr[32..40].copy_from_slice(&seq.to_le_bytes());
+    hdr[40..44].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    put_entries(hdr, entries);
     let crc = header_crc(
-        &img[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
+        &hdr[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
         PL_CRC_AT,
         data,
     );
-    img[PL_CRC_AT..PL_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
-    img
+    hdr[PL_CRC_AT..PL_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// A plog record header that passed its structural checks (the CRC needs

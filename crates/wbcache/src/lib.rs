@@ -46,6 +46,16 @@
 //!   flushes the cache device. It runs when the dirty part of the ring
 //!   passes [`WbConfig::dirty_high`], when the ring is nearly full, after
 //!   [`WbConfig::idle_writeback`] without writes, or on [`WbCache::drain`].
+//! - **Sequential cutoff (bcache's).** A block-aligned write continuing a
+//!   sequential stream that has written [`WbConfig::seq_cutoff`] bytes
+//!   (default 4 MiB) goes straight to the backing device: a big copy
+//!   would otherwise be written twice and push the useful random writes
+//!   out of the ring. Streams are told from the ends of recent writes,
+//!   with slack for parallel requests arriving out of order. A write is
+//!   bypassed only if none of its blocks is in the cache, so no older
+//!   cached version can be written back over it and nothing has to be
+//!   invalidated in the log (no format change); a FLUSH then also flushes
+//!   the backing device, once for all bypassed writes before it.
 //! - **Zeroes and trims are metadata.** `write_zeroes` and `trim` of whole
 //!   blocks log zero entries (no data block); writeback issues
 //!   `write_zeroes` (with `may_trim` for a trim seen in this session).
@@ -89,6 +99,7 @@ use cairn_blockdev::{
 };
 use format::{Entry, PlogHeader, SegmentHeader, Superblock, Watermark};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -99,6 +110,8 @@ const BU: usize = BLOCK_SIZE as usize;
 const STRIPES: usize = 256;
 /// The largest merged backing write writeback builds.
 const MAX_MERGED_WRITE: usize = 8 << 20;
+/// Buffers of written segments kept for reuse by open segments.
+const SPARE_BUFS: usize = 2;
 
 /// How to format a cache device.
 #[derive(Debug, Clone, Default)]
@@ -128,11 +141,17 @@ pub struct WbConfig {
     /// RAM. `drain` and `close` still seal it. Recovery replays the
     /// persistent log in either mode.
     pub plog: bool,
+    /// Sequential cutoff (bcache's): a block-aligned write that continues
+    /// a sequential stream which has written at least this many bytes
+    /// goes straight to the backing device, unless one of its blocks is
+    /// in the cache. 0 turns it off.
+    pub seq_cutoff: u64,
 }
 
 impl Default for WbConfig {
     fn default() -> Self {
         WbConfig {
+            seq_cutoff: 4 << 20,
             batch: 32,
             dirty_high: 0.5,
             idle_writeback: Duration::from_secs(1),
@@ -169,6 +188,8 @@ pub struct WbStatus {
     pub writeback_batches: u64,
     /// Persistent log records written (plog mode).
     pub plog_records: u64,
+    /// Blocks written straight to the backing device (sequential cutoff).
+    pub bypassed_blocks: u64,
 }
 
 /// One block of a segment in memory. `data` is the block's index among
@@ -202,48 +223,73 @@ struct Loc {
     trim: bool,
 }
 
-/// The segment being filled in RAM. Data indexes are into `data` (a zero
-/// entry that replaced data leaves its block unused until sealing
-/// compacts).
+/// The segment being filled in RAM. `buf` is the segment image being
+/// built: a header block (written at sealing) followed by the data blocks;
+/// data indexes are into those blocks (a zero entry that replaced data
+/// leaves its block unused until sealing compacts).
 struct OpenSeg {
     id: u64,
     entries: Vec<Meta>,
     map: HashMap<u64, usize>,
-    data: Vec<u8>,
+    buf: Vec<u8>,
     /// Entries changed since the last plog record (plog mode only).
     pending: BTreeSet<usize>,
 }
 
+/// A buffer for an open segment: a reused one (`spare`) or a new one,
+/// with room for a whole segment so that filling it never moves it.
+fn segment_buf(spare: &mut Vec<Vec<u8>>) -> Vec<u8> {
+    let mut b = spare
+        .pop()
+        .unwrap_or_else(|| Vec::with_capacity(SEGMENT_BYTES as usize));
+    b.clear();
+    b.resize(BU, 0);
+    b
+}
+
 impl OpenSeg {
-    fn new(id: u64) -> OpenSeg {
+    /// An empty open segment over `buf` (from [`segment_buf`]).
+    fn with_buf(id: u64, buf: Vec<u8>) -> OpenSeg {
         OpenSeg {
             id,
             entries: Vec::new(),
             map: HashMap::new(),
-            data: Vec::new(),
+            buf,
             pending: BTreeSet::new(),
         }
     }
 
     fn data_used(&self) -> usize {
-        self.data.len() / BU
+        self.buf.len() / BU - 1
+    }
+
+    /// Data block `d`.
+    fn block(&self, d: u16) -> &[u8] {
+        let at = (1 + usize::from(d)) * BU;
+        &self.buf[at..at + BU]
+    }
+
+    fn block_mut(&mut self, d: u16) -> &mut [u8] {
+        let at = (1 + usize::from(d)) * BU;
+        &mut self.buf[at..at + BU]
+    }
+
+    /// Append a data block and return its index.
+    fn push_block(&mut self, b: &[u8]) -> u16 {
+        self.buf.extend_from_slice(b);
+        (self.data_used() - 1) as u16
     }
 
     /// Put a block replayed from the plog (None: a zero block), replacing
     /// this segment's version of it; the caller checked there is room.
     fn put_replayed(&mut self, e: &Entry, block: Option<&[u8]>, index: &mut HashMap<u64, Loc>) {
         let old = self.map.get(&e.lba).copied();
-        let data = block.map(|b| {
-            let d = match old.and_then(|i| self.entries[i].data) {
-                Some(d) => d,
-                None => {
-                    self.data.extend_from_slice(&[0u8; BU]);
-                    (self.data_used() - 1) as u16
-                }
-            };
-            let at = usize::from(d) * BU;
-            self.data[at..at + BU].copy_from_slice(b);
-            d
+        let data = block.map(|b| match old.and_then(|i| self.entries[i].data) {
+            Some(d) => {
+                self.block_mut(d).copy_from_slice(b);
+                d
+            }
+            None => self.push_block(b),
         });
         let m = Meta {
             lba: e.lba,
@@ -292,6 +338,7 @@ struct Counters {
     written_back_blocks: u64,
     writeback_batches: u64,
     plog_records: u64,
+    bypassed_blocks: u64,
 }
 
 struct State {
@@ -317,11 +364,82 @@ struct State {
     /// Someone is writing a plog record or flushing the cache device for
     /// a FLUSH.
     flushing: bool,
+    /// Someone (the flusher, or a FLUSH waiting for its segment) is
+    /// writing the oldest sealed segment to the ring.
+    seg_writing: bool,
     drain_to: u64,
     error: Option<Arc<WbError>>,
     stop: bool,
     last_write: Instant,
     counters: Counters,
+    /// Buffers of written segments, for the next open segments.
+    spare: Vec<Vec<u8>>,
+    /// The flusher waits on `flusher_cv`.
+    flusher_waiting: bool,
+    /// How the writeback thread waits on `wb_cv`.
+    wb_wait: WbWait,
+    /// Threads waiting on `space_cv` and on `done_cv`.
+    space_waiters: usize,
+    done_waiters: usize,
+}
+
+/// What the writeback thread is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WbWait {
+    /// Working, or about to check its condition (needs no wakeup).
+    Busy,
+    /// Waiting for the idle timer (dirty segments, nothing urgent).
+    Timed,
+    /// Waiting without a timer (nothing dirty).
+    Untimed,
+}
+
+/// The ends of recent writes, each with the bytes of the sequential
+/// stream it continues (bcache's detection, with slack: parallel requests
+/// of one stream arrive slightly out of order).
+struct SeqStreams {
+    /// (end offset, stream bytes, last use); stream bytes 0: unused.
+    recent: [(u64, u64, u64); SEQ_STREAMS],
+    tick: u64,
+}
+
+/// Recent writes remembered for the sequential cutoff.
+const SEQ_STREAMS: usize = 16;
+
+impl SeqStreams {
+    fn new() -> SeqStreams {
+        SeqStreams {
+            recent: [(0, 0, 0); SEQ_STREAMS],
+            tick: 0,
+        }
+    }
+
+    /// Note a write; the bytes of the stream it continues, itself included.
+    /// A write continues a stream when it starts within four of its own
+    /// lengths of where the stream got to.
+    fn note(&mut self, offset: u64, len: u64) -> u64 {
+        self.tick += 1;
+        let slack = len.saturating_mul(4);
+        let end = offset.saturating_add(len);
+        let hit = self.recent.iter_mut().find(|(e, seq, _)| {
+            *seq > 0 && offset.saturating_add(slack) >= *e && offset <= e.saturating_add(slack)
+        });
+        match hit {
+            Some(r) => {
+                r.0 = r.0.max(end);
+                r.1 = r.1.saturating_add(len);
+                r.2 = self.tick;
+                r.1
+            }
+            None => {
+                let tick = self.tick;
+                if let Some(r) = self.recent.iter_mut().min_by_key(|r| r.2) {
+                    *r = (end, len, tick);
+                }
+                len
+            }
+        }
+    }
 }
 
 struct Inner {
@@ -332,8 +450,23 @@ struct Inner {
     segment_count: u64,
     size: u64,
     state: Mutex<State>,
-    cv: Condvar,
+    /// The flusher waits here for a sealed segment (notify_one: one waiter).
+    flusher_cv: Condvar,
+    /// The writeback thread waits here for a reason to write back.
+    wb_cv: Condvar,
+    /// Writers wait here for room to seal the open segment (a sealed
+    /// segment written, or segments written back).
+    space_cv: Condvar,
+    /// FLUSH and drain callers wait here for progress: a segment written,
+    /// a cache flush or plog record done, a writeback batch done.
+    done_cv: Condvar,
     stripes: Vec<Mutex<()>>,
+    /// Recent writes, to tell sequential streams (sequential cutoff).
+    streams: Mutex<SeqStreams>,
+    /// Writes that went straight to the backing device, and how many of
+    /// them a backing flush has covered.
+    bypass_done: AtomicU64,
+    bypass_flushed: AtomicU64,
     /// Pins of ring slots: readers of a slot hold it shared, the flusher
     /// exclusively while it overwrites the slot.
     slots: Vec<RwLock<()>>,
@@ -651,7 +784,7 @@ impl WbCache {
         }
         // Replay the persistent log into the open segment, and erase the
         // headers of stale records after it.
-        let mut open = OpenSeg::new(last + 1);
+        let mut open = OpenSeg::with_buf(last + 1, segment_buf(&mut Vec::new()));
         let plog = replay_plog(&*cache, &cid, blocks, &mut open, &mut index)?;
         erased |= plog.erased;
 
@@ -677,11 +810,17 @@ impl WbCache {
             plog_seq: plog.seq,
             plog_pos: plog.pos,
             flushing: false,
+            seg_writing: false,
             drain_to: 0,
             error: None,
             stop: false,
             last_write: Instant::now(),
             counters: Counters::default(),
+            spare: Vec::new(),
+            flusher_waiting: false,
+            wb_wait: WbWait::Busy,
+            space_waiters: 0,
+            done_waiters: 0,
         };
         let inner = Arc::new(Inner {
             cache,
@@ -691,8 +830,14 @@ impl WbCache {
             segment_count: count,
             size,
             state: Mutex::new(state),
-            cv: Condvar::new(),
+            flusher_cv: Condvar::new(),
+            wb_cv: Condvar::new(),
+            space_cv: Condvar::new(),
+            done_cv: Condvar::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            streams: Mutex::new(SeqStreams::new()),
+            bypass_done: AtomicU64::new(0),
+            bypass_flushed: AtomicU64::new(0),
             slots: (0..count).map(|_| RwLock::new(())).collect(),
         });
         let mut threads = Vec::new();
@@ -737,24 +882,27 @@ impl WbCache {
             written_back_blocks: st.counters.written_back_blocks,
             writeback_batches: st.counters.writeback_batches,
             plog_records: st.counters.plog_records,
+            bypassed_blocks: st.counters.bypassed_blocks,
         }
     }
 
     /// Make every acknowledged write durable in the log (what FLUSH does).
     pub fn sync(&self) -> Result<()> {
-        self.inner.flush_log()
+        self.inner.flush_all()
     }
 
     /// Flush, then write everything back to the backing device: on return
     /// every write acknowledged before the call is on the backing device,
     /// flushed, and the watermark saying so is durable.
     pub fn drain(&self) -> Result<()> {
+        let seen = self.inner.bypass_done.load(Ordering::Acquire);
         self.inner.flush_seal()?;
+        self.inner.flush_bypassed(seen)?;
         let inner = &self.inner;
         let mut st = lock(&inner.state);
         let target = st.last_sealed_id;
         st.drain_to = st.drain_to.max(target);
-        inner.cv.notify_all();
+        inner.kick_writeback(&st);
         loop {
             if let Some(e) = &st.error {
                 return Err(WbError::Failed(e.clone()));
@@ -765,7 +913,7 @@ impl WbCache {
             if st.stop {
                 return Err(WbError::Closed);
             }
-            st = inner.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = inner.wait_done(st);
         }
     }
 
@@ -787,7 +935,7 @@ impl WbCache {
         {
             let mut st = lock(&self.inner.state);
             st.stop = true;
-            self.inner.cv.notify_all();
+            self.inner.wake_all();
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -817,7 +965,68 @@ impl Inner {
         if st.error.is_none() {
             st.error = Some(Arc::new(e));
         }
-        self.cv.notify_all();
+        self.wake_all();
+    }
+
+    /// Wake every waiter (stop or failure: every condition changed). The
+    /// caller holds the state lock.
+    fn wake_all(&self) {
+        self.flusher_cv.notify_all();
+        self.wb_cv.notify_all();
+        self.space_cv.notify_all();
+        self.done_cv.notify_all();
+    }
+
+    /// Wake the flusher if it waits (a sealed segment is queued).
+    fn kick_flusher(&self, st: &State) {
+        if st.flusher_waiting {
+            self.flusher_cv.notify_one();
+        }
+    }
+
+    /// Wake the writeback thread if it waits and has work now: writeback
+    /// is due, or there are dirty segments while it waits without a timer.
+    fn kick_writeback(&self, st: &State) {
+        let wake = match st.wb_wait {
+            WbWait::Busy => false,
+            WbWait::Timed => self.want_writeback(st),
+            WbWait::Untimed => st.last_written_id > st.clean_id,
+        };
+        if wake {
+            self.wb_cv.notify_one();
+        }
+    }
+
+    /// Wake the writers waiting for room to seal.
+    fn notify_space(&self, st: &State) {
+        if st.space_waiters > 0 {
+            self.space_cv.notify_all();
+        }
+    }
+
+    /// Wake the FLUSH and drain callers waiting for progress.
+    fn notify_done(&self, st: &State) {
+        if st.done_waiters > 0 {
+            self.done_cv.notify_all();
+        }
+    }
+
+    /// Wait for room to seal (the caller re-checks its condition).
+    fn wait_space<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        // Writeback may be what makes room (the ring is full).
+        self.kick_writeback(&st);
+        st.space_waiters += 1;
+        let mut st = self.space_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        st.space_waiters -= 1;
+        st
+    }
+
+    /// Wait for FLUSH or drain progress (the caller re-checks).
+    fn wait_done<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        st.done_waiters += 1;
+        let mut st = self.done_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        st.done_waiters -= 1;
+        st
     }
 
     fn slot_off(&self, seg: u64, data: u16) -> u64 {
@@ -847,18 +1056,26 @@ impl Inner {
         );
     }
 
-    /// Seal the (non-empty) open segment and queue it for the flusher.
-    fn seal(&self, st: &mut State) {
+    /// Seal the (non-empty) open segment and queue it for the flusher
+    /// (woken if `wake_flusher`; a FLUSH caller that writes the segment
+    /// itself does not wake it).
+    fn seal(&self, st: &mut State, wake_flusher: bool) {
         let id = st.open.id;
-        let open = std::mem::replace(&mut st.open, OpenSeg::new(id + 1));
+        let buf = segment_buf(&mut st.spare);
+        let mut open = std::mem::replace(&mut st.open, OpenSeg::with_buf(id + 1, buf));
+        // The new open segment reuses the old one's lookup table.
+        let mut map = std::mem::take(&mut open.map);
+        map.clear();
+        st.open.map = map;
         let mut entries = Vec::with_capacity(open.entries.len());
         let mut metas = Vec::with_capacity(open.entries.len());
-        let mut data = Vec::with_capacity(open.data.len());
+        // Data blocks must be in entry order with no gaps; they usually
+        // are already (then the buffer is the image as it is).
+        let mut in_order = true;
         let mut n = 0u16;
         for m in &open.entries {
             let compact = m.data.map(|d| {
-                let at = usize::from(d) * BU;
-                data.extend_from_slice(&open.data[at..at + BU]);
+                in_order &= d == n;
                 n += 1;
                 n - 1
             });
@@ -877,14 +1094,30 @@ impl Inner {
                 }
             }
         }
-        let image = format::encode_segment(&self.cache_id, id, &entries, &data);
+        let mut image = if in_order && usize::from(n) == open.data_used() {
+            open.buf
+        } else {
+            let mut img = Vec::with_capacity((1 + usize::from(n)) * BU);
+            img.resize(BU, 0);
+            for m in &open.entries {
+                if let Some(d) = m.data {
+                    img.extend_from_slice(open.block(d));
+                }
+            }
+            img
+        };
+        format::finish_segment(&self.cache_id, id, &entries, &mut image);
         st.sealed.push_back(Arc::new(Sealed {
             id,
             image,
             entries: metas,
         }));
         st.last_sealed_id = id;
-        self.cv.notify_all();
+        if wake_flusher {
+            self.kick_flusher(st);
+        }
+        // The ring may now be nearly full.
+        self.kick_writeback(st);
     }
 
     /// Put one whole block into the open segment (None: a zero block).
@@ -911,14 +1144,12 @@ impl Inner {
                     let new = match data {
                         Some(buf) => {
                             let d = match slot {
-                                Some(d) => d,
-                                None => {
-                                    st.open.data.extend_from_slice(&[0u8; BU]);
-                                    (st.open.data_used() - 1) as u16
+                                Some(d) => {
+                                    st.open.block_mut(d).copy_from_slice(buf);
+                                    d
                                 }
+                                None => st.open.push_block(buf),
                             };
-                            let at = usize::from(d) * BU;
-                            st.open.data[at..at + BU].copy_from_slice(buf);
                             Meta {
                                 lba,
                                 dirty: m.dirty | bits,
@@ -935,15 +1166,12 @@ impl Inner {
             } else if st.open.entries.len() < DATA_BLOCKS && (data.is_none() || room) {
                 let old = st.index.get(&lba).map_or(0, |l| l.dirty);
                 let new = match data {
-                    Some(buf) => {
-                        st.open.data.extend_from_slice(buf);
-                        Meta {
-                            lba,
-                            dirty: bits | old,
-                            data: Some((st.open.data_used() - 1) as u16),
-                            trim: false,
-                        }
-                    }
+                    Some(buf) => Meta {
+                        lba,
+                        dirty: bits | old,
+                        data: Some(st.open.push_block(buf)),
+                        trim: false,
+                    },
                     None => Meta::zero(lba, trim),
                 };
                 let i = st.open.entries.len();
@@ -954,11 +1182,10 @@ impl Inner {
             }
             // The open segment is full.
             if self.can_seal(st) {
-                self.seal(st);
+                self.seal(st, true);
                 continue;
             }
-            self.cv.notify_all();
-            guard = self.cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+            guard = self.wait_space(guard);
         }
     }
 
@@ -993,7 +1220,7 @@ impl Inner {
                 };
                 let at = usize::from(d) * BU + inb;
                 if loc.seg == st.open.id {
-                    dst.copy_from_slice(&st.open.data[at..at + dst.len()]);
+                    dst.copy_from_slice(&st.open.block(d)[inb..inb + dst.len()]);
                     plan.push((lba, Src::Done));
                     ram += 1;
                 } else if let Some(s) = st.sealed.iter().find(|s| s.id == loc.seg) {
@@ -1114,6 +1341,61 @@ impl Inner {
         Ok(())
     }
 
+    /// The sequential cutoff: write `buf` at `offset` straight to the
+    /// backing device if it is whole blocks, continues a sequential stream
+    /// of at least [`WbConfig::seq_cutoff`] bytes and none of its blocks
+    /// is in the cache (a cached block's newer version must not be
+    /// overtaken by its older one written back later, and refusing is
+    /// simpler than logging an invalidation). Returns whether it did.
+    /// A writeback batch that would write one of these blocks holds it in
+    /// the index until its backing writes are flushed, so it is seen here.
+    fn bypass(&self, buf: &[u8], offset: u64, fua: bool) -> Result<bool> {
+        let len = buf.len() as u64;
+        if self.cfg.seq_cutoff == 0 || len == 0 {
+            return Ok(false);
+        }
+        let seq = lock(&self.streams).note(offset, len);
+        if seq < self.cfg.seq_cutoff || offset % B != 0 || len % B != 0 {
+            return Ok(false);
+        }
+        {
+            let mut st = lock(&self.state);
+            Self::failed(&st)?;
+            if st.stop {
+                return Err(WbError::Closed);
+            }
+            if (offset / B..(offset + len) / B).any(|lba| st.index.contains_key(&lba)) {
+                return Ok(false);
+            }
+            st.counters.bypassed_blocks += len / B;
+        }
+        self.backing
+            .write_at(buf, offset, fua)
+            .map_err(|e| WbError::io(Place::Backing { offset }, e))?;
+        self.bypass_done.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
+    }
+
+    /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
+    /// if writes went straight to it since it was last flushed.
+    fn flush_all(&self) -> Result<()> {
+        let seen = self.bypass_done.load(Ordering::Acquire);
+        self.flush_log()?;
+        self.flush_bypassed(seen)
+    }
+
+    /// Flush the backing device if the first `seen` writes that went
+    /// straight to it are not all covered by a backing flush yet.
+    fn flush_bypassed(&self, seen: u64) -> Result<()> {
+        if seen > self.bypass_flushed.load(Ordering::Acquire) {
+            self.backing
+                .flush()
+                .map_err(|e| WbError::io(Place::BackingFlush, e))?;
+            self.bypass_flushed.fetch_max(seen, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
     /// What FLUSH does: in plog mode append a plog record, else seal.
     fn flush_log(&self) -> Result<()> {
         if self.cfg.plog {
@@ -1124,7 +1406,9 @@ impl Inner {
     }
 
     /// Seal the open segment, wait until it and all before it are written,
-    /// and flush the cache device (shared with concurrent callers).
+    /// and flush the cache device (shared with concurrent callers). When
+    /// no one is writing a segment, the caller writes the oldest sealed
+    /// one itself instead of handing it to the flusher and waiting.
     fn flush_seal(&self) -> Result<()> {
         let mut st = lock(&self.state);
         loop {
@@ -1133,20 +1417,26 @@ impl Inner {
                 break;
             }
             if self.can_seal(&st) {
-                self.seal(&mut st);
+                // Woken only if someone else is writing: then the
+                // flusher should carry on with this one too.
+                let busy = st.seg_writing;
+                self.seal(&mut st, busy);
                 break;
             }
             if st.stop {
                 return Err(WbError::Closed);
             }
-            self.cv.notify_all();
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.wait_space(st);
         }
         let target = st.last_sealed_id;
         loop {
             Self::failed(&st)?;
             if st.durable_id >= target {
                 return Ok(());
+            }
+            if st.last_written_id < target && !st.seg_writing && !st.sealed.is_empty() && !st.stop {
+                st = self.write_front(st);
+                continue;
             }
             if st.last_written_id >= target && !st.flushing {
                 st.flushing = true;
@@ -1159,13 +1449,13 @@ impl Inner {
                     Ok(()) => st.durable_id = st.durable_id.max(w),
                     Err(e) => self.fail(&mut st, WbError::io(Place::CacheFlush, e)),
                 }
-                self.cv.notify_all();
+                self.notify_done(&st);
                 continue;
             }
             if st.stop && st.last_written_id < target {
                 return Err(WbError::Closed);
             }
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.wait_done(st);
         }
     }
 
@@ -1189,10 +1479,10 @@ impl Inner {
                 st.flushing = true;
                 st = self.lead_plog(st);
                 st.flushing = false;
-                self.cv.notify_all();
+                self.notify_done(&st);
                 continue;
             }
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.wait_done(st);
         }
     }
 
@@ -1226,12 +1516,12 @@ impl Inner {
                 .count() as u64;
             if pos + (1 + ndata) * B <= RING_OFFSET {
                 let mut entries = Vec::with_capacity(open.pending.len());
-                let mut data = Vec::with_capacity(ndata as usize * BU);
+                let mut image = Vec::with_capacity((1 + ndata as usize) * BU);
+                image.resize(BU, 0);
                 for &i in &open.pending {
                     let m = open.entries[i];
                     if let Some(d) = m.data {
-                        let at = usize::from(d) * BU;
-                        data.extend_from_slice(&open.data[at..at + BU]);
+                        image.extend_from_slice(open.block(d));
                     }
                     entries.push(Entry {
                         lba: m.lba,
@@ -1241,7 +1531,7 @@ impl Inner {
                 }
                 let seg = open.id;
                 let seq = if restart { 1 } else { st.plog_seq + 1 };
-                let image = format::encode_plog_record(&self.cache_id, seg, seq, &entries, &data);
+                format::finish_plog_record(&self.cache_id, seg, seq, &entries, &mut image);
                 st.open.pending.clear();
                 st.plog_seg = seg;
                 st.plog_seq = seq;
@@ -1256,11 +1546,11 @@ impl Inner {
             }
             // The plog is full: the segment goes to the ring instead.
             if self.can_seal(&st) {
-                self.seal(&mut st);
+                let busy = st.seg_writing;
+                self.seal(&mut st, busy);
                 break None;
             }
-            self.cv.notify_all();
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.wait_space(st);
         };
         // Every block put so far is in the record, an earlier record or a
         // sealed segment; wait until the sealed ones are written, so that
@@ -1277,7 +1567,11 @@ impl Inner {
             if st.stop {
                 return st;
             }
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            if !st.seg_writing && !st.sealed.is_empty() {
+                st = self.write_front(st);
+                continue;
+            }
+            st = self.wait_done(st);
         }
         let behind = st.durable_id < target;
         if rec.is_none() && !behind {
@@ -1342,47 +1636,76 @@ impl Inner {
 
     /// The flusher thread: write sealed segments to their slots, in order.
     fn flusher(&self) {
+        let mut st = lock(&self.state);
         loop {
-            let seg = {
-                let mut st = lock(&self.state);
-                loop {
-                    if st.stop || st.error.is_some() {
-                        return;
+            if st.stop || st.error.is_some() {
+                return;
+            }
+            if !st.seg_writing && !st.sealed.is_empty() {
+                st = self.write_front(st);
+                continue;
+            }
+            st.flusher_waiting = true;
+            st = self.flusher_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            st.flusher_waiting = false;
+        }
+    }
+
+    /// Write the oldest sealed segment to its slot (the caller checked that
+    /// there is one and that no one else is writing one), then move it to
+    /// the written list and wake whoever that concerns. A failure is
+    /// recorded in the state.
+    fn write_front<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let Some(seg) = st.sealed.front().cloned() else {
+            return st;
+        };
+        st.seg_writing = true;
+        drop(st);
+        let slot = segment_slot(seg.id, self.segment_count);
+        let r = {
+            let _g = self.slots[slot as usize]
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            self.cache.write_at(
+                &seg.image,
+                segment_offset(seg.id, self.segment_count),
+                false,
+            )
+        };
+        let id = seg.id;
+        drop(seg);
+        let mut st = lock(&self.state);
+        st.seg_writing = false;
+        match r {
+            Ok(()) => {
+                // Only the queue holds the segment now (readers copy from
+                // it under the state lock), so its parts can be reused.
+                let Some(done) = st.sealed.pop_front() else {
+                    return st;
+                };
+                let entries = match Arc::try_unwrap(done) {
+                    Ok(s) => {
+                        if st.spare.len() < SPARE_BUFS
+                            && s.image.capacity() >= SEGMENT_BYTES as usize
+                        {
+                            st.spare.push(s.image);
+                        }
+                        s.entries
                     }
-                    if let Some(s) = st.sealed.front() {
-                        break s.clone();
-                    }
-                    st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            let slot = segment_slot(seg.id, self.segment_count);
-            let r = {
-                let _g = self.slots[slot as usize]
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner());
-                self.cache.write_at(
-                    &seg.image,
-                    segment_offset(seg.id, self.segment_count),
-                    false,
-                )
-            };
-            let mut st = lock(&self.state);
-            match r {
-                Ok(()) => {
-                    st.sealed.pop_front();
-                    st.written.push_back(Written {
-                        id: seg.id,
-                        entries: seg.entries.clone(),
-                    });
-                    st.last_written_id = seg.id;
-                    self.cv.notify_all();
-                }
-                Err(e) => {
-                    self.fail(&mut st, WbError::io(Place::Segment { id: seg.id, slot }, e));
-                    return;
+                    Err(s) => s.entries.clone(),
+                };
+                st.written.push_back(Written { id, entries });
+                st.last_written_id = id;
+                self.notify_done(&st);
+                self.notify_space(&st);
+                self.kick_writeback(&st);
+                if !st.sealed.is_empty() {
+                    self.kick_flusher(&st);
                 }
             }
+            Err(e) => self.fail(&mut st, WbError::io(Place::Segment { id, slot }, e)),
         }
+        st
     }
 
     /// Whether writeback should run now.
@@ -1398,12 +1721,11 @@ impl Inner {
             || st.last_write.elapsed() >= self.cfg.idle_writeback
     }
 
-    /// The writeback thread.
+    /// The writeback thread. It sleeps until woken for work (segments
+    /// written, the ring nearly full, a drain, stop), or, while dirty
+    /// segments wait, until [`WbConfig::idle_writeback`] after the last
+    /// write.
     fn writeback_loop(&self) {
-        let tick = self
-            .cfg
-            .idle_writeback
-            .clamp(Duration::from_millis(1), Duration::from_millis(100));
         loop {
             let batch = {
                 let mut st = lock(&self.state);
@@ -1414,10 +1736,27 @@ impl Inner {
                     if self.want_writeback(&st) {
                         break;
                     }
-                    st = self
-                        .cv
-                        .wait_timeout(st, tick)
-                        .map_or_else(|p| p.into_inner().0, |r| r.0);
+                    let deadline = if st.last_written_id > st.clean_id {
+                        st.last_write.checked_add(self.cfg.idle_writeback)
+                    } else {
+                        None
+                    };
+                    st = match deadline {
+                        Some(d) => {
+                            st.wb_wait = WbWait::Timed;
+                            let left = d
+                                .saturating_duration_since(Instant::now())
+                                .max(Duration::from_millis(1));
+                            self.wb_cv
+                                .wait_timeout(st, left)
+                                .map_or_else(|p| p.into_inner().0, |r| r.0)
+                        }
+                        None => {
+                            st.wb_wait = WbWait::Untimed;
+                            self.wb_cv.wait(st).unwrap_or_else(|p| p.into_inner())
+                        }
+                    };
+                    st.wb_wait = WbWait::Busy;
                 }
                 self.collect_batch(&st)
             };
@@ -1440,6 +1779,7 @@ impl Inner {
                         seg: w.id,
                         meta: *m,
                         trim: st.index.get(&m.lba).is_some_and(|l| l.trim),
+                        buf: 0,
                     });
                 }
             }
@@ -1449,8 +1789,9 @@ impl Inner {
 
     /// Write one batch back, advance the watermark, drop its index entries.
     fn write_back(&self, mut batch: Batch) -> Result<()> {
-        // Read the data blocks, one read per segment.
-        let mut data: HashMap<u64, Vec<u8>> = HashMap::new();
+        // Read the data blocks, one read per segment; each candidate then
+        // points into its segment's buffer.
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
         let mut i = 0;
         while i < batch.cands.len() {
             let seg = batch.cands[i].seg;
@@ -1475,23 +1816,21 @@ impl Inner {
                             e,
                         )
                     })?;
-                for c in &batch.cands[i..j] {
-                    if let Some(d) = c.meta.data {
-                        let at = usize::from(d) * BU;
-                        data.insert(c.meta.lba, buf[at..at + BU].to_vec());
-                    }
+                for c in &mut batch.cands[i..j] {
+                    c.buf = bufs.len();
                 }
+                bufs.push(buf);
             }
             i = j;
         }
         batch.cands.sort_by_key(|c| c.meta.lba);
 
         // Write dirty sector runs (merged) and zero runs, in address order.
-        let mut run: Option<(u64, Vec<u8>)> = None;
+        let mut run = Run::default();
         let mut zrun: Option<(u64, u64, bool)> = None;
         for c in &batch.cands {
             let base = c.meta.lba * B;
-            match data.get(&c.meta.lba) {
+            match c.meta.data {
                 None => {
                     self.flush_run(&mut run)?;
                     let zend = (base + B).min(self.size);
@@ -1505,10 +1844,12 @@ impl Inner {
                         }
                     };
                 }
-                Some(block) => {
+                Some(d) => {
                     if let Some(z) = zrun.take() {
                         self.zero_run(z)?;
                     }
+                    let at = usize::from(d) * BU;
+                    let block = &bufs[c.buf][at..at + BU];
                     let mut s = 0usize;
                     while s < 8 {
                         if c.meta.dirty & (1 << s) == 0 {
@@ -1523,18 +1864,15 @@ impl Inner {
                         let stop = (base + e as u64 * SECTOR_SIZE).min(self.size);
                         if off < stop {
                             let bytes = &block[s * 512..s * 512 + (stop - off) as usize];
-                            match &mut run {
-                                Some((ro, rb))
-                                    if *ro + rb.len() as u64 == off
-                                        && rb.len() < MAX_MERGED_WRITE =>
-                                {
-                                    rb.extend_from_slice(bytes);
-                                }
-                                _ => {
-                                    self.flush_run(&mut run)?;
-                                    run = Some((off, bytes.to_vec()));
-                                }
+                            if !(run.off + run.len as u64 == off
+                                && !run.parts.is_empty()
+                                && run.len < MAX_MERGED_WRITE)
+                            {
+                                self.flush_run(&mut run)?;
+                                run.off = off;
                             }
+                            run.parts.push(bytes);
+                            run.len += bytes.len();
                         }
                         s = e;
                     }
@@ -1580,16 +1918,34 @@ impl Inner {
         }
         st.counters.written_back_blocks += batch.cands.len() as u64;
         st.counters.writeback_batches += 1;
-        self.cv.notify_all();
+        // Ring slots are free again (for blocked writers) and drain
+        // callers wait for `clean_id`.
+        self.notify_space(&st);
+        self.notify_done(&st);
         Ok(())
     }
 
-    fn flush_run(&self, run: &mut Option<(u64, Vec<u8>)>) -> Result<()> {
-        if let Some((off, buf)) = run.take() {
-            self.backing
-                .write_at(&buf, off, false)
-                .map_err(|e| WbError::io(Place::Backing { offset: off }, e))?;
-        }
+    /// Write the run (one write: a single part as it is, several joined
+    /// in the run's scratch buffer) and empty it.
+    fn flush_run(&self, run: &mut Run<'_>) -> Result<()> {
+        let buf: &[u8] = match run.parts.len() {
+            0 => return Ok(()),
+            1 => run.parts[0],
+            _ => {
+                run.joined.clear();
+                run.joined.reserve(run.len);
+                for p in &run.parts {
+                    run.joined.extend_from_slice(p);
+                }
+                &run.joined
+            }
+        };
+        let off = run.off;
+        self.backing
+            .write_at(buf, off, false)
+            .map_err(|e| WbError::io(Place::Backing { offset: off }, e))?;
+        run.parts.clear();
+        run.len = 0;
         Ok(())
     }
 
@@ -1618,6 +1974,18 @@ struct Cand {
     seg: u64,
     meta: Meta,
     trim: bool,
+    /// Which of the batch's segment buffers holds its data block.
+    buf: usize,
+}
+
+/// Consecutive dirty sectors writeback writes as one request: pieces of
+/// the segment buffers, joined only when there are several.
+#[derive(Default)]
+struct Run<'a> {
+    off: u64,
+    len: usize,
+    parts: Vec<&'a [u8]>,
+    joined: Vec<u8>,
 }
 
 struct Batch {
@@ -1642,7 +2010,7 @@ impl WbCache {
         offset: u64,
         len: u64,
     ) -> cairn_blockdev::Result<()> {
-        r.and_then(|()| if fua { self.inner.flush_log() } else { Ok(()) })
+        r.and_then(|()| if fua { self.inner.flush_all() } else { Ok(()) })
             .map_err(|e| e.to_block(op, offset, len))
     }
 }
@@ -1685,13 +2053,18 @@ impl BlockDev for WbCache {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
         let len = buf.len() as u64;
         self.writable(Op::Write, offset, len)?;
+        match self.inner.bypass(buf, offset, fua) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_block(Op::Write, offset, len)),
+        }
         let r = self.inner.write(offset, len, Fill::Data(buf));
         self.after_write(r, fua, Op::Write, offset, len)
     }
 
     fn flush(&self) -> cairn_blockdev::Result<()> {
         self.inner
-            .flush_log()
+            .flush_all()
             .map_err(|e| e.to_block(Op::Flush, 0, 0))
     }
 

@@ -34,6 +34,14 @@ enum Op {
         off: u64,
         len: u64,
     },
+    /// `n` writes of `len` bytes one after the other from `off` (a
+    /// sequential stream: the sequential cutoff's case).
+    Seq {
+        off: u64,
+        len: u64,
+        n: u64,
+        seed: u8,
+    },
 }
 
 fn range() -> impl Strategy<Value = (u64, u64)> {
@@ -53,6 +61,28 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Random operations and sequential runs, some block-aligned (bypassed once
+/// the stream is long enough), some not.
+fn seq_op() -> impl Strategy<Value = Op> {
+    let run = (
+        0..BACKING / 4096,
+        1u64..=8,
+        2u64..=24,
+        any::<u8>(),
+        prop::bool::weighted(0.8),
+    )
+        .prop_map(|(b, blocks, n, seed, aligned)| {
+            let len = if aligned {
+                blocks * 4096
+            } else {
+                blocks * 4096 - 512
+            };
+            let off = (b * 4096).min(BACKING - len * n);
+            Op::Seq { off, len, n, seed }
+        });
+    prop_oneof![3 => op(), 1 => run]
+}
+
 fn pattern(off: u64, len: u64, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| ((off + i) as u8).wrapping_mul(31) ^ seed)
@@ -66,6 +96,16 @@ fn config() -> WbConfig {
         idle_writeback: Duration::from_millis(5),
         max_sealed_in_ram: 1,
         plog: false,
+        seq_cutoff: 0,
+    }
+}
+
+/// With a sequential cutoff low enough for the runs of [`seq_op`].
+fn cutoff_config(plog: bool) -> WbConfig {
+    WbConfig {
+        plog,
+        seq_cutoff: 16 << 10,
+        ..config()
     }
 }
 
@@ -100,6 +140,14 @@ fn run_with(ops: &[Op], cfg: WbConfig) -> cairn_wbcache::WbStatus {
                 model[off as usize..(off + len) as usize].fill(0);
             }
             Op::Flush => wb.flush().unwrap(),
+            Op::Seq { off, len, n, seed } => {
+                for i in 0..n {
+                    let at = off + i * len;
+                    let p = pattern(at, len, seed);
+                    wb.write_at(&p, at, false).unwrap();
+                    model[at as usize..(at + len) as usize].copy_from_slice(&p);
+                }
+            }
             Op::Read { off, len } => {
                 let mut b = vec![0u8; len as usize];
                 wb.read_at(&mut b, off).unwrap();
@@ -140,6 +188,65 @@ proptest! {
     fn behaves_like_a_byte_vector_in_plog_mode(ops in prop::collection::vec(op(), 1..120)) {
         run_with(&ops, WbConfig { plog: true, ..config() });
     }
+
+    #[test]
+    fn behaves_like_a_byte_vector_with_sequential_cutoff(
+        ops in prop::collection::vec(seq_op(), 1..80),
+        plog in any::<bool>(),
+    ) {
+        run_with(&ops, cutoff_config(plog));
+    }
+}
+
+/// Sequential runs over blocks that are cached and blocks that are not:
+/// the uncached ones go straight to the backing device, the cached ones
+/// through the cache, and everything reads back as written.
+#[test]
+fn sequential_runs_bypass_only_uncached_blocks() {
+    let ops = vec![
+        // Random writes put some blocks in the cache.
+        Op::Write {
+            off: 40 * 4096,
+            len: 4096,
+            seed: 1,
+            fua: false,
+        },
+        Op::Write {
+            off: 300 * 4096,
+            len: 8192,
+            seed: 2,
+            fua: false,
+        },
+        // A run of 64 KiB writes over 0..1 MiB: past the first 16 KiB it
+        // bypasses, except the write holding block 40.
+        Op::Seq {
+            off: 0,
+            len: 65536,
+            n: 16,
+            seed: 3,
+        },
+        Op::Flush,
+        Op::Read {
+            off: 0,
+            len: 1 << 20,
+        },
+        // A run over the cached blocks at 300..302 and beyond.
+        Op::Seq {
+            off: 296 * 4096,
+            len: 16384,
+            n: 10,
+            seed: 4,
+        },
+        Op::Read {
+            off: 290 * 4096,
+            len: 200 * 4096,
+        },
+    ];
+    let st = run_with(&ops, cutoff_config(false));
+    assert!(st.bypassed_blocks >= 200, "{st:?}");
+    // Without the cutoff nothing bypasses.
+    let st = run_with(&ops, config());
+    assert_eq!(st.bypassed_blocks, 0);
 }
 
 #[test]
@@ -236,5 +343,34 @@ fn a_backing_size_that_is_not_a_whole_number_of_blocks() {
     let wb = WbCache::open(cache_dev, backing, config()).unwrap();
     wb.read_at(&mut all, 0).unwrap();
     assert!(all == model);
+    wb.close().unwrap();
+}
+
+/// Writes that bypassed the cache are made durable by the next FLUSH (and
+/// FUA): the backing device is flushed, once for many writes.
+#[test]
+fn flush_after_bypassed_writes_flushes_the_backing_device() {
+    use cairn_blockdev::{FaultDev, FaultPlan};
+    let cache_dev = Arc::new(MemDev::new((RING_OFFSET + 3 * SEGMENT_BYTES) as usize));
+    let mem = Arc::new(MemDev::new(BACKING as usize));
+    let backing = Arc::new(FaultDev::new(mem.clone(), FaultPlan::new()));
+    WbCache::format(&*cache_dev, BACKING, &FormatOptions::default()).unwrap();
+    let wb = WbCache::open(cache_dev, backing.clone(), cutoff_config(false)).unwrap();
+    let flushes = || backing.counts().of(cairn_blockdev::Op::Flush);
+    let data = pattern(0, 64 << 10, 9);
+    for i in 0..8u64 {
+        wb.write_at(&data, i * (64 << 10), false).unwrap();
+    }
+    assert!(wb.status().bypassed_blocks > 0);
+    // Bypassed bytes are on the backing device before any writeback.
+    assert!(mem.contents()[7 * (64 << 10)..8 * (64 << 10)] == data[..]);
+    let before = flushes();
+    wb.flush().unwrap();
+    assert_eq!(flushes(), before + 1, "FLUSH flushes the backing once");
+    wb.flush().unwrap();
+    assert_eq!(flushes(), before + 1, "nothing new: no backing flush");
+    // A FUA write that bypasses is written with FUA, and durable.
+    wb.write_at(&data, 8 * (64 << 10), true).unwrap();
+    wb.sync().unwrap();
     wb.close().unwrap();
 }

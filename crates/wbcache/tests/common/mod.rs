@@ -18,6 +18,7 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         idle_writeback: Duration::from_secs(3600),
         max_sealed_in_ram: 2,
         plog,
+        seq_cutoff: 0,
     }
 }
 

@@ -1,0 +1,134 @@
+//! Many threads writing, reading and flushing at once, with a tiny ring
+//! and eager or idle writeback, so that writers wait for room, FLUSH
+//! callers write segments themselves or wait for the flusher, and
+//! writeback runs concurrently: every run must finish (no lost wakeup)
+//! and read back what was written, before and after drain and reopen.
+#![allow(clippy::unwrap_used)] // a panic is a test failure
+
+mod common;
+
+use cairn_blockdev::{BlockDev, ZeroFlags};
+use cairn_wbcache::{WbCache, WbConfig};
+use common::{devs, BACKING};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+const THREADS: u64 = 4;
+
+fn pattern(off: u64, len: u64, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((off + i) as u8) ^ (seed as u8).wrapping_mul(31))
+        .collect()
+}
+
+/// One run: THREADS threads on disjoint regions, then checks.
+fn stress(cfg: WbConfig, segments: u64, flush_every: u64) {
+    let (cache, backing) = devs(segments);
+    let wb = Arc::new(WbCache::open(cache.clone(), backing.clone(), cfg.clone()).unwrap());
+    let region = BACKING / THREADS;
+    let mut handles = Vec::new();
+    for t in 0..THREADS {
+        let wb = wb.clone();
+        handles.push(std::thread::spawn(move || {
+            let base = t * region;
+            let mut model = vec![0u8; region as usize];
+            let mut x = t * 7919 + 1;
+            for i in 0..400u64 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let off = (x >> 20) % (region - 20_000);
+                let len = 1 + (x >> 40) % 20_000;
+                if i % 17 == 5 {
+                    wb.write_zeroes(base + off, len, ZeroFlags::default())
+                        .unwrap();
+                    model[off as usize..(off + len) as usize].fill(0);
+                } else {
+                    let p = pattern(off, len, t * 1000 + i);
+                    wb.write_at(&p, base + off, i % 23 == 0).unwrap();
+                    model[off as usize..(off + len) as usize].copy_from_slice(&p);
+                }
+                if i % flush_every == 0 {
+                    wb.flush().unwrap();
+                }
+                if i % 9 == 0 {
+                    let mut b = vec![0u8; len as usize];
+                    wb.read_at(&mut b, base + off).unwrap();
+                    assert!(b == model[off as usize..(off + len) as usize]);
+                }
+            }
+            model
+        }));
+    }
+    let mut model = Vec::new();
+    for h in handles {
+        model.extend(h.join().unwrap());
+    }
+    let mut all = vec![0u8; BACKING as usize];
+    wb.read_at(&mut all, 0).unwrap();
+    assert!(all == model, "read back after the writers");
+    wb.drain().unwrap();
+    assert!(backing.contents() == model, "backing after drain");
+    let wb = Arc::try_unwrap(wb).ok().unwrap();
+    wb.close().unwrap();
+    let wb = WbCache::open(cache, backing, cfg).unwrap();
+    let mut all = vec![0u8; BACKING as usize];
+    wb.read_at(&mut all, 0).unwrap();
+    assert!(all == model, "read back after reopen");
+    wb.close().unwrap();
+}
+
+/// `stress` in a thread; a run that does not finish in time is a hang.
+fn stress_in_time(cfg: WbConfig, segments: u64, flush_every: u64) {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        stress(cfg, segments, flush_every);
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(()) => t.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => t.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("stress run hung"),
+    }
+}
+
+fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
+    WbConfig {
+        batch,
+        dirty_high,
+        idle_writeback: Duration::from_millis(idle_ms),
+        max_sealed_in_ram: 1,
+        plog,
+        // Low, so that writers' runs of blocks go around the cache too.
+        seq_cutoff: 64 << 10,
+    }
+}
+
+#[test]
+fn eager_writeback_small_ring() {
+    for plog in [false, true] {
+        stress_in_time(cfg(plog, 0.0, 0, 1), 3, 3);
+    }
+}
+
+#[test]
+fn idle_writeback_small_ring() {
+    for plog in [false, true] {
+        stress_in_time(cfg(plog, 1.0, 2, 2), 3, 5);
+    }
+}
+
+#[test]
+fn lazy_writeback_ring_full_waits() {
+    for plog in [false, true] {
+        stress_in_time(cfg(plog, 1.0, 3_600_000, 32), 4, 50);
+    }
+}
+
+#[test]
+fn flush_after_every_write() {
+    for plog in [false, true] {
+        stress_in_time(cfg(plog, 0.5, 1, 4), 8, 1);
+    }
+}
