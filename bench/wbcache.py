@@ -24,8 +24,13 @@ disk is fast and host-cached.
       cache: every FLUSH commits one), against the disk rows of (C).
       Client IOPS, snapshots committed, and the drain that commits the
       rest.
+  (S) sequential cutoff: 1 GiB written sequentially in 1 MiB requests
+      (fio, depth 16, an fsync at the end) to the bare file, through the
+      cache with the cutoff off (--cache-seq-cutoff 0) and with the default
+      (4M); time until the client is done, and until everything is on the
+      backing file (+ drain).
 
-Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E]
+Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E,S]
 """
 import argparse
 import datetime
@@ -83,7 +88,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tests", default="A,B,C,E", help="which tests to run (default all: A,B,C,E)")
+    ap.add_argument("--tests", default="A,B,C,E,S", help="which tests to run (default all: A,B,C,E,S)")
     a = ap.parse_args()
     tests = set(a.tests.split(","))
     if a.quick:
@@ -169,6 +174,21 @@ def main():
                 if name == "cache":
                     dsecs, _, dcmd = drain(C, cache, back, 32, hdd)
                     rec("C", f"{tag} cache incl. drain", n / (secs + dsecs), "IOPS", dcmd)
+        # (S) a big sequential write, with and without the cutoff.
+        if "S" in tests:
+            size = 1 << 30
+            for name, spec, extra in [("bare", f"d={back}", []),
+                                      ("cache, cutoff off", f"d={back},cache={cache}", ["--cache-seq-cutoff", "0"]),
+                                      ("cache, cutoff 4M", f"d={back},cache={cache}", [])]:
+                fresh(back, size)
+                fresh(cache, 256 << 20)
+                srv = serve(spec, extra)
+                _, secs, cmd = fio(sock, "write", "1m", [f"--size={size}", "--end_fsync=1"])
+                srv.stop()
+                rec("S", f"{name}: client", secs, "s", cmd)
+                if spec.endswith(f"cache={cache}"):
+                    dsecs, _, dcmd = drain(C, cache, back, 32, False)
+                    rec("S", f"{name}: incl. drain", secs + dsecs, "s", dcmd)
         # (E) the load of (C) on a writable repository image.
         if "E" in tests:
             n, size = 65536, 512 << 20
@@ -241,6 +261,8 @@ def main():
     ratio("(C) hdd: cache incl. drain ÷ no cache", get("C", "hdd cache incl. drain", "IOPS"), get("C", "hdd no cache", "IOPS"))
     ratio("(C) disk: cache ÷ no cache", get("C", "disk cache", "IOPS"), get("C", "disk no cache", "IOPS"), 0.9)
     ratio("(C) disk: cache ÷ qemu-nbd", get("C", "disk cache", "IOPS"), get("C", "disk qemu-nbd", "IOPS"), 1.0)
+    ratio("(S) bare ÷ cache with cutoff, incl. drain (time)", get("S", "bare: client", "s"), get("S", "cache, cutoff 4M: incl. drain", "s"))
+    ratio("(S) bare ÷ cache without cutoff, incl. drain (time)", get("S", "bare: client", "s"), get("S", "cache, cutoff off: incl. drain", "s"))
     ratio("(E) disk: image with cache ÷ file with cache", get("E", "disk image cache", "IOPS"), get("C", "disk cache", "IOPS"))
     ratio("(E) disk: image with cache ÷ image without", get("E", "disk image cache", "IOPS"), get("E", "disk image rw", "IOPS"))
     ratio("(E) disk: image without cache ÷ bare file", get("E", "disk image rw", "IOPS"), get("C", "disk no cache", "IOPS"))

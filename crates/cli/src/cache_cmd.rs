@@ -251,6 +251,7 @@ pub(crate) fn status_json(cache: &str, s: &WbStatus) -> serde_json::Value {
         "written_back_blocks": s.written_back_blocks,
         "writeback_batches": s.writeback_batches,
         "plog_records": s.plog_records,
+        "bypassed_blocks": s.bypassed_blocks,
     })
 }
 
@@ -259,7 +260,7 @@ pub(crate) fn status_line(cache: &str, s: &WbStatus) -> String {
     let reads = s.read_hits_ram + s.read_hits_log + s.read_misses;
     let hits = s.read_hits_ram + s.read_hits_log;
     format!(
-        "{cache}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments; read hits {} of {} blocks{}; {} blocks written back in {} batches",
+        "{cache}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments; read hits {} of {} blocks{}; {} blocks written back in {} batches; {} written around the cache (sequential)",
         s.segment_count,
         s.last_written_id,
         s.clean_id,
@@ -275,6 +276,7 @@ pub(crate) fn status_line(cache: &str, s: &WbStatus) -> String {
         },
         s.written_back_blocks,
         s.writeback_batches,
+        s.bypassed_blocks,
     )
 }
 

@@ -64,6 +64,11 @@ pub(crate) struct ServeArgs {
     /// instead of sealing a whole segment.
     #[arg(long = "cache-plog")]
     pub cache_plog: bool,
+    /// Write-back cache: block-aligned writes continuing a sequential
+    /// stream of at least this many bytes go straight to the backing
+    /// device (unless cached there); 0 turns this off.
+    #[arg(long = "cache-seq-cutoff", value_parser = size_or_zero, default_value = "4M")]
+    pub cache_seq_cutoff: usize,
     /// A unix socket where `cairn cache status|drain --control SOCK` reach
     /// the write-back caches of this server.
     #[arg(long = "control", value_name = "SOCK")]
@@ -71,6 +76,14 @@ pub(crate) struct ServeArgs {
     /// Log connections and protocol errors on stderr.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
+}
+
+/// A size (`4M`), or 0.
+fn size_or_zero(s: &str) -> std::result::Result<usize, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    crate::parse_size(s)
 }
 
 /// A parsed `--file`.
@@ -145,6 +158,7 @@ fn attach_cache(
         dirty_high: a.cache_dirty_high,
         idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
         plog: a.cache_plog,
+        seq_cutoff: a.cache_seq_cutoff as u64,
         ..WbConfig::default()
     };
     let (wb, lock) = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;

@@ -462,6 +462,39 @@ fn control_socket_reports_and_drains_a_running_cache() {
     assert!(back[1 << 20..(1 << 20) + 262_144]
         .iter()
         .all(|&b| b == 0x5a));
+    // A big sequential write goes around the cache (sequential cutoff,
+    // default 4M) and is on the backing file at once.
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x77 2M 6M",
+            "-c",
+            "read -P 0x77 2M 6M",
+            &uri,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("fail"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = ask(&["status"]);
+    let bypassed = st["caches"][0]["bypassed_blocks"].as_u64().unwrap();
+    assert!(bypassed >= 512, "{st}");
+    let back = std::fs::read(d.join("back.raw")).unwrap();
+    let direct = (8 << 20) - (bypassed as usize) * 4096;
+    assert!(
+        back[direct..8 << 20].iter().all(|&b| b == 0x77),
+        "bypassed blocks are not on the backing file"
+    );
+    let st = ask(&["drain", "--export", "d"]);
+    assert_eq!(st["caches"][0]["dirty_blocks"], 0, "{st}");
+    let back = std::fs::read(d.join("back.raw")).unwrap();
+    assert!(back[2 << 20..8 << 20].iter().all(|&b| b == 0x77));
     // A wrong export name is a clear error.
     let out = cairn()
         .args(["cache", "drain", "--export", "nope", "--control"])
