@@ -22,13 +22,22 @@
 //!   writes only what was written (the bits of a still-dirty older version
 //!   are carried over).
 //! - **One write per segment.** A full segment (252 data blocks, or a
-//!   FLUSH; in plog mode a FLUSH only when the plog is full) is sealed and handed to one flusher thread, which writes header
-//!   and data in one request to the segment's slot in the ring. At most
+//!   FLUSH; in plog mode a FLUSH only when the plog is full) is sealed
+//!   and written, header and data in one request, to the segment's slot
+//!   in the ring: by the flusher thread, or by a FLUSH caller that waits
+//!   for it anyway when no one else is writing a segment (one writer at a
+//!   time, oldest first, so segments are written in order). At most
 //!   [`WbConfig::max_sealed_in_ram`] sealed segments wait; then writers
 //!   block (backpressure, never failure).
-//! - **Group commit.** FLUSH (and FUA) seals the open segment, waits for the
-//!   flusher to write it, then flushes the cache device once; flushes that
-//!   arrive meanwhile share the next device flush.
+//! - **Group commit.** FLUSH (and FUA) seals the open segment, waits until
+//!   it is written (writing it itself when it can), then flushes the cache
+//!   device once; flushes that arrive meanwhile share the next device
+//!   flush.
+//! - **Targeted wakeups.** The flusher, the writeback thread, writers
+//!   waiting for room and FLUSH/drain callers each wait on their own
+//!   condvar, woken only when their condition changes and only if someone
+//!   waits; the writeback thread sleeps until work arrives or until
+//!   [`WbConfig::idle_writeback`] after the last write, without a tick.
 //! - **Persistent log for flush-heavy loads.** With [`WbConfig::plog`]
 //!   (dm-writeboost's "type 1") a FLUSH does not seal the open segment: it
 //!   appends one record with the blocks written since the previous flush

@@ -132,3 +132,55 @@ fn flush_after_every_write() {
         stress_in_time(cfg(plog, 0.5, 1, 4), 8, 1);
     }
 }
+
+/// Writeback after `idle_writeback` without writes (a deadline now, not a
+/// polling tick): not while writes keep coming, soon after they stop.
+#[test]
+fn idle_writeback_waits_for_quiet_then_runs() {
+    // Room for every segment written (about 30): only idleness can start
+    // writeback.
+    let (cache, backing) = devs(64);
+    let cfg = WbConfig {
+        batch: 32,
+        dirty_high: 1.0,
+        idle_writeback: Duration::from_millis(1500),
+        max_sealed_in_ram: 2,
+        plog: false,
+    };
+    let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();
+    let start = std::time::Instant::now();
+    // Writes every 100 ms for 3 s, each flushed (a written segment).
+    let mut i = 0u64;
+    while start.elapsed() < Duration::from_secs(3) {
+        wb.write_at(&pattern(i, 4096, i), (i % 64) * 4096, false)
+            .unwrap();
+        wb.flush().unwrap();
+        i += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = wb.status();
+    assert!(st.dirty_segments > 0, "{st:?}");
+    assert_eq!(st.writeback_batches, 0, "written back while busy: {st:?}");
+    // Then quiet: written back within a few idle periods.
+    let quiet = std::time::Instant::now();
+    loop {
+        let st = wb.status();
+        if st.dirty_segments == 0 && st.dirty_blocks == 0 {
+            break;
+        }
+        assert!(
+            quiet.elapsed() < Duration::from_secs(20),
+            "no idle writeback: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(quiet.elapsed() >= Duration::from_millis(1000));
+    let last = i - 1;
+    let mut b = vec![0u8; 4096];
+    backing.read_at(&mut b, (last % 64) * 4096).unwrap();
+    assert!(
+        b == pattern(last, 4096, last),
+        "the newest write is on the backing device"
+    );
+    wb.close().unwrap();
+}
