@@ -146,6 +146,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         idle_writeback: Duration::from_millis(1500),
         max_sealed_in_ram: 2,
         plog: false,
+        seq_cutoff: 0,
     };
     let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();
     let start = std::time::Instant::now();
