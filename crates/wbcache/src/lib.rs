@@ -60,7 +60,10 @@
 //!   (default 4 MiB) goes straight to the backing device: a big copy
 //!   would otherwise be written twice and push the useful random writes
 //!   out of the ring. Streams are told from the ends of recent writes,
-//!   with slack for parallel requests arriving out of order. A write is
+//!   with slack for parallel requests arriving out of order; a FLUSH
+//!   resets them, so a stream must write that much between two flushes
+//!   (a journal that flushes every few writes stays cached: bcache never
+//!   bypasses sync writes either). A write is
 //!   bypassed only if none of its blocks is in the cache, so no older
 //!   cached version can be written back over it and nothing has to be
 //!   invalidated in the log (no format change); a FLUSH then also flushes
@@ -107,7 +110,8 @@ use cairn_blockdev::{
     ErrorKind, Op, ZeroFlags,
 };
 use format::{Entry, PlogHeader, SegmentHeader, Superblock, Watermark};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
@@ -262,7 +266,7 @@ impl OpenSeg {
         OpenSeg {
             id,
             entries: Vec::new(),
-            map: HashMap::new(),
+            map: HashMap::default(),
             buf,
             pending: BTreeSet::new(),
         }
@@ -420,6 +424,19 @@ impl SeqStreams {
         SeqStreams {
             recent: [(0, 0, 0); SEQ_STREAMS],
             tick: 0,
+        }
+    }
+
+    /// Forget the streams' lengths (at a FLUSH): a stream must write the
+    /// cutoff's worth of bytes between two flushes to go around the cache.
+    /// A sequential writer that flushes often (a filesystem journal, a
+    /// database log) waits on every flush, so it stays in the cache, where
+    /// a flush is a sequential log append instead of a flush of the
+    /// backing device (bcache never bypasses sync writes, for the same
+    /// reason); big copies flush rarely and still go around.
+    fn flushed(&mut self) {
+        for r in &mut self.recent {
+            *r = (0, 0, 0);
         }
     }
 
@@ -715,7 +732,7 @@ impl WbCache {
 
         // Replay the segments after the watermark.
         let blocks = size.div_ceil(B);
-        let mut index: HashMap<u64, Loc> = HashMap::new();
+        let mut index: HashMap<u64, Loc> = HashMap::default();
         let mut written = VecDeque::new();
         let mut last = wm.clean_id;
         for id in wm.clean_id + 1..=wm.clean_id + count {
@@ -1355,7 +1372,8 @@ impl Inner {
     /// of at least [`WbConfig::seq_cutoff`] bytes and none of its blocks
     /// is in the cache (a cached block's newer version must not be
     /// overtaken by its older one written back later, and refusing is
-    /// simpler than logging an invalidation). Returns whether it did.
+    /// simpler than logging an invalidation), and is not FUA. Returns
+    /// whether it did.
     /// A writeback batch that would write one of these blocks holds it in
     /// the index until its backing writes are flushed, so it is seen here.
     fn bypass(&self, buf: &[u8], offset: u64, fua: bool) -> Result<bool> {
@@ -1364,7 +1382,8 @@ impl Inner {
             return Ok(false);
         }
         let seq = lock(&self.streams).note(offset, len);
-        if seq < self.cfg.seq_cutoff || offset % B != 0 || len % B != 0 {
+        // A FUA write is a sync write: a log append serves it better.
+        if seq < self.cfg.seq_cutoff || fua || offset % B != 0 || len % B != 0 {
             return Ok(false);
         }
         {
@@ -1388,6 +1407,9 @@ impl Inner {
     /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
     /// if writes went straight to it since it was last flushed.
     fn flush_all(&self) -> Result<()> {
+        if self.cfg.seq_cutoff > 0 {
+            lock(&self.streams).flushed();
+        }
         let seen = self.bypass_done.load(Ordering::Acquire);
         self.flush_log()?;
         self.flush_bypassed(seen)

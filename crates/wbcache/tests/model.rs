@@ -374,3 +374,59 @@ fn flush_after_bypassed_writes_flushes_the_backing_device() {
     wb.sync().unwrap();
     wb.close().unwrap();
 }
+
+/// A sequential writer that flushes often (a journal) stays in the cache:
+/// each FLUSH restarts the count towards the cutoff. FUA writes are never
+/// bypassed.
+#[test]
+fn streams_that_flush_often_stay_cached() {
+    let mut journal = Vec::new();
+    for i in 0..64u64 {
+        journal.push(Op::Write {
+            off: i * 8192,
+            len: 8192,
+            seed: i as u8,
+            fua: false,
+        });
+        if i % 2 == 1 {
+            journal.push(Op::Flush);
+        }
+    }
+    // 512 KiB in 8 KiB writes, a flush every 16 KiB: under the 16 KiB
+    // cutoff between flushes only at the second write of each pair.
+    let st = run_with(
+        &journal,
+        WbConfig {
+            seq_cutoff: 32 << 10,
+            ..cutoff_config(false)
+        },
+    );
+    assert_eq!(st.bypassed_blocks, 0, "{st:?}");
+    let fua: Vec<Op> = (0..64u64)
+        .map(|i| Op::Write {
+            off: (1 << 20) + i * 8192,
+            len: 8192,
+            seed: 7,
+            fua: true,
+        })
+        .collect();
+    let st = run_with(&fua, cutoff_config(false));
+    assert_eq!(st.bypassed_blocks, 0, "{st:?}");
+    // The same writes without flushes go around the cache.
+    let plain: Vec<Op> = (0..64u64)
+        .map(|i| Op::Write {
+            off: i * 8192,
+            len: 8192,
+            seed: 3,
+            fua: false,
+        })
+        .collect();
+    let st = run_with(
+        &plain,
+        WbConfig {
+            seq_cutoff: 32 << 10,
+            ..cutoff_config(false)
+        },
+    );
+    assert!(st.bypassed_blocks > 0, "{st:?}");
+}
