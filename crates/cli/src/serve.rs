@@ -69,6 +69,11 @@ pub(crate) struct ServeArgs {
     /// device (unless cached there); 0 turns this off.
     #[arg(long = "cache-seq-cutoff", value_parser = size_or_zero, default_value = "4M")]
     pub cache_seq_cutoff: usize,
+    /// Write-back cache: seal the RAM segment into the log at most this
+    /// many milliseconds after its first write, FLUSH or not (0: only
+    /// when full or flushed).
+    #[arg(long = "cache-flush-deadline-ms", default_value_t = WbConfig::default().flush_deadline.as_millis() as u64)]
+    pub cache_flush_deadline_ms: u64,
     /// A unix socket where `cairn cache status|drain --control SOCK` reach
     /// the write-back caches of this server.
     #[arg(long = "control", value_name = "SOCK")]
@@ -159,6 +164,7 @@ fn attach_cache(
         idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
         plog: a.cache_plog,
         seq_cutoff: a.cache_seq_cutoff as u64,
+        flush_deadline: std::time::Duration::from_millis(a.cache_flush_deadline_ms),
         ..WbConfig::default()
     };
     let (wb, lock) = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;

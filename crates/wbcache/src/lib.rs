@@ -68,6 +68,11 @@
 //!   cached version can be written back over it and nothing has to be
 //!   invalidated in the log (no format change); a FLUSH then also flushes
 //!   the backing device, once for all bypassed writes before it.
+//! - **A flush deadline.** Without a FLUSH, a part-filled RAM segment is
+//!   sealed into the log [`WbConfig::flush_deadline`] after its first
+//!   write (default 5 s, like the kernel's dirty writeback interval; not
+//!   chosen by measurement), so writes do not sit in RAM only for long.
+//!   The writeback thread keeps this timer with its idle timer.
 //! - **Zeroes and trims are metadata.** `write_zeroes` and `trim` of whole
 //!   blocks log zero entries (no data block); writeback issues
 //!   `write_zeroes` (with `may_trim` for a trim seen in this session).
@@ -159,12 +164,18 @@ pub struct WbConfig {
     /// goes straight to the backing device, unless one of its blocks is
     /// in the cache. 0 turns it off.
     pub seq_cutoff: u64,
+    /// Seal the open RAM segment at most this long after its first write,
+    /// FLUSH or not, so that writes do not stay in RAM only for longer
+    /// (zero: only when full or flushed). Sealing a part-filled segment
+    /// spends a whole ring slot, so it is seconds, not milliseconds.
+    pub flush_deadline: Duration,
 }
 
 impl Default for WbConfig {
     fn default() -> Self {
         WbConfig {
             seq_cutoff: 4 << 20,
+            flush_deadline: Duration::from_secs(5),
             batch: 32,
             dirty_high: 0.5,
             idle_writeback: Duration::from_secs(1),
@@ -384,6 +395,8 @@ struct State {
     error: Option<Arc<WbError>>,
     stop: bool,
     last_write: Instant,
+    /// When the open segment got its first entry (None: it is empty).
+    open_since: Option<Instant>,
     counters: Counters,
     /// Buffers of written segments, for the next open segments.
     spare: Vec<Vec<u8>>,
@@ -820,6 +833,9 @@ impl WbCache {
                 .map_err(|e| WbError::io(Place::CacheFlush, e))?;
         }
 
+        // Blocks replayed from the plog into the open segment wait for the
+        // flush deadline like new ones.
+        let open_since = (!open.entries.is_empty()).then(Instant::now);
         let state = State {
             open,
             sealed: VecDeque::new(),
@@ -841,6 +857,7 @@ impl WbCache {
             error: None,
             stop: false,
             last_write: Instant::now(),
+            open_since,
             counters: Counters::default(),
             spare: Vec::new(),
             flusher_waiting: false,
@@ -1088,6 +1105,7 @@ impl Inner {
     fn seal(&self, st: &mut State, wake_flusher: bool) {
         let id = st.open.id;
         let buf = segment_buf(&mut st.spare);
+        st.open_since = None;
         let mut open = std::mem::replace(&mut st.open, OpenSeg::with_buf(id + 1, buf));
         // The new open segment reuses the old one's lookup table.
         let mut map = std::mem::take(&mut open.map);
@@ -1201,6 +1219,14 @@ impl Inner {
                     None => Meta::zero(lba, trim),
                 };
                 let i = st.open.entries.len();
+                if i == 0 {
+                    st.open_since = Some(Instant::now());
+                    // The writeback thread keeps the flush deadline: let
+                    // it arm its timer.
+                    if st.wb_wait != WbWait::Busy && !self.cfg.flush_deadline.is_zero() {
+                        self.wb_cv.notify_one();
+                    }
+                }
                 st.open.map.insert(lba, i);
                 st.open.entries.push(new);
                 self.logged(st, i, id, new);
@@ -1764,14 +1790,33 @@ impl Inner {
                     if st.stop || st.error.is_some() {
                         return;
                     }
+                    // The flush deadline: seal an open segment that has
+                    // waited long enough (if there is room; else retry
+                    // soon, writeback is making room).
+                    let seal_at = if self.cfg.flush_deadline.is_zero() || st.open.entries.is_empty()
+                    {
+                        None
+                    } else {
+                        st.open_since
+                            .and_then(|t| t.checked_add(self.cfg.flush_deadline))
+                    };
+                    let mut retry = None;
+                    if seal_at.is_some_and(|t| t <= Instant::now()) {
+                        if self.can_seal(&st) {
+                            self.seal(&mut st, true);
+                            continue;
+                        }
+                        retry = Instant::now().checked_add(Duration::from_millis(10));
+                    }
                     if self.want_writeback(&st) {
                         break;
                     }
-                    let deadline = if st.last_written_id > st.clean_id {
+                    let idle = if st.last_written_id > st.clean_id {
                         st.last_write.checked_add(self.cfg.idle_writeback)
                     } else {
                         None
                     };
+                    let deadline = [idle, retry.or(seal_at)].into_iter().flatten().min();
                     st = match deadline {
                         Some(d) => {
                             st.wb_wait = WbWait::Timed;

@@ -102,6 +102,8 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         plog,
         // Low, so that writers' runs of blocks go around the cache too.
         seq_cutoff: 64 << 10,
+        // Short, so that the writeback thread also seals segments.
+        flush_deadline: Duration::from_millis(3),
     }
 }
 
@@ -147,6 +149,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         max_sealed_in_ram: 2,
         plog: false,
         seq_cutoff: 0,
+        flush_deadline: Duration::ZERO,
     };
     let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();
     let start = std::time::Instant::now();

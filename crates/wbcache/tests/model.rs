@@ -97,6 +97,7 @@ fn config() -> WbConfig {
         max_sealed_in_ram: 1,
         plog: false,
         seq_cutoff: 0,
+        flush_deadline: Duration::ZERO,
     }
 }
 
@@ -429,4 +430,45 @@ fn streams_that_flush_often_stay_cached() {
         },
     );
     assert!(st.bypassed_blocks > 0, "{st:?}");
+}
+
+/// The flush deadline: a write that no FLUSH follows is sealed into the
+/// log once the open segment is that old; with no deadline it stays in
+/// RAM until the segment fills or a FLUSH comes.
+#[test]
+fn the_flush_deadline_seals_the_open_segment() {
+    for (deadline, sealed) in [(Duration::from_millis(30), true), (Duration::ZERO, false)] {
+        let cache_dev = Arc::new(MemDev::new((RING_OFFSET + 3 * SEGMENT_BYTES) as usize));
+        let backing = Arc::new(MemDev::new(BACKING as usize));
+        WbCache::format(&*cache_dev, BACKING, &FormatOptions::default()).unwrap();
+        let cfg = WbConfig {
+            dirty_high: 1.0,
+            idle_writeback: Duration::from_secs(3600),
+            flush_deadline: deadline,
+            ..config()
+        };
+        let wb = WbCache::open(cache_dev, backing, cfg).unwrap();
+        // Let the writeback thread go to sleep with nothing to do: the
+        // write must wake it to arm the deadline.
+        std::thread::sleep(Duration::from_millis(50));
+        wb.write_at(&pattern(0, 4096, 1), 8192, false).unwrap();
+        let t = std::time::Instant::now();
+        while wb.status().open_blocks > 0 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let st = wb.status();
+        assert_eq!(st.open_blocks == 0, sealed, "deadline {deadline:?}: {st:?}");
+        if sealed {
+            // Sealed and written to the log by the flusher.
+            let t = std::time::Instant::now();
+            while wb.status().last_written_id < 1 && t.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(wb.status().last_written_id >= 1, "{:?}", wb.status());
+        }
+        let mut b = vec![0u8; 4096];
+        wb.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, pattern(0, 4096, 1));
+        wb.close().unwrap();
+    }
 }

@@ -19,6 +19,7 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         max_sealed_in_ram: 2,
         plog,
         seq_cutoff: 0,
+        flush_deadline: Duration::ZERO,
     }
 }
 
