@@ -61,16 +61,15 @@ pub(crate) fn volume_options(cache: usize, threads: Option<usize>) -> VolumeOpti
     opts
 }
 
-/// Open image `name` of the repository at `root` for writing (the
-/// repository's writer lock is held until it is dropped).
+/// Open image `name` of `repo` for writing (the repository's writer lock
+/// is held until it is dropped).
 pub(crate) fn open_writable(
-    root: &Path,
+    repo: &Arc<Repository>,
     name: &str,
     opts: &VolumeOptions,
 ) -> Result<Arc<WritableVolume>> {
-    let repo = Arc::new(Repository::open(root)?);
-    let vol = WritableVolume::open(repo, name, opts, false)
-        .with_context(|| format!("image {name} of {}", root.display()))?;
+    let vol = WritableVolume::open(repo.clone(), name, opts, false)
+        .with_context(|| format!("image {name} of {}", repo.root().display()))?;
     Ok(Arc::new(vol))
 }
 
@@ -105,7 +104,7 @@ pub(crate) fn add_images(
     let mut cached = Vec::new();
     for s in specs {
         if s.writable {
-            let vol = open_writable(root, &s.spec, opts)?;
+            let vol = open_writable(&repo, &s.spec, opts)?;
             let description = format!(
                 "{} (writable from snapshot {}) of {}",
                 vol.name(),

@@ -119,15 +119,20 @@ fn start(d: &Path, backing: Backing, plog: bool) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    wait_for(&[&sock]);
+    child
+}
+
+/// Wait until the server has made every one of `paths` (its sockets).
+fn wait_for(paths: &[&Path]) {
     let t = Instant::now();
-    while !sock.exists() {
+    while !paths.iter().all(|p| p.exists()) {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "server did not start"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    child
 }
 
 /// `cairn cache ARGS --cache d/cache.dev` and `--backing d/back.raw` or
@@ -401,14 +406,7 @@ fn control_socket_reports_and_drains_a_running_cache() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    while !(sock.exists() && control.exists()) {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(&[&sock, &control]);
     let uri = format!("nbd+unix:///d?socket={}", sock.display());
     let out = Command::new("qemu-io")
         .args([

@@ -163,10 +163,13 @@ impl WritableVolume {
 
     /// The snapshot reads fall through to (the latest commit).
     pub fn snapshot(&self) -> u64 {
+        // A poisoned lock still holds a whole state: a panic never leaves
+        // `volume` half-replaced.
         self.state
             .read()
-            .map(|st| st.volume.snapshot())
-            .unwrap_or(0)
+            .unwrap_or_else(|p| p.into_inner())
+            .volume
+            .snapshot()
     }
 
     /// Commit figures so far.
