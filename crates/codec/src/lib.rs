@@ -26,6 +26,7 @@
 //!   is checked against [`format::MAX_UNIT`] before anything is allocated.
 
 pub mod block;
+pub mod bz2;
 pub mod error;
 pub mod format;
 pub mod input;
