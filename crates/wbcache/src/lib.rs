@@ -48,7 +48,9 @@
 //!   restarts for the next segment id. So a flush per write costs a
 //!   header block and the written blocks, not a 1 MiB ring slot.
 //! - **Sorted, batched writeback.** A writeback thread takes the oldest
-//!   written segments (up to [`WbConfig::batch`]), keeps the entries that
+//!   written segments (up to [`WbConfig::batch`], and outside a drain at
+//!   most a quarter of the ring, so a writer waiting on a full ring waits
+//!   for a quarter of it, not all of it), keeps the entries that
 //!   are still the newest version of their block, sorts them by address,
 //!   merges adjacent dirty sector runs into single writes, flushes the
 //!   backing device and only then advances the watermark (`clean_id`) and
@@ -1844,10 +1846,22 @@ impl Inner {
         }
     }
 
+    /// Segments per writeback batch: [`WbConfig::batch`], but, unless
+    /// draining, at most a quarter of the ring, so that a writer waiting
+    /// for room in a full ring waits for a quarter of it to be written
+    /// back, not all of it.
+    fn batch_segments(&self, st: &State) -> usize {
+        if st.drain_to > st.clean_id {
+            return self.cfg.batch.max(1);
+        }
+        let quarter = usize::try_from(self.segment_count / 4).unwrap_or(usize::MAX);
+        self.cfg.batch.min(quarter).max(1)
+    }
+
     fn collect_batch(&self, st: &State) -> Batch {
         let mut cands = Vec::new();
         let mut last = st.clean_id;
-        for w in st.written.iter().take(self.cfg.batch.max(1)) {
+        for w in st.written.iter().take(self.batch_segments(st)) {
             last = w.id;
             for m in &w.entries {
                 if st.index.get(&m.lba).is_some_and(|l| l.seg == w.id) {

@@ -188,3 +188,40 @@ fn idle_writeback_waits_for_quiet_then_runs() {
     );
     wb.close().unwrap();
 }
+
+/// A full ring is written back a quarter at a time (batch 32 > 16 slots):
+/// a writer waiting for room waits for a quarter of the ring, not all of
+/// it. A drain takes whole batches.
+#[test]
+fn a_full_ring_is_written_back_a_quarter_at_a_time() {
+    let (cache, backing) = devs(16);
+    let wb = WbCache::open(cache, backing.clone(), common::lazy_config(false)).unwrap();
+    // 40 segments of writes, one FLUSH (one written segment) per 64 blocks,
+    // over the 1024 blocks of the backing device.
+    for i in 0..40 * 64u64 {
+        wb.write_at(&pattern(i, 4096, i), (i % 1024) * 4096, false)
+            .unwrap();
+        if i % 64 == 63 {
+            wb.flush().unwrap();
+        }
+    }
+    let st = wb.status();
+    assert!(st.writeback_batches > 0, "{st:?}");
+    assert!(
+        st.clean_id <= st.writeback_batches * 4,
+        "a batch took more than a quarter of the 16-slot ring: {st:?}"
+    );
+    let before = st.writeback_batches;
+    wb.drain().unwrap();
+    let st = wb.status();
+    assert_eq!(st.dirty_segments, 0, "{st:?}");
+    assert!(
+        st.writeback_batches - before <= 1,
+        "a drain of at most 16 segments takes one batch of 32: {st:?}"
+    );
+    let last = 40 * 64 - 1;
+    let mut b = vec![0u8; 4096];
+    backing.read_at(&mut b, (last % 1024) * 4096).unwrap();
+    assert!(b == pattern(last, 4096, last));
+    wb.close().unwrap();
+}
