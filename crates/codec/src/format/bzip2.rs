@@ -83,20 +83,22 @@ fn max_block_bytes(level: usize) -> usize {
 
 /// Compresses each block into a whole bzip2 stream.
 pub struct Encoder {
-    level: i32,
+    enc: crate::bz2::encode::Encoder,
 }
 
 impl Encoder {
     /// An encoder at bzip2 `level` (1-9, the block size in 100k units).
     pub fn new(level: i32) -> Self {
-        Encoder { level }
+        Encoder {
+            enc: crate::bz2::encode::Encoder::new(level),
+        }
     }
 }
 
 impl super::BlockEncoder for Encoder {
     fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
         let start = out.len();
-        crate::block::bzip2_compress_stream(self.level, src, out)?;
+        self.enc.compress(src, out)?;
         Ok(BlockMeta {
             raw_len: src.len() as u64,
             packed_len: (out.len() - start) as u64,
