@@ -121,6 +121,7 @@ impl Encoder {
 /// Run-length code the front of `src` into `block` (cleared first) until it
 /// holds at most `cap` bytes; returns how many bytes of `src` it took.
 /// Runs of 4 to 255 equal bytes become the first 4 and a count (0-251).
+#[inline(never)]
 fn rle1(src: &[u8], cap: usize, block: &mut Vec<u8>) -> usize {
     block.clear();
     block.reserve(cap);
@@ -151,6 +152,7 @@ fn rle1(src: &[u8], cap: usize, block: &mut Vec<u8>) -> usize {
 
 /// Start of the lexicographically least rotation of `s` (the first one if
 /// several are equal), by Duval's Lyndon factorisation over `s` twice.
+#[inline(never)]
 fn least_rotation(s: &[u8]) -> usize {
     let n = s.len();
     let at = |x: usize| if x < n { s[x] } else { s[x - n] };
@@ -180,6 +182,7 @@ fn least_rotation(s: &[u8]) -> usize {
 /// rotations (its suffix array: for a Lyndon word suffixes and rotations
 /// sort alike, and for a power of one the order among equal rotations is
 /// immaterial). Returns the row of the block's own rotation (origPtr).
+#[inline(never)]
 fn bwt(block: &[u8], rot: &mut Vec<u8>, sa: &mut Vec<i32>) -> Result<u32> {
     let n = block.len();
     let r = least_rotation(block);
@@ -209,6 +212,7 @@ fn bwt(block: &[u8], rot: &mut Vec<u8>, sa: &mut Vec<i32>) -> Result<u32> {
 }
 
 /// The last column of the sorted rotations: each row's preceding byte.
+#[inline(never)]
 fn bwt_output(rot: &[u8], sa: &[i32], out: &mut Vec<u8>) {
     let n = rot.len();
     let last = rot[n - 1];
@@ -226,39 +230,28 @@ fn bwt_output(rot: &[u8], sa: &[i32], out: &mut Vec<u8>) {
 /// Move-to-front over the used byte values, zero runs as RUNA/RUNB
 /// (bijective base 2, least significant digit first), positions p > 0 as
 /// p + 1, then the end-of-block symbol; `freq` counts each symbol.
+#[inline(never)]
 fn mtf_encode(bwt: &[u8], in_use: &[bool; 256], out: &mut Vec<u16>, freq: &mut [u32; MAX_ALPHA]) {
     let mut rank = [0u8; 256];
-    let mut order = [0u8; 256];
     let mut k = 0usize;
     for (b, _) in in_use.iter().enumerate().filter(|(_, &u)| u) {
         rank[b] = k as u8;
-        order[k] = k as u8;
         k += 1;
     }
+    // Ranks 0..k; the identity's entries from k on are never looked for.
+    let mut list = MtfList::new();
     let eob = (k + 1) as u16;
     out.clear();
     out.reserve(bwt.len() + 1);
     let mut zeros = 0usize;
     for &b in bwt {
-        let c = rank[usize::from(b)];
-        if order[0] == c {
+        let j = list.move_to_front(rank[usize::from(b)]);
+        if j == 0 {
             zeros += 1;
             continue;
         }
         push_zero_run(zeros, out, freq);
         zeros = 0;
-        let mut prev = order[0];
-        order[0] = c;
-        let mut j = 1;
-        loop {
-            let t = order[j];
-            order[j] = prev;
-            if t == c {
-                break;
-            }
-            prev = t;
-            j += 1;
-        }
         let sym = (j + 1) as u16;
         out.push(sym);
         freq[usize::from(sym)] += 1;
@@ -266,6 +259,51 @@ fn mtf_encode(bwt: &[u8], in_use: &[bool; 256], out: &mut Vec<u16>, freq: &mut [
     push_zero_run(zeros, out, freq);
     out.push(eob);
     freq[usize::from(eob)] += 1;
+}
+
+/// The move-to-front list, 16 bytes to a word (byte i of the list is byte
+/// i % 16, least significant first, of word i / 16), so that finding a
+/// byte and shifting the list in front of it take a step per 16 bytes.
+struct MtfList([u128; 16]);
+
+impl MtfList {
+    /// Every byte value, in order.
+    fn new() -> Self {
+        let mut words = [0u128; 16];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = (0..16).fold(0, |w, b| w | ((16 * i + b) as u128) << (8 * b));
+        }
+        MtfList(words)
+    }
+
+    /// Move `c` to the front; returns where it was.
+    #[inline]
+    fn move_to_front(&mut self, c: u8) -> usize {
+        const ONES: u128 = u128::MAX / 255;
+        const HIGHS: u128 = ONES << 7;
+        let splat = ONES * u128::from(c);
+        // The byte moved into each word's lowest place.
+        let mut carry = u128::from(c);
+        for (k, word) in self.0.iter_mut().enumerate() {
+            let v = *word;
+            let x = v ^ splat;
+            // High bit set in each zero byte of x: the lowest is exact (a
+            // borrow only reaches the bytes above a zero byte).
+            let zero = x.wrapping_sub(ONES) & !x & HIGHS;
+            let shifted = (v << 8) | carry;
+            if zero != 0 {
+                let at = zero.trailing_zeros() / 8;
+                // Bytes 0..=at shift up by one; the rest stay.
+                let keep = u128::MAX.checked_shl(8 * (at + 1)).unwrap_or(0);
+                *word = (shifted & !keep) | (v & keep);
+                return 16 * k + at as usize;
+            }
+            *word = shifted;
+            carry = v >> 120;
+        }
+        // Not reached: every byte value is in the list.
+        255
+    }
 }
 
 fn push_zero_run(mut z: usize, out: &mut Vec<u16>, freq: &mut [u32; MAX_ALPHA]) {
@@ -324,6 +362,7 @@ impl Tables {
     /// tables that each cover a slice of the alphabet holding an equal
     /// share of the symbols, then alternately give each group its cheapest
     /// table and rebuild each table from the groups that chose it.
+    #[inline(never)]
     fn choose(&mut self, syms: &[u16], freq: &[u32; MAX_ALPHA], selectors: &mut Vec<u8>) {
         let (alpha, n) = (self.alpha, self.n);
         let mut rest: u32 = freq[..alpha].iter().sum();
@@ -421,6 +460,7 @@ impl Tables {
     }
 
     /// The symbols, each group in its table's code.
+    #[inline(never)]
     fn write_data(&self, syms: &[u16], selectors: &[u8], bits: &mut BitWriter<'_>) {
         for (group, &sel) in syms.chunks(GROUP).zip(selectors) {
             let (len, code) = (&self.len[usize::from(sel)], &self.code[usize::from(sel)]);
@@ -435,6 +475,7 @@ impl Tables {
 /// Huffman code lengths for `freq` (a symbol never seen counts once, as
 /// every symbol of the alphabet needs a code), none over [`MAX_LEN`]: when
 /// the tree is too deep, the weights are flattened and it is built again.
+#[inline(never)]
 fn code_lengths(freq: &[u32], lens: &mut [u8]) {
     let n = freq.len();
     debug_assert!((2..=MAX_ALPHA).contains(&n));
@@ -640,6 +681,27 @@ mod tests {
         ] {
             check_bwt(s);
         }
+    }
+
+    #[test]
+    fn mtf_list_agrees_with_a_plain_list() {
+        let mut rng = Rng(11);
+        let mut list = MtfList::new();
+        let mut plain: Vec<u8> = (0..=255).collect();
+        for i in 0..200_000 {
+            // Mostly near the front, sometimes anywhere.
+            let c = if i % 3 == 0 {
+                rng.next() as u8
+            } else {
+                plain[rng.below(20) as usize]
+            };
+            let j = plain.iter().position(|&x| x == c).unwrap();
+            plain.remove(j);
+            plain.insert(0, c);
+            assert_eq!(list.move_to_front(c), j);
+        }
+        let bytes: Vec<u8> = list.0.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(bytes, plain);
     }
 
     #[test]
