@@ -261,48 +261,32 @@ fn mtf_encode(bwt: &[u8], in_use: &[bool; 256], out: &mut Vec<u16>, freq: &mut [
     freq[usize::from(eob)] += 1;
 }
 
-/// The move-to-front list, 16 bytes to a word (byte i of the list is byte
-/// i % 16, least significant first, of word i / 16), so that finding a
-/// byte and shifting the list in front of it take a step per 16 bytes.
-struct MtfList([u128; 16]);
+/// The move-to-front list, kept as each value's place in it: moving a value
+/// to the front is one branch-free pass (vector instructions) that pushes
+/// back every value in front of it.
+struct MtfList([u8; 256]);
 
 impl MtfList {
     /// Every byte value, in order.
     fn new() -> Self {
-        let mut words = [0u128; 16];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = (0..16).fold(0, |w, b| w | ((16 * i + b) as u128) << (8 * b));
+        let mut place = [0u8; 256];
+        for (i, x) in place.iter_mut().enumerate() {
+            *x = i as u8;
         }
-        MtfList(words)
+        MtfList(place)
     }
 
     /// Move `c` to the front; returns where it was.
     #[inline]
     fn move_to_front(&mut self, c: u8) -> usize {
-        const ONES: u128 = u128::MAX / 255;
-        const HIGHS: u128 = ONES << 7;
-        let splat = ONES * u128::from(c);
-        // The byte moved into each word's lowest place.
-        let mut carry = u128::from(c);
-        for (k, word) in self.0.iter_mut().enumerate() {
-            let v = *word;
-            let x = v ^ splat;
-            // High bit set in each zero byte of x: the lowest is exact (a
-            // borrow only reaches the bytes above a zero byte).
-            let zero = x.wrapping_sub(ONES) & !x & HIGHS;
-            let shifted = (v << 8) | carry;
-            if zero != 0 {
-                let at = zero.trailing_zeros() / 8;
-                // Bytes 0..=at shift up by one; the rest stay.
-                let keep = u128::MAX.checked_shl(8 * (at + 1)).unwrap_or(0);
-                *word = (shifted & !keep) | (v & keep);
-                return 16 * k + at as usize;
+        let at = self.0[usize::from(c)];
+        if at != 0 {
+            for p in &mut self.0 {
+                *p += u8::from(*p < at);
             }
-            *word = shifted;
-            carry = v >> 120;
+            self.0[usize::from(c)] = 0;
         }
-        // Not reached: every byte value is in the list.
-        255
+        usize::from(at)
     }
 }
 
@@ -700,8 +684,9 @@ mod tests {
             plain.insert(0, c);
             assert_eq!(list.move_to_front(c), j);
         }
-        let bytes: Vec<u8> = list.0.iter().flat_map(|w| w.to_le_bytes()).collect();
-        assert_eq!(bytes, plain);
+        for (i, &x) in plain.iter().enumerate() {
+            assert_eq!(usize::from(list.0[usize::from(x)]), i);
+        }
     }
 
     #[test]
