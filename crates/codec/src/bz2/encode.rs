@@ -31,8 +31,8 @@ pub struct Encoder {
     level: u32,
     /// The current block after RLE1, and later its BWT.
     block: Vec<u8>,
-    /// The block turned to its least rotation.
-    rot: Vec<u8>,
+    /// The block twice over, for its least rotation.
+    twice: Vec<u8>,
     sa: Vec<i32>,
     /// Move-to-front output: RUNA/RUNB digits, positions + 1, end of block.
     mtf: Vec<u16>,
@@ -46,7 +46,7 @@ impl Encoder {
         Encoder {
             level: level.clamp(1, 9).unsigned_abs(),
             block: Vec::new(),
-            rot: Vec::new(),
+            twice: Vec::new(),
             sa: Vec::new(),
             mtf: Vec::new(),
             selectors: Vec::new(),
@@ -96,9 +96,10 @@ impl Encoder {
         for &b in &self.block {
             in_use[usize::from(b)] = true;
         }
-        let orig_ptr = bwt(&self.block, &mut self.rot, &mut self.sa)?;
-        // The BWT replaces the block (its bytes live on in `rot`).
-        bwt_output(&self.rot, &self.sa, &mut self.block);
+        let n = self.block.len();
+        let (r, orig_ptr) = bwt(&self.block, &mut self.twice, &mut self.sa)?;
+        // The BWT replaces the block (its bytes live on in `twice`).
+        bwt_output(&self.twice[r..r + n], &self.sa[..n], &mut self.block);
         let n_in_use = in_use.iter().filter(|&&u| u).count();
         let mut mtf_freq = [0u32; MAX_ALPHA];
         mtf_encode(&self.block, &in_use, &mut self.mtf, &mut mtf_freq);
@@ -120,54 +121,85 @@ impl Encoder {
 
 /// Run-length code the front of `src` into `block` (cleared first) until it
 /// holds at most `cap` bytes; returns how many bytes of `src` it took.
-/// Runs of 4 to 255 equal bytes become the first 4 and a count (0-251).
+/// Runs of 4 to 255 equal bytes become the first 4 and a count (0-251);
+/// everything between such runs is copied as it is.
 #[inline(never)]
 fn rle1(src: &[u8], cap: usize, block: &mut Vec<u8>) -> usize {
     block.clear();
     block.reserve(cap);
     let mut p = 0;
     while p < src.len() {
+        let run = next_run(src, p);
+        let room = cap - block.len();
+        if run - p > room {
+            block.extend_from_slice(&src[p..p + room]);
+            return p + room;
+        }
+        block.extend_from_slice(&src[p..run]);
+        p = run;
+        if p == src.len() || block.len() + 5 > cap {
+            break;
+        }
         let b = src[p];
-        let lim = src.len().min(p + 255);
-        let mut q = p + 1;
-        while q < lim && src[q] == b {
+        let end = src.len().min(p + 255);
+        let mut q = p + 4;
+        while q < end && src[q] == b {
             q += 1;
         }
-        let run = q - p;
-        if run < 4 {
-            if block.len() + run > cap {
-                break;
-            }
-            block.extend(std::iter::repeat_n(b, run));
-        } else {
-            if block.len() + 5 > cap {
-                break;
-            }
-            block.extend_from_slice(&[b, b, b, b, (run - 4) as u8]);
-        }
+        block.extend_from_slice(&[b, b, b, b, (q - p - 4) as u8]);
         p = q;
     }
     p
 }
 
+/// The first `i >= from` where 4 equal bytes start, or `src.len()`; eight
+/// bytes compared at a time.
+fn next_run(src: &[u8], mut i: usize) -> usize {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let word = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&src[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    while i + 9 <= src.len() {
+        // Byte k: zero where src[i + k] == src[i + k + 1].
+        let d = word(i) ^ word(i + 1);
+        // High bit of each byte of d that is zero (exact: no carries).
+        let zero = !(((d & LOW7) + LOW7) | d | LOW7);
+        let three = zero & (zero >> 8) & (zero >> 16);
+        if three != 0 {
+            return i + (three.trailing_zeros() / 8) as usize;
+        }
+        i += 6;
+    }
+    while i + 4 <= src.len() {
+        let b = src[i];
+        if src[i + 1] == b && src[i + 2] == b && src[i + 3] == b {
+            return i;
+        }
+        i += 1;
+    }
+    src.len()
+}
+
 /// Start of the lexicographically least rotation of `s` (the first one if
-/// several are equal), by Duval's Lyndon factorisation over `s` twice.
+/// several are equal), by Duval's Lyndon factorisation of `twice`, which is
+/// `s` twice over.
 #[inline(never)]
-fn least_rotation(s: &[u8]) -> usize {
-    let n = s.len();
-    let at = |x: usize| if x < n { s[x] } else { s[x - n] };
+fn least_rotation(twice: &[u8]) -> usize {
+    let n = twice.len() / 2;
     let mut i = 0;
     let mut ans = 0;
     while i < n {
         ans = i;
         let mut j = i + 1;
         let mut k = i;
-        while j < 2 * n && at(k) <= at(j) {
-            if at(k) < at(j) {
-                k = i;
-            } else {
-                k += 1;
+        while j < 2 * n {
+            let (x, y) = (twice[k], twice[j]);
+            if x > y {
+                break;
             }
+            k = if x < y { i } else { k + 1 };
             j += 1;
         }
         while i <= k {
@@ -177,38 +209,40 @@ fn least_rotation(s: &[u8]) -> usize {
     ans
 }
 
-/// Sort the cyclic rotations of `block` (not empty): `rot` becomes the
-/// block turned to its least rotation and `sa` the order of `rot`'s
-/// rotations (its suffix array: for a Lyndon word suffixes and rotations
-/// sort alike, and for a power of one the order among equal rotations is
-/// immaterial). Returns the row of the block's own rotation (origPtr).
+/// Sort the cyclic rotations of `block` (not empty). `twice` becomes the
+/// block twice over, holding at `r..r + n` the block turned to its least
+/// rotation; `sa` gets the order of that string's rotations as its suffix
+/// array (for a Lyndon word suffixes and rotations sort alike, and for a
+/// power of one the order among equal rotations is immaterial). Returns `r`
+/// and the row of the block's own rotation (origPtr).
 #[inline(never)]
-fn bwt(block: &[u8], rot: &mut Vec<u8>, sa: &mut Vec<i32>) -> Result<u32> {
+fn bwt(block: &[u8], twice: &mut Vec<u8>, sa: &mut Vec<i32>) -> Result<(usize, u32)> {
     let n = block.len();
-    let r = least_rotation(block);
-    rot.clear();
-    rot.extend_from_slice(&block[r..]);
-    rot.extend_from_slice(&block[..r]);
-    sa.clear();
-    sa.resize(n, 0);
-    libsais::SuffixArrayConstruction::for_text(&rot[..])
-        .in_borrowed_buffer(&mut sa[..])
+    twice.clear();
+    twice.extend_from_slice(block);
+    twice.extend_from_slice(block);
+    let r = least_rotation(twice);
+    if sa.len() < n {
+        sa.resize(n, 0);
+    }
+    libsais::SuffixArrayConstruction::for_text(&twice[r..r + n])
+        .in_borrowed_buffer(&mut sa[..n])
         .single_threaded()
         .run()
         .map_err(|e| CodecError::Compress {
             codec: "bzip2",
             reason: format!("suffix sorting failed: {e:?}"),
         })?;
-    // The block's rotation 0 is `rot`'s rotation n - r.
+    // The block's rotation 0 is the turned string's rotation n - r.
     let own = ((n - r) % n) as i32;
-    let row = sa
+    let row = sa[..n]
         .iter()
         .position(|&p| p == own)
         .ok_or(CodecError::Compress {
             codec: "bzip2",
             reason: "suffix array misses the block's rotation".into(),
         })?;
-    Ok(row as u32)
+    Ok((r, row as u32))
 }
 
 /// The last column of the sorted rotations: each row's preceding byte.
@@ -626,9 +660,11 @@ mod tests {
     }
 
     fn check_bwt(s: &[u8]) {
-        let (mut rot, mut sa, mut out) = (Vec::new(), Vec::new(), Vec::new());
-        let orig = bwt(s, &mut rot, &mut sa).unwrap() as usize;
-        bwt_output(&rot, &sa, &mut out);
+        let (mut twice, mut sa, mut out) = (Vec::new(), vec![7; 3], Vec::new());
+        let (r, orig) = bwt(s, &mut twice, &mut sa).unwrap();
+        let n = s.len();
+        bwt_output(&twice[r..r + n], &sa[..n], &mut out);
+        let orig = orig as usize;
         let (want, rots) = naive_bwt(s);
         assert_eq!(out, want, "BWT of {s:?}");
         assert_eq!(rots[orig], s, "origPtr {orig} of {s:?}");
@@ -689,13 +725,74 @@ mod tests {
         }
     }
 
+    /// RLE1 a run at a time, as the format describes it.
+    fn rle1_slowly(src: &[u8], cap: usize) -> (Vec<u8>, usize) {
+        let (mut out, mut p) = (Vec::new(), 0);
+        while p < src.len() {
+            let b = src[p];
+            let run = src[p..].iter().take(255).take_while(|&&x| x == b).count();
+            let code: Vec<u8> = if run < 4 {
+                vec![b; run]
+            } else {
+                vec![b, b, b, b, (run - 4) as u8]
+            };
+            if out.len() + code.len() > cap {
+                // Literals may be cut anywhere; a coded run not at all.
+                if run < 4 {
+                    let room = cap - out.len();
+                    out.extend(&code[..room]);
+                    p += room;
+                }
+                break;
+            }
+            out.extend(code);
+            p += run;
+        }
+        (out, p)
+    }
+
+    #[test]
+    fn rle1_agrees_with_the_format() {
+        let mut rng = Rng(21);
+        let mut block = Vec::new();
+        for _ in 0..3000 {
+            let n = rng.below(700) as usize;
+            let s: Vec<u8> = (0..n)
+                .map(|i| {
+                    if (i / 97) % 2 == 0 {
+                        0
+                    } else {
+                        rng.below(2) as u8
+                    }
+                })
+                .collect();
+            let cap = 5 + rng.below(800) as usize;
+            let used = rle1(&s, cap, &mut block);
+            assert_eq!((block.clone(), used), rle1_slowly(&s, cap), "cap {cap}");
+        }
+    }
+
+    #[test]
+    fn next_run_finds_the_first_four_equal_bytes() {
+        let mut rng = Rng(5);
+        for _ in 0..3000 {
+            let n = rng.below(40) as usize;
+            let s: Vec<u8> = (0..n).map(|_| rng.below(2) as u8).collect();
+            let from = rng.below(n as u64 + 1) as usize;
+            let want = (from..n)
+                .find(|&i| i + 4 <= n && s[i..i + 4].iter().all(|&x| x == s[i]))
+                .unwrap_or(n);
+            assert_eq!(next_run(&s, from), want, "{s:?} from {from}");
+        }
+    }
+
     #[test]
     fn least_rotation_is_least() {
         let mut rng = Rng(7);
         for _ in 0..2000 {
             let n = 1 + rng.below(30) as usize;
             let s: Vec<u8> = (0..n).map(|_| rng.below(3) as u8).collect();
-            let r = least_rotation(&s);
+            let r = least_rotation(&s.repeat(2));
             let turned: Vec<u8> = s[r..].iter().chain(&s[..r]).copied().collect();
             let least = (0..n)
                 .map(|i| s[i..].iter().chain(&s[..i]).copied().collect::<Vec<u8>>())
