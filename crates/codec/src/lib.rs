@@ -36,6 +36,8 @@ pub mod error;
 pub mod format;
 pub mod input;
 pub mod lz4_ffi;
+#[cfg(test)]
+mod testutil;
 
 pub use block::{BlockCodec, CodecKind, CodecSpec};
 pub use error::{CodecError, Result};

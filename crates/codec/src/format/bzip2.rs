@@ -613,6 +613,7 @@ mod tests {
     use super::*;
     use crate::format::tests::sample;
     use crate::format::{decode_all, encode_all, Format, Splitter as _, UnitDecoder as _};
+    use crate::testutil::run;
 
     fn split_all(data: &[u8]) -> Result<Vec<Unit>> {
         let mut s = Splitter::new(Input::new(Box::new(std::io::Cursor::new(data.to_vec()))));
@@ -796,36 +797,6 @@ mod tests {
             }
         }
         assert!(rejected >= 180, "{rejected}");
-    }
-
-    /// Runs `tool args` with `input` on stdin; `None` (after saying so) when
-    /// the tool is missing and we are not under CI.
-    fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
-        use std::io::Write;
-        use std::process::{Command, Stdio};
-        let child = Command::new(tool)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "{tool} is required under CI: {e}"
-                );
-                eprintln!("skipping: {tool} not available ({e})");
-                return None;
-            }
-        };
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(out.status.success(), "{tool} {args:?} failed");
-        Some(out.stdout)
     }
 
     #[test]
