@@ -273,7 +273,7 @@ fn mtf_encode(bwt: &[u8], in_use: &[bool; 256], out: &mut Vec<u16>, freq: &mut [
         k += 1;
     }
     // Ranks 0..k; the identity's entries from k on are never looked for.
-    let mut list = MtfList::new();
+    let mut list = MtfList::new(k);
     let eob = (k + 1) as u16;
     out.clear();
     out.reserve(bwt.len() + 1);
@@ -298,27 +298,37 @@ fn mtf_encode(bwt: &[u8], in_use: &[bool; 256], out: &mut Vec<u16>, freq: &mut [
 /// The move-to-front list, kept as each value's place in it: moving a value
 /// to the front is one branch-free pass (vector instructions) that pushes
 /// back every value in front of it.
-struct MtfList([u8; 256]);
+struct MtfList {
+    place: [u8; 256],
+    /// How many places the passes look at: the values in use, rounded up
+    /// to a vector (the values past them are never in front of one in use).
+    len: usize,
+}
 
 impl MtfList {
-    /// Every byte value, in order.
-    fn new() -> Self {
+    /// Values `0..n` in order (`n` at most 256).
+    fn new(n: usize) -> Self {
         let mut place = [0u8; 256];
         for (i, x) in place.iter_mut().enumerate() {
             *x = i as u8;
         }
-        MtfList(place)
+        MtfList {
+            place,
+            len: n.next_multiple_of(16).min(256),
+        }
     }
 
     /// Move `c` to the front; returns where it was.
     #[inline]
     fn move_to_front(&mut self, c: u8) -> usize {
-        let at = self.0[usize::from(c)];
+        let at = self.place[usize::from(c)];
         if at != 0 {
-            for p in &mut self.0 {
-                *p += u8::from(*p < at);
+            for chunk in self.place[..self.len].chunks_exact_mut(16) {
+                for p in chunk {
+                    *p += u8::from(*p < at);
+                }
             }
-            self.0[usize::from(c)] = 0;
+            self.place[usize::from(c)] = 0;
         }
         usize::from(at)
     }
@@ -404,21 +414,25 @@ impl Tables {
             lo = hi;
         }
 
+        // No table yet: every group's first choice counts as a change.
+        const NONE: u8 = u8::MAX;
         selectors.clear();
-        selectors.resize(syms.len().div_ceil(GROUP), 0);
+        selectors.resize(syms.len().div_ceil(GROUP), NONE);
+        // Symbol counts of the groups that chose each table, kept from pass
+        // to pass: only a group that changes its table is counted again.
         let mut counts = [[0u32; MAX_ALPHA]; MAX_TABLES];
         for _ in 0..ITERS {
             // Every table's length of a symbol in one word, 10 bits each: a
             // group costs at most 50 x 17 < 1024 bits per table.
-            let mut packed = [0u64; MAX_ALPHA];
+            // (512 entries: a symbol masked to 9 bits needs no bounds check.)
+            let mut packed = [0u64; 512];
             for (s, p) in packed[..alpha].iter_mut().enumerate() {
                 *p = (0..n).fold(0, |p, t| p | u64::from(self.len[t][s]) << (10 * t));
             }
-            for c in &mut counts[..n] {
-                c.fill(0);
-            }
             for (group, sel) in syms.chunks(GROUP).zip(selectors.iter_mut()) {
-                let cost = group.iter().fold(0u64, |c, &s| c + packed[usize::from(s)]);
+                let cost = group
+                    .iter()
+                    .fold(0u64, |c, &s| c + packed[usize::from(s) & 511]);
                 let mut best = 0;
                 let mut best_cost = cost & 0x3ff;
                 for t in 1..n {
@@ -426,6 +440,14 @@ impl Tables {
                     if c < best_cost {
                         best_cost = c;
                         best = t;
+                    }
+                }
+                if *sel == best as u8 {
+                    continue;
+                }
+                if let Some(old) = counts.get_mut(usize::from(*sel)) {
+                    for &s in group {
+                        old[usize::from(s)] -= 1;
                     }
                 }
                 *sel = best as u8;
@@ -707,7 +729,7 @@ mod tests {
     #[test]
     fn mtf_list_agrees_with_a_plain_list() {
         let mut rng = Rng(11);
-        let mut list = MtfList::new();
+        let mut list = MtfList::new(256);
         let mut plain: Vec<u8> = (0..=255).collect();
         for i in 0..200_000 {
             // Mostly near the front, sometimes anywhere.
@@ -722,7 +744,7 @@ mod tests {
             assert_eq!(list.move_to_front(c), j);
         }
         for (i, &x) in plain.iter().enumerate() {
-            assert_eq!(usize::from(list.0[usize::from(x)]), i);
+            assert_eq!(usize::from(list.place[usize::from(x)]), i);
         }
     }
 
