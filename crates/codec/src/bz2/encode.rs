@@ -212,9 +212,10 @@ fn least_rotation(twice: &[u8]) -> usize {
 /// Sort the cyclic rotations of `block` (not empty). `twice` becomes the
 /// block twice over, holding at `r..r + n` the block turned to its least
 /// rotation; `sa` gets the order of that string's rotations as its suffix
-/// array (for a Lyndon word suffixes and rotations sort alike, and for a
-/// power of one the order among equal rotations is immaterial). Returns `r`
-/// and the row of the block's own rotation (origPtr).
+/// array (for a Lyndon word suffixes and rotations sort alike; a block that
+/// is one word repeated has equal rotations, and any order of those gives
+/// the same last column). Returns `r` and the row of the block's own
+/// rotation (origPtr).
 #[inline(never)]
 fn bwt(block: &[u8], twice: &mut Vec<u8>, sa: &mut Vec<i32>) -> Result<(usize, u32)> {
     let n = block.len();
