@@ -143,7 +143,9 @@ impl CodecSpec {
             CodecKind::Lzo => Box::new(LzoCodec::new(self.level)),
             CodecKind::Zstd => Box::new(ZstdCodec::new(self.level)),
             CodecKind::Deflate => Box::new(DeflateCodec::new(self.level)),
-            CodecKind::Bzip2 => Box::new(Bzip2Codec { level: self.level }),
+            CodecKind::Bzip2 => Box::new(Bzip2Codec {
+                enc: crate::bz2::encode::Encoder::new(self.level),
+            }),
             CodecKind::Xz => Box::new(XzCodec { level: self.level }),
         }
     }
@@ -606,10 +608,10 @@ impl BlockCodec for DeflateCodec {
     }
 }
 
-/// A whole bzip2 stream per block. libbz2 has no reset, so its state is
-/// made per call; that costs microseconds against the seconds of BWT work.
+/// A whole bzip2 stream per block, by the native encoder whose buffers the
+/// codec keeps from block to block.
 pub(crate) struct Bzip2Codec {
-    pub(crate) level: i32,
+    pub(crate) enc: crate::bz2::encode::Encoder,
 }
 
 impl BlockCodec for Bzip2Codec {
@@ -617,7 +619,7 @@ impl BlockCodec for Bzip2Codec {
         CodecKind::Bzip2
     }
     fn compress(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
-        bzip2_compress_stream(self.level, src, dst)
+        self.enc.compress(src, dst)
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
         let start = dst.len();
@@ -626,27 +628,12 @@ impl BlockCodec for Bzip2Codec {
     }
 }
 
-/// Compress `src` into one complete bzip2 stream appended to `dst`.
+/// Compress `src` into one complete bzip2 stream appended to `dst`, with a
+/// fresh encoder: a one-off for tests (a worker keeps a
+/// [`crate::bz2::encode::Encoder`] instead).
+#[cfg(test)]
 pub(crate) fn bzip2_compress_stream(level: i32, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
-    let level = u32::try_from(level.clamp(1, 9)).unwrap_or(9);
-    let mut c = bzip2::Compress::new(bzip2::Compression::new(level), 30);
-    // bzip2 never expands by more than ~1% plus its header.
-    dst.reserve(src.len() + src.len() / 50 + 1024);
-    loop {
-        let before = c.total_in();
-        let consumed = usize::try_from(before).unwrap_or(usize::MAX);
-        let rest = src.get(consumed..).unwrap_or(&[]);
-        let status = c
-            .compress_vec(rest, dst, bzip2::Action::Finish)
-            .map_err(|e| CodecError::Compress {
-                codec: "bzip2",
-                reason: e.to_string(),
-            })?;
-        match status {
-            bzip2::Status::StreamEnd => return Ok(()),
-            _ => dst.reserve(dst.capacity().max(4096)),
-        }
-    }
+    crate::bz2::encode::Encoder::new(level).compress(src, dst)
 }
 
 /// Decompress one bzip2 stream of at most `limit` output bytes into `dst`.

@@ -83,20 +83,22 @@ fn max_block_bytes(level: usize) -> usize {
 
 /// Compresses each block into a whole bzip2 stream.
 pub struct Encoder {
-    level: i32,
+    enc: crate::bz2::encode::Encoder,
 }
 
 impl Encoder {
     /// An encoder at bzip2 `level` (1-9, the block size in 100k units).
     pub fn new(level: i32) -> Self {
-        Encoder { level }
+        Encoder {
+            enc: crate::bz2::encode::Encoder::new(level),
+        }
     }
 }
 
 impl super::BlockEncoder for Encoder {
     fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
         let start = out.len();
-        crate::block::bzip2_compress_stream(self.level, src, out)?;
+        self.enc.compress(src, out)?;
         Ok(BlockMeta {
             raw_len: src.len() as u64,
             packed_len: (out.len() - start) as u64,
@@ -611,6 +613,7 @@ mod tests {
     use super::*;
     use crate::format::tests::sample;
     use crate::format::{decode_all, encode_all, Format, Splitter as _, UnitDecoder as _};
+    use crate::testutil::run;
 
     fn split_all(data: &[u8]) -> Result<Vec<Unit>> {
         let mut s = Splitter::new(Input::new(Box::new(std::io::Cursor::new(data.to_vec()))));
@@ -794,36 +797,6 @@ mod tests {
             }
         }
         assert!(rejected >= 180, "{rejected}");
-    }
-
-    /// Runs `tool args` with `input` on stdin; `None` (after saying so) when
-    /// the tool is missing and we are not under CI.
-    fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
-        use std::io::Write;
-        use std::process::{Command, Stdio};
-        let child = Command::new(tool)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "{tool} is required under CI: {e}"
-                );
-                eprintln!("skipping: {tool} not available ({e})");
-                return None;
-            }
-        };
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(out.status.success(), "{tool} {args:?} failed");
-        Some(out.stdout)
     }
 
     #[test]
