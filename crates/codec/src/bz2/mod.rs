@@ -6,6 +6,8 @@
 //! This module holds what encoder and decoder share: the format's constants
 //! and its CRC.
 
+pub mod decode;
+
 /// Starts every block (BCD pi).
 pub const BLOCK_MAGIC: u64 = 0x3141_5926_5359;
 /// Ends every stream (BCD sqrt(pi)).

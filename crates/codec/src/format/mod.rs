@@ -212,7 +212,7 @@ impl Format {
             Format::Lz4 => Box::new(lz4::Decoder),
             Format::Snappy => Box::new(snappy::Decoder::default()),
             Format::Lzop => Box::new(lzop::Decoder::default()),
-            Format::Bzip2 => Box::new(bzip2::Decoder),
+            Format::Bzip2 => Box::new(bzip2::Decoder::default()),
             Format::Xz => Box::new(xz::Decoder),
         }
     }
