@@ -20,10 +20,13 @@
 //! obsolete "randomised" bit (bzip2 0.9.0 and older) are handed to
 //! libbzip2, which still carries the table they need.
 
-use super::{combine, Crc, BLOCK_MAGIC, EOS_MAGIC};
+use super::{combine, BLOCK_MAGIC, EOS_MAGIC};
 use crate::error::{CodecError, Result};
 
 const NAME: &str = "bzip2";
+/// The block CRC, slice-by-16: it runs over every output byte, and is
+/// about three times as fast as the slice-by-4 [`super::Crc`].
+const CRC: crc::Crc<u32, crc::Table<16>> = crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_BZIP2);
 /// Symbols per Huffman group (one selector each).
 const GROUP_SIZE: usize = 50;
 /// Selectors libbzip2 keeps; it reads but ignores any beyond (1.0.8).
@@ -346,12 +349,10 @@ impl StreamDecoder {
                 BLOCK_MAGIC => {
                     let block_start = out.len();
                     self.block(&mut br, max_block, out, limit - (block_start - start))?;
-                    let mut crc = Crc::new();
-                    crc.update(&out[block_start..]);
-                    if crc.value() != stored {
+                    let crc = CRC.checksum(&out[block_start..]);
+                    if crc != stored {
                         return Err(br.corrupt(format!(
-                            "block CRC mismatch: stored {stored:08x}, computed {:08x}",
-                            crc.value()
+                            "block CRC mismatch: stored {stored:08x}, computed {crc:08x}"
                         )));
                     }
                     combined = combine(combined, stored);
