@@ -17,9 +17,10 @@
 //! original header, the block's bits re-aligned to a byte, an end-of-stream
 //! marker and, as combined CRC, the block's own CRC (a one-block stream's
 //! combined CRC is its block CRC). Any bzip2 decoder then decodes a unit on
-//! its own, and libbzip2's per-block CRC check covers every block. The
-//! splitter checks each stream's combined CRC against the block CRCs it
-//! collected, so a lost or duplicated block cannot go unnoticed either.
+//! its own (cairn's is [`crate::bz2::decode`]), and its per-block CRC check
+//! covers every block. The splitter checks each stream's combined CRC
+//! against the block CRCs it collected, so a lost or duplicated block
+//! cannot go unnoticed either.
 //!
 //! The scan looks at 16-bit pairs of whole bytes: a 48-bit magic at any of
 //! the 8 bit shifts fully covers the 2nd and 3rd byte of its window, so 16
