@@ -373,13 +373,11 @@ impl StreamDecoder {
         }
     }
 
-    /// Sizes the per-block buffers for blocks of up to `max` bytes; they
-    /// only ever grow.
+    /// Sizes the BWT column for blocks of up to `max` bytes; buffers only
+    /// ever grow, so a kept decoder allocates nothing in the steady state.
     fn grow(&mut self, max: usize) {
         if self.ll.len() < max {
             self.ll.resize(max, 0);
-            self.fwd.resize(max, 0);
-            self.text.resize(max, 0);
         }
     }
 
@@ -427,6 +425,12 @@ impl StreamDecoder {
         let n = self.read_symbols(br, &in_use, n_in_use, max_block)?;
         if orig_ptr >= n {
             return Err(br.corrupt(format!("origPtr {orig_ptr} beyond the block's {n} bytes")));
+        }
+        // Sized to the block, not the level: small blocks (and streams
+        // that stop short) touch no more memory than they need.
+        if self.fwd.len() < n {
+            self.fwd.resize(n, 0);
+            self.text.resize(n, 0);
         }
         self.inverse_bwt(n, orig_ptr).map_err(|e| br.corrupt(e))?;
         unrle(&self.text[..n], out, room).map_err(|e| br.corrupt(e))
