@@ -925,7 +925,7 @@ fn libbzip2_stream(src: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<usize>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::io::Read;
@@ -1100,7 +1100,7 @@ mod tests {
 
     /// Runs `tool args` with `input` on stdin; `None` (after saying so) when
     /// the tool is missing and we are not under CI.
-    fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
         use std::io::Write;
         use std::process::{Command, Stdio};
         let child = Command::new(tool)

@@ -44,7 +44,7 @@
 //! most 20 bits each, plus tables), so the scan gives up with an error past
 //! that bound instead of buffering a non-bzip2 input without limit.
 
-use super::{at_offset, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use super::{at_offset, map_offset, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
 use crate::bz2::decode::StreamDecoder;
 use crate::error::{CodecError, Result};
 use crate::input::Input;
@@ -573,30 +573,15 @@ fn decode_stream(
     limit: usize,
 ) -> Result<()> {
     out.reserve(hint.min(limit));
-    let block = |off: u64| off.saturating_sub(HEADER_LEN as u64);
     dec.decode(src, out, limit)
         .map(|_| ())
-        .map_err(|e| match e {
-            CodecError::Corrupt {
-                format,
-                offset,
-                reason,
-            } => CodecError::Corrupt {
-                format,
-                offset: block(offset),
-                reason,
-            },
-            CodecError::Truncated { format, offset } => CodecError::Truncated {
-                format,
-                offset: block(offset),
-            },
-            other => other,
-        })
+        .map_err(|e| map_offset(e, |offset| offset.saturating_sub(HEADER_LEN as u64)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bz2::decode::tests::run;
     use crate::format::tests::sample;
     use crate::format::{decode_all, encode_all, Format, Splitter as _, UnitDecoder as _};
 
@@ -782,36 +767,6 @@ mod tests {
             }
         }
         assert!(rejected >= 180, "{rejected}");
-    }
-
-    /// Runs `tool args` with `input` on stdin; `None` (after saying so) when
-    /// the tool is missing and we are not under CI.
-    fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
-        use std::io::Write;
-        use std::process::{Command, Stdio};
-        let child = Command::new(tool)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn();
-        let mut child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var("CI").as_deref() != Ok("true"),
-                    "{tool} is required under CI: {e}"
-                );
-                eprintln!("skipping: {tool} not available ({e})");
-                return None;
-            }
-        };
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(out.status.success(), "{tool} {args:?} failed");
-        Some(out.stdout)
     }
 
     #[test]
