@@ -145,6 +145,7 @@ impl CodecSpec {
             CodecKind::Deflate => Box::new(DeflateCodec::new(self.level)),
             CodecKind::Bzip2 => Box::new(Bzip2Codec {
                 enc: crate::bz2::encode::Encoder::new(self.level),
+                decoder: Default::default(),
             }),
             CodecKind::Xz => Box::new(XzCodec { level: self.level }),
         }
@@ -608,10 +609,11 @@ impl BlockCodec for DeflateCodec {
     }
 }
 
-/// A whole bzip2 stream per block, by the native encoder whose buffers the
-/// codec keeps from block to block.
+/// A whole bzip2 stream per block, by the native encoder and decoder,
+/// whose buffers the codec keeps from block to block.
 pub(crate) struct Bzip2Codec {
     pub(crate) enc: crate::bz2::encode::Encoder,
+    pub(crate) decoder: crate::bz2::decode::StreamDecoder,
 }
 
 impl BlockCodec for Bzip2Codec {
@@ -623,7 +625,8 @@ impl BlockCodec for Bzip2Codec {
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
         let start = dst.len();
-        bzip2_decompress_stream(src, dst, raw_len)?;
+        dst.reserve(raw_len);
+        self.decoder.decode(src, dst, raw_len)?;
         check_len("bzip2", dst.len() - start, raw_len)
     }
 }
@@ -634,45 +637,6 @@ impl BlockCodec for Bzip2Codec {
 #[cfg(test)]
 pub(crate) fn bzip2_compress_stream(level: i32, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
     crate::bz2::encode::Encoder::new(level).compress(src, dst)
-}
-
-/// Decompress one bzip2 stream of at most `limit` output bytes into `dst`.
-pub(crate) fn bzip2_decompress_stream(src: &[u8], dst: &mut Vec<u8>, limit: usize) -> Result<()> {
-    let mut d = bzip2::Decompress::new(false);
-    let start = dst.len();
-    dst.reserve(limit);
-    loop {
-        let consumed = usize::try_from(d.total_in()).unwrap_or(usize::MAX);
-        let rest = src.get(consumed..).unwrap_or(&[]);
-        let before_out = dst.len();
-        let status = d
-            .decompress_vec(rest, dst)
-            .map_err(|e| CodecError::corrupt("bzip2", d.total_in(), e.to_string()))?;
-        if dst.len() - start > limit {
-            return Err(CodecError::corrupt(
-                "bzip2",
-                d.total_in(),
-                format!("block expands beyond {limit} bytes"),
-            ));
-        }
-        match status {
-            bzip2::Status::StreamEnd => return Ok(()),
-            _ => {
-                let progressed = dst.len() > before_out
-                    || usize::try_from(d.total_in()).unwrap_or(usize::MAX) > consumed;
-                if !progressed {
-                    if usize::try_from(d.total_in()).unwrap_or(usize::MAX) >= src.len() {
-                        return Err(CodecError::Truncated {
-                            format: "bzip2",
-                            offset: d.total_in(),
-                        });
-                    }
-                    // Output full: make room and go on.
-                    dst.reserve(dst.capacity().max(4096));
-                }
-            }
-        }
-    }
 }
 
 /// Raw LZMA2 at an xz preset.

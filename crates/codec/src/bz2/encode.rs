@@ -8,7 +8,7 @@
 //! tables chosen per 50-symbol group over a few refinement passes; and the
 //! bit writer.
 
-use super::{combine, Crc, BLOCK_MAGIC, EOS_MAGIC};
+use super::{block_crc, combine, BLOCK_MAGIC, EOS_MAGIC};
 use crate::error::{CodecError, Result};
 
 /// Symbols per selector group.
@@ -77,12 +77,10 @@ impl Encoder {
         let mut pos = 0;
         while pos < src.len() {
             let used = rle1(&src[pos..], cap, &mut self.block);
-            let mut crc = Crc::new();
-            crc.update(&src[pos..pos + used]);
+            let crc = block_crc(&src[pos..pos + used]);
             pos += used;
-            let block_crc = crc.value();
-            stream_crc = combine(stream_crc, block_crc);
-            self.write_block(block_crc, &mut bits)?;
+            stream_crc = combine(stream_crc, crc);
+            self.write_block(crc, &mut bits)?;
         }
         bits.put48(EOS_MAGIC);
         bits.put(32, stream_crc);

@@ -17,9 +17,10 @@
 //! original header, the block's bits re-aligned to a byte, an end-of-stream
 //! marker and, as combined CRC, the block's own CRC (a one-block stream's
 //! combined CRC is its block CRC). Any bzip2 decoder then decodes a unit on
-//! its own, and libbzip2's per-block CRC check covers every block. The
-//! splitter checks each stream's combined CRC against the block CRCs it
-//! collected, so a lost or duplicated block cannot go unnoticed either.
+//! its own (cairn's is [`crate::bz2::decode`]), and its per-block CRC check
+//! covers every block. The splitter checks each stream's combined CRC
+//! against the block CRCs it collected, so a lost or duplicated block
+//! cannot go unnoticed either.
 //!
 //! The scan looks at 16-bit pairs of whole bytes: a 48-bit magic at any of
 //! the 8 bit shifts fully covers the 2nd and 3rd byte of its window, so 16
@@ -43,7 +44,8 @@
 //! most 20 bits each, plus tables), so the scan gives up with an error past
 //! that bound instead of buffering a non-bzip2 input without limit.
 
-use super::{at_offset, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use super::{at_offset, map_offset, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use crate::bz2::decode::StreamDecoder;
 use crate::error::{CodecError, Result};
 use crate::input::Input;
 
@@ -540,8 +542,12 @@ impl super::Splitter for Splitter {
     }
 }
 
-/// Decodes the one-block streams the splitter makes.
-pub struct Decoder;
+/// Decodes the one-block streams the splitter makes, keeping one native
+/// decoder's block buffers per worker.
+#[derive(Default)]
+pub struct Decoder {
+    stream: StreamDecoder,
+}
 
 impl super::UnitDecoder for Decoder {
     fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
@@ -549,63 +555,29 @@ impl super::UnitDecoder for Decoder {
             pass_plain(unit, out);
             return Ok(());
         }
-        let start = out.len();
         // A block holds at most level x 100k bytes before its first
         // run-length pass is undone, which can expand it up to 51 times;
         // MAX_UNIT covers the worst level-9 block.
-        decode_stream(&unit.data, out, unit.raw_len, MAX_UNIT).map_err(|e| {
-            out.truncate(start);
-            at_offset(e, unit.offset)
-        })
+        decode_stream(&mut self.stream, &unit.data, out, unit.raw_len, MAX_UNIT)
+            .map_err(|e| at_offset(e, unit.offset))
     }
 }
 
 /// Decode one bzip2 stream into `out`: `hint` bytes are reserved up front,
-/// at most `limit` are accepted. Error offsets are relative to the block
-/// (the stream minus its 4-byte header).
-fn decode_stream(src: &[u8], out: &mut Vec<u8>, hint: usize, limit: usize) -> Result<()> {
-    let mut d = bzip2::Decompress::new(false);
-    let start = out.len();
+/// at most `limit` are accepted, and on error `out` is left as it was.
+/// Error offsets are relative to the block (the stream minus its 4-byte
+/// header).
+fn decode_stream(
+    dec: &mut StreamDecoder,
+    src: &[u8],
+    out: &mut Vec<u8>,
+    hint: usize,
+    limit: usize,
+) -> Result<()> {
     out.reserve(hint.min(limit));
-    loop {
-        let consumed = usize::try_from(d.total_in()).unwrap_or(usize::MAX);
-        let rest = src.get(consumed..).unwrap_or(&[]);
-        let produced = out.len() - start;
-        if out.capacity() - out.len() < (64 << 10) {
-            out.reserve(produced.clamp(64 << 10, 8 << 20));
-        }
-        let before = out.len();
-        let at = |d: &bzip2::Decompress| d.total_in().saturating_sub(HEADER_LEN as u64);
-        let status = d.decompress_vec(rest, out).map_err(|e| {
-            let reason = match e {
-                bzip2::Error::Data => "invalid block data or block CRC mismatch".to_string(),
-                other => other.to_string(),
-            };
-            CodecError::corrupt(NAME, at(&d), reason)
-        })?;
-        if out.len() - start > limit {
-            return Err(CodecError::corrupt(
-                NAME,
-                at(&d),
-                format!("block expands beyond {limit} bytes"),
-            ));
-        }
-        match status {
-            bzip2::Status::StreamEnd => return Ok(()),
-            bzip2::Status::MemNeeded => {
-                return Err(CodecError::corrupt(NAME, at(&d), "out of memory"));
-            }
-            _ => {
-                let now = usize::try_from(d.total_in()).unwrap_or(usize::MAX);
-                if out.len() == before && now == consumed && now >= src.len() {
-                    return Err(CodecError::Truncated {
-                        format: NAME,
-                        offset: at(&d),
-                    });
-                }
-            }
-        }
-    }
+    dec.decode(src, out, limit)
+        .map(|_| ())
+        .map_err(|e| map_offset(e, |offset| offset.saturating_sub(HEADER_LEN as u64)))
 }
 
 #[cfg(test)]
@@ -678,7 +650,7 @@ mod tests {
         let mut back = Vec::new();
         for mut u in units {
             assert_eq!(u.kind, UnitKind::Packed(1));
-            Decoder.decode(&mut u, &mut back).unwrap();
+            Decoder::default().decode(&mut u, &mut back).unwrap();
         }
         assert!(back == data);
         assert!(decode_all(&packed).unwrap() == data);

@@ -212,7 +212,7 @@ impl Format {
             Format::Lz4 => Box::new(lz4::Decoder),
             Format::Snappy => Box::new(snappy::Decoder::default()),
             Format::Lzop => Box::new(lzop::Decoder::default()),
-            Format::Bzip2 => Box::new(bzip2::Decoder),
+            Format::Bzip2 => Box::new(bzip2::Decoder::default()),
             Format::Xz => Box::new(xz::Decoder),
         }
     }
@@ -363,6 +363,11 @@ pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
 
 /// Shift the offsets of errors raised inside a unit to stream offsets.
 pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
+    map_offset(e, |offset| base + offset)
+}
+
+/// Apply `f` to the offset of a `Corrupt` or `Truncated` error.
+pub(crate) fn map_offset(e: CodecError, f: impl FnOnce(u64) -> u64) -> CodecError {
     match e {
         CodecError::Corrupt {
             format,
@@ -370,12 +375,12 @@ pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
             reason,
         } => CodecError::Corrupt {
             format,
-            offset: base + offset,
+            offset: f(offset),
             reason,
         },
         CodecError::Truncated { format, offset } => CodecError::Truncated {
             format,
-            offset: base + offset,
+            offset: f(offset),
         },
         other => other,
     }
