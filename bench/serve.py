@@ -74,6 +74,21 @@ class Server:
             os.unlink(self.sock)
 
 
+def save_run(out_dir, work, lines, commands=None):
+    """End a run: commands.txt (if given), machine.txt and report.md in
+    OUT_DIR, the report printed, the work directory removed."""
+    if commands is not None:
+        with open(os.path.join(out_dir, "commands.txt"), "w") as f:
+            f.write("\n".join(sorted(commands)) + "\n")
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    with open(os.path.join(out_dir, "machine.txt"), "w") as f:
+        f.write(f"{os.cpu_count()} cores, {cpu}\n" + run(["df", "-T", work]).stdout)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    subprocess.run(["rm", "-rf", work])
+
+
 def uri(sock, export=""):
     return f"nbd+unix:///{export}?socket={sock}"
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve import ROOT, Server, log, run  # noqa: E402
+from serve import ROOT, Server, log, run, save_run  # noqa: E402
 
 
 class Stack:
@@ -87,6 +87,10 @@ def main():
     ap.add_argument("--seconds", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--disks", default="disk,hdd", help="backings to run: disk, hdd (default both)")
+    ap.add_argument("--loads", default="dbench,fsync-1,fsync-32")
+    ap.add_argument("--cache-args", default="", help="extra serve arguments for the cached variants, "
+                    "e.g. '--cache-dirty-high 0.5'")
     a = ap.parse_args()
     if a.quick:
         a.runs, a.seconds = 1, 4
@@ -97,17 +101,20 @@ def main():
     work = tempfile.mkdtemp(prefix="wbfs-", dir=os.path.join(ROOT, "bench/work"))
     back = os.path.join(work, "back.raw")
     cache = os.path.join(work, "cache.dev")
+    more = a.cache_args.split()
     variants = [
         ("disk", "no cache", f"d={back}", []),
-        ("disk", "cache", f"d={back},cache={cache}", []),
-        ("disk", "plog", f"d={back},cache={cache}", ["--cache-plog"]),
+        ("disk", "cache", f"d={back},cache={cache}", more),
+        ("disk", "plog", f"d={back},cache={cache}", ["--cache-plog", *more]),
         ("hdd", "no cache", f"d={back},hdd", []),
-        ("hdd", "cache", f"d={back},hdd,cache={cache}", []),
-        ("hdd", "plog", f"d={back},hdd,cache={cache}", ["--cache-plog"]),
+        ("hdd", "cache", f"d={back},hdd,cache={cache}", more),
+        ("hdd", "plog", f"d={back},hdd,cache={cache}", ["--cache-plog", *more]),
     ]
+    variants = [v for v in variants if v[0] in a.disks.split(",")]
     loads = [("dbench", "MB/s", lambda m: dbench(m, a.seconds)),
              ("fsync-1", "IOPS", lambda m: fio_fsync(m, 1, a.seconds)),
              ("fsync-32", "IOPS", lambda m: fio_fsync(m, 32, a.seconds))]
+    loads = [x for x in loads if x[0] in a.loads.split(",")]
     rows = []
     for r in range(a.runs):
         for lname, unit, fn in loads:
@@ -145,10 +152,7 @@ def main():
             cells += [f"{c[0]:.1f}", f"{c[1]:.1f}", f"{c[2]:.1f}",
                       f"{c[1] / c[0]:.2f}×" if c[0] else "", f"{c[2] / c[0]:.2f}×" if c[0] else ""]
         lines.append(f"| {lname} | {unit} | " + " | ".join(cells) + " |")
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    subprocess.run(["rm", "-rf", work])
+    save_run(out_dir, work, lines)
 
 
 if __name__ == "__main__":

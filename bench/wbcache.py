@@ -37,13 +37,12 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve import ROOT, Server, log, run, uri  # noqa: E402
+from serve import ROOT, Server, log, run, save_run, uri  # noqa: E402
 
 
 def fio(sock, rw, bs, extra, **kw):
@@ -225,11 +224,6 @@ def main():
         for t, v, val, unit in rows:
             counts[(t, v)] = counts.get((t, v), 0) + 1
             f.write(f"{t},{v},{counts[(t, v)]},{val:.4f},{unit}\n")
-    with open(os.path.join(out_dir, "commands.txt"), "w") as f:
-        f.write("\n".join(sorted(commands)) + "\n")
-    with open(os.path.join(out_dir, "machine.txt"), "w") as f:
-        cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-        f.write(f"{os.cpu_count()} cores, {cpu}\n" + run(["df", "-T", work]).stdout)
     lines = [f"# Write-back cache, seed 001's tests ({os.path.basename(out_dir)})", "",
              f"{a.runs} rounds, medians. `hdd` = the rotational cost model between server and backing file.", "",
              "| test | variant | median | unit |", "|---|---|--:|---|"]
@@ -266,10 +260,7 @@ def main():
     ratio("(E) disk: image with cache ÷ file with cache", get("E", "disk image cache", "IOPS"), get("C", "disk cache", "IOPS"))
     ratio("(E) disk: image with cache ÷ image without", get("E", "disk image cache", "IOPS"), get("E", "disk image rw", "IOPS"))
     ratio("(E) disk: image without cache ÷ bare file", get("E", "disk image rw", "IOPS"), get("C", "disk no cache", "IOPS"))
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    subprocess.run(["rm", "-rf", work])
+    save_run(out_dir, work, lines, commands)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@
 //!   the backing device, once for all bypassed writes before it.
 //! - **A flush deadline.** Without a FLUSH, a part-filled RAM segment is
 //!   sealed into the log [`WbConfig::flush_deadline`] after its first
-//!   write (default 5 s, like the kernel's dirty writeback interval; not
-//!   chosen by measurement), so writes do not sit in RAM only for long.
+//!   write (default 2 s, the shortest whose cost stayed within 5 % in
+//!   `bench/wbcache-tune.py`), so writes do not sit in RAM only for long.
 //!   The writeback thread keeps this timer with its idle timer.
 //! - **Zeroes and trims are metadata.** `write_zeroes` and `trim` of whole
 //!   blocks log zero entries (no data block); writeback issues
@@ -142,7 +142,23 @@ pub struct FormatOptions {
     pub cache_id: Option<[u8; 16]>,
 }
 
-/// Tunables of an open cache.
+/// Tunables of an open cache. The defaults were chosen by measurement
+/// (`bench/wbcache-tune.py` and `bench/wbcache.py`'s test (A), figures in
+/// `docs/benchmarks.md`):
+/// - `batch` 32: over the rotational model, 4 to 256 segments per batch
+///   write back in the same time; 32 keeps batches short.
+/// - `dirty_high` 0.25: a bursty load with a hot set, three times the
+///   ring, finished soonest (client plus drain) and with the shortest
+///   worst-case write latency at 0.25, against 0.5, 0.75 and 0.9.
+/// - `idle_writeback` 1 s: 100 ms to 3 s made no measurable difference on
+///   that load; 1 s waits out short pauses without leaving data dirty for
+///   long.
+/// - `flush_deadline` 2 s: a trickle of writes without FLUSH costs under
+///   5 % more writes at 10, 50 and 250 writes/s with 2 s; with 1 s it cost
+///   9 % at 10 writes/s, with 0.5 s 17-61 % (part-filled segments fill the
+///   ring and force early writeback).
+/// - `seq_cutoff` 4 MiB: bench/wbcache.py's test (S) and the filesystem
+///   loads of bench/wbcache-fs.py.
 #[derive(Debug, Clone)]
 pub struct WbConfig {
     /// Segments written back per batch.
@@ -177,9 +193,9 @@ impl Default for WbConfig {
     fn default() -> Self {
         WbConfig {
             seq_cutoff: 4 << 20,
-            flush_deadline: Duration::from_secs(5),
+            flush_deadline: Duration::from_secs(2),
             batch: 32,
-            dirty_high: 0.5,
+            dirty_high: 0.25,
             idle_writeback: Duration::from_secs(1),
             max_sealed_in_ram: 2,
             plog: false,
