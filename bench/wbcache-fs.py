@@ -110,7 +110,8 @@ def main():
         ("hdd", "cache", f"d={back},hdd,cache={cache}", more),
         ("hdd", "plog", f"d={back},hdd,cache={cache}", ["--cache-plog", *more]),
     ]
-    variants = [v for v in variants if v[0] in a.disks.split(",")]
+    disks = [d for d in ("disk", "hdd") if d in a.disks.split(",")]
+    variants = [v for v in variants if v[0] in disks]
     loads = [("dbench", "MB/s", lambda m: dbench(m, a.seconds)),
              ("fsync-1", "IOPS", lambda m: fio_fsync(m, 1, a.seconds)),
              ("fsync-32", "IOPS", lambda m: fio_fsync(m, 32, a.seconds))]
@@ -142,12 +143,13 @@ def main():
     lines = [f"# Filesystem workloads through the write-back cache ({os.path.basename(out_dir)})", "",
              f"ext4 on loop on nbdfuse on `cairn serve`; {a.runs} rounds of {a.seconds} s, medians.", "",
              "`plog` = the cache in persistent-log mode (`--cache-plog`).", "",
-             "| load | unit | disk: no cache | cache | plog | cache ÷ none | plog ÷ none "
-             "| hdd model: no cache | cache | plog | cache ÷ none | plog ÷ none |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "| load | unit | " + " | ".join(
+                 f"{'hdd model' if d == 'hdd' else d}: no cache | cache | plog | cache ÷ none | plog ÷ none"
+                 for d in disks) + " |",
+             "|---|---|" + "--:|" * (5 * len(disks))]
     for lname, unit, _ in loads:
         cells = []
-        for d in ("disk", "hdd"):
+        for d in disks:
             c = [med.get((lname, d, n, unit)) or 0 for n in ("no cache", "cache", "plog")]
             cells += [f"{c[0]:.1f}", f"{c[1]:.1f}", f"{c[2]:.1f}",
                       f"{c[1] / c[0]:.2f}×" if c[0] else "", f"{c[2] / c[0]:.2f}×" if c[0] else ""]
