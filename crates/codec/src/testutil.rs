@@ -1,5 +1,27 @@
 //! Helpers shared by the crate's unit tests.
 
+/// A small deterministic generator (xorshift) for test data.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// `n` incompressible bytes from `seed`.
+pub(crate) fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng(seed | 1);
+    (0..n).map(|_| (rng.next() >> 32) as u8).collect()
+}
+
 /// Runs `tool args` with `input` on stdin; `None` (after saying so) when
 /// the tool is missing and we are not under CI.
 pub(crate) fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {

@@ -924,7 +924,7 @@ fn libbzip2_stream(src: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::run;
+    use crate::testutil::{noise, run};
     use proptest::prelude::*;
     use std::io::Read;
 
@@ -959,18 +959,6 @@ mod tests {
             at += dec.decode(&src[at..], &mut out, usize::MAX)?;
         }
         Ok(out)
-    }
-
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 32) as u8
-            })
-            .collect()
     }
 
     fn text(n: usize, seed: u64) -> Vec<u8> {

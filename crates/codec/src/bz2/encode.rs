@@ -630,23 +630,9 @@ impl<'a> BitWriter<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::run;
+    use crate::testutil::{noise, run, Rng};
     use proptest::prelude::*;
     use std::io::Read;
-
-    /// A small deterministic generator (xorshift) for test data.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     fn compress(level: i32, data: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -851,11 +837,6 @@ mod tests {
         out
     }
 
-    fn random(len: usize, seed: u64) -> Vec<u8> {
-        let mut rng = Rng(seed | 1);
-        (0..len).map(|_| rng.next() as u8).collect()
-    }
-
     fn cases() -> Vec<(String, Vec<u8>)> {
         let mut v: Vec<(String, Vec<u8>)> = vec![
             ("empty".into(), vec![]),
@@ -869,7 +850,7 @@ mod tests {
             mixed.extend_from_slice(b"qc");
             v.push((format!("run of {n} inside"), mixed));
         }
-        v.push(("random".into(), random(100_000, 3)));
+        v.push(("random".into(), noise(100_000, 3)));
         v.push(("text".into(), text(300_000, 5)));
         v.push(("repetitive".into(), b"abcdefgh".repeat(40_000)));
         v.push(("zeros".into(), vec![0; 2_000_000]));
@@ -910,7 +891,7 @@ mod tests {
         let again = {
             let mut out = Vec::new();
             enc.compress(&data, &mut out).unwrap();
-            enc.compress(&random(1000, r.next()), &mut out).unwrap();
+            enc.compress(&noise(1000, r.next()), &mut out).unwrap();
             out
         };
         assert_eq!(&again[..packed.len()], &packed[..]);
@@ -937,12 +918,12 @@ mod tests {
     #[test]
     fn size_is_close_to_libbzip2() {
         let mut mixed = text(400_000, 9);
-        mixed.extend(random(100_000, 2));
+        mixed.extend(noise(100_000, 2));
         mixed.extend(vec![0; 200_000]);
         mixed.extend((0..300_000u32).map(|i| (i * i / 7 % 251) as u8));
         for (name, data) in [
             ("text", text(1_500_000, 1)),
-            ("random", random(500_000, 4)),
+            ("random", noise(500_000, 4)),
             ("mixed", mixed),
             (
                 "structured",
