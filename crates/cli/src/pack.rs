@@ -290,7 +290,7 @@ fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summar
         .read_to_end(&mut head)
         .context("read")?;
     let format = Format::detect(&head).ok_or(cairn_codec::CodecError::UnknownFormat)?;
-    let input = Input::with_prefix(&head, Box::new(reader));
+    let input = Input::with_prefix_file(&head, reader);
     let mut splitter = format.splitter(input);
     let mut sink = open_sink(&plan.dest, common.force, false)?;
     let progress = Progress::new("unpack", size, !common.quiet && !common.json);

@@ -2,11 +2,17 @@
 //! must peek at headers, walk block sizes and copy whole frames out.
 
 use crate::error::{CodecError, Result};
+use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::unix::fs::FileExt;
 
 /// Buffered input with offset tracking and look-ahead of any length.
 pub struct Input {
     inner: Box<dyn Read + Send>,
+    /// The regular file behind `inner` and its length, when it is one: a
+    /// splitter may read an index at its end (the zstd seek table) without
+    /// moving the stream position.
+    file: Option<(File, u64)>,
     buf: Vec<u8>,
     pos: usize,
     end: usize,
@@ -22,6 +28,7 @@ impl Input {
     pub fn new(inner: Box<dyn Read + Send>) -> Self {
         Input {
             inner,
+            file: None,
             buf: vec![0; CHUNK],
             pos: 0,
             end: 0,
@@ -40,6 +47,55 @@ impl Input {
         input.buf[..prefix.len()].copy_from_slice(prefix);
         input.end = prefix.len();
         input
+    }
+
+    /// Like [`Input::with_prefix`] over a file whose first `prefix.len()`
+    /// bytes were read; when it is a regular file, [`Input::stream_len`]
+    /// and [`Input::read_tail`] work.
+    pub fn with_prefix_file(prefix: &[u8], file: File) -> Self {
+        let len = file
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        // A second handle (same open file) for `read_at`; the reader stays a
+        // plain `File`, whose `read_buf` fills spare capacity without
+        // zeroing it first (a wrapper type would have it zeroed).
+        let tail = len.and_then(|len| Some((file.try_clone().ok()?, len)));
+        let mut input = Input::with_prefix(prefix, Box::new(file));
+        input.file = tail;
+        input
+    }
+
+    /// Length of the whole stream, when it is a regular file.
+    pub fn stream_len(&self) -> Option<u64> {
+        self.file.as_ref().map(|(_, len)| *len)
+    }
+
+    /// The last `n` bytes of a regular file (as it was measured when
+    /// opened), read without moving the stream position; `None` when the
+    /// input is not a regular file, is shorter, or the read fails (a
+    /// splitter then does without the index it looked for).
+    pub fn read_tail(&self, n: usize) -> Option<Vec<u8>> {
+        let (file, len) = self.file.as_ref()?;
+        let at = len.checked_sub(n as u64)?;
+        let mut v = vec![0; n];
+        file.read_exact_at(&mut v, at).ok()?;
+        Some(v)
+    }
+
+    /// Put `bytes`, just taken, back in front of the unread input.
+    pub fn unread(&mut self, bytes: &[u8]) {
+        let rest = self.end - self.pos;
+        let mut buf = Vec::with_capacity((bytes.len() + rest).max(CHUNK));
+        buf.extend_from_slice(bytes);
+        buf.extend_from_slice(&self.buf[self.pos..self.end]);
+        let end = buf.len();
+        buf.resize(buf.capacity(), 0);
+        self.buf = buf;
+        self.pos = 0;
+        self.end = end;
+        self.offset -= bytes.len() as u64;
     }
 
     /// Absolute offset of the next unread byte.
@@ -208,5 +264,41 @@ mod tests {
         assert_eq!(n, data.len() - 5 - 2 * CHUNK);
         assert!(input.at_end().unwrap());
         assert!(input.need(1, "t").is_err());
+    }
+
+    #[test]
+    fn unread_puts_bytes_back_in_front() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(CHUNK + 100).collect();
+        let mut input = Input::new(Box::new(Dribble(data.clone(), 0)));
+        let mut out = Vec::new();
+        input.take(CHUNK - 3, &mut out, "t").unwrap();
+        input.need(10, "t").unwrap();
+        input.unread(&out[7..]);
+        assert_eq!(input.offset(), 7);
+        let mut all = Vec::new();
+        input.take_up_to(usize::MAX, &mut all).unwrap();
+        assert_eq!(all, &data[7..]);
+        assert_eq!(input.offset(), data.len() as u64);
+    }
+
+    #[test]
+    fn a_regular_file_has_a_length_and_a_tail_that_does_not_move_the_stream() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        std::io::Seek::rewind(&mut f).unwrap();
+        let mut head = [0u8; 4];
+        f.read_exact(&mut head).unwrap();
+        let mut input = Input::with_prefix_file(&head, f);
+        assert_eq!(input.stream_len(), Some(5000));
+        assert_eq!(input.read_tail(9).unwrap(), &data[5000 - 9..]);
+        assert!(input.read_tail(5001).is_none());
+        let mut all = Vec::new();
+        input.take_up_to(usize::MAX, &mut all).unwrap();
+        assert_eq!(all, data);
+        // A pipe has neither.
+        let piped = Input::new(Box::new(std::io::Cursor::new(data)));
+        assert_eq!(piped.stream_len(), None);
+        assert!(piped.read_tail(1).is_none());
     }
 }

@@ -450,6 +450,11 @@ pub fn decode_all(data: &[u8]) -> Result<Vec<u8>> {
 /// decompression bombs; a stream decoder must not be asked to hold them).
 pub fn decode_as(format: Format, data: &[u8], limit: usize) -> Result<Vec<u8>> {
     let input = Input::new(Box::new(std::io::Cursor::new(data.to_vec())));
+    decode_input(format, input, limit)
+}
+
+/// Decode `input` as `format` in one thread, as [`decode_as`] does.
+pub fn decode_input(format: Format, input: Input, limit: usize) -> Result<Vec<u8>> {
     let mut splitter = format.splitter(input);
     let mut dec = format.unit_decoder();
     let mut checker = ContentChecker::default();

@@ -102,9 +102,23 @@ struct FrameHeader {
     checksum: bool,
 }
 
-fn parse_frame_header(input: &mut Input) -> Result<FrameHeader> {
-    let off = input.offset();
-    let b = input.need(5, NAME)?;
+/// Length of a frame header whose descriptor byte is `fhd`.
+fn header_len(fhd: u8) -> usize {
+    let single = fhd & 0x20 != 0;
+    let did_len = [0usize, 1, 2, 4][usize::from(fhd & 3)];
+    let fcs_len = match (fhd >> 6, single) {
+        (0, false) => 0,
+        (0, true) => 1,
+        (1, _) => 2,
+        (2, _) => 4,
+        _ => 8,
+    };
+    5 + usize::from(!single) + did_len + fcs_len
+}
+
+/// Parse the frame header at the start of `b` (which holds at least
+/// [`header_len`] bytes); `off` is its stream offset, for errors.
+fn frame_header(b: &[u8], off: u64) -> Result<FrameHeader> {
     let fhd = b[4];
     if fhd & 0x08 != 0 {
         return Err(CodecError::corrupt(
@@ -113,21 +127,9 @@ fn parse_frame_header(input: &mut Input) -> Result<FrameHeader> {
             "reserved bit set in frame header",
         ));
     }
-    let fcs_flag = fhd >> 6;
-    let single = fhd & 0x20 != 0;
-    let checksum = fhd & 0x04 != 0;
-    let did_len = [0usize, 1, 2, 4][usize::from(fhd & 3)];
-    let fcs_len = match (fcs_flag, single) {
-        (0, false) => 0,
-        (0, true) => 1,
-        (1, _) => 2,
-        (2, _) => 4,
-        _ => 8,
-    };
-    let header_len = 5 + usize::from(!single) + did_len + fcs_len;
-    let b = input.need(header_len, NAME)?;
-    let p = header_len - fcs_len;
-    let content_size = match fcs_len {
+    let header_len = header_len(fhd);
+    let p = 5 + usize::from(fhd & 0x20 == 0) + [0usize, 1, 2, 4][usize::from(fhd & 3)];
+    let content_size = match header_len - p {
         0 => None,
         1 => Some(u64::from(b[p])),
         2 => Some(u64::from(u16::from_le_bytes([b[p], b[p + 1]])) + 256),
@@ -141,8 +143,95 @@ fn parse_frame_header(input: &mut Input) -> Result<FrameHeader> {
     Ok(FrameHeader {
         header_len,
         content_size,
-        checksum,
+        checksum: fhd & 0x04 != 0,
     })
+}
+
+fn parse_frame_header(input: &mut Input) -> Result<FrameHeader> {
+    let off = input.offset();
+    let fhd = input.need(5, NAME)?[4];
+    let b = input.need(header_len(fhd), NAME)?;
+    frame_header(b, off)
+}
+
+/// The body length of the block whose 3-byte header is at the start of `b`
+/// (at stream offset `off`), and whether it is the frame's last block.
+fn block_body(b: &[u8], off: u64) -> Result<(usize, bool)> {
+    let bh = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
+    let size = (bh >> 3) as usize;
+    let body = match (bh >> 1) & 3 {
+        0 | 2 => size,
+        1 => 1,
+        _ => return Err(CodecError::corrupt(NAME, off, "reserved block type")),
+    };
+    if body > (128 << 10) {
+        return Err(CodecError::corrupt(
+            NAME,
+            off,
+            format!("block of {body} bytes exceeds the 128 KiB maximum"),
+        ));
+    }
+    Ok((body, bh & 1 != 0))
+}
+
+/// Does `b` hold exactly one whole frame of `raw_len` decoded bytes? Walks
+/// the block headers only, as [`Splitter::take_frame`] does.
+fn is_one_frame(b: &[u8], raw_len: u64) -> bool {
+    if b.len() < 5 || le32(b, 0) != FRAME_MAGIC || b.len() < header_len(b[4]) {
+        return false;
+    }
+    let Ok(fh) = frame_header(b, 0) else {
+        return false;
+    };
+    if fh.content_size != Some(raw_len) {
+        return false;
+    }
+    let mut at = fh.header_len;
+    loop {
+        let Some(h) = b.get(at..at + 3) else {
+            return false;
+        };
+        let Ok((body, last)) = block_body(h, 0) else {
+            return false;
+        };
+        at += 3 + body;
+        if last {
+            return at + if fh.checksum { 4 } else { 0 } == b.len();
+        }
+    }
+}
+
+/// The frame sizes a seek table at the end of a regular file states, when
+/// they add up to the file (from offset 0) and each frame fits a unit.
+/// Anything else (no table, a table with checksums off or on, an
+/// inconsistent one) gives `None`, and the splitter walks block headers.
+fn read_seek_table(input: &Input) -> Option<Vec<(u32, u32)>> {
+    let len = input.stream_len()?;
+    let foot = input.read_tail(9)?;
+    if le32(&foot, 5) != SEEKABLE_FOOTER_MAGIC || foot[4] & 0x7F != 0 {
+        return None;
+    }
+    let count = u64::from(le32(&foot, 0));
+    let entry = if foot[4] & 0x80 != 0 { 12 } else { 8 };
+    let table = 8 + count * entry + 9;
+    if table > len || table > 64 << 20 {
+        return None;
+    }
+    let t = input.read_tail(table as usize)?;
+    if le32(&t, 0) != SEEK_TABLE_MAGIC || u64::from(le32(&t, 4)) != table - 8 {
+        return None;
+    }
+    let mut frames = Vec::with_capacity(count as usize);
+    let mut sum = 0u64;
+    for e in t[8..t.len() - 9].chunks_exact(entry as usize) {
+        let (c, d) = (le32(e, 0), le32(e, 4));
+        if c < 6 || c as usize > MAX_UNIT || d as usize > MAX_UNIT {
+            return None;
+        }
+        sum += u64::from(c);
+        frames.push((c, d));
+    }
+    (sum + table == len).then_some(frames)
 }
 
 /// Cuts a zstd stream at frame boundaries.
@@ -150,6 +239,13 @@ pub struct Splitter {
     input: Input,
     streaming: Option<Box<RawDecoder<'static>>>,
     frames: u64,
+    /// Frame sizes from the seek table still to come, when the input is a
+    /// regular file with a consistent table: each frame is then read
+    /// straight into its unit in one call, with no block walk through the
+    /// buffer (each frame is still checked to be whole and to end where
+    /// the table says, and on a mismatch the table is dropped).
+    table: Option<std::vec::IntoIter<(u32, u32)>>,
+    table_read: bool,
 }
 
 impl Splitter {
@@ -159,7 +255,47 @@ impl Splitter {
             input,
             streaming: None,
             frames: 0,
+            table: None,
+            table_read: false,
         }
+    }
+
+    /// Whether frames are being cut by the seek table (for tests).
+    pub fn by_table(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// The next frame as the seek table states it, read whole into `unit`;
+    /// `false` when there is no table (any more) or the frame does not match
+    /// it, with the input as it was.
+    fn frame_by_table(&mut self, unit: &mut Unit) -> Result<bool> {
+        if !self.table_read {
+            self.table_read = true;
+            if self.input.offset() == 0 {
+                self.table = read_seek_table(&self.input).map(Vec::into_iter);
+            }
+        }
+        let Some(table) = self.table.as_mut() else {
+            return Ok(false);
+        };
+        let Some((packed, raw)) = table.next() else {
+            self.table = None;
+            return Ok(false);
+        };
+        let off = self.input.offset();
+        unit.data.clear();
+        self.input.take(packed as usize, &mut unit.data, NAME)?;
+        if !is_one_frame(&unit.data, u64::from(raw)) {
+            self.input.unread(&unit.data);
+            unit.data.clear();
+            self.table = None;
+            return Ok(false);
+        }
+        self.frames += 1;
+        unit.offset = off;
+        unit.raw_len = raw as usize;
+        unit.kind = UnitKind::Packed(0);
+        Ok(true)
     }
 
     /// Copy one frame whose header is at the input's start into `unit`.
@@ -167,22 +303,7 @@ impl Splitter {
         self.input.take(fh.header_len, &mut unit.data, NAME)?;
         loop {
             let off = self.input.offset();
-            let b = self.input.need(3, NAME)?;
-            let bh = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
-            let last = bh & 1 != 0;
-            let size = (bh >> 3) as usize;
-            let body = match (bh >> 1) & 3 {
-                0 | 2 => size,
-                1 => 1,
-                _ => return Err(CodecError::corrupt(NAME, off, "reserved block type")),
-            };
-            if body > (128 << 10) {
-                return Err(CodecError::corrupt(
-                    NAME,
-                    off,
-                    format!("block of {body} bytes exceeds the 128 KiB maximum"),
-                ));
-            }
+            let (body, last) = block_body(self.input.need(3, NAME)?, off)?;
             if unit.data.len() + 3 + body > MAX_UNIT {
                 return Err(CodecError::TooLarge {
                     format: NAME,
@@ -248,6 +369,9 @@ impl super::Splitter for Splitter {
                 if unit.data.is_empty() && self.streaming.is_none() {
                     continue;
                 }
+                return Ok(true);
+            }
+            if self.frame_by_table(unit)? {
                 return Ok(true);
             }
             if self.input.at_end()? {
@@ -334,5 +458,126 @@ impl super::UnitDecoder for Decoder {
                 .decompress_frame(&unit.data, out, unit.raw_len)
                 .map_err(|e| at_offset(e, unit.offset)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{decode_input, encode_all, Format, Splitter as _, UnitDecoder as _};
+    use super::*;
+    use crate::testutil::noise;
+    use std::io::{Read, Seek, Write};
+
+    /// `bytes` in a temporary file, opened as the CLI opens one.
+    fn file_input(bytes: &[u8]) -> Input {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        let mut head = [0u8; 16];
+        let n = f.read(&mut head).unwrap();
+        Input::with_prefix_file(&head[..n], f)
+    }
+
+    /// Decode every unit; returns the output and, per unit, whether the seek
+    /// table was still in use after it.
+    fn split_and_decode(bytes: &[u8]) -> Result<(Vec<u8>, Vec<bool>)> {
+        let mut s = Splitter::new(file_input(bytes));
+        let mut dec = Decoder::default();
+        let (mut out, mut by_table, mut unit) = (Vec::new(), Vec::new(), Unit::default());
+        loop {
+            unit.clear();
+            if !s.next_unit(&mut unit)? {
+                return Ok((out, by_table));
+            }
+            by_table.push(s.by_table());
+            dec.decode(&mut unit, &mut out)?;
+        }
+    }
+
+    fn sample() -> (Vec<u8>, Vec<u8>) {
+        let mut data = noise(200_000, 7);
+        data.extend(std::iter::repeat_n(b'z', 150_000));
+        data.extend(noise(50_001, 8));
+        let packed = encode_all(Format::Zstd, 3, 64 << 10, &data).unwrap();
+        (data, packed)
+    }
+
+    /// Byte offset of seek table entry `i` in `packed`.
+    fn entry_at(packed: &[u8], i: usize) -> usize {
+        let count = le32(packed, packed.len() - 9) as usize;
+        packed.len() - 9 - 12 * count + 12 * i
+    }
+
+    #[test]
+    fn a_regular_file_is_cut_by_its_seek_table() {
+        let (data, packed) = sample();
+        let (out, by_table) = split_and_decode(&packed).unwrap();
+        assert_eq!(out, data);
+        assert!(
+            by_table.len() >= 3 && by_table.iter().all(|t| *t),
+            "{by_table:?}"
+        );
+    }
+
+    #[test]
+    fn a_table_that_lies_is_dropped_and_the_frames_walked() {
+        let (data, packed) = sample();
+        // Two frame sizes swapped: the sum still matches the file.
+        let size = |i| le32(&packed, entry_at(&packed, i));
+        let i = (1..).find(|&i| size(i) != size(i + 1)).unwrap();
+        let mut swapped = packed.clone();
+        let (a, b) = (entry_at(&packed, i), entry_at(&packed, i + 1));
+        swapped[a..a + 4].copy_from_slice(&packed[b..b + 4]);
+        swapped[b..b + 4].copy_from_slice(&packed[a..a + 4]);
+        let (out, by_table) = split_and_decode(&swapped).unwrap();
+        assert_eq!(out, data);
+        assert!(
+            by_table[..i].iter().all(|t| *t) && !by_table[i],
+            "{by_table:?}"
+        );
+        // A wrong decoded size.
+        let mut wrong = packed.clone();
+        let d = entry_at(&packed, 0) + 4;
+        wrong[d] ^= 1;
+        let (out, by_table) = split_and_decode(&wrong).unwrap();
+        assert_eq!(out, data);
+        assert!(by_table.iter().all(|t| !t));
+    }
+
+    #[test]
+    fn damage_that_zstd_ignores_is_ignored_and_other_damage_still_fails() {
+        let (data, packed) = sample();
+        // A table whose sizes do not add up to the file: not used.
+        let mut off = packed.clone();
+        let e = entry_at(&packed, 3);
+        off[e] = off[e].wrapping_add(1);
+        let (out, by_table) = split_and_decode(&off).unwrap();
+        assert_eq!(out, data);
+        assert!(by_table.iter().all(|t| !t));
+        // Truncated: no table, and the walk reports the truncation.
+        let cut = &packed[..packed.len() / 2];
+        assert!(matches!(
+            split_and_decode(cut),
+            Err(CodecError::Truncated { .. })
+        ));
+        // Garbage after the table: no table, and the walk reports it.
+        let mut tail = packed.clone();
+        tail.extend_from_slice(b"garbage!");
+        assert!(matches!(
+            split_and_decode(&tail),
+            Err(CodecError::TrailingGarbage { .. })
+        ));
+        // A flipped byte inside a frame: the table is used, the decoder fails.
+        let mut flip = packed.clone();
+        flip[100] ^= 0x55;
+        assert!(super::super::decode_all(&flip).is_err());
+        assert!(split_and_decode(&flip).is_err());
+    }
+
+    #[test]
+    fn decode_input_reads_a_file_as_decode_as_reads_memory() {
+        let (data, packed) = sample();
+        let out = decode_input(Format::Zstd, file_input(&packed), usize::MAX).unwrap();
+        assert_eq!(out, data);
     }
 }
