@@ -149,26 +149,31 @@ fn round_up(v: u64, a: u64) -> u64 {
 }
 
 /// A zeroed buffer of `len` bytes whose start is aligned to `align`
-/// (carved out of a slightly larger `Vec`, so no unsafe allocation).
-struct AlignedBuf {
+/// (carved out of a slightly larger `Vec`, so no unsafe allocation): what
+/// `O_DIRECT` reads and writes need.
+#[derive(Debug)]
+pub struct AlignedBuf {
     vec: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl AlignedBuf {
-    fn new(len: usize, align: usize) -> AlignedBuf {
+    /// `len` zero bytes starting at a multiple of `align` (a power of two).
+    pub fn new(len: usize, align: usize) -> AlignedBuf {
         let vec = vec![0u8; len + align];
         let addr = vec.as_ptr() as usize;
         let start = (align - addr % align) % align;
         AlignedBuf { vec, start, len }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    /// The aligned bytes.
+    pub fn as_slice(&self) -> &[u8] {
         &self.vec[self.start..self.start + self.len]
     }
 
-    fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The aligned bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.vec[self.start..self.start + self.len]
     }
 }

@@ -484,7 +484,9 @@ impl At {
 #[derive(Default)]
 struct Seen {
     created: HashSet<String>,
-    sealed: usize,
+    /// Packs closed after writing; a pack has two handles (one with
+    /// O_DIRECT), both closed once it is fsync'd.
+    sealed: HashSet<String>,
     idx_tmp: usize,
     idx_done: usize,
     snap_tmp: usize,
@@ -507,7 +509,7 @@ impl Seen {
                 // Only packs this run created: salvage also opens old packs
                 // for writing, to cut a torn tail.
                 if m & libc::IN_CLOSE_WRITE != 0 && self.created.contains(&e.name) {
-                    self.sealed += 1;
+                    self.sealed.insert(e.name.clone());
                 }
                 if m & libc::IN_DELETE != 0 {
                     self.pack_deleted += 1;
@@ -548,7 +550,7 @@ impl Seen {
         match at {
             At::Fed | At::Delay(_) => false,
             At::PackCreated(n) => self.created.len() >= n,
-            At::PackSealed(n) => self.sealed >= n,
+            At::PackSealed(n) => self.sealed.len() >= n,
             At::IdxTmp(n) => self.idx_tmp >= n,
             At::IdxDone(n) => self.idx_done >= n,
             At::SnapTmp => self.snap_tmp >= 1,
