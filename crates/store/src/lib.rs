@@ -14,6 +14,11 @@
 //!   and each batch of records goes to the least busy target (fewest bytes
 //!   queued, then fewest stored), so N disks give N times the bandwidth, a
 //!   slower disk takes fewer batches and idle disks fill evenly (seed 000).
+//! - **Packs are written past the page cache.** A pack is written once
+//!   and fsync'd when sealed, so the page cache only adds a copy of every
+//!   byte and a backlog of dirty pages; packs go out with `O_DIRECT`
+//!   through an aligned buffer (buffered where the filesystem refuses it),
+//!   and a backup no longer evicts the machine's working set ([`pack`]).
 //! - **Self-describing records.** Every record carries its chunk id,
 //!   codec, lengths and CRC-32C: packs can be walked without the index,
 //!   which is how an interrupted backup's packs are salvaged and reused,
