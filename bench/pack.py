@@ -20,8 +20,12 @@ How the runs alternate: hyperfine runs all runs of its first command
 before its second, so one `hyperfine --runs 5 A B` is A A A A A B B B B B.
 To get A B A B this script runs one hyperfine invocation per round with
 every command of the comparison in it (`--runs 1`); the first round is the
-warm-up and is not counted. `--no-interleave` runs one invocation with
-`--warmup 1 --runs N` instead.
+warm-up and is not counted. Every other round runs the commands in
+reverse order (A B, B A, A B, ...): what runs just before a command
+changes its time on this machine (cairn's two threads started right
+after a one-core `zstd -d` ran 8-15 % slower than right after another
+cairn run), so each command follows each other command equally often.
+`--no-interleave` runs one invocation with `--warmup 1 --runs N` instead.
 
 Every command reads the input file on stdin and writes to /dev/null, so
 cairn and the peers do the same I/O. The page cache is warm (the inputs
@@ -319,7 +323,11 @@ class Runner:
         rounds = []
         for r in range(self.warmup + self.runs):
             path = f"{base}.round{r}.json"
-            timings = self._hyperfine(names_cmds, 1, 0, path)
+            # Odd rounds run the commands in reverse order (counterbalanced).
+            order = names_cmds if r % 2 == 0 else names_cmds[::-1]
+            timings = self._hyperfine(order, 1, 0, path)
+            if r % 2:
+                timings = timings[::-1]
             with open(path) as f:
                 rounds.append(json.load(f))
             os.remove(path)
@@ -330,7 +338,8 @@ class Runner:
         # One file per comparison: every round's hyperfine export, the first
         # `warmup` of them not counted, and the counted times per command.
         with open(base + ".json", "w") as f:
-            json.dump({"method": "one hyperfine invocation per round (A B A B ...)",
+            json.dump({"method": "one hyperfine invocation per round, order reversed every "
+                                 "other round (A B, B A, A B, ...)",
                        "warmup_rounds": self.warmup, "counted_rounds": self.runs,
                        "commands": [{"name": n, "command": c, "times": t.times, "cpu": t.cpu}
                                     for (n, c), t in zip(names_cmds, counted)],
@@ -731,7 +740,8 @@ def main():
         f.write(tool_versions(args.cairn))
     with open(os.path.join(run_dir, "run.txt"), "w") as f:
         f.write(f"argv: {shlex.join(sys.argv)}\nruns: {runs}\nwarmup: {args.warmup}\n"
-                f"interleave: {not args.no_interleave}\nthreads: {args.threads}\nquick: {args.quick}\n"
+                f"interleave: {not args.no_interleave}\norder: reversed every other round\n"
+                f"threads: {args.threads}\nquick: {args.quick}\n"
                 f"inputs: {','.join(names)}\nformats: {','.join(fmts)}\n"
                 f"size_tolerance: {SIZE_TOLERANCE}\nmb: 10^6 bytes of uncompressed data per second\n"
                 "page_cache: warm (inputs read before timing, never dropped)\n"

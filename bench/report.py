@@ -100,7 +100,8 @@ def tables(rows, run_dir, svg_prefix):
                f"Data on {data_fs}. "
                f"Threads: {run.get('threads', '2')}; {run.get('runs', '?')} counted runs after "
                f"{run.get('warmup', '?')} warm-up, "
-               + ("alternating (A B A B …)" if run.get("interleave") == "True" else "not alternating")
+               + (("alternating (A B, B A, A B …)" if run.get("order") else "alternating (A B A B …)")
+                  if run.get("interleave") == "True" else "not alternating")
                + ", medians; MB/s are 10⁶ bytes of uncompressed data per second; page cache warm, "
                "output to /dev/null. Ratios are cairn ÷ peer: speed above 1 means cairn is faster, "
                "size below 1 means cairn's output is smaller. A speed target counts only at an output "
