@@ -104,6 +104,11 @@ pub(crate) struct PackArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct UnpackArgs {
+    /// Accept zstd frames whose window is up to 2^N bytes (as `zstd -d
+    /// --long=N`; default 27, 128 MiB, as zstd; at most 31). Such a frame
+    /// without a stated size is decoded in a window of that size.
+    #[arg(long = "long", value_name = "N", value_parser = clap::value_parser!(u32).range(10..=31))]
+    pub long: Option<u32>,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -5,7 +5,7 @@ use crate::files::{copy_metadata, read_full, Sink, Source};
 use crate::report::{Progress, Summary};
 use crate::{CommonArgs, PackArgs, UnpackArgs};
 use anyhow::{anyhow, bail, Context, Result};
-use cairn_codec::{BlockMeta, ContentChecker, Format, Input, Unit};
+use cairn_codec::{BlockMeta, ContentChecker, DecodeOptions, Format, Input, Unit};
 use cairn_pipeline::{Config, Fill, Slot};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -275,13 +275,18 @@ pub fn unpack(args: &UnpackArgs) -> Result<()> {
     let data_on_stdout = plans.iter().any(|p| matches!(p.dest, Dest::Stdout));
     let mut summaries = Vec::new();
     for plan in &plans {
-        let s = unpack_one(plan, threads, common).with_context(|| plan.source.name())?;
+        let s = unpack_one(plan, threads, common, args.long).with_context(|| plan.source.name())?;
         summaries.push(s);
     }
     emit(common, &summaries, data_on_stdout)
 }
 
-fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summary> {
+fn unpack_one(
+    plan: &Plan,
+    threads: usize,
+    common: &CommonArgs,
+    long: Option<u32>,
+) -> Result<Summary> {
     let started = Instant::now();
     let (mut reader, size) = plan.source.open()?;
     let mut head = Vec::with_capacity(16);
@@ -291,7 +296,12 @@ fn unpack_one(plan: &Plan, threads: usize, common: &CommonArgs) -> Result<Summar
         .context("read")?;
     let format = Format::detect(&head).ok_or(cairn_codec::CodecError::UnknownFormat)?;
     let input = Input::with_prefix_file(&head, reader);
-    let mut splitter = format.splitter(input);
+    let mut splitter = format.splitter_with(
+        input,
+        &DecodeOptions {
+            zstd_window_log_max: long.unwrap_or(DecodeOptions::default().zstd_window_log_max),
+        },
+    );
     let mut sink = open_sink(&plan.dest, common.force, false)?;
     let progress = Progress::new("unpack", size, !common.quiet && !common.json);
     let out_name = sink.name();

@@ -43,7 +43,7 @@ mod testutil;
 pub use block::{BlockCodec, CodecKind, CodecSpec};
 pub use error::{CodecError, Result};
 pub use format::{
-    decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, Format, Framer,
-    Splitter, Unit, UnitDecoder, UnitKind,
+    decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, DecodeOptions,
+    Format, Framer, Splitter, Unit, UnitDecoder, UnitKind,
 };
 pub use input::Input;

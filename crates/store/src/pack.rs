@@ -453,28 +453,35 @@ impl Direct {
     /// process leaves behind is then what the page cache would have kept,
     /// less the last partial block (the next backup salvages records up to
     /// there).
-    fn append(&mut self, path: &Path, mut bytes: &[u8]) -> Result<()> {
+    fn append(&mut self, path: &Path, buffered: &File, mut bytes: &[u8]) -> Result<()> {
         while !bytes.is_empty() {
             let k = bytes.len().min(DIRECT_STAGE - self.filled);
             self.stage.as_mut_slice()[self.filled..self.filled + k].copy_from_slice(&bytes[..k]);
             self.filled += k;
             bytes = &bytes[k..];
-            self.write_blocks(path)?;
+            self.write_blocks(path, buffered)?;
         }
         Ok(())
     }
 
     /// Write the whole blocks in the stage; the partial block that is left
     /// moves to the front.
-    fn write_blocks(&mut self, path: &Path) -> Result<()> {
+    fn write_blocks(&mut self, path: &Path, buffered: &File) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let whole = self.filled - self.filled % DIRECT_ALIGN;
         if whole == 0 {
             return Ok(());
         }
-        self.file
-            .write_all_at(&self.stage.as_slice()[..whole], self.on_disk)
-            .ctx(path, "write")?;
+        let blocks = &self.stage.as_slice()[..whole];
+        match self.file.write_all_at(blocks, self.on_disk) {
+            // A device whose blocks are bigger than DIRECT_ALIGN refuses
+            // the write; the page cache takes it instead.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                buffered.write_all_at(blocks, self.on_disk)
+            }
+            r => r,
+        }
+        .ctx(path, "write")?;
         self.on_disk += whole as u64;
         self.stage.as_mut_slice().copy_within(whole..self.filled, 0);
         self.filled -= whole;
@@ -485,7 +492,7 @@ impl Direct {
     /// `buffered`, a handle without `O_DIRECT`.
     fn flush(&mut self, path: &Path, buffered: &File) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        self.write_blocks(path)?;
+        self.write_blocks(path, buffered)?;
         buffered
             .write_all_at(&self.stage.as_slice()[..self.filled], self.on_disk)
             .ctx(path, "write")?;
@@ -519,7 +526,7 @@ impl PackWriter {
         let header = encode_pack_header(repo, id);
         let mut direct = Direct::open(&path);
         match &mut direct {
-            Some(d) => d.append(&path, &header)?,
+            Some(d) => d.append(&path, &file, &header)?,
             None => file.write_all(&header).ctx(&path, "write")?,
         }
         Ok(PackWriter {
@@ -541,7 +548,7 @@ impl PackWriter {
     pub fn append(&mut self, bytes: &[u8]) -> Result<u64> {
         let at = self.len;
         match &mut self.direct {
-            Some(d) => d.append(&self.path, bytes)?,
+            Some(d) => d.append(&self.path, &self.file, bytes)?,
             None => self.file.write_all(bytes).ctx(&self.path, "write")?,
         }
         self.len += bytes.len() as u64;

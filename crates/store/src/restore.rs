@@ -517,7 +517,19 @@ impl<'a> Run<'a> {
         match self.direct {
             Some(d) if body > 0 => {
                 write(self.file, &data[..head], start)?;
-                write(d, &data[head..head + body], start + head as u64)?;
+                let at = start + head as u64;
+                let blocks = &data[head..head + body];
+                match d.write_all_at(blocks, at) {
+                    // A device whose blocks are bigger than DIRECT_ALIGN
+                    // refuses the write; the page cache takes it instead.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                        write(self.file, blocks, at)?
+                    }
+                    r => r.map_err(|e| StoreError::Dest {
+                        offset: at,
+                        source: e,
+                    })?,
+                }
                 let tail = head + body;
                 write(self.file, &data[tail..], start + tail as u64)
             }

@@ -193,9 +193,17 @@ impl Format {
 
     /// A splitter over `input`, which must start with this format's magic.
     pub fn splitter(self, input: Input) -> Box<dyn Splitter> {
+        self.splitter_with(input, &DecodeOptions::default())
+    }
+
+    /// A splitter over `input`, with decoding limits.
+    pub fn splitter_with(self, input: Input, opts: &DecodeOptions) -> Box<dyn Splitter> {
         match self {
             Format::Gzip => Box::new(gzip::Splitter::new(input)),
-            Format::Zstd => Box::new(zstd::Splitter::new(input)),
+            Format::Zstd => Box::new(zstd::Splitter::with_window_log_max(
+                input,
+                opts.zstd_window_log_max,
+            )),
             Format::Lz4 => Box::new(lz4::Splitter::new(input)),
             Format::Snappy => Box::new(snappy::Splitter::new(input)),
             Format::Lzop => Box::new(lzop::Splitter::new(input)),
@@ -309,6 +317,24 @@ pub enum ContentCheck {
     EndXxh32(u32),
     /// Hash this unit's output into the running hash.
     Continue,
+}
+
+/// Limits a decoder applies to what a stream may ask of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Largest zstd window, as a power of two, a frame decoded as a stream
+    /// may use (`zstd -d --long=N`; zstd's default is 27, 128 MiB). A
+    /// bigger window is refused: a few header bytes must not make cairn
+    /// reserve gigabytes.
+    pub zstd_window_log_max: u32,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            zstd_window_log_max: 27,
+        }
+    }
 }
 
 /// One independently decodable piece of a stream.

@@ -97,6 +97,8 @@ impl super::Framer for SeekTable {
 
 /// What a frame header says.
 struct FrameHeader {
+    /// The window the frame asks for (single-segment frames: their size).
+    window: Option<u64>,
     header_len: usize,
     content_size: Option<u64>,
     checksum: bool,
@@ -140,7 +142,15 @@ fn frame_header(b: &[u8], off: u64) -> Result<FrameHeader> {
             Some(u64::from_le_bytes(w))
         }
     };
+    let window = if fhd & 0x20 == 0 {
+        let wd = b[5];
+        let base = 1u64 << (10 + (wd >> 3));
+        Some(base + base / 8 * u64::from(wd & 7))
+    } else {
+        content_size
+    };
     Ok(FrameHeader {
+        window,
         header_len,
         content_size,
         checksum: fhd & 0x04 != 0,
@@ -246,17 +256,25 @@ pub struct Splitter {
     /// the table says, and on a mismatch the table is dropped).
     table: Option<std::vec::IntoIter<(u32, u32)>>,
     table_read: bool,
+    /// Largest window (log2) of a frame decoded as a stream.
+    window_log_max: u32,
 }
 
 impl Splitter {
     /// A splitter over `input`.
     pub fn new(input: Input) -> Self {
+        Self::with_window_log_max(input, super::DecodeOptions::default().zstd_window_log_max)
+    }
+
+    /// A splitter that accepts windows up to `2^window_log_max` bytes.
+    pub fn with_window_log_max(input: Input, window_log_max: u32) -> Self {
         Splitter {
             input,
             streaming: None,
             frames: 0,
             table: None,
             table_read: false,
+            window_log_max,
         }
     }
 
@@ -417,11 +435,23 @@ impl super::Splitter for Splitter {
                     return Ok(true);
                 }
                 _ => {
+                    let limit = 1u64 << self.window_log_max;
+                    if let Some(window) = fh.window.filter(|&w| w > limit) {
+                        return Err(CodecError::TooLarge {
+                            format: NAME,
+                            what: "frame window (unpack --long=N raises the limit to 2^N)",
+                            offset: off,
+                            size: window,
+                            limit,
+                        });
+                    }
                     let mut dec = RawDecoder::new().map_err(|e| {
                         CodecError::corrupt(NAME, off, format!("decoder setup: {e}"))
                     })?;
-                    dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(31))
-                        .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
+                    dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
+                        self.window_log_max,
+                    ))
+                    .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
                     self.streaming = Some(Box::new(dec));
                 }
             }
@@ -572,6 +602,27 @@ mod tests {
         flip[100] ^= 0x55;
         assert!(super::super::decode_all(&flip).is_err());
         assert!(split_and_decode(&flip).is_err());
+    }
+
+    /// A frame that asks for a 2 GiB window (7 bytes found by the fuzzer)
+    /// is refused up front unless the limit is raised, as `zstd -d` does.
+    #[test]
+    fn a_window_over_the_limit_is_refused_unless_raised() {
+        let head = [0x28, 0xb5, 0x2f, 0xfd, 0x00, 0xa8, 0x8f];
+        let input = || Input::new(Box::new(std::io::Cursor::new(head.to_vec())));
+        let mut unit = Unit::default();
+        let err = Splitter::new(input()).next_unit(&mut unit).unwrap_err();
+        assert!(
+            matches!(err, CodecError::TooLarge { size, limit, .. }
+                if size == 1 << 31 && limit == 1 << 27),
+            "{err}"
+        );
+        // Raised: the window is accepted, and the missing blocks found.
+        let mut s = Splitter::with_window_log_max(input(), 31);
+        assert!(matches!(
+            s.next_unit(&mut unit),
+            Err(CodecError::Truncated { .. })
+        ));
     }
 
     #[test]
