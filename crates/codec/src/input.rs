@@ -53,10 +53,14 @@ impl Input {
     /// bytes were read; when it is a regular file, [`Input::stream_len`]
     /// and [`Input::read_tail`] work.
     pub fn with_prefix_file(prefix: &[u8], file: File) -> Self {
+        // Only a file read from its start: a redirected stdin may have been
+        // read partly by someone else, and the tail's offsets would not
+        // match the stream's.
+        let at = std::io::Seek::stream_position(&mut &file).ok();
         let len = file
             .metadata()
             .ok()
-            .filter(|m| m.is_file())
+            .filter(|m| m.is_file() && at == Some(prefix.len() as u64))
             .map(|m| m.len());
         // A second handle (same open file) for `read_at`; the reader stays a
         // plain `File`, whose `read_buf` fills spare capacity without
@@ -296,6 +300,14 @@ mod tests {
         let mut all = Vec::new();
         input.take_up_to(usize::MAX, &mut all).unwrap();
         assert_eq!(all, data);
+        // A file whose reading began past its start: no tail.
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(100)).unwrap();
+        f.read_exact(&mut head).unwrap();
+        let late = Input::with_prefix_file(&head, f);
+        assert_eq!(late.stream_len(), None);
+        assert!(late.read_tail(9).is_none());
         // A pipe has neither.
         let piped = Input::new(Box::new(std::io::Cursor::new(data)));
         assert_eq!(piped.stream_len(), None);
