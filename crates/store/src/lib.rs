@@ -48,6 +48,7 @@
 pub mod backup;
 mod bytes;
 pub mod chunker;
+mod direct;
 pub mod edit;
 pub mod error;
 pub mod gc;

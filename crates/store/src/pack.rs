@@ -29,6 +29,7 @@
 //! salvaged, and how `verify --read-data` walks them. The CRC finds torn
 //! and flipped records cheaply; the BLAKE3 id proves each decoded chunk.
 
+use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
 use cairn_blockdev::AlignedBuf;
@@ -409,19 +410,12 @@ pub struct PackWriter {
     direct: Option<Direct>,
 }
 
-/// Alignment of `O_DIRECT` writes in memory, in the file and in length: a
-/// multiple of every logical block size in use (512 B and 4 KiB).
-const DIRECT_ALIGN: usize = 4096;
 /// Bytes gathered before each `O_DIRECT` write.
 const DIRECT_STAGE: usize = 4 << 20;
 
-/// A second handle on the pack, opened with `O_DIRECT`, and the aligned
-/// buffer that cuts appends into whole blocks. Packs are written once
-/// and fsync'd when sealed, so the page cache brings nothing but a copy
-/// per byte (about a third of the CPU of a backup of incompressible data,
-/// see `docs/benchmarks.md`) and a gigabyte of dirty pages to flush. The
-/// last, partial block goes through the buffered handle when the pack is
-/// sealed.
+/// A second handle on the pack, opened with `O_DIRECT` ([`crate::direct`]),
+/// and the aligned buffer that cuts appends into whole blocks. The last,
+/// partial block goes through the buffered handle when the pack is sealed.
 struct Direct {
     file: File,
     stage: AlignedBuf,
@@ -432,17 +426,10 @@ struct Direct {
 }
 
 impl Direct {
-    /// Open `path` again with `O_DIRECT`; `None` where the filesystem
-    /// refuses it (tmpfs before Linux 6.6, some FUSE and network mounts).
-    fn open(path: &Path) -> Option<Direct> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok()?;
+    /// A second handle on `file` with `O_DIRECT`; `None` where refused.
+    fn open(file: &File) -> Option<Direct> {
         Some(Direct {
-            file,
+            file: reopen_direct(file)?,
             stage: AlignedBuf::new(DIRECT_STAGE, DIRECT_ALIGN),
             filled: 0,
             on_disk: 0,
@@ -467,20 +454,16 @@ impl Direct {
     /// Write the whole blocks in the stage; the partial block that is left
     /// moves to the front.
     fn write_blocks(&mut self, path: &Path, buffered: &File) -> Result<()> {
-        use std::os::unix::fs::FileExt;
         let whole = self.filled - self.filled % DIRECT_ALIGN;
         if whole == 0 {
             return Ok(());
         }
-        let blocks = &self.stage.as_slice()[..whole];
-        match self.file.write_all_at(blocks, self.on_disk) {
-            // A device whose blocks are bigger than DIRECT_ALIGN refuses
-            // the write; the page cache takes it instead.
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                buffered.write_all_at(blocks, self.on_disk)
-            }
-            r => r,
-        }
+        write_blocks_at(
+            &self.file,
+            buffered,
+            &self.stage.as_slice()[..whole],
+            self.on_disk,
+        )
         .ctx(path, "write")?;
         self.on_disk += whole as u64;
         self.stage.as_mut_slice().copy_within(whole..self.filled, 0);
@@ -524,7 +507,7 @@ impl PackWriter {
             .open(&path)
             .ctx(&path, "create pack")?;
         let header = encode_pack_header(repo, id);
-        let mut direct = Direct::open(&path);
+        let mut direct = Direct::open(&file);
         match &mut direct {
             Some(d) => d.append(&path, &file, &header)?,
             None => file.write_all(&header).ctx(&path, "write")?,

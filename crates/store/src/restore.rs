@@ -9,6 +9,7 @@
 //! hand the bytes to the calling thread, which writes them in order
 //! (streams).
 
+use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
@@ -431,22 +432,6 @@ pub fn restore(
     Ok(report)
 }
 
-/// Alignment of `O_DIRECT` writes (offset, length and memory).
-const DIRECT_ALIGN: usize = 4096;
-
-/// A second handle on `file` with `O_DIRECT` (through `/proc/self/fd`, so
-/// it works for a file not yet renamed into place); `None` where the
-/// filesystem or device refuses it.
-fn reopen_direct(file: &File) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    use std::os::unix::io::AsRawFd;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-        .ok()
-}
-
 /// Consecutive restored bytes gathered before they are written: the whole
 /// blocks in the middle go out with `O_DIRECT` in one call, the partial
 /// blocks at either end (shared with the neighbouring batches, which
@@ -506,34 +491,26 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let data = &self.buf.as_slice()[lead..lead + len];
-        let write = |f: &File, b: &[u8], at: u64| {
-            f.write_all_at(b, at).map_err(|e| StoreError::Dest {
+        let dest = |at: u64| {
+            move |e| StoreError::Dest {
                 offset: at,
                 source: e,
-            })
+            }
         };
         let head = ((DIRECT_ALIGN - lead) % DIRECT_ALIGN).min(len);
         let body = (len - head) / DIRECT_ALIGN * DIRECT_ALIGN;
         match self.direct {
             Some(d) if body > 0 => {
-                write(self.file, &data[..head], start)?;
-                let at = start + head as u64;
-                let blocks = &data[head..head + body];
-                match d.write_all_at(blocks, at) {
-                    // A device whose blocks are bigger than DIRECT_ALIGN
-                    // refuses the write; the page cache takes it instead.
-                    Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
-                        write(self.file, blocks, at)?
-                    }
-                    r => r.map_err(|e| StoreError::Dest {
-                        offset: at,
-                        source: e,
-                    })?,
-                }
-                let tail = head + body;
-                write(self.file, &data[tail..], start + tail as u64)
+                let (mid, tail) = (start + head as u64, start + (head + body) as u64);
+                self.file
+                    .write_all_at(&data[..head], start)
+                    .map_err(dest(start))?;
+                write_blocks_at(d, self.file, &data[head..head + body], mid).map_err(dest(mid))?;
+                self.file
+                    .write_all_at(&data[head + body..], tail)
+                    .map_err(dest(tail))
             }
-            _ => write(self.file, data, start),
+            _ => self.file.write_all_at(data, start).map_err(dest(start)),
         }
     }
 }

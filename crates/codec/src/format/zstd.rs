@@ -104,8 +104,9 @@ struct FrameHeader {
     checksum: bool,
 }
 
-/// Length of a frame header whose descriptor byte is `fhd`.
-fn header_len(fhd: u8) -> usize {
+/// Where the content size field of a frame header whose descriptor byte
+/// is `fhd` starts, and its length: the header ends right after it.
+fn content_size_field(fhd: u8) -> (usize, usize) {
     let single = fhd & 0x20 != 0;
     let did_len = [0usize, 1, 2, 4][usize::from(fhd & 3)];
     let fcs_len = match (fhd >> 6, single) {
@@ -115,7 +116,13 @@ fn header_len(fhd: u8) -> usize {
         (2, _) => 4,
         _ => 8,
     };
-    5 + usize::from(!single) + did_len + fcs_len
+    (5 + usize::from(!single) + did_len, fcs_len)
+}
+
+/// Length of a frame header whose descriptor byte is `fhd`.
+fn header_len(fhd: u8) -> usize {
+    let (at, len) = content_size_field(fhd);
+    at + len
 }
 
 /// Parse the frame header at the start of `b` (which holds at least
@@ -129,9 +136,9 @@ fn frame_header(b: &[u8], off: u64) -> Result<FrameHeader> {
             "reserved bit set in frame header",
         ));
     }
-    let header_len = header_len(fhd);
-    let p = 5 + usize::from(fhd & 0x20 == 0) + [0usize, 1, 2, 4][usize::from(fhd & 3)];
-    let content_size = match header_len - p {
+    let (p, fcs_len) = content_size_field(fhd);
+    let header_len = p + fcs_len;
+    let content_size = match fcs_len {
         0 => None,
         1 => Some(u64::from(b[p])),
         2 => Some(u64::from(u16::from_le_bytes([b[p], b[p + 1]])) + 256),
