@@ -306,7 +306,13 @@ impl Read for DirectReader {
 }
 
 /// Open a backup source: the reader, its size when known, its label.
-fn open_source(path: &Path, direct: bool) -> Result<(Box<dyn Read + Send>, Option<u64>, String)> {
+///
+/// A regular file read without `--direct` is read by its data extents
+/// (its holes are skipped, not read).
+fn open_source(
+    path: &Path,
+    direct: bool,
+) -> Result<(Box<dyn cairn_store::Source>, Option<u64>, String)> {
     if path.as_os_str() == "-" {
         if direct {
             bail!("--direct needs a file or device, not standard input");
@@ -346,8 +352,10 @@ fn open_source(path: &Path, direct: bool) -> Result<(Box<dyn Read + Send>, Optio
     } else {
         None
     };
-    let reader: Box<dyn Read + Send> = if direct {
+    let reader: Box<dyn cairn_store::Source> = if direct {
         Box::new(DirectReader::new(file))
+    } else if meta.is_file() {
+        Box::new(cairn_store::SparseFile::new(file))
     } else {
         Box::new(file)
     };
@@ -397,6 +405,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
             "bytes_stored_new": t.new_stored,
             "bytes_dedup": t.dedup,
             "bytes_zero": t.zero,
+            "bytes_skipped": t.skipped,
             "packs": r.packs,
             "salvaged_packs": r.salvaged.packs,
             "salvaged_chunks": r.salvaged.chunks,

@@ -59,6 +59,18 @@ impl Drop for Loop {
     }
 }
 
+/// `verify --read-data` finds nothing wrong.
+fn verify_clean(repo: &str) {
+    let v = json(&ok(run(&[
+        "verify",
+        "--repo",
+        repo,
+        "--read-data",
+        "--json",
+    ])));
+    assert_eq!(v["ok"], true, "{v}");
+}
+
 /// An image with data, a hole and a size that is no multiple of anything.
 fn image(len: usize) -> Vec<u8> {
     let mut v = mixed(len, 77);
@@ -211,14 +223,7 @@ fn stdin_files_and_reports() {
         targets.iter().all(|t| t["packs"].as_u64().unwrap() > 0),
         "both targets get packs: {stats}"
     );
-    let v = json(&ok(run(&[
-        "verify",
-        "--repo",
-        repo,
-        "--read-data",
-        "--json",
-    ])));
-    assert_eq!(v["ok"], true);
+    verify_clean(repo);
 
     // rm + gc give space back and leave the rest restorable.
     ok(run(&["rm", "other", "--repo", repo]));
@@ -232,14 +237,7 @@ fn stdin_files_and_reports() {
         gc["chunks_after"].as_u64().unwrap() < gc["chunks_before"].as_u64().unwrap(),
         "{gc}"
     );
-    let v = json(&ok(run(&[
-        "verify",
-        "--repo",
-        repo,
-        "--read-data",
-        "--json",
-    ])));
-    assert_eq!(v["ok"], true, "{v}");
+    verify_clean(repo);
     let out = ok(run(&["restore", "a@2", "-", "--repo", repo, "-q"]));
     assert!(out.stdout == b);
     let ls = json(&ok(run(&["ls", "--repo", repo, "--json"])));
@@ -288,4 +286,70 @@ fn repo_from_the_environment_and_fixed_chunks() {
         .output()
         .unwrap());
     assert!(out.stdout == data);
+}
+
+#[test]
+fn a_sparse_file_is_read_by_its_data_and_restored_sparse() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    // 64 GiB with 3 MB of data: reading its holes would take minutes, and
+    // the report must say they were skipped.
+    let size = 64u64 << 30;
+    let src = d.join("sparse.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(size).unwrap();
+    let pieces = [
+        (0u64, mixed(1 << 20, 1)),
+        (40 << 30, image(3_000_001)),
+        (size - 4096, mixed(4096, 2)),
+    ];
+    for (at, bytes) in &pieces {
+        f.write_all_at(bytes, *at).unwrap();
+    }
+    drop(f);
+    let j = json(&ok(run(&[
+        "backup",
+        src.to_str().unwrap(),
+        "--repo",
+        repo,
+        "--name",
+        "sparse",
+        "-q",
+        "--json",
+    ])));
+    assert_eq!(j["bytes_in"], size, "{j}");
+    let skipped = j["bytes_skipped"].as_u64().unwrap();
+    assert!(skipped > size - (8 << 20), "{j}");
+    assert!(j["bytes_zero"].as_u64().unwrap() >= skipped, "{j}");
+    // Restored sparse, byte for byte.
+    let out = d.join("out.img");
+    ok(run(&[
+        "restore",
+        "sparse",
+        out.to_str().unwrap(),
+        "--repo",
+        repo,
+        "-q",
+    ]));
+    let meta = std::fs::metadata(&out).unwrap();
+    assert_eq!(meta.len(), size);
+    assert!(
+        meta.blocks() * 512 < 64 << 20,
+        "restored sparse: {} blocks",
+        meta.blocks()
+    );
+    let restored = std::fs::File::open(&out).unwrap();
+    for (at, bytes) in &pieces {
+        let mut got = vec![0u8; bytes.len()];
+        restored.read_exact_at(&mut got, *at).unwrap();
+        assert!(&got == bytes, "data at {at}");
+    }
+    let mut gap = vec![1u8; 1 << 20];
+    restored.read_exact_at(&mut gap, 20 << 30).unwrap();
+    assert!(gap.iter().all(|&b| b == 0));
+    verify_clean(repo);
 }

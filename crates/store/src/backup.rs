@@ -24,11 +24,11 @@ use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{encode_record, PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
+use crate::source::Source;
 use cairn_codec::{BlockCodec, CodecSpec};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashSet;
-use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -66,7 +66,7 @@ pub struct BackupOptions<'a> {
 /// Running totals of a backup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
-    /// Bytes read from the source.
+    /// Bytes of the source covered (read, or skipped in holes).
     pub bytes_in: u64,
     /// Bytes of chunks stored for the first time (uncompressed).
     pub new_raw: u64,
@@ -76,6 +76,8 @@ pub struct Progress {
     pub dedup: u64,
     /// Bytes of all-zero chunks (never stored).
     pub zero: u64,
+    /// Of `zero`, the bytes of a sparse file's holes that were never read.
+    pub skipped: u64,
     /// Data chunks.
     pub chunks: u64,
     /// New chunks.
@@ -89,6 +91,7 @@ impl Progress {
         self.new_stored += o.new_stored;
         self.dedup += o.dedup;
         self.zero += o.zero;
+        self.skipped += o.skipped;
         self.chunks += o.chunks;
         self.new_chunks += o.new_chunks;
     }
@@ -118,8 +121,15 @@ pub struct BackupReport {
 
 #[derive(Default)]
 struct Batch {
+    /// The batch's bytes are `data[..len]`. The buffer stays initialised
+    /// at its full size, so reads fill it without zeroing it first.
     data: Vec<u8>,
+    len: usize,
+    /// Chunk ends in `data`.
     ends: Vec<u32>,
+    /// Zero bytes before `data`: whole zero chunks of a hole, recorded
+    /// without being read.
+    zeros_before: u64,
 }
 
 #[derive(Default)]
@@ -213,7 +223,7 @@ pub fn is_zero(data: &[u8]) -> bool {
 pub fn backup(
     repo: &Repository,
     lock: &WriterLock,
-    source: &mut (dyn Read + Send),
+    source: &mut dyn Source,
     opts: &BackupOptions,
 ) -> Result<BackupReport> {
     validate_name(&opts.name)?;
@@ -281,7 +291,8 @@ pub fn backup(
                 Ok(())
             },
             |slot: &mut Slot<Batch, Done>| {
-                slot.input.data.clear();
+                slot.input.len = 0;
+                slot.input.zeros_before = 0;
                 slot.input.ends.clear();
                 slot.output.extents.clear();
                 slot.output.totals = Progress::default();
@@ -352,37 +363,75 @@ pub fn backup(
 
 /// The reader: fills batches and cuts them, carrying a chunk that may
 /// still grow into the next batch.
+///
+/// In a hole of a [`crate::SparseFile`], whole zero chunks (those the
+/// chunker cuts at a fixed length because MAX zeros follow their start)
+/// are skipped unread and passed on as [`Batch::zeros_before`]; the cuts
+/// are the same as if the zeros had been read (the reader stops a batch
+/// MAX bytes into a hole, so the chunk that runs into it is cut on real
+/// bytes and the carry is all zeros).
 fn reader<'a>(
-    source: &'a mut (dyn Read + Send),
+    source: &'a mut dyn Source,
     spec: ChunkerSpec,
 ) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
-    let batch = BATCH.max(2 * spec.max_chunk() as usize);
+    let max = spec.max_chunk() as usize;
+    let batch = BATCH.max(2 * max);
     let chunker = spec.build();
     let mut carry: Vec<u8> = Vec::new();
     let mut eof = false;
+    // Stream offset of the next chunk's start (`carry[0]`).
     let mut offset = 0u64;
     move |b: &mut Batch| {
         if eof && carry.is_empty() {
             return Ok(Fill::End);
         }
-        b.data.extend_from_slice(&carry);
-        carry.clear();
-        if !eof {
-            let want = batch - b.data.len();
-            let got = (&mut *source)
-                .take(want as u64)
-                .read_to_end(&mut b.data)
-                .map_err(|e| StoreError::Source {
-                    offset: offset + b.data.len() as u64,
-                    source: e,
-                })?;
-            eof = got < want;
+        let failed = |at: u64| {
+            move |e| StoreError::Source {
+                offset: at,
+                source: e,
+            }
+        };
+        if !eof && is_zero(&carry) {
+            let ahead = source.zeros_ahead().map_err(failed(offset))?;
+            let skip = chunker.zero_run(carry.len() as u64 + ahead);
+            if skip > 0 {
+                let from_carry = (skip as usize).min(carry.len());
+                carry.drain(..from_carry);
+                source
+                    .skip_zeros(skip - from_carry as u64)
+                    .map_err(failed(offset))?;
+                b.zeros_before = skip;
+                offset += skip;
+            }
         }
-        let used = chunker.cut(&b.data, eof, &mut b.ends);
-        carry.extend_from_slice(&b.data[used..]);
-        b.data.truncate(used);
+        if b.data.len() < batch {
+            b.data.resize(batch, 0);
+        }
+        let mut len = carry.len();
+        b.data[..len].copy_from_slice(&carry);
+        carry.clear();
+        while !eof && len < batch {
+            let at = offset + len as u64;
+            if source.zeros_ahead().map_err(failed(at))? >= 2 * max as u64 {
+                // A hole worth skipping: take MAX of its zeros and stop.
+                let n = max.min(batch - len);
+                b.data[len..len + n].fill(0);
+                source.skip_zeros(n as u64).map_err(failed(at))?;
+                len += n;
+                break;
+            }
+            match source.read(&mut b.data[len..batch]) {
+                Ok(0) => eof = true,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(failed(at)(e)),
+            }
+        }
+        let used = chunker.cut(&b.data[..len], eof, &mut b.ends);
+        carry.extend_from_slice(&b.data[used..len]);
+        b.len = used;
         offset += used as u64;
-        if b.data.is_empty() {
+        if used == 0 && b.zeros_before == 0 {
             return Ok(Fill::End);
         }
         Ok(Fill::Item)
@@ -437,6 +486,14 @@ fn worker<'a>(
         let mut blob = spare.try_recv().unwrap_or_default();
         blob.bytes.clear();
         blob.records.clear();
+        if b.zeros_before > 0 {
+            out.extents.push(Extent::Hole {
+                len: b.zeros_before,
+            });
+            out.totals.zero += b.zeros_before;
+            out.totals.bytes_in += b.zeros_before;
+            out.totals.skipped += b.zeros_before;
+        }
         let mut prev = 0usize;
         for &end in &b.ends {
             let chunk = &b.data[prev..end as usize];

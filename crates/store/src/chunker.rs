@@ -123,6 +123,21 @@ impl Chunker {
         self.spec
     }
 
+    /// Of `zeros` zero bytes starting at a cut, how many the chunks that
+    /// [`Chunker::cut`] would make of them cover whatever follows: every
+    /// chunk with at least MAX zeros ahead of its start ends after
+    /// `zero_cut` bytes, without looking further. A whole number of those
+    /// chunks; 0 when fewer than MAX zeros.
+    pub fn zero_run(&self, zeros: u64) -> u64 {
+        let max = u64::from(self.spec.max_chunk());
+        let step = self.zero_cut as u64;
+        if zeros < max {
+            0
+        } else {
+            ((zeros - max) / step + 1) * step
+        }
+    }
+
     /// Cut `buf`: push the end offset of every chunk found and return how
     /// many bytes they cover. Unless `eof`, bytes that could still belong
     /// to a longer chunk are left over; the caller puts them in front of
@@ -319,6 +334,33 @@ mod tests {
             let cdc = fastcdc::v2020::FastCDC::new(&data, min, avg, max);
             let slow: Vec<usize> = cdc.map(|c| c.offset + c.length).collect();
             assert_eq!(cut_in_batches(spec, &data, 1 << 20), slow, "{spec}");
+        }
+    }
+
+    #[test]
+    fn skipping_a_zero_run_leaves_the_cuts_unchanged() {
+        // What the backup reader does in a hole: drop `zero_run(z)` bytes
+        // of the z zeros at a cut, then cut the rest. The cuts must be
+        // those of cutting everything.
+        for spec in [
+            DEFAULT_CHUNKER,
+            "cdc:1K,4K,16K".parse().unwrap(),
+            "fixed:4096".parse().unwrap(),
+        ] {
+            let chunker = spec.build();
+            let max = spec.max_chunk() as usize;
+            for z in [0, 1, max - 1, max, max + 1, 2 * max + 4095, 5 * max + 7] {
+                let mut data = vec![0u8; z];
+                data.extend(pseudo_random(3 * max, z as u64 + 1));
+                let all = cut_in_batches(spec, &data, data.len());
+                let skip = chunker.zero_run(z as u64) as usize;
+                assert!(skip <= z, "{spec} z {z}");
+                let rest = cut_in_batches(spec, &data[skip..], data.len());
+                let mut joined: Vec<usize> = all.iter().copied().filter(|&e| e <= skip).collect();
+                assert_eq!(joined.last().copied().unwrap_or(0), skip, "{spec} z {z}");
+                joined.extend(rest.iter().map(|e| e + skip));
+                assert_eq!(joined, all, "{spec} z {z}");
+            }
         }
     }
 

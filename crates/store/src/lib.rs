@@ -59,6 +59,7 @@ pub mod meta;
 pub mod pack;
 pub mod repo;
 pub mod restore;
+pub mod source;
 pub mod stats;
 pub mod verify;
 
@@ -71,4 +72,5 @@ pub use id::{ChunkId, PackId, RepoId};
 pub use manifest::{Extent, Manifest};
 pub use repo::{Repository, WriterLock};
 pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
+pub use source::{Source, SparseFile};
 pub use verify::{verify, VerifyOptions, VerifyReport};

@@ -224,6 +224,100 @@ fn zero_runs_are_holes_and_restore_sparse() {
     );
 }
 
+/// A sparse file of `size` bytes holding `pieces` of [`image`] bytes at
+/// their offsets (holes elsewhere), and its bytes.
+fn sparse_file(size: u64, pieces: &[(u64, usize, u64)]) -> (std::fs::File, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let f = tempfile::tempfile().unwrap();
+    f.set_len(size).unwrap();
+    let mut want = vec![0u8; size as usize];
+    for &(at, len, seed) in pieces {
+        let len = len.min((size - at) as usize);
+        let bytes = image(len, seed);
+        f.write_all_at(&bytes, at).unwrap();
+        want[at as usize..at as usize + len].copy_from_slice(&bytes);
+    }
+    (f, want)
+}
+
+/// Back up a sparse file twice, by its data extents and as a plain
+/// stream of the same bytes: the manifests must list the same extents
+/// (the hole skipping changes no cut), and the skipped bytes restore as
+/// zeros.
+fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: ChunkerSpec) -> u64 {
+    let (file, want) = sparse_file(size, pieces);
+    let (_d, r) = repo(1);
+    let opts = |name: &str| BackupOptions {
+        name: name.into(),
+        codec: "lz4".parse::<CodecSpec>().unwrap(),
+        chunker,
+        threads: 2,
+        group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+        source: "test".into(),
+        progress: None,
+    };
+    let lock = r.lock_writer("test", false).unwrap();
+    let sparse = backup(
+        &r,
+        &lock,
+        &mut cairn_store::SparseFile::new(file),
+        &opts("sparse"),
+    )
+    .unwrap();
+    let stream = backup(&r, &lock, &mut Cursor::new(want.clone()), &opts("stream")).unwrap();
+    drop(lock);
+    let manifest = |name: &str| {
+        let (n, s) = r.resolve(name).unwrap();
+        r.read_manifest(&n, s).unwrap()
+    };
+    assert_eq!(manifest("sparse").extents, manifest("stream").extents);
+    assert_eq!(sparse.totals.bytes_in, size);
+    assert_eq!(sparse.totals.zero, stream.totals.zero);
+    assert_eq!(sparse.totals.chunks, stream.totals.chunks);
+    assert_eq!(stream.totals.skipped, 0);
+    assert!(sparse.totals.skipped <= sparse.totals.zero);
+    assert!(load(&r, "sparse", 2) == want);
+    sparse.totals.skipped
+}
+
+#[test]
+fn holes_of_a_sparse_file_are_skipped_without_changing_the_chunks() {
+    // Data, a long hole, data, a hole running to the end: the holes are
+    // far longer than twice the largest chunk, so most of them is skipped.
+    let mib = 1u64 << 20;
+    let skipped = sparse_equals_stream(
+        24 * mib,
+        &[(0, 300_000, 1), (9 * mib + 5, 700_000, 2)],
+        cairn_store::DEFAULT_CHUNKER,
+    );
+    assert!(skipped > 18 * mib, "skipped {skipped}");
+    // A file that is one hole, and one with no hole at all.
+    assert!(sparse_equals_stream(4 * mib, &[], cairn_store::DEFAULT_CHUNKER) > 3 * mib);
+    assert_eq!(
+        sparse_equals_stream(mib, &[(0, mib as usize, 3)], cairn_store::DEFAULT_CHUNKER),
+        0
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn any_sparse_layout_chunks_as_its_stream(
+        size in 1u64..3_000_000,
+        pieces in proptest::collection::vec((0u64..3_000_000, 1usize..200_000, any::<u64>()), 0..6),
+        fixed in any::<bool>(),
+    ) {
+        let pieces: Vec<_> = pieces.into_iter().filter(|p| p.0 < size).collect();
+        let chunker = if fixed {
+            "fixed:4096".parse().unwrap()
+        } else {
+            "cdc:1K,4K,16K".parse().unwrap()
+        };
+        sparse_equals_stream(size, &pieces, chunker);
+    }
+}
+
 #[test]
 fn one_writer_at_a_time_and_readers_are_not_blocked() {
     let (_d, r) = repo(1);
