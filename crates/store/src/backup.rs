@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! reader thread: read 8 MiB batches, cut them into chunks (sequential: cuts
-//!                depend on the bytes before them)
+//!                depend on the bytes before them); in a sparse file's
+//!                holes, whole zero chunks are recorded unread
 //!     -> N workers: zero test, BLAKE3, dedup against the index and the
 //!                   chunks claimed by this backup, compress new chunks into
 //!                   a batch of pack records
