@@ -713,22 +713,7 @@ impl FileDev {
     fn extents_file(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         const MAX_EXTENTS: usize = 1024;
         let end = offset + len;
-        let fd = self.file.as_raw_fd();
-        let seek = |at: u64, whence: libc::c_int| -> Result<Option<u64>> {
-            let o = off_t(Op::Extents, offset, len, at)?;
-            // SAFETY: lseek takes only integers; the fd is open. It moves
-            // the descriptor's position, which this type never uses (all
-            // I/O is positional).
-            let r = unsafe { libc::lseek(fd, o, whence) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::ENXIO) {
-                    return Ok(None);
-                }
-                return Err(BlockError::io(Op::Extents, offset, len, e));
-            }
-            Ok(Some(r as u64))
-        };
+        let failed = |e| BlockError::io(Op::Extents, offset, len, e);
         let mut out: Vec<Extent> = Vec::new();
         let push = |out: &mut Vec<Extent>, e: Extent| {
             if e.len == 0 {
@@ -741,14 +726,20 @@ impl FileDev {
         };
         let mut at = offset;
         while at < end && out.len() < MAX_EXTENTS {
-            let data = seek(at, libc::SEEK_DATA)?.unwrap_or(end).clamp(at, end);
+            let data = next_data(&self.file, at)
+                .map_err(failed)?
+                .unwrap_or(end)
+                .clamp(at, end);
             if data > at {
                 push(&mut out, Extent::hole(data - at));
                 at = data;
                 continue;
             }
             // Data at `at`: up to the next hole (EOF counts as one).
-            let hole = seek(at, libc::SEEK_HOLE)?.unwrap_or(end).clamp(at, end);
+            let hole = next_hole(&self.file, at)
+                .map_err(failed)?
+                .unwrap_or(end)
+                .clamp(at, end);
             if hole == at {
                 // Racing with a change of the file: call the rest data.
                 push(&mut out, Extent::data(end - at));
@@ -758,6 +749,30 @@ impl FileDev {
             at = hole;
         }
         Ok(out)
+    }
+}
+
+/// The first offset at or after `at` where `file` holds data
+/// (`lseek(SEEK_DATA)`), or `None` when only a hole, or the end, follows.
+///
+/// Like [`next_hole`], this moves the descriptor's position: use it on
+/// files read and written by position (`pread`/`pwrite`) only. A
+/// filesystem that does not track holes reports all data.
+pub fn next_data(file: &File, at: u64) -> io::Result<Option<u64>> {
+    seek_or_nothing(file, rustix::fs::SeekFrom::Data(at))
+}
+
+/// The first hole at or after `at` (`lseek(SEEK_HOLE)`; the end of the
+/// file counts as one), or `None` when `at` is at or past the end.
+pub fn next_hole(file: &File, at: u64) -> io::Result<Option<u64>> {
+    seek_or_nothing(file, rustix::fs::SeekFrom::Hole(at))
+}
+
+fn seek_or_nothing(file: &File, to: rustix::fs::SeekFrom) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(file, to) {
+        Ok(at) => Ok(Some(at)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -52,7 +52,7 @@ mod mem;
 
 pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, Tear, When};
-pub use file::{AlignedBuf, FileDev, FileOptions};
+pub use file::{next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
 
 /// Which operations of a [`BlockDev`] are real.

@@ -4,14 +4,13 @@
 //! A sparse image (a VM disk, an OS image with free space) read through
 //! `read(2)` costs the kernel a zero-filled page-cache page and a copy for
 //! every byte of every hole. [`SparseFile`] asks the filesystem where the
-//! data is (`lseek` with `SEEK_DATA`/`SEEK_HOLE`, through rustix's safe
-//! wrapper), reads only the data with `pread`, and reports the holes as
+//! data is (`lseek` with `SEEK_DATA`/`SEEK_HOLE`, by
+//! [`cairn_blockdev::next_data`]), reads only the data with `pread`, and reports the holes as
 //! [`Source::zeros_ahead`], so the backup reader can record whole zero
 //! chunks as holes without touching their bytes (see `backup.rs`). A
 //! filesystem that cannot say where the holes are is read as all data.
 
-use rustix::fs::SeekFrom;
-use rustix::io::Errno;
+use cairn_blockdev::{next_data, next_hole};
 use std::fs::File;
 use std::io::{self, ErrorKind, Read};
 use std::os::unix::fs::FileExt;
@@ -86,17 +85,16 @@ impl SparseFile {
         let (hole, end) = if !self.ask {
             (false, u64::MAX)
         } else {
-            match rustix::fs::seek(&self.file, SeekFrom::Data(self.pos)) {
-                Ok(d) if d > self.pos => (true, d),
-                Ok(_) => match rustix::fs::seek(&self.file, SeekFrom::Hole(self.pos)) {
-                    Ok(h) if h > self.pos => (false, h),
+            match next_data(&self.file, self.pos) {
+                Ok(Some(d)) if d > self.pos => (true, d),
+                Ok(Some(_)) => match next_hole(&self.file, self.pos)? {
+                    Some(h) if h > self.pos => (false, h),
                     // At or past the end: read to the end, however far.
-                    Ok(_) => (false, u64::MAX),
-                    Err(e) => return Err(e.into()),
+                    _ => (false, u64::MAX),
                 },
                 // No data at or after `pos`: a hole up to the size the file
                 // has now (or the end of the stream).
-                Err(Errno::NXIO) => {
+                Ok(None) => {
                     let size = self.file.metadata()?.len();
                     if size > self.pos {
                         (true, size)
@@ -104,11 +102,16 @@ impl SparseFile {
                         (false, u64::MAX)
                     }
                 }
-                Err(Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS) => {
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
+                    ) =>
+                {
                     self.ask = false;
                     (false, u64::MAX)
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         };
         self.hole = hole;
