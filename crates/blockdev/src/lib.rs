@@ -49,11 +49,13 @@ mod error;
 mod fault;
 mod file;
 mod mem;
+mod sparse;
 
 pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, Tear, When};
 pub use file::{next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
+pub use sparse::{is_zero, SparseFile, SparseRead};
 
 /// Which operations of a [`BlockDev`] are real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::fs::File;
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -60,22 +60,6 @@ fn regular_size(f: &File) -> Option<u64> {
     f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len())
 }
 
-/// Read until `buf` holds `want` bytes or the input ends.
-pub fn read_full(r: &mut impl Read, buf: &mut Vec<u8>, want: usize) -> std::io::Result<usize> {
-    buf.clear();
-    buf.reserve(want);
-    let mut got = 0;
-    // `take` + `read_to_end` fills spare capacity without zeroing it first.
-    while got < want {
-        let n = Read::by_ref(r).take((want - got) as u64).read_to_end(buf)?;
-        if n == 0 {
-            break;
-        }
-        got += n;
-    }
-    Ok(got)
-}
-
 /// An output: stdout, a regular file committed on success, or a special
 /// file (a character device such as /dev/null, a FIFO) written in place.
 pub enum Sink {
@@ -127,6 +111,11 @@ impl Sink {
         }
     }
 
+    /// A new regular file, empty until written (holes may be left in it).
+    pub fn is_new_file(&self) -> bool {
+        matches!(self, Sink::File(_))
+    }
+
     pub fn name(&self) -> String {
         match self {
             Sink::Stdout(_) => "(stdout)".to_string(),
@@ -144,6 +133,53 @@ impl Sink {
                 .flush()
                 .with_context(|| format!("write to {}", p.display())),
         }
+    }
+}
+
+/// Writes a stream into a new, empty regular file, leaving a hole for
+/// every whole 4 KiB block of zeros (at a file offset that is a multiple
+/// of 4 KiB, within one write), as `zstd -d` and `cp --sparse=auto` do: an unpacked disk
+/// image takes only the space of its data, and its zeros cost no writes.
+#[derive(Debug, Default)]
+pub struct HoleWriter {
+    /// File offset of the next byte.
+    at: u64,
+}
+
+const HOLE_BLOCK: u64 = 4096;
+
+impl HoleWriter {
+    /// Write `buf` at the current offset, runs of data with `pwrite`.
+    pub fn write(&mut self, file: &File, buf: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut run: Option<usize> = None;
+        let mut i = 0;
+        while i < buf.len() {
+            let at = self.at + i as u64;
+            let end = (i + (HOLE_BLOCK - at % HOLE_BLOCK) as usize).min(buf.len());
+            let seg = &buf[i..end];
+            if seg.len() as u64 == HOLE_BLOCK && cairn_blockdev::is_zero(seg) {
+                if let Some(s) = run.take() {
+                    file.write_all_at(&buf[s..i], self.at + s as u64)?;
+                }
+            } else if run.is_none() {
+                run = Some(i);
+            }
+            i = end;
+        }
+        if let Some(s) = run {
+            file.write_all_at(&buf[s..], self.at + s as u64)?;
+        }
+        self.at += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Give the file its whole length (it may end in a hole).
+    pub fn finish(self, file: &File) -> std::io::Result<()> {
+        if file.metadata()?.len() < self.at {
+            file.set_len(self.at)?;
+        }
+        Ok(())
     }
 }
 
@@ -231,6 +267,43 @@ pub fn copy_metadata(from: &Path, to: &Path) {
                     .set_modified(mtime);
                 let _ = f.set_times(times);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn hole_writer_writes_the_bytes_and_leaves_zero_blocks_out() {
+        // Data, a long zero run that starts and ends off the 4 KiB grid,
+        // data, trailing zeros; written in pieces that cut blocks anywhere.
+        let mut bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 | 1).collect();
+        bytes.resize(bytes.len() + 3_000_000, 0);
+        bytes.extend((0..5000u32).map(|i| (i % 7) as u8 + 1));
+        bytes.resize(bytes.len() + 1_000_001, 0);
+        // (A block is left out when it lies within one write, as the
+        // decoded units of unpack, 64 KiB to MiBs, always hold many.)
+        for piece in [65_537usize, 1 << 20, bytes.len()] {
+            let f = tempfile::tempfile().unwrap();
+            let mut w = HoleWriter::default();
+            for chunk in bytes.chunks(piece) {
+                w.write(&f, chunk).unwrap();
+            }
+            w.finish(&f).unwrap();
+            let meta = f.metadata().unwrap();
+            assert_eq!(meta.len(), bytes.len() as u64, "piece {piece}");
+            let mut back = Vec::new();
+            std::io::Read::read_to_end(&mut &f, &mut back).unwrap();
+            assert!(back == bytes, "piece {piece}: bytes differ");
+            assert!(
+                meta.blocks() * 512 < 1 << 20,
+                "piece {piece}: {} bytes allocated",
+                meta.blocks() * 512
+            );
         }
     }
 }

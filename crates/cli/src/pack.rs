@@ -1,10 +1,11 @@
 //! `cairn pack` and `cairn unpack`: a reader thread, N workers and an
 //! in-order writer on the pipeline crate, with the codec crate's formats.
 
-use crate::files::{copy_metadata, read_full, Sink, Source};
+use crate::files::{copy_metadata, HoleWriter, Sink, Source};
 use crate::report::{Progress, Summary};
 use crate::{CommonArgs, PackArgs, UnpackArgs};
 use anyhow::{anyhow, bail, Context, Result};
+use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::{BlockMeta, ContentChecker, DecodeOptions, Format, Input, Unit};
 use cairn_pipeline::{Config, Fill, Slot};
 use std::io::{Read, Write};
@@ -159,6 +160,56 @@ struct Packed {
     meta: BlockMeta,
 }
 
+/// One block of input: `data[..len]` as read, or `zeros` bytes of a hole
+/// that were not read. `data` stays initialised at the block size, so
+/// reads fill it without zeroing it first.
+#[derive(Default)]
+struct Block {
+    data: Vec<u8>,
+    len: usize,
+    zeros: usize,
+}
+
+impl Block {
+    fn raw_len(&self) -> usize {
+        self.len + self.zeros
+    }
+}
+
+/// Fill `b` with the next `want` bytes of `r` (fewer at the end); a block
+/// that lies wholly in a hole of a sparse file is skipped, not read.
+fn fill_block(r: &mut dyn SparseRead, b: &mut Block, want: usize) -> std::io::Result<usize> {
+    b.len = 0;
+    b.zeros = 0;
+    if r.zeros_ahead()? >= want as u64 {
+        r.skip_zeros(want as u64)?;
+        b.zeros = want;
+        return Ok(want);
+    }
+    if b.data.len() < want {
+        b.data.resize(want, 0);
+    }
+    while b.len < want {
+        match r.read(&mut b.data[b.len..want]) {
+            Ok(0) => break,
+            Ok(n) => b.len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(b.len)
+}
+
+/// A worker's encoding of an all-zero block. Blocks are encoded
+/// independently of each other, so a zero block of one length always
+/// encodes to the same bytes: holes and zeroed free space of a disk image
+/// are encoded once per worker, then copied.
+struct ZeroBlock {
+    len: usize,
+    bytes: Vec<u8>,
+    meta: BlockMeta,
+}
+
 fn pack_one(
     plan: &Plan,
     format: Format,
@@ -168,7 +219,14 @@ fn pack_one(
     common: &CommonArgs,
 ) -> Result<Summary> {
     let started = Instant::now();
-    let (mut reader, size) = plan.source.open()?;
+    let (file, size) = plan.source.open()?;
+    // A regular file is read by its data extents (size is known only for
+    // those).
+    let mut reader: Box<dyn SparseRead> = if size.is_some() {
+        Box::new(SparseFile::new(file).with_context(|| plan.source.name())?)
+    } else {
+        Box::new(file)
+    };
     let mut sink = open_sink(&plan.dest, common.force, true)?;
     let progress = Progress::new("pack", size, !common.quiet && !common.json);
     // Build one encoder now so a bad level fails before any output.
@@ -187,8 +245,8 @@ fn pack_one(
     let source_name = plan.source.name();
     let result = cairn_pipeline::run(
         Config::new(threads),
-        |input: &mut Vec<u8>| {
-            let n = read_full(&mut reader, input, block)
+        |input: &mut Block| {
+            let n = fill_block(reader.as_mut(), input, block)
                 .map_err(|e| anyhow!(e).context(format!("read {source_name}")))?;
             // An empty input still gets one (empty) block: every format's
             // tools expect at least a header and most a member or frame.
@@ -202,24 +260,42 @@ fn pack_one(
         },
         || {
             let mut enc = format.encoder(level, block);
-            move |input: &mut Vec<u8>, out: &mut Packed| -> Result<()> {
+            let mut zero: Option<ZeroBlock> = None;
+            move |input: &mut Block, out: &mut Packed| -> Result<()> {
                 let enc = enc.as_mut().map_err(|e| anyhow!("{e}"))?;
-                out.meta = enc.encode(input, &mut out.bytes)?;
+                let len = input.raw_len();
+                let data = &input.data[..input.len];
+                if len == 0 || (input.zeros == 0 && !is_zero(data)) {
+                    out.meta = enc.encode(data, &mut out.bytes)?;
+                    return Ok(());
+                }
+                let z = match zero.take() {
+                    Some(z) if z.len == len => z,
+                    _ => {
+                        let mut bytes = Vec::new();
+                        let meta = enc.encode(&vec![0u8; len], &mut bytes)?;
+                        ZeroBlock { len, bytes, meta }
+                    }
+                };
+                out.bytes.extend_from_slice(&z.bytes);
+                out.meta = z.meta;
+                zero = Some(z);
                 Ok(())
             }
         },
-        |slot: &mut Slot<Vec<u8>, Packed>| {
+        |slot: &mut Slot<Block, Packed>| {
             w.write_all(&slot.output.bytes)
                 .with_context(|| out_name.clone())?;
             framer.block(&slot.output.meta);
-            bytes_in += slot.input.len() as u64;
+            bytes_in += slot.input.raw_len() as u64;
             bytes_out += slot.output.bytes.len() as u64;
             blocks += 1;
             progress.ratio(bytes_in, bytes_out);
             Ok(())
         },
         |slot| {
-            slot.input.clear();
+            slot.input.len = 0;
+            slot.input.zeros = 0;
             slot.output.bytes.clear();
         },
     );
@@ -305,6 +381,8 @@ fn unpack_one(
     let mut sink = open_sink(&plan.dest, common.force, false)?;
     let progress = Progress::new("unpack", size, !common.quiet && !common.json);
     let out_name = sink.name();
+    // Into a new file, zeros become holes.
+    let mut holes = sink.is_new_file().then(HoleWriter::default);
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
@@ -324,8 +402,11 @@ fn unpack_one(
         },
         |slot: &mut Slot<Unit, Vec<u8>>| {
             checker.feed(format, slot.input.offset, slot.input.content, &slot.output)?;
-            w.write_all(&slot.output)
-                .with_context(|| out_name.clone())?;
+            match holes.as_mut() {
+                Some(h) => h.write(w, &slot.output),
+                None => w.write_all(&slot.output),
+            }
+            .with_context(|| out_name.clone())?;
             bytes_out += slot.output.len() as u64;
             progress.ratio(bytes_out, slot.input.offset);
             Ok(())
@@ -337,6 +418,9 @@ fn unpack_one(
     );
     progress.finish();
     result?;
+    if let Some(h) = holes {
+        h.finish(sink.writer()).with_context(|| sink.name())?;
+    }
     let bytes_in = splitter.offset();
     finish(plan, sink)?;
     Ok(Summary::new(
@@ -351,4 +435,42 @@ fn unpack_one(
         bytes_out,
         started,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+    use super::*;
+
+    /// The zero-block cache copies an earlier encoding of zeros: that is
+    /// right only if an encoder's output depends on nothing but the block,
+    /// whatever it encoded before.
+    #[test]
+    fn zero_blocks_encode_the_same_whatever_came_before() {
+        let text: Vec<u8> = (0..300_000u32)
+            .map(|i| b"cairn block zero "[(i % 17) as usize] ^ (i / 5000) as u8)
+            .collect();
+        for format in Format::ALL {
+            let (lo, hi) = format.level_range();
+            for level in [lo.max(1), format.default_level(), hi] {
+                for len in [1usize, 4096, 200_000] {
+                    let zeros = vec![0u8; len];
+                    let mut fresh = Vec::new();
+                    let m1 = format
+                        .encoder(level, 256 << 10)
+                        .unwrap()
+                        .encode(&zeros, &mut fresh)
+                        .unwrap();
+                    let mut used = format.encoder(level, 256 << 10).unwrap();
+                    let mut scratch = Vec::new();
+                    used.encode(&text, &mut scratch).unwrap();
+                    used.encode(&zeros[..len / 2], &mut scratch).unwrap();
+                    let mut again = Vec::new();
+                    let m2 = used.encode(&zeros, &mut again).unwrap();
+                    assert!(fresh == again, "{format:?} -{level} {len}: bytes differ");
+                    assert_eq!(m1, m2, "{format:?} -{level} {len}");
+                }
+            }
+        }
+    }
 }

@@ -312,7 +312,7 @@ impl Read for DirectReader {
 fn open_source(
     path: &Path,
     direct: bool,
-) -> Result<(Box<dyn cairn_store::Source>, Option<u64>, String)> {
+) -> Result<(Box<dyn cairn_store::SparseRead>, Option<u64>, String)> {
     if path.as_os_str() == "-" {
         if direct {
             bail!("--direct needs a file or device, not standard input");
@@ -352,10 +352,10 @@ fn open_source(
     } else {
         None
     };
-    let reader: Box<dyn cairn_store::Source> = if direct {
+    let reader: Box<dyn cairn_store::SparseRead> = if direct {
         Box::new(DirectReader::new(file))
     } else if meta.is_file() {
-        Box::new(cairn_store::SparseFile::new(file))
+        Box::new(cairn_store::SparseFile::new(file).with_context(|| path.display().to_string())?)
     } else {
         Box::new(file)
     };

@@ -245,3 +245,78 @@ fn empty_input_makes_a_valid_file_for_every_tool() {
         }
     }
 }
+
+/// A sparse file made by name: pack reads only its data, and the output is
+/// the same as for its bytes on a pipe; unpack into a file leaves holes.
+#[test]
+fn sparse_files_pack_as_their_bytes_and_unpack_sparse() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempdir();
+    let d = dir.path();
+    let size = 24u64 << 20;
+    let src = d.join("disk.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(size).unwrap();
+    let mut bytes = vec![0u8; size as usize];
+    for (at, len, seed) in [
+        (0u64, 300_000usize, 1u64),
+        (10 << 20 | 12345, 1_200_000, 2),
+        (size - 4096, 4096, 3),
+    ] {
+        let piece = mixed(len, seed);
+        f.write_all_at(&piece, at).unwrap();
+        bytes[at as usize..at as usize + len].copy_from_slice(&piece);
+    }
+    drop(f);
+    let peers = [
+        ("gzip", "gzip"),
+        ("zstd", "zstd"),
+        ("lz4", "lz4"),
+        ("lzop", "lzop"),
+        ("snappy", ""),
+        ("bzip2", "bzip2"),
+        ("xz", "xz"),
+    ];
+    for (format, tool) in peers {
+        for threads in ["1", "2"] {
+            let args = ["pack", "-F", format, "-T", threads, "-b", "1M", "-q", "-c"];
+            let mut by_name = args.to_vec();
+            by_name.push(src.to_str().unwrap());
+            let packed = cairn_ok(&by_name, b"");
+            assert!(
+                packed == cairn_ok(&args, &bytes),
+                "{format} T{threads}: a sparse file packs unlike its bytes"
+            );
+            if !tool.is_empty() && have(tool) {
+                assert!(run_ok(tool, &["-dc"], &packed) == bytes, "{tool} -dc");
+            }
+            let z = d.join(format!("disk.{format}"));
+            std::fs::write(&z, &packed).unwrap();
+            let out = d.join(format!("out-{format}-{threads}.img"));
+            let o = out.to_str().unwrap();
+            cairn_ok(
+                &[
+                    "unpack",
+                    "-T",
+                    threads,
+                    "-q",
+                    "-k",
+                    "-o",
+                    o,
+                    z.to_str().unwrap(),
+                ],
+                b"",
+            );
+            let meta = std::fs::metadata(&out).unwrap();
+            assert_eq!(meta.len(), size, "{format}");
+            assert!(
+                meta.blocks() * 512 < 8 << 20,
+                "{format}: unpacked file is not sparse"
+            );
+            assert!(
+                std::fs::read(&out).unwrap() == bytes,
+                "{format}: unpacked bytes differ"
+            );
+        }
+    }
+}

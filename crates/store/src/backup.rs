@@ -25,7 +25,7 @@ use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{encode_record, PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
-use crate::source::Source;
+use cairn_blockdev::SparseRead;
 use cairn_codec::{BlockCodec, CodecSpec};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -213,18 +213,13 @@ pub(crate) fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> 
     stored
 }
 
-/// Whether every byte is zero (64 bytes at a time, which vectorises).
-pub fn is_zero(data: &[u8]) -> bool {
-    let mut blocks = data.chunks_exact(64);
-    blocks.all(|b| b.iter().fold(0u8, |a, &x| a | x) == 0)
-        && blocks.remainder().iter().all(|&x| x == 0)
-}
+pub use cairn_blockdev::is_zero;
 
 /// Back up `source` as a new snapshot of `opts.name`.
 pub fn backup(
     repo: &Repository,
     lock: &WriterLock,
-    source: &mut dyn Source,
+    source: &mut dyn SparseRead,
     opts: &BackupOptions,
 ) -> Result<BackupReport> {
     validate_name(&opts.name)?;
@@ -372,7 +367,7 @@ pub fn backup(
 /// MAX bytes into a hole, so the chunk that runs into it is cut on real
 /// bytes and the carry is all zeros).
 fn reader<'a>(
-    source: &'a mut dyn Source,
+    source: &'a mut dyn SparseRead,
     spec: ChunkerSpec,
 ) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
     let max = spec.max_chunk() as usize;
@@ -680,16 +675,5 @@ mod tests {
         assert_eq!(load.take(5), 1);
         load.written(1, 5);
         assert_eq!(load.take(5), 2);
-    }
-
-    #[test]
-    fn zero_test() {
-        assert!(is_zero(&[]));
-        assert!(is_zero(&[0; 1000]));
-        for i in [0, 63, 64, 999] {
-            let mut v = vec![0u8; 1000];
-            v[i] = 1;
-            assert!(!is_zero(&v), "{i}");
-        }
     }
 }

@@ -59,11 +59,11 @@ pub mod meta;
 pub mod pack;
 pub mod repo;
 pub mod restore;
-pub mod source;
 pub mod stats;
 pub mod verify;
 
 pub use backup::{backup, BackupOptions, BackupReport};
+pub use cairn_blockdev::{SparseFile, SparseRead};
 pub use chunker::{ChunkerSpec, DEFAULT_CHUNKER};
 pub use edit::{EditReport, ImageEditor, Span};
 pub use error::{Result, StoreError};
@@ -72,5 +72,4 @@ pub use id::{ChunkId, PackId, RepoId};
 pub use manifest::{Extent, Manifest};
 pub use repo::{Repository, WriterLock};
 pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
-pub use source::{Source, SparseFile};
 pub use verify::{verify, VerifyOptions, VerifyReport};

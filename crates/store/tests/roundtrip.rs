@@ -260,7 +260,7 @@ fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: Chunke
     let sparse = backup(
         &r,
         &lock,
-        &mut cairn_store::SparseFile::new(file),
+        &mut cairn_store::SparseFile::new(file).unwrap(),
         &opts("sparse"),
     )
     .unwrap();

@@ -1,25 +1,33 @@
-//! What a backup reads: any byte stream, or a regular file whose holes
-//! are skipped without being read.
+//! Sequential reading that knows holes: any byte stream, or a regular file
+//! whose holes can be skipped without being read.
 //!
 //! A sparse image (a VM disk, an OS image with free space) read through
 //! `read(2)` costs the kernel a zero-filled page-cache page and a copy for
 //! every byte of every hole. [`SparseFile`] asks the filesystem where the
 //! data is (`lseek` with `SEEK_DATA`/`SEEK_HOLE`, by
-//! [`cairn_blockdev::next_data`]), reads only the data with `pread`, and reports the holes as
-//! [`Source::zeros_ahead`], so the backup reader can record whole zero
-//! chunks as holes without touching their bytes (see `backup.rs`). A
-//! filesystem that cannot say where the holes are is read as all data.
+//! [`crate::next_data`]), reads only the data with `pread`, and reports the holes as
+//! [`SparseRead::zeros_ahead`], so a reader can pass over them without
+//! touching their bytes (the backup records whole zero chunks as holes,
+//! `cairn pack` encodes a zero block once). A filesystem that cannot say
+//! where the holes are is read as all data.
 
-use cairn_blockdev::{next_data, next_hole};
+use crate::file::{next_data, next_hole};
 use std::fs::File;
-use std::io::{self, ErrorKind, Read};
+use std::io::{self, ErrorKind, Read, Seek};
 use std::os::unix::fs::FileExt;
 
-/// A stream for [`crate::backup()`].
+/// Whether every byte is zero (64 bytes at a time, which vectorises).
+pub fn is_zero(data: &[u8]) -> bool {
+    let mut blocks = data.chunks_exact(64);
+    blocks.all(|b| b.iter().fold(0u8, |a, &x| a | x) == 0)
+        && blocks.remainder().iter().all(|&x| x == 0)
+}
+
+/// A byte stream that may know where it holds only zeros.
 ///
-/// Every `Read` is a source with no known holes; [`SparseFile`] knows its
+/// Every `Read` is one with no known holes; [`SparseFile`] knows its
 /// holes.
-pub trait Source: Send {
+pub trait SparseRead: Send {
     /// Read some bytes into `buf`; 0 at the end of the stream.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
 
@@ -29,7 +37,7 @@ pub trait Source: Send {
         Ok(0)
     }
 
-    /// Move past `n` bytes of the zeros [`Source::zeros_ahead`] reported.
+    /// Move past `n` bytes of the zeros [`SparseRead::zeros_ahead`] reported.
     fn skip_zeros(&mut self, n: u64) -> io::Result<()> {
         if n == 0 {
             Ok(())
@@ -42,14 +50,14 @@ pub trait Source: Send {
     }
 }
 
-impl<R: Read + Send> Source for R {
+impl<R: Read + Send> SparseRead for R {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         Read::read(self, buf)
     }
 }
 
 /// A regular file read by its data extents; its holes read as zeros and
-/// are reported by [`Source::zeros_ahead`].
+/// are reported by [`SparseRead::zeros_ahead`].
 #[derive(Debug)]
 pub struct SparseFile {
     file: File,
@@ -65,15 +73,18 @@ pub struct SparseFile {
 }
 
 impl SparseFile {
-    /// Read `file` from its start by its data extents.
-    pub fn new(file: File) -> Self {
-        SparseFile {
+    /// Read `file` by its data extents, from its current position (a
+    /// redirected stdin may have been read partly). Reads are positional:
+    /// the descriptor's own position is left wherever it is.
+    pub fn new(file: File) -> io::Result<Self> {
+        let pos = (&file).stream_position()?;
+        Ok(SparseFile {
             file,
-            pos: 0,
+            pos,
             region_end: 0,
             hole: false,
             ask: true,
-        }
+        })
     }
 
     /// Find the region `pos` is in, unless known.
@@ -120,7 +131,7 @@ impl SparseFile {
     }
 }
 
-impl Source for SparseFile {
+impl SparseRead for SparseFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.locate()?;
         let n = (self.region_end - self.pos).min(buf.len() as u64) as usize;
@@ -197,7 +208,7 @@ mod tests {
                     through = z - n;
                 }
             }
-            let n = Source::read(src, &mut buf).unwrap();
+            let n = SparseRead::read(src, &mut buf).unwrap();
             if n == 0 {
                 break;
             }
@@ -208,11 +219,22 @@ mod tests {
     }
 
     #[test]
+    fn zero_test() {
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 1000]));
+        for i in [0, 63, 64, 999] {
+            let mut v = vec![0u8; 1000];
+            v[i] = 1;
+            assert!(!is_zero(&v), "{i}");
+        }
+    }
+
+    #[test]
     fn holes_read_as_zeros_and_can_be_skipped() {
         let size = 1 << 20;
         let (f, want) = sparse(size, &[(0, 5000), (300_000, 70_000), (700_000, 1)]);
         for step in [1000, 4096, 65536, 1 << 20] {
-            let mut src = SparseFile::new(f.reopen().unwrap());
+            let mut src = SparseFile::new(f.reopen().unwrap()).unwrap();
             let (got, skipped) = drain(&mut src, step);
             assert_eq!(got.len(), want.len(), "step {step}");
             assert!(got == want, "step {step}: bytes differ");
@@ -230,7 +252,7 @@ mod tests {
             (8192, vec![(0, 8192)]),
         ] {
             let (f, want) = sparse(size, &pieces);
-            let (got, _) = drain(&mut SparseFile::new(f.reopen().unwrap()), 4096);
+            let (got, _) = drain(&mut SparseFile::new(f.reopen().unwrap()).unwrap(), 4096);
             assert!(got == want, "size {size}");
         }
     }
@@ -238,7 +260,7 @@ mod tests {
     #[test]
     fn skipping_more_than_the_hole_is_refused() {
         let (f, _) = sparse(100_000, &[(50_000, 100)]);
-        let mut src = SparseFile::new(f.reopen().unwrap());
+        let mut src = SparseFile::new(f.reopen().unwrap()).unwrap();
         let z = src.zeros_ahead().unwrap();
         assert!(z > 0 && z <= 50_000);
         assert!(src.skip_zeros(z + 1).is_err());
@@ -252,9 +274,9 @@ mod tests {
     #[test]
     fn a_file_that_grows_is_read_to_its_new_end() {
         let (f, _) = sparse(10_000, &[(0, 100)]);
-        let mut src = SparseFile::new(f.reopen().unwrap());
+        let mut src = SparseFile::new(f.reopen().unwrap()).unwrap();
         let mut buf = vec![0u8; 100];
-        assert_eq!(Source::read(&mut src, &mut buf).unwrap(), 100);
+        assert_eq!(SparseRead::read(&mut src, &mut buf).unwrap(), 100);
         f.as_file().write_all_at(&[9u8; 50], 10_000).unwrap();
         let (rest, _) = drain(&mut src, 4096);
         assert_eq!(rest.len(), 10_050 - 100);
