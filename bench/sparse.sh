@@ -1,6 +1,8 @@
 #!/bin/bash
-# sparse.sh: back up a mostly-sparse image (a VM disk with little written)
-# with cairn, borg and restic, side by side, one round each in turn.
+# sparse.sh: a mostly-sparse image (a VM disk with little written) backed
+# up by cairn, borg and restic, packed by cairn, zstd and pigz, and
+# unpacked into a file by cairn and zstd -d: side by side, one round each
+# in turn.
 #
 # usage: bench/sparse.sh [-c CAIRN]... [-s SIZE] [-d DATA_FILE] [-o OUT_DIR]
 #   -c CAIRN   a cairn binary (repeat to compare builds); default target/release/cairn
@@ -64,5 +66,24 @@ if command -v restic > /dev/null; then
 else
     echo "restic: not installed, skipped" | tee -a "$results"
 fi
+# pack to /dev/null (the image read by name), then unpack into a file.
+for c in "${cairns[@]}"; do
+    timed "pack-zstd3 cairn($c)" "$c" pack -F zstd -3 -T 2 -q -c "$img"
+    timed "pack-gzip6 cairn($c)" "$c" pack -F gzip -6 -T 2 -q -c "$img"
+done
+timed "pack-zstd3 zstd -T2" zstd -T2 -3 -q -c "$img"
+if command -v pigz > /dev/null; then
+    timed "pack-gzip6 pigz -p2" pigz -p2 -6 -c "$img"
+fi
+"${cairns[-1]}" pack -F zstd -3 -q -c "$img" > "$work/img.zst"
+for c in "${cairns[@]}"; do
+    rm -f "$work/out.img"
+    timed "unpack-to-file cairn($c)" "$c" unpack -q -k "$work/img.zst" -o "$work/out.img"
+    echo "  allocated: $(du -h "$work/out.img" | cut -f1)" | tee -a "$results"
+done
+rm -f "$work/out.img"
+timed "unpack-to-file zstd -d" zstd -d -q -f "$work/img.zst" -o "$work/out.img"
+echo "  allocated: $(du -h "$work/out.img" | cut -f1)" | tee -a "$results"
+rm -f "$work/out.img"
 if [ -n "$out" ]; then mkdir -p "$out"; cp "$results" "$out/results.txt"; fi
 rm -f "$results"
