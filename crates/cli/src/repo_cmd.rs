@@ -317,7 +317,15 @@ fn open_source(
         if direct {
             bail!("--direct needs a file or device, not standard input");
         }
-        return Ok((Box::new(std::io::stdin()), None, "-".into()));
+        // Redirected from a regular file (`< disk.img`), stdin is read by
+        // its data extents too.
+        let (file, size) = crate::files::Source::Stdin.open()?;
+        let reader: Box<dyn cairn_store::SparseRead> = if size.is_some() {
+            Box::new(cairn_store::SparseFile::new(file).context("standard input")?)
+        } else {
+            Box::new(file)
+        };
+        return Ok((reader, size, "-".into()));
     }
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         bail!(

@@ -325,6 +325,19 @@ fn a_sparse_file_is_read_by_its_data_and_restored_sparse() {
     let skipped = j["bytes_skipped"].as_u64().unwrap();
     assert!(skipped > size - (8 << 20), "{j}");
     assert!(j["bytes_zero"].as_u64().unwrap() >= skipped, "{j}");
+    // The same file as a redirected stdin: read the same way, and the
+    // same chunks (nothing new to store).
+    let again = cairn()
+        .args([
+            "backup", "-", "--repo", repo, "--name", "sparse", "-q", "--json",
+        ])
+        .stdin(std::fs::File::open(&src).unwrap())
+        .output()
+        .unwrap();
+    let again = json(&ok(again));
+    assert_eq!(again["bytes_in"], size, "{again}");
+    assert_eq!(again["bytes_skipped"], skipped, "{again}");
+    assert_eq!(again["bytes_new_raw"], 0, "{again}");
     // Restored sparse, byte for byte.
     let out = d.join("out.img");
     ok(run(&[
