@@ -40,10 +40,15 @@
 //!   (write-back cache, striping) can be tested and benchmarked against
 //!   seek costs without one.
 //! - [`MemDev`] holds a device in RAM, for tests and scratch exports.
+//! - **Streams know their holes too** ([`SparseRead`]): the sequential
+//!   readers of backup and pack read a regular file by its data extents
+//!   ([`SparseFile`], on [`next_data`]/[`next_hole`]) and pass over
+//!   holes without reading them; any other `Read` simply has none.
 //!
 //! Written by hand: the crates that wrap block devices (e.g. for NBD
 //! servers) each bring their own server or runtime; this trait is the
-//! seam between cairn's own layers and needs nothing but `std` and libc.
+//! seam between cairn's own layers and needs nothing but `std`, libc and
+//! rustix (for a safe `lseek(SEEK_DATA)`).
 
 mod error;
 mod fault;
