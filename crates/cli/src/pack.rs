@@ -371,6 +371,9 @@ fn unpack_one(
         .read_to_end(&mut head)
         .context("read")?;
     let format = Format::detect(&head).ok_or(cairn_codec::CodecError::UnknownFormat)?;
+    // The input may be read through a memory map (incompressible zstd
+    // frames, by the seek table).
+    crate::signals::guard_mapped_input();
     let input = Input::with_prefix_file(&head, reader);
     let mut splitter = format.splitter_with(
         input,

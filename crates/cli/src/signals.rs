@@ -5,6 +5,8 @@
 //! A signal handler may only call async-signal-safe functions, so the path
 //! is kept as a leaked C string behind an atomic pointer, and the handler
 //! does nothing but `unlink`, restore the default action and re-raise.
+//! SIGBUS, which a memory-mapped input raises when the file is cut short
+//! under it, gets a one-line message and exit status 1 instead.
 
 use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -65,6 +67,37 @@ fn free(p: *mut c_char) {
         // CString::into_raw and was swapped out exactly once.
         drop(unsafe { CString::from_raw(p) });
     }
+}
+
+extern "C" fn on_input_cut(_sig: c_int) {
+    let path = PENDING.swap(ptr::null_mut(), Ordering::SeqCst);
+    const MSG: &[u8] = b"cairn: the input file was cut short while it was being read\n";
+    // SAFETY: unlink, write and _exit are async-signal-safe; `path` is as
+    // in `on_signal`.
+    unsafe {
+        if !path.is_null() {
+            libc::unlink(path);
+        }
+        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        libc::_exit(1);
+    }
+}
+
+/// For readers of memory-mapped input: a file cut shorter while mapped
+/// raises SIGBUS on the lost pages. Say so in one line, remove the
+/// temporary output, and exit with status 1 (instead of a core dump).
+pub fn guard_mapped_input() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `on_input_cut` is an `extern "C" fn(c_int)` that only
+        // performs async-signal-safe calls.
+        unsafe {
+            libc::signal(
+                libc::SIGBUS,
+                on_input_cut as *const () as libc::sighandler_t,
+            );
+        }
+    });
 }
 
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

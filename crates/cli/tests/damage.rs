@@ -220,3 +220,59 @@ fn interrupted_run_leaves_no_temporary_file() {
         );
     }
 }
+
+/// Incompressible zstd frames are decoded from a map of the input file; a
+/// file cut short under the map (SIGBUS on its lost pages) ends the run
+/// with one line and status 1, not a crash.
+#[test]
+fn an_input_cut_short_while_mapped_fails_cleanly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let noise: Vec<u8> = (0..16 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect();
+    let dir = tempdir();
+    let z = dir.path().join("noise.zst");
+    std::fs::write(
+        &z,
+        cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &noise),
+    )
+    .unwrap();
+    let mut child = cairn()
+        .args(["unpack", "-T", "2", "-q", "-c"])
+        .arg(&z)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    // Output has started: the first frames are mapped and decoded, and
+    // the writer waits on the pipe with most of the 64 frames untouched.
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&z)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "status {:?}, stderr {err}",
+        out.status
+    );
+    assert!(err.contains("cut short"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(rest.len() + 1 < noise.len());
+}

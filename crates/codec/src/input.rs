@@ -2,9 +2,28 @@
 //! must peek at headers, walk block sizes and copy whole frames out.
 
 use crate::error::{CodecError, Result};
+use memmap2::Mmap;
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+/// Bytes of a memory-mapped input file, shared with the workers: a
+/// splitter hands a worker a frame without copying it (no `read(2)` copy
+/// out of the page cache at all).
+#[derive(Debug, Clone)]
+pub struct SharedBytes {
+    map: Arc<Mmap>,
+    start: usize,
+    len: usize,
+}
+
+impl SharedBytes {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.len]
+    }
+}
 
 /// Buffered input with offset tracking and look-ahead of any length.
 pub struct Input {
@@ -13,6 +32,8 @@ pub struct Input {
     /// splitter may read an index at its end (the zstd seek table) without
     /// moving the stream position.
     file: Option<(File, u64)>,
+    /// That file mapped into memory, when it could be.
+    map: Option<Arc<Mmap>>,
     buf: Vec<u8>,
     pos: usize,
     end: usize,
@@ -29,6 +50,7 @@ impl Input {
         Input {
             inner,
             file: None,
+            map: None,
             buf: vec![0; CHUNK],
             pos: 0,
             end: 0,
@@ -66,9 +88,43 @@ impl Input {
         // plain `File`, whose `read_buf` fills spare capacity without
         // zeroing it first (a wrapper type would have it zeroed).
         let tail = len.and_then(|len| Some((file.try_clone().ok()?, len)));
+        let map = tail.as_ref().and_then(|(f, len)| map_file(f, *len));
         let mut input = Input::with_prefix(prefix, Box::new(file));
         input.file = tail;
+        input.map = map;
         input
+    }
+
+    /// The next `n` bytes without copying them, when the input is a
+    /// mapped file that holds them; `None` (nothing consumed) otherwise.
+    pub fn take_shared(&mut self, n: usize) -> Result<Option<SharedBytes>> {
+        let (Some(map), Some((file, _))) = (self.map.clone(), &self.file) else {
+            return Ok(None);
+        };
+        let start = self.offset;
+        let end = start.saturating_add(n as u64);
+        if end > map.len() as u64 {
+            return Ok(None);
+        }
+        // The buffered bytes are the file's bytes at this offset; the rest
+        // is skipped in the stream (the two handles share one position).
+        let buffered = (self.end - self.pos).min(n);
+        let skip = n - buffered;
+        if skip > 0 {
+            (&*file)
+                .seek(SeekFrom::Current(skip as i64))
+                .map_err(|source| CodecError::Io {
+                    offset: start,
+                    source,
+                })?;
+        }
+        self.consume(buffered);
+        self.offset += skip as u64;
+        Ok(Some(SharedBytes {
+            map,
+            start: start as usize,
+            len: n,
+        }))
     }
 
     /// Length of the whole stream, when it is a regular file.
@@ -237,6 +293,27 @@ impl Input {
         }
         Ok(got)
     }
+}
+
+/// Map a regular file of `len` bytes for reading, or `None` (empty
+/// file, a filesystem that cannot map): the caller then reads as usual.
+fn map_file(file: &File, len: u64) -> Option<Arc<Mmap>> {
+    if len == 0 || usize::try_from(len).is_err() {
+        return None;
+    }
+    // SAFETY: the mapping is read-only and private to this process, and
+    // is only ever read as compressed input, which the decoders check like
+    // any other input. Another process may still change the file while it
+    // is mapped: changed bytes then read as damaged input (decoders and
+    // content checksums catch them, as with `read(2)`); a file cut shorter
+    // makes a read of the lost pages raise SIGBUS, which the CLI turns into
+    // a one-line error (`cli/src/signals.rs`). The unit test
+    // `incompressible_frames_are_decoded_in_place` and the CLI test
+    // `an_input_cut_short_while_mapped_fails_cleanly` exercise this path.
+    let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(file) }.ok()?;
+    // Frames are taken in order: read ahead, and let pages go behind.
+    let _ = map.advise(memmap2::Advice::Sequential);
+    Some(Arc::new(map))
 }
 
 #[cfg(test)]

@@ -340,8 +340,12 @@ impl Default for DecodeOptions {
 /// One independently decodable piece of a stream.
 #[derive(Debug, Default)]
 pub struct Unit {
-    /// Compressed bytes (or decoded bytes when `kind` is `Plain`).
+    /// Compressed bytes (or decoded bytes when `kind` is `Plain`), unless
+    /// `shared` holds them.
     pub data: Vec<u8>,
+    /// The compressed bytes, when they are read in place from a mapped
+    /// input file instead of copied into `data`.
+    pub shared: Option<crate::input::SharedBytes>,
     /// Offset of the unit in the compressed stream, for error messages.
     pub offset: u64,
     /// Decoded size when the format states it, else 0.
@@ -353,9 +357,18 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// The unit's bytes: `shared` when set, else `data`.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.shared {
+            Some(s) => s.as_slice(),
+            None => &self.data,
+        }
+    }
+
     /// Reset for reuse, keeping the buffer's capacity.
     pub fn clear(&mut self) {
         self.data.clear();
+        self.shared = None;
         self.offset = 0;
         self.raw_len = 0;
         self.kind = UnitKind::Plain;

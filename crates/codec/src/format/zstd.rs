@@ -309,10 +309,21 @@ impl Splitter {
         };
         let off = self.input.offset();
         unit.data.clear();
-        self.input.take(packed as usize, &mut unit.data, NAME)?;
-        if !is_one_frame(&unit.data, u64::from(raw)) {
-            self.input.unread(&unit.data);
+        // Frames that are mostly stored blocks (incompressible data) are
+        // decoded in place from a map of the file: their decoding is a copy,
+        // and reading them first would be a second one.
+        unit.shared = if u64::from(raw) < u64::from(packed) + u64::from(packed) / 8 {
+            self.input.take_shared(packed as usize)?
+        } else {
+            None
+        };
+        if unit.shared.is_none() {
+            self.input.take(packed as usize, &mut unit.data, NAME)?;
+        }
+        if !is_one_frame(unit.bytes(), u64::from(raw)) {
+            self.input.unread(unit.bytes());
             unit.data.clear();
+            unit.shared = None;
             self.table = None;
             return Ok(false);
         }
@@ -492,7 +503,7 @@ impl super::UnitDecoder for Decoder {
             }
             UnitKind::Packed(_) => self
                 .codec
-                .decompress_frame(&unit.data, out, unit.raw_len)
+                .decompress_frame(unit.bytes(), out, unit.raw_len)
                 .map_err(|e| at_offset(e, unit.offset)),
         }
     }
@@ -543,6 +554,27 @@ mod tests {
     fn entry_at(packed: &[u8], i: usize) -> usize {
         let count = le32(packed, packed.len() - 9) as usize;
         packed.len() - 9 - 12 * count + 12 * i
+    }
+
+    #[test]
+    fn incompressible_frames_are_decoded_in_place() {
+        // Noise frames are taken from the map of the file, the run of `z`
+        // is read into the unit; the bytes come out the same either way.
+        let (data, packed) = sample();
+        let mut s = Splitter::new(file_input(&packed));
+        let mut dec = Decoder::default();
+        let (mut out, mut mapped, mut unit) = (Vec::new(), Vec::new(), Unit::default());
+        loop {
+            unit.clear();
+            if !s.next_unit(&mut unit).unwrap() {
+                break;
+            }
+            mapped.push(unit.shared.is_some());
+            dec.decode(&mut unit, &mut out).unwrap();
+        }
+        assert!(out == data);
+        assert_eq!(mapped.first(), Some(&true), "{mapped:?}");
+        assert!(mapped.contains(&false), "{mapped:?}");
     }
 
     #[test]
