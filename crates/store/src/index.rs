@@ -22,7 +22,7 @@
 //! then pack number (24 bits), record offset (32), record length (24) and
 //! offset in the group (24). No hash table (its empty slots and per-entry
 //! overhead are what make restic need 56 bytes and borg ~100), no full ids
-//! (see [`PREFIX_LEN`](crate::id::PREFIX_LEN) for why 152 bits are
+//! (see [`PREFIX_LEN`] for why 152 bits are
 //! enough). Chunks added by a running backup live in a small side set
 //! until they are merged at commit.
 

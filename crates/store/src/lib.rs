@@ -28,7 +28,7 @@
 //!   ids are kept.
 //! - **Commit by rename.** Packs are fsync'd, then the index file, then the
 //!   manifest is renamed into place: a snapshot exists whole or not at all
-//!   ([`meta`], [`backup`]). One writer at a time (flock on `REPO/lock`);
+//!   ([`meta`], [`backup`](mod@backup)). One writer at a time (flock on `REPO/lock`);
 //!   readers take no writer lock and are never blocked by a backup, and gc
 //!   deletes packs only while no reader holds `REPO/read.lock`.
 //! - **Images change by copy-on-write snapshots.** [`edit`] commits a
