@@ -228,20 +228,12 @@ fn interrupted_run_leaves_no_temporary_file() {
 fn an_input_cut_short_while_mapped_fails_cleanly() {
     use std::io::Read;
     use std::process::Stdio;
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let noise: Vec<u8> = (0..16 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect();
+    let data = noise(16 << 20, 1);
     let dir = tempdir();
     let z = dir.path().join("noise.zst");
     std::fs::write(
         &z,
-        cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &noise),
+        cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &data),
     )
     .unwrap();
     let mut child = cairn()
@@ -274,5 +266,5 @@ fn an_input_cut_short_while_mapped_fails_cleanly() {
     );
     assert!(err.contains("cut short"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(rest.len() + 1 < noise.len());
+    assert!(rest.len() + 1 < data.len());
 }

@@ -1524,19 +1524,6 @@ fn restores_to(repo: &Path, spec: &str, data: &[u8]) {
     assert!(out.stdout == data, "{spec} differs");
 }
 
-/// Random bytes (incompressible), from a seed.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
-
 #[test]
 fn full_target_disk() {
     let dir = tempdir();

@@ -67,20 +67,6 @@ fn have_all(tools: &[&str]) -> bool {
     tools.iter().all(|t| have(t))
 }
 
-/// Random bytes (xorshift), for data that does not compress.
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
-
 /// Where two buffers first differ, for messages.
 fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
     a.iter()
@@ -458,13 +444,13 @@ fn nbdinfo_lists_every_export() {
     }
     let dir = tempdir();
     let d = dir.path();
-    let v1 = random(1_000_003, 1);
+    let v1 = noise(1_000_003, 1);
     let mut v2 = v1.clone();
-    v2.extend_from_slice(&random(4101, 2));
+    v2.extend_from_slice(&noise(4101, 2));
     let other = mixed(300_001, 3);
     let repo = repo_with(d, &[("img", &[&v1, &v2]), ("other", &[&other])]);
-    std::fs::write(d.join("a.raw"), random(65_536 + 7, 4)).unwrap();
-    std::fs::write(d.join("b.img"), random(12_288, 5)).unwrap();
+    std::fs::write(d.join("a.raw"), noise(65_536 + 7, 4)).unwrap();
+    std::fs::write(d.join("b.img"), noise(12_288, 5)).unwrap();
     let sock = d.join("s.sock");
     let srv = Serve::start(&[
         "--file",
@@ -539,7 +525,7 @@ const ZERO_LEN: usize = 8 << 20;
 /// Random data with an 8 MiB run of zeros and an odd size; the second
 /// snapshot changes a few bytes.
 fn big_image() -> (Vec<u8>, Vec<u8>) {
-    let mut v1 = random(BIG, 21);
+    let mut v1 = noise(BIG, 21);
     v1[ZERO_AT..ZERO_AT + ZERO_LEN].fill(0);
     let mut v2 = v1.clone();
     v2[15_000_000..15_000_100].fill(0x5a);
@@ -691,9 +677,9 @@ fn qemu_io_writes_and_read_only_refuses() {
     let w = d.join("w.raw");
     std::fs::write(&w, vec![0x11u8; SIZE]).unwrap();
     let ro = d.join("ro.raw");
-    let ro_data = random(SIZE, 31);
+    let ro_data = noise(SIZE, 31);
     std::fs::write(&ro, &ro_data).unwrap();
-    let img = random(500_000, 32);
+    let img = noise(500_000, 32);
     let repo = repo_with(d, &[("img", &[&img])]);
     let srv = Serve::start(&[
         "--file",
@@ -810,7 +796,7 @@ fn writable_image_commits_a_snapshot_per_flush() {
     let dir = tempdir();
     let d = dir.path();
     const M: usize = 1 << 20;
-    let mut img = random(3 * M + 12_345, 41);
+    let mut img = noise(3 * M + 12_345, 41);
     img[2 * M..2 * M + M / 2].fill(0);
     let repo = repo_with(d, &[("img", &[&img])]);
     let srv = Serve::start(&[
@@ -905,9 +891,9 @@ fn nbdcopy_between_exports_and_fio_verify() {
     // A sparse source: data, a hole, more data, an odd tail.
     let src = d.join("src.raw");
     let mut want = vec![0u8; SIZE];
-    want[..3 << 20].copy_from_slice(&random(3 << 20, 41));
-    want[9 << 20..(9 << 20) + 1_234_567].copy_from_slice(&random(1_234_567, 42));
-    want[SIZE - 999..].copy_from_slice(&random(999, 43));
+    want[..3 << 20].copy_from_slice(&noise(3 << 20, 41));
+    want[9 << 20..(9 << 20) + 1_234_567].copy_from_slice(&noise(1_234_567, 42));
+    want[SIZE - 999..].copy_from_slice(&noise(999, 43));
     {
         let f = std::fs::File::create(&src).unwrap();
         f.set_len(SIZE as u64).unwrap();
@@ -1078,10 +1064,10 @@ fn filesystem_in_an_image_reads_through_nbdfuse() {
     let mut zeros_and_data = vec![0u8; 300_000];
     zeros_and_data[150_000..150_100].fill(7);
     let files: Vec<(&str, Vec<u8>)> = vec![
-        ("a.bin", random(1_500_000, 51)),
-        ("b.bin", random(700_001, 52)),
+        ("a.bin", noise(1_500_000, 51)),
+        ("b.bin", noise(700_001, 52)),
         ("sub/c.txt", mixed(12_345, 53)),
-        ("sub/deeper/d.bin", random(2 << 20, 54)),
+        ("sub/deeper/d.bin", noise(2 << 20, 54)),
         ("sub/empty", Vec::new()),
         ("sparse-ish", zeros_and_data),
     ];
@@ -1231,7 +1217,7 @@ fn garbage_clients_do_not_hurt_others() {
     }
     let dir = tempdir();
     let d = dir.path();
-    let data = random(6_000_001, 61);
+    let data = noise(6_000_001, 61);
     let repo = repo_with(d, &[("img", &[&data])]);
     let sock = d.join("s.sock");
     let mut srv = Serve::start(&[
@@ -1261,7 +1247,7 @@ fn garbage_clients_do_not_hurt_others() {
         v
     });
 
-    let junk = random(64 << 10, 62);
+    let junk = noise(64 << 10, 62);
     let mut held = Vec::new();
     for round in 0..3 {
         // Garbage right after the greeting, over unix and TCP.
@@ -1341,7 +1327,7 @@ fn garbage_clients_do_not_hurt_others() {
 fn zero_length_structured_read_is_well_formed() {
     let dir = tempdir();
     let d = dir.path();
-    let data = random(100_000, 81);
+    let data = noise(100_000, 81);
     let f = d.join("f.raw");
     std::fs::write(&f, &data).unwrap();
     let repo = repo_with(d, &[("img", &[&data])]);
@@ -1413,7 +1399,7 @@ fn serve_fails(args: &[&str], expect: &str) {
 fn bad_arguments_fail_with_one_line() {
     let dir = tempdir();
     let d = dir.path();
-    let repo = repo_with(d, &[("img", &[&random(10_000, 71)])]);
+    let repo = repo_with(d, &[("img", &[&noise(10_000, 71)])]);
     let repo = s(&repo);
     let f = d.join("f.raw");
     std::fs::write(&f, [1u8; 4096]).unwrap();

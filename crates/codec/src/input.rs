@@ -32,8 +32,10 @@ pub struct Input {
     /// splitter may read an index at its end (the zstd seek table) without
     /// moving the stream position.
     file: Option<(File, u64)>,
-    /// That file mapped into memory, when it could be.
-    map: Option<Arc<Mmap>>,
+    /// That file mapped into memory: not tried yet (`None`), or the map
+    /// when it could be made. Made on the first [`Input::take_shared`], so
+    /// formats that never take frames in place never map their input.
+    map: Option<Option<Arc<Mmap>>>,
     buf: Vec<u8>,
     pos: usize,
     end: usize,
@@ -88,17 +90,19 @@ impl Input {
         // plain `File`, whose `read_buf` fills spare capacity without
         // zeroing it first (a wrapper type would have it zeroed).
         let tail = len.and_then(|len| Some((file.try_clone().ok()?, len)));
-        let map = tail.as_ref().and_then(|(f, len)| map_file(f, *len));
         let mut input = Input::with_prefix(prefix, Box::new(file));
         input.file = tail;
-        input.map = map;
         input
     }
 
     /// The next `n` bytes without copying them, when the input is a
     /// mapped file that holds them; `None` (nothing consumed) otherwise.
     pub fn take_shared(&mut self, n: usize) -> Result<Option<SharedBytes>> {
-        let (Some(map), Some((file, _))) = (self.map.clone(), &self.file) else {
+        let Some((file, len)) = &self.file else {
+            return Ok(None);
+        };
+        let map = self.map.get_or_insert_with(|| map_file(file, *len));
+        let Some(map) = map.clone() else {
             return Ok(None);
         };
         let start = self.offset;

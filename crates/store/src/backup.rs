@@ -25,7 +25,7 @@ use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{encode_record, PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
-use cairn_blockdev::SparseRead;
+use cairn_blockdev::{is_zero, SparseRead};
 use cairn_codec::{BlockCodec, CodecSpec};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
@@ -212,8 +212,6 @@ pub(crate) fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> 
     }
     stored
 }
-
-pub use cairn_blockdev::is_zero;
 
 /// Back up `source` as a new snapshot of `opts.name`.
 pub fn backup(

@@ -159,7 +159,7 @@ impl Chunker {
                 let cdc = fastcdc::v2020::FastCDC::new(buf, min, avg, max as u32);
                 let mut pos = 0;
                 while len - pos >= max || (eof && pos < len) {
-                    let end = if len - pos >= max && crate::backup::is_zero(&buf[pos..pos + max]) {
+                    let end = if len - pos >= max && cairn_blockdev::is_zero(&buf[pos..pos + max]) {
                         pos + self.zero_cut
                     } else {
                         let (_, end) = cdc.cut(pos, len - pos);

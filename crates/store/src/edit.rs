@@ -187,7 +187,7 @@ impl ImageEditor {
                 let chunk = &data[prev..end as usize];
                 prev = end as usize;
                 let len = chunk.len() as u64;
-                if crate::backup::is_zero(chunk) {
+                if cairn_blockdev::is_zero(chunk) {
                     out.push(Extent::Hole { len });
                     report.zero += len;
                     continue;
