@@ -196,8 +196,6 @@ pub(crate) fn grow(dst: &mut Vec<u8>, extra: usize) -> (usize, &mut [u8]) {
     (start, &mut dst[start..])
 }
 
-/// Append the output of a one-shot compressor to `dst`: `compress` gets a
-/// tail of `bound` bytes and returns how many it wrote.
 /// Append up to `cap` bytes that a C codec writes through a raw pointer
 /// into `dst`'s spare capacity, with no zero-filling first (a memset of
 /// every block costs up to a fifth of LZ4's decoding time).
@@ -226,6 +224,8 @@ pub(crate) unsafe fn append_raw(
     Some(n)
 }
 
+/// Append the output of a one-shot compressor to `dst`: `compress` gets a
+/// tail of `bound` bytes and returns how many it wrote.
 pub(crate) fn compress_into<E: fmt::Display>(
     codec: &'static str,
     dst: &mut Vec<u8>,
@@ -477,12 +477,26 @@ impl BlockCodec for LzoCodec {
     }
 }
 
+/// Run `write` on the spare capacity after `dst`'s bytes, with room for
+/// `room` more: the zstd crate writes where a cursor stands, so output is
+/// appended in place instead of through a scratch buffer and a copy.
+fn append_to(
+    dst: &mut Vec<u8>,
+    room: usize,
+    write: impl FnOnce(&mut std::io::Cursor<&mut Vec<u8>>) -> std::io::Result<usize>,
+) -> std::io::Result<usize> {
+    dst.reserve(room);
+    let at = dst.len() as u64;
+    let mut cursor = std::io::Cursor::new(dst);
+    cursor.set_position(at);
+    write(&mut cursor)
+}
+
 /// Zstandard frames with a reused compression and decompression context.
 pub(crate) struct ZstdCodec {
     level: i32,
     cctx: Option<zstd::bulk::Compressor<'static>>,
     dctx: Option<zstd::bulk::Decompressor<'static>>,
-    scratch: Vec<u8>,
 }
 
 impl ZstdCodec {
@@ -491,7 +505,6 @@ impl ZstdCodec {
             level,
             cctx: None,
             dctx: None,
-            scratch: Vec::new(),
         }
     }
 
@@ -512,18 +525,7 @@ impl ZstdCodec {
             reason: "no context".into(),
         })?;
         let bound = zstd::zstd_safe::compress_bound(src.len());
-        // The zstd crate writes a Vec from its start, so append through a
-        // scratch buffer unless `dst` is empty (the pipeline's case).
-        if dst.is_empty() {
-            dst.reserve(bound);
-            cctx.compress_to_buffer(src, dst).map_err(err)?;
-        } else {
-            self.scratch.clear();
-            self.scratch.reserve(bound);
-            cctx.compress_to_buffer(src, &mut self.scratch)
-                .map_err(err)?;
-            dst.extend_from_slice(&self.scratch);
-        }
+        append_to(dst, bound, |buf| cctx.compress_to_buffer(src, buf)).map_err(err)?;
         Ok(())
     }
 
@@ -545,18 +547,8 @@ impl ZstdCodec {
             .as_mut()
             .ok_or_else(|| CodecError::corrupt("zstd", 0, "no context"))?;
         let corrupt = |e: std::io::Error| CodecError::corrupt("zstd", 0, e.to_string());
-        let n = if dst.is_empty() {
-            dst.reserve(raw_len);
-            dctx.decompress_to_buffer(src, dst).map_err(corrupt)?
-        } else {
-            self.scratch.clear();
-            self.scratch.reserve(raw_len);
-            let n = dctx
-                .decompress_to_buffer(src, &mut self.scratch)
-                .map_err(corrupt)?;
-            dst.extend_from_slice(&self.scratch);
-            n
-        };
+        let n =
+            append_to(dst, raw_len, |buf| dctx.decompress_to_buffer(src, buf)).map_err(corrupt)?;
         check_len("zstd", n, raw_len)
     }
 }

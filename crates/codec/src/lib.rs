@@ -37,6 +37,7 @@ pub mod error;
 pub mod format;
 pub mod input;
 pub mod lz4_ffi;
+pub mod probe;
 #[cfg(test)]
 mod testutil;
 
@@ -47,3 +48,4 @@ pub use format::{
     Format, Framer, Splitter, Unit, UnitDecoder, UnitKind,
 };
 pub use input::Input;
+pub use probe::Probe;

@@ -26,7 +26,7 @@ use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{encode_record, PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
 use cairn_blockdev::{is_zero, SparseRead};
-use cairn_codec::{BlockCodec, CodecSpec};
+use cairn_codec::{BlockCodec, CodecSpec, Probe};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashSet;
@@ -437,6 +437,7 @@ fn reader<'a>(
 pub(crate) struct Group {
     pub(crate) raw: Vec<u8>,
     pub(crate) table: Vec<(ChunkId, u32)>,
+    probe: Probe,
 }
 
 impl Group {
@@ -451,7 +452,13 @@ impl Group {
             return Ok(());
         }
         let at = blob.bytes.len();
-        encode_record(&mut blob.bytes, &self.table, &self.raw, codec)?;
+        encode_record(
+            &mut blob.bytes,
+            &self.table,
+            &self.raw,
+            codec,
+            &mut self.probe,
+        )?;
         let len = (blob.bytes.len() - at) as u32;
         let mut slice = 0u32;
         for &(id, n) in &self.table {

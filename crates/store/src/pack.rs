@@ -33,7 +33,7 @@ use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
 use cairn_blockdev::AlignedBuf;
-use cairn_codec::{BlockCodec, CodecKind, CodecSpec};
+use cairn_codec::{BlockCodec, CodecKind, CodecSpec, Probe};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -237,12 +237,14 @@ impl<'a> Record<'a> {
 
 /// Append a record holding the chunks `table` (id and length, in order)
 /// whose bytes are `raw` (their concatenation), compressed with `codec`
-/// unless that does not make it smaller (then stored as is).
+/// unless that does not make it smaller (then stored as is). Groups that
+/// `probe` finds incompressible are stored as they are without trying.
 pub fn encode_record(
     out: &mut Vec<u8>,
     table: &[(ChunkId, u32)],
     raw: &[u8],
     codec: &mut dyn BlockCodec,
+    probe: &mut Probe,
 ) -> Result<()> {
     debug_assert_eq!(table.iter().map(|t| t.1 as usize).sum::<usize>(), raw.len());
     if table.is_empty() || table.len() > usize::from(u16::MAX) || raw.len() > MAX_GROUP_RAW {
@@ -260,6 +262,9 @@ pub fn encode_record(
     }
     let data_at = out.len();
     let mut kind = codec.kind();
+    if kind != CodecKind::None && probe.incompressible(raw) {
+        kind = CodecKind::None;
+    }
     if kind != CodecKind::None {
         codec.compress(raw, out)?;
         if out.len() - data_at >= raw.len() {
@@ -607,7 +612,7 @@ mod tests {
         for kind in CodecKind::ALL {
             let mut codec = CodecSpec::default_for(kind).build();
             let mut rec = Vec::new();
-            encode_record(&mut rec, &table, &raw, codec.as_mut()).unwrap();
+            encode_record(&mut rec, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
             let mut out = Vec::new();
             let r = decode_record(Path::new("p"), 64, &rec, &mut dec, &mut out).unwrap();
             assert_eq!(out, raw, "{kind}");
@@ -639,7 +644,14 @@ mod tests {
             .collect();
         let mut rec = Vec::new();
         let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
-        encode_record(&mut rec, &[(ChunkId::of(&raw), 4096)], &raw, codec.as_mut()).unwrap();
+        encode_record(
+            &mut rec,
+            &[(ChunkId::of(&raw), 4096)],
+            &raw,
+            codec.as_mut(),
+            &mut Probe::new(),
+        )
+        .unwrap();
         let h = RecordHeader::parse(&rec).unwrap();
         assert_eq!(h.codec, CodecKind::None);
         assert_eq!(rec.len(), RECORD_FIXED_LEN + TABLE_ENTRY_LEN + raw.len());
@@ -650,7 +662,7 @@ mod tests {
         let (table, raw) = group(2, 3);
         let mut rec = Vec::new();
         let mut codec = CodecSpec::default_for(CodecKind::Lz4).build();
-        encode_record(&mut rec, &table, &raw, codec.as_mut()).unwrap();
+        encode_record(&mut rec, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
         let mut dec = Decoders::default();
         for i in 0..rec.len() {
             let mut bad = rec.clone();
@@ -735,7 +747,7 @@ mod tests {
         let mut ends = Vec::new();
         for i in 0..5u8 {
             let (table, raw) = group(1 + usize::from(i), i);
-            encode_record(&mut data, &table, &raw, codec.as_mut()).unwrap();
+            encode_record(&mut data, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
             ends.push(data.len() as u64);
         }
         assert!(check_pack_header(Path::new("p"), &data, repo).is_ok());
@@ -760,13 +772,14 @@ mod tests {
     fn bad_groups_are_refused() {
         let mut codec = CodecSpec::default_for(CodecKind::None).build();
         let mut out = Vec::new();
-        assert!(encode_record(&mut out, &[], &[], codec.as_mut()).is_err());
+        assert!(encode_record(&mut out, &[], &[], codec.as_mut(), &mut Probe::new()).is_err());
         let big = vec![1u8; MAX_GROUP_RAW + 1];
         assert!(encode_record(
             &mut out,
             &[(ChunkId::of(&big), big.len() as u32)],
             &big,
-            codec.as_mut()
+            codec.as_mut(),
+            &mut Probe::new()
         )
         .is_err());
     }
