@@ -33,8 +33,8 @@ threads, tools alternated (A B C A B C ...), medians, raw data kept.
 
 How: each round runs every tool once on every input, in turn; every
 measurement uses a fresh repository (and fresh tool caches) and is repeated
---runs times (default 3); the page cache is warm (inputs read before the
-first round, never dropped). Times are wall-clock times of the command;
+--runs times (default 3); the page cache is warm (each input read just
+before each backup: borg drops what it reads from the cache). Times are wall-clock times of the command;
 after each step `sync` is run and its time recorded apart (sync_s), so data
 a tool left unflushed is visible. Output: bench/runs/<UTC date>-backup/
 with results.csv (every measurement), summary.csv (medians), report.md,
@@ -376,12 +376,18 @@ def sha256_file(path):
 
 
 def warm_tree(paths):
-    """Read every file under `paths` so that it is in the page cache: a
-    repository is read warm by every tool alike, whether the tool wrote it
-    through the page cache (borg, restic, casync) or past it (cairn's packs
-    are written with O_DIRECT)."""
+    """Read every file under `paths` (files or directories) so that it is in
+    the page cache: a repository is read warm by every tool alike, whether
+    the tool wrote it through the page cache (borg, restic, casync) or past
+    it (cairn's packs are written with O_DIRECT); an input is read again
+    before every backup, because borg drops the files it has read from the
+    page cache (posix_fadvise DONTNEED: `fincore` of random.bin shows
+    1012 MiB cached before `borg create`, 62 MiB after), which left the
+    tool after borg to read its input from disk."""
     for top in paths:
-        for root, _dirs, files in os.walk(top):
+        walk = [(os.path.dirname(top), [], [os.path.basename(top)])] if os.path.isfile(top) \
+            else os.walk(top)
+        for root, _dirs, files in walk:
             for name in files:
                 try:
                     with open(os.path.join(root, name), "rb", buffering=0) as f:
@@ -519,6 +525,8 @@ class Bench:
                 "codec": "", "threads": 1, "run": run, "counted": "yes" if counted else "no (warm-up)",
                 "input_bytes": os.path.getsize(src)}
         try:
+            if not self.dry_run:
+                warm_tree([src])
             res = self.step(f"run {run} {key}: physical limit, copy to the same filesystem", cmd)
             sync_s = self.sync()
             self.row(base, res, sync_s=sync_s, note="page cache -> file on the work filesystem; "
@@ -541,6 +549,8 @@ class Bench:
             sizes, handles = [0], []
             for seq, src in ((1, src1), (2, src2)):
                 cmd = tool.backup(repo, home, src, "os", seq)
+                if not self.dry_run:
+                    warm_tree([src])
                 res = self.step(f"{label}: backup-{seq}", cmd)
                 sync_s = self.sync()
                 handle, reported = (f"<snapshot {seq}>", None) if self.dry_run else \
@@ -584,6 +594,8 @@ class Bench:
             for c in tool.init(repo, home):
                 self.step(f"{label}: init", c, timed=False)
             cmd = tool.backup(repo, home, src, key, 1)
+            if not self.dry_run:
+                warm_tree([src])
             res = self.step(f"{label}: backup", cmd)
             sync_s = self.sync()
             handle, reported = (f"<snapshot 1>", None) if self.dry_run else tool.parse_backup(res.out, key, 1)
@@ -612,6 +624,8 @@ class Bench:
             for c in tool.init(repo, home, used):
                 self.step(f"{label}: init", c, timed=False)
             cmd = tool.backup(repo, home, src, "mem", 1)
+            if not self.dry_run:
+                warm_tree([src])
             res = self.step(f"{label}: backup", cmd)
             sync_s = self.sync()
             reported = None if self.dry_run else tool.parse_backup(res.out, "mem", 1)[1]
@@ -731,9 +745,9 @@ def write_report(run_dir):
              f"`{machine.get('work_dir_fs', '?')}`. Load average at start {machine.get('loadavg_start', '?')}.\n")
     L.append(f"Method: every tool runs once per round on each input, in turn (A B C A B C); "
              f"{runinfo.get('runs', '?')} counted rounds ({runinfo.get('warmup', '0')} warm-up), medians; "
-             "a fresh repository and fresh tool caches for every measurement; page cache warm (inputs read "
-             "before the first round, never dropped; each tool's repository read just before each restore, "
-             "since cairn writes its packs past the page cache). Time = wall time of the command; `sync` after each "
+             "a fresh repository and fresh tool caches for every measurement; page cache warm (each input read "
+             "just before each backup, since borg drops the files it reads from the page cache; each tool's "
+             "repository read just before each restore, since cairn writes its packs past the page cache). Time = wall time of the command; `sync` after each "
              "step is timed apart (sync_s in the CSV). MB/s = 10⁶ bytes of input per second, for restore too. "
              "Repo size = `du -sb` of the repository. Restores write a file on the same filesystem, compared "
              "by SHA-256 with the input. \"sync after\" is the median time of the `sync` that follows a step: "
@@ -947,8 +961,8 @@ def machine_facts(data_dir, work_dir, cairn):
     add("data_dir_fs", " ".join(run_text(["findmnt", "-n", "-o", "FSTYPE,SOURCE,TARGET", "-T", data_dir]).split()))
     add("work_dir", work_dir)
     add("work_dir_fs", " ".join(run_text(["findmnt", "-n", "-o", "FSTYPE,SOURCE,TARGET", "-T", work_dir]).split()))
-    add("page_cache", "warm: inputs read before the first round, never dropped; each repository "
-        "read before each restore")
+    add("page_cache", "warm: each input read just before each backup (borg drops what it reads); "
+        "each repository read before each restore")
     add("cairn_binary", cairn)
     if os.path.exists(cairn):
         add("cairn_sha256", run_text(["sha256sum", cairn]).split()[0])
@@ -1107,7 +1121,7 @@ def main():
                 f"targets_codecs: {args.targets_codecs}\ntarget_counts: {TARGET_COUNTS}\n"
                 "order: every round runs each tool once per input, in turn (A B C A B C)\n"
                 "repositories: fresh for every measurement, tool caches too\n"
-                "page_cache: warm (inputs read before timing, never dropped; each repository read "
+                "page_cache: warm (each input read just before each backup; each repository read "
                 "before each restore)\n"
                 "mb: 10^6 bytes of input per second (backup and restore)\n"
                 f"restic_password: RESTIC_PASSWORD={RESTIC_PASSWORD} (restic always encrypts)\n")
