@@ -634,7 +634,7 @@ mod tests {
     #[test]
     fn incompressible_groups_are_stored_raw() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let raw: Vec<u8> = (0..4096)
+        let noise: Vec<u8> = (0..1 << 20)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -642,19 +642,28 @@ mod tests {
                 (x >> 32) as u8
             })
             .collect();
-        let mut rec = Vec::new();
-        let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
-        encode_record(
-            &mut rec,
-            &[(ChunkId::of(&raw), 4096)],
-            &raw,
-            codec.as_mut(),
-            &mut Probe::new(),
-        )
-        .unwrap();
-        let h = RecordHeader::parse(&rec).unwrap();
-        assert_eq!(h.codec, CodecKind::None);
-        assert_eq!(rec.len(), RECORD_FIXED_LEN + TABLE_ENTRY_LEN + raw.len());
+        let mut dec = Decoders::default();
+        // 4 KiB: too small for the probe, zstd is tried and does not
+        // shrink it; 1 MiB: the probe stores it without trying.
+        for len in [4096, 1 << 20] {
+            let raw = &noise[..len];
+            let table: Vec<_> = raw
+                .chunks(32 << 10)
+                .map(|c| (ChunkId::of(c), c.len() as u32))
+                .collect();
+            let mut rec = Vec::new();
+            let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
+            encode_record(&mut rec, &table, raw, codec.as_mut(), &mut Probe::new()).unwrap();
+            let h = RecordHeader::parse(&rec).unwrap();
+            assert_eq!(h.codec, CodecKind::None, "{len}");
+            assert_eq!(
+                rec.len(),
+                RECORD_FIXED_LEN + TABLE_ENTRY_LEN * table.len() + raw.len()
+            );
+            let mut out = Vec::new();
+            decode_record(Path::new("p"), 64, &rec, &mut dec, &mut out).unwrap();
+            assert_eq!(out, raw, "{len}");
+        }
     }
 
     #[test]
