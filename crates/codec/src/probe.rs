@@ -10,7 +10,8 @@
 //! incompressible only when every sample is both:
 //!
 //! - without repeats: LZ4 (the predictor borg's `auto` mode uses too)
-//!   cannot take 1/64 off the sample, so no LZ codec finds matches in it;
+//!   cannot take 1/64 off the sample, so it holds little for any LZ
+//!   match finder within a sample's reach;
 //! - flat: the order-0 entropy of its first 4 KiB is at least 7.8 bits a
 //!   byte, so an entropy coder (zstd's and xz's literals, bzip2's Huffman
 //!   stage) cannot gain 2.5 % either.
