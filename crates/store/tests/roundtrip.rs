@@ -23,12 +23,15 @@ impl Lcg {
     }
 }
 
-/// Random bytes, text-like runs and zero runs, from a seed.
+/// Random bytes, text-like runs and zero runs, from a seed; one run in
+/// eight is up to 1 MiB long, so that whole groups of random bytes (which
+/// the codec probe stores without compressing) occur too.
 fn image(len: usize, seed: u64) -> Vec<u8> {
     let mut r = Lcg(seed | 1);
     let mut v = Vec::with_capacity(len);
     while v.len() < len {
-        let run = (r.next() % 70_000) as usize + 1;
+        let longest = if r.next() % 8 == 0 { 1 << 20 } else { 70_000 };
+        let run = (r.next() % longest) as usize + 1;
         let run = run.min(len - v.len());
         match r.next() % 3 {
             0 => v.extend((0..run).map(|_| r.next() as u8)),
