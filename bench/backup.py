@@ -385,16 +385,15 @@ def warm_tree(paths):
     1012 MiB cached before `borg create`, 62 MiB after), which left the
     tool after borg to read its input from disk."""
     for top in paths:
-        walk = [(os.path.dirname(top), [], [os.path.basename(top)])] if os.path.isfile(top) \
-            else os.walk(top)
-        for root, _dirs, files in walk:
-            for name in files:
-                try:
-                    with open(os.path.join(root, name), "rb", buffering=0) as f:
-                        while f.read(4 << 20):
-                            pass
-                except OSError:
-                    pass
+        files = [top] if os.path.isfile(top) else \
+            [os.path.join(root, name) for root, _dirs, names in os.walk(top) for name in names]
+        for path in files:
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    while f.read(4 << 20):
+                        pass
+            except OSError:
+                pass  # a file gone meanwhile (a tool's lock or temp file)
 
 
 def du_bytes(paths):
