@@ -5,7 +5,7 @@
 //! parallel. lzop stores a block uncompressed when LZO does not shrink it.
 //!
 //! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940,
-//! method (1 = LZO1X-1, 2 = LZO1X-1(15), 3 = LZO1X-999), level, flags
+//! method (1 = LZO1X-1 at levels 1-6, 3 = LZO1X-999 at 7-9), level, flags
 //! (Adler-32 of the data, Unix; lzop's defaults), mode 0644, mtime 0, empty
 //! name, Adler-32 of the header.
 
@@ -43,7 +43,7 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// An encoder at lzop `level` (1 = LZO1X-1(15), 2-6 = LZO1X-1, 7-9 = LZO1X-999).
+    /// An encoder at lzop `level` (1-6 = LZO1X-1, 7-9 = LZO1X-999).
     pub fn new(level: i32) -> Self {
         Encoder {
             codec: LzoCodec::new(level),
@@ -94,11 +94,9 @@ impl super::Framer for Framer {
     fn header(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
         let h = out.len();
-        let method = match self.level {
-            1 => 2,
-            2..=6 => 1,
-            _ => 3,
-        };
+        // M_LZO1X_1 for levels 1-6 (cairn writes LZO1X-1 at level 1 too:
+        // see `LzoCodec::new`), M_LZO1X_999 above.
+        let method = if self.level <= 6 { 1 } else { 3 };
         out.extend_from_slice(&0x1040u16.to_be_bytes());
         out.extend_from_slice(&0x20a0u16.to_be_bytes());
         out.extend_from_slice(&0x0940u16.to_be_bytes());
