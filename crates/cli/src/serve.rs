@@ -8,6 +8,7 @@ use cairn_wbcache::{WbCache, WbConfig};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
@@ -44,6 +45,24 @@ pub(crate) struct ServeArgs {
     /// Requests served at once per connection.
     #[arg(long = "workers", default_value_t = 8)]
     pub workers: usize,
+    /// Clients served at once; more are refused with a message.
+    #[arg(long = "max-connections", default_value_t = ServerConfig::default().max_connections)]
+    pub max_connections: usize,
+    /// Bytes all clients' requests in flight may hold together (write
+    /// payloads, read data); past it, requests wait (e.g. 256M).
+    #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
+    pub max_inflight: usize,
+    /// Seconds a client may take to negotiate.
+    #[arg(long = "handshake-timeout", value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.as_secs())]
+    pub handshake_timeout: u64,
+    /// Seconds a request's bytes may stop arriving, or a reply stop being
+    /// taken, before the connection is closed.
+    #[arg(long = "io-timeout", value_name = "SECS", default_value_t = ServerConfig::default().io_timeout.as_secs())]
+    pub io_timeout: u64,
+    /// Close connections without a request for this many seconds (0:
+    /// never, as qemu-nbd; kernel clients idle for hours).
+    #[arg(long = "idle-timeout", value_name = "SECS", default_value_t = 0)]
+    pub idle_timeout: u64,
     /// Cache of decompressed chunks per repository image (e.g. 256M).
     #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
@@ -265,6 +284,11 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         exports,
         ServerConfig {
             workers: a.workers,
+            max_connections: a.max_connections.max(1),
+            server_budget: a.max_inflight as u64,
+            handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
+            io_timeout: Duration::from_secs(a.io_timeout.max(1)),
+            idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
             verbose: a.verbose,
             ..ServerConfig::default()
         },
@@ -306,8 +330,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     if a.verbose {
         eprintln!(
-            "cairn serve: stopped after {} connections ({} protocol errors)",
-            report.connections, report.protocol_errors
+            "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} cut at the stop deadline)",
+            report.connections, report.protocol_errors, report.refused, report.cut_at_stop
         );
     }
     Ok(())

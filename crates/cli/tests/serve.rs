@@ -1320,6 +1320,200 @@ fn garbage_clients_do_not_hurt_others() {
     drop(held);
 }
 
+// ---------------------------------------------------------------------
+// 9. Hostile clients: bounded memory, a connection limit, a stop that
+// no client can hold up
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("VmRSS");
+    kb << 10
+}
+
+/// A 4 KiB read at `off` on a fresh connection: its data.
+fn first_read(sock: &Path, name: &str, off: u64) -> Vec<u8> {
+    let mut u = unix(sock);
+    attach(&mut u, name);
+    request(&mut u, CMD_READ, 7, off, 4096, &[]);
+    assert_eq!(simple_reply(&mut u), (0, 7), "read on a fresh connection");
+    let mut buf = vec![0u8; 4096];
+    u.read_exact(&mut buf).unwrap();
+    buf
+}
+
+/// Issue 19: 100 clients that each announce a 32 MiB write and then
+/// trickle its payload made the server allocate (and zero) 32 MiB each as
+/// soon as the header arrived: 3.2 GB here, and a few hundred such
+/// clients exhaust any machine.
+#[test]
+fn trickling_32mib_write_headers_hold_little_memory() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    let data = noise(1 << 20, 91);
+    let f = std::fs::File::create(&w).unwrap();
+    f.set_len(64 << 20).unwrap();
+    drop(f);
+    std::fs::write(&w, &data).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&w)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&w), "--socket", s(&sock)]);
+    let pid = srv.child.as_ref().unwrap().id();
+    let base = rss(pid);
+    let junk = noise(64 << 10, 92);
+    let mut held = Vec::new();
+    for i in 0..100u64 {
+        let mut u = unix(&sock);
+        attach(&mut u, "w.raw");
+        request(&mut u, CMD_WRITE, i, 0, 32 << 20, &junk[..4096]);
+        held.push(u);
+    }
+    // Trickle: more of every payload, a little at a time.
+    for round in 0..4 {
+        for u in &mut held {
+            u.write_all(&junk[round * 1024..(round + 1) * 1024])
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let peak = rss(pid);
+    let t = Instant::now();
+    let got = first_read(&sock, "w.raw", 0);
+    let took = t.elapsed();
+    eprintln!(
+        "100 trickling 32 MiB writes: server RSS {} MiB (idle {} MiB); a new client's first read took {:?}",
+        peak >> 20,
+        base >> 20,
+        took
+    );
+    assert_same(&got, &data[..4096], "a new client's read");
+    assert!(
+        peak < 512 << 20,
+        "server RSS {} MiB with 100 trickling write headers",
+        peak >> 20
+    );
+    // SIGTERM with all of them mid-request: exits in time.
+    let (st, took) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "exit {st:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    // Nothing of the unfinished writes reached the file.
+    assert_same(&std::fs::read(&w).unwrap()[..data.len()], &data, "w.raw");
+    drop(held);
+}
+
+/// Issue 19: SIGTERM with a client that sends reads and never takes the
+/// replies hung the server (its workers blocked writing replies, and the
+/// stop waited for them); new clients hung too.
+#[test]
+fn a_client_that_never_reads_cannot_hold_the_stop() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0u8; 16 << 20]).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&w), "--socket", s(&sock), "-v"]);
+    // An acknowledged write must survive the stop.
+    let pattern = noise(1 << 20, 93);
+    let mut a = unix(&sock);
+    attach(&mut a, "w.raw");
+    request(&mut a, CMD_WRITE, 1, 4 << 20, 1 << 20, &pattern);
+    assert_eq!(simple_reply(&mut a), (0, 1), "write acknowledged");
+    // The stalled client: 1 MiB reads, replies never read.
+    let mut b = unix(&sock);
+    attach(&mut b, "w.raw");
+    let mut b2 = b.try_clone().unwrap();
+    let flood = std::thread::spawn(move || {
+        for i in 0..256u64 {
+            let mut m = Vec::new();
+            request(&mut m, CMD_READ, i, (i % 16) << 20, 1 << 20, &[]);
+            if b2.write_all(&m).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Others are still served meanwhile.
+    assert_eq!(
+        first_read(&sock, "w.raw", 4 << 20),
+        pattern[..4096].to_vec()
+    );
+    let (st, took) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "exit {st:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    let file = std::fs::read(&w).unwrap();
+    assert_same(&file[4 << 20..5 << 20], &pattern, "acknowledged write");
+    drop(b);
+    let _ = flood.join();
+}
+
+/// Issue 19: connections were unlimited. Over --max-connections a client
+/// is told why in the handshake, and served again once one leaves.
+#[test]
+fn clients_over_the_limit_are_refused_with_a_message() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    std::fs::write(&w, noise(1 << 20, 94)).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--socket",
+        s(&sock),
+        "--max-connections",
+        "2",
+    ]);
+    let mut first = unix(&sock);
+    attach(&mut first, "w.raw");
+    let mut second = unix(&sock);
+    attach(&mut second, "w.raw");
+    let mut third = unix(&sock);
+    let flags = greeting(&mut third);
+    third
+        .write_all(&(1u32 | u32::from(flags & 2)).to_be_bytes())
+        .unwrap();
+    let mut go = 5u32.to_be_bytes().to_vec();
+    go.extend_from_slice(b"w.raw");
+    go.extend_from_slice(&0u16.to_be_bytes());
+    option(&mut third, 7, &go);
+    let (ty, msg) = option_reply(&mut third, 7);
+    let msg = String::from_utf8_lossy(&msg);
+    assert_eq!(ty, (1 << 31) + 2, "NBD_REP_ERR_POLICY expected: {msg}");
+    assert!(msg.contains("busy"), "refusal says why: {msg}");
+    drop(third);
+    // One leaves: the next client is served.
+    request(&mut first, CMD_DISC, 9, 0, 0, &[]);
+    drop(first);
+    let mut served = false;
+    for _ in 0..50 {
+        let mut u = unix(&sock);
+        let flags = greeting(&mut u);
+        u.write_all(&(1u32 | u32::from(flags & 2)).to_be_bytes())
+            .unwrap();
+        option(&mut u, 7, &go);
+        if option_reply(&mut u, 7).0 != (1 << 31) + 2 {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(served, "a client is served after another left");
+    drop(second);
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+}
+
 /// A zero-length read with structured replies: the spec forbids an
 /// empty NBD_REPLY_TYPE_OFFSET_DATA chunk (libnbd drops the connection as
 /// "a bug in the NBD server"); a NONE chunk or an error is what may come.

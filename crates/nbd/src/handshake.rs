@@ -230,6 +230,41 @@ pub(crate) fn negotiate<S: Read + Write>(
     Ok(None)
 }
 
+/// Refuse a client the server will not serve: greet it, answer every
+/// option with NBD_REP_ERR_POLICY and `why` (clients show the message),
+/// and close when it gives up, asks for an export by the old
+/// NBD_OPT_EXPORT_NAME (which has no error reply) or sends too much.
+pub(crate) fn refuse<S: Read + Write>(s: &mut S, why: &str) -> io::Result<()> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&proto::NBD_MAGIC.to_be_bytes());
+    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&out)?;
+    let mut b4 = [0u8; 4];
+    s.read_exact(&mut b4)?;
+    for _ in 0..16 {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h)?;
+        let option = proto::be32(&h[8..12]);
+        let len = proto::be32(&h[12..16]);
+        if proto::be64(&h[0..8]) != proto::IHAVEOPT
+            || len as usize > MAX_OPTION_LEN
+            || option == opt::EXPORT_NAME
+        {
+            return Ok(());
+        }
+        io::copy(&mut (&mut *s).take(u64::from(len)), &mut io::sink())?;
+        out.clear();
+        if option == opt::ABORT {
+            proto::option_reply(&mut out, option, rep::ACK, &[]);
+            return s.write_all(&out);
+        }
+        proto::option_reply(&mut out, option, rep::ERR_POLICY, why.as_bytes());
+        s.write_all(&out)?;
+    }
+    Ok(())
+}
+
 /// Export `i` was chosen: what transmission runs with. `base:allocation`
 /// holds only if it was selected for this same export.
 fn chosen(

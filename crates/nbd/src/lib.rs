@@ -17,23 +17,31 @@
 //! - **Threads, not an async runtime.** Each connection has a few worker
 //!   threads in a leader/follower ring: one reads a request, passes the
 //!   socket on, does the I/O (a blocking pread/pwrite or a decode) and
-//!   writes its reply. Block I/O is blocking anyway, no request is handed
-//!   between threads, and requests in flight (so memory) are bounded by
-//!   the workers per connection times the largest request (32 MiB).
+//!   writes its reply. Block I/O is blocking anyway, and no request is
+//!   handed between threads.
+//! - **Bounded, whatever clients do**: every byte a request holds is
+//!   granted by a per-connection and a server-wide budget (a write's
+//!   payload as it arrives, so announcing 32 MiB and trickling costs only
+//!   what was sent), buffers between requests are pooled with a cap,
+//!   connections are limited (`max_connections`, over it a refusal with a
+//!   message), the handshake has a deadline, a request or reply that
+//!   stalls past `io_timeout` ends its connection. See [`ServerConfig`].
 //! - **Errors are mapped at the edge**: device errors become NBD error
 //!   numbers here and only here; a request the export cannot take is
 //!   refused before the device is touched (read-only, out of range,
 //!   oversized). A request with a bad magic closes that connection; every
 //!   other connection goes on.
-//! - **Clean shutdown**: [`Server::serve`] returns when asked to stop,
-//!   after the requests in flight completed and writable exports were
-//!   flushed.
+//! - **Shutdown that finishes**: when asked to stop, [`Server::serve`]
+//!   takes no more requests, gives those in flight `shutdown_timeout` to
+//!   be answered, then shuts the sockets still busy (a client that never
+//!   reads its replies cannot hold it), and flushes writable exports.
 //!
 //! Written by hand: the NBD server crates on crates.io are either tied to
 //! an async runtime or implement the old handshake only; the protocol is
 //! small and this server needs to control threading and errors.
 
 mod handshake;
+mod limits;
 pub mod proto;
 mod server;
 mod transmission;
@@ -73,14 +81,21 @@ pub fn session_over_bytes(input: &[u8], exports: &[Export], workers: usize) -> V
     };
     if let Ok(Some(neg)) = handshake::negotiate(&mut io, exports, 32 << 20) {
         let Duplex { input, mut output } = io;
-        let _ = transmission::run(
-            input,
-            &mut output,
-            &exports[neg.export],
-            neg,
+        let config = ServerConfig::default();
+        let budget = limits::Budget::new(config.server_budget);
+        let pool = limits::BufPool::new(config.buffer_pool);
+        let draining = std::sync::atomic::AtomicBool::new(false);
+        let limits = transmission::Limits {
             workers,
-            32 << 20,
-        );
+            max_request: config.max_request,
+            conn_budget: config.conn_budget,
+            server_budget: &budget,
+            pool: &pool,
+            io_timeout: config.io_timeout,
+            idle_timeout: None,
+            draining: &draining,
+        };
+        let _ = transmission::run(input, &mut output, &exports[neg.export], neg, &limits);
         return output;
     }
     io.output

@@ -1,27 +1,47 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
-use crate::handshake::negotiate;
-use crate::transmission::{self, End};
+use crate::handshake::{negotiate, refuse};
+use crate::limits::{Budget, BufPool};
+use crate::transmission::{self, End, Limits};
 use crate::Export;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How the server behaves.
+/// How the server behaves, and what clients may make it hold.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Requests in flight per connection (worker threads per connection).
     pub workers: usize,
     /// Largest read or write accepted, in bytes.
     pub max_request: u32,
+    /// Clients served at once; more are refused during the handshake.
+    pub max_connections: usize,
+    /// Bytes of requests (write payloads, read data) one connection may
+    /// hold at once; at least `max_request`.
+    pub conn_budget: u64,
+    /// Bytes of requests all connections together may hold at once; at
+    /// least `max_request`.
+    pub server_budget: u64,
+    /// Capacity of request buffers kept between requests, in all.
+    pub buffer_pool: usize,
     /// A client must finish negotiating within this time.
     pub handshake_timeout: Duration,
+    /// A request whose bytes stop arriving, or a reply the client stops
+    /// taking, for this long ends the connection.
+    pub io_timeout: Duration,
+    /// A connection without requests for this long is closed (`None`:
+    /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
+    pub idle_timeout: Option<Duration>,
+    /// After a stop, requests in flight get this long to be answered;
+    /// then their sockets are shut and their replies dropped.
+    pub shutdown_timeout: Duration,
     /// Print one line per connection event on stderr.
     pub verbose: bool,
 }
@@ -31,11 +51,24 @@ impl Default for ServerConfig {
         ServerConfig {
             workers: 8,
             max_request: 32 << 20,
-            handshake_timeout: Duration::from_secs(30),
+            max_connections: 256,
+            conn_budget: 64 << 20,
+            server_budget: 256 << 20,
+            buffer_pool: 64 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(60),
+            idle_timeout: None,
+            shutdown_timeout: Duration::from_secs(4),
             verbose: false,
         }
     }
 }
+
+/// How often a waiting reader looks whether the server is stopping.
+const READ_TICK: Duration = Duration::from_millis(200);
+/// Refusals of clients over `max_connections` answered at once; more are
+/// closed without a word.
+const MAX_REFUSING: usize = 16;
 
 /// Where clients connect.
 pub enum Listener {
@@ -132,6 +165,53 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+/// A stream whose reads and writes fail once `deadline` has passed: a
+/// client must finish the handshake by then, however slowly it trickles.
+struct Deadline<'a> {
+    stream: &'a mut Stream,
+    deadline: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake not finished in time",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Read for Stream {
@@ -163,12 +243,36 @@ pub struct ServeReport {
     pub connections: u64,
     /// Connections closed because the client broke the protocol.
     pub protocol_errors: u64,
+    /// Clients refused because `max_connections` were being served.
+    pub refused: u64,
+    /// Connections whose sockets were shut at the stop deadline, with
+    /// requests still in flight or replies not taken.
+    pub cut_at_stop: u64,
+}
+
+/// What every connection shares.
+struct Common {
+    exports: Arc<Vec<Export>>,
+    config: ServerConfig,
+    budget: Budget,
+    pool: BufPool,
+    draining: AtomicBool,
+    protocol_errors: AtomicU64,
 }
 
 /// An NBD server over a fixed list of exports.
 pub struct Server {
     exports: Arc<Vec<Export>>,
     config: ServerConfig,
+}
+
+/// Counts a connection in while it lives.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 struct Live {
@@ -190,12 +294,24 @@ impl Server {
         &self.exports
     }
 
-    /// Accept and serve clients until `stop` is set; then stop reading
-    /// requests, let requests in flight finish, and flush every writable
+    /// Accept and serve clients until `stop` is set; then stop taking
+    /// requests, give those in flight `shutdown_timeout` to be answered,
+    /// shut the sockets of connections still busy (a client that does not
+    /// read its replies cannot hold the server), and flush every writable
     /// export.
     pub fn serve(&self, listeners: &[Listener], stop: &AtomicBool) -> io::Result<ServeReport> {
+        let cfg = &self.config;
+        let common = Arc::new(Common {
+            exports: self.exports.clone(),
+            config: cfg.clone(),
+            budget: Budget::new(cfg.server_budget.max(u64::from(cfg.max_request))),
+            pool: BufPool::new(cfg.buffer_pool),
+            draining: AtomicBool::new(false),
+            protocol_errors: AtomicU64::new(0),
+        });
+        let serving = Arc::new(AtomicUsize::new(0));
+        let refusing = Arc::new(AtomicUsize::new(0));
         let mut live: Vec<Live> = Vec::new();
-        let protocol_errors = Arc::new(AtomicU64::new(0));
         let mut report = ServeReport::default();
         let mut fds: Vec<libc::pollfd> = listeners
             .iter()
@@ -225,26 +341,32 @@ impl Server {
                 let (stream, peer) = match listeners[i].accept() {
                     Ok(x) => x,
                     Err(e) => {
-                        if self.config.verbose {
+                        if cfg.verbose {
                             eprintln!("cairn serve: accept: {e}");
                         }
                         continue;
                     }
                 };
                 report.connections += 1;
+                if serving.load(Ordering::Acquire) >= cfg.max_connections {
+                    report.refused += 1;
+                    refuse_busy(stream, &peer, cfg, &refusing);
+                    continue;
+                }
                 let Ok(keep) = stream.try_clone() else {
                     continue;
                 };
-                let exports = self.exports.clone();
-                let config = self.config.clone();
-                let errors = protocol_errors.clone();
+                serving.fetch_add(1, Ordering::AcqRel);
+                let slot = Slot(serving.clone());
+                let common = common.clone();
                 let handle =
                     std::thread::Builder::new()
                         .name("nbd-conn".into())
                         .spawn(move || {
-                            if let Some(what) = connection(stream, &exports, &config) {
-                                errors.fetch_add(1, Ordering::Relaxed);
-                                if config.verbose {
+                            let _slot = slot;
+                            if let Some(what) = connection(stream, &common) {
+                                common.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                                if common.config.verbose {
                                     eprintln!("cairn serve: {peer}: {what}");
                                 }
                             }
@@ -255,9 +377,21 @@ impl Server {
                 });
             }
         }
-        // Stop reading requests; replies to the ones in flight still go out.
+        // Stop taking requests; replies to the ones in flight still go out
+        // until the deadline.
+        common.draining.store(true, Ordering::Release);
         for c in &live {
             c.stream.shutdown(Shutdown::Read);
+        }
+        let deadline = Instant::now() + cfg.shutdown_timeout;
+        while Instant::now() < deadline && live.iter().any(|c| !c.handle.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for c in &live {
+            if !c.handle.is_finished() {
+                report.cut_at_stop += 1;
+                c.stream.shutdown(Shutdown::Both);
+            }
         }
         for c in live {
             let _ = c.handle.join();
@@ -267,21 +401,62 @@ impl Server {
                 .flush()
                 .map_err(|err| io::Error::other(format!("flush of export {:?}: {err}", e.name)))?;
         }
-        report.protocol_errors = protocol_errors.load(Ordering::Relaxed);
+        report.protocol_errors = common.protocol_errors.load(Ordering::Relaxed);
         Ok(report)
     }
 }
 
+/// Tell a client over `max_connections` why it is not served, in its own
+/// thread (bounded by the handshake timeout), unless too many such
+/// refusals are already under way: then just close.
+fn refuse_busy(mut stream: Stream, peer: &str, cfg: &ServerConfig, refusing: &Arc<AtomicUsize>) {
+    if cfg.verbose {
+        eprintln!(
+            "cairn serve: {peer}: refused: {} connections served (--max-connections)",
+            cfg.max_connections
+        );
+    }
+    if refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Ordering::AcqRel);
+        stream.shutdown(Shutdown::Both);
+        return;
+    }
+    let slot = Slot(refusing.clone());
+    let msg = format!(
+        "server busy: {} clients are connected, the most it serves at once",
+        cfg.max_connections
+    );
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    let spawned = std::thread::Builder::new()
+        .name("nbd-refuse".into())
+        .spawn(move || {
+            let _slot = slot;
+            let _ = refuse(
+                &mut Deadline {
+                    stream: &mut stream,
+                    deadline,
+                },
+                &msg,
+            );
+            stream.shutdown(Shutdown::Both);
+        });
+    // Without a thread the stream was dropped with the closure: closed.
+    drop(spawned);
+}
+
 /// Serve one client. Returns what went wrong if the client broke the
 /// protocol or the socket failed.
-fn connection(mut stream: Stream, exports: &[Export], config: &ServerConfig) -> Option<String> {
-    // Without the timeout a client stalled in the handshake would hold
-    // this thread forever; without clearing it, an idle client would be
-    // cut off: either failure ends the connection.
-    if let Err(e) = stream.set_read_timeout(Some(config.handshake_timeout)) {
-        return Some(format!("cannot set the handshake timeout: {e}"));
-    }
-    let neg = match negotiate(&mut stream, exports, config.max_request) {
+fn connection(mut stream: Stream, common: &Common) -> Option<String> {
+    let config = &common.config;
+    let deadline = Instant::now() + config.handshake_timeout;
+    let neg = match negotiate(
+        &mut Deadline {
+            stream: &mut stream,
+            deadline,
+        },
+        &common.exports,
+        config.max_request,
+    ) {
         Ok(Some(n)) => n,
         Ok(None) => return None,
         // A client that leaves during the handshake (a probe of whether
@@ -298,25 +473,37 @@ fn connection(mut stream: Stream, exports: &[Export], config: &ServerConfig) -> 
         }
         Err(e) => return Some(format!("handshake: {e}")),
     };
-    if let Err(e) = stream.set_read_timeout(None) {
-        return Some(format!("cannot clear the handshake timeout: {e}"));
+    // Reads wake up every tick to see whether the server is stopping; a
+    // reply the client does not take for io_timeout fails.
+    if let Err(e) = stream
+        .set_read_timeout(Some(READ_TICK))
+        .and_then(|_| stream.set_write_timeout(Some(config.io_timeout)))
+    {
+        return Some(format!("cannot set the socket timeouts: {e}"));
     }
-    let export = &exports[neg.export];
+    let export = &common.exports[neg.export];
     let Ok(reader) = stream.try_clone() else {
         return Some("cannot clone the socket".into());
     };
-    let end = transmission::run(
-        reader,
-        &mut stream,
-        export,
-        neg,
-        config.workers,
-        config.max_request,
-    );
+    let limits = Limits {
+        workers: config.workers,
+        max_request: config.max_request,
+        conn_budget: config.conn_budget.max(u64::from(config.max_request)),
+        server_budget: &common.budget,
+        pool: &common.pool,
+        io_timeout: config.io_timeout,
+        idle_timeout: config.idle_timeout,
+        draining: &common.draining,
+    };
+    let end = transmission::run(reader, &mut stream, export, neg, &limits);
     stream.shutdown(Shutdown::Both);
     match end {
         End::Clean => None,
         End::BadMagic => Some("request with a bad magic: connection closed".into()),
+        End::Idle => Some(format!(
+            "no request for {} s: connection closed",
+            config.idle_timeout.map_or(0, |t| t.as_secs())
+        )),
         End::Io(e) => Some(format!("connection: {e}")),
     }
 }

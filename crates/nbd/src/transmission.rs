@@ -4,32 +4,65 @@
 //! the reader, reads one request (with its payload), gives the reader to
 //! the next, does the I/O and writes its reply under the writer lock.
 //! Requests complete out of order, as the protocol allows; no request is
-//! handed between threads, and in-flight requests (and so the memory they
-//! hold) are bounded by the number of workers.
+//! handed between threads.
+//!
+//! What a request holds is granted by the connection's and the server's
+//! budgets ([`crate::limits`]): a write's payload a step at a time as it
+//! arrives, a read's buffer before it is allocated.
+//!
+//! The socket's read timeout is a short tick, so a reader waiting for the
+//! next request notices a server that is stopping, and a payload that
+//! stops arriving is timed out by the time since its last byte.
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
+use crate::limits::{Budget, BufPool, Grant};
 use crate::proto::{self, cflag, cmd, err, reply, Request, REQUEST_LEN};
 use crate::Export;
 use cairn_blockdev::{BlockError, ErrorKind, ZeroFlags};
 use std::io::{self, BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// Replies up to this size are copied into one buffer and sent with one
 /// write; larger read data goes in a second write.
 const COALESCE: usize = 64 << 10;
-/// A worker keeps a buffer this large between requests at most.
-const KEEP_BUFFER: usize = 4 << 20;
+/// A write's payload is granted and read in steps of this size.
+const PAYLOAD_STEP: usize = 256 << 10;
+/// The socket's read buffer.
+const READ_BUFFER: usize = 128 << 10;
 
 /// Why a connection ended.
 #[derive(Debug)]
 pub(crate) enum End {
-    /// NBD_CMD_DISC or end of stream.
+    /// NBD_CMD_DISC, end of stream, or the server is stopping.
     Clean,
     /// A request with a bad magic: the stream lost sync.
     BadMagic,
-    /// The socket failed.
+    /// No request for longer than the idle timeout.
+    Idle,
+    /// The socket failed, or a request stalled past the I/O timeout.
     Io(io::Error),
+}
+
+/// What a connection may hold and how long it may stall.
+pub(crate) struct Limits<'a> {
+    /// Worker threads, so requests in flight.
+    pub workers: usize,
+    /// Largest read or write accepted, in bytes.
+    pub max_request: u32,
+    /// Bytes of requests this connection may hold at once.
+    pub conn_budget: u64,
+    /// Bytes of requests all connections may hold at once.
+    pub server_budget: &'a Budget,
+    /// Buffers kept between requests.
+    pub pool: &'a BufPool,
+    /// A request whose bytes stop arriving for this long ends the connection.
+    pub io_timeout: Duration,
+    /// No request for this long ends the connection (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Set when the server stops: readers stop taking requests.
+    pub draining: &'a AtomicBool,
 }
 
 struct Shared<'a, R, W> {
@@ -37,31 +70,34 @@ struct Shared<'a, R, W> {
     writer: Mutex<W>,
     export: &'a Export,
     neg: Negotiated,
-    max_request: u32,
+    limits: &'a Limits<'a>,
+    conn_budget: Budget,
     closing: AtomicBool,
     end: Mutex<Option<End>>,
 }
 
-/// Serve requests until the client disconnects or the stream fails.
+/// Serve requests until the client disconnects, the stream fails or the
+/// server drains. `reader` must have a short read timeout (see the module
+/// doc); `writer` a write timeout.
 pub(crate) fn run<R: Read + Send, W: Write + Send>(
     reader: R,
     writer: W,
     export: &Export,
     neg: Negotiated,
-    workers: usize,
-    max_request: u32,
+    limits: &Limits,
 ) -> End {
     let shared = Shared {
-        reader: Mutex::new(BufReader::with_capacity(256 << 10, reader)),
+        reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, reader)),
         writer: Mutex::new(writer),
         export,
         neg,
-        max_request,
+        limits,
+        conn_budget: Budget::new(limits.conn_budget),
         closing: AtomicBool::new(false),
         end: Mutex::new(None),
     };
     std::thread::scope(|s| {
-        for _ in 1..workers.max(1) {
+        for _ in 1..limits.workers.max(1) {
             s.spawn(|| worker(&shared));
         }
         worker(&shared);
@@ -78,15 +114,17 @@ struct Job {
 }
 
 fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut out: Vec<u8> = Vec::with_capacity(COALESCE + 64);
+    let pool = sh.limits.pool;
+    let give_up = || sh.stopping();
     loop {
+        let mut grant = Grant::new(&sh.conn_budget, sh.limits.server_budget);
+        let mut buf = pool.get();
         let job = {
             let Ok(mut r) = sh.reader.lock() else { return };
             if sh.closing.load(Ordering::Acquire) {
                 return;
             }
-            match read_job(&mut r, &mut buf, sh.max_request) {
+            match read_job(sh, &mut r, &mut buf, &mut grant) {
                 Ok(Some(job)) => job,
                 Ok(None) => {
                     sh.finish(End::Clean);
@@ -98,8 +136,8 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
                 }
             }
         };
-        out.clear();
-        let data = handle(sh, &job, &mut buf, &mut out);
+        let mut out = pool.get();
+        let data = handle(sh, &job, &mut buf, &mut out, &mut grant, &give_up);
         let sent = match sh.writer.lock() {
             Ok(mut w) => w
                 .write_all(&out)
@@ -110,12 +148,12 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
                 .and_then(|_| w.flush()),
             Err(_) => Err(io::Error::other("a worker panicked")),
         };
+        pool.put(out);
+        pool.put(buf);
+        drop(grant);
         if let Err(e) = sent {
             sh.finish(End::Io(e));
             return;
-        }
-        if buf.capacity() > KEEP_BUFFER {
-            buf = Vec::new();
         }
     }
 }
@@ -127,36 +165,115 @@ impl<R, W> Shared<'_, R, W> {
             e.get_or_insert(end);
         }
     }
+
+    /// The connection is ending or the server stopping: waits give up.
+    fn stopping(&self) -> bool {
+        self.closing.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
+    }
 }
 
-/// Read the next request and, for a write, its payload into `buf`.
-/// `Ok(None)`: disconnect (NBD_CMD_DISC or end of stream between requests).
-fn read_job<R: Read>(
+fn is_tick(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// Fill `buf` from `r`; a stall of more than `timeout` since the last byte
+/// fails, and so does the server stopping (the request is dropped).
+fn read_full<R: Read>(
+    r: &mut R,
+    mut buf: &mut [u8],
+    timeout: Duration,
+    stopping: &dyn Fn() -> bool,
+) -> Result<(), End> {
+    let mut last = Instant::now();
+    while !buf.is_empty() {
+        match r.read(buf) {
+            Ok(0) => return Err(End::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                last = Instant::now();
+            }
+            Err(e) if is_tick(&e) => {
+                if stopping() {
+                    return Err(End::Clean);
+                }
+                if last.elapsed() > timeout {
+                    return Err(End::Io(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no request bytes for {} s", timeout.as_secs()),
+                    )));
+                }
+            }
+            Err(e) => return Err(End::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Read the next request and, for a write, its payload into `buf`, granted
+/// by `grant` as it arrives. `Ok(None)`: disconnect (NBD_CMD_DISC, end of
+/// stream between requests, or the server stopping).
+fn read_job<R: Read, W>(
+    sh: &Shared<R, W>,
     r: &mut BufReader<R>,
     buf: &mut Vec<u8>,
-    max_request: u32,
+    grant: &mut Grant,
 ) -> Result<Option<Job>, End> {
+    let limits = sh.limits;
+    let stopping = || sh.stopping();
     let mut h = [0u8; REQUEST_LEN];
     // End of stream before a header starts is a clean (if rude) exit.
-    match r.read(&mut h[..1]) {
-        Ok(0) => return Ok(None),
-        Ok(_) => {}
-        Err(e) => return Err(End::Io(e)),
+    let idle_since = Instant::now();
+    loop {
+        match r.read(&mut h[..1]) {
+            Ok(0) => return Ok(None),
+            Ok(_) => break,
+            Err(e) if is_tick(&e) => {
+                if stopping() {
+                    return Ok(None);
+                }
+                if limits
+                    .idle_timeout
+                    .is_some_and(|t| idle_since.elapsed() > t)
+                {
+                    return Err(End::Idle);
+                }
+            }
+            Err(e) => return Err(End::Io(e)),
+        }
     }
-    r.read_exact(&mut h[1..]).map_err(End::Io)?;
+    read_full(r, &mut h[1..], limits.io_timeout, &stopping)?;
     let req = proto::parse_request(&h).ok_or(End::BadMagic)?;
     if req.kind == cmd::DISC {
         return Ok(None);
     }
     let mut oversized = false;
     if req.kind == cmd::WRITE {
-        if req.len > max_request {
-            io::copy(&mut r.take(u64::from(req.len)), &mut io::sink()).map_err(End::Io)?;
+        if req.len > limits.max_request {
+            // Drained through the read buffer, never held.
+            let mut left = req.len as usize;
+            let mut scrap = [0u8; 4096];
+            while left > 0 {
+                let n = left.min(scrap.len());
+                read_full(r, &mut scrap[..n], limits.io_timeout, &stopping)?;
+                left -= n;
+            }
             oversized = true;
         } else {
             buf.clear();
-            buf.resize(req.len as usize, 0);
-            r.read_exact(buf).map_err(End::Io)?;
+            let mut left = req.len as usize;
+            while left > 0 {
+                let n = left.min(PAYLOAD_STEP);
+                if !grant.grow(n as u64, &stopping) {
+                    return Ok(None);
+                }
+                let at = buf.len();
+                buf.resize(at + n, 0);
+                read_full(r, &mut buf[at..], limits.io_timeout, &stopping)?;
+                left -= n;
+            }
         }
     }
     Ok(Some(Job { req, oversized }))
@@ -181,6 +298,8 @@ fn handle<'b, R, W>(
     job: &Job,
     buf: &'b mut Vec<u8>,
     out: &mut Vec<u8>,
+    grant: &mut Grant,
+    give_up: &dyn Fn() -> bool,
 ) -> Option<&'b [u8]> {
     let req = job.req;
     if let Err(e) = check(sh, &job.req, job.oversized) {
@@ -200,6 +319,10 @@ fn handle<'b, R, W>(
                 } else {
                     proto::simple_reply(out, 0, req.cookie);
                 }
+                return None;
+            }
+            if !grant.grow(len, give_up) {
+                error_reply(sh, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
             buf.clear();
@@ -292,7 +415,7 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, oversized: bool) -> Result<(), 
     if writes && sh.export.is_read_only() {
         return Err(err::EPERM);
     }
-    if oversized || (req.kind == cmd::READ && req.len > sh.max_request) {
+    if oversized || (req.kind == cmd::READ && req.len > sh.limits.max_request) {
         return Err(err::EINVAL);
     }
     if req.flags & cflag::FAST_ZERO != 0 && req.kind != cmd::WRITE_ZEROES {
