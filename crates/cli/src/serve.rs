@@ -59,6 +59,15 @@ pub(crate) struct ServeArgs {
     /// taken, before the connection is closed.
     #[arg(long = "io-timeout", value_name = "SECS", default_value_t = ServerConfig::default().io_timeout.as_secs())]
     pub io_timeout: u64,
+    /// TLS: `off`; `on` (offered, clients choose); `require` (nothing is
+    /// served before a client starts TLS). Default: `on` with
+    /// --tls-certificates, else `off`.
+    #[arg(long = "tls", value_enum, value_name = "MODE")]
+    pub tls: Option<TlsMode>,
+    /// Directory with server-cert.pem and server-key.pem (X.509, PEM; the
+    /// layout of qemu-nbd's tls-creds-x509 and nbdkit's --tls-certificates).
+    #[arg(long = "tls-certificates", value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
     /// Close connections without a request for this many seconds (0:
     /// never, as qemu-nbd; kernel clients idle for hours).
     #[arg(long = "idle-timeout", value_name = "SECS", default_value_t = 0)]
@@ -100,6 +109,42 @@ pub(crate) struct ServeArgs {
     /// Log connections and protocol errors on stderr.
     #[arg(short = 'v', long = "verbose")]
     pub verbose: bool,
+}
+
+/// `--tls`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsMode {
+    /// No TLS.
+    Off,
+    /// TLS offered; clients choose.
+    On,
+    /// TLS required before anything is served.
+    Require,
+}
+
+/// The server's TLS settings from the arguments: (settings, required).
+fn tls_settings(a: &ServeArgs) -> Result<(Option<Arc<cairn_nbd::TlsConfig>>, bool)> {
+    let mode = a.tls.unwrap_or(if a.tls_certificates.is_some() {
+        TlsMode::On
+    } else {
+        TlsMode::Off
+    });
+    if mode == TlsMode::Off {
+        return Ok((None, false));
+    }
+    let Some(dir) = &a.tls_certificates else {
+        bail!("--tls on|require needs --tls-certificates DIR (server-cert.pem, server-key.pem)");
+    };
+    let config = cairn_nbd::tls_server_config(dir).context("TLS")?;
+    Ok((Some(config), mode == TlsMode::Require))
+}
+
+/// Whether a TCP listen address is on the loopback interface only.
+fn is_loopback(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map(|mut it| it.all(|a| a.ip().is_loopback()))
+        .unwrap_or(false)
 }
 
 /// A size (`4M`), or 0.
@@ -265,8 +310,17 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     if addrs.is_empty() && a.sockets.is_empty() {
         addrs.push("127.0.0.1:10809".into());
     }
+    let (tls, tls_required) = tls_settings(a)?;
     for addr in &addrs {
         listeners.push(Listener::tcp(addr).with_context(|| format!("listen on {addr}"))?);
+    }
+    let read_only = exports.iter().all(|e| e.is_read_only());
+    for addr in addrs.iter().filter(|a| !tls_required && !is_loopback(a)) {
+        eprintln!(
+            "cairn serve: warning: {addr} is reachable from other hosts and TLS is not \
+             required: anyone who can connect reads{} the exports (--tls require)",
+            if read_only { "" } else { " and writes" }
+        );
     }
     let stop = crate::signals::stop_flag();
     let names: Vec<String> = exports
@@ -289,6 +343,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
             io_timeout: Duration::from_secs(a.io_timeout.max(1)),
             idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
+            tls,
+            tls_required,
             verbose: a.verbose,
             ..ServerConfig::default()
         },

@@ -1514,6 +1514,188 @@ fn clients_over_the_limit_are_refused_with_a_message() {
     assert!(st.success(), "exit {st:?}");
 }
 
+/// A CA and a server certificate for localhost and 127.0.0.1 in `dir`,
+/// in the layout of qemu's tls-creds-x509 and libnbd's tls-certificates
+/// (ca-cert.pem for clients; server-cert.pem, server-key.pem for the server).
+fn make_certificates(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca-cert.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=cairn test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server-key.pem",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca-cert.pem",
+        "-CAkey",
+        "ca-key.pem",
+        "-CAcreateserial",
+        "-out",
+        "server-cert.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
+/// Issue 19: any local user could read and write an export over TCP. With
+/// `--tls require`, libnbd (nbdinfo, nbdcopy) and qemu connect with TLS
+/// and X.509 certificates, and a plain client is refused.
+#[test]
+fn tls_clients_are_served_and_plain_ones_refused_when_required() {
+    if !have_all(&["openssl", "nbdinfo", "nbdcopy", "qemu-io"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let certs = d.join("pki");
+    make_certificates(&certs);
+    let w = d.join("w.raw");
+    let data = noise(3 << 20, 95);
+    std::fs::write(&w, &data).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--socket",
+        s(&sock),
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        s(&certs),
+    ]);
+    let tls_uri = format!(
+        "nbds+unix:///w.raw?socket={}&tls-certificates={}",
+        sock.display(),
+        certs.display()
+    );
+    let j = nbdinfo_json(&["--json", &tls_uri]);
+    assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
+    assert_eq!(j["TLS"], true, "{j}");
+    // A plain client gets nothing.
+    let plain = tool("nbdinfo", &[&srv.uri("w.raw")]);
+    assert!(
+        !plain.status.success(),
+        "a plain client was served under --tls require"
+    );
+    // qemu writes over TCP with TLS; nbdcopy reads it all back.
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        certs.display()
+    );
+    let opts = format!(
+        "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=w.raw,tls-creds=tls0",
+        srv.port.unwrap()
+    );
+    ok(tool(
+        "qemu-io",
+        &[
+            "--object",
+            &creds,
+            "--image-opts",
+            &opts,
+            "-c",
+            "write -P 0x5a 1M 64k",
+            "-c",
+            "flush",
+        ],
+    ));
+    let copy = d.join("copy.raw");
+    ok(tool("nbdcopy", &[&tls_uri, s(&copy)]));
+    let mut want = data.clone();
+    want[1 << 20..(1 << 20) + (64 << 10)].fill(0x5a);
+    assert_same(&std::fs::read(&copy).unwrap(), &want, "read back over TLS");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+}
+
+/// `--tls on` offers TLS and still serves plain clients; a listener off
+/// the loopback without required TLS is warned about.
+#[test]
+fn tls_on_serves_both_and_open_listeners_are_warned_about() {
+    if !have_all(&["openssl", "nbdinfo"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let certs = d.join("pki");
+    make_certificates(&certs);
+    let w = d.join("w.raw");
+    std::fs::write(&w, noise(1 << 20, 96)).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        &format!("{},ro", s(&w)),
+        "--socket",
+        s(&sock),
+        "--listen",
+        "0.0.0.0:0",
+        "--tls-certificates",
+        s(&certs),
+    ]);
+    let tls_uri = format!(
+        "nbds+unix:///w.raw?socket={}&tls-certificates={}",
+        sock.display(),
+        certs.display()
+    );
+    assert_eq!(nbdinfo_json(&["--json", &tls_uri])["TLS"], true);
+    assert_eq!(nbdinfo_json(&["--json", &srv.uri("w.raw")])["TLS"], false);
+    let err = srv.stderr_text();
+    assert!(
+        err.contains("warning: 0.0.0.0:0 is reachable from other hosts"),
+        "no warning for an open listener: {err}"
+    );
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+}
+
 /// A zero-length read with structured replies: the spec forbids an
 /// empty NBD_REPLY_TYPE_OFFSET_DATA chunk (libnbd drops the connection as
 /// "a bug in the NBD server"); a NONE chunk or an error is what may come.

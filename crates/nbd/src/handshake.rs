@@ -53,15 +53,36 @@ fn find(exports: &[Export], name: &str) -> Option<usize> {
     exports.iter().position(|e| e.name == name)
 }
 
-/// Negotiate on `s`. `Ok(None)`: the client aborted or asked for an export
-/// that does not exist by NBD_OPT_EXPORT_NAME (the spec's answer to that is
-/// closing the connection).
-pub(crate) fn negotiate<S: Read + Write>(
-    s: &mut S,
-    exports: &[Export],
-    max_request: u32,
-) -> io::Result<Option<Negotiated>> {
-    let mut out = Vec::with_capacity(256);
+/// TLS as this negotiation stands.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct TlsState {
+    /// NBD_OPT_STARTTLS is answered.
+    pub offered: bool,
+    /// Nothing but STARTTLS and ABORT is answered before TLS.
+    pub required: bool,
+    /// The connection is already under TLS.
+    pub active: bool,
+}
+
+/// How option haggling ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// An export was chosen: transmission follows.
+    Chosen(Negotiated),
+    /// The client aborted, asked for an export that does not exist by
+    /// NBD_OPT_EXPORT_NAME (the spec's answer to that is closing the
+    /// connection), or cannot speak fixed newstyle.
+    Leave,
+    /// STARTTLS was acknowledged: the TLS handshake comes next, then the
+    /// options start again (nothing said before TLS counts).
+    StartTls,
+}
+
+/// Send the greeting and read the client's flags. `Ok(None)`: a client
+/// that cannot do fixed newstyle (the spec has the server close);
+/// `Ok(Some(no_zeroes))` otherwise.
+pub(crate) fn greet<S: Read + Write>(s: &mut S) -> io::Result<Option<bool>> {
+    let mut out = Vec::with_capacity(32);
     out.extend_from_slice(&proto::NBD_MAGIC.to_be_bytes());
     out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
     out.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
@@ -73,11 +94,36 @@ pub(crate) fn negotiate<S: Read + Write>(
     if client & !(proto::CLIENT_FIXED_NEWSTYLE | proto::CLIENT_NO_ZEROES) != 0
         || client & proto::CLIENT_FIXED_NEWSTYLE == 0
     {
-        // Unknown flags, or a client that cannot do fixed newstyle: the
-        // spec has the server close.
         return Ok(None);
     }
-    let no_zeroes = client & proto::CLIENT_NO_ZEROES != 0;
+    Ok(Some(client & proto::CLIENT_NO_ZEROES != 0))
+}
+
+/// Negotiate on `s` without TLS: greeting and options. `Ok(None)`: the
+/// client left (see [`Outcome::Leave`]).
+pub(crate) fn negotiate<S: Read + Write>(
+    s: &mut S,
+    exports: &[Export],
+    max_request: u32,
+) -> io::Result<Option<Negotiated>> {
+    let Some(no_zeroes) = greet(s)? else {
+        return Ok(None);
+    };
+    match options(s, exports, max_request, no_zeroes, TlsState::default())? {
+        Outcome::Chosen(n) => Ok(Some(n)),
+        Outcome::Leave | Outcome::StartTls => Ok(None),
+    }
+}
+
+/// Answer options until the client picks an export, leaves, or starts TLS.
+pub(crate) fn options<S: Read + Write>(
+    s: &mut S,
+    exports: &[Export],
+    max_request: u32,
+    no_zeroes: bool,
+    tls: TlsState,
+) -> io::Result<Outcome> {
+    let mut out = Vec::with_capacity(256);
     let mut structured = false;
     // (export name it was set for, selected)
     let mut meta: Option<(String, bool)> = None;
@@ -85,14 +131,14 @@ pub(crate) fn negotiate<S: Read + Write>(
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
         if proto::be64(&h[0..8]) != proto::IHAVEOPT {
-            return Ok(None);
+            return Ok(Outcome::Leave);
         }
         let option = proto::be32(&h[8..12]);
         let len = proto::be32(&h[12..16]) as usize;
         out.clear();
         if len > MAX_OPTION_LEN {
             if len as u64 > DRAIN_LIMIT {
-                return Ok(None);
+                return Ok(Outcome::Leave);
             }
             io::copy(&mut (&mut *s).take(len as u64), &mut io::sink())?;
             proto::option_reply(&mut out, option, rep::ERR_TOO_BIG, b"option too long");
@@ -102,13 +148,46 @@ pub(crate) fn negotiate<S: Read + Write>(
         }
         let mut data = vec![0u8; len];
         s.read_exact(&mut data)?;
+        if option == opt::STARTTLS {
+            let (reply, msg): (u32, &[u8]) = if !tls.offered {
+                (rep::ERR_UNSUP, b"TLS is not offered (cairn serve --tls)")
+            } else if tls.active {
+                (rep::ERR_INVALID, b"TLS is already on")
+            } else if !data.is_empty() {
+                (rep::ERR_INVALID, b"STARTTLS takes no data")
+            } else {
+                (rep::ACK, b"")
+            };
+            proto::option_reply(&mut out, option, reply, msg);
+            s.write_all(&out)?;
+            s.flush()?;
+            if reply == rep::ACK {
+                return Ok(Outcome::StartTls);
+            }
+            continue;
+        }
+        if tls.required && !tls.active && option != opt::ABORT {
+            if option == opt::EXPORT_NAME {
+                // It has no error reply: closing is the only refusal.
+                return Ok(Outcome::Leave);
+            }
+            proto::option_reply(
+                &mut out,
+                option,
+                rep::ERR_TLS_REQD,
+                b"this server requires TLS (NBD_OPT_STARTTLS)",
+            );
+            s.write_all(&out)?;
+            s.flush()?;
+            continue;
+        }
         match option {
             opt::EXPORT_NAME => {
                 let Some(i) = std::str::from_utf8(&data)
                     .ok()
                     .and_then(|name| find(exports, name))
                 else {
-                    return Ok(None);
+                    return Ok(Outcome::Leave);
                 };
                 let e = &exports[i];
                 out.extend_from_slice(&e.dev.size().to_be_bytes());
@@ -118,13 +197,13 @@ pub(crate) fn negotiate<S: Read + Write>(
                 }
                 s.write_all(&out)?;
                 s.flush()?;
-                return Ok(Some(chosen(i, structured, &meta, exports)));
+                return Ok(Outcome::Chosen(chosen(i, structured, &meta, exports)));
             }
             opt::ABORT => {
                 proto::option_reply(&mut out, option, rep::ACK, &[]);
                 // The client may already be gone.
                 let _ = s.write_all(&out).and_then(|_| s.flush());
-                return Ok(None);
+                return Ok(Outcome::Leave);
             }
             opt::LIST => {
                 if !data.is_empty() {
@@ -160,7 +239,7 @@ pub(crate) fn negotiate<S: Read + Write>(
                         if option == opt::GO {
                             s.write_all(&out)?;
                             s.flush()?;
-                            return Ok(Some(chosen(i, structured, &meta, exports)));
+                            return Ok(Outcome::Chosen(chosen(i, structured, &meta, exports)));
                         }
                     }
                 },
@@ -219,7 +298,7 @@ pub(crate) fn negotiate<S: Read + Write>(
                     }
                 }
             }
-            opt::STARTTLS | opt::EXTENDED_HEADERS => {
+            opt::EXTENDED_HEADERS => {
                 proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"not offered");
             }
             _ => proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"unknown option"),
@@ -227,7 +306,7 @@ pub(crate) fn negotiate<S: Read + Write>(
         s.write_all(&out)?;
         s.flush()?;
     }
-    Ok(None)
+    Ok(Outcome::Leave)
 }
 
 /// Refuse a client the server will not serve: greet it, answer every
@@ -235,13 +314,10 @@ pub(crate) fn negotiate<S: Read + Write>(
 /// and close when it gives up, asks for an export by the old
 /// NBD_OPT_EXPORT_NAME (which has no error reply) or sends too much.
 pub(crate) fn refuse<S: Read + Write>(s: &mut S, why: &str) -> io::Result<()> {
+    if greet(s)?.is_none() {
+        return Ok(());
+    }
     let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(&proto::NBD_MAGIC.to_be_bytes());
-    out.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    out.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
-    s.write_all(&out)?;
-    let mut b4 = [0u8; 4];
-    s.read_exact(&mut b4)?;
     for _ in 0..16 {
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;

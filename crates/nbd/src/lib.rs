@@ -9,7 +9,9 @@
 //! - **Fixed newstyle only**, with NBD_OPT_GO / INFO / LIST / ABORT /
 //!   EXPORT_NAME, structured replies and the `base:allocation` metadata
 //!   context (so clients such as `nbdcopy` and `qemu-img convert` skip
-//!   holes). TLS and extended headers are refused with NBD_REP_ERR_UNSUP.
+//!   holes), and NBD_OPT_STARTTLS with X.509 certificates when the server
+//!   is given them (optional or required; see [`tls`]). Extended headers
+//!   are refused with NBD_REP_ERR_UNSUP.
 //! - **What is advertised is what the device can do**: transmission flags
 //!   come from [`BlockDev::caps`] (read-only, FUA, fast zero, rotational,
 //!   multi-conn only when the device says concurrent connections are
@@ -44,9 +46,12 @@ mod handshake;
 mod limits;
 pub mod proto;
 mod server;
+mod tls;
 mod transmission;
 
+pub use rustls::ServerConfig as TlsConfig;
 pub use server::{Listener, ServeReport, Server, ServerConfig};
+pub use tls::{server_config as tls_server_config, TlsError};
 
 use cairn_blockdev::BlockDev;
 use std::sync::Arc;

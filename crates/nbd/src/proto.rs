@@ -31,7 +31,7 @@ pub mod opt {
     pub const ABORT: u32 = 2;
     /// List exports.
     pub const LIST: u32 = 3;
-    /// TLS (not offered).
+    /// Upgrade the connection to TLS.
     pub const STARTTLS: u32 = 5;
     /// Describe an export.
     pub const INFO: u32 = 6;
@@ -63,6 +63,8 @@ pub mod rep {
     pub const ERR_POLICY: u32 = (1 << 31) + 2;
     /// Malformed option.
     pub const ERR_INVALID: u32 = (1 << 31) + 3;
+    /// TLS must be negotiated first.
+    pub const ERR_TLS_REQD: u32 = (1 << 31) + 5;
     /// No such export.
     pub const ERR_UNKNOWN: u32 = (1 << 31) + 6;
     /// Too large to process.

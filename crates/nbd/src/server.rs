@@ -1,7 +1,8 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
-use crate::handshake::{negotiate, refuse};
+use crate::handshake::{greet, options, refuse, Outcome, TlsState};
 use crate::limits::{Budget, BufPool};
+use crate::tls::TlsIo;
 use crate::transmission::{self, End, Limits};
 use crate::Export;
 use std::io::{self, Read, Write};
@@ -42,6 +43,10 @@ pub struct ServerConfig {
     /// After a stop, requests in flight get this long to be answered;
     /// then their sockets are shut and their replies dropped.
     pub shutdown_timeout: Duration,
+    /// Offer TLS (NBD_OPT_STARTTLS) with these settings.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// With `tls`: serve nothing until the client has started TLS.
+    pub tls_required: bool,
     /// Print one line per connection event on stderr.
     pub verbose: bool,
 }
@@ -59,6 +64,8 @@ impl Default for ServerConfig {
             io_timeout: Duration::from_secs(60),
             idle_timeout: None,
             shutdown_timeout: Duration::from_secs(4),
+            tls: None,
+            tls_required: false,
             verbose: false,
         }
     }
@@ -174,46 +181,6 @@ impl Stream {
     }
 }
 
-/// A stream whose reads and writes fail once `deadline` has passed: a
-/// client must finish the handshake by then, however slowly it trickles.
-struct Deadline<'a> {
-    stream: &'a mut Stream,
-    deadline: Instant,
-}
-
-impl Deadline<'_> {
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "handshake not finished in time",
-            ));
-        }
-        Ok(left)
-    }
-}
-
-impl Read for Deadline<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_read_timeout(Some(left))?;
-        self.stream.read(buf)
-    }
-}
-
-impl Write for Deadline<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let left = self.left()?;
-        self.stream.set_write_timeout(Some(left))?;
-        self.stream.write(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -233,6 +200,48 @@ impl Write for Stream {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// A stream whose reads and writes fail once `deadline` has passed: a
+/// client must finish the handshake by then, however slowly it trickles.
+/// `ctl` is the socket under `io`, whose timeouts are set.
+struct Deadline<'a, T> {
+    io: &'a mut T,
+    ctl: &'a Stream,
+    deadline: Instant,
+}
+
+impl<T> Deadline<'_, T> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "handshake not finished in time",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl<T: Read> Read for Deadline<'_, T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.ctl.set_read_timeout(Some(left))?;
+        self.io.read(buf)
+    }
+}
+
+impl<T: Write> Write for Deadline<'_, T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.ctl.set_write_timeout(Some(left))?;
+        self.io.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.io.flush()
     }
 }
 
@@ -427,13 +436,17 @@ fn refuse_busy(mut stream: Stream, peer: &str, cfg: &ServerConfig, refusing: &Ar
         cfg.max_connections
     );
     let deadline = Instant::now() + cfg.handshake_timeout;
+    let Ok(ctl) = stream.try_clone() else {
+        return;
+    };
     let spawned = std::thread::Builder::new()
         .name("nbd-refuse".into())
         .spawn(move || {
             let _slot = slot;
             let _ = refuse(
                 &mut Deadline {
-                    stream: &mut stream,
+                    io: &mut stream,
+                    ctl: &ctl,
                     deadline,
                 },
                 &msg,
@@ -444,20 +457,102 @@ fn refuse_busy(mut stream: Stream, peer: &str, cfg: &ServerConfig, refusing: &Ar
     drop(spawned);
 }
 
-/// Serve one client. Returns what went wrong if the client broke the
-/// protocol or the socket failed.
-fn connection(mut stream: Stream, common: &Common) -> Option<String> {
+/// The socket a connection talks over: plain or under TLS.
+enum Talk {
+    Plain(Stream),
+    Tls(TlsIo<Stream>),
+}
+
+impl Read for Talk {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Talk::Plain(s) => s.read(buf),
+            Talk::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Talk {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Talk::Plain(s) => s.write(buf),
+            Talk::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Talk::Plain(s) => s.flush(),
+            Talk::Tls(t) => t.flush(),
+        }
+    }
+}
+
+impl Talk {
+    /// A second handle for the other direction.
+    fn try_clone(&self) -> io::Result<Talk> {
+        Ok(match self {
+            Talk::Plain(s) => Talk::Plain(s.try_clone()?),
+            Talk::Tls(t) => Talk::Tls(t.with_socket(t.socket().try_clone()?)),
+        })
+    }
+}
+
+/// Greet the client and haggle over options, starting TLS when asked,
+/// all within the handshake deadline. `Ok(None)`: the client left.
+fn handshake(
+    stream: &Stream,
+    common: &Common,
+) -> io::Result<Option<(Talk, crate::handshake::Negotiated)>> {
     let config = &common.config;
     let deadline = Instant::now() + config.handshake_timeout;
-    let neg = match negotiate(
-        &mut Deadline {
-            stream: &mut stream,
+    let ctl = stream.try_clone()?;
+    let mut talk = Talk::Plain(stream.try_clone()?);
+    let mut timed = Deadline {
+        io: &mut talk,
+        ctl: &ctl,
+        deadline,
+    };
+    let Some(no_zeroes) = greet(&mut timed)? else {
+        return Ok(None);
+    };
+    let mut tls = TlsState {
+        offered: config.tls.is_some(),
+        required: config.tls.is_some() && config.tls_required,
+        active: false,
+    };
+    loop {
+        let mut timed = Deadline {
+            io: &mut talk,
+            ctl: &ctl,
             deadline,
-        },
-        &common.exports,
-        config.max_request,
-    ) {
-        Ok(Some(n)) => n,
+        };
+        match options(
+            &mut timed,
+            &common.exports,
+            config.max_request,
+            no_zeroes,
+            tls,
+        )? {
+            Outcome::Chosen(n) => return Ok(Some((talk, n))),
+            Outcome::Leave => return Ok(None),
+            Outcome::StartTls => {
+                let Some(tls_config) = &config.tls else {
+                    return Ok(None);
+                };
+                talk = Talk::Tls(TlsIo::new(tls_config.clone(), stream.try_clone()?)?);
+                tls.active = true;
+            }
+        }
+    }
+}
+
+/// Serve one client. Returns what went wrong if the client broke the
+/// protocol or the socket failed.
+fn connection(stream: Stream, common: &Common) -> Option<String> {
+    let config = &common.config;
+    let (mut talk, neg) = match handshake(&stream, common) {
+        Ok(Some(x)) => x,
         Ok(None) => return None,
         // A client that leaves during the handshake (a probe of whether
         // the socket is alive, a port scan) broke nothing.
@@ -482,7 +577,7 @@ fn connection(mut stream: Stream, common: &Common) -> Option<String> {
         return Some(format!("cannot set the socket timeouts: {e}"));
     }
     let export = &common.exports[neg.export];
-    let Ok(reader) = stream.try_clone() else {
+    let Ok(reader) = talk.try_clone() else {
         return Some("cannot clone the socket".into());
     };
     let limits = Limits {
@@ -495,7 +590,7 @@ fn connection(mut stream: Stream, common: &Common) -> Option<String> {
         idle_timeout: config.idle_timeout,
         draining: &common.draining,
     };
-    let end = transmission::run(reader, &mut stream, export, neg, &limits);
+    let end = transmission::run(reader, &mut talk, export, neg, &limits);
     stream.shutdown(Shutdown::Both);
     match end {
         End::Clean => None,

@@ -1,0 +1,191 @@
+//! TLS after NBD_OPT_STARTTLS, with X.509 certificates (rustls, ring).
+//!
+//! A connection's worker threads read requests and write replies at the
+//! same time, but a rustls connection is one state machine. So [`TlsIo`]
+//! (one per reader, one per writer, over clones of the socket) shares it
+//! under a lock that is never held across a blocking socket call:
+//!
+//! - a reader takes plaintext if some is decrypted already; else it reads
+//!   ciphertext from the socket without the lock, then feeds it in;
+//! - bytes to send (replies, and the handshake's or a key update's
+//!   records) are encrypted under the lock, taken out, and written with
+//!   only the send lock held. Records leave in the order they were
+//!   sealed because sealing and sending both happen under the send lock.
+//!
+//! Lock order: send, then state. Certificates are read from a directory
+//! laid out as for qemu-nbd and nbdkit (`server-cert.pem`,
+//! `server-key.pem`). Pre-shared keys (psktool files) are not offered:
+//! rustls has no external-PSK support.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConnection;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A certificate or key file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// rustls refused the certificate and key.
+    #[error("certificates in {dir}: {reason}")]
+    Config {
+        /// The directory.
+        dir: PathBuf,
+        /// What rustls said.
+        reason: String,
+    },
+}
+
+/// The server's TLS settings from `dir/server-cert.pem` (the chain, leaf
+/// first) and `dir/server-key.pem`.
+pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let cert_path = dir.join("server-cert.pem");
+    let key_path = dir.join("server-key.pem");
+    let file_err = |path: &Path, reason: String| TlsError::File {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+        .map_err(|e| file_err(&cert_path, e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| file_err(&cert_path, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(file_err(&cert_path, "no certificate in it".into()));
+    }
+    let key =
+        PrivateKeyDer::from_pem_file(&key_path).map_err(|e| file_err(&key_path, e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| TlsError::Config {
+            dir: dir.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    Ok(Arc::new(config))
+}
+
+/// The state one connection's readers and writers share.
+struct Shared {
+    state: Mutex<ServerConnection>,
+    /// Held while records are sealed and sent, so they leave in order.
+    send: Mutex<()>,
+}
+
+/// A reader or writer of plaintext over a TLS session on a socket `S`.
+pub(crate) struct TlsIo<S> {
+    shared: Arc<Shared>,
+    sock: S,
+    raw: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<S: Read + Write> TlsIo<S> {
+    /// Start a server session on `sock` (right after the STARTTLS reply).
+    pub(crate) fn new(config: Arc<rustls::ServerConfig>, sock: S) -> io::Result<TlsIo<S>> {
+        let conn = ServerConnection::new(config).map_err(io::Error::other)?;
+        Ok(TlsIo {
+            shared: Arc::new(Shared {
+                state: Mutex::new(conn),
+                send: Mutex::new(()),
+            }),
+            sock,
+            raw: vec![0u8; 16 << 10],
+        })
+    }
+
+    /// Another handle on the same session, over `sock` (a clone of the
+    /// same socket).
+    pub(crate) fn with_socket<T>(&self, sock: T) -> TlsIo<T> {
+        TlsIo {
+            shared: self.shared.clone(),
+            sock,
+            raw: vec![0u8; 16 << 10],
+        }
+    }
+
+    /// The socket under the session.
+    pub(crate) fn socket(&self) -> &S {
+        &self.sock
+    }
+
+    /// Send every record the session has ready.
+    fn send_pending(&mut self) -> io::Result<()> {
+        let _order = lock(&self.shared.send);
+        let mut out = Vec::new();
+        {
+            let mut c = lock(&self.shared.state);
+            while c.wants_write() {
+                c.write_tls(&mut out)?;
+            }
+        }
+        self.sock.write_all(&out)
+    }
+}
+
+impl<S: Read + Write> Read for TlsIo<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            {
+                let mut c = lock(&self.shared.state);
+                match c.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // Without the lock: a timeout here is the caller's tick.
+            let n = self.sock.read(&mut self.raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let wants_write = {
+                let mut c = lock(&self.shared.state);
+                let mut fed = &self.raw[..n];
+                while !fed.is_empty() {
+                    c.read_tls(&mut fed)?;
+                    c.process_new_packets().map_err(|e| {
+                        io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+                    })?;
+                }
+                c.wants_write()
+            };
+            if wants_write {
+                self.send_pending()?;
+            }
+        }
+    }
+}
+
+impl<S: Read + Write> Write for TlsIo<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let _order = lock(&self.shared.send);
+        let mut out = Vec::with_capacity(buf.len() + 256);
+        let n = {
+            let mut c = lock(&self.shared.state);
+            let n = c.writer().write(buf)?;
+            while c.wants_write() {
+                c.write_tls(&mut out)?;
+            }
+            n
+        };
+        self.sock.write_all(&out)?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
