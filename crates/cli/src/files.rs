@@ -92,6 +92,15 @@ pub fn refuse_terminal_stdout(force: bool) -> Result<()> {
     Ok(())
 }
 
+/// Refuse, as gzip and zstd do, to read compressed data from a terminal
+/// unless forced: a user who forgot the file name would wait for nothing.
+pub fn refuse_terminal_stdin(force: bool) -> Result<()> {
+    if !force && std::io::stdin().is_terminal() {
+        bail!("compressed data not read from a terminal; use -f to force, or redirect");
+    }
+    Ok(())
+}
+
 impl Sink {
     pub fn stdout(force: bool, binary: bool) -> Result<Sink> {
         if binary {

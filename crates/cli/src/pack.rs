@@ -1,7 +1,7 @@
 //! `cairn pack` and `cairn unpack`: a reader thread, N workers and an
 //! in-order writer on the pipeline crate, with the codec crate's formats.
 
-use crate::files::{refuse_terminal_stdout, HoleWriter, Sink, Source};
+use crate::files::{refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, Sink, Source};
 use crate::report::{Progress, Summary};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::{anyhow, bail, Context, Result};
@@ -84,6 +84,11 @@ fn plan(
             (name, plan)
         })
         .collect())
+}
+
+/// Whether any input whose output could be named satisfies `f`.
+fn any_planned(plans: &[(String, Result<Plan>)], f: impl Fn(&Plan) -> bool) -> bool {
+    plans.iter().any(|(_, p)| p.as_ref().is_ok_and(&f))
 }
 
 /// Run `one` on every planned input in turn. As in gzip, a failed input
@@ -285,15 +290,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         name.push(format.suffix());
         Ok(PathBuf::from(name))
     })?;
-    let data_on_stdout = plans.iter().any(|(_, p)| {
-        matches!(
-            p,
-            Ok(Plan {
-                dest: Dest::Stdout,
-                ..
-            })
-        )
-    });
+    let data_on_stdout = any_planned(&plans, |p| matches!(p.dest, Dest::Stdout));
     if data_on_stdout {
         // Once for the run, not once per input.
         refuse_terminal_stdout(common.force)?;
@@ -487,15 +484,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         Some((_, out)) => Ok(out),
         None => bail!("unknown suffix; use -c or -o to name the output"),
     })?;
-    let data_on_stdout = plans.iter().any(|(_, p)| {
-        matches!(
-            p,
-            Ok(Plan {
-                dest: Dest::Stdout,
-                ..
-            })
-        )
-    });
+    if any_planned(&plans, |p| matches!(p.source, Source::Stdin)) {
+        refuse_terminal_stdin(common.force)?;
+    }
+    let data_on_stdout = any_planned(&plans, |p| matches!(p.dest, Dest::Stdout));
     let (summaries, result) = run_all(plans, |plan| unpack_one(plan, threads, common, decode.long));
     if decode.list {
         list(common, &summaries)?;

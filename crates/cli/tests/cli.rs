@@ -563,6 +563,13 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
         !tty.contains(&0x8b),
         "compressed bytes reached the terminal"
     );
+    // Nor is compressed data read from one (stdin is the terminal here).
+    for cmd in ["\"$CAIRN\" unpack", "\"$CAIRN\" pack -d"] {
+        let (status, _) = on_terminal(dir.path(), cmd);
+        let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+        assert_eq!(status, 1, "{cmd}: {err}");
+        assert!(err.contains("not read from a terminal"), "{cmd}: {err}");
+    }
     // With -f it is written; into a file, nothing reaches the terminal
     // (no progress on stdout; stderr here is no terminal either).
     let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -f -c a >/dev/null");
