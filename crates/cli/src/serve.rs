@@ -44,7 +44,7 @@ pub(crate) struct ServeArgs {
     /// Requests served at once per connection.
     #[arg(long = "workers", default_value_t = 8)]
     pub workers: usize,
-    /// Cache of decompressed chunks per repository image (e.g. 256M).
+    /// Cache of decompressed chunks per repository image (e.g. 256M; binary units: 256M = 256MiB).
     #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
     /// Threads decoding ahead of sequential readers (default: cores).
