@@ -9,6 +9,7 @@ use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::{BlockMeta, ContentChecker, DecodeOptions, Format, Input, Unit};
 use cairn_pipeline::{Config, Fill, Slot};
 use serde::Serialize;
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -130,13 +131,16 @@ fn run_all(
 }
 
 /// The format a file name's suffix stands for, and the name without it
-/// (`x.tgz` stands for `x.tar`).
+/// (`x.tgz` stands for `x.tar`). Names are bytes: any file name works.
 fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
-    let name = path.to_string_lossy();
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let name = path.as_os_str().as_bytes();
+    let with_tail =
+        |stem: &[u8], tail: &[u8]| PathBuf::from(OsString::from_vec([stem, tail].concat()));
     for f in Format::ALL {
-        if let Some(stem) = name.strip_suffix(f.suffix()) {
-            if !stem.is_empty() && !stem.ends_with('/') {
-                return Some((f, PathBuf::from(stem)));
+        if let Some(stem) = name.strip_suffix(f.suffix().as_bytes()) {
+            if !stem.is_empty() && !stem.ends_with(b"/") {
+                return Some((f, with_tail(stem, b"")));
             }
         }
         let tar_suffixes: &[&str] = match f {
@@ -147,8 +151,8 @@ fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
             _ => &[],
         };
         for suffix in tar_suffixes {
-            if let Some(stem) = name.strip_suffix(suffix) {
-                return Some((f, PathBuf::from(format!("{stem}.tar"))));
+            if let Some(stem) = name.strip_suffix(suffix.as_bytes()) {
+                return Some((f, with_tail(stem, b".tar")));
             }
         }
     }
@@ -286,6 +290,10 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     }
     let threads = threads(common)?;
     let plans = plan(common, false, |p| {
+        // As gzip and pigz: x.gz is not packed again into x.gz.gz.
+        if !common.force && format_of_name(p).is_some_and(|(f, _)| f == format) {
+            bail!("already has a {format} suffix; unchanged (-f packs it anyway)");
+        }
         let mut name = p.as_os_str().to_owned();
         name.push(format.suffix());
         Ok(PathBuf::from(name))

@@ -688,3 +688,31 @@ fn a_symlink_at_the_destination_is_replaced_not_followed() {
     assert!(out.file_type().is_file());
     assert_eq!(out.permissions().mode() & 0o777, 0o644);
 }
+
+#[test]
+fn a_packed_file_is_not_packed_again() {
+    let dir = tempdir();
+    let packed = cairn_ok(&["pack"], b"hello");
+    std::fs::write(dir.path().join("x.gz"), &packed).unwrap();
+    let out = cairn()
+        .args(["pack", "x.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("already has a gzip suffix"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listing(dir.path()), ["x.gz"]);
+    // Another format's suffix is no reason; -f packs it anyway.
+    for args in [
+        &["pack", "-k", "-F", "zstd", "x.gz"][..],
+        &["pack", "-f", "x.gz"],
+    ] {
+        let out = cairn().args(args).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(listing(dir.path()), ["x.gz.gz", "x.gz.zst"]);
+}
