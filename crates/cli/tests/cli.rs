@@ -209,7 +209,13 @@ fn tar_creates_and_extracts_through_pack() {
     if !have("tar") || !have("zstd") || !have("gzip") {
         return;
     }
-    for (format, suffix, peer) in [("zstd", "tar.zst", "zstd"), ("gzip", "tar.gz", "gzip")] {
+    // A level in the command must not upset extraction (tar adds -d).
+    for (format, suffix, peer) in [
+        ("zstd", "tar.zst", "zstd"),
+        ("gzip", "tar.gz", "gzip"),
+        ("zstd -19", "tar.zst", "zstd"),
+        ("gzip -9", "tar.gz", "gzip"),
+    ] {
         let dir = tempdir();
         let files = make_tree(dir.path());
         // tar runs the program as it is to create, with -d to extract.
