@@ -528,12 +528,13 @@ fn a_bad_file_does_not_stop_the_others() {
     );
 }
 
-/// Run `cmd` with its stdout on a terminal (a pty from `script`), stderr
-/// to `err.txt`; returns the exit status and what reached the terminal.
+/// Run `cmd` with stdin, stdout and stderr on a terminal (a pty from
+/// `script`) unless it redirects them; returns the exit status and what
+/// reached the terminal.
 fn on_terminal(dir: &std::path::Path, cmd: &str) -> (i32, Vec<u8>) {
     let out = bash(
         dir,
-        &format!("script -qefc '{cmd} 2>err.txt' tty.log >/dev/null; echo $?"),
+        &format!("script -qefc '{cmd}' tty.log >/dev/null; echo $?"),
     );
     let status = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     // The log holds what reached the terminal between script's own
@@ -561,7 +562,7 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
     let dir = tempdir();
     let data = mixed(3_000_000, 50);
     std::fs::write(dir.path().join("a"), &data).unwrap();
-    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -c a");
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -c a 2>err.txt");
     let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
     assert_eq!(status, 1, "{err}");
     assert!(err.contains("terminal"), "{err}");
@@ -571,18 +572,18 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
     );
     // Nor is compressed data read from one (stdin is the terminal here).
     for cmd in ["\"$CAIRN\" unpack", "\"$CAIRN\" pack -d"] {
-        let (status, _) = on_terminal(dir.path(), cmd);
+        let (status, _) = on_terminal(dir.path(), &format!("{cmd} 2>err.txt"));
         let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
         assert_eq!(status, 1, "{cmd}: {err}");
         assert!(err.contains("not read from a terminal"), "{cmd}: {err}");
     }
     // With -f it is written; into a file, nothing reaches the terminal
     // (no progress on stdout; stderr here is no terminal either).
-    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -f -c a >/dev/null");
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -f -c a >/dev/null 2>err.txt");
     assert_eq!(status, 0);
-    let (status, _) = on_terminal(dir.path(), "\"$CAIRN\" pack -k -F zstd a");
+    let (status, _) = on_terminal(dir.path(), "\"$CAIRN\" pack -k -F zstd a 2>err.txt");
     assert_eq!(status, 0);
-    let (status, tty2) = on_terminal(dir.path(), "\"$CAIRN\" unpack -f a.zst");
+    let (status, tty2) = on_terminal(dir.path(), "\"$CAIRN\" unpack -f a.zst 2>err.txt");
     assert_eq!(status, 0);
     let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
     assert!(
@@ -590,6 +591,27 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
         "{tty:?} {tty2:?} {err}"
     );
     assert!(std::fs::read(dir.path().join("a")).unwrap() == data);
+    // Progress is drawn on stderr when that is the terminal, and never
+    // mixes into the data on stdout (a slow level, so the bar shows).
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -F xz -9 -T1 -c a >a.xz");
+    assert_eq!(status, 0);
+    assert!(
+        String::from_utf8_lossy(&tty).contains("pack ["),
+        "no progress on the terminal: {tty:?}"
+    );
+    let out = cairn()
+        .args(["unpack", "-c", "a.xz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout == data,
+        "{}",
+        stderr(&out)
+    );
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -q -f -F xz -9 -T1 -c a >a.xz");
+    assert_eq!(status, 0);
+    assert!(tty.is_empty(), "-q drew on the terminal: {tty:?}");
 }
 
 /// The calls that change a file's metadata by path (or by fd).
