@@ -13,7 +13,7 @@ mod serve;
 mod serve_repo;
 mod signals;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -171,19 +171,6 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("bad size {s:?}"))
 }
 
-/// Short options of `cairn pack` that take a value: the rest of their
-/// cluster, or else the next argument, is that value.
-const PACK_VALUE_SHORTS: [char; 4] = ['F', 'T', 'b', 'o'];
-/// Long options of `cairn pack` whose value may be the next argument.
-const PACK_VALUE_LONGS: [&str; 6] = [
-    "--format",
-    "--threads",
-    "--block",
-    "--output",
-    "--level",
-    "--long",
-];
-
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,
 /// `-19`, and digits within a cluster of short flags (`-9c`, `-c9`, `-kv9`;
 /// the last run of digits wins, as in gzip). Only for `cairn pack`; the
@@ -191,6 +178,19 @@ const PACK_VALUE_LONGS: [&str; 6] = [
 fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
     if args.get(1).and_then(|a| a.to_str()) != Some("pack") {
         return args;
+    }
+    // Options that take a value, as clap knows them: the rest of their
+    // cluster, or else the next argument, is that value.
+    let mut value_shorts = Vec::new();
+    let mut value_longs = Vec::new();
+    if let Some(pack) = Cli::command().find_subcommand("pack") {
+        for arg in pack.get_arguments() {
+            if arg.is_positional() || !arg.get_action().takes_values() {
+                continue;
+            }
+            value_shorts.extend(arg.get_short());
+            value_longs.extend(arg.get_long().map(|l| format!("--{l}")));
+        }
     }
     let mut out = Vec::with_capacity(args.len() + 2);
     let mut args = args.into_iter();
@@ -208,7 +208,7 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
             break;
         }
         if s.starts_with("--") {
-            value_next = PACK_VALUE_LONGS.contains(&s);
+            value_next = value_longs.iter().any(|l| l == s);
             out.push(arg);
             continue;
         }
@@ -230,7 +230,7 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
             }
             after_digit = false;
             flags.push(c);
-            if PACK_VALUE_SHORTS.contains(&c) {
+            if value_shorts.contains(&c) {
                 let value = &cluster[i + c.len_utf8()..];
                 flags.push_str(value);
                 value_next = value.is_empty();
