@@ -242,11 +242,28 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
         "{:<6} {:>15} {:>15} {:>6}  name",
         "format", "compressed", "uncompressed", "ratio"
     );
-    for l in &listed {
+    let line = |l: &Listed| {
         println!(
             "{:<6} {:>15} {:>15} {:>6.3}  {}",
             l.format, l.compressed, l.uncompressed, l.ratio, l.name
-        );
+        )
+    };
+    listed.iter().for_each(line);
+    // Several inputs end with their totals, as in gzip -l.
+    if listed.len() > 1 {
+        let compressed = listed.iter().map(|l| l.compressed).sum();
+        let uncompressed: u64 = listed.iter().map(|l| l.uncompressed).sum();
+        line(&Listed {
+            format: "",
+            compressed,
+            uncompressed,
+            ratio: if uncompressed == 0 {
+                0.0
+            } else {
+                compressed as f64 / uncompressed as f64
+            },
+            name: "(totals)",
+        });
     }
     Ok(())
 }

@@ -301,6 +301,24 @@ fn decompress_test_and_list_like_gzip() {
     assert_eq!(ours[0], "gzip", "{text}");
     assert_eq!(ours[1..3], peer[0..2], "{text}");
     assert_eq!(ours[4], "g.gz", "{text}");
+    // Several inputs: a line each and their totals, as gzip -l prints.
+    let out = cairn()
+        .args(["unpack", "-l", "g.gz", "g.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let totals: Vec<&str> = text.lines().nth(3).unwrap().split_whitespace().collect();
+    let double = |s: &str| (s.parse::<u64>().unwrap() * 2).to_string();
+    assert_eq!(
+        totals,
+        [
+            double(peer[0]),
+            double(peer[1]),
+            totals[2].to_string(),
+            "(totals)".into()
+        ]
+    );
     let out = cairn()
         .args(["unpack", "-l", "--json", "g.gz", "bad.gz"])
         .current_dir(dir.path())
