@@ -293,6 +293,9 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
     } else {
         "status\n".to_string()
     };
+    // A server that goes away mid-request is an error to name, not a
+    // silent death by SIGPIPE.
+    crate::signals::ignore_sigpipe();
     let mut s = std::os::unix::net::UnixStream::connect(sock)
         .with_context(|| format!("cannot reach the server at {}", sock.display()))?;
     s.write_all(request.as_bytes())
@@ -301,6 +304,8 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
     BufReader::new(&s)
         .read_line(&mut line)
         .with_context(|| format!("read from {}", sock.display()))?;
+    // What follows goes to stdout, which may be a pipe closed early.
+    crate::signals::default_sigpipe();
     let v: serde_json::Value = serde_json::from_str(&line)
         .with_context(|| format!("bad reply from {}", sock.display()))?;
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {

@@ -83,12 +83,30 @@ pub fn open_special(path: &Path) -> Result<File> {
         .with_context(|| format!("cannot open {}", path.display()))
 }
 
+/// Refuse, as gzip and zstd do, to write compressed data to a terminal
+/// unless forced: it is unreadable there and may upset the terminal.
+pub fn refuse_terminal_stdout(force: bool) -> Result<()> {
+    if !force && std::io::stdout().is_terminal() {
+        bail!("compressed data not written to a terminal; use -f to force, or redirect");
+    }
+    Ok(())
+}
+
+/// Refuse, as gzip and zstd do, to read compressed data from a terminal
+/// unless forced: a user who forgot the file name would wait for nothing.
+pub fn refuse_terminal_stdin(force: bool) -> Result<()> {
+    if !force && std::io::stdin().is_terminal() {
+        bail!("compressed data not read from a terminal; use -f to force, or redirect");
+    }
+    Ok(())
+}
+
 impl Sink {
     pub fn stdout(force: bool, binary: bool) -> Result<Sink> {
-        let out = std::io::stdout();
-        if binary && !force && out.is_terminal() {
-            bail!("compressed data not written to a terminal; use -f to force, or redirect");
+        if binary {
+            refuse_terminal_stdout(force)?;
         }
+        let out = std::io::stdout();
         let fd = out
             .as_fd()
             .try_clone_to_owned()
@@ -101,6 +119,21 @@ impl Sink {
             return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
         }
         Ok(Sink::File(PendingFile::create(path, force)?))
+    }
+
+    /// Output that is decoded only to be checked (`-t`, `-l`): /dev/null,
+    /// written like any special file.
+    pub fn nowhere() -> Result<Sink> {
+        let null = Path::new("/dev/null");
+        Ok(Sink::Special(open_special(null)?, null.to_path_buf()))
+    }
+
+    /// Give a new output file the mode, owner and times of its input, as
+    /// gzip does; other outputs are left as they are.
+    pub fn copy_metadata(&self, from: &std::fs::Metadata) {
+        if let Sink::File(p) = self {
+            copy_metadata(from, &p.file);
+        }
     }
 
     pub fn writer(&mut self) -> &mut File {
@@ -256,18 +289,24 @@ impl Drop for PendingFile {
     }
 }
 
-/// Copy permissions and times of `from` onto `to`, as gzip does.
-pub fn copy_metadata(from: &Path, to: &Path) {
-    if let Ok(meta) = std::fs::metadata(from) {
-        let _ = std::fs::set_permissions(to, meta.permissions());
-        if let (Ok(atime), Ok(mtime)) = (meta.accessed(), meta.modified()) {
-            if let Ok(f) = File::options().write(true).open(to) {
-                let times = std::fs::FileTimes::new()
-                    .set_accessed(atime)
-                    .set_modified(mtime);
-                let _ = f.set_times(times);
-            }
-        }
+/// Copy owner (when root), mode and times of `from` onto the open file
+/// `to`, through its descriptor (fchown, fchmod, futimens) and before it
+/// is renamed into place: a call by path could follow a symlink swapped in
+/// at the destination and change its target instead. Failures are ignored,
+/// as gzip ignores them: the data is what the run is for.
+fn copy_metadata(from: &std::fs::Metadata, to: &File) {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // First, since changing the owner clears set-user-ID bits.
+        let _ = std::os::unix::fs::fchown(to, Some(from.uid()), Some(from.gid()));
+    }
+    let _ = to.set_permissions(from.permissions());
+    if let (Ok(atime), Ok(mtime)) = (from.accessed(), from.modified()) {
+        let times = std::fs::FileTimes::new()
+            .set_accessed(atime)
+            .set_modified(mtime);
+        let _ = to.set_times(times);
     }
 }
 

@@ -13,7 +13,8 @@ mod serve;
 mod serve_repo;
 mod signals;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 /// cairn: a storage stack for big images and streams.
@@ -28,10 +29,13 @@ struct Cli {
 enum Command {
     /// Compress files or stdin in parallel, in a standard format.
     ///
-    /// Levels can be given pigz-style as -1 .. -19 or as -l LEVEL
-    /// (zstd accepts negative levels: -l -5).
+    /// Flags as in gzip, pigz and zstd: levels -1 .. -19 (also combined,
+    /// -9c), --fast, --best or --level N; -d decompresses (so
+    /// `tar -I 'cairn pack -F zstd'` creates and extracts), -t tests, -l lists.
     Pack(PackArgs),
     /// Decompress files or stdin in parallel; the format is detected by magic.
+    ///
+    /// -t tests (decodes, writes nothing), -l lists sizes and ratios.
     Unpack(UnpackArgs),
     /// Create a repository, its packs striped over one or more targets.
     Init(repo_cmd::InitArgs),
@@ -58,10 +62,10 @@ enum Command {
 /// Options shared by pack and unpack.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct CommonArgs {
-    /// Worker threads (default: number of cores; 1 = exactly one thread).
+    /// Worker threads (default and 0: number of cores; 1 = exactly one thread).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
-    /// Keep input files (default: remove them after success, like gzip).
+    /// Keep input files (default: remove them after success, like gzip and pigz).
     #[arg(short = 'k', long = "keep")]
     pub keep: bool,
     /// Overwrite existing output files; write compressed data to a terminal.
@@ -89,98 +93,169 @@ pub(crate) struct CommonArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct PackArgs {
-    /// Output format: gzip, zstd, lz4, snappy, lzop, bzip2, xz.
-    #[arg(short = 'F', long = "format", default_value = "gzip")]
-    pub format: String,
-    /// Compression level (format-specific range; -1..-19 work too).
-    #[arg(short = 'l', long = "level", allow_negative_numbers = true)]
+    /// Output format: gzip, zstd, lz4, snappy, lzop, bzip2, xz (default: the
+    /// one named by the -o suffix, else gzip).
+    #[arg(short = 'F', long = "format")]
+    pub format: Option<String>,
+    /// Compression level; the format's range (gzip 1-12, zstd -50-22, xz 0-9,
+    /// bzip2 1-9, lzop 1-9, lz4 and snappy 1 only). -1 .. -19 work too.
+    #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
+          overrides_with_all = ["level", "fast", "best"])]
     pub level: Option<i32>,
-    /// Input block size per worker task, e.g. 1M, 4M, 512K.
+    /// Level 1.
+    #[arg(long = "fast", overrides_with_all = ["level", "fast", "best"])]
+    pub fast: bool,
+    /// The format's highest level (gzip 12, zstd 22, xz 9, bzip2 9, lzop 9).
+    #[arg(long = "best", overrides_with_all = ["level", "fast", "best"])]
+    pub best: bool,
+    /// Input block size per worker task, e.g. 1M, 4MiB, 512K (binary units).
     #[arg(short = 'b', long = "block", value_parser = parse_size)]
     pub block: Option<usize>,
+    /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
+    #[arg(short = 'd', long = "decompress")]
+    pub decompress: bool,
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
 
-#[derive(Args, Debug)]
-pub(crate) struct UnpackArgs {
+/// Options of decompression, shared by `unpack` and `pack -d`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DecodeArgs {
+    /// Test: decode and check every input, write nothing, keep the inputs.
+    #[arg(short = 't', long = "test")]
+    pub test: bool,
+    /// List each input's format, compressed and uncompressed size, ratio
+    /// and name (decodes it all, so the sizes are exact); with --json as JSON.
+    #[arg(short = 'l', long = "list", conflicts_with = "test")]
+    pub list: bool,
     /// Accept zstd frames whose window is up to 2^N bytes (as `zstd -d
     /// --long=N`; default 27, 128 MiB, as zstd; at most 31). Such a frame
     /// without a stated size is decoded in a window of that size.
     #[arg(long = "long", value_name = "N", value_parser = clap::value_parser!(u32).range(10..=31))]
     pub long: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UnpackArgs {
+    #[command(flatten)]
+    pub decode: DecodeArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
 
-/// Parse `4M`, `512K`, `1G`, `65536`.
+/// Parse a size: bytes (`65536`), or a number with a binary unit, K, M,
+/// G or T, alone or as KiB or KB (`64M` = `64MiB` = `64MB` = 64 * 2^20),
+/// as pigz and zstd read them.
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: usize = match c.to_ascii_uppercase() {
-                'K' => 1 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                _ => return Err(format!("unknown size suffix in {s:?} (use K, M or G)")),
-            };
-            (&s[..i], m)
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => {
+            return Err(format!(
+                "bad size {s:?}: unknown unit {unit:?} (use K, M, G or T, powers of 1024)"
+            ))
         }
-        _ => (s, 1),
     };
-    let n: usize = num
-        .trim_end_matches(['i', 'B'])
-        .parse()
-        .map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
+    let n: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    1usize
+        .checked_shl(shift)
+        .and_then(|unit| n.checked_mul(unit))
         .filter(|&b| b > 0)
         .ok_or_else(|| format!("bad size {s:?}"))
 }
 
-/// Turn pigz-style `-9` / `-19` into `--level=9` before clap sees them.
-fn rewrite_level_flags(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let mut out = Vec::new();
-    let mut after_dashdash = false;
-    let mut prev_takes_value = false;
-    for a in args {
-        let rewritten = match a.to_str() {
-            Some("--") => {
-                after_dashdash = true;
-                None
+/// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,
+/// `-19`, and digits within a cluster of short flags (`-9c`, `-c9`, `-kv9`;
+/// the last run of digits wins, as in gzip). Only for `cairn pack`; the
+/// value of an option (`-T0`, `-b 4M`, `--level -5`) is left alone.
+fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
+    if args.get(1).and_then(|a| a.to_str()) != Some("pack") {
+        return args;
+    }
+    // Options that take a value, as clap knows them: the rest of their
+    // cluster, or else the next argument, is that value.
+    let mut value_shorts = Vec::new();
+    let mut value_longs = Vec::new();
+    if let Some(pack) = Cli::command().find_subcommand("pack") {
+        for arg in pack.get_arguments() {
+            if arg.is_positional() || !arg.get_action().takes_values() {
+                continue;
             }
-            Some(s)
-                if !after_dashdash
-                    && !prev_takes_value
-                    && s.len() >= 2
-                    && s.len() <= 3
-                    && s.starts_with('-')
-                    && s[1..].bytes().all(|b| b.is_ascii_digit()) =>
-            {
-                Some(format!("--level={}", &s[1..]).into())
-            }
-            _ => None,
+            value_shorts.extend(arg.get_short());
+            value_longs.extend(arg.get_long().map(|l| format!("--{l}")));
+        }
+    }
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut args = args.into_iter();
+    out.extend(args.by_ref().take(2));
+    let mut value_next = false;
+    while let Some(arg) = args.next() {
+        let Some(s) = arg.to_str().filter(|_| !value_next) else {
+            value_next = false;
+            out.push(arg);
+            continue;
         };
-        prev_takes_value = matches!(
-            a.to_str(),
-            Some(
-                "-l" | "--level"
-                    | "-T"
-                    | "--threads"
-                    | "-b"
-                    | "--block"
-                    | "-o"
-                    | "--output"
-                    | "-F"
-                    | "--format"
-            )
-        );
-        out.push(rewritten.unwrap_or(a));
+        if s == "--" {
+            out.push(arg);
+            out.extend(args);
+            break;
+        }
+        if s.starts_with("--") {
+            value_next = value_longs.iter().any(|l| l == s);
+            out.push(arg);
+            continue;
+        }
+        let Some(cluster) = s.strip_prefix('-').filter(|c| !c.is_empty()) else {
+            out.push(arg);
+            continue;
+        };
+        let mut flags = String::new();
+        let mut level = String::new();
+        let mut after_digit = false;
+        for (i, c) in cluster.char_indices() {
+            if c.is_ascii_digit() {
+                if !after_digit {
+                    level.clear();
+                }
+                level.push(c);
+                after_digit = true;
+                continue;
+            }
+            after_digit = false;
+            flags.push(c);
+            if value_shorts.contains(&c) {
+                let value = &cluster[i + c.len_utf8()..];
+                flags.push_str(value);
+                value_next = value.is_empty();
+                break;
+            }
+        }
+        if level.is_empty() {
+            out.push(arg);
+            continue;
+        }
+        out.push(format!("--level={level}").into());
+        if !flags.is_empty() {
+            out.push(format!("-{flags}").into());
+        }
     }
     out
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse_from(rewrite_level_flags(std::env::args_os())) {
+    // Rust starts with SIGPIPE ignored, so a write to a closed pipe returns
+    // EPIPE and `println!` panics. Like coreutils, end quietly instead: the
+    // default action kills the process with SIGPIPE (status 141 in a shell).
+    // Servers and socket clients ignore it again where they need EPIPE.
+    signals::default_sigpipe();
+    let cli = match Cli::try_parse_from(rewrite_level_flags(std::env::args_os().collect())) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -238,7 +313,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 /// The error and its causes on one line.
-fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
         let s = cause.to_string();
@@ -255,37 +330,72 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4M"), Ok(4 << 20));
-        assert_eq!(parse_size("512K"), Ok(512 << 10));
-        assert_eq!(parse_size("65536"), Ok(65536));
-        assert_eq!(
-            parse_size("1GiB"),
-            Err("unknown size suffix in \"1GiB\" (use K, M or G)".into())
-        );
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("x").is_err());
+        for (text, bytes) in [
+            ("4M", 4 << 20),
+            ("64M", 64 << 20),
+            ("64MiB", 64 << 20),
+            ("64MB", 64 << 20),
+            ("64mb", 64 << 20),
+            ("512K", 512 << 10),
+            ("64KiB", 64 << 10),
+            ("1G", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("65536", 65536),
+            ("100B", 100),
+        ] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        for bad in [
+            "0",
+            "x",
+            "",
+            "M",
+            "12Q",
+            "1.5M",
+            "-4M",
+            "4 M",
+            "99999999999999T",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn rewritten(args: &[&str]) -> Vec<String> {
+        let args = args.iter().map(OsString::from).collect();
+        rewrite_level_flags(args)
+            .into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect()
     }
 
     #[test]
     fn level_flags() {
-        let args = ["cairn", "pack", "-9", "-T", "2", "-l", "-5", "--", "-3"]
-            .iter()
-            .map(std::ffi::OsString::from);
-        let got = rewrite_level_flags(args);
-        let got: Vec<&str> = got.iter().filter_map(|s| s.to_str()).collect();
-        assert_eq!(
-            got,
-            [
-                "cairn",
-                "pack",
-                "--level=9",
-                "-T",
-                "2",
-                "-l",
-                "-5",
-                "--",
-                "-3"
-            ]
-        );
+        for (args, want) in [
+            (&["pack", "-9"][..], &["pack", "--level=9"][..]),
+            (
+                &["pack", "-19", "-T", "2"],
+                &["pack", "--level=19", "-T", "2"],
+            ),
+            (&["pack", "-9c"], &["pack", "--level=9", "-c"]),
+            (&["pack", "-c9"], &["pack", "--level=9", "-c"]),
+            (&["pack", "-1c9"], &["pack", "--level=9", "-c"]),
+            (&["pack", "-kv"], &["pack", "-kv"]),
+            (&["pack", "-dc"], &["pack", "-dc"]),
+            (&["pack", "-T0"], &["pack", "-T0"]),
+            (&["pack", "-9T2"], &["pack", "--level=9", "-T2"]),
+            (&["pack", "-kT", "4"], &["pack", "-kT", "4"]),
+            (&["pack", "-o", "-9"], &["pack", "-o", "-9"]),
+            (&["pack", "--level", "-5"], &["pack", "--level", "-5"]),
+            (&["pack", "-b64M"], &["pack", "-b64M"]),
+            (&["pack", "--", "-3"], &["pack", "--", "-3"]),
+            (&["unpack", "-9"], &["unpack", "-9"]),
+            (&["restore", "-3"], &["restore", "-3"]),
+        ] {
+            let mut full = vec!["cairn"];
+            full.extend(args);
+            let mut expect = vec!["cairn"];
+            expect.extend(want);
+            assert_eq!(rewritten(&full), expect, "{args:?}");
+        }
     }
 }

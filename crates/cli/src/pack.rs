@@ -1,13 +1,15 @@
 //! `cairn pack` and `cairn unpack`: a reader thread, N workers and an
 //! in-order writer on the pipeline crate, with the codec crate's formats.
 
-use crate::files::{copy_metadata, HoleWriter, Sink, Source};
+use crate::files::{refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, Sink, Source};
 use crate::report::{Progress, Summary};
-use crate::{CommonArgs, PackArgs, UnpackArgs};
+use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::{BlockMeta, ContentChecker, DecodeOptions, Format, Input, Unit};
 use cairn_pipeline::{Config, Fill, Slot};
+use serde::Serialize;
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -17,10 +19,10 @@ const MAX_BLOCK: usize = 64 << 20;
 
 fn threads(common: &CommonArgs) -> Result<usize> {
     match common.threads {
-        Some(0) => bail!("-T needs at least 1 thread"),
         Some(n) if n > 1024 => bail!("-T {n}: too many threads (at most 1024)"),
+        // -T0 means every core, as in zstd and xz.
+        Some(0) | None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
         Some(n) => Ok(n),
-        None => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
     }
 }
 
@@ -34,10 +36,18 @@ struct Plan {
 enum Dest {
     Stdout,
     File(PathBuf),
+    /// Decoded only to be checked (`-t`) or counted (`-l`).
+    Nowhere,
 }
 
-/// Decide outputs for every input, gzip-style.
-fn plan(common: &CommonArgs, name_output: impl Fn(&Path) -> Result<PathBuf>) -> Result<Vec<Plan>> {
+/// Decide outputs for every input, gzip-style; `check_only` sends every
+/// output nowhere and keeps the inputs. An input whose output cannot be
+/// named is an error of its own (named by [`run_all`]), so the others run.
+fn plan(
+    common: &CommonArgs,
+    check_only: bool,
+    name_output: impl Fn(&Path) -> Result<PathBuf>,
+) -> Result<Vec<(String, Result<Plan>)>> {
     let inputs: Vec<Source> = if common.files.is_empty() {
         vec![Source::Stdin]
     } else {
@@ -52,51 +62,141 @@ fn plan(common: &CommonArgs, name_output: impl Fn(&Path) -> Result<PathBuf>) -> 
     if common.output.is_some() && common.stdout {
         bail!("-o and -c both name the output; choose one");
     }
-    inputs
+    Ok(inputs
         .into_iter()
         .map(|source| {
-            let (dest, remove_input) = match (&source, &common.output) {
-                (_, Some(out)) if out.as_os_str() == "-" => (Dest::Stdout, false),
-                (Source::File(_), Some(out)) => (Dest::File(out.clone()), !common.keep),
-                (Source::Stdin, Some(out)) => (Dest::File(out.clone()), false),
-                (Source::Stdin, None) => (Dest::Stdout, false),
-                (Source::File(_), None) if common.stdout => (Dest::Stdout, false),
-                (Source::File(p), None) => (Dest::File(name_output(p)?), !common.keep),
+            let dest = match (&source, &common.output) {
+                _ if check_only => Ok((Dest::Nowhere, false)),
+                (_, Some(out)) if out.as_os_str() == "-" => Ok((Dest::Stdout, false)),
+                (Source::File(_), Some(out)) => Ok((Dest::File(out.clone()), !common.keep)),
+                (Source::Stdin, Some(out)) => Ok((Dest::File(out.clone()), false)),
+                (Source::Stdin, None) => Ok((Dest::Stdout, false)),
+                (Source::File(_), None) if common.stdout => Ok((Dest::Stdout, false)),
+                (Source::File(p), None) => {
+                    name_output(p).map(|out| (Dest::File(out), !common.keep))
+                }
             };
-            Ok(Plan {
+            let name = source.name();
+            let plan = dest.map(|(dest, remove_input)| Plan {
                 source,
                 dest,
                 remove_input,
-            })
+            });
+            (name, plan)
         })
-        .collect()
+        .collect())
+}
+
+/// Whether any input whose output could be named satisfies `f`.
+fn any_planned(plans: &[(String, Result<Plan>)], f: impl Fn(&Plan) -> bool) -> bool {
+    plans.iter().any(|(_, p)| p.as_ref().is_ok_and(&f))
+}
+
+/// Run `one` on every planned input in turn. As in gzip, a failed input
+/// does not stop the others: its error is printed as it happens, and the
+/// run fails at the end naming every input that failed. Returns the
+/// summaries of the inputs that succeeded, and the run's result.
+fn run_all(
+    plans: Vec<(String, Result<Plan>)>,
+    mut one: impl FnMut(&Plan) -> Result<Summary>,
+) -> (Vec<Summary>, Result<()>) {
+    let total = plans.len();
+    let mut summaries = Vec::new();
+    let mut failed: Vec<(String, anyhow::Error)> = Vec::new();
+    for (name, plan) in plans {
+        match plan.and_then(|plan| one(&plan)) {
+            Ok(s) => summaries.push(s),
+            Err(e) => {
+                let e = e.context(name.clone());
+                if total > 1 {
+                    eprintln!("cairn: {}", crate::one_line(&e));
+                }
+                failed.push((name, e));
+            }
+        }
+    }
+    let result = match failed.len() {
+        0 => Ok(()),
+        // One input: its own error is the run's, printed once.
+        _ if total == 1 => Err(failed.remove(0).1),
+        n => {
+            let names: Vec<&str> = failed.iter().map(|(name, _)| name.as_str()).collect();
+            Err(anyhow!(
+                "{n} of {total} inputs failed: {}",
+                names.join(", ")
+            ))
+        }
+    };
+    (summaries, result)
+}
+
+/// The format a file name's suffix stands for, and the name without it
+/// (`x.tgz` stands for `x.tar`). Names are bytes: any file name works.
+fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let name = path.as_os_str().as_bytes();
+    let with_tail =
+        |stem: &[u8], tail: &[u8]| PathBuf::from(OsString::from_vec([stem, tail].concat()));
+    for f in Format::ALL {
+        if let Some(stem) = name.strip_suffix(f.suffix().as_bytes()) {
+            if !stem.is_empty() && !stem.ends_with(b"/") {
+                return Some((f, with_tail(stem, b"")));
+            }
+        }
+        let tar_suffixes: &[&str] = match f {
+            Format::Gzip => &[".tgz"],
+            Format::Zstd => &[".tzst"],
+            Format::Bzip2 => &[".tbz2", ".tbz"],
+            Format::Xz => &[".txz"],
+            _ => &[],
+        };
+        for suffix in tar_suffixes {
+            if let Some(stem) = name.strip_suffix(suffix.as_bytes()) {
+                return Some((f, with_tail(stem, b".tar")));
+            }
+        }
+    }
+    None
 }
 
 fn open_sink(dest: &Dest, force: bool, binary: bool) -> Result<Sink> {
     match dest {
         Dest::Stdout => Sink::stdout(force, binary),
         Dest::File(p) => Sink::file(p, force),
+        Dest::Nowhere => Sink::nowhere(),
     }
 }
 
-fn finish(plan: &Plan, sink: Sink) -> Result<()> {
+/// The metadata of a named input, to give its output (stdin has none).
+fn input_metadata(source: &Source, file: &std::fs::File) -> Option<std::fs::Metadata> {
+    match source {
+        Source::File(_) => file.metadata().ok(),
+        Source::Stdin => None,
+    }
+}
+
+fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Result<()> {
+    if let Some(meta) = input_meta {
+        sink.copy_metadata(meta);
+    }
     sink.commit()?;
-    if let (Source::File(src), Dest::File(dst)) = (&plan.source, &plan.dest) {
-        copy_metadata(src, dst);
-        if plan.remove_input {
-            std::fs::remove_file(src).with_context(|| format!("remove {}", src.display()))?;
-        }
+    if let (Source::File(src), true) = (&plan.source, plan.remove_input) {
+        std::fs::remove_file(src).with_context(|| format!("remove {}", src.display()))?;
     }
     Ok(())
 }
 
+/// One summary as a JSON object, several as an array.
+fn to_json<T: Serialize>(items: &[T]) -> Result<String> {
+    Ok(match items {
+        [one] => serde_json::to_string_pretty(one)?,
+        _ => serde_json::to_string_pretty(items)?,
+    })
+}
+
 fn emit(common: &CommonArgs, summaries: &[Summary], data_on_stdout: bool) -> Result<()> {
     if common.json {
-        let text = if summaries.len() == 1 {
-            serde_json::to_string_pretty(&summaries[0])?
-        } else {
-            serde_json::to_string_pretty(summaries)?
-        };
+        let text = to_json(summaries)?;
         if data_on_stdout {
             eprintln!("{text}");
         } else {
@@ -111,26 +211,94 @@ fn emit(common: &CommonArgs, summaries: &[Summary], data_on_stdout: bool) -> Res
     Ok(())
 }
 
-pub fn pack(args: &PackArgs) -> Result<()> {
-    let format: Format = args.format.parse()?;
-    let common = &args.common;
-    let level = match args.level {
-        Some(l) => {
-            let (lo, hi) = format.level_range();
-            if l < lo || l > hi {
-                // lz4 and snappy have one speed here; accept any level the
-                // standard tool accepts, like `lz4 -9` would, by clamping.
-                if matches!(format, Format::Lz4 | Format::Snappy) && (1..=12).contains(&l) {
-                    lo
-                } else {
-                    bail!("{format}: level {l} is out of range {lo}..={hi}");
-                }
-            } else {
-                l
-            }
-        }
-        None => format.default_level(),
+/// One input as `-l` lists it.
+#[derive(Serialize)]
+struct Listed<'a> {
+    format: &'a str,
+    compressed: u64,
+    uncompressed: u64,
+    /// Compressed size over uncompressed size, as in every summary.
+    ratio: f64,
+    name: &'a str,
+}
+
+/// `-l`: a line per input, as `gzip -l` and `zstd -l` print, or JSON.
+fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
+    let listed: Vec<Listed> = summaries
+        .iter()
+        .map(|s| Listed {
+            format: &s.format,
+            compressed: s.bytes_in,
+            uncompressed: s.bytes_out,
+            ratio: s.ratio,
+            name: &s.input,
+        })
+        .collect();
+    if common.json {
+        println!("{}", to_json(&listed)?);
+        return Ok(());
+    }
+    println!(
+        "{:<6} {:>15} {:>15} {:>6}  name",
+        "format", "compressed", "uncompressed", "ratio"
+    );
+    let line = |l: &Listed| {
+        println!(
+            "{:<6} {:>15} {:>15} {:>6.3}  {}",
+            l.format, l.compressed, l.uncompressed, l.ratio, l.name
+        )
     };
+    listed.iter().for_each(line);
+    // Several inputs end with their totals, as in gzip -l.
+    if listed.len() > 1 {
+        let compressed = listed.iter().map(|l| l.compressed).sum();
+        let uncompressed: u64 = listed.iter().map(|l| l.uncompressed).sum();
+        line(&Listed {
+            format: "",
+            compressed,
+            uncompressed,
+            ratio: if uncompressed == 0 {
+                0.0
+            } else {
+                compressed as f64 / uncompressed as f64
+            },
+            name: "(totals)",
+        });
+    }
+    Ok(())
+}
+
+/// The level asked for, checked against the levels the format's encoder
+/// really has: a level it lacks is refused, never quietly replaced.
+fn level(args: &PackArgs, format: Format) -> Result<i32> {
+    let (lo, hi) = format.level_range();
+    let level = if args.best {
+        hi
+    } else if args.fast {
+        1
+    } else {
+        args.level.unwrap_or_else(|| format.default_level())
+    };
+    if (lo..=hi).contains(&level) {
+        Ok(level)
+    } else if lo == hi {
+        bail!("{format} has no level {level}: cairn writes {format} at level {lo} only")
+    } else {
+        bail!("{format} has no level {level} (its levels are {lo}..={hi})")
+    }
+}
+
+pub fn pack(args: &PackArgs) -> Result<()> {
+    if args.decompress || args.decode.test || args.decode.list {
+        return unpack_files(&args.decode, &args.common);
+    }
+    let common = &args.common;
+    let format = match (&args.format, &common.output) {
+        (Some(name), _) => name.parse()?,
+        (None, Some(out)) => format_of_name(out).map_or(Format::Gzip, |(f, _)| f),
+        (None, None) => Format::Gzip,
+    };
+    let level = level(args, format)?;
     let block = args
         .block
         .unwrap_or_else(|| format.default_block_size(level));
@@ -138,19 +306,25 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         bail!("-b {block}: block size over the 64 MiB limit");
     }
     let threads = threads(common)?;
-    let plans = plan(common, |p| {
+    let plans = plan(common, false, |p| {
+        // As gzip and pigz: x.gz is not packed again into x.gz.gz.
+        if !common.force && format_of_name(p).is_some_and(|(f, _)| f == format) {
+            bail!("already has a {format} suffix; unchanged (-f packs it anyway)");
+        }
         let mut name = p.as_os_str().to_owned();
         name.push(format.suffix());
         Ok(PathBuf::from(name))
     })?;
-    let mut summaries = Vec::new();
-    let data_on_stdout = plans.iter().any(|p| matches!(p.dest, Dest::Stdout));
-    for plan in &plans {
-        let s = pack_one(plan, format, level, block, threads, common)
-            .with_context(|| plan.source.name())?;
-        summaries.push(s);
+    let data_on_stdout = any_planned(&plans, |p| matches!(p.dest, Dest::Stdout));
+    if data_on_stdout {
+        // Once for the run, not once per input.
+        refuse_terminal_stdout(common.force)?;
     }
-    emit(common, &summaries, data_on_stdout)
+    let (summaries, result) = run_all(plans, |plan| {
+        pack_one(plan, format, level, block, threads, common)
+    });
+    emit(common, &summaries, data_on_stdout)?;
+    result
 }
 
 /// What a pack worker hands the writer: the encoded bytes and their meta.
@@ -220,6 +394,7 @@ fn pack_one(
 ) -> Result<Summary> {
     let started = Instant::now();
     let (file, size) = plan.source.open()?;
+    let input_meta = input_metadata(&plan.source, &file);
     // A regular file is read by its data extents (size is known only for
     // those).
     let mut reader: Box<dyn SparseRead> = if size.is_some() {
@@ -307,7 +482,7 @@ fn pack_one(
         .write_all(&tail)
         .with_context(|| out_name.clone())?;
     bytes_out += tail.len() as u64;
-    finish(plan, sink)?;
+    finish(plan, sink, input_meta.as_ref())?;
     Ok(Summary::new(
         "pack",
         plan.source.name(),
@@ -323,38 +498,28 @@ fn pack_one(
 }
 
 pub fn unpack(args: &UnpackArgs) -> Result<()> {
-    let common = &args.common;
+    unpack_files(&args.decode, &args.common)
+}
+
+/// `cairn unpack` and `cairn pack -d`: decode, test (`-t`) or list (`-l`).
+fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     let threads = threads(common)?;
-    let plans = plan(common, |p| {
-        let name = p.to_string_lossy();
-        for f in Format::ALL {
-            let extra: &[&str] = match f {
-                Format::Gzip => &[".tgz"],
-                Format::Zstd => &[".tzst"],
-                Format::Bzip2 => &[".tbz2", ".tbz"],
-                Format::Xz => &[".txz"],
-                _ => &[],
-            };
-            if let Some(stem) = name.strip_suffix(f.suffix()) {
-                if !stem.is_empty() && !stem.ends_with('/') {
-                    return Ok(PathBuf::from(stem));
-                }
-            }
-            for e in extra {
-                if let Some(stem) = name.strip_suffix(e) {
-                    return Ok(PathBuf::from(format!("{stem}.tar")));
-                }
-            }
-        }
-        bail!("{name}: unknown suffix; use -c or -o to name the output")
+    let check_only = decode.test || decode.list;
+    let plans = plan(common, check_only, |p| match format_of_name(p) {
+        Some((_, out)) => Ok(out),
+        None => bail!("unknown suffix; use -c or -o to name the output"),
     })?;
-    let data_on_stdout = plans.iter().any(|p| matches!(p.dest, Dest::Stdout));
-    let mut summaries = Vec::new();
-    for plan in &plans {
-        let s = unpack_one(plan, threads, common, args.long).with_context(|| plan.source.name())?;
-        summaries.push(s);
+    if any_planned(&plans, |p| matches!(p.source, Source::Stdin)) {
+        refuse_terminal_stdin(common.force)?;
     }
-    emit(common, &summaries, data_on_stdout)
+    let data_on_stdout = any_planned(&plans, |p| matches!(p.dest, Dest::Stdout));
+    let (summaries, result) = run_all(plans, |plan| unpack_one(plan, threads, common, decode.long));
+    if decode.list {
+        list(common, &summaries)?;
+    } else {
+        emit(common, &summaries, data_on_stdout)?;
+    }
+    result
 }
 
 fn unpack_one(
@@ -365,6 +530,7 @@ fn unpack_one(
 ) -> Result<Summary> {
     let started = Instant::now();
     let (mut reader, size) = plan.source.open()?;
+    let input_meta = input_metadata(&plan.source, &reader);
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
         .take(16)
@@ -425,7 +591,7 @@ fn unpack_one(
         h.finish(sink.writer()).with_context(|| sink.name())?;
     }
     let bytes_in = splitter.offset();
-    finish(plan, sink)?;
+    finish(plan, sink, input_meta.as_ref())?;
     Ok(Summary::new(
         "unpack",
         plan.source.name(),

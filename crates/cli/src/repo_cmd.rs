@@ -35,7 +35,7 @@ pub(crate) struct InitArgs {
     /// (default: REPO/data).
     #[arg(long = "target", value_name = "DIR")]
     pub targets: Vec<PathBuf>,
-    /// Seal packs at this size (1M to 2G; default 32M).
+    /// Seal packs at this size (1M to 2G; default 32M; binary units: 32M = 32MiB).
     #[arg(long, value_parser = crate::parse_size)]
     pub pack_size: Option<usize>,
     /// Print the result as JSON.

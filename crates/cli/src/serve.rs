@@ -72,7 +72,7 @@ pub(crate) struct ServeArgs {
     /// never, as qemu-nbd; kernel clients idle for hours).
     #[arg(long = "idle-timeout", value_name = "SECS", default_value_t = 0)]
     pub idle_timeout: u64,
-    /// Cache of decompressed chunks per repository image (e.g. 256M).
+    /// Cache of decompressed chunks per repository image (e.g. 256M; binary units: 256M = 256MiB).
     #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
     /// Threads decoding ahead of sequential readers (default: cores).

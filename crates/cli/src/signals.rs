@@ -117,9 +117,24 @@ pub fn stop_flag() -> &'static std::sync::atomic::AtomicBool {
             libc::signal(sig, on_stop as *const () as libc::sighandler_t);
         }
     }
+    ignore_sigpipe();
+    &STOP
+}
+
+/// A write to a closed pipe kills the process with SIGPIPE, quietly, as
+/// in coreutils (`cairn unpack -c x.gz | head` ends with status 141).
+pub fn default_sigpipe() {
+    // SAFETY: SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// A write to a closed pipe or socket returns EPIPE, for code that talks
+/// to a peer and must report that it went away.
+pub fn ignore_sigpipe() {
     // SAFETY: SIG_IGN is a valid disposition for SIGPIPE.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    &STOP
 }

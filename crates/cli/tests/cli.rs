@@ -127,23 +127,38 @@ fn levels_pigz_style_and_errors() {
     let fast = cairn_ok(&["pack", "-1"], &data);
     let best = cairn_ok(&["pack", "-9"], &data);
     assert!(best.len() < fast.len());
+    assert!(cairn_ok(&["pack", "--fast"], &data) == fast);
+    assert!(cairn_ok(&["pack", "--level", "9"], &data) == best);
+    // --best is the format's highest level (gzip: libdeflate's 12).
+    assert!(cairn_ok(&["pack", "--best"], &data) == cairn_ok(&["pack", "-12"], &data));
+    // The last level given wins, as in gzip.
+    assert!(cairn_ok(&["pack", "-1", "-9"], &data) == best);
     let z19 = cairn_ok(&["pack", "-F", "zstd", "-19"], &data);
-    let zneg = cairn_ok(&["pack", "-F", "zstd", "-l", "-5"], &data);
+    let zneg = cairn_ok(&["pack", "-F", "zstd", "--level", "-5"], &data);
     assert!(z19.len() < zneg.len());
     for bad in [
-        &["pack", "-F", "gzip", "-l", "30"][..],
+        &["pack", "-F", "gzip", "--level", "30"][..],
         &["pack", "-F", "rar"],
-        &["pack", "-T", "0"],
         &["pack", "-b", "1G"],
         &["pack", "-b", "12Q"],
         &["unpack", "/nonexistent/file.gz"],
+        // Levels a format lacks are refused, not replaced by another.
+        &["pack", "-F", "lz4", "-9"],
+        &["pack", "-F", "snappy", "-3"],
+        &["pack", "-F", "xz", "-12"],
+        &["pack", "-F", "bzip2", "--level", "0"],
     ] {
         let out = cairn_pipe(bad, &data);
-        assert!(!out.status.success(), "{bad:?} succeeded");
+        let code = out.status.code();
+        assert!(code == Some(1) || code == Some(2), "{bad:?}: {code:?}");
         let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.stdout.is_empty(), "{bad:?} wrote data");
+        assert_eq!(err.lines().count(), 1, "{bad:?}: {err}");
         assert!(!err.contains("panicked"), "{bad:?}: {err}");
-        assert!(err.lines().count() <= 3, "{bad:?}: {err}");
     }
+    let out = cairn_pipe(&["pack", "-F", "lz4", "-9"], &data);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lz4 has no level 9"), "{err}");
 }
 
 #[test]
@@ -159,4 +174,591 @@ fn unknown_suffix_is_refused_without_touching_the_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown suffix"));
     assert_eq!(listing(dir.path()), ["noext"]);
+}
+
+/// Run a bash script in `dir`, with `$CAIRN` the binary under test.
+fn bash(dir: &std::path::Path, script: &str) -> std::process::Output {
+    std::process::Command::new("bash")
+        .args(["-c", script])
+        .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A small tree of files to tar: text, zeros, noise.
+fn make_tree(root: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let files = vec![
+        (root.join("tree/a.txt"), mixed(700_000, 40)),
+        (root.join("tree/sub/zeros"), vec![0u8; 300_000]),
+        (root.join("tree/sub/noise"), noise(200_000, 41)),
+    ];
+    for (path, data) in &files {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+    files
+}
+
+#[test]
+fn tar_creates_and_extracts_through_pack() {
+    if !have("tar") || !have("zstd") || !have("gzip") {
+        return;
+    }
+    // A level in the command must not upset extraction (tar adds -d).
+    for (format, suffix, peer) in [
+        ("zstd", "tar.zst", "zstd"),
+        ("gzip", "tar.gz", "gzip"),
+        ("zstd -19", "tar.zst", "zstd"),
+        ("gzip -9", "tar.gz", "gzip"),
+    ] {
+        let dir = tempdir();
+        let files = make_tree(dir.path());
+        // tar runs the program as it is to create, with -d to extract.
+        let out = bash(
+            dir.path(),
+            &format!(
+                "tar -I \"$CAIRN pack -F {format}\" -cf x.{suffix} tree && \
+                 {peer} -t x.{suffix} && rm -r tree && \
+                 tar -I \"$CAIRN pack -F {format}\" -xf x.{suffix}"
+            ),
+        );
+        assert!(out.status.success(), "{format}: {}", stderr(&out));
+        for (path, data) in &files {
+            assert!(std::fs::read(path).unwrap() == *data, "{format}: {path:?}");
+        }
+    }
+}
+
+#[test]
+fn decompress_test_and_list_like_gzip() {
+    if !have("gzip") || !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(1_000_000, 42);
+    std::fs::write(dir.path().join("g"), &data).unwrap();
+    std::fs::write(dir.path().join("z"), &data).unwrap();
+    let out = bash(dir.path(), "gzip -k g && zstd -q --rm z");
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // -d, -dc: as gzip -d; the input goes after success.
+    let out = cairn()
+        .args(["pack", "-dc", "g.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout == data,
+        "{}",
+        stderr(&out)
+    );
+    let out = cairn()
+        .args(["pack", "-d", "z.zst"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(listing(dir.path()), ["g", "g.gz", "z"]);
+    assert!(std::fs::read(dir.path().join("z")).unwrap() == data);
+
+    // -t: checks, writes nothing, keeps the input; damage fails it.
+    for args in [&["pack", "-t", "g.gz"][..], &["unpack", "-t", "g.gz"]] {
+        let out = cairn().args(args).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{args:?}");
+    }
+    assert_eq!(listing(dir.path()), ["g", "g.gz", "z"]);
+    let mut bad = std::fs::read(dir.path().join("g.gz")).unwrap();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x55;
+    std::fs::write(dir.path().join("bad.gz"), &bad).unwrap();
+    let peer = bash(dir.path(), "gzip -t bad.gz");
+    let out = cairn()
+        .args(["pack", "-t", "bad.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!peer.status.success() && !out.status.success());
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad.gz"), "{}", stderr(&out));
+
+    // -l: the sizes gzip -l gives (one member under 4 GiB: exact there).
+    let out = cairn()
+        .args(["pack", "-l", "g.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let peer = String::from_utf8(bash(dir.path(), "gzip -l g.gz").stdout).unwrap();
+    let peer: Vec<&str> = peer.lines().nth(1).unwrap().split_whitespace().collect();
+    let ours: Vec<&str> = text.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(ours[0], "gzip", "{text}");
+    assert_eq!(ours[1..3], peer[0..2], "{text}");
+    assert_eq!(ours[4], "g.gz", "{text}");
+    // Several inputs: a line each and their totals, as gzip -l prints.
+    let out = cairn()
+        .args(["unpack", "-l", "g.gz", "g.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let totals: Vec<&str> = text.lines().nth(3).unwrap().split_whitespace().collect();
+    let double = |s: &str| (s.parse::<u64>().unwrap() * 2).to_string();
+    assert_eq!(
+        totals,
+        [
+            double(peer[0]),
+            double(peer[1]),
+            totals[2].to_string(),
+            "(totals)".into()
+        ]
+    );
+    let out = cairn()
+        .args(["unpack", "-l", "--json", "g.gz", "bad.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(v["format"], "gzip");
+    assert_eq!(v["uncompressed"], data.len());
+    assert_eq!(
+        v["compressed"],
+        std::fs::metadata(dir.path().join("g.gz")).unwrap().len()
+    );
+    assert_eq!(v["name"], "g.gz");
+    assert_eq!(
+        listing(dir.path()),
+        ["bad.gz", "g", "g.gz", "z"],
+        "-l keeps inputs"
+    );
+}
+
+#[test]
+fn short_flags_combine_as_in_gzip() {
+    if !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(500_000, 43);
+    std::fs::write(dir.path().join("a"), &data).unwrap();
+    let nine = cairn_ok(&["pack", "-9"], &data);
+    for args in [
+        &["pack", "-9c", "a"][..],
+        &["pack", "-c9", "a"],
+        &["pack", "-kc9", "a"],
+    ] {
+        let out = cairn().args(args).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout == nine, "{args:?}: not level 9");
+        assert!(run_ok("gzip", &["-dc"], &out.stdout) == data, "{args:?}");
+    }
+    let out = cairn()
+        .args(["pack", "-kv", "a"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a ->") || stderr(&out).contains("a:"),
+        "-v: {}",
+        stderr(&out)
+    );
+    assert_eq!(listing(dir.path()), ["a", "a.gz"], "-k keeps the input");
+    let out = cairn()
+        .args(["pack", "-dc", "a.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success() && out.stdout == data);
+}
+
+#[test]
+fn threads_zero_means_every_core() {
+    let data = mixed(300_000, 44);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for args in [
+        &["pack", "-T0", "--json", "-o", "-"][..],
+        &["pack", "-T", "0", "--json", "-o", "-"],
+    ] {
+        let out = cairn_pipe(args, &data);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+        assert_eq!(v["threads"], cores, "{args:?}");
+    }
+}
+
+#[test]
+fn format_follows_the_output_suffix() {
+    let dir = tempdir();
+    let data = mixed(200_000, 45);
+    std::fs::write(dir.path().join("in"), &data).unwrap();
+    for (suffix, format) in [
+        ("gz", "gzip"),
+        ("zst", "zstd"),
+        ("lz4", "lz4"),
+        ("sz", "snappy"),
+        ("lzo", "lzop"),
+        ("bz2", "bzip2"),
+        ("xz", "xz"),
+        ("tgz", "gzip"),
+        ("tzst", "zstd"),
+        ("raw", "gzip"),
+    ] {
+        let name = format!("out.{suffix}");
+        let out = cairn()
+            .args(["pack", "-k", "-o", &name, "in"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let out = cairn()
+            .args(["unpack", "-l", "--json", &name])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["format"], format, "{name}");
+        assert_eq!(v["uncompressed"], data.len(), "{name}");
+    }
+    // The peer agrees, and -F still wins over the suffix.
+    if have("zstd") {
+        let out = bash(dir.path(), "zstd -dc out.zst | cmp - in");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = cairn()
+        .args(["pack", "-k", "-F", "xz", "-o", "forced.zst", "in"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read(dir.path().join("forced.zst"))
+        .unwrap()
+        .starts_with(b"\xfd7zXZ"));
+}
+
+#[test]
+fn sizes_take_binary_units() {
+    let data = mixed(300_000, 46);
+    for (size, bytes) in [
+        ("64K", 65536),
+        ("64KiB", 65536),
+        ("64KB", 65536),
+        ("1M", 1 << 20),
+        ("1MiB", 1 << 20),
+    ] {
+        let out = cairn_pipe(&["pack", "-b", size, "--json", "-o", "-"], &data);
+        assert!(out.status.success(), "{size}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+        assert_eq!(v["block_size"], bytes, "{size}");
+    }
+}
+
+/// The exit status of the first command of a pipe that ends in `reader`,
+/// once `reader` has gone: 0 if it finished first, 141 if SIGPIPE killed
+/// it; anything else (an error, a panic's 101) is wrong.
+fn status_into_closed_pipe(dir: &std::path::Path, writer: &str, reader: &str) -> (i32, String) {
+    let out = bash(
+        dir,
+        &format!("{writer} 2>stderr.txt | {reader}; echo ${{PIPESTATUS[0]}}"),
+    );
+    let status = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let err = std::fs::read_to_string(dir.join("stderr.txt")).unwrap();
+    (status, err)
+}
+
+#[test]
+fn sigpipe_ends_quietly_like_gzip() {
+    if !have("gzip") || !have("head") {
+        return;
+    }
+    let dir = tempdir();
+    // Far more than a pipe holds, so the writer meets the closed pipe.
+    std::fs::write(dir.path().join("big"), noise(24 << 20, 47)).unwrap();
+    let out = bash(dir.path(), "gzip -1 -k big && \"$CAIRN\" init repo");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (gzip, _) = status_into_closed_pipe(dir.path(), "gzip -dc big.gz", "head -c 10 >/dev/null");
+    assert!(gzip == 0 || gzip == 141, "gzip: {gzip}");
+    for (writer, reader) in [
+        ("\"$CAIRN\" unpack -c big.gz", "head -c 10 >/dev/null"),
+        ("\"$CAIRN\" pack -dc big.gz", "head -c 10 >/dev/null"),
+        ("\"$CAIRN\" pack -c -T2 big", "head -c 10 >/dev/null"),
+        // The reader is gone before cairn writes its first line.
+        ("{ sleep 0.3; \"$CAIRN\" ls --repo repo; }", "true"),
+        ("{ sleep 0.3; \"$CAIRN\" unpack -c big.gz; }", "true"),
+    ] {
+        let (status, err) = status_into_closed_pipe(dir.path(), writer, reader);
+        assert_eq!(status, gzip, "{writer} | {reader}: {err}");
+        assert!(err.is_empty(), "{writer} | {reader}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_file_does_not_stop_the_others() {
+    if !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    let peer_dir = tempdir();
+    let a = mixed(100_000, 48);
+    let c = mixed(120_000, 49);
+    for d in [dir.path(), peer_dir.path()] {
+        std::fs::write(d.join("a"), &a).unwrap();
+        std::fs::write(d.join("c"), &c).unwrap();
+        std::fs::write(d.join("b.gz"), b"not gzip at all").unwrap();
+        let out = bash(d, "gzip a c");
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let peer = bash(peer_dir.path(), "gzip -d a.gz b.gz c.gz");
+    let out = cairn()
+        .args(["unpack", "a.gz", "b.gz", "c.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!peer.status.success());
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // Both leave the same files: the good ones unpacked, the bad one kept.
+    assert_eq!(listing(dir.path()), listing(peer_dir.path()));
+    assert_eq!(listing(dir.path()), ["a", "b.gz", "c"]);
+    assert!(std::fs::read(dir.path().join("c")).unwrap() == c);
+    let err = stderr(&out);
+    let last = err.lines().last().unwrap();
+    assert!(last.contains("1 of 3") && last.contains("b.gz"), "{err}");
+    // A name that has no output name fails on its own too.
+    std::fs::write(dir.path().join("noext"), b"x").unwrap();
+    let out = cairn()
+        .args(["pack", "-d", "noext", "a"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("2 of 2 inputs failed: noext, a"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Run `cmd` with stdin, stdout and stderr on a terminal (a pty from
+/// `script`) unless it redirects them; returns the exit status and what
+/// reached the terminal.
+fn on_terminal(dir: &std::path::Path, cmd: &str) -> (i32, Vec<u8>) {
+    let out = bash(
+        dir,
+        &format!("script -qefc '{cmd}' tty.log >/dev/null; echo $?"),
+    );
+    let status = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    // The log holds what reached the terminal between script's own
+    // "Script started" and "Script done" lines.
+    let log = std::fs::read(dir.join("tty.log")).unwrap();
+    let body_start = log.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let body = &log[body_start..];
+    let done = b"Script done";
+    let body_end = (0..body.len())
+        .rev()
+        .find(|&i| body[i..].starts_with(done))
+        .unwrap_or(body.len());
+    let mut body = body[..body_end].to_vec();
+    while body.last() == Some(&b'\n') {
+        body.pop();
+    }
+    (status, body)
+}
+
+#[test]
+fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
+    if !have("script") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(3_000_000, 50);
+    std::fs::write(dir.path().join("a"), &data).unwrap();
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -c a 2>err.txt");
+    let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+    assert_eq!(status, 1, "{err}");
+    assert!(err.contains("terminal"), "{err}");
+    assert!(
+        !tty.contains(&0x8b),
+        "compressed bytes reached the terminal"
+    );
+    // Nor is compressed data read from one (stdin is the terminal here).
+    for cmd in ["\"$CAIRN\" unpack", "\"$CAIRN\" pack -d"] {
+        let (status, _) = on_terminal(dir.path(), &format!("{cmd} 2>err.txt"));
+        let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+        assert_eq!(status, 1, "{cmd}: {err}");
+        assert!(err.contains("not read from a terminal"), "{cmd}: {err}");
+    }
+    // With -f it is written; into a file, nothing reaches the terminal
+    // (no progress on stdout; stderr here is no terminal either).
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -f -c a >/dev/null 2>err.txt");
+    assert_eq!(status, 0);
+    let (status, _) = on_terminal(dir.path(), "\"$CAIRN\" pack -k -F zstd a 2>err.txt");
+    assert_eq!(status, 0);
+    let (status, tty2) = on_terminal(dir.path(), "\"$CAIRN\" unpack -f a.zst 2>err.txt");
+    assert_eq!(status, 0);
+    let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap();
+    assert!(
+        tty.is_empty() && tty2.is_empty() && err.is_empty(),
+        "{tty:?} {tty2:?} {err}"
+    );
+    assert!(std::fs::read(dir.path().join("a")).unwrap() == data);
+    // Progress is drawn on stderr when that is the terminal, and never
+    // mixes into the data on stdout (a slow level, so the bar shows).
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -F xz -9 -T1 -c a >a.xz");
+    assert_eq!(status, 0);
+    assert!(
+        String::from_utf8_lossy(&tty).contains("pack ["),
+        "no progress on the terminal: {tty:?}"
+    );
+    let out = cairn()
+        .args(["unpack", "-c", "a.xz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stdout == data,
+        "{}",
+        stderr(&out)
+    );
+    let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -q -f -F xz -9 -T1 -c a >a.xz");
+    assert_eq!(status, 0);
+    assert!(tty.is_empty(), "-q drew on the terminal: {tty:?}");
+}
+
+/// The calls that change a file's metadata by path (or by fd).
+const METADATA_CALLS: &str = "chmod,fchmodat,chown,lchown,fchownat,utimensat,utimes";
+
+/// Run cairn under strace and return the metadata calls it made.
+fn metadata_calls(dir: &std::path::Path, args: &[&str]) -> Vec<String> {
+    let out = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-o", "trace.txt", "-e"])
+        .arg(format!("trace={METADATA_CALLS}"))
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let trace = std::fs::read_to_string(dir.join("trace.txt")).unwrap();
+    trace
+        .lines()
+        .filter(|l| {
+            METADATA_CALLS
+                .split(',')
+                .any(|c| l.contains(&format!("{c}(")))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn metadata_is_set_through_the_descriptor() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !have("strace") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(400_000, 51);
+    let input = dir.path().join("m");
+    std::fs::write(&input, &data).unwrap();
+    std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let past = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_500_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(&input)
+        .unwrap()
+        .set_times(
+            std::fs::FileTimes::new()
+                .set_modified(past)
+                .set_accessed(past),
+        )
+        .unwrap();
+    for (args, output) in [
+        (&["pack", "-q", "m"][..], "m.gz"),
+        (&["unpack", "-q", "m.gz"], "m"),
+    ] {
+        let calls = metadata_calls(dir.path(), args);
+        // futimens is utimensat on the descriptor with no path: the one
+        // metadata call allowed, and made (else strace traced nothing).
+        assert!(!calls.is_empty(), "{args:?}: no metadata call traced");
+        for call in &calls {
+            let by_fd = call.contains("utimensat(")
+                && call.split("utimensat(").nth(1).is_some_and(|rest| {
+                    let mut fields = rest.split(", ");
+                    fields.next().is_some_and(|fd| fd.parse::<i32>().is_ok())
+                        && fields.next() == Some("NULL")
+                });
+            assert!(by_fd, "{args:?}: metadata set by path: {call}");
+        }
+        let meta = std::fs::metadata(dir.path().join(output)).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o640, "{output}");
+        assert_eq!(meta.mtime(), 1_500_000_000, "{output}");
+    }
+    assert!(std::fs::read(&input).unwrap() == data);
+}
+
+#[test]
+fn a_symlink_at_the_destination_is_replaced_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    std::fs::write(dir.path().join("in"), b"data").unwrap();
+    std::fs::set_permissions(
+        dir.path().join("in"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("victim"), b"secret").unwrap();
+    std::fs::set_permissions(
+        dir.path().join("victim"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("victim", dir.path().join("in.gz")).unwrap();
+    let out = cairn()
+        .args(["pack", "-f", "in"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let victim = std::fs::metadata(dir.path().join("victim")).unwrap();
+    assert_eq!(victim.permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read(dir.path().join("victim")).unwrap(), b"secret");
+    let out = std::fs::symlink_metadata(dir.path().join("in.gz")).unwrap();
+    assert!(out.file_type().is_file());
+    assert_eq!(out.permissions().mode() & 0o777, 0o644);
+}
+
+#[test]
+fn a_packed_file_is_not_packed_again() {
+    let dir = tempdir();
+    let packed = cairn_ok(&["pack"], b"hello");
+    std::fs::write(dir.path().join("x.gz"), &packed).unwrap();
+    let out = cairn()
+        .args(["pack", "x.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("already has a gzip suffix"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listing(dir.path()), ["x.gz"]);
+    // Another format's suffix is no reason; -f packs it anyway.
+    for args in [
+        &["pack", "-k", "-F", "zstd", "x.gz"][..],
+        &["pack", "-f", "x.gz"],
+    ] {
+        let out = cairn().args(args).current_dir(dir.path()).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(listing(dir.path()), ["x.gz.gz", "x.gz.zst"]);
 }
