@@ -4,13 +4,12 @@
 
 use anyhow::{bail, Context, Result};
 use cairn_blockdev::{BlockDev, FaultDev, FileDev, FileOptions, RotationalModel};
-use cairn_wbcache::{FormatOptions, WbCache, WbConfig, WbStatus};
+use cairn_wbcache::{FormatOptions, Inspection, WbCache, WbConfig, WbStatus};
 use clap::{Args, Subcommand};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub(crate) struct CacheArgs {
@@ -20,8 +19,8 @@ pub(crate) struct CacheArgs {
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum CacheCommand {
-    /// Dirty data, segments and counters of a cache (recovers its log,
-    /// writes nothing back).
+    /// Dirty data and segments of a cache, and any damage (reads its log,
+    /// writes nothing; exits non-zero naming damage if there is any).
     Status(CacheTarget),
     /// Write everything in the cache back to the backing file.
     Drain(CacheTarget),
@@ -63,6 +62,10 @@ pub(crate) struct CacheTarget {
     /// Model the backing file as a 7200 rpm disk (benchmarks).
     #[arg(long = "hdd")]
     pub hdd: bool,
+    /// Drain or detach a cache whose log is damaged anyway, without the
+    /// writes that cannot be read back.
+    #[arg(long = "accept-loss")]
+    pub accept_loss: bool,
     /// Print JSON.
     #[arg(long = "json")]
     pub json: bool,
@@ -118,15 +121,6 @@ pub(crate) fn open_cached(
     Ok((wb, lock))
 }
 
-/// A configuration that writes nothing back on its own (for `status`).
-fn quiet_config() -> WbConfig {
-    WbConfig {
-        dirty_high: 1.0,
-        idle_writeback: Duration::from_secs(365 * 24 * 3600),
-        ..WbConfig::default()
-    }
-}
-
 pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     let (t, drain, detach) = match &a.command {
         CacheCommand::Status(t) => (t, false, false),
@@ -145,13 +139,10 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     if t.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let cfg = if drain {
-        WbConfig {
-            batch: t.batch,
-            ..WbConfig::default()
-        }
-    } else {
-        quiet_config()
+    let cfg = WbConfig {
+        batch: t.batch,
+        accept_loss: t.accept_loss,
+        ..WbConfig::default()
     };
     let mut image = None;
     let mut backing: Arc<dyn BlockDev> = match (&t.backing, &t.image) {
@@ -179,6 +170,9 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
             backing,
             RotationalModel::default(),
         ));
+    }
+    if !drain {
+        return inspect(cache, backing.size(), t.json);
     }
     let started = std::time::Instant::now();
     let (wb, lock) = open_cached(backing, cache, cfg, false)?;
@@ -233,6 +227,82 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// `cache status` of a cache no server holds: read its log without
+/// writing anything; damage is printed and makes the exit status non-zero.
+fn inspect(cache: &Path, backing_size: u64, json: bool) -> Result<()> {
+    let lock = lock_cache(cache)?;
+    let dev = FileDev::open(
+        cache,
+        FileOptions {
+            read_only: true,
+            ..FileOptions::default()
+        },
+    )
+    .with_context(|| format!("cannot open the cache {}", cache.display()))?;
+    if is_blank(&dev)? {
+        bail!("{} is not a cairn cache (blank)", cache.display());
+    }
+    let i = WbCache::inspect(&dev, backing_size)
+        .with_context(|| format!("cache {}", cache.display()))?;
+    drop(lock);
+    let name = cache.display().to_string();
+    if json {
+        println!("{}", inspection_json(&name, &i));
+    } else {
+        println!("{}", inspection_line(&name, &i));
+        for n in &i.notes {
+            eprintln!("cairn: cache {name}: note: {n}");
+        }
+    }
+    if let Some(first) = i.damage.first() {
+        for d in &i.damage[1..] {
+            eprintln!("cairn: cache {name}: damaged {d}");
+        }
+        bail!(
+            "cache {name}: damaged {first} (serve and drain refuse it; --accept-loss goes on \
+             without the lost writes)"
+        );
+    }
+    Ok(())
+}
+
+fn inspection_json(cache: &str, i: &Inspection) -> serde_json::Value {
+    serde_json::json!({
+        "cache": cache,
+        "format_version": i.version,
+        "segment_count": i.segment_count,
+        "clean_id": i.clean_id,
+        "last_written_id": i.last_id,
+        "dirty_blocks": i.dirty_blocks,
+        "dirty_bytes": i.dirty_blocks * 4096,
+        "dirty_segments": i.dirty_segments,
+        "plog_records": i.plog_records,
+        "stale_headers": i.stale_headers,
+        "damage": i.damage.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "notes": i.notes,
+    })
+}
+
+fn inspection_line(cache: &str, i: &Inspection) -> String {
+    format!(
+        "{cache}: format {}, {} segments, log up to segment {}, written back up to {}; {} dirty \
+         blocks ({} MiB) in {} segments and {} plog records; {}",
+        i.version,
+        i.segment_count,
+        i.last_id,
+        i.clean_id,
+        i.dirty_blocks,
+        (i.dirty_blocks * 4096) >> 20,
+        i.dirty_segments,
+        i.plog_records,
+        if i.damage.is_empty() {
+            "no damage".to_string()
+        } else {
+            format!("DAMAGED ({} places)", i.damage.len())
+        }
+    )
 }
 
 /// A cache's status as JSON.

@@ -102,6 +102,11 @@ pub(crate) struct ServeArgs {
     /// when full or flushed).
     #[arg(long = "cache-flush-deadline-ms", default_value_t = WbConfig::default().flush_deadline.as_millis() as u64)]
     pub cache_flush_deadline_ms: u64,
+    /// Write-back cache: open a cache whose log is damaged (writes that
+    /// were flushed cannot be read back) anyway, without what is lost.
+    /// Without it such a cache is refused, naming the damage.
+    #[arg(long = "cache-accept-loss")]
+    pub cache_accept_loss: bool,
     /// A unix socket where `cairn cache status|drain --control SOCK` reach
     /// the write-back caches of this server.
     #[arg(long = "control", value_name = "SOCK")]
@@ -229,6 +234,7 @@ fn attach_cache(
         plog: a.cache_plog,
         seq_cutoff: a.cache_seq_cutoff as u64,
         flush_deadline: std::time::Duration::from_millis(a.cache_flush_deadline_ms),
+        accept_loss: a.cache_accept_loss,
         ..WbConfig::default()
     };
     let (wb, lock) = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;

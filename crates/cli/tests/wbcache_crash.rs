@@ -508,3 +508,156 @@ fn control_socket_reports_and_drains_a_running_cache() {
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+/// Issue 17: a damaged segment in the middle of the log was taken for a
+/// torn tail: writes flushed to it and to every later segment vanished
+/// without a word, and `cache status`, which says it writes nothing,
+/// rewrote later segment headers. Now status names the damage, exits
+/// non-zero and leaves the cache as it was; serve refuses the cache in
+/// one line; `--cache-accept-loss` opens it without the lost writes.
+#[test]
+fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    std::fs::write(d.join("back.raw"), vec![0u8; (BLOCKS * 4096) as usize]).unwrap();
+    std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
+    let cache = d.join("cache.dev");
+    let sock = d.join("s.sock");
+    // Nothing written back on its own: the damaged segment stays dirty.
+    let serve = |extra: &[&str]| {
+        let mut c = cairn();
+        c.args([
+            "serve",
+            "--cache-idle-ms",
+            "3600000",
+            "--cache-dirty-high",
+            "1",
+        ])
+        .args(extra)
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--file")
+        .arg(format!(
+            "d={},cache={}",
+            d.join("back.raw").display(),
+            cache.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+        c
+    };
+    let mut server = serve(&[]).stderr(Stdio::null()).spawn().unwrap();
+    wait_for(&[&sock]);
+    let uri = format!("nbd+unix:///d?socket={}", d.join("s.sock").display());
+    let qemu_io = |cmds: &[&str]| {
+        let mut c = Command::new("qemu-io");
+        c.args(["-f", "raw", &uri]);
+        for cmd in cmds {
+            c.args(["-c", cmd]);
+        }
+        c.output().unwrap()
+    };
+    // Three flushes: segments 1, 2 and 3 in the log.
+    let out = qemu_io(&[
+        "write -P 0x11 0 64k",
+        "flush",
+        "write -P 0x22 1M 64k",
+        "flush",
+        "write -P 0x33 2M 64k",
+        "flush",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    // A byte of segment 2's data (the ring starts at 1 MiB; a slot is
+    // 253 blocks).
+    let mut img = std::fs::read(&cache).unwrap();
+    img[(1 << 20) + 253 * 4096 + 4096 + 100] ^= 0x40;
+    std::fs::write(&cache, &img).unwrap();
+
+    let out = offline(d, Backing::File, &["status"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "status of a damaged cache succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        err.contains("segment 2"),
+        "status does not name the damage: {err}"
+    );
+    assert!(
+        std::fs::read(&cache).unwrap() == img,
+        "status wrote to the cache"
+    );
+    let out = offline(d, Backing::File, &["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["damage"].as_array().map(Vec::len), Some(1), "{v}");
+
+    let out = cairn()
+        .args(["serve", "--socket"])
+        .arg(d.join("s.sock"))
+        .arg("--file")
+        .arg(format!(
+            "d={},cache={}",
+            d.join("back.raw").display(),
+            cache.display()
+        ))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve opened a damaged cache");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("damaged") && err.contains("--accept-loss"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&cache).unwrap() == img,
+        "a refused serve wrote to the cache"
+    );
+
+    // Accepting the loss: segment 1 stays, segments 2 and 3 are gone.
+    let sock = d.join("s.sock");
+    let _ = std::fs::remove_file(&sock);
+    let mut server = cairn()
+        .args(["serve", "--cache-accept-loss", "--socket"])
+        .arg(&sock)
+        .arg("--file")
+        .arg(format!(
+            "d={},cache={}",
+            d.join("back.raw").display(),
+            cache.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&[&sock]);
+    let out = qemu_io(&["read -P 0x11 0 64k", "read -P 0 1M 64k", "read -P 0 2M 64k"]);
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("Pattern"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(server.id() as i32, libc::SIGTERM);
+    }
+    assert!(server.wait().unwrap().success());
+    let out = offline(d, Backing::File, &["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

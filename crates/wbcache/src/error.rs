@@ -111,6 +111,18 @@ pub enum WbError {
     /// writing (acknowledged data is still in RAM or in the log).
     #[error("write-back cache failed earlier: {0}")]
     Failed(Arc<WbError>),
+    /// The log is damaged: writes that were flushed cannot be read back.
+    #[error(
+        "damaged write-back cache: {damage}{}; refusing to start (--accept-loss opens it \
+         without what is lost)",
+        if *more > 0 { format!(" (and {more} more)") } else { String::new() }
+    )]
+    Damaged {
+        /// The first damage found.
+        damage: crate::recovery::Damage,
+        /// How many more were found.
+        more: usize,
+    },
     /// The cache is shutting down.
     #[error("write-back cache is closed")]
     Closed,

@@ -24,8 +24,16 @@ pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
 /// 2 added the persistent log; a version 1 cache (no plog records, the
 /// region unused) is read as one with an empty plog. The bump keeps a
 /// reader that knows no plog from opening a cache whose newest flushed
-/// writes may be only in the plog.
-pub const FORMAT_VERSION: u32 = 2;
+/// writes may be only in the plog. Version 3 made damage tell itself from
+/// a torn tail: every segment header records the newest segment known
+/// durable when it was sealed, and `format` writes a first watermark, so
+/// a cache with no readable watermark is damaged. Versions 1 and 2 (no
+/// such record: a damaged segment there still reads as the end of the
+/// log) are read.
+pub const FORMAT_VERSION: u32 = 3;
+/// The first version whose segment headers record the durable id and
+/// whose `format` writes a watermark.
+pub const DAMAGE_EVIDENT_VERSION: u32 = 3;
 
 const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
 const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
@@ -72,6 +80,8 @@ fn id16(b: &[u8], at: usize) -> [u8; 16] {
 /// The superblock (offset 0, written once by `format`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Superblock {
+    /// The format version on disk (encode always writes FORMAT_VERSION).
+    pub version: u32,
     pub segment_count: u64,
     pub cache_id: [u8; 16],
     pub backing_size: u64,
@@ -120,6 +130,7 @@ impl Superblock {
             return Err(bad("fewer than 2 segments"));
         }
         Ok(Superblock {
+            version,
             segment_count,
             cache_id: id16(b, 32),
             backing_size: le_u64(b, 48),
@@ -191,20 +202,28 @@ pub(crate) fn encode_segment(
 ) -> Vec<u8> {
     let mut img = vec![0u8; BLOCK_SIZE as usize + data.len()];
     img[BLOCK_SIZE as usize..].copy_from_slice(data);
-    finish_segment(cache_id, id, entries, &mut img);
+    finish_segment(cache_id, id, 0, entries, &mut img);
     img
 }
 
 /// Write the header of a segment image in place: `img` is the header
 /// block (overwritten whole) followed by one block per data entry, in
-/// entry order.
-pub(crate) fn finish_segment(cache_id: &[u8; 16], id: u64, entries: &[Entry], img: &mut [u8]) {
+/// entry order. `durable`: every segment up to this id was written and
+/// followed by a cache device flush before this one was sealed.
+pub(crate) fn finish_segment(
+    cache_id: &[u8; 16],
+    id: u64,
+    durable: u64,
+    entries: &[Entry],
+    img: &mut [u8],
+) {
     let (hdr, data) = img.split_at_mut(BLOCK_SIZE as usize);
     hdr.fill(0);
     hdr[0..8].copy_from_slice(SG_MAGIC);
     hdr[8..24].copy_from_slice(cache_id);
     hdr[24..32].copy_from_slice(&id.to_le_bytes());
     hdr[32..36].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    hdr[SG_DURABLE_AT..SG_DURABLE_AT + 8].copy_from_slice(&durable.to_le_bytes());
     put_entries(hdr, entries);
     let crc = header_crc(
         &hdr[..HEADER_FIXED + entries.len() * ENTRY_BYTES],
@@ -216,6 +235,9 @@ pub(crate) fn finish_segment(cache_id: &[u8; 16], id: u64, entries: &[Entry], im
 
 /// Where the CRC field of a segment header is.
 const SG_CRC_AT: usize = 36;
+/// Where a segment header records the newest durable segment (version 3;
+/// zero before).
+const SG_DURABLE_AT: usize = 40;
 /// Where the CRC field of a plog record header is.
 const PL_CRC_AT: usize = 44;
 
@@ -395,6 +417,12 @@ impl SegmentHeader {
     pub fn check_crc(&self, data: &[u8]) -> bool {
         header_crc(&self.header, SG_CRC_AT, data) == self.crc
     }
+
+    /// Every segment up to this id was durable when this one was sealed
+    /// (0 in versions 1 and 2: no claim).
+    pub fn durable(&self) -> u64 {
+        le_u64(&self.header, SG_DURABLE_AT)
+    }
 }
 
 #[cfg(test)]
@@ -413,6 +441,7 @@ mod tests {
     #[test]
     fn superblock_round_trip_and_damage() {
         let sb = Superblock {
+            version: FORMAT_VERSION,
             segment_count: 7,
             cache_id: [3; 16],
             backing_size: 1 << 30,

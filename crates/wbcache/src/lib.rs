@@ -105,18 +105,20 @@
 
 mod error;
 pub mod format;
+mod recovery;
 
 pub use error::{Place, Result, WbError};
 pub use format::{
     segment_offset, segment_slot, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, PLOG_OFFSET,
     RING_OFFSET, SECTOR_SIZE, SEGMENT_BYTES,
 };
+pub use recovery::Damage;
 
 use cairn_blockdev::{
     check_range, read_only, write_zeroes_by_writing, BlockDev, BlockError, BlockSizes, Caps,
     ErrorKind, Op, ZeroFlags,
 };
-use format::{Entry, PlogHeader, SegmentHeader, Superblock, Watermark};
+use format::{Entry, Superblock, Watermark};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,6 +189,10 @@ pub struct WbConfig {
     /// (zero: only when full or flushed). Sealing a part-filled segment
     /// spends a whole ring slot, so it is seconds, not milliseconds.
     pub flush_deadline: Duration,
+    /// Open a cache whose log is damaged (flushed writes unreadable; see
+    /// [`Damage`]) anyway, dropping the log from the damage on. Without
+    /// it, such a cache is refused with [`WbError::Damaged`].
+    pub accept_loss: bool,
 }
 
 impl Default for WbConfig {
@@ -199,8 +205,35 @@ impl Default for WbConfig {
             idle_writeback: Duration::from_secs(1),
             max_sealed_in_ram: 2,
             plog: false,
+            accept_loss: false,
         }
     }
+}
+
+/// What a cache device holds, read without writing anything
+/// ([`WbCache::inspect`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inspection {
+    /// The format version on disk.
+    pub version: u32,
+    /// Segments in the ring.
+    pub segment_count: u64,
+    /// Every segment up to this id is written back.
+    pub clean_id: u64,
+    /// The last segment of the log.
+    pub last_id: u64,
+    /// Segments in the log not written back.
+    pub dirty_segments: u64,
+    /// Blocks whose newest version is in the log (or the plog).
+    pub dirty_blocks: u64,
+    /// Plog records of the open segment.
+    pub plog_records: u64,
+    /// Headers of stale segments and plog records an open would erase.
+    pub stale_headers: usize,
+    /// Damage: flushed writes that cannot be read (empty when healthy).
+    pub damage: Vec<Damage>,
+    /// Findings that cost nothing (a torn watermark write).
+    pub notes: Vec<String>,
 }
 
 /// A snapshot of the cache's state and counters.
@@ -556,90 +589,6 @@ fn random_id() -> [u8; 16] {
     id
 }
 
-/// What replaying the plog found.
-struct PlogReplay {
-    /// Records accepted (the last one's sequence number).
-    seq: u64,
-    /// Where the next record goes.
-    pos: u64,
-    /// Whether stale record headers were erased (a cache flush is due).
-    erased: bool,
-}
-
-/// Replay the plog records of segment `open.id` (in order, seq 1, 2, ...,
-/// up to the first bad one) into the open segment and the index, then
-/// erase the headers of records after them that could be taken for a
-/// continuation later (this cache's, for a segment id >= `open.id`).
-fn replay_plog(
-    cache: &dyn BlockDev,
-    cid: &[u8; 16],
-    blocks: u64,
-    open: &mut OpenSeg,
-    index: &mut HashMap<u64, Loc>,
-) -> Result<PlogReplay> {
-    let mut region = vec![0u8; (RING_OFFSET - PLOG_OFFSET) as usize];
-    cache
-        .read_at(&mut region, PLOG_OFFSET)
-        .map_err(|e| WbError::io(Place::Plog { segment: 0, seq: 0 }, e))?;
-    let mut pos = 0usize;
-    let mut seq = 0u64;
-    while pos + BU <= region.len() {
-        let Some(h) = PlogHeader::decode(&region[pos..pos + BU], cid, blocks) else {
-            break;
-        };
-        if h.segment_id != open.id || h.seq != seq + 1 {
-            break;
-        }
-        let end = pos + (1 + h.data_blocks()) * BU;
-        if end > region.len() || !h.check_crc(&region[pos + BU..end]) {
-            break;
-        }
-        let new = h
-            .entries
-            .iter()
-            .filter(|e| !open.map.contains_key(&e.lba))
-            .count();
-        if open.entries.len() + new > DATA_BLOCKS {
-            break;
-        }
-        let mut at = pos + BU;
-        for e in &h.entries {
-            let block = if e.zero {
-                None
-            } else {
-                at += BU;
-                Some(&region[at - BU..at])
-            };
-            open.put_replayed(e, block, index);
-        }
-        seq = h.seq;
-        pos = end;
-    }
-    let mut erased = false;
-    let mut p = pos;
-    while p + BU <= region.len() {
-        if PlogHeader::peek_segment(&region[p..p + BU], cid).is_some_and(|s| s >= open.id) {
-            let off = PLOG_OFFSET + p as u64;
-            cache.write_at(&[0u8; BU], off, false).map_err(|e| {
-                WbError::io(
-                    Place::Plog {
-                        segment: open.id,
-                        seq: 0,
-                    },
-                    e,
-                )
-            })?;
-            erased = true;
-        }
-        p += BU;
-    }
-    Ok(PlogReplay {
-        seq,
-        pos: PLOG_OFFSET + pos as u64,
-        erased,
-    })
-}
-
 /// Dirty bits of the sectors `off..off + len` of a block.
 fn sector_bits(off: usize, len: usize) -> u8 {
     let first = off / 512;
@@ -686,15 +635,28 @@ impl WbCache {
             });
         }
         let sb = Superblock {
+            version: format::FORMAT_VERSION,
             segment_count: count,
             cache_id: opts.cache_id.unwrap_or_else(random_id),
             backing_size,
             created: now_secs(),
         };
+        // Slot A holds a first watermark (sequence 1, nothing written
+        // back), slot B nothing: from format version 3 on, a cache with no
+        // readable watermark is damaged, not new.
+        let first = Watermark {
+            seq: 1,
+            clean_id: 0,
+        };
         let zero = vec![0u8; BU];
         for (slot, off) in format::WATERMARK_OFFSETS.iter().enumerate() {
+            let b = if slot == Watermark::slot(first.seq) {
+                first.encode(&sb.cache_id)
+            } else {
+                zero.clone()
+            };
             cache
-                .write_at(&zero, *off, false)
+                .write_at(&b, *off, false)
                 .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
         }
         // An empty persistent log (zeroes read as no record).
@@ -722,135 +684,30 @@ impl WbCache {
         backing: Arc<dyn BlockDev>,
         cfg: WbConfig,
     ) -> Result<WbCache> {
-        let mut sbuf = vec![0u8; BU];
-        cache
-            .read_at(&mut sbuf, 0)
-            .map_err(|e| WbError::io(Place::Superblock, e))?;
-        let sb = Superblock::decode(&sbuf)?;
         let size = backing.size();
-        if size != sb.backing_size {
-            return Err(WbError::BackingSizeMismatch {
-                formatted: sb.backing_size,
-                actual: size,
-            });
+        let scan = recovery::scan(&*cache, size)?;
+        if let Some(first) = scan.damage.first() {
+            if !cfg.accept_loss {
+                return Err(WbError::Damaged {
+                    damage: first.clone(),
+                    more: scan.damage.len() - 1,
+                });
+            }
         }
-        let count = sb.segment_count;
-        let needed = RING_OFFSET + count * SEGMENT_BYTES;
-        if cache.size() < needed {
-            return Err(WbError::CacheTooSmall {
-                size: cache.size(),
-                needed,
-            });
-        }
+        recovery::erase_stale(&*cache, &scan.stale)?;
+        let recovery::Scan {
+            sb,
+            wm,
+            index,
+            written,
+            last,
+            open,
+            plog_seq,
+            plog_pos,
+            ..
+        } = scan;
         let cid = sb.cache_id;
-
-        // The watermark: the valid slot with the highest sequence number.
-        let mut wm = Watermark {
-            seq: 0,
-            clean_id: 0,
-        };
-        for (slot, off) in format::WATERMARK_OFFSETS.iter().enumerate() {
-            let mut b = vec![0u8; BU];
-            cache
-                .read_at(&mut b, *off)
-                .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
-            if let Some(w) = Watermark::decode(&b, &cid) {
-                if w.seq > wm.seq {
-                    wm = w;
-                }
-            }
-        }
-
-        // Replay the segments after the watermark.
-        let blocks = size.div_ceil(B);
-        let mut index: HashMap<u64, Loc> = HashMap::default();
-        let mut written = VecDeque::new();
-        let mut last = wm.clean_id;
-        for id in wm.clean_id + 1..=wm.clean_id + count {
-            let place = Place::Segment {
-                id,
-                slot: segment_slot(id, count),
-            };
-            let off = segment_offset(id, count);
-            let mut hb = vec![0u8; BU];
-            cache
-                .read_at(&mut hb, off)
-                .map_err(|e| WbError::io(place, e))?;
-            let Some(h) = SegmentHeader::decode(&hb, &cid, id, blocks) else {
-                break;
-            };
-            let mut data = vec![0u8; h.data_blocks() * BU];
-            cache
-                .read_at(&mut data, off + B)
-                .map_err(|e| WbError::io(place, e))?;
-            if !h.check_crc(&data) {
-                break;
-            }
-            let mut entries = Vec::with_capacity(h.entries.len());
-            let mut d = 0u16;
-            for e in &h.entries {
-                let data = if e.zero {
-                    None
-                } else {
-                    d += 1;
-                    Some(d - 1)
-                };
-                let m = Meta {
-                    lba: e.lba,
-                    dirty: e.dirty,
-                    data,
-                    trim: false,
-                };
-                index.insert(
-                    e.lba,
-                    Loc {
-                        seg: id,
-                        data,
-                        dirty: e.dirty,
-                        trim: false,
-                    },
-                );
-                entries.push(m);
-            }
-            written.push_back(Written { id, entries });
-            last = id;
-        }
-
-        // Erase stale segments in the free slots: after new segments are
-        // written past the end of this log, an old segment with a matching
-        // id further on must not look like part of it.
-        let mut erased = false;
-        for id in last + 1..=wm.clean_id + count {
-            let off = segment_offset(id, count);
-            let place = Place::Segment {
-                id,
-                slot: segment_slot(id, count),
-            };
-            let mut hb = vec![0u8; BU];
-            cache
-                .read_at(&mut hb, off)
-                .map_err(|e| WbError::io(place, e))?;
-            if let Some(old) = SegmentHeader::peek_id(&hb, &cid) {
-                if old > last {
-                    cache
-                        .write_at(&vec![0u8; BU], off, false)
-                        .map_err(|e| WbError::io(place, e))?;
-                    erased = true;
-                }
-            }
-        }
-        // Replay the persistent log into the open segment, and erase the
-        // headers of stale records after it.
-        let mut open = OpenSeg::with_buf(last + 1, segment_buf(&mut Vec::new()));
-        let plog = replay_plog(&*cache, &cid, blocks, &mut open, &mut index)?;
-        erased |= plog.erased;
-
-        if erased {
-            cache
-                .flush()
-                .map_err(|e| WbError::io(Place::CacheFlush, e))?;
-        }
-
+        let count = sb.segment_count;
         // Blocks replayed from the plog into the open segment wait for the
         // flush deadline like new ones.
         let open_since = (!open.entries.is_empty()).then(Instant::now);
@@ -866,9 +723,9 @@ impl WbCache {
             wm_seq: wm.seq,
             wgen: 0,
             synced_gen: 0,
-            plog_seg: if plog.seq > 0 { last + 1 } else { 0 },
-            plog_seq: plog.seq,
-            plog_pos: plog.pos,
+            plog_seg: if plog_seq > 0 { last + 1 } else { 0 },
+            plog_seq,
+            plog_pos,
             flushing: false,
             seg_writing: false,
             drain_to: 0,
@@ -925,6 +782,24 @@ impl WbCache {
             }
         }
         Ok(cache)
+    }
+
+    /// Read a cache device as `open` would, writing nothing and starting
+    /// nothing: its log, what an open would erase, and any damage.
+    pub fn inspect(cache: &dyn BlockDev, backing_size: u64) -> Result<Inspection> {
+        let scan = recovery::scan(cache, backing_size)?;
+        Ok(Inspection {
+            version: scan.sb.version,
+            segment_count: scan.sb.segment_count,
+            clean_id: scan.wm.clean_id,
+            last_id: scan.last,
+            dirty_segments: scan.last - scan.wm.clean_id,
+            dirty_blocks: scan.index.values().filter(|l| l.dirty != 0).count() as u64,
+            plog_records: scan.plog_seq,
+            stale_headers: scan.stale.len(),
+            damage: scan.damage,
+            notes: scan.notes,
+        })
     }
 
     /// Counters and positions of the log.
@@ -1168,7 +1043,7 @@ impl Inner {
             }
             img
         };
-        format::finish_segment(&self.cache_id, id, &entries, &mut image);
+        format::finish_segment(&self.cache_id, id, st.durable_id, &entries, &mut image);
         st.sealed.push_back(Arc::new(Sealed {
             id,
             image,

@@ -104,6 +104,7 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         seq_cutoff: 64 << 10,
         // Short, so that the writeback thread also seals segments.
         flush_deadline: Duration::from_millis(3),
+        accept_loss: false,
     }
 }
 
@@ -150,6 +151,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         plog: false,
         seq_cutoff: 0,
         flush_deadline: Duration::ZERO,
+        accept_loss: false,
     };
     let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();
     let start = std::time::Instant::now();

@@ -98,6 +98,7 @@ fn config() -> WbConfig {
         plog: false,
         seq_cutoff: 0,
         flush_deadline: Duration::ZERO,
+        accept_loss: false,
     }
 }
 

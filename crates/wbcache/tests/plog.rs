@@ -7,7 +7,7 @@
 
 mod common;
 use cairn_blockdev::{BlockDev, Caps, FaultDev, FaultPlan, MemDev, Op, Tear, When, ZeroFlags};
-use cairn_wbcache::{WbCache, WbConfig, PLOG_OFFSET, RING_OFFSET, SEGMENT_BYTES};
+use cairn_wbcache::{WbCache, WbConfig, WbError, PLOG_OFFSET, RING_OFFSET, SEGMENT_BYTES};
 use common::{block, devs, lazy_config, read_block, BACKING};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -223,10 +223,25 @@ fn a_damaged_newest_record_ends_the_replay_there() {
 }
 
 #[test]
-fn a_damaged_older_record_ends_the_replay_and_later_ones_never_return() {
+fn a_damaged_older_record_is_refused_and_with_accept_loss_ends_the_replay() {
     let (cache, backing) = six_records();
     flip(&cache, record_at(3) + 4096 + 7);
-    let wb = open(&cache, &backing);
+    // Records are written one at a time, each flushed before the next: an
+    // intact record 4 proves record 3 was flushed. Damage, not a tear.
+    let e = WbCache::open(cache.clone(), backing.clone(), plog())
+        .err()
+        .expect("a damaged plog was opened");
+    assert!(matches!(e, WbError::Damaged { .. }), "{e}");
+    assert!(e.to_string().contains("record 3"), "{e}");
+    let wb = WbCache::open(
+        cache.clone(),
+        backing.clone(),
+        WbConfig {
+            accept_loss: true,
+            ..plog()
+        },
+    )
+    .unwrap();
     assert_eq!(wb.status().open_blocks, 2);
     assert_eq!(read_block(&wb, 1), block(2));
     for lba in 2..6 {

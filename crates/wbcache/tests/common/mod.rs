@@ -20,6 +20,7 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         plog,
         seq_cutoff: 0,
         flush_deadline: Duration::ZERO,
+        accept_loss: false,
     }
 }
 
