@@ -55,6 +55,20 @@ pub(crate) struct Garbage {
     pub packs: Vec<(u16, String)>,
 }
 
+impl Garbage {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.index_files.is_empty() && self.packs.is_empty()
+    }
+
+    /// The packs to delete, for lookups (the list can name thousands).
+    pub(crate) fn pack_set(&self) -> std::collections::HashSet<(u16, PackId)> {
+        self.packs
+            .iter()
+            .filter_map(|(t, id)| Some((*t, PackId::from_hex(id)?)))
+            .collect()
+    }
+}
+
 /// An open repository.
 #[derive(Debug, Clone)]
 pub struct Repository {
@@ -535,17 +549,18 @@ impl Repository {
 
     /// Load every index file into memory.
     pub fn load_index(&self) -> Result<LoadedIndex> {
-        self.load_index_without(&[])
+        self.load_index_without(&Garbage::default())
     }
 
-    /// Load the index, leaving out the index files named in `skip` (file
-    /// names in `REPO/index`).
-    fn load_index_without(&self, skip: &[String]) -> Result<LoadedIndex> {
+    /// Load the index as it will be once `garbage` is deleted: without the
+    /// index files it names, and without entries in the packs it names
+    /// (when a chunk is also elsewhere, the other copy is kept).
+    pub(crate) fn load_index_without(&self, garbage: &Garbage) -> Result<LoadedIndex> {
         let mut out = LoadedIndex::default();
         for path in self.index_files()? {
             if path
                 .file_name()
-                .is_some_and(|n| skip.iter().any(|s| n == s.as_str()))
+                .is_some_and(|n| garbage.index_files.iter().any(|s| n == s.as_str()))
             {
                 continue;
             }
@@ -575,9 +590,20 @@ impl Repository {
         // A chunk stored twice (again after its pack was lost, or by an
         // interrupted gc) is read from a copy that is on disk.
         let sizes = self.pack_sizes(&out.index)?;
+        let doomed_set = garbage.pack_set();
+        let doomed: Vec<bool> = out
+            .index
+            .packs()
+            .iter()
+            .map(|p| doomed_set.contains(&(p.target, p.id)))
+            .collect();
         out.index.seal_preferring(|loc| {
-            u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
+            !doomed[loc.pack as usize]
+                && u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
         });
+        if doomed.contains(&true) {
+            out.index.retain(|loc| !doomed[loc.pack as usize]);
+        }
         Ok(out)
     }
 
@@ -674,14 +700,44 @@ impl Repository {
 
     // ---- interrupted writers ----
 
+    /// Read the garbage list (empty when there is none) and check every
+    /// entry: it is a list of files to delete, so a name that is not an
+    /// index file of `REPO/index` or a pack of a target is refused rather
+    /// than acted on.
     pub(crate) fn read_garbage(&self) -> Result<Garbage> {
         let path = self.root.join("garbage");
         if !path.exists() {
             return Ok(Garbage::default());
         }
         let (_, body) = meta::read(&path, Kind::Garbage, REPO_VERSION)?;
-        serde_json::from_slice(&body)
-            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))
+        let g: Garbage = serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))?;
+        for name in &g.index_files {
+            if name
+                .strip_suffix(".idx")
+                .and_then(PackId::from_hex)
+                .is_none()
+            {
+                return Err(StoreError::corrupt(
+                    &path,
+                    24,
+                    format!("garbage list names {name:?}, not an index file"),
+                ));
+            }
+        }
+        for (t, id) in &g.packs {
+            if usize::from(*t) >= self.targets.len() || PackId::from_hex(id).is_none() {
+                return Err(StoreError::corrupt(
+                    &path,
+                    24,
+                    format!(
+                        "garbage list names pack {id:?} on target {t}, not a pack of the {} targets",
+                        self.targets.len()
+                    ),
+                ));
+            }
+        }
+        Ok(g)
     }
 
     pub(crate) fn write_garbage(&self, _lock: &WriterLock, g: &Garbage) -> Result<()> {
@@ -696,7 +752,7 @@ impl Repository {
     /// packs when no reader is active. Returns whether everything is gone.
     pub(crate) fn collect_garbage(&self, lock: &WriterLock) -> Result<bool> {
         let g = self.read_garbage()?;
-        if g.index_files.is_empty() && g.packs.is_empty() {
+        if g.is_empty() {
             return Ok(true);
         }
         // Readers list the index directory, then read the files: deleting
@@ -709,6 +765,7 @@ impl Repository {
             }
             meta::sync_dir(&idx_dir)?;
             for (t, id) in &g.packs {
+                // read_garbage has checked both.
                 let (Some(dir), Some(id)) =
                     (self.targets.get(usize::from(*t)), PackId::from_hex(id))
                 else {
@@ -736,7 +793,7 @@ impl Repository {
         // writers: nothing new may come to depend on a doomed pack. The
         // live chunks of those index files are in the files gc wrote.
         let garbage = self.read_garbage()?;
-        let mut loaded = self.load_index_without(&garbage.index_files)?;
+        let mut loaded = self.load_index_without(&garbage)?;
         // A file of a newer format is no damage: refuse to write over it.
         if let Some(pos) = loaded
             .damaged
@@ -792,16 +849,11 @@ impl Repository {
     /// garbage list, and packs whose header is not this repository's, are
     /// left alone (verify lists them as unindexed).
     pub fn salvage(&self, lock: &WriterLock, index: &mut ChunkIndex) -> Result<Salvaged> {
-        let garbage = self.read_garbage()?;
+        let doomed = self.read_garbage()?.pack_set();
         let mut found = IndexFile::default();
         let mut report = Salvaged::default();
         for pf in self.pack_files()? {
-            if index.pack_number(&pf.id).is_some()
-                || garbage
-                    .packs
-                    .iter()
-                    .any(|(t, id)| *t == pf.target && *id == pf.id.to_string())
-            {
+            if index.pack_number(&pf.id).is_some() || doomed.contains(&(pf.target, pf.id)) {
                 continue;
             }
             let data = fs::read(&pf.path).ctx(&pf.path, "read")?;
