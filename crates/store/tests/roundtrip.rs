@@ -491,3 +491,33 @@ fn verify_checks_the_garbage_list() {
     assert_eq!(problems(), vec![]);
     assert!(load(&r, "b", 1) == b);
 }
+
+/// Regression: a pack took a worker's whole batch of records (up to
+/// 8 MiB read) before its size was checked, so `--pack-size 1M` gave
+/// packs of 4 to 8 MB. Packs now stay within the pack size.
+#[test]
+fn packs_respect_the_pack_size() {
+    let (_d, r) = repo(2);
+    assert_eq!(r.pack_size(), 1 << 20);
+    let mut g = Lcg(99);
+    // Random data (stored as is) and text (compressed), 4 threads so
+    // that batches arrive in parallel.
+    let mut data: Vec<u8> = (0..(12 << 20)).map(|_| g.next() as u8).collect();
+    data.extend(image(12 << 20, 3));
+    store(&r, "a", &data, cairn_store::DEFAULT_CHUNKER, "zstd:1", 4);
+    store(
+        &r,
+        "b",
+        &data[1000..],
+        cairn_store::DEFAULT_CHUNKER,
+        "lz4",
+        1,
+    );
+    let packs = r.pack_files().unwrap();
+    assert!(packs.len() >= 12, "{} packs", packs.len());
+    for p in &packs {
+        assert!(p.len <= 1 << 20, "{} is {} bytes", p.path.display(), p.len);
+    }
+    assert!(load(&r, "a", 2) == data);
+    assert!(load(&r, "b", 2) == data[1000..]);
+}
