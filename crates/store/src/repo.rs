@@ -188,7 +188,25 @@ impl Repository {
     /// Create a repository at `root` with packs on `targets` (none: one
     /// target at `root/data`), sealing packs at `pack_size` bytes (1 MiB to
     /// 2 GiB; `None`: [`DEFAULT_PACK_SIZE`]).
+    ///
+    /// All or nothing: if any step fails, every file and directory init
+    /// made is removed again (and nothing that was there before), so a
+    /// failed init can simply be run again.
     pub fn init(root: &Path, targets: &[PathBuf], pack_size: Option<u64>) -> Result<Repository> {
+        let mut made = Made::default();
+        let result = Self::init_recording(root, targets, pack_size, &mut made);
+        if result.is_err() {
+            made.undo();
+        }
+        result
+    }
+
+    fn init_recording(
+        root: &Path,
+        targets: &[PathBuf],
+        pack_size: Option<u64>,
+        made: &mut Made,
+    ) -> Result<Repository> {
         let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
         if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
             return Err(StoreError::Invalid(format!(
@@ -201,11 +219,10 @@ impl Repository {
                 return Err(StoreError::AlreadyExists(root.to_path_buf()));
             }
         }
-        fs::create_dir_all(root).ctx(root, "create directory")?;
+        made.dir_all(root)?;
         let root = fs::canonicalize(root).ctx(root, "resolve path")?;
         for sub in ["index", "snapshots"] {
-            let d = root.join(sub);
-            fs::create_dir_all(&d).ctx(&d, "create directory")?;
+            made.dir_all(&root.join(sub))?;
         }
         let id = RepoId::random();
         let stored: Vec<PathBuf> = if targets.is_empty() {
@@ -213,7 +230,7 @@ impl Repository {
         } else {
             let mut v = Vec::new();
             for t in targets {
-                fs::create_dir_all(t).ctx(t, "create target directory")?;
+                made.dir_all(t)?;
                 v.push(fs::canonicalize(t).ctx(t, "resolve path")?);
             }
             v
@@ -235,23 +252,26 @@ impl Repository {
                     dir.display()
                 )));
             }
+        }
+        for (i, t) in stored.iter().enumerate() {
+            let dir = root.join(t);
             let packs = dir.join("packs");
-            fs::create_dir_all(&packs).ctx(&packs, "create directory")?;
+            made.dir_all(&packs)?;
             let marker = Marker {
                 repository: id.to_string(),
                 target: i as u16,
             };
             let body =
                 serde_json::to_vec(&marker).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            meta::write_atomic(
-                &dir.join("cairn-target"),
-                &meta::seal(Kind::TargetMarker, REPO_VERSION, &body),
-            )?;
-            meta::sync_dir(&dir.join("packs"))?;
+            let mpath = dir.join("cairn-target");
+            meta::write_atomic(&mpath, &meta::seal(Kind::TargetMarker, REPO_VERSION, &body))?;
+            made.file(mpath);
+            meta::sync_dir(&packs)?;
         }
         for f in ["lock", "read.lock"] {
             let p = root.join(f);
             File::create(&p).ctx(&p, "create")?;
+            made.file(p);
         }
         let config = Config {
             id: id.to_string(),
@@ -262,10 +282,9 @@ impl Repository {
         let body =
             serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
         // The config is written last: until it exists, this is not a repository.
-        meta::write_atomic(
-            &root.join("config"),
-            &meta::seal(Kind::Config, REPO_VERSION, &body),
-        )?;
+        let cpath = root.join("config");
+        meta::write_atomic(&cpath, &meta::seal(Kind::Config, REPO_VERSION, &body))?;
+        made.file(cpath);
         Repository::open(&root)
     }
 
@@ -905,6 +924,63 @@ impl Repository {
             index.seal();
         }
         Ok(report)
+    }
+}
+
+/// What `init` has made so far, in order, so that a failed init can
+/// remove exactly that: the files it wrote and the directories it created
+/// (parents included), never anything that existed before.
+#[derive(Debug, Default)]
+struct Made {
+    /// Paths, and whether each is a directory.
+    paths: Vec<(PathBuf, bool)>,
+}
+
+impl Made {
+    /// Create `dir` and its missing parents, noting each one created.
+    fn dir_all(&mut self, dir: &Path) -> Result<()> {
+        let mut missing = Vec::new();
+        let mut p = dir;
+        loop {
+            match fs::symlink_metadata(p) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    missing.push(p.to_path_buf());
+                    match p.parent() {
+                        Some(q) if !q.as_os_str().is_empty() => p = q,
+                        _ => break,
+                    }
+                }
+                Err(e) => return Err(e).ctx(p, "stat"),
+            }
+        }
+        for d in missing.into_iter().rev() {
+            match fs::create_dir(&d) {
+                Ok(()) => self.paths.push((d, true)),
+                // Made by someone else meanwhile: not ours to remove.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+                Err(e) => return Err(e).ctx(&d, "create directory"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Note a file written.
+    fn file(&mut self, path: PathBuf) {
+        self.paths.push((path, false));
+    }
+
+    /// Remove what was made, newest first. A directory that is not empty
+    /// (something else was put in it since) stays; failures are ignored,
+    /// since the error that made init fail is the one to report.
+    fn undo(self) {
+        for (p, is_dir) in self.paths.into_iter().rev() {
+            let _ = if is_dir {
+                fs::remove_dir(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+        }
     }
 }
 
