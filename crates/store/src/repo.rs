@@ -9,7 +9,8 @@
 //! REPO/index/<hex>.idx        index files
 //! REPO/snapshots/NAME/<n>.snap manifests, n zero-padded
 //! REPO/garbage                what an unfinished gc still has to delete
-//! TARGET/cairn-target         marker (kind 2): repository id, target number
+//! TARGET/cairn-target         marker (kind 2): repository id, target number,
+//!                             home (the repository's directory) if absolute
 //! TARGET/packs/<xx>/<id>.pack pack files (default TARGET: REPO/data)
 //! ```
 
@@ -43,10 +44,84 @@ struct Config {
     pack_size: u64,
 }
 
+/// Version of a target marker that names the repository's home (the
+/// canonical path of the repository directory): written for targets
+/// given as absolute paths, which a copy of the repository would share.
+/// Markers of targets inside the repository (`data`) stay version 1,
+/// since a copy of the repository copies them too.
+pub const MARKER_HOME_VERSION: u32 = 2;
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Marker {
     repository: String,
     target: u16,
+    /// Where the repository that owns this target lives (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    home: Option<PathBuf>,
+}
+
+impl Marker {
+    /// Read and check the marker at `path`.
+    fn read(path: &Path) -> Result<Marker> {
+        let (version, body) = meta::read(path, Kind::TargetMarker, MARKER_HOME_VERSION)?;
+        let marker: Marker = serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(path, 24, format!("marker: {e}")))?;
+        if (version >= MARKER_HOME_VERSION) != marker.home.is_some() {
+            return Err(StoreError::corrupt(
+                path,
+                24,
+                format!("marker: version {version} with a home of {:?}", marker.home),
+            ));
+        }
+        Ok(marker)
+    }
+
+    /// Write it to `dir/cairn-target` (crash-safely), in the version its
+    /// contents need.
+    fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let body = serde_json::to_vec(self).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let version = if self.home.is_some() {
+            MARKER_HOME_VERSION
+        } else {
+            REPO_VERSION
+        };
+        let path = dir.join("cairn-target");
+        meta::write_atomic(&path, &meta::seal(Kind::TargetMarker, version, &body))?;
+        Ok(path)
+    }
+}
+
+/// Whether `dir` holds the config of repository `id` (or a config that
+/// cannot be read, which might be it).
+fn holds_repository(dir: &Path, id: &str) -> bool {
+    let path = dir.join("config");
+    if !path.exists() {
+        return false;
+    }
+    meta::read(&path, Kind::Config, REPO_VERSION)
+        .ok()
+        .and_then(|(_, body)| serde_json::from_slice::<Config>(&body).ok())
+        .is_none_or(|c| c.id == id)
+}
+
+/// The refusal of a copied repository to use the original's target.
+fn copy_refused(dir: &Path, target: usize, owner: &Path, copy: &Path) -> StoreError {
+    StoreError::Invalid(format!(
+        "{}: target {target} belongs to the repository at {}; {} is a copy of it and may not use its targets",
+        dir.display(),
+        owner.display(),
+        copy.display()
+    ))
+}
+
+/// Whether two paths name the same directory (through bind mounts or
+/// symbolic links too).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -76,6 +151,12 @@ pub struct Repository {
     id: RepoId,
     targets: Vec<PathBuf>,
     pack_size: u64,
+    /// Targets given as absolute paths whose marker does not name this
+    /// repository's directory as its home yet (written by an older cairn,
+    /// or the repository was moved): the next writer claims them.
+    unclaimed: Vec<u16>,
+    /// The canonical path of the repository directory.
+    home: PathBuf,
 }
 
 /// The writer lock; released when dropped (or when the process dies).
@@ -260,12 +341,9 @@ impl Repository {
             let marker = Marker {
                 repository: id.to_string(),
                 target: i as u16,
+                home: t.is_absolute().then(|| root.clone()),
             };
-            let body =
-                serde_json::to_vec(&marker).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            let mpath = dir.join("cairn-target");
-            meta::write_atomic(&mpath, &meta::seal(Kind::TargetMarker, REPO_VERSION, &body))?;
-            made.file(mpath);
+            made.file(marker.write(&dir)?);
             meta::sync_dir(&packs)?;
         }
         for f in ["lock", "read.lock"] {
@@ -300,7 +378,9 @@ impl Repository {
             .map_err(|e| StoreError::corrupt(&cfg_path, 24, format!("config: {e}")))?;
         let id = RepoId::from_hex(&config.id)
             .ok_or_else(|| StoreError::corrupt(&cfg_path, 24, "config: bad repository id"))?;
+        let home = fs::canonicalize(root).ctx(root, "resolve path")?;
         let mut targets = Vec::new();
+        let mut unclaimed = Vec::new();
         for (i, t) in config.targets.iter().enumerate() {
             let dir = root.join(t);
             let mpath = dir.join("cairn-target");
@@ -310,9 +390,7 @@ impl Repository {
                     dir.display()
                 )));
             }
-            let (_, body) = meta::read(&mpath, Kind::TargetMarker, REPO_VERSION)?;
-            let marker: Marker = serde_json::from_slice(&body)
-                .map_err(|e| StoreError::corrupt(&mpath, 24, format!("marker: {e}")))?;
+            let marker = Marker::read(&mpath)?;
             if marker.repository != config.id || usize::from(marker.target) != i {
                 return Err(StoreError::Invalid(format!(
                     "{}: belongs to repository {} as target {}, expected {} target {i}",
@@ -321,6 +399,19 @@ impl Repository {
                     marker.target,
                     config.id
                 )));
+            }
+            // A target outside the repository is shared by every copy of
+            // the repository (`cp -a`, same id): it belongs to the one
+            // its marker names as home. A home that no longer holds the
+            // repository means it was moved: the next writer claims it.
+            if t.is_absolute() {
+                match &marker.home {
+                    Some(h) if *h == home || same_dir(h, &home) => {}
+                    Some(h) if holds_repository(h, &config.id) => {
+                        return Err(copy_refused(&dir, i, h, &home));
+                    }
+                    _ => unclaimed.push(i as u16),
+                }
             }
             targets.push(dir);
         }
@@ -336,7 +427,38 @@ impl Repository {
             id,
             targets,
             pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
+            unclaimed,
+            home,
         })
+    }
+
+    /// Write this repository's home into the markers of targets that do
+    /// not name it yet (see [`Repository::open`]); under the writer lock,
+    /// so that a repository copied before markers named their home is
+    /// claimed by one side only.
+    fn claim_targets(&self, _lock: &WriterLock) -> Result<()> {
+        for &i in &self.unclaimed {
+            let Some(dir) = self.targets.get(usize::from(i)) else {
+                continue;
+            };
+            let marker = Marker::read(&dir.join("cairn-target"))?;
+            match &marker.home {
+                Some(h) if *h == self.home => continue,
+                // Claimed by a copy since this one was opened.
+                Some(h)
+                    if holds_repository(h, &self.id.to_string()) && !same_dir(h, &self.home) =>
+                {
+                    return Err(copy_refused(dir, usize::from(i), h, &self.home));
+                }
+                _ => {}
+            }
+            Marker {
+                home: Some(self.home.clone()),
+                ..marker
+            }
+            .write(dir)?;
+        }
+        Ok(())
     }
 
     /// The repository directory.
@@ -389,7 +511,9 @@ impl Repository {
         let line = format!("pid {}, {what}, since {}", std::process::id(), now_secs());
         file.set_len(0).ctx(&path, "truncate")?;
         file.write_all(line.as_bytes()).ctx(&path, "write")?;
-        Ok(WriterLock { _file: file })
+        let lock = WriterLock { _file: file };
+        self.claim_targets(&lock)?;
+        Ok(lock)
     }
 
     /// Take a reader's lock (shared; waits only while gc deletes packs).
@@ -988,5 +1112,39 @@ fn remove_if_present(p: &Path) -> Result<()> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).ctx(p, "remove"),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+
+    /// Every version of the target marker decodes: version 1 (the
+    /// fixture repository's `data` target) and version 2 (an absolute
+    /// target, naming its repository's home). `CAIRN_BLESS=1` writes the
+    /// version 2 fixture anew (only for a deliberate change, which must
+    /// come with a new version).
+    #[test]
+    fn marker_fixtures_of_every_version_decode() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
+            let dir = fixtures.join("target-marker-v2");
+            fs::create_dir_all(&dir).unwrap();
+            Marker {
+                repository: "0123456789abcdef0123456789abcdef".into(),
+                target: 1,
+                home: Some(PathBuf::from("/srv/cairn/repo")),
+            }
+            .write(&dir)
+            .unwrap();
+        }
+        let v1 = Marker::read(&fixtures.join("repository-v1/repo/data/cairn-target")).unwrap();
+        assert_eq!((v1.target, v1.home), (0, None));
+        let v2 = Marker::read(&fixtures.join("target-marker-v2/cairn-target")).unwrap();
+        assert_eq!(v2.target, 1);
+        assert_eq!(v2.home, Some(PathBuf::from("/srv/cairn/repo")));
+        assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");
     }
 }
