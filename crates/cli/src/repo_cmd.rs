@@ -64,7 +64,8 @@ pub(crate) struct BackupArgs {
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
     /// Compress new chunks together in groups of about this size (up to
-    /// 8M; 0: each chunk alone, for the fastest random reads).
+    /// 8M and a quarter of the pack size; 0: each chunk alone, for the
+    /// fastest random reads).
     #[arg(long, value_parser = parse_group, default_value = "2M")]
     pub group: usize,
     /// Read the source with O_DIRECT (bypass the page cache).

@@ -949,7 +949,10 @@ fn backup_killed_at_many_points() {
         upto: 39 * MIB,
         close: false,
     };
-    let r = run_and_kill(&repo, &args, Some(feed), At::PackSealed(4), None);
+    // Packs hold at most 1 MiB, so the four complete batches fill about
+    // `full / 1 MiB` of them: kill once two thirds of those are sealed.
+    let sealed = (full / MIB as u64 * 2 / 3).max(4) as usize;
+    let r = run_and_kill(&repo, &args, Some(feed), At::PackSealed(sealed), None);
     assert!(r.killed && r.fired);
     let snap = Snap {
         name: "fresh".into(),
@@ -959,8 +962,8 @@ fn backup_killed_at_many_points() {
     let c = check(&repo, &expected, Some(&snap), &out);
     assert!(!c.interrupted_exists);
     assert!(
-        c.unindexed >= before + 4,
-        "the sealed packs are left unindexed: {} (before: {before})",
+        c.unindexed >= before + sealed,
+        "the {sealed} sealed packs are left unindexed: {} (before: {before})",
         c.unindexed
     );
     let rerun = json(ok(&run_with_input(&args, &data)));
@@ -972,7 +975,10 @@ fn backup_killed_at_many_points() {
         rerun["salvaged_packs"]
     );
     assert!(salvaged > 0, "{rerun}");
-    assert!(rerun["salvaged_packs"].as_u64().unwrap() >= 4, "{rerun}");
+    assert!(
+        rerun["salvaged_packs"].as_u64().unwrap() >= sealed as u64,
+        "{rerun}"
+    );
     assert!(
         stored * 2 < full,
         "the rerun stores {stored} bytes, a fresh backup {full}: what reached disk was not reused"

@@ -110,10 +110,17 @@ fn trailing_garbage_is_an_error() {
 #[test]
 fn huge_declared_sizes_are_refused_before_allocating() {
     // gzip: the member length field of the first member says 4 GiB - 1.
-    let (_, mut gz) = packed("gzip");
+    // The field is only cairn's hint for splitting (gzip skips the extra
+    // field): nothing is allocated for it, the member is inflated as a
+    // stream and the file decodes, as with gzip.
+    let (data, mut gz) = packed("gzip");
     gz[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
     let out = cairn_pipe(&["unpack"], &gz);
-    assert_clean_failure(&out, "gzip", "huge member");
+    assert!(
+        out.status.success() && out.stdout == data,
+        "gzip huge member hint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // lz4: first block size field beyond the frame's maximum.
     let (_, mut lz) = packed("lz4");
     lz[7..11].copy_from_slice(&0x7fff_ffffu32.to_le_bytes());

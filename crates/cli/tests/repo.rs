@@ -366,3 +366,83 @@ fn a_sparse_file_is_read_by_its_data_and_restored_sparse() {
     assert!(gap.iter().all(|&b| b == 0));
     verify_clean(repo);
 }
+
+/// Every path under `dir` with its length, sorted.
+fn deep_listing(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                todo.push(e.path());
+            }
+            out.push((e.path(), meta.len()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The one line of a failed command's stderr.
+fn one_line_failure(out: &Output) -> String {
+    assert!(!out.status.success(), "should have failed");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "not one line: {err}");
+    err
+}
+
+/// Regression: `cairn init` with a target it cannot create left the
+/// repository directory half made (index/, snapshots/, no config).
+#[test]
+fn failed_init_leaves_nothing_behind() {
+    let dir = tempdir();
+    let d = dir.path();
+    std::fs::write(d.join("file"), b"x").unwrap();
+    let repo = d.join("repo");
+    let out = run(&[
+        "init",
+        repo.to_str().unwrap(),
+        "--target",
+        d.join("new-target").to_str().unwrap(),
+        "--target",
+        d.join("file/t").to_str().unwrap(),
+    ]);
+    let line = one_line_failure(&out);
+    assert!(line.contains("file/t"), "{line}");
+    assert_eq!(listing(d), vec!["file".to_string()]);
+}
+
+/// Regression: a copy (`cp -a`) of a repository whose targets are
+/// absolute paths wrote into the original's targets.
+#[test]
+fn a_copied_repository_is_refused_and_the_original_works() {
+    let dir = tempdir();
+    let d = dir.path();
+    let (repo, copy, t0) = (d.join("repo"), d.join("copy"), d.join("t0"));
+    let repo_s = repo.to_str().unwrap();
+    ok(run(&["init", repo_s, "--target", t0.to_str().unwrap()]));
+    let a = image(3_000_000);
+    ok(cairn_pipe(
+        &["backup", "-", "--repo", repo_s, "--name", "a", "-q"],
+        &a,
+    ));
+    let before = deep_listing(&t0);
+    let st = Command::new("cp").arg("-a").arg(&repo).arg(&copy).status();
+    assert!(st.unwrap().success());
+    let copy_s = copy.to_str().unwrap();
+    for args in [
+        vec!["backup", "-", "--repo", copy_s, "--name", "b", "-q"],
+        vec!["gc", "--repo", copy_s],
+        vec!["ls", "--repo", copy_s],
+    ] {
+        let line = one_line_failure(&cairn_pipe(&args, &a[..1000]));
+        assert!(line.contains(t0.to_str().unwrap()), "{line}");
+        assert!(line.contains("is a copy of it"), "{line}");
+    }
+    assert_eq!(deep_listing(&t0), before);
+    verify_clean(repo_s);
+    let out = ok(run(&["restore", "a", "-", "--repo", repo_s, "-q"]));
+    assert!(out.stdout == a);
+}

@@ -1113,11 +1113,13 @@ fn newer_format_versions_are_refused() {
     let base = base();
     let newer = "format version 2 is newer than this cairn supports (1)";
 
-    // A newer config or target marker: every command refuses, and the
-    // writers change nothing.
-    for file in ["config", "data/cairn-target"] {
+    // A newer config or target marker (markers have a version 2, naming
+    // the repository's home): every command refuses, and the writers
+    // change nothing.
+    let newer_marker = "format version 3 is newer than this cairn supports (2)";
+    for (file, version, newer) in [("config", 2, newer), ("data/cairn-target", 3, newer_marker)] {
         let (dir, repo) = copy(&base);
-        reseal(&repo.join(file), 2);
+        reseal(&repo.join(file), version);
         let before = tree(&repo);
         let src = dir.path().join("src");
         fs::write(&src, image(50_000, 9)).unwrap();
@@ -1132,11 +1134,14 @@ fn newer_format_versions_are_refused() {
         ];
         for mut args in cmds {
             args.extend(["--repo", s(&repo)]);
-            let line = one_line_failure(&run(&args), &format!("{file} v2: {args:?}"));
+            let line = one_line_failure(&run(&args), &format!("{file} v{version}: {args:?}"));
             assert!(line.contains(newer), "{line}");
             assert!(line.contains(file), "{line}");
         }
-        assert!(tree(&repo) == before, "{file} v2: the repository changed");
+        assert!(
+            tree(&repo) == before,
+            "{file} v{version}: the repository changed"
+        );
     }
 
     // A newer manifest: that snapshot is refused, the others restore.

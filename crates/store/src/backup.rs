@@ -56,7 +56,8 @@ pub struct BackupOptions<'a> {
     /// Worker threads (hashing and compressing).
     pub threads: usize,
     /// New chunks are compressed together in groups of about this many
-    /// bytes ([`DEFAULT_GROUP_SIZE`]; 0: each chunk alone).
+    /// bytes ([`DEFAULT_GROUP_SIZE`]; 0: each chunk alone), at most a
+    /// quarter of the repository's pack size.
     pub group_size: usize,
     /// A label for the source, recorded in the manifest.
     pub source: String,
@@ -145,6 +146,92 @@ struct Done {
 pub(crate) struct Blob {
     pub(crate) bytes: Vec<u8>,
     pub(crate) records: Vec<(ChunkId, u32, u32, u32)>,
+}
+
+/// The group size a backup or edit uses: `group` (0 stays 0), at most a
+/// quarter of the pack size. A pack is sealed before a record that would
+/// take it past the pack size (see [`append_blob`]), so records of a
+/// quarter of the pack at most fill every pack to at least three quarters;
+/// a 2 MiB group in 1 MiB packs would make every pack one oversized record.
+pub(crate) fn group_for_packs(group: usize, pack_size: u64) -> usize {
+    group.min(usize::try_from(pack_size / 4).unwrap_or(usize::MAX))
+}
+
+/// Append the records of `blob` to packs of at most `pack_size` bytes,
+/// filling the open pack `current` (a writer and its slot in the index
+/// file being built), sealing it with `seal` before a record that does
+/// not fit and opening the next with `create`. A record larger than a
+/// pack gets a pack of its own. The records' index entries go to
+/// `entries`, numbered with the slot of the pack that holds them.
+///
+/// A blob is a worker's whole batch (up to 8 MiB read, so several MiB
+/// of records): appended whole, it made `--pack-size 1M` packs of 4 to
+/// 8 MB.
+pub(crate) fn append_blob(
+    blob: &Blob,
+    pack_size: u64,
+    current: &mut Option<(PackWriter, u32)>,
+    mut create: impl FnMut() -> Result<(PackWriter, u32)>,
+    mut seal: impl FnMut((PackWriter, u32)) -> Result<()>,
+    entries: &mut Vec<(ChunkId, Location)>,
+) -> Result<()> {
+    let recs = &blob.records;
+    let mut i = 0;
+    while i < recs.len() {
+        let start = u64::from(recs[i].1);
+        let first_len = u64::from(recs[i].2);
+        if let Some((w, _)) = current.as_ref() {
+            if !w.is_empty() && w.len() + first_len > pack_size {
+                if let Some(full) = current.take() {
+                    seal(full)?;
+                }
+            }
+        }
+        let (w, slot) = match current {
+            Some(c) => c,
+            None => current.insert(create()?),
+        };
+        let room = pack_size.saturating_sub(w.len());
+        // The entries of whole records from i on that fit (at least one
+        // record); a record's chunks are consecutive entries.
+        let mut end = start;
+        let mut j = i;
+        while j < recs.len() {
+            let (_, at, len, _) = recs[j];
+            let rec_end = u64::from(at) + u64::from(len);
+            let new_record = j > i && at != recs[j - 1].1;
+            if new_record && rec_end - start > room {
+                break;
+            }
+            end = end.max(rec_end);
+            j += 1;
+        }
+        let bytes = blob
+            .bytes
+            .get(start as usize..end as usize)
+            .ok_or_else(|| {
+                StoreError::Aborted("internal: a record lies outside its batch".into())
+            })?;
+        let base = w.append(bytes)?;
+        for &(id, at, len, slice) in &recs[i..j] {
+            entries.push((
+                id,
+                Location {
+                    pack: *slot,
+                    offset: (base + u64::from(at) - start) as u32,
+                    len,
+                    slice,
+                },
+            ));
+        }
+        i = j;
+        if w.len() >= pack_size {
+            if let Some(full) = current.take() {
+                seal(full)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How busy each target is. Each blob goes to the target with the fewest
@@ -266,7 +353,7 @@ pub fn backup(
             || {
                 worker(
                     opts.codec,
-                    opts.group_size,
+                    group_for_packs(opts.group_size, repo.pack_size()),
                     index,
                     &claimed,
                     &dispatch,
@@ -570,46 +657,36 @@ fn write_packs(
             Ok(done)
         });
         let result = (|| {
-            for mut blob in rx.iter() {
-                let (w, pack) = match &mut current {
-                    Some(c) => c,
-                    None => {
-                        let w = PackWriter::create(dir, repo.id())?;
-                        // Numbered now; its PackInfo is filled in once sealed.
-                        out.packs.push(PackInfo {
-                            id: w.id(),
-                            target,
-                            len: 0,
-                        });
-                        current.insert((w, out.packs.len() as u32 - 1))
-                    }
-                };
-                let base = w.append(&blob.bytes)?;
-                load.written(usize::from(target), blob.bytes.len() as u64);
-                for (id, at, len, slice) in blob.records.drain(..) {
-                    out.entries.push((
-                        id,
-                        Location {
-                            pack: *pack,
-                            offset: (base + u64::from(at)) as u32,
-                            len,
-                            slice,
-                        },
-                    ));
-                }
-                let _ = spare.send(blob);
-                if w.len() >= repo.pack_size() {
-                    if let Some(c) = current.take() {
-                        seal_tx
-                            .send(c)
-                            .map_err(|_| StoreError::Aborted("the pack syncer stopped".into()))?;
-                    }
-                }
-            }
-            if let Some(c) = current.take() {
+            let seal = |c| {
                 seal_tx
                     .send(c)
-                    .map_err(|_| StoreError::Aborted("the pack syncer stopped".into()))?;
+                    .map_err(|_| StoreError::Aborted("the pack syncer stopped".into()))
+            };
+            for blob in rx.iter() {
+                let packs = &mut out.packs;
+                let create = || {
+                    let w = PackWriter::create(dir, repo.id())?;
+                    // Numbered now; its PackInfo is filled in once sealed.
+                    packs.push(PackInfo {
+                        id: w.id(),
+                        target,
+                        len: 0,
+                    });
+                    Ok((w, packs.len() as u32 - 1))
+                };
+                append_blob(
+                    &blob,
+                    repo.pack_size(),
+                    &mut current,
+                    create,
+                    seal,
+                    &mut out.entries,
+                )?;
+                load.written(usize::from(target), blob.bytes.len() as u64);
+                let _ = spare.send(blob);
+            }
+            if let Some(c) = current.take() {
+                seal(c)?;
             }
             Ok(())
         })();

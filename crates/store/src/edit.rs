@@ -25,11 +25,11 @@
 //! place there is no new snapshot, only a pack that the next writer
 //! salvages.
 
-use crate::backup::{stored_per_target, Blob, Group, Progress};
+use crate::backup::{append_blob, group_for_packs, stored_per_target, Blob, Group, Progress};
 use crate::chunker::{Chunker, ChunkerSpec};
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PREFIX_LEN};
-use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
+use crate::index::{ChunkIndex, IdHash, IndexFile, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, Repository, WriterLock};
@@ -123,6 +123,7 @@ impl ImageEditor {
                 .parse()
                 .map_err(|e: cairn_codec::CodecError| bad("codec", e.to_string()))?,
         };
+        let group_size = group_for_packs(crate::backup::DEFAULT_GROUP_SIZE, repo.pack_size());
         Ok(ImageEditor {
             repo,
             lock,
@@ -131,7 +132,7 @@ impl ImageEditor {
             codec: codec_spec.build(),
             codec_spec,
             base,
-            group_size: crate::backup::DEFAULT_GROUP_SIZE,
+            group_size,
         })
     }
 
@@ -293,8 +294,9 @@ impl ImageEditor {
         Ok(())
     }
 
-    /// Write the records in `blob` to one new pack on the least full
-    /// target; the index file for it (empty if `blob` is).
+    /// Write the records in `blob` to new packs (of the repository's pack
+    /// size) on the least full target; the index file for them (empty if
+    /// `blob` is).
     fn write_pack(&self, blob: &mut Blob) -> Result<IndexFile> {
         let mut file = IndexFile::default();
         if blob.records.is_empty() {
@@ -307,25 +309,39 @@ impl ImageEditor {
             .targets()
             .get(target)
             .ok_or_else(|| StoreError::Invalid("the repository has no target".to_string()))?;
-        let mut w = PackWriter::create(dir, self.repo.id())?;
-        let base = w.append(&blob.bytes)?;
-        for (id, at, len, slice) in blob.records.drain(..) {
-            file.entries.push((
-                id,
-                Location {
-                    pack: 0,
-                    offset: (base + u64::from(at)) as u32,
-                    len,
-                    slice,
-                },
-            ));
+        // One pack is open at a time, so packs are sealed in the order
+        // they are made: a pack's slot is its place in `sealed`.
+        let mut current = None;
+        let mut sealed = Vec::new();
+        let mut made = 0u32;
+        let create = || {
+            made += 1;
+            Ok((PackWriter::create(dir, self.repo.id())?, made - 1))
+        };
+        let seal = |(w, _): (PackWriter, u32)| {
+            sealed.push(w.finish()?);
+            Ok(())
+        };
+        append_blob(
+            blob,
+            self.repo.pack_size(),
+            &mut current,
+            create,
+            seal,
+            &mut file.entries,
+        )?;
+        if let Some((w, _)) = current {
+            sealed.push(w.finish()?);
         }
-        let (id, len) = w.finish()?;
-        file.packs.push(PackInfo {
-            id,
-            target: target as u16,
-            len,
-        });
+        file.packs = sealed
+            .into_iter()
+            .map(|(id, len)| PackInfo {
+                id,
+                target: target as u16,
+                len,
+            })
+            .collect();
+        blob.records.clear();
         Ok(file)
     }
 }

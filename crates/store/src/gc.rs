@@ -204,6 +204,15 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
             continue;
         }
         for (rec, ids) in records {
+            // Sealed before a record that would take it past the pack size
+            // (as a backup does), so repacked packs keep the size too.
+            if writer.as_ref().is_some_and(|(w, _)| {
+                !w.is_empty() && w.len() + rec.len() as u64 > repo.pack_size()
+            }) {
+                if let Some(w) = writer.take() {
+                    finish(w, &mut moved)?;
+                }
+            }
             let (w, _) = match &mut writer {
                 Some(w) => w,
                 None => {

@@ -9,7 +9,8 @@
 //! REPO/index/<hex>.idx        index files
 //! REPO/snapshots/NAME/<n>.snap manifests, n zero-padded
 //! REPO/garbage                what an unfinished gc still has to delete
-//! TARGET/cairn-target         marker (kind 2): repository id, target number
+//! TARGET/cairn-target         marker (kind 2): repository id, target number,
+//!                             home (the repository's directory) if absolute
 //! TARGET/packs/<xx>/<id>.pack pack files (default TARGET: REPO/data)
 //! ```
 
@@ -43,16 +44,104 @@ struct Config {
     pack_size: u64,
 }
 
+/// Version of a target marker that names the repository's home (the
+/// canonical path of the repository directory): written for targets
+/// given as absolute paths, which a copy of the repository would share.
+/// Markers of targets inside the repository (`data`) stay version 1,
+/// since a copy of the repository copies them too.
+pub const MARKER_HOME_VERSION: u32 = 2;
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Marker {
     repository: String,
     target: u16,
+    /// Where the repository that owns this target lives (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    home: Option<PathBuf>,
+}
+
+impl Marker {
+    /// Read and check the marker at `path`.
+    fn read(path: &Path) -> Result<Marker> {
+        let (version, body) = meta::read(path, Kind::TargetMarker, MARKER_HOME_VERSION)?;
+        let marker: Marker = serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(path, 24, format!("marker: {e}")))?;
+        if (version >= MARKER_HOME_VERSION) != marker.home.is_some() {
+            return Err(StoreError::corrupt(
+                path,
+                24,
+                format!("marker: version {version} with a home of {:?}", marker.home),
+            ));
+        }
+        Ok(marker)
+    }
+
+    /// Write it to `dir/cairn-target` (crash-safely), in the version its
+    /// contents need.
+    fn write(&self, dir: &Path) -> Result<PathBuf> {
+        let body = serde_json::to_vec(self).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let version = if self.home.is_some() {
+            MARKER_HOME_VERSION
+        } else {
+            REPO_VERSION
+        };
+        let path = dir.join("cairn-target");
+        meta::write_atomic(&path, &meta::seal(Kind::TargetMarker, version, &body))?;
+        Ok(path)
+    }
+}
+
+/// Whether `dir` holds the config of repository `id` (or a config that
+/// cannot be read, which might be it).
+fn holds_repository(dir: &Path, id: &str) -> bool {
+    let path = dir.join("config");
+    if !path.exists() {
+        return false;
+    }
+    meta::read(&path, Kind::Config, REPO_VERSION)
+        .ok()
+        .and_then(|(_, body)| serde_json::from_slice::<Config>(&body).ok())
+        .is_none_or(|c| c.id == id)
+}
+
+/// The refusal of a copied repository to use the original's target.
+fn copy_refused(dir: &Path, target: usize, owner: &Path, copy: &Path) -> StoreError {
+    StoreError::Invalid(format!(
+        "{}: target {target} belongs to the repository at {}; {} is a copy of it and may not use its targets",
+        dir.display(),
+        owner.display(),
+        copy.display()
+    ))
+}
+
+/// Whether two paths name the same directory (through bind mounts or
+/// symbolic links too).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(crate) struct Garbage {
     pub index_files: Vec<String>,
     pub packs: Vec<(u16, String)>,
+}
+
+impl Garbage {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.index_files.is_empty() && self.packs.is_empty()
+    }
+
+    /// The packs to delete, for lookups (the list can name thousands).
+    pub(crate) fn pack_set(&self) -> std::collections::HashSet<(u16, PackId)> {
+        self.packs
+            .iter()
+            .filter_map(|(t, id)| Some((*t, PackId::from_hex(id)?)))
+            .collect()
+    }
 }
 
 /// An open repository.
@@ -62,6 +151,12 @@ pub struct Repository {
     id: RepoId,
     targets: Vec<PathBuf>,
     pack_size: u64,
+    /// Targets given as absolute paths whose marker does not name this
+    /// repository's directory as its home yet (written by an older cairn,
+    /// or the repository was moved): the next writer claims them.
+    unclaimed: Vec<u16>,
+    /// The canonical path of the repository directory.
+    home: PathBuf,
 }
 
 /// The writer lock; released when dropped (or when the process dies).
@@ -174,7 +269,25 @@ impl Repository {
     /// Create a repository at `root` with packs on `targets` (none: one
     /// target at `root/data`), sealing packs at `pack_size` bytes (1 MiB to
     /// 2 GiB; `None`: [`DEFAULT_PACK_SIZE`]).
+    ///
+    /// All or nothing: if any step fails, every file and directory init
+    /// made is removed again (and nothing that was there before), so a
+    /// failed init can simply be run again.
     pub fn init(root: &Path, targets: &[PathBuf], pack_size: Option<u64>) -> Result<Repository> {
+        let mut made = Made::default();
+        let result = Self::init_recording(root, targets, pack_size, &mut made);
+        if result.is_err() {
+            made.undo();
+        }
+        result
+    }
+
+    fn init_recording(
+        root: &Path,
+        targets: &[PathBuf],
+        pack_size: Option<u64>,
+        made: &mut Made,
+    ) -> Result<Repository> {
         let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
         if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
             return Err(StoreError::Invalid(format!(
@@ -187,11 +300,10 @@ impl Repository {
                 return Err(StoreError::AlreadyExists(root.to_path_buf()));
             }
         }
-        fs::create_dir_all(root).ctx(root, "create directory")?;
+        made.dir_all(root)?;
         let root = fs::canonicalize(root).ctx(root, "resolve path")?;
         for sub in ["index", "snapshots"] {
-            let d = root.join(sub);
-            fs::create_dir_all(&d).ctx(&d, "create directory")?;
+            made.dir_all(&root.join(sub))?;
         }
         let id = RepoId::random();
         let stored: Vec<PathBuf> = if targets.is_empty() {
@@ -199,7 +311,7 @@ impl Repository {
         } else {
             let mut v = Vec::new();
             for t in targets {
-                fs::create_dir_all(t).ctx(t, "create target directory")?;
+                made.dir_all(t)?;
                 v.push(fs::canonicalize(t).ctx(t, "resolve path")?);
             }
             v
@@ -221,23 +333,23 @@ impl Repository {
                     dir.display()
                 )));
             }
+        }
+        for (i, t) in stored.iter().enumerate() {
+            let dir = root.join(t);
             let packs = dir.join("packs");
-            fs::create_dir_all(&packs).ctx(&packs, "create directory")?;
+            made.dir_all(&packs)?;
             let marker = Marker {
                 repository: id.to_string(),
                 target: i as u16,
+                home: t.is_absolute().then(|| root.clone()),
             };
-            let body =
-                serde_json::to_vec(&marker).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            meta::write_atomic(
-                &dir.join("cairn-target"),
-                &meta::seal(Kind::TargetMarker, REPO_VERSION, &body),
-            )?;
-            meta::sync_dir(&dir.join("packs"))?;
+            made.file(marker.write(&dir)?);
+            meta::sync_dir(&packs)?;
         }
         for f in ["lock", "read.lock"] {
             let p = root.join(f);
             File::create(&p).ctx(&p, "create")?;
+            made.file(p);
         }
         let config = Config {
             id: id.to_string(),
@@ -248,10 +360,9 @@ impl Repository {
         let body =
             serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
         // The config is written last: until it exists, this is not a repository.
-        meta::write_atomic(
-            &root.join("config"),
-            &meta::seal(Kind::Config, REPO_VERSION, &body),
-        )?;
+        let cpath = root.join("config");
+        meta::write_atomic(&cpath, &meta::seal(Kind::Config, REPO_VERSION, &body))?;
+        made.file(cpath);
         Repository::open(&root)
     }
 
@@ -267,7 +378,9 @@ impl Repository {
             .map_err(|e| StoreError::corrupt(&cfg_path, 24, format!("config: {e}")))?;
         let id = RepoId::from_hex(&config.id)
             .ok_or_else(|| StoreError::corrupt(&cfg_path, 24, "config: bad repository id"))?;
+        let home = fs::canonicalize(root).ctx(root, "resolve path")?;
         let mut targets = Vec::new();
+        let mut unclaimed = Vec::new();
         for (i, t) in config.targets.iter().enumerate() {
             let dir = root.join(t);
             let mpath = dir.join("cairn-target");
@@ -277,9 +390,7 @@ impl Repository {
                     dir.display()
                 )));
             }
-            let (_, body) = meta::read(&mpath, Kind::TargetMarker, REPO_VERSION)?;
-            let marker: Marker = serde_json::from_slice(&body)
-                .map_err(|e| StoreError::corrupt(&mpath, 24, format!("marker: {e}")))?;
+            let marker = Marker::read(&mpath)?;
             if marker.repository != config.id || usize::from(marker.target) != i {
                 return Err(StoreError::Invalid(format!(
                     "{}: belongs to repository {} as target {}, expected {} target {i}",
@@ -288,6 +399,19 @@ impl Repository {
                     marker.target,
                     config.id
                 )));
+            }
+            // A target outside the repository is shared by every copy of
+            // the repository (`cp -a`, same id): it belongs to the one
+            // its marker names as home. A home that no longer holds the
+            // repository means it was moved: the next writer claims it.
+            if t.is_absolute() {
+                match &marker.home {
+                    Some(h) if *h == home || same_dir(h, &home) => {}
+                    Some(h) if holds_repository(h, &config.id) => {
+                        return Err(copy_refused(&dir, i, h, &home));
+                    }
+                    _ => unclaimed.push(i as u16),
+                }
             }
             targets.push(dir);
         }
@@ -303,7 +427,38 @@ impl Repository {
             id,
             targets,
             pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
+            unclaimed,
+            home,
         })
+    }
+
+    /// Write this repository's home into the markers of targets that do
+    /// not name it yet (see [`Repository::open`]); under the writer lock,
+    /// so that a repository copied before markers named their home is
+    /// claimed by one side only.
+    fn claim_targets(&self, _lock: &WriterLock) -> Result<()> {
+        for &i in &self.unclaimed {
+            let Some(dir) = self.targets.get(usize::from(i)) else {
+                continue;
+            };
+            let marker = Marker::read(&dir.join("cairn-target"))?;
+            match &marker.home {
+                Some(h) if *h == self.home => continue,
+                // Claimed by a copy since this one was opened.
+                Some(h)
+                    if holds_repository(h, &self.id.to_string()) && !same_dir(h, &self.home) =>
+                {
+                    return Err(copy_refused(dir, usize::from(i), h, &self.home));
+                }
+                _ => {}
+            }
+            Marker {
+                home: Some(self.home.clone()),
+                ..marker
+            }
+            .write(dir)?;
+        }
+        Ok(())
     }
 
     /// The repository directory.
@@ -356,7 +511,9 @@ impl Repository {
         let line = format!("pid {}, {what}, since {}", std::process::id(), now_secs());
         file.set_len(0).ctx(&path, "truncate")?;
         file.write_all(line.as_bytes()).ctx(&path, "write")?;
-        Ok(WriterLock { _file: file })
+        let lock = WriterLock { _file: file };
+        self.claim_targets(&lock)?;
+        Ok(lock)
     }
 
     /// Take a reader's lock (shared; waits only while gc deletes packs).
@@ -535,17 +692,18 @@ impl Repository {
 
     /// Load every index file into memory.
     pub fn load_index(&self) -> Result<LoadedIndex> {
-        self.load_index_without(&[])
+        self.load_index_without(&Garbage::default())
     }
 
-    /// Load the index, leaving out the index files named in `skip` (file
-    /// names in `REPO/index`).
-    fn load_index_without(&self, skip: &[String]) -> Result<LoadedIndex> {
+    /// Load the index as it will be once `garbage` is deleted: without the
+    /// index files it names, and without entries in the packs it names
+    /// (when a chunk is also elsewhere, the other copy is kept).
+    pub(crate) fn load_index_without(&self, garbage: &Garbage) -> Result<LoadedIndex> {
         let mut out = LoadedIndex::default();
         for path in self.index_files()? {
             if path
                 .file_name()
-                .is_some_and(|n| skip.iter().any(|s| n == s.as_str()))
+                .is_some_and(|n| garbage.index_files.iter().any(|s| n == s.as_str()))
             {
                 continue;
             }
@@ -575,9 +733,20 @@ impl Repository {
         // A chunk stored twice (again after its pack was lost, or by an
         // interrupted gc) is read from a copy that is on disk.
         let sizes = self.pack_sizes(&out.index)?;
+        let doomed_set = garbage.pack_set();
+        let doomed: Vec<bool> = out
+            .index
+            .packs()
+            .iter()
+            .map(|p| doomed_set.contains(&(p.target, p.id)))
+            .collect();
         out.index.seal_preferring(|loc| {
-            u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
+            !doomed[loc.pack as usize]
+                && u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
         });
+        if doomed.contains(&true) {
+            out.index.retain(|loc| !doomed[loc.pack as usize]);
+        }
         Ok(out)
     }
 
@@ -674,14 +843,44 @@ impl Repository {
 
     // ---- interrupted writers ----
 
+    /// Read the garbage list (empty when there is none) and check every
+    /// entry: it is a list of files to delete, so a name that is not an
+    /// index file of `REPO/index` or a pack of a target is refused rather
+    /// than acted on.
     pub(crate) fn read_garbage(&self) -> Result<Garbage> {
         let path = self.root.join("garbage");
         if !path.exists() {
             return Ok(Garbage::default());
         }
         let (_, body) = meta::read(&path, Kind::Garbage, REPO_VERSION)?;
-        serde_json::from_slice(&body)
-            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))
+        let g: Garbage = serde_json::from_slice(&body)
+            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))?;
+        for name in &g.index_files {
+            if name
+                .strip_suffix(".idx")
+                .and_then(PackId::from_hex)
+                .is_none()
+            {
+                return Err(StoreError::corrupt(
+                    &path,
+                    24,
+                    format!("garbage list names {name:?}, not an index file"),
+                ));
+            }
+        }
+        for (t, id) in &g.packs {
+            if usize::from(*t) >= self.targets.len() || PackId::from_hex(id).is_none() {
+                return Err(StoreError::corrupt(
+                    &path,
+                    24,
+                    format!(
+                        "garbage list names pack {id:?} on target {t}, not a pack of the {} targets",
+                        self.targets.len()
+                    ),
+                ));
+            }
+        }
+        Ok(g)
     }
 
     pub(crate) fn write_garbage(&self, _lock: &WriterLock, g: &Garbage) -> Result<()> {
@@ -696,7 +895,7 @@ impl Repository {
     /// packs when no reader is active. Returns whether everything is gone.
     pub(crate) fn collect_garbage(&self, lock: &WriterLock) -> Result<bool> {
         let g = self.read_garbage()?;
-        if g.index_files.is_empty() && g.packs.is_empty() {
+        if g.is_empty() {
             return Ok(true);
         }
         // Readers list the index directory, then read the files: deleting
@@ -709,6 +908,7 @@ impl Repository {
             }
             meta::sync_dir(&idx_dir)?;
             for (t, id) in &g.packs {
+                // read_garbage has checked both.
                 let (Some(dir), Some(id)) =
                     (self.targets.get(usize::from(*t)), PackId::from_hex(id))
                 else {
@@ -736,7 +936,7 @@ impl Repository {
         // writers: nothing new may come to depend on a doomed pack. The
         // live chunks of those index files are in the files gc wrote.
         let garbage = self.read_garbage()?;
-        let mut loaded = self.load_index_without(&garbage.index_files)?;
+        let mut loaded = self.load_index_without(&garbage)?;
         // A file of a newer format is no damage: refuse to write over it.
         if let Some(pos) = loaded
             .damaged
@@ -792,16 +992,11 @@ impl Repository {
     /// garbage list, and packs whose header is not this repository's, are
     /// left alone (verify lists them as unindexed).
     pub fn salvage(&self, lock: &WriterLock, index: &mut ChunkIndex) -> Result<Salvaged> {
-        let garbage = self.read_garbage()?;
+        let doomed = self.read_garbage()?.pack_set();
         let mut found = IndexFile::default();
         let mut report = Salvaged::default();
         for pf in self.pack_files()? {
-            if index.pack_number(&pf.id).is_some()
-                || garbage
-                    .packs
-                    .iter()
-                    .any(|(t, id)| *t == pf.target && *id == pf.id.to_string())
-            {
+            if index.pack_number(&pf.id).is_some() || doomed.contains(&(pf.target, pf.id)) {
                 continue;
             }
             let data = fs::read(&pf.path).ctx(&pf.path, "read")?;
@@ -856,9 +1051,100 @@ impl Repository {
     }
 }
 
+/// What `init` has made so far, in order, so that a failed init can
+/// remove exactly that: the files it wrote and the directories it created
+/// (parents included), never anything that existed before.
+#[derive(Debug, Default)]
+struct Made {
+    /// Paths, and whether each is a directory.
+    paths: Vec<(PathBuf, bool)>,
+}
+
+impl Made {
+    /// Create `dir` and its missing parents, noting each one created.
+    fn dir_all(&mut self, dir: &Path) -> Result<()> {
+        let mut missing = Vec::new();
+        let mut p = dir;
+        loop {
+            match fs::symlink_metadata(p) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    missing.push(p.to_path_buf());
+                    match p.parent() {
+                        Some(q) if !q.as_os_str().is_empty() => p = q,
+                        _ => break,
+                    }
+                }
+                Err(e) => return Err(e).ctx(p, "stat"),
+            }
+        }
+        for d in missing.into_iter().rev() {
+            match fs::create_dir(&d) {
+                Ok(()) => self.paths.push((d, true)),
+                // Made by someone else meanwhile: not ours to remove.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+                Err(e) => return Err(e).ctx(&d, "create directory"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Note a file written.
+    fn file(&mut self, path: PathBuf) {
+        self.paths.push((path, false));
+    }
+
+    /// Remove what was made, newest first. A directory that is not empty
+    /// (something else was put in it since) stays; failures are ignored,
+    /// since the error that made init fail is the one to report.
+    fn undo(self) {
+        for (p, is_dir) in self.paths.into_iter().rev() {
+            let _ = if is_dir {
+                fs::remove_dir(&p)
+            } else {
+                fs::remove_file(&p)
+            };
+        }
+    }
+}
+
 fn remove_if_present(p: &Path) -> Result<()> {
     match fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).ctx(p, "remove"),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+
+    /// Every version of the target marker decodes: version 1 (the
+    /// fixture repository's `data` target) and version 2 (an absolute
+    /// target, naming its repository's home). `CAIRN_BLESS=1` writes the
+    /// version 2 fixture anew (only for a deliberate change, which must
+    /// come with a new version).
+    #[test]
+    fn marker_fixtures_of_every_version_decode() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
+            let dir = fixtures.join("target-marker-v2");
+            fs::create_dir_all(&dir).unwrap();
+            Marker {
+                repository: "0123456789abcdef0123456789abcdef".into(),
+                target: 1,
+                home: Some(PathBuf::from("/srv/cairn/repo")),
+            }
+            .write(&dir)
+            .unwrap();
+        }
+        let v1 = Marker::read(&fixtures.join("repository-v1/repo/data/cairn-target")).unwrap();
+        assert_eq!((v1.target, v1.home), (0, None));
+        let v2 = Marker::read(&fixtures.join("target-marker-v2/cairn-target")).unwrap();
+        assert_eq!(v2.target, 1);
+        assert_eq!(v2.home, Some(PathBuf::from("/srv/cairn/repo")));
+        assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Always: every index file and manifest (envelope checksums), every chunk
 //! a manifest names is in the index, every pack the index names exists
-//! with at least its sealed length. With `read_data`: every record the
+//! with at least its sealed length, and the garbage list is sound and
+//! deletes no chunk a snapshot still needs. With `read_data`: every record the
 //! index names is read, its CRC checked, decoded and hashed against its id
 //! (all packs in parallel). Each problem lists the images, snapshots and
 //! offsets it affects.
@@ -46,7 +47,8 @@ pub struct Affected {
 /// One thing that is wrong.
 #[derive(Debug, Clone)]
 pub struct Problem {
-    /// What kind: `index`, `manifest`, `pack`, `missing-chunk`, `damaged-chunk`.
+    /// What kind: `index`, `manifest`, `pack`, `garbage`, `missing-chunk`,
+    /// `damaged-chunk`.
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -92,6 +94,24 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             affected: Vec::new(),
         });
     }
+
+    // The garbage list: sound, naming only index files and packs, and
+    // consistent: deleting what it names (the next writer does) must not
+    // take the last copy of a chunk a snapshot uses.
+    let garbage_path = repo.root().join("garbage");
+    let after_gc = match repo.read_garbage() {
+        Ok(g) if g.is_empty() => None,
+        Ok(g) => Some(repo.load_index_without(&g)?.index),
+        Err(e) => {
+            report.problems.push(Problem {
+                kind: "garbage",
+                message: format!("{e} (backup and gc refuse to run while it is there; removing it loses nothing)"),
+                chunk: None,
+                affected: Vec::new(),
+            });
+            None
+        }
+    };
 
     // Chunks known to be bad, by prefix, with the reason.
     let mut bad: HashMap<[u8; PREFIX_LEN], (ChunkId, &'static str, String), IdHash> =
@@ -261,6 +281,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut missing: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
         HashMap::default();
     let mut hit: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> = HashMap::default();
+    let mut doomed: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
+        HashMap::default();
     let images = repo.images()?;
     report.images = images.len();
     for (name, snaps) in &images {
@@ -300,8 +322,15 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         .or_insert_with(|| (*id, Vec::new()))
                         .1
                         .push(place);
-                } else if !seen.contains(&prefix) && !index.contains(id) {
+                } else if seen.contains(&prefix) {
+                } else if !index.contains(id) {
                     missing
+                        .entry(prefix)
+                        .or_insert_with(|| (*id, Vec::new()))
+                        .1
+                        .push(place);
+                } else if after_gc.as_ref().is_some_and(|a| !a.contains(id)) {
+                    doomed
                         .entry(prefix)
                         .or_insert_with(|| (*id, Vec::new()))
                         .1
@@ -318,6 +347,19 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         report.problems.push(Problem {
             kind: "missing-chunk",
             message: format!("chunk {id} is not in the index (its pack or index file is lost)"),
+            chunk: Some(id),
+            affected,
+        });
+    }
+    let mut doomed: Vec<_> = doomed.into_values().collect();
+    doomed.sort_by_key(|d| d.0);
+    for (id, affected) in doomed {
+        report.problems.push(Problem {
+            kind: "garbage",
+            message: format!(
+                "chunk {id} is only in index files or packs that {} lists for deletion: the next writer would delete its last copy",
+                garbage_path.display()
+            ),
             chunk: Some(id),
             affected,
         });

@@ -809,25 +809,30 @@ fn reseal(path: &Path, version: u32) {
 }
 
 fn is_newer(e: &StoreError) -> bool {
+    is_newer_than(e, 2, 1)
+}
+
+fn is_newer_than(e: &StoreError, version: u32, newest: u32) -> bool {
     matches!(
         e,
         StoreError::NewerVersion {
-            found: 2,
-            supported: 1,
+            found,
+            supported,
             ..
-        }
-    ) && e
-        .to_string()
-        .contains("format version 2 is newer than this cairn supports")
+        } if (*found, *supported) == (version, newest)
+    ) && e.to_string().contains(&format!(
+        "format version {version} is newer than this cairn supports"
+    ))
 }
 
 #[test]
 fn newer_versions_are_refused_by_name() {
-    for file in ["config", "data/cairn-target"] {
+    // Target markers have a version 2 (naming the repository's home).
+    for (file, version, newest) in [("config", 2, 1), ("data/cairn-target", 3, 2)] {
         let (_tmp, repo) = fresh_copy();
-        reseal(&repo.join(file), 2);
+        reseal(&repo.join(file), version);
         let e = Repository::open(&repo).unwrap_err();
-        assert!(is_newer(&e), "{file}: {e}");
+        assert!(is_newer_than(&e, version, newest), "{file}: {e}");
     }
 
     let (_tmp, dir) = fresh_copy();

@@ -380,3 +380,144 @@ fn gc_repacks_packs_of_grouped_records() {
     drop(lock);
     assert!(load(&r, "b", 1) == b);
 }
+
+/// Regression: `verify` did not read the garbage list, so a damaged list
+/// (which stops every writer) or one that would delete the last copy of
+/// chunks a snapshot uses went unreported.
+#[test]
+fn verify_checks_the_garbage_list() {
+    use cairn_store::meta::{seal, Kind};
+    use cairn_store::{verify, VerifyOptions};
+    let (_d, r) = repo(1);
+    store(
+        &r,
+        "a",
+        &image(3 << 20, 5),
+        cairn_store::DEFAULT_CHUNKER,
+        "lz4",
+        1,
+    );
+    let b = image(3 << 20, 6);
+    store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    {
+        let lock = r.lock_writer("test", false).unwrap();
+        r.remove_snapshot(&lock, "a", 1).unwrap();
+        // A reader is active: gc leaves its deletions on the list.
+        let _reader = r.lock_read().unwrap();
+        let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
+        assert!(rep.deferred, "{rep:?}");
+    }
+    let garbage = r.root().join("garbage");
+    let sound = std::fs::read(&garbage).unwrap();
+    let opts = VerifyOptions {
+        read_data: true,
+        threads: 2,
+        progress: None,
+    };
+    let problems = || {
+        verify(&r, &opts)
+            .unwrap()
+            .problems
+            .into_iter()
+            .map(|p| {
+                let images: Vec<String> = p.affected.iter().map(|a| a.image.clone()).collect();
+                (p.kind, p.message, images)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(problems(), vec![], "the list gc left is consistent");
+
+    // A flipped byte: the checksum catches it.
+    let mut bad = sound.clone();
+    bad[30] ^= 1;
+    std::fs::write(&garbage, &bad).unwrap();
+    let p = problems();
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, "garbage");
+    assert!(p[0].1.contains("checksum"), "{p:?}");
+
+    // Names that are not index files or packs: refused, not acted on.
+    let config = std::fs::read(r.root().join("config")).unwrap();
+    for body in [
+        r#"{"index_files":["../config"],"packs":[]}"#,
+        r#"{"index_files":[],"packs":[[7,"00112233445566778899aabbccddeeff"]]}"#,
+        r#"{"index_files":[],"packs":[[0,"../../config"]]}"#,
+        r#"{"packs":[]}"#,
+    ] {
+        std::fs::write(&garbage, seal(Kind::Garbage, 1, body.as_bytes())).unwrap();
+        let p = problems();
+        assert_eq!(p.len(), 1, "{body}: {p:?}");
+        assert_eq!(p[0].0, "garbage", "{body}");
+        let lock = r.lock_writer("test", false).unwrap();
+        assert!(r.writer_index(&lock).is_err(), "{body}");
+        assert!(std::fs::read(r.root().join("config")).unwrap() == config);
+    }
+
+    // A list that would delete every index file and pack: b's chunks are
+    // named, with where b uses them, though b still restores today.
+    let idx: Vec<String> = r
+        .index_files()
+        .unwrap()
+        .iter()
+        .map(|p| format!("{:?}", p.file_name().unwrap().to_str().unwrap()))
+        .collect();
+    let packs: Vec<String> = r
+        .pack_files()
+        .unwrap()
+        .iter()
+        .map(|p| format!("[{},\"{}\"]", p.target, p.id))
+        .collect();
+    let body = format!(
+        r#"{{"index_files":[{}],"packs":[{}]}}"#,
+        idx.join(","),
+        packs.join(",")
+    );
+    std::fs::write(&garbage, seal(Kind::Garbage, 1, body.as_bytes())).unwrap();
+    let p = problems();
+    assert!(!p.is_empty());
+    for (kind, msg, images) in &p {
+        assert_eq!(*kind, "garbage", "{msg}");
+        assert!(msg.contains("last copy"), "{msg}");
+        assert_eq!(images.first().map(String::as_str), Some("b"), "{msg}");
+    }
+    assert!(load(&r, "b", 1) == b);
+
+    // Put back, the sound list is finished by the next writer.
+    std::fs::write(&garbage, &sound).unwrap();
+    let lock = r.lock_writer("test", false).unwrap();
+    r.writer_index(&lock).unwrap();
+    assert!(!garbage.exists());
+    drop(lock);
+    assert_eq!(problems(), vec![]);
+    assert!(load(&r, "b", 1) == b);
+}
+
+/// Regression: a pack took a worker's whole batch of records (up to
+/// 8 MiB read) before its size was checked, so `--pack-size 1M` gave
+/// packs of 4 to 8 MB. Packs now stay within the pack size.
+#[test]
+fn packs_respect_the_pack_size() {
+    let (_d, r) = repo(2);
+    assert_eq!(r.pack_size(), 1 << 20);
+    let mut g = Lcg(99);
+    // Random data (stored as is) and text (compressed), 4 threads so
+    // that batches arrive in parallel.
+    let mut data: Vec<u8> = (0..(12 << 20)).map(|_| g.next() as u8).collect();
+    data.extend(image(12 << 20, 3));
+    store(&r, "a", &data, cairn_store::DEFAULT_CHUNKER, "zstd:1", 4);
+    store(
+        &r,
+        "b",
+        &data[1000..],
+        cairn_store::DEFAULT_CHUNKER,
+        "lz4",
+        1,
+    );
+    let packs = r.pack_files().unwrap();
+    assert!(packs.len() >= 12, "{} packs", packs.len());
+    for p in &packs {
+        assert!(p.len <= 1 << 20, "{} is {} bytes", p.path.display(), p.len);
+    }
+    assert!(load(&r, "a", 2) == data);
+    assert!(load(&r, "b", 2) == data[1000..]);
+}

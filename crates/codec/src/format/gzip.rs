@@ -7,7 +7,9 @@
 //! `BC` with a 2-byte length) to hop from member to member without
 //! inflating, and inflates the members on all cores with libdeflate.
 //! Members without a length (pigz, gzip, concatenations of those) are
-//! inflated in the splitter as a stream (zlib-rs through flate2).
+//! inflated in the splitter as a stream (zlib-rs through flate2), and so
+//! are members whose extra field is malformed or whose length is not
+//! plausible: like gzip, cairn never refuses a member for its extra field.
 //!
 //! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
 //! | member length u32le | raw deflate | crc32 | isize`.
@@ -191,6 +193,51 @@ impl Splitter {
         }
     }
 
+    /// Take the member at `off` whole as a unit for the workers, trusting
+    /// the length `len` its FEXTRA subfield gives, if that length is
+    /// plausible: it covers the header and trailer, stays within
+    /// [`MAX_UNIT`], the trailer's size does too, and the member ends where
+    /// the input ends or the next member (or zero padding) starts. The
+    /// extra field is only a hint for splitting: gzip itself skips it, so
+    /// a member whose hint is nonsense is not refused but inflated as a
+    /// stream (returns false, nothing consumed). A hint that passes these
+    /// checks and is still wrong makes the member fail its CRC: refused,
+    /// never silently misread.
+    fn take_sized_member(
+        &mut self,
+        off: u64,
+        header: &Header,
+        len: usize,
+        unit: &mut Unit,
+    ) -> Result<bool> {
+        if len < header.len + TRAILER_LEN || len > MAX_UNIT {
+            return Ok(false);
+        }
+        let start = unit.data.len();
+        match self.input.take(len, &mut unit.data, NAME) {
+            Ok(()) => {}
+            Err(CodecError::Truncated { .. }) => {
+                self.input.unread(&unit.data[start..]);
+                unit.data.truncate(start);
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        }
+        let isize = le32(&unit.data, start + len - 4) as usize;
+        let avail = self.input.fill(2)?.min(2);
+        let next = &self.input.peek()[..avail];
+        let ends_at_member = next.is_empty() || next[0] == 0 || next == &[0x1f, 0x8b][..avail];
+        if isize > MAX_UNIT || !ends_at_member {
+            self.input.unread(&unit.data[start..]);
+            unit.data.truncate(start);
+            return Ok(false);
+        }
+        unit.offset = off;
+        unit.kind = UnitKind::Packed(header.len as u32);
+        unit.raw_len = isize;
+        Ok(true)
+    }
+
     fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
         let Some(st) = self.streaming.as_mut() else {
             return Ok(());
@@ -285,49 +332,19 @@ impl super::Splitter for Splitter {
         }
         let header = parse_header(&mut self.input)?;
         self.members += 1;
-        match header.member_len {
-            Some(len) if len >= header.len + TRAILER_LEN => {
-                if len > MAX_UNIT {
-                    return Err(CodecError::TooLarge {
-                        format: NAME,
-                        what: "member length field",
-                        offset: off,
-                        size: len as u64,
-                        limit: MAX_UNIT as u64,
-                    });
-                }
-                unit.offset = off;
-                unit.kind = UnitKind::Packed(header.len as u32);
-                self.input.take(len, &mut unit.data, NAME)?;
-                let isize = le32(&unit.data, len - 4) as usize;
-                if isize > MAX_UNIT {
-                    return Err(CodecError::TooLarge {
-                        format: NAME,
-                        what: "member size trailer",
-                        offset: off + len as u64 - 4,
-                        size: isize as u64,
-                        limit: MAX_UNIT as u64,
-                    });
-                }
-                unit.raw_len = isize;
-                Ok(true)
-            }
-            Some(len) => Err(CodecError::corrupt(
-                NAME,
-                off,
-                format!("member length field {len} is smaller than the header"),
-            )),
-            None => {
-                self.input.consume(header.len);
-                self.streaming = Some(Streaming {
-                    inflate: flate2::Decompress::new(false),
-                    crc: crc32fast::Hasher::new(),
-                    size: 0,
-                });
-                self.stream_some(unit)?;
-                Ok(true)
+        if let Some(len) = header.member_len {
+            if self.take_sized_member(off, &header, len, unit)? {
+                return Ok(true);
             }
         }
+        self.input.consume(header.len);
+        self.streaming = Some(Streaming {
+            inflate: flate2::Decompress::new(false),
+            crc: crc32fast::Hasher::new(),
+            size: 0,
+        });
+        self.stream_some(unit)?;
+        Ok(true)
     }
 
     fn offset(&self) -> u64 {
@@ -372,5 +389,80 @@ impl super::UnitDecoder for Decoder {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+    use std::io::Write;
+
+    /// A gzip member of `data` whose header carries `extra` as its FEXTRA
+    /// field (and a header CRC when `hcrc`), as any gzip writer may emit.
+    fn member(data: &[u8], extra: &[u8], hcrc: bool) -> Vec<u8> {
+        let flags = FEXTRA | if hcrc { FHCRC } else { 0 };
+        let mut out = vec![0x1f, 0x8b, 8, flags, 0, 0, 0, 0, 0, 3];
+        out.extend_from_slice(&(extra.len() as u16).to_le_bytes());
+        out.extend_from_slice(extra);
+        if hcrc {
+            let crc = crc32fast::hash(&out) as u16;
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        let mut deflate =
+            flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(6));
+        deflate.write_all(data).unwrap();
+        out.extend(deflate.finish().unwrap());
+        out.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
+        out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        out
+    }
+
+    /// Malformed extra fields that gzip skips: each must decode (as a
+    /// stream), alone and followed by a member cairn split by its length.
+    #[test]
+    fn gzip_malformed_extra_subfield_is_decoded_sequentially() {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 9) as u8)
+            .collect();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "subfield length past the extra field",
+                b"AB\xff\x00xyz".to_vec(),
+            ),
+            ("extra field too short for a subfield", b"CN\x04".to_vec()),
+            ("CN length zero", b"CN\x04\x00\x00\x00\x00\x00".to_vec()),
+            ("CN length too long", b"CN\x04\x00\x00\x00\x10\x00".to_vec()),
+            ("CN length just short", {
+                let mut e = b"CN\x04\x00".to_vec();
+                e.extend_from_slice(&1000u32.to_le_bytes());
+                e
+            }),
+            (
+                "CN length beyond any unit",
+                b"CN\x04\x00\xff\xff\xff\xff".to_vec(),
+            ),
+            ("BC size wrong", b"BC\x02\x00\x10\x00".to_vec()),
+            (
+                "CN then a subfield past the end",
+                b"CN\x04\x00\x00\x00\x00\x00ZZ\x09\x00".to_vec(),
+            ),
+        ];
+        let tail = crate::encode_all(crate::Format::Gzip, 6, 50_000, &data[..120_000]).unwrap();
+        for (what, extra) in cases {
+            for hcrc in [false, true] {
+                let m = member(&data, &extra, hcrc);
+                let back = crate::decode_all(&m).unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(back == data, "{what}: wrong output");
+                let mut two = m.clone();
+                two.extend_from_slice(&tail);
+                let back = crate::decode_all(&two).unwrap_or_else(|e| panic!("{what} + more: {e}"));
+                assert!(
+                    back == [&data[..], &data[..120_000]].concat(),
+                    "{what} + more"
+                );
+            }
+        }
     }
 }
