@@ -2,8 +2,9 @@
 //! input becomes a watermark slot and the first segment (header and data
 //! blocks) of a freshly formatted cache, with the magic, cache id,
 //! segment id and CRC fixed up so that the entry parser and replay are
-//! reached. Opening must fail cleanly or give a cache whose reads and
-//! drain work; never a panic or a hang.
+//! reached. Inspecting and opening must fail cleanly (a damaged log is
+//! refused) or give a cache whose reads and drain work; never a panic or
+//! a hang.
 #![no_main]
 use cairn_blockdev::{BlockDev, MemDev};
 use cairn_wbcache::format::{BLOCK_SIZE, RING_OFFSET, SEGMENT_BYTES, WATERMARK_OFFSETS};
@@ -45,6 +46,8 @@ fuzz_target!(|data: &[u8]| {
     crc = crc32c::crc32c_append(crc, &img[bs..data_end]);
     img[36..40].copy_from_slice(&crc.to_le_bytes());
     let _ = cache.write_at(&img, RING_OFFSET, false);
+    // The read-only scan must agree with itself and never panic.
+    let _ = WbCache::inspect(&cache, BACKING as u64);
     let backing = Arc::new(MemDev::new(BACKING));
     let cfg = WbConfig {
         idle_writeback: std::time::Duration::from_secs(3600),

@@ -19,6 +19,7 @@ use crate::id::ChunkId;
 use crate::index::{IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
 use crate::pack::{PackWriter, Record};
+use crate::reader::PackReader;
 use crate::repo::{Repository, Salvaged, WriterLock};
 use std::collections::{BTreeMap, HashMap};
 
@@ -167,10 +168,10 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
     }
     let mut writer: Option<(PackWriter, u16)> = None;
     let mut target = 0usize;
+    let reader = PackReader::new(repo, &index);
     for &n in &sparse {
         let info = index.packs()[n];
-        let path = repo.pack_path(&info)?;
-        let data = std::fs::read(&path).ctx(&path, "read")?;
+        let data = reader.read_pack(n as u32, info.len)?;
         // Live chunks by record: a record is copied once, whole, and
         // keeps its dead chunks (they cost space until the record dies).
         let mut by_record: BTreeMap<u32, Vec<Location>> = BTreeMap::new();

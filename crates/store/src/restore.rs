@@ -10,19 +10,19 @@
 //! (streams).
 
 use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
-use crate::error::{IoContext, Result, StoreError};
+use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
 use crate::manifest::{Extent, Manifest};
-use crate::pack::{check_chunk, check_pack_header, decode_record, Decoders, PACK_HEADER_LEN};
+use crate::pack::{check_chunk, decode_record, Decoders};
+use crate::reader::PackReader;
 use crate::repo::Repository;
 use cairn_pipeline::{Config, Fill, Slot};
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+
 use std::time::Instant;
 
 const BATCH: u64 = 8 << 20;
@@ -79,78 +79,6 @@ pub struct RestoreReport {
     pub damaged: Vec<Damaged>,
 }
 
-/// Open pack files, shared by the workers.
-pub(crate) struct PackFiles<'a> {
-    repo: &'a Repository,
-    index: &'a ChunkIndex,
-    open: Mutex<HashMap<u32, Arc<File>>>,
-}
-
-impl<'a> PackFiles<'a> {
-    pub fn new(repo: &'a Repository, index: &'a ChunkIndex) -> Self {
-        PackFiles {
-            repo,
-            index,
-            open: Mutex::default(),
-        }
-    }
-
-    fn path(&self, pack: u32) -> Result<PathBuf> {
-        let p = self.index.pack(pack).ok_or_else(|| {
-            StoreError::Invalid(format!("index names unknown pack number {pack}"))
-        })?;
-        self.repo.pack_path(p)
-    }
-
-    /// Read the record at `loc` into `buf`; returns the pack's path.
-    pub fn read(&self, loc: Location, buf: &mut Vec<u8>) -> Result<PathBuf> {
-        let path = self.path(loc.pack)?;
-        let file = {
-            let mut open = self
-                .open
-                .lock()
-                .map_err(|_| StoreError::Aborted("a reader panicked".into()))?;
-            match open.get(&loc.pack) {
-                Some(f) => f.clone(),
-                None => {
-                    // Bounded: a big repository has more packs than the
-                    // process may hold open.
-                    if open.len() >= 256 {
-                        open.clear();
-                    }
-                    let f = File::open(&path).ctx(&path, "open pack")?;
-                    let mut header = [0u8; PACK_HEADER_LEN];
-                    f.read_exact_at(&mut header, 0)
-                        .ctx(&path, "read pack header")?;
-                    check_pack_header(&path, &header, self.repo.id())?;
-                    let f = Arc::new(f);
-                    open.insert(loc.pack, f.clone());
-                    f
-                }
-            }
-        };
-        buf.clear();
-        buf.resize(loc.len as usize, 0);
-        file.read_exact_at(buf, u64::from(loc.offset))
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    StoreError::corrupt(
-                        &path,
-                        u64::from(loc.offset),
-                        "pack is shorter than the index says (truncated?)",
-                    )
-                } else {
-                    StoreError::Io {
-                        path: path.clone(),
-                        what: "read",
-                        source: e,
-                    }
-                }
-            })?;
-        Ok(path)
-    }
-}
-
 #[derive(Default)]
 struct Work {
     extents: Vec<(u64, Extent)>,
@@ -188,7 +116,7 @@ struct Kept {
 /// few groups it decoded ([`KEPT_GROUPS`], least recently used evicted),
 /// so each group is usually decoded once.
 pub(crate) struct Fetcher<'a> {
-    files: &'a PackFiles<'a>,
+    files: &'a PackReader,
     index: &'a ChunkIndex,
     rec: Vec<u8>,
     dec: Decoders,
@@ -197,7 +125,7 @@ pub(crate) struct Fetcher<'a> {
 }
 
 impl<'a> Fetcher<'a> {
-    pub fn new(files: &'a PackFiles<'a>, index: &'a ChunkIndex) -> Self {
+    pub fn new(files: &'a PackReader, index: &'a ChunkIndex) -> Self {
         Fetcher {
             files,
             index,
@@ -231,7 +159,7 @@ impl<'a> Fetcher<'a> {
                 .min_by_key(|&i| self.kept[i].used)
                 .unwrap_or(0)
         };
-        let path = self.files.read(loc, &mut self.rec)?;
+        let path = self.files.read_record(loc, &mut self.rec)?.to_path_buf();
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);
@@ -284,7 +212,7 @@ pub fn restore(
     opts: &RestoreOptions,
 ) -> Result<RestoreReport> {
     let started = Instant::now();
-    let files = PackFiles::new(repo, index);
+    let files = PackReader::new(repo, index);
     let (positional, zeroed, mut stream) = match dest {
         Destination::At { file, zeroed } => (Some(file), zeroed, None),
         Destination::Stream(w) => (None, false, Some(w)),

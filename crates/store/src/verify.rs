@@ -14,6 +14,7 @@ use crate::id::{ChunkId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
 use crate::pack::{self, decode_record, Decoders};
+use crate::reader::PackReader;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -131,9 +132,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             v.push((prefix, loc));
         }
     }
+    let reader = PackReader::new(repo, index);
     let mut readable = Vec::new();
     for (n, info) in index.packs().iter().enumerate() {
-        let path = repo.pack_path(info)?;
+        let path = reader.path(n as u32)?.to_path_buf();
         let problem = match on_disk.get(&info.id) {
             None => Some(format!("pack {} is missing", path.display())),
             Some(f) if f.len < info.len => Some(format!(
@@ -180,10 +182,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         let Some((n, path, len)) = readable.get(i) else {
                             break;
                         };
-                        let data = match std::fs::read(path) {
+                        let data = match reader.read_pack(*n as u32, *len) {
                             Ok(d) => d,
                             Err(e) => {
-                                let why = format!("{}: read: {e}", path.display());
+                                let why = e.to_string();
                                 if let Ok(mut v) = found.lock() {
                                     for (prefix, _) in &by_pack[*n] {
                                         v.push((*prefix, ChunkId([0; 32]), why.clone()));

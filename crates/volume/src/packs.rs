@@ -3,19 +3,12 @@
 
 use cairn_store::id::{ChunkId, PREFIX_LEN};
 use cairn_store::index::Location;
-use cairn_store::pack::{check_pack_header, decode_record, Decoders, PACK_HEADER_LEN};
+use cairn_store::pack::{decode_record, Decoders};
 use cairn_store::repo::LoadedIndex;
-use cairn_store::{Repository, StoreError};
-use std::collections::HashMap;
-use std::fs::File;
+use cairn_store::{PackReader, Repository, StoreError};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Pack files a volume keeps open at most (a big repository has more
-/// packs than a process may hold open).
-const MAX_OPEN: usize = 256;
 
 /// Why a record could not be used. Cloneable, because every reader
 /// waiting on the same record gets the same answer.
@@ -133,20 +126,19 @@ struct Scratch {
     dec: Decoders,
 }
 
-/// Reads records from the packs of one repository.
+/// Reads and decodes records from the packs of one repository, through
+/// the store's one [`PackReader`].
 pub(crate) struct Packs {
-    repo: Arc<Repository>,
     index: Arc<LoadedIndex>,
-    open: Mutex<HashMap<u32, Arc<File>>>,
+    reader: PackReader,
     scratch: Mutex<Vec<Scratch>>,
 }
 
 impl Packs {
     pub(crate) fn new(repo: Arc<Repository>, index: Arc<LoadedIndex>) -> Packs {
         Packs {
-            repo,
+            reader: PackReader::new(&repo, &index.index),
             index,
-            open: Mutex::default(),
             scratch: Mutex::default(),
         }
     }
@@ -155,46 +147,15 @@ impl Packs {
         &self.index
     }
 
-    fn file(&self, pack: u32) -> Result<(Arc<File>, std::path::PathBuf), GroupError> {
-        let info = self.index.index.pack(pack).ok_or_else(|| {
-            GroupError::corrupt(format!("index names unknown pack number {pack}"))
-        })?;
-        let path = self.repo.pack_path(info)?;
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = open.get(&pack) {
-            return Ok((f.clone(), path));
-        }
-        if open.len() >= MAX_OPEN {
-            open.clear();
-        }
-        let f = File::open(&path).map_err(|source| StoreError::Io {
-            path: path.clone(),
-            what: "open pack",
-            source,
-        })?;
-        let mut header = [0u8; PACK_HEADER_LEN];
-        f.read_exact_at(&mut header, 0)
-            .map_err(|source| StoreError::Io {
-                path: path.clone(),
-                what: "read pack header",
-                source,
-            })?;
-        check_pack_header(&path, &header, self.repo.id())?;
-        let f = Arc::new(f);
-        open.insert(pack, f.clone());
-        Ok((f, path))
-    }
-
     /// Read, check (CRC, lengths) and decode the record at `loc`.
     pub(crate) fn load(&self, loc: Location) -> Result<Group, GroupError> {
-        let (file, path) = self.file(loc.pack)?;
         let mut s = self
             .scratch
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
             .unwrap_or_default();
-        let out = self.decode(&file, &path, loc, &mut s);
+        let out = self.decode(loc, &mut s);
         self.scratch
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -202,30 +163,9 @@ impl Packs {
         out
     }
 
-    fn decode(
-        &self,
-        file: &File,
-        path: &std::path::Path,
-        loc: Location,
-        s: &mut Scratch,
-    ) -> Result<Group, GroupError> {
+    fn decode(&self, loc: Location, s: &mut Scratch) -> Result<Group, GroupError> {
         let at = u64::from(loc.offset);
-        s.rec.clear();
-        s.rec.resize(loc.len as usize, 0);
-        file.read_exact_at(&mut s.rec, at).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                GroupError::corrupt(format!(
-                    "{}: record at offset {at} runs past the end of the pack (truncated?)",
-                    path.display()
-                ))
-            } else {
-                GroupError::from(StoreError::Io {
-                    path: path.to_path_buf(),
-                    what: "read",
-                    source: e,
-                })
-            }
-        })?;
+        let path = self.reader.read_record(loc, &mut s.rec)?;
         let mut data = Vec::new();
         let rec = decode_record(path, at, &s.rec, &mut s.dec, &mut data)?;
         data.shrink_to_fit();
