@@ -45,6 +45,7 @@
 //! index designs, and neither stripes over disks). FastCDC, BLAKE3,
 //! CRC-32C and the codecs come from crates.
 
+pub mod backend;
 pub mod backup;
 mod bytes;
 pub mod chunker;

@@ -1,58 +1,79 @@
-//! The one way records come out of packs. Restore, the served volumes
-//! and verify all read through a [`PackReader`]: it knows where each pack
-//! named by an index lives, keeps a bounded set of them open (their
-//! headers checked once), and reads records or whole packs, turning a
-//! short read into damage named by pack and offset. Decoding is
+//! The one way records come out of packs. Restore, the served volumes,
+//! verify and gc all read through a [`PackReader`]: it knows which
+//! backend holds each pack an index names and under which key, checks a
+//! pack's header the first time it is read, and reads records or whole
+//! packs, a short read being damage named by pack and offset. Decoding is
 //! [`crate::pack::decode_record`]'s.
 //!
-//! This is the seam where a storage backend other than local files
-//! (striped directories today; an object store later, with ranged reads)
-//! comes in: callers ask for a record by its [`Location`], never for a
-//! path to open.
+//! It reads through [`ReadBackend`]s (one per target: striping is a
+//! backend per disk), never by path, so an object store comes in here.
 
-use crate::error::{IoContext, Result, StoreError};
+use crate::backend::{Key, LocalDir, ReadBackend};
+use crate::error::{Result, StoreError};
 use crate::id::RepoId;
 use crate::index::{ChunkIndex, Location};
 use crate::pack::{check_pack_header, PACK_HEADER_LEN};
 use crate::repo::Repository;
-use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
-/// Packs kept open at most (a big repository has more packs than a
-/// process may hold open).
-const MAX_OPEN: usize = 256;
+/// Where one pack is.
+#[derive(Debug)]
+struct Place {
+    backend: usize,
+    key: Key,
+    /// Its header was read and is this repository's.
+    checked: AtomicBool,
+}
 
 /// Reads records from the packs an index names.
 #[derive(Debug)]
 pub struct PackReader {
     repo: RepoId,
-    /// Each pack number's path, or why it has none.
-    paths: Vec<std::result::Result<PathBuf, String>>,
-    open: Mutex<HashMap<u32, Arc<File>>>,
+    backends: Vec<Arc<dyn ReadBackend>>,
+    /// Each pack number's place, or why it has none.
+    places: Vec<std::result::Result<Place, String>>,
 }
 
 impl PackReader {
     /// A reader of the packs `index` names in `repo`.
     pub fn new(repo: &Repository, index: &ChunkIndex) -> PackReader {
-        let paths = index
+        let backends: Vec<Arc<dyn ReadBackend>> = repo
+            .targets()
+            .iter()
+            .map(|t| Arc::new(LocalDir::new(t)) as Arc<dyn ReadBackend>)
+            .collect();
+        let places = index
             .packs()
             .iter()
-            .map(|p| repo.pack_path(p).map_err(|e| e.to_string()))
+            .map(|p| {
+                let backend = usize::from(p.target);
+                if backend >= backends.len() {
+                    return Err(format!(
+                        "pack {} names target {}, the repository has {}",
+                        p.id,
+                        p.target,
+                        backends.len()
+                    ));
+                }
+                Ok(Place {
+                    backend,
+                    key: Key::pack(p.id),
+                    checked: AtomicBool::new(false),
+                })
+            })
             .collect();
         PackReader {
             repo: repo.id(),
-            paths,
-            open: Mutex::default(),
+            backends,
+            places,
         }
     }
 
-    /// The path of pack number `pack`.
-    pub fn path(&self, pack: u32) -> Result<&Path> {
-        match self.paths.get(pack as usize) {
-            Some(Ok(p)) => Ok(p),
+    fn place(&self, pack: u32) -> Result<(&Place, &dyn ReadBackend)> {
+        match self.places.get(pack as usize) {
+            Some(Ok(p)) => Ok((p, &*self.backends[p.backend])),
             Some(Err(why)) => Err(StoreError::Invalid(why.clone())),
             None => Err(StoreError::Invalid(format!(
                 "index names unknown pack number {pack}"
@@ -60,66 +81,34 @@ impl PackReader {
         }
     }
 
-    /// Pack `pack`, opened (and its header checked) if it is not open.
-    fn file(&self, pack: u32) -> Result<(Arc<File>, &Path)> {
-        let path = self.path(pack)?;
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(f) = open.get(&pack) {
-            return Ok((f.clone(), path));
-        }
-        if open.len() >= MAX_OPEN {
-            open.clear();
-        }
-        let f = File::open(path).ctx(path, "open pack")?;
-        let mut header = [0u8; PACK_HEADER_LEN];
-        f.read_exact_at(&mut header, 0)
-            .map_err(|e| short_or_io(path, 0, e))?;
-        check_pack_header(path, &header, self.repo)?;
-        let f = Arc::new(f);
-        open.insert(pack, f.clone());
-        Ok((f, path))
+    /// Where pack number `pack` is (a path, for messages).
+    pub fn path(&self, pack: u32) -> Result<PathBuf> {
+        let (p, b) = self.place(pack)?;
+        Ok(b.locate(&p.key))
     }
 
     /// Read the record at `loc` into `buf` (replacing its contents);
     /// returns its pack's path, for the decoder's errors.
-    pub fn read_record(&self, loc: Location, buf: &mut Vec<u8>) -> Result<&Path> {
-        let (file, path) = self.file(loc.pack)?;
-        let at = u64::from(loc.offset);
+    pub fn read_record(&self, loc: Location, buf: &mut Vec<u8>) -> Result<PathBuf> {
+        let (p, b) = self.place(loc.pack)?;
+        if !p.checked.load(Ordering::Acquire) {
+            let mut header = [0u8; PACK_HEADER_LEN];
+            b.read_at(&p.key, 0, &mut header)?;
+            check_pack_header(&b.locate(&p.key), &header, self.repo)?;
+            p.checked.store(true, Ordering::Release);
+        }
         buf.clear();
         buf.resize(loc.len as usize, 0);
-        file.read_exact_at(buf, at)
-            .map_err(|e| short_or_io(path, at, e))?;
-        Ok(path)
+        b.read_at(&p.key, u64::from(loc.offset), buf)?;
+        Ok(b.locate(&p.key))
     }
 
     /// The whole of pack `pack`, `len` bytes (its sealed length), for
-    /// verify, which reads every record of it once. The header is not
+    /// verify and gc, which use every record of it once. The header is not
     /// checked here: verify checks it and reports a bad one as damage of
-    /// every chunk in the pack. The pack is not kept open.
+    /// every chunk in the pack.
     pub fn read_pack(&self, pack: u32, len: u64) -> Result<Vec<u8>> {
-        let path = self.path(pack)?;
-        let file = File::open(path).ctx(path, "open pack")?;
-        let mut data = vec![0u8; len as usize];
-        file.read_exact_at(&mut data, 0)
-            .map_err(|e| short_or_io(path, 0, e))?;
-        Ok(data)
-    }
-}
-
-/// A read that ran past the end of a pack is damage (the pack is shorter
-/// than the index says); anything else is the system's failure.
-fn short_or_io(path: &Path, offset: u64, e: std::io::Error) -> StoreError {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        StoreError::corrupt(
-            path,
-            offset,
-            "pack is shorter than the index says (truncated?)",
-        )
-    } else {
-        StoreError::Io {
-            path: path.to_path_buf(),
-            what: "read",
-            source: e,
-        }
+        let (p, b) = self.place(pack)?;
+        b.read_prefix(&p.key, len)
     }
 }

@@ -159,7 +159,7 @@ impl<'a> Fetcher<'a> {
                 .min_by_key(|&i| self.kept[i].used)
                 .unwrap_or(0)
         };
-        let path = self.files.read_record(loc, &mut self.rec)?.to_path_buf();
+        let path = self.files.read_record(loc, &mut self.rec)?;
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);

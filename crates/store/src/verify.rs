@@ -135,7 +135,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let reader = PackReader::new(repo, index);
     let mut readable = Vec::new();
     for (n, info) in index.packs().iter().enumerate() {
-        let path = reader.path(n as u32)?.to_path_buf();
+        let path = reader.path(n as u32)?;
         let problem = match on_disk.get(&info.id) {
             None => Some(format!("pack {} is missing", path.display())),
             Some(f) if f.len < info.len => Some(format!(

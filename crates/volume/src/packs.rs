@@ -167,7 +167,7 @@ impl Packs {
         let at = u64::from(loc.offset);
         let path = self.reader.read_record(loc, &mut s.rec)?;
         let mut data = Vec::new();
-        let rec = decode_record(path, at, &s.rec, &mut s.dec, &mut data)?;
+        let rec = decode_record(&path, at, &s.rec, &mut s.dec, &mut data)?;
         data.shrink_to_fit();
         let chunks = rec
             .chunks()
