@@ -36,6 +36,9 @@ const COALESCE: usize = 64 << 10;
 const PAYLOAD_STEP: usize = 256 << 10;
 /// The socket's read buffer.
 const READ_BUFFER: usize = 128 << 10;
+/// Trim and zeroing are handed to the device in pieces of this size at
+/// most (see [`in_pieces`]).
+const EFFECT_STEP: u64 = 1 << 30;
 /// Block status descriptors in one reply, at most (the spec asks for no
 /// more than 2^20; this keeps a reply, which no budget grants, under
 /// 1 MiB).
@@ -399,23 +402,25 @@ fn handle<'b, R, W>(
                 dev.flush()
             }
         }
-        cmd::TRIM => {
-            if len == 0 {
-                Ok(())
-            } else {
-                dev.trim(off, len, fua)
+        cmd::TRIM => match in_pieces(off, len, give_up, |o, n| dev.trim(o, n, fua)) {
+            Some(done) => done,
+            None => {
+                error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
+                return None;
             }
-        }
+        },
         cmd::WRITE_ZEROES => {
             let flags = ZeroFlags {
                 fua,
                 may_trim: req.flags & cflag::NO_HOLE == 0,
                 fast: req.flags & cflag::FAST_ZERO != 0,
             };
-            if len == 0 {
-                Ok(())
-            } else {
-                dev.write_zeroes(off, len, flags)
+            match in_pieces(off, len, give_up, |o, n| dev.write_zeroes(o, n, flags)) {
+                Some(done) => done,
+                None => {
+                    error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
+                    return None;
+                }
             }
         }
         cmd::CACHE => Ok(()),
@@ -439,6 +444,33 @@ fn handle<'b, R, W>(
         }
     }
     None
+}
+
+/// Do `op` over `off..off + len` in pieces of [`EFFECT_STEP`], so that a
+/// stopping server waits for one piece, not for a 64-bit trim or zeroing
+/// (a device may take time, or per-block memory such as a write-back
+/// cache's index, in proportion to the length). `None`: the server
+/// began stopping between pieces; the range is partly done, which a
+/// trim or a zeroing the client will retry may be.
+fn in_pieces(
+    off: u64,
+    len: u64,
+    give_up: &dyn Fn() -> bool,
+    op: impl Fn(u64, u64) -> cairn_blockdev::Result<()>,
+) -> Option<cairn_blockdev::Result<()>> {
+    let end = off.saturating_add(len);
+    let mut at = off;
+    while at < end {
+        if at > off && give_up() {
+            return None;
+        }
+        let n = (end - at).min(EFFECT_STEP);
+        if let Err(e) = op(at, n) {
+            return Some(Err(e));
+        }
+        at += n;
+    }
+    Some(Ok(()))
 }
 
 /// Refuse what the export cannot take, before touching the device.
