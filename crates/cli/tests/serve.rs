@@ -2182,3 +2182,77 @@ fn writeback_cache_is_coherent_across_connections() {
     assert_same(&got, &data, "after SIGKILL and recovery");
     request(&mut c, CMD_DISC, 5, 0, 0, &[]);
 }
+
+/// The memory bounds hold with 64-bit lengths: 100 clients on extended
+/// headers announce 32 MiB writes and trickle; a read of 1 TiB is
+/// refused without a buffer; a write announcing 1 TiB of payload is hung
+/// up on, not drained or allocated.
+#[test]
+fn extended_headers_keep_the_memory_bounds() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    let data = noise(1 << 20, 106);
+    std::fs::write(&w, &data).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&w)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&w), "--socket", s(&sock)]);
+    let pid = srv.child.as_ref().unwrap().id();
+    let junk = noise(8192, 107);
+
+    let mut c = unix(&sock);
+    attach_extended(&mut c, "w.raw");
+    ext_request(&mut c, CMD_READ, 0, 1, 0, 1 << 40, &[]);
+    let r = ext_chunks(&mut c);
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].0, r[0].1), (0x8001, 1), "1 TiB read: {r:?}");
+    assert_eq!(u32::from_be_bytes(r[0].3[..4].try_into().unwrap()), 22);
+    ext_request(&mut c, CMD_WRITE, FLAG_PAYLOAD_LEN, 2, 0, 1 << 40, &junk);
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "1 TiB write header: not hung up on");
+
+    let mut held = Vec::new();
+    for i in 0..100u64 {
+        let mut u = unix(&sock);
+        attach_extended(&mut u, "w.raw");
+        ext_request(
+            &mut u,
+            CMD_WRITE,
+            FLAG_PAYLOAD_LEN,
+            i,
+            0,
+            32 << 20,
+            &junk[..4096],
+        );
+        held.push(u);
+    }
+    for round in 0..4 {
+        for u in &mut held {
+            u.write_all(&junk[round * 1024..(round + 1) * 1024])
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let peak = rss(pid);
+    assert_same(
+        &first_read(&sock, "w.raw", 0),
+        &data[..4096],
+        "a new client's read",
+    );
+    assert!(
+        peak < 512 << 20,
+        "server RSS {} MiB with 100 trickling extended write headers",
+        peak >> 20
+    );
+    let (st, took) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "exit {st:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    assert_same(&std::fs::read(&w).unwrap()[..data.len()], &data, "w.raw");
+    drop(held);
+}

@@ -767,6 +767,9 @@ fn extended_headers_every_command() {
     assert_eq!(c.ext_status(w), err::ENOSPC);
     assert_eq!(c.read(SIZE as u64 - 1, 2), Err(err::EINVAL));
     assert_eq!(c.read(0, (32 << 20) + 1), Err(err::EINVAL));
+    // Refused before any buffer is granted or allocated.
+    let r = c.send(cmd::READ, 0, 0, 1 << 40, &[]);
+    assert_eq!(c.ext_status(r), err::EINVAL);
     let z = c.send(cmd::WRITE_ZEROES, 0, 0, 1 << 40, &[]);
     assert_eq!(c.ext_status(z), err::ENOSPC);
     let u = c.send(77, 0, 0, 0, &[]);
