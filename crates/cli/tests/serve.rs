@@ -2047,6 +2047,27 @@ fn qemu_uses_extended_headers() {
         file.write_all_at(&[0x77; 4096], 4 * G + 12_288).unwrap();
     }
     let srv = Serve::start(&["--file", s(&f), "--socket", s(&d.join("s.sock"))]);
+    if have("qemu-img") {
+        // The map comes as 64-bit block status chunks.
+        let out = tool(
+            "qemu-img",
+            &[
+                "--trace",
+                "nbd_receive_reply_chunk_header",
+                "map",
+                "--output=json",
+                "-f",
+                "raw",
+                &srv.uri("big.raw"),
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "qemu-img map: {err}");
+        assert!(err.contains("type = 6 (block status (64-bit))"), "{err}");
+        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(map[0]["length"], 4 * G + 12_288, "{map}");
+        assert_eq!(map[1]["data"], true, "{map}");
+    }
     let out = qemu_io_with(
         &[
             "--trace",
