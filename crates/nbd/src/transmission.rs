@@ -23,7 +23,7 @@ use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
 use crate::limits::{Budget, BufPool, Grant};
 use crate::proto::{self, cflag, cmd, err, reply, Replies, Request, EXTENDED_REQUEST_LEN};
 use crate::Export;
-use cairn_blockdev::{BlockError, ErrorKind, ZeroFlags};
+use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
 use std::io::{self, BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -402,26 +402,16 @@ fn handle<'b, R, W>(
                 dev.flush()
             }
         }
-        cmd::TRIM => match in_pieces(off, len, give_up, |o, n| dev.trim(o, n, fua)) {
-            Some(done) => done,
-            None => {
-                error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
-                return None;
-            }
-        },
+        cmd::TRIM => in_pieces(Op::Trim, off, len, give_up, |o, n| dev.trim(o, n, fua)),
         cmd::WRITE_ZEROES => {
             let flags = ZeroFlags {
                 fua,
                 may_trim: req.flags & cflag::NO_HOLE == 0,
                 fast: req.flags & cflag::FAST_ZERO != 0,
             };
-            match in_pieces(off, len, give_up, |o, n| dev.write_zeroes(o, n, flags)) {
-                Some(done) => done,
-                None => {
-                    error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
-                    return None;
-                }
-            }
+            in_pieces(Op::WriteZeroes, off, len, give_up, |o, n| {
+                dev.write_zeroes(o, n, flags)
+            })
         }
         cmd::CACHE => Ok(()),
         cmd::BLOCK_STATUS => match dev.extents(off, len) {
@@ -449,28 +439,28 @@ fn handle<'b, R, W>(
 /// Do `op` over `off..off + len` in pieces of [`EFFECT_STEP`], so that a
 /// stopping server waits for one piece, not for a 64-bit trim or zeroing
 /// (a device may take time, or per-block memory such as a write-back
-/// cache's index, in proportion to the length). `None`: the server
-/// began stopping between pieces; the range is partly done, which a
+/// cache's index, in proportion to the length). A stop between pieces
+/// fails the request with ESHUTDOWN, the range partly done, which a
 /// trim or a zeroing the client will retry may be.
 fn in_pieces(
+    what: Op,
     off: u64,
     len: u64,
     give_up: &dyn Fn() -> bool,
     op: impl Fn(u64, u64) -> cairn_blockdev::Result<()>,
-) -> Option<cairn_blockdev::Result<()>> {
+) -> cairn_blockdev::Result<()> {
     let end = off.saturating_add(len);
     let mut at = off;
     while at < end {
         if at > off && give_up() {
-            return None;
+            let stop = io::Error::from_raw_os_error(libc::ESHUTDOWN);
+            return Err(BlockError::io(what, off, len, stop));
         }
         let n = (end - at).min(EFFECT_STEP);
-        if let Err(e) = op(at, n) {
-            return Some(Err(e));
-        }
+        op(at, n)?;
         at += n;
     }
-    Some(Ok(()))
+    Ok(())
 }
 
 /// Refuse what the export cannot take, before touching the device.
@@ -511,8 +501,11 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, discarded: bool) -> Result<(), 
 /// Success without payload: a simple reply, or under extended headers
 /// (which allow no simple replies) a final NONE chunk.
 fn ok_reply(replies: Replies, req: &Request, out: &mut Vec<u8>) {
-    match replies {
-        Replies::Extended => proto::chunk_header(
+    // A read's reply must be chunks once structured replies are on.
+    let chunk =
+        replies == Replies::Extended || (replies == Replies::Structured && req.kind == cmd::READ);
+    if chunk {
+        proto::chunk_header(
             out,
             replies,
             reply::FLAG_DONE,
@@ -520,18 +513,9 @@ fn ok_reply(replies: Replies, req: &Request, out: &mut Vec<u8>) {
             req.cookie,
             req.offset,
             0,
-        ),
-        // A read's reply must be chunks once structured replies are on.
-        Replies::Structured if req.kind == cmd::READ => proto::chunk_header(
-            out,
-            replies,
-            reply::FLAG_DONE,
-            reply::NONE,
-            req.cookie,
-            req.offset,
-            0,
-        ),
-        _ => proto::simple_reply(out, 0, req.cookie),
+        );
+    } else {
+        proto::simple_reply(out, 0, req.cookie);
     }
 }
 
@@ -624,5 +608,40 @@ fn block_status_reply(
             out.extend_from_slice(&(l as u32).to_be_bytes());
         }
         out.extend_from_slice(&f.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn long_effects_go_in_pieces_and_stop_between_them() {
+        let done = RefCell::new(Vec::new());
+        let op = |o, n| {
+            done.borrow_mut().push((o, n));
+            Ok(())
+        };
+        let len = 2 * EFFECT_STEP + 5;
+        assert!(in_pieces(Op::Trim, 7, len, &|| false, op).is_ok());
+        assert_eq!(
+            *done.borrow(),
+            [
+                (7, EFFECT_STEP),
+                (7 + EFFECT_STEP, EFFECT_STEP),
+                (7 + 2 * EFFECT_STEP, 5)
+            ]
+        );
+        // A stop: the piece under way finishes, the rest is refused with
+        // ESHUTDOWN on the wire.
+        done.borrow_mut().clear();
+        let e = in_pieces(Op::WriteZeroes, 0, len, &|| true, op).err();
+        assert_eq!(done.borrow().len(), 1);
+        assert_eq!(e.as_ref().map(wire_error), Some(err::ESHUTDOWN));
+        // Nothing to do is no call at all.
+        done.borrow_mut().clear();
+        assert!(in_pieces(Op::Trim, 0, 0, &|| true, op).is_ok());
+        assert!(done.borrow().is_empty());
     }
 }
