@@ -1855,3 +1855,425 @@ fn bad_arguments_fail_with_one_line() {
     serve_fails(&["--file", f, "--listen", "not-an-address"], "listen");
     assert!(!Path::new(sock).exists(), "a failed start left its socket");
 }
+
+// ---------------------------------------------------------------------
+// 10. Extended headers (64-bit lengths) and multi-conn
+
+const OPT_EXTENDED_HEADERS: u32 = 11;
+const OPT_SET_META_CONTEXT: u32 = 10;
+const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
+const CMD_FLUSH: u16 = 3;
+const CMD_BLOCK_STATUS: u16 = 7;
+const FLAG_PAYLOAD_LEN: u16 = 1 << 5;
+const REPLY_NONE: u16 = 0;
+const REPLY_OFFSET_DATA: u16 = 1;
+const REPLY_BLOCK_STATUS_EXT: u16 = 6;
+
+/// Fixed newstyle with NBD_OPT_EXTENDED_HEADERS, `base:allocation` and
+/// NBD_OPT_GO, by hand; returns the size. Panics if the server does not
+/// take extended headers.
+fn attach_extended<S: Read + Write>(s: &mut S, name: &str) -> u64 {
+    let flags = greeting(s);
+    let client: u32 = 1 | if flags & 2 != 0 { 2 } else { 0 };
+    s.write_all(&client.to_be_bytes()).unwrap();
+    option(s, OPT_EXTENDED_HEADERS, &[]);
+    let (ty, p) = option_reply(s, OPT_EXTENDED_HEADERS);
+    assert_eq!(
+        ty,
+        1,
+        "NBD_OPT_EXTENDED_HEADERS refused: {:#x} {}",
+        ty,
+        String::from_utf8_lossy(&p)
+    );
+    let ctx = b"base:allocation";
+    let mut m = (name.len() as u32).to_be_bytes().to_vec();
+    m.extend_from_slice(name.as_bytes());
+    m.extend_from_slice(&1u32.to_be_bytes());
+    m.extend_from_slice(&(ctx.len() as u32).to_be_bytes());
+    m.extend_from_slice(ctx);
+    option(s, OPT_SET_META_CONTEXT, &m);
+    let (ty, p) = option_reply(s, OPT_SET_META_CONTEXT);
+    assert_eq!(ty, 4, "no meta context"); // NBD_REP_META_CONTEXT
+    assert_eq!(&p[4..], ctx);
+    assert_eq!(option_reply(s, OPT_SET_META_CONTEXT).0, 1);
+    let mut go = (name.len() as u32).to_be_bytes().to_vec();
+    go.extend_from_slice(name.as_bytes());
+    go.extend_from_slice(&0u16.to_be_bytes());
+    option(s, 7, &go);
+    let mut size = None;
+    loop {
+        match option_reply(s, 7) {
+            (1, _) => break,
+            (3, p) if p[..2] == [0, 0] => {
+                size = Some(u64::from_be_bytes(p[2..10].try_into().unwrap()));
+            }
+            (3, _) => {}
+            (ty, p) => panic!("NBD_OPT_GO: reply {ty:#x} {p:?}"),
+        }
+    }
+    size.expect("no NBD_INFO_EXPORT")
+}
+
+/// A 32-byte extended request header with a 64-bit length, then `data`.
+fn ext_request(
+    s: &mut impl Write,
+    cmd: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    len: u64,
+    data: &[u8],
+) {
+    let mut m = Vec::with_capacity(32 + data.len());
+    m.extend_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+    m.extend_from_slice(&flags.to_be_bytes());
+    m.extend_from_slice(&cmd.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m).unwrap();
+}
+
+/// Extended reply chunks up to NBD_REPLY_FLAG_DONE: (type, cookie,
+/// header offset, payload).
+fn ext_chunks(s: &mut impl Read) -> Vec<(u16, u64, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let mut h = [0u8; 32];
+        s.read_exact(&mut h).expect("extended reply");
+        let be64 = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap());
+        assert_eq!(
+            u32::from_be_bytes(h[..4].try_into().unwrap()),
+            EXTENDED_REPLY_MAGIC,
+            "not an extended reply header: {h:?}"
+        );
+        let flags = u16::from_be_bytes([h[4], h[5]]);
+        let ty = u16::from_be_bytes([h[6], h[7]]);
+        let len = be64(&h[24..32]);
+        assert!(len < 64 << 20, "reply length {len}");
+        let mut p = vec![0u8; len as usize];
+        s.read_exact(&mut p).unwrap();
+        out.push((ty, be64(&h[8..16]), be64(&h[16..24]), p));
+        if flags & 1 != 0 {
+            return out;
+        }
+    }
+}
+
+/// By hand over the unix socket: extended headers negotiated, a write
+/// and a read with 32-byte headers, a flush answered with a chunk (no
+/// simple replies), and block status with 64-bit extents.
+#[test]
+fn raw_client_speaks_extended_headers() {
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: u64 = 6 << 30;
+    let f = d.join("big.raw");
+    let file = std::fs::File::create(&f).unwrap();
+    file.set_len(SIZE).unwrap();
+    drop(file);
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&f), "--socket", s(&sock)]);
+    let mut c = unix(srv.sock.as_ref().unwrap());
+    assert_eq!(attach_extended(&mut c, "big.raw"), SIZE);
+
+    let data = noise(8192, 101);
+    ext_request(&mut c, CMD_WRITE, FLAG_PAYLOAD_LEN, 1, 1 << 20, 8192, &data);
+    let r = ext_chunks(&mut c);
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].0, r[0].1, r[0].2), (REPLY_NONE, 1, 1 << 20), "{r:?}");
+    ext_request(&mut c, CMD_FLUSH, 0, 2, 0, 0, &[]);
+    let r = ext_chunks(&mut c);
+    assert_eq!((r[0].0, r[0].1), (REPLY_NONE, 2), "{r:?}");
+
+    ext_request(&mut c, CMD_READ, 0, 3, (1 << 20) + 100, 5000, &[]);
+    let mut got = Vec::new();
+    for (ty, cookie, at, p) in ext_chunks(&mut c) {
+        assert_eq!((ty, cookie, at), (REPLY_OFFSET_DATA, 3, (1 << 20) + 100));
+        assert_eq!(
+            u64::from_be_bytes(p[..8].try_into().unwrap()),
+            (1 << 20) + 100
+        );
+        got.extend_from_slice(&p[8..]);
+    }
+    assert_same(&got, &data[100..5100], "read with an extended header");
+
+    // Block status from 2 MiB over 5 GiB: the file is a hole there, and
+    // the hole is reported as one extent longer than 32 bits can say.
+    ext_request(&mut c, CMD_BLOCK_STATUS, 0, 4, 2 << 20, 5 << 30, &[]);
+    let r = ext_chunks(&mut c);
+    assert_eq!(r.len(), 1, "{r:?}");
+    let (ty, cookie, at, p) = &r[0];
+    assert_eq!((*ty, *cookie, *at), (REPLY_BLOCK_STATUS_EXT, 4, 2 << 20));
+    assert!(p.len() >= 24 && (p.len() - 8) % 16 == 0, "{p:?}");
+    let first = u64::from_be_bytes(p[8..16].try_into().unwrap());
+    let state = u64::from_be_bytes(p[16..24].try_into().unwrap());
+    assert_eq!(state & 3, 3, "not a hole: {p:?}");
+    assert!(first > u64::from(u32::MAX), "first extent {first} bytes");
+    request_ext_disc(&mut c);
+    assert_same(
+        &std::fs::read(&f).unwrap()[1 << 20..(1 << 20) + 8192],
+        &data,
+        "big.raw after the extended write",
+    );
+}
+
+fn request_ext_disc(c: &mut UnixStream) {
+    ext_request(c, CMD_DISC, 0, 99, 0, 0, &[]);
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+/// qemu 10 asks for extended headers and gets them: one 5 GiB
+/// write-zeroes request (more than a compact header can carry), data
+/// written and read back, and the bytes on disk.
+#[test]
+fn qemu_uses_extended_headers() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const G: u64 = 1 << 30;
+    let f = d.join("big.raw");
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::create(&f).unwrap();
+        file.set_len(6 * G).unwrap();
+        // Data the big zeroing must clear.
+        file.write_all_at(&[0x77; 4096], 4 * G + 12_288).unwrap();
+    }
+    let srv = Serve::start(&["--file", s(&f), "--socket", s(&d.join("s.sock"))]);
+    if have("qemu-img") {
+        // The map comes as 64-bit block status chunks.
+        let out = tool(
+            "qemu-img",
+            &[
+                "--trace",
+                "nbd_receive_reply_chunk_header",
+                "map",
+                "--output=json",
+                "-f",
+                "raw",
+                &srv.uri("big.raw"),
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "qemu-img map: {err}");
+        assert!(err.contains("type = 6 (block status (64-bit))"), "{err}");
+        let map: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(map[0]["length"], 4 * G + 12_288, "{map}");
+        assert_eq!(map[1]["data"], true, "{map}");
+    }
+    let out = qemu_io_with(
+        &[
+            "--trace",
+            "nbd_receive_option_reply",
+            "--trace",
+            "nbd_send_request",
+        ],
+        &srv.uri("big.raw"),
+        &[
+            "write -P 0xab 0 64k",
+            // -n: one request (FAST_ZERO), not qemu-io's 2 GiB split.
+            "write -z -n 1G 5G",
+            "read -P 0xab 0 64k",
+            "read -P 0 4G 64k",
+            "flush",
+        ],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    let ext = text
+        .lines()
+        .find(|l| l.contains("nbd_receive_option_reply") && l.contains("reply 11 "))
+        .unwrap_or_else(|| panic!("qemu did not ask for extended headers: {text}"));
+    assert!(
+        ext.contains("type 1 (ack)"),
+        "extended headers refused: {ext}"
+    );
+    let len = format!(".len = {},", 5 * G);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("nbd_send_request") && l.contains(&len)),
+        "no single 5 GiB request: {text}"
+    );
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(&f).unwrap();
+    let mut b = vec![0u8; 65536];
+    file.read_exact_at(&mut b, 0).unwrap();
+    assert!(b.iter().all(|&x| x == 0xab), "written data");
+    file.read_exact_at(&mut b[..4096], 4 * G + 12_288).unwrap();
+    assert!(
+        b[..4096].iter().all(|&x| x == 0),
+        "the 5 GiB zeroing missed"
+    );
+}
+
+/// Debian 12's libnbd (1.14) predates extended headers: nbdinfo and
+/// nbdcopy still work with compact headers and structured replies.
+#[test]
+fn libnbd_without_extended_headers_still_works() {
+    if !have_all(&["nbdinfo", "nbdcopy"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let data = noise(3 << 20, 103);
+    let f = d.join("f.raw");
+    std::fs::write(&f, &data).unwrap();
+    let srv = Serve::start(&["--file", s(&f), "--socket", s(&d.join("s.sock"))]);
+    let j = nbdinfo_json(&["--json", &srv.uri("f.raw")]);
+    assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
+    let copy = d.join("copy.raw");
+    ok(tool("nbdcopy", &[&srv.uri("f.raw"), s(&copy)]));
+    assert_same(&std::fs::read(&copy).unwrap(), &data, "nbdcopy out");
+    let back = noise(3 << 20, 104);
+    let src = d.join("src.raw");
+    std::fs::write(&src, &back).unwrap();
+    ok(tool("nbdcopy", &[s(&src), &srv.uri("f.raw")]));
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "{st:?}");
+    assert_same(&std::fs::read(&f).unwrap(), &back, "nbdcopy in");
+}
+
+/// A writable file with a write-back cache in front advertises
+/// multi-conn, and may: one cache serves every connection, so a write
+/// acknowledged on one connection is read on another, and a flush on
+/// the second makes the first's write durable (it survives SIGKILL,
+/// replayed from the cache's log).
+#[test]
+fn writeback_cache_is_coherent_across_connections() {
+    let dir = tempdir();
+    let d = dir.path();
+    let back = d.join("back.raw");
+    std::fs::write(&back, vec![0u8; 8 << 20]).unwrap();
+    std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
+    let spec = format!("d={},cache={}", s(&back), s(&d.join("cache.dev")));
+    let sock = d.join("s.sock");
+    let args = [
+        "--file",
+        &spec,
+        "--cache-idle-ms",
+        "3600000",
+        "--cache-flush-deadline-ms",
+        "3600000",
+        "--socket",
+        s(&sock),
+    ];
+    let mut srv = Serve::start(&args);
+    if have("nbdinfo") {
+        let j = nbdinfo_json(&["--json", &srv.uri("d")]);
+        assert_eq!(j["exports"][0]["can_multi_conn"], true, "{j}");
+    }
+    let mut a = unix(&sock);
+    let (_, flags) = attach(&mut a, "d");
+    assert!(flags & (1 << 8) != 0, "NBD_FLAG_CAN_MULTI_CONN not set");
+    let mut b = unix(&sock);
+    attach(&mut b, "d");
+    let data = noise(65536, 105);
+    request(&mut a, CMD_WRITE, 1, 1 << 20, 65536, &data);
+    assert_eq!(simple_reply(&mut a), (0, 1));
+    // Seen on the other connection before any flush.
+    request(&mut b, CMD_READ, 2, 1 << 20, 65536, &[]);
+    assert_eq!(simple_reply(&mut b), (0, 2));
+    let mut got = vec![0u8; 65536];
+    b.read_exact(&mut got).unwrap();
+    assert_same(&got, &data, "read on the second connection");
+    // A flush on the second connection covers the first's write.
+    request(&mut b, CMD_FLUSH, 3, 0, 0, &[]);
+    assert_eq!(simple_reply(&mut b), (0, 3));
+    drop((a, b));
+    srv.signal_and_wait(libc::SIGKILL, Duration::from_secs(10))
+        .expect("SIGKILL");
+    srv.child = None;
+    let srv = Serve::start(&args);
+    let mut c = unix(srv.sock.as_ref().unwrap());
+    attach(&mut c, "d");
+    request(&mut c, CMD_READ, 4, 1 << 20, 65536, &[]);
+    assert_eq!(simple_reply(&mut c), (0, 4));
+    c.read_exact(&mut got).unwrap();
+    assert_same(&got, &data, "after SIGKILL and recovery");
+    request(&mut c, CMD_DISC, 5, 0, 0, &[]);
+}
+
+/// The memory bounds hold with 64-bit lengths: 100 clients on extended
+/// headers announce 32 MiB writes and trickle; a read of 1 TiB is
+/// refused without a buffer; a write announcing 1 TiB of payload is hung
+/// up on, not drained or allocated.
+#[test]
+fn extended_headers_keep_the_memory_bounds() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    let data = noise(1 << 20, 106);
+    std::fs::write(&w, &data).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&w)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&["--file", s(&w), "--socket", s(&sock)]);
+    let pid = srv.child.as_ref().unwrap().id();
+    let junk = noise(8192, 107);
+
+    let mut c = unix(&sock);
+    attach_extended(&mut c, "w.raw");
+    ext_request(&mut c, CMD_READ, 0, 1, 0, 1 << 40, &[]);
+    let r = ext_chunks(&mut c);
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].0, r[0].1), (0x8001, 1), "1 TiB read: {r:?}");
+    assert_eq!(u32::from_be_bytes(r[0].3[..4].try_into().unwrap()), 22);
+    ext_request(&mut c, CMD_WRITE, FLAG_PAYLOAD_LEN, 2, 0, 1 << 40, &junk);
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "1 TiB write header: not hung up on");
+
+    let mut held = Vec::new();
+    for i in 0..100u64 {
+        let mut u = unix(&sock);
+        attach_extended(&mut u, "w.raw");
+        ext_request(
+            &mut u,
+            CMD_WRITE,
+            FLAG_PAYLOAD_LEN,
+            i,
+            0,
+            32 << 20,
+            &junk[..4096],
+        );
+        held.push(u);
+    }
+    for round in 0..4 {
+        for u in &mut held {
+            u.write_all(&junk[round * 1024..(round + 1) * 1024])
+                .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let peak = rss(pid);
+    assert_same(
+        &first_read(&sock, "w.raw", 0),
+        &data[..4096],
+        "a new client's read",
+    );
+    assert!(
+        peak < 512 << 20,
+        "server RSS {} MiB with 100 trickling extended write headers",
+        peak >> 20
+    );
+    let (st, took) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "exit {st:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    assert_same(&std::fs::read(&w).unwrap()[..data.len()], &data, "w.raw");
+    drop(held);
+}

@@ -1,7 +1,7 @@
 //! Fixed newstyle negotiation: the greeting, then options until the client
 //! picks an export (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
 
-use crate::proto::{self, info, opt, rep, tflag, Cursor, BASE_ALLOCATION};
+use crate::proto::{self, info, opt, rep, tflag, Cursor, Replies, BASE_ALLOCATION};
 use crate::Export;
 use std::io::{self, Read, Write};
 
@@ -19,16 +19,22 @@ pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
 pub(crate) struct Negotiated {
     /// Index of the export.
     pub export: usize,
-    /// Structured replies are on.
-    pub structured: bool,
+    /// The headers transmission uses: compact with simple or structured
+    /// replies, or extended.
+    pub replies: Replies,
     /// `base:allocation` was selected for this export.
     pub base_allocation: bool,
 }
 
-/// The transmission flags of `e`: what its device can really do.
-pub(crate) fn transmission_flags(e: &Export) -> u16 {
+/// The transmission flags of `e`: what its device can really do. DF
+/// only once replies are chunked, as the spec requires (`replies`: what
+/// is negotiated when the flags are sent).
+pub(crate) fn transmission_flags(e: &Export, replies: Replies) -> u16 {
     let caps = e.dev.caps();
-    let mut f = tflag::HAS_FLAGS | tflag::SEND_DF;
+    let mut f = tflag::HAS_FLAGS;
+    if replies.chunked() {
+        f |= tflag::SEND_DF;
+    }
     if e.is_read_only() {
         f |= tflag::READ_ONLY;
     } else {
@@ -40,6 +46,10 @@ pub(crate) fn transmission_flags(e: &Export) -> u16 {
     if caps.rotational {
         f |= tflag::ROTATIONAL;
     }
+    // Only the device knows whether connections see each other's writes
+    // and whether one flush covers them all (a cache private to each
+    // connection would not); every connection of an export shares the
+    // one device object, so its word is the whole answer.
     if caps.multi_conn {
         f |= tflag::CAN_MULTI_CONN;
     }
@@ -124,7 +134,8 @@ pub(crate) fn options<S: Read + Write>(
     tls: TlsState,
 ) -> io::Result<Outcome> {
     let mut out = Vec::with_capacity(256);
-    let mut structured = false;
+    // Local to this call: after STARTTLS the client negotiates again.
+    let mut replies = Replies::Simple;
     // (export name it was set for, selected)
     let mut meta: Option<(String, bool)> = None;
     for _ in 0..MAX_OPTIONS {
@@ -182,6 +193,10 @@ pub(crate) fn options<S: Read + Write>(
             continue;
         }
         match option {
+            // A client that agreed on extended headers must not use
+            // EXPORT_NAME, which cannot say which headers follow; it has
+            // no error reply, so closing is the only refusal.
+            opt::EXPORT_NAME if replies == Replies::Extended => return Ok(Outcome::Leave),
             opt::EXPORT_NAME => {
                 let Some(i) = std::str::from_utf8(&data)
                     .ok()
@@ -191,13 +206,13 @@ pub(crate) fn options<S: Read + Write>(
                 };
                 let e = &exports[i];
                 out.extend_from_slice(&e.dev.size().to_be_bytes());
-                out.extend_from_slice(&transmission_flags(e).to_be_bytes());
+                out.extend_from_slice(&transmission_flags(e, replies).to_be_bytes());
                 if !no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
                 s.write_all(&out)?;
                 s.flush()?;
-                return Ok(Outcome::Chosen(chosen(i, structured, &meta, exports)));
+                return Ok(Outcome::Chosen(chosen(i, replies, &meta, exports)));
             }
             opt::ABORT => {
                 proto::option_reply(&mut out, option, rep::ACK, &[]);
@@ -234,12 +249,12 @@ pub(crate) fn options<S: Read + Write>(
                         format!("no export named {name:?}").as_bytes(),
                     ),
                     Some(i) => {
-                        info_replies(&mut out, option, &exports[i], &wanted, max_request);
+                        info_replies(&mut out, option, &exports[i], &wanted, max_request, replies);
                         proto::option_reply(&mut out, option, rep::ACK, &[]);
                         if option == opt::GO {
                             s.write_all(&out)?;
                             s.flush()?;
-                            return Ok(Outcome::Chosen(chosen(i, structured, &meta, exports)));
+                            return Ok(Outcome::Chosen(chosen(i, replies, &meta, exports)));
                         }
                     }
                 },
@@ -247,8 +262,27 @@ pub(crate) fn options<S: Read + Write>(
             opt::STRUCTURED_REPLY => {
                 if !data.is_empty() {
                     proto::option_reply(&mut out, option, rep::ERR_INVALID, b"takes no data");
+                } else if replies == Replies::Extended {
+                    // The spec's answer: extended headers take precedence
+                    // and there is no going back to 20-byte chunks.
+                    proto::option_reply(
+                        &mut out,
+                        option,
+                        rep::ERR_EXT_HEADER_REQD,
+                        b"extended headers are already on",
+                    );
                 } else {
-                    structured = true;
+                    replies = Replies::Structured;
+                    proto::option_reply(&mut out, option, rep::ACK, &[]);
+                }
+            }
+            opt::EXTENDED_HEADERS => {
+                if !data.is_empty() {
+                    proto::option_reply(&mut out, option, rep::ERR_INVALID, b"takes no data");
+                } else {
+                    // Implies structured replies, whether or not they were
+                    // asked for first; asking twice is harmless.
+                    replies = Replies::Extended;
                     proto::option_reply(&mut out, option, rep::ACK, &[]);
                 }
             }
@@ -261,11 +295,11 @@ pub(crate) fn options<S: Read + Write>(
                         rep::ERR_INVALID,
                         b"malformed meta context request",
                     ),
-                    Some(_) if set && !structured => proto::option_reply(
+                    Some(_) if set && !replies.chunked() => proto::option_reply(
                         &mut out,
                         option,
                         rep::ERR_INVALID,
-                        b"structured replies must be negotiated first",
+                        b"structured replies or extended headers must be negotiated first",
                     ),
                     Some((name, queries)) => {
                         if find(exports, name).is_none() {
@@ -297,9 +331,6 @@ pub(crate) fn options<S: Read + Write>(
                         }
                     }
                 }
-            }
-            opt::EXTENDED_HEADERS => {
-                proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"not offered");
             }
             _ => proto::option_reply(&mut out, option, rep::ERR_UNSUP, b"unknown option"),
         }
@@ -345,7 +376,7 @@ pub(crate) fn refuse<S: Read + Write>(s: &mut S, why: &str) -> io::Result<()> {
 /// holds only if it was selected for this same export.
 fn chosen(
     i: usize,
-    structured: bool,
+    replies: Replies,
     meta: &Option<(String, bool)>,
     exports: &[Export],
 ) -> Negotiated {
@@ -354,7 +385,7 @@ fn chosen(
         .is_some_and(|(n, on)| *on && find(exports, n) == Some(i));
     Negotiated {
         export: i,
-        structured,
+        replies,
         base_allocation,
     }
 }
@@ -380,13 +411,23 @@ fn parse_meta_request(data: &[u8]) -> Option<(&str, Vec<&str>)> {
     (c.rest() == 0).then_some((name, queries))
 }
 
-fn info_replies(out: &mut Vec<u8>, option: u32, e: &Export, wanted: &[u16], max_request: u32) {
+fn info_replies(
+    out: &mut Vec<u8>,
+    option: u32,
+    e: &Export,
+    wanted: &[u16],
+    max_request: u32,
+    replies: Replies,
+) {
     let mut d = Vec::with_capacity(12);
     d.extend_from_slice(&info::EXPORT.to_be_bytes());
     d.extend_from_slice(&e.dev.size().to_be_bytes());
-    d.extend_from_slice(&transmission_flags(e).to_be_bytes());
+    d.extend_from_slice(&transmission_flags(e, replies).to_be_bytes());
     proto::option_reply(out, option, rep::INFO, &d);
     // Block sizes are always sent: clients that did not ask ignore them.
+    // The maximum is the largest payload (a read or a write) and stays 32
+    // bits under extended headers too, as the spec keeps it; only effect
+    // lengths (trim, zeroing, block status) grow to 64 bits.
     let bs = e.dev.block_sizes();
     let minimum = bs.minimum.clamp(1, 64 << 10).next_power_of_two();
     let preferred = bs.preferred.max(minimum).next_power_of_two();

@@ -7,15 +7,26 @@
 //! ## Design decisions
 //!
 //! - **Fixed newstyle only**, with NBD_OPT_GO / INFO / LIST / ABORT /
-//!   EXPORT_NAME, structured replies and the `base:allocation` metadata
-//!   context (so clients such as `nbdcopy` and `qemu-img convert` skip
-//!   holes), and NBD_OPT_STARTTLS with X.509 certificates when the server
-//!   is given them (optional or required; see [`tls`]). Extended headers
-//!   are refused with NBD_REP_ERR_UNSUP.
+//!   EXPORT_NAME, structured replies, extended headers and the
+//!   `base:allocation` metadata context (so clients such as `nbdcopy` and
+//!   `qemu-img convert` skip holes), and NBD_OPT_STARTTLS with X.509
+//!   certificates when the server is given them (optional or required;
+//!   see [`tls`]).
+//! - **Extended headers are offered** (NBD_OPT_EXTENDED_HEADERS, which
+//!   qemu 8.2+ and libnbd 1.18+ ask for): 32-byte requests with 64-bit
+//!   lengths, so trim, zeroing and block status can act on more than
+//!   4 GiB at once; every reply is a 32-byte chunk header (no simple
+//!   replies, as the spec requires), and block status answers with 64-bit
+//!   extents (NBD_REPLY_TYPE_BLOCK_STATUS_EXT). Payloads stay within the
+//!   32-bit maximum of NBD_INFO_BLOCK_SIZE: a longer one ends the
+//!   connection instead of being drained, and no length from a header
+//!   sizes a buffer before the budgets grant it. Older clients keep
+//!   compact headers and structured or simple replies.
 //! - **What is advertised is what the device can do**: transmission flags
 //!   come from [`BlockDev::caps`] (read-only, FUA, fast zero, rotational,
 //!   multi-conn only when the device says concurrent connections are
-//!   coherent).
+//!   coherent: one device object serves every connection of an export,
+//!   a write-back cache included, so its flush covers them all).
 //! - **Threads, not an async runtime.** Each connection has a few worker
 //!   threads in a leader/follower ring: one reads a request, passes the
 //!   socket on, does the I/O (a blocking pread/pwrite or a decode) and
@@ -31,8 +42,9 @@
 //! - **Errors are mapped at the edge**: device errors become NBD error
 //!   numbers here and only here; a request the export cannot take is
 //!   refused before the device is touched (read-only, out of range,
-//!   oversized). A request with a bad magic closes that connection; every
-//!   other connection goes on.
+//!   oversized). A request with a bad magic (or a compact header where
+//!   extended ones were agreed) closes that connection; every other
+//!   connection goes on.
 //! - **Shutdown that finishes**: when asked to stop, [`Server::serve`]
 //!   takes no more requests, gives those in flight `shutdown_timeout` to
 //!   be answered, then shuts the sockets still busy (a client that never

@@ -1,5 +1,6 @@
 //! The NBD protocol's numbers and wire layouts (fixed newstyle handshake,
-//! simple and structured replies), as pure functions over bytes.
+//! compact and extended requests, simple, structured and extended
+//! replies), as pure functions over bytes.
 
 /// "NBDMAGIC": the server's first word.
 pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -7,12 +8,16 @@ pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 /// Magic of an option reply.
 pub const REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-/// Magic of a transmission request.
+/// Magic of a compact (28-byte) transmission request.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Magic of an extended (32-byte) transmission request.
+pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
 /// Magic of a simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// Magic of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Magic of an extended reply chunk.
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 /// Handshake flags (server).
 pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -43,7 +48,7 @@ pub mod opt {
     pub const LIST_META_CONTEXT: u32 = 9;
     /// Choose metadata contexts.
     pub const SET_META_CONTEXT: u32 = 10;
-    /// 64-bit headers (not offered).
+    /// Extended (32-byte, 64-bit length) headers.
     pub const EXTENDED_HEADERS: u32 = 11;
 }
 
@@ -69,6 +74,8 @@ pub mod rep {
     pub const ERR_UNKNOWN: u32 = (1 << 31) + 6;
     /// Too large to process.
     pub const ERR_TOO_BIG: u32 = (1 << 31) + 9;
+    /// Extended headers are on: no downgrade to structured replies.
+    pub const ERR_EXT_HEADER_REQD: u32 = (1 << 31) + 10;
 }
 
 /// NBD_INFO types.
@@ -139,6 +146,9 @@ pub mod cflag {
     pub const REQ_ONE: u16 = 1 << 3;
     /// Fail write zeroes unless it is fast.
     pub const FAST_ZERO: u16 = 1 << 4;
+    /// Extended headers only: the length is that of a payload that
+    /// follows the header, not the range the command acts on.
+    pub const PAYLOAD_LEN: u16 = 1 << 5;
 }
 
 /// Structured reply chunk types.
@@ -149,8 +159,10 @@ pub mod reply {
     pub const OFFSET_DATA: u16 = 1;
     /// Zeroes at an offset.
     pub const OFFSET_HOLE: u16 = 2;
-    /// Block status descriptors.
+    /// Block status descriptors (32-bit lengths).
     pub const BLOCK_STATUS: u16 = 5;
+    /// Block status descriptors with 64-bit lengths (extended headers).
+    pub const BLOCK_STATUS_EXT: u16 = 6;
     /// An error.
     pub const ERROR: u16 = (1 << 15) + 1;
     /// The chunk ends the reply.
@@ -199,8 +211,41 @@ pub const STATE_ZERO: u32 = 1 << 1;
 /// The one metadata context served.
 pub const BASE_ALLOCATION: &str = "base:allocation";
 
-/// Length of a request header.
+/// Length of a compact request header.
 pub const REQUEST_LEN: usize = 28;
+/// Length of an extended request header (and of every extended reply
+/// header).
+pub const EXTENDED_REQUEST_LEN: usize = 32;
+
+/// The reply headers (and request headers) a connection uses, as
+/// negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replies {
+    /// Nothing negotiated: compact requests, simple replies only.
+    Simple,
+    /// NBD_OPT_STRUCTURED_REPLY: compact requests; 20-byte chunk headers,
+    /// simple replies where there is no payload.
+    Structured,
+    /// NBD_OPT_EXTENDED_HEADERS: 32-byte requests with 64-bit lengths;
+    /// every reply is 32-byte chunks (the spec forbids simple replies).
+    Extended,
+}
+
+impl Replies {
+    /// Replies may be chunks (structured or extended).
+    pub fn chunked(self) -> bool {
+        self != Replies::Simple
+    }
+
+    /// Length of a request header in this mode.
+    pub fn request_len(self) -> usize {
+        if self == Replies::Extended {
+            EXTENDED_REQUEST_LEN
+        } else {
+            REQUEST_LEN
+        }
+    }
+}
 
 /// A transmission request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,14 +258,26 @@ pub struct Request {
     pub cookie: u64,
     /// Byte offset.
     pub offset: u64,
-    /// Byte length (of the payload, for a write).
-    pub len: u32,
+    /// Byte length: of the payload for a write (or, with extended
+    /// headers, a request with [`cflag::PAYLOAD_LEN`]), else of the range
+    /// acted on. At most 32 bits unless extended headers are on.
+    pub len: u64,
 }
 
-/// Parse a request header; `None` if the magic is wrong (the stream has
-/// lost sync and the connection must close).
-pub fn parse_request(b: &[u8; REQUEST_LEN]) -> Option<Request> {
-    if be32(&b[0..4]) != REQUEST_MAGIC {
+/// Parse a request header of `mode` (`b` is [`Replies::request_len`]
+/// bytes); `None` if the magic is not that of the mode or the length is
+/// wrong (the stream has lost sync and the connection must close).
+pub fn parse_request(b: &[u8], mode: Replies) -> Option<Request> {
+    let (magic, len) = match mode {
+        Replies::Extended if b.len() == EXTENDED_REQUEST_LEN => {
+            (EXTENDED_REQUEST_MAGIC, be64(&b[24..32]))
+        }
+        Replies::Simple | Replies::Structured if b.len() == REQUEST_LEN => {
+            (REQUEST_MAGIC, u64::from(be32(&b[24..28])))
+        }
+        _ => return None,
+    };
+    if be32(&b[0..4]) != magic {
         return None;
     }
     Some(Request {
@@ -228,47 +285,93 @@ pub fn parse_request(b: &[u8; REQUEST_LEN]) -> Option<Request> {
         kind: be16(&b[6..8]),
         cookie: be64(&b[8..16]),
         offset: be64(&b[16..24]),
-        len: be32(&b[24..28]),
+        len,
     })
 }
 
-/// Encode a request header (for clients and tests).
-pub fn encode_request(r: &Request) -> [u8; REQUEST_LEN] {
-    let mut b = [0u8; REQUEST_LEN];
-    b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    b[4..6].copy_from_slice(&r.flags.to_be_bytes());
-    b[6..8].copy_from_slice(&r.kind.to_be_bytes());
-    b[8..16].copy_from_slice(&r.cookie.to_be_bytes());
-    b[16..24].copy_from_slice(&r.offset.to_be_bytes());
-    b[24..28].copy_from_slice(&r.len.to_be_bytes());
-    b
+/// Encode a request header for `mode` (for clients and tests); `None` if
+/// the length does not fit a compact header.
+pub fn encode_request(r: &Request, mode: Replies) -> Option<Vec<u8>> {
+    let mut b = Vec::with_capacity(EXTENDED_REQUEST_LEN);
+    let magic = if mode == Replies::Extended {
+        EXTENDED_REQUEST_MAGIC
+    } else {
+        REQUEST_MAGIC
+    };
+    b.extend_from_slice(&magic.to_be_bytes());
+    b.extend_from_slice(&r.flags.to_be_bytes());
+    b.extend_from_slice(&r.kind.to_be_bytes());
+    b.extend_from_slice(&r.cookie.to_be_bytes());
+    b.extend_from_slice(&r.offset.to_be_bytes());
+    if mode == Replies::Extended {
+        b.extend_from_slice(&r.len.to_be_bytes());
+    } else {
+        b.extend_from_slice(&u32::try_from(r.len).ok()?.to_be_bytes());
+    }
+    Some(b)
 }
 
-/// Append a simple reply header.
+/// Append a simple reply header (never under extended headers).
 pub fn simple_reply(out: &mut Vec<u8>, error: u32, cookie: u64) {
     out.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     out.extend_from_slice(&error.to_be_bytes());
     out.extend_from_slice(&cookie.to_be_bytes());
 }
 
-/// Append a structured reply chunk header.
-pub fn chunk_header(out: &mut Vec<u8>, flags: u16, kind: u16, cookie: u64, len: u32) {
-    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+/// Append a reply chunk header: structured (20 bytes; `len` must fit 32
+/// bits, which every payload this server sends does) or, under extended
+/// headers, extended (32 bytes, repeating the request's `offset` as the
+/// spec requires).
+pub fn chunk_header(
+    out: &mut Vec<u8>,
+    mode: Replies,
+    flags: u16,
+    kind: u16,
+    cookie: u64,
+    offset: u64,
+    len: u64,
+) {
+    let extended = mode == Replies::Extended;
+    let magic = if extended {
+        EXTENDED_REPLY_MAGIC
+    } else {
+        STRUCTURED_REPLY_MAGIC
+    };
+    out.extend_from_slice(&magic.to_be_bytes());
     out.extend_from_slice(&flags.to_be_bytes());
     out.extend_from_slice(&kind.to_be_bytes());
     out.extend_from_slice(&cookie.to_be_bytes());
-    out.extend_from_slice(&len.to_be_bytes());
+    if extended {
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+    } else {
+        debug_assert!(
+            len <= u64::from(u32::MAX),
+            "structured chunk of {len} bytes"
+        );
+        out.extend_from_slice(&(len as u32).to_be_bytes());
+    }
 }
 
-/// Append a structured error chunk (ends the reply).
-pub fn error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &str) {
+/// Append an error chunk that ends the reply to the request at `offset`
+/// (the message is cut to the spec's 4096 bytes).
+pub fn error_chunk(
+    out: &mut Vec<u8>,
+    mode: Replies,
+    cookie: u64,
+    offset: u64,
+    error: u32,
+    message: &str,
+) {
     let msg = &message.as_bytes()[..message.len().min(4096)];
     chunk_header(
         out,
+        mode,
         reply::FLAG_DONE,
         reply::ERROR,
         cookie,
-        6 + msg.len() as u32,
+        offset,
+        6 + msg.len() as u64,
     );
     out.extend_from_slice(&error.to_be_bytes());
     out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
@@ -353,18 +456,75 @@ mod tests {
 
     #[test]
     fn request_round_trip_and_bad_magic() {
-        let r = Request {
+        let mut r = Request {
             flags: cflag::FUA,
             kind: cmd::WRITE,
             cookie: 0x0102_0304_0506_0708,
             offset: 1 << 40,
             len: 4096,
         };
-        let b = encode_request(&r);
-        assert_eq!(parse_request(&b), Some(r));
-        let mut bad = b;
-        bad[0] ^= 1;
-        assert_eq!(parse_request(&bad), None);
+        for mode in [Replies::Simple, Replies::Structured, Replies::Extended] {
+            let b = encode_request(&r, mode).unwrap_or_default();
+            assert_eq!(b.len(), mode.request_len());
+            assert_eq!(parse_request(&b, mode), Some(r));
+            let mut bad = b.clone();
+            bad[0] ^= 1;
+            assert_eq!(parse_request(&bad, mode), None);
+        }
+        // A compact header where extended ones were agreed (and the
+        // reverse) is a lost stream, whatever its length.
+        let compact = encode_request(&r, Replies::Structured).unwrap_or_default();
+        let mut padded = compact.clone();
+        padded.extend_from_slice(&[0; 4]);
+        assert_eq!(parse_request(&padded, Replies::Extended), None);
+        let ext = encode_request(&r, Replies::Extended).unwrap_or_default();
+        assert_eq!(
+            parse_request(&ext[..REQUEST_LEN], Replies::Structured),
+            None
+        );
+        // 64-bit lengths: only in extended headers.
+        r.len = 5 << 32;
+        assert_eq!(encode_request(&r, Replies::Simple), None);
+        let b = encode_request(&r, Replies::Extended).unwrap_or_default();
+        assert_eq!(&b[0..4], &EXTENDED_REQUEST_MAGIC.to_be_bytes());
+        assert_eq!(&b[24..32], &(5u64 << 32).to_be_bytes());
+        assert_eq!(
+            parse_request(&b, Replies::Extended).map(|r| r.len),
+            Some(5 << 32)
+        );
+    }
+
+    #[test]
+    fn extended_chunk_headers_are_32_bytes_and_repeat_the_offset() {
+        let mut out = Vec::new();
+        chunk_header(
+            &mut out,
+            Replies::Extended,
+            reply::FLAG_DONE,
+            reply::OFFSET_DATA,
+            7,
+            1 << 33,
+            4104,
+        );
+        assert_eq!(out.len(), 32);
+        assert_eq!(be32(&out[0..4]), EXTENDED_REPLY_MAGIC);
+        assert_eq!(be16(&out[4..6]), reply::FLAG_DONE);
+        assert_eq!(be16(&out[6..8]), reply::OFFSET_DATA);
+        assert_eq!(be64(&out[8..16]), 7);
+        assert_eq!(be64(&out[16..24]), 1 << 33);
+        assert_eq!(be64(&out[24..32]), 4104);
+        out.clear();
+        chunk_header(&mut out, Replies::Structured, 0, reply::NONE, 7, 1 << 33, 9);
+        assert_eq!(out.len(), 20);
+        assert_eq!(be32(&out[0..4]), STRUCTURED_REPLY_MAGIC);
+        assert_eq!(be32(&out[16..20]), 9);
+        out.clear();
+        error_chunk(&mut out, Replies::Extended, 3, 99, err::EINVAL, "no");
+        assert_eq!(out.len(), 32 + 6 + 2);
+        assert_eq!(be16(&out[6..8]), reply::ERROR);
+        assert_eq!(be64(&out[16..24]), 99);
+        assert_eq!(be64(&out[24..32]), 8);
+        assert_eq!(be32(&out[32..36]), err::EINVAL);
     }
 
     #[test]

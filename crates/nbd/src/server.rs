@@ -595,6 +595,10 @@ fn connection(stream: Stream, common: &Common) -> Option<String> {
     match end {
         End::Clean => None,
         End::BadMagic => Some("request with a bad magic: connection closed".into()),
+        End::TooLong(n) => Some(format!(
+            "request with a {n}-byte payload, over the {}-byte maximum: connection closed",
+            config.max_request
+        )),
         End::Idle => Some(format!(
             "no request for {} s: connection closed",
             config.idle_timeout.map_or(0, |t| t.as_secs())

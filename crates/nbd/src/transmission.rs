@@ -8,7 +8,12 @@
 //!
 //! What a request holds is granted by the connection's and the server's
 //! budgets ([`crate::limits`]): a write's payload a step at a time as it
-//! arrives, a read's buffer before it is allocated.
+//! arrives, a read's buffer before it is allocated. Lengths are 64 bits
+//! under extended headers, so nothing is sized from a header: a payload
+//! longer than the largest request is drained through a small scratch
+//! buffer (compact headers, at most 4 GiB) or ends the connection
+//! (extended headers, as the spec recommends), and a read longer than
+//! that is refused before anything is granted.
 //!
 //! The socket's read timeout is a short tick, so a reader waiting for the
 //! next request notices a server that is stopping, and a payload that
@@ -16,9 +21,9 @@
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
 use crate::limits::{Budget, BufPool, Grant};
-use crate::proto::{self, cflag, cmd, err, reply, Request, REQUEST_LEN};
+use crate::proto::{self, cflag, cmd, err, reply, Replies, Request, EXTENDED_REQUEST_LEN};
 use crate::Export;
-use cairn_blockdev::{BlockError, ErrorKind, ZeroFlags};
+use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
 use std::io::{self, BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -31,6 +36,13 @@ const COALESCE: usize = 64 << 10;
 const PAYLOAD_STEP: usize = 256 << 10;
 /// The socket's read buffer.
 const READ_BUFFER: usize = 128 << 10;
+/// Trim and zeroing are handed to the device in pieces of this size at
+/// most (see [`in_pieces`]).
+const EFFECT_STEP: u64 = 1 << 30;
+/// Block status descriptors in one reply, at most (the spec asks for no
+/// more than 2^20; this keeps a reply, which no budget grants, under
+/// 1 MiB).
+const MAX_DESCRIPTORS: usize = 1 << 16;
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -39,6 +51,9 @@ pub(crate) enum End {
     Clean,
     /// A request with a bad magic: the stream lost sync.
     BadMagic,
+    /// A payload longer than the largest request under extended headers
+    /// (the spec has the server disconnect rather than drain it).
+    TooLong(u64),
     /// No request for longer than the idle timeout.
     Idle,
     /// The socket failed, or a request stalled past the I/O timeout.
@@ -109,8 +124,9 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
 /// One request read off the stream.
 struct Job {
     req: Request,
-    /// The payload was longer than the server accepts and was discarded.
-    oversized: bool,
+    /// A payload the server does not take (too long, or on a command
+    /// that has none) was read and discarded: the request is refused.
+    discarded: bool,
 }
 
 fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
@@ -223,7 +239,7 @@ fn read_job<R: Read, W>(
 ) -> Result<Option<Job>, End> {
     let limits = sh.limits;
     let stopping = || sh.stopping();
-    let mut h = [0u8; REQUEST_LEN];
+    let mut h = [0u8; EXTENDED_REQUEST_LEN];
     // End of stream before a header starts is a clean (if rude) exit.
     let idle_since = Instant::now();
     loop {
@@ -244,39 +260,61 @@ fn read_job<R: Read, W>(
             Err(e) => return Err(End::Io(e)),
         }
     }
+    let h = &mut h[..sh.neg.replies.request_len()];
     read_full(r, &mut h[1..], limits.io_timeout, &stopping)?;
-    let req = proto::parse_request(&h).ok_or(End::BadMagic)?;
+    let req = proto::parse_request(h, sh.neg.replies).ok_or(End::BadMagic)?;
     if req.kind == cmd::DISC {
         return Ok(None);
     }
-    let mut oversized = false;
-    if req.kind == cmd::WRITE {
-        if req.len > limits.max_request {
-            // Drained through the read buffer, never held.
-            let mut left = req.len as usize;
-            let mut scrap = [0u8; 4096];
-            while left > 0 {
-                let n = left.min(scrap.len());
-                read_full(r, &mut scrap[..n], limits.io_timeout, &stopping)?;
-                left -= n;
-            }
-            oversized = true;
-        } else {
-            buf.clear();
-            let mut left = req.len as usize;
-            while left > 0 {
-                let n = left.min(PAYLOAD_STEP);
-                if !grant.grow(n as u64, &stopping) {
-                    return Ok(None);
-                }
-                let at = buf.len();
-                buf.resize(at + n, 0);
-                read_full(r, &mut buf[at..], limits.io_timeout, &stopping)?;
-                left -= n;
-            }
-        }
+    let payload = payload_len(&req, sh.neg.replies);
+    let mut discarded = false;
+    if payload == 0 {
+        return Ok(Some(Job { req, discarded }));
     }
-    Ok(Some(Job { req, oversized }))
+    if req.kind == cmd::WRITE && payload <= u64::from(limits.max_request) {
+        buf.clear();
+        let mut left = payload;
+        while left > 0 {
+            let n = left.min(PAYLOAD_STEP as u64);
+            if !grant.grow(n, &stopping) {
+                return Ok(None);
+            }
+            let at = buf.len();
+            buf.resize(at + n as usize, 0);
+            read_full(r, &mut buf[at..], limits.io_timeout, &stopping)?;
+            left -= n;
+        }
+    } else if sh.neg.replies == Replies::Extended && payload > u64::from(limits.max_request) {
+        return Err(End::TooLong(payload));
+    } else {
+        // Drained through the read buffer, never held: the stream stays
+        // in sync and the request is refused.
+        let mut left = payload;
+        let mut scrap = [0u8; 4096];
+        while left > 0 {
+            let n = left.min(scrap.len() as u64) as usize;
+            read_full(r, &mut scrap[..n], limits.io_timeout, &stopping)?;
+            left -= n as u64;
+        }
+        discarded = true;
+    }
+    Ok(Some(Job { req, discarded }))
+}
+
+/// Bytes of payload after the header of `req`. A write always carries
+/// its length in payload: the spec has clients set
+/// [`cflag::PAYLOAD_LEN`] on it under extended headers, and the bytes
+/// follow either way, so they are read either way. Under extended
+/// headers the flag gives any other command a payload too (which this
+/// server takes for no command); under compact headers the flag is
+/// invalid and means nothing for the stream.
+fn payload_len(req: &Request, replies: Replies) -> u64 {
+    let flagged = replies == Replies::Extended && req.flags & cflag::PAYLOAD_LEN != 0;
+    if req.kind == cmd::WRITE || flagged {
+        req.len
+    } else {
+        0
+    }
 }
 
 /// The NBD error for a device error.
@@ -302,40 +340,40 @@ fn handle<'b, R, W>(
     give_up: &dyn Fn() -> bool,
 ) -> Option<&'b [u8]> {
     let req = job.req;
-    if let Err(e) = check(sh, &job.req, job.oversized) {
-        error_reply(sh, &req, out, e, "request refused");
+    let replies = sh.neg.replies;
+    if let Err(e) = check(sh, &job.req, job.discarded) {
+        error_reply(replies, &req, out, e, "request refused");
         return None;
     }
     let dev = &*sh.export.dev;
     let off = req.offset;
-    let len = u64::from(req.len);
+    let len = req.len;
     let fua = req.flags & cflag::FUA != 0;
     let done = match req.kind {
         cmd::READ => {
-            if req.len == 0 {
-                // A structured reply may not carry an empty data chunk.
-                if sh.neg.structured {
-                    proto::chunk_header(out, reply::FLAG_DONE, reply::NONE, req.cookie, 0);
-                } else {
-                    proto::simple_reply(out, 0, req.cookie);
-                }
+            if len == 0 {
+                // A chunked reply may not carry an empty data chunk.
+                ok_reply(replies, &req, out);
                 return None;
             }
             if !grant.grow(len, give_up) {
-                error_reply(sh, &req, out, err::ESHUTDOWN, "server stopping");
+                error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
+            // `check` refused lengths over `max_request` (32 bits).
             buf.clear();
-            buf.resize(req.len as usize, 0);
+            buf.resize(len as usize, 0);
             match dev.read_at(buf, off) {
                 Ok(()) => {
-                    if sh.neg.structured {
+                    if replies.chunked() {
                         proto::chunk_header(
                             out,
+                            replies,
                             reply::FLAG_DONE,
                             reply::OFFSET_DATA,
                             req.cookie,
-                            8 + req.len,
+                            off,
+                            8 + len,
                         );
                         out.extend_from_slice(&off.to_be_bytes());
                     } else {
@@ -351,10 +389,10 @@ fn handle<'b, R, W>(
             }
         }
         cmd::WRITE => {
-            if req.len == 0 {
+            if len == 0 {
                 Ok(())
             } else {
-                dev.write_at(&buf[..req.len as usize], off, fua)
+                dev.write_at(&buf[..len as usize], off, fua)
             }
         }
         cmd::FLUSH => {
@@ -364,58 +402,84 @@ fn handle<'b, R, W>(
                 dev.flush()
             }
         }
-        cmd::TRIM => {
-            if len == 0 {
-                Ok(())
-            } else {
-                dev.trim(off, len, fua)
-            }
-        }
+        cmd::TRIM => in_pieces(Op::Trim, off, len, give_up, |o, n| dev.trim(o, n, fua)),
         cmd::WRITE_ZEROES => {
             let flags = ZeroFlags {
                 fua,
                 may_trim: req.flags & cflag::NO_HOLE == 0,
                 fast: req.flags & cflag::FAST_ZERO != 0,
             };
-            if len == 0 {
-                Ok(())
-            } else {
-                dev.write_zeroes(off, len, flags)
-            }
+            in_pieces(Op::WriteZeroes, off, len, give_up, |o, n| {
+                dev.write_zeroes(o, n, flags)
+            })
         }
         cmd::CACHE => Ok(()),
         cmd::BLOCK_STATUS => match dev.extents(off, len) {
             Ok(extents) => {
-                block_status_reply(out, &req, &extents);
+                block_status_reply(out, replies, &req, &extents);
                 return None;
             }
             Err(e) => Err(e),
         },
         _ => {
-            error_reply(sh, &req, out, err::EINVAL, "unknown command");
+            error_reply(replies, &req, out, err::EINVAL, "unknown command");
             return None;
         }
     };
     match done {
-        Ok(()) => proto::simple_reply(out, 0, req.cookie),
+        Ok(()) => ok_reply(replies, &req, out),
         Err(e) => {
             let msg = e.to_string();
-            error_reply(sh, &req, out, wire_error(&e), &msg);
+            error_reply(replies, &req, out, wire_error(&e), &msg);
         }
     }
     None
 }
 
+/// Do `op` over `off..off + len` in pieces of [`EFFECT_STEP`], so that a
+/// stopping server waits for one piece, not for a 64-bit trim or zeroing
+/// (a device may take time, or per-block memory such as a write-back
+/// cache's index, in proportion to the length). A stop between pieces
+/// fails the request with ESHUTDOWN, the range partly done, which a
+/// trim or a zeroing the client will retry may be.
+fn in_pieces(
+    what: Op,
+    off: u64,
+    len: u64,
+    give_up: &dyn Fn() -> bool,
+    op: impl Fn(u64, u64) -> cairn_blockdev::Result<()>,
+) -> cairn_blockdev::Result<()> {
+    let end = off.saturating_add(len);
+    let mut at = off;
+    while at < end {
+        if at > off && give_up() {
+            let stop = io::Error::from_raw_os_error(libc::ESHUTDOWN);
+            return Err(BlockError::io(what, off, len, stop));
+        }
+        let n = (end - at).min(EFFECT_STEP);
+        op(at, n)?;
+        at += n;
+    }
+    Ok(())
+}
+
 /// Refuse what the export cannot take, before touching the device.
-fn check<R, W>(sh: &Shared<R, W>, req: &Request, oversized: bool) -> Result<(), u32> {
+fn check<R, W>(sh: &Shared<R, W>, req: &Request, discarded: bool) -> Result<(), u32> {
     let size = sh.export.dev.size();
-    let end = req.offset.checked_add(u64::from(req.len));
+    let end = req.offset.checked_add(req.len);
     let writes = matches!(req.kind, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES);
     // Unknown commands are refused by `handle` itself.
     if writes && sh.export.is_read_only() {
         return Err(err::EPERM);
     }
-    if oversized || (req.kind == cmd::READ && req.len > sh.limits.max_request) {
+    if discarded || (req.kind == cmd::READ && req.len > u64::from(sh.limits.max_request)) {
+        return Err(err::EINVAL);
+    }
+    // Only extended headers have a payload flag (and `read_job` took its
+    // payload); in a compact header it is a client's error.
+    if req.flags & cflag::PAYLOAD_LEN != 0
+        && (sh.neg.replies != Replies::Extended || req.kind != cmd::WRITE)
+    {
         return Err(err::EINVAL);
     }
     if req.flags & cflag::FAST_ZERO != 0 && req.kind != cmd::WRITE_ZEROES {
@@ -434,18 +498,63 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, oversized: bool) -> Result<(), 
     Ok(())
 }
 
-fn error_reply<R, W>(sh: &Shared<R, W>, req: &Request, out: &mut Vec<u8>, e: u32, msg: &str) {
-    if sh.neg.structured && matches!(req.kind, cmd::READ | cmd::BLOCK_STATUS) {
-        proto::error_chunk(out, req.cookie, e, msg);
+/// Success without payload: a simple reply, or under extended headers
+/// (which allow no simple replies) a final NONE chunk.
+fn ok_reply(replies: Replies, req: &Request, out: &mut Vec<u8>) {
+    // A read's reply must be chunks once structured replies are on.
+    let chunk =
+        replies == Replies::Extended || (replies == Replies::Structured && req.kind == cmd::READ);
+    if chunk {
+        proto::chunk_header(
+            out,
+            replies,
+            reply::FLAG_DONE,
+            reply::NONE,
+            req.cookie,
+            req.offset,
+            0,
+        );
+    } else {
+        proto::simple_reply(out, 0, req.cookie);
+    }
+}
+
+/// An error: a chunk with a message where chunks are required (reads and
+/// block status with structured replies, everything with extended
+/// headers), else a simple reply.
+fn error_reply(replies: Replies, req: &Request, out: &mut Vec<u8>, e: u32, msg: &str) {
+    let chunk = match replies {
+        Replies::Extended => true,
+        Replies::Structured => matches!(req.kind, cmd::READ | cmd::BLOCK_STATUS),
+        Replies::Simple => false,
+    };
+    if chunk {
+        proto::error_chunk(out, replies, req.cookie, req.offset, e, msg);
     } else {
         proto::simple_reply(out, e, req.cookie);
     }
 }
 
-/// One BLOCK_STATUS chunk for base:allocation, clamped to the request.
-fn block_status_reply(out: &mut Vec<u8>, req: &Request, extents: &[cairn_blockdev::Extent]) {
-    let mut descs: Vec<(u32, u32)> = Vec::new();
-    let mut left = u64::from(req.len);
+/// One status chunk for base:allocation, clamped to the request: 32-bit
+/// descriptors (NBD_REPLY_TYPE_BLOCK_STATUS) with structured replies,
+/// 64-bit ones (NBD_REPLY_TYPE_BLOCK_STATUS_EXT) with extended headers,
+/// so one descriptor may cover more than 4 GiB.
+fn block_status_reply(
+    out: &mut Vec<u8>,
+    replies: Replies,
+    req: &Request,
+    extents: &[cairn_blockdev::Extent],
+) {
+    let extended = replies == Replies::Extended;
+    // Compact lengths are 32 bits: covering no more than that keeps every
+    // merged descriptor within them.
+    let want = if extended {
+        req.len
+    } else {
+        req.len.min(u64::from(u32::MAX))
+    };
+    let mut descs: Vec<(u64, u32)> = Vec::new();
+    let mut left = want;
     for e in extents {
         if left == 0 {
             break;
@@ -456,9 +565,11 @@ fn block_status_reply(out: &mut Vec<u8>, req: &Request, extents: &[cairn_blockde
         }
         let flags = (if e.hole { proto::STATE_HOLE } else { 0 })
             | (if e.zero { proto::STATE_ZERO } else { 0 });
+        let full = descs.len() >= MAX_DESCRIPTORS;
         match descs.last_mut() {
-            Some((l, f)) if *f == flags => *l += n as u32,
-            _ => descs.push((n as u32, flags)),
+            Some((l, f)) if *f == flags => *l += n,
+            _ if full => break,
+            _ => descs.push((n, flags)),
         }
         left -= n;
         if req.flags & cflag::REQ_ONE != 0 {
@@ -467,18 +578,70 @@ fn block_status_reply(out: &mut Vec<u8>, req: &Request, extents: &[cairn_blockde
     }
     if descs.is_empty() {
         // The device reported nothing: the conservative answer.
-        descs.push((req.len, 0));
+        descs.push((want, 0));
     }
+    let (kind, len) = if extended {
+        (reply::BLOCK_STATUS_EXT, 8 + 16 * descs.len() as u64)
+    } else {
+        (reply::BLOCK_STATUS, 4 + 8 * descs.len() as u64)
+    };
     proto::chunk_header(
         out,
+        replies,
         reply::FLAG_DONE,
-        reply::BLOCK_STATUS,
+        kind,
         req.cookie,
-        4 + 8 * descs.len() as u32,
+        req.offset,
+        len,
     );
     out.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
+    if extended {
+        // The descriptor count is optional; given, it must match.
+        out.extend_from_slice(&(descs.len() as u32).to_be_bytes());
+    }
     for (l, f) in descs {
-        out.extend_from_slice(&l.to_be_bytes());
+        if extended {
+            out.extend_from_slice(&l.to_be_bytes());
+            // The status word is 64 bits with the high half zero.
+            out.extend_from_slice(&0u32.to_be_bytes());
+        } else {
+            out.extend_from_slice(&(l as u32).to_be_bytes());
+        }
         out.extend_from_slice(&f.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn long_effects_go_in_pieces_and_stop_between_them() {
+        let done = RefCell::new(Vec::new());
+        let op = |o, n| {
+            done.borrow_mut().push((o, n));
+            Ok(())
+        };
+        let len = 2 * EFFECT_STEP + 5;
+        assert!(in_pieces(Op::Trim, 7, len, &|| false, op).is_ok());
+        assert_eq!(
+            *done.borrow(),
+            [
+                (7, EFFECT_STEP),
+                (7 + EFFECT_STEP, EFFECT_STEP),
+                (7 + 2 * EFFECT_STEP, 5)
+            ]
+        );
+        // A stop: the piece under way finishes, the rest is refused with
+        // ESHUTDOWN on the wire.
+        done.borrow_mut().clear();
+        let e = in_pieces(Op::WriteZeroes, 0, len, &|| true, op).err();
+        assert_eq!(done.borrow().len(), 1);
+        assert_eq!(e.as_ref().map(wire_error), Some(err::ESHUTDOWN));
+        // Nothing to do is no call at all.
+        done.borrow_mut().clear();
+        assert!(in_pieces(Op::Trim, 0, 0, &|| true, op).is_ok());
+        assert!(done.borrow().is_empty());
     }
 }

@@ -4,12 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure
 
 use cairn_blockdev::{BlockDev, Caps, Extent, MemDev, Op, Result as BResult, ZeroFlags};
-use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Request};
+use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Replies, Request};
 use cairn_nbd::{Export, Listener, Server, ServerConfig};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A memory device that reports the second half as a hole.
 struct HalfHole(MemDev);
@@ -99,6 +99,10 @@ impl Drop for Running {
 }
 
 fn start() -> Running {
+    start_with(exports())
+}
+
+fn start_with(exports: Vec<Export>) -> Running {
     let l = Listener::tcp("127.0.0.1:0").unwrap();
     let addr = match &l {
         Listener::Tcp(t) => t.local_addr().unwrap().to_string(),
@@ -108,7 +112,7 @@ fn start() -> Running {
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
         let server = Server::new(
-            exports(),
+            exports,
             ServerConfig {
                 handshake_timeout: std::time::Duration::from_secs(2),
                 ..ServerConfig::default()
@@ -126,6 +130,8 @@ fn start() -> Running {
 struct Client {
     s: TcpStream,
     cookie: u64,
+    /// The headers agreed on.
+    mode: Replies,
 }
 
 fn read_n(s: &mut impl Read, n: usize) -> Vec<u8> {
@@ -143,7 +149,11 @@ impl Client {
         assert_eq!(proto::be64(&g[8..16]), proto::IHAVEOPT);
         assert_eq!(proto::be16(&g[16..18]) & 3, 3);
         s.write_all(&3u32.to_be_bytes()).unwrap();
-        Client { s, cookie: 1 }
+        Client {
+            s,
+            cookie: 1,
+            mode: Replies::Simple,
+        }
     }
 
     fn option(&mut self, option: u32, data: &[u8]) {
@@ -172,8 +182,24 @@ impl Client {
 
     /// Structured replies, base:allocation, GO: returns (size, flags).
     fn go(&mut self, name: &str) -> (u64, u16) {
-        self.option(opt::STRUCTURED_REPLY, &[]);
-        assert_eq!(self.option_reply(opt::STRUCTURED_REPLY).0, rep::ACK);
+        self.go_with(name, opt::STRUCTURED_REPLY)
+    }
+
+    /// Extended headers, base:allocation, GO: returns (size, flags).
+    fn go_extended(&mut self, name: &str) -> (u64, u16) {
+        self.go_with(name, opt::EXTENDED_HEADERS)
+    }
+
+    /// `headers` (structured replies or extended headers), then
+    /// base:allocation and GO.
+    fn go_with(&mut self, name: &str, headers: u32) -> (u64, u16) {
+        self.option(headers, &[]);
+        assert_eq!(self.option_reply(headers).0, rep::ACK);
+        self.mode = if headers == opt::EXTENDED_HEADERS {
+            Replies::Extended
+        } else {
+            Replies::Structured
+        };
         let mut q = 1u32.to_be_bytes().to_vec();
         q.extend_from_slice(&(proto::BASE_ALLOCATION.len() as u32).to_be_bytes());
         q.extend_from_slice(proto::BASE_ALLOCATION.as_bytes());
@@ -201,7 +227,7 @@ impl Client {
         size_flags.unwrap()
     }
 
-    fn send(&mut self, kind: u16, flags: u16, offset: u64, len: u32, payload: &[u8]) -> u64 {
+    fn send(&mut self, kind: u16, flags: u16, offset: u64, len: u64, payload: &[u8]) -> u64 {
         self.cookie += 1;
         let r = Request {
             flags,
@@ -210,7 +236,7 @@ impl Client {
             offset,
             len,
         };
-        let mut b = proto::encode_request(&r).to_vec();
+        let mut b = proto::encode_request(&r, self.mode).unwrap();
         b.extend_from_slice(payload);
         self.s.write_all(&b).unwrap();
         self.cookie
@@ -224,8 +250,16 @@ impl Client {
         proto::be32(&h[4..8])
     }
 
-    /// Structured chunks until DONE: (type, payload) each.
+    /// Structured (or, under extended headers, extended) chunks until
+    /// DONE: (type, payload) each.
     fn chunks(&mut self, cookie: u64) -> Vec<(u16, Vec<u8>)> {
+        if self.mode == Replies::Extended {
+            return self
+                .ext_chunks(cookie)
+                .into_iter()
+                .map(|(t, _, d)| (t, d))
+                .collect();
+        }
         let mut v = Vec::new();
         loop {
             let h = read_n(&mut self.s, 20);
@@ -240,7 +274,39 @@ impl Client {
         }
     }
 
-    fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
+    /// Extended chunks until DONE: (type, header offset, payload) each.
+    fn ext_chunks(&mut self, cookie: u64) -> Vec<(u16, u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        loop {
+            let h = read_n(&mut self.s, 32);
+            assert_eq!(proto::be32(&h[0..4]), proto::EXTENDED_REPLY_MAGIC);
+            assert_eq!(proto::be64(&h[8..16]), cookie);
+            let flags = proto::be16(&h[4..6]);
+            let len = proto::be64(&h[24..32]) as usize;
+            v.push((
+                proto::be16(&h[6..8]),
+                proto::be64(&h[16..24]),
+                read_n(&mut self.s, len),
+            ));
+            if flags & reply::FLAG_DONE != 0 {
+                return v;
+            }
+        }
+    }
+
+    /// Under extended headers: the error of a reply without payload (a
+    /// NONE chunk is success).
+    fn ext_status(&mut self, cookie: u64) -> u32 {
+        let c = self.ext_chunks(cookie);
+        assert_eq!(c.len(), 1, "{c:?}");
+        match c[0].0 {
+            reply::NONE => 0,
+            reply::ERROR => proto::be32(&c[0].2),
+            other => panic!("chunk type {other}"),
+        }
+    }
+
+    fn read(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, u32> {
         let c = self.send(cmd::READ, 0, offset, len, &[]);
         let mut out = vec![0u8; len as usize];
         for (t, d) in self.chunks(c) {
@@ -343,7 +409,7 @@ fn every_command_on_a_writable_export() {
     // Oversized requests: refused, payload drained, stream still in sync.
     assert_eq!(c.read(0, (32 << 20) + 1), Err(err::EINVAL));
     let big = vec![1u8; (32 << 20) + 1];
-    let w = c.send(cmd::WRITE, 0, 0, big.len() as u32, &big);
+    let w = c.send(cmd::WRITE, 0, 0, big.len() as u64, &big);
     assert_eq!(c.simple(w), err::EINVAL);
     // FAST_ZERO on a write is invalid; an unknown command too.
     let w = c.send(cmd::WRITE, cflag::FAST_ZERO, 0, 1, b"x");
@@ -385,7 +451,7 @@ fn read_only_export_refuses_writes_and_keeps_its_bytes() {
         let len = if payload.is_empty() {
             4
         } else {
-            payload.len() as u32
+            payload.len() as u64
         };
         let r = c.send(kind, 0, 0, len, payload);
         assert_eq!(c.simple(r), err::EPERM);
@@ -398,7 +464,7 @@ fn block_status_reports_holes() {
     let srv = start();
     let mut c = Client::connect(&srv.addr);
     c.go("holey");
-    let r = c.send(cmd::BLOCK_STATUS, 0, 0, SIZE as u32, &[]);
+    let r = c.send(cmd::BLOCK_STATUS, 0, 0, SIZE as u64, &[]);
     let chunks = c.chunks(r);
     assert_eq!(chunks.len(), 1);
     let (t, d) = &chunks[0];
@@ -415,7 +481,7 @@ fn block_status_reports_holes() {
             (SIZE as u32 / 2, proto::STATE_HOLE | proto::STATE_ZERO)
         ]
     );
-    let r = c.send(cmd::BLOCK_STATUS, cflag::REQ_ONE, 0, SIZE as u32, &[]);
+    let r = c.send(cmd::BLOCK_STATUS, cflag::REQ_ONE, 0, SIZE as u64, &[]);
     let chunks = c.chunks(r);
     assert_eq!(chunks[0].1.len(), 12);
     // Zero length is invalid.
@@ -459,7 +525,9 @@ fn bad_peers_do_not_disturb_other_clients() {
         offset: 0,
         len: 4096,
     };
-    gone.s.write_all(&proto::encode_request(&r)).unwrap();
+    gone.s
+        .write_all(&proto::encode_request(&r, Replies::Structured).unwrap())
+        .unwrap();
     gone.s.write_all(&[0xee; 100]).unwrap();
     drop(gone);
     // A client that stalls in the handshake is dropped by the timeout.
@@ -503,16 +571,331 @@ fn session_over_bytes_survives_any_input() {
     input.extend_from_slice(&3u32.to_be_bytes());
     input.extend_from_slice(b"mem");
     input.extend_from_slice(&[0, 0]);
-    input.extend_from_slice(&proto::encode_request(&Request {
+    input.extend_from_slice(
+        &proto::encode_request(
+            &Request {
+                flags: 0,
+                kind: cmd::READ,
+                cookie: 5,
+                offset: 1,
+                len: 3,
+            },
+            Replies::Simple,
+        )
+        .unwrap(),
+    );
+    let out = cairn_nbd::session_over_bytes(&input, &ex, 1);
+    assert_eq!(&out[out.len() - 3..], &[7, 14, 21]);
+    // Every prefix and some corruptions end without a panic.
+    for n in 0..input.len() {
+        cairn_nbd::session_over_bytes(&input[..n], &ex, 1);
+        let mut bad = input.clone();
+        bad[n] ^= 0x5a;
+        cairn_nbd::session_over_bytes(&bad, &ex, 2);
+    }
+}
+
+/// A device of `size` bytes that holds nothing: reads are zeroes, it is
+/// all one hole, and what is asked of it is recorded. For lengths past
+/// 32 bits without the memory.
+struct Big {
+    size: u64,
+    multi_conn: bool,
+    /// (command, offset, length) of each trim and zeroing.
+    ops: Mutex<Vec<(u16, u64, u64)>>,
+}
+
+impl Big {
+    fn new(size: u64, multi_conn: bool) -> Arc<Big> {
+        Arc::new(Big {
+            size,
+            multi_conn,
+            ops: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl BlockDev for Big {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            writable: true,
+            flush: true,
+            fua: true,
+            trim: true,
+            zeroes: true,
+            extents: true,
+            multi_conn: self.multi_conn,
+            ..Caps::default()
+        }
+    }
+    fn read_at(&self, buf: &mut [u8], _: u64) -> BResult<()> {
+        buf.fill(0);
+        Ok(())
+    }
+    fn write_at(&self, _: &[u8], _: u64, _: bool) -> BResult<()> {
+        Ok(())
+    }
+    fn flush(&self) -> BResult<()> {
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, _: bool) -> BResult<()> {
+        self.ops.lock().unwrap().push((cmd::TRIM, offset, len));
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _: ZeroFlags) -> BResult<()> {
+        self.ops
+            .lock()
+            .unwrap()
+            .push((cmd::WRITE_ZEROES, offset, len));
+        Ok(())
+    }
+    fn extents(&self, _: u64, len: u64) -> BResult<Vec<Extent>> {
+        Ok(vec![Extent::hole(len)])
+    }
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    rest.is_empty()
+}
+
+#[test]
+fn extended_headers_negotiation_and_refusals() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::EXTENDED_HEADERS, b"x");
+    assert_eq!(c.option_reply(opt::EXTENDED_HEADERS).0, rep::ERR_INVALID);
+    c.option(opt::EXTENDED_HEADERS, &[]);
+    assert_eq!(c.option_reply(opt::EXTENDED_HEADERS).0, rep::ACK);
+    // Asking twice is harmless.
+    c.option(opt::EXTENDED_HEADERS, &[]);
+    assert_eq!(c.option_reply(opt::EXTENDED_HEADERS).0, rep::ACK);
+    // No way back to 20-byte structured replies.
+    c.option(opt::STRUCTURED_REPLY, &[]);
+    assert_eq!(
+        c.option_reply(opt::STRUCTURED_REPLY).0,
+        rep::ERR_EXT_HEADER_REQD
+    );
+    // Extended headers are enough for metadata contexts.
+    let mut q = 1u32.to_be_bytes().to_vec();
+    q.extend_from_slice(&(proto::BASE_ALLOCATION.len() as u32).to_be_bytes());
+    q.extend_from_slice(proto::BASE_ALLOCATION.as_bytes());
+    c.option(opt::SET_META_CONTEXT, &Client::name_request("mem", &q));
+    assert_eq!(c.option_reply(opt::SET_META_CONTEXT).0, rep::META_CONTEXT);
+    assert_eq!(c.option_reply(opt::SET_META_CONTEXT).0, rep::ACK);
+    // NBD_OPT_EXPORT_NAME after extended headers: closed (it has no
+    // error reply).
+    c.option(opt::EXPORT_NAME, b"mem");
+    assert!(closed(&mut c.s));
+
+    // Structured replies first, then extended headers: extended win.
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::STRUCTURED_REPLY, &[]);
+    assert_eq!(c.option_reply(opt::STRUCTURED_REPLY).0, rep::ACK);
+    c.go_extended("mem");
+    let r = c.send(cmd::FLUSH, 0, 0, 0, &[]);
+    assert_eq!(c.ext_status(r), 0);
+
+    // A compact header once extended ones were agreed: the stream is
+    // lost, the connection closed.
+    let mut c = Client::connect(&srv.addr);
+    c.go_extended("mem");
+    let r = Request {
+        flags: 0,
+        kind: cmd::READ,
+        cookie: 1,
+        offset: 0,
+        len: 4,
+    };
+    let mut b = proto::encode_request(&r, Replies::Structured).unwrap();
+    b.extend_from_slice(&[0; 4]);
+    c.s.write_all(&b).unwrap();
+    assert!(closed(&mut c.s));
+}
+
+#[test]
+fn extended_headers_every_command() {
+    let srv = start();
+    let mut c = Client::connect(&srv.addr);
+    let (size, flags) = c.go_extended("mem");
+    assert_eq!(size, SIZE as u64);
+    assert_ne!(flags & tflag::SEND_DF, 0);
+    let orig = c.read(0, 8192).unwrap();
+    // A write with the payload flag, and one without (the bytes follow
+    // either way).
+    let w = c.send(
+        cmd::WRITE,
+        cflag::PAYLOAD_LEN | cflag::FUA,
+        100,
+        5,
+        b"hello",
+    );
+    assert_eq!(c.ext_status(w), 0);
+    let w = c.send(cmd::WRITE, 0, 105, 3, b"abc");
+    assert_eq!(c.ext_status(w), 0);
+    // A read: one data chunk whose header repeats the request's offset.
+    let r = c.send(cmd::READ, 0, 98, 12, &[]);
+    let got = c.ext_chunks(r);
+    assert_eq!(got.len(), 1);
+    let (t, at, d) = &got[0];
+    assert_eq!((*t, *at), (reply::OFFSET_DATA, 98));
+    assert_eq!(proto::be64(d), 98);
+    assert_eq!(&d[8..10], &orig[98..100]);
+    assert_eq!(&d[10..18], b"helloabc");
+    assert_eq!(&d[18..], &orig[108..110]);
+    // Replies without payload are NONE chunks, never simple replies.
+    for (kind, flags, off, len) in [
+        (cmd::READ, 0, 4096, 0),
+        (cmd::FLUSH, 0, 0, 0),
+        (cmd::TRIM, 0, 8192, 4096),
+        (cmd::WRITE_ZEROES, cflag::NO_HOLE, 101, 2),
+        (cmd::CACHE, 0, 0, 4096),
+    ] {
+        let r = c.send(kind, flags, off, len, &[]);
+        let got = c.ext_chunks(r);
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, got[0].1), (reply::NONE, off), "command {kind}");
+        assert!(got[0].2.is_empty());
+    }
+    assert_eq!(&c.read(100, 5).unwrap()[..], b"h\0\0lo");
+    // Errors are error chunks.
+    let w = c.send(cmd::WRITE, cflag::PAYLOAD_LEN, SIZE as u64 - 2, 4, b"abcd");
+    assert_eq!(c.ext_status(w), err::ENOSPC);
+    assert_eq!(c.read(SIZE as u64 - 1, 2), Err(err::EINVAL));
+    assert_eq!(c.read(0, (32 << 20) + 1), Err(err::EINVAL));
+    // Refused before any buffer is granted or allocated.
+    let r = c.send(cmd::READ, 0, 0, 1 << 40, &[]);
+    assert_eq!(c.ext_status(r), err::EINVAL);
+    let z = c.send(cmd::WRITE_ZEROES, 0, 0, 1 << 40, &[]);
+    assert_eq!(c.ext_status(z), err::ENOSPC);
+    let u = c.send(77, 0, 0, 0, &[]);
+    assert_eq!(c.ext_status(u), err::EINVAL);
+    // A payload on a command that takes none is drained and refused; the
+    // stream stays in sync.
+    let f = c.send(cmd::FLUSH, cflag::PAYLOAD_LEN, 0, 10, &[7; 10]);
+    assert_eq!(c.ext_status(f), err::EINVAL);
+    assert_eq!(&c.read(100, 5).unwrap()[..], b"h\0\0lo");
+    // A payload over the maximum is not drained: the spec has the
+    // server hang up. Nothing is allocated for it (the header alone).
+    c.send(cmd::WRITE, cflag::PAYLOAD_LEN, 0, 1 << 40, &[]);
+    assert!(closed(&mut c.s));
+}
+
+#[test]
+fn extended_headers_carry_64_bit_lengths() {
+    const G: u64 = 1 << 30;
+    let big = Big::new(8 * G, true);
+    let srv = start_with(vec![Export {
+        name: "big".into(),
+        description: String::new(),
+        dev: big.clone(),
+        read_only: false,
+    }]);
+    let mut c = Client::connect(&srv.addr);
+    c.go_extended("big");
+    let z = c.send(cmd::WRITE_ZEROES, 0, G, 5 * G, &[]);
+    assert_eq!(c.ext_status(z), 0);
+    let t = c.send(cmd::TRIM, 0, 0, 6 * G, &[]);
+    assert_eq!(c.ext_status(t), 0);
+    // Handed to the device a gigabyte at a time, so a stop waits for one
+    // piece at most.
+    let ops = big.ops.lock().unwrap().clone();
+    let zeroed: Vec<_> = (1..6).map(|i| (cmd::WRITE_ZEROES, i * G, G)).collect();
+    let trimmed: Vec<_> = (0..6).map(|i| (cmd::TRIM, i * G, G)).collect();
+    assert_eq!(ops, [zeroed, trimmed].concat());
+    // Block status over 6 GiB: one 64-bit descriptor.
+    let b = c.send(cmd::BLOCK_STATUS, 0, G, 6 * G, &[]);
+    let got = c.ext_chunks(b);
+    assert_eq!(got.len(), 1);
+    let (t, at, d) = &got[0];
+    assert_eq!((*t, *at), (reply::BLOCK_STATUS_EXT, G));
+    assert_eq!(d.len(), 8 + 16);
+    assert_eq!((proto::be32(d), proto::be32(&d[4..])), (1, 1));
+    assert_eq!(proto::be64(&d[8..]), 6 * G);
+    assert_eq!(
+        proto::be64(&d[16..]),
+        u64::from(proto::STATE_HOLE | proto::STATE_ZERO)
+    );
+    // REQ_ONE: the one descriptor stays within the request.
+    let b = c.send(cmd::BLOCK_STATUS, cflag::REQ_ONE, 0, 4096, &[]);
+    let got = c.ext_chunks(b);
+    assert_eq!(proto::be64(&got[0].2[8..]), 4096);
+    // Compact headers over the same device: 32-bit descriptors.
+    let mut c = Client::connect(&srv.addr);
+    c.go("big");
+    let b = c.send(cmd::BLOCK_STATUS, 0, 0, u64::from(u32::MAX), &[]);
+    let got = c.chunks(b);
+    assert_eq!(got[0].0, reply::BLOCK_STATUS);
+    assert_eq!(got[0].1.len(), 12);
+    assert_eq!(proto::be32(&got[0].1[4..]), u32::MAX);
+}
+
+#[test]
+fn multi_conn_and_df_are_advertised_only_when_true() {
+    let shared = Big::new(1 << 20, true);
+    let private = Big::new(1 << 20, false);
+    let srv = start_with(vec![
+        Export {
+            name: "shared".into(),
+            description: String::new(),
+            dev: shared,
+            read_only: false,
+        },
+        Export {
+            name: "private".into(),
+            description: String::new(),
+            dev: private,
+            read_only: false,
+        },
+    ]);
+    let mut c = Client::connect(&srv.addr);
+    let (_, f) = c.go("shared");
+    assert_ne!(f & tflag::CAN_MULTI_CONN, 0);
+    let mut c = Client::connect(&srv.addr);
+    let (_, f) = c.go_extended("private");
+    assert_eq!(f & tflag::CAN_MULTI_CONN, 0);
+    // Without structured replies there is no fragmenting to forbid:
+    // NBD_FLAG_SEND_DF must be clear.
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::EXPORT_NAME, b"shared");
+    let d = read_n(&mut c.s, 10);
+    let f = proto::be16(&d[8..]);
+    assert_eq!(f & tflag::SEND_DF, 0);
+    assert_ne!(f & tflag::CAN_MULTI_CONN, 0);
+}
+
+#[test]
+fn session_over_bytes_speaks_extended_headers() {
+    let ex = exports();
+    let mut input = 3u32.to_be_bytes().to_vec();
+    input.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    input.extend_from_slice(&opt::EXTENDED_HEADERS.to_be_bytes());
+    input.extend_from_slice(&0u32.to_be_bytes());
+    input.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    input.extend_from_slice(&opt::GO.to_be_bytes());
+    input.extend_from_slice(&9u32.to_be_bytes());
+    input.extend_from_slice(&3u32.to_be_bytes());
+    input.extend_from_slice(b"mem");
+    input.extend_from_slice(&[0, 0]);
+    let read = Request {
         flags: 0,
         kind: cmd::READ,
         cookie: 5,
         offset: 1,
         len: 3,
-    }));
+    };
+    input.extend_from_slice(&proto::encode_request(&read, Replies::Extended).unwrap());
     let out = cairn_nbd::session_over_bytes(&input, &ex, 1);
-    assert_eq!(&out[out.len() - 3..], &[7, 14, 21]);
-    // Every prefix and some corruptions end without a panic.
+    // A 32-byte chunk header, the data's offset, the data.
+    let tail = &out[out.len() - 43..];
+    assert_eq!(proto::be32(tail), proto::EXTENDED_REPLY_MAGIC);
+    assert_eq!(proto::be64(&tail[16..]), 1);
+    assert_eq!(proto::be64(&tail[24..]), 11);
+    assert_eq!(&tail[40..], &[7, 14, 21]);
     for n in 0..input.len() {
         cairn_nbd::session_over_bytes(&input[..n], &ex, 1);
         let mut bad = input.clone();
