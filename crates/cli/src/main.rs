@@ -47,8 +47,10 @@ enum Command {
     Ls(repo_cmd::ListArgs),
     /// Check the repository; name every image and offset a problem affects.
     Verify(repo_cmd::VerifyArgs),
-    /// Remove a snapshot, or every snapshot of an image.
+    /// Remove a snapshot, or every snapshot of an image (--all).
     Rm(repo_cmd::RmArgs),
+    /// Forget snapshots by a keep policy (restic's --keep-* rules).
+    Forget(repo_cmd::ForgetArgs),
     /// Reclaim chunks no snapshot uses; repack half-empty packs.
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
@@ -268,6 +270,7 @@ fn main() -> ExitCode {
         Command::Ls(args) => repo_cmd::ls(&args),
         Command::Verify(args) => repo_cmd::verify(&args),
         Command::Rm(args) => repo_cmd::rm(&args),
+        Command::Forget(args) => repo_cmd::forget(&args),
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
         Command::Serve(args) => serve::serve(&args),

@@ -71,6 +71,11 @@ pub(crate) struct BackupArgs {
     /// Read the source with O_DIRECT (bypass the page cache).
     #[arg(long)]
     pub direct: bool,
+    /// The snapshot's time instead of now: 2026-11-25T12:00:00Z,
+    /// "2026-11-25 12:00:00" (UTC), 2026-11-25 or @UNIXSECONDS (imports;
+    /// what retention sorts by).
+    #[arg(long = "time", value_name = "TIME")]
+    pub time: Option<String>,
     /// Wait for another writer to finish instead of failing.
     #[arg(long)]
     pub wait: bool,
@@ -142,11 +147,59 @@ pub(crate) struct VerifyArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct RmArgs {
-    /// NAME@SNAPSHOT removes one snapshot; NAME removes them all.
+    /// NAME@SNAPSHOT removes one snapshot; NAME removes an image's only
+    /// snapshot, or all of them with --all.
     #[arg(value_name = "NAME[@SNAPSHOT]")]
     pub image: String,
     #[command(flatten)]
     pub repo: RepoArg,
+    /// Remove every snapshot of NAME.
+    #[arg(long)]
+    pub all: bool,
+    /// Wait for another writer to finish instead of failing.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ForgetArgs {
+    /// Images to apply the policy to (default: every image); each image's
+    /// snapshots are a group of their own.
+    #[arg(value_name = "NAME")]
+    pub images: Vec<String>,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Keep the N newest snapshots.
+    #[arg(long, value_name = "N")]
+    pub keep_last: Option<u32>,
+    /// Keep the newest snapshot of each of the N newest hours that have one.
+    #[arg(long, value_name = "N")]
+    pub keep_hourly: Option<u32>,
+    /// ... of each of the N newest days (UTC).
+    #[arg(long, value_name = "N")]
+    pub keep_daily: Option<u32>,
+    /// ... of each of the N newest ISO weeks.
+    #[arg(long, value_name = "N")]
+    pub keep_weekly: Option<u32>,
+    /// ... of each of the N newest months.
+    #[arg(long, value_name = "N")]
+    pub keep_monthly: Option<u32>,
+    /// ... of each of the N newest years.
+    #[arg(long, value_name = "N")]
+    pub keep_yearly: Option<u32>,
+    /// Keep every snapshot less than DURATION older than the image's
+    /// newest (1y6m, 14d, 36h).
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within: Option<String>,
+    /// Say what would be forgotten, change nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Then reclaim the space (cairn gc).
+    #[arg(long)]
+    pub prune: bool,
     /// Wait for another writer to finish instead of failing.
     #[arg(long)]
     pub wait: bool,
@@ -388,6 +441,11 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
             HumanBytes(p.zero)
         ));
     };
+    let time = a
+        .time
+        .as_deref()
+        .map(cairn_store::retention::parse_time)
+        .transpose()?;
     let opts = cairn_store::BackupOptions {
         name: a.name.clone(),
         codec,
@@ -396,6 +454,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         group_size: a.group,
         source: label,
         progress: Some(&progress),
+        time,
     };
     let r = cairn_store::backup(&repo, &lock, source.as_mut(), &opts);
     bar.finish();
@@ -773,6 +832,16 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
         if snaps.is_empty() {
             bail!("no image named {:?}", a.image);
         }
+        if snaps.len() > 1 && !a.all {
+            bail!(
+                "{} has {} snapshots: name one ({}@{}), or remove them all with --all \
+                 (or keep some with cairn forget)",
+                a.image,
+                snaps.len(),
+                a.image,
+                snaps[snaps.len() - 1]
+            );
+        }
         snaps.into_iter().map(|s| (a.image.clone(), s)).collect()
     };
     for (name, snap) in &removed {
@@ -786,6 +855,102 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
         for (n, s) in &removed {
             eprintln!("cairn: removed {n}@{s} (run `cairn gc` to reclaim its space)");
         }
+    }
+    Ok(())
+}
+
+pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
+    use cairn_store::retention::{apply, parse_duration, Dated, KeepPolicy};
+    let policy = KeepPolicy {
+        last: a.keep_last,
+        hourly: a.keep_hourly,
+        daily: a.keep_daily,
+        weekly: a.keep_weekly,
+        monthly: a.keep_monthly,
+        yearly: a.keep_yearly,
+        within: a.keep_within.as_deref().map(parse_duration).transpose()?,
+    };
+    if policy.is_empty() {
+        bail!("no --keep-* rule given: that would forget every snapshot (use cairn rm NAME --all for that)");
+    }
+    let repo = open_repo(&a.repo)?;
+    let lock = if a.dry_run {
+        None
+    } else {
+        Some(repo.lock_writer("cairn forget", a.wait)?)
+    };
+    let all = repo.images()?;
+    let names: Vec<String> = if a.images.is_empty() {
+        all.iter().map(|(n, _)| n.clone()).collect()
+    } else {
+        for n in &a.images {
+            if !all.iter().any(|(m, _)| m == n) {
+                bail!("no image named {n:?}");
+            }
+        }
+        a.images.clone()
+    };
+    let mut report = Vec::new();
+    for name in &names {
+        let mut dated = Vec::new();
+        for snap in repo.snapshots(name)? {
+            let m = repo.read_manifest(name, snap)?;
+            dated.push(Dated {
+                snapshot: snap,
+                created: m.created,
+            });
+        }
+        for v in apply(&policy, &dated) {
+            if !v.keep() {
+                if let Some(lock) = &lock {
+                    repo.remove_snapshot(lock, name, v.snapshot.snapshot)?;
+                }
+            }
+            report.push((name.clone(), v));
+        }
+    }
+    let forgotten = report.iter().filter(|(_, v)| !v.keep()).count();
+    if a.json {
+        print_json(&json!({
+            "dry_run": a.dry_run,
+            "snapshots": report.iter().map(|(n, v)| json!({
+                "name": n,
+                "snapshot": v.snapshot.snapshot,
+                "time": v.snapshot.created,
+                "keep": v.keep(),
+                "reasons": v.reasons,
+            })).collect::<Vec<_>>(),
+            "forgotten": forgotten,
+        }));
+    } else {
+        for (n, v) in &report {
+            let when = cairn_store::retention::format_time(v.snapshot.created);
+            if v.keep() {
+                println!(
+                    "keep   {n}@{} {when} ({})",
+                    v.snapshot.snapshot,
+                    v.reasons.join(", ")
+                );
+            } else {
+                println!("forget {n}@{} {when}", v.snapshot.snapshot);
+            }
+        }
+        eprintln!(
+            "cairn: {} {forgotten} of {} snapshots",
+            if a.dry_run { "would forget" } else { "forgot" },
+            report.len()
+        );
+    }
+    drop(lock);
+    if a.prune && !a.dry_run && forgotten > 0 {
+        gc(&GcArgs {
+            repo: RepoArg {
+                repo: a.repo.repo.clone(),
+            },
+            repack_below: 0.5,
+            wait: a.wait,
+            json: false,
+        })?;
     }
     Ok(())
 }

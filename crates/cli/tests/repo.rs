@@ -446,3 +446,112 @@ fn a_copied_repository_is_refused_and_the_original_works() {
     let out = ok(run(&["restore", "a", "-", "--repo", repo_s, "-q"]));
     assert!(out.stdout == a);
 }
+
+/// Issue 16: nothing pruned snapshots by policy, and `cairn rm NAME`
+/// silently deleted every snapshot of an image. Backups with --time, then
+/// forget by restic's rules: the dry run changes nothing, the real run
+/// forgets exactly the snapshots the policy does not keep, and the kept
+/// ones restore.
+#[test]
+fn forget_keeps_by_policy_and_rm_needs_all() {
+    let dir = tempdir();
+    let repo = dir.path().join("repo");
+    let r = repo.to_str().unwrap();
+    ok(run(&["init", r]));
+    let src = dir.path().join("img");
+    // Two backups a day for four days, 06:00 and 18:00 UTC.
+    let mut contents = Vec::new();
+    for day in 1..=4 {
+        for hour in [6, 18] {
+            let data = image((4 << 20) + contents.len() * 4096);
+            std::fs::write(&src, &data).unwrap();
+            let time = format!("2026-03-{day:02}T{hour:02}:00:00Z");
+            ok(run(&[
+                "backup",
+                src.to_str().unwrap(),
+                "--repo",
+                r,
+                "--name",
+                "vm",
+                "--time",
+                &time,
+                "-q",
+            ]));
+            contents.push(data);
+        }
+    }
+    ok(run(&[
+        "backup",
+        src.to_str().unwrap(),
+        "--repo",
+        r,
+        "--name",
+        "other",
+        "-q",
+    ]));
+    // rm of an image with several snapshots refuses without --all.
+    let out = run(&["rm", "vm", "--repo", r]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("8 snapshots") && err.contains("--all"),
+        "{err}"
+    );
+    // No rule: refused.
+    assert!(!run(&["forget", "--repo", r]).status.success());
+    let policy = [
+        "forget",
+        "vm",
+        "--repo",
+        r,
+        "--keep-daily",
+        "2",
+        "--keep-last",
+        "1",
+    ];
+    // Dry run: verdicts, nothing removed.
+    let v = json(&ok(run(&[&policy[..], &["--dry-run", "--json"]].concat())));
+    let keep: Vec<u64> = v["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["keep"] == true)
+        .map(|s| s["snapshot"].as_u64().unwrap())
+        .collect();
+    // Days 4 and 3: their 18:00 backups, 8 and 6; last: 8.
+    assert_eq!(
+        {
+            let mut k = keep.clone();
+            k.sort_unstable();
+            k
+        },
+        vec![6, 8],
+        "{v}"
+    );
+    assert_eq!(v["forgotten"], 6, "{v}");
+    let ls = json(&ok(run(&["ls", "vm", "--repo", r, "--json"])));
+    assert_eq!(
+        ls["snapshots"].as_array().map(Vec::len),
+        Some(8),
+        "dry run removed: {ls}"
+    );
+    // The real run, with prune.
+    ok(run(&[&policy[..], &["--prune"]].concat()));
+    let ls = json(&ok(run(&["ls", "vm", "--repo", r, "--json"])));
+    let left: Vec<u64> = ls["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(left, vec![6, 8], "{ls}");
+    for (snap, want) in [(6, &contents[5]), (8, &contents[7])] {
+        let out = ok(run(&["restore", &format!("vm@{snap}"), "-", "--repo", r]));
+        assert!(out.stdout == *want, "vm@{snap} restores other bytes");
+    }
+    // The other image was not touched; verify is clean after the prune.
+    let ls = json(&ok(run(&["ls", "other", "--repo", r, "--json"])));
+    assert_eq!(ls["snapshots"].as_array().map(Vec::len), Some(1), "{ls}");
+    verify_clean(r);
+    ok(run(&["rm", "vm", "--all", "--repo", r]));
+}

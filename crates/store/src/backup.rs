@@ -63,6 +63,9 @@ pub struct BackupOptions<'a> {
     pub source: String,
     /// Called in stream order after each batch.
     pub progress: Option<&'a (dyn Fn(&Progress) + Sync)>,
+    /// The snapshot's time (Unix seconds) when not now: imports of older
+    /// backups, and tests of retention.
+    pub time: Option<i64>,
 }
 
 /// Running totals of a backup.
@@ -316,7 +319,7 @@ pub fn backup(
         )));
     }
     let started = Instant::now();
-    let created = now_secs();
+    let created = opts.time.unwrap_or_else(now_secs);
     let writer_index = repo.writer_index(lock)?;
     let index = &writer_index.index;
     let snapshot = repo.snapshots(&opts.name)?.last().map_or(1, |n| n + 1);

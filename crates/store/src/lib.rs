@@ -61,6 +61,7 @@ pub mod pack;
 pub mod reader;
 pub mod repo;
 pub mod restore;
+pub mod retention;
 pub mod stats;
 pub mod verify;
 
@@ -75,4 +76,5 @@ pub use manifest::{Extent, Manifest};
 pub use reader::PackReader;
 pub use repo::{Repository, WriterLock};
 pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
+pub use retention::{KeepPolicy, Verdict};
 pub use verify::{verify, VerifyOptions, VerifyReport};

@@ -122,6 +122,7 @@ fn write_fixture(dir: &Path) {
                 group_size: group,
                 source: "fixture".into(),
                 progress: None,
+                time: None,
             },
         )
         .unwrap();

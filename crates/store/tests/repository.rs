@@ -100,6 +100,7 @@ fn put(r: &Repository, name: &str, data: &[u8]) {
         group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
         source: "test".into(),
         progress: None,
+        time: None,
     };
     cairn_store::backup(r, &lock, &mut std::io::Cursor::new(data.to_vec()), &opts).unwrap();
 }

@@ -77,6 +77,7 @@ fn store(
         },
         source: "test".into(),
         progress: None,
+        time: None,
     };
     backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap()
 }
@@ -258,6 +259,7 @@ fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: Chunke
         group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
         source: "test".into(),
         progress: None,
+        time: None,
     };
     let lock = r.lock_writer("test", false).unwrap();
     let sparse = backup(

@@ -60,6 +60,7 @@ fn store(r: &Repository, name: &str, data: &[u8], chunker: &str, codec: &str, gr
         group_size: group,
         source: "test".into(),
         progress: None,
+        time: None,
     };
     backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap();
 }

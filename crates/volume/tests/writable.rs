@@ -44,6 +44,7 @@ fn repo_with(data: &[u8], chunker: &str, codec: &str) -> (tempfile::TempDir, Arc
         group_size: 256 << 10,
         source: "test".into(),
         progress: None,
+        time: None,
     };
     backup(&r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap();
     (dir, Arc::new(r))

@@ -1,0 +1,377 @@
+//! Retention: which snapshots a keep policy keeps, with restic's rules
+//! (`restic forget --keep-*`), so users coming from restic get what they
+//! expect. Per image, snapshots are walked newest first:
+//!
+//! - `last N` keeps the N newest;
+//! - `hourly/daily/weekly/monthly/yearly N` keeps the newest snapshot of
+//!   each of the N newest hours (days, ISO weeks, months, years) that
+//!   have one; a period without snapshots does not count;
+//! - `within D` keeps every snapshot taken less than D before the image's
+//!   newest snapshot (not before now: a repository that stopped getting
+//!   backups does not empty itself);
+//! - a snapshot is kept if any rule keeps it; the others are forgotten.
+//!
+//! Periods are calendar periods in UTC (restic uses the machine's local
+//! time zone; UTC gives every machine of a site the same answer).
+//! docs/retention.md has the table of which snapshot each rule keeps.
+
+use crate::error::{Result, StoreError};
+use chrono::{DateTime, Datelike, Timelike, Utc};
+
+/// How many of each to keep; `None` (or 0): that rule keeps nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeepPolicy {
+    /// The N newest snapshots.
+    pub last: Option<u32>,
+    /// The newest of each of the N newest hours.
+    pub hourly: Option<u32>,
+    /// ... days.
+    pub daily: Option<u32>,
+    /// ... ISO weeks.
+    pub weekly: Option<u32>,
+    /// ... months.
+    pub monthly: Option<u32>,
+    /// ... years.
+    pub yearly: Option<u32>,
+    /// Every snapshot less than this many seconds older than the newest.
+    pub within: Option<u64>,
+}
+
+impl KeepPolicy {
+    /// Whether no rule would keep anything (forgetting with such a policy
+    /// would remove every snapshot: refused by callers, as restic does).
+    pub fn is_empty(&self) -> bool {
+        [
+            self.last,
+            self.hourly,
+            self.daily,
+            self.weekly,
+            self.monthly,
+            self.yearly,
+        ]
+        .iter()
+        .all(|n| n.unwrap_or(0) == 0)
+            && self.within.is_none()
+    }
+}
+
+/// One snapshot as retention sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dated {
+    /// Snapshot number.
+    pub snapshot: u64,
+    /// When it was taken (Unix seconds).
+    pub created: i64,
+}
+
+/// A snapshot's verdict and the rules that keep it (empty: forgotten).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The snapshot.
+    pub snapshot: Dated,
+    /// `last`, `hourly`, ... or `within`, for each rule that keeps it.
+    pub reasons: Vec<&'static str>,
+}
+
+impl Verdict {
+    /// Whether some rule keeps it.
+    pub fn keep(&self) -> bool {
+        !self.reasons.is_empty()
+    }
+}
+
+/// The period of `t` for a rule (equal values: the same period).
+fn period(rule: &str, t: &DateTime<Utc>) -> i64 {
+    let (y, m, d, h) = (
+        i64::from(t.year()),
+        i64::from(t.month()),
+        i64::from(t.day()),
+        i64::from(t.hour()),
+    );
+    match rule {
+        "hourly" => ((y * 100 + m) * 100 + d) * 100 + h,
+        "daily" => (y * 100 + m) * 100 + d,
+        "weekly" => {
+            let w = t.iso_week();
+            i64::from(w.year()) * 100 + i64::from(w.week())
+        }
+        "monthly" => y * 100 + m,
+        _ => y,
+    }
+}
+
+/// The verdicts for one image's snapshots under `policy`, newest first.
+pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
+    let mut sorted: Vec<Dated> = snapshots.to_vec();
+    // Newest first; the higher number first among equal times.
+    sorted.sort_by_key(|s| std::cmp::Reverse((s.created, s.snapshot)));
+    let newest = sorted.first().map(|s| s.created);
+    let buckets: [(&'static str, Option<u32>); 5] = [
+        ("hourly", policy.hourly),
+        ("daily", policy.daily),
+        ("weekly", policy.weekly),
+        ("monthly", policy.monthly),
+        ("yearly", policy.yearly),
+    ];
+    let mut left: Vec<u32> = buckets.iter().map(|(_, n)| n.unwrap_or(0)).collect();
+    let mut seen: Vec<Option<i64>> = vec![None; buckets.len()];
+    let mut last_left = policy.last.unwrap_or(0);
+    let mut out = Vec::with_capacity(sorted.len());
+    for s in sorted {
+        let mut reasons = Vec::new();
+        if last_left > 0 {
+            last_left -= 1;
+            reasons.push("last");
+        }
+        let t = DateTime::<Utc>::from_timestamp(s.created, 0).unwrap_or_default();
+        for (i, (rule, _)) in buckets.iter().enumerate() {
+            if left[i] == 0 {
+                continue;
+            }
+            let p = period(rule, &t);
+            if seen[i] != Some(p) {
+                seen[i] = Some(p);
+                left[i] -= 1;
+                reasons.push(*rule);
+            }
+        }
+        if let (Some(within), Some(newest)) = (policy.within, newest) {
+            if newest.saturating_sub(s.created) < within as i64 {
+                reasons.push("within");
+            }
+        }
+        out.push(Verdict {
+            snapshot: s,
+            reasons,
+        });
+    }
+    out
+}
+
+/// Parse a duration as restic writes them: `1y2m3d4h` (years of 365 days,
+/// months of 30), or plain `Nd`, `Nh`. Returns seconds.
+pub fn parse_duration(s: &str) -> Result<u64> {
+    let bad = || {
+        StoreError::Invalid(format!(
+            "bad duration {s:?}: use numbers with y, m, d or h, as 1y6m or 14d or 36h"
+        ))
+    };
+    let mut total: u64 = 0;
+    let mut num = String::new();
+    for c in s.trim().chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        num.clear();
+        let unit = match c {
+            'y' => 365 * 86400,
+            'm' => 30 * 86400,
+            'd' => 86400,
+            'h' => 3600,
+            _ => return Err(bad()),
+        };
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+    }
+    if !num.is_empty() || total == 0 {
+        return Err(bad());
+    }
+    Ok(total)
+}
+
+/// A Unix time as `2026-11-25 12:00:00 UTC`.
+pub fn format_time(secs: i64) -> String {
+    DateTime::<Utc>::from_timestamp(secs, 0)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| format!("@{secs}"))
+}
+
+/// Parse a snapshot time: RFC 3339 (`2026-11-25T12:00:00Z`), or
+/// `YYYY-MM-DD HH:MM:SS` / `YYYY-MM-DD` taken as UTC, or `@SECONDS`.
+pub fn parse_time(s: &str) -> Result<i64> {
+    let s = s.trim();
+    if let Some(secs) = s.strip_prefix('@') {
+        return secs
+            .parse()
+            .map_err(|_| StoreError::Invalid(format!("bad time {s:?}")));
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.timestamp());
+    }
+    for fmt in ["%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S"] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, fmt) {
+            return Ok(t.and_utc().timestamp());
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        if let Some(t) = d.and_hms_opt(0, 0, 0) {
+            return Ok(t.and_utc().timestamp());
+        }
+    }
+    Err(StoreError::Invalid(format!(
+        "bad time {s:?}: use 2026-11-25T12:00:00Z, \"2026-11-25 12:00:00\" (UTC), 2026-11-25 or @SECONDS"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn at(s: &str) -> i64 {
+        parse_time(s).unwrap()
+    }
+
+    fn snaps(times: &[&str]) -> Vec<Dated> {
+        times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Dated {
+                snapshot: i as u64 + 1,
+                created: at(t),
+            })
+            .collect()
+    }
+
+    fn kept(policy: &KeepPolicy, s: &[Dated]) -> Vec<u64> {
+        let mut v: Vec<u64> = apply(policy, s)
+            .into_iter()
+            .filter(Verdict::keep)
+            .map(|v| v.snapshot.snapshot)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Two snapshots a day for ten days, 06:00 and 18:00.
+    fn twice_daily() -> Vec<Dated> {
+        let mut t = Vec::new();
+        for d in 1..=10 {
+            t.push(format!("2026-03-{d:02}T06:00:00Z"));
+            t.push(format!("2026-03-{d:02}T18:00:00Z"));
+        }
+        let t: Vec<&str> = t.iter().map(String::as_str).collect();
+        snaps(&t)
+    }
+
+    #[test]
+    fn last_keeps_the_newest() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            last: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(kept(&p, &s), vec![18, 19, 20]);
+    }
+
+    #[test]
+    fn daily_keeps_the_newest_of_each_day() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            daily: Some(3),
+            ..Default::default()
+        };
+        // Days 10, 9, 8: their 18:00 snapshots (20, 18, 16).
+        assert_eq!(kept(&p, &s), vec![16, 18, 20]);
+    }
+
+    #[test]
+    fn rules_add_up_and_reasons_are_named() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            last: Some(1),
+            daily: Some(2),
+            weekly: Some(2),
+            ..Default::default()
+        };
+        // last: 20; daily: 20, 18; weekly (ISO weeks: Mar 9-10 is week
+        // 11, Mar 2-8 week 10): 20 and day 8's 18:00 (16).
+        assert_eq!(kept(&p, &s), vec![16, 18, 20]);
+        let v = apply(&p, &s);
+        assert_eq!(v[0].reasons, vec!["last", "daily", "weekly"]);
+    }
+
+    #[test]
+    fn empty_periods_do_not_count() {
+        // Gaps: days 1, 5 and 9 only.
+        let s = snaps(&[
+            "2026-03-01T10:00:00Z",
+            "2026-03-05T10:00:00Z",
+            "2026-03-09T10:00:00Z",
+        ]);
+        let p = KeepPolicy {
+            daily: Some(2),
+            ..Default::default()
+        };
+        assert_eq!(kept(&p, &s), vec![2, 3]);
+    }
+
+    #[test]
+    fn within_counts_from_the_newest_snapshot() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            within: Some(parse_duration("2d").unwrap()),
+            ..Default::default()
+        };
+        // Newest is day 10 18:00; less than 48 h before it: day 8 18:00
+        // is exactly 48 h (not kept), day 9 06:00 on.
+        assert_eq!(kept(&p, &s), vec![17, 18, 19, 20]);
+    }
+
+    #[test]
+    fn monthly_and_yearly() {
+        let s = snaps(&[
+            "2024-12-31T23:00:00Z",
+            "2025-01-15T00:00:00Z",
+            "2025-06-01T00:00:00Z",
+            "2025-06-20T00:00:00Z",
+            "2026-02-01T00:00:00Z",
+        ]);
+        let monthly = KeepPolicy {
+            monthly: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(kept(&monthly, &s), vec![2, 4, 5]);
+        let yearly = KeepPolicy {
+            yearly: Some(10),
+            ..Default::default()
+        };
+        assert_eq!(kept(&yearly, &s), vec![1, 4, 5]);
+    }
+
+    #[test]
+    fn an_empty_policy_is_empty() {
+        assert!(KeepPolicy::default().is_empty());
+        assert!(KeepPolicy {
+            last: Some(0),
+            ..Default::default()
+        }
+        .is_empty());
+        assert!(!KeepPolicy {
+            within: Some(3600),
+            ..Default::default()
+        }
+        .is_empty());
+    }
+
+    #[test]
+    fn durations_and_times_parse_or_fail_clearly() {
+        assert_eq!(
+            parse_duration("1y2m3d4h").unwrap(),
+            (365 + 60 + 3) * 86400 + 4 * 3600
+        );
+        assert_eq!(parse_duration("36h").unwrap(), 36 * 3600);
+        for bad in ["", "5", "3x", "d", "99999999999999999999y"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(at("2026-01-01T00:00:00Z"), 1_767_225_600);
+        assert_eq!(at("2026-01-01 00:00:00"), 1_767_225_600);
+        assert_eq!(at("2026-01-01"), 1_767_225_600);
+        assert_eq!(at("@1767225600"), 1_767_225_600);
+        assert!(parse_time("yesterday").is_err());
+    }
+}
