@@ -91,7 +91,9 @@ fn cp_a(from: &Path, to: &Path) {
 
 /// Store `data` as a new snapshot of `name`.
 fn put(r: &Repository, name: &str, data: &[u8]) {
-    let lock = r.lock_writer("test", false).unwrap();
+    // Waits: a child another test spawns (cp -a) holds a copy of every
+    // descriptor, this lock's too, from fork until exec.
+    let lock = r.lock_writer("test", true).unwrap();
     let opts = cairn_store::BackupOptions {
         name: name.into(),
         codec: "lz4".parse().unwrap(),
