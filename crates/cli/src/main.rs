@@ -5,7 +5,6 @@
 //! text or JSON. It is the only crate that knows every layer.
 
 mod cache_cmd;
-mod files;
 mod pack;
 mod repo_cmd;
 mod report;
@@ -276,7 +275,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cairn: {}", one_line(&e));
+            eprintln!("cairn: {}", one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -313,9 +312,9 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 /// The error and its causes on one line.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
+    for cause in std::iter::successors(Some(e), |e| e.source()) {
         let s = cause.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);
