@@ -122,7 +122,7 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
             println!("{text}");
         }
     }
-    if common.verbose {
+    if common.verbose > 0 {
         for s in &run.summaries {
             eprintln!("{}", summary_line(s));
         }

@@ -163,6 +163,9 @@ fn run_all(
     let mut summaries = Vec::new();
     let mut failed: Vec<(String, Error)> = Vec::new();
     for (name, plan) in plans {
+        if let Ok(p) = &plan {
+            tracing::debug!(input = %name, output = ?p.dest, remove_input = p.remove_input, "planned");
+        }
         match plan.and_then(|plan| one(&plan)) {
             Ok(s) => summaries.push(s),
             Err(e) => {
