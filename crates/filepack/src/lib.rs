@@ -29,6 +29,10 @@
 //! - **A bad input does not stop a run.** As in gzip, every input is tried;
 //!   the run's [`Run::outcome`] fails at the end naming each input that
 //!   failed ([`Error::Failed`]), and with one input it is that input's error.
+//! - **Sparse both ways.** A regular input is read by its data extents and
+//!   an all-zero block is encoded once per worker, then copied; an output
+//!   that is a new file gets holes where whole 4 KiB blocks are zero
+//!   ([`HoleWriter`]), as `zstd -d` leaves them.
 //! - **Typed errors** ([`Error`]) that name the file; `anyhow` is for the
 //!   binary only.
 //!
