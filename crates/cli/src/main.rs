@@ -5,7 +5,7 @@
 //! text or JSON. It is the only crate that knows every layer.
 
 mod cache_cmd;
-mod files;
+mod generate;
 mod pack;
 mod repo_cmd;
 mod report;
@@ -59,6 +59,12 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Status, drain or detach of a write-back cache (of a running server: --control).
     Cache(cache_cmd::CacheArgs),
+    /// Man pages and shell completions, made from these definitions.
+    ///
+    /// `cairn generate man DIR` writes cairn.1 and cairn-SUBCOMMAND.1 into
+    /// DIR; `cairn generate completions SHELL` prints a completion script.
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Options shared by pack and unpack.
@@ -79,9 +85,10 @@ pub(crate) struct CommonArgs {
     /// Write to this file (one input only).
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<std::path::PathBuf>,
-    /// Print a one-line summary per file (size, ratio, speed) on stderr.
-    #[arg(short = 'v', long = "verbose")]
-    pub verbose: bool,
+    /// Print a one-line summary per file (size, ratio, speed) on stderr;
+    /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    pub verbose: u8,
     /// No progress bar.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
@@ -261,6 +268,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    init_logging(match &cli.command {
+        Command::Pack(a) => a.common.verbose,
+        Command::Unpack(a) => a.common.verbose,
+        Command::Serve(a) => u8::from(a.verbose),
+        _ => 0,
+    });
     let result = match cli.command {
         Command::Pack(args) => pack::pack(&args),
         Command::Unpack(args) => pack::unpack(&args),
@@ -275,14 +288,44 @@ fn main() -> ExitCode {
         Command::Stats(args) => repo_cmd::stats(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Cache(args) => cache_cmd::cache(&args),
+        Command::Generate(args) => generate::generate(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cairn: {}", one_line(&e));
+            eprintln!("cairn: {}", one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Diagnostics go through `tracing` to stderr. `RUST_LOG` (as
+/// `RUST_LOG=cairn_filepack=debug`) decides what is shown when set;
+/// otherwise warnings only, and each `-v` beyond the first one a level more
+/// (the first `-v` is the summary line per file, which is output, not a
+/// diagnostic, and is printed whatever the filter).
+fn init_logging(verbosity: u8) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+    let level = match verbosity {
+        0 | 1 => LevelFilter::WARN,
+        2 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    };
+    let from_env = std::env::var_os(EnvFilter::DEFAULT_ENV).is_some_and(|v| !v.is_empty());
+    let filter = if from_env {
+        // A directive that does not parse is skipped, not fatal: logging
+        // must never stop the data from flowing.
+        EnvFilter::builder().from_env_lossy()
+    } else {
+        EnvFilter::default().add_directive(level.into())
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .without_time()
+        .init();
 }
 
 /// Help and version go out as clap prints them; a usage error becomes one
@@ -316,9 +359,9 @@ fn usage_error(e: clap::Error) -> ExitCode {
 }
 
 /// The error and its causes on one line.
-pub(crate) fn one_line(e: &anyhow::Error) -> String {
+pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
+    for cause in std::iter::successors(Some(e), |e| e.source()) {
         let s = cause.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);

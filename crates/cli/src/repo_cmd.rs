@@ -2,10 +2,10 @@
 //! stats. Each parses its arguments, opens what it needs, calls the store
 //! and prints a table or `--json`.
 
-use crate::files::PendingFile;
 use crate::report::Progress;
 use anyhow::{bail, Context, Result};
 use cairn_codec::CodecSpec;
+use cairn_filepack::PendingFile;
 use cairn_store::{
     backup::Progress as BackupProgress, stats, ChunkerSpec, Destination, GcOptions, Repository,
     RestoreOptions, VerifyOptions,
@@ -373,7 +373,7 @@ fn open_source(
         }
         // Redirected from a regular file (`< disk.img`), stdin is read by
         // its data extents too.
-        let (file, size) = crate::files::Source::Stdin.open()?;
+        let (file, size) = cairn_filepack::Source::Stdin.open()?;
         let reader: Box<dyn cairn_store::SparseRead> = if size.is_some() {
             Box::new(cairn_store::SparseFile::new(file).context("standard input")?)
         } else {
@@ -553,10 +553,10 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         let is_device = std::fs::metadata(&a.dest)
             .map(|m| m.file_type().is_block_device())
             .unwrap_or(false);
-        if !is_device && crate::files::is_special(&a.dest) {
+        if !is_device && cairn_filepack::is_special(&a.dest) {
             // A character device (/dev/null) or a FIFO: written in order,
             // in place; never replaced by a file.
-            let mut out = crate::files::open_special(&a.dest)?;
+            let mut out = cairn_filepack::open_special(&a.dest)?;
             cairn_store::restore(
                 &repo,
                 &loaded.index,
@@ -594,7 +594,11 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             }
             r
         } else {
-            let pending = PendingFile::create(&a.dest, a.force)?;
+            let pending = PendingFile::create(
+                &a.dest,
+                a.force,
+                &crate::pack::EngineHooks { progress: false },
+            )?;
             pending
                 .file()
                 .set_len(manifest.size)

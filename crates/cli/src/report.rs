@@ -1,9 +1,9 @@
 //! Progress on a terminal, summaries as text or JSON.
 
+use cairn_filepack::Summary;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
 use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A progress bar on stderr, drawn only when stderr is a terminal.
 pub struct Progress {
@@ -57,83 +57,31 @@ impl Progress {
     }
 }
 
-/// What one file's pack or unpack did.
-#[derive(Serialize, Debug)]
-pub struct Summary {
-    pub operation: &'static str,
-    pub input: String,
-    pub output: String,
-    pub format: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub level: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub block_size: Option<usize>,
-    pub threads: usize,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    /// Compressed size over uncompressed size.
-    pub ratio: f64,
-    pub seconds: f64,
-    /// Uncompressed megabytes (10^6) per second.
-    pub mb_per_s: f64,
+/// The file engine draws its progress on the same bar.
+impl cairn_filepack::Progress for Progress {
+    fn read_to(&self, position: u64) {
+        Progress::read_to(self, position);
+    }
+    fn ratio(&self, raw: u64, packed: u64) {
+        Progress::ratio(self, raw, packed);
+    }
+    fn finish(&self) {
+        Progress::finish(self);
+    }
 }
 
-impl Summary {
-    #[allow(clippy::too_many_arguments)] // A plain record; a builder would add nothing.
-    pub fn new(
-        operation: &'static str,
-        input: String,
-        output: String,
-        format: String,
-        level: Option<i32>,
-        block_size: Option<usize>,
-        threads: usize,
-        bytes_in: u64,
-        bytes_out: u64,
-        started: Instant,
-    ) -> Summary {
-        let seconds = started.elapsed().as_secs_f64();
-        let (raw, packed) = if operation == "pack" {
-            (bytes_in, bytes_out)
-        } else {
-            (bytes_out, bytes_in)
-        };
-        Summary {
-            operation,
-            input,
-            output,
-            format,
-            level,
-            block_size,
-            threads,
-            bytes_in,
-            bytes_out,
-            ratio: if raw == 0 {
-                0.0
-            } else {
-                packed as f64 / raw as f64
-            },
-            seconds,
-            mb_per_s: if seconds > 0.0 {
-                raw as f64 / 1e6 / seconds
-            } else {
-                0.0
-            },
-        }
-    }
-
-    pub fn line(&self) -> String {
-        format!(
-            "{}: {} -> {} bytes ({:.2}% of the original) in {:.3} s, {:.1} MB/s, {} {}{} threads",
-            self.input,
-            self.bytes_in,
-            self.bytes_out,
-            self.ratio * 100.0,
-            self.seconds,
-            self.mb_per_s,
-            self.format,
-            self.level.map(|l| format!("-{l}, ")).unwrap_or_default(),
-            self.threads
-        )
-    }
+/// The one-line summary `-v` prints for an input.
+pub fn summary_line(s: &Summary) -> String {
+    format!(
+        "{}: {} -> {} bytes ({:.2}% of the original) in {:.3} s, {:.1} MB/s, {} {}{} threads",
+        s.input,
+        s.bytes_in,
+        s.bytes_out,
+        s.ratio * 100.0,
+        s.seconds,
+        s.mb_per_s,
+        s.format,
+        s.level.map(|l| format!("-{l}, ")).unwrap_or_default(),
+        s.threads
+    )
 }

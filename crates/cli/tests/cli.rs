@@ -762,3 +762,95 @@ fn a_packed_file_is_not_packed_again() {
     }
     assert_eq!(listing(dir.path()), ["x.gz.gz", "x.gz.zst"]);
 }
+
+/// The subcommands `cairn [PATH] --help` lists, at any depth, as
+/// `cairn-a-b` (the names of their man pages).
+fn commands(path: &[String]) -> Vec<String> {
+    let out = cairn().args(path).arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let mut names = vec![std::iter::once("cairn".to_string())
+        .chain(path.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("-")];
+    let listed: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        // A name starts its line; a wrapped description is indented more.
+        .filter(|l| !l[2..].starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|name| name != "help")
+        .collect();
+    for name in listed {
+        let mut sub = path.to_vec();
+        sub.push(name);
+        names.extend(commands(&sub));
+    }
+    names
+}
+
+#[test]
+fn man_pages_and_completions_for_every_subcommand() {
+    let dir = tempdir();
+    let out = cairn()
+        .args(["generate", "man"])
+        .arg(dir.path().join("man1"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let names = commands(&[]);
+    assert!(names.len() > 12, "{names:?}");
+    for name in &names {
+        let page = std::fs::read_to_string(dir.path().join(format!("man1/{name}.1")))
+            .unwrap_or_else(|e| panic!("{name}.1: {e}"));
+        assert!(page.contains(".SH SYNOPSIS"), "{name}.1");
+    }
+    let top: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("cairn-"))
+        .filter(|n| !n.contains('-'))
+        .collect();
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let out = cairn()
+            .args(["generate", "completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        let script = String::from_utf8(out.stdout).unwrap();
+        for sub in &top {
+            assert!(script.contains(sub), "{shell}: no {sub}");
+        }
+    }
+}
+
+#[test]
+fn v_prints_summaries_vv_and_rust_log_add_diagnostics() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join("a"), mixed(100_000, 5)).unwrap();
+    let run = |args: &[&str], rust_log: Option<&str>| {
+        let mut cmd = cairn();
+        cmd.args(args)
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG");
+        if let Some(filter) = rust_log {
+            cmd.env("RUST_LOG", filter);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stderr(&out)
+    };
+    // -v: the summary line and nothing else, as before tracing.
+    let err = run(&["pack", "-v", "-k", "-f", "a"], None);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("a: "), "{err}");
+    // -vv: diagnostics besides, the summary line still last.
+    let err = run(&["pack", "-vv", "-k", "-f", "a"], None);
+    assert!(err.contains("DEBUG") && err.lines().count() > 1, "{err}");
+    assert!(err.lines().last().unwrap().starts_with("a: "), "{err}");
+    // RUST_LOG decides when set, -v or not.
+    let err = run(&["unpack", "-t", "a.gz"], Some("cairn_filepack=debug"));
+    assert!(err.contains("detected"), "{err}");
+    let err = run(&["pack", "-vv", "-k", "-f", "a"], Some("off"));
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

@@ -32,6 +32,7 @@
 //!   is checked against [`format::MAX_UNIT`] before anything is allocated.
 
 pub mod block;
+mod buf;
 pub mod bz2;
 pub mod error;
 pub mod format;

@@ -5,7 +5,7 @@
 //! of liblz4's decoding speed and 0.85x its encoding speed on an ext4 image,
 //! which would cap `cairn unpack` of lz4 below the single-threaded `lz4 -d`.
 
-use crate::block::append_raw;
+use crate::buf::append_raw;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 // Link liblz4: nothing of lz4-sys's own declarations is used, so name the

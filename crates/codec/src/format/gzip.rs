@@ -15,7 +15,8 @@
 //! | member length u32le | raw deflate | crc32 | isize`.
 
 use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
-use crate::block::{grow, BlockCodec, DeflateCodec};
+use crate::block::{BlockCodec, DeflateCodec};
+use crate::buf::grow;
 use crate::error::{CodecError, Result};
 use crate::input::Input;
 

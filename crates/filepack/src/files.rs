@@ -2,7 +2,7 @@
 //! that appear only when complete (written under a temporary name in the
 //! same directory and renamed on success, removed on failure).
 
-use anyhow::{bail, Context, Result};
+use crate::{Error, Hooks, Result};
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsFd;
@@ -10,11 +10,14 @@ use std::path::{Path, PathBuf};
 
 /// An input: a named file or standard input.
 pub enum Source {
+    /// Standard input.
     Stdin,
+    /// A named file.
     File(PathBuf),
 }
 
 impl Source {
+    /// `-` is stdin, anything else a file.
     pub fn from_arg(p: &Path) -> Source {
         if p.as_os_str() == "-" {
             Source::Stdin
@@ -23,6 +26,7 @@ impl Source {
         }
     }
 
+    /// The input's name as messages show it.
     pub fn name(&self) -> String {
         match self {
             Source::Stdin => "(stdin)".to_string(),
@@ -38,16 +42,23 @@ impl Source {
                 let fd = std::io::stdin()
                     .as_fd()
                     .try_clone_to_owned()
-                    .context("cannot duplicate stdin")?;
+                    .map_err(|source| Error::Duplicate {
+                        stream: "stdin",
+                        source,
+                    })?;
                 let f = File::from(fd);
                 let size = regular_size(&f);
                 Ok((f, size))
             }
             Source::File(p) => {
-                let f = File::open(p).with_context(|| format!("{}", p.display()))?;
-                let meta = f.metadata().with_context(|| format!("{}", p.display()))?;
+                let open_error = |source| Error::Open {
+                    path: p.clone(),
+                    source,
+                };
+                let f = File::open(p).map_err(open_error)?;
+                let meta = f.metadata().map_err(open_error)?;
                 if meta.is_dir() {
-                    bail!("{}: is a directory", p.display());
+                    return Err(Error::IsDirectory { path: p.clone() });
                 }
                 let size = regular_size(&f);
                 Ok((f, size))
@@ -62,9 +73,12 @@ fn regular_size(f: &File) -> Option<u64> {
 
 /// An output: stdout, a regular file committed on success, or a special
 /// file (a character device such as /dev/null, a FIFO) written in place.
-pub enum Sink {
+pub enum Sink<'h> {
+    /// Standard output.
     Stdout(File),
-    File(PendingFile),
+    /// A new regular file.
+    File(PendingFile<'h>),
+    /// A device or FIFO, and its path.
     Special(File, PathBuf),
 }
 
@@ -80,14 +94,18 @@ pub fn open_special(path: &Path) -> Result<File> {
     std::fs::OpenOptions::new()
         .write(true)
         .open(path)
-        .with_context(|| format!("cannot open {}", path.display()))
+        .map_err(|source| Error::CreateOutput {
+            action: "open",
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Refuse, as gzip and zstd do, to write compressed data to a terminal
 /// unless forced: it is unreadable there and may upset the terminal.
 pub fn refuse_terminal_stdout(force: bool) -> Result<()> {
     if !force && std::io::stdout().is_terminal() {
-        bail!("compressed data not written to a terminal; use -f to force, or redirect");
+        return Err(Error::TerminalOutput);
     }
     Ok(())
 }
@@ -96,13 +114,14 @@ pub fn refuse_terminal_stdout(force: bool) -> Result<()> {
 /// unless forced: a user who forgot the file name would wait for nothing.
 pub fn refuse_terminal_stdin(force: bool) -> Result<()> {
     if !force && std::io::stdin().is_terminal() {
-        bail!("compressed data not read from a terminal; use -f to force, or redirect");
+        return Err(Error::TerminalInput);
     }
     Ok(())
 }
 
-impl Sink {
-    pub fn stdout(force: bool, binary: bool) -> Result<Sink> {
+impl<'h> Sink<'h> {
+    /// Standard output; `binary` (compressed) data is refused on a terminal.
+    pub fn stdout(force: bool, binary: bool) -> Result<Sink<'h>> {
         if binary {
             refuse_terminal_stdout(force)?;
         }
@@ -110,20 +129,24 @@ impl Sink {
         let fd = out
             .as_fd()
             .try_clone_to_owned()
-            .context("cannot duplicate stdout")?;
+            .map_err(|source| Error::Duplicate {
+                stream: "stdout",
+                source,
+            })?;
         Ok(Sink::Stdout(File::from(fd)))
     }
 
-    pub fn file(path: &Path, force: bool) -> Result<Sink> {
+    /// A named output: a new file, or a special file written in place.
+    pub fn file(path: &Path, force: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
         if is_special(path) {
             return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
         }
-        Ok(Sink::File(PendingFile::create(path, force)?))
+        Ok(Sink::File(PendingFile::create(path, force, hooks)?))
     }
 
     /// Output that is decoded only to be checked (`-t`, `-l`): /dev/null,
     /// written like any special file.
-    pub fn nowhere() -> Result<Sink> {
+    pub fn nowhere() -> Result<Sink<'h>> {
         let null = Path::new("/dev/null");
         Ok(Sink::Special(open_special(null)?, null.to_path_buf()))
     }
@@ -136,6 +159,7 @@ impl Sink {
         }
     }
 
+    /// Where the data goes.
     pub fn writer(&mut self) -> &mut File {
         match self {
             Sink::Stdout(f) => f,
@@ -149,6 +173,7 @@ impl Sink {
         matches!(self, Sink::File(_))
     }
 
+    /// The output's name as messages show it.
     pub fn name(&self) -> String {
         match self {
             Sink::Stdout(_) => "(stdout)".to_string(),
@@ -160,11 +185,15 @@ impl Sink {
     /// Make the output final: flush, and for files rename into place.
     pub fn commit(self) -> Result<()> {
         match self {
-            Sink::Stdout(mut f) => f.flush().context("write to stdout"),
+            Sink::Stdout(mut f) => f.flush().map_err(|source| Error::Write {
+                name: "write to stdout".into(),
+                source,
+            }),
             Sink::File(p) => p.commit(),
-            Sink::Special(mut f, p) => f
-                .flush()
-                .with_context(|| format!("write to {}", p.display())),
+            Sink::Special(mut f, p) => f.flush().map_err(|source| Error::Write {
+                name: format!("write to {}", p.display()),
+                source,
+            }),
         }
     }
 }
@@ -219,25 +248,30 @@ impl HoleWriter {
 /// A file written under a temporary name and renamed when complete; if
 /// dropped uncommitted (an error), the temporary file is removed, so a
 /// failed run never leaves a partial output behind.
-pub struct PendingFile {
+pub struct PendingFile<'h> {
+    hooks: &'h dyn Hooks,
     path: PathBuf,
     tmp: PathBuf,
     file: File,
     committed: bool,
 }
 
-impl PendingFile {
-    pub fn create(path: &Path, force: bool) -> Result<PendingFile> {
+impl<'h> PendingFile<'h> {
+    /// Start writing `path` (refused if it exists, unless `force`); `hooks`
+    /// hears of the temporary file while it exists.
+    pub fn create(path: &Path, force: bool, hooks: &'h dyn Hooks) -> Result<PendingFile<'h>> {
         if !force && path.symlink_metadata().is_ok() {
-            bail!("{} already exists; use -f to overwrite", path.display());
+            return Err(Error::Exists {
+                path: path.to_path_buf(),
+            });
         }
         let dir = path
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let name = path
-            .file_name()
-            .with_context(|| format!("{}: not a file name", path.display()))?;
+        let name = path.file_name().ok_or_else(|| Error::NotAFileName {
+            path: path.to_path_buf(),
+        })?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(name);
         tmp_name.push(format!(".cairn-tmp-{}", std::process::id()));
@@ -246,9 +280,14 @@ impl PendingFile {
             .write(true)
             .create_new(true)
             .open(&tmp)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        crate::signals::register(&tmp);
+            .map_err(|source| Error::CreateOutput {
+                action: "create",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        hooks.temp_created(&tmp);
         Ok(PendingFile {
+            hooks,
             path: path.to_path_buf(),
             tmp,
             file,
@@ -263,27 +302,34 @@ impl PendingFile {
 
     /// Flush to disk, then rename into place.
     pub fn commit_durable(self) -> Result<()> {
-        self.file
-            .sync_all()
-            .with_context(|| format!("fsync {}", self.tmp.display()))?;
+        self.file.sync_all().map_err(|source| Error::Commit {
+            action: "fsync".into(),
+            path: self.tmp.clone(),
+            source,
+        })?;
         self.commit()
     }
 
     fn commit(mut self) -> Result<()> {
-        self.file
-            .flush()
-            .with_context(|| format!("{}", self.tmp.display()))?;
-        std::fs::rename(&self.tmp, &self.path)
-            .with_context(|| format!("rename {} to {}", self.tmp.display(), self.path.display()))?;
+        self.file.flush().map_err(|source| Error::Write {
+            name: self.tmp.display().to_string(),
+            source,
+        })?;
+        std::fs::rename(&self.tmp, &self.path).map_err(|source| Error::Commit {
+            action: format!("rename {} to", self.tmp.display()),
+            path: self.path.clone(),
+            source,
+        })?;
         self.committed = true;
+        self.hooks.temp_gone();
         Ok(())
     }
 }
 
-impl Drop for PendingFile {
+impl Drop for PendingFile<'_> {
     fn drop(&mut self) {
         if !self.committed {
-            crate::signals::unregister();
+            self.hooks.temp_gone();
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

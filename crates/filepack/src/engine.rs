@@ -1,0 +1,825 @@
+//! The runs: every input planned (where its output goes, whether it is
+//! removed), then packed or unpacked in turn on a reader thread, N workers
+//! and an in-order writer.
+
+use crate::files::{refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, Sink, Source};
+use crate::naming::{format_of_name, packed_name, unpacked_name};
+use crate::{
+    Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
+};
+use cairn_blockdev::{is_zero, SparseFile, SparseRead};
+use cairn_codec::{BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, Input, Unit};
+use cairn_pipeline::{Config, Fill, Slot};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Pack or unpack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// Compress.
+    Pack,
+    /// Decompress (also test and list).
+    Unpack,
+}
+
+impl Operation {
+    /// `pack` or `unpack`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Pack => "pack",
+            Operation::Unpack => "unpack",
+        }
+    }
+}
+
+/// What one input's pack or unpack did.
+#[derive(Serialize, Debug, Clone)]
+pub struct Summary {
+    /// Pack or unpack.
+    pub operation: Operation,
+    /// The input's name.
+    pub input: String,
+    /// The output's name.
+    pub output: String,
+    /// The format written or read.
+    pub format: String,
+    /// The level, for a pack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<i32>,
+    /// The block size, for a pack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<usize>,
+    /// Worker threads.
+    pub threads: usize,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// Compressed size over uncompressed size.
+    pub ratio: f64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Uncompressed megabytes (10^6) per second.
+    pub mb_per_s: f64,
+}
+
+/// What a run did: a summary per input that succeeded, and the outcome.
+#[derive(Debug)]
+pub struct Run {
+    /// One per input that succeeded, in order.
+    pub summaries: Vec<Summary>,
+    /// Whether any output went to standard output (a caller that prints
+    /// reports puts them on stderr then).
+    pub data_on_stdout: bool,
+    /// `Ok`, the error of the one input, or [`Error::Failed`] naming every
+    /// input of several that failed.
+    pub outcome: Result<()>,
+}
+
+/// The threads a run uses: 0 is one per core, as zstd's and xz's `-T0`.
+fn threads(requested: usize) -> Result<usize> {
+    match requested {
+        n if n > MAX_THREADS => Err(Error::TooManyThreads(n)),
+        0 => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => Ok(n),
+    }
+}
+
+/// One input and where its output goes.
+pub(crate) struct Plan {
+    pub(crate) source: Source,
+    pub(crate) dest: Dest,
+    pub(crate) remove_input: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Dest {
+    Stdout,
+    File(PathBuf),
+    /// Decoded only to be checked (`-t`) or counted (`-l`).
+    Nowhere,
+}
+
+/// Decide outputs for every input, gzip-style; `check_only` sends every
+/// output nowhere and keeps the inputs. An input whose output cannot be
+/// named is an error of its own (named by [`run_all`]), so the others run.
+pub(crate) fn plan(
+    opts: &Options,
+    check_only: bool,
+    name_output: impl Fn(&std::path::Path) -> Result<PathBuf>,
+) -> Result<Vec<(String, Result<Plan>)>> {
+    let inputs: Vec<Source> = if opts.files.is_empty() {
+        vec![Source::Stdin]
+    } else {
+        opts.files.iter().map(|p| Source::from_arg(p)).collect()
+    };
+    if opts.output.is_some() && inputs.len() > 1 {
+        return Err(Error::OneOutputManyInputs(inputs.len()));
+    }
+    if opts.output.is_some() && opts.stdout {
+        return Err(Error::OutputAndStdout);
+    }
+    Ok(inputs
+        .into_iter()
+        .map(|source| {
+            let dest = match (&source, &opts.output) {
+                _ if check_only => Ok((Dest::Nowhere, false)),
+                (_, Some(out)) if out.as_os_str() == "-" => Ok((Dest::Stdout, false)),
+                (Source::File(_), Some(out)) => Ok((Dest::File(out.clone()), !opts.keep)),
+                (Source::Stdin, Some(out)) => Ok((Dest::File(out.clone()), false)),
+                (Source::Stdin, None) => Ok((Dest::Stdout, false)),
+                (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
+                (Source::File(p), None) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
+            };
+            let name = source.name();
+            let plan = dest.map(|(dest, remove_input)| Plan {
+                source,
+                dest,
+                remove_input,
+            });
+            (name, plan)
+        })
+        .collect())
+}
+
+/// Whether any input whose output could be named satisfies `f`.
+fn any_planned(plans: &[(String, Result<Plan>)], f: impl Fn(&Plan) -> bool) -> bool {
+    plans.iter().any(|(_, p)| p.as_ref().is_ok_and(&f))
+}
+
+/// Run `one` on every planned input in turn. As in gzip, a failed input
+/// does not stop the others: in a run of several, its error goes to
+/// [`Hooks::input_failed`] as it happens, and the run fails at the end
+/// naming every input that failed.
+fn run_all(
+    plans: Vec<(String, Result<Plan>)>,
+    hooks: &dyn Hooks,
+    mut one: impl FnMut(&Plan) -> Result<Summary>,
+) -> (Vec<Summary>, Result<()>) {
+    let total = plans.len();
+    let mut summaries = Vec::new();
+    let mut failed: Vec<(String, Error)> = Vec::new();
+    for (name, plan) in plans {
+        if let Ok(p) = &plan {
+            tracing::debug!(input = %name, output = ?p.dest, remove_input = p.remove_input, "planned");
+        }
+        match plan.and_then(|plan| one(&plan)) {
+            Ok(s) => summaries.push(s),
+            Err(e) => {
+                let e = Error::Input {
+                    input: name.clone(),
+                    source: Box::new(e),
+                };
+                if total > 1 {
+                    hooks.input_failed(&e);
+                }
+                failed.push((name, e));
+            }
+        }
+    }
+    let outcome = match failed.len() {
+        0 => Ok(()),
+        // One input: its own error is the run's.
+        _ if total == 1 => Err(failed.remove(0).1),
+        _ => Err(Error::Failed {
+            failed: failed.into_iter().map(|(name, _)| name).collect(),
+            total,
+        }),
+    };
+    (summaries, outcome)
+}
+
+fn open_sink<'h>(dest: &Dest, force: bool, binary: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
+    match dest {
+        Dest::Stdout => Sink::stdout(force, binary),
+        Dest::File(p) => Sink::file(p, force, hooks),
+        Dest::Nowhere => Sink::nowhere(),
+    }
+}
+
+/// The metadata of a named input, to give its output (stdin has none).
+fn input_metadata(source: &Source, file: &std::fs::File) -> Option<std::fs::Metadata> {
+    match source {
+        Source::File(_) => file.metadata().ok(),
+        Source::Stdin => None,
+    }
+}
+
+/// Make the output final, then remove the input if the plan says so.
+fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Result<()> {
+    if let Some(meta) = input_meta {
+        sink.copy_metadata(meta);
+    }
+    sink.commit()?;
+    if let (Source::File(src), true) = (&plan.source, plan.remove_input) {
+        std::fs::remove_file(src).map_err(|source| Error::Remove {
+            path: src.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The counts and settings of one finished input.
+struct Counts {
+    format: Format,
+    level: Option<i32>,
+    block_size: Option<usize>,
+    threads: usize,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Summary {
+    fn new(op: Operation, plan: &Plan, output: String, c: Counts, started: Instant) -> Summary {
+        let seconds = started.elapsed().as_secs_f64();
+        let (raw, packed) = match op {
+            Operation::Pack => (c.bytes_in, c.bytes_out),
+            Operation::Unpack => (c.bytes_out, c.bytes_in),
+        };
+        Summary {
+            operation: op,
+            input: plan.source.name(),
+            output,
+            format: c.format.name().to_string(),
+            level: c.level,
+            block_size: c.block_size,
+            threads: c.threads,
+            bytes_in: c.bytes_in,
+            bytes_out: c.bytes_out,
+            ratio: if raw == 0 {
+                0.0
+            } else {
+                packed as f64 / raw as f64
+            },
+            seconds,
+            mb_per_s: if seconds > 0.0 {
+                raw as f64 / 1e6 / seconds
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// Pack every input of `opts` (see [`Options`] for the rules).
+///
+/// `Err` is a run that could not start (conflicting options, a level the
+/// format lacks); the errors of inputs are in [`Run::outcome`].
+pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run> {
+    let format = match (pack.format, &opts.output) {
+        (Some(f), _) => f,
+        (None, Some(out)) => format_of_name(out).map_or(Format::Gzip, |(f, _)| f),
+        (None, None) => Format::Gzip,
+    };
+    let level = pack.level.resolve(format)?;
+    let block = pack
+        .block
+        .unwrap_or_else(|| format.default_block_size(level));
+    if block > MAX_BLOCK {
+        return Err(Error::BlockTooLarge(block));
+    }
+    let threads = threads(opts.threads)?;
+    let plans = plan(opts, false, |p| packed_name(p, format, opts.force))?;
+    let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
+    if data_on_stdout {
+        // Once for the run, not once per input.
+        refuse_terminal_stdout(opts.force)?;
+    }
+    let settings = PackSettings {
+        format,
+        level,
+        block,
+        threads,
+        force: opts.force,
+    };
+    tracing::debug!(%format, level, block, threads, inputs = plans.len(), "pack");
+    let (summaries, outcome) = run_all(plans, hooks, |plan| pack_one(plan, &settings, hooks));
+    Ok(Run {
+        summaries,
+        data_on_stdout,
+        outcome,
+    })
+}
+
+/// Unpack, test or list every input of `opts` (see [`Options`] for the
+/// rules); the format of each is detected by its magic number.
+pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Result<Run> {
+    let threads = threads(opts.threads)?;
+    let check_only = unpack.mode != UnpackMode::Write;
+    let plans = plan(opts, check_only, unpacked_name)?;
+    if any_planned(&plans, |p| matches!(p.source, Source::Stdin)) {
+        refuse_terminal_stdin(opts.force)?;
+    }
+    let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
+    tracing::debug!(mode = ?unpack.mode, threads, inputs = plans.len(), "unpack");
+    let (summaries, outcome) = run_all(plans, hooks, |plan| {
+        unpack_one(plan, threads, opts.force, unpack, hooks)
+    });
+    Ok(Run {
+        summaries,
+        data_on_stdout,
+        outcome,
+    })
+}
+
+/// A pack's settings, resolved once for every input.
+struct PackSettings {
+    format: Format,
+    level: i32,
+    block: usize,
+    threads: usize,
+    force: bool,
+}
+
+/// What a pack worker hands the writer: the encoded bytes and their meta.
+#[derive(Default)]
+struct Packed {
+    bytes: Vec<u8>,
+    meta: BlockMeta,
+}
+
+/// One block of input: `data[..len]` as read, or `zeros` bytes of a hole
+/// that were not read. `data` stays initialised at the block size, so
+/// reads fill it without zeroing it first.
+#[derive(Default)]
+struct Block {
+    data: Vec<u8>,
+    len: usize,
+    zeros: usize,
+}
+
+impl Block {
+    fn raw_len(&self) -> usize {
+        self.len + self.zeros
+    }
+}
+
+/// Fill `b` with the next `want` bytes of `r` (fewer at the end); a block
+/// that lies wholly in a hole of a sparse file is skipped, not read.
+fn fill_block(r: &mut dyn SparseRead, b: &mut Block, want: usize) -> std::io::Result<usize> {
+    b.len = 0;
+    b.zeros = 0;
+    if r.zeros_ahead()? >= want as u64 {
+        r.skip_zeros(want as u64)?;
+        b.zeros = want;
+        return Ok(want);
+    }
+    if b.data.len() < want {
+        b.data.resize(want, 0);
+    }
+    while b.len < want {
+        match r.read(&mut b.data[b.len..want]) {
+            Ok(0) => break,
+            Ok(n) => b.len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(b.len)
+}
+
+/// A worker's encoding of an all-zero block. Blocks are encoded
+/// independently of each other, so a zero block of one length always
+/// encodes to the same bytes: holes and zeroed free space of a disk image
+/// are encoded once per worker, then copied.
+struct ZeroBlock {
+    len: usize,
+    bytes: Vec<u8>,
+    meta: BlockMeta,
+}
+
+/// A write error, named after the output.
+fn write_error(name: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Write {
+        name: name.to_string(),
+        source,
+    }
+}
+
+fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary> {
+    let started = Instant::now();
+    let (format, level, block) = (s.format, s.level, s.block);
+    let (file, size) = plan.source.open()?;
+    let input_meta = input_metadata(&plan.source, &file);
+    let source_name = plan.source.name();
+    let read_error = |source| Error::Read {
+        name: source_name.clone(),
+        source,
+    };
+    // A regular file is read by its data extents (size is known only for
+    // those).
+    let mut reader: Box<dyn SparseRead> = if size.is_some() {
+        Box::new(SparseFile::new(file).map_err(|source| Error::Open {
+            path: PathBuf::from(&source_name),
+            source,
+        })?)
+    } else {
+        Box::new(file)
+    };
+    let mut sink = open_sink(&plan.dest, s.force, true, hooks)?;
+    let progress = hooks.progress(crate::Operation::Pack, size);
+    // Build one encoder now so a bad level fails before any output.
+    drop(format.encoder(level, block)?);
+    let mut framer = format.framer(level);
+    let mut head = Vec::new();
+    framer.header(&mut head);
+    let out_name = sink.name();
+    let w = sink.writer();
+    w.write_all(&head).map_err(write_error(&out_name))?;
+    let mut bytes_out = head.len() as u64;
+    let mut bytes_in = 0u64;
+    let mut first = true;
+    let mut read_total = 0u64;
+    let result = cairn_pipeline::run(
+        Config::new(s.threads),
+        |input: &mut Block| {
+            let n = fill_block(reader.as_mut(), input, block).map_err(read_error)?;
+            // An empty input still gets one (empty) block: every format's
+            // tools expect at least a header and most a member or frame.
+            if n == 0 && !first {
+                return Ok(Fill::End);
+            }
+            first = false;
+            read_total += n as u64;
+            progress.read_to(read_total);
+            Ok(Fill::Item)
+        },
+        || {
+            let mut enc = format.encoder(level, block);
+            let mut zero: Option<ZeroBlock> = None;
+            move |input: &mut Block, out: &mut Packed| -> Result<()> {
+                // The first encoder was built above: one failing now is a
+                // library refusing the same parameters a second time.
+                let enc = enc
+                    .as_mut()
+                    .map_err(|e| CodecError::Invalid(e.to_string()))?;
+                let len = input.raw_len();
+                let data = &input.data[..input.len];
+                if len == 0 || (input.zeros == 0 && !is_zero(data)) {
+                    out.meta = enc.encode(data, &mut out.bytes)?;
+                    return Ok(());
+                }
+                let z = match zero.take() {
+                    Some(z) if z.len == len => z,
+                    _ => {
+                        let mut bytes = Vec::new();
+                        let meta = enc.encode(&vec![0u8; len], &mut bytes)?;
+                        ZeroBlock { len, bytes, meta }
+                    }
+                };
+                out.bytes.extend_from_slice(&z.bytes);
+                out.meta = z.meta;
+                zero = Some(z);
+                Ok(())
+            }
+        },
+        |slot: &mut Slot<Block, Packed>| {
+            w.write_all(&slot.output.bytes)
+                .map_err(write_error(&out_name))?;
+            framer.block(&slot.output.meta);
+            bytes_in += slot.input.raw_len() as u64;
+            bytes_out += slot.output.bytes.len() as u64;
+            progress.ratio(bytes_in, bytes_out);
+            Ok(())
+        },
+        |slot| {
+            slot.input.len = 0;
+            slot.input.zeros = 0;
+            slot.output.bytes.clear();
+        },
+    );
+    progress.finish();
+    result?;
+    let mut tail = Vec::new();
+    framer.trailer(&mut tail)?;
+    sink.writer()
+        .write_all(&tail)
+        .map_err(write_error(&out_name))?;
+    bytes_out += tail.len() as u64;
+    finish(plan, sink, input_meta.as_ref())?;
+    let counts = Counts {
+        format,
+        level: Some(level),
+        block_size: Some(block),
+        threads: s.threads,
+        bytes_in,
+        bytes_out,
+    };
+    Ok(Summary::new(
+        Operation::Pack,
+        plan,
+        out_name,
+        counts,
+        started,
+    ))
+}
+
+fn unpack_one(
+    plan: &Plan,
+    threads: usize,
+    force: bool,
+    opts: &UnpackOptions,
+    hooks: &dyn Hooks,
+) -> Result<Summary> {
+    let started = Instant::now();
+    let (mut reader, size) = plan.source.open()?;
+    let input_meta = input_metadata(&plan.source, &reader);
+    let mut head = Vec::with_capacity(16);
+    Read::by_ref(&mut reader)
+        .take(16)
+        .read_to_end(&mut head)
+        .map_err(|source| Error::Read {
+            name: plan.source.name(),
+            source,
+        })?;
+    let format = Format::detect(&head).ok_or(CodecError::UnknownFormat)?;
+    tracing::debug!(input = %plan.source.name(), %format, "detected");
+    // The input may be read through a memory map (incompressible zstd
+    // frames, by the seek table).
+    hooks.input_mapped();
+    let input = Input::with_prefix_file(&head, reader);
+    let mut splitter = format.splitter_with(
+        input,
+        &DecodeOptions {
+            zstd_window_log_max: opts
+                .zstd_window_log_max
+                .unwrap_or(DecodeOptions::default().zstd_window_log_max),
+        },
+    );
+    let mut sink = open_sink(&plan.dest, force, false, hooks)?;
+    let progress = hooks.progress(Operation::Unpack, size);
+    let out_name = sink.name();
+    // Into a new file, zeros become holes.
+    let mut holes = sink.is_new_file().then(HoleWriter::default);
+    let w = sink.writer();
+    let mut checker = ContentChecker::default();
+    let mut bytes_out = 0u64;
+    let result = cairn_pipeline::run(
+        Config::new(threads),
+        |unit: &mut Unit| {
+            let more = splitter.next_unit(unit)?;
+            progress.read_to(splitter.offset());
+            Ok(if more { Fill::Item } else { Fill::End })
+        },
+        || {
+            let mut dec = format.unit_decoder();
+            move |unit: &mut Unit, out: &mut Vec<u8>| -> Result<()> {
+                dec.decode(unit, out)?;
+                Ok(())
+            }
+        },
+        |slot: &mut Slot<Unit, Vec<u8>>| {
+            checker.feed(format, slot.input.offset, slot.input.content, &slot.output)?;
+            match holes.as_mut() {
+                Some(h) => h.write(w, &slot.output),
+                None => w.write_all(&slot.output),
+            }
+            .map_err(write_error(&out_name))?;
+            bytes_out += slot.output.len() as u64;
+            progress.ratio(bytes_out, slot.input.offset);
+            Ok(())
+        },
+        |slot| {
+            slot.input.clear();
+            slot.output.clear();
+        },
+    );
+    progress.finish();
+    result?;
+    if let Some(h) = holes {
+        h.finish(sink.writer()).map_err(write_error(&out_name))?;
+    }
+    let bytes_in = splitter.offset();
+    finish(plan, sink, input_meta.as_ref())?;
+    let counts = Counts {
+        format,
+        level: None,
+        block_size: None,
+        threads,
+        bytes_in,
+        bytes_out,
+    };
+    Ok(Summary::new(
+        Operation::Unpack,
+        plan,
+        out_name,
+        counts,
+        started,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+    use super::*;
+    use crate::{Level, NoHooks};
+    use std::path::Path;
+
+    /// The zero-block cache copies an earlier encoding of zeros: that is
+    /// right only if an encoder's output depends on nothing but the block,
+    /// whatever it encoded before.
+    #[test]
+    fn zero_blocks_encode_the_same_whatever_came_before() {
+        let text: Vec<u8> = (0..300_000u32)
+            .map(|i| b"cairn block zero "[(i % 17) as usize] ^ (i / 5000) as u8)
+            .collect();
+        for format in Format::ALL {
+            let (lo, hi) = format.level_range();
+            for level in [lo.max(1), format.default_level(), hi] {
+                for len in [1usize, 4096, 200_000] {
+                    let zeros = vec![0u8; len];
+                    let mut fresh = Vec::new();
+                    let m1 = format
+                        .encoder(level, 256 << 10)
+                        .unwrap()
+                        .encode(&zeros, &mut fresh)
+                        .unwrap();
+                    let mut used = format.encoder(level, 256 << 10).unwrap();
+                    let mut scratch = Vec::new();
+                    used.encode(&text, &mut scratch).unwrap();
+                    used.encode(&zeros[..len / 2], &mut scratch).unwrap();
+                    let mut again = Vec::new();
+                    let m2 = used.encode(&zeros, &mut again).unwrap();
+                    assert!(fresh == again, "{format:?} -{level} {len}: bytes differ");
+                    assert_eq!(m1, m2, "{format:?} -{level} {len}");
+                }
+            }
+        }
+    }
+
+    fn opts(files: &[&Path]) -> Options {
+        Options {
+            files: files.iter().map(|p| p.to_path_buf()).collect(),
+            threads: 2,
+            ..Options::default()
+        }
+    }
+
+    /// (output, input removed) of each input, as planned.
+    fn planned(o: &Options, check_only: bool) -> Vec<(Dest, bool)> {
+        plan(o, check_only, |p| packed_name(p, Format::Gzip, o.force))
+            .unwrap()
+            .into_iter()
+            .map(|(_, p)| p.map(|p| (p.dest, p.remove_input)).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn inputs_are_removed_only_when_written_to_a_file_of_their_own() {
+        let x = Path::new("x");
+        let file = |s: &str| Dest::File(PathBuf::from(s));
+        assert_eq!(planned(&opts(&[x]), false), [(file("x.gz"), true)]);
+        let keep = Options {
+            keep: true,
+            ..opts(&[x])
+        };
+        assert_eq!(planned(&keep, false), [(file("x.gz"), false)]);
+        let stdout = Options {
+            stdout: true,
+            ..opts(&[x])
+        };
+        assert_eq!(planned(&stdout, false), [(Dest::Stdout, false)]);
+        let out = Options {
+            output: Some("y.gz".into()),
+            ..opts(&[x])
+        };
+        assert_eq!(planned(&out, false), [(file("y.gz"), true)]);
+        let dash = Options {
+            output: Some("-".into()),
+            ..opts(&[x])
+        };
+        assert_eq!(planned(&dash, false), [(Dest::Stdout, false)]);
+        // -t and -l write nothing and keep everything.
+        assert_eq!(planned(&opts(&[x]), true), [(Dest::Nowhere, false)]);
+        // Stdin is never removed, and goes to stdout unless -o says.
+        assert_eq!(planned(&opts(&[]), false), [(Dest::Stdout, false)]);
+        let stdin_out = Options {
+            output: Some("y.gz".into()),
+            ..opts(&[Path::new("-")])
+        };
+        assert_eq!(planned(&stdin_out, false), [(file("y.gz"), false)]);
+    }
+
+    #[test]
+    fn conflicting_outputs_are_refused_before_anything_runs() {
+        let two = Options {
+            output: Some("y.gz".into()),
+            ..opts(&[Path::new("a"), Path::new("b")])
+        };
+        assert!(matches!(
+            plan(&two, false, |p| Ok(p.to_path_buf())),
+            Err(Error::OneOutputManyInputs(2))
+        ));
+        let both = Options {
+            output: Some("y.gz".into()),
+            stdout: true,
+            ..opts(&[Path::new("a")])
+        };
+        assert!(matches!(
+            plan(&both, false, |p| Ok(p.to_path_buf())),
+            Err(Error::OutputAndStdout)
+        ));
+    }
+
+    #[test]
+    fn levels_a_format_lacks_are_refused() {
+        assert_eq!(Level::Best.resolve(Format::Gzip).unwrap(), 12);
+        assert_eq!(Level::Fast.resolve(Format::Zstd).unwrap(), 1);
+        assert_eq!(Level::Exactly(-5).resolve(Format::Zstd).unwrap(), -5);
+        let e = Level::Exactly(9).resolve(Format::Lz4).unwrap_err();
+        assert!(e.to_string().contains("lz4 has no level 9"), "{e}");
+        let e = Level::Exactly(10).resolve(Format::Xz).unwrap_err();
+        assert!(e.to_string().contains("its levels are 0..=9"), "{e}");
+    }
+
+    #[test]
+    fn a_multi_file_run_goes_on_after_a_bad_file_and_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        let data = b"cairn filepack test data ".repeat(10_000);
+        for name in ["a", "c"] {
+            std::fs::write(path(name), &data).unwrap();
+        }
+        let packed = pack(
+            &opts(&[&path("a"), &path("c")]),
+            &PackOptions {
+                format: Some(Format::Zstd),
+                ..PackOptions::default()
+            },
+            &NoHooks,
+        )
+        .unwrap();
+        packed.outcome.unwrap();
+        assert_eq!(packed.summaries.len(), 2);
+        assert!(!path("a").exists() && path("a.zst").exists());
+        // b.zst is not zstd; noext has no suffix to take off.
+        std::fs::write(path("b.zst"), b"not compressed at all").unwrap();
+        std::fs::write(path("noext"), b"x").unwrap();
+        let inputs = ["a.zst", "b.zst", "noext", "c.zst"].map(path);
+        let inputs: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+
+        /// Counts the failures reported as they happen.
+        #[derive(Default)]
+        struct Failures(std::sync::Mutex<Vec<String>>);
+        impl Hooks for Failures {
+            fn input_failed(&self, error: &Error) {
+                self.0.lock().unwrap().push(error.to_string());
+            }
+        }
+        let hooks = Failures::default();
+        let run = unpack(&opts(&inputs), &UnpackOptions::default(), &hooks).unwrap();
+        assert_eq!(run.summaries.len(), 2);
+        assert_eq!(std::fs::read(path("a")).unwrap(), data);
+        assert_eq!(std::fs::read(path("c")).unwrap(), data);
+        // Bad inputs stay; good ones are removed.
+        assert!(path("b.zst").exists() && path("noext").exists());
+        assert!(!path("a.zst").exists() && !path("c.zst").exists());
+        let reported = hooks.0.into_inner().unwrap();
+        assert_eq!(reported.len(), 2, "{reported:?}");
+        assert!(reported[1].contains("unknown suffix"), "{reported:?}");
+        match run.outcome {
+            Err(Error::Failed { failed, total: 4 }) => {
+                assert_eq!(
+                    failed,
+                    [inputs[1], inputs[2]].map(|p| p.display().to_string())
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing half-written is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+    }
+
+    #[test]
+    fn an_existing_output_is_kept_unless_forced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, gz) = (dir.path().join("a"), dir.path().join("a.gz"));
+        std::fs::write(&a, b"new").unwrap();
+        std::fs::write(&gz, b"old").unwrap();
+        let run = pack(&opts(&[&a]), &PackOptions::default(), &NoHooks).unwrap();
+        assert!(matches!(
+            run.outcome,
+            Err(Error::Input { ref source, .. }) if matches!(**source, Error::Exists { .. })
+        ));
+        assert_eq!(std::fs::read(&gz).unwrap(), b"old");
+        assert!(a.exists());
+        let forced = Options {
+            force: true,
+            ..opts(&[&a])
+        };
+        pack(&forced, &PackOptions::default(), &NoHooks)
+            .unwrap()
+            .outcome
+            .unwrap();
+        assert!(!a.exists());
+        assert_ne!(std::fs::read(&gz).unwrap(), b"old");
+    }
+}

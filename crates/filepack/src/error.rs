@@ -1,0 +1,179 @@
+//! Errors of the file engine: each names the file it is about, and its
+//! text is one line a user can act on (the CLI prints it as it is).
+
+use cairn_codec::{CodecError, Format};
+use std::io;
+use std::path::PathBuf;
+
+/// What went wrong in a pack or unpack run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An input could not be opened or examined.
+    #[error("{}: {source}", path.display())]
+    Open {
+        /// The input.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A directory was named as an input.
+    #[error("{}: is a directory", path.display())]
+    IsDirectory {
+        /// The input.
+        path: PathBuf,
+    },
+    /// Standard input or output could not be duplicated as a file.
+    #[error("cannot duplicate {stream}: {source}")]
+    Duplicate {
+        /// `stdin` or `stdout`.
+        stream: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading an input failed.
+    #[error("read {name}: {source}")]
+    Read {
+        /// The input's name.
+        name: String,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing an output failed.
+    #[error("{name}: {source}")]
+    Write {
+        /// The output's name.
+        name: String,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The output exists and `force` was not given.
+    #[error("{} already exists; use -f to overwrite", path.display())]
+    Exists {
+        /// The output.
+        path: PathBuf,
+    },
+    /// An output path that names no file (`/`, `..`).
+    #[error("{}: not a file name", path.display())]
+    NotAFileName {
+        /// The output.
+        path: PathBuf,
+    },
+    /// An output (its temporary file, or a special file) could not be opened.
+    #[error("cannot {action} {}: {source}", path.display())]
+    CreateOutput {
+        /// `create` or `open`.
+        action: &'static str,
+        /// The output.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Making a complete output final failed (fsync, rename).
+    #[error("{action} {}: {source}", path.display())]
+    Commit {
+        /// What failed, with its object: `fsync`, `rename X to`.
+        action: String,
+        /// The output.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// An input could not be removed after its output was complete.
+    #[error("remove {}: {source}", path.display())]
+    Remove {
+        /// The input.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Compressed data would go to a terminal, without `force`.
+    #[error("compressed data not written to a terminal; use -f to force, or redirect")]
+    TerminalOutput,
+    /// Compressed data would be read from a terminal, without `force`.
+    #[error("compressed data not read from a terminal; use -f to force, or redirect")]
+    TerminalInput,
+    /// The input already has the suffix of the format it would be packed
+    /// in (`x.gz` into `x.gz.gz`), without `force`.
+    #[error("already has a {format} suffix; unchanged (-f packs it anyway)")]
+    AlreadySuffixed {
+        /// The format asked for.
+        format: Format,
+    },
+    /// An input to unpack whose name has no known suffix, and no output
+    /// was named.
+    #[error("unknown suffix; use -c or -o to name the output")]
+    UnknownSuffix,
+    /// A level the format's encoder does not have.
+    #[error("{format} has no level {level}{}", level_range(*lo, *hi, *format))]
+    NoSuchLevel {
+        /// The format.
+        format: Format,
+        /// The level asked for.
+        level: i32,
+        /// The format's lowest level.
+        lo: i32,
+        /// The format's highest level.
+        hi: i32,
+    },
+    /// A block size over [`crate::MAX_BLOCK`].
+    #[error("-b {0}: block size over the 64 MiB limit")]
+    BlockTooLarge(usize),
+    /// More threads than [`crate::MAX_THREADS`].
+    #[error("-T {0}: too many threads (at most 1024)")]
+    TooManyThreads(usize),
+    /// One output was named for several inputs.
+    #[error("-o names one output, but {0} inputs were given")]
+    OneOutputManyInputs(usize),
+    /// Both an output file and stdout were asked for.
+    #[error("-o and -c both name the output; choose one")]
+    OutputAndStdout,
+    /// The codec layer's error: damaged data, a bad parameter.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The error of one input of a run.
+    #[error("{}", prefixed(input, source))]
+    Input {
+        /// The input's name.
+        input: String,
+        /// What went wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+    /// Several inputs, some of which failed (each was reported as it
+    /// failed, through [`crate::Hooks::input_failed`]).
+    #[error("{} of {total} inputs failed: {}", failed.len(), failed.join(", "))]
+    Failed {
+        /// The names of the inputs that failed, in order.
+        failed: Vec<String>,
+        /// How many inputs the run had.
+        total: usize,
+    },
+}
+
+fn level_range(lo: i32, hi: i32, format: Format) -> String {
+    if lo == hi {
+        format!(": cairn writes {format} at level {lo} only")
+    } else {
+        format!(" (its levels are {lo}..={hi})")
+    }
+}
+
+/// `input: error`, unless the error names the input first already.
+fn prefixed(input: &str, error: &Error) -> String {
+    let text = error.to_string();
+    match text.strip_prefix(input) {
+        Some(rest) if rest.starts_with(':') => text,
+        _ => format!("{input}: {text}"),
+    }
+}
+
+/// Result alias of the file engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,189 @@
+//! # cairn-filepack
+//!
+//! `cairn pack` and `cairn unpack` as a library: the file-level rules of
+//! gzip, pigz and zstd (which name an output gets, when an input is kept or
+//! removed, what happens to a multi-file run with a bad file, how an output
+//! appears on disk) over the codec crate's formats and the pipeline crate's
+//! ordered parallel map. The binary parses flags into [`Options`], calls
+//! [`pack`] or [`unpack`], and prints what comes back; tests call the same
+//! functions directly.
+//!
+//! ## Design decisions
+//!
+//! - **Named `filepack`, not `archive`**: it packs files one by one into
+//!   standard streams, as gzip does; it writes no container of many files
+//!   (tar, zip), which "archive" would promise.
+//! - **Outputs appear only when complete.** A new file is written under a
+//!   temporary name in its directory ([`PendingFile`]) and renamed when
+//!   complete; an error removes it. Its mode, times and owner are set
+//!   through the open descriptor before the rename, never by path, so a
+//!   symlink put at the destination is replaced, never followed.
+//! - **Signals stay in the binary.** Removing a temporary file when the
+//!   process is killed needs a process-wide signal handler, which a library
+//!   must not install; the engine tells the caller through [`Hooks`] when a
+//!   temporary file exists and when it is gone, and when an input is about
+//!   to be memory-mapped (a file cut short under a map raises SIGBUS).
+//! - **Progress and printing stay in the binary** too: the engine reports
+//!   progress through [`Progress`] and returns a [`Summary`] per input; it
+//!   prints nothing, except what a caller's hooks print.
+//! - **A bad input does not stop a run.** As in gzip, every input is tried;
+//!   the run's [`Run::outcome`] fails at the end naming each input that
+//!   failed ([`Error::Failed`]), and with one input it is that input's error.
+//! - **Sparse both ways.** A regular input is read by its data extents and
+//!   an all-zero block is encoded once per worker, then copied; an output
+//!   that is a new file gets holes where whole 4 KiB blocks are zero
+//!   ([`HoleWriter`]), as `zstd -d` leaves them.
+//! - **Typed errors** ([`Error`]) that name the file; `anyhow` is for the
+//!   binary only.
+//!
+//! Layers: this crate uses codec, pipeline and blockdev, and nothing above
+//! them (store, volume, nbd, wbcache).
+
+mod engine;
+mod error;
+mod files;
+mod naming;
+
+pub use engine::{pack, unpack, Operation, Run, Summary};
+pub use error::{Error, Result};
+pub use files::{
+    is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter,
+    PendingFile, Sink, Source,
+};
+pub use naming::{format_of_name, packed_name, unpacked_name};
+
+use cairn_codec::Format;
+use std::path::{Path, PathBuf};
+
+/// Largest block size a pack accepts.
+pub const MAX_BLOCK: usize = 64 << 20;
+/// Most worker threads a run accepts.
+pub const MAX_THREADS: usize = 1024;
+
+/// What to do with which files: the flags gzip, pigz and zstd share.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Inputs; none, or `-`, is standard input.
+    pub files: Vec<PathBuf>,
+    /// The one output file (`-o`); `-` is standard output.
+    pub output: Option<PathBuf>,
+    /// Write to standard output and keep the inputs (`-c`).
+    pub stdout: bool,
+    /// Keep inputs once their output is complete (`-k`).
+    pub keep: bool,
+    /// Overwrite outputs; pack a name that has the suffix already; write
+    /// compressed data to, or read it from, a terminal (`-f`).
+    pub force: bool,
+    /// Worker threads; 0 is one per core (`-T0`).
+    pub threads: usize,
+}
+
+/// The level of a pack, as asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Level {
+    /// The format's default.
+    #[default]
+    Default,
+    /// Level 1 (`--fast`).
+    Fast,
+    /// The format's highest (`--best`).
+    Best,
+    /// This level, which the format must have: never quietly replaced.
+    Exactly(i32),
+}
+
+impl Level {
+    /// The level `format` is written at, or the refusal of one it lacks.
+    pub fn resolve(self, format: Format) -> Result<i32> {
+        let (lo, hi) = format.level_range();
+        let level = match self {
+            Level::Default => format.default_level(),
+            Level::Fast => 1,
+            Level::Best => hi,
+            Level::Exactly(n) => n,
+        };
+        if (lo..=hi).contains(&level) {
+            Ok(level)
+        } else {
+            Err(Error::NoSuchLevel {
+                format,
+                level,
+                lo,
+                hi,
+            })
+        }
+    }
+}
+
+/// How to pack.
+#[derive(Debug, Clone, Default)]
+pub struct PackOptions {
+    /// The format; `None` is the one the output's suffix names, else gzip.
+    pub format: Option<Format>,
+    /// The level.
+    pub level: Level,
+    /// Input bytes per worker task; `None` is the format's default.
+    pub block: Option<usize>,
+}
+
+/// What an unpack does with the decoded data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnpackMode {
+    /// Write it out.
+    #[default]
+    Write,
+    /// Only check it (`-t`): nothing is written, inputs are kept.
+    Test,
+    /// Only count it (`-l`): nothing is written, inputs are kept.
+    List,
+}
+
+/// How to unpack.
+#[derive(Debug, Clone, Default)]
+pub struct UnpackOptions {
+    /// Write, test or list.
+    pub mode: UnpackMode,
+    /// The largest zstd window accepted, as a power of two (`--long=N`);
+    /// `None` is the codec's default (zstd's own, 2^27).
+    pub zstd_window_log_max: Option<u32>,
+}
+
+/// Progress of one input, for a caller that draws it. Called from the
+/// reading thread and the writing thread, hence `Sync`.
+pub trait Progress: Sync {
+    /// Input has been read up to `position` bytes.
+    fn read_to(&self, _position: u64) {}
+    /// Uncompressed and compressed bytes written so far.
+    fn ratio(&self, _raw: u64, _packed: u64) {}
+    /// The input is done (or failed).
+    fn finish(&self) {}
+}
+
+/// No progress to show.
+impl Progress for () {}
+
+/// What the engine tells its caller while it runs. Every method does
+/// nothing by default.
+pub trait Hooks: Sync {
+    /// Progress of one input, `total` bytes long when known.
+    fn progress(&self, _operation: Operation, _total: Option<u64>) -> Box<dyn Progress + '_> {
+        Box::new(())
+    }
+    /// A temporary output file now exists at `path`: remove it if the
+    /// process is killed before [`Hooks::temp_gone`].
+    fn temp_created(&self, _path: &Path) {}
+    /// The temporary output is renamed into place or removed.
+    fn temp_gone(&self) {}
+    /// An input may now be read through a memory map, which raises SIGBUS
+    /// if the file is cut short meanwhile.
+    fn input_mapped(&self) {}
+    /// An input of a run of several failed; the run goes on. (With one
+    /// input, its error is the run's outcome and is not reported here.)
+    fn input_failed(&self, _error: &Error) {}
+}
+
+/// Hooks that do nothing: for tests and callers that show nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHooks;
+
+impl Hooks for NoHooks {}
