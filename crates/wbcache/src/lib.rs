@@ -1750,21 +1750,41 @@ impl Inner {
     }
 
     fn collect_batch(&self, st: &State) -> Batch {
-        let mut cands = Vec::new();
+        // Per block, the newest version among the batch's segments that
+        // must go to the backing device. A version is skipped only when a
+        // newer one is durable in the log (a written and flushed segment
+        // after it, which recovery replays): skipping it for a newer
+        // version still in RAM, or written but not flushed, lost it at a
+        // crash once the watermark moved past its segment (the newer one
+        // died with the crash, the older one was never written back).
+        let mut newest: HashMap<u64, Cand> = HashMap::default();
         let mut last = st.clean_id;
         for w in st.written.iter().take(self.batch_segments(st)) {
             last = w.id;
             for m in &w.entries {
-                if st.index.get(&m.lba).is_some_and(|l| l.seg == w.id) {
-                    cands.push(Cand {
-                        seg: w.id,
-                        meta: *m,
-                        trim: st.index.get(&m.lba).is_some_and(|l| l.trim),
-                        buf: 0,
-                    });
+                let Some(l) = st.index.get(&m.lba) else {
+                    continue;
+                };
+                let (wanted, trim) = if l.seg == w.id {
+                    (true, l.trim)
+                } else {
+                    (l.seg > st.durable_id, m.trim)
+                };
+                if wanted {
+                    newest.insert(
+                        m.lba,
+                        Cand {
+                            seg: w.id,
+                            meta: *m,
+                            trim,
+                            buf: 0,
+                        },
+                    );
                 }
             }
         }
+        let mut cands: Vec<Cand> = newest.into_values().collect();
+        cands.sort_unstable_by_key(|c| c.seg);
         Batch { last, cands }
     }
 
