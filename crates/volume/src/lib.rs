@@ -94,7 +94,7 @@ use std::sync::Arc;
 pub use writable::{WritableStats, WritableVolume};
 
 /// Most extents one `extents` call reports (a device may stop early).
-const MAX_EXTENTS: usize = 1 << 16;
+pub(crate) const MAX_EXTENTS: usize = 1 << 16;
 /// Records queued for background decoding at most. Deep enough for a
 /// whole readahead window of small records (a queue of one request's
 /// worth would only ever hold what the reader is about to decode itself);

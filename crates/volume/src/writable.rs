@@ -460,21 +460,24 @@ impl BlockDev for WritableVolume {
             .map_err(|_| poisoned(Op::Extents, offset, len))?;
         let end = offset + len;
         let mut out: Vec<Extent> = Vec::new();
-        let mut push = |e: Extent| match out.last_mut() {
+        let push = |out: &mut Vec<Extent>, e: Extent| match out.last_mut() {
             Some(last) if last.hole == e.hole && last.zero == e.zero => last.len += e.len,
             _ => out.push(e),
         };
         let mut at = offset;
-        while at < end {
+        // As the read-only volume: a bounded answer covering a prefix of
+        // the range (callers ask again from where it ends), so a query
+        // over a huge image written in many places stays small.
+        while at < end && out.len() < crate::MAX_EXTENTS {
             let (to, block) = st.piece(at, end);
             match block {
-                Some(Block::Data(_)) => push(Extent::data(to - at)),
-                Some(Block::Zero) => push(Extent::hole(to - at)),
+                Some(Block::Data(_)) => push(&mut out, Extent::data(to - at)),
+                Some(Block::Zero) => push(&mut out, Extent::hole(to - at)),
                 None => {
                     let mut n = 0;
                     for e in st.volume.extents(at, to - at)? {
                         n += e.len;
-                        push(e);
+                        push(&mut out, e);
                     }
                     if n < to - at {
                         // The volume stopped early: so do we.
