@@ -50,8 +50,11 @@
 //! - **Sorted, batched writeback.** A writeback thread takes the oldest
 //!   written segments (up to [`WbConfig::batch`], and outside a drain at
 //!   most a quarter of the ring, so a writer waiting on a full ring waits
-//!   for a quarter of it, not all of it), keeps the entries that
-//!   are still the newest version of their block, sorts them by address,
+//!   for a quarter of it, not all of it), keeps per block its newest
+//!   version in the batch, unless a newer one is durable in the log (a
+//!   version newer only in RAM, or written but not flushed, may die in a
+//!   crash: the flushed one must reach the backing device before the
+//!   watermark passes it), sorts them by address,
 //!   merges adjacent dirty sector runs into single writes, flushes the
 //!   backing device and only then advances the watermark (`clean_id`) and
 //!   flushes the cache device. It runs when the dirty part of the ring
@@ -101,7 +104,8 @@
 //!   recovery as either its new data or the data before it, never anything
 //!   else (segments and plog records are all-or-nothing through their CRC).
 //! - Writeback never advances `clean_id` past a segment whose blocks are not
-//!   on the backing device and flushed there.
+//!   on the backing device and flushed there, unless a newer version of the
+//!   block is durable in a later segment of the log.
 
 mod error;
 pub mod format;
