@@ -195,9 +195,13 @@ pub fn format_time(secs: i64) -> String {
 pub fn parse_time(s: &str) -> Result<i64> {
     let s = s.trim();
     if let Some(secs) = s.strip_prefix('@') {
+        // Only times the calendar can place: retention sorts them into
+        // hours, days and years.
         return secs
-            .parse()
-            .map_err(|_| StoreError::Invalid(format!("bad time {s:?}")));
+            .parse::<i64>()
+            .ok()
+            .filter(|&t| DateTime::<Utc>::from_timestamp(t, 0).is_some())
+            .ok_or_else(|| StoreError::Invalid(format!("bad time {s:?}")));
     }
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.timestamp());
@@ -373,5 +377,9 @@ mod tests {
         assert_eq!(at("2026-01-01"), 1_767_225_600);
         assert_eq!(at("@1767225600"), 1_767_225_600);
         assert!(parse_time("yesterday").is_err());
+        assert!(
+            parse_time("@99999999999999999").is_err(),
+            "beyond the calendar"
+        );
     }
 }
