@@ -5,17 +5,19 @@
 //! them to its own storage (files under a directory here; objects under
 //! a prefix in a bucket next).
 //!
-//! Today the read side is used by [`crate::PackReader`], so restore,
-//! serve, verify and gc read packs through it; writers still write files
-//! under the target directories (see the issue tracker's store-core
-//! work).
+//! Packs are written through [`WriteBackend::create`] and read through
+//! [`crate::PackReader`]; the rest of the repository's objects are moving
+//! onto the seam (see the issue tracker's store-core work).
 
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::PackId;
+use crate::meta;
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// An object's name within a backend: `/`-separated, relative.
@@ -27,6 +29,12 @@ impl Key {
     pub fn pack(id: PackId) -> Key {
         let hex = id.to_string();
         Key(format!("packs/{}/{hex}.pack", &hex[..2]))
+    }
+
+    /// A key from its text (`/`-separated, relative, no `.` or `..`
+    /// parts).
+    pub fn new(text: impl Into<String>) -> Key {
+        Key(text.into())
     }
 
     /// The key as text.
@@ -41,8 +49,30 @@ impl std::fmt::Display for Key {
     }
 }
 
+/// An object found by [`ReadBackend::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key.
+    pub key: Key,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// Whether the holder of a [`Held`] object is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Held by a running process (a local lock is taken, or a remote
+    /// object was refreshed within its lease).
+    Live,
+    /// Still there, but its holder died (the lock is free, or the lease
+    /// ran out).
+    Dead,
+    /// No such object: its holder ended and removed it.
+    Gone,
+}
+
 /// Reading objects. Every error names the object (for a directory, its
-/// path) and, for damage, the offset.
+/// path; for a bucket, its URL) and, for damage, the offset.
 pub trait ReadBackend: Send + Sync + std::fmt::Debug {
     /// Where `key` is, for messages (a path, or a URL).
     fn locate(&self, key: &Key) -> PathBuf;
@@ -53,6 +83,67 @@ pub trait ReadBackend: Send + Sync + std::fmt::Debug {
 
     /// The first `len` bytes of the object, read once (not cached).
     fn read_prefix(&self, key: &Key, len: u64) -> Result<Vec<u8>>;
+
+    /// The whole object, or `None` when there is no such object.
+    fn get(&self, key: &Key) -> Result<Option<Vec<u8>>>;
+
+    /// Every finished object whose key starts with `prefix` (a folder such
+    /// as `index/`), in no particular order. Objects being written (a
+    /// directory's temporary files) are not listed.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
+}
+
+/// Writing objects. Finished objects are immutable except through
+/// [`WriteBackend::put`] (metadata replaced whole, atomically); every
+/// call returns once what it did is durable.
+pub trait WriteBackend: ReadBackend {
+    /// The backend of the objects under `folder` (a target inside the
+    /// repository, such as `data`).
+    fn child(&self, folder: &str) -> Arc<dyn WriteBackend>;
+
+    /// Store `data` as `key`, replacing any object there at once: a reader
+    /// sees the old object or the new one, never a mix.
+    fn put(&self, key: &Key, data: &[u8]) -> Result<()>;
+
+    /// Store `data` as `key` only if there is no such object; `false` (and
+    /// nothing written) if there is. Two racing callers: one wins.
+    fn put_new(&self, key: &Key, data: &[u8]) -> Result<bool>;
+
+    /// Remove objects; one that is already gone is no error.
+    fn delete(&self, keys: &[Key]) -> Result<()>;
+
+    /// Start writing a new object `key` (a pack): it is listed and
+    /// readable once [`ObjectWriter::finish`] returns (a directory may
+    /// also show an unfinished one, which salvage handles).
+    fn create(&self, key: &Key) -> Result<Box<dyn ObjectWriter>>;
+
+    /// Create `key` holding `data` and hold it for as long as the returned
+    /// guard lives (a session: see [`WriteBackend::liveness`]); dropping
+    /// the guard removes the object.
+    fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>>;
+
+    /// Whether the holder of `key` (made by [`WriteBackend::hold`]) is
+    /// still running.
+    fn liveness(&self, key: &Key) -> Result<Liveness>;
+}
+
+/// An object being written by [`WriteBackend::create`].
+pub trait ObjectWriter: Send {
+    /// Append bytes.
+    fn append(&mut self, bytes: &[u8]) -> Result<()>;
+
+    /// Make the object durable and visible.
+    fn finish(self: Box<Self>) -> Result<()>;
+
+    /// Drop the object (it received nothing worth keeping).
+    fn discard(self: Box<Self>);
+}
+
+/// A held object (see [`WriteBackend::hold`]); removed when dropped.
+pub trait Held: Send + Sync + std::fmt::Debug {
+    /// Fails when the hold may have been lost (a remote lease that could
+    /// not be refreshed in time): a writer checks this before it commits.
+    fn check(&self) -> Result<()>;
 }
 
 /// Objects kept open at most by a [`LocalDir`] (a big repository has
@@ -76,6 +167,11 @@ impl LocalDir {
         }
     }
 
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn file(&self, key: &Key) -> Result<Arc<File>> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = open.get(key) {
@@ -88,6 +184,77 @@ impl LocalDir {
         let f = Arc::new(File::open(&path).ctx(&path, "open")?);
         open.insert(key.clone(), f.clone());
         Ok(f)
+    }
+
+    /// Forget open handles of `keys` (deleted objects).
+    fn forget(&self, keys: &[Key]) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        for k in keys {
+            open.remove(k);
+        }
+    }
+
+    /// Make the directory that will hold `path`, the new directories'
+    /// names made durable.
+    fn make_parent(&self, path: &Path) -> Result<()> {
+        let Some(dir) = path.parent() else {
+            return Ok(());
+        };
+        if dir.is_dir() {
+            return Ok(());
+        }
+        let mut missing = vec![dir];
+        while let Some(up) = missing.last().and_then(|d| d.parent()) {
+            if up.is_dir() || up == self.root.parent().unwrap_or(Path::new("/")) {
+                break;
+            }
+            missing.push(up);
+        }
+        std::fs::create_dir_all(dir).ctx(dir, "create directory")?;
+        for d in missing {
+            if let Some(up) = d.parent() {
+                meta::sync_dir(up)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A temporary name beside `path`, unique in this machine.
+    fn temporary(path: &Path) -> PathBuf {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        path.with_file_name(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    /// Write `data` to a new temporary file beside `path`, fsync'd.
+    fn write_temporary(&self, path: &Path, data: &[u8]) -> Result<(PathBuf, File)> {
+        self.make_parent(path)?;
+        let tmp = Self::temporary(path);
+        let written = (|| {
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .ctx(&tmp, "create")?;
+            f.write_all(data).ctx(&tmp, "write")?;
+            f.sync_all().ctx(&tmp, "fsync")?;
+            Ok(f)
+        })();
+        match written {
+            Ok(f) => Ok((tmp, f)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -110,6 +277,189 @@ impl ReadBackend for LocalDir {
             .map_err(|e| short_or_io(&path, 0, e))?;
         Ok(data)
     }
+
+    fn get(&self, key: &Key) -> Result<Option<Vec<u8>>> {
+        let path = self.locate(key);
+        match std::fs::read(&path) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).ctx(&path, "read"),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        // The folder part of the prefix is walked; the rest filters names.
+        let (folder, _) = prefix.rsplit_once('/').unwrap_or(("", prefix));
+        let mut out = Vec::new();
+        let mut todo = vec![folder.to_string()];
+        while let Some(rel) = todo.pop() {
+            let dir = self.root.join(&rel);
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).ctx(&dir, "read directory"),
+            };
+            for e in rd {
+                let e = e.ctx(&dir, "read directory")?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue;
+                }
+                let key = if rel.is_empty() {
+                    name
+                } else {
+                    format!("{rel}/{name}")
+                };
+                let path = e.path();
+                let md = match e.metadata() {
+                    Ok(md) => md,
+                    // Removed since the listing.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e).ctx(&path, "stat"),
+                };
+                if md.is_dir() {
+                    if prefix.starts_with(&format!("{key}/")) || key.starts_with(prefix) {
+                        todo.push(key);
+                    }
+                } else if key.starts_with(prefix) {
+                    out.push(Listed {
+                        key: Key(key),
+                        len: md.len(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl WriteBackend for LocalDir {
+    fn child(&self, folder: &str) -> Arc<dyn WriteBackend> {
+        Arc::new(LocalDir::new(&self.root.join(folder)))
+    }
+
+    fn put(&self, key: &Key, data: &[u8]) -> Result<()> {
+        let path = self.locate(key);
+        let (tmp, _f) = self.write_temporary(&path, data)?;
+        if let Err(e) = std::fs::rename(&tmp, &path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).ctx(&path, "rename into place");
+        }
+        self.forget(std::slice::from_ref(key));
+        meta::sync_dir(path.parent().unwrap_or(&self.root))
+    }
+
+    fn put_new(&self, key: &Key, data: &[u8]) -> Result<bool> {
+        let path = self.locate(key);
+        let (tmp, _f) = self.write_temporary(&path, data)?;
+        // link(2) makes the name only where there is none.
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(e).ctx(&path, "link into place"),
+        }
+        meta::sync_dir(path.parent().unwrap_or(&self.root))?;
+        Ok(true)
+    }
+
+    fn delete(&self, keys: &[Key]) -> Result<()> {
+        self.forget(keys);
+        let mut dirs = std::collections::BTreeSet::new();
+        for key in keys {
+            let path = self.locate(key);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).ctx(&path, "remove"),
+            }
+            if let Some(d) = path.parent() {
+                dirs.insert(d.to_path_buf());
+            }
+        }
+        for d in dirs {
+            meta::sync_dir(&d)?;
+        }
+        Ok(())
+    }
+
+    fn create(&self, key: &Key) -> Result<Box<dyn ObjectWriter>> {
+        let path = self.locate(key);
+        self.make_parent(&path)?;
+        Ok(Box::new(crate::direct::FileWriter::create(&path)?))
+    }
+
+    fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
+        // Locked before it gets its name, so it is never seen unlocked
+        // while its holder lives.
+        let path = self.locate(key);
+        let (tmp, file) = self.write_temporary(&path, data)?;
+        let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&tmp, "lock");
+        let placed =
+            locked.and_then(|_| std::fs::rename(&tmp, &path).ctx(&path, "rename into place"));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        meta::sync_dir(path.parent().unwrap_or(&self.root))?;
+        Ok(Box::new(LocalHold { path, _file: file }))
+    }
+
+    fn liveness(&self, key: &Key) -> Result<Liveness> {
+        let path = self.locate(key);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Liveness::Gone),
+            Err(e) => return Err(e).ctx(&path, "open"),
+        };
+        // The holder's lock is exclusive: a shared one is refused while it
+        // lives (and leaves the holder alone when taken).
+        Ok(
+            if flock(&file, libc::LOCK_SH | libc::LOCK_NB).ctx(&path, "lock")? {
+                Liveness::Dead
+            } else {
+                Liveness::Live
+            },
+        )
+    }
+}
+
+/// `flock(2)`; `Ok(false)` when a non-blocking request would block.
+pub(crate) fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    use std::os::unix::io::AsRawFd;
+    loop {
+        // SAFETY: flock on a descriptor this File owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// A local held object: an exclusive `flock` on the file, which the kernel
+/// drops when the process dies.
+#[derive(Debug)]
+struct LocalHold {
+    path: PathBuf,
+    _file: File,
+}
+
+impl Held for LocalHold {
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LocalHold {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// A read that ran past the end of an object is damage (it is shorter
@@ -130,6 +480,120 @@ fn short_or_io(path: &Path, offset: u64, e: std::io::Error) -> StoreError {
     }
 }
 
+/// What every [`WriteBackend`] must do, as one check run against each
+/// kind (a directory in the unit tests, SeaweedFS in the integration
+/// tests). `scratch` is a folder of the backend no one else uses.
+#[doc(hidden)]
+pub fn conformance(b: &dyn WriteBackend) -> std::result::Result<(), String> {
+    fn ok<T>(what: &str, r: Result<T>) -> std::result::Result<T, String> {
+        r.map_err(|e| format!("{what}: {e}"))
+    }
+    let k = |s: &str| Key(s.to_string());
+    // put, get, replace, ranged reads.
+    ok("put", b.put(&k("meta/one"), b"first"))?;
+    ok("put again", b.put(&k("meta/one"), b"second value"))?;
+    let got = ok("get", b.get(&k("meta/one")))?;
+    if got.as_deref() != Some(&b"second value"[..]) {
+        return Err(format!("get after replace gave {got:?}"));
+    }
+    if ok("get absent", b.get(&k("meta/none")))?.is_some() {
+        return Err("an absent object was found".into());
+    }
+    let mut buf = [0u8; 5];
+    ok("read_at", b.read_at(&k("meta/one"), 7, &mut buf))?;
+    if &buf != b"value" {
+        return Err(format!("read_at gave {buf:?}"));
+    }
+    match b.read_at(&k("meta/one"), 9, &mut buf) {
+        Err(StoreError::Corrupt { .. }) => {}
+        other => return Err(format!("a read past the end gave {other:?}, not damage")),
+    }
+    if ok("read_prefix", b.read_prefix(&k("meta/one"), 6))? != b"second" {
+        return Err("read_prefix gave other bytes".into());
+    }
+    // put_new: one winner, the loser changes nothing.
+    if !ok("put_new", b.put_new(&k("meta/new"), b"a"))? {
+        return Err("put_new refused a new key".into());
+    }
+    if ok("put_new again", b.put_new(&k("meta/new"), b"b"))? {
+        return Err("put_new replaced an object".into());
+    }
+    if ok("get new", b.get(&k("meta/new")))?.as_deref() != Some(&b"a"[..]) {
+        return Err("put_new's loser changed the object".into());
+    }
+    // Streamed objects.
+    let mut w = ok("create", b.create(&k("packs/ab/x.pack")))?;
+    let big: Vec<u8> = (0..5_000_003u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    for part in big.chunks(1_000_001) {
+        ok("append", w.append(part))?;
+    }
+    ok("finish", w.finish())?;
+    if ok("get pack", b.get(&k("packs/ab/x.pack")))?.as_deref() != Some(&big[..]) {
+        return Err("a streamed object reads back different".into());
+    }
+    let mut mid = vec![0u8; 100_000];
+    ok(
+        "read_at pack",
+        b.read_at(&k("packs/ab/x.pack"), 4_000_000, &mut mid),
+    )?;
+    if mid[..] != big[4_000_000..4_100_000] {
+        return Err("a ranged read of a streamed object differs".into());
+    }
+    let mut w = ok("create discarded", b.create(&k("packs/ab/y.pack")))?;
+    ok("append", w.append(b"junk"))?;
+    w.discard();
+    // list: finished objects under a prefix, with their lengths.
+    let mut listed = ok("list", b.list("packs/"))?;
+    listed.sort_by(|a, b| a.key.cmp(&b.key));
+    if listed
+        != [Listed {
+            key: k("packs/ab/x.pack"),
+            len: big.len() as u64,
+        }]
+    {
+        return Err(format!("list packs/ gave {listed:?}"));
+    }
+    let mut metas: Vec<String> = ok("list meta", b.list("meta/"))?
+        .into_iter()
+        .map(|l| l.key.0)
+        .collect();
+    metas.sort();
+    if metas != ["meta/new", "meta/one"] {
+        return Err(format!("list meta/ gave {metas:?}"));
+    }
+    if !ok("list none", b.list("nothing/"))?.is_empty() {
+        return Err("an empty folder listed objects".into());
+    }
+    // delete: gone, and again is no error.
+    ok("delete", b.delete(&[k("meta/new"), k("packs/ab/x.pack")]))?;
+    ok("delete again", b.delete(&[k("meta/new")]))?;
+    if ok("get deleted", b.get(&k("meta/new")))?.is_some() {
+        return Err("a deleted object is still there".into());
+    }
+    // hold: live while held, gone when dropped.
+    let h = ok("hold", b.hold(&k("sessions/s1"), b"me"))?;
+    ok("check", h.check())?;
+    if ok("liveness", b.liveness(&k("sessions/s1")))? != Liveness::Live {
+        return Err("a held object is not live".into());
+    }
+    if ok("get held", b.get(&k("sessions/s1")))?.as_deref() != Some(&b"me"[..]) {
+        return Err("a held object does not hold its data".into());
+    }
+    drop(h);
+    if ok("liveness after", b.liveness(&k("sessions/s1")))? != Liveness::Gone {
+        return Err("a dropped hold left its object".into());
+    }
+    // child: a folder as a backend of its own.
+    let c = b.child("meta");
+    if ok("child get", c.get(&k("one")))?.as_deref() != Some(&b"second value"[..]) {
+        return Err("a child backend does not see its folder".into());
+    }
+    ok("cleanup", b.delete(&[k("meta/one")]))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
@@ -143,6 +607,42 @@ mod tests {
             LocalDir::new(dir).locate(&Key::pack(id)),
             crate::pack::pack_path(dir, id)
         );
+    }
+
+    #[test]
+    fn a_directory_is_a_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        conformance(&LocalDir::new(dir.path())).unwrap();
+        // Nothing temporary is left behind.
+        let mut left = Vec::new();
+        let mut todo = vec![dir.path().to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(d).unwrap() {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() {
+                    todo.push(e.path());
+                } else {
+                    left.push(e.path());
+                }
+            }
+        }
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_dead_holders_object_is_dead() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalDir::new(dir.path());
+        let key = Key("sessions/x".into());
+        std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
+        // As a killed process leaves it: the file, with no lock on it.
+        std::fs::write(b.locate(&key), b"pid 1").unwrap();
+        assert_eq!(b.liveness(&key).unwrap(), Liveness::Dead);
+        // Checking took and dropped a shared lock: a holder can still come.
+        std::fs::remove_file(b.locate(&key)).unwrap();
+        let h = b.hold(&key, b"me").unwrap();
+        assert_eq!(b.liveness(&key).unwrap(), Liveness::Live);
+        drop(h);
     }
 
     #[test]

@@ -668,7 +668,7 @@ fn write_packs(
             for blob in rx.iter() {
                 let packs = &mut out.packs;
                 let create = || {
-                    let w = PackWriter::create(dir, repo.id())?;
+                    let w = PackWriter::create(&crate::backend::LocalDir::new(dir), repo.id())?;
                     // Numbered now; its PackInfo is filled in once sealed.
                     packs.push(PackInfo {
                         id: w.id(),

@@ -316,7 +316,10 @@ impl ImageEditor {
         let mut made = 0u32;
         let create = || {
             made += 1;
-            Ok((PackWriter::create(dir, self.repo.id())?, made - 1))
+            Ok((
+                PackWriter::create(&crate::backend::LocalDir::new(dir), self.repo.id())?,
+                made - 1,
+            ))
         };
         let seal = |(w, _): (PackWriter, u32)| {
             sealed.push(w.finish()?);

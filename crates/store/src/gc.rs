@@ -219,7 +219,13 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
                 None => {
                     let t = target % repo.targets().len();
                     target += 1;
-                    writer.insert((PackWriter::create(&repo.targets()[t], repo.id())?, t as u16))
+                    writer.insert((
+                        PackWriter::create(
+                            &crate::backend::LocalDir::new(&repo.targets()[t]),
+                            repo.id(),
+                        )?,
+                        t as u16,
+                    ))
                 }
             };
             let at = w.append(rec)?;

@@ -29,13 +29,10 @@
 //! salvaged, and how `verify --read-data` walks them. The CRC finds torn
 //! and flipped records cheaply; the BLAKE3 id proves each decoded chunk.
 
-use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
-use crate::error::{IoContext, Result, StoreError};
+use crate::backend::{Key, ObjectWriter, WriteBackend};
+use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
-use cairn_blockdev::AlignedBuf;
 use cairn_codec::{BlockCodec, CodecKind, CodecSpec, Probe};
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Version of the pack format this build writes and reads.
@@ -406,139 +403,30 @@ pub fn pack_path(target: &Path, id: PackId) -> PathBuf {
         .join(format!("{hex}.pack"))
 }
 
-/// A pack being written.
+/// A pack being written, to any backend.
 pub struct PackWriter {
-    file: File,
-    path: PathBuf,
+    sink: Box<dyn ObjectWriter>,
     id: PackId,
     len: u64,
-    direct: Option<Direct>,
-}
-
-/// Bytes gathered before each `O_DIRECT` write.
-const DIRECT_STAGE: usize = 4 << 20;
-
-/// A second handle on the pack, opened with `O_DIRECT` ([`crate::direct`]),
-/// and the aligned buffer that cuts appends into whole blocks. The last,
-/// partial block goes through the buffered handle when the pack is sealed.
-struct Direct {
-    file: File,
-    stage: AlignedBuf,
-    /// Bytes in `stage`, which belong at file offset `on_disk`.
-    filled: usize,
-    /// Bytes written through `file` (a multiple of [`DIRECT_ALIGN`]).
-    on_disk: u64,
-}
-
-impl Direct {
-    /// A second handle on `file` with `O_DIRECT`; `None` where refused.
-    fn open(file: &File) -> Option<Direct> {
-        Some(Direct {
-            file: reopen_direct(file)?,
-            stage: AlignedBuf::new(DIRECT_STAGE, DIRECT_ALIGN),
-            filled: 0,
-            on_disk: 0,
-        })
-    }
-
-    /// Stage `bytes` and write every whole block at once: what a killed
-    /// process leaves behind is then what the page cache would have kept,
-    /// less the last partial block (the next backup salvages records up to
-    /// there).
-    fn append(&mut self, path: &Path, buffered: &File, mut bytes: &[u8]) -> Result<()> {
-        while !bytes.is_empty() {
-            let k = bytes.len().min(DIRECT_STAGE - self.filled);
-            self.stage.as_mut_slice()[self.filled..self.filled + k].copy_from_slice(&bytes[..k]);
-            self.filled += k;
-            bytes = &bytes[k..];
-            self.write_blocks(path, buffered)?;
-        }
-        Ok(())
-    }
-
-    /// Write the whole blocks in the stage; the partial block that is left
-    /// moves to the front.
-    fn write_blocks(&mut self, path: &Path, buffered: &File) -> Result<()> {
-        let whole = self.filled - self.filled % DIRECT_ALIGN;
-        if whole == 0 {
-            return Ok(());
-        }
-        write_blocks_at(
-            &self.file,
-            buffered,
-            &self.stage.as_slice()[..whole],
-            self.on_disk,
-        )
-        .ctx(path, "write")?;
-        self.on_disk += whole as u64;
-        self.stage.as_mut_slice().copy_within(whole..self.filled, 0);
-        self.filled -= whole;
-        Ok(())
-    }
-
-    /// Write everything staged: whole blocks directly, the rest through
-    /// `buffered`, a handle without `O_DIRECT`.
-    fn flush(&mut self, path: &Path, buffered: &File) -> Result<()> {
-        use std::os::unix::fs::FileExt;
-        self.write_blocks(path, buffered)?;
-        buffered
-            .write_all_at(&self.stage.as_slice()[..self.filled], self.on_disk)
-            .ctx(path, "write")?;
-        self.on_disk += self.filled as u64;
-        self.filled = 0;
-        Ok(())
-    }
 }
 
 impl PackWriter {
-    /// Create a new pack under `target`.
-    pub fn create(target: &Path, repo: RepoId) -> Result<PackWriter> {
+    /// Start a new pack in `target` (a target's backend).
+    pub fn create(target: &dyn WriteBackend, repo: RepoId) -> Result<PackWriter> {
         let id = PackId::random();
-        let path = pack_path(target, id);
-        // The fan-out directory is made with its first pack (made up
-        // front, the 256 empty directories of a new target cost 1 MiB);
-        // its name is made durable in `packs/` at once.
-        if let Some(dir) = path.parent() {
-            if !dir.is_dir() {
-                std::fs::create_dir_all(dir).ctx(dir, "create directory")?;
-                if let Some(packs) = dir.parent() {
-                    crate::meta::sync_dir(packs)?;
-                }
-            }
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .ctx(&path, "create pack")?;
-        let header = encode_pack_header(repo, id);
-        let mut direct = Direct::open(&file);
-        match &mut direct {
-            Some(d) => d.append(&path, &file, &header)?,
-            None => file.write_all(&header).ctx(&path, "write")?,
-        }
+        let mut sink = target.create(&Key::pack(id))?;
+        sink.append(&encode_pack_header(repo, id))?;
         Ok(PackWriter {
-            file,
-            path,
+            sink,
             id,
             len: PACK_HEADER_LEN as u64,
-            direct,
         })
-    }
-
-    /// Whether the pack is written with `O_DIRECT` (the filesystem allows
-    /// it).
-    pub fn is_direct(&self) -> bool {
-        self.direct.is_some()
     }
 
     /// Append records; returns the offset of the first byte.
     pub fn append(&mut self, bytes: &[u8]) -> Result<u64> {
         let at = self.len;
-        match &mut self.direct {
-            Some(d) => d.append(&self.path, &self.file, bytes)?,
-            None => self.file.write_all(bytes).ctx(&self.path, "write")?,
-        }
+        self.sink.append(bytes)?;
         self.len += bytes.len() as u64;
         Ok(at)
     }
@@ -558,33 +446,15 @@ impl PackWriter {
         self.id
     }
 
-    /// Make the pack durable (data and its name) and close it.
-    pub fn finish(mut self) -> Result<(PackId, u64)> {
-        if let Some(d) = &mut self.direct {
-            d.flush(&self.path, &self.file)?;
-        }
-        self.file.sync_all().ctx(&self.path, "fsync")?;
-        if let Some(dir) = self.path.parent() {
-            crate::meta::sync_dir(dir)?;
-        }
+    /// Make the pack durable and visible.
+    pub fn finish(self) -> Result<(PackId, u64)> {
+        self.sink.finish()?;
         Ok((self.id, self.len))
     }
 
     /// Remove a pack that received nothing.
-    pub fn discard(mut self) {
-        self.direct = None;
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-impl Drop for PackWriter {
-    /// A pack abandoned unsealed (an error elsewhere stopped the backup)
-    /// still gets its staged records written, as the page cache would have
-    /// had them: the next backup salvages what is there.
-    fn drop(&mut self) {
-        if let Some(d) = &mut self.direct {
-            let _ = d.flush(&self.path, &self.file);
-        }
+    pub fn discard(self) {
+        self.sink.discard();
     }
 }
 
@@ -682,70 +552,6 @@ mod tests {
                 "flip at {i}"
             );
         }
-    }
-
-    /// Appends of odd sizes across the staging buffer's edge, then sealed,
-    /// abandoned or discarded: the file holds exactly what was appended.
-    #[test]
-    fn packs_hold_exactly_what_was_appended_direct_or_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = RepoId::random();
-        let data: Vec<u8> = (0..3 * DIRECT_STAGE as u32 + 12345)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        let sizes = [
-            1,
-            4095,
-            4096,
-            4097,
-            DIRECT_STAGE - 3,
-            77,
-            DIRECT_STAGE + 1,
-            9,
-        ];
-        let mut w = PackWriter::create(dir.path(), repo).unwrap();
-        if std::env::var_os("CI").is_some() {
-            // The CI machine's /tmp is ext4, as here: the direct path must run.
-            assert!(
-                w.is_direct(),
-                "O_DIRECT refused in {}",
-                dir.path().display()
-            );
-        }
-        let mut at = 0;
-        for (i, &n) in sizes.iter().cycle().enumerate() {
-            let n = n.min(data.len() - at);
-            if n == 0 {
-                break;
-            }
-            let off = w.append(&data[at..at + n]).unwrap();
-            assert_eq!(off, (PACK_HEADER_LEN + at) as u64, "append {i}");
-            at += n;
-        }
-        let path = w.path.clone();
-        let (id, len) = w.finish().unwrap();
-        let on_disk = std::fs::read(&path).unwrap();
-        assert_eq!(len, on_disk.len() as u64);
-        assert_eq!(on_disk[..PACK_HEADER_LEN], encode_pack_header(repo, id));
-        assert!(
-            on_disk[PACK_HEADER_LEN..] == data[..],
-            "sealed pack differs"
-        );
-
-        // Abandoned without a seal: what was appended still reaches the file.
-        let mut w = PackWriter::create(dir.path(), repo).unwrap();
-        w.append(&data[..DIRECT_STAGE + 100]).unwrap();
-        let path = w.path.clone();
-        drop(w);
-        let on_disk = std::fs::read(&path).unwrap();
-        assert!(on_disk[PACK_HEADER_LEN..] == data[..DIRECT_STAGE + 100]);
-
-        // Discarded: gone.
-        let mut w = PackWriter::create(dir.path(), repo).unwrap();
-        w.append(&data[..10]).unwrap();
-        let path = w.path.clone();
-        w.discard();
-        assert!(!path.exists());
     }
 
     #[test]
