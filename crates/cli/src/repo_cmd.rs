@@ -76,9 +76,6 @@ pub(crate) struct BackupArgs {
     /// what retention sorts by).
     #[arg(long = "time", value_name = "TIME")]
     pub time: Option<String>,
-    /// Wait for another writer to finish instead of failing.
-    #[arg(long)]
-    pub wait: bool,
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -156,9 +153,6 @@ pub(crate) struct RmArgs {
     /// Remove every snapshot of NAME.
     #[arg(long)]
     pub all: bool,
-    /// Wait for another writer to finish instead of failing.
-    #[arg(long)]
-    pub wait: bool,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -200,9 +194,6 @@ pub(crate) struct ForgetArgs {
     /// Then reclaim the space (cairn gc).
     #[arg(long)]
     pub prune: bool,
-    /// Wait for another writer to finish instead of failing.
-    #[arg(long)]
-    pub wait: bool,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -215,9 +206,6 @@ pub(crate) struct GcArgs {
     /// Repack packs whose live data is below this fraction.
     #[arg(long, default_value_t = 0.5)]
     pub repack_below: f64,
-    /// Wait for another writer to finish instead of failing.
-    #[arg(long)]
-    pub wait: bool,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -283,15 +271,15 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
     let repo = Repository::init(&a.repo, &a.targets, a.pack_size.map(|s| s as u64))?;
     if a.json {
         print_json(&json!({
-            "repository": repo.root(),
+            "repository": repo.location(),
             "id": repo.id().to_string(),
-            "targets": repo.targets(),
+            "targets": repo.target_locations(),
         }));
     } else {
         eprintln!(
             "cairn: created repository {} with {} target(s)",
-            repo.root().display(),
-            repo.targets().len()
+            repo.location(),
+            repo.target_count()
         );
     }
     Ok(())
@@ -429,7 +417,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let chunker: ChunkerSpec = a.chunker.parse()?;
     let repo = open_repo(&a.repo)?;
     let (mut source, size, label) = open_source(&a.source, a.direct)?;
-    let lock = repo.lock_writer(&format!("cairn backup {}", a.name), a.wait)?;
+    let lock = repo.session(&format!("cairn backup {}", a.name))?;
     let bar = Progress::new("backup", size, !a.quiet);
     let progress = |p: &BackupProgress| {
         bar.read_to(p.bytes_in);
@@ -521,7 +509,7 @@ fn warn_writer_repairs(quarantined: &[PathBuf], lost: &[String]) {
 
 pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let _read = repo.lock_read()?;
+    let _session = repo.session("cairn restore")?;
     let (name, snap) = repo.resolve(&a.image)?;
     let manifest = repo.read_manifest(&name, snap)?;
     let loaded = repo.load_index()?;
@@ -827,7 +815,7 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
 
 pub(crate) fn rm(a: &RmArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let lock = repo.lock_writer("cairn rm", a.wait)?;
+    let lock = repo.session("cairn rm")?;
     let removed: Vec<(String, u64)> = if a.image.contains('@') {
         vec![repo.resolve(&a.image)?]
     } else {
@@ -881,7 +869,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     let lock = if a.dry_run {
         None
     } else {
-        Some(repo.lock_writer("cairn forget", a.wait)?)
+        Some(repo.session("cairn forget")?)
     };
     let all = repo.images()?;
     let names: Vec<String> = if a.images.is_empty() {
@@ -952,7 +940,6 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
                 repo: a.repo.repo.clone(),
             },
             repack_below: 0.5,
-            wait: a.wait,
             json: false,
         })?;
     }
@@ -964,7 +951,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
         bail!("--repack-below must be between 0 and 1");
     }
     let repo = open_repo(&a.repo)?;
-    let lock = repo.lock_writer("cairn gc", a.wait)?;
+    let lock = repo.session("cairn gc")?;
     let r = cairn_store::gc(
         &repo,
         &lock,
@@ -985,6 +972,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             "bytes_after": r.bytes_after,
             "salvaged_packs": r.salvaged.packs,
             "deferred": r.deferred,
+            "packs_kept": r.packs_kept,
         }));
     } else {
         eprintln!(
@@ -997,7 +985,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             HumanBytes(r.bytes_before),
             HumanBytes(r.bytes_after),
             if r.deferred {
-                " (a reader is active: packs are deleted by the next writer)"
+                " (a backup or reader that began before is still running: the next writer deletes the packs)"
             } else {
                 ""
             }
@@ -1035,7 +1023,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     }
     if a.json {
         print_json(&json!({
-            "repository": repo.root(),
+            "repository": repo.location(),
             "images": s.images,
             "snapshots": s.snapshots,
             "logical_bytes": s.logical_bytes,
@@ -1057,7 +1045,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "damaged_index_files": s.damaged_index_files,
         }));
     } else {
-        println!("repository     {}", repo.root().display());
+        println!("repository     {}", repo.location());
         println!("images         {} ({} snapshots)", s.images, s.snapshots);
         println!(
             "logical        {} (of which zero {})",

@@ -68,8 +68,8 @@ pub(crate) fn open_writable(
     name: &str,
     opts: &VolumeOptions,
 ) -> Result<Arc<WritableVolume>> {
-    let vol = WritableVolume::open(repo.clone(), name, opts, false)
-        .with_context(|| format!("image {name} of {}", repo.root().display()))?;
+    let vol = WritableVolume::open(repo.clone(), name, opts)
+        .with_context(|| format!("image {name} of {}", repo.location()))?;
     Ok(Arc::new(vol))
 }
 

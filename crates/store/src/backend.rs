@@ -118,8 +118,10 @@ pub trait WriteBackend: ReadBackend {
     fn create(&self, key: &Key) -> Result<Box<dyn ObjectWriter>>;
 
     /// Create `key` holding `data` and hold it for as long as the returned
-    /// guard lives (a session: see [`WriteBackend::liveness`]); dropping
-    /// the guard removes the object.
+    /// guard lives (a session, a lock: see [`WriteBackend::liveness`]);
+    /// dropping the guard removes the object. Fails with
+    /// [`StoreError::Locked`] (naming what the holder wrote) while a live
+    /// holder has it; the object of a dead holder is taken over.
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>>;
 
     /// Whether the holder of `key` (made by [`WriteBackend::hold`]) is
@@ -391,19 +393,57 @@ impl WriteBackend for LocalDir {
     }
 
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
-        // Locked before it gets its name, so it is never seen unlocked
-        // while its holder lives.
+        use std::os::unix::fs::MetadataExt;
         let path = self.locate(key);
-        let (tmp, file) = self.write_temporary(&path, data)?;
-        let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&tmp, "lock");
-        let placed =
-            locked.and_then(|_| std::fs::rename(&tmp, &path).ctx(&path, "rename into place"));
-        if let Err(e) = placed {
+        // A checker may remove a file it finds unlocked (its holder died)
+        // at any moment: so retry, and keep only a lock on the file that
+        // is still at `path`.
+        for _ in 0..100 {
+            // A new object is written and locked under a temporary name,
+            // then linked into place: it is never seen unlocked.
+            let (tmp, file) = self.write_temporary(&path, data)?;
+            let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&tmp, "lock");
+            let linked = locked.and_then(|_| match std::fs::hard_link(&tmp, &path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(e).ctx(&path, "link into place"),
+            });
             let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+            if linked? {
+                meta::sync_dir(path.parent().unwrap_or(&self.root))?;
+                return Ok(Box::new(LocalHold { path, file }));
+            }
+            drop(file);
+            // Taken: by a live holder, or left by a dead one.
+            let file = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).ctx(&path, "open"),
+            };
+            if !flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&path, "lock")? {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                if holder.is_empty() {
+                    // Its holder is letting go (emptied, then removed).
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
+                }
+                return Err(StoreError::Locked { path, holder });
+            }
+            let mine = file.metadata().ctx(&path, "stat")?;
+            match std::fs::metadata(&path) {
+                Ok(now) if now.ino() == mine.ino() && now.dev() == mine.dev() => {}
+                _ => continue,
+            }
+            let mut f = &file;
+            f.set_len(0).ctx(&path, "truncate")?;
+            f.write_all(data).ctx(&path, "write")?;
+            file.sync_all().ctx(&path, "fsync")?;
+            return Ok(Box::new(LocalHold { path, file }));
         }
-        meta::sync_dir(path.parent().unwrap_or(&self.root))?;
-        Ok(Box::new(LocalHold { path, _file: file }))
+        Err(StoreError::Locked {
+            path,
+            holder: "processes that keep taking and dropping it".into(),
+        })
     }
 
     fn liveness(&self, key: &Key) -> Result<Liveness> {
@@ -447,7 +487,7 @@ pub(crate) fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
 #[derive(Debug)]
 struct LocalHold {
     path: PathBuf,
-    _file: File,
+    file: File,
 }
 
 impl Held for LocalHold {
@@ -457,7 +497,11 @@ impl Held for LocalHold {
 }
 
 impl Drop for LocalHold {
+    /// Emptied, then removed, then unlocked (when the file closes): a
+    /// process that opened it meanwhile finds it empty or gone and
+    /// retries on the path.
     fn drop(&mut self) {
+        let _ = self.file.set_len(0);
         let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -18,19 +18,19 @@
 //! them is written, then the manifest. A crash before the manifest leaves
 //! no snapshot, only packs that the next backup salvages and reuses.
 
+use crate::backend::WriteBackend;
 use crate::chunker::ChunkerSpec;
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PREFIX_LEN};
 use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{encode_record, PackWriter, MAX_GROUP_RAW};
-use crate::repo::{now_secs, validate_name, Repository, Salvaged, WriterLock};
+use crate::repo::{now_secs, validate_name, Repository, Salvaged, Session};
 use cairn_blockdev::{is_zero, SparseRead};
 use cairn_codec::{BlockCodec, CodecSpec, Probe};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -306,7 +306,7 @@ pub(crate) fn stored_per_target(index: &ChunkIndex, targets: usize) -> Vec<u64> 
 /// Back up `source` as a new snapshot of `opts.name`.
 pub fn backup(
     repo: &Repository,
-    lock: &WriterLock,
+    session: &Session,
     source: &mut dyn SparseRead,
     opts: &BackupOptions,
 ) -> Result<BackupReport> {
@@ -320,15 +320,16 @@ pub fn backup(
     }
     let started = Instant::now();
     let created = opts.time.unwrap_or_else(now_secs);
-    let writer_index = repo.writer_index(lock)?;
+    let writer_index = repo.writer_index(session)?;
     let index = &writer_index.index;
-    let snapshot = repo.snapshots(&opts.name)?.last().map_or(1, |n| n + 1);
 
     let claimed: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
     let failed = AtomicBool::new(false);
-    let load = TargetLoad::new(stored_per_target(index, repo.targets().len()));
-    let (queues, receivers): (Vec<_>, Vec<_>) =
-        repo.targets().iter().map(|_| bounded::<Blob>(2)).unzip();
+    let targets = (0..repo.target_count() as u16)
+        .map(|t| repo.target(t).cloned())
+        .collect::<Result<Vec<_>>>()?;
+    let load = TargetLoad::new(stored_per_target(index, targets.len()));
+    let (queues, receivers): (Vec<_>, Vec<_>) = targets.iter().map(|_| bounded::<Blob>(2)).unzip();
     let dispatch = Dispatch {
         queues,
         load: &load,
@@ -338,8 +339,7 @@ pub fn backup(
     let mut totals = Progress::default();
 
     let (run, written) = std::thread::scope(|s| {
-        let writers: Vec<_> = repo
-            .targets()
+        let writers: Vec<_> = targets
             .iter()
             .zip(receivers)
             .enumerate()
@@ -347,7 +347,7 @@ pub fn backup(
                 let spare = spare_tx.clone();
                 let failed = &failed;
                 let load = &load;
-                s.spawn(move || write_packs(repo, t as u16, dir, rx, load, spare, failed))
+                s.spawn(move || write_packs(repo, t as u16, &**dir, rx, load, spare, failed))
             })
             .collect();
         let run = cairn_pipeline::run(
@@ -409,10 +409,10 @@ pub fn backup(
     if let Some(e) = first_err.or(run.err()) {
         // Keep what reached disk findable without a scan; if even that
         // fails, the next backup salvages the packs.
-        let _ = repo.write_index(lock, &combined);
+        let _ = repo.write_index(session, &combined);
         return Err(e);
     }
-    repo.write_index(lock, &combined)?;
+    repo.write_index(session, &combined)?;
     let stats = SnapshotStats {
         chunks: totals.chunks,
         new_chunks: totals.new_chunks,
@@ -421,9 +421,9 @@ pub fn backup(
         new_stored: totals.new_stored,
         millis: started.elapsed().as_millis() as u64,
     };
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         name: opts.name.clone(),
-        snapshot,
+        snapshot: 0,
         created,
         size: list.size,
         chunker: chunker.to_string(),
@@ -432,7 +432,9 @@ pub fn backup(
         stats,
         extents: list.extents,
     };
-    repo.write_manifest(lock, &manifest)?;
+    // Numbered at the commit: a concurrent backup of the same image may
+    // have taken the next number since this one began.
+    let snapshot = repo.commit_manifest(session, &mut manifest)?;
     Ok(BackupReport {
         name: opts.name.clone(),
         snapshot,
@@ -641,7 +643,7 @@ fn worker<'a>(
 fn write_packs(
     repo: &Repository,
     target: u16,
-    dir: &Path,
+    dir: &dyn WriteBackend,
     rx: Receiver<Blob>,
     load: &TargetLoad,
     spare: Sender<Blob>,
@@ -668,7 +670,7 @@ fn write_packs(
             for blob in rx.iter() {
                 let packs = &mut out.packs;
                 let create = || {
-                    let w = PackWriter::create(&crate::backend::LocalDir::new(dir), repo.id())?;
+                    let w = PackWriter::create(dir, repo.id())?;
                     // Numbered now; its PackInfo is filled in once sealed.
                     packs.push(PackInfo {
                         id: w.id(),

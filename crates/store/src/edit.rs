@@ -4,7 +4,7 @@
 //! commits one snapshot).
 //!
 //! ```text
-//! ImageEditor::open   writer lock (held until dropped), writer index,
+//! ImageEditor::open   image lock and session (held until dropped), writer index,
 //!                     the image's latest manifest
 //! commit(spans)       chunk each new span with the image's chunker, skip
 //!                     zero chunks (holes) and chunks already stored,
@@ -32,7 +32,7 @@ use crate::id::{ChunkId, PREFIX_LEN};
 use crate::index::{ChunkIndex, IdHash, IndexFile, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{PackWriter, MAX_GROUP_RAW};
-use crate::repo::{now_secs, Repository, WriterLock};
+use crate::repo::{now_secs, ImageLock, Repository, Session};
 use cairn_codec::{BlockCodec, CodecSpec};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -78,7 +78,8 @@ pub struct EditReport {
 /// The writer of new snapshots of one image.
 pub struct ImageEditor {
     repo: Arc<Repository>,
-    lock: WriterLock,
+    session: Session,
+    _lock: ImageLock,
     index: ChunkIndex,
     base: Manifest,
     chunker: Chunker,
@@ -88,18 +89,20 @@ pub struct ImageEditor {
 }
 
 impl ImageEditor {
-    /// Take the repository's writer lock (waiting for it with `wait`) for
-    /// as long as the editor lives, load the writer index and the latest
-    /// snapshot of `name`. New chunks use the codec `codec`, or the one the
-    /// latest snapshot was made with.
+    /// Take image `name` for writing (one writer of an image at a time;
+    /// backups and other images go on) and register a session for as long
+    /// as the editor lives, load the writer index and the latest snapshot
+    /// of `name`. New chunks use the codec `codec`, or the one the latest
+    /// snapshot was made with.
     pub fn open(
         repo: Arc<Repository>,
         name: &str,
         codec: Option<CodecSpec>,
-        wait: bool,
     ) -> Result<ImageEditor> {
-        let lock = repo.lock_writer(&format!("writing image {name}"), wait)?;
-        let index = repo.writer_index(&lock)?.index;
+        let what = format!("writing image {name}");
+        let lock = repo.lock_image(name, &what)?;
+        let session = repo.session(&what)?;
+        let index = repo.writer_index(&session)?.index;
         let latest = repo
             .snapshots(name)?
             .last()
@@ -126,7 +129,8 @@ impl ImageEditor {
         let group_size = group_for_packs(crate::backup::DEFAULT_GROUP_SIZE, repo.pack_size());
         Ok(ImageEditor {
             repo,
-            lock,
+            session,
+            _lock: lock,
             index,
             chunker: spec.validate()?.build(),
             codec: codec_spec.build(),
@@ -219,19 +223,14 @@ impl ImageEditor {
         report.new_stored = totals.new_stored;
 
         let file = self.write_pack(&mut blob)?;
-        self.repo.write_index(&self.lock, &file)?;
+        self.repo.write_index(&self.session, &file)?;
         self.index.add_file(&file)?;
         self.index.seal();
 
         let extents = splice(&self.base, spans, pieces)?;
-        let snapshot = self
-            .repo
-            .snapshots(&self.base.name)?
-            .last()
-            .map_or(1, |n| n + 1);
-        let manifest = Manifest {
+        let mut manifest = Manifest {
             name: self.base.name.clone(),
-            snapshot,
+            snapshot: 0,
             created: now_secs(),
             size: extents.size,
             chunker: self.chunker.spec().to_string(),
@@ -256,8 +255,9 @@ impl ImageEditor {
             },
             extents: extents.extents,
         };
-        self.repo.write_manifest(&self.lock, &manifest)?;
-        report.snapshot = snapshot;
+        // After the latest, which a backup of the same image may have
+        // added since the base.
+        report.snapshot = self.repo.commit_manifest(&self.session, &mut manifest)?;
         self.base = manifest;
         Ok(report)
     }
@@ -302,13 +302,9 @@ impl ImageEditor {
         if blob.records.is_empty() {
             return Ok(file);
         }
-        let stored = stored_per_target(&self.index, self.repo.targets().len());
+        let stored = stored_per_target(&self.index, self.repo.target_count());
         let target = (0..stored.len()).min_by_key(|&t| stored[t]).unwrap_or(0);
-        let dir = self
-            .repo
-            .targets()
-            .get(target)
-            .ok_or_else(|| StoreError::Invalid("the repository has no target".to_string()))?;
+        let dir = self.repo.target(target as u16)?;
         // One pack is open at a time, so packs are sealed in the order
         // they are made: a pack's slot is its place in `sealed`.
         let mut current = None;
@@ -316,10 +312,7 @@ impl ImageEditor {
         let mut made = 0u32;
         let create = || {
             made += 1;
-            Ok((
-                PackWriter::create(&crate::backend::LocalDir::new(dir), self.repo.id())?,
-                made - 1,
-            ))
+            Ok((PackWriter::create(&**dir, self.repo.id())?, made - 1))
         };
         let seal = |(w, _): (PackWriter, u32)| {
             sealed.push(w.finish()?);

@@ -84,12 +84,12 @@ pub enum StoreError {
     /// `init` on a path that already holds something.
     #[error("{0}: already exists and is not empty")]
     AlreadyExists(PathBuf),
-    /// Another process holds the writer lock.
-    #[error("repository {path} is locked by another writer ({holder}); retry when it is done, or pass --wait")]
+    /// Another process holds a lock (an image open for writing).
+    #[error("{path} is locked by another writer ({holder}); retry when it is done")]
     Locked {
-        /// The repository.
+        /// What is locked.
         path: PathBuf,
-        /// Who holds it, as recorded in the lock file.
+        /// Who holds it, as recorded in the lock.
         holder: String,
     },
     /// No such image or snapshot.

@@ -1,27 +1,37 @@
 //! `gc`: reclaim chunks no snapshot uses, and repack packs that are mostly
 //! garbage.
 //!
-//! Order of work, so that a kill at any moment loses nothing:
+//! Order of work, so that a kill at any moment loses nothing, and a
+//! backup or reader running beside it loses nothing either:
 //!
-//! 1. finish an earlier gc's garbage list; salvage unindexed packs (and
-//!    set aside damaged index files, whose packs salvage re-indexed);
+//! 1. finish earlier trash lists that nothing can need any more; salvage
+//!    unindexed packs (and set aside damaged index files, whose packs
+//!    salvage re-indexed);
 //! 2. mark the chunks every manifest uses (one bit per index entry);
-//! 3. copy the live records of sparse packs, verbatim, into new packs
-//!    (fsync'd) — a kill here leaves unindexed packs, salvaged later;
+//! 3. copy the live records of sparse packs, verbatim, into new packs —
+//!    a kill here leaves unindexed packs, salvaged later;
 //! 4. write new index files naming only live chunks — a kill here leaves
 //!    old and new index files side by side, both right;
-//! 5. write the garbage list (old index files, dead and repacked packs);
-//! 6. delete the old index files, then the packs once no reader is active
-//!    (a reader holds `read.lock`; the list waits for the next writer).
+//! 5. write a trash list (the old index files it loaded, dead and
+//!    repacked packs), then record in it every session running;
+//! 6. delete what it names once all those sessions have ended — at once
+//!    when there were none, else by the next writer ([`collect_trash`]).
+//!    A session that began before the list may have deduplicated against
+//!    a chunk on it and committed a snapshot using it: so before deleting,
+//!    every chunk a snapshot uses that would be left without a copy is
+//!    found, and its pack kept and indexed again. A session that began
+//!    after the list never uses what it names (writers load the index
+//!    without it).
 
-use crate::error::{IoContext, Result, StoreError};
-use crate::id::ChunkId;
-use crate::index::{IndexFile, Location, PackInfo};
+use crate::backend::{Key, Liveness};
+use crate::error::{Result, StoreError};
+use crate::id::{ChunkId, PackId};
+use crate::index::{ChunkIndex, IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
 use crate::pack::{PackWriter, Record};
 use crate::reader::PackReader;
-use crate::repo::{Repository, Salvaged, WriterLock};
-use std::collections::{BTreeMap, HashMap};
+use crate::repo::{Garbage, PackFile, Repository, Salvaged, Session};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// How to collect.
 pub struct GcOptions<'a> {
@@ -63,8 +73,12 @@ pub struct GcReport {
     pub bytes_before: u64,
     /// Bytes of pack files after (once the garbage is deleted).
     pub bytes_after: u64,
-    /// Packs are still on the garbage list because a reader was active.
+    /// Packs are still on a trash list because a session that began
+    /// before it (a backup, a restore, a served image) is still running.
     pub deferred: bool,
+    /// Packs on a trash list kept after all, since a snapshot committed
+    /// beside the gc uses chunks in them.
+    pub packs_kept: u64,
 }
 
 fn bit(v: &[u64], i: usize) -> bool {
@@ -76,7 +90,7 @@ fn set(v: &mut [u64], i: usize) {
 }
 
 /// Collect garbage.
-pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcReport> {
+pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcReport> {
     let say = |s: &str| {
         if let Some(p) = opts.progress {
             p(s);
@@ -85,10 +99,12 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
     let mut report = GcReport::default();
     // Damaged index files are set aside only after every pack they could
     // name has been indexed again from its records: nothing is lost track of.
-    let w = repo.writer_index(lock)?;
+    let w = repo.writer_index(session)?;
     report.salvaged = w.salvaged;
     report.quarantined = w.quarantined;
     report.lost_packs = w.lost_packs;
+    report.packs_kept = w.collected.packs_kept;
+    report.deferred = w.collected.lists_waiting > 0;
     let index = w.index;
     report.chunks_before = index.len() as u64;
 
@@ -142,7 +158,9 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
             sparse.push(n);
         }
     }
-    let old_files = repo.index_files()?;
+    // Only the files loaded: one a concurrent writer wrote since is none
+    // of gc's business.
+    let old_files = w.files;
     if dead.is_empty()
         && sparse.is_empty()
         && dead_entries == 0
@@ -217,15 +235,9 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
             let (w, _) = match &mut writer {
                 Some(w) => w,
                 None => {
-                    let t = target % repo.targets().len();
+                    let t = (target % repo.target_count()) as u16;
                     target += 1;
-                    writer.insert((
-                        PackWriter::create(
-                            &crate::backend::LocalDir::new(&repo.targets()[t]),
-                            repo.id(),
-                        )?,
-                        t as u16,
-                    ))
+                    writer.insert((PackWriter::create(&**repo.target(t)?, repo.id())?, t))
                 }
             };
             let at = w.append(rec)?;
@@ -261,9 +273,10 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
     let mut table: HashMap<u32, u32> = HashMap::new();
     let mut emitted = vec![0u64; live.len()];
     let is_dead: Vec<bool> = (0..npacks).map(|n| dead.contains(&n)).collect();
-    for path in &old_files {
-        let data = std::fs::read(path).ctx(path, "read")?;
-        let f = IndexFile::decode(path, &data)?;
+    for key in &old_files {
+        let Some(f) = repo.read_index_file(key)? else {
+            continue;
+        };
         for (id, loc) in &f.entries {
             let Some(i) = index.position(id) else {
                 continue;
@@ -299,18 +312,14 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         }
     }
     report.chunks_after = fresh.entries.len() as u64;
-    let new_files = repo.write_index(lock, &fresh)?;
+    let new_files = repo.write_index(session, &fresh)?;
 
     say("deleting");
-    // Keep what an earlier gc could not delete yet (a reader was active).
-    let mut garbage = repo.read_garbage()?;
-    for p in &old_files {
-        if !new_files.contains(p) {
-            if let Some(n) = p.file_name() {
-                let n = n.to_string_lossy().into_owned();
-                if !garbage.index_files.contains(&n) {
-                    garbage.index_files.push(n);
-                }
+    let mut garbage = Garbage::default();
+    for key in &old_files {
+        if !new_files.contains(key) {
+            if let Some(n) = key.as_str().strip_prefix("index/") {
+                garbage.index_files.push(n.to_string());
             }
         }
     }
@@ -325,8 +334,10 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
     for (t, id) in &report.salvaged.empty {
         garbage.packs.push((*t, id.to_string()));
     }
-    repo.write_garbage(lock, &garbage)?;
-    report.deferred = !repo.collect_garbage(lock)?;
+    let trash = repo.write_trash(session, garbage)?;
+    let collected = collect_trash(repo, session)?;
+    report.packs_kept += collected.packs_kept;
+    report.deferred |= repo.trash_lists()?.iter().any(|t| t.key == trash.key);
     report.bytes_after = repo.pack_files()?.iter().map(|f| f.len).sum::<u64>();
     if report.deferred {
         let doomed: u64 = index
@@ -339,6 +350,113 @@ pub fn gc(repo: &Repository, lock: &WriterLock, opts: &GcOptions) -> Result<GcRe
         report.bytes_after = report.bytes_after.saturating_sub(doomed);
     }
     Ok(report)
+}
+
+/// What [`collect_trash`] did.
+#[derive(Debug, Default, Clone)]
+pub struct Collected {
+    /// Trash lists deleted whole.
+    pub lists_done: u64,
+    /// Trash lists left, a session that began before each still running.
+    pub lists_waiting: u64,
+    /// Packs kept off the trash, since a snapshot uses chunks in them.
+    pub packs_kept: u64,
+}
+
+/// Delete what the trash lists name, for each list once every session it
+/// recorded has ended (the protocol in this module's doc). Chunks a
+/// snapshot uses that would be left without any copy keep their packs:
+/// those are taken off the list and indexed again from their records.
+pub(crate) fn collect_trash(repo: &Repository, session: &Session) -> Result<Collected> {
+    let mut out = Collected::default();
+    let mut ready = Vec::new();
+    for t in repo.trash_lists()? {
+        let mut waiting = false;
+        for s in &t.garbage.sessions {
+            if s != session.id() && repo.session_liveness(s)? == Liveness::Live {
+                waiting = true;
+                break;
+            }
+        }
+        if waiting {
+            out.lists_waiting += 1;
+        } else {
+            ready.push(t);
+        }
+    }
+    if ready.is_empty() {
+        return Ok(out);
+    }
+    // Manifests first, then the index: a snapshot read here had its index
+    // files written before it, so they are in the listing that follows.
+    let mut manifests = Vec::new();
+    for (name, snaps) in repo.images()? {
+        for snap in snaps {
+            if let Some(m) = repo.read_manifest_if_present(&name, snap)? {
+                manifests.push(m);
+            }
+        }
+    }
+    for mut t in ready {
+        let after = repo.load_index_without(&t.garbage)?.index;
+        let mut missing: HashSet<ChunkId> = HashSet::new();
+        for m in &manifests {
+            for e in &m.extents {
+                if let Extent::Data { id, .. } = e {
+                    if !after.contains(id) {
+                        missing.insert(*id);
+                    }
+                }
+            }
+        }
+        if !missing.is_empty() {
+            // Where the old index files put them.
+            let mut old = ChunkIndex::default();
+            for name in &t.garbage.index_files {
+                if let Some(f) = repo.read_index_file(&Key::new(format!("index/{name}")))? {
+                    old.add_file(&f)?;
+                }
+            }
+            old.seal();
+            let mut keep: HashSet<(u16, PackId)> = HashSet::new();
+            for id in &missing {
+                if let Some(p) = old.get(id).and_then(|loc| old.pack(loc.pack)) {
+                    keep.insert((p.target, p.id));
+                }
+            }
+            let stored: HashMap<PackId, PackFile> =
+                repo.pack_files()?.into_iter().map(|p| (p.id, p)).collect();
+            let mut found = IndexFile::default();
+            let mut ignored = Salvaged::default();
+            for (target, id) in &keep {
+                let Some(pf) = stored.get(id).filter(|p| p.target == *target) else {
+                    continue;
+                };
+                let Some((info, entries)) = repo.index_pack(pf, &mut ignored)? else {
+                    continue;
+                };
+                let n = found.packs.len() as u32;
+                found.packs.push(info);
+                found.entries.extend(
+                    entries
+                        .into_iter()
+                        .map(|(id, loc)| (id, Location { pack: n, ..loc })),
+                );
+            }
+            repo.write_index(session, &found)?;
+            let before = t.garbage.packs.len();
+            t.garbage.packs.retain(|(tg, id)| {
+                PackId::from_hex(id).is_none_or(|id| !keep.contains(&(*tg, id)))
+            });
+            out.packs_kept += (before - t.garbage.packs.len()) as u64;
+        }
+        let packs: Vec<(u16, PackId)> = t.garbage.pack_set().into_iter().collect();
+        repo.delete_objects(&t.garbage.index_files, &packs)?;
+        t.garbage = Garbage::default();
+        repo.rewrite_trash(&t)?;
+        out.lists_done += 1;
+    }
+    Ok(out)
 }
 
 fn finish((w, target): (PackWriter, u16), moved: &mut IndexFile) -> Result<()> {

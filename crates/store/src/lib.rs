@@ -74,7 +74,7 @@ pub use gc::{gc, GcOptions, GcReport};
 pub use id::{ChunkId, PackId, RepoId};
 pub use manifest::{Extent, Manifest};
 pub use reader::PackReader;
-pub use repo::{Repository, WriterLock};
+pub use repo::{ImageLock, Repository, Session};
 pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
 pub use retention::{KeepPolicy, Verdict};
 pub use verify::{verify, VerifyOptions, VerifyReport};

@@ -8,7 +8,7 @@
 //! It reads through [`ReadBackend`]s (one per target: striping is a
 //! backend per disk), never by path, so an object store comes in here.
 
-use crate::backend::{Key, LocalDir, ReadBackend};
+use crate::backend::{Key, ReadBackend};
 use crate::error::{Result, StoreError};
 use crate::id::RepoId;
 use crate::index::{ChunkIndex, Location};
@@ -39,10 +39,9 @@ pub struct PackReader {
 impl PackReader {
     /// A reader of the packs `index` names in `repo`.
     pub fn new(repo: &Repository, index: &ChunkIndex) -> PackReader {
-        let backends: Vec<Arc<dyn ReadBackend>> = repo
-            .targets()
-            .iter()
-            .map(|t| Arc::new(LocalDir::new(t)) as Arc<dyn ReadBackend>)
+        let backends: Vec<Arc<dyn ReadBackend>> = (0..repo.target_count() as u16)
+            .filter_map(|t| repo.target(t).ok())
+            .map(|t| t.clone() as Arc<dyn ReadBackend>)
             .collect();
         let places = index
             .packs()

@@ -1,19 +1,31 @@
-//! A repository on disk: layout, config, targets, locks, snapshots, index
-//! files, salvage of interrupted writes, and the garbage list.
+//! A repository: layout, config, targets, sessions, snapshots, index
+//! files, salvage of interrupted writes, and the trash lists of gc.
+//!
+//! Every object is reached through a backend ([`crate::backend`]): a
+//! directory on a local disk, or a prefix in a bucket; the keys are the
+//! same.
 //!
 //! ```text
-//! REPO/config                 metadata envelope (kind 1), JSON body
-//! REPO/lock                   writer lock (flock), holds who has it
-//! REPO/read.lock              readers hold it shared; gc deletes packs only
-//!                             when it can take it exclusively, at once
-//! REPO/index/<hex>.idx        index files
-//! REPO/snapshots/NAME/<n>.snap manifests, n zero-padded
-//! REPO/garbage                what an unfinished gc still has to delete
+//! config                      metadata envelope (kind 1), JSON body
+//! sessions/<hex>              one per running writer or reader (held)
+//! locks/NAME                  held while image NAME is open for writing
+//! index/<hex>.idx             index files
+//! snapshots/NAME/<n>.snap     manifests, n zero-padded
+//! trash/<hex>                 what a gc still has to delete (kind 5)
+//! garbage                     the same, as written by version 1 (read only)
 //! TARGET/cairn-target         marker (kind 2): repository id, target number,
 //!                             home (the repository's directory) if absolute
-//! TARGET/packs/<xx>/<id>.pack pack files (default TARGET: REPO/data)
+//! TARGET/packs/<xx>/<id>.pack pack files (default TARGET: data)
 //! ```
+//!
+//! Writers take no global lock: each registers a session, writes packs
+//! under fresh random names, then index files, then its manifest (created
+//! only if no other writer took that snapshot number). gc deletes in two
+//! phases (a trash list, deleted once every session that could have seen
+//! the old state has ended): `docs/format/repository.md` gives the
+//! protocol and why it loses nothing.
 
+use crate::backend::{Held, Key, Liveness, LocalDir, ReadBackend, WriteBackend};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{PackId, RepoId};
 use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FILE};
@@ -21,10 +33,10 @@ use crate::manifest::Manifest;
 use crate::meta::{self, Kind};
 use crate::pack::{self, PACK_HEADER_LEN};
 use serde::{Deserialize, Serialize};
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::io::AsRawFd;
+use std::collections::HashSet;
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Version of the config body (and of the repository layout).
 pub const REPO_VERSION: u32 = 1;
@@ -51,6 +63,9 @@ struct Config {
 /// since a copy of the repository copies them too.
 pub const MARKER_HOME_VERSION: u32 = 2;
 
+/// The marker's key in a target.
+const MARKER: &str = "cairn-target";
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Marker {
     repository: String,
@@ -61,10 +76,19 @@ struct Marker {
 }
 
 impl Marker {
-    /// Read and check the marker at `path`.
-    fn read(path: &Path) -> Result<Marker> {
-        let (version, body) = meta::read(path, Kind::TargetMarker, MARKER_HOME_VERSION)?;
-        let marker: Marker = serde_json::from_slice(&body)
+    /// Read and check the marker of target backend `b`.
+    fn read(b: &dyn ReadBackend) -> Result<Marker> {
+        let key = Key::new(MARKER);
+        let path = b.locate(&key);
+        let Some(data) = b.get(&key)? else {
+            return Err(StoreError::NotFound(format!(
+                "target {} has no cairn-target marker: is its disk mounted?",
+                b.locate(&Key::new("")).display()
+            )));
+        };
+        let (version, body) = meta::open(&path, &data, Kind::TargetMarker, MARKER_HOME_VERSION)?;
+        let path = path.as_path();
+        let marker: Marker = serde_json::from_slice(body)
             .map_err(|e| StoreError::corrupt(path, 24, format!("marker: {e}")))?;
         if (version >= MARKER_HOME_VERSION) != marker.home.is_some() {
             return Err(StoreError::corrupt(
@@ -76,18 +100,19 @@ impl Marker {
         Ok(marker)
     }
 
-    /// Write it to `dir/cairn-target` (crash-safely), in the version its
-    /// contents need.
-    fn write(&self, dir: &Path) -> Result<PathBuf> {
+    /// Write it into target backend `b` (crash-safely), in the version
+    /// its contents need.
+    fn write(&self, b: &dyn WriteBackend) -> Result<()> {
         let body = serde_json::to_vec(self).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let version = if self.home.is_some() {
             MARKER_HOME_VERSION
         } else {
             REPO_VERSION
         };
-        let path = dir.join("cairn-target");
-        meta::write_atomic(&path, &meta::seal(Kind::TargetMarker, version, &body))?;
-        Ok(path)
+        b.put(
+            &Key::new(MARKER),
+            &meta::seal(Kind::TargetMarker, version, &body),
+        )
     }
 }
 
@@ -124,10 +149,26 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// Version of trash lists written by this build: version 1 was the one
+/// `garbage` object (no creation time, no sessions), read as a trash
+/// list that waits for no session.
+pub const TRASH_VERSION: u32 = 2;
+
+/// What a gc superseded, to delete once nothing can still need it: a
+/// trash list (`trash/<hex>`, or `garbage` from version 1).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 pub(crate) struct Garbage {
+    /// Superseded index files (`<hex>.idx`).
     pub index_files: Vec<String>,
+    /// Dead and repacked packs: (target, pack id).
     pub packs: Vec<(u16, String)>,
+    /// When it was written (Unix seconds).
+    #[serde(default)]
+    pub created: i64,
+    /// The sessions that were running when it was written: it is
+    /// deleted only once all of them have ended.
+    #[serde(default)]
+    pub sessions: Vec<String>,
 }
 
 impl Garbage {
@@ -135,40 +176,122 @@ impl Garbage {
         self.index_files.is_empty() && self.packs.is_empty()
     }
 
-    /// The packs to delete, for lookups (the list can name thousands).
-    pub(crate) fn pack_set(&self) -> std::collections::HashSet<(u16, PackId)> {
+    /// The packs it names, parsed.
+    pub(crate) fn pack_set(&self) -> HashSet<(u16, PackId)> {
         self.packs
             .iter()
             .filter_map(|(t, id)| Some((*t, PackId::from_hex(id)?)))
             .collect()
     }
+
+    /// Take in another list's entries.
+    pub(crate) fn merge(&mut self, other: &Garbage) {
+        for f in &other.index_files {
+            if !self.index_files.contains(f) {
+                self.index_files.push(f.clone());
+            }
+        }
+        let have: HashSet<(u16, String)> = self.packs.iter().cloned().collect();
+        self.packs
+            .extend(other.packs.iter().filter(|p| !have.contains(*p)).cloned());
+    }
+}
+
+/// A trash list as found: its key and contents.
+#[derive(Debug, Clone)]
+pub(crate) struct TrashList {
+    pub key: Key,
+    pub garbage: Garbage,
+}
+
+/// A pack and the index entries of its sound records (pack number 0).
+pub(crate) type IndexedPack = (PackInfo, Vec<(crate::id::ChunkId, Location)>);
+
+/// One target: its backend and, for a local one, its directory.
+#[derive(Debug, Clone)]
+struct Target {
+    backend: Arc<dyn WriteBackend>,
+    dir: Option<PathBuf>,
+    /// Given as an absolute path (outside the repository).
+    absolute: bool,
 }
 
 /// An open repository.
 #[derive(Debug, Clone)]
 pub struct Repository {
-    root: PathBuf,
+    /// Where it is, for messages and reports: a path or a URL.
+    location: String,
+    /// The backend holding config, index, snapshots, sessions, trash.
+    root: Arc<dyn WriteBackend>,
+    /// The canonical path of the repository directory, for a local one.
+    home: Option<PathBuf>,
     id: RepoId,
-    targets: Vec<PathBuf>,
+    targets: Vec<Target>,
     pack_size: u64,
     /// Targets given as absolute paths whose marker does not name this
     /// repository's directory as its home yet (written by an older cairn,
     /// or the repository was moved): the next writer claims them.
     unclaimed: Vec<u16>,
-    /// The canonical path of the repository directory.
-    home: PathBuf,
 }
 
-/// The writer lock; released when dropped (or when the process dies).
+/// A running writer or reader, registered in the repository
+/// (`sessions/<hex>`) for as long as it lives: gc deletes nothing a
+/// running session may still use, and salvage leaves packs alone while
+/// another writer runs. Dropped (or the process dies): ended.
 #[derive(Debug)]
-pub struct WriterLock {
-    _file: File,
+pub struct Session {
+    id: String,
+    held: Option<Box<dyn Held>>,
 }
 
-/// A reader's shared lock; gc does not delete packs while one is held.
+impl Session {
+    /// Its id (the hex of its key).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Fails when the session may have been taken for dead (a remote
+    /// lease not refreshed in time): checked before a commit.
+    pub fn check(&self) -> Result<()> {
+        match &self.held {
+            Some(h) => h.check(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The writer's claim on one image (`locks/NAME`): one writable open of an
+/// image at a time; other images and backups go on.
 #[derive(Debug)]
-pub struct ReadLock {
-    _file: File,
+pub struct ImageLock {
+    _held: Box<dyn Held>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct SessionInfo {
+    what: String,
+    pid: u32,
+    host: String,
+    started: i64,
+}
+
+impl SessionInfo {
+    /// This process, doing `what`, as the body of a held object.
+    fn now(what: &str) -> Result<Vec<u8>> {
+        let info = SessionInfo {
+            what: what.to_string(),
+            pid: std::process::id(),
+            host: hostname(),
+            started: now_secs(),
+        };
+        serde_json::to_vec(&info).map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+}
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The index as loaded, with the files that could not be read.
@@ -178,8 +301,10 @@ pub struct LoadedIndex {
     pub index: ChunkIndex,
     /// Index files that are damaged, with the error.
     pub damaged: Vec<StoreError>,
-    /// Their paths.
-    pub damaged_paths: Vec<PathBuf>,
+    /// Their keys.
+    pub damaged_keys: Vec<Key>,
+    /// The index files read.
+    pub files: Vec<Key>,
 }
 
 /// The index as a writer sees it: complete for the packs on disk.
@@ -192,6 +317,11 @@ pub struct WriterIndex {
     /// Damaged index files set aside (renamed `*.idx.damaged`): every pack
     /// they could name has been indexed again from its records.
     pub quarantined: Vec<PathBuf>,
+    /// The index files loaded (what gc may supersede: never one written
+    /// by a concurrent writer after the load).
+    pub files: Vec<Key>,
+    /// What earlier gcs' trash lists came to first.
+    pub collected: crate::gc::Collected,
     /// Packs the index names that are missing or shorter than sealed;
     /// their chunks are not used for dedup (a backup stores them again).
     pub lost_packs: Vec<String>,
@@ -204,7 +334,7 @@ pub struct PackFile {
     pub target: u16,
     /// Pack id.
     pub id: PackId,
-    /// Its path.
+    /// Where it is (a path or a URL), for messages.
     pub path: PathBuf,
     /// Its length now.
     pub len: u64,
@@ -223,6 +353,8 @@ pub struct Salvaged {
     /// Bytes of unindexed packs that hold no sound record (torn tails,
     /// damage, foreign headers): left in place, not indexed.
     pub skipped_bytes: u64,
+    /// Whether salvage looked at all (it waits while another writer runs).
+    pub ran: bool,
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -250,21 +382,6 @@ pub fn validate_name(name: &str) -> Result<()> {
     }
 }
 
-fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
-    // SAFETY: flock takes a file descriptor and flags; the descriptor is
-    // owned by `file`, which outlives the call.
-    let r = unsafe { libc::flock(file.as_raw_fd(), op) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(e)
-    }
-}
-
 impl Repository {
     /// Create a repository at `root` with packs on `targets` (none: one
     /// target at `root/data`), sealing packs at `pack_size` bytes (1 MiB to
@@ -282,18 +399,23 @@ impl Repository {
         result
     }
 
-    fn init_recording(
-        root: &Path,
-        targets: &[PathBuf],
-        pack_size: Option<u64>,
-        made: &mut Made,
-    ) -> Result<Repository> {
+    fn check_pack_size(pack_size: Option<u64>) -> Result<u64> {
         let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
         if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
             return Err(StoreError::Invalid(format!(
                 "pack size {pack_size} is out of range {MIN_PACK_SIZE}..={MAX_PACK_SIZE}"
             )));
         }
+        Ok(pack_size)
+    }
+
+    fn init_recording(
+        root: &Path,
+        targets: &[PathBuf],
+        pack_size: Option<u64>,
+        made: &mut Made,
+    ) -> Result<Repository> {
+        let pack_size = Self::check_pack_size(pack_size)?;
         if root.exists() {
             let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
             if entries.next().is_some() {
@@ -321,7 +443,7 @@ impl Repository {
         }
         for (i, t) in stored.iter().enumerate() {
             let dir = root.join(t);
-            if dir.join("cairn-target").exists() {
+            if dir.join(MARKER).exists() {
                 return Err(StoreError::Invalid(format!(
                     "{}: already a target of a cairn repository",
                     dir.display()
@@ -343,58 +465,150 @@ impl Repository {
                 target: i as u16,
                 home: t.is_absolute().then(|| root.clone()),
             };
-            made.file(marker.write(&dir)?);
+            marker.write(&LocalDir::new(&dir))?;
+            made.file(dir.join(MARKER));
             meta::sync_dir(&packs)?;
         }
-        for f in ["lock", "read.lock"] {
-            let p = root.join(f);
-            File::create(&p).ctx(&p, "create")?;
-            made.file(p);
-        }
+        // The config is written last: until it exists, this is not a repository.
+        Self::write_config(&LocalDir::new(&root), id, stored, pack_size)?;
+        made.file(root.join("config"));
+        Repository::open(&root)
+    }
+
+    fn write_config(
+        root: &dyn WriteBackend,
+        id: RepoId,
+        targets: Vec<PathBuf>,
+        pack_size: u64,
+    ) -> Result<()> {
         let config = Config {
             id: id.to_string(),
             created: now_secs(),
-            targets: stored,
+            targets,
             pack_size,
         };
         let body =
             serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        // The config is written last: until it exists, this is not a repository.
-        let cpath = root.join("config");
-        meta::write_atomic(&cpath, &meta::seal(Kind::Config, REPO_VERSION, &body))?;
-        made.file(cpath);
-        Repository::open(&root)
+        let key = Key::new("config");
+        if !root.put_new(&key, &meta::seal(Kind::Config, REPO_VERSION, &body))? {
+            return Err(StoreError::AlreadyExists(root.locate(&key)));
+        }
+        Ok(())
+    }
+
+    /// Create a repository in an object store's `root` (one target,
+    /// `data`, under it). Refused where a repository already is.
+    pub fn init_remote(
+        location: &str,
+        root: Arc<dyn WriteBackend>,
+        pack_size: Option<u64>,
+    ) -> Result<Repository> {
+        let pack_size = Self::check_pack_size(pack_size)?;
+        if root.get(&Key::new("config"))?.is_some() {
+            return Err(StoreError::AlreadyExists(PathBuf::from(location)));
+        }
+        let id = RepoId::random();
+        let data = root.child("data");
+        if data.get(&Key::new(MARKER))?.is_some() {
+            return Err(StoreError::Invalid(format!(
+                "{location}/data: already a target of a cairn repository"
+            )));
+        }
+        Marker {
+            repository: id.to_string(),
+            target: 0,
+            home: None,
+        }
+        .write(&*data)?;
+        Self::write_config(&*root, id, vec![PathBuf::from("data")], pack_size)?;
+        Repository::open_remote(location, root)
     }
 
     /// Open the repository at `root` and check that every target is the
     /// right one.
     pub fn open(root: &Path) -> Result<Repository> {
-        let cfg_path = root.join("config");
-        if !cfg_path.is_file() {
+        if !root.join("config").is_file() {
             return Err(StoreError::NotARepository(root.to_path_buf()));
         }
-        let (_, body) = meta::read(&cfg_path, Kind::Config, REPO_VERSION)?;
-        let config: Config = serde_json::from_slice(&body)
+        let home = fs::canonicalize(root).ctx(root, "resolve path")?;
+        let mut repo = Self::open_backend(
+            root.display().to_string(),
+            Arc::new(LocalDir::new(root)),
+            Some(home),
+        )?;
+        // Target directories inside the repository, by the path given.
+        let paths = repo.target_paths()?;
+        for (t, target) in repo.targets.iter_mut().zip(paths) {
+            if !t.absolute {
+                t.dir = Some(root.join(target));
+            }
+        }
+        Ok(repo)
+    }
+
+    /// Open the repository in an object store's `root`.
+    pub fn open_remote(location: &str, root: Arc<dyn WriteBackend>) -> Result<Repository> {
+        if root.get(&Key::new("config"))?.is_none() {
+            return Err(StoreError::NotARepository(PathBuf::from(location)));
+        }
+        Self::open_backend(location.to_string(), root, None)
+    }
+
+    fn open_backend(
+        location: String,
+        root: Arc<dyn WriteBackend>,
+        home: Option<PathBuf>,
+    ) -> Result<Repository> {
+        let cfg_key = Key::new("config");
+        let cfg_path = root.locate(&cfg_key);
+        let data = root
+            .get(&cfg_key)?
+            .ok_or_else(|| StoreError::NotARepository(PathBuf::from(&location)))?;
+        let (_, body) = meta::open(&cfg_path, &data, Kind::Config, REPO_VERSION)?;
+        let config: Config = serde_json::from_slice(body)
             .map_err(|e| StoreError::corrupt(&cfg_path, 24, format!("config: {e}")))?;
         let id = RepoId::from_hex(&config.id)
             .ok_or_else(|| StoreError::corrupt(&cfg_path, 24, "config: bad repository id"))?;
-        let home = fs::canonicalize(root).ctx(root, "resolve path")?;
         let mut targets = Vec::new();
         let mut unclaimed = Vec::new();
         for (i, t) in config.targets.iter().enumerate() {
-            let dir = root.join(t);
-            let mpath = dir.join("cairn-target");
-            if !mpath.is_file() {
-                return Err(StoreError::NotFound(format!(
-                    "target {i} ({}) has no cairn-target marker: is its disk mounted?",
-                    dir.display()
-                )));
-            }
-            let marker = Marker::read(&mpath)?;
+            let target = if t.is_absolute() {
+                let Some(home) = &home else {
+                    return Err(StoreError::corrupt(
+                        &cfg_path,
+                        24,
+                        format!("config: target {} is a local path", t.display()),
+                    ));
+                };
+                let _ = home;
+                Target {
+                    backend: Arc::new(LocalDir::new(t)),
+                    dir: Some(t.clone()),
+                    absolute: true,
+                }
+            } else {
+                let rel = t.to_str().filter(|s| {
+                    !s.is_empty() && s.split('/').all(|p| !p.is_empty() && p != "." && p != "..")
+                });
+                let Some(rel) = rel else {
+                    return Err(StoreError::corrupt(
+                        &cfg_path,
+                        24,
+                        format!("config: bad target {}", t.display()),
+                    ));
+                };
+                Target {
+                    backend: root.child(rel),
+                    dir: home.as_ref().map(|h| h.join(rel)),
+                    absolute: false,
+                }
+            };
+            let marker = Marker::read(&*target.backend)?;
+            let shown = target.backend.locate(&Key::new(""));
             if marker.repository != config.id || usize::from(marker.target) != i {
                 return Err(StoreError::Invalid(format!(
                     "{}: belongs to repository {} as target {}, expected {} target {i}",
-                    dir.display(),
+                    shown.display(),
                     marker.repository,
                     marker.target,
                     config.id
@@ -404,16 +618,16 @@ impl Repository {
             // the repository (`cp -a`, same id): it belongs to the one
             // its marker names as home. A home that no longer holds the
             // repository means it was moved: the next writer claims it.
-            if t.is_absolute() {
+            if let (true, Some(home)) = (target.absolute, &home) {
                 match &marker.home {
-                    Some(h) if *h == home || same_dir(h, &home) => {}
+                    Some(h) if h == home || same_dir(h, home) => {}
                     Some(h) if holds_repository(h, &config.id) => {
-                        return Err(copy_refused(&dir, i, h, &home));
+                        return Err(copy_refused(&shown, i, h, home));
                     }
                     _ => unclaimed.push(i as u16),
                 }
             }
-            targets.push(dir);
+            targets.push(target);
         }
         if targets.is_empty() {
             return Err(StoreError::corrupt(
@@ -423,46 +637,76 @@ impl Repository {
             ));
         }
         Ok(Repository {
-            root: root.to_path_buf(),
+            location,
+            root,
+            home,
             id,
             targets,
             pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
             unclaimed,
-            home,
         })
     }
 
+    /// The targets as the config names them.
+    fn target_paths(&self) -> Result<Vec<PathBuf>> {
+        let key = Key::new("config");
+        let path = self.root.locate(&key);
+        let data = self
+            .root
+            .get(&key)?
+            .ok_or_else(|| StoreError::NotARepository(PathBuf::from(&self.location)))?;
+        let (_, body) = meta::open(&path, &data, Kind::Config, REPO_VERSION)?;
+        let config: Config = serde_json::from_slice(body)
+            .map_err(|e| StoreError::corrupt(&path, 24, format!("config: {e}")))?;
+        Ok(config.targets)
+    }
+
     /// Write this repository's home into the markers of targets that do
-    /// not name it yet (see [`Repository::open`]); under the writer lock,
-    /// so that a repository copied before markers named their home is
-    /// claimed by one side only.
-    fn claim_targets(&self, _lock: &WriterLock) -> Result<()> {
+    /// not name it yet (see [`Repository::open`]), so that a repository
+    /// copied before markers named their home is claimed by one side only.
+    fn claim_targets(&self) -> Result<()> {
+        let Some(home) = &self.home else {
+            return Ok(());
+        };
         for &i in &self.unclaimed {
-            let Some(dir) = self.targets.get(usize::from(i)) else {
+            let Some(t) = self.targets.get(usize::from(i)) else {
                 continue;
             };
-            let marker = Marker::read(&dir.join("cairn-target"))?;
+            let marker = Marker::read(&*t.backend)?;
             match &marker.home {
-                Some(h) if *h == self.home => continue,
+                Some(h) if h == home => continue,
                 // Claimed by a copy since this one was opened.
-                Some(h)
-                    if holds_repository(h, &self.id.to_string()) && !same_dir(h, &self.home) =>
-                {
-                    return Err(copy_refused(dir, usize::from(i), h, &self.home));
+                Some(h) if holds_repository(h, &self.id.to_string()) && !same_dir(h, home) => {
+                    return Err(copy_refused(
+                        &t.backend.locate(&Key::new("")),
+                        usize::from(i),
+                        h,
+                        home,
+                    ));
                 }
                 _ => {}
             }
             Marker {
-                home: Some(self.home.clone()),
+                home: Some(home.clone()),
                 ..marker
             }
-            .write(dir)?;
+            .write(&*t.backend)?;
         }
         Ok(())
     }
 
-    /// The repository directory.
-    pub fn root(&self) -> &Path {
+    /// Where the repository is: its directory or its URL.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// The repository directory, for a local repository.
+    pub fn local_root(&self) -> Option<&Path> {
+        self.home.as_deref()
+    }
+
+    /// The backend of the repository's metadata.
+    pub fn backend(&self) -> &Arc<dyn WriteBackend> {
         &self.root
     }
 
@@ -471,9 +715,38 @@ impl Repository {
         self.id
     }
 
-    /// Target directories, in order.
-    pub fn targets(&self) -> &[PathBuf] {
-        &self.targets
+    /// How many targets packs are spread over.
+    pub fn target_count(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Target `t`'s backend.
+    pub fn target(&self, t: u16) -> Result<&Arc<dyn WriteBackend>> {
+        self.targets
+            .get(usize::from(t))
+            .map(|t| &t.backend)
+            .ok_or_else(|| {
+                StoreError::Invalid(format!(
+                    "target {t} named, the repository has {}",
+                    self.targets.len()
+                ))
+            })
+    }
+
+    /// Where each target is (a directory or a URL), in order.
+    pub fn target_locations(&self) -> Vec<String> {
+        self.targets
+            .iter()
+            .map(|t| match &t.dir {
+                Some(d) => d.display().to_string(),
+                None => t.backend.locate(&Key::new("")).display().to_string(),
+            })
+            .collect()
+    }
+
+    /// Target directories of a local repository (empty for a remote one).
+    pub fn target_dirs(&self) -> Vec<PathBuf> {
+        self.targets.iter().filter_map(|t| t.dir.clone()).collect()
     }
 
     /// Size at which packs are sealed.
@@ -481,109 +754,131 @@ impl Repository {
         self.pack_size
     }
 
-    /// Take the writer lock. `what` is recorded for whoever finds it
-    /// taken; with `wait`, block until it is free.
-    pub fn lock_writer(&self, what: &str, wait: bool) -> Result<WriterLock> {
-        let path = self.root.join("lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .ctx(&path, "open lock")?;
-        let op = if wait {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_EX | libc::LOCK_NB
+    // ---- sessions ----
+
+    /// Register a running writer or reader, described by `what` (shown to
+    /// whoever finds the repository busy). A reader of a read-only local
+    /// directory runs without one (nothing can be deleted there).
+    pub fn session(&self, what: &str) -> Result<Session> {
+        let id = PackId::random().to_string();
+        let body = SessionInfo::now(what)?;
+        let held = match self.root.hold(&Key::new(format!("sessions/{id}")), &body) {
+            Ok(h) => Some(h),
+            Err(StoreError::Io { source, .. }) if source.raw_os_error() == Some(libc::EROFS) => {
+                None
+            }
+            Err(e) => return Err(e),
         };
-        if !flock(&file, op).ctx(&path, "lock")? {
-            let holder = fs::read_to_string(&path).unwrap_or_default();
-            return Err(StoreError::Locked {
-                path: self.root.clone(),
-                holder: if holder.trim().is_empty() {
-                    "unknown".into()
-                } else {
-                    holder.trim().to_string()
-                },
-            });
-        }
-        let line = format!("pid {}, {what}, since {}", std::process::id(), now_secs());
-        file.set_len(0).ctx(&path, "truncate")?;
-        file.write_all(line.as_bytes()).ctx(&path, "write")?;
-        let lock = WriterLock { _file: file };
-        self.claim_targets(&lock)?;
-        Ok(lock)
+        self.claim_targets()?;
+        Ok(Session { id, held })
     }
 
-    /// Take a reader's lock (shared; waits only while gc deletes packs).
-    pub fn lock_read(&self) -> Result<ReadLock> {
-        let path = self.root.join("read.lock");
-        let file = File::open(&path).ctx(&path, "open lock")?;
-        flock(&file, libc::LOCK_SH).ctx(&path, "lock")?;
-        Ok(ReadLock { _file: file })
+    /// The sessions registered now, with whether each is still running
+    /// (the dead ones, left by killed processes, are removed).
+    pub(crate) fn sessions(&self) -> Result<Vec<(String, Liveness)>> {
+        let mut out = Vec::new();
+        for l in self.root.list("sessions/")? {
+            let Some(id) = l.key.as_str().strip_prefix("sessions/") else {
+                continue;
+            };
+            if PackId::from_hex(id).is_none() {
+                continue;
+            }
+            let live = self.root.liveness(&l.key)?;
+            if live == Liveness::Dead {
+                self.root.delete(std::slice::from_ref(&l.key))?;
+            }
+            out.push((id.to_string(), live));
+        }
+        Ok(out)
     }
 
-    /// Run `f` only if no reader holds the repository; `Ok(None)` if one does.
-    pub(crate) fn without_readers<T>(
-        &self,
-        _w: &WriterLock,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<Option<T>> {
-        let path = self.root.join("read.lock");
-        let file = File::open(&path).ctx(&path, "open lock")?;
-        if !flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&path, "lock")? {
-            return Ok(None);
+    /// Whether session `id` is still running.
+    pub(crate) fn session_liveness(&self, id: &str) -> Result<Liveness> {
+        if PackId::from_hex(id).is_none() {
+            return Ok(Liveness::Gone);
         }
-        f().map(Some)
+        self.root.liveness(&Key::new(format!("sessions/{id}")))
+    }
+
+    /// Whether a session other than `me` is running.
+    pub(crate) fn others_running(&self, me: &Session) -> Result<bool> {
+        Ok(self
+            .sessions()?
+            .iter()
+            .any(|(id, l)| *l == Liveness::Live && id != me.id()))
+    }
+
+    /// Take image `name` for writing: one writer of an image at a time
+    /// (fails at once naming the holder).
+    pub fn lock_image(&self, name: &str, what: &str) -> Result<ImageLock> {
+        validate_name(name)?;
+        let body = SessionInfo::now(what)?;
+        let key = Key::new(format!("locks/{name}"));
+        match self.root.hold(&key, &body) {
+            Ok(h) => Ok(ImageLock { _held: h }),
+            Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
+                path: PathBuf::from(format!("{}: image {name}", self.location)),
+                holder: serde_json::from_str::<SessionInfo>(&holder)
+                    .map(|i| {
+                        format!(
+                            "{}, pid {} on {}, since {}",
+                            i.what, i.pid, i.host, i.started
+                        )
+                    })
+                    .unwrap_or(holder),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     // ---- snapshots ----
 
-    fn image_dir(&self, name: &str) -> PathBuf {
-        self.root.join("snapshots").join(name)
+    fn manifest_key(name: &str, snapshot: u64) -> Key {
+        Key::new(format!("snapshots/{name}/{snapshot:010}.snap"))
     }
 
-    /// Path of a manifest.
+    /// Where a manifest is (a path or a URL).
     pub fn manifest_path(&self, name: &str, snapshot: u64) -> PathBuf {
-        self.image_dir(name).join(format!("{snapshot:010}.snap"))
+        self.root.locate(&Self::manifest_key(name, snapshot))
     }
 
     /// Every image with its snapshot numbers, sorted.
     pub fn images(&self) -> Result<Vec<(String, Vec<u64>)>> {
-        let dir = self.root.join("snapshots");
-        let mut out = Vec::new();
-        for e in fs::read_dir(&dir).ctx(&dir, "read directory")? {
-            let e = e.ctx(&dir, "read directory")?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if validate_name(&name).is_err() {
+        let mut by_name: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for l in self.root.list("snapshots/")? {
+            let Some((name, n)) = Self::parse_manifest_key(&l.key) else {
                 continue;
-            }
-            let snaps = self.snapshots(&name)?;
-            if !snaps.is_empty() {
-                out.push((name, snaps));
-            }
+            };
+            by_name.entry(name.to_string()).or_default().push(n);
         }
-        out.sort();
-        Ok(out)
+        Ok(by_name
+            .into_iter()
+            .map(|(name, mut v)| {
+                v.sort_unstable();
+                (name, v)
+            })
+            .collect())
+    }
+
+    fn parse_manifest_key(key: &Key) -> Option<(&str, u64)> {
+        let rest = key.as_str().strip_prefix("snapshots/")?;
+        let (name, file) = rest.split_once('/')?;
+        validate_name(name).ok()?;
+        let n = file.strip_suffix(".snap")?.parse::<u64>().ok()?;
+        Some((name, n))
     }
 
     /// Snapshot numbers of one image, ascending (empty if none).
     pub fn snapshots(&self, name: &str) -> Result<Vec<u64>> {
-        let dir = self.image_dir(name);
-        let mut v = Vec::new();
-        let rd = match fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(v),
-            Err(e) => return Err(e).ctx(&dir, "read directory"),
-        };
-        for e in rd {
-            let e = e.ctx(&dir, "read directory")?;
-            let f = e.file_name().to_string_lossy().into_owned();
-            if let Some(n) = f.strip_suffix(".snap").and_then(|s| s.parse::<u64>().ok()) {
-                v.push(n);
-            }
-        }
+        let mut v: Vec<u64> = self
+            .root
+            .list(&format!("snapshots/{name}/"))?
+            .iter()
+            .filter_map(|l| Self::parse_manifest_key(&l.key))
+            .filter(|(n, _)| *n == name)
+            .map(|(_, s)| s)
+            .collect();
         v.sort_unstable();
         Ok(v)
     }
@@ -599,7 +894,7 @@ impl Repository {
         let Some(&latest) = snaps.last() else {
             return Err(StoreError::NotFound(format!(
                 "no image named {name:?} in {}",
-                self.root.display()
+                self.location
             )));
         };
         match snap {
@@ -623,8 +918,22 @@ impl Repository {
 
     /// Read one manifest.
     pub fn read_manifest(&self, name: &str, snapshot: u64) -> Result<Manifest> {
-        let path = self.manifest_path(name, snapshot);
-        let data = fs::read(&path).ctx(&path, "read")?;
+        self.read_manifest_if_present(name, snapshot)?
+            .ok_or_else(|| StoreError::Io {
+                path: self.manifest_path(name, snapshot),
+                what: "read",
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+    }
+
+    /// Read one manifest, or `None` if it was removed since the listing
+    /// (an `rm` running beside a reader).
+    pub fn read_manifest_if_present(&self, name: &str, snapshot: u64) -> Result<Option<Manifest>> {
+        let key = Self::manifest_key(name, snapshot);
+        let Some(data) = self.root.get(&key)? else {
+            return Ok(None);
+        };
+        let path = self.root.locate(&key);
         let m = Manifest::decode(&path, &data)?;
         if m.name != name || m.snapshot != snapshot {
             return Err(StoreError::corrupt(
@@ -636,58 +945,84 @@ impl Repository {
                 ),
             ));
         }
-        Ok(m)
+        Ok(Some(m))
     }
 
-    /// Read one manifest, or `None` if it was removed since the listing
-    /// (an `rm` running beside a reader).
-    pub fn read_manifest_if_present(&self, name: &str, snapshot: u64) -> Result<Option<Manifest>> {
-        match self.read_manifest(name, snapshot) {
-            Ok(m) => Ok(Some(m)),
-            Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                Ok(None)
+    /// Commit a manifest (the commit point of a backup) under the number
+    /// it names; `false` (nothing written) if another writer has taken
+    /// that number meanwhile.
+    pub fn write_manifest(&self, session: &Session, m: &Manifest) -> Result<bool> {
+        session.check()?;
+        self.root
+            .put_new(&Self::manifest_key(&m.name, m.snapshot), &m.encode())
+    }
+
+    /// Commit `m` as the image's next snapshot: numbered after the latest
+    /// one, again after it if a concurrent writer of the same image took
+    /// that number first. Returns the number.
+    pub fn commit_manifest(&self, session: &Session, m: &mut Manifest) -> Result<u64> {
+        loop {
+            m.snapshot = self.snapshots(&m.name)?.last().map_or(1, |n| n + 1);
+            if self.write_manifest(session, m)? {
+                return Ok(m.snapshot);
             }
-            Err(e) => Err(e),
         }
-    }
-
-    /// Commit a manifest (the commit point of a backup).
-    pub fn write_manifest(&self, _lock: &WriterLock, m: &Manifest) -> Result<()> {
-        let dir = self.image_dir(&m.name);
-        if !dir.exists() {
-            fs::create_dir_all(&dir).ctx(&dir, "create directory")?;
-            meta::sync_dir(&self.root.join("snapshots"))?;
-        }
-        meta::write_atomic(&self.manifest_path(&m.name, m.snapshot), &m.encode())
     }
 
     /// Remove a snapshot (its chunks stay until `gc`).
-    pub fn remove_snapshot(&self, _lock: &WriterLock, name: &str, snapshot: u64) -> Result<()> {
-        let path = self.manifest_path(name, snapshot);
-        fs::remove_file(&path).ctx(&path, "remove")?;
-        let dir = self.image_dir(name);
-        meta::sync_dir(&dir)?;
-        if self.snapshots(name)?.is_empty() {
-            let _ = fs::remove_dir(&dir);
-            meta::sync_dir(&self.root.join("snapshots"))?;
+    pub fn remove_snapshot(&self, _session: &Session, name: &str, snapshot: u64) -> Result<()> {
+        let key = Self::manifest_key(name, snapshot);
+        if self.root.get(&key)?.is_none() {
+            return Err(StoreError::Io {
+                path: self.root.locate(&key),
+                what: "remove",
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        self.root.delete(&[key])?;
+        // A local image's directory goes with its last snapshot.
+        if let Some(home) = &self.home {
+            if self.snapshots(name)?.is_empty() {
+                let _ = fs::remove_dir(home.join("snapshots").join(name));
+            }
         }
         Ok(())
     }
 
     // ---- index ----
 
-    /// Every index file.
-    pub fn index_files(&self) -> Result<Vec<PathBuf>> {
-        let dir = self.root.join("index");
-        let mut v = Vec::new();
-        for e in fs::read_dir(&dir).ctx(&dir, "read directory")? {
-            let p = e.ctx(&dir, "read directory")?.path();
-            if p.extension().is_some_and(|x| x == "idx") {
-                v.push(p);
-            }
-        }
+    /// Every index file's key.
+    pub fn index_files(&self) -> Result<Vec<Key>> {
+        let mut v: Vec<Key> = self
+            .root
+            .list("index/")?
+            .into_iter()
+            .map(|l| l.key)
+            .filter(|k| Self::index_file_name(k).is_some())
+            .collect();
         v.sort();
         Ok(v)
+    }
+
+    /// `<hex>.idx` of an index file's key.
+    fn index_file_name(key: &Key) -> Option<&str> {
+        let name = key.as_str().strip_prefix("index/")?;
+        name.strip_suffix(".idx")
+            .and_then(PackId::from_hex)
+            .map(|_| name)
+    }
+
+    /// Where an index file is.
+    pub fn locate(&self, key: &Key) -> PathBuf {
+        self.root.locate(key)
+    }
+
+    /// Read one index file (`None` if removed since the listing).
+    pub(crate) fn read_index_file(&self, key: &Key) -> Result<Option<IndexFile>> {
+        match self.root.get(key)? {
+            Some(data) => IndexFile::decode(&self.root.locate(key), &data).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Load every index file into memory.
@@ -700,32 +1035,31 @@ impl Repository {
     /// (when a chunk is also elsewhere, the other copy is kept).
     pub(crate) fn load_index_without(&self, garbage: &Garbage) -> Result<LoadedIndex> {
         let mut out = LoadedIndex::default();
-        for path in self.index_files()? {
-            if path
-                .file_name()
+        for key in self.index_files()? {
+            if Self::index_file_name(&key)
                 .is_some_and(|n| garbage.index_files.iter().any(|s| n == s.as_str()))
             {
                 continue;
             }
-            let data = match fs::read(&path) {
-                Ok(d) => d,
+            let data = match self.root.get(&key) {
+                Ok(Some(d)) => d,
                 // Removed by a gc since the listing; its replacement was
-                // committed before, and is in the listing or will be.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                // committed before, and every session that listed the old
+                // one has ended.
+                Ok(None) => continue,
                 Err(e) => {
-                    out.damaged_paths.push(path.clone());
-                    out.damaged.push(StoreError::Io {
-                        path,
-                        what: "read",
-                        source: e,
-                    });
+                    out.damaged_keys.push(key);
+                    out.damaged.push(e);
                     continue;
                 }
             };
-            match IndexFile::decode(&path, &data) {
-                Ok(f) => out.index.add_file(&f)?,
+            match IndexFile::decode(&self.root.locate(&key), &data) {
+                Ok(f) => {
+                    out.index.add_file(&f)?;
+                    out.files.push(key);
+                }
                 Err(e) => {
-                    out.damaged_paths.push(path);
+                    out.damaged_keys.push(key);
                     out.damaged.push(e);
                 }
             }
@@ -750,10 +1084,10 @@ impl Repository {
         Ok(out)
     }
 
-    /// Length on disk of each pack `index` names, by pack number (0 when
-    /// the file is missing).
+    /// Length of each pack `index` names, by pack number (0 when it is
+    /// missing).
     pub fn pack_sizes(&self, index: &ChunkIndex) -> Result<Vec<u64>> {
-        let on_disk: std::collections::HashMap<PackId, u64> = self
+        let stored: std::collections::HashMap<PackId, u64> = self
             .pack_files()?
             .into_iter()
             .map(|p| (p.id, p.len))
@@ -761,16 +1095,16 @@ impl Repository {
         Ok(index
             .packs()
             .iter()
-            .map(|p| on_disk.get(&p.id).copied().unwrap_or(0))
+            .map(|p| stored.get(&p.id).copied().unwrap_or(0))
             .collect())
     }
 
     /// Write index files for `file` (split so no file is too big to load
-    /// cheaply); returns their paths.
-    pub fn write_index(&self, _lock: &WriterLock, file: &IndexFile) -> Result<Vec<PathBuf>> {
-        let mut paths = Vec::new();
+    /// cheaply); returns their keys.
+    pub fn write_index(&self, _session: &Session, file: &IndexFile) -> Result<Vec<Key>> {
+        let mut keys = Vec::new();
         if file.entries.is_empty() && file.packs.is_empty() {
-            return Ok(paths);
+            return Ok(keys);
         }
         let parts: Vec<&[(crate::id::ChunkId, Location)]> = if file.entries.is_empty() {
             vec![&[]]
@@ -784,159 +1118,186 @@ impl Repository {
                 packs: file.packs.clone(),
                 entries: part.to_vec(),
             };
-            let path = self
-                .root
-                .join("index")
-                .join(format!("{}.idx", PackId::random()));
-            meta::write_atomic(&path, &f.encode())?;
-            paths.push(path);
+            let key = Key::new(format!("index/{}.idx", PackId::random()));
+            self.root.put(&key, &f.encode())?;
+            keys.push(key);
         }
-        Ok(paths)
+        Ok(keys)
     }
 
-    /// Path of a pack named by the index.
+    /// Where a pack named by the index is (a path or a URL).
     pub fn pack_path(&self, p: &PackInfo) -> Result<PathBuf> {
-        let t = self.targets.get(usize::from(p.target)).ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "pack {} names target {}, the repository has {}",
-                p.id,
-                p.target,
-                self.targets.len()
-            ))
-        })?;
-        Ok(pack::pack_path(t, p.id))
+        Ok(self.target(p.target)?.locate(&Key::pack(p.id)))
     }
 
-    /// Every pack file on every target.
+    /// Every pack on every target.
     pub fn pack_files(&self) -> Result<Vec<PackFile>> {
         let mut v = Vec::new();
-        for (t, dir) in self.targets.iter().enumerate() {
-            let packs = dir.join("packs");
-            for sub in fs::read_dir(&packs).ctx(&packs, "read directory")? {
-                let sub = sub.ctx(&packs, "read directory")?.path();
-                if !sub.is_dir() {
+        for (t, target) in self.targets.iter().enumerate() {
+            for l in target.backend.list("packs/")? {
+                let Some(id) = l
+                    .key
+                    .as_str()
+                    .rsplit('/')
+                    .next()
+                    .and_then(|n| n.strip_suffix(".pack"))
+                    .and_then(PackId::from_hex)
+                else {
+                    continue;
+                };
+                if l.key != Key::pack(id) {
                     continue;
                 }
-                for e in fs::read_dir(&sub).ctx(&sub, "read directory")? {
-                    let e = e.ctx(&sub, "read directory")?;
-                    let path = e.path();
-                    let Some(id) = path
-                        .file_name()
-                        .and_then(|n| n.to_str())
-                        .and_then(|n| n.strip_suffix(".pack"))
-                        .and_then(PackId::from_hex)
-                    else {
-                        continue;
-                    };
-                    let len = e.metadata().ctx(&path, "stat")?.len();
-                    v.push(PackFile {
-                        target: t as u16,
-                        id,
-                        path,
-                        len,
-                    });
-                }
+                v.push(PackFile {
+                    target: t as u16,
+                    id,
+                    path: target.backend.locate(&l.key),
+                    len: l.len,
+                });
             }
         }
         Ok(v)
     }
 
+    // ---- gc's trash ----
+
+    /// Every trash list, checked: a list of objects to delete, so a name
+    /// that is not an index file or a pack of a target is refused rather
+    /// than acted on.
+    pub(crate) fn trash_lists(&self) -> Result<Vec<TrashList>> {
+        let mut keys: Vec<Key> = self
+            .root
+            .list("trash/")?
+            .into_iter()
+            .map(|l| l.key)
+            .filter(|k| {
+                k.as_str()
+                    .strip_prefix("trash/")
+                    .and_then(PackId::from_hex)
+                    .is_some()
+            })
+            .collect();
+        keys.sort();
+        keys.insert(0, Key::new("garbage"));
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(data) = self.root.get(&key)? else {
+                continue;
+            };
+            let path = self.root.locate(&key);
+            let (_, body) = meta::open(&path, &data, Kind::Garbage, TRASH_VERSION)?;
+            let g: Garbage = serde_json::from_slice(body)
+                .map_err(|e| StoreError::corrupt(&path, 24, format!("trash list: {e}")))?;
+            for name in &g.index_files {
+                if name
+                    .strip_suffix(".idx")
+                    .and_then(PackId::from_hex)
+                    .is_none()
+                {
+                    return Err(StoreError::corrupt(
+                        &path,
+                        24,
+                        format!("trash list names {name:?}, not an index file"),
+                    ));
+                }
+            }
+            for (t, id) in &g.packs {
+                if usize::from(*t) >= self.targets.len() || PackId::from_hex(id).is_none() {
+                    return Err(StoreError::corrupt(
+                        &path,
+                        24,
+                        format!(
+                            "trash list names pack {id:?} on target {t}, not a pack of the {} targets",
+                            self.targets.len()
+                        ),
+                    ));
+                }
+            }
+            out.push(TrashList { key, garbage: g });
+        }
+        Ok(out)
+    }
+
+    /// Everything on every trash list, as one list.
+    pub(crate) fn all_trash(&self) -> Result<Garbage> {
+        let mut all = Garbage::default();
+        for t in self.trash_lists()? {
+            all.merge(&t.garbage);
+        }
+        Ok(all)
+    }
+
+    /// Write a new trash list; it records the sessions running once it is
+    /// in place (listed after, so none is missed).
+    pub(crate) fn write_trash(&self, session: &Session, mut g: Garbage) -> Result<TrashList> {
+        let key = Key::new(format!("trash/{}", PackId::random()));
+        g.created = now_secs();
+        let seal = |g: &Garbage| -> Result<Vec<u8>> {
+            let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            Ok(meta::seal(Kind::Garbage, TRASH_VERSION, &body))
+        };
+        self.root.put(&key, &seal(&g)?)?;
+        g.sessions = self
+            .sessions()?
+            .into_iter()
+            .filter(|(id, l)| *l == Liveness::Live && id != session.id())
+            .map(|(id, _)| id)
+            .collect();
+        self.root.put(&key, &seal(&g)?)?;
+        Ok(TrashList { key, garbage: g })
+    }
+
+    /// Replace a trash list's contents (fewer entries, as it is worked
+    /// off), or remove it once empty.
+    pub(crate) fn rewrite_trash(&self, t: &TrashList) -> Result<()> {
+        if t.garbage.is_empty() {
+            return self.root.delete(std::slice::from_ref(&t.key));
+        }
+        let body =
+            serde_json::to_vec(&t.garbage).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.root
+            .put(&t.key, &meta::seal(Kind::Garbage, TRASH_VERSION, &body))
+    }
+
+    /// Delete index files (by `<hex>.idx` name) and packs.
+    pub(crate) fn delete_objects(
+        &self,
+        index_files: &[String],
+        packs: &[(u16, PackId)],
+    ) -> Result<()> {
+        let keys: Vec<Key> = index_files
+            .iter()
+            .map(|n| Key::new(format!("index/{n}")))
+            .collect();
+        self.root.delete(&keys)?;
+        for (t, target) in self.targets.iter().enumerate() {
+            let keys: Vec<Key> = packs
+                .iter()
+                .filter(|(pt, _)| usize::from(*pt) == t)
+                .map(|(_, id)| Key::pack(*id))
+                .collect();
+            if !keys.is_empty() {
+                target.backend.delete(&keys)?;
+            }
+        }
+        Ok(())
+    }
+
     // ---- interrupted writers ----
 
-    /// Read the garbage list (empty when there is none) and check every
-    /// entry: it is a list of files to delete, so a name that is not an
-    /// index file of `REPO/index` or a pack of a target is refused rather
-    /// than acted on.
-    pub(crate) fn read_garbage(&self) -> Result<Garbage> {
-        let path = self.root.join("garbage");
-        if !path.exists() {
-            return Ok(Garbage::default());
-        }
-        let (_, body) = meta::read(&path, Kind::Garbage, REPO_VERSION)?;
-        let g: Garbage = serde_json::from_slice(&body)
-            .map_err(|e| StoreError::corrupt(&path, 24, format!("garbage list: {e}")))?;
-        for name in &g.index_files {
-            if name
-                .strip_suffix(".idx")
-                .and_then(PackId::from_hex)
-                .is_none()
-            {
-                return Err(StoreError::corrupt(
-                    &path,
-                    24,
-                    format!("garbage list names {name:?}, not an index file"),
-                ));
-            }
-        }
-        for (t, id) in &g.packs {
-            if usize::from(*t) >= self.targets.len() || PackId::from_hex(id).is_none() {
-                return Err(StoreError::corrupt(
-                    &path,
-                    24,
-                    format!(
-                        "garbage list names pack {id:?} on target {t}, not a pack of the {} targets",
-                        self.targets.len()
-                    ),
-                ));
-            }
-        }
-        Ok(g)
-    }
-
-    pub(crate) fn write_garbage(&self, _lock: &WriterLock, g: &Garbage) -> Result<()> {
-        let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        meta::write_atomic(
-            &self.root.join("garbage"),
-            &meta::seal(Kind::Garbage, REPO_VERSION, &body),
-        )
-    }
-
-    /// Finish what a gc left to delete: superseded index files at once,
-    /// packs when no reader is active. Returns whether everything is gone.
-    pub(crate) fn collect_garbage(&self, lock: &WriterLock) -> Result<bool> {
-        let g = self.read_garbage()?;
-        if g.is_empty() {
-            return Ok(true);
-        }
-        // Readers list the index directory, then read the files: deleting
-        // a superseded file under a reader could hide chunks from it, so
-        // index files go, like packs, only while no reader is active.
-        let idx_dir = self.root.join("index");
-        let done = self.without_readers(lock, || {
-            for name in &g.index_files {
-                remove_if_present(&idx_dir.join(name))?;
-            }
-            meta::sync_dir(&idx_dir)?;
-            for (t, id) in &g.packs {
-                // read_garbage has checked both.
-                let (Some(dir), Some(id)) =
-                    (self.targets.get(usize::from(*t)), PackId::from_hex(id))
-                else {
-                    continue;
-                };
-                remove_if_present(&pack::pack_path(dir, id))?;
-            }
-            for dir in &self.targets {
-                meta::sync_dir(&dir.join("packs"))?;
-            }
-            remove_if_present(&self.root.join("garbage"))?;
-            meta::sync_dir(&self.root)
-        })?;
-        Ok(done.is_some())
-    }
-
-    /// The index for a writer (backup, gc): finish an earlier gc's garbage,
-    /// load the index, salvage unindexed packs, set aside damaged index
-    /// files (salvage has re-indexed every pack they could name), and drop
-    /// the entries of packs that are gone or cut short, so that nothing
-    /// new is deduplicated against chunks that cannot be read.
-    pub fn writer_index(&self, lock: &WriterLock) -> Result<WriterIndex> {
-        self.collect_garbage(lock)?;
-        // What a gc left for deletion (readers were active) is invisible to
-        // writers: nothing new may come to depend on a doomed pack. The
-        // live chunks of those index files are in the files gc wrote.
-        let garbage = self.read_garbage()?;
-        let mut loaded = self.load_index_without(&garbage)?;
+    /// The index for a writer (backup, gc): finish the trash that nothing
+    /// can need any more, load the index, salvage unindexed packs, set
+    /// aside damaged index files (salvage has re-indexed every pack they
+    /// could name), and drop the entries of packs that are gone or cut
+    /// short, so that nothing new is deduplicated against chunks that
+    /// cannot be read.
+    pub fn writer_index(&self, session: &Session) -> Result<WriterIndex> {
+        let collected = crate::gc::collect_trash(self, session)?;
+        // What a gc put on a trash list is invisible to writers: nothing
+        // new may come to depend on a doomed pack. The live chunks of
+        // those index files are in the files gc wrote.
+        let trash = self.all_trash()?;
+        let mut loaded = self.load_index_without(&trash)?;
         // A file of a newer format is no damage: refuse to write over it.
         if let Some(pos) = loaded
             .damaged
@@ -945,15 +1306,19 @@ impl Repository {
         {
             return Err(loaded.damaged.swap_remove(pos));
         }
-        let salvaged = self.salvage(lock, &mut loaded.index)?;
+        let salvaged = self.salvage(session, &mut loaded.index, &mut loaded.files)?;
         let mut quarantined = Vec::new();
-        for path in loaded.damaged_paths {
-            let aside = path.with_extension("idx.damaged");
-            fs::rename(&path, &aside).ctx(&path, "set aside damaged index file")?;
-            quarantined.push(aside);
-        }
-        if !quarantined.is_empty() {
-            meta::sync_dir(&self.root.join("index"))?;
+        // Set aside only when salvage ran (no other writer): then every
+        // pack a damaged file could name has been indexed again.
+        if salvaged.ran {
+            for key in loaded.damaged_keys {
+                let aside = Key::new(format!("{}.damaged", key.as_str()));
+                if let Some(data) = self.root.get(&key)? {
+                    self.root.put(&aside, &data)?;
+                }
+                self.root.delete(std::slice::from_ref(&key))?;
+                quarantined.push(self.root.locate(&aside));
+            }
         }
         let sizes = self.pack_sizes(&loaded.index)?;
         let mut lost_packs = Vec::new();
@@ -979,8 +1344,60 @@ impl Repository {
             index: loaded.index,
             salvaged,
             quarantined,
+            files: loaded.files,
             lost_packs,
+            collected,
         })
+    }
+
+    /// Index entries for every sound record of pack `pf` (its header must
+    /// be this repository's); `None` when it is not a pack of ours.
+    pub(crate) fn index_pack(
+        &self,
+        pf: &PackFile,
+        report: &mut Salvaged,
+    ) -> Result<Option<IndexedPack>> {
+        let backend = self.target(pf.target)?;
+        let key = Key::pack(pf.id);
+        let Some(data) = backend.get(&key)? else {
+            return Ok(None);
+        };
+        if data.len() < PACK_HEADER_LEN {
+            // Created, then killed before its header was written.
+            report.skipped_bytes += data.len() as u64;
+            backend.delete(&[key])?;
+            return Ok(None);
+        }
+        if pack::check_pack_header(&pf.path, &data, self.id).ok() != Some(pf.id) {
+            report.skipped_bytes += data.len() as u64;
+            return Ok(None);
+        }
+        let mut entries = Vec::new();
+        let mut covered = 0u64;
+        pack::scan_records(&data, |off, r| {
+            covered += r.len() as u64;
+            for (id, slice, _) in r.chunks() {
+                entries.push((
+                    id,
+                    Location {
+                        pack: 0,
+                        offset: off as u32,
+                        len: r.len() as u32,
+                        slice,
+                    },
+                ));
+            }
+            Ok(())
+        })?;
+        report.skipped_bytes += data.len() as u64 - PACK_HEADER_LEN as u64 - covered;
+        Ok(Some((
+            PackInfo {
+                id: pf.id,
+                target: pf.target,
+                len: data.len() as u64,
+            },
+            entries,
+        )))
     }
 
     /// Take into the index the packs that an interrupted backup or gc
@@ -988,62 +1405,56 @@ impl Repository {
     /// instead of storing them again. Every sound record is taken, also
     /// past a damaged one. Packs are never cut or removed here (a pack
     /// whose index file is damaged looks the same as an interrupted one),
-    /// except a file too short to hold even a pack header. Packs on the
-    /// garbage list, and packs whose header is not this repository's, are
+    /// except a file too short to hold even a pack header. Packs on a
+    /// trash list, and packs whose header is not this repository's, are
     /// left alone (verify lists them as unindexed).
-    pub fn salvage(&self, lock: &WriterLock, index: &mut ChunkIndex) -> Result<Salvaged> {
-        let doomed = self.read_garbage()?.pack_set();
-        let mut found = IndexFile::default();
+    ///
+    /// Runs only while no other session is running: another writer's
+    /// packs are unindexed until it commits. The packs are listed before
+    /// the sessions are, so a pack listed was begun by a session that was
+    /// registered by then, and has ended if none is running.
+    /// The index files it writes are added to `files`.
+    pub(crate) fn salvage(
+        &self,
+        session: &Session,
+        index: &mut ChunkIndex,
+        files: &mut Vec<Key>,
+    ) -> Result<Salvaged> {
         let mut report = Salvaged::default();
-        for pf in self.pack_files()? {
+        let doomed = self.all_trash()?.pack_set();
+        let packs = self.pack_files()?;
+        if self.others_running(session)? {
+            return Ok(report);
+        }
+        report.ran = true;
+        let mut found = IndexFile::default();
+        for pf in packs {
             if index.pack_number(&pf.id).is_some() || doomed.contains(&(pf.target, pf.id)) {
                 continue;
             }
-            let data = fs::read(&pf.path).ctx(&pf.path, "read")?;
-            if data.len() < PACK_HEADER_LEN {
-                // Created, then killed before its header was written.
-                report.skipped_bytes += data.len() as u64;
-                fs::remove_file(&pf.path).ctx(&pf.path, "remove")?;
+            let Some((info, entries)) = self.index_pack(&pf, &mut report)? else {
                 continue;
-            }
-            if pack::check_pack_header(&pf.path, &data, self.id).ok() != Some(pf.id) {
-                report.skipped_bytes += data.len() as u64;
-                continue;
-            }
-            let pack_no = found.packs.len() as u32;
-            let mut entries = Vec::new();
-            let mut covered = 0u64;
-            pack::scan_records(&data, |off, r| {
-                covered += r.len() as u64;
-                for (id, slice, _) in r.chunks() {
-                    entries.push((
-                        id,
-                        Location {
-                            pack: pack_no,
-                            offset: off as u32,
-                            len: r.len() as u32,
-                            slice,
-                        },
-                    ));
-                }
-                Ok(())
-            })?;
-            report.skipped_bytes += data.len() as u64 - PACK_HEADER_LEN as u64 - covered;
+            };
             if entries.is_empty() {
                 report.empty.push((pf.target, pf.id));
                 continue;
             }
+            let pack_no = found.packs.len() as u32;
             report.packs += 1;
             report.chunks += entries.len() as u64;
-            found.packs.push(PackInfo {
-                id: pf.id,
-                target: pf.target,
-                len: data.len() as u64,
-            });
-            found.entries.extend(entries);
+            found.packs.push(info);
+            found.entries.extend(entries.into_iter().map(|(id, loc)| {
+                (
+                    id,
+                    Location {
+                        pack: pack_no,
+                        ..loc
+                    },
+                )
+            }));
         }
         if report.packs > 0 {
-            self.write_index(lock, &found)?;
+            files.extend(self.write_index(session, &found)?);
             index.add_file(&found)?;
             index.seal();
         }
@@ -1108,13 +1519,6 @@ impl Made {
     }
 }
 
-fn remove_if_present(p: &Path) -> Result<()> {
-    match fs::remove_file(p) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).ctx(p, "remove"),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
@@ -1137,12 +1541,12 @@ mod tests {
                 target: 1,
                 home: Some(PathBuf::from("/srv/cairn/repo")),
             }
-            .write(&dir)
+            .write(&LocalDir::new(&dir))
             .unwrap();
         }
-        let v1 = Marker::read(&fixtures.join("repository-v1/repo/data/cairn-target")).unwrap();
+        let v1 = Marker::read(&LocalDir::new(&fixtures.join("repository-v1/repo/data"))).unwrap();
         assert_eq!((v1.target, v1.home), (0, None));
-        let v2 = Marker::read(&fixtures.join("target-marker-v2/cairn-target")).unwrap();
+        let v2 = Marker::read(&LocalDir::new(&fixtures.join("target-marker-v2"))).unwrap();
         assert_eq!(v2.target, 1);
         assert_eq!(v2.home, Some(PathBuf::from("/srv/cairn/repo")));
         assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");

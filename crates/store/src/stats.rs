@@ -122,10 +122,10 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     s.index_entry_bytes = loaded.index.entry_bytes() as u64;
     s.index_files = repo.index_files()?.len() as u64;
     s.targets = repo
-        .targets()
-        .iter()
+        .target_locations()
+        .into_iter()
         .map(|p| TargetStats {
-            path: p.clone(),
+            path: PathBuf::from(p),
             packs: 0,
             bytes: 0,
         })

@@ -81,7 +81,7 @@ pub struct VerifyReport {
 
 /// Verify the repository.
 pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
-    let _read = repo.lock_read()?;
+    let _session = repo.session("cairn verify")?;
     let mut report = VerifyReport::default();
     let loaded = repo.load_index()?;
     let index = &loaded.index;
@@ -96,23 +96,19 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         });
     }
 
-    // The garbage list: sound, naming only index files and packs, and
-    // consistent: deleting what it names (the next writer does) must not
-    // take the last copy of a chunk a snapshot uses.
-    let garbage_path = repo.root().join("garbage");
-    let after_gc = match repo.read_garbage() {
-        Ok(g) if g.is_empty() => None,
-        Ok(g) => Some(repo.load_index_without(&g)?.index),
-        Err(e) => {
-            report.problems.push(Problem {
-                kind: "garbage",
-                message: format!("{e} (backup and gc refuse to run while it is there; removing it loses nothing)"),
-                chunk: None,
-                affected: Vec::new(),
-            });
-            None
-        }
-    };
+    // The trash lists: sound, naming only index files and packs. (A chunk
+    // a snapshot uses may be on one only: a snapshot committed beside a
+    // gc; the collection keeps its pack, so that is no damage.)
+    if let Err(e) = repo.trash_lists() {
+        report.problems.push(Problem {
+            kind: "garbage",
+            message: format!(
+                "{e} (backup and gc refuse to run while it is there; removing it loses nothing)"
+            ),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
 
     // Chunks known to be bad, by prefix, with the reason.
     let mut bad: HashMap<[u8; PREFIX_LEN], (ChunkId, &'static str, String), IdHash> =
@@ -283,8 +279,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut missing: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
         HashMap::default();
     let mut hit: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> = HashMap::default();
-    let mut doomed: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
-        HashMap::default();
     let images = repo.images()?;
     report.images = images.len();
     for (name, snaps) in &images {
@@ -331,12 +325,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         .or_insert_with(|| (*id, Vec::new()))
                         .1
                         .push(place);
-                } else if after_gc.as_ref().is_some_and(|a| !a.contains(id)) {
-                    doomed
-                        .entry(prefix)
-                        .or_insert_with(|| (*id, Vec::new()))
-                        .1
-                        .push(place);
                 } else {
                     seen.insert(prefix);
                 }
@@ -349,19 +337,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         report.problems.push(Problem {
             kind: "missing-chunk",
             message: format!("chunk {id} is not in the index (its pack or index file is lost)"),
-            chunk: Some(id),
-            affected,
-        });
-    }
-    let mut doomed: Vec<_> = doomed.into_values().collect();
-    doomed.sort_by_key(|d| d.0);
-    for (id, affected) in doomed {
-        report.problems.push(Problem {
-            kind: "garbage",
-            message: format!(
-                "chunk {id} is only in index files or packs that {} lists for deletion: the next writer would delete its last copy",
-                garbage_path.display()
-            ),
             chunk: Some(id),
             affected,
         });

@@ -109,7 +109,7 @@ fn write_fixture(dir: &Path) {
     let repo = Repository::init(&repo_dir, &[], None).unwrap();
     let mut table = String::from("# image\tsnapshot\tsize\tblake3\n");
     for (name, data, codec, group) in images() {
-        let lock = repo.lock_writer("bless", false).unwrap();
+        let lock = repo.session("bless").unwrap();
         let r = backup(
             &repo,
             &lock,
@@ -260,7 +260,8 @@ impl Layout {
             }
         }
         let mut index_of = BTreeMap::new();
-        for path in repo.index_files().unwrap() {
+        for key in repo.index_files().unwrap() {
+            let path = repo.locate(&key);
             let f =
                 cairn_store::index::IndexFile::decode(&path, &fs::read(&path).unwrap()).unwrap();
             for p in &f.packs {
@@ -548,12 +549,12 @@ fn version_1_repository_restores_and_verifies_without_writing() {
     let before = snapshot_tree(&repo_dir);
     let repo = Repository::open(&repo_dir)
         .unwrap_or_else(|e| panic!("{e} (run with CAIRN_BLESS=1 to create the fixture)"));
-    assert_eq!(repo.targets(), &[repo_dir.join("data")]);
+    assert_eq!(repo.target_dirs(), &[repo_dir.join("data")]);
 
     // Version 1 of every file: envelope version at 12..16, pack version
     // at 8..12.
     let mut files = vec![repo_dir.join("config"), repo_dir.join("data/cairn-target")];
-    files.extend(repo.index_files().unwrap());
+    files.extend(repo.index_files().unwrap().iter().map(|k| repo.locate(k)));
     let expected = expected_images();
     for (name, snap) in expected.keys() {
         files.push(repo.manifest_path(name, *snap));

@@ -73,7 +73,7 @@ fn failed_init_leaves_nothing_behind() {
         }
     }
     // The other repository is intact, and init works after the failures.
-    Repository::open(other.root()).unwrap();
+    Repository::open(other.local_root().unwrap()).unwrap();
     Repository::init(&d.join("repo"), &[d.join("t0"), d.join("new/t1")], None).unwrap();
 }
 
@@ -93,7 +93,7 @@ fn cp_a(from: &Path, to: &Path) {
 fn put(r: &Repository, name: &str, data: &[u8]) {
     // Waits: a child another test spawns (cp -a) holds a copy of every
     // descriptor, this lock's too, from fork until exec.
-    let lock = r.lock_writer("test", true).unwrap();
+    let lock = r.session("test").unwrap();
     let opts = cairn_store::BackupOptions {
         name: name.into(),
         codec: "lz4".parse().unwrap(),

@@ -64,7 +64,7 @@ fn store(
     codec: &str,
     threads: usize,
 ) -> cairn_store::BackupReport {
-    let lock = r.lock_writer("test", false).unwrap();
+    let lock = r.session("test").unwrap();
     let opts = BackupOptions {
         name: name.into(),
         codec: codec.parse::<CodecSpec>().unwrap(),
@@ -261,7 +261,7 @@ fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: Chunke
         progress: None,
         time: None,
     };
-    let lock = r.lock_writer("test", false).unwrap();
+    let lock = r.session("test").unwrap();
     let sparse = backup(
         &r,
         &lock,
@@ -324,7 +324,7 @@ proptest! {
 }
 
 #[test]
-fn one_writer_at_a_time_and_readers_are_not_blocked() {
+fn writers_run_side_by_side_and_an_image_has_one_writable_open() {
     let (_d, r) = repo(1);
     store(
         &r,
@@ -334,18 +334,47 @@ fn one_writer_at_a_time_and_readers_are_not_blocked() {
         "lz4",
         1,
     );
-    let held = r.lock_writer("first", false).unwrap();
-    let second = Repository::open(r.root()).unwrap();
-    let err = second.lock_writer("second", false).unwrap_err();
+    // Two writers of one repository at once, as from two hosts: both
+    // commit, the second one's snapshot numbered after the first's.
+    let second = Repository::open(r.local_root().unwrap()).unwrap();
+    let s1 = r.session("first").unwrap();
+    let s2 = second.session("second").unwrap();
+    let opts = BackupOptions {
+        name: "b".into(),
+        codec: "lz4".parse::<CodecSpec>().unwrap(),
+        chunker: cairn_store::DEFAULT_CHUNKER,
+        threads: 2,
+        group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+        source: "test".into(),
+        progress: None,
+        time: None,
+    };
+    let one =
+        cairn_store::backup(&r, &s1, &mut std::io::Cursor::new(image(300_000, 2)), &opts).unwrap();
+    let two = cairn_store::backup(
+        &second,
+        &s2,
+        &mut std::io::Cursor::new(image(300_000, 3)),
+        &opts,
+    )
+    .unwrap();
+    assert_eq!((one.snapshot, two.snapshot), (1, 2));
+    drop((s1, s2));
+    assert!(load(&second, "a", 1) == image(100_000, 1));
+    assert!(load(&second, "b", 1) == image(300_000, 2));
+    assert!(load(&second, "b", 2) == image(300_000, 3));
+
+    // One writable open of an image at a time; the error names the holder.
+    let held = r.lock_image("a", "first").unwrap();
+    let err = second.lock_image("a", "second").unwrap_err();
     assert!(
         matches!(err, cairn_store::StoreError::Locked { .. }),
         "{err}"
     );
     assert!(err.to_string().contains("first"), "{err}");
-    let _reader = second.lock_read().unwrap();
-    assert!(load(&second, "a", 1) == image(100_000, 1));
+    second.lock_image("b", "another image").unwrap();
     drop(held);
-    second.lock_writer("third", false).unwrap();
+    second.lock_image("a", "third").unwrap();
 }
 
 #[test]
@@ -372,7 +401,7 @@ fn gc_repacks_packs_of_grouped_records() {
     b.extend((0..(6 << 20)).map(|_| g.next() as u8));
     store(&r, "a", &a, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
     store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
-    let lock = r.lock_writer("test", false).unwrap();
+    let lock = r.session("test").unwrap();
     r.remove_snapshot(&lock, "a", 1).unwrap();
     let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
     assert!(rep.packs_repacked + rep.packs_deleted > 0, "{rep:?}");
@@ -384,10 +413,11 @@ fn gc_repacks_packs_of_grouped_records() {
 }
 
 /// Regression: `verify` did not read the garbage list, so a damaged list
-/// (which stops every writer) or one that would delete the last copy of
-/// chunks a snapshot uses went unreported.
+/// (which stops every writer) went unreported. And the collection of a
+/// trash list keeps the packs of chunks a snapshot uses (one committed
+/// beside a gc), however much the list names.
 #[test]
-fn verify_checks_the_garbage_list() {
+fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
     use cairn_store::meta::{seal, Kind};
     use cairn_store::{verify, VerifyOptions};
     let (_d, r) = repo(1);
@@ -401,16 +431,22 @@ fn verify_checks_the_garbage_list() {
     );
     let b = image(3 << 20, 6);
     store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    let root = r.local_root().unwrap().to_path_buf();
+    let other = r.session("a reader").unwrap();
     {
-        let lock = r.lock_writer("test", false).unwrap();
+        let lock = r.session("test").unwrap();
         r.remove_snapshot(&lock, "a", 1).unwrap();
-        // A reader is active: gc leaves its deletions on the list.
-        let _reader = r.lock_read().unwrap();
+        // Another session runs: gc leaves its deletions on a trash list.
         let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
         assert!(rep.deferred, "{rep:?}");
     }
-    let garbage = r.root().join("garbage");
-    let sound = std::fs::read(&garbage).unwrap();
+    let lists: Vec<_> = std::fs::read_dir(root.join("trash"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:?}");
+    let trash = lists[0].clone();
+    let sound = std::fs::read(&trash).unwrap();
     let opts = VerifyOptions {
         read_data: true,
         threads: 2,
@@ -432,36 +468,38 @@ fn verify_checks_the_garbage_list() {
     // A flipped byte: the checksum catches it.
     let mut bad = sound.clone();
     bad[30] ^= 1;
-    std::fs::write(&garbage, &bad).unwrap();
+    std::fs::write(&trash, &bad).unwrap();
     let p = problems();
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(p[0].0, "garbage");
     assert!(p[0].1.contains("checksum"), "{p:?}");
 
     // Names that are not index files or packs: refused, not acted on.
-    let config = std::fs::read(r.root().join("config")).unwrap();
+    let config = std::fs::read(root.join("config")).unwrap();
     for body in [
         r#"{"index_files":["../config"],"packs":[]}"#,
         r#"{"index_files":[],"packs":[[7,"00112233445566778899aabbccddeeff"]]}"#,
         r#"{"index_files":[],"packs":[[0,"../../config"]]}"#,
         r#"{"packs":[]}"#,
     ] {
-        std::fs::write(&garbage, seal(Kind::Garbage, 1, body.as_bytes())).unwrap();
+        std::fs::write(&trash, seal(Kind::Garbage, 2, body.as_bytes())).unwrap();
         let p = problems();
         assert_eq!(p.len(), 1, "{body}: {p:?}");
         assert_eq!(p[0].0, "garbage", "{body}");
-        let lock = r.lock_writer("test", false).unwrap();
+        let lock = r.session("test").unwrap();
         assert!(r.writer_index(&lock).is_err(), "{body}");
-        assert!(std::fs::read(r.root().join("config")).unwrap() == config);
+        assert!(std::fs::read(root.join("config")).unwrap() == config);
     }
+    std::fs::write(&trash, &sound).unwrap();
 
-    // A list that would delete every index file and pack: b's chunks are
-    // named, with where b uses them, though b still restores today.
+    // A version 1 list (no sessions to wait for) naming every index file
+    // and pack: the next collection keeps b's packs and indexes them
+    // again; b still restores.
     let idx: Vec<String> = r
         .index_files()
         .unwrap()
         .iter()
-        .map(|p| format!("{:?}", p.file_name().unwrap().to_str().unwrap()))
+        .map(|k| format!("{:?}", k.as_str().strip_prefix("index/").unwrap()))
         .collect();
     let packs: Vec<String> = r
         .pack_files()
@@ -474,21 +512,24 @@ fn verify_checks_the_garbage_list() {
         idx.join(","),
         packs.join(",")
     );
-    std::fs::write(&garbage, seal(Kind::Garbage, 1, body.as_bytes())).unwrap();
-    let p = problems();
-    assert!(!p.is_empty());
-    for (kind, msg, images) in &p {
-        assert_eq!(*kind, "garbage", "{msg}");
-        assert!(msg.contains("last copy"), "{msg}");
-        assert_eq!(images.first().map(String::as_str), Some("b"), "{msg}");
+    let legacy = root.join("garbage");
+    std::fs::write(&legacy, seal(Kind::Garbage, 1, body.as_bytes())).unwrap();
+    assert_eq!(problems(), vec![]);
+    {
+        let lock = r.session("test").unwrap();
+        r.writer_index(&lock).unwrap();
     }
+    assert!(!legacy.exists());
     assert!(load(&r, "b", 1) == b);
+    assert_eq!(problems(), vec![]);
 
-    // Put back, the sound list is finished by the next writer.
-    std::fs::write(&garbage, &sound).unwrap();
-    let lock = r.lock_writer("test", false).unwrap();
+    // Once the session that was running ends, the next writer finishes
+    // gc's list.
+    assert!(trash.exists());
+    drop(other);
+    let lock = r.session("test").unwrap();
     r.writer_index(&lock).unwrap();
-    assert!(!garbage.exists());
+    assert!(!trash.exists());
     drop(lock);
     assert_eq!(problems(), vec![]);
     assert!(load(&r, "b", 1) == b);

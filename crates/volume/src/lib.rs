@@ -86,7 +86,8 @@ use cairn_blockdev::{
     check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op,
     ZeroFlags,
 };
-use cairn_store::repo::{LoadedIndex, ReadLock};
+use cairn_store::repo::LoadedIndex;
+use cairn_store::Session;
 use cairn_store::{Repository, Result};
 use map::{ExtentMap, HOLE, MISSING};
 use std::sync::atomic::Ordering;
@@ -134,29 +135,30 @@ impl Default for VolumeOptions {
 pub struct RepoView {
     repo: Arc<Repository>,
     index: Arc<LoadedIndex>,
-    _lock: ReadLock,
+    _session: Session,
 }
 
 impl RepoView {
-    /// Take the read lock, then load the index.
+    /// Register a reader's session (gc deletes nothing it may use while
+    /// it lives), then load the index.
     pub fn open(repo: Arc<Repository>) -> Result<RepoView> {
-        let lock = repo.lock_read()?;
+        let lock = repo.session("serving images")?;
         let index = Arc::new(repo.load_index()?);
         Ok(RepoView {
             repo,
             index,
-            _lock: lock,
+            _session: lock,
         })
     }
 
-    /// Take the read lock and use `index` (a writer's index, already in
-    /// memory) instead of loading one.
+    /// Register a reader's session and use `index` (a writer's index,
+    /// already in memory) instead of loading one.
     pub fn with_index(repo: Arc<Repository>, index: LoadedIndex) -> Result<RepoView> {
-        let lock = repo.lock_read()?;
+        let lock = repo.session("serving an image")?;
         Ok(RepoView {
             repo,
             index: Arc::new(index),
-            _lock: lock,
+            _session: lock,
         })
     }
 
@@ -213,7 +215,7 @@ pub struct Volume {
     cache: Arc<Cache>,
     streams: Streams,
     repo: Arc<Repository>,
-    _lock: ReadLock,
+    _session: Session,
 }
 
 impl Volume {
@@ -226,7 +228,7 @@ impl Volume {
     /// Open `spec` with the index `view` loaded.
     pub fn open_with(view: &RepoView, spec: &str, opts: &VolumeOptions) -> Result<Volume> {
         let repo = view.repo.clone();
-        let lock = repo.lock_read()?;
+        let lock = repo.session(&format!("serving {spec}"))?;
         let (name, snapshot) = repo.resolve(spec)?;
         let manifest = repo.read_manifest(&name, snapshot)?;
         let map = ExtentMap::build(&manifest, &view.index.index)?;
@@ -247,7 +249,7 @@ impl Volume {
             cache,
             streams: Streams::new(if opts.threads > 0 { window } else { 0 }),
             repo,
-            _lock: lock,
+            _session: lock,
         })
     }
 

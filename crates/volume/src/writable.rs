@@ -18,9 +18,10 @@
 //!   patched, and the store cuts them again with the image's chunker: the
 //!   unchanged parts dedup against what is stored. Chunks entirely zeroed
 //!   become holes without being read.
-//! - **The writer lock for the device's whole life.** One writer per
-//!   repository, as for `backup`: a second `serve` of the image, a
-//!   backup or a gc wait or fail with the holder's name meanwhile.
+//! - **The image's lock for the device's whole life.** One writable open
+//!   of an image at a time (a second `serve` of it fails with the holder's
+//!   name); backups, gc and other images go on beside it, and gc deletes
+//!   nothing the device's session may use.
 //! - **After a commit the snapshot underneath is reopened** from the
 //!   editor's index (no reload from disk), and the RAM blocks dropped,
 //!   in one step under the lock readers take, so a read sees either the
@@ -116,19 +117,18 @@ fn poisoned(op: Op, offset: u64, len: u64) -> BlockError {
 
 impl WritableVolume {
     /// Open image `name` (its latest snapshot) of `repo` for writing,
-    /// taking the repository's writer lock (waiting for it with `wait`).
+    /// taking the image's lock.
     pub fn open(
         repo: Arc<Repository>,
         name: &str,
         opts: &VolumeOptions,
-        wait: bool,
     ) -> cairn_store::Result<WritableVolume> {
         if name.contains('@') {
             return Err(StoreError::Invalid(format!(
                 "{name}: a writable image starts from its latest snapshot; give NAME, not NAME@SNAPSHOT"
             )));
         }
-        let editor = ImageEditor::open(repo, name, None, wait)?;
+        let editor = ImageEditor::open(repo, name, None)?;
         let volume = Self::reopen(&editor, opts)?;
         Ok(WritableVolume {
             name: name.to_string(),

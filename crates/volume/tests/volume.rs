@@ -51,7 +51,7 @@ fn new_repo() -> (tempfile::TempDir, Arc<Repository>) {
 }
 
 fn store(r: &Repository, name: &str, data: &[u8], chunker: &str, codec: &str, group: usize) {
-    let lock = r.lock_writer("test", false).unwrap();
+    let lock = r.session("test").unwrap();
     let opts = BackupOptions {
         name: name.into(),
         codec: codec.parse::<CodecSpec>().unwrap(),
@@ -543,7 +543,7 @@ fn gc_deletes_no_pack_under_an_open_volume() {
     store(&repo, "vm", &new, "cdc:4K,16K,64K", "zstd:3", 1 << 20);
     let v = Volume::open(repo.clone(), "vm@1", &VolumeOptions::default()).unwrap();
     {
-        let lock = repo.lock_writer("test", false).unwrap();
+        let lock = repo.session("test").unwrap();
         repo.remove_snapshot(&lock, "vm", 1).unwrap();
         let report = cairn_store::gc(&repo, &lock, &cairn_store::GcOptions::default()).unwrap();
         assert!(report.deferred, "{report:?}");
@@ -554,7 +554,7 @@ fn gc_deletes_no_pack_under_an_open_volume() {
         "vm@1 after its snapshot was forgotten",
     );
     drop(v);
-    let lock = repo.lock_writer("test", false).unwrap();
+    let lock = repo.session("test").unwrap();
     let report = cairn_store::gc(&repo, &lock, &cairn_store::GcOptions::default()).unwrap();
     assert!(!report.deferred, "{report:?}");
     drop(lock);

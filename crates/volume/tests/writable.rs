@@ -35,7 +35,7 @@ fn repo_with(data: &[u8], chunker: &str, codec: &str) -> (tempfile::TempDir, Arc
     let dir = tempfile::tempdir().unwrap();
     let ts = vec![dir.path().join("t0"), dir.path().join("t1")];
     let r = Repository::init(&dir.path().join("repo"), &ts, Some(1 << 20)).unwrap();
-    let lock = r.lock_writer("test", false).unwrap();
+    let lock = r.session("test").unwrap();
     let opts = BackupOptions {
         name: "img".into(),
         codec: codec.parse::<CodecSpec>().unwrap(),
@@ -100,7 +100,7 @@ fn check_reads(dev: &dyn BlockDev, model: &[u8], r: &mut Rng) {
 fn exercise(seed: u64, chunker: &str, len: usize, rounds: usize) {
     let mut model = image(seed, len);
     let (_dir, repo) = repo_with(&model, chunker, "zstd:1");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts(), false).unwrap();
+    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
     assert_eq!(dev.size(), len as u64);
     let mut r = Rng(seed.wrapping_mul(7919) | 1);
     let mut committed: Vec<(u64, Vec<u8>)> = vec![(1, model.clone())];
@@ -186,7 +186,7 @@ fn fixed_chunk_images_take_random_changes() {
 fn unchanged_parts_of_a_rewritten_chunk_are_not_stored_again() {
     let data = image(5, 4 << 20);
     let (_dir, repo) = repo_with(&data, "cdc:4096,16384,65536", "none");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts(), false).unwrap();
+    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
     dev.write_at(&[0xAB; 4096], 1 << 20, false).unwrap();
     dev.flush().unwrap();
     let s = dev.stats();
@@ -199,21 +199,21 @@ fn unchanged_parts_of_a_rewritten_chunk_are_not_stored_again() {
 fn the_writer_lock_is_held_and_snapshots_are_refused() {
     let data = image(6, 1 << 20);
     let (_dir, repo) = repo_with(&data, "fixed:65536", "none");
-    let err = WritableVolume::open(repo.clone(), "img@1", &opts(), false)
+    let err = WritableVolume::open(repo.clone(), "img@1", &opts())
         .err()
         .unwrap();
     assert!(err.to_string().contains("latest snapshot"), "{err}");
-    let err = WritableVolume::open(repo.clone(), "nope", &opts(), false)
+    let err = WritableVolume::open(repo.clone(), "nope", &opts())
         .err()
         .unwrap();
     assert!(err.to_string().contains("no snapshot"), "{err}");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts(), false).unwrap();
-    let second = WritableVolume::open(repo.clone(), "img", &opts(), false);
+    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
+    let second = WritableVolume::open(repo.clone(), "img", &opts());
     assert!(matches!(second, Err(StoreError::Locked { .. })));
     // Readers are not blocked.
     assert_eq!(read_snapshot(&repo, "img"), data);
     drop(dev);
-    assert!(WritableVolume::open(repo, "img", &opts(), false).is_ok());
+    assert!(WritableVolume::open(repo, "img", &opts()).is_ok());
 }
 
 proptest! {
