@@ -20,7 +20,7 @@ pub(crate) struct ServeArgs {
     /// writable: every flush commits a new snapshot; `cache=CACHE` puts a
     /// write-back log cache in front (implies rw), and every writeback
     /// batch commits a new snapshot. A writable image holds the
-    /// repository's writer lock while served. Default with --repo: every
+    /// image's lock while served. Default with --repo: every
     /// image's latest snapshot, read-only, named NAME.
     #[arg(long = "image", value_name = "NAME[@SNAPSHOT][,rw][,cache=CACHE]")]
     pub images: Vec<String>,

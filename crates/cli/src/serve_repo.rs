@@ -61,7 +61,7 @@ pub(crate) fn volume_options(cache: usize, threads: Option<usize>) -> VolumeOpti
     opts
 }
 
-/// Open image `name` of `repo` for writing (the repository's writer lock
+/// Open image `name` of `repo` for writing (the image's lock
 /// is held until it is dropped).
 pub(crate) fn open_writable(
     repo: &Arc<Repository>,

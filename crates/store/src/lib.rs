@@ -1,7 +1,9 @@
 //! # cairn-store
 //!
 //! The repository: a deduplicating, compressed store of images (disk and
-//! memory images, streams), striped over several target directories.
+//! memory images, streams), striped over several target directories, or
+//! in an object store; every object is reached through the backend seam
+//! ([`backend`]).
 //!
 //! ## Design decisions
 //!
@@ -26,11 +28,13 @@
 //! - **32 bytes per chunk in memory.** The index is a sorted table of
 //!   160-bit id prefixes with their location ([`index`]); on disk the full
 //!   ids are kept.
-//! - **Commit by rename.** Packs are fsync'd, then the index file, then the
-//!   manifest is renamed into place: a snapshot exists whole or not at all
-//!   ([`meta`], [`backup`](mod@backup)). One writer at a time (flock on `REPO/lock`);
-//!   readers take no writer lock and are never blocked by a backup, and gc
-//!   deletes packs only while no reader holds `REPO/read.lock`.
+//! - **Commit by creating the manifest.** Packs are fsync'd, then the
+//!   index file, then the manifest is created where no other writer has
+//!   taken its number: a snapshot exists whole or not at all ([`meta`],
+//!   [`backup`](mod@backup)). No global lock: backups run side by side,
+//!   readers and writers register sessions instead of locking, and gc
+//!   deletes in two phases, once every session that could still use what
+//!   it superseded has ended (`docs/format/repository.md`).
 //! - **Images change by copy-on-write snapshots.** [`edit`] commits a
 //!   set of replaced ranges of an image's latest snapshot as its next
 //!   snapshot (the writable images of `cairn serve`): the touched chunks

@@ -1,10 +1,10 @@
 //! The envelope around every metadata file (config, target marker, index,
-//! manifest, garbage list), and crash-safe replacement of files.
+//! manifest, trash list), and crash-safe replacement of files.
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNMET"
-//! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 garbage list
+//! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 trash list
 //! 12      4     format version of the body (u32 LE)
 //! 16      8     body length N (u64 LE)
 //! 24      N     body
@@ -47,7 +47,7 @@ impl Kind {
             Kind::TargetMarker => "target marker",
             Kind::Index => "index",
             Kind::Manifest => "manifest",
-            Kind::Garbage => "garbage list",
+            Kind::Garbage => "trash list",
         }
     }
 }

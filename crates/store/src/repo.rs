@@ -1525,6 +1525,63 @@ mod tests {
 
     use super::*;
 
+    /// Every version of the trash list decodes: version 1 (`garbage`, no
+    /// sessions) and version 2 (`trash/<hex>`). `CAIRN_BLESS=1` writes them
+    /// anew (only for a deliberate change, which must come with a new
+    /// version).
+    #[test]
+    fn trash_list_fixtures_of_every_version_decode() {
+        use crate::meta::seal;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/trash");
+        let packs = vec![(0u16, "00112233445566778899aabbccddeeff".to_string())];
+        let files = vec!["0123456789abcdef0123456789abcdef.idx".to_string()];
+        if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
+            fs::create_dir_all(dir.join("repo/trash")).unwrap();
+            let v1 = serde_json::json!({"index_files": files, "packs": packs});
+            fs::write(
+                dir.join("repo/garbage"),
+                seal(Kind::Garbage, 1, v1.to_string().as_bytes()),
+            )
+            .unwrap();
+            let v2 = Garbage {
+                index_files: files.clone(),
+                packs: packs.clone(),
+                created: 1_795_600_000,
+                sessions: vec!["fedcba9876543210fedcba9876543210".into()],
+            };
+            fs::write(
+                dir.join("repo/trash/ffeeddccbbaa99887766554433221100"),
+                seal(Kind::Garbage, 2, &serde_json::to_vec(&v2).unwrap()),
+            )
+            .unwrap();
+        }
+        let root = dir.join("repo");
+        let repo = Repository {
+            location: root.display().to_string(),
+            root: Arc::new(LocalDir::new(&root)),
+            home: None,
+            id: RepoId::random(),
+            targets: vec![Target {
+                backend: Arc::new(LocalDir::new(&root.join("data"))),
+                dir: None,
+                absolute: false,
+            }],
+            pack_size: DEFAULT_PACK_SIZE,
+            unclaimed: Vec::new(),
+        };
+        let lists = repo.trash_lists().unwrap();
+        assert_eq!(lists.len(), 2);
+        assert_eq!(lists[0].key.as_str(), "garbage");
+        assert_eq!(lists[0].garbage.sessions, Vec::<String>::new());
+        assert_eq!(lists[0].garbage.created, 0);
+        assert_eq!(lists[1].garbage.created, 1_795_600_000);
+        assert_eq!(lists[1].garbage.sessions.len(), 1);
+        for l in &lists {
+            assert_eq!(l.garbage.packs, packs);
+            assert_eq!(l.garbage.index_files, files);
+        }
+    }
+
     /// Every version of the target marker decodes: version 1 (the
     /// fixture repository's `data` target) and version 2 (an absolute
     /// target, naming its repository's home). `CAIRN_BLESS=1` writes the

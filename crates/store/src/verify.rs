@@ -3,8 +3,7 @@
 //!
 //! Always: every index file and manifest (envelope checksums), every chunk
 //! a manifest names is in the index, every pack the index names exists
-//! with at least its sealed length, and the garbage list is sound and
-//! deletes no chunk a snapshot still needs. With `read_data`: every record the
+//! with at least its sealed length, and the trash lists are sound. With `read_data`: every record the
 //! index names is read, its CRC checked, decoded and hashed against its id
 //! (all packs in parallel). Each problem lists the images, snapshots and
 //! offsets it affects.

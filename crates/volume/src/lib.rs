@@ -30,7 +30,7 @@
 //!   A 1 TiB image of 32 KiB chunks costs 384 MiB of table, against the
 //!   1.25 GiB its manifest would. The manifest is read again only to name
 //!   a damaged chunk in full in an error message.
-//! - **One index for many volumes.** [`RepoView`] takes the read lock,
+//! - **One index for many volumes.** [`RepoView`] registers a reader's session,
 //!   then loads the index once (32 bytes per chunk of the repository);
 //!   every volume opened from it shares that index and also takes a read
 //!   lock of its own for its whole life, so `gc` never deletes a pack
@@ -130,7 +130,7 @@ impl Default for VolumeOptions {
     }
 }
 
-/// A repository opened for reading volumes: a read lock, and the index
+/// A repository opened for reading volumes: a reader's session, and the index
 /// loaded once under it and shared by every volume opened from here.
 pub struct RepoView {
     repo: Arc<Repository>,
