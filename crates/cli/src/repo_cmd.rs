@@ -1006,6 +1006,11 @@ fn rss_bytes() -> Option<u64> {
 pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let s = stats::stats(&repo)?;
+    let running: Vec<serde_json::Value> = repo
+        .running()?
+        .into_iter()
+        .map(|i| json!({"what": i.what, "pid": i.pid, "host": i.host, "started": i.started}))
+        .collect();
     // Measured, not computed: load the index once more and see what the
     // process grew by.
     let before = rss_bytes();
@@ -1043,6 +1048,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             })).collect::<Vec<_>>(),
             "unreadable_snapshots": s.unreadable_snapshots,
             "damaged_index_files": s.damaged_index_files,
+            "sessions": running,
         }));
     } else {
         println!("repository     {}", repo.location());
@@ -1075,6 +1081,15 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             println!(
                 "unindexed      {} pack(s) from an interrupted run",
                 s.unindexed_packs
+            );
+        }
+        for r in &running {
+            println!(
+                "running        {} (pid {} on {}, since {})",
+                r["what"].as_str().unwrap_or(""),
+                r["pid"],
+                r["host"].as_str().unwrap_or(""),
+                cairn_store::retention::format_time(r["started"].as_i64().unwrap_or(0))
             );
         }
     }

@@ -52,6 +52,7 @@
 pub mod backend;
 pub mod backup;
 mod bytes;
+pub mod cache;
 pub mod chunker;
 mod direct;
 pub mod edit;

@@ -267,12 +267,17 @@ pub struct ImageLock {
     _held: Box<dyn Held>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct SessionInfo {
-    what: String,
-    pid: u32,
-    host: String,
-    started: i64,
+/// Who holds a session or an image lock, as its object records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// What it is doing (`cairn backup vm1`).
+    pub what: String,
+    /// Its process id, on `host`.
+    pub pid: u32,
+    /// The machine's name.
+    pub host: String,
+    /// When it began (Unix seconds).
+    pub started: i64,
 }
 
 impl SessionInfo {
@@ -790,6 +795,24 @@ impl Repository {
             }
             out.push((id.to_string(), live));
         }
+        Ok(out)
+    }
+
+    /// The sessions running now, as they describe themselves (one whose
+    /// object cannot be read is left out: it ended meanwhile).
+    pub fn running(&self) -> Result<Vec<SessionInfo>> {
+        let mut out = Vec::new();
+        for (id, live) in self.sessions()? {
+            if live != Liveness::Live {
+                continue;
+            }
+            if let Some(body) = self.root.get(&Key::new(format!("sessions/{id}")))? {
+                if let Ok(info) = serde_json::from_slice::<SessionInfo>(&body) {
+                    out.push(info);
+                }
+            }
+        }
+        out.sort_by_key(|i| i.started);
         Ok(out)
     }
 
