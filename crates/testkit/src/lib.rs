@@ -105,7 +105,12 @@ impl SeaweedFs {
     pub fn start_or_skip() -> Option<SeaweedFs> {
         if Self::weed().is_none() && !in_ci() {
             if let Err(e) = Self::start() {
-                eprintln!("skipped: {e} (set CI=true to make this fail)");
+                // Past the test harness's capture (which takes eprintln!):
+                // a skip is seen.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "skipped: {e} (set CI=true to make this fail)"
+                );
             }
             return None;
         }
@@ -228,12 +233,16 @@ impl SeaweedFs {
             "-master.volumeSizeLimitMB=64".into(),
             "-volume.max=8".into(),
             "-master.telemetry=false".into(),
+            // A restarted master takes the lead at once, not after 10 s.
+            "-master.electionTimeout=1s".into(),
             "-volume.preStopSeconds=0".into(),
         ];
         let child = Command::new(&self.weed)
             .args(&args)
             // master.toml is read from the working directory.
             .current_dir(&self.dir)
+            // Go's heap: collected before it grows past this (a soft limit).
+            .env("GOMEMLIMIT", "64MiB")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
@@ -252,7 +261,12 @@ impl SeaweedFs {
                     ));
                 }
             }
-            if http_status(p.s3, "GET", "/").is_some() {
+            // Up: S3 answers, and the volume server has joined the master
+            // (before that, writes fail).
+            let volume = format!("\"Url\":\"127.0.0.1:{}\"", p.volume);
+            if http(p.s3, "GET", "/").is_some()
+                && http(p.master, "GET", "/dir/status").is_some_and(|(_, b)| b.contains(&volume))
+            {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -293,8 +307,8 @@ impl SeaweedFs {
         let path = format!("/buckets/{}/?op=mkdir", self.bucket);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            match http_status(self.ports.filer, "POST", &path) {
-                Some(s) if (200..300).contains(&s) => return Ok(()),
+            match http(self.ports.filer, "POST", &path) {
+                Some((s, _)) if (200..300).contains(&s) => return Ok(()),
                 other if Instant::now() > deadline => {
                     return Err(format!(
                         "making bucket {} through the filer: {other:?}",
@@ -343,8 +357,9 @@ fn free_ports() -> Result<Ports, String> {
     })
 }
 
-/// The status of an HTTP/1.0 request to 127.0.0.1:`port`, if it answers.
-fn http_status(port: u16, method: &str, path: &str) -> Option<u16> {
+/// The status and body of an HTTP/1.0 request to 127.0.0.1:`port`, if it
+/// answers.
+fn http(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -353,9 +368,12 @@ fn http_status(port: u16, method: &str, path: &str) -> Option<u16> {
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\n\r\n"
     )
     .ok()?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).ok()?;
-    std::str::from_utf8(head.get(9..12)?).ok()?.parse().ok()
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).ok()?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.get(9..12)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Some((status, body.to_string()))
 }
 
 /// The end of a log, for messages.
