@@ -79,7 +79,7 @@
 
 use crate::backend::{Held, Key, Listed, Liveness, ObjectWriter, ReadBackend, WriteBackend};
 use crate::error::{Result, StoreError};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{
@@ -112,6 +112,9 @@ pub const PART: usize = 8 << 20;
 
 /// Parts of one multipart upload in flight at once.
 const PARTS_IN_FLIGHT: usize = 2;
+
+/// Deletions in flight at once.
+const DELETES_IN_FLIGHT: usize = 32;
 
 /// One request's time limit (a 16 MiB part at 1 MiB/s fits).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -544,10 +547,15 @@ impl WriteBackend for S3Backend {
             .map(|k| self.path(k).map(|p| (k, p)))
             .collect::<Result<Vec<_>>>()?;
         let store = &self.shared.store;
-        let results = self.shared.run(futures_util::future::join_all(
-            paths.iter().map(|(_, p)| store.delete(p)),
-        ));
-        for ((key, _), r) in paths.iter().zip(results) {
+        // One DELETE per key, DELETES_IN_FLIGHT at a time (gc deletes
+        // thousands of packs at once).
+        let results: Vec<_> = self.shared.run(
+            futures_util::stream::iter(paths.iter())
+                .map(|(key, p)| async move { (*key, store.delete(p).await) })
+                .buffer_unordered(DELETES_IN_FLIGHT)
+                .collect(),
+        );
+        for (key, r) in results {
             match r {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(self.err(key, "delete", &e)),
@@ -564,6 +572,7 @@ impl WriteBackend for S3Backend {
             buf: Vec::new(),
             upload: None,
             in_flight: VecDeque::new(),
+            failed: false,
         }))
     }
 
@@ -701,11 +710,24 @@ struct S3Writer {
     upload: Option<Box<dyn MultipartUpload>>,
     /// Parts being sent.
     in_flight: VecDeque<tokio::task::JoinHandle<object_store::Result<()>>>,
+    /// An append failed: the upload was aborted and the object is lost.
+    failed: bool,
 }
 
 impl S3Writer {
     fn fail(&self, what: &'static str, e: &object_store::Error) -> StoreError {
         self.backend.err(&self.key, what, e)
+    }
+
+    /// An error if an earlier append failed (its upload is gone).
+    fn check_failed(&self) -> Result<()> {
+        if self.failed {
+            return Err(StoreError::Aborted(format!(
+                "{}: an earlier part of this object failed to upload",
+                self.backend.locate(&self.key).display()
+            )));
+        }
+        Ok(())
     }
 
     /// Wait for the oldest part in flight.
@@ -789,6 +811,7 @@ impl S3Writer {
 
 impl ObjectWriter for S3Writer {
     fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        self.check_failed()?;
         self.buf.extend_from_slice(bytes);
         if self.upload.is_none() && self.buf.len() <= SINGLE_PUT_MAX {
             return Ok(());
@@ -798,6 +821,8 @@ impl ObjectWriter for S3Writer {
             let part = std::mem::replace(&mut self.buf, rest);
             if let Err(e) = self.send_part(part) {
                 self.abort();
+                self.failed = true;
+                self.buf = Vec::new();
                 return Err(e);
             }
         }
@@ -805,6 +830,7 @@ impl ObjectWriter for S3Writer {
     }
 
     fn finish(mut self: Box<Self>) -> Result<()> {
+        self.check_failed()?;
         let r = self.finish_inner();
         if r.is_err() {
             self.abort();

@@ -76,6 +76,14 @@ fn seaweedfs_passes_the_backend_conformance_check() {
         Err(StoreError::Corrupt { .. }) => {}
         other => panic!("{other:?}"),
     }
+    // Many deletions at once.
+    let many: Vec<Key> = (0..100).map(|i| Key::new(format!("bulk/{i:03}"))).collect();
+    for k in &many {
+        b.put(k, b"z").unwrap();
+    }
+    assert_eq!(b.list("bulk/").unwrap().len(), 100);
+    b.delete(&many).unwrap();
+    assert!(b.list("bulk/").unwrap().is_empty());
     // The bucket holds nothing the check made, but these two.
     let left = backend(&fs, "", &[]).list("").unwrap();
     assert_eq!(left.len(), 2, "{left:?}");
@@ -116,6 +124,13 @@ fn many_threads_read_ranges_at_once() {
         "16 threads x 40 ranged reads in {:.2} s",
         t.elapsed().as_secs_f64()
     );
+    // Called from inside another tokio runtime (the backend's own cannot
+    // block there): still works.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async { b.read_prefix(&key, 1000) }).unwrap();
+    assert!(got == data[..1000]);
 }
 
 #[test]
