@@ -1072,6 +1072,29 @@ mod tests {
     }
 
     #[test]
+    fn https_goes_through_rustls_on_ring() {
+        // A "server" that accepts and hangs up: the TLS handshake fails,
+        // which takes a TLS client built on ring (no aws-lc) to get to.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming().take(50) {
+                drop(s);
+            }
+        });
+        let endpoint = format!("https://localhost:{port}");
+        let mut vars = KEYS.to_vec();
+        vars.push(("AWS_ENDPOINT_URL", &endpoint));
+        vars.push(("CAIRN_S3_RETRY_SECS", "0"));
+        let b = S3Backend::new(S3Config::new("s3://bkt/p", &env(&vars)).unwrap()).unwrap();
+        let e = b.get(&Key::new("config")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("s3://bkt/p/config: get: ") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn errors_are_one_line() {
         let e = object_store::Error::Generic {
             store: "S3",
