@@ -577,9 +577,12 @@ impl WriteBackend for S3Backend {
     }
 
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
+        // A refresh counts from when it was sent (the store's time is
+        // later): the lease is never thought longer than it is.
+        let sent = Instant::now();
         self.put(key, data)?;
         let state = Arc::new(Mutex::new(Refresh {
-            at: Instant::now(),
+            at: sent,
             error: None,
         }));
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
@@ -597,11 +600,12 @@ impl WriteBackend for S3Backend {
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                         stopped.recv_timeout(wait)
                     {
+                        let sent = Instant::now();
                         let r = backend.put(&key, &data);
                         let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
                         match r {
                             Ok(()) => {
-                                s.at = Instant::now();
+                                s.at = sent;
                                 s.error = None;
                                 wait = heartbeat;
                             }
@@ -612,11 +616,17 @@ impl WriteBackend for S3Backend {
                         }
                     }
                 })
-                .map_err(|e| StoreError::Io {
+        };
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.delete(std::slice::from_ref(key));
+                return Err(StoreError::Io {
                     path: url,
                     what: "start the thread refreshing",
                     source: e,
-                })?
+                });
+            }
         };
         Ok(Box::new(S3Hold {
             backend: self.clone(),
