@@ -382,3 +382,42 @@ fn last_lines(path: &Path) -> String {
     let lines: Vec<&str> = text.lines().rev().take(3).collect();
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    #[test]
+    fn a_server_starts_stops_starts_again_and_leaves_nothing() {
+        let Some(mut fs) = SeaweedFs::start_or_skip() else {
+            return;
+        };
+        assert_eq!(fs.url(""), "s3://cairn-test");
+        assert_eq!(fs.url("/a/b/"), "s3://cairn-test/a/b");
+        let env = fs.env();
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "AWS_ENDPOINT_URL",
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_REGION"
+            ]
+        );
+        assert!(env[0].1.starts_with("http://127.0.0.1:"));
+        let s3 = fs.ports.s3;
+        // Unsigned requests are refused, but answered.
+        assert_eq!(http(s3, "GET", "/").map(|a| a.0), Some(403));
+        fs.stop();
+        assert_eq!(fs.pid(), None);
+        assert!(http(s3, "GET", "/").is_none());
+        fs.start_again().unwrap();
+        assert!(http(s3, "GET", "/").is_some());
+        let (dir, pid) = (fs.dir().to_path_buf(), fs.pid().unwrap());
+        drop(fs);
+        assert!(!dir.exists());
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+}
