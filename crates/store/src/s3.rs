@@ -405,10 +405,16 @@ impl S3Backend {
         }
     }
 
-    /// `len` bytes of `key` from `offset`.
-    fn read_range(&self, key: &Key, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// `len` bytes of `key` from `offset`, given to `take`.
+    fn read_range<T>(
+        &self,
+        key: &Key,
+        offset: u64,
+        len: usize,
+        take: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(take(&[]));
         }
         let path = self.path(key)?;
         let end = offset + len as u64;
@@ -417,7 +423,7 @@ impl S3Backend {
             StoreError::corrupt(
                 self.locate(key),
                 offset,
-                format!("object is {size} bytes, shorter than the index says ({end}; truncated?)"),
+                format!("object is {size} bytes, shorter than the index says (truncated?)"),
             )
         };
         let got = self.shared.run(async {
@@ -428,7 +434,7 @@ impl S3Backend {
             Ok::<_, object_store::Error>((r.bytes().await?, size))
         });
         match got {
-            Ok((bytes, _)) if bytes.len() == len => Ok(bytes.to_vec()),
+            Ok((bytes, _)) if bytes.len() == len => Ok(take(&bytes)),
             Ok((_, size)) => Err(short(size)),
             Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, "read", &e)),
             Err(e) => {
@@ -454,9 +460,8 @@ impl ReadBackend for S3Backend {
     }
 
     fn read_at(&self, key: &Key, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let data = self.read_range(key, offset, buf.len())?;
-        buf.copy_from_slice(&data);
-        Ok(())
+        let len = buf.len();
+        self.read_range(key, offset, len, |data| buf.copy_from_slice(data))
     }
 
     fn read_prefix(&self, key: &Key, len: u64) -> Result<Vec<u8>> {
@@ -466,7 +471,7 @@ impl ReadBackend for S3Backend {
                 self.locate(key).display()
             ))
         })?;
-        self.read_range(key, 0, len)
+        self.read_range(key, 0, len, <[u8]>::to_vec)
     }
 
     fn get(&self, key: &Key) -> Result<Option<Vec<u8>>> {
