@@ -21,14 +21,16 @@ use std::path::{Path, PathBuf};
 /// `--repo`, shared by every repository command.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RepoArg {
-    /// The repository (or set CAIRN_REPO).
+    /// The repository: a directory, or s3://BUCKET/PREFIX (endpoint and
+    /// keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION); or set CAIRN_REPO.
     #[arg(long = "repo", short = 'r', env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct InitArgs {
-    /// Where the repository's metadata lives.
+    /// Where the repository lives: a directory, or s3://BUCKET/PREFIX.
     #[arg(value_name = "REPO")]
     pub repo: PathBuf,
     /// A directory for packs, on its own disk ideally; repeat for more
@@ -234,7 +236,13 @@ fn threads(t: Option<usize>) -> usize {
 }
 
 fn open_repo(r: &RepoArg) -> Result<Repository> {
-    Ok(Repository::open(&r.repo)?)
+    Ok(Repository::open_location(location(&r.repo)?, 0)?)
+}
+
+/// A repository's location as given: a directory or `s3://BUCKET/PREFIX`.
+pub(crate) fn location(p: &Path) -> Result<&str> {
+    p.to_str()
+        .ok_or_else(|| anyhow::anyhow!("{}: a repository path must be UTF-8", p.display()))
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -268,7 +276,11 @@ fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
-    let repo = Repository::init(&a.repo, &a.targets, a.pack_size.map(|s| s as u64))?;
+    let repo = Repository::init_location(
+        location(&a.repo)?,
+        &a.targets,
+        a.pack_size.map(|s| s as u64),
+    )?;
     if a.json {
         print_json(&json!({
             "repository": repo.location(),

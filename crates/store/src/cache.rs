@@ -193,6 +193,10 @@ impl Entries {
 pub struct CachedBackend {
     inner: Arc<dyn WriteBackend>,
     entries: Arc<Entries>,
+    /// Whether ranges of packs are cached too (a served image), or only
+    /// metadata (a restore reads each record once: caching them would
+    /// only write a second copy of everything).
+    packs: bool,
     /// This backend's folder in the cached store ("" or "data/"), part of
     /// every entry's name.
     folder: String,
@@ -205,8 +209,15 @@ impl CachedBackend {
         Ok(CachedBackend {
             inner,
             entries: Arc::new(Entries::open(dir, limit)?),
+            packs: true,
             folder: String::new(),
         })
+    }
+
+    /// The same, caching metadata only (no pack ranges).
+    pub fn metadata_only(mut self) -> CachedBackend {
+        self.packs = false;
+        self
     }
 
     /// Bytes in the cache now.
@@ -250,7 +261,7 @@ impl ReadBackend for CachedBackend {
     }
 
     fn read_at(&self, key: &Key, offset: u64, buf: &mut [u8]) -> Result<()> {
-        if !Self::is_pack(key) {
+        if !self.packs || !Self::is_pack(key) {
             return self.inner.read_at(key, offset, buf);
         }
         let name = self.name(key, Some((offset, buf.len())));
@@ -292,6 +303,7 @@ impl WriteBackend for CachedBackend {
         Arc::new(CachedBackend {
             inner: self.inner.child(folder),
             entries: self.entries.clone(),
+            packs: self.packs,
             folder: format!("{}{folder}/", self.folder),
         })
     }

@@ -56,9 +56,11 @@
 //!   aborted by `discard` or a drop, so nothing is visible before `finish`.
 //!   A process killed mid-upload leaves parts that no listing shows: set a
 //!   lifecycle rule on the bucket to abort incomplete uploads after a day.
-//! - **Held objects** are leases: [`WriteBackend::hold`] PUTs the object
-//!   and a background thread PUTs it again every [`HEARTBEAT`] until the
-//!   guard drops, which deletes it. [`WriteBackend::liveness`] HEADs it:
+//! - **Held objects** are leases: [`WriteBackend::hold`] creates the
+//!   object (a conditional create: a live holder's object is refused with
+//!   [`StoreError::Locked`], a dead one's removed and taken over, and of
+//!   two takers one wins) and a background thread PUTs it again every
+//!   [`HEARTBEAT`] until the guard drops, which deletes it. [`WriteBackend::liveness`] HEADs it:
 //!   missing is [`Liveness::Gone`], last modified more than [`LEASE`] ago is
 //!   [`Liveness::Dead`], else [`Liveness::Live`]. [`Held::check`] fails
 //!   once the last successful refresh is older than [`LEASE`] less a third
@@ -582,10 +584,35 @@ impl WriteBackend for S3Backend {
     }
 
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
+        // A live holder keeps it; a dead one's object is taken over. The
+        // taking is a conditional create, so of two takers one wins.
+        match self.liveness(key)? {
+            Liveness::Live => {
+                let holder = self
+                    .get(key)?
+                    .map(|d| String::from_utf8_lossy(&d).into_owned())
+                    .unwrap_or_default();
+                return Err(StoreError::Locked {
+                    path: self.locate(key),
+                    holder,
+                });
+            }
+            Liveness::Dead => self.delete(std::slice::from_ref(key))?,
+            Liveness::Gone => {}
+        }
         // A refresh counts from when it was sent (the store's time is
         // later): the lease is never thought longer than it is.
         let sent = Instant::now();
-        self.put(key, data)?;
+        if !self.put_new(key, data)? {
+            let holder = self
+                .get(key)?
+                .map(|d| String::from_utf8_lossy(&d).into_owned())
+                .unwrap_or_default();
+            return Err(StoreError::Locked {
+                path: self.locate(key),
+                holder,
+            });
+        }
         let state = Arc::new(Mutex::new(Refresh {
             at: sent,
             error: None,
