@@ -91,6 +91,13 @@ pub trait ReadBackend: Send + Sync + std::fmt::Debug {
     /// as `index/`), in no particular order. Objects being written (a
     /// directory's temporary files) are not listed.
     fn list(&self, prefix: &str) -> Result<Vec<Listed>>;
+
+    /// How many reads to keep in flight per core: a local disk is kept
+    /// busy by one reader a core; a remote store, whose every read waits
+    /// a round trip, by several.
+    fn reads_per_core(&self) -> usize {
+        1
+    }
 }
 
 /// Writing objects. Finished objects are immutable except through

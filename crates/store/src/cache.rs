@@ -296,6 +296,10 @@ impl ReadBackend for CachedBackend {
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.inner.list(prefix)
     }
+
+    fn reads_per_core(&self) -> usize {
+        self.inner.reads_per_core()
+    }
 }
 
 impl WriteBackend for CachedBackend {

@@ -80,6 +80,16 @@ impl PackReader {
         }
     }
 
+    /// How many readers keep the backends busy per core (see
+    /// [`ReadBackend::reads_per_core`]).
+    pub fn reads_per_core(&self) -> usize {
+        self.backends
+            .iter()
+            .map(|b| b.reads_per_core())
+            .max()
+            .unwrap_or(1)
+    }
+
     /// Where pack number `pack` is (a path, for messages).
     pub fn path(&self, pack: u32) -> Result<PathBuf> {
         let (p, b) = self.place(pack)?;

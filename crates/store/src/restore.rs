@@ -320,8 +320,10 @@ pub fn restore(
         }
     };
     let mut report = RestoreReport::default();
+    // A remote store is kept busy by several requests in flight per core.
+    let workers = opts.threads.max(1) * files.reads_per_core();
     cairn_pipeline::run(
-        Config::new(opts.threads),
+        Config::new(workers),
         source,
         make_worker,
         |slot: &mut Slot<Work, Out>| {

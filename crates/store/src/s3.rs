@@ -452,6 +452,11 @@ impl S3Backend {
 }
 
 impl ReadBackend for S3Backend {
+    /// Requests wait on round trips, not on this machine: several per core.
+    fn reads_per_core(&self) -> usize {
+        4
+    }
+
     fn locate(&self, key: &Key) -> PathBuf {
         PathBuf::from(format!(
             "s3://{}/{}{}",

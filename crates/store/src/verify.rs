@@ -168,7 +168,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         std::thread::scope(|s| {
-            for _ in 0..opts.threads.max(1) {
+            // (A remote store is kept busy by several packs in flight.)
+            for _ in 0..opts.threads.max(1) * reader.reads_per_core() {
                 s.spawn(|| {
                     let mut dec = Decoders::default();
                     let mut group = Vec::new();
