@@ -250,6 +250,37 @@ fn every_verb(s: &Store) {
         assert!(std::fs::read(&got).unwrap() == a1, "served a@1 differs");
     }
 
+    // Served writable: a FLUSH commits a new snapshot, in the same store;
+    // a second writable open of the image is refused meanwhile.
+    if have("qemu-io") {
+        let srv = Served::start(s, &["--image", "b,rw"]);
+        let o = Command::new("qemu-io")
+            .args(["-f", "raw", "-t", "writeback"])
+            .args(["-c", "write -P 0xab 100k 8k", "-c", "flush"])
+            .arg(srv.uri("b"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let second = s
+            .cmd()
+            .args(["serve", "--repo", &s.loc, "--image", "b,rw"])
+            .args([
+                "--socket",
+                s.dir.path().join("other.sock").to_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&second.stderr);
+        assert!(!second.status.success() && err.contains("lock"), "{err}");
+        drop(srv);
+        let mut want = b1.clone();
+        want[100 * 1024..108 * 1024].fill(0xab);
+        assert!(s.restore("b@2") == want, "the flushed write is b@2");
+        assert!(s.restore("b@1") == b1);
+        ok(s.verb("rm", &["b@2"]));
+    }
+
     // rm and gc: what is left still restores, and verifies.
     one_line_failure(&s.verb("rm", &["a"]));
     ok(s.verb("rm", &["a@1"]));
