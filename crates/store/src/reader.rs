@@ -7,16 +7,26 @@
 //!
 //! It reads through [`ReadBackend`]s (one per target: striping is a
 //! backend per disk), never by path, so an object store comes in here.
+//! The one other read of a pack, of a pack no index names yet (salvage),
+//! is [`read_unindexed`], beside it.
 
 use crate::backend::{Key, ReadBackend};
 use crate::error::{Result, StoreError};
-use crate::id::RepoId;
+use crate::id::{PackId, RepoId};
 use crate::index::{ChunkIndex, Location};
 use crate::pack::{check_pack_header, PACK_HEADER_LEN};
 use crate::repo::Repository;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// The whole of a pack no index names yet (salvage, and gc keeping a pack
+/// off a trash list), or `None` if it is gone: the one read of a pack
+/// that is not through a [`PackReader`], since there is no index entry to
+/// read it by.
+pub(crate) fn read_unindexed(target: &dyn ReadBackend, id: PackId) -> Result<Option<Vec<u8>>> {
+    target.get(&Key::pack(id))
+}
 
 /// Where one pack is.
 #[derive(Debug)]

@@ -1451,15 +1451,13 @@ impl Repository {
         pf: &PackFile,
         report: &mut Salvaged,
     ) -> Result<Option<IndexedPack>> {
-        let backend = self.target(pf.target)?;
-        let key = Key::pack(pf.id);
-        let Some(data) = backend.get(&key)? else {
+        let Some(data) = crate::reader::read_unindexed(&**self.target(pf.target)?, pf.id)? else {
             return Ok(None);
         };
         if data.len() < PACK_HEADER_LEN {
             // Created, then killed before its header was written.
             report.skipped_bytes += data.len() as u64;
-            backend.delete(&[key])?;
+            self.target(pf.target)?.delete(&[Key::pack(pf.id)])?;
             return Ok(None);
         }
         if pack::check_pack_header(&pf.path, &data, self.id).ok() != Some(pf.id) {
