@@ -985,6 +985,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             "salvaged_packs": r.salvaged.packs,
             "deferred": r.deferred,
             "packs_kept": r.packs_kept,
+            "temporaries_removed": r.temporaries_removed,
         }));
     } else {
         eprintln!(

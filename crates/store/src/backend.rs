@@ -134,6 +134,13 @@ pub trait WriteBackend: ReadBackend {
     /// Whether the holder of `key` (made by [`WriteBackend::hold`]) is
     /// still running.
     fn liveness(&self, key: &Key) -> Result<Liveness>;
+
+    /// Remove what killed writers left half-written under `folder` and
+    /// longer ago than `age` (a directory's temporaries; an object store
+    /// has none, its uploads are whole or absent). Returns how many.
+    fn sweep(&self, _folder: &str, _age: std::time::Duration) -> Result<u64> {
+        Ok(0)
+    }
 }
 
 /// An object being written by [`WriteBackend::create`].
@@ -343,6 +350,40 @@ impl ReadBackend for LocalDir {
 }
 
 impl WriteBackend for LocalDir {
+    fn sweep(&self, folder: &str, age: std::time::Duration) -> Result<u64> {
+        let mut swept = 0;
+        let mut todo = vec![self.root.join(folder)];
+        while let Some(dir) = todo.pop() {
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e).ctx(&dir, "read directory"),
+            };
+            for e in rd {
+                let e = e.ctx(&dir, "read directory")?;
+                let Ok(md) = e.metadata() else { continue };
+                let name = e.file_name().to_string_lossy().into_owned();
+                if md.is_dir() {
+                    todo.push(e.path());
+                } else if name.starts_with('.')
+                    && name.contains(".tmp-")
+                    && md
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.elapsed().ok())
+                        .is_some_and(|a| a > age)
+                {
+                    match std::fs::remove_file(e.path()) {
+                        Ok(()) => swept += 1,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(err) => return Err(err).ctx(e.path(), "remove"),
+                    }
+                }
+            }
+        }
+        Ok(swept)
+    }
+
     fn child(&self, folder: &str) -> Arc<dyn WriteBackend> {
         Arc::new(LocalDir::new(&self.root.join(folder)))
     }
@@ -678,6 +719,30 @@ mod tests {
             }
         }
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn sweep_removes_only_old_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalDir::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("index/sub")).unwrap();
+        let old = dir.path().join("index/sub/.x.idx.tmp-1-0");
+        let young = dir.path().join("index/.y.idx.tmp-1-1");
+        let kept = dir.path().join("index/z.idx");
+        for p in [&old, &young, &kept] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let f = std::fs::File::options().write(true).open(&old).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(7200))
+            .unwrap();
+        drop(f);
+        assert_eq!(
+            b.sweep("index", std::time::Duration::from_secs(3600))
+                .unwrap(),
+            1
+        );
+        assert!(!old.exists() && young.exists() && kept.exists());
+        assert_eq!(b.sweep("nothing", std::time::Duration::ZERO).unwrap(), 0);
     }
 
     #[test]

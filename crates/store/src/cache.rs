@@ -339,6 +339,10 @@ impl WriteBackend for CachedBackend {
     fn liveness(&self, key: &Key) -> Result<Liveness> {
         self.inner.liveness(key)
     }
+
+    fn sweep(&self, folder: &str, age: std::time::Duration) -> Result<u64> {
+        self.inner.sweep(folder, age)
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,8 @@ pub struct GcReport {
     /// Packs on a trash list kept after all, since a snapshot committed
     /// beside the gc uses chunks in them.
     pub packs_kept: u64,
+    /// Temporary files that killed writers left (an hour old or more).
+    pub temporaries_removed: u64,
 }
 
 fn bit(v: &[u64], i: usize) -> bool {
@@ -335,6 +337,13 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         garbage.packs.push((*t, id.to_string()));
     }
     let trash = repo.write_trash(session, garbage)?;
+    // Temporaries of killed writers: a put's lives for milliseconds, so
+    // one an hour old is abandoned.
+    for folder in ["index", "snapshots", "trash", "sessions", "locks"] {
+        report.temporaries_removed += repo
+            .backend()
+            .sweep(folder, std::time::Duration::from_secs(3600))?;
+    }
     let collected = collect_trash(repo, session)?;
     report.packs_kept += collected.packs_kept;
     report.deferred |= repo.trash_lists()?.iter().any(|t| t.key == trash.key);
