@@ -23,5 +23,9 @@ fuzz_target!(|data: &[u8]| {
     if let (Ok(a), Ok(b)) = (&from_memory, &from_file) {
         assert_eq!(a, b, "memory and file decodes differ");
     }
-    assert_eq!(from_memory.is_ok(), from_file.is_ok(), "{from_memory:?} vs {from_file:?}");
+    assert_eq!(
+        from_memory.is_ok(),
+        from_file.is_ok(),
+        "{from_memory:?} vs {from_file:?}"
+    );
 });

@@ -157,7 +157,7 @@ pub const TRASH_VERSION: u32 = 2;
 /// What a gc superseded, to delete once nothing can still need it: a
 /// trash list (`trash/<hex>`, or `garbage` from version 1).
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub(crate) struct Garbage {
+pub struct Garbage {
     /// Superseded index files (`<hex>.idx`).
     pub index_files: Vec<String>,
     /// Dead and repacked packs: (target, pack id).
@@ -291,6 +291,40 @@ impl SessionInfo {
         };
         serde_json::to_vec(&info).map_err(|e| StoreError::Invalid(e.to_string()))
     }
+}
+
+/// Decode a trash list and check every entry: it is a list of objects to
+/// delete, so a name that is not an index file or a pack of one of
+/// `targets` targets is refused rather than acted on. (Public for the
+/// fuzz target.)
+#[doc(hidden)]
+pub fn check_trash_list(path: &Path, data: &[u8], targets: usize) -> Result<Garbage> {
+    let (_, body) = meta::open(path, data, Kind::Garbage, TRASH_VERSION)?;
+    let g: Garbage = serde_json::from_slice(body)
+        .map_err(|e| StoreError::corrupt(path, 24, format!("trash list: {e}")))?;
+    for name in &g.index_files {
+        if name
+            .strip_suffix(".idx")
+            .and_then(PackId::from_hex)
+            .is_none()
+        {
+            return Err(StoreError::corrupt(
+                path,
+                24,
+                format!("trash list names {name:?}, not an index file"),
+            ));
+        }
+    }
+    for (t, id) in &g.packs {
+        if usize::from(*t) >= targets || PackId::from_hex(id).is_none() {
+            return Err(StoreError::corrupt(
+                path,
+                24,
+                format!("trash list names pack {id:?} on target {t}, not a pack of the {targets} targets"),
+            ));
+        }
+    }
+    Ok(g)
 }
 
 /// Where the local cache of remote repository `location` lives:
@@ -1279,34 +1313,7 @@ impl Repository {
                 continue;
             };
             let path = self.root.locate(&key);
-            let (_, body) = meta::open(&path, &data, Kind::Garbage, TRASH_VERSION)?;
-            let g: Garbage = serde_json::from_slice(body)
-                .map_err(|e| StoreError::corrupt(&path, 24, format!("trash list: {e}")))?;
-            for name in &g.index_files {
-                if name
-                    .strip_suffix(".idx")
-                    .and_then(PackId::from_hex)
-                    .is_none()
-                {
-                    return Err(StoreError::corrupt(
-                        &path,
-                        24,
-                        format!("trash list names {name:?}, not an index file"),
-                    ));
-                }
-            }
-            for (t, id) in &g.packs {
-                if usize::from(*t) >= self.targets.len() || PackId::from_hex(id).is_none() {
-                    return Err(StoreError::corrupt(
-                        &path,
-                        24,
-                        format!(
-                            "trash list names pack {id:?} on target {t}, not a pack of the {} targets",
-                            self.targets.len()
-                        ),
-                    ));
-                }
-            }
+            let g = check_trash_list(&path, &data, self.targets.len())?;
             out.push(TrashList { key, garbage: g });
         }
         Ok(out)
