@@ -84,25 +84,32 @@ class Weed:
                f"-volume.port={ports['volume']}", f"-volume.port.grpc={grpc['volume']}",
                "-filer", f"-filer.port={ports['filer']}", f"-filer.port.grpc={grpc['filer']}",
                "-s3", f"-s3.port={self.s3}", f"-s3.port.grpc={grpc['s3']}",
-               f"-s3.config={ident}", "-master.volumeSizeLimitMB=1024", "-volume.max=16"]
+               f"-s3.config={ident}", "-master.volumeSizeLimitMB=1024", "-volume.max=16",
+               # No side servers on fixed ports (4.48 starts Iceberg and Lance ones).
+               "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
         self.cmd = cmd
         self.log = open(os.path.join(self.dir, "weed.log"), "w")
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.filer = ports["filer"]
         deadline = time.time() + 90
+        # The bucket, through the filer (a folder under /buckets); 409: made.
         while True:
-            try:
-                # The bucket, through the filer (a folder under /buckets).
-                r = subprocess.run(["curl", "-sf", "-X", "POST",
-                                    f"http://127.0.0.1:{self.filer}/buckets/bench/"],
-                                   capture_output=True)
-                if r.returncode == 0:
-                    break
-            except FileNotFoundError:
-                sys.exit("curl is needed to make the bucket")
+            r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                                f"http://127.0.0.1:{self.filer}/buckets/bench/"],
+                               capture_output=True, text=True)
+            if r.stdout in ("200", "201", "409"):
+                break
             if time.time() > deadline:
                 sys.exit("SeaweedFS did not come up: see " + self.log.name)
             time.sleep(0.5)
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.s3), timeout=1):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    sys.exit("SeaweedFS's S3 gateway did not come up: see " + self.log.name)
+                time.sleep(0.5)
         time.sleep(2)
 
     def env(self):
@@ -193,9 +200,10 @@ def main():
     if not image:
         units = {"G": 1 << 30, "M": 1 << 20}
         size = int(a.size[:-1]) * units[a.size[-1]]
-        image = os.path.join(a.work, "img.bin")
-        log(f"making a {a.size} image")
-        make_image(image, size)
+        image = a.work.rstrip("/") + f"-{a.size}.bin"
+        if not os.path.exists(image) or os.path.getsize(image) != size:
+            log(f"making a {a.size} image")
+            make_image(image, size)
     size = os.path.getsize(image)
 
     weed = Weed(a.work)
@@ -212,7 +220,7 @@ def main():
             log(f"{' '.join(cmd[1:3])}: {time.time() - t:.1f} s")
 
     sides = {
-        "local": (local, ["--chunk-cache", "0"]),
+        "local": (local, []),
         "s3": (remote, ["--chunk-cache", str(2 * size)]),
     }
     rows = []

@@ -248,6 +248,19 @@ fn every_verb(s: &Store) {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(std::fs::read(&got).unwrap() == a1, "served a@1 differs");
+        if have("qemu-img") {
+            let conv = s.dir.path().join("converted");
+            let o = Command::new("qemu-img")
+                .args(["convert", "-f", "raw", "-O", "raw", &srv.uri("a@1")])
+                .arg(&conv)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                std::fs::read(&conv).unwrap() == a1,
+                "qemu-img convert differs"
+            );
+        }
     }
 
     // Served writable: a FLUSH commits a new snapshot, in the same store;

@@ -109,7 +109,21 @@ impl PackReader {
     /// Read the record at `loc` into `buf` (replacing its contents);
     /// returns its pack's path, for the decoder's errors.
     pub fn read_record(&self, loc: Location, buf: &mut Vec<u8>) -> Result<PathBuf> {
-        let (p, b) = self.place(loc.pack)?;
+        self.read_span(loc.pack, u64::from(loc.offset), loc.len as usize, buf)
+    }
+
+    /// Read `len` bytes of pack `pack` from `offset` into `buf` (replacing
+    /// its contents): one record, or several neighbours at once (one
+    /// request to a remote store instead of one each); returns the pack's
+    /// path, for the decoder's errors.
+    pub fn read_span(
+        &self,
+        pack: u32,
+        offset: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<PathBuf> {
+        let (p, b) = self.place(pack)?;
         if !p.checked.load(Ordering::Acquire) {
             let mut header = [0u8; PACK_HEADER_LEN];
             b.read_at(&p.key, 0, &mut header)?;
@@ -117,8 +131,8 @@ impl PackReader {
             p.checked.store(true, Ordering::Release);
         }
         buf.clear();
-        buf.resize(loc.len as usize, 0);
-        b.read_at(&p.key, u64::from(loc.offset), buf)?;
+        buf.resize(len, 0);
+        b.read_at(&p.key, offset, buf)?;
         Ok(b.locate(&p.key))
     }
 

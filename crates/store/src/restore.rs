@@ -18,6 +18,7 @@ use crate::pack::{check_chunk, decode_record, Decoders};
 use crate::reader::PackReader;
 use crate::repo::Repository;
 use cairn_pipeline::{Config, Fill, Slot};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -112,6 +113,13 @@ struct Kept {
     used: u64,
 }
 
+/// Records of one pack nearer than this are fetched together from a
+/// remote store: one request instead of several round trips, for at most
+/// this many bytes of the gap between them.
+const SPAN_GAP: u64 = 256 << 10;
+/// The longest span fetched at once.
+const SPAN_MAX: u64 = 16 << 20;
+
 /// Reads and checks chunks: one per worker, with its buffers and the last
 /// few groups it decoded ([`KEPT_GROUPS`], least recently used evicted),
 /// so each group is usually decoded once.
@@ -122,6 +130,10 @@ pub(crate) struct Fetcher<'a> {
     dec: Decoders,
     kept: Vec<Kept>,
     clock: u64,
+    /// Spans fetched ahead for a batch ([`Fetcher::prefetch`]), with their
+    /// pack's path, and where each record is in them.
+    spans: Vec<(Vec<u8>, PathBuf)>,
+    fetched: HashMap<(u32, u32), (usize, usize)>,
 }
 
 impl<'a> Fetcher<'a> {
@@ -133,7 +145,63 @@ impl<'a> Fetcher<'a> {
             dec: Decoders::default(),
             kept: Vec::with_capacity(KEPT_GROUPS),
             clock: 0,
+            spans: Vec::new(),
+            fetched: HashMap::new(),
         }
+    }
+
+    /// Fetch the records of `extents` that are not decoded already,
+    /// neighbours in a pack together (see [`SPAN_GAP`]): for a remote
+    /// store, whose every request is a round trip (and, for some, a read
+    /// of a whole stored block), a few long reads instead of one per
+    /// record. Returns the bytes read.
+    fn prefetch(&mut self, extents: &[(u64, Extent)]) -> Result<u64> {
+        self.spans.clear();
+        self.fetched.clear();
+        let mut locs: Vec<Location> = extents
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Extent::Data { id, .. } => self.index.get(id),
+                Extent::Hole { .. } => None,
+            })
+            .filter(|l| !self.kept.iter().any(|k| k.key == (l.pack, l.offset)))
+            .collect();
+        locs.sort_by_key(|l| (l.pack, l.offset));
+        locs.dedup_by_key(|l| (l.pack, l.offset));
+        let mut read = 0;
+        let mut i = 0;
+        while i < locs.len() {
+            let first = locs[i];
+            let start = u64::from(first.offset);
+            let mut end = start + u64::from(first.len);
+            let mut j = i + 1;
+            while j < locs.len()
+                && locs[j].pack == first.pack
+                && u64::from(locs[j].offset) <= end + SPAN_GAP
+                && u64::from(locs[j].offset) + u64::from(locs[j].len) - start <= SPAN_MAX
+            {
+                end = end.max(u64::from(locs[j].offset) + u64::from(locs[j].len));
+                j += 1;
+            }
+            // A lone record is read when it is needed, as without prefetch.
+            if j - i > 1 {
+                let mut buf = Vec::new();
+                let path =
+                    self.files
+                        .read_span(first.pack, start, (end - start) as usize, &mut buf)?;
+                read += end - start;
+                let n = self.spans.len();
+                for l in &locs[i..j] {
+                    self.fetched.insert(
+                        (l.pack, l.offset),
+                        (n, (u64::from(l.offset) - start) as usize),
+                    );
+                }
+                self.spans.push((buf, path));
+            }
+            i = j;
+        }
+        Ok(read)
     }
 
     /// The kept group of record `loc`, decoded now if it is not kept;
@@ -159,21 +227,36 @@ impl<'a> Fetcher<'a> {
                 .min_by_key(|&i| self.kept[i].used)
                 .unwrap_or(0)
         };
-        let path = self.files.read_record(loc, &mut self.rec)?;
+        let prefetched = self.fetched.contains_key(&key);
+        let (path, raw): (PathBuf, &[u8]) = match self.fetched.get(&key) {
+            Some(&(n, at)) => {
+                let (span, path) = &self.spans[n];
+                let raw = span.get(at..at + loc.len as usize).ok_or_else(|| {
+                    StoreError::corrupt(path, u64::from(loc.offset), "record past its span")
+                })?;
+                (path.clone(), raw)
+            }
+            None => {
+                let path = self.files.read_record(loc, &mut self.rec)?;
+                (path, &self.rec)
+            }
+        };
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);
         decode_record(
             &path,
             u64::from(loc.offset),
-            &self.rec,
+            raw,
             &mut self.dec,
             &mut k.data,
         )?;
         k.key = key;
         k.path = path;
         k.used = self.clock;
-        Ok((&self.kept[slot], u64::from(loc.len)))
+        // (What was prefetched was counted when it was read.)
+        let read = if prefetched { 0 } else { u64::from(loc.len) };
+        Ok((&self.kept[slot], read))
     }
 
     /// Append chunk `id` (`len` bytes, at image `offset`) to `out`;
@@ -261,11 +344,17 @@ pub fn restore(
     // cache would only add a copy per byte, and a big restore would evict
     // the machine's working set.
     let direct = positional.and_then(reopen_direct);
+    // A remote store is read in spans of neighbouring records.
+    let spans = files.reads_per_core() > 1;
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         let mut chunk = Vec::new();
         let mut run = positional.map(|f| Run::new(f, direct.as_ref()));
         move |w: &mut Work, out: &mut Out| -> Result<()> {
+            if spans {
+                // Counted as read here; the records are then found fetched.
+                out.stored += fetcher.prefetch(&w.extents)?;
+            }
             for &(off, e) in &w.extents {
                 match e {
                     Extent::Hole { len } => {

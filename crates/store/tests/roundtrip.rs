@@ -564,3 +564,110 @@ fn packs_respect_the_pack_size() {
     assert!(load(&r, "a", 2) == data);
     assert!(load(&r, "b", 2) == data[1000..]);
 }
+
+/// A directory that presents itself as a remote store (several reads in
+/// flight per core) and counts the ranged reads of packs.
+#[derive(Debug)]
+struct Remote {
+    dir: cairn_store::backend::LocalDir,
+    reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl cairn_store::backend::ReadBackend for Remote {
+    fn locate(&self, key: &cairn_store::backend::Key) -> PathBuf {
+        self.dir.locate(key)
+    }
+    fn read_at(
+        &self,
+        key: &cairn_store::backend::Key,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> cairn_store::Result<()> {
+        if key.as_str().starts_with("packs/") {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.dir.read_at(key, offset, buf)
+    }
+    fn read_prefix(
+        &self,
+        key: &cairn_store::backend::Key,
+        len: u64,
+    ) -> cairn_store::Result<Vec<u8>> {
+        self.dir.read_prefix(key, len)
+    }
+    fn get(&self, key: &cairn_store::backend::Key) -> cairn_store::Result<Option<Vec<u8>>> {
+        self.dir.get(key)
+    }
+    fn list(&self, prefix: &str) -> cairn_store::Result<Vec<cairn_store::backend::Listed>> {
+        self.dir.list(prefix)
+    }
+    fn reads_per_core(&self) -> usize {
+        4
+    }
+}
+
+impl cairn_store::backend::WriteBackend for Remote {
+    fn child(&self, folder: &str) -> std::sync::Arc<dyn cairn_store::backend::WriteBackend> {
+        std::sync::Arc::new(Remote {
+            dir: cairn_store::backend::LocalDir::new(&self.dir.root().join(folder)),
+            reads: self.reads.clone(),
+        })
+    }
+    fn put(&self, key: &cairn_store::backend::Key, data: &[u8]) -> cairn_store::Result<()> {
+        self.dir.put(key, data)
+    }
+    fn put_new(&self, key: &cairn_store::backend::Key, data: &[u8]) -> cairn_store::Result<bool> {
+        self.dir.put_new(key, data)
+    }
+    fn delete(&self, keys: &[cairn_store::backend::Key]) -> cairn_store::Result<()> {
+        self.dir.delete(keys)
+    }
+    fn create(
+        &self,
+        key: &cairn_store::backend::Key,
+    ) -> cairn_store::Result<Box<dyn cairn_store::backend::ObjectWriter>> {
+        self.dir.create(key)
+    }
+    fn hold(
+        &self,
+        key: &cairn_store::backend::Key,
+        data: &[u8],
+    ) -> cairn_store::Result<Box<dyn cairn_store::backend::Held>> {
+        self.dir.hold(key, data)
+    }
+    fn liveness(
+        &self,
+        key: &cairn_store::backend::Key,
+    ) -> cairn_store::Result<cairn_store::backend::Liveness> {
+        self.dir.liveness(key)
+    }
+}
+
+/// From a remote store, restore fetches neighbouring records of a pack
+/// in one read (a span), not one request each: the image of small groups
+/// (`--group 0`, a record per chunk) comes back whole in far fewer reads
+/// than it has records, however the records are cut into batches.
+#[test]
+fn a_remote_store_is_read_in_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let root = std::sync::Arc::new(Remote {
+        dir: cairn_store::backend::LocalDir::new(&dir.path().join("bucket")),
+        reads: reads.clone(),
+    });
+    let r = Repository::init_remote("remote://test", root, Some(4 << 20)).unwrap();
+    let data = image(12 << 20, 41);
+    let rep = store(&r, "a", &data, cairn_store::DEFAULT_CHUNKER, "lz4", 2);
+    assert!(rep.totals.new_chunks > 100, "{rep:?}");
+    reads.store(0, std::sync::atomic::Ordering::Relaxed);
+    assert!(load(&r, "a", 2) == data);
+    let n = reads.load(std::sync::atomic::Ordering::Relaxed);
+    // Two restores (a stream, a file), each of > 100 records (one a
+    // chunk): one request each would be > 200.
+    assert!(
+        n < rep.totals.new_chunks / 4,
+        "{n} reads for {} chunks",
+        rep.totals.new_chunks
+    );
+}
