@@ -155,7 +155,10 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
                 bail!("--image needs --repo (or CAIRN_REPO)");
             };
             let opts = crate::serve_repo::volume_options(64 << 20, None);
-            let repo = Arc::new(cairn_store::Repository::open(repo)?);
+            let repo = Arc::new(cairn_store::Repository::open_location(
+                crate::repo_cmd::location(repo)?,
+                0,
+            )?);
             let vol = crate::serve_repo::open_writable(&repo, name, &opts)?;
             image = Some(vol.clone());
             vol

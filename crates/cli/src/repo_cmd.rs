@@ -21,14 +21,16 @@ use std::path::{Path, PathBuf};
 /// `--repo`, shared by every repository command.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RepoArg {
-    /// The repository (or set CAIRN_REPO).
+    /// The repository: a directory, or s3://BUCKET/PREFIX (endpoint and
+    /// keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION); or set CAIRN_REPO.
     #[arg(long = "repo", short = 'r', env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: PathBuf,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct InitArgs {
-    /// Where the repository's metadata lives.
+    /// Where the repository lives: a directory, or s3://BUCKET/PREFIX.
     #[arg(value_name = "REPO")]
     pub repo: PathBuf,
     /// A directory for packs, on its own disk ideally; repeat for more
@@ -234,7 +236,13 @@ fn threads(t: Option<usize>) -> usize {
 }
 
 fn open_repo(r: &RepoArg) -> Result<Repository> {
-    Ok(Repository::open(&r.repo)?)
+    Ok(Repository::open_location(location(&r.repo)?, 0)?)
+}
+
+/// A repository's location as given: a directory or `s3://BUCKET/PREFIX`.
+pub(crate) fn location(p: &Path) -> Result<&str> {
+    p.to_str()
+        .ok_or_else(|| anyhow::anyhow!("{}: a repository path must be UTF-8", p.display()))
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -268,7 +276,11 @@ fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
-    let repo = Repository::init(&a.repo, &a.targets, a.pack_size.map(|s| s as u64))?;
+    let repo = Repository::init_location(
+        location(&a.repo)?,
+        &a.targets,
+        a.pack_size.map(|s| s as u64),
+    )?;
     if a.json {
         print_json(&json!({
             "repository": repo.location(),
@@ -1006,6 +1018,11 @@ fn rss_bytes() -> Option<u64> {
 pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let s = stats::stats(&repo)?;
+    let running: Vec<serde_json::Value> = repo
+        .running()?
+        .into_iter()
+        .map(|i| json!({"what": i.what, "pid": i.pid, "host": i.host, "started": i.started}))
+        .collect();
     // Measured, not computed: load the index once more and see what the
     // process grew by.
     let before = rss_bytes();
@@ -1043,6 +1060,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             })).collect::<Vec<_>>(),
             "unreadable_snapshots": s.unreadable_snapshots,
             "damaged_index_files": s.damaged_index_files,
+            "sessions": running,
         }));
     } else {
         println!("repository     {}", repo.location());
@@ -1075,6 +1093,15 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             println!(
                 "unindexed      {} pack(s) from an interrupted run",
                 s.unindexed_packs
+            );
+        }
+        for r in &running {
+            println!(
+                "running        {} (pid {} on {}, since {})",
+                r["what"].as_str().unwrap_or(""),
+                r["pid"],
+                r["host"].as_str().unwrap_or(""),
+                cairn_store::retention::format_time(r["started"].as_i64().unwrap_or(0))
             );
         }
     }

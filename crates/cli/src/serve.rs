@@ -12,7 +12,8 @@ use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
-    /// Repository whose images are exported (read-only), also from $CAIRN_REPO.
+    /// Repository whose images are exported (read-only), also from
+    /// $CAIRN_REPO: a directory or s3://BUCKET/PREFIX.
     #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: Option<PathBuf>,
     /// Export this image (NAME: its latest snapshot; NAME@SNAPSHOT: that
@@ -75,6 +76,11 @@ pub(crate) struct ServeArgs {
     /// Cache of decompressed chunks per repository image (e.g. 256M; binary units: 256M = 256MiB).
     #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
+    /// A repository in an object store (s3://): keep the pack ranges read
+    /// in a local cache of this size (under $CAIRN_CACHE_DIR or
+    /// ~/.cache/cairn), so random reads are fetched once.
+    #[arg(long = "chunk-cache", value_parser = crate::parse_size, default_value = "1G")]
+    pub chunk_cache: usize,
     /// Threads decoding ahead of sequential readers (default: cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
@@ -287,7 +293,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .map(|s| crate::serve_repo::parse_image_spec(s))
             .collect::<Result<Vec<_>>>()?;
         let opts = crate::serve_repo::volume_options(a.cache, a.threads);
-        let cached = crate::serve_repo::add_images(repo, &specs, &opts, &mut exports)?;
+        let cached =
+            crate::serve_repo::add_images(repo, &specs, &opts, a.chunk_cache as u64, &mut exports)?;
         for (i, c) in cached {
             let e = &mut exports[i];
             let name = e.name.clone();

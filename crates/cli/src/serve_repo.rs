@@ -81,9 +81,13 @@ pub(crate) fn add_images(
     root: &Path,
     images: &[ImageSpec],
     opts: &VolumeOptions,
+    pack_cache: u64,
     exports: &mut Vec<Export>,
 ) -> Result<Vec<(usize, PathBuf)>> {
-    let repo = Arc::new(Repository::open(root)?);
+    let repo = Arc::new(Repository::open_location(
+        crate::repo_cmd::location(root)?,
+        pack_cache,
+    )?);
     let view = RepoView::open(repo.clone())
         .with_context(|| format!("cannot read the repository {}", root.display()))?;
     let all: Vec<ImageSpec>;

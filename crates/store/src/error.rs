@@ -113,6 +113,19 @@ pub enum StoreError {
     /// The operation was cancelled (a writer thread stopped).
     #[error("{0}")]
     Aborted(String),
+    /// A held remote object (a session) was not refreshed for so long that
+    /// another process may take its lease as lost.
+    #[error("{path}: not refreshed for {age_secs} s, too close to its {lease_secs} s lease{why}")]
+    LeaseLost {
+        /// The object's URL.
+        path: PathBuf,
+        /// Seconds since the last successful refresh.
+        age_secs: u64,
+        /// The lease, in seconds.
+        lease_secs: u64,
+        /// The last refresh's error, as `: <error>`, or empty.
+        why: String,
+    },
 }
 
 /// Results of the store.

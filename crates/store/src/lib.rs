@@ -52,6 +52,7 @@
 pub mod backend;
 pub mod backup;
 mod bytes;
+pub mod cache;
 pub mod chunker;
 mod direct;
 pub mod edit;
@@ -66,6 +67,7 @@ pub mod reader;
 pub mod repo;
 pub mod restore;
 pub mod retention;
+pub mod s3;
 pub mod stats;
 pub mod verify;
 
@@ -81,4 +83,5 @@ pub use reader::PackReader;
 pub use repo::{ImageLock, Repository, Session};
 pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
 pub use retention::{KeepPolicy, Verdict};
+pub use s3::S3Backend;
 pub use verify::{verify, VerifyOptions, VerifyReport};

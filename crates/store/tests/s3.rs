@@ -1,0 +1,270 @@
+//! The S3 backend against a real SeaweedFS (cairn-testkit): the backend
+//! conformance check, concurrent ranged reads, multipart uploads, racing
+//! conditional creates, leases, and a server that stops mid-work.
+//!
+//! Skipped with a `skipped:` line where `weed` is missing, a failure under
+//! `CI=true`.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+use cairn_store::backend::{conformance, Key, Liveness, ReadBackend, WriteBackend};
+use cairn_store::s3::{S3Backend, S3Config};
+use cairn_store::StoreError;
+use cairn_testkit::SeaweedFs;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A backend on `fs` under `prefix`, with `extra` environment.
+fn backend(fs: &SeaweedFs, prefix: &str, extra: &[(&str, &str)]) -> S3Backend {
+    let mut env: HashMap<String, String> = fs.env().into_iter().collect();
+    for (k, v) in extra {
+        env.insert(k.to_string(), v.to_string());
+    }
+    let config = S3Config::new(&fs.url(prefix), &|k| env.get(k).cloned()).unwrap();
+    S3Backend::new(config).unwrap()
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+        .collect()
+}
+
+#[test]
+fn seaweedfs_passes_the_backend_conformance_check() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    // At the bucket's root and under a prefix.
+    conformance(&backend(&fs, "", &[])).unwrap();
+    let b = backend(&fs, "some/repo", &[]);
+    conformance(&b).unwrap();
+    // A child's listing is relative to it, and sees only its folder.
+    b.put(&Key::new("data/packs/aa/1.pack"), b"x").unwrap();
+    b.put(&Key::new("data-not/2"), b"y").unwrap();
+    let c = b.child("data");
+    let keys: Vec<String> = c
+        .list("")
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key.to_string())
+        .collect();
+    assert_eq!(keys, ["packs/aa/1.pack"]);
+    // A prefix that is not a whole folder filters names.
+    let mut keys: Vec<String> = b
+        .list("data")
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key.to_string())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["data-not/2", "data/packs/aa/1.pack"]);
+    // A missing object is NotFound, named by its URL.
+    let mut buf = [0u8; 4];
+    match b.read_at(&Key::new("nothing/here"), 0, &mut buf) {
+        Err(StoreError::Io { path, source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            assert_eq!(
+                path.to_str().unwrap(),
+                format!("s3://{}/some/repo/nothing/here", fs.bucket())
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A read wholly past the end is damage too.
+    match b.read_at(&Key::new("data-not/2"), 5, &mut buf) {
+        Err(StoreError::Corrupt { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // Many deletions at once.
+    let many: Vec<Key> = (0..100).map(|i| Key::new(format!("bulk/{i:03}"))).collect();
+    for k in &many {
+        b.put(k, b"z").unwrap();
+    }
+    assert_eq!(b.list("bulk/").unwrap().len(), 100);
+    b.delete(&many).unwrap();
+    assert!(b.list("bulk/").unwrap().is_empty());
+    // The bucket holds nothing the check made, but these two.
+    let left = backend(&fs, "", &[]).list("").unwrap();
+    assert_eq!(left.len(), 2, "{left:?}");
+}
+
+#[test]
+fn many_threads_read_ranges_at_once() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = Arc::new(backend(&fs, "reads", &[]));
+    let data = Arc::new(pattern(12 << 20, 7));
+    let key = Key::new("packs/cd/big.pack");
+    b.put(&key, &data).unwrap();
+    let t = Instant::now();
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let (b, data, key) = (b.clone(), data.clone(), key.clone());
+            std::thread::spawn(move || {
+                let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for _ in 0..40 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let len = 1 + (x % (256 << 10)) as usize;
+                    let off = ((x >> 20) % (data.len() - len) as u64) as usize;
+                    let mut buf = vec![0u8; len];
+                    b.read_at(&key, off as u64, &mut buf).unwrap();
+                    assert!(buf == data[off..off + len], "bytes {off}+{len} differ");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    eprintln!(
+        "16 threads x 40 ranged reads in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    // Called from inside another tokio runtime (the backend's own cannot
+    // block there): still works.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async { b.read_prefix(&key, 1000) }).unwrap();
+    assert!(got == data[..1000]);
+}
+
+#[test]
+fn big_objects_go_up_in_parts_and_discarded_ones_leave_nothing() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "parts", &[]);
+    let data = pattern(40 << 20, 3);
+    let key = Key::new("packs/ef/multi.pack");
+    let mut w = b.create(&key).unwrap();
+    for part in data.chunks(3_000_017) {
+        w.append(part).unwrap();
+    }
+    // Nothing is visible before finish.
+    assert_eq!(b.get(&key).unwrap(), None);
+    w.finish().unwrap();
+    assert!(b.get(&key).unwrap().unwrap() == data);
+    let mut buf = vec![0u8; 1 << 20];
+    b.read_at(&key, 33 << 20, &mut buf).unwrap();
+    assert!(buf[..] == data[33 << 20..34 << 20]);
+    // A big object discarded, and one dropped unfinished.
+    for discard in [true, false] {
+        let k = Key::new(format!("packs/ef/gone-{discard}.pack"));
+        let mut w = b.create(&k).unwrap();
+        w.append(&data[..30 << 20]).unwrap();
+        if discard {
+            w.discard();
+        } else {
+            drop(w);
+        }
+        assert_eq!(b.get(&k).unwrap(), None);
+    }
+    let listed = b.list("packs/").unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].len, data.len() as u64);
+}
+
+#[test]
+fn one_of_many_racing_creates_wins() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = Arc::new(backend(&fs, "race", &[]));
+    // SeaweedFS answers racing conditional PUTs of one key one a second
+    // (the losers wait on the server, up to N-1 s; no client retries):
+    // eight callers, three rounds.
+    for round in 0..3 {
+        let t = Instant::now();
+        let key = Key::new(format!("locks/{round}"));
+        let threads: Vec<_> = (0..8u8)
+            .map(|i| {
+                let (b, key) = (b.clone(), key.clone());
+                std::thread::spawn(move || b.put_new(&key, &[i]).unwrap().then_some(i))
+            })
+            .collect();
+        let winners: Vec<u8> = threads
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        assert_eq!(b.get(&key).unwrap().unwrap(), winners);
+        eprintln!("round {round}: {:.2} s", t.elapsed().as_secs_f64());
+    }
+}
+
+#[test]
+fn held_objects_are_refreshed_and_dead_ones_expire() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "lease", &[]).with_timing(Duration::from_secs(1), Duration::from_secs(4));
+    let key = Key::new("sessions/a");
+    let h = b.hold(&key, b"me").unwrap();
+    // Past several leases, refreshed all along.
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(b.liveness(&key).unwrap(), Liveness::Live);
+        h.check().unwrap();
+    }
+    drop(h);
+    assert_eq!(b.liveness(&key).unwrap(), Liveness::Gone);
+    // As a killed holder leaves it: written once, never refreshed.
+    b.put(&key, b"pid 1").unwrap();
+    assert_eq!(b.liveness(&key).unwrap(), Liveness::Live);
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(b.liveness(&key).unwrap(), Liveness::Dead);
+}
+
+#[test]
+fn a_stopped_server_fails_calls_in_one_line_and_a_restarted_one_serves_again() {
+    let Some(mut fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "fault", &[("CAIRN_S3_RETRY_SECS", "2")])
+        .with_timing(Duration::from_millis(500), Duration::from_secs(3));
+    let key = Key::new("config");
+    b.put(&key, b"v1").unwrap();
+    let held = b.hold(&Key::new("sessions/w"), b"me").unwrap();
+    fs.stop();
+    let t = Instant::now();
+    let e = b.put(&key, b"v2").unwrap_err();
+    let took = t.elapsed();
+    let msg = e.to_string();
+    eprintln!("put to a stopped server failed after {took:.1?}: {msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+    assert!(
+        msg.starts_with(&format!("s3://{}/fault/config: put: ", fs.bucket())),
+        "{msg}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(30),
+        "{took:?}"
+    );
+    assert!(
+        matches!(b.get(&key), Err(StoreError::Io { .. })),
+        "a get must fail too"
+    );
+    // The hold's refreshes fail: its check fails once the lease nears.
+    std::thread::sleep(Duration::from_secs(3));
+    let e = held.check().unwrap_err().to_string();
+    assert!(
+        e.contains("sessions/w") && e.contains("lease") && !e.contains('\n'),
+        "{e}"
+    );
+    fs.start_again().unwrap();
+    b.put(&key, b"v3").unwrap();
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"v3"[..]));
+    // Refreshed again.
+    let t = Instant::now();
+    while held.check().is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "never refreshed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(held);
+    assert_eq!(b.liveness(&Key::new("sessions/w")).unwrap(), Liveness::Gone);
+}
