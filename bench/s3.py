@@ -93,13 +93,13 @@ CSV_COLUMNS = [
     "step", "file", "tool_id", "tool", "codec", "threads", "run", "counted", "prefix",
     "seconds", "mb_per_s", "cpu_s", "peak_rss_kib", "input_bytes", "repo_bytes", "repo_objects",
     "added_bytes", "tool_reported_added", "verified", "sync_s", "weed_cpu_s", "weed_rss_kib",
-    "weed_hwm_kib", "retries", "busy_before", "load1", "note", "command",
+    "weed_hwm_kib", "s3_requests", "s3_in_bytes", "s3_out_bytes", "retries", "busy_before", "load1", "note", "command",
 ]
 SUMMARY_COLUMNS = [
     "step", "tool_id", "tool", "codec", "threads", "runs", "median_s", "min_s", "max_s", "mb_per_s",
     "median_cpu_s", "median_weed_cpu_s", "max_peak_rss_kib", "max_weed_rss_kib", "input_bytes",
     "median_repo_bytes", "median_repo_objects", "median_added_bytes", "median_sync_s", "retries",
-    "verified",
+    "median_s3_in_bytes", "median_s3_out_bytes", "s3_requests_last_run", "verified",
 ]
 STEPS = ["backup-1", "backup-2", "restore-1", "restore-2"]
 STEP_NAMES = {"backup-1": "backup os.img", "backup-2": "backup os2.img (after os.img)",
@@ -214,7 +214,8 @@ class Weed:
 
     def __init__(self, binary, directory):
         self.binary, self.dir = binary, directory
-        names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
+        names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc",
+                 "metrics"]
         self.ports = dict(zip(names, free_ports(len(names))))
         self.proc = None
         self.argv = None
@@ -234,7 +235,7 @@ class Weed:
             "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3_grpc']}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={d}/identities.json",
             f"-filer.localSocket={d}/filer.sock", f"-s3.localSocket={d}/s3.sock",
-            "-master.telemetry=false", "-volume.preStopSeconds=0",
+            "-master.telemetry=false", "-volume.preStopSeconds=0", f"-metricsPort={p['metrics']}",
         ]
         self.log_path = os.path.join(d, "weed.log")
         logf = open(self.log_path, "ab")
@@ -291,6 +292,23 @@ class Weed:
             pass
         return rss, hwm
 
+    def metrics(self):
+        """S3 requests answered for the bucket, by (type, HTTP code), and bytes in and out."""
+        got = http_get(self.ports["metrics"], "/metrics")
+        if not got:
+            return None
+        reqs, inb, outb = {}, 0, 0
+        for line in got[1].splitlines():
+            if line.startswith("SeaweedFS_s3_request_total{") and f'bucket="{BUCKET}"' in line:
+                labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.index("}")].split(","))
+                key = f"{labels['type'].strip(chr(34))}:{labels['code'].strip(chr(34))}"
+                reqs[key] = reqs.get(key, 0) + float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f'SeaweedFS_s3_bucket_traffic_received_bytes_total{{bucket="{BUCKET}"}}'):
+                inb = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f'SeaweedFS_s3_bucket_traffic_sent_bytes_total{{bucket="{BUCKET}"}}'):
+                outb = float(line.rsplit(" ", 1)[1])
+        return reqs, inb, outb
+
     def cpu_s(self):
         try:
             with open(f"/proc/{self.proc.pid}/stat") as f:
@@ -342,20 +360,22 @@ class CairnS3(B.Cairn):
     def url(self, prefix):
         return f"s3://{BUCKET}/{prefix}"
 
-    def senv(self):
-        return {"AWS_ENDPOINT_URL": self.endpoint, **s3_env()}
+    def senv(self, home):
+        # cairn keeps a local cache of a bucket's index files and manifests: fresh per repository,
+        # like restic's RESTIC_CACHE_DIR.
+        return {"AWS_ENDPOINT_URL": self.endpoint, **s3_env(), "CAIRN_CACHE_DIR": os.path.join(home, "cache")}
 
     def init(self, repo, home, targets=()):
-        return [with_env(c, self.senv()) for c in super().init(repo, home)]
+        return [with_env(c, self.senv(home)) for c in super().init(repo, home)]
 
     def backup(self, repo, home, src, name, seq):
-        return with_env(super().backup(repo, home, src, name, seq), self.senv())
+        return with_env(super().backup(repo, home, src, name, seq), self.senv(home))
 
     def restore(self, repo, home, handle, dest):
-        return with_env(super().restore(repo, home, handle, dest), self.senv())
+        return with_env(super().restore(repo, home, handle, dest), self.senv(home))
 
     def stats(self, repo, home):
-        return with_env(B.Cmd([self.binary, "stats", "--repo", repo, "--json"]), self.senv())
+        return with_env(B.Cmd([self.binary, "stats", "--repo", repo, "--json"]), self.senv(home))
 
 
 class ResticS3(B.Restic):
@@ -375,7 +395,8 @@ class ResticS3(B.Restic):
 
 TOOL_NOTES = {
     "cairn": "`-T 2` for backup and restore, `-c zstd:3` (the default codec), cairn's default chunker; "
-             "endpoint and key from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION",
+             "endpoint and key from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION; "
+             "its local cache of index files and manifests in a fresh CAIRN_CACHE_DIR per repository",
     "restic": "GOMAXPROCS=2; S3 backend `-r s3:http://127.0.0.1:PORT/BUCKET/PREFIX` (minio-go, its default "
               "5 connections), repository version 2, `--compression auto` (zstd 'fastest'); encryption is "
               "mandatory in restic (RESTIC_PASSWORD set; AES-256 + Poly1305 cost included); restore with "
@@ -384,6 +405,15 @@ TOOL_NOTES = {
 
 
 # ---------------------------------------------------------------- measuring
+
+def metrics_delta(m0, m1):
+    """Row fields: S3 requests (TYPE:CODE=N ...) and bytes in/out between two metrics() snapshots."""
+    if not m0 or not m1:
+        return {}
+    d = {k: v - m0[0].get(k, 0) for k, v in m1[0].items()}
+    return {"s3_requests": " ".join(f"{k}={v:.0f}" for k, v in sorted(d.items()) if v),
+            "s3_in_bytes": f"{m1[1] - m0[1]:.0f}", "s3_out_bytes": f"{m1[2] - m0[2]:.0f}"}
+
 
 class S3Bench(B.Bench):
     def __init__(self, run_dir, scratch, dry_run, inputs, sums, weed, idle_wait=0):
@@ -395,6 +425,7 @@ class S3Bench(B.Bench):
     def timed(self, what, cmd):
         """step() with SeaweedFS's CPU time and memory around it, and retries counted in stderr."""
         c0 = None if self.dry_run else self.weed.cpu_s()
+        m0 = None if self.dry_run else self.weed.metrics()
         res = self.step(what, cmd)
         extra = {}
         if not self.dry_run:
@@ -402,6 +433,7 @@ class S3Bench(B.Bench):
             rss, hwm = self.weed.proc_status()
             extra = {"weed_cpu_s": "" if c0 is None or c1 is None else f"{c1 - c0:.2f}",
                      "weed_rss_kib": rss, "weed_hwm_kib": hwm}
+            extra.update(metrics_delta(m0, self.weed.metrics()))
             try:
                 with open(os.path.join(self.scratch, "stderr.txt"), errors="replace") as f:
                     err = f.read()
@@ -453,6 +485,7 @@ class S3Bench(B.Bench):
                 B.warm_tree([src] if step == "s3-put" else [os.path.join(self.weed.dir, "data")])
                 busy = self.wait_idle()
                 c0 = self.weed.cpu_s()
+                m0 = self.weed.metrics()
                 t0 = time.perf_counter()
                 try:
                     with concurrent.futures.ThreadPoolExecutor(THREADS) as ex:
@@ -467,6 +500,7 @@ class S3Bench(B.Bench):
                           f"{PART >> 20} MiB objects)", B.Cmd(["#", step, f"s3://{BUCKET}/{prefix}/"]))
                 self.row(base, B.Result(seconds=secs, busy_before=busy), step=step,
                          weed_cpu_s=f"{c1 - c0:.2f}", weed_rss_kib=rss, weed_hwm_kib=hwm,
+                         **metrics_delta(m0, self.weed.metrics()),
                          note=f"{nparts} objects of {PART >> 20} MiB, {THREADS} connections, "
                               "unsigned payload (SigV4 headers only); the server's speed with a client "
                               "that does no work")
@@ -558,6 +592,8 @@ def summarize(rows):
             "median_repo_bytes": med("repo_bytes"), "median_repo_objects": med("repo_objects"),
             "median_added_bytes": med("added_bytes"), "median_sync_s": med("sync_s"),
             "retries": sum(vals("retries")),
+            "median_s3_in_bytes": med("s3_in_bytes"), "median_s3_out_bytes": med("s3_out_bytes"),
+            "s3_requests_last_run": rs[-1].get("s3_requests", ""),
             "verified": "" if not ver else ("MISMATCH" if "MISMATCH" in ver else ",".join(sorted(ver))),
         })
     return out
@@ -684,8 +720,9 @@ def write_report(run_dir):
     L.append("")
     L.append("Details (medians):\n")
     L.append("| step | tool | median s | min–max s | MB/s | CPU s | SeaweedFS CPU s | peak RSS MiB | "
-             "SeaweedFS RSS MiB | repo MiB | objects | sync s | verified |")
-    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+             "SeaweedFS RSS MiB | repo MiB | objects | sync s | S3 MB in / out | S3 requests (last run) | "
+             "verified |")
+    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
     order = {s: i for i, s in enumerate(STEPS + ["s3-put-os", "s3-get-os", "s3-put-os2", "s3-get-os2",
                                                  "copy-os", "copy-os2"])}
     for s in sorted(summ, key=lambda s: (order.get(s["step"], 99), s["tool_id"])):
@@ -693,7 +730,10 @@ def write_report(run_dir):
                  f"{f1(s['max_s'], 2)} | {f1(s['mb_per_s'])} | {f1(s['median_cpu_s'], 2)} | "
                  f"{f1(s['median_weed_cpu_s'], 2)} | {mib(s['max_peak_rss_kib'] and s['max_peak_rss_kib'] * 1024)} | "
                  f"{mib(s['max_weed_rss_kib'] and s['max_weed_rss_kib'] * 1024)} | {mib(s['median_repo_bytes'])} | "
-                 f"{f1(s['median_repo_objects'], 0)} | {f1(s['median_sync_s'], 2)} | {s['verified']} |")
+                 f"{f1(s['median_repo_objects'], 0)} | {f1(s['median_sync_s'], 2)} | "
+                 f"{f1(s['median_s3_in_bytes'] and s['median_s3_in_bytes'] / 1e6)} / "
+                 f"{f1(s['median_s3_out_bytes'] and s['median_s3_out_bytes'] / 1e6)} | "
+                 f"{s['s3_requests_last_run']} | {s['verified']} |")
     L.append("")
     L.append("s3-put / s3-get: the input PUT as 16 MiB objects by 2 Python threads and read back (GET), "
              "no compression or hashing: what this SeaweedFS takes on these cores from a client that does "
