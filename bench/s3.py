@@ -927,19 +927,21 @@ def main():
             weedtxt.update(rss_end_kib=rss, hwm_end_kib=hwm, cpu_total_s=weed.cpu_s())
             weed.stop()
             tail = weed.log_tail()
-            nerr = 0
+            warn = []
             try:
                 with open(weed.log_path, errors="replace") as f:
-                    nerr = sum(1 for line in f if line[:1] in ("E", "W") and line[1:5].isdigit())
+                    warn = [line for line in f if line[:1] in ("E", "W", "F") and line[1:5].isdigit()]
             except OSError:
                 pass
+            nerr = len(warn)
             du = B.du_bytes([os.path.join(weed.dir, "data")])
             with open(os.path.join(run_dir, "weed.txt"), "w") as f:
                 f.write(f"version: {B.run_text([weed_bin, 'version']).splitlines()[0]}\n"
                         f"argv: {shlex.join(weed.argv)}\nports: {json.dumps(weed.ports)}\n"
                         + "".join(f"{k}: {v}\n" for k, v in weedtxt.items())
                         + f"data_dir_bytes_end: {du}\nlog_warning_or_error_lines: {nerr}\n"
-                        f"log_tail:\n{tail}")
+                        + "log_warnings_and_errors (first 50):\n" + "".join(w[:400] for w in warn[:50])
+                        + f"log_tail:\n{tail}")
         with open(os.path.join(run_dir, "errors.txt"), "w") as f:
             f.write("".join(e + "\n" for e in errors))
         with open(os.path.join(run_dir, "machine.txt"), "a") as f:
