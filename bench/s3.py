@@ -93,13 +93,14 @@ CSV_COLUMNS = [
     "step", "file", "tool_id", "tool", "codec", "threads", "run", "counted", "prefix",
     "seconds", "mb_per_s", "cpu_s", "peak_rss_kib", "input_bytes", "repo_bytes", "repo_objects",
     "added_bytes", "tool_reported_added", "verified", "sync_s", "weed_cpu_s", "weed_rss_kib",
-    "weed_hwm_kib", "s3_requests", "s3_in_bytes", "s3_out_bytes", "retries", "busy_before", "load1", "note", "command",
+    "weed_hwm_kib", "s3_requests", "s3_in_bytes", "s3_out_bytes", "weed_rchar", "weed_wchar", "retries", "busy_before", "load1", "note", "command",
 ]
 SUMMARY_COLUMNS = [
     "step", "tool_id", "tool", "codec", "threads", "runs", "median_s", "min_s", "max_s", "mb_per_s",
     "median_cpu_s", "median_weed_cpu_s", "max_peak_rss_kib", "max_weed_rss_kib", "input_bytes",
     "median_repo_bytes", "median_repo_objects", "median_added_bytes", "median_sync_s", "retries",
-    "median_s3_in_bytes", "median_s3_out_bytes", "s3_requests_last_run", "verified",
+    "median_s3_in_bytes", "median_s3_out_bytes", "median_weed_rchar", "median_weed_wchar",
+    "s3_requests_last_run", "verified",
 ]
 STEPS = ["backup-1", "backup-2", "restore-1", "restore-2"]
 STEP_NAMES = {"backup-1": "backup os.img", "backup-2": "backup os2.img (after os.img)",
@@ -292,6 +293,15 @@ class Weed:
             pass
         return rss, hwm
 
+    def io(self):
+        """(rchar, wchar) of the weed process: bytes it read and wrote through syscalls (files, sockets)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/io") as f:
+                d = dict(line.split(":") for line in f)
+            return int(d["rchar"]), int(d["wchar"])
+        except (OSError, KeyError, ValueError):
+            return None
+
     def metrics(self):
         """S3 requests answered for the bucket, by (type, HTTP code), and bytes in and out."""
         got = http_get(self.ports["metrics"], "/metrics")
@@ -406,12 +416,16 @@ TOOL_NOTES = {
 
 # ---------------------------------------------------------------- measuring
 
-def metrics_delta(m0, m1):
-    """Row fields: S3 requests (TYPE:CODE=N ...) and bytes in/out between two metrics() snapshots."""
+def metrics_delta(m0, m1, io0=None, io1=None):
+    """Row fields: S3 requests (TYPE:CODE=N ...) and bytes in/out between two metrics() snapshots,
+    and what the weed process read and wrote meanwhile (its own /proc/PID/io)."""
+    out = {}
+    if io0 and io1:
+        out = {"weed_rchar": io1[0] - io0[0], "weed_wchar": io1[1] - io0[1]}
     if not m0 or not m1:
-        return {}
+        return out
     d = {k: v - m0[0].get(k, 0) for k, v in m1[0].items()}
-    return {"s3_requests": " ".join(f"{k}={v:.0f}" for k, v in sorted(d.items()) if v),
+    return {**out, "s3_requests": " ".join(f"{k}={v:.0f}" for k, v in sorted(d.items()) if v),
             "s3_in_bytes": f"{m1[1] - m0[1]:.0f}", "s3_out_bytes": f"{m1[2] - m0[2]:.0f}"}
 
 
@@ -426,6 +440,7 @@ class S3Bench(B.Bench):
         """step() with SeaweedFS's CPU time and memory around it, and retries counted in stderr."""
         c0 = None if self.dry_run else self.weed.cpu_s()
         m0 = None if self.dry_run else self.weed.metrics()
+        io0 = None if self.dry_run else self.weed.io()
         res = self.step(what, cmd)
         extra = {}
         if not self.dry_run:
@@ -433,7 +448,7 @@ class S3Bench(B.Bench):
             rss, hwm = self.weed.proc_status()
             extra = {"weed_cpu_s": "" if c0 is None or c1 is None else f"{c1 - c0:.2f}",
                      "weed_rss_kib": rss, "weed_hwm_kib": hwm}
-            extra.update(metrics_delta(m0, self.weed.metrics()))
+            extra.update(metrics_delta(m0, self.weed.metrics(), io0, self.weed.io()))
             try:
                 with open(os.path.join(self.scratch, "stderr.txt"), errors="replace") as f:
                     err = f.read()
@@ -486,6 +501,7 @@ class S3Bench(B.Bench):
                 busy = self.wait_idle()
                 c0 = self.weed.cpu_s()
                 m0 = self.weed.metrics()
+                io0 = self.weed.io()
                 t0 = time.perf_counter()
                 try:
                     with concurrent.futures.ThreadPoolExecutor(THREADS) as ex:
@@ -500,7 +516,7 @@ class S3Bench(B.Bench):
                           f"{PART >> 20} MiB objects)", B.Cmd(["#", step, f"s3://{BUCKET}/{prefix}/"]))
                 self.row(base, B.Result(seconds=secs, busy_before=busy), step=step,
                          weed_cpu_s=f"{c1 - c0:.2f}", weed_rss_kib=rss, weed_hwm_kib=hwm,
-                         **metrics_delta(m0, self.weed.metrics()),
+                         **metrics_delta(m0, self.weed.metrics(), io0, self.weed.io()),
                          note=f"{nparts} objects of {PART >> 20} MiB, {THREADS} connections, "
                               "unsigned payload (SigV4 headers only); the server's speed with a client "
                               "that does no work")
@@ -593,6 +609,7 @@ def summarize(rows):
             "median_added_bytes": med("added_bytes"), "median_sync_s": med("sync_s"),
             "retries": sum(vals("retries")),
             "median_s3_in_bytes": med("s3_in_bytes"), "median_s3_out_bytes": med("s3_out_bytes"),
+            "median_weed_rchar": med("weed_rchar"), "median_weed_wchar": med("weed_wchar"),
             "s3_requests_last_run": rs[-1].get("s3_requests", ""),
             "verified": "" if not ver else ("MISMATCH" if "MISMATCH" in ver else ",".join(sorted(ver))),
         })
@@ -720,9 +737,9 @@ def write_report(run_dir):
     L.append("")
     L.append("Details (medians):\n")
     L.append("| step | tool | median s | min–max s | MB/s | CPU s | SeaweedFS CPU s | peak RSS MiB | "
-             "SeaweedFS RSS MiB | repo MiB | objects | sync s | S3 MB in / out | S3 requests (last run) | "
-             "verified |")
-    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
+             "SeaweedFS RSS MiB | repo MiB | objects | sync s | S3 MB in / out | SeaweedFS read / wrote MB | "
+             "S3 requests (last run) | verified |")
+    L.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|")
     order = {s: i for i, s in enumerate(STEPS + ["s3-put-os", "s3-get-os", "s3-put-os2", "s3-get-os2",
                                                  "copy-os", "copy-os2"])}
     for s in sorted(summ, key=lambda s: (order.get(s["step"], 99), s["tool_id"])):
@@ -733,8 +750,14 @@ def write_report(run_dir):
                  f"{f1(s['median_repo_objects'], 0)} | {f1(s['median_sync_s'], 2)} | "
                  f"{f1(s['median_s3_in_bytes'] and s['median_s3_in_bytes'] / 1e6)} / "
                  f"{f1(s['median_s3_out_bytes'] and s['median_s3_out_bytes'] / 1e6)} | "
+                 f"{f1(s['median_weed_rchar'] and s['median_weed_rchar'] / 1e6, 0)} / "
+                 f"{f1(s['median_weed_wchar'] and s['median_weed_wchar'] / 1e6, 0)} | "
                  f"{s['s3_requests_last_run']} | {s['verified']} |")
     L.append("")
+    L.append("S3 MB in / out: bytes the bucket received and sent (SeaweedFS's metrics); SeaweedFS read / "
+             "wrote: what the weed process read and wrote through system calls meanwhile (rchar, wchar of "
+             "/proc/PID/io: its volume files and its internal HTTP hops between S3 gateway, filer and volume "
+             "server, page cache included).\n")
     L.append("s3-put / s3-get: the input PUT as 16 MiB objects by 2 Python threads and read back (GET), "
              "no compression or hashing: what this SeaweedFS takes on these cores from a client that does "
              "no work. copy: `cp` of the input to the work filesystem.\n")
