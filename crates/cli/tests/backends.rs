@@ -49,6 +49,8 @@ impl Store {
         }
         // Retries end within seconds here (a stopped server is the test).
         c.env("CAIRN_S3_RETRY_SECS", "8");
+        // The local cache of this test alone (not the user's).
+        c.env("CAIRN_CACHE_DIR", self.dir.path().join("cache"));
         c
     }
 

@@ -1,15 +1,16 @@
 //! A local cache in front of a remote backend: [`CachedBackend`] keeps
-//! what was read from immutable objects (index files, manifests, ranges of
-//! packs) in a directory, so that a served image's random reads and every
-//! command's index load do not fetch the same bytes from the object store
-//! again.
+//! what was read from immutable objects (index files, ranges of packs) in
+//! a directory, so that a served image's random reads and every command's
+//! index load do not fetch the same bytes from the object store again.
 //!
 //! - **Only immutable objects.** Index files and packs are written once
-//!   under fresh random names, manifests under names that are never
-//!   reused for other contents; those are cached. Everything else
-//!   (config, sessions, locks, trash lists, markers) and every listing
-//!   goes to the store each time, so the store stays the truth: a
-//!   manifest or index file is only asked for after a listing named it.
+//!   under fresh random names (128 bits), never reused for other
+//!   contents, even by a repository made again at the same place; those
+//!   are cached. Everything else goes to the store each time: config,
+//!   sessions, locks, trash lists, markers, every listing, and manifests,
+//!   whose names come back (`rm NAME@3` then a backup makes another
+//!   `NAME@3`). So the store stays the truth: an index file is only asked
+//!   for after a listing named it.
 //! - **Checked, and damage is the cache's, not the repository's.** Each
 //!   entry carries the CRC-32C of its bytes; one that fails the check (a
 //!   torn write, a flipped bit on the cache disk) is dropped and fetched
@@ -228,9 +229,7 @@ impl CachedBackend {
     /// Whether `key` names an object that never changes once written.
     fn immutable(&self, key: &Key) -> bool {
         let full = format!("{}{}", self.folder, key.as_str());
-        full.starts_with("index/")
-            || full.starts_with("snapshots/")
-            || key.as_str().starts_with("packs/")
+        full.starts_with("index/") || key.as_str().starts_with("packs/")
     }
 
     fn is_pack(key: &Key) -> bool {
@@ -431,10 +430,15 @@ mod tests {
     #[test]
     fn mutable_objects_are_never_cached() {
         let (_d, inner, c) = pair();
-        let trash = Key::new("trash/1");
-        inner.put(&trash, b"one").unwrap();
-        assert_eq!(c.get(&trash).unwrap().unwrap(), b"one");
-        inner.put(&trash, b"two").unwrap();
-        assert_eq!(c.get(&trash).unwrap().unwrap(), b"two");
+        // A trash list is rewritten; a manifest's name comes back after
+        // an rm (regression: a cached manifest of a removed snapshot was
+        // restored in place of the new one of the same number).
+        for key in [Key::new("trash/1"), Key::new("snapshots/a/0000000001.snap")] {
+            inner.put(&key, b"one").unwrap();
+            assert_eq!(c.get(&key).unwrap().unwrap(), b"one");
+            inner.delete(std::slice::from_ref(&key)).unwrap();
+            inner.put(&key, b"two").unwrap();
+            assert_eq!(c.get(&key).unwrap().unwrap(), b"two");
+        }
     }
 }

@@ -27,6 +27,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 const BATCH: u64 = 8 << 20;
+/// A batch from a remote store into a file (see [`restore`]).
+const REMOTE_BATCH: u64 = 64 << 20;
+/// Extents in a batch at most.
+const MAX_BATCH_EXTENTS: usize = 16384;
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// Where restored bytes go.
@@ -115,8 +119,11 @@ struct Kept {
 
 /// Records of one pack nearer than this are fetched together from a
 /// remote store: one request instead of several round trips, for at most
-/// this many bytes of the gap between them.
-const SPAN_GAP: u64 = 256 << 10;
+/// this many bytes of the gap between them (measured on SeaweedFS: 256
+/// KiB took os2.img from 347 requests to 165, 1 MiB to fewer; a store
+/// that keeps objects in 4 MiB blocks reads a whole block per request
+/// anyway).
+const SPAN_GAP: u64 = 1 << 20;
 /// The longest span fetched at once.
 const SPAN_MAX: u64 = 16 << 20;
 
@@ -304,14 +311,23 @@ pub fn restore(
     // A hole longer than a batch is cut into batch-sized pieces so that a
     // stream never holds more than a batch of zeros.
     let mut hole_left: Option<(u64, u64)> = None;
+    // From a remote store into a file, batches are longer: a batch holds
+    // no bytes then (its chunks are written where they go), and the
+    // longer it is, the more of a pack's records one span fetches.
+    let remote = files.reads_per_core() > 1;
+    let batch = if remote && positional.is_some() {
+        REMOTE_BATCH
+    } else {
+        BATCH
+    };
     let source = |w: &mut Work| -> Result<Fill> {
         let mut size = 0u64;
-        while size < BATCH && w.extents.len() < 4096 {
+        while size < batch && w.extents.len() < MAX_BATCH_EXTENTS {
             if let Some((off, left)) = hole_left.take() {
                 let piece = if positional.is_some() {
                     left
                 } else {
-                    left.min(BATCH - size)
+                    left.min(batch - size)
                 };
                 w.extents.push((off, Extent::Hole { len: piece }));
                 if positional.is_none() {
@@ -345,7 +361,7 @@ pub fn restore(
     // the machine's working set.
     let direct = positional.and_then(reopen_direct);
     // A remote store is read in spans of neighbouring records.
-    let spans = files.reads_per_core() > 1;
+    let spans = remote;
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         let mut chunk = Vec::new();
