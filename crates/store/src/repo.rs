@@ -587,19 +587,11 @@ impl Repository {
             return Err(StoreError::NotARepository(root.to_path_buf()));
         }
         let home = fs::canonicalize(root).ctx(root, "resolve path")?;
-        let mut repo = Self::open_backend(
+        Self::open_backend(
             root.display().to_string(),
             Arc::new(LocalDir::new(root)),
-            Some(home),
-        )?;
-        // Target directories inside the repository, by the path given.
-        let paths = repo.target_paths()?;
-        for (t, target) in repo.targets.iter_mut().zip(paths) {
-            if !t.absolute {
-                t.dir = Some(root.join(target));
-            }
-        }
-        Ok(repo)
+            Some((home, root)),
+        )
     }
 
     /// Open the repository at `location`: a directory, or
@@ -664,11 +656,18 @@ impl Repository {
         Self::open_backend(location.to_string(), root, None)
     }
 
+    /// Open the repository in `root`; `local` is a local repository's
+    /// canonical directory (its home) and the path it was opened by (its
+    /// targets inside are named by that path, as given).
     fn open_backend(
         location: String,
         root: Arc<dyn WriteBackend>,
-        home: Option<PathBuf>,
+        local: Option<(PathBuf, &Path)>,
     ) -> Result<Repository> {
+        let (home, given) = match local {
+            Some((home, given)) => (Some(home), Some(given)),
+            None => (None, None),
+        };
         let cfg_key = Key::new("config");
         let cfg_path = root.locate(&cfg_key);
         let data = root
@@ -709,7 +708,7 @@ impl Repository {
                 };
                 Target {
                     backend: root.child(rel),
-                    dir: home.as_ref().map(|h| h.join(rel)),
+                    dir: given.map(|g| g.join(rel)),
                     absolute: false,
                 }
             };
@@ -755,20 +754,6 @@ impl Repository {
             pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
             unclaimed,
         })
-    }
-
-    /// The targets as the config names them.
-    fn target_paths(&self) -> Result<Vec<PathBuf>> {
-        let key = Key::new("config");
-        let path = self.root.locate(&key);
-        let data = self
-            .root
-            .get(&key)?
-            .ok_or_else(|| StoreError::NotARepository(PathBuf::from(&self.location)))?;
-        let (_, body) = meta::open(&path, &data, Kind::Config, REPO_VERSION)?;
-        let config: Config = serde_json::from_slice(body)
-            .map_err(|e| StoreError::corrupt(&path, 24, format!("config: {e}")))?;
-        Ok(config.targets)
     }
 
     /// Write this repository's home into the markers of targets that do

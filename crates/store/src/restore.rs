@@ -29,8 +29,8 @@ use std::time::Instant;
 const BATCH: u64 = 8 << 20;
 /// A batch from a remote store into a file (see [`restore`]).
 const REMOTE_BATCH: u64 = 64 << 20;
-/// Extents in a batch at most.
-const MAX_BATCH_EXTENTS: usize = 16384;
+/// Extents in a batch at most ([`REMOTE_BATCH`]es may have more).
+const MAX_BATCH_EXTENTS: usize = 4096;
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// Where restored bytes go.
@@ -315,14 +315,17 @@ pub fn restore(
     // no bytes then (its chunks are written where they go), and the
     // longer it is, the more of a pack's records one span fetches.
     let remote = files.reads_per_core() > 1;
-    let batch = if remote && positional.is_some() {
-        REMOTE_BATCH
+    let (batch, max_extents) = if remote && positional.is_some() {
+        (
+            REMOTE_BATCH,
+            MAX_BATCH_EXTENTS * (REMOTE_BATCH / BATCH) as usize,
+        )
     } else {
-        BATCH
+        (BATCH, MAX_BATCH_EXTENTS)
     };
     let source = |w: &mut Work| -> Result<Fill> {
         let mut size = 0u64;
-        while size < batch && w.extents.len() < MAX_BATCH_EXTENTS {
+        while size < batch && w.extents.len() < max_extents {
             if let Some((off, left)) = hole_left.take() {
                 let piece = if positional.is_some() {
                     left
