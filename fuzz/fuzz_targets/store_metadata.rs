@@ -41,6 +41,22 @@ fuzz_target!(|data: &[u8]| {
                     .all(|n| n.len() == 36 && n.ends_with(".idx")));
             }
         }
+        3 if which & 0x80 != 0 => {
+            // A key file: its JSON, and Argon2id parameters that must be
+            // refused (not allocated) when out of bounds. Unwrapping runs
+            // the KDF only with parameters the bounds allow, and cheap
+            // ones here.
+            let sealed = meta::seal(Kind::Key, 1, body);
+            if let Ok((_, b)) = meta::open(p, &sealed, Kind::Key, 1) {
+                if let Ok(mut k) = serde_json::from_slice::<cairn_store::crypt::KeyFile>(b) {
+                    if k.params.memory_kib > 64 || k.params.iterations > 1 {
+                        k.params.memory_kib = 8;
+                        k.params.iterations = 1;
+                    }
+                    let _ = k.unwrap(cairn_store::RepoId([1; 16]), b"pw");
+                }
+            }
+        }
         _ => {
             let _ = meta::open(p, body, Kind::Manifest, 1);
             let _ = Manifest::decode(p, body);

@@ -50,6 +50,8 @@ pub(crate) struct CacheTarget {
     /// The repository of --image, also from $CAIRN_REPO.
     #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: Option<PathBuf>,
+    #[command(flatten)]
+    pub password: crate::key_cmd::PasswordArgs,
     /// Ask a running `cairn serve --control SOCK` instead (status, drain).
     #[arg(long = "control", value_name = "SOCK", conflicts_with_all = ["cache", "backing", "image"])]
     pub control: Option<PathBuf>,
@@ -155,9 +157,10 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
                 bail!("--image needs --repo (or CAIRN_REPO)");
             };
             let opts = crate::serve_repo::volume_options(64 << 20, None);
-            let repo = Arc::new(cairn_store::Repository::open_location(
+            let repo = Arc::new(cairn_store::Repository::open_location_with(
                 crate::repo_cmd::location(repo)?,
                 0,
+                &t.password,
             )?);
             let vol = crate::serve_repo::open_writable(&repo, name, &opts)?;
             image = Some(vol.clone());

@@ -6,6 +6,7 @@
 
 mod cache_cmd;
 mod generate;
+mod key_cmd;
 mod pack;
 mod repo_cmd;
 mod report;
@@ -55,6 +56,8 @@ enum Command {
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
     Stats(repo_cmd::StatsArgs),
+    /// Keys of an encrypted repository: list, add, remove, passwd.
+    Key(key_cmd::KeyArgs),
     /// Export repository images, files and devices over NBD.
     Serve(serve::ServeArgs),
     /// Status, drain or detach of a write-back cache (of a running server: --control).
@@ -286,6 +289,7 @@ fn main() -> ExitCode {
         Command::Forget(args) => repo_cmd::forget(&args),
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
+        Command::Key(args) => key_cmd::key(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Cache(args) => cache_cmd::cache(&args),
         Command::Generate(args) => generate::generate(&args),

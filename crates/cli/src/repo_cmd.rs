@@ -2,13 +2,14 @@
 //! stats. Each parses its arguments, opens what it needs, calls the store
 //! and prints a table or `--json`.
 
+use crate::key_cmd::{KdfArgs, PasswordArgs};
 use crate::report::Progress;
 use anyhow::{bail, Context, Result};
 use cairn_codec::CodecSpec;
 use cairn_filepack::PendingFile;
 use cairn_store::{
-    backup::Progress as BackupProgress, stats, ChunkerSpec, Destination, GcOptions, Repository,
-    RestoreOptions, VerifyOptions,
+    backup::Progress as BackupProgress, repo::InitOptions, stats, ChunkerSpec, Destination,
+    GcOptions, Repository, RestoreOptions, VerifyOptions,
 };
 use clap::Args;
 use indicatif::HumanBytes;
@@ -26,6 +27,8 @@ pub(crate) struct RepoArg {
     /// AWS_REGION); or set CAIRN_REPO.
     #[arg(long = "repo", short = 'r', env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: PathBuf,
+    #[command(flatten)]
+    pub password: PasswordArgs,
 }
 
 #[derive(Args, Debug)]
@@ -40,6 +43,14 @@ pub(crate) struct InitArgs {
     /// Seal packs at this size (1M to 2G; default 32M; binary units: 32M = 32MiB).
     #[arg(long, value_parser = crate::parse_size)]
     pub pack_size: Option<usize>,
+    /// Encrypt packs, index and snapshots (aes-256-gcm, the default,
+    /// with a password), or not (none).
+    #[arg(long, default_value = "aes-256-gcm", value_parser = ["aes-256-gcm", "none"])]
+    pub encryption: String,
+    #[command(flatten)]
+    pub password: PasswordArgs,
+    #[command(flatten)]
+    pub kdf: KdfArgs,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -235,8 +246,14 @@ fn threads(t: Option<usize>) -> usize {
         .max(1)
 }
 
-fn open_repo(r: &RepoArg) -> Result<Repository> {
-    Ok(Repository::open_location(location(&r.repo)?, 0)?)
+/// Open the repository `--repo` names, with its password if it is
+/// encrypted.
+pub(crate) fn open_repo(r: &RepoArg) -> Result<Repository> {
+    Ok(Repository::open_location_with(
+        location(&r.repo)?,
+        0,
+        &r.password,
+    )?)
 }
 
 /// A repository's location as given: a directory or `s3://BUCKET/PREFIX`.
@@ -276,22 +293,40 @@ fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
-    let repo = Repository::init_location(
+    let encryption = match a.encryption.as_str() {
+        "none" => {
+            if a.password.password_file.is_some() || a.password.password_command.is_some() {
+                bail!("--encryption none takes no password");
+            }
+            None
+        }
+        _ => Some((a.password.new_password()?, a.kdf.params())),
+    };
+    let repo = Repository::init_location_with(
         location(&a.repo)?,
-        &a.targets,
-        a.pack_size.map(|s| s as u64),
+        &InitOptions {
+            targets: a.targets.clone(),
+            pack_size: a.pack_size.map(|s| s as u64),
+            encryption,
+        },
     )?;
     if a.json {
         print_json(&json!({
             "repository": repo.location(),
             "id": repo.id().to_string(),
             "targets": repo.target_locations(),
+            "encryption": repo.encryption().unwrap_or("none"),
         }));
     } else {
         eprintln!(
-            "cairn: created repository {} with {} target(s)",
+            "cairn: created repository {} with {} target(s), {}",
             repo.location(),
-            repo.target_count()
+            repo.target_count(),
+            match repo.encryption() {
+                Some(e) =>
+                    format!("encrypted ({e}); keep its password safe: without it the data is lost"),
+                None => "not encrypted".to_string(),
+            }
         );
     }
     Ok(())
@@ -948,9 +983,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     drop(lock);
     if a.prune && !a.dry_run && forgotten > 0 {
         gc(&GcArgs {
-            repo: RepoArg {
-                repo: a.repo.repo.clone(),
-            },
+            repo: a.repo.clone(),
             repack_below: 0.5,
             json: false,
         })?;
@@ -1042,6 +1075,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     if a.json {
         print_json(&json!({
             "repository": repo.location(),
+            "encryption": repo.encryption().unwrap_or("none"),
             "images": s.images,
             "snapshots": s.snapshots,
             "logical_bytes": s.logical_bytes,
@@ -1065,6 +1099,10 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
         }));
     } else {
         println!("repository     {}", repo.location());
+        println!(
+            "encryption     {}",
+            repo.encryption().unwrap_or("none (not encrypted)")
+        );
         println!("images         {} ({} snapshots)", s.images, s.snapshots);
         println!(
             "logical        {} (of which zero {})",

@@ -16,6 +16,8 @@ pub(crate) struct ServeArgs {
     /// $CAIRN_REPO: a directory or s3://BUCKET/PREFIX.
     #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: Option<PathBuf>,
+    #[command(flatten)]
+    pub password: crate::key_cmd::PasswordArgs,
     /// Export this image (NAME: its latest snapshot; NAME@SNAPSHOT: that
     /// one, read-only), under that name; repeat for more. `rw` makes it
     /// writable: every flush commits a new snapshot; `cache=CACHE` puts a
@@ -293,8 +295,14 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .map(|s| crate::serve_repo::parse_image_spec(s))
             .collect::<Result<Vec<_>>>()?;
         let opts = crate::serve_repo::volume_options(a.cache, a.threads);
-        let cached =
-            crate::serve_repo::add_images(repo, &specs, &opts, a.chunk_cache as u64, &mut exports)?;
+        let cached = crate::serve_repo::add_images(
+            repo,
+            &a.password,
+            &specs,
+            &opts,
+            a.chunk_cache as u64,
+            &mut exports,
+        )?;
         for (i, c) in cached {
             let e = &mut exports[i];
             let name = e.name.clone();

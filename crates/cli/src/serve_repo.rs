@@ -79,14 +79,16 @@ pub(crate) fn open_writable(
 /// number, for the caller to put the cache in front.
 pub(crate) fn add_images(
     root: &Path,
+    password: &crate::key_cmd::PasswordArgs,
     images: &[ImageSpec],
     opts: &VolumeOptions,
     pack_cache: u64,
     exports: &mut Vec<Export>,
 ) -> Result<Vec<(usize, PathBuf)>> {
-    let repo = Arc::new(Repository::open_location(
+    let repo = Arc::new(Repository::open_location_with(
         crate::repo_cmd::location(root)?,
         pack_cache,
+        password,
     )?);
     let view = RepoView::open(repo.clone())
         .with_context(|| format!("cannot read the repository {}", root.display()))?;

@@ -181,6 +181,7 @@ fn bash(dir: &std::path::Path, script: &str) -> std::process::Output {
     std::process::Command::new("bash")
         .args(["-c", script])
         .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+        .env("CAIRN_PASSWORD", common::PASSWORD)
         .current_dir(dir)
         .output()
         .unwrap()

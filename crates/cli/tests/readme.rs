@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const VERBS: &[&str] = &[
     "pack", "unpack", "init", "backup", "restore", "ls", "verify", "rm", "forget", "gc", "stats",
-    "serve", "cache",
+    "serve", "cache", "key",
 ];
 
 fn readme() -> String {
@@ -37,9 +37,17 @@ fn helps() -> BTreeMap<String, String> {
     for v in VERBS {
         m.insert((*v).to_string(), help(&[v]));
     }
-    for sub in ["status", "drain", "detach"] {
-        let h = help(&["cache", sub]);
-        m.entry("cache".to_string()).or_default().push_str(&h);
+    for (verb, sub) in [
+        ("cache", "status"),
+        ("cache", "drain"),
+        ("cache", "detach"),
+        ("key", "list"),
+        ("key", "add"),
+        ("key", "remove"),
+        ("key", "passwd"),
+    ] {
+        let h = help(&[verb, sub]);
+        m.entry(verb.to_string()).or_default().push_str(&h);
     }
     m
 }

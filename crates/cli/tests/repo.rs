@@ -9,21 +9,6 @@ use common::*;
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
-}
-
 fn run(args: &[&str]) -> Output {
     cairn().args(args).output().unwrap()
 }

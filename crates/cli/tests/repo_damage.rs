@@ -33,6 +33,14 @@ use cairn_store::index::IndexFile;
 use cairn_store::manifest::Extent;
 use cairn_store::{ChunkId, Repository};
 use common::*;
+// Plain repositories: these tests read and damage records, index files
+// and manifests by their layout (encrypted ones: tests/encryption.rs).
+use common::plain as cairn;
+
+/// [`common::cairn_pipe`] without the password (plain repositories).
+fn cairn_pipe(args: &[&str], input: &[u8]) -> Output {
+    pipe(cairn().args(args), input)
+}
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
@@ -103,7 +111,10 @@ fn s(p: &Path) -> &str {
 fn base() -> Base {
     let dir = tempdir();
     let repo = dir.path().join("repo");
-    ok(&cairn().args(["init", s(&repo)]).output().unwrap());
+    ok(&cairn()
+        .args(["init", s(&repo), "--encryption", "none"])
+        .output()
+        .unwrap());
     let a1 = image(800_000, 1);
     // alpha@2: bytes inserted near the start (later chunks shift and
     // dedup) and a run overwritten further on.
@@ -1119,11 +1130,11 @@ fn newer_format_versions_are_refused() {
     let base = base();
     let newer = "format version 2 is newer than this cairn supports (1)";
 
-    // A newer config or target marker (markers have a version 2, naming
-    // the repository's home): every command refuses, and the writers
-    // change nothing.
-    let newer_marker = "format version 3 is newer than this cairn supports (2)";
-    for (file, version, newer) in [("config", 2, newer), ("data/cairn-target", 3, newer_marker)] {
+    // A newer config or target marker (configs of version 2 are encrypted
+    // repositories'; markers have a version 2, naming the repository's
+    // home): every command refuses, and the writers change nothing.
+    let newer_3 = "format version 3 is newer than this cairn supports (2)";
+    for (file, version, newer) in [("config", 3, newer_3), ("data/cairn-target", 3, newer_3)] {
         let (dir, repo) = copy(&base);
         reseal(&repo.join(file), version);
         let before = tree(&repo);
@@ -1248,12 +1259,22 @@ fn bad_arguments_give_one_line() {
     }
     cases.extend([
         (
-            vec!["init", s(&not_repo)],
+            vec!["init", s(&not_repo), "--encryption", "none"],
             "already exists and is not empty",
         ),
-        (vec!["init", r], "already exists and is not empty"),
         (
-            vec!["init", s(&new_repo), "--pack-size", "1K"],
+            vec!["init", r, "--encryption", "none"],
+            "already exists and is not empty",
+        ),
+        (
+            vec![
+                "init",
+                s(&new_repo),
+                "--pack-size",
+                "1K",
+                "--encryption",
+                "none",
+            ],
             "pack size 1024 is out of range",
         ),
     ]);
@@ -1543,7 +1564,14 @@ fn full_target_disk() {
         return;
     };
     let repo = dir.path().join("repo");
-    ok(&run(&["init", s(&repo), "--target", s(&target)]));
+    ok(&run(&[
+        "init",
+        s(&repo),
+        "--target",
+        s(&target),
+        "--encryption",
+        "none",
+    ]));
     let first = noise(1_000_000, 1);
     ok(&backup_json(&repo, "first", &first));
 
@@ -1595,6 +1623,8 @@ fn full_second_target() {
         s(&t1),
         "--pack-size",
         "1M",
+        "--encryption",
+        "none",
     ]));
     let first = noise(1_000_000, 21);
     ok(&backup_json(&repo, "first", &first));
@@ -1653,7 +1683,7 @@ fn full_disk_under_the_whole_repository() {
     };
     let repo = mnt.join("repo");
     let filler = mnt.join("filler");
-    ok(&run(&["init", s(&repo)]));
+    ok(&run(&["init", s(&repo), "--encryption", "none"]));
     let first = image(600_000, 11);
     ok(&backup_json(&repo, "first", &first));
 
@@ -1661,7 +1691,7 @@ fn full_disk_under_the_whole_repository() {
     // repository (no chunk is shared with `first`).
     let second = noise(300_000, 12);
     let scratch = dir.path().join("scratch");
-    ok(&run(&["init", s(&scratch)]));
+    ok(&run(&["init", s(&scratch), "--encryption", "none"]));
     ok(&backup_json(&scratch, "second", &second));
     let stats = json(ok(&run(&["stats", "--repo", s(&scratch), "--json"])));
     let pack_bytes = stats["pack_bytes"].as_u64().unwrap();

@@ -20,6 +20,7 @@
 
 use crate::backend::WriteBackend;
 use crate::chunker::ChunkerSpec;
+use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PREFIX_LEN};
 use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
@@ -32,7 +33,7 @@ use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Bytes read per batch.
@@ -355,8 +356,11 @@ pub fn backup(
             reader(source, chunker),
             || {
                 worker(
+                    (
+                        Group::new(repo),
+                        group_for_packs(opts.group_size, repo.pack_size()),
+                    ),
                     opts.codec,
-                    group_for_packs(opts.group_size, repo.pack_size()),
                     index,
                     &claimed,
                     &dispatch,
@@ -530,9 +534,24 @@ pub(crate) struct Group {
     pub(crate) raw: Vec<u8>,
     pub(crate) table: Vec<(ChunkId, u32)>,
     probe: Probe,
+    /// The repository's keys: chunk ids are keyed and records sealed.
+    crypt: Option<Arc<Crypt>>,
 }
 
 impl Group {
+    /// An empty group for the records of `repo`.
+    pub(crate) fn new(repo: &Repository) -> Group {
+        Group {
+            crypt: repo.crypt().cloned(),
+            ..Group::default()
+        }
+    }
+
+    /// The id of a chunk in this repository.
+    pub(crate) fn chunk_id(&self, data: &[u8]) -> ChunkId {
+        crate::crypt::chunk_id(self.crypt.as_deref(), data)
+    }
+
     /// Compress the group into a record at the end of `blob`.
     pub(crate) fn flush(
         &mut self,
@@ -550,6 +569,7 @@ impl Group {
             &self.raw,
             codec,
             &mut self.probe,
+            self.crypt.as_deref(),
         )?;
         let len = (blob.bytes.len() - at) as u32;
         let mut slice = 0u32;
@@ -564,9 +584,12 @@ impl Group {
     }
 }
 
+/// A worker of a backup: chunks, hashes and compresses batches into
+/// blobs; `group` is an empty group, and a group is flushed into a record
+/// once it holds `group_size` bytes.
 fn worker<'a>(
+    (mut group, group_size): (Group, usize),
     codec: CodecSpec,
-    group_size: usize,
     index: &'a ChunkIndex,
     claimed: &'a Mutex<HashSet<[u8; PREFIX_LEN], IdHash>>,
     blobs: &'a Dispatch<'a>,
@@ -574,7 +597,6 @@ fn worker<'a>(
     failed: &'a AtomicBool,
 ) -> impl FnMut(&mut Batch, &mut Done) -> Result<()> + 'a {
     let mut codec = codec.build();
-    let mut group = Group::default();
     move |b: &mut Batch, out: &mut Done| {
         let mut blob = spare.try_recv().unwrap_or_default();
         blob.bytes.clear();
@@ -598,7 +620,7 @@ fn worker<'a>(
                 out.totals.zero += len;
                 continue;
             }
-            let id = ChunkId::of(chunk);
+            let id = group.chunk_id(chunk);
             out.extents.push(Extent::Data {
                 len: chunk.len() as u32,
                 id,
@@ -670,7 +692,7 @@ fn write_packs(
             for blob in rx.iter() {
                 let packs = &mut out.packs;
                 let create = || {
-                    let w = PackWriter::create(dir, repo.id())?;
+                    let w = PackWriter::create(dir, repo.id(), repo.sealed())?;
                     // Numbered now; its PackInfo is filled in once sealed.
                     packs.push(PackInfo {
                         id: w.id(),

@@ -28,7 +28,7 @@
 use crate::backup::{append_blob, group_for_packs, stored_per_target, Blob, Group, Progress};
 use crate::chunker::{Chunker, ChunkerSpec};
 use crate::error::{Result, StoreError};
-use crate::id::{ChunkId, PREFIX_LEN};
+use crate::id::PREFIX_LEN;
 use crate::index::{ChunkIndex, IdHash, IndexFile, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{PackWriter, MAX_GROUP_RAW};
@@ -170,7 +170,7 @@ impl ImageEditor {
         let mut report = EditReport::default();
         let mut blob = Blob::default();
         let mut totals = Progress::default();
-        let mut group = Group::default();
+        let mut group = Group::new(&self.repo);
         let mut claimed: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
 
         // The new chunks of each data span, in span order.
@@ -197,7 +197,7 @@ impl ImageEditor {
                     report.zero += len;
                     continue;
                 }
-                let id = ChunkId::of(chunk);
+                let id = group.chunk_id(chunk);
                 out.push(Extent::Data {
                     len: chunk.len() as u32,
                     id,
@@ -312,7 +312,10 @@ impl ImageEditor {
         let mut made = 0u32;
         let create = || {
             made += 1;
-            Ok((PackWriter::create(&**dir, self.repo.id())?, made - 1))
+            Ok((
+                PackWriter::create(&**dir, self.repo.id(), self.repo.sealed())?,
+                made - 1,
+            ))
         };
         let seal = |(w, _): (PackWriter, u32)| {
             sealed.push(w.finish()?);
@@ -396,6 +399,7 @@ fn splice(base: &Manifest, spans: &[Span], pieces: Vec<Vec<Extent>>) -> Result<E
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::id::ChunkId;
 
     fn manifest(extents: Vec<Extent>) -> Manifest {
         let size = extents.iter().map(Extent::len).sum();

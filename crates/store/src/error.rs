@@ -95,6 +95,15 @@ pub enum StoreError {
     /// No such image or snapshot.
     #[error("{0}")]
     NotFound(String),
+    /// An encrypted repository opened without a password.
+    #[error("{0}: the repository is encrypted; give its password (CAIRN_PASSWORD_FILE, CAIRN_PASSWORD, --password-file or --password-command)")]
+    KeyNeeded(String),
+    /// No key of the repository opens with the password given.
+    #[error("{0}: wrong password (no key of the repository opens with it)")]
+    WrongPassword(String),
+    /// The password could not be had (its file, its command).
+    #[error("password: {0}")]
+    Password(String),
     /// A bad argument (name, chunker parameters, ...).
     #[error("{0}")]
     Invalid(String),

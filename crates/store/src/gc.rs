@@ -28,7 +28,7 @@ use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId};
 use crate::index::{ChunkIndex, IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
-use crate::pack::{PackWriter, Record};
+use crate::pack::{open_record, PackWriter};
 use crate::reader::PackReader;
 use crate::repo::{Garbage, PackFile, Repository, Salvaged, Session};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -200,15 +200,17 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         }
         let mut records = Vec::new();
         let mut sound = true;
+        let mut plain = Vec::new();
         for (offset, locs) in &by_record {
             let (s, e) = (*offset as usize, *offset as usize + locs[0].len as usize);
-            let parsed = data.get(s..e).and_then(|rec| {
-                Record::parse(rec)
-                    .ok()
-                    .filter(|r| r.len() == rec.len())
-                    .map(|r| (rec, r))
-            });
-            let Some((rec, r)) = parsed else {
+            let Some(rec) = data.get(s..e) else {
+                sound = false;
+                break;
+            };
+            let parsed = open_record(rec, repo.crypt().map(|c| &**c), &mut plain)
+                .ok()
+                .filter(|(_, len)| *len == rec.len());
+            let Some((r, _)) = parsed else {
                 // A damaged live record: keep the pack as it is, so that
                 // nothing is lost that is not already lost.
                 sound = false;
@@ -239,7 +241,10 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                 None => {
                     let t = (target % repo.target_count()) as u16;
                     target += 1;
-                    writer.insert((PackWriter::create(&**repo.target(t)?, repo.id())?, t))
+                    writer.insert((
+                        PackWriter::create(&**repo.target(t)?, repo.id(), repo.sealed())?,
+                        t,
+                    ))
                 }
             };
             let at = w.append(rec)?;

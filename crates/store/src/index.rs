@@ -27,6 +27,7 @@
 //! until they are merged at commit.
 
 use crate::bytes::{Reader, Writer};
+use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::meta::{self, Kind};
@@ -80,8 +81,17 @@ pub struct IndexFile {
 }
 
 impl IndexFile {
-    /// The sealed file bytes.
+    /// The file bytes (plain envelope).
     pub fn encode(&self) -> Vec<u8> {
+        meta::seal(Kind::Index, INDEX_VERSION, &self.body())
+    }
+
+    /// The file bytes, encrypted under `crypt` if there is one.
+    pub fn encode_with(&self, crypt: Option<&Crypt>) -> Result<Vec<u8>> {
+        meta::seal_with(Kind::Index, INDEX_VERSION, &self.body(), crypt)
+    }
+
+    fn body(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.buf
             .reserve(12 + self.packs.len() * 26 + self.entries.len() * 44);
@@ -99,12 +109,18 @@ impl IndexFile {
             w.u32(loc.len);
             w.u32(loc.slice);
         }
-        meta::seal(Kind::Index, INDEX_VERSION, &w.buf)
+        w.buf
     }
 
-    /// Parse a file's bytes (the whole file, envelope included).
+    /// Parse a file's bytes (the whole file, plain envelope included).
     pub fn decode(path: &Path, data: &[u8]) -> Result<IndexFile> {
-        let (_, body) = meta::open(path, data, Kind::Index, INDEX_VERSION)?;
+        Self::decode_with(path, data, None)
+    }
+
+    /// Parse a file's bytes, sealed under `crypt` if there is one.
+    pub fn decode_with(path: &Path, data: &[u8], crypt: Option<&Crypt>) -> Result<IndexFile> {
+        let (_, body) = meta::open_with(path, data, Kind::Index, INDEX_VERSION, crypt)?;
+        let body = &body[..];
         let at = |off: usize| StoreError::corrupt(path, off as u64, "index body is truncated");
         let mut r = Reader::new(body);
         let np = r.u32().map_err(at)? as usize;

@@ -54,6 +54,7 @@ pub mod backup;
 mod bytes;
 pub mod cache;
 pub mod chunker;
+pub mod crypt;
 mod direct;
 pub mod edit;
 pub mod error;

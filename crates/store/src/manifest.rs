@@ -18,6 +18,7 @@
 //! into place only after every pack and index file it needs is durable.
 
 use crate::bytes::{Reader, Writer};
+use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
 use crate::meta::{self, Kind};
@@ -99,8 +100,17 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// The sealed file bytes.
+    /// The file bytes (plain envelope).
     pub fn encode(&self) -> Vec<u8> {
+        meta::seal(Kind::Manifest, MANIFEST_VERSION, &self.body())
+    }
+
+    /// The file bytes, encrypted under `crypt` if there is one.
+    pub fn encode_with(&self, crypt: Option<&Crypt>) -> Result<Vec<u8>> {
+        meta::seal_with(Kind::Manifest, MANIFEST_VERSION, &self.body(), crypt)
+    }
+
+    fn body(&self) -> Vec<u8> {
         let mut w = Writer::default();
         w.buf.reserve(200 + self.extents.len() * 37);
         w.str16(&self.name);
@@ -135,12 +145,18 @@ impl Manifest {
                 }
             }
         }
-        meta::seal(Kind::Manifest, MANIFEST_VERSION, &w.buf)
+        w.buf
     }
 
-    /// Parse a manifest file's bytes.
+    /// Parse a manifest file's bytes (plain envelope).
     pub fn decode(path: &Path, data: &[u8]) -> Result<Manifest> {
-        let (_, body) = meta::open(path, data, Kind::Manifest, MANIFEST_VERSION)?;
+        Self::decode_with(path, data, None)
+    }
+
+    /// Parse a manifest file's bytes, sealed under `crypt` if there is one.
+    pub fn decode_with(path: &Path, data: &[u8], crypt: Option<&Crypt>) -> Result<Manifest> {
+        let (_, body) = meta::open_with(path, data, Kind::Manifest, MANIFEST_VERSION, crypt)?;
+        let body = &body[..];
         let at = |off: usize| {
             StoreError::corrupt(path, off as u64, "manifest is truncated or malformed")
         };

@@ -4,18 +4,28 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic "CAIRNMET"
-//! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 trash list
+//! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 trash list,
+//!               6 key; plus SEALED (0x100) when the body is encrypted
 //! 12      4     format version of the body (u32 LE)
 //! 16      8     body length N (u64 LE)
 //! 24      N     body
 //! 24+N    32    BLAKE3-256 of bytes 0 .. 24+N
 //! ```
 //!
+//! In an encrypted repository the bodies of index files, manifests and
+//! trash lists are *sealed*: the kind has [`SEALED`] added, and the body is
+//! `nonce (12) || ciphertext || tag (16)` of the plain body under the
+//! repository's key ([`crate::crypt`]), with bytes 0..24 (magic, kind,
+//! version, body length) as associated data. The BLAKE3 trailer stays, so
+//! damage is told apart from a wrong key.
+//!
 //! A file is written whole to a temporary name in the same directory,
 //! fsync'd, renamed over its final name, and the directory fsync'd: after a
 //! crash the name holds either the old file or the new one, never a mix.
 
+use crate::crypt::{Crypt, SEAL_OVERHEAD};
 use crate::error::{IoContext, Result, StoreError};
+use std::borrow::Cow;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -36,9 +46,14 @@ pub enum Kind {
     Index = 3,
     /// `REPO/snapshots/NAME/*.snap`.
     Manifest = 4,
-    /// `REPO/garbage`.
+    /// `REPO/trash/*` (and `REPO/garbage` of version 1).
     Garbage = 5,
+    /// `REPO/keys/*`.
+    Key = 6,
 }
+
+/// Added to the kind of a file whose body is encrypted.
+pub const SEALED: u32 = 0x100;
 
 impl Kind {
     fn name(self) -> &'static str {
@@ -48,21 +63,84 @@ impl Kind {
             Kind::Index => "index",
             Kind::Manifest => "manifest",
             Kind::Garbage => "trash list",
+            Kind::Key => "key",
         }
     }
 }
 
 /// Wrap `body` in the envelope.
 pub fn seal(kind: Kind, version: u32, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + body.len() + TRAILER);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(kind as u32).to_le_bytes());
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    let mut out = header(kind as u32, version, body.len());
     out.extend_from_slice(body);
+    trail(out)
+}
+
+fn header(kind: u32, version: u32, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + len + TRAILER);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+    out
+}
+
+fn trail(mut out: Vec<u8>) -> Vec<u8> {
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
     out
+}
+
+/// Wrap `body` in the envelope, encrypted under `crypt` if there is one.
+pub fn seal_with(kind: Kind, version: u32, body: &[u8], crypt: Option<&Crypt>) -> Result<Vec<u8>> {
+    let Some(crypt) = crypt else {
+        return Ok(seal(kind, version, body));
+    };
+    let mut out = header(kind as u32 | SEALED, version, body.len() + SEAL_OVERHEAD);
+    let aad: [u8; HEADER] = out[..HEADER].try_into().unwrap_or([0; HEADER]);
+    crypt.seal_to(&aad, body, &mut out)?;
+    Ok(trail(out))
+}
+
+/// [`open`] in a repository that may be encrypted: with `crypt`, the body
+/// must be sealed and is decrypted; without, it must be plain.
+pub fn open_with<'a>(
+    path: &Path,
+    data: &'a [u8],
+    kind: Kind,
+    supported: u32,
+    crypt: Option<&Crypt>,
+) -> Result<(u32, Cow<'a, [u8]>)> {
+    let (found, version, body) = open_any(path, data, kind, supported)?;
+    match (found & SEALED != 0, crypt) {
+        (false, None) => Ok((version, Cow::Borrowed(body))),
+        (true, Some(c)) => {
+            let mut plain = Vec::new();
+            if !c.open_to(&data[..HEADER], body, &mut plain) {
+                return Err(StoreError::corrupt(
+                    path,
+                    HEADER as u64,
+                    format!(
+                        "{} does not decrypt with this repository's key (forged, or of another repository)",
+                        kind.name()
+                    ),
+                ));
+            }
+            Ok((version, Cow::Owned(plain)))
+        }
+        (true, None) => Err(StoreError::corrupt(
+            path,
+            8,
+            format!("{} is encrypted in a repository that is not", kind.name()),
+        )),
+        (false, Some(_)) => Err(StoreError::corrupt(
+            path,
+            8,
+            format!(
+                "{} is not encrypted in an encrypted repository (planted?)",
+                kind.name()
+            ),
+        )),
+    }
 }
 
 /// Check the envelope of `data` (read from `path`) and return the body's
@@ -73,6 +151,24 @@ pub fn open<'a>(
     kind: Kind,
     supported: u32,
 ) -> Result<(u32, &'a [u8])> {
+    let (found, version, body) = open_any(path, data, kind, supported)?;
+    if found & SEALED != 0 {
+        return Err(StoreError::corrupt(
+            path,
+            8,
+            format!("{} is encrypted where a plain one belongs", kind.name()),
+        ));
+    }
+    Ok((version, body))
+}
+
+/// Check the envelope, sealed or not: (kind as found, version, body).
+fn open_any<'a>(
+    path: &Path,
+    data: &'a [u8],
+    kind: Kind,
+    supported: u32,
+) -> Result<(u32, u32, &'a [u8])> {
     if data.len() < HEADER + TRAILER {
         return Err(StoreError::corrupt(
             path,
@@ -95,7 +191,7 @@ pub fn open<'a>(
     let mut dword = [0u8; 8];
     dword.copy_from_slice(&data[16..24]);
     let len = u64::from_le_bytes(dword);
-    if found_kind != kind as u32 {
+    if found_kind & !SEALED != kind as u32 {
         return Err(StoreError::corrupt(
             path,
             8,
@@ -125,7 +221,7 @@ pub fn open<'a>(
             supported,
         });
     }
-    Ok((version, &data[HEADER..end]))
+    Ok((found_kind, version, &data[HEADER..end]))
 }
 
 /// Read `path` and check its envelope; returns (version, body).
@@ -205,6 +301,31 @@ mod tests {
             open(p, &newer, Kind::Manifest, 1),
             Err(StoreError::NewerVersion { found: 7, .. })
         ));
+    }
+
+    #[test]
+    fn sealed_bodies_round_trip_and_refuse_the_wrong_key_or_mode() {
+        let p = Path::new("x");
+        let c = Crypt::generate().unwrap();
+        let sealed = seal_with(Kind::Index, 1, b"secret body", Some(&c)).unwrap();
+        assert!(!sealed.windows(6).any(|w| w == b"secret"));
+        let (v, body) = open_with(p, &sealed, Kind::Index, 1, Some(&c)).unwrap();
+        assert_eq!((v, &body[..]), (1, &b"secret body"[..]));
+        let other = Crypt::generate().unwrap();
+        assert!(open_with(p, &sealed, Kind::Index, 1, Some(&other)).is_err());
+        assert!(open_with(p, &sealed, Kind::Index, 1, None).is_err());
+        assert!(open(p, &sealed, Kind::Index, 1).is_err());
+        let plain = seal(Kind::Index, 1, b"secret body");
+        assert!(open_with(p, &plain, Kind::Index, 1, Some(&c)).is_err());
+        assert!(open_with(p, &sealed, Kind::Manifest, 1, Some(&c)).is_err());
+        for i in 0..sealed.len() {
+            let mut bad = sealed.clone();
+            bad[i] ^= 0x40;
+            assert!(
+                open_with(p, &bad, Kind::Index, 1, Some(&c)).is_err(),
+                "flip at {i}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! ```text
 //! pack header (64 bytes)
 //! 0   8   magic "CAIRNPAK"
-//! 8   4   version (u32 LE) = 1
+//! 8   4   version (u32 LE): 1 plain records, 2 sealed records
 //! 12  16  repository id
 //! 28  16  pack id (also the file name)
 //! 44  16  reserved, zero
@@ -19,6 +19,13 @@
 //! 16  4   CRC-32C of bytes 0..16, the chunk table and the stored bytes
 //! 20  36n chunk table: n × { chunk id [32] (BLAKE3-256 of its bytes), length u32 }
 //! ..      stored bytes: the chunks, concatenated in table order, compressed
+//!
+//! sealed record (version 2, in an encrypted repository)
+//! 0   4   magic "CSEA"
+//! 4   4   L: length of ciphertext and tag (u32 LE)
+//! 8   12  nonce
+//! 20  L   a record as above, AES-256-GCM encrypted, then its 16-byte tag;
+//!         bytes 0..8 are authenticated with it
 //! ```
 //!
 //! Chunks are deduplicated one by one, but the new chunks of a backup are
@@ -30,13 +37,20 @@
 //! and flipped records cheaply; the BLAKE3 id proves each decoded chunk.
 
 use crate::backend::{Key, ObjectWriter, WriteBackend};
+use crate::crypt::{Crypt, TAG_LEN};
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
 use cairn_codec::{BlockCodec, CodecKind, CodecSpec, Probe};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// Version of the pack format this build writes and reads.
+/// Version of the packs of a plain repository.
 pub const PACK_VERSION: u32 = 1;
+/// Version of the packs of an encrypted repository (sealed records).
+pub const SEALED_PACK_VERSION: u32 = 2;
+/// Bytes of a sealed record's frame before the ciphertext.
+pub const SEALED_FIXED_LEN: usize = 20;
+const SEALED_MAGIC: &[u8; 4] = b"CSEA";
 /// Bytes before the first record.
 pub const PACK_HEADER_LEN: usize = 64;
 const PACK_MAGIC: &[u8; 8] = b"CAIRNPAK";
@@ -60,11 +74,16 @@ fn codec_of(code: u8) -> Option<CodecKind> {
     CodecKind::ALL.into_iter().find(|&k| codec_code(k) == code)
 }
 
-/// The header of a pack.
-pub fn encode_pack_header(repo: RepoId, pack: PackId) -> [u8; PACK_HEADER_LEN] {
+/// The header of a pack; `sealed` in an encrypted repository.
+pub fn encode_pack_header(repo: RepoId, pack: PackId, sealed: bool) -> [u8; PACK_HEADER_LEN] {
     let mut h = [0u8; PACK_HEADER_LEN];
     h[..8].copy_from_slice(PACK_MAGIC);
-    h[8..12].copy_from_slice(&PACK_VERSION.to_le_bytes());
+    let version = if sealed {
+        SEALED_PACK_VERSION
+    } else {
+        PACK_VERSION
+    };
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     h[12..28].copy_from_slice(&repo.0);
     h[28..44].copy_from_slice(&pack.0);
     let crc = crc32c::crc32c(&h[..60]);
@@ -72,8 +91,9 @@ pub fn encode_pack_header(repo: RepoId, pack: PackId) -> [u8; PACK_HEADER_LEN] {
     h
 }
 
-/// Check a pack header; returns the pack id it names.
-pub fn check_pack_header(path: &Path, data: &[u8], repo: RepoId) -> Result<PackId> {
+/// Check a pack header (of a repository whose records are `sealed` or
+/// not); returns the pack id it names.
+pub fn check_pack_header(path: &Path, data: &[u8], repo: RepoId, sealed: bool) -> Result<PackId> {
     let bad = |off: u64, why: &str| Err(StoreError::corrupt(path, off, why.to_string()));
     if data.len() < PACK_HEADER_LEN {
         return bad(data.len() as u64, "pack header is truncated");
@@ -88,12 +108,22 @@ pub fn check_pack_header(path: &Path, data: &[u8], repo: RepoId) -> Result<PackI
     }
     word.copy_from_slice(&data[8..12]);
     let version = u32::from_le_bytes(word);
-    if version > PACK_VERSION {
+    if version > SEALED_PACK_VERSION {
         return Err(StoreError::NewerVersion {
             path: path.to_path_buf(),
             found: version,
-            supported: PACK_VERSION,
+            supported: SEALED_PACK_VERSION,
         });
+    }
+    if (version == SEALED_PACK_VERSION) != sealed {
+        return bad(
+            8,
+            if sealed {
+                "a plain pack in an encrypted repository"
+            } else {
+                "an encrypted pack in a plain repository"
+            },
+        );
     }
     if data[12..28] != repo.0 {
         return bad(12, "pack belongs to another repository");
@@ -236,12 +266,14 @@ impl<'a> Record<'a> {
 /// whose bytes are `raw` (their concatenation), compressed with `codec`
 /// unless that does not make it smaller (then stored as is). Groups that
 /// `probe` finds incompressible are stored as they are without trying.
+/// With `crypt`, the record is sealed (encrypted in place).
 pub fn encode_record(
     out: &mut Vec<u8>,
     table: &[(ChunkId, u32)],
     raw: &[u8],
     codec: &mut dyn BlockCodec,
     probe: &mut Probe,
+    crypt: Option<&Crypt>,
 ) -> Result<()> {
     debug_assert_eq!(table.iter().map(|t| t.1 as usize).sum::<usize>(), raw.len());
     if table.is_empty() || table.len() > usize::from(u16::MAX) || raw.len() > MAX_GROUP_RAW {
@@ -250,6 +282,10 @@ pub fn encode_record(
             table.len(),
             raw.len()
         )));
+    }
+    let frame = out.len();
+    if crypt.is_some() {
+        out.extend_from_slice(&[0u8; SEALED_FIXED_LEN]);
     }
     let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_FIXED_LEN]);
@@ -284,67 +320,151 @@ pub fn encode_record(
         &out[start + RECORD_FIXED_LEN..],
     );
     out[start + 16..start + 20].copy_from_slice(&crc.to_le_bytes());
+    if let Some(c) = crypt {
+        let sealed_len = (out.len() - start + TAG_LEN) as u32;
+        out[frame..frame + 4].copy_from_slice(SEALED_MAGIC);
+        out[frame + 4..frame + 8].copy_from_slice(&sealed_len.to_le_bytes());
+        let aad: [u8; 8] = out[frame..frame + 8].try_into().unwrap_or([0; 8]);
+        c.seal_in_place(&aad, out, start)?;
+    }
     Ok(())
 }
 
-/// One decoding context per codec, built on first use.
+/// The plain record at the start of `data` (which may go on past it) and
+/// the length of its frame in the pack: with `crypt`, a sealed record is
+/// decrypted into `plain`; without, the record is `data`'s own.
+pub fn open_record<'a>(
+    data: &'a [u8],
+    crypt: Option<&Crypt>,
+    plain: &'a mut Vec<u8>,
+) -> std::result::Result<(Record<'a>, usize), &'static str> {
+    let Some(c) = crypt else {
+        let r = Record::parse(data)?;
+        return Ok((r, r.len()));
+    };
+    if data.len() < SEALED_FIXED_LEN {
+        return Err("sealed record header is truncated");
+    }
+    if &data[..4] != SEALED_MAGIC {
+        return Err(if &data[..4] == RECORD_MAGIC {
+            "a plain record in an encrypted repository"
+        } else {
+            "bad sealed record magic"
+        });
+    }
+    let sealed_len = u32_at(data, 4) as usize;
+    let end = SEALED_FIXED_LEN + sealed_len;
+    if sealed_len < TAG_LEN + RECORD_FIXED_LEN || data.len() < end {
+        return Err("sealed record runs past the end of the data");
+    }
+    if !c.open_to(&data[..8], &data[8..end], plain) {
+        return Err("record does not decrypt (damaged, or forged)");
+    }
+    let r = Record::parse(plain)?;
+    if r.len() != plain.len() {
+        return Err("sealed record holds more than one record");
+    }
+    Ok((r, end))
+}
+
+/// Opens and decodes records: one decoding context per codec, built on
+/// first use, the repository's key if it is encrypted, and a buffer for
+/// decrypted records.
 #[derive(Default)]
-pub struct Decoders {
+pub struct RecordDecoder {
     codecs: Vec<(CodecKind, Box<dyn BlockCodec>)>,
+    crypt: Option<Arc<Crypt>>,
+    plain: Vec<u8>,
 }
 
-impl Decoders {
-    fn get(&mut self, kind: CodecKind) -> &mut dyn BlockCodec {
-        let i = match self.codecs.iter().position(|(k, _)| *k == kind) {
-            Some(i) => i,
-            None => {
-                self.codecs
-                    .push((kind, CodecSpec::default_for(kind).build()));
-                self.codecs.len() - 1
-            }
-        };
-        self.codecs[i].1.as_mut()
-    }
+fn codec_for(
+    codecs: &mut Vec<(CodecKind, Box<dyn BlockCodec>)>,
+    kind: CodecKind,
+) -> &mut dyn BlockCodec {
+    let i = match codecs.iter().position(|(k, _)| *k == kind) {
+        Some(i) => i,
+        None => {
+            codecs.push((kind, CodecSpec::default_for(kind).build()));
+            codecs.len() - 1
+        }
+    };
+    codecs[i].1.as_mut()
 }
 
-/// Check and decode the record in `rec` (read from `path` at `offset`),
-/// replacing the contents of `out` with the decoded group. Chunks are not
-/// hashed here: see [`check_chunk`].
-pub fn decode_record<'a>(
-    path: &Path,
-    offset: u64,
-    rec: &'a [u8],
-    decoders: &mut Decoders,
-    out: &mut Vec<u8>,
-) -> Result<Record<'a>> {
-    let r = Record::parse(rec).map_err(|why| StoreError::corrupt(path, offset, why))?;
-    if r.len() != rec.len() {
-        return Err(StoreError::corrupt(
-            path,
-            offset,
-            format!("record is {} bytes, the index says {}", r.len(), rec.len()),
-        ));
+impl RecordDecoder {
+    /// A decoder for the records of a repository with key `crypt` (none:
+    /// a plain repository).
+    pub fn new(crypt: Option<Arc<Crypt>>) -> RecordDecoder {
+        RecordDecoder {
+            crypt,
+            ..RecordDecoder::default()
+        }
     }
-    out.clear();
-    let raw_len = r.header.raw_len as usize;
-    decoders
-        .get(r.header.codec)
-        .decompress(r.stored, out, raw_len)
-        .map_err(|e| StoreError::corrupt(path, offset, format!("record does not decode: {e}")))?;
-    if out.len() != raw_len {
-        return Err(StoreError::corrupt(
-            path,
-            offset,
-            "decoded length differs from the header",
-        ));
+
+    /// The repository's key.
+    pub fn crypt(&self) -> Option<&Crypt> {
+        self.crypt.as_deref()
     }
-    Ok(r)
+
+    /// Check (and decrypt) the record that is exactly `rec` (read from
+    /// `path` at `offset`), replacing the contents of `out` with the
+    /// decoded group. Chunks are not hashed here: see
+    /// [`RecordDecoder::check_chunk`].
+    pub fn decode<'s>(
+        &'s mut self,
+        path: &Path,
+        offset: u64,
+        rec: &'s [u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Record<'s>> {
+        let RecordDecoder {
+            codecs,
+            crypt,
+            plain,
+        } = self;
+        let (r, len) = open_record(rec, crypt.as_deref(), plain)
+            .map_err(|why| StoreError::corrupt(path, offset, why))?;
+        if len != rec.len() {
+            return Err(StoreError::corrupt(
+                path,
+                offset,
+                format!("record is {len} bytes, the index says {}", rec.len()),
+            ));
+        }
+        out.clear();
+        let raw_len = r.header.raw_len as usize;
+        codec_for(codecs, r.header.codec)
+            .decompress(r.stored, out, raw_len)
+            .map_err(|e| {
+                StoreError::corrupt(path, offset, format!("record does not decode: {e}"))
+            })?;
+        if out.len() != raw_len {
+            return Err(StoreError::corrupt(
+                path,
+                offset,
+                "decoded length differs from the header",
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Check that `data` (decoded from the record at `offset` in `path`)
+    /// is chunk `id`.
+    pub fn check_chunk(&self, path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Result<()> {
+        check_chunk(self.crypt(), path, offset, id, data)
+    }
 }
 
 /// Check that `data` (decoded from the record at `offset` in `path`) is
-/// chunk `id`.
-pub fn check_chunk(path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Result<()> {
-    if ChunkId::of(data) == *id {
+/// chunk `id` of a repository with keys `crypt` (none: plain).
+pub fn check_chunk(
+    crypt: Option<&Crypt>,
+    path: &Path,
+    offset: u64,
+    id: &ChunkId,
+    data: &[u8],
+) -> Result<()> {
+    if crate::crypt::chunk_id(crypt, data) == *id {
         Ok(())
     } else {
         Err(StoreError::BadChunk {
@@ -357,35 +477,52 @@ pub fn check_chunk(path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Resul
 }
 
 /// Walk the records of a whole pack held in `data`: calls `each(offset,
-/// record)` for every record that parses and passes its CRC, and returns
-/// the offset where the valid sequence ends (the file length for an
-/// intact pack), so a torn tail ends the walk.
-pub fn walk_records(data: &[u8], mut each: impl FnMut(u64, &Record) -> Result<()>) -> Result<u64> {
+/// frame length, record)` for every record that parses and passes its
+/// CRC (and, with `crypt`, decrypts), and returns the offset where the
+/// valid sequence ends (the file length for an intact pack), so a torn
+/// tail ends the walk.
+pub fn walk_records(
+    data: &[u8],
+    crypt: Option<&Crypt>,
+    mut each: impl FnMut(u64, usize, &Record) -> Result<()>,
+) -> Result<u64> {
     let mut pos = PACK_HEADER_LEN;
+    let mut plain = Vec::new();
     while pos < data.len() {
-        let Ok(r) = Record::parse(&data[pos..]) else {
+        let Ok((r, len)) = open_record(&data[pos..], crypt, &mut plain) else {
             break;
         };
-        each(pos as u64, &r)?;
-        pos += r.len();
+        each(pos as u64, len, &r)?;
+        pos += len;
     }
     Ok(pos as u64)
 }
 
 /// Every sound record of a whole pack held in `data`, also past damage:
-/// where a record does not parse or fails its CRC, the scan moves on to
-/// the next record magic. Returns the end of the last sound record.
-pub fn scan_records(data: &[u8], mut each: impl FnMut(u64, &Record) -> Result<()>) -> Result<u64> {
+/// where a record does not parse, fails its CRC or does not decrypt, the
+/// scan moves on to the next record magic. Returns the end of the last
+/// sound record.
+pub fn scan_records(
+    data: &[u8],
+    crypt: Option<&Crypt>,
+    mut each: impl FnMut(u64, usize, &Record) -> Result<()>,
+) -> Result<u64> {
+    let magic = if crypt.is_some() {
+        SEALED_MAGIC
+    } else {
+        RECORD_MAGIC
+    };
     let mut pos = PACK_HEADER_LEN;
     let mut end = pos;
+    let mut plain = Vec::new();
     while pos < data.len() {
-        match Record::parse(&data[pos..]) {
-            Ok(r) => {
-                each(pos as u64, &r)?;
-                pos += r.len();
+        match open_record(&data[pos..], crypt, &mut plain) {
+            Ok((r, len)) => {
+                each(pos as u64, len, &r)?;
+                pos += len;
                 end = pos;
             }
-            Err(_) => match data[pos + 1..].windows(4).position(|w| w == RECORD_MAGIC) {
+            Err(_) => match data[pos + 1..].windows(4).position(|w| w == magic) {
                 Some(i) => pos += 1 + i,
                 None => break,
             },
@@ -411,11 +548,12 @@ pub struct PackWriter {
 }
 
 impl PackWriter {
-    /// Start a new pack in `target` (a target's backend).
-    pub fn create(target: &dyn WriteBackend, repo: RepoId) -> Result<PackWriter> {
+    /// Start a new pack in `target` (a target's backend) of repository
+    /// `repo`, for `sealed` records or plain ones.
+    pub fn create(target: &dyn WriteBackend, repo: RepoId, sealed: bool) -> Result<PackWriter> {
         let id = PackId::random();
         let mut sink = target.create(&Key::pack(id))?;
-        sink.append(&encode_pack_header(repo, id))?;
+        sink.append(&encode_pack_header(repo, id, sealed))?;
         Ok(PackWriter {
             sink,
             id,
@@ -478,19 +616,27 @@ mod tests {
     #[test]
     fn records_round_trip_with_every_codec() {
         let (table, raw) = group(5, 1);
-        let mut dec = Decoders::default();
+        let mut dec = RecordDecoder::default();
         for kind in CodecKind::ALL {
             let mut codec = CodecSpec::default_for(kind).build();
             let mut rec = Vec::new();
-            encode_record(&mut rec, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
+            encode_record(
+                &mut rec,
+                &table,
+                &raw,
+                codec.as_mut(),
+                &mut Probe::new(),
+                None,
+            )
+            .unwrap();
             let mut out = Vec::new();
-            let r = decode_record(Path::new("p"), 64, &rec, &mut dec, &mut out).unwrap();
+            let r = dec.decode(Path::new("p"), 64, &rec, &mut out).unwrap();
             assert_eq!(out, raw, "{kind}");
             let chunks: Vec<_> = r.chunks().collect();
             assert_eq!(chunks.len(), 5);
             for ((id, at, len), (want, wlen)) in chunks.iter().zip(&table) {
                 assert_eq!((id, len), (want, wlen));
-                check_chunk(
+                dec.check_chunk(
                     Path::new("p"),
                     64,
                     id,
@@ -512,7 +658,7 @@ mod tests {
                 (x >> 32) as u8
             })
             .collect();
-        let mut dec = Decoders::default();
+        let mut dec = RecordDecoder::default();
         // 4 KiB: too small for the probe, zstd is tried and does not
         // shrink it; 1 MiB: the probe stores it without trying.
         for len in [4096, 1 << 20] {
@@ -523,7 +669,15 @@ mod tests {
                 .collect();
             let mut rec = Vec::new();
             let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
-            encode_record(&mut rec, &table, raw, codec.as_mut(), &mut Probe::new()).unwrap();
+            encode_record(
+                &mut rec,
+                &table,
+                raw,
+                codec.as_mut(),
+                &mut Probe::new(),
+                None,
+            )
+            .unwrap();
             let h = RecordHeader::parse(&rec).unwrap();
             assert_eq!(h.codec, CodecKind::None, "{len}");
             assert_eq!(
@@ -531,7 +685,7 @@ mod tests {
                 RECORD_FIXED_LEN + TABLE_ENTRY_LEN * table.len() + raw.len()
             );
             let mut out = Vec::new();
-            decode_record(Path::new("p"), 64, &rec, &mut dec, &mut out).unwrap();
+            dec.decode(Path::new("p"), 64, &rec, &mut out).unwrap();
             assert_eq!(out, raw, "{len}");
         }
     }
@@ -541,14 +695,22 @@ mod tests {
         let (table, raw) = group(2, 3);
         let mut rec = Vec::new();
         let mut codec = CodecSpec::default_for(CodecKind::Lz4).build();
-        encode_record(&mut rec, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
-        let mut dec = Decoders::default();
+        encode_record(
+            &mut rec,
+            &table,
+            &raw,
+            codec.as_mut(),
+            &mut Probe::new(),
+            None,
+        )
+        .unwrap();
+        let mut dec = RecordDecoder::default();
         for i in 0..rec.len() {
             let mut bad = rec.clone();
             bad[i] ^= 1;
             let mut out = Vec::new();
             assert!(
-                decode_record(Path::new("p"), 0, &bad, &mut dec, &mut out).is_err(),
+                dec.decode(Path::new("p"), 0, &bad, &mut out).is_err(),
                 "flip at {i}"
             );
         }
@@ -557,19 +719,27 @@ mod tests {
     #[test]
     fn walk_stops_at_a_torn_tail() {
         let repo = RepoId::random();
-        let mut data = encode_pack_header(repo, PackId::random()).to_vec();
+        let mut data = encode_pack_header(repo, PackId::random(), false).to_vec();
         let mut codec = CodecSpec::default_for(CodecKind::Lz4).build();
         let mut ends = Vec::new();
         for i in 0..5u8 {
             let (table, raw) = group(1 + usize::from(i), i);
-            encode_record(&mut data, &table, &raw, codec.as_mut(), &mut Probe::new()).unwrap();
+            encode_record(
+                &mut data,
+                &table,
+                &raw,
+                codec.as_mut(),
+                &mut Probe::new(),
+                None,
+            )
+            .unwrap();
             ends.push(data.len() as u64);
         }
-        assert!(check_pack_header(Path::new("p"), &data, repo).is_ok());
-        assert!(check_pack_header(Path::new("p"), &data, RepoId::random()).is_err());
+        assert!(check_pack_header(Path::new("p"), &data, repo, false).is_ok());
+        assert!(check_pack_header(Path::new("p"), &data, RepoId::random(), false).is_err());
         let mut n = 0;
         assert_eq!(
-            walk_records(&data, |_, r| {
+            walk_records(&data, None, |_, _, r| {
                 n += r.chunks().count();
                 Ok(())
             })
@@ -578,7 +748,7 @@ mod tests {
         );
         assert_eq!(n, 1 + 2 + 3 + 4 + 5);
         for cut in [ends[3] + 10, ends[4] - 1, ends[3] + 21] {
-            let end = walk_records(&data[..cut as usize], |_, _| Ok(())).unwrap();
+            let end = walk_records(&data[..cut as usize], None, |_, _, _| Ok(())).unwrap();
             assert_eq!(end, ends[3], "cut {cut}");
         }
     }
@@ -587,15 +757,116 @@ mod tests {
     fn bad_groups_are_refused() {
         let mut codec = CodecSpec::default_for(CodecKind::None).build();
         let mut out = Vec::new();
-        assert!(encode_record(&mut out, &[], &[], codec.as_mut(), &mut Probe::new()).is_err());
+        assert!(
+            encode_record(&mut out, &[], &[], codec.as_mut(), &mut Probe::new(), None).is_err()
+        );
         let big = vec![1u8; MAX_GROUP_RAW + 1];
         assert!(encode_record(
             &mut out,
             &[(ChunkId::of(&big), big.len() as u32)],
             &big,
             codec.as_mut(),
-            &mut Probe::new()
+            &mut Probe::new(),
+            None
         )
         .is_err());
+    }
+
+    #[test]
+    fn sealed_packs_hide_their_records_and_walk_with_the_key() {
+        let crypt = Arc::new(Crypt::generate().unwrap());
+        let c = Some(&*crypt);
+        let repo = RepoId::random();
+        let mut data = encode_pack_header(repo, PackId::random(), true).to_vec();
+        assert!(check_pack_header(Path::new("p"), &data, repo, true).is_ok());
+        assert!(check_pack_header(Path::new("p"), &data, repo, false).is_err());
+        let mut codec = CodecSpec::default_for(CodecKind::Zstd).build();
+        let mut starts = Vec::new();
+        let mut groups = Vec::new();
+        for i in 0..4u8 {
+            let (plain_table, raw) = group(2 + usize::from(i), i);
+            // The ids a keyed repository gives these chunks.
+            let table: Vec<_> = plain_table
+                .iter()
+                .scan(0usize, |at, (_, n)| {
+                    let chunk = &raw[*at..*at + *n as usize];
+                    *at += *n as usize;
+                    Some((crypt.chunk_id(chunk), *n))
+                })
+                .collect();
+            starts.push(data.len());
+            encode_record(
+                &mut data,
+                &table,
+                &raw,
+                codec.as_mut(),
+                &mut Probe::new(),
+                c,
+            )
+            .unwrap();
+            groups.push((table, raw));
+        }
+        starts.push(data.len());
+        // Neither the chunk ids nor the group's bytes appear in the pack.
+        for (table, raw) in &groups {
+            assert!(!data.windows(32).any(|w| w == table[0].0 .0));
+            assert!(!data.windows(64).any(|w| w == &raw[..64]));
+        }
+        let mut dec = RecordDecoder::new(Some(crypt.clone()));
+        for (k, (table, raw)) in groups.iter().enumerate() {
+            let rec = &data[starts[k]..starts[k + 1]];
+            let mut out = Vec::new();
+            let r = dec.decode(Path::new("p"), 0, rec, &mut out).unwrap();
+            let chunks: Vec<_> = r.chunks().collect();
+            assert_eq!(&out, raw);
+            for ((id, at, n), (want, _)) in chunks.iter().zip(table) {
+                assert_eq!(id, want);
+                dec.check_chunk(
+                    Path::new("p"),
+                    0,
+                    id,
+                    &out[*at as usize..(*at + *n) as usize],
+                )
+                .unwrap();
+            }
+            // Every flipped byte of a sealed record is caught.
+            for i in (0..rec.len()).step_by(97) {
+                let mut bad = rec.to_vec();
+                bad[i] ^= 4;
+                assert!(
+                    dec.decode(Path::new("p"), 0, &bad, &mut out).is_err(),
+                    "flip at {i}"
+                );
+            }
+            // Without the key, or with another, it does not open.
+            let mut plain_dec = RecordDecoder::default();
+            assert!(plain_dec.decode(Path::new("p"), 0, rec, &mut out).is_err());
+            let mut other = RecordDecoder::new(Some(Arc::new(Crypt::generate().unwrap())));
+            assert!(other.decode(Path::new("p"), 0, rec, &mut out).is_err());
+        }
+        let mut n = 0;
+        let end = walk_records(&data, c, |_, _, r| {
+            n += r.chunks().count();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((end, n), (data.len() as u64, 2 + 3 + 4 + 5));
+        // Damage in the second record: the scan finds the others.
+        let mut bad = data.clone();
+        bad[starts[1] + 40] ^= 1;
+        let mut seen = Vec::new();
+        scan_records(&bad, c, |off, len, _| {
+            seen.push((off as usize, off as usize + len));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (starts[0], starts[1]),
+                (starts[2], starts[3]),
+                (starts[3], starts[4])
+            ]
+        );
     }
 }

@@ -41,6 +41,10 @@ struct Place {
 #[derive(Debug)]
 pub struct PackReader {
     repo: RepoId,
+    /// Packs hold sealed records (an encrypted repository).
+    sealed: bool,
+    /// The repository's keys, for the decoders of what is read.
+    crypt: Option<Arc<crate::crypt::Crypt>>,
     backends: Vec<Arc<dyn ReadBackend>>,
     /// Each pack number's place, or why it has none.
     places: Vec<std::result::Result<Place, String>>,
@@ -75,6 +79,8 @@ impl PackReader {
             .collect();
         PackReader {
             repo: repo.id(),
+            sealed: repo.sealed(),
+            crypt: repo.crypt().cloned(),
             backends,
             places,
         }
@@ -88,6 +94,21 @@ impl PackReader {
                 "index names unknown pack number {pack}"
             ))),
         }
+    }
+
+    /// A decoder of the records read (with the repository's keys).
+    pub fn record_decoder(&self) -> crate::pack::RecordDecoder {
+        crate::pack::RecordDecoder::new(self.crypt.clone())
+    }
+
+    /// The repository's keys, if it is encrypted.
+    pub fn crypt(&self) -> Option<&crate::crypt::Crypt> {
+        self.crypt.as_deref()
+    }
+
+    /// The repository's keys, shared.
+    pub fn crypt_arc(&self) -> Option<Arc<crate::crypt::Crypt>> {
+        self.crypt.clone()
     }
 
     /// How many readers keep the backends busy per core (see
@@ -127,7 +148,7 @@ impl PackReader {
         if !p.checked.load(Ordering::Acquire) {
             let mut header = [0u8; PACK_HEADER_LEN];
             b.read_at(&p.key, 0, &mut header)?;
-            check_pack_header(&b.locate(&p.key), &header, self.repo)?;
+            check_pack_header(&b.locate(&p.key), &header, self.repo, self.sealed)?;
             p.checked.store(true, Ordering::Release);
         }
         buf.clear();

@@ -26,6 +26,7 @@
 //! protocol and why it loses nothing.
 
 use crate::backend::{Held, Key, Liveness, LocalDir, ReadBackend, WriteBackend};
+use crate::crypt::{Crypt, KdfParams, KeyFile, AEAD_NAME};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{PackId, RepoId};
 use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FILE};
@@ -38,8 +39,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Version of the config body (and of the repository layout).
+/// Version of the config body (and of the repository layout) of a plain
+/// repository.
 pub const REPO_VERSION: u32 = 1;
+/// Version of the config of an encrypted repository (a cairn that does
+/// not know encryption must refuse it, not write plain data into it).
+pub const ENCRYPTED_REPO_VERSION: u32 = 2;
+/// Version of key files.
+pub const KEY_VERSION: u32 = 1;
 /// Default size at which a pack is sealed and a new one started.
 pub const DEFAULT_PACK_SIZE: u64 = 32 << 20;
 /// Smallest pack size accepted.
@@ -54,6 +61,85 @@ struct Config {
     /// Target directories; relative ones are relative to the repository.
     targets: Vec<PathBuf>,
     pack_size: u64,
+    /// The AEAD of an encrypted repository (`aes-256-gcm`), absent in a
+    /// plain one (version 2 and 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    encryption: Option<String>,
+}
+
+/// Where the password of an encrypted repository comes from: asked only
+/// when the repository turns out to be encrypted.
+pub trait PasswordSource {
+    /// The password (or why there is none).
+    fn password(&self) -> std::result::Result<zeroize::Zeroizing<Vec<u8>>, String>;
+    /// Whether one was configured (a file, a command, a variable; not a
+    /// terminal to ask on). A plain repository opened with a configured
+    /// password is refused: it may have been swapped for an unencrypted
+    /// one, and backups would land there in the clear.
+    fn given(&self) -> bool;
+}
+
+/// No password: opens plain repositories only.
+#[derive(Debug, Clone, Copy)]
+pub struct NoPassword;
+
+impl PasswordSource for NoPassword {
+    fn password(&self) -> std::result::Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        Err("none given".into())
+    }
+    fn given(&self) -> bool {
+        false
+    }
+}
+
+/// A password held in memory.
+#[derive(Clone)]
+pub struct Password(pub zeroize::Zeroizing<Vec<u8>>);
+
+impl Password {
+    /// From text.
+    pub fn new(text: &str) -> Password {
+        Password(zeroize::Zeroizing::new(text.as_bytes().to_vec()))
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Password(..)")
+    }
+}
+
+impl PasswordSource for Password {
+    fn password(&self) -> std::result::Result<zeroize::Zeroizing<Vec<u8>>, String> {
+        Ok(self.0.clone())
+    }
+    fn given(&self) -> bool {
+        true
+    }
+}
+
+/// How `init` makes a repository.
+#[derive(Debug, Clone, Default)]
+pub struct InitOptions {
+    /// Directories for packs (none: `REPO/data`); directories only.
+    pub targets: Vec<PathBuf>,
+    /// Seal packs at this size ([`DEFAULT_PACK_SIZE`] if `None`).
+    pub pack_size: Option<u64>,
+    /// Encrypt, with a first key wrapped under this password at this
+    /// cost; `None`: a plain repository.
+    pub encryption: Option<(Password, KdfParams)>,
+}
+
+/// A key of an encrypted repository, as `cairn key list` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    /// Its id (the hex of `keys/<hex>`).
+    pub id: String,
+    /// Whether it is the one that opened the repository.
+    pub current: bool,
+    /// Its file's contents (no secret in clear).
+    #[serde(flatten)]
+    pub file: KeyFile,
 }
 
 /// Version of a target marker that names the repository's home (the
@@ -232,6 +318,12 @@ pub struct Repository {
     /// repository's directory as its home yet (written by an older cairn,
     /// or the repository was moved): the next writer claims them.
     unclaimed: Vec<u16>,
+    /// The AEAD of an encrypted repository.
+    encryption: Option<String>,
+    /// Its keys, once a password opened one (always, once opened).
+    crypt: Option<Arc<Crypt>>,
+    /// The key file that opened it.
+    key_id: Option<String>,
 }
 
 /// A running writer or reader, registered in the repository
@@ -299,8 +391,19 @@ impl SessionInfo {
 /// fuzz target.)
 #[doc(hidden)]
 pub fn check_trash_list(path: &Path, data: &[u8], targets: usize) -> Result<Garbage> {
-    let (_, body) = meta::open(path, data, Kind::Garbage, TRASH_VERSION)?;
-    let g: Garbage = serde_json::from_slice(body)
+    check_trash_list_with(path, data, targets, None)
+}
+
+/// [`check_trash_list`] of a list sealed under `crypt` if there is one.
+#[doc(hidden)]
+pub fn check_trash_list_with(
+    path: &Path,
+    data: &[u8],
+    targets: usize,
+    crypt: Option<&Crypt>,
+) -> Result<Garbage> {
+    let (_, body) = meta::open_with(path, data, Kind::Garbage, TRASH_VERSION, crypt)?;
+    let g: Garbage = serde_json::from_slice(&body)
         .map_err(|e| StoreError::corrupt(path, 24, format!("trash list: {e}")))?;
     for name in &g.index_files {
         if name
@@ -342,6 +445,16 @@ pub fn cache_dir(location: &str) -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache/cairn")))?;
     let h = blake3::hash(location.trim_end_matches('/').as_bytes()).to_hex();
     Some(base.join(&h[..32]))
+}
+
+/// The user running cairn, for key files.
+fn username() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            // SAFETY: getuid has no preconditions and cannot fail.
+            format!("uid {}", unsafe { libc::getuid() })
+        })
 }
 
 fn hostname() -> String {
@@ -447,8 +560,20 @@ impl Repository {
     /// made is removed again (and nothing that was there before), so a
     /// failed init can simply be run again.
     pub fn init(root: &Path, targets: &[PathBuf], pack_size: Option<u64>) -> Result<Repository> {
+        Self::init_with(
+            root,
+            &InitOptions {
+                targets: targets.to_vec(),
+                pack_size,
+                encryption: None,
+            },
+        )
+    }
+
+    /// [`Repository::init`] with every option (encryption too).
+    pub fn init_with(root: &Path, opts: &InitOptions) -> Result<Repository> {
         let mut made = Made::default();
-        let result = Self::init_recording(root, targets, pack_size, &mut made);
+        let result = Self::init_recording(root, opts, &mut made);
         if result.is_err() {
             made.undo();
         }
@@ -465,13 +590,9 @@ impl Repository {
         Ok(pack_size)
     }
 
-    fn init_recording(
-        root: &Path,
-        targets: &[PathBuf],
-        pack_size: Option<u64>,
-        made: &mut Made,
-    ) -> Result<Repository> {
-        let pack_size = Self::check_pack_size(pack_size)?;
+    fn init_recording(root: &Path, opts: &InitOptions, made: &mut Made) -> Result<Repository> {
+        let targets = &opts.targets;
+        let pack_size = Self::check_pack_size(opts.pack_size)?;
         if root.exists() {
             let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
             if entries.next().is_some() {
@@ -525,10 +646,63 @@ impl Repository {
             made.file(dir.join(MARKER));
             meta::sync_dir(&packs)?;
         }
+        let local = LocalDir::new(&root);
+        if let Some(key) = Self::write_first_key(&local, id, opts)? {
+            made.dir_all(&root.join("keys"))?;
+            made.file(root.join(key.as_str()));
+        }
         // The config is written last: until it exists, this is not a repository.
-        Self::write_config(&LocalDir::new(&root), id, stored, pack_size)?;
+        Self::write_config(&local, id, stored, pack_size, opts.encryption.is_some())?;
         made.file(root.join("config"));
-        Repository::open(&root)
+        Repository::open_with(&root, &*Self::init_password(opts))
+    }
+
+    /// The password `init` made the repository with, to open it.
+    fn init_password(opts: &InitOptions) -> Box<dyn PasswordSource> {
+        match &opts.encryption {
+            Some((p, _)) => Box::new(p.clone()),
+            None => Box::new(NoPassword),
+        }
+    }
+
+    /// With encryption: a fresh master key, wrapped under the password
+    /// into the first key file. Returns the key file's key.
+    fn write_first_key(
+        root: &dyn WriteBackend,
+        id: RepoId,
+        opts: &InitOptions,
+    ) -> Result<Option<Key>> {
+        let Some((password, params)) = &opts.encryption else {
+            return Ok(None);
+        };
+        let crypt = Crypt::generate()?;
+        Self::write_key(root, id, &crypt, &password.0, *params).map(Some)
+    }
+
+    /// Wrap `crypt` under `password` into a new key file.
+    fn write_key(
+        root: &dyn WriteBackend,
+        id: RepoId,
+        crypt: &Crypt,
+        password: &[u8],
+        params: KdfParams,
+    ) -> Result<Key> {
+        let file = KeyFile::wrap(
+            crypt,
+            id,
+            password,
+            params,
+            hostname(),
+            username(),
+            now_secs(),
+        )?;
+        let body =
+            serde_json::to_vec_pretty(&file).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let key = Key::new(format!("keys/{}", PackId::random()));
+        if !root.put_new(&key, &meta::seal(Kind::Key, KEY_VERSION, &body))? {
+            return Err(StoreError::AlreadyExists(root.locate(&key)));
+        }
+        Ok(key)
     }
 
     fn write_config(
@@ -536,17 +710,24 @@ impl Repository {
         id: RepoId,
         targets: Vec<PathBuf>,
         pack_size: u64,
+        encrypted: bool,
     ) -> Result<()> {
         let config = Config {
             id: id.to_string(),
             created: now_secs(),
             targets,
             pack_size,
+            encryption: encrypted.then(|| AEAD_NAME.to_string()),
         };
         let body =
             serde_json::to_vec_pretty(&config).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let key = Key::new("config");
-        if !root.put_new(&key, &meta::seal(Kind::Config, REPO_VERSION, &body))? {
+        let version = if encrypted {
+            ENCRYPTED_REPO_VERSION
+        } else {
+            REPO_VERSION
+        };
+        if !root.put_new(&key, &meta::seal(Kind::Config, version, &body))? {
             return Err(StoreError::AlreadyExists(root.locate(&key)));
         }
         Ok(())
@@ -557,9 +738,9 @@ impl Repository {
     pub fn init_remote(
         location: &str,
         root: Arc<dyn WriteBackend>,
-        pack_size: Option<u64>,
+        opts: &InitOptions,
     ) -> Result<Repository> {
-        let pack_size = Self::check_pack_size(pack_size)?;
+        let pack_size = Self::check_pack_size(opts.pack_size)?;
         if root.get(&Key::new("config"))?.is_some() {
             return Err(StoreError::AlreadyExists(PathBuf::from(location)));
         }
@@ -576,13 +757,25 @@ impl Repository {
             home: None,
         }
         .write(&*data)?;
-        Self::write_config(&*root, id, vec![PathBuf::from("data")], pack_size)?;
-        Repository::open_remote(location, root)
+        Self::write_first_key(&*root, id, opts)?;
+        Self::write_config(
+            &*root,
+            id,
+            vec![PathBuf::from("data")],
+            pack_size,
+            opts.encryption.is_some(),
+        )?;
+        Repository::open_remote(location, root, &*Self::init_password(opts))
     }
 
     /// Open the repository at `root` and check that every target is the
     /// right one.
     pub fn open(root: &Path) -> Result<Repository> {
+        Self::open_with(root, &NoPassword)
+    }
+
+    /// [`Repository::open`] of a repository that may be encrypted.
+    pub fn open_with(root: &Path, password: &dyn PasswordSource) -> Result<Repository> {
         if !root.join("config").is_file() {
             return Err(StoreError::NotARepository(root.to_path_buf()));
         }
@@ -591,7 +784,8 @@ impl Repository {
             root.display().to_string(),
             Arc::new(LocalDir::new(root)),
             Some((home, root)),
-        )
+        )?
+        .unlock(password)
     }
 
     /// Open the repository at `location`: a directory, or
@@ -600,9 +794,19 @@ impl Repository {
     /// cached locally ([`cache_dir`]); with `pack_cache` > 0 bytes, the
     /// ranges of packs read too (for a served image's random reads).
     pub fn open_location(location: &str, pack_cache: u64) -> Result<Repository> {
+        Self::open_location_with(location, pack_cache, &NoPassword)
+    }
+
+    /// [`Repository::open_location`] of a repository that may be
+    /// encrypted: `password` is asked for if it is.
+    pub fn open_location_with(
+        location: &str,
+        pack_cache: u64,
+        password: &dyn PasswordSource,
+    ) -> Result<Repository> {
         match Self::remote(location, pack_cache)? {
-            Some(root) => Self::open_remote(location, root),
-            None => Self::open(Path::new(location)),
+            Some(root) => Self::open_remote(location, root, password),
+            None => Self::open_with(Path::new(location), password),
         }
     }
 
@@ -613,12 +817,24 @@ impl Repository {
         targets: &[PathBuf],
         pack_size: Option<u64>,
     ) -> Result<Repository> {
+        Self::init_location_with(
+            location,
+            &InitOptions {
+                targets: targets.to_vec(),
+                pack_size,
+                encryption: None,
+            },
+        )
+    }
+
+    /// [`Repository::init_location`] with every option (encryption too).
+    pub fn init_location_with(location: &str, opts: &InitOptions) -> Result<Repository> {
         match Self::remote(location, 0)? {
-            Some(_) if !targets.is_empty() => Err(StoreError::Invalid(format!(
+            Some(_) if !opts.targets.is_empty() => Err(StoreError::Invalid(format!(
                 "{location}: an object store's repository keeps its packs in it (no --target)"
             ))),
-            Some(root) => Self::init_remote(location, root, pack_size),
-            None => Self::init(Path::new(location), targets, pack_size),
+            Some(root) => Self::init_remote(location, root, opts),
+            None => Self::init_with(Path::new(location), opts),
         }
     }
 
@@ -649,11 +865,170 @@ impl Repository {
     }
 
     /// Open the repository in an object store's `root`.
-    pub fn open_remote(location: &str, root: Arc<dyn WriteBackend>) -> Result<Repository> {
+    pub fn open_remote(
+        location: &str,
+        root: Arc<dyn WriteBackend>,
+        password: &dyn PasswordSource,
+    ) -> Result<Repository> {
         if root.get(&Key::new("config"))?.is_none() {
             return Err(StoreError::NotARepository(PathBuf::from(location)));
         }
-        Self::open_backend(location.to_string(), root, None)
+        Self::open_backend(location.to_string(), root, None)?.unlock(password)
+    }
+
+    /// Open the keys of an encrypted repository with the password; refuse
+    /// a plain repository when a password was given.
+    fn unlock(mut self, password: &dyn PasswordSource) -> Result<Repository> {
+        if self.encryption.is_none() {
+            if password.given() {
+                return Err(StoreError::Invalid(format!(
+                    "{}: the repository is not encrypted, but a password was given; refusing (it may have been replaced by a plain one); use it without a password if it was made with --encryption none",
+                    self.location
+                )));
+            }
+            return Ok(self);
+        }
+        let secret = match password.password() {
+            Ok(p) => p,
+            Err(_) if !password.given() => {
+                return Err(StoreError::KeyNeeded(self.location.clone()))
+            }
+            Err(why) => return Err(StoreError::Password(why)),
+        };
+        let keys = self.key_files()?;
+        if keys.is_empty() {
+            return Err(StoreError::corrupt(
+                self.root.locate(&Key::new("keys")),
+                0,
+                "the repository is encrypted but holds no key file",
+            ));
+        }
+        for (id, file) in keys {
+            if let Some(crypt) = file.unwrap(self.id, &secret)? {
+                self.crypt = Some(Arc::new(crypt));
+                self.key_id = Some(id);
+                return Ok(self);
+            }
+        }
+        Err(StoreError::WrongPassword(self.location.clone()))
+    }
+
+    /// Every key file: (id, contents). A damaged one is an error.
+    fn key_files(&self) -> Result<Vec<(String, KeyFile)>> {
+        let mut out = Vec::new();
+        for l in self.root.list("keys/")? {
+            let Some(id) = l.key.as_str().strip_prefix("keys/") else {
+                continue;
+            };
+            if PackId::from_hex(id).is_none() {
+                continue;
+            }
+            let Some(data) = self.root.get(&l.key)? else {
+                continue;
+            };
+            let path = self.root.locate(&l.key);
+            let (_, body) = meta::open(&path, &data, Kind::Key, KEY_VERSION)?;
+            let file: KeyFile = serde_json::from_slice(body)
+                .map_err(|e| StoreError::corrupt(&path, 24, format!("key file: {e}")))?;
+            out.push((id.to_string(), file));
+        }
+        out.sort_by(|a, b| a.1.created.cmp(&b.1.created).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// The keys of an encrypted repository (none for a plain one).
+    pub fn keys(&self) -> Result<Vec<KeyInfo>> {
+        if self.crypt.is_none() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .key_files()?
+            .into_iter()
+            .map(|(id, file)| KeyInfo {
+                current: self.key_id.as_deref() == Some(id.as_str()),
+                id,
+                file,
+            })
+            .collect())
+    }
+
+    /// Add a key: the master key wrapped under another password. Returns
+    /// its id.
+    pub fn add_key(&self, password: &Password, params: KdfParams) -> Result<String> {
+        let Some(crypt) = &self.crypt else {
+            return Err(StoreError::Invalid(format!(
+                "{}: the repository is not encrypted; it has no keys",
+                self.location
+            )));
+        };
+        let key = Self::write_key(&*self.root, self.id, crypt, &password.0, params)?;
+        Ok(key.as_str().trim_start_matches("keys/").to_string())
+    }
+
+    /// Remove key `id` (a unique prefix of it will do). The key that
+    /// opened the repository and the last key are refused.
+    pub fn remove_key(&self, id: &str) -> Result<String> {
+        let keys = self.keys()?;
+        let found: Vec<&KeyInfo> = keys.iter().filter(|k| k.id.starts_with(id)).collect();
+        let k = match found[..] {
+            [k] => k,
+            [] => {
+                return Err(StoreError::NotFound(format!(
+                    "{}: no key {id:?} (cairn key list shows them)",
+                    self.location
+                )))
+            }
+            _ => {
+                return Err(StoreError::Invalid(format!(
+                    "{}: {id:?} names {} keys; give more of its id",
+                    self.location,
+                    found.len()
+                )))
+            }
+        };
+        if k.current {
+            return Err(StoreError::Invalid(format!(
+                "{}: key {} is the one in use; open the repository with another key's password to remove it",
+                self.location, k.id
+            )));
+        }
+        self.root.delete(&[Key::new(format!("keys/{}", k.id))])?;
+        Ok(k.id.clone())
+    }
+
+    /// The AEAD of an encrypted repository (`None`: plain).
+    pub fn encryption(&self) -> Option<&str> {
+        self.encryption.as_deref()
+    }
+
+    /// The repository's keys, in an encrypted repository.
+    pub fn crypt(&self) -> Option<&Arc<Crypt>> {
+        self.crypt.as_ref()
+    }
+
+    /// The key file that opened an encrypted repository.
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id.as_deref()
+    }
+
+    /// The id of a chunk's bytes in this repository (keyed if encrypted).
+    pub fn chunk_id(&self, data: &[u8]) -> crate::id::ChunkId {
+        crate::crypt::chunk_id(self.crypt.as_deref(), data)
+    }
+
+    /// Whether packs hold sealed records.
+    pub fn sealed(&self) -> bool {
+        self.crypt.is_some()
+    }
+
+    /// A record decoder for this repository's packs.
+    pub fn record_decoder(&self) -> crate::pack::RecordDecoder {
+        crate::pack::RecordDecoder::new(self.crypt.clone())
+    }
+
+    /// Wrap a metadata body (sealed in an encrypted repository).
+    pub(crate) fn seal_meta(&self, kind: Kind, version: u32, body: &[u8]) -> Result<Vec<u8>> {
+        meta::seal_with(kind, version, body, self.crypt.as_deref())
     }
 
     /// Open the repository in `root`; `local` is a local repository's
@@ -673,9 +1048,26 @@ impl Repository {
         let data = root
             .get(&cfg_key)?
             .ok_or_else(|| StoreError::NotARepository(PathBuf::from(&location)))?;
-        let (_, body) = meta::open(&cfg_path, &data, Kind::Config, REPO_VERSION)?;
+        let (version, body) = meta::open(&cfg_path, &data, Kind::Config, ENCRYPTED_REPO_VERSION)?;
         let config: Config = serde_json::from_slice(body)
             .map_err(|e| StoreError::corrupt(&cfg_path, 24, format!("config: {e}")))?;
+        match (&config.encryption, version) {
+            (None, REPO_VERSION) => {}
+            (Some(a), ENCRYPTED_REPO_VERSION) if a == AEAD_NAME => {}
+            (Some(a), ENCRYPTED_REPO_VERSION) => {
+                return Err(StoreError::Invalid(format!(
+                    "{}: encrypted with {a}; this cairn knows {AEAD_NAME}",
+                    cfg_path.display()
+                )))
+            }
+            (e, v) => {
+                return Err(StoreError::corrupt(
+                    &cfg_path,
+                    24,
+                    format!("config version {v} with encryption {e:?}"),
+                ))
+            }
+        }
         let id = RepoId::from_hex(&config.id)
             .ok_or_else(|| StoreError::corrupt(&cfg_path, 24, "config: bad repository id"))?;
         let mut targets = Vec::new();
@@ -753,6 +1145,9 @@ impl Repository {
             targets,
             pack_size: config.pack_size.clamp(MIN_PACK_SIZE, MAX_PACK_SIZE),
             unclaimed,
+            encryption: config.encryption,
+            crypt: None,
+            key_id: None,
         })
     }
 
@@ -856,7 +1251,7 @@ impl Repository {
     /// directory runs without one (nothing can be deleted there).
     pub fn session(&self, what: &str) -> Result<Session> {
         let id = PackId::random().to_string();
-        let body = SessionInfo::now(what)?;
+        let body = self.info_body(what)?;
         let held = match self.root.hold(&Key::new(format!("sessions/{id}")), &body) {
             Ok(h) => Some(h),
             Err(StoreError::Io { source, .. }) if source.raw_os_error() == Some(libc::EROFS) => {
@@ -897,7 +1292,7 @@ impl Repository {
                 continue;
             }
             if let Some(body) = self.root.get(&Key::new(format!("sessions/{id}")))? {
-                if let Ok(info) = serde_json::from_slice::<SessionInfo>(&body) {
+                if let Some(info) = self.read_info(&body) {
                     out.push(info);
                 }
             }
@@ -926,13 +1321,14 @@ impl Repository {
     /// (fails at once naming the holder).
     pub fn lock_image(&self, name: &str, what: &str) -> Result<ImageLock> {
         validate_name(name)?;
-        let body = SessionInfo::now(what)?;
-        let key = Key::new(format!("locks/{name}"));
+        let body = self.info_body(what)?;
+        let key = Key::new(format!("locks/{}", self.image_dir(name)));
         match self.root.hold(&key, &body) {
             Ok(h) => Ok(ImageLock { _held: h }),
             Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
                 path: PathBuf::from(format!("{}: image {name}", self.location)),
-                holder: serde_json::from_str::<SessionInfo>(&holder)
+                holder: self
+                    .read_info(holder.as_bytes())
                     .map(|i| {
                         format!(
                             "{}, pid {} on {}, since {}",
@@ -945,51 +1341,124 @@ impl Repository {
         }
     }
 
+    /// The body of a session or image lock: JSON, or in an encrypted
+    /// repository the hex of it sealed (it names an image).
+    fn info_body(&self, what: &str) -> Result<Vec<u8>> {
+        let json = SessionInfo::now(what)?;
+        let Some(c) = &self.crypt else {
+            return Ok(json);
+        };
+        let mut sealed = Vec::new();
+        c.seal_to(b"cairn session", &json, &mut sealed)?;
+        Ok(crate::id::hex(&sealed).into_bytes())
+    }
+
+    /// A session's or lock's body, as [`Repository::info_body`] wrote it.
+    fn read_info(&self, body: &[u8]) -> Option<SessionInfo> {
+        let Some(c) = &self.crypt else {
+            return serde_json::from_slice(body).ok();
+        };
+        let text = std::str::from_utf8(body).ok()?.trim();
+        let mut sealed = vec![0u8; text.len() / 2];
+        if !crate::id::unhex(text, &mut sealed) {
+            return None;
+        }
+        let mut json = Vec::new();
+        c.open_to(b"cairn session", &sealed, &mut json)
+            .then(|| serde_json::from_slice(&json).ok())
+            .flatten()
+    }
+
     // ---- snapshots ----
 
-    fn manifest_key(name: &str, snapshot: u64) -> Key {
-        Key::new(format!("snapshots/{name}/{snapshot:010}.snap"))
+    /// The directory of image `name` under `snapshots/` (and its name
+    /// under `locks/`): the name itself, or in an encrypted repository a
+    /// keyed hash of it.
+    fn image_dir(&self, name: &str) -> String {
+        match &self.crypt {
+            Some(c) => c.name_tag(name),
+            None => name.to_string(),
+        }
+    }
+
+    fn manifest_key(&self, name: &str, snapshot: u64) -> Key {
+        Key::new(format!(
+            "snapshots/{}/{snapshot:010}.snap",
+            self.image_dir(name)
+        ))
     }
 
     /// Where a manifest is (a path or a URL).
     pub fn manifest_path(&self, name: &str, snapshot: u64) -> PathBuf {
-        self.root.locate(&Self::manifest_key(name, snapshot))
+        self.root.locate(&self.manifest_key(name, snapshot))
     }
 
-    /// Every image with its snapshot numbers, sorted.
+    /// Every image with its snapshot numbers, sorted. In an encrypted
+    /// repository an image's name is read from its latest manifest.
     pub fn images(&self) -> Result<Vec<(String, Vec<u64>)>> {
-        let mut by_name: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        let mut by_dir: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
         for l in self.root.list("snapshots/")? {
-            let Some((name, n)) = Self::parse_manifest_key(&l.key) else {
+            let Some((dir, n)) = self.parse_manifest_key(&l.key) else {
                 continue;
             };
-            by_name.entry(name.to_string()).or_default().push(n);
+            by_dir.entry(dir.to_string()).or_default().push(n);
         }
-        Ok(by_name
-            .into_iter()
-            .map(|(name, mut v)| {
-                v.sort_unstable();
-                (name, v)
-            })
-            .collect())
+        let mut out = Vec::new();
+        for (dir, mut v) in by_dir {
+            v.sort_unstable();
+            if self.crypt.is_none() {
+                out.push((dir, v));
+                continue;
+            }
+            // The latest manifest names the image (one removed since the
+            // listing: the one before it).
+            let mut name = None;
+            for &n in v.iter().rev() {
+                let key = Key::new(format!("snapshots/{dir}/{n:010}.snap"));
+                let Some(data) = self.root.get(&key)? else {
+                    continue;
+                };
+                let path = self.root.locate(&key);
+                let m = Manifest::decode_with(&path, &data, self.crypt.as_deref())?;
+                if self.image_dir(&m.name) != dir {
+                    return Err(StoreError::corrupt(
+                        &path,
+                        24,
+                        format!("manifest of image {} is in another image's place", m.name),
+                    ));
+                }
+                name = Some(m.name);
+                break;
+            }
+            if let Some(name) = name {
+                out.push((name, v));
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
-    fn parse_manifest_key(key: &Key) -> Option<(&str, u64)> {
+    fn parse_manifest_key<'k>(&self, key: &'k Key) -> Option<(&'k str, u64)> {
         let rest = key.as_str().strip_prefix("snapshots/")?;
-        let (name, file) = rest.split_once('/')?;
-        validate_name(name).ok()?;
+        let (dir, file) = rest.split_once('/')?;
+        if self.crypt.is_some() {
+            PackId::from_hex(dir)?;
+        } else {
+            validate_name(dir).ok()?;
+        }
         let n = file.strip_suffix(".snap")?.parse::<u64>().ok()?;
-        Some((name, n))
+        Some((dir, n))
     }
 
     /// Snapshot numbers of one image, ascending (empty if none).
     pub fn snapshots(&self, name: &str) -> Result<Vec<u64>> {
+        let dir = self.image_dir(name);
         let mut v: Vec<u64> = self
             .root
-            .list(&format!("snapshots/{name}/"))?
+            .list(&format!("snapshots/{dir}/"))?
             .iter()
-            .filter_map(|l| Self::parse_manifest_key(&l.key))
-            .filter(|(n, _)| *n == name)
+            .filter_map(|l| self.parse_manifest_key(&l.key))
+            .filter(|(d, _)| *d == dir)
             .map(|(_, s)| s)
             .collect();
         v.sort_unstable();
@@ -1042,12 +1511,12 @@ impl Repository {
     /// Read one manifest, or `None` if it was removed since the listing
     /// (an `rm` running beside a reader).
     pub fn read_manifest_if_present(&self, name: &str, snapshot: u64) -> Result<Option<Manifest>> {
-        let key = Self::manifest_key(name, snapshot);
+        let key = self.manifest_key(name, snapshot);
         let Some(data) = self.root.get(&key)? else {
             return Ok(None);
         };
         let path = self.root.locate(&key);
-        let m = Manifest::decode(&path, &data)?;
+        let m = Manifest::decode_with(&path, &data, self.crypt.as_deref())?;
         if m.name != name || m.snapshot != snapshot {
             return Err(StoreError::corrupt(
                 &path,
@@ -1066,8 +1535,10 @@ impl Repository {
     /// that number meanwhile.
     pub fn write_manifest(&self, session: &Session, m: &Manifest) -> Result<bool> {
         session.check()?;
-        self.root
-            .put_new(&Self::manifest_key(&m.name, m.snapshot), &m.encode())
+        self.root.put_new(
+            &self.manifest_key(&m.name, m.snapshot),
+            &m.encode_with(self.crypt.as_deref())?,
+        )
     }
 
     /// Commit `m` as the image's next snapshot: numbered after the latest
@@ -1084,7 +1555,7 @@ impl Repository {
 
     /// Remove a snapshot (its chunks stay until `gc`).
     pub fn remove_snapshot(&self, _session: &Session, name: &str, snapshot: u64) -> Result<()> {
-        let key = Self::manifest_key(name, snapshot);
+        let key = self.manifest_key(name, snapshot);
         if self.root.get(&key)?.is_none() {
             return Err(StoreError::Io {
                 path: self.root.locate(&key),
@@ -1096,7 +1567,7 @@ impl Repository {
         // A local image's directory goes with its last snapshot.
         if let Some(home) = &self.home {
             if self.snapshots(name)?.is_empty() {
-                let _ = fs::remove_dir(home.join("snapshots").join(name));
+                let _ = fs::remove_dir(home.join("snapshots").join(self.image_dir(name)));
             }
         }
         Ok(())
@@ -1133,7 +1604,10 @@ impl Repository {
     /// Read one index file (`None` if removed since the listing).
     pub(crate) fn read_index_file(&self, key: &Key) -> Result<Option<IndexFile>> {
         match self.root.get(key)? {
-            Some(data) => IndexFile::decode(&self.root.locate(key), &data).map(Some),
+            Some(data) => {
+                IndexFile::decode_with(&self.root.locate(key), &data, self.crypt.as_deref())
+                    .map(Some)
+            }
             None => Ok(None),
         }
     }
@@ -1166,7 +1640,7 @@ impl Repository {
                     continue;
                 }
             };
-            match IndexFile::decode(&self.root.locate(&key), &data) {
+            match IndexFile::decode_with(&self.root.locate(&key), &data, self.crypt.as_deref()) {
                 Ok(f) => {
                     out.index.add_file(&f)?;
                     out.files.push(key);
@@ -1232,7 +1706,8 @@ impl Repository {
                 entries: part.to_vec(),
             };
             let key = Key::new(format!("index/{}.idx", PackId::random()));
-            self.root.put(&key, &f.encode())?;
+            self.root
+                .put(&key, &f.encode_with(self.crypt.as_deref())?)?;
             keys.push(key);
         }
         Ok(keys)
@@ -1298,7 +1773,7 @@ impl Repository {
                 continue;
             };
             let path = self.root.locate(&key);
-            let g = check_trash_list(&path, &data, self.targets.len())?;
+            let g = check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())?;
             out.push(TrashList { key, garbage: g });
         }
         Ok(out)
@@ -1320,7 +1795,7 @@ impl Repository {
         g.created = now_secs();
         let seal = |g: &Garbage| -> Result<Vec<u8>> {
             let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            Ok(meta::seal(Kind::Garbage, TRASH_VERSION, &body))
+            self.seal_meta(Kind::Garbage, TRASH_VERSION, &body)
         };
         self.root.put(&key, &seal(&g)?)?;
         g.sessions = self
@@ -1341,8 +1816,10 @@ impl Repository {
         }
         let body =
             serde_json::to_vec(&t.garbage).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        self.root
-            .put(&t.key, &meta::seal(Kind::Garbage, TRASH_VERSION, &body))
+        self.root.put(
+            &t.key,
+            &self.seal_meta(Kind::Garbage, TRASH_VERSION, &body)?,
+        )
     }
 
     /// Delete index files (by `<hex>.idx` name) and packs.
@@ -1452,21 +1929,21 @@ impl Repository {
             self.target(pf.target)?.delete(&[Key::pack(pf.id)])?;
             return Ok(None);
         }
-        if pack::check_pack_header(&pf.path, &data, self.id).ok() != Some(pf.id) {
+        if pack::check_pack_header(&pf.path, &data, self.id, self.sealed()).ok() != Some(pf.id) {
             report.skipped_bytes += data.len() as u64;
             return Ok(None);
         }
         let mut entries = Vec::new();
         let mut covered = 0u64;
-        pack::scan_records(&data, |off, r| {
-            covered += r.len() as u64;
+        pack::scan_records(&data, self.crypt.as_deref(), |off, len, r| {
+            covered += len as u64;
             for (id, slice, _) in r.chunks() {
                 entries.push((
                     id,
                     Location {
                         pack: 0,
                         offset: off as u32,
-                        len: r.len() as u32,
+                        len: len as u32,
                         slice,
                     },
                 ));
@@ -1652,6 +2129,9 @@ mod tests {
             }],
             pack_size: DEFAULT_PACK_SIZE,
             unclaimed: Vec::new(),
+            encryption: None,
+            crypt: None,
+            key_id: None,
         };
         let lists = repo.trash_lists().unwrap();
         assert_eq!(lists.len(), 2);

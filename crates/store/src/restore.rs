@@ -14,7 +14,7 @@ use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
 use crate::manifest::{Extent, Manifest};
-use crate::pack::{check_chunk, decode_record, Decoders};
+use crate::pack::{check_chunk, RecordDecoder};
 use crate::reader::PackReader;
 use crate::repo::Repository;
 use cairn_pipeline::{Config, Fill, Slot};
@@ -134,7 +134,7 @@ pub(crate) struct Fetcher<'a> {
     files: &'a PackReader,
     index: &'a ChunkIndex,
     rec: Vec<u8>,
-    dec: Decoders,
+    dec: RecordDecoder,
     kept: Vec<Kept>,
     clock: u64,
     /// Spans fetched ahead for a batch ([`Fetcher::prefetch`]), with their
@@ -149,7 +149,7 @@ impl<'a> Fetcher<'a> {
             files,
             index,
             rec: Vec::new(),
-            dec: Decoders::default(),
+            dec: files.record_decoder(),
             kept: Vec::with_capacity(KEPT_GROUPS),
             clock: 0,
             spans: Vec::new(),
@@ -251,13 +251,8 @@ impl<'a> Fetcher<'a> {
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);
-        decode_record(
-            &path,
-            u64::from(loc.offset),
-            raw,
-            &mut self.dec,
-            &mut k.data,
-        )?;
+        self.dec
+            .decode(&path, u64::from(loc.offset), raw, &mut k.data)?;
         k.key = key;
         k.path = path;
         k.used = self.clock;
@@ -274,6 +269,7 @@ impl<'a> Fetcher<'a> {
             .index
             .get(id)
             .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
+        let files = self.files;
         let (group, read) = self.group(loc)?;
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
         let Some(data) = group.data.get(s..e) else {
@@ -287,7 +283,7 @@ impl<'a> Fetcher<'a> {
                 ),
             });
         };
-        check_chunk(&group.path, u64::from(loc.offset), id, data)?;
+        check_chunk(files.crypt(), &group.path, u64::from(loc.offset), id, data)?;
         out.extend_from_slice(data);
         Ok(read)
     }

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::id::{ChunkId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
-use crate::pack::{self, decode_record, Decoders};
+use crate::pack;
 use crate::reader::PackReader;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
@@ -171,7 +171,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             // (A remote store is kept busy by several packs in flight.)
             for _ in 0..opts.threads.max(1) * reader.reads_per_core() {
                 s.spawn(|| {
-                    let mut dec = Decoders::default();
+                    let mut dec = reader.record_decoder();
                     let mut group = Vec::new();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +193,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 continue;
                             }
                         };
-                        let header_err = pack::check_pack_header(path, &data, repo.id()).err();
+                        let header_err =
+                            pack::check_pack_header(path, &data, repo.id(), repo.sealed()).err();
                         // Entries sorted by record, so each record is decoded once.
                         let mut entries = by_pack[*n].clone();
                         entries.sort_unstable_by_key(|(_, l)| (l.offset, l.slice));
@@ -207,11 +208,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 } else if end > data.len() {
                                     Err("record runs past the end of the pack".to_string())
                                 } else {
-                                    decode_record(
+                                    dec.decode(
                                         path,
                                         u64::from(loc.offset),
                                         &data[start..end],
-                                        &mut dec,
                                         &mut group,
                                     )
                                     .map(|r| r.chunks().collect())
@@ -220,30 +220,29 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 last = Some((loc.offset, decoded));
                             }
                             let verdict = match last.as_ref().map(|(_, d)| d) {
-                                Some(Ok(table)) => match table
-                                    .iter()
-                                    .find(|(_, at, _)| *at == loc.slice)
-                                {
-                                    Some((id, at, n)) if id.prefix() == *prefix => {
-                                        let chunk = &group[*at as usize..(*at + *n) as usize];
-                                        pack::check_chunk(path, u64::from(loc.offset), id, chunk)
-                                            .map_err(|e| (*id, e.to_string()))
+                                Some(Ok(table)) => {
+                                    match table.iter().find(|(_, at, _)| *at == loc.slice) {
+                                        Some((id, at, n)) if id.prefix() == *prefix => {
+                                            let chunk = &group[*at as usize..(*at + *n) as usize];
+                                            dec.check_chunk(path, u64::from(loc.offset), id, chunk)
+                                                .map_err(|e| (*id, e.to_string()))
+                                        }
+                                        Some((id, _, _)) => Err((
+                                            *id,
+                                            format!(
+                                                "record at offset {} holds another chunk there",
+                                                loc.offset
+                                            ),
+                                        )),
+                                        None => Err((
+                                            ChunkId([0; 32]),
+                                            format!(
+                                                "record at offset {} has no chunk at {}",
+                                                loc.offset, loc.slice
+                                            ),
+                                        )),
                                     }
-                                    Some((id, _, _)) => Err((
-                                        *id,
-                                        format!(
-                                            "record at offset {} holds another chunk there",
-                                            loc.offset
-                                        ),
-                                    )),
-                                    None => Err((
-                                        ChunkId([0; 32]),
-                                        format!(
-                                            "record at offset {} has no chunk at {}",
-                                            loc.offset, loc.slice
-                                        ),
-                                    )),
-                                },
+                                }
                                 Some(Err(why)) => Err((ChunkId([0; 32]), why.clone())),
                                 None => Ok(()),
                             };

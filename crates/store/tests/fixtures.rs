@@ -107,33 +107,7 @@ fn write_fixture(dir: &Path) {
     }
     let repo_dir = dir.join("repo");
     let repo = Repository::init(&repo_dir, &[], None).unwrap();
-    let mut table = String::from("# image\tsnapshot\tsize\tblake3\n");
-    for (name, data, codec, group) in images() {
-        let lock = repo.session("bless").unwrap();
-        let r = backup(
-            &repo,
-            &lock,
-            &mut Cursor::new(data.clone()),
-            &BackupOptions {
-                name: name.into(),
-                codec: codec.parse::<CodecSpec>().unwrap(),
-                chunker: CHUNKER.parse().unwrap(),
-                threads: 1,
-                group_size: group,
-                source: "fixture".into(),
-                progress: None,
-                time: None,
-            },
-        )
-        .unwrap();
-        assert!(r.totals.zero > 0, "{name}: no hole");
-        table.push_str(&format!(
-            "{name}\t{}\t{}\t{}\n",
-            r.snapshot,
-            data.len(),
-            blake3::hash(&data).to_hex()
-        ));
-    }
+    let table = store_images(&repo);
     fs::write(dir.join("images.tsv"), table).unwrap();
     // Neutral lock file; no empty directories (git does not keep them,
     // so the test must pass without them).
@@ -171,6 +145,38 @@ fn write_fixture(dir: &Path) {
         len: 0,
     }]);
     damaged_fixture(dir, "manifest-flipped-byte", &repo_dir, &m, len / 2, &whole);
+}
+
+/// Back up [`images`] into `repo`; returns the lines of `images.tsv`.
+fn store_images(repo: &Repository) -> String {
+    let mut table = String::from("# image\tsnapshot\tsize\tblake3\n");
+    for (name, data, codec, group) in images() {
+        let lock = repo.session("bless").unwrap();
+        let r = backup(
+            repo,
+            &lock,
+            &mut Cursor::new(data.clone()),
+            &BackupOptions {
+                name: name.into(),
+                codec: codec.parse::<CodecSpec>().unwrap(),
+                chunker: CHUNKER.parse().unwrap(),
+                threads: 1,
+                group_size: group,
+                source: "fixture".into(),
+                progress: None,
+                time: None,
+            },
+        )
+        .unwrap();
+        assert!(r.totals.zero > 0, "{name}: no hole");
+        table.push_str(&format!(
+            "{name}\t{}\t{}\t{}\n",
+            r.snapshot,
+            data.len(),
+            blake3::hash(&data).to_hex()
+        ));
+    }
+    table
 }
 
 fn damaged_fixture(
@@ -830,7 +836,8 @@ fn is_newer_than(e: &StoreError, version: u32, newest: u32) -> bool {
 #[test]
 fn newer_versions_are_refused_by_name() {
     // Target markers have a version 2 (naming the repository's home).
-    for (file, version, newest) in [("config", 2, 1), ("data/cairn-target", 3, 2)] {
+    // (Configs of version 2 are encrypted repositories'.)
+    for (file, version, newest) in [("config", 3, 2), ("data/cairn-target", 3, 2)] {
         let (_tmp, repo) = fresh_copy();
         reseal(&repo.join(file), version);
         let e = Repository::open(&repo).unwrap_err();
@@ -857,12 +864,13 @@ fn newer_versions_are_refused_by_name() {
     assert_eq!(loaded.damaged.len(), 1);
     assert!(is_newer(&loaded.damaged[0]), "{}", loaded.damaged[0]);
 
-    // A pack header of version 2 (CRC-32C of bytes 0..60 at 60).
+    // A pack header of version 3 (CRC-32C of bytes 0..60 at 60); version
+    // 2 is the sealed packs of an encrypted repository.
     let (_tmp, dir) = fresh_copy();
     let pack = lay.packs().into_iter().next().unwrap();
     let p = moved(&pack, &dir);
     let mut d = fs::read(&p).unwrap();
-    d[8..12].copy_from_slice(&2u32.to_le_bytes());
+    d[8..12].copy_from_slice(&3u32.to_le_bytes());
     let crc = crc32c::crc32c(&d[..60]);
     d[60..64].copy_from_slice(&crc.to_le_bytes());
     fs::write(&p, d).unwrap();
@@ -873,7 +881,7 @@ fn newer_versions_are_refused_by_name() {
         report
             .problems
             .iter()
-            .all(|p| p.message.contains("format version 2 is newer")),
+            .all(|p| p.message.contains("format version 3 is newer")),
         "{:?}",
         report.problems
     );
@@ -891,4 +899,130 @@ fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+// ------------------------------------------------- the encrypted fixture
+
+/// The password of `tests/fixtures/repository-encrypted-v1/`.
+const FIXTURE_PASSWORD: &str = "cairn fixture password";
+
+/// The committed encrypted repository (version 2 config, sealed records
+/// and metadata, keyed ids, hashed names), of the same images as
+/// `repository-v1`; with `CAIRN_BLESS=1`, written anew first.
+fn encrypted_root() -> PathBuf {
+    static BLESSED: Once = Once::new();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/repository-encrypted-v1");
+    if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
+        BLESSED.call_once(|| {
+            let _ = fs::remove_dir_all(dir.join("repo"));
+            let opts = cairn_store::repo::InitOptions {
+                encryption: Some((
+                    cairn_store::repo::Password::new(FIXTURE_PASSWORD),
+                    // Cheap, so the test is quick; the cost is in the key.
+                    cairn_store::crypt::KdfParams {
+                        memory_kib: 256,
+                        iterations: 1,
+                        parallelism: 1,
+                    },
+                )),
+                ..Default::default()
+            };
+            let repo = Repository::init_with(&dir.join("repo"), &opts).unwrap();
+            store_images(&repo);
+            for e in fs::read_dir(dir.join("repo/data/packs")).unwrap() {
+                let _ = fs::remove_dir(e.unwrap().path());
+            }
+        });
+    }
+    dir
+}
+
+#[test]
+fn encrypted_repository_v1_restores_and_verifies_without_writing() {
+    let repo_dir = encrypted_root().join("repo");
+    let before = snapshot_tree(&repo_dir);
+    let password = cairn_store::repo::Password::new(FIXTURE_PASSWORD);
+    let repo = Repository::open_with(&repo_dir, &password)
+        .unwrap_or_else(|e| panic!("{e} (run with CAIRN_BLESS=1 to create the fixture)"));
+    assert_eq!(repo.encryption(), Some("aes-256-gcm"));
+
+    // Config version 2; index files and manifests sealed (kind + 0x100);
+    // packs of version 2; no image name in any path or file.
+    let config = fs::read(repo_dir.join("config")).unwrap();
+    assert_eq!(&config[12..16], &2u32.to_le_bytes());
+    let expected = expected_images();
+    let mut sealed = repo
+        .index_files()
+        .unwrap()
+        .iter()
+        .map(|k| repo.locate(k))
+        .collect::<Vec<_>>();
+    for (name, snap) in expected.keys() {
+        let p = repo.manifest_path(name, *snap);
+        assert!(
+            !p.to_string_lossy().contains(name.as_str()),
+            "{}",
+            p.display()
+        );
+        sealed.push(p);
+    }
+    for f in &sealed {
+        let d = fs::read(f).unwrap();
+        assert_eq!(&d[..8], b"CAIRNMET", "{}", f.display());
+        assert_eq!(d[9], 1, "{}: not sealed", f.display());
+        assert_eq!(&d[12..16], &1u32.to_le_bytes(), "{}", f.display());
+    }
+    let mut packs = 0;
+    for (p, d, _) in &before {
+        if p.extension().is_some_and(|e| e == "pack") {
+            assert_eq!(&d[8..12], &2u32.to_le_bytes(), "{}", p.display());
+            packs += 1;
+        }
+        for name in ["alpha", "beta", "cairn keeps"] {
+            assert!(
+                !d.windows(name.len()).any(|w| w == name.as_bytes()),
+                "{} holds {name:?}",
+                p.display()
+            );
+        }
+    }
+    assert!(packs > 0);
+
+    // Every snapshot restores to the bytes of the plain fixture's.
+    let images: Vec<(String, u64)> = repo
+        .images()
+        .unwrap()
+        .into_iter()
+        .flat_map(|(n, snaps)| snaps.into_iter().map(move |s| (n.clone(), s)))
+        .collect();
+    assert_eq!(images, expected.keys().cloned().collect::<Vec<_>>());
+    for ((name, snap), (size, hash)) in &expected {
+        let (bytes, damaged) = restore_stream(&repo, name, *snap, false).unwrap();
+        assert!(damaged.is_empty());
+        assert_eq!(bytes.len() as u64, *size, "{name}@{snap}");
+        assert_eq!(
+            blake3::hash(&bytes).to_hex().as_str(),
+            hash,
+            "{name}@{snap}"
+        );
+    }
+    let report = verify_all(&repo);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!((report.images, report.snapshots), (2, 3));
+
+    // Without the password, or with another, it does not open.
+    assert!(matches!(
+        Repository::open(&repo_dir),
+        Err(StoreError::KeyNeeded(_))
+    ));
+    assert!(matches!(
+        Repository::open_with(&repo_dir, &cairn_store::repo::Password::new("nope")),
+        Err(StoreError::WrongPassword(_))
+    ));
+    drop(repo);
+    assert!(
+        snapshot_tree(&repo_dir) == before,
+        "opening, restoring or verifying changed the committed repository"
+    );
 }

@@ -1,9 +1,10 @@
 //! Reading and decoding records: open pack files, decoder contexts, and
 //! the decoded group with its lazily checked chunks.
 
+use cairn_store::crypt::Crypt;
 use cairn_store::id::{ChunkId, PREFIX_LEN};
 use cairn_store::index::Location;
-use cairn_store::pack::{decode_record, Decoders};
+use cairn_store::pack::RecordDecoder;
 use cairn_store::repo::LoadedIndex;
 use cairn_store::{PackReader, Repository, StoreError};
 use std::io;
@@ -64,6 +65,8 @@ struct GroupChunk {
 pub(crate) struct Group {
     data: Vec<u8>,
     chunks: Vec<GroupChunk>,
+    /// The repository's keys (chunk ids are keyed), if it is encrypted.
+    crypt: Option<Arc<Crypt>>,
 }
 
 impl Group {
@@ -105,7 +108,7 @@ impl Group {
             _ => {
                 // Two threads may hash the same chunk at once; both get
                 // the same answer, so no lock is needed.
-                let ok = ChunkId::of(data) == c.id;
+                let ok = cairn_store::crypt::chunk_id(self.crypt.as_deref(), data) == c.id;
                 c.state
                     .store(if ok { GOOD } else { BAD }, Ordering::Release);
                 ok
@@ -120,10 +123,9 @@ impl Group {
 }
 
 /// A record read buffer and decoder contexts, reused between loads.
-#[derive(Default)]
 struct Scratch {
     rec: Vec<u8>,
-    dec: Decoders,
+    dec: RecordDecoder,
 }
 
 /// Reads and decodes records from the packs of one repository, through
@@ -154,7 +156,10 @@ impl Packs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
-            .unwrap_or_default();
+            .unwrap_or_else(|| Scratch {
+                rec: Vec::new(),
+                dec: self.reader.record_decoder(),
+            });
         let out = self.decode(loc, &mut s);
         self.scratch
             .lock()
@@ -167,7 +172,7 @@ impl Packs {
         let at = u64::from(loc.offset);
         let path = self.reader.read_record(loc, &mut s.rec)?;
         let mut data = Vec::new();
-        let rec = decode_record(&path, at, &s.rec, &mut s.dec, &mut data)?;
+        let rec = s.dec.decode(&path, at, &s.rec, &mut data)?;
         data.shrink_to_fit();
         let chunks = rec
             .chunks()
@@ -178,6 +183,10 @@ impl Packs {
                 state: AtomicU8::new(UNCHECKED),
             })
             .collect();
-        Ok(Group { data, chunks })
+        Ok(Group {
+            data,
+            chunks,
+            crypt: self.reader.crypt_arc(),
+        })
     }
 }

@@ -6,9 +6,47 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The cairn binary built for this test run.
+/// The password of the repositories the tests make: `cairn init` encrypts
+/// by default, so every test runs on encrypted repositories unless it
+/// asks for `--encryption none` (and drops the password, [`plain`]).
+pub const PASSWORD: &str = "cairn test password";
+
+/// The cairn binary built for this test run, with [`PASSWORD`] in its
+/// environment (and no password source of the user's).
 pub fn cairn() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
+    c.env_remove("CAIRN_PASSWORD_FILE")
+        .env_remove("CAIRN_PASSWORD_COMMAND")
+        .env_remove("CAIRN_NEW_PASSWORD")
+        .env_remove("CAIRN_NEW_PASSWORD_FILE")
+        .env("CAIRN_PASSWORD", PASSWORD);
+    c
+}
+
+/// [`cairn`] without a password: for plain repositories
+/// (`--encryption none`), which refuse a password.
+pub fn plain() -> Command {
+    let mut c = cairn();
+    c.env_remove("CAIRN_PASSWORD");
+    c
+}
+
+/// `out`, once it is known to have succeeded (else the test fails with
+/// its stderr).
+pub fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The JSON `out` printed on stdout.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// Is a peer tool on PATH? Under `CI=true` a missing peer fails the test;

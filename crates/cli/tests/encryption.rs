@@ -1,0 +1,476 @@
+//! Encrypted repositories end to end with the real binary (issue 16):
+//! no plaintext anywhere in the repository's files, every source of the
+//! password, wrong and missing passwords, the key commands, a changed
+//! byte in every kind of file, and a plain repository that refuses a
+//! password.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// A failure with one line on stderr naming `what`, and no panic.
+fn fails_with(out: &Output, what: &str) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "succeeded: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(what), "{what:?} not in: {err}");
+    err
+}
+
+fn run(cmd: &mut Command, args: &[&str]) -> Output {
+    cmd.args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Every regular file under `dir`.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The files under `dir` holding `needle`.
+fn holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    files(dir)
+        .into_iter()
+        .filter(|f| {
+            std::fs::read(f)
+                .unwrap()
+                .windows(needle.len())
+                .any(|w| w == needle)
+        })
+        .collect()
+}
+
+const MARKER: &[u8] = b"MARKER-4b1d9c-cairn-plaintext";
+
+/// 8 MiB of the marker, with a counter so chunks do not all dedup into
+/// one (and compress, as text does).
+fn marked_image() -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 << 20);
+    let mut i = 0u64;
+    while v.len() < 8 << 20 {
+        v.extend_from_slice(MARKER);
+        v.extend_from_slice(format!(" line {i:012}\n").as_bytes());
+        i += 1;
+    }
+    v.truncate(8 << 20);
+    v
+}
+
+const IMAGE_NAME: &str = "secret-image-name-77";
+
+#[test]
+fn a_default_repository_holds_no_plaintext_and_a_plain_one_does() {
+    let dir = tempdir();
+    let d = dir.path();
+    let img = d.join("img");
+    std::fs::write(&img, marked_image()).unwrap();
+    let enc = d.join("enc");
+    let init = json(&ok(run(&mut cairn(), &["init", s(&enc), "--json"])));
+    assert_eq!(init["encryption"], "aes-256-gcm", "{init}");
+    for _ in 0..2 {
+        ok(run(
+            &mut cairn(),
+            &[
+                "backup",
+                s(&img),
+                "--repo",
+                s(&enc),
+                "--name",
+                IMAGE_NAME,
+                "-q",
+            ],
+        ));
+    }
+    // A gc (repack, trash list) and a served writable image leave no
+    // plaintext either.
+    ok(run(
+        &mut cairn(),
+        &["rm", &format!("{IMAGE_NAME}@1"), "--repo", s(&enc)],
+    ));
+    ok(run(&mut cairn(), &["gc", "--repo", s(&enc)]));
+    assert_eq!(holding(&enc, MARKER), Vec::<PathBuf>::new());
+    assert_eq!(holding(&enc, &MARKER[..12]), Vec::<PathBuf>::new());
+    assert_eq!(holding(&enc, IMAGE_NAME.as_bytes()), Vec::<PathBuf>::new());
+    // Neither do the chunk ids: the plain BLAKE3 of the first chunk-sized
+    // pieces is nowhere (ids are keyed).
+    let data = marked_image();
+    let st = json(&ok(run(
+        &mut cairn(),
+        &["stats", "--repo", s(&enc), "--json"],
+    )));
+    assert_eq!(st["encryption"], "aes-256-gcm", "{st}");
+    let listing = json(&ok(run(&mut cairn(), &["ls", "--repo", s(&enc), "--json"])));
+    assert!(listing.to_string().contains(IMAGE_NAME), "{listing}");
+    let out = d.join("out");
+    ok(run(
+        &mut cairn(),
+        &["restore", IMAGE_NAME, s(&out), "--repo", s(&enc), "-q"],
+    ));
+    assert!(std::fs::read(&out).unwrap() == data);
+    let v = json(&ok(run(
+        &mut cairn(),
+        &["verify", "--read-data", "--repo", s(&enc), "--json"],
+    )));
+    assert_eq!(v["ok"], true, "{v}");
+
+    // The control: the same in a plain repository leaves the marker and
+    // the name in its files (so the search above can find them).
+    let plain_repo = d.join("plain");
+    let init = json(&ok(run(
+        &mut plain(),
+        &["init", s(&plain_repo), "--encryption", "none", "--json"],
+    )));
+    assert_eq!(init["encryption"], "none");
+    ok(run(
+        &mut plain(),
+        &[
+            "backup",
+            s(&img),
+            "--repo",
+            s(&plain_repo),
+            "--name",
+            IMAGE_NAME,
+            "-q",
+            "-c",
+            "none",
+        ],
+    ));
+    assert!(!holding(&plain_repo, MARKER).is_empty());
+    assert!(!holding(&plain_repo, IMAGE_NAME.as_bytes()).is_empty());
+    let st = json(&ok(run(
+        &mut plain(),
+        &["stats", "--repo", s(&plain_repo), "--json"],
+    )));
+    assert_eq!(st["encryption"], "none", "{st}");
+    // A plain repository refuses a password (it could have been swapped
+    // for the encrypted one, and backups would land in the clear).
+    fails_with(
+        &run(&mut cairn(), &["ls", "--repo", s(&plain_repo)]),
+        "not encrypted, but a password was given",
+    );
+}
+
+#[test]
+fn wrong_missing_and_every_source_of_password() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    ok(run(&mut cairn(), &["init", s(&repo)]));
+    let img = d.join("img");
+    std::fs::write(&img, mixed(1 << 20, 3)).unwrap();
+    ok(run(
+        &mut cairn(),
+        &["backup", s(&img), "--repo", s(&repo), "-n", "a", "-q"],
+    ));
+    let ls = ["ls", "--repo", s(&repo)];
+
+    fails_with(
+        &run(plain().env("CAIRN_PASSWORD", "not it"), &ls),
+        "wrong password",
+    );
+    // No password, no terminal: one line saying what to give.
+    fails_with(
+        &run(&mut plain(), &ls),
+        "the repository is encrypted; give its password",
+    );
+    fails_with(
+        &run(&mut plain(), &["init", s(&d.join("new"))]),
+        "needs a password",
+    );
+    assert!(!d.join("new").join("config").exists());
+
+    let file = d.join("pw");
+    std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
+    ok(run(
+        &mut plain(),
+        &[&ls[..], &["--password-file", s(&file)]].concat(),
+    ));
+    ok(run(plain().env("CAIRN_PASSWORD_FILE", &file), &ls));
+    ok(run(
+        &mut plain(),
+        &[
+            &ls[..],
+            &["--password-command", &format!("cat {}", s(&file))],
+        ]
+        .concat(),
+    ));
+    ok(run(
+        plain().env("CAIRN_PASSWORD_COMMAND", format!("echo '{PASSWORD}'")),
+        &ls,
+    ));
+    fails_with(
+        &run(
+            &mut plain(),
+            &[&ls[..], &["--password-command", "exit 3"]].concat(),
+        ),
+        "--password-command",
+    );
+    fails_with(
+        &run(
+            &mut plain(),
+            &[&ls[..], &["--password-file", s(&d.join("missing"))]].concat(),
+        ),
+        "missing",
+    );
+    fails_with(
+        &run(
+            &mut plain(),
+            &[
+                &ls[..],
+                &["--password-file", s(&file), "--password-command", "true"],
+            ]
+            .concat(),
+        ),
+        "not both",
+    );
+    std::fs::write(&file, "\n").unwrap();
+    fails_with(
+        &run(
+            &mut plain(),
+            &[&ls[..], &["--password-file", s(&file)]].concat(),
+        ),
+        "empty password",
+    );
+}
+
+#[test]
+fn keys_are_added_listed_changed_and_removed() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    // A cheap key for the test's speed; its cost is recorded in it.
+    ok(run(
+        &mut cairn(),
+        &[
+            "init",
+            s(&repo),
+            "--kdf-memory",
+            "8M",
+            "--kdf-iterations",
+            "2",
+        ],
+    ));
+    let img = d.join("img");
+    let data = mixed(2 << 20, 9);
+    std::fs::write(&img, &data).unwrap();
+    ok(run(
+        &mut cairn(),
+        &["backup", s(&img), "--repo", s(&repo), "-n", "a", "-q"],
+    ));
+    let r = ["--repo", s(&repo)];
+
+    let keys = json(&ok(run(
+        &mut cairn(),
+        &[&["key", "list", "--json"][..], &r].concat(),
+    )));
+    let list = keys["keys"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{keys}");
+    assert_eq!(list[0]["current"], true);
+    assert_eq!(list[0]["memory_kib"], 8192);
+    assert_eq!(list[0]["iterations"], 2);
+    let first = list[0]["id"].as_str().unwrap().to_string();
+
+    let added = json(&ok(run(
+        cairn().env("CAIRN_NEW_PASSWORD", "second password"),
+        &[&["key", "add", "--json", "--kdf-memory", "8M"][..], &r].concat(),
+    )));
+    let second = added["added"].as_str().unwrap().to_string();
+    // Either password opens it, and sees the same data.
+    for pw in [PASSWORD, "second password"] {
+        let out = d.join("out");
+        ok(run(
+            plain().env("CAIRN_PASSWORD", pw),
+            &[&["restore", "a", s(&out), "-q"][..], &r].concat(),
+        ));
+        assert!(std::fs::read(&out).unwrap() == data);
+        std::fs::remove_file(&out).unwrap();
+    }
+    let keys = json(&ok(run(
+        plain().env("CAIRN_PASSWORD", "second password"),
+        &[&["key", "list", "--json"][..], &r].concat(),
+    )));
+    let current: Vec<_> = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["current"] == true)
+        .map(|k| k["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(current, vec![second.clone()]);
+
+    // The key in use cannot be removed; another one can.
+    fails_with(
+        &run(
+            &mut cairn(),
+            &[&["key", "remove", &first[..8]][..], &r].concat(),
+        ),
+        "in use",
+    );
+    fails_with(
+        &run(
+            &mut cairn(),
+            &[&["key", "remove", "ffffffff"][..], &r].concat(),
+        ),
+        "no key",
+    );
+    ok(run(
+        &mut cairn(),
+        &[&["key", "remove", &second][..], &r].concat(),
+    ));
+    fails_with(
+        &run(
+            plain().env("CAIRN_PASSWORD", "second password"),
+            &[&["ls"][..], &r].concat(),
+        ),
+        "wrong password",
+    );
+
+    // passwd: the new password opens it, the old one no longer does.
+    let pw_file = d.join("new-pw");
+    std::fs::write(&pw_file, "third password\n").unwrap();
+    let changed = json(&ok(run(
+        &mut cairn(),
+        &[
+            &[
+                "key",
+                "passwd",
+                "--json",
+                "--kdf-memory",
+                "8M",
+                "--new-password-file",
+                s(&pw_file),
+            ][..],
+            &r,
+        ]
+        .concat(),
+    )));
+    assert_eq!(changed["removed"], first.as_str(), "{changed}");
+    fails_with(
+        &run(&mut cairn(), &[&["ls"][..], &r].concat()),
+        "wrong password",
+    );
+    ok(run(
+        plain().env("CAIRN_PASSWORD", "third password"),
+        &[&["verify", "--read-data"][..], &r].concat(),
+    ));
+    // Changing to the same password changes nothing.
+    fails_with(
+        &run(
+            plain()
+                .env("CAIRN_PASSWORD", "third password")
+                .env("CAIRN_NEW_PASSWORD", "third password"),
+            &[&["key", "passwd", "--kdf-memory", "8M"][..], &r].concat(),
+        ),
+        "nothing changed",
+    );
+    let keys = json(&ok(run(
+        plain().env("CAIRN_PASSWORD", "third password"),
+        &[&["key", "list", "--json"][..], &r].concat(),
+    )));
+    assert_eq!(keys["keys"].as_array().unwrap().len(), 1, "{keys}");
+    // A plain repository has no keys.
+    let p = d.join("plain");
+    ok(run(&mut plain(), &["init", s(&p), "--encryption", "none"]));
+    fails_with(
+        &run(&mut plain(), &["key", "list", "--repo", s(&p)]),
+        "not encrypted",
+    );
+}
+
+/// Flip one byte at `at` of `path`.
+fn flip(path: &Path, at: usize) {
+    let mut b = std::fs::read(path).unwrap();
+    let at = at.min(b.len() - 1);
+    b[at] ^= 0x20;
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn a_changed_byte_in_any_file_is_detected() {
+    let dir = tempdir();
+    let d = dir.path();
+    let img = d.join("img");
+    let data = mixed(3 << 20, 5);
+    std::fs::write(&img, &data).unwrap();
+    let pristine = d.join("pristine");
+    ok(run(
+        &mut cairn(),
+        &["init", s(&pristine), "--kdf-memory", "8M"],
+    ));
+    ok(run(
+        &mut cairn(),
+        &[
+            "backup",
+            s(&img),
+            "--repo",
+            s(&pristine),
+            "-n",
+            "a",
+            "-q",
+            "--group",
+            "256K",
+        ],
+    ));
+    // Every file of the repository, at its start, middle and end: the
+    // damage is reported (by the first command that reads the file), never
+    // read as good data.
+    let all = files(&pristine);
+    let mut tried = 0;
+    for f in &all {
+        let rel = f.strip_prefix(&pristine).unwrap().to_path_buf();
+        let len = std::fs::metadata(f).unwrap().len() as usize;
+        for at in [0, len / 2, len.saturating_sub(1)] {
+            let copy = d.join(format!("copy-{tried}"));
+            tried += 1;
+            let status = Command::new("cp")
+                .args(["-a", s(&pristine), s(&copy)])
+                .status()
+                .unwrap();
+            assert!(status.success());
+            // The copy's target marker names no home (a relative target).
+            flip(&copy.join(&rel), at);
+            let v = run(
+                &mut cairn(),
+                &["verify", "--read-data", "--repo", s(&copy), "--json"],
+            );
+            let restored = d.join("restored");
+            let r = run(
+                &mut cairn(),
+                &["restore", "a", s(&restored), "--repo", s(&copy), "-q"],
+            );
+            let verify_ok = v.status.success()
+                && serde_json::from_slice::<serde_json::Value>(&v.stdout)
+                    .map(|j| j["ok"] == true)
+                    .unwrap_or(false);
+            let restore_ok = r.status.success() && std::fs::read(&restored).unwrap() == data;
+            let err = String::from_utf8_lossy(&v.stderr).to_string()
+                + &String::from_utf8_lossy(&r.stderr);
+            assert!(!err.contains("panicked"), "{}: {err}", rel.display());
+            assert!(
+                !(verify_ok && restore_ok),
+                "a byte changed at {at} of {} went unnoticed",
+                rel.display()
+            );
+            let _ = std::fs::remove_file(&restored);
+            std::fs::remove_dir_all(&copy).unwrap();
+        }
+    }
+    assert!(tried >= 5 * 3, "{all:?}");
+}
