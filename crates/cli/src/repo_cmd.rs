@@ -235,7 +235,9 @@ fn threads(t: Option<usize>) -> usize {
         .max(1)
 }
 
-fn open_repo(r: &RepoArg) -> Result<Repository> {
+/// Open the repository `--repo` names (every repository command, and
+/// `cairn mount`, opens it here).
+pub(crate) fn open_repo(r: &RepoArg) -> Result<Repository> {
     Ok(Repository::open_location(location(&r.repo)?, 0)?)
 }
 
