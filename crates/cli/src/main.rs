@@ -72,7 +72,8 @@ enum Command {
     ///
     /// Stays in the foreground until unmounted (`fusermount -u DIR` or
     /// `fusermount3 -u DIR`, or `umount DIR` as root) or stopped by Ctrl-C
-    /// or SIGTERM, which unmount and exit 0. Needs /dev/fuse, and for a
+    /// or SIGTERM, which unmount and exit 0 (a mount with files still open
+    /// is detached, and they are served until closed). Needs /dev/fuse, and for a
     /// user other than root fusermount3 or fusermount (Debian: fuse3).
     /// While mounted, gc deletes nothing the mount may read.
     Mount(mount::MountArgs),

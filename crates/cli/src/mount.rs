@@ -48,7 +48,7 @@ pub(crate) struct MountArgs {
     pub allow_other: bool,
     /// Cache of decompressed chunks per open snapshot (e.g. 256M; binary
     /// units: 256M = 256MiB).
-    #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
+    #[arg(long = "image-cache", value_name = "SIZE", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
 }
 
@@ -57,9 +57,6 @@ pub(crate) struct MountArgs {
 const TTL: Duration = Duration::from_secs(3600);
 /// Reported as st_blksize: `cat`, `cp` and friends read this much a call.
 const BLKSIZE: u32 = 1 << 20;
-/// Readahead the kernel may do on a file, in KiB (set on the mount's
-/// backing device when allowed; requests are still at most 1 MiB each).
-const READ_AHEAD_KB: u32 = 8 << 10;
 /// Distinct problems remembered (so as not to repeat them) at most.
 const MAX_REPORTED: usize = 1024;
 
@@ -426,26 +423,20 @@ fn check_fuse() -> Result<()> {
     }
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    if !root && !on_path("fusermount3") && !on_path("fusermount") {
+    if root {
+        return Ok(());
+    }
+    if !on_path("fusermount3") && !on_path("fusermount") {
         bail!("cannot mount: neither fusermount3 nor fusermount is on PATH (Debian: apt-get install fuse3)");
     }
-    Ok(())
-}
-
-/// The device number of the filesystem at `dir`.
-fn device_of(dir: &Path) -> Option<(u32, u32)> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(dir).ok()?.dev();
-    Some((libc::major(dev), libc::minor(dev)))
-}
-
-/// Let the kernel read ahead further on the mount than FUSE's default
-/// (128 KiB), where allowed (root); silently nothing otherwise.
-fn raise_readahead(dir: &Path) {
-    if let Some((major, minor)) = device_of(dir) {
-        let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
-        let _ = std::fs::write(knob, READ_AHEAD_KB.to_string());
+    // SAFETY: the path is a NUL-terminated literal.
+    if unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+        bail!(
+            "cannot mount: /dev/fuse: {} (a user other than root needs read and write access to it)",
+            std::io::Error::last_os_error()
+        );
     }
+    Ok(())
 }
 
 /// Detach a mount point that is still busy (open files keep being served
@@ -552,7 +543,6 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
             r
         })
         .context("cannot start the FUSE session")?;
-    raise_readahead(&dir);
     eprintln!(
         "cairn mount: {} ({images} image(s), {count} snapshot(s)) on {}, read-only; \
          unmount with `fusermount -u {}` or Ctrl-C",
