@@ -480,6 +480,46 @@ fn sigterm_unmounts_and_exits_zero() {
     ok(run(&["gc", "--repo", s(&repo)]));
 }
 
+#[test]
+fn sigterm_with_a_file_open_detaches_and_serves_it_until_closed() {
+    let Some(fusermount) = fuse_ready() else {
+        return;
+    };
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(2 << 20, 82);
+    let f = d.join("a.img");
+    std::fs::write(&f, &data).unwrap();
+    let repo = d.join("repo");
+    ok(run(&["init", s(&repo)]));
+    backup(&repo, &f, "a");
+    let mnt = d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mut m = Mounted::start(&repo, &mnt, fusermount);
+    let mut open = std::fs::File::open(mnt.join("a/1")).unwrap();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(m.child.id() as i32, libc::SIGTERM);
+    }
+    let t = Instant::now();
+    while is_mount_point(&mnt) {
+        assert!(t.elapsed() < Duration::from_secs(20), "not detached");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Detached, and the open file still reads whole.
+    let mut got = Vec::new();
+    open.read_to_end(&mut got).unwrap();
+    assert!(got == data, "the open file read differently after SIGTERM");
+    assert!(
+        m.child.try_wait().unwrap().is_none(),
+        "exited with a file open"
+    );
+    assert!(m.stderr().contains("busy"), "{}", m.stderr());
+    drop(open);
+    let st = m.exit_status();
+    assert!(st.success(), "exit {st:?}: {}", m.stderr());
+}
+
 // ---------------------------------------------------------------------
 // 4. Errors: one line, non-zero exit
 
