@@ -475,6 +475,9 @@ fn option_value(s: &str) -> String {
 pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     let dir = mount_point(&a.dir)?;
     check_fuse()?;
+    // From here SIGINT and SIGTERM only set a flag: one that arrives
+    // while the mount is being made must not leave it behind, unserved.
+    let stop = crate::signals::stop_flag();
     let repo = Arc::new(open_repo(&a.repo)?);
     let mut snaps = Vec::new();
     for item in cairn_store::stats::list(&repo)? {
@@ -523,6 +526,9 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     config.n_threads = Some((2 * cores).clamp(4, 16));
     config.clone_fd = true;
+    if stop.load(Ordering::SeqCst) {
+        bail!("interrupted before mounting");
+    }
     let mut session = Session::new(fs, &dir, &config).map_err(|e| {
         // fusermount's stderr may come back as the message: keep one line.
         let msg = e
@@ -533,7 +539,6 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
         anyhow::anyhow!("cannot mount {}: {msg}", dir.display())
     })?;
     let mut unmounter = session.unmount_callable();
-    let stop = crate::signals::stop_flag();
     let (done_tx, done_rx) = mpsc::channel();
     let worker = std::thread::Builder::new()
         .name("fuse-session".into())

@@ -9,52 +9,9 @@ mod common;
 use common::*;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn run(args: &[&str]) -> Output {
-    cairn()
-        .env_remove("CAIRN_REPO")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn tool(name: &str, args: &[&str]) -> Output {
-    Command::new(name)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {name}: {e}"))
-}
-
-/// A requirement other than a tool on PATH: under `CI=true` a missing one
-/// fails the test; elsewhere the caller skips with a message.
-fn need(cond: bool, what: &str) -> bool {
-    if !cond {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{what} is missing; .ci/run must provide it");
-        }
-        eprintln!("skipping: {what} is missing");
-    }
-    cond
-}
 
 fn on_path(tool: &str) -> bool {
     Command::new("sh")
@@ -242,6 +199,19 @@ fn backup(repo: &Path, src: &Path, name: &str) {
     ]));
 }
 
+/// A repository under `d` holding `data` as the one snapshot of image
+/// `name`, and an empty directory to mount it on.
+fn repo_of(d: &Path, name: &str, data: &[u8]) -> (PathBuf, PathBuf) {
+    let f = d.join(format!("{name}.img"));
+    std::fs::write(&f, data).unwrap();
+    let repo = d.join("repo");
+    ok(run(&["init", s(&repo)]));
+    backup(&repo, &f, name);
+    let mnt = d.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    (repo, mnt)
+}
+
 /// Creation times of the snapshots, from `cairn ls --json`.
 fn created(repo: &Path) -> Vec<(String, u64, i64)> {
     let out = ok(run(&["ls", "--repo", s(repo), "--json"]));
@@ -358,29 +328,6 @@ fn snapshots_read_back_equal_through_the_mount() {
 // ---------------------------------------------------------------------
 // 2. An ext4 image, loop-mounted from the mount
 
-/// Files under `root`, relative, sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            let p = e.path();
-            let rel = p.strip_prefix(root).unwrap().to_path_buf();
-            if rel == Path::new("lost+found") {
-                continue;
-            }
-            if e.file_type().unwrap().is_dir() {
-                todo.push(p);
-            } else {
-                out.push(rel);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn ext4_image_loop_mounts_from_the_mount() {
     let Some(fusermount) = fuse_ready() else {
@@ -460,13 +407,7 @@ fn sigterm_unmounts_and_exits_zero() {
     let dir = tempdir();
     let d = dir.path();
     let data = mixed(3 << 20, 81);
-    let f = d.join("a.img");
-    std::fs::write(&f, &data).unwrap();
-    let repo = d.join("repo");
-    ok(run(&["init", s(&repo)]));
-    backup(&repo, &f, "a");
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (repo, mnt) = repo_of(d, "a", &data);
     let mut m = Mounted::start(&repo, &mnt, fusermount);
     assert_eq!(std::fs::read(mnt.join("a/latest")).unwrap(), data);
     // SAFETY: kill has no memory-safety preconditions.
@@ -488,13 +429,7 @@ fn sigterm_with_a_file_open_detaches_and_serves_it_until_closed() {
     let dir = tempdir();
     let d = dir.path();
     let data = mixed(2 << 20, 82);
-    let f = d.join("a.img");
-    std::fs::write(&f, &data).unwrap();
-    let repo = d.join("repo");
-    ok(run(&["init", s(&repo)]));
-    backup(&repo, &f, "a");
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (repo, mnt) = repo_of(d, "a", &data);
     let mut m = Mounted::start(&repo, &mnt, fusermount);
     let mut open = std::fs::File::open(mnt.join("a/1")).unwrap();
     // SAFETY: kill has no memory-safety preconditions.
@@ -555,24 +490,6 @@ fn missing_or_bad_mount_point_is_one_line() {
 // ---------------------------------------------------------------------
 // 5. A damaged pack: EIO, never wrong bytes
 
-/// Pack files under `dir`.
-fn packs(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                todo.push(e.path());
-            } else {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn damaged_pack_reads_fail_with_eio() {
     let Some(fusermount) = fuse_ready() else {
@@ -584,12 +501,9 @@ fn damaged_pack_reads_fail_with_eio() {
     let dir = tempdir();
     let d = dir.path();
     let data = noise(12 << 20, 91);
-    let f = d.join("a.img");
-    std::fs::write(&f, &data).unwrap();
-    let repo = d.join("repo");
-    ok(run(&["init", s(&repo)]));
-    backup(&repo, &f, "a");
-    let found = packs(&repo.join("data/packs"));
+    let (repo, mnt) = repo_of(d, "a", &data);
+    let packs = repo.join("data/packs");
+    let found: Vec<PathBuf> = tree(&packs).iter().map(|p| packs.join(p)).collect();
     assert!(!found.is_empty(), "no pack under {}", repo.display());
     for p in &found {
         let mut bytes = std::fs::read(p).unwrap();
@@ -599,8 +513,6 @@ fn damaged_pack_reads_fail_with_eio() {
         }
         std::fs::write(p, &bytes).unwrap();
     }
-    let mnt = d.join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
     let mut m = Mounted::start(&repo, &mnt, fusermount);
     let out = Command::new("cat")
         .arg(mnt.join("a/latest"))
