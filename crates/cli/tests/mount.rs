@@ -123,6 +123,19 @@ impl Mounted {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Its stderr once `want` holds of it (the pipe is read by another
+    /// thread, so a line written a moment ago may not be in yet).
+    fn stderr_when(&self, want: impl Fn(&str) -> bool) -> String {
+        let t = Instant::now();
+        loop {
+            let text = self.stderr();
+            if want(&text) || t.elapsed() > Duration::from_secs(10) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `fusermount -u DIR` (retried while busy: a loop device lets go of
     /// its file asynchronously), then the exit status of cairn mount.
     fn unmount(&mut self) -> ExitStatus {
@@ -449,7 +462,8 @@ fn sigterm_with_a_file_open_detaches_and_serves_it_until_closed() {
         m.child.try_wait().unwrap().is_none(),
         "exited with a file open"
     );
-    assert!(m.stderr().contains("busy"), "{}", m.stderr());
+    let said = m.stderr_when(|t| t.contains("busy"));
+    assert!(said.contains("busy"), "{said}");
     drop(open);
     let st = m.exit_status();
     assert!(st.success(), "exit {st:?}: {}", m.stderr());
@@ -529,11 +543,9 @@ fn damaged_pack_reads_fail_with_eio() {
         "cat returned wrong bytes before the error"
     );
     // The mount said what is damaged, and is still serving.
-    let said = m.stderr();
-    assert!(
-        said.contains("a@1") && said.contains("offset") && said.contains("chunk"),
-        "cairn mount said: {said}"
-    );
+    let names_it = |t: &str| t.contains("a@1") && t.contains("offset") && t.contains("chunk");
+    let said = m.stderr_when(names_it);
+    assert!(names_it(&said), "cairn mount said: {said}");
     assert!(!said.contains("panicked"), "{said}");
     assert_eq!(
         std::fs::read(mnt.join("a/1"))
