@@ -274,15 +274,19 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             let repo = open_encrypted(&n.repo)?;
             let old = repo.key_id().unwrap_or_default().to_string();
             let password = n.new_password()?;
+            let current = repo
+                .keys()?
+                .into_iter()
+                .find(|k| k.current)
+                .context("no key is in use")?;
+            if current.file.unwrap(repo.id(), &password.0)?.is_some() {
+                bail!("the new password is the one in use; nothing changed");
+            }
             let id = repo.add_key(&password, n.kdf.params())?;
             // Reopen with the new key, so the old one is not in use.
             let reopened =
                 cairn_store::Repository::open_location_with(location(&n.repo.repo)?, 0, &password)
                     .context("the new key does not open the repository; the old one is kept")?;
-            if reopened.key_id() != Some(id.as_str()) {
-                reopened.remove_key(&id)?;
-                bail!("the new password is the one in use; nothing changed");
-            }
             reopened.remove_key(&old)?;
             if n.json {
                 print_json(&json!({"repository": repo.location(), "added": id, "removed": old}));

@@ -7,6 +7,7 @@
 mod cache_cmd;
 mod generate;
 mod key_cmd;
+mod mount;
 mod pack;
 mod repo_cmd;
 mod report;
@@ -60,6 +61,25 @@ enum Command {
     Key(key_cmd::KeyArgs),
     /// Export repository images, files and devices over NBD.
     Serve(serve::ServeArgs),
+    /// Mount the snapshots as read-only files (FUSE): DIR/NAME/N, DIR/NAME/latest.
+    ///
+    /// Each image is a directory DIR/NAME holding one regular file per
+    /// snapshot, named by its number as `cairn ls` lists it, and `latest`,
+    /// the newest snapshot under a second name. A file's size is the
+    /// image's logical size and its times the snapshot's creation time, so
+    /// any tool reads it: cp, dd, qemu-img, or `mount -o loop,ro` for a
+    /// filesystem inside. The tree is the snapshots there are when the
+    /// mount starts. A read that meets a damaged chunk fails with EIO (and
+    /// a line on stderr naming image, offset and chunk): wrong bytes are
+    /// never returned.
+    ///
+    /// Stays in the foreground until unmounted (`fusermount -u DIR` or
+    /// `fusermount3 -u DIR`, or `umount DIR` as root) or stopped by Ctrl-C
+    /// or SIGTERM, which unmount and exit 0 (a mount with files still open
+    /// is detached, and they are served until closed). Needs /dev/fuse, and for a
+    /// user other than root fusermount3 or fusermount (Debian: fuse3).
+    /// While mounted, gc deletes nothing the mount may read.
+    Mount(mount::MountArgs),
     /// Status, drain or detach of a write-back cache (of a running server: --control).
     Cache(cache_cmd::CacheArgs),
     /// Man pages and shell completions, made from these definitions.
@@ -291,6 +311,7 @@ fn main() -> ExitCode {
         Command::Stats(args) => repo_cmd::stats(&args),
         Command::Key(args) => key_cmd::key(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Mount(args) => mount::mount(&args),
         Command::Cache(args) => cache_cmd::cache(&args),
         Command::Generate(args) => generate::generate(&args),
     };

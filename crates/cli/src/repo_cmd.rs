@@ -247,7 +247,7 @@ fn threads(t: Option<usize>) -> usize {
 }
 
 /// Open the repository `--repo` names, with its password if it is
-/// encrypted.
+/// encrypted (every repository command, and `cairn mount`, opens it here).
 pub(crate) fn open_repo(r: &RepoArg) -> Result<Repository> {
     Ok(Repository::open_location_with(
         location(&r.repo)?,

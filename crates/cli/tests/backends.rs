@@ -95,17 +95,6 @@ impl Store {
     }
 }
 
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 fn json(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }

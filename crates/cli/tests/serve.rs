@@ -18,50 +18,6 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------
 // Helpers
 
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn run(args: &[&str]) -> Output {
-    cairn()
-        .env_remove("CAIRN_REPO")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-/// Run a peer tool to completion.
-fn tool(name: &str, args: &[&str]) -> Output {
-    Command::new(name)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {name}: {e}"))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// A requirement other than a tool on PATH: under `CI=true` a missing one
-/// fails the test; elsewhere the caller skips with a message.
-fn need(cond: bool, what: &str) -> bool {
-    if !cond {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{what} is missing; .ci/run must provide it");
-        }
-        eprintln!("skipping: {what} is missing");
-    }
-    cond
-}
-
 /// Every tool, via [`have`] (so each missing one is named).
 fn have_all(tools: &[&str]) -> bool {
     tools.iter().all(|t| have(t))
@@ -1021,29 +977,6 @@ impl Drop for Mounts {
             }
         }
     }
-}
-
-/// Files under `root`, relative, sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            let p = e.path();
-            let rel = p.strip_prefix(root).unwrap().to_path_buf();
-            if rel == Path::new("lost+found") {
-                continue;
-            }
-            if e.file_type().unwrap().is_dir() {
-                todo.push(p);
-            } else {
-                out.push(rel);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 #[test]

@@ -31,22 +31,57 @@ pub fn plain() -> Command {
     c
 }
 
-/// `out`, once it is known to have succeeded (else the test fails with
-/// its stderr).
+/// The JSON `out` printed on stdout.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Run cairn (without a CAIRN_REPO from the caller's environment).
+pub fn run(args: &[&str]) -> Output {
+    cairn()
+        .env_remove("CAIRN_REPO")
+        .args(args)
+        .output()
+        .expect("run cairn")
+}
+
+/// `out`, asserting success (with both streams in the message).
 pub fn ok(out: Output) -> Output {
     assert!(
         out.status.success(),
-        "exit {:?}\nstderr: {}",
+        "exit {:?}\nstdout: {}\nstderr: {}",
         out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out
 }
 
-/// The JSON `out` printed on stdout.
-pub fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+/// Run a peer tool to completion.
+pub fn tool(name: &str, args: &[&str]) -> Output {
+    Command::new(name)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {name}: {e}"))
+}
+
+/// A path as an argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 path")
+}
+
+/// A requirement other than a tool on PATH: under `CI=true` a missing one
+/// fails the test; elsewhere the caller skips with a message.
+pub fn need(cond: bool, what: &str) -> bool {
+    if !cond {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{what} is missing; .ci/run must provide it");
+        }
+        eprintln!("skipping: {what} is missing");
+    }
+    cond
 }
 
 /// Is a peer tool on PATH? Under `CI=true` a missing peer fails the test;
@@ -189,6 +224,30 @@ pub fn listing(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// Files under `root` (not directories), relative, sorted; an ext4
+/// `lost+found` is left out.
+pub fn tree(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).expect("read_dir") {
+            let e = e.expect("entry");
+            let p = e.path();
+            let rel = p.strip_prefix(root).expect("under root").to_path_buf();
+            if rel == Path::new("lost+found") {
+                continue;
+            }
+            if e.file_type().expect("file type").is_dir() {
+                todo.push(p);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Words for text-like test data (compressible, with repeats).

@@ -1,0 +1,591 @@
+//! `cairn mount`: a repository's snapshots as read-only files, through
+//! FUSE. `DIR/NAME/N` is snapshot N of image NAME and `DIR/NAME/latest`
+//! its newest (a second name of the same file, a hard link), each a
+//! regular file of the image's logical size.
+//!
+//! The tree is made once, from the snapshots there are when the mount
+//! starts. Reads go through the same read path as `cairn serve` for
+//! repository images: one [`RepoView`] (its reader's session keeps `gc`
+//! from deleting packs under the mount, and the index is loaded once), and
+//! per snapshot a [`Volume`] opened on the first `open` of its file and
+//! kept, with its cache of decoded groups and its readahead. The kernel's
+//! requests are served by several threads, each with its own `/dev/fuse`
+//! descriptor.
+//!
+//! fuser mounts in pure Rust: as root with `mount(2)` on `/dev/fuse`,
+//! otherwise through the setuid `fusermount3` (or `fusermount`); no
+//! libfuse is needed to build or run.
+
+use crate::repo_cmd::{open_repo, RepoArg};
+use anyhow::{bail, Context, Result};
+use cairn_blockdev::{BlockDev, ErrorKind};
+use cairn_volume::{RepoView, Volume, VolumeOptions};
+use clap::Args;
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs, Request, Session, SessionACL,
+};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Args, Debug)]
+pub(crate) struct MountArgs {
+    /// The directory to mount on (it must exist).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Let users other than the one mounting read the files (FUSE's
+    /// allow_other; a user other than root needs user_allow_other in
+    /// /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Cache of decompressed chunks per open snapshot (e.g. 256M; binary
+    /// units: 256M = 256MiB).
+    #[arg(long = "image-cache", value_name = "SIZE", value_parser = crate::parse_size, default_value = "256M")]
+    pub cache: usize,
+}
+
+/// The tree and its attributes do not change while mounted: the kernel
+/// may keep them this long.
+const TTL: Duration = Duration::from_secs(3600);
+/// Reported as st_blksize: `cat`, `cp` and friends read this much a call.
+const BLKSIZE: u32 = 1 << 20;
+/// Distinct problems remembered (so as not to repeat them) at most.
+const MAX_REPORTED: usize = 1024;
+
+/// One snapshot, as a file.
+struct Snap {
+    /// `NAME@N`, as [`RepoView::volume`] takes it.
+    spec: String,
+    /// Opened on the first `open`, then kept for the mount's life.
+    volume: OnceLock<Arc<Volume>>,
+    /// Held while opening, so two first opens do not both open it.
+    opening: Mutex<()>,
+}
+
+enum Kind {
+    Dir {
+        /// Children in listing order.
+        entries: Vec<(OsString, u64)>,
+        /// The same, by name.
+        by_name: HashMap<OsString, u64>,
+    },
+    File {
+        snap: Snap,
+        /// 2 for the newest snapshot (also `latest`), else 1.
+        links: u32,
+    },
+}
+
+struct Node {
+    parent: u64,
+    size: u64,
+    time: SystemTime,
+    kind: Kind,
+}
+
+/// The mounted filesystem.
+struct RepoFs {
+    view: Arc<RepoView>,
+    opts: VolumeOptions,
+    /// Inode `i` is `nodes[i - 1]`; the root is inode 1.
+    nodes: Vec<Node>,
+    uid: u32,
+    gid: u32,
+    /// Problems reported so far: a damaged chunk that the kernel's
+    /// readahead and then its page-sized retries meet is one line.
+    reported: Mutex<HashSet<String>>,
+}
+
+/// A snapshot as `cairn ls` lists it: what the tree is made of.
+struct Listed {
+    name: String,
+    snapshot: u64,
+    created: i64,
+    size: u64,
+}
+
+fn unix_time(secs: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs.max(0) as u64)
+}
+
+fn dir(parent: u64, time: SystemTime, entries: Vec<(OsString, u64)>) -> Node {
+    let by_name = entries.iter().cloned().collect();
+    Node {
+        parent,
+        size: 0,
+        time,
+        kind: Kind::Dir { entries, by_name },
+    }
+}
+
+impl RepoFs {
+    /// The tree of `snaps` (sorted by name, then number).
+    fn new(view: Arc<RepoView>, opts: VolumeOptions, snaps: Vec<Listed>) -> RepoFs {
+        let newest = snaps.iter().map(|s| s.created).max().unwrap_or(0);
+        // Root first; its entries are filled in once the images are.
+        let mut nodes = vec![dir(1, unix_time(newest), Vec::new())];
+        let mut images = Vec::new();
+        let mut rest = snaps.as_slice();
+        while let Some(first) = rest.first() {
+            let n = rest.iter().take_while(|s| s.name == first.name).count();
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let dir_ino = nodes.len() as u64 + 1;
+            nodes.push(dir(1, unix_time(0), Vec::new()));
+            let mut entries = Vec::new();
+            for (i, s) in group.iter().enumerate() {
+                let ino = nodes.len() as u64 + 1;
+                let latest = i + 1 == group.len();
+                nodes.push(Node {
+                    parent: dir_ino,
+                    size: s.size,
+                    time: unix_time(s.created),
+                    kind: Kind::File {
+                        snap: Snap {
+                            spec: format!("{}@{}", s.name, s.snapshot),
+                            volume: OnceLock::new(),
+                            opening: Mutex::new(()),
+                        },
+                        links: if latest { 2 } else { 1 },
+                    },
+                });
+                entries.push((OsString::from(s.snapshot.to_string()), ino));
+                if latest {
+                    entries.push((OsString::from("latest"), ino));
+                }
+            }
+            let time = group.iter().map(|s| s.created).max().unwrap_or(0);
+            nodes[dir_ino as usize - 1] = dir(1, unix_time(time), entries);
+            images.push((OsString::from(&first.name), dir_ino));
+        }
+        nodes[0] = dir(1, unix_time(newest), images);
+        // SAFETY: geteuid and getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        RepoFs {
+            view,
+            opts,
+            nodes,
+            uid,
+            gid,
+            reported: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn node(&self, ino: INodeNo) -> Option<&Node> {
+        self.nodes.get(usize::try_from(ino.0).ok()?.checked_sub(1)?)
+    }
+
+    fn attr(&self, ino: u64, n: &Node) -> FileAttr {
+        let (kind, perm, nlink) = match &n.kind {
+            Kind::Dir { entries, .. } => {
+                // ".", the entry in the parent, and each subdirectory's "..".
+                let subdirs = entries
+                    .iter()
+                    .filter(|(_, i)| {
+                        self.nodes
+                            .get(*i as usize - 1)
+                            .is_some_and(|c| matches!(c.kind, Kind::Dir { .. }))
+                    })
+                    .count();
+                (FileType::Directory, 0o555, 2 + subdirs as u32)
+            }
+            Kind::File { links, .. } => (FileType::RegularFile, 0o444, *links),
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size: n.size,
+            blocks: n.size.div_ceil(512),
+            atime: n.time,
+            mtime: n.time,
+            ctime: n.time,
+            crtime: n.time,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// The snapshot's volume, opened now if this is its first use.
+    fn volume(&self, snap: &Snap) -> Result<Arc<Volume>, String> {
+        if let Some(v) = snap.volume.get() {
+            return Ok(v.clone());
+        }
+        let _guard = snap.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = snap.volume.get() {
+            return Ok(v.clone());
+        }
+        let v = self
+            .view
+            .volume(&snap.spec, &self.opts)
+            .map_err(|e| format!("cannot open {}: {}", snap.spec, crate::one_line(&e)))?;
+        Ok(snap.volume.get_or_init(|| Arc::new(v)).clone())
+    }
+
+    /// One line on stderr, unless it was said already.
+    fn report(&self, msg: String) {
+        let mut seen = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() >= MAX_REPORTED {
+            seen.clear();
+        }
+        if !seen.contains(&msg) {
+            eprintln!("cairn mount: {msg}");
+            seen.insert(msg);
+        }
+    }
+}
+
+thread_local! {
+    /// Each FUSE thread's read buffer, reused (a request is at most 1 MiB).
+    static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Filesystem for RepoFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // As much readahead as the kernel allows, and more of it in flight
+        // (each readahead request is a background request).
+        if let Err(max) = config.set_max_readahead(u32::MAX) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(Node {
+            kind: Kind::Dir { by_name, .. },
+            ..
+        }) = self.node(parent)
+        else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        match by_name
+            .get(name)
+            .and_then(|&ino| Some((ino, self.node(INodeNo(ino))?)))
+        {
+            Some((ino, n)) => reply.entry(&TTL, &self.attr(ino, n), Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.node(ino) {
+            Some(n) => reply.attr(&TTL, &self.attr(ino.0, n)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Kind::File { snap, .. } = &n.kind else {
+            return reply.error(Errno::EISDIR);
+        };
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.volume(snap) {
+            // The bytes never change: pages cached by an earlier open stay good.
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(msg) => {
+                self.report(msg);
+                reply.error(Errno::EIO)
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Kind::File { snap, .. } = &n.kind else {
+            return reply.error(Errno::EISDIR);
+        };
+        let vol = match self.volume(snap) {
+            Ok(v) => v,
+            Err(msg) => {
+                self.report(msg);
+                return reply.error(Errno::EIO);
+            }
+        };
+        let len = (size as u64).min(n.size.saturating_sub(offset)) as usize;
+        if len == 0 {
+            return reply.data(&[]);
+        }
+        BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            match vol.read_at(&mut buf[..len], offset) {
+                Ok(()) => reply.data(&buf[..len]),
+                Err(e) => {
+                    // The volume's own text names image, offset and chunk;
+                    // the request's range would make each retry a new line.
+                    self.report(match &e.kind {
+                        ErrorKind::Corrupt(why) => format!("damaged data: {why}"),
+                        ErrorKind::Io(io) => format!("{}: {io}", snap.spec),
+                        _ => format!("{}: {e}", snap.spec),
+                    });
+                    reply.error(Errno::EIO)
+                }
+            }
+        })
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(n) = self.node(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Kind::Dir { entries, .. } = &n.kind else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let dots = [
+            (OsString::from("."), ino.0),
+            (OsString::from(".."), n.parent),
+        ];
+        for (i, (name, child)) in dots.iter().chain(entries).enumerate().skip(offset as usize) {
+            let kind = match self.node(INodeNo(*child)).map(|c| &c.kind) {
+                Some(Kind::File { .. }) => FileType::RegularFile,
+                _ => FileType::Directory,
+            };
+            if reply.add(INodeNo(*child), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let bytes: u64 = self.nodes.iter().map(|n| n.size).sum();
+        let files = self.nodes.len() as u64;
+        reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
+    }
+}
+
+/// Is `tool` an executable file on PATH?
+fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|d| {
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// The mount point, checked: an existing directory, as an absolute path.
+fn mount_point(dir: &Path) -> Result<PathBuf> {
+    let meta = std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("mount point {}: not a directory", dir.display());
+    }
+    dir.canonicalize()
+        .with_context(|| format!("mount point {}", dir.display()))
+}
+
+/// What FUSE needs on this machine: `/dev/fuse`, and for a user other
+/// than root a `fusermount3` or `fusermount`.
+fn check_fuse() -> Result<()> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!("cannot mount: /dev/fuse is missing (load the module: modprobe fuse; in a container, pass the device in)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        return Ok(());
+    }
+    if !on_path("fusermount3") && !on_path("fusermount") {
+        bail!("cannot mount: neither fusermount3 nor fusermount is on PATH (Debian: apt-get install fuse3)");
+    }
+    // SAFETY: the path is a NUL-terminated literal.
+    if unsafe { libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+        bail!(
+            "cannot mount: /dev/fuse: {} (a user other than root needs read and write access to it)",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+/// Detach a mount point that is still busy (open files keep being served
+/// until they are closed).
+fn detach(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: `c` is a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return true;
+        }
+    }
+    ["fusermount3", "fusermount"].iter().any(|tool| {
+        std::process::Command::new(tool)
+            .args(["-u", "-z", "--"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A mount option's value without the characters that separate options.
+fn option_value(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c == ',' || c.is_whitespace() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn mount(a: &MountArgs) -> Result<()> {
+    let dir = mount_point(&a.dir)?;
+    check_fuse()?;
+    // From here SIGINT and SIGTERM only set a flag: one that arrives
+    // while the mount is being made must not leave it behind, unserved.
+    let stop = crate::signals::stop_flag();
+    let repo = Arc::new(open_repo(&a.repo)?);
+    let mut snaps = Vec::new();
+    for item in cairn_store::stats::list(&repo)? {
+        match item {
+            Ok(s) => snaps.push(Listed {
+                name: s.name,
+                snapshot: s.snapshot,
+                created: s.created,
+                size: s.size,
+            }),
+            Err(e) => eprintln!("cairn mount: left out an unreadable snapshot: {e}"),
+        }
+    }
+    let images = {
+        let mut names: Vec<&str> = snaps.iter().map(|s| s.name.as_str()).collect();
+        names.dedup();
+        names.len()
+    };
+    let count = snaps.len();
+    // The reader's session it registers lives as long as the mount.
+    let view = Arc::new(
+        RepoView::open(repo.clone())
+            .with_context(|| format!("cannot read the repository {}", repo.location()))?,
+    );
+    let fs = RepoFs::new(
+        view,
+        crate::serve_repo::volume_options(a.cache, None),
+        snaps,
+    );
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(option_value(repo.location())),
+        MountOption::Subtype("cairn".into()),
+    ];
+    config.acl = if a.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    // Requests wait on decoding more than on the CPU: more threads than
+    // cores keep the kernel's parallel readahead requests going.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    config.n_threads = Some((2 * cores).clamp(4, 16));
+    config.clone_fd = true;
+    if stop.load(Ordering::SeqCst) {
+        bail!("interrupted before mounting");
+    }
+    let mut session = Session::new(fs, &dir, &config).map_err(|e| {
+        // fusermount's stderr may come back as the message: keep one line.
+        let msg = e
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        anyhow::anyhow!("cannot mount {}: {msg}", dir.display())
+    })?;
+    let mut unmounter = session.unmount_callable();
+    let (done_tx, done_rx) = mpsc::channel();
+    let worker = std::thread::Builder::new()
+        .name("fuse-session".into())
+        .spawn(move || {
+            let r = session.run();
+            let _ = done_tx.send(());
+            r
+        })
+        .context("cannot start the FUSE session")?;
+    eprintln!(
+        "cairn mount: {} ({images} image(s), {count} snapshot(s)) on {}, read-only; \
+         unmount with `fusermount -u {}` or Ctrl-C",
+        repo.location(),
+        dir.display(),
+        dir.display()
+    );
+    let mut detached = false;
+    loop {
+        match done_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if !stop.swap(false, Ordering::SeqCst) {
+            continue;
+        }
+        if detached {
+            bail!(
+                "stopped while files under {} were still open (their reads now fail)",
+                dir.display()
+            );
+        }
+        if let Err(e) = unmounter.unmount() {
+            if !detach(&dir) {
+                bail!("cannot unmount {}: {e}", dir.display());
+            }
+            detached = true;
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                eprintln!(
+                    "cairn mount: {} is busy: detached it; the open files are served until \
+                     they are closed (signal again to stop now)",
+                    dir.display()
+                );
+            }
+        }
+    }
+    match worker.join() {
+        Ok(r) => r.with_context(|| format!("the FUSE session on {}", dir.display())),
+        Err(_) => bail!("the FUSE session on {} panicked", dir.display()),
+    }
+}
