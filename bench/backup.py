@@ -21,9 +21,11 @@ Contestants: cairn -c lz4 against borg --compression lz4, cairn -c zstd:3
 against borg --compression zstd,3 and restic (compression auto, its zstd
 "fastest"), and casync if installed. Every tool gets 2 threads where it has
 the option (cairn -T 2, restic GOMAXPROCS=2; borg 1.2 and casync have one
-thread), repositories on the same filesystem under bench/work, no
-encryption (borg --encryption none; restic always encrypts: RESTIC_PASSWORD
-is set and the report says so).
+thread), repositories on the same filesystem under bench/work.
+Encryption: cairn-* are encrypted (cairn's default, AES-256-GCM, password
+in CAIRN_PASSWORD) except cairn-zstd3-plain (--encryption none, to show
+what encryption costs); borg-zstd3-enc is borg's repokey-blake2, the other
+borg runs --encryption none; restic always encrypts (RESTIC_PASSWORD).
 
 Why: issue "backup and dedup" sets targets for cairn: backup >= 2x borg at
 the same codec and >= 2x restic, restore >= 2x restic, dedup saving on the
@@ -72,6 +74,7 @@ ROOT = os.path.dirname(BENCH)
 GNU_TIME = "/usr/bin/time"
 THREADS = 2
 RESTIC_PASSWORD = "cairn-bench"  # restic cannot write an unencrypted repository
+BENCH_PASSWORD = "cairn-bench"   # cairn's and borg's encrypted repositories
 
 FILES = {
     "os": ("os.img", "ext4 image of a Debian bookworm minbase tree (make-os-image)"),
@@ -225,21 +228,28 @@ class Tool:
 class Cairn(Tool):
     family = "cairn"
 
-    def __init__(self, tid, codec, threads, binary, chunker=None):
+    def __init__(self, tid, codec, threads, binary, chunker=None, encrypted=True):
         super().__init__(tid, codec, threads)
-        self.binary, self.chunker = binary, chunker
+        self.binary, self.chunker, self.encrypted = binary, chunker, encrypted
+
+    def env(self, home):
+        # Encrypted (cairn's default) with the password in the environment;
+        # plain repositories refuse a password, so theirs is empty (unset).
+        return {"CAIRN_PASSWORD": BENCH_PASSWORD} if self.encrypted else {}
 
     def init(self, repo, home, targets=()):
         argv = [self.binary, "init", repo]
         for t in targets:
             argv += ["--target", t]
-        return [Cmd(argv)]
+        if not self.encrypted:
+            argv += ["--encryption", "none"]
+        return [Cmd(argv, self.env(home))]
 
     def backup(self, repo, home, src, name, seq):
         argv = [self.binary, "backup", src, "--repo", repo, "--name", name, "-c", self.codec]
         if self.chunker:
             argv += ["--chunker", self.chunker]
-        return Cmd(argv + ["-T", str(self.threads), "--json"])
+        return Cmd(argv + ["-T", str(self.threads), "--json"], self.env(home))
 
     def parse_backup(self, out, name, seq):
         for o in reversed(json_objects(out)):
@@ -248,19 +258,24 @@ class Cairn(Tool):
         raise RuntimeError("cairn backup --json printed no object with a snapshot")
 
     def restore(self, repo, home, handle, dest):
-        return Cmd([self.binary, "restore", handle, dest, "--repo", repo, "-T", str(self.threads), "--json"])
+        return Cmd([self.binary, "restore", handle, dest, "--repo", repo, "-T", str(self.threads), "--json"],
+                   self.env(home))
 
 
 class Borg(Tool):
     family = "borg"
 
+    def __init__(self, tid, codec, threads, encryption="none"):
+        super().__init__(tid, codec, threads)
+        self.encryption = encryption
+
     def env(self, home):
         # Cache, config, keys and security dirs in a fresh dir per repository.
         return {"BORG_BASE_DIR": home, "BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK": "yes",
-                "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes"}
+                "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes", "BORG_PASSPHRASE": BENCH_PASSWORD}
 
     def init(self, repo, home, targets=()):
-        return [Cmd(["borg", "init", "--encryption", "none", repo], self.env(home))]
+        return [Cmd(["borg", "init", "--encryption", self.encryption, repo], self.env(home))]
 
     def backup(self, repo, home, src, name, seq):
         return Cmd(["borg", "create", "--json", "--compression", self.codec, f"{repo}::{name}-{seq}", src],
@@ -322,7 +337,9 @@ def make_tools(cairn, chunker):
         Cairn("cairn-lz4", "lz4", THREADS, cairn, chunker),
         Borg("borg-lz4", "lz4", 1),
         Cairn("cairn-zstd3", "zstd:3", THREADS, cairn, chunker),
+        Cairn("cairn-zstd3-plain", "zstd:3", THREADS, cairn, chunker, encrypted=False),
         Borg("borg-zstd3", "zstd,3", 1),
+        Borg("borg-zstd3-enc", "zstd,3", 1, "repokey-blake2"),
         Restic("restic", "auto", THREADS),
         Casync("casync", "zstd", 1),
     ]
@@ -332,14 +349,20 @@ def make_tools(cairn, chunker):
 PAIRS = [
     ("cairn-lz4", "borg-lz4", 2.0, None),
     ("cairn-zstd3", "borg-zstd3", 2.0, None),
+    ("cairn-zstd3", "borg-zstd3-enc", 2.0, None),
+    # What encryption costs cairn: at most 10 % (>= 0.9x the plain speed).
+    ("cairn-zstd3", "cairn-zstd3-plain", 0.9, None),
     ("cairn-zstd3", "restic", 2.0, 2.0),
     ("cairn-zstd3", "casync", None, None),
 ]
 DEDUP_TARGET = 0.30
 TOOL_NOTES = {
-    "cairn": "-T 2 for backup and restore; cairn's default chunker unless --cairn-chunker",
+    "cairn": "-T 2 for backup and restore; cairn's default chunker unless --cairn-chunker; "
+             "encrypted (AES-256-GCM, keyed BLAKE3 ids; CAIRN_PASSWORD set) except cairn-zstd3-plain "
+             "(--encryption none)",
     "borg": "borg 1.2 is single-threaded; default chunker buzhash 19,23,21,4095 (~2 MiB chunks); "
-            "--encryption none; cache and config in a fresh BORG_BASE_DIR per repository",
+            "borg-zstd3-enc: --encryption repokey-blake2 (BORG_PASSPHRASE), the others --encryption none; "
+            "cache and config in a fresh BORG_BASE_DIR per repository",
     "restic": "GOMAXPROCS=2; repository version 2, --compression auto (zstd 'fastest'); encryption is "
               "mandatory in restic (RESTIC_PASSWORD set; AES-256 + Poly1305 cost included); "
               "restore with `restic restore --target`, cache in a fresh RESTIC_CACHE_DIR; "
