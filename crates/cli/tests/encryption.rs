@@ -474,3 +474,43 @@ fn a_changed_byte_in_any_file_is_detected() {
     }
     assert!(tried >= 5 * 3, "{all:?}");
 }
+
+/// A key file planted with an absurd Argon2id cost (or damaged) neither
+/// makes cairn allocate it nor locks out the real key; with a wrong
+/// password the damaged key is named.
+#[test]
+fn a_planted_key_file_locks_nobody_out() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    ok(run(&mut cairn(), &["init", s(&repo), "--kdf-memory", "8M"]));
+    let keys = repo.join("keys");
+    let real = std::fs::read_dir(&keys)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let data = std::fs::read(&real).unwrap();
+    let mut body: serde_json::Value = serde_json::from_slice(&data[24..data.len() - 32]).unwrap();
+    // 4 TiB of memory, and a created time before the real key's, so it
+    // is tried first.
+    body["memory_kib"] = serde_json::json!(u32::MAX);
+    body["created"] = serde_json::json!(0);
+    let planted = cairn_store::meta::seal(
+        cairn_store::meta::Kind::Key,
+        1,
+        &serde_json::to_vec(&body).unwrap(),
+    );
+    std::fs::write(keys.join("00000000000000000000000000000000"), planted).unwrap();
+    ok(run(&mut cairn(), &["ls", "--repo", s(&repo)]));
+    let err = fails_with(
+        &run(
+            plain().env("CAIRN_PASSWORD", "not it"),
+            &["ls", "--repo", s(&repo)],
+        ),
+        "wrong password",
+    );
+    assert!(err.contains("damaged key file"), "{err}");
+    assert!(err.contains("beyond what cairn allows"), "{err}");
+}

@@ -249,6 +249,18 @@ fn key_aad(repo: RepoId) -> Vec<u8> {
 }
 
 impl KeyFile {
+    /// Whether this cairn can use the key file: its KDF and AEAD, and its
+    /// cost within bounds (checked before anything is allocated).
+    pub fn check(&self) -> Result<()> {
+        if self.kdf != "argon2id" || self.aead != AEAD_NAME {
+            return Err(StoreError::Invalid(format!(
+                "key uses {} and {}, this cairn knows argon2id and {AEAD_NAME}",
+                self.kdf, self.aead
+            )));
+        }
+        self.params.check().map(|_| ())
+    }
+
     /// Wrap `crypt`'s master key under `password`.
     pub fn wrap(
         crypt: &Crypt,
@@ -283,12 +295,7 @@ impl KeyFile {
     /// The master key, if `password` opens this key file; `Ok(None)` if
     /// it does not, an error if the key file itself is malformed.
     pub fn unwrap(&self, repo: RepoId, password: &[u8]) -> Result<Option<Crypt>> {
-        if self.kdf != "argon2id" || self.aead != AEAD_NAME {
-            return Err(StoreError::Invalid(format!(
-                "key uses {} and {}, this cairn knows argon2id and {AEAD_NAME}",
-                self.kdf, self.aead
-            )));
-        }
+        self.check()?;
         let mut salt = [0u8; 32];
         let mut sealed = vec![0u8; self.master.len() / 2];
         if !unhex(&self.salt, &mut salt) || !unhex(&self.master, &mut sealed) {

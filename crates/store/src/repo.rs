@@ -130,6 +130,9 @@ pub struct InitOptions {
     pub encryption: Option<(Password, KdfParams)>,
 }
 
+/// A key file's id and contents.
+type NamedKey = (String, KeyFile);
+
 /// A key of an encrypted repository, as `cairn key list` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyInfo {
@@ -895,22 +898,66 @@ impl Repository {
             }
             Err(why) => return Err(StoreError::Password(why)),
         };
-        let keys = self.key_files()?;
-        if keys.is_empty() {
-            return Err(StoreError::corrupt(
+        // A damaged (or planted) key file does not lock out the others:
+        // it is reported only if no key opens.
+        let (keys, mut damaged) = self.key_files_lenient()?;
+        let found = keys.len();
+        for (id, file) in keys {
+            match file.unwrap(self.id, &secret) {
+                Ok(Some(crypt)) => {
+                    self.crypt = Some(Arc::new(crypt));
+                    self.key_id = Some(id);
+                    return Ok(self);
+                }
+                Ok(None) => {}
+                Err(e) => damaged.push(e),
+            }
+        }
+        match damaged.first() {
+            None if found == 0 => Err(StoreError::corrupt(
                 self.root.locate(&Key::new("keys")),
                 0,
                 "the repository is encrypted but holds no key file",
-            ));
+            )),
+            None => Err(StoreError::WrongPassword(self.location.clone())),
+            Some(e) => Err(StoreError::WrongPassword(format!(
+                "{} ({} damaged key file(s), the password may be theirs: {e})",
+                self.location,
+                damaged.len()
+            ))),
         }
-        for (id, file) in keys {
-            if let Some(crypt) = file.unwrap(self.id, &secret)? {
-                self.crypt = Some(Arc::new(crypt));
-                self.key_id = Some(id);
-                return Ok(self);
+    }
+
+    /// Every key file that can be read, and the errors of those that
+    /// cannot (damaged, or with parameters out of bounds).
+    fn key_files_lenient(&self) -> Result<(Vec<NamedKey>, Vec<StoreError>)> {
+        let mut good = Vec::new();
+        let mut damaged = Vec::new();
+        for l in self.root.list("keys/")? {
+            let Some(id) = l.key.as_str().strip_prefix("keys/") else {
+                continue;
+            };
+            if PackId::from_hex(id).is_none() {
+                continue;
+            }
+            let Some(data) = self.root.get(&l.key)? else {
+                continue;
+            };
+            let path = self.root.locate(&l.key);
+            let read = meta::open(&path, &data, Kind::Key, KEY_VERSION).and_then(|(_, body)| {
+                let file: KeyFile = serde_json::from_slice(body)
+                    .map_err(|e| StoreError::corrupt(&path, 24, format!("key file: {e}")))?;
+                file.check()
+                    .map_err(|e| StoreError::corrupt(&path, 24, e.to_string()))?;
+                Ok(file)
+            });
+            match read {
+                Ok(file) => good.push((id.to_string(), file)),
+                Err(e) => damaged.push(e),
             }
         }
-        Err(StoreError::WrongPassword(self.location.clone()))
+        good.sort_by(|a, b| a.1.created.cmp(&b.1.created).then(a.0.cmp(&b.0)));
+        Ok((good, damaged))
     }
 
     /// Every key file: (id, contents). A damaged one is an error.
