@@ -490,6 +490,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         source: label,
         progress: Some(&progress),
         time,
+        tags,
     };
     let r = cairn_store::backup(&repo, &lock, source.as_mut(), &opts);
     bar.finish();

@@ -581,7 +581,7 @@ fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {
 }
 
 /// Name the image offset in a chunk error that lacks it.
-fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
+pub(crate) fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
     match err {
         StoreError::MissingChunk { .. } => err,
         other => StoreError::InImage {

@@ -165,6 +165,7 @@ fn store_images(repo: &Repository) -> String {
                 source: "fixture".into(),
                 progress: None,
                 time: None,
+                tags: Vec::new(),
             },
         )
         .unwrap();
