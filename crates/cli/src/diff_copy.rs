@@ -6,7 +6,7 @@
 use crate::key_cmd::FromPasswordArgs;
 use crate::repo_cmd::{location, open_repo, print_json, threads, RepoArg};
 use crate::report::Progress;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use cairn_store::copy::{CopyOptions, CopyProgress};
 use cairn_store::{Repository, StoreError};
 use clap::Args;
@@ -125,8 +125,14 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
 
 pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
     let from = location(&a.from)?;
-    let src = Repository::open_location_with(from, 0, &a.from_password)
-        .with_context(|| format!("--from {from}"))?;
+    let src = match Repository::open_location_with(from, 0, &a.from_password) {
+        Err(StoreError::KeyNeeded(_)) => bail!(
+            "--from {from}: the repository is encrypted; give its password \
+             (--from-password-file, --from-password-command, CAIRN_FROM_PASSWORD_FILE \
+             or CAIRN_FROM_PASSWORD)"
+        ),
+        r => r.with_context(|| format!("--from {from}"))?,
+    };
     let dest = open_repo(&a.repo)?;
     let session = dest.session("cairn copy")?;
     let bar = Progress::new("copy", Some(0), !a.quiet && !a.json);
