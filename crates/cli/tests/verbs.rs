@@ -398,6 +398,27 @@ fn copy_json(dest_pw: Option<&str>, args: &[&str]) -> Value {
     json(&ok(go(&mut with(dest_pw), &all)))
 }
 
+/// `cairn copy --from src --from-password-file pwfile -r dest NAME...`.
+fn copy_with_file(
+    dest_pw: Option<&str>,
+    src: &str,
+    pwfile: &Path,
+    dest: &str,
+    names: &[&str],
+) -> Value {
+    let mut args = vec!["--from", src, "--from-password-file", s(pwfile), "-r", dest];
+    args.extend(names);
+    copy_json(dest_pw, &args)
+}
+
+/// (snapshots copied, snapshots skipped) of a copy's JSON.
+fn counts(r: &Value) -> (u64, u64) {
+    (
+        r["snapshots_copied"].as_u64().unwrap(),
+        r["snapshots_skipped"].as_u64().unwrap(),
+    )
+}
+
 fn verify_clean(repo: &str, pw: Option<&str>) {
     let v = json(&ok(go(
         &mut with(pw),
@@ -432,20 +453,8 @@ fn copy_between_encrypted_repositories_of_different_keys() {
     std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
 
     // Named images only.
-    let r = copy_json(
-        dpw,
-        &[
-            "--from",
-            &src,
-            "--from-password-file",
-            s(&pwfile),
-            "-r",
-            &dest,
-            "vm",
-        ],
-    );
-    assert_eq!(r["snapshots_copied"], 2, "{r}");
-    assert_eq!(r["snapshots_skipped"], 0);
+    let r = copy_with_file(dpw, &src, &pwfile, &dest, &["vm"]);
+    assert_eq!(counts(&r), (2, 0), "{r}");
     assert!(r["new_chunks"].as_u64().unwrap() > 0);
     let rows = ls(&dest, dpw, &[]);
     assert_eq!(ids(&rows), snaps(&[("vm", 1), ("vm", 2)]));
@@ -474,37 +483,15 @@ fn copy_between_encrypted_repositories_of_different_keys() {
         &["copy", "--from", &src, "-r", &dest, "--json"],
     );
     let r = json(&ok(out));
-    assert_eq!(
-        (
-            r["snapshots_copied"].as_u64(),
-            r["snapshots_skipped"].as_u64()
-        ),
-        (Some(1), Some(2))
-    );
+    assert_eq!(counts(&r), (1, 2));
     assert_eq!(r["copied"][0]["name"], "db");
     assert!(du(Path::new(&dest)) > before);
     assert_eq!(restored(&dest, dpw, "db@1"), other);
 
     // Once more: nothing to do, and the destination does not grow.
     let before = du(Path::new(&dest));
-    let r = copy_json(
-        dpw,
-        &[
-            "--from",
-            &src,
-            "--from-password-file",
-            s(&pwfile),
-            "-r",
-            &dest,
-        ],
-    );
-    assert_eq!(
-        (
-            r["snapshots_copied"].as_u64(),
-            r["snapshots_skipped"].as_u64()
-        ),
-        (Some(0), Some(3))
-    );
+    let r = copy_with_file(dpw, &src, &pwfile, &dest, &[]);
+    assert_eq!(counts(&r), (0, 3));
     assert_eq!(r["new_chunks"], 0);
     assert_eq!(du(Path::new(&dest)), before);
     verify_clean(&dest, dpw);
@@ -524,7 +511,7 @@ fn copy_from_plain_to_encrypted_and_back() {
 
     // plain -> encrypted: the destination's password only.
     let r = copy_json(Some(PASSWORD), &["--from", &plain_src, "-r", &enc]);
-    assert_eq!(r["snapshots_copied"], 1, "{r}");
+    assert_eq!(counts(&r), (1, 0), "{r}");
     assert_eq!(restored(&enc, Some(PASSWORD), "vm@1"), data);
     assert_eq!(ls(&enc, Some(PASSWORD), &["--tag", "t1"]).len(), 1);
     let (pi, ei) = (
@@ -539,18 +526,8 @@ fn copy_from_plain_to_encrypted_and_back() {
     // a copy says where it came from.
     let pwfile = d.join("pw");
     std::fs::write(&pwfile, PASSWORD).unwrap();
-    let r = copy_json(
-        None,
-        &[
-            "--from",
-            &enc,
-            "--from-password-file",
-            s(&pwfile),
-            "-r",
-            &plain_dest,
-        ],
-    );
-    assert_eq!(r["snapshots_copied"], 1, "{r}");
+    let r = copy_with_file(None, &enc, &pwfile, &plain_dest, &[]);
+    assert_eq!(counts(&r), (1, 0), "{r}");
     assert_eq!(restored(&plain_dest, None, "vm@1"), data);
     let source = ls(&plain_dest, None, &[])[0]["source"]
         .as_str()
@@ -561,18 +538,8 @@ fn copy_from_plain_to_encrypted_and_back() {
     // Plain ids are BLAKE3 of the bytes in both plain repositories.
     assert_eq!(chunk_ids(&plain_dest, None, "vm", 1), pi);
     verify_clean(&plain_dest, None);
-    let r = copy_json(
-        None,
-        &[
-            "--from",
-            &enc,
-            "--from-password-file",
-            s(&pwfile),
-            "-r",
-            &plain_dest,
-        ],
-    );
-    assert_eq!(r["snapshots_skipped"], 1, "{r}");
+    let r = copy_with_file(None, &enc, &pwfile, &plain_dest, &[]);
+    assert_eq!(counts(&r), (0, 1), "{r}");
 }
 
 #[test]

@@ -327,20 +327,11 @@ mod tests {
     }
 
     fn image(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut v: Vec<u8> = (0..len)
-            .map(|i| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Compressible: a small alphabet.
-                if i % 3 == 0 {
-                    b'a' + (x % 4) as u8
-                } else {
-                    (x >> 40) as u8
-                }
-            })
-            .collect();
+        // Compressible: every third byte from a small alphabet.
+        let mut v = cairn_testkit::noise(len, seed);
+        for (i, b) in v.iter_mut().enumerate().step_by(3) {
+            *b = b'a' + (*b % 4) + (i % 2) as u8;
+        }
         // A long hole and a short one.
         v[len / 4..len / 4 + (len / 2).min(3 << 20)].fill(0);
         v[len - 200_000..len - 100_000].fill(0);

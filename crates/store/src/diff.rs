@@ -244,17 +244,7 @@ mod tests {
     use crate::backup::{backup, BackupOptions};
     use crate::chunker::ChunkerSpec;
 
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 32) as u8
-            })
-            .collect()
-    }
+    use cairn_testkit::noise;
 
     fn store(r: &Repository, name: &str, data: &[u8], chunker: ChunkerSpec) -> Manifest {
         let lock = r.session("test").unwrap();

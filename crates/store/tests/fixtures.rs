@@ -66,17 +66,7 @@ fn text(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
+use cairn_testkit::noise;
 
 /// The snapshots: (name, bytes, codec, compression group size).
 fn images() -> Vec<(&'static str, Vec<u8>, &'static str, usize)> {
