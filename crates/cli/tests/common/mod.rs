@@ -175,6 +175,7 @@ pub fn cairn_ok(args: &[&str], input: &[u8]) -> Vec<u8> {
 }
 
 /// Random bytes (incompressible), from a seed.
+#[allow(unused_imports)] // Each test binary uses a different subset.
 pub use cairn_testkit::noise;
 
 /// Deterministic mixed data: text-like runs, zero pages, random bytes, so
