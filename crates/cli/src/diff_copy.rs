@@ -100,7 +100,8 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
         };
         first = false;
         r.map_err(stdout_error)
-    })?;
+    })
+    .with_context(|| format!("diff {la} {lb}"))?;
     if a.json {
         writeln!(
             out,
@@ -134,6 +135,13 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
         r => r.with_context(|| format!("--from {from}"))?,
     };
     let dest = open_repo(&a.repo)?;
+    let same = match (src.local_root(), dest.local_root()) {
+        (Some(x), Some(y)) => std::fs::canonicalize(x).ok() == std::fs::canonicalize(y).ok(),
+        _ => src.location() == dest.location(),
+    };
+    if same {
+        bail!("--from and --repo are the same repository ({from})");
+    }
     let session = dest.session("cairn copy")?;
     let bar = Progress::new("copy", Some(0), !a.quiet && !a.json);
     let progress = |p: &CopyProgress| {

@@ -588,6 +588,13 @@ fn errors_are_one_line_and_exit_1() {
     assert!(ls(&dest, Some(OTHER_PASSWORD), &[]).is_empty());
     fails_with(
         &go(
+            with(Some(PASSWORD)).env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &["copy", "--from", &src, "-r", &format!("{src}/.")],
+        ),
+        "the same repository",
+    );
+    fails_with(
+        &go(
             &mut with(Some(PASSWORD)),
             &["diff", "vm@1", "vm@9", "-r", &src],
         ),

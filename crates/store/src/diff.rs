@@ -58,7 +58,7 @@ impl Ranges<'_> {
     /// The bytes `start..end` differ (runs come in ascending order).
     fn push(&mut self, start: u64, end: u64) -> Result<()> {
         match &mut self.pending {
-            Some((_, e)) if start - *e < MERGE_GAP => *e = end,
+            Some((_, e)) if start.saturating_sub(*e) < MERGE_GAP => *e = end,
             _ => {
                 self.flush()?;
                 self.pending = Some((start, end));
