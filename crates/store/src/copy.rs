@@ -228,7 +228,8 @@ pub fn copy(
         };
         check_options(&bopts)?;
         let fetcher = Fetcher::new(&files, &index);
-        let r = backup_batches(dest, session, batches(m, fetcher), &bopts)?;
+        let spans = files.reads_per_core() > 1;
+        let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts)?;
         let t = r.totals;
         totals.bytes_done += m.size;
         totals.new_raw += t.new_raw;
@@ -252,44 +253,54 @@ pub fn copy(
 
 /// The backup's batches for snapshot `m`: its chunks in order, one chunk
 /// end per data extent (and per short hole, as zeros), a long hole as the
-/// zeros before a batch.
+/// zeros before a batch of its own. From a remote store (`spans`), each
+/// batch's records are fetched first, neighbours in a pack together, as
+/// restore does.
 fn batches<'a>(
     m: &'a Manifest,
     mut fetcher: Fetcher<'a>,
+    spans: bool,
 ) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
     let mut extents = m.with_offsets().peekable();
+    let mut plan: Vec<(u64, Extent)> = Vec::new();
     move |b: &mut Batch| {
         b.data.clear();
         b.ends.clear();
         b.zeros_before = 0;
+        // What goes into this batch.
+        plan.clear();
+        let mut size = 0usize;
         while let Some(&(off, e)) = extents.peek() {
             match *e {
-                Extent::Hole { len } if b.data.is_empty() && len > SMALL_HOLE => {
-                    b.zeros_before += len;
+                Extent::Hole { len } if size == 0 && len > SMALL_HOLE => {
+                    b.zeros_before = len;
+                    extents.next();
+                    break;
                 }
-                Extent::Hole { len } => {
-                    let len = len as usize;
-                    if !b.data.is_empty() && b.data.len() + len > BATCH {
+                _ => {
+                    let len = usize::try_from(e.len()).unwrap_or(usize::MAX);
+                    if size > 0 && size.saturating_add(len) > BATCH {
                         break;
                     }
-                    b.data.resize(b.data.len() + len, 0);
-                    b.ends.push(b.data.len() as u32);
+                    size += len;
+                    plan.push((off, *e));
+                    extents.next();
                 }
+            }
+        }
+        if spans {
+            fetcher.prefetch(&plan)?;
+        }
+        for &(off, e) in &plan {
+            match e {
+                Extent::Hole { len } => b.data.resize(b.data.len() + len as usize, 0),
                 Extent::Data { len, id } => {
-                    if !b.data.is_empty() && b.data.len() + len as usize > BATCH {
-                        break;
-                    }
                     fetcher
                         .fetch(&id, len, off, &mut b.data)
                         .map_err(|err| with_image_offset(err, off))?;
-                    b.ends.push(b.data.len() as u32);
                 }
             }
-            extents.next();
-            if b.zeros_before > 0 && b.data.is_empty() {
-                // A long hole: alone, so the next extent starts a batch.
-                break;
-            }
+            b.ends.push(b.data.len() as u32);
         }
         b.len = b.data.len();
         Ok(if b.len == 0 && b.zeros_before == 0 {

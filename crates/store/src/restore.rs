@@ -162,7 +162,7 @@ impl<'a> Fetcher<'a> {
     /// store, whose every request is a round trip (and, for some, a read
     /// of a whole stored block), a few long reads instead of one per
     /// record. Returns the bytes read.
-    fn prefetch(&mut self, extents: &[(u64, Extent)]) -> Result<u64> {
+    pub(crate) fn prefetch(&mut self, extents: &[(u64, Extent)]) -> Result<u64> {
         self.spans.clear();
         self.fetched.clear();
         let mut locs: Vec<Location> = extents
