@@ -231,13 +231,7 @@ pub fn copy(
         let spans = files.reads_per_core() > 1;
         let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts)?;
         let t = r.totals;
-        totals.bytes_done += m.size;
-        totals.new_raw += t.new_raw;
-        totals.new_stored += t.new_stored;
-        report.new_chunks += t.new_chunks;
-        report.new_raw += t.new_raw;
-        report.new_stored += t.new_stored;
-        report.copied.push(Copied {
+        let c = Copied {
             name: m.name.clone(),
             from: m.snapshot,
             to: r.snapshot,
@@ -245,8 +239,16 @@ pub fn copy(
             new_chunks: t.new_chunks,
             new_raw: t.new_raw,
             new_stored: t.new_stored,
-        });
+        };
+        totals.bytes_done += c.size;
+        totals.new_raw += c.new_raw;
+        totals.new_stored += c.new_stored;
+        report.copied.push(c);
     }
+    let copied = &report.copied;
+    report.new_chunks = copied.iter().map(|c| c.new_chunks).sum();
+    report.new_raw = copied.iter().map(|c| c.new_raw).sum();
+    report.new_stored = copied.iter().map(|c| c.new_stored).sum();
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)
 }
