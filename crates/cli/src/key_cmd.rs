@@ -41,21 +41,60 @@ fn from_file(path: &Path) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
     first_line(text, &path.display().to_string())
 }
 
-fn from_command(cmd: &str) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
+fn from_command(cmd: &str, flag: &str) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
     let out = std::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
         .stdin(std::process::Stdio::inherit())
         .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| format!("--password-command {cmd:?}: {e}"))?;
+        .map_err(|e| format!("{flag} {cmd:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "--password-command {cmd:?} failed ({})",
-            out.status
-        ));
+        return Err(format!("{flag} {cmd:?} failed ({})", out.status));
     }
-    first_line(out.stdout, &format!("--password-command {cmd:?}"))
+    first_line(out.stdout, &format!("{flag} {cmd:?}"))
+}
+
+/// The password sources of one repository, by name: `--password-file`,
+/// `--password-command` and `CAIRN_PASSWORD` for `--repo`, the same with
+/// `from` for `copy --from`.
+struct Sources<'a> {
+    file: Option<&'a Path>,
+    command: Option<&'a str>,
+    file_flag: &'static str,
+    command_flag: &'static str,
+    var: &'static str,
+    prompt: &'static str,
+}
+
+impl Sources<'_> {
+    /// The password from the first source set, if any is.
+    fn configured(&self) -> Option<std::result::Result<Zeroizing<Vec<u8>>, String>> {
+        match (self.file, self.command) {
+            (Some(_), Some(_)) => Some(Err(format!(
+                "give {} or {}, not both",
+                self.file_flag, self.command_flag
+            ))),
+            (Some(f), None) => Some(from_file(f)),
+            (None, Some(c)) => Some(from_command(c, self.command_flag)),
+            (None, None) => std::env::var_os(self.var).map(|p| {
+                use std::os::unix::ffi::OsStringExt;
+                first_line(p.into_vec(), self.var)
+            }),
+        }
+    }
+
+    /// The password of an existing repository: configured, else asked.
+    fn password(&self) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
+        match self.configured() {
+            Some(p) => p,
+            None => prompt(self.prompt, false),
+        }
+    }
+
+    fn given(&self) -> bool {
+        self.file.is_some() || self.command.is_some() || std::env::var_os(self.var).is_some()
+    }
 }
 
 /// Ask on the terminal (`confirm`: twice, for a new password).
@@ -79,23 +118,20 @@ fn prompt(what: &str, confirm: bool) -> std::result::Result<Zeroizing<Vec<u8>>, 
 }
 
 impl PasswordArgs {
-    fn configured(&self) -> Option<std::result::Result<Zeroizing<Vec<u8>>, String>> {
-        match (&self.password_file, &self.password_command) {
-            (Some(_), Some(_)) => Some(Err(
-                "give --password-file or --password-command, not both".into()
-            )),
-            (Some(f), None) => Some(from_file(f)),
-            (None, Some(c)) => Some(from_command(c)),
-            (None, None) => std::env::var_os("CAIRN_PASSWORD").map(|p| {
-                use std::os::unix::ffi::OsStringExt;
-                first_line(p.into_vec(), "CAIRN_PASSWORD")
-            }),
+    fn sources(&self) -> Sources<'_> {
+        Sources {
+            file: self.password_file.as_deref(),
+            command: self.password_command.as_deref(),
+            file_flag: "--password-file",
+            command_flag: "--password-command",
+            var: "CAIRN_PASSWORD",
+            prompt: "repository password",
         }
     }
 
     /// The password for a new repository (asked twice on a terminal).
     pub(crate) fn new_password(&self) -> Result<Password> {
-        let p = match self.configured() {
+        let p = match self.sources().configured() {
             Some(p) => p,
             None => prompt("password for the new repository", true),
         };
@@ -107,16 +143,48 @@ impl PasswordArgs {
 
 impl PasswordSource for PasswordArgs {
     fn password(&self) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
-        match self.configured() {
-            Some(p) => p,
-            None => prompt("repository password", false),
-        }
+        self.sources().password()
     }
 
     fn given(&self) -> bool {
-        self.password_file.is_some()
-            || self.password_command.is_some()
-            || std::env::var_os("CAIRN_PASSWORD").is_some()
+        self.sources().given()
+    }
+}
+
+/// Where the password of `copy --from`'s repository comes from, in this
+/// order: `--from-password-file`, `--from-password-command` (or their
+/// variables), `CAIRN_FROM_PASSWORD`, else a prompt on the terminal.
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct FromPasswordArgs {
+    /// Read the --from repository's password from FILE (its first line).
+    #[arg(long, env = "CAIRN_FROM_PASSWORD_FILE", value_name = "FILE")]
+    pub from_password_file: Option<PathBuf>,
+    /// Run CMD with sh -c and take the first line it prints as the --from
+    /// repository's password.
+    #[arg(long, env = "CAIRN_FROM_PASSWORD_COMMAND", value_name = "CMD")]
+    pub from_password_command: Option<String>,
+}
+
+impl FromPasswordArgs {
+    fn sources(&self) -> Sources<'_> {
+        Sources {
+            file: self.from_password_file.as_deref(),
+            command: self.from_password_command.as_deref(),
+            file_flag: "--from-password-file",
+            command_flag: "--from-password-command",
+            var: "CAIRN_FROM_PASSWORD",
+            prompt: "password of the --from repository",
+        }
+    }
+}
+
+impl PasswordSource for FromPasswordArgs {
+    fn password(&self) -> std::result::Result<Zeroizing<Vec<u8>>, String> {
+        self.sources().password()
+    }
+
+    fn given(&self) -> bool {
+        self.sources().given()
     }
 }
 

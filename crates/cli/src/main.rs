@@ -5,6 +5,7 @@
 //! text or JSON. It is the only crate that knows every layer.
 
 mod cache_cmd;
+mod diff_copy;
 mod generate;
 mod key_cmd;
 mod mount;
@@ -53,6 +54,36 @@ enum Command {
     Rm(repo_cmd::RmArgs),
     /// Forget snapshots by a keep policy (restic's --keep-* rules).
     Forget(repo_cmd::ForgetArgs),
+    /// The byte ranges where two snapshots differ (of one image or two).
+    ///
+    /// `cairn diff NAME@A NAME@B` prints one `OFFSET LENGTH` line per
+    /// range, in ascending order, and a summary on stderr (ranges, bytes
+    /// in them, both sizes). The snapshots are compared at equal offsets:
+    /// where both hold the same chunk at the same offset, or both a hole,
+    /// they are equal without reading anything; elsewhere both sides'
+    /// bytes are read (and checked against their chunk ids) and compared
+    /// byte by byte. The ranges are exact, except that differing runs
+    /// separated by fewer than 512 equal bytes are reported as one range.
+    /// Where the sizes differ, the bytes from the shorter size to the
+    /// longer one are a range. --json prints the same as one object.
+    Diff(diff_copy::DiffArgs),
+    /// Copy snapshots from another repository (--from) into --repo.
+    ///
+    /// Every snapshot of the images named (of every image if none) is
+    /// copied without cutting it again: the copy has the same extents
+    /// (chunk lengths and holes), name, creation time, chunker, codec and
+    /// tags, and is numbered after the destination's latest snapshot of
+    /// the image. Each chunk is read from the source (decrypted with its
+    /// key, checked against its id), stored once in the destination under
+    /// the destination's id (keyed if encrypted) with the source
+    /// snapshot's codec, sealed with the destination's key. A copy
+    /// records its origin (`copy of <source id> NAME@N (<source>)`), and a
+    /// snapshot the destination has a copy of is skipped, so running copy
+    /// again copies only what is new. The source's password comes from
+    /// --from-password-file, --from-password-command, their CAIRN_FROM_*
+    /// variables or CAIRN_FROM_PASSWORD; the destination's as for any
+    /// --repo.
+    Copy(diff_copy::CopyArgs),
     /// Reclaim chunks no snapshot uses; repack half-empty packs.
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
@@ -307,6 +338,8 @@ fn main() -> ExitCode {
         Command::Verify(args) => repo_cmd::verify(&args),
         Command::Rm(args) => repo_cmd::rm(&args),
         Command::Forget(args) => repo_cmd::forget(&args),
+        Command::Diff(args) => diff_copy::diff(&args),
+        Command::Copy(args) => diff_copy::copy(&args),
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
         Command::Key(args) => key_cmd::key(&args),

@@ -31,6 +31,26 @@ pub(crate) struct RepoArg {
     pub password: PasswordArgs,
 }
 
+/// `--tag`, selecting snapshots by their tags (restic's rule).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct TagFilter {
+    /// Only snapshots with every tag of T (a,b: both a and b); repeated,
+    /// snapshots matching any of them (--tag a --tag b: a or b).
+    #[arg(long = "tag", value_name = "T[,T...]")]
+    pub tag: Vec<String>,
+}
+
+impl TagFilter {
+    /// The groups of tags: a snapshot matches if it has all of one.
+    pub(crate) fn groups(&self) -> Result<Vec<Vec<String>>> {
+        Ok(self
+            .tag
+            .iter()
+            .map(|v| cairn_store::manifest::parse_tags(&[v]))
+            .collect::<Result<_, _>>()?)
+    }
+}
+
 #[derive(Args, Debug)]
 pub(crate) struct InitArgs {
     /// Where the repository lives: a directory, or s3://BUCKET/PREFIX.
@@ -84,6 +104,10 @@ pub(crate) struct BackupArgs {
     /// Read the source with O_DIRECT (bypass the page cache).
     #[arg(long)]
     pub direct: bool,
+    /// Label the snapshot with TAG (repeat, or a,b, for several); `ls
+    /// --tag` and `forget --tag` select by them.
+    #[arg(long = "tag", value_name = "TAG")]
+    pub tags: Vec<String>,
     /// The snapshot's time instead of now: 2026-11-25T12:00:00Z,
     /// "2026-11-25 12:00:00" (UTC), 2026-11-25 or @UNIXSECONDS (imports;
     /// what retention sorts by).
@@ -132,6 +156,8 @@ pub(crate) struct ListArgs {
     /// Only this image.
     #[arg(value_name = "NAME")]
     pub name: Option<String>,
+    #[command(flatten)]
+    pub tags: TagFilter,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -201,6 +227,8 @@ pub(crate) struct ForgetArgs {
     /// newest (1y6m, 14d, 36h).
     #[arg(long, value_name = "DURATION")]
     pub keep_within: Option<String>,
+    #[command(flatten)]
+    pub tags: TagFilter,
     /// Say what would be forgotten, change nothing.
     #[arg(long, short = 'n')]
     pub dry_run: bool,
@@ -241,7 +269,7 @@ fn parse_group(s: &str) -> Result<usize, String> {
     }
 }
 
-fn threads(t: Option<usize>) -> usize {
+pub(crate) fn threads(t: Option<usize>) -> usize {
     t.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1)
 }
@@ -288,7 +316,7 @@ fn ratio_json(a: u64, b: u64) -> serde_json::Value {
     }
 }
 
-fn print_json(v: &serde_json::Value) {
+pub(crate) fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
@@ -462,6 +490,7 @@ fn open_source(
 pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let codec: CodecSpec = a.codec.parse()?;
     let chunker: ChunkerSpec = a.chunker.parse()?;
+    let tags = cairn_store::manifest::parse_tags(&a.tags)?;
     let repo = open_repo(&a.repo)?;
     let (mut source, size, label) = open_source(&a.source, a.direct)?;
     let lock = repo.session(&format!("cairn backup {}", a.name))?;
@@ -490,6 +519,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         source: label,
         progress: Some(&progress),
         time,
+        tags,
     };
     let r = cairn_store::backup(&repo, &lock, source.as_mut(), &opts);
     bar.finish();
@@ -701,12 +731,18 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
 }
 
 pub(crate) fn ls(a: &ListArgs) -> Result<()> {
+    let groups = a.tags.groups()?;
     let repo = open_repo(&a.repo)?;
     let mut rows = Vec::new();
     let mut bad = Vec::new();
     for item in stats::list(&repo)? {
         match item {
-            Ok(s) if a.name.as_ref().is_none_or(|n| *n == s.name) => rows.push(s),
+            Ok(s)
+                if a.name.as_ref().is_none_or(|n| *n == s.name)
+                    && cairn_store::manifest::tags_match(&s.tags, &groups) =>
+            {
+                rows.push(s)
+            }
             Ok(_) => {}
             Err(e) => bad.push(e),
         }
@@ -729,17 +765,18 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
                 "dedup_ratio": ratio_json(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
                 "compression_ratio": ratio_json(s.stats.new_raw, s.stats.new_stored),
                 "seconds": s.stats.millis as f64 / 1000.0,
+                "tags": s.tags,
             })).collect::<Vec<_>>(),
             "unreadable": bad,
         }));
     } else {
         println!(
-            "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}",
+            "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}  TAGS",
             "IMAGE", "SNAP", "CREATED (UTC)", "SIZE", "ZERO", "STORED", "DEDUP", "COMPR"
         );
         for s in &rows {
             println!(
-                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}",
+                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}  {}",
                 s.name,
                 s.snapshot,
                 utc(s.created),
@@ -747,7 +784,8 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
                 HumanBytes(s.stats.zero_bytes).to_string(),
                 HumanBytes(s.stats.new_stored).to_string(),
                 ratio_text(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
-                ratio_text(s.stats.new_raw, s.stats.new_stored)
+                ratio_text(s.stats.new_raw, s.stats.new_stored),
+                s.tags.join(",")
             );
         }
         for e in &bad {
@@ -912,6 +950,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     if policy.is_empty() {
         bail!("no --keep-* rule given: that would forget every snapshot (use cairn rm NAME --all for that)");
     }
+    let groups = a.tags.groups()?;
     let repo = open_repo(&a.repo)?;
     let lock = if a.dry_run {
         None
@@ -934,6 +973,11 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         let mut dated = Vec::new();
         for snap in repo.snapshots(name)? {
             let m = repo.read_manifest(name, snap)?;
+            // With --tag, the policy sees only the snapshots that match:
+            // the others are neither kept by it nor forgotten.
+            if !m.has_tags(&groups) {
+                continue;
+            }
             dated.push(Dated {
                 snapshot: snap,
                 created: m.created,

@@ -39,6 +39,11 @@ impl Progress {
         self.bar.set_position(position);
     }
 
+    /// The total is `total` bytes (known once the work has begun).
+    pub fn total(&self, total: u64) {
+        self.bar.set_length(total);
+    }
+
     /// Uncompressed and compressed bytes written so far.
     pub fn ratio(&self, raw: u64, packed: u64) {
         if raw > 0 {

@@ -229,6 +229,49 @@ fn every_verb(s: &Store) {
     assert!(st["pack_bytes"].as_u64().unwrap() > 0, "{st}");
     assert_eq!(st["unindexed_packs"], 0, "{st}");
 
+    // diff: the one range a2 changed (its ends may match a1 by chance).
+    let d = json(&ok(s.verb("diff", &["a@1", "a@2", "--json"])));
+    let ranges = d["ranges"].as_array().unwrap();
+    assert_eq!(ranges.len(), 1, "{d}");
+    let (o, l) = (
+        ranges[0]["offset"].as_u64().unwrap(),
+        ranges[0]["len"].as_u64().unwrap(),
+    );
+    assert!(
+        o >= 1 << 20 && o + l <= (1 << 20) + 70_000 && l > 69_000,
+        "{d}"
+    );
+
+    // copy: every snapshot out of this store into a local repository
+    // (from a bucket, records are fetched in spans as restore does).
+    let local = s.dir.path().join("copied");
+    let local = local.to_str().unwrap();
+    ok(s.run(&["init", local, "--kdf-memory", "1M", "--kdf-iterations", "1"]));
+    let copy = |args: &[&str]| {
+        let out = s
+            .cmd()
+            .env("CAIRN_FROM_PASSWORD", PASSWORD)
+            .args(["copy", "--from", &s.loc, "--repo", local, "--json"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        json(&ok(out))
+    };
+    let c = copy(&[]);
+    assert_eq!(c["snapshots_copied"], 3, "{c}");
+    let got = ok(s.run(&["restore", "a@2", "-", "-q", "--repo", local])).stdout;
+    assert!(got == a2, "the copy of a@2 differs");
+    let c = copy(&["a"]);
+    assert_eq!(
+        (
+            c["snapshots_copied"].as_u64(),
+            c["snapshots_skipped"].as_u64()
+        ),
+        (Some(0), Some(2)),
+        "{c}"
+    );
+
     // Served read-only: what NBD clients read is the image.
     if have("nbdcopy") {
         let srv = Served::start(s, &["--image", "a@1"]);

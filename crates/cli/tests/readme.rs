@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const VERBS: &[&str] = &[
     "pack", "unpack", "init", "backup", "restore", "ls", "verify", "rm", "forget", "gc", "stats",
-    "serve", "cache", "mount", "key",
+    "serve", "cache", "mount", "key", "diff", "copy",
 ];
 
 fn readme() -> String {

@@ -1161,15 +1161,16 @@ fn newer_format_versions_are_refused() {
         );
     }
 
-    // A newer manifest: that snapshot is refused, the others restore.
+    // A newer manifest (version 2 has tags, so 3): that snapshot is
+    // refused, the others restore.
     let (_d, repo) = copy(&base);
-    reseal(&repo.join("snapshots/alpha/0000000002.snap"), 2);
+    reseal(&repo.join("snapshots/alpha/0000000002.snap"), 3);
     let line = one_line_failure(
         &run(&["restore", "alpha@2", "-", "--repo", s(&repo)]),
-        "manifest v2",
+        "manifest v3",
     );
     assert!(
-        line.contains(newer) && line.contains("0000000002.snap"),
+        line.contains(newer_3) && line.contains("0000000002.snap"),
         "{line}"
     );
     let (out, v) = verify(&repo, true);
@@ -1178,7 +1179,7 @@ fn newer_format_versions_are_refused() {
     assert_eq!(problems.len(), 1, "{v}");
     assert_eq!(problems[0]["kind"], "manifest");
     assert!(
-        problems[0]["message"].as_str().unwrap().contains(newer),
+        problems[0]["message"].as_str().unwrap().contains(newer_3),
         "{v}"
     );
     for sn in base.snaps.iter().filter(|sn| sn.spec() != "alpha@2") {
@@ -1187,11 +1188,11 @@ fn newer_format_versions_are_refused() {
         assert!(fs::read(&dest).unwrap() == sn.data);
     }
     let before = tree(&repo);
-    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v2");
-    assert!(line.contains(newer), "{line}");
+    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v3");
+    assert!(line.contains(newer_3), "{line}");
     assert!(
         tree(&repo) == before,
-        "manifest v2: gc changed the repository"
+        "manifest v3: gc changed the repository"
     );
 
     // A newer index file: verify names it; restore of an image that needs

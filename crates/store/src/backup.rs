@@ -67,6 +67,9 @@ pub struct BackupOptions<'a> {
     /// The snapshot's time (Unix seconds) when not now: imports of older
     /// backups, and tests of retention.
     pub time: Option<i64>,
+    /// Tags recorded in the manifest (each checked by
+    /// [`crate::manifest::validate_tag`]).
+    pub tags: Vec<String>,
 }
 
 /// Running totals of a backup.
@@ -126,16 +129,16 @@ pub struct BackupReport {
 }
 
 #[derive(Default)]
-struct Batch {
+pub(crate) struct Batch {
     /// The batch's bytes are `data[..len]`. The buffer stays initialised
     /// at its full size, so reads fill it without zeroing it first.
-    data: Vec<u8>,
-    len: usize,
+    pub(crate) data: Vec<u8>,
+    pub(crate) len: usize,
     /// Chunk ends in `data`.
-    ends: Vec<u32>,
+    pub(crate) ends: Vec<u32>,
     /// Zero bytes before `data`: whole zero chunks of a hole, recorded
     /// without being read.
-    zeros_before: u64,
+    pub(crate) zeros_before: u64,
 }
 
 #[derive(Default)]
@@ -311,14 +314,43 @@ pub fn backup(
     source: &mut dyn SparseRead,
     opts: &BackupOptions,
 ) -> Result<BackupReport> {
+    let chunker = check_options(opts)?;
+    backup_batches(repo, session, reader(source, chunker), opts)
+}
+
+/// Check what `opts` asks for; returns the chunker.
+pub(crate) fn check_options(opts: &BackupOptions) -> Result<ChunkerSpec> {
     validate_name(&opts.name)?;
-    let chunker = opts.chunker.validate()?;
+    for t in &opts.tags {
+        crate::manifest::validate_tag(t)?;
+    }
+    if opts.tags.len() > usize::from(u16::MAX) {
+        return Err(StoreError::Invalid(format!(
+            "{} tags: at most {} are allowed",
+            opts.tags.len(),
+            u16::MAX
+        )));
+    }
     if opts.group_size > MAX_GROUP_RAW {
         return Err(StoreError::Invalid(format!(
             "group size {} is over the limit of {MAX_GROUP_RAW}",
             opts.group_size
         )));
     }
+    opts.chunker.validate()
+}
+
+/// The backup itself, of the batches `fill` makes (cut by the chunker of
+/// [`reader`], or at given places by `copy`): dedup, compression, packs,
+/// index file and the commit of the manifest. `opts` must have passed
+/// [`check_options`].
+pub(crate) fn backup_batches(
+    repo: &Repository,
+    session: &Session,
+    fill: impl FnMut(&mut Batch) -> Result<Fill> + Send,
+    opts: &BackupOptions,
+) -> Result<BackupReport> {
+    let chunker = opts.chunker;
     let started = Instant::now();
     let created = opts.time.unwrap_or_else(now_secs);
     let writer_index = repo.writer_index(session)?;
@@ -353,7 +385,7 @@ pub fn backup(
             .collect();
         let run = cairn_pipeline::run(
             Config::new(opts.threads),
-            reader(source, chunker),
+            fill,
             || {
                 worker(
                     (
@@ -435,6 +467,7 @@ pub fn backup(
         source: opts.source.clone(),
         stats,
         extents: list.extents,
+        tags: opts.tags.clone(),
     };
     // Numbered at the commit: a concurrent backup of the same image may
     // have taken the next number since this one began.

@@ -254,6 +254,9 @@ impl ImageEditor {
                 millis: started.elapsed().as_millis() as u64,
             },
             extents: extents.extents,
+            // Tags label what a backup took; writes through a served
+            // image are not that backup any more.
+            tags: Vec::new(),
         };
         // After the latest, which a backup of the same image may have
         // added since the base.
@@ -413,6 +416,7 @@ mod tests {
             source: String::new(),
             stats: SnapshotStats::default(),
             extents,
+            tags: Vec::new(),
         }
     }
 

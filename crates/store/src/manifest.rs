@@ -2,7 +2,7 @@
 //!
 //! `REPO/snapshots/<NAME>/<SNAPSHOT>.snap`, SNAPSHOT a zero-padded decimal
 //! number counting up from 1 per image; a metadata envelope of kind 4,
-//! body version 1:
+//! body version 1, or 2 when the snapshot has tags:
 //!
 //! ```text
 //! str16 name, u64 snapshot, i64 created (Unix seconds), u64 logical size,
@@ -12,7 +12,13 @@
 //! u64 N, N × extent:
 //!   0x00, u32 length, chunk id [32]     data
 //!   0x01, u64 length                    hole (zeros, never stored)
+//! version 2 only: u16 T, T × str16 tag
 //! ```
+//!
+//! A snapshot without tags is written as version 1, byte for byte what
+//! cairn wrote before tags existed, so an older cairn still reads it; one
+//! with tags is version 2, which an older cairn refuses as newer instead
+//! of misreading. Both are read.
 //!
 //! Writing the manifest is the commit point of a backup: it is renamed
 //! into place only after every pack and index file it needs is durable.
@@ -24,8 +30,50 @@ use crate::id::ChunkId;
 use crate::meta::{self, Kind};
 use std::path::Path;
 
-/// Version of the manifest body this build writes and reads.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Newest version of the manifest body this build reads and writes (2:
+/// with tags; a manifest without tags is written as version 1).
+pub const MANIFEST_VERSION: u32 = 2;
+
+/// Longest tag, in bytes.
+pub const MAX_TAG_LEN: usize = 128;
+
+/// Check a tag: 1 to [`MAX_TAG_LEN`] bytes, no comma (a comma separates
+/// tags on the command line), no white space or control character.
+pub fn validate_tag(tag: &str) -> Result<()> {
+    if tag.is_empty()
+        || tag.len() > MAX_TAG_LEN
+        || tag
+            .chars()
+            .any(|c| c == ',' || c.is_whitespace() || c.is_control())
+    {
+        return Err(StoreError::Invalid(format!(
+            "bad tag {tag:?}: use 1 to {MAX_TAG_LEN} bytes without commas, spaces or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether a snapshot with `tags` matches the filter `groups`, restic's
+/// rule: it matches if it has every tag of at least one group (`--tag
+/// a,b --tag c`: a and b, or c). No group matches everything.
+pub fn tags_match(tags: &[String], groups: &[Vec<String>]) -> bool {
+    groups.is_empty() || groups.iter().any(|g| g.iter().all(|t| tags.contains(t)))
+}
+
+/// Tags as given on the command line: each value a comma-separated list,
+/// checked; duplicates dropped, order kept.
+pub fn parse_tags<S: AsRef<str>>(values: &[S]) -> Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::new();
+    for v in values {
+        for t in v.as_ref().split(',') {
+            validate_tag(t)?;
+            if !out.iter().any(|x| x == t) {
+                out.push(t.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// A run of an image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +99,11 @@ impl Extent {
             Extent::Data { len, .. } => u64::from(len),
             Extent::Hole { len } => len,
         }
+    }
+
+    /// Whether it is a hole.
+    pub fn is_hole(&self) -> bool {
+        matches!(self, Extent::Hole { .. })
     }
 
     /// Whether it covers no bytes.
@@ -97,17 +150,34 @@ pub struct Manifest {
     pub stats: SnapshotStats,
     /// The image, in order.
     pub extents: Vec<Extent>,
+    /// Labels given at backup (`--tag`); none: a version 1 body.
+    pub tags: Vec<String>,
 }
 
 impl Manifest {
+    /// The body version this manifest is written as: 2 if it has tags,
+    /// else 1 (readable by a cairn that knows no tags).
+    pub fn version(&self) -> u32 {
+        if self.tags.is_empty() {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// Whether it matches a tag filter (see [`tags_match`]).
+    pub fn has_tags(&self, groups: &[Vec<String>]) -> bool {
+        tags_match(&self.tags, groups)
+    }
+
     /// The file bytes (plain envelope).
     pub fn encode(&self) -> Vec<u8> {
-        meta::seal(Kind::Manifest, MANIFEST_VERSION, &self.body())
+        meta::seal(Kind::Manifest, self.version(), &self.body())
     }
 
     /// The file bytes, encrypted under `crypt` if there is one.
     pub fn encode_with(&self, crypt: Option<&Crypt>) -> Result<Vec<u8>> {
-        meta::seal_with(Kind::Manifest, MANIFEST_VERSION, &self.body(), crypt)
+        meta::seal_with(Kind::Manifest, self.version(), &self.body(), crypt)
     }
 
     fn body(&self) -> Vec<u8> {
@@ -145,6 +215,12 @@ impl Manifest {
                 }
             }
         }
+        if !self.tags.is_empty() {
+            w.u16(self.tags.len().min(usize::from(u16::MAX)) as u16);
+            for t in self.tags.iter().take(usize::from(u16::MAX)) {
+                w.str16(t);
+            }
+        }
         w.buf
     }
 
@@ -155,7 +231,7 @@ impl Manifest {
 
     /// Parse a manifest file's bytes, sealed under `crypt` if there is one.
     pub fn decode_with(path: &Path, data: &[u8], crypt: Option<&Crypt>) -> Result<Manifest> {
-        let (_, body) = meta::open_with(path, data, Kind::Manifest, MANIFEST_VERSION, crypt)?;
+        let (version, body) = meta::open_with(path, data, Kind::Manifest, MANIFEST_VERSION, crypt)?;
         let body = &body[..];
         let at = |off: usize| {
             StoreError::corrupt(path, off as u64, "manifest is truncated or malformed")
@@ -223,11 +299,38 @@ impl Manifest {
                 .ok_or_else(|| StoreError::corrupt(path, pos as u64, "extents overflow"))?;
             extents.push(e);
         }
+        let mut tags = Vec::new();
+        if version >= 2 {
+            let n = r.u16().map_err(at)?;
+            if n == 0 {
+                return Err(StoreError::corrupt(
+                    path,
+                    r.pos() as u64,
+                    "a version 2 manifest without tags",
+                ));
+            }
+            for _ in 0..n {
+                let pos = r.pos();
+                let t = r.str16().map_err(at)?;
+                if validate_tag(&t).is_err() {
+                    return Err(StoreError::corrupt(
+                        path,
+                        pos as u64,
+                        format!("bad tag {t:?}"),
+                    ));
+                }
+                tags.push(t);
+            }
+        }
         if r.remaining() != 0 {
             return Err(StoreError::corrupt(
                 path,
                 r.pos() as u64,
-                "bytes after the last extent",
+                if version >= 2 {
+                    "bytes after the last tag"
+                } else {
+                    "bytes after the last extent"
+                },
             ));
         }
         if total != size {
@@ -247,6 +350,7 @@ impl Manifest {
             source,
             stats,
             extents,
+            tags,
         })
     }
 
@@ -316,6 +420,7 @@ mod tests {
                 millis: 12,
             },
             extents: l.extents,
+            tags: Vec::new(),
         }
     }
 
@@ -333,5 +438,101 @@ mod tests {
             bad[i] ^= 0x10;
             assert!(Manifest::decode(p, &bad).is_err(), "flip at {i}");
         }
+    }
+
+    fn version_of(file: &[u8]) -> u32 {
+        u32::from_le_bytes(file[12..16].try_into().unwrap())
+    }
+
+    #[test]
+    fn tags_make_a_version_2_body_that_round_trips_and_rejects_damage() {
+        let mut m = sample();
+        m.tags = vec!["daily".into(), "host=db1".into()];
+        for crypt in [None, Some(crate::crypt::Crypt::generate().unwrap())] {
+            let bytes = m.encode_with(crypt.as_ref()).unwrap();
+            assert_eq!(version_of(&bytes), 2);
+            let p = Path::new("m.snap");
+            assert_eq!(Manifest::decode_with(p, &bytes, crypt.as_ref()).unwrap(), m);
+            for i in 0..bytes.len() {
+                let mut bad = bytes.clone();
+                bad[i] ^= 0x10;
+                assert!(
+                    Manifest::decode_with(p, &bad, crypt.as_ref()).is_err(),
+                    "flip at {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn without_tags_the_body_stays_version_1_and_unchanged() {
+        let m = sample();
+        let bytes = m.encode();
+        assert_eq!(version_of(&bytes), 1);
+        // Version 1 bytes end at the last extent: the same bytes as
+        // before tags existed (a tagged copy is the v1 body plus tags).
+        let mut tagged = m.clone();
+        tagged.tags = vec!["t".into()];
+        let v2 = tagged.encode();
+        assert_eq!(v2.len(), bytes.len() + 2 + 2 + 1);
+        assert_eq!(
+            &v2[24..24 + bytes.len() - 24 - 32],
+            &bytes[24..bytes.len() - 32]
+        );
+    }
+
+    /// The committed repository of version 1 (written before tags): its
+    /// manifests still decode, with no tags.
+    #[test]
+    fn committed_version_1_manifests_decode() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/repository-v1/repo/snapshots/alpha");
+        let mut seen = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let bytes = std::fs::read(&p).unwrap();
+            assert_eq!(version_of(&bytes), 1);
+            let m = Manifest::decode(&p, &bytes).unwrap();
+            assert_eq!(m.name, "alpha");
+            assert!(m.tags.is_empty());
+            seen += 1;
+        }
+        assert!(seen >= 1);
+    }
+
+    /// A committed version 2 manifest (`tests/fixtures/manifest-v2/`,
+    /// written by `CAIRN_BLESS=1`): what this version writes stays readable.
+    #[test]
+    fn committed_version_2_manifest_decodes() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/manifest-v2/tagged.snap");
+        let mut m = sample();
+        m.tags = vec!["daily".into(), "pre-upgrade".into()];
+        if std::env::var_os("CAIRN_BLESS").is_some() {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, m.encode()).unwrap();
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(version_of(&bytes), 2);
+        assert_eq!(Manifest::decode(&p, &bytes).unwrap(), m);
+    }
+
+    #[test]
+    fn tag_filters_follow_restic() {
+        let tags = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let have = tags(&["a", "b"]);
+        assert!(tags_match(&have, &[]));
+        assert!(tags_match(&have, &[tags(&["a", "b"])]));
+        assert!(!tags_match(&have, &[tags(&["a", "c"])]));
+        assert!(tags_match(&have, &[tags(&["a", "c"]), tags(&["b"])]));
+        assert!(!tags_match(&[], &[tags(&["a"])]));
+        assert_eq!(
+            parse_tags(&["a,b", "a", "c"]).unwrap(),
+            tags(&["a", "b", "c"])
+        );
+        for bad in ["", "a,,b", "has space", "x\u{7}"] {
+            assert!(parse_tags(&[bad]).is_err(), "{bad:?}");
+        }
+        assert!(parse_tags(&["x".repeat(MAX_TAG_LEN + 1)]).is_err());
     }
 }

@@ -162,7 +162,7 @@ impl<'a> Fetcher<'a> {
     /// store, whose every request is a round trip (and, for some, a read
     /// of a whole stored block), a few long reads instead of one per
     /// record. Returns the bytes read.
-    fn prefetch(&mut self, extents: &[(u64, Extent)]) -> Result<u64> {
+    pub(crate) fn prefetch(&mut self, extents: &[(u64, Extent)]) -> Result<u64> {
         self.spans.clear();
         self.fetched.clear();
         let mut locs: Vec<Location> = extents
@@ -581,7 +581,7 @@ fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {
 }
 
 /// Name the image offset in a chunk error that lacks it.
-fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
+pub(crate) fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
     match err {
         StoreError::MissingChunk { .. } => err,
         other => StoreError::InImage {

@@ -25,6 +25,8 @@ pub struct SnapshotInfo {
     pub codec: String,
     /// The backup's figures.
     pub stats: SnapshotStats,
+    /// Its tags.
+    pub tags: Vec<String>,
 }
 
 /// Every snapshot of every image, by name then number. A manifest that
@@ -49,6 +51,7 @@ pub fn list(repo: &Repository) -> Result<Vec<std::result::Result<SnapshotInfo, S
                     chunker: m.chunker,
                     codec: m.codec,
                     stats: m.stats,
+                    tags: m.tags,
                 })
                 .map_err(|e| format!("{name}@{snap}: {e}")),
             );

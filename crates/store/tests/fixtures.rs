@@ -66,17 +66,7 @@ fn text(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
+use cairn_testkit::noise;
 
 /// The snapshots: (name, bytes, codec, compression group size).
 fn images() -> Vec<(&'static str, Vec<u8>, &'static str, usize)> {
@@ -165,6 +155,7 @@ fn store_images(repo: &Repository) -> String {
                 source: "fixture".into(),
                 progress: None,
                 time: None,
+                tags: Vec::new(),
             },
         )
         .unwrap();
@@ -844,11 +835,12 @@ fn newer_versions_are_refused_by_name() {
         assert!(is_newer_than(&e, version, newest), "{file}: {e}");
     }
 
+    // Manifests have a version 2 (with tags).
     let (_tmp, dir) = fresh_copy();
-    reseal(&dir.join("snapshots/alpha/0000000002.snap"), 2);
+    reseal(&dir.join("snapshots/alpha/0000000002.snap"), 3);
     let repo = Repository::open(&dir).unwrap();
     let e = repo.read_manifest("alpha", 2).unwrap_err();
-    assert!(is_newer(&e), "{e}");
+    assert!(is_newer_than(&e, 3, 2), "{e}");
     let report = verify_all(&repo);
     assert_eq!(report.problems.len(), 1);
     assert!(report.problems[0]

@@ -103,6 +103,7 @@ fn put(r: &Repository, name: &str, data: &[u8]) {
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     cairn_store::backup(r, &lock, &mut std::io::Cursor::new(data.to_vec()), &opts).unwrap();
 }

@@ -78,6 +78,7 @@ fn store(
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap()
 }
@@ -260,6 +261,7 @@ fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: Chunke
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     let lock = r.session("test").unwrap();
     let sparse = backup(
@@ -348,6 +350,7 @@ fn writers_run_side_by_side_and_an_image_has_one_writable_open() {
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     let one =
         cairn_store::backup(&r, &s1, &mut std::io::Cursor::new(image(300_000, 2)), &opts).unwrap();

@@ -61,6 +61,7 @@ fn store(r: &Repository, name: &str, data: &[u8], chunker: &str, codec: &str, gr
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap();
 }

@@ -45,6 +45,7 @@ fn repo_with(data: &[u8], chunker: &str, codec: &str) -> (tempfile::TempDir, Arc
         source: "test".into(),
         progress: None,
         time: None,
+        tags: Vec::new(),
     };
     backup(&r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap();
     (dir, Arc::new(r))

@@ -175,17 +175,8 @@ pub fn cairn_ok(args: &[&str], input: &[u8]) -> Vec<u8> {
 }
 
 /// Random bytes (incompressible), from a seed.
-pub fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
+#[allow(unused_imports)] // Each test binary uses a different subset.
+pub use cairn_testkit::noise;
 
 /// Deterministic mixed data: text-like runs, zero pages, random bytes, so
 /// every codec has something to do and blocks differ.

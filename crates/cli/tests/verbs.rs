@@ -1,0 +1,610 @@
+//! Tags, diff and copy with the real binary (issue 16, item 4): tags
+//! round-trip through backup, ls and forget; diff lists exactly the
+//! ranges a test changed; copy moves snapshots between repositories of
+//! different keys (and plain ones) byte for byte, and a second copy skips
+//! what the first copied.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const OTHER_PASSWORD: &str = "another test password";
+
+fn go(cmd: &mut Command, args: &[&str]) -> Output {
+    cmd.env_remove("CAIRN_REPO")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// A failure with exit status 1 and one line on stderr naming `what`.
+fn fails_with(out: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(what), "{what:?} not in: {err}");
+}
+
+/// A new repository (cheap key derivation): encrypted with `password`,
+/// or plain with `None`.
+fn init(dir: &Path, name: &str, password: Option<&str>) -> String {
+    let repo = dir.join(name);
+    let r = s(&repo).to_string();
+    match password {
+        Some(p) => ok(go(
+            cairn().env("CAIRN_PASSWORD", p),
+            &["init", &r, "--kdf-memory", "1M", "--kdf-iterations", "1"],
+        )),
+        None => ok(go(&mut plain(), &["init", &r, "--encryption", "none"])),
+    };
+    r
+}
+
+/// `cairn` for a repository with `password` (plain: `None`), and no
+/// password for a `copy --from` repository from the caller's environment.
+fn with(password: Option<&str>) -> Command {
+    let mut c = match password {
+        Some(p) => {
+            let mut c = cairn();
+            c.env("CAIRN_PASSWORD", p);
+            c
+        }
+        None => plain(),
+    };
+    c.env_remove("CAIRN_FROM_PASSWORD")
+        .env_remove("CAIRN_FROM_PASSWORD_FILE")
+        .env_remove("CAIRN_FROM_PASSWORD_COMMAND");
+    c
+}
+
+fn backup(repo: &str, pw: Option<&str>, file: &Path, name: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["backup", s(file), "-r", repo, "-n", name, "--json"];
+    args.extend(extra);
+    json(&ok(go(&mut with(pw), &args)))
+}
+
+fn ls(repo: &str, pw: Option<&str>, extra: &[&str]) -> Vec<Value> {
+    let mut args = vec!["ls", "-r", repo, "--json"];
+    args.extend(extra);
+    json(&ok(go(&mut with(pw), &args)))["snapshots"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// (name, snapshot) of `ls` rows.
+fn ids(rows: &[Value]) -> Vec<(String, u64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["snapshot"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn snaps(v: &[(&str, u64)]) -> Vec<(String, u64)> {
+    v.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+}
+
+#[test]
+fn tags_round_trip_through_backup_ls_and_forget() {
+    let dir = tempdir();
+    let repo = init(dir.path(), "r", Some(PASSWORD));
+    let pw = Some(PASSWORD);
+    let img = dir.path().join("img");
+    std::fs::write(&img, mixed(300_000, 1)).unwrap();
+    backup(
+        &repo,
+        pw,
+        &img,
+        "vm",
+        &["--tag", "daily", "--tag", "host1", "--time", "@1000000"],
+    );
+    backup(
+        &repo,
+        pw,
+        &img,
+        "vm",
+        &["--tag", "weekly,host1", "--time", "@2000000"],
+    );
+    backup(&repo, pw, &img, "vm", &["--time", "@3000000"]);
+    backup(
+        &repo,
+        pw,
+        &img,
+        "db",
+        &["--tag", "daily", "--time", "@1500000"],
+    );
+
+    let all = ls(&repo, pw, &[]);
+    let tags: Vec<Vec<String>> = all
+        .iter()
+        .map(|r| {
+            r["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        tags,
+        vec![
+            vec!["daily".to_string()],
+            vec!["daily".to_string(), "host1".to_string()],
+            vec!["weekly".to_string(), "host1".to_string()],
+            vec![],
+        ]
+    );
+    let text = String::from_utf8(ok(go(&mut with(pw), &["ls", "-r", &repo])).stdout).unwrap();
+    assert!(text.lines().next().unwrap().ends_with("TAGS"), "{text}");
+    assert!(text.contains("weekly,host1"), "{text}");
+
+    // restic's rule: a,b is both; repeated --tag is either.
+    assert_eq!(
+        ids(&ls(&repo, pw, &["--tag", "daily"])),
+        snaps(&[("db", 1), ("vm", 1)])
+    );
+    assert_eq!(
+        ids(&ls(&repo, pw, &["--tag", "host1"])),
+        snaps(&[("vm", 1), ("vm", 2)])
+    );
+    assert_eq!(
+        ids(&ls(&repo, pw, &["--tag", "daily,host1"])),
+        snaps(&[("vm", 1)])
+    );
+    assert!(ls(&repo, pw, &["--tag", "daily,weekly"]).is_empty());
+    assert_eq!(
+        ids(&ls(&repo, pw, &["--tag", "daily,host1", "--tag", "weekly"])),
+        snaps(&[("vm", 1), ("vm", 2)])
+    );
+
+    // forget --tag: the policy sees only vm@1 and vm@2 (keeps vm@2);
+    // vm@3, newer and untagged, is not the policy's to keep or forget,
+    // and db@1 (no host1) is untouched.
+    let out = json(&ok(go(
+        &mut with(pw),
+        &[
+            "forget",
+            "-r",
+            &repo,
+            "--tag",
+            "host1",
+            "--keep-last",
+            "1",
+            "--json",
+        ],
+    )));
+    let verdicts: Vec<(String, u64, bool)> = out["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_string(),
+                v["snapshot"].as_u64().unwrap(),
+                v["keep"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec![("vm".to_string(), 2, true), ("vm".to_string(), 1, false)]
+    );
+    assert_eq!(
+        ids(&ls(&repo, pw, &[])),
+        snaps(&[("db", 1), ("vm", 2), ("vm", 3)])
+    );
+
+    // A bad tag is one line and exit 1, before anything is written.
+    fails_with(
+        &go(
+            &mut with(pw),
+            &["backup", s(&img), "-r", &repo, "-n", "vm", "--tag", "a b"],
+        ),
+        "bad tag",
+    );
+    fails_with(
+        &go(&mut with(pw), &["ls", "-r", &repo, "--tag", "x,"]),
+        "bad tag",
+    );
+    assert_eq!(ls(&repo, pw, &[]).len(), 3);
+}
+
+/// `data` with the bytes of `ranges` inverted (every byte differs).
+fn changed(data: &[u8], ranges: &[(usize, usize)]) -> Vec<u8> {
+    let mut v = data.to_vec();
+    for &(at, len) in ranges {
+        for b in &mut v[at..at + len] {
+            *b ^= 0xFF;
+        }
+    }
+    v
+}
+
+/// `cairn diff A B --json` as (ranges, changed bytes, size a, size b).
+fn diff_json(repo: &str, a: &str, b: &str) -> (Vec<(u64, u64)>, u64, u64, u64) {
+    let out = ok(go(
+        &mut with(Some(PASSWORD)),
+        &["diff", a, b, "-r", repo, "--json"],
+    ));
+    let v = json(&out);
+    assert_eq!(v["a"].as_str().unwrap(), a);
+    assert_eq!(v["b"].as_str().unwrap(), b);
+    let ranges: Vec<(u64, u64)> = v["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["offset"].as_u64().unwrap(), r["len"].as_u64().unwrap()))
+        .collect();
+    let changed = v["changed_bytes"].as_u64().unwrap();
+    assert_eq!(changed, ranges.iter().map(|r| r.1).sum::<u64>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{} range(s), {changed} byte(s) differ",
+            ranges.len()
+        )),
+        "{err}"
+    );
+    (
+        ranges,
+        changed,
+        v["size_a"].as_u64().unwrap(),
+        v["size_b"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn diff_lists_exactly_the_changed_ranges() {
+    let dir = tempdir();
+    let repo = init(dir.path(), "r", Some(PASSWORD));
+    let pw = Some(PASSWORD);
+    let size = 4 << 20;
+    let mut base = noise(size, 7);
+    // A stretch of zeros (holes in the snapshots) with a change inside.
+    base[2 << 20..(2 << 20) + 500_000].fill(0);
+    let a = dir.path().join("a");
+    std::fs::write(&a, &base).unwrap();
+    // Far apart (exact), two 100 bytes apart (one range by the 512-byte
+    // rule), one in the zeros, one at the very end.
+    let changes = [
+        (0, 1),
+        (1000, 10),
+        (300_000, 4096),
+        (1_000_000, 50),
+        (1_000_150, 50),
+        ((2 << 20) + 100_000, 7),
+        (size - 100, 100),
+    ];
+    let b = dir.path().join("b");
+    std::fs::write(&b, changed(&base, &changes)).unwrap();
+    backup(&repo, pw, &a, "vm", &[]);
+    backup(&repo, pw, &b, "vm", &[]);
+    backup(&repo, pw, &b, "other", &[]);
+    let want = vec![
+        (0, 1),
+        (1000, 10),
+        (300_000, 4096),
+        (1_000_000, 200),
+        ((2 << 20) + 100_000, 7),
+        (size as u64 - 100, 100),
+    ];
+    let (ranges, changed_bytes, sa, sb) = diff_json(&repo, "vm@1", "vm@2");
+    assert_eq!(ranges, want);
+    assert_eq!(changed_bytes, 1 + 10 + 4096 + 200 + 7 + 100);
+    assert_eq!((sa, sb), (size as u64, size as u64));
+    // The text form says the same, a line per range.
+    let out = ok(go(&mut with(pw), &["diff", "vm@1", "vm@2", "-r", &repo]));
+    let lines: Vec<(u64, u64)> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (o, n) = l.split_once(' ').unwrap();
+            (o.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(lines, want);
+    // Across images, and the other way round.
+    assert_eq!(diff_json(&repo, "vm@1", "other@1").0, want);
+    assert_eq!(diff_json(&repo, "other@1", "vm@1").0, want);
+    // Itself, and two snapshots of the same bytes: nothing.
+    assert!(diff_json(&repo, "vm@2", "vm@2").0.is_empty());
+    assert!(diff_json(&repo, "vm@2", "other@1").0.is_empty());
+    let out = ok(go(&mut with(pw), &["diff", "vm@1", "vm@1", "-r", &repo]));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn diff_of_a_size_change() {
+    let dir = tempdir();
+    let repo = init(dir.path(), "r", Some(PASSWORD));
+    let pw = Some(PASSWORD);
+    let base = noise(1 << 20, 3);
+    let a = dir.path().join("a");
+    std::fs::write(&a, &base).unwrap();
+    let mut longer = base.clone();
+    longer.extend(noise(5000, 4));
+    let b = dir.path().join("b");
+    std::fs::write(&b, &longer).unwrap();
+    let c = dir.path().join("c");
+    std::fs::write(&c, changed(&base[..600_000], &[(10_000, 3)])).unwrap();
+    backup(&repo, pw, &a, "vm", &[]);
+    backup(&repo, pw, &b, "vm", &[]);
+    backup(&repo, pw, &c, "vm", &[]);
+    let n = 1u64 << 20;
+    assert_eq!(
+        diff_json(&repo, "vm@1", "vm@2"),
+        (vec![(n, 5000)], 5000, n, n + 5000)
+    );
+    assert_eq!(
+        diff_json(&repo, "vm@2", "vm@3"),
+        (
+            vec![(10_000, 3), (600_000, n + 5000 - 600_000)],
+            3 + n + 5000 - 600_000,
+            n + 5000,
+            600_000
+        )
+    );
+}
+
+/// Bytes of every file under `dir`.
+fn du(dir: &Path) -> u64 {
+    tree(dir)
+        .iter()
+        .map(|p| std::fs::metadata(dir.join(p)).unwrap().len())
+        .sum()
+}
+
+/// `cairn restore NAME@N -` from `repo`.
+fn restored(repo: &str, pw: Option<&str>, spec: &str) -> Vec<u8> {
+    let out = ok(go(&mut with(pw), &["restore", spec, "-", "-r", repo, "-q"]));
+    out.stdout
+}
+
+/// The chunk ids of a snapshot, through the store.
+fn chunk_ids(repo: &str, pw: Option<&str>, name: &str, n: u64) -> Vec<cairn_store::ChunkId> {
+    let r = match pw {
+        Some(p) => cairn_store::Repository::open_with(
+            Path::new(repo),
+            &cairn_store::repo::Password::new(p),
+        )
+        .unwrap(),
+        None => cairn_store::Repository::open(Path::new(repo)).unwrap(),
+    };
+    r.read_manifest(name, n)
+        .unwrap()
+        .extents
+        .iter()
+        .filter_map(|e| match e {
+            cairn_store::Extent::Data { id, .. } => Some(*id),
+            cairn_store::Extent::Hole { .. } => None,
+        })
+        .collect()
+}
+
+fn copy_json(dest_pw: Option<&str>, args: &[&str]) -> Value {
+    let mut all = vec!["copy", "--json"];
+    all.extend(args);
+    json(&ok(go(&mut with(dest_pw), &all)))
+}
+
+/// `cairn copy --from src --from-password-file pwfile -r dest NAME...`.
+fn copy_with_file(
+    dest_pw: Option<&str>,
+    src: &str,
+    pwfile: &Path,
+    dest: &str,
+    names: &[&str],
+) -> Value {
+    let mut args = vec!["--from", src, "--from-password-file", s(pwfile), "-r", dest];
+    args.extend(names);
+    copy_json(dest_pw, &args)
+}
+
+/// (snapshots copied, snapshots skipped) of a copy's JSON.
+fn counts(r: &Value) -> (u64, u64) {
+    (
+        r["snapshots_copied"].as_u64().unwrap(),
+        r["snapshots_skipped"].as_u64().unwrap(),
+    )
+}
+
+fn verify_clean(repo: &str, pw: Option<&str>) {
+    let v = json(&ok(go(
+        &mut with(pw),
+        &["verify", "-r", repo, "--read-data", "--json", "-q"],
+    )));
+    assert_eq!(v["ok"], true, "{v}");
+}
+
+#[test]
+fn copy_between_encrypted_repositories_of_different_keys() {
+    let dir = tempdir();
+    let d = dir.path();
+    let src = init(d, "src", Some(PASSWORD));
+    let dest = init(d, "dest", Some(OTHER_PASSWORD));
+    let (spw, dpw) = (Some(PASSWORD), Some(OTHER_PASSWORD));
+    let mut one = mixed(3 << 20, 5);
+    one[1 << 20..(1 << 20) + 400_000].fill(0);
+    let two = changed(&one, &[(5000, 3000)]);
+    let other = noise(700_000, 6);
+    let files: Vec<_> = [("one", &one), ("two", &two), ("other", &other)]
+        .iter()
+        .map(|(n, data)| {
+            let p = d.join(n);
+            std::fs::write(&p, data).unwrap();
+            p
+        })
+        .collect();
+    backup(&src, spw, &files[0], "vm", &["--tag", "daily"]);
+    backup(&src, spw, &files[1], "vm", &[]);
+    backup(&src, spw, &files[2], "db", &[]);
+    let pwfile = d.join("pw");
+    std::fs::write(&pwfile, format!("{PASSWORD}\n")).unwrap();
+
+    // Named images only.
+    let r = copy_with_file(dpw, &src, &pwfile, &dest, &["vm"]);
+    assert_eq!(counts(&r), (2, 0), "{r}");
+    assert!(r["new_chunks"].as_u64().unwrap() > 0);
+    let rows = ls(&dest, dpw, &[]);
+    assert_eq!(ids(&rows), snaps(&[("vm", 1), ("vm", 2)]));
+    let src_rows = ls(&src, spw, &[]);
+    for (d, s) in rows.iter().zip(&src_rows[1..]) {
+        for k in ["created", "size", "chunker", "codec", "tags", "chunks"] {
+            assert_eq!(d[k], s[k], "{k}");
+        }
+        assert!(d["source"].as_str().unwrap().starts_with("copy of "), "{d}");
+    }
+    assert_eq!(restored(&dest, dpw, "vm@1"), one);
+    assert_eq!(restored(&dest, dpw, "vm@2"), two);
+    // The same chunks under different keys: no id in common.
+    let (si, di) = (
+        chunk_ids(&src, spw, "vm", 1),
+        chunk_ids(&dest, dpw, "vm", 1),
+    );
+    assert_eq!(si.len(), di.len());
+    assert!(si.iter().all(|id| !di.contains(id)));
+    verify_clean(&dest, dpw);
+
+    // Everything: vm is skipped, db copied (password from the variable).
+    let before = du(Path::new(&dest));
+    let out = go(
+        with(dpw).env("CAIRN_FROM_PASSWORD", PASSWORD),
+        &["copy", "--from", &src, "-r", &dest, "--json"],
+    );
+    let r = json(&ok(out));
+    assert_eq!(counts(&r), (1, 2));
+    assert_eq!(r["copied"][0]["name"], "db");
+    assert!(du(Path::new(&dest)) > before);
+    assert_eq!(restored(&dest, dpw, "db@1"), other);
+
+    // Once more: nothing to do, and the destination does not grow.
+    let before = du(Path::new(&dest));
+    let r = copy_with_file(dpw, &src, &pwfile, &dest, &[]);
+    assert_eq!(counts(&r), (0, 3));
+    assert_eq!(r["new_chunks"], 0);
+    assert_eq!(du(Path::new(&dest)), before);
+    verify_clean(&dest, dpw);
+}
+
+#[test]
+fn copy_from_plain_to_encrypted_and_back() {
+    let dir = tempdir();
+    let d = dir.path();
+    let plain_src = init(d, "plain", None);
+    let enc = init(d, "enc", Some(PASSWORD));
+    let plain_dest = init(d, "plain2", None);
+    let data = mixed(2 << 20, 8);
+    let f = d.join("img");
+    std::fs::write(&f, &data).unwrap();
+    backup(&plain_src, None, &f, "vm", &["--tag", "t1"]);
+
+    // plain -> encrypted: the destination's password only.
+    let r = copy_json(Some(PASSWORD), &["--from", &plain_src, "-r", &enc]);
+    assert_eq!(counts(&r), (1, 0), "{r}");
+    assert_eq!(restored(&enc, Some(PASSWORD), "vm@1"), data);
+    assert_eq!(ls(&enc, Some(PASSWORD), &["--tag", "t1"]).len(), 1);
+    let (pi, ei) = (
+        chunk_ids(&plain_src, None, "vm", 1),
+        chunk_ids(&enc, Some(PASSWORD), "vm", 1),
+    );
+    assert_eq!(pi.len(), ei.len());
+    assert!(pi.iter().all(|id| !ei.contains(id)));
+    verify_clean(&enc, Some(PASSWORD));
+
+    // encrypted -> plain: the source's password from a file; the copy of
+    // a copy says where it came from.
+    let pwfile = d.join("pw");
+    std::fs::write(&pwfile, PASSWORD).unwrap();
+    let r = copy_with_file(None, &enc, &pwfile, &plain_dest, &[]);
+    assert_eq!(counts(&r), (1, 0), "{r}");
+    assert_eq!(restored(&plain_dest, None, "vm@1"), data);
+    let source = ls(&plain_dest, None, &[])[0]["source"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(source.matches("copy of ").count(), 2, "{source}");
+    assert!(source.ends_with(&format!("({}))", s(&f))), "{source}");
+    // Plain ids are BLAKE3 of the bytes in both plain repositories.
+    assert_eq!(chunk_ids(&plain_dest, None, "vm", 1), pi);
+    verify_clean(&plain_dest, None);
+    let r = copy_with_file(None, &enc, &pwfile, &plain_dest, &[]);
+    assert_eq!(counts(&r), (0, 1), "{r}");
+}
+
+#[test]
+fn errors_are_one_line_and_exit_1() {
+    let dir = tempdir();
+    let d = dir.path();
+    let src = init(d, "src", Some(PASSWORD));
+    let dest = init(d, "dest", Some(OTHER_PASSWORD));
+    let f = d.join("img");
+    std::fs::write(&f, noise(100_000, 1)).unwrap();
+    backup(&src, Some(PASSWORD), &f, "vm", &[]);
+
+    let wrong = d.join("wrong");
+    std::fs::write(&wrong, "not the password").unwrap();
+    fails_with(
+        &go(
+            &mut with(Some(OTHER_PASSWORD)),
+            &[
+                "copy",
+                "--from",
+                &src,
+                "--from-password-file",
+                s(&wrong),
+                "-r",
+                &dest,
+            ],
+        ),
+        "wrong password",
+    );
+    // No password for the source at all (CAIRN_PASSWORD is the
+    // destination's, not the source's).
+    fails_with(
+        &go(
+            &mut with(Some(OTHER_PASSWORD)),
+            &["copy", "--from", &src, "-r", &dest],
+        ),
+        "--from",
+    );
+    fails_with(
+        &go(
+            with(Some(OTHER_PASSWORD)).env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &["copy", "--from", &src, "-r", &dest, "nope"],
+        ),
+        "no image named \"nope\"",
+    );
+    assert!(ls(&dest, Some(OTHER_PASSWORD), &[]).is_empty());
+    fails_with(
+        &go(
+            with(Some(PASSWORD)).env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &["copy", "--from", &src, "-r", &format!("{src}/.")],
+        ),
+        "the same repository",
+    );
+    fails_with(
+        &go(
+            &mut with(Some(PASSWORD)),
+            &["diff", "vm@1", "vm@9", "-r", &src],
+        ),
+        "has no snapshot 9",
+    );
+    fails_with(
+        &go(
+            &mut with(Some(PASSWORD)),
+            &["diff", "vm@1", "gone@1", "-r", &src],
+        ),
+        "no image named \"gone\"",
+    );
+}

@@ -1,0 +1,518 @@
+//! `copy`: snapshots from one repository into another, without cutting
+//! them again.
+//!
+//! Each source snapshot is written into the destination by the backup's
+//! own machinery ([`crate::backup`]: dedup against the destination's
+//! index, groups, pack writers, index file, commit of the manifest); only
+//! the batches differ: instead of a stream cut by a chunker, they are the
+//! source snapshot's chunks, read in order through the restore's
+//! [`Fetcher`] (so checked against their source ids, decrypted with the
+//! source's key), cut exactly where the source manifest's extents end,
+//! with its holes passed on unread. The destination manifest therefore has
+//! the same extents (lengths and holes) as the source; each chunk gets the
+//! destination's id (keyed if it is encrypted), is stored there once, with
+//! the source manifest's codec, sealed with the destination's key. Name,
+//! creation time, chunker, codec and tags are kept; the snapshot number is
+//! the destination's next.
+//!
+//! A copied snapshot records where it came from in its `source`:
+//! `copy of <source repository id> NAME@N (<the original source>)`. A
+//! source snapshot is skipped when the destination has a snapshot of
+//! NAME with that origin, the same creation time and the same size (a
+//! number reused after an `rm` in the source is not taken for the old
+//! snapshot).
+
+use crate::backup::{backup_batches, check_options, BackupOptions, Batch, Progress};
+use crate::chunker::ChunkerSpec;
+use crate::error::{Result, StoreError};
+use crate::manifest::{Extent, Manifest};
+use crate::reader::PackReader;
+use crate::repo::{validate_name, Repository, Session};
+use crate::restore::{with_image_offset, Fetcher};
+use cairn_codec::CodecSpec;
+use cairn_pipeline::Fill;
+use std::time::Instant;
+
+/// Bytes of chunks gathered per batch (a chunk may take it past).
+const BATCH: usize = 8 << 20;
+/// Holes up to this long go into a batch as a run of zeros, which the
+/// backup's zero test turns back into the same hole; longer ones start a
+/// batch of their own and are never read.
+const SMALL_HOLE: u64 = 1 << 20;
+
+/// What to copy and how.
+pub struct CopyOptions<'a> {
+    /// Images to copy (all their snapshots); empty: every image.
+    pub names: Vec<String>,
+    /// Worker threads (hashing, compressing).
+    pub threads: usize,
+    /// Compression groups, as [`BackupOptions::group_size`].
+    pub group_size: usize,
+    /// Called as the copy goes on.
+    pub progress: Option<&'a (dyn Fn(&CopyProgress) + Sync)>,
+}
+
+/// Running totals of a copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyProgress {
+    /// Image bytes of the snapshots to copy done so far.
+    pub bytes_done: u64,
+    /// Image bytes of all the snapshots to copy.
+    pub bytes_total: u64,
+    /// Bytes of chunks new in the destination (uncompressed).
+    pub new_raw: u64,
+    /// What they take in its packs.
+    pub new_stored: u64,
+}
+
+/// One snapshot copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Image name.
+    pub name: String,
+    /// Its number in the source.
+    pub from: u64,
+    /// Its number in the destination.
+    pub to: u64,
+    /// Its size.
+    pub size: u64,
+    /// Chunks new in the destination.
+    pub new_chunks: u64,
+    /// Their bytes, uncompressed.
+    pub new_raw: u64,
+    /// What they take in packs.
+    pub new_stored: u64,
+}
+
+/// One snapshot skipped: the destination has it already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Image name.
+    pub name: String,
+    /// Its number in the source.
+    pub from: u64,
+    /// The destination's snapshot that is its copy.
+    pub to: u64,
+}
+
+/// What a copy did.
+#[derive(Debug, Clone, Default)]
+pub struct CopyReport {
+    /// Snapshots copied, in order.
+    pub copied: Vec<Copied>,
+    /// Snapshots the destination had.
+    pub skipped: Vec<Skipped>,
+    /// Totals over `copied`.
+    pub new_chunks: u64,
+    /// Bytes of new chunks, uncompressed.
+    pub new_raw: u64,
+    /// What they take in packs.
+    pub new_stored: u64,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// The `source` a copy of `m` (snapshot of the repository `src`) records.
+pub fn origin(src: &Repository, m: &Manifest) -> String {
+    format!("{} ({})", origin_prefix(src, &m.name, m.snapshot), m.source)
+}
+
+fn origin_prefix(src: &Repository, name: &str, snapshot: u64) -> String {
+    format!("copy of {} {name}@{snapshot}", src.id())
+}
+
+/// The destination's copy of `m` (of `src`), if it has one.
+fn copy_in(dest: &Repository, src: &Repository, m: &Manifest) -> Result<Option<u64>> {
+    let prefix = format!("{} (", origin_prefix(src, &m.name, m.snapshot));
+    for n in dest.snapshots(&m.name)? {
+        let Some(d) = dest.read_manifest_if_present(&m.name, n)? else {
+            continue;
+        };
+        if d.source.starts_with(&prefix) && d.created == m.created && d.size == m.size {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
+}
+
+/// Copy the snapshots of `opts.names` (every image if none) from `src`
+/// into `dest`, where `session` is registered; snapshots the destination
+/// has already are skipped.
+pub fn copy(
+    src: &Repository,
+    dest: &Repository,
+    session: &Session,
+    opts: &CopyOptions,
+) -> Result<CopyReport> {
+    let started = Instant::now();
+    // Registered before the index is loaded: no gc of the source deletes
+    // a pack this copy may read.
+    let _reading = src.session(&format!("cairn copy to {}", dest.location()))?;
+    let images = src.images()?;
+    for n in &opts.names {
+        validate_name(n)?;
+        if !images.iter().any(|(m, _)| m == n) {
+            return Err(StoreError::NotFound(format!(
+                "no image named {n:?} in {}",
+                src.location()
+            )));
+        }
+    }
+    let mut todo = Vec::new();
+    let mut report = CopyReport::default();
+    for (name, snaps) in &images {
+        if !opts.names.is_empty() && !opts.names.contains(name) {
+            continue;
+        }
+        for &n in snaps {
+            let Some(m) = src.read_manifest_if_present(name, n)? else {
+                continue;
+            };
+            match copy_in(dest, src, &m)? {
+                Some(to) => report.skipped.push(Skipped {
+                    name: name.clone(),
+                    from: n,
+                    to,
+                }),
+                None => todo.push(m),
+            }
+        }
+    }
+    if todo.is_empty() {
+        report.seconds = started.elapsed().as_secs_f64();
+        return Ok(report);
+    }
+    let loaded = src.load_index()?;
+    if let Some(e) = loaded.damaged.into_iter().next() {
+        return Err(e);
+    }
+    let index = loaded.index;
+    let files = PackReader::new(src, &index);
+    let mut totals = CopyProgress {
+        bytes_total: todo.iter().map(|m| m.size).sum(),
+        ..CopyProgress::default()
+    };
+    for m in &todo {
+        let bad = |what: &str, e: String| {
+            StoreError::Invalid(format!("{}@{}: its {what} {e}", m.name, m.snapshot))
+        };
+        let chunker: ChunkerSpec = m
+            .chunker
+            .parse()
+            .map_err(|e: StoreError| bad("chunker", e.to_string()))?;
+        let codec: CodecSpec = m
+            .codec
+            .parse()
+            .map_err(|e: cairn_codec::CodecError| bad("codec", e.to_string()))?;
+        let base = totals;
+        let progress = |p: &Progress| {
+            if let Some(f) = opts.progress {
+                f(&CopyProgress {
+                    bytes_done: base.bytes_done + p.bytes_in,
+                    new_raw: base.new_raw + p.new_raw,
+                    new_stored: base.new_stored + p.new_stored,
+                    ..base
+                });
+            }
+        };
+        let bopts = BackupOptions {
+            name: m.name.clone(),
+            codec,
+            chunker,
+            threads: opts.threads,
+            group_size: opts.group_size,
+            source: origin(src, m),
+            progress: Some(&progress),
+            time: Some(m.created),
+            tags: m.tags.clone(),
+        };
+        check_options(&bopts)?;
+        let fetcher = Fetcher::new(&files, &index);
+        let spans = files.reads_per_core() > 1;
+        let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts)?;
+        let t = r.totals;
+        let c = Copied {
+            name: m.name.clone(),
+            from: m.snapshot,
+            to: r.snapshot,
+            size: m.size,
+            new_chunks: t.new_chunks,
+            new_raw: t.new_raw,
+            new_stored: t.new_stored,
+        };
+        totals.bytes_done += c.size;
+        totals.new_raw += c.new_raw;
+        totals.new_stored += c.new_stored;
+        report.copied.push(c);
+    }
+    let copied = &report.copied;
+    report.new_chunks = copied.iter().map(|c| c.new_chunks).sum();
+    report.new_raw = copied.iter().map(|c| c.new_raw).sum();
+    report.new_stored = copied.iter().map(|c| c.new_stored).sum();
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The backup's batches for snapshot `m`: its chunks in order, one chunk
+/// end per data extent (and per short hole, as zeros), a long hole as the
+/// zeros before a batch of its own. From a remote store (`spans`), each
+/// batch's records are fetched first, neighbours in a pack together, as
+/// restore does.
+fn batches<'a>(
+    m: &'a Manifest,
+    mut fetcher: Fetcher<'a>,
+    spans: bool,
+) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
+    let mut extents = m.with_offsets().peekable();
+    let mut plan: Vec<(u64, Extent)> = Vec::new();
+    move |b: &mut Batch| {
+        b.data.clear();
+        b.ends.clear();
+        b.zeros_before = 0;
+        // What goes into this batch.
+        plan.clear();
+        let mut size = 0usize;
+        while let Some(&(off, e)) = extents.peek() {
+            match *e {
+                Extent::Hole { len } if size == 0 && len > SMALL_HOLE => {
+                    b.zeros_before = len;
+                    extents.next();
+                    break;
+                }
+                _ => {
+                    let len = usize::try_from(e.len()).unwrap_or(usize::MAX);
+                    if size > 0 && size.saturating_add(len) > BATCH {
+                        break;
+                    }
+                    size += len;
+                    plan.push((off, *e));
+                    extents.next();
+                }
+            }
+        }
+        if spans {
+            fetcher.prefetch(&plan)?;
+        }
+        for &(off, e) in &plan {
+            match e {
+                Extent::Hole { len } => b.data.resize(b.data.len() + len as usize, 0),
+                Extent::Data { len, id } => {
+                    fetcher
+                        .fetch(&id, len, off, &mut b.data)
+                        .map_err(|err| with_image_offset(err, off))?;
+                }
+            }
+            b.ends.push(b.data.len() as u32);
+        }
+        b.len = b.data.len();
+        Ok(if b.len == 0 && b.zeros_before == 0 {
+            Fill::End
+        } else {
+            Fill::Item
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::backup;
+    use crate::repo::{InitOptions, Password};
+    use crate::restore::{restore, Destination, RestoreOptions};
+    use std::path::Path;
+
+    fn repo(dir: &Path, name: &str, password: Option<&str>) -> Repository {
+        let opts = InitOptions {
+            targets: Vec::new(),
+            pack_size: Some(1 << 20),
+            encryption: password.map(|p| {
+                (
+                    Password::new(p),
+                    crate::crypt::KdfParams {
+                        memory_kib: 1024,
+                        iterations: 1,
+                        parallelism: 1,
+                    },
+                )
+            }),
+        };
+        Repository::init_with(&dir.join(name), &opts).unwrap()
+    }
+
+    fn image(len: usize, seed: u64) -> Vec<u8> {
+        // Compressible: every third byte from a small alphabet.
+        let mut v = cairn_testkit::noise(len, seed);
+        for (i, b) in v.iter_mut().enumerate().step_by(3) {
+            *b = b'a' + (*b % 4) + (i % 2) as u8;
+        }
+        // A long hole and a short one.
+        v[len / 4..len / 4 + (len / 2).min(3 << 20)].fill(0);
+        v[len - 200_000..len - 100_000].fill(0);
+        v
+    }
+
+    fn put(r: &Repository, name: &str, data: &[u8], tags: &[&str], time: i64) {
+        let lock = r.session("test").unwrap();
+        let opts = BackupOptions {
+            name: name.into(),
+            codec: "zstd:1".parse().unwrap(),
+            chunker: crate::DEFAULT_CHUNKER,
+            threads: 2,
+            group_size: 256 << 10,
+            source: "/dev/test".into(),
+            progress: None,
+            time: Some(time),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        };
+        backup(r, &lock, &mut std::io::Cursor::new(data.to_vec()), &opts).unwrap();
+    }
+
+    fn load(r: &Repository, name: &str, n: u64) -> Vec<u8> {
+        let index = r.load_index().unwrap().index;
+        let m = r.read_manifest(name, n).unwrap();
+        let mut out = Vec::new();
+        restore(
+            r,
+            &index,
+            &m,
+            Destination::Stream(&mut out),
+            &RestoreOptions {
+                threads: 2,
+                zero_damaged: false,
+                progress: None,
+            },
+        )
+        .unwrap();
+        out
+    }
+
+    fn run(src: &Repository, dest: &Repository, names: &[&str]) -> CopyReport {
+        let lock = dest.session("test copy").unwrap();
+        copy(
+            src,
+            dest,
+            &lock,
+            &CopyOptions {
+                names: names.iter().map(|n| n.to_string()).collect(),
+                threads: 2,
+                group_size: 256 << 10,
+                progress: None,
+            },
+        )
+        .unwrap()
+    }
+
+    fn lengths(m: &Manifest) -> Vec<(bool, u64)> {
+        m.extents.iter().map(|e| (e.is_hole(), e.len())).collect()
+    }
+
+    #[test]
+    fn copies_keep_extents_rekey_chunks_and_skip_what_was_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for (from, to) in [
+            (Some("one"), Some("two")),
+            (None, Some("two")),
+            (Some("one"), None),
+        ] {
+            let tag = format!("{}-{}", from.is_some(), to.is_some());
+            let src = repo(d, &format!("src-{tag}"), from);
+            let dest = repo(d, &format!("dest-{tag}"), to);
+            let a1 = image(6 << 20, 1);
+            let mut a2 = a1.clone();
+            a2[100..5000].fill(7);
+            let b1 = image(2 << 20, 9);
+            put(&src, "a", &a1, &["daily"], 1_700_000_000);
+            put(&src, "a", &a2, &[], 1_700_086_400);
+            put(&src, "b", &b1, &["x", "y"], 1_700_000_100);
+            // Something in the destination already: numbers go on after it.
+            put(&dest, "a", &b1, &[], 1_600_000_000);
+
+            let r = run(&src, &dest, &["a"]);
+            assert_eq!(r.copied.len(), 2, "{tag}");
+            assert!(r.skipped.is_empty());
+            assert_eq!(
+                r.copied.iter().map(|c| (c.from, c.to)).collect::<Vec<_>>(),
+                vec![(1, 2), (2, 3)]
+            );
+            // The second snapshot shares nearly all of the first's chunks.
+            assert!(r.copied[1].new_raw < r.copied[0].new_raw / 4, "{r:?}");
+            assert!(dest.snapshots("b").unwrap().is_empty());
+            for (c, data) in r.copied.iter().zip([&a1, &a2]) {
+                let s = src.read_manifest("a", c.from).unwrap();
+                let m = dest.read_manifest("a", c.to).unwrap();
+                assert_eq!(lengths(&s), lengths(&m), "{tag}");
+                assert_eq!(
+                    (m.created, &m.chunker, &m.codec, &m.tags),
+                    (s.created, &s.chunker, &s.codec, &s.tags)
+                );
+                assert_eq!(m.source, origin(&src, &s));
+                assert!(m.source.ends_with("(/dev/test)"), "{}", m.source);
+                let ids = |m: &Manifest| {
+                    m.extents
+                        .iter()
+                        .filter_map(|e| match e {
+                            Extent::Data { id, .. } => Some(*id),
+                            Extent::Hole { .. } => None,
+                        })
+                        .collect::<Vec<_>>()
+                };
+                // Keyed ids differ between repositories; plain ones do not
+                // between two plain ones (not tested here: one side is keyed).
+                let (si, di) = (ids(&s), ids(&m));
+                assert_eq!(si.len(), di.len());
+                assert!(si.iter().zip(&di).all(|(x, y)| x != y), "{tag}");
+                assert!(load(&dest, "a", c.to) == *data, "{tag}");
+            }
+            let v = crate::verify::verify(
+                &dest,
+                &crate::verify::VerifyOptions {
+                    read_data: true,
+                    threads: 2,
+                    progress: None,
+                },
+            )
+            .unwrap();
+            assert!(v.problems.is_empty(), "{:?}", v.problems);
+
+            // Again: everything of a is skipped, b is copied, nothing of a
+            // is stored again.
+            let packs = dest.pack_files().unwrap().len();
+            let r = run(&src, &dest, &[]);
+            assert_eq!(
+                r.skipped.iter().map(|s| (s.from, s.to)).collect::<Vec<_>>(),
+                vec![(1, 2), (2, 3)]
+            );
+            assert_eq!(r.copied.len(), 1);
+            assert_eq!(r.copied[0].name, "b");
+            let m = dest.read_manifest("b", 1).unwrap();
+            assert_eq!(m.tags, vec!["x".to_string(), "y".to_string()]);
+            // b1 is also dest's a@1: all its chunks are there already.
+            assert_eq!(r.new_chunks, 0, "{r:?}");
+            let r = run(&src, &dest, &[]);
+            assert_eq!((r.copied.len(), r.skipped.len()), (0, 3));
+            assert_eq!(dest.pack_files().unwrap().len(), packs);
+        }
+    }
+
+    #[test]
+    fn an_unknown_image_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = repo(dir.path(), "src", None);
+        let dest = repo(dir.path(), "dest", None);
+        let lock = dest.session("t").unwrap();
+        let e = copy(
+            &src,
+            &dest,
+            &lock,
+            &CopyOptions {
+                names: vec!["nope".into()],
+                threads: 1,
+                group_size: 0,
+                progress: None,
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no image named \"nope\""), "{e}");
+    }
+}
