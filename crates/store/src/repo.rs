@@ -960,27 +960,14 @@ impl Repository {
         Ok((good, damaged))
     }
 
-    /// Every key file: (id, contents). A damaged one is an error.
-    fn key_files(&self) -> Result<Vec<(String, KeyFile)>> {
-        let mut out = Vec::new();
-        for l in self.root.list("keys/")? {
-            let Some(id) = l.key.as_str().strip_prefix("keys/") else {
-                continue;
-            };
-            if PackId::from_hex(id).is_none() {
-                continue;
-            }
-            let Some(data) = self.root.get(&l.key)? else {
-                continue;
-            };
-            let path = self.root.locate(&l.key);
-            let (_, body) = meta::open(&path, &data, Kind::Key, KEY_VERSION)?;
-            let file: KeyFile = serde_json::from_slice(body)
-                .map_err(|e| StoreError::corrupt(&path, 24, format!("key file: {e}")))?;
-            out.push((id.to_string(), file));
+    /// Every key file: (id, contents). A damaged one is an error (the
+    /// first, by name).
+    fn key_files(&self) -> Result<Vec<NamedKey>> {
+        let (good, damaged) = self.key_files_lenient()?;
+        match damaged.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(good),
         }
-        out.sort_by(|a, b| a.1.created.cmp(&b.1.created).then(a.0.cmp(&b.0)));
-        Ok(out)
     }
 
     /// The keys of an encrypted repository (none for a plain one).
