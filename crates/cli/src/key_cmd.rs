@@ -298,9 +298,18 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
     match &a.command {
         KeyCommand::List { repo, json } => {
             let repo = open_encrypted(repo)?;
-            let keys = repo.keys()?;
+            let (keys, damaged) = repo.key_list()?;
+            for (id, why) in &damaged {
+                eprintln!("cairn: warning: key {id} cannot be used: {why}");
+            }
             if *json {
-                print_json(&json!({"repository": repo.location(), "keys": keys}));
+                let damaged: Vec<_> = damaged
+                    .iter()
+                    .map(|(id, why)| json!({"id": id, "error": why}))
+                    .collect();
+                print_json(
+                    &json!({"repository": repo.location(), "keys": keys, "damaged": damaged}),
+                );
             } else {
                 println!(
                     "  {:<32}  {:<19}  {:<20}  {:>8}  {:>5}",

@@ -513,4 +513,28 @@ fn a_planted_key_file_locks_nobody_out() {
     );
     assert!(err.contains("damaged key file"), "{err}");
     assert!(err.contains("beyond what cairn allows"), "{err}");
+    // key list names it (and lists the good key); key remove removes it.
+    let out = ok(run(
+        &mut cairn(),
+        &["key", "list", "--json", "--repo", s(&repo)],
+    ));
+    let listed = json(&out);
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(
+        listed["damaged"][0]["id"],
+        "00000000000000000000000000000000"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used"));
+    ok(run(
+        &mut cairn(),
+        &["key", "remove", "0000", "--repo", s(&repo)],
+    ));
+    let err = fails_with(
+        &run(
+            plain().env("CAIRN_PASSWORD", "not it"),
+            &["ls", "--repo", s(&repo)],
+        ),
+        "wrong password",
+    );
+    assert!(!err.contains("damaged"), "{err}");
 }

@@ -133,6 +133,13 @@ pub struct InitOptions {
 /// A key file's id and contents.
 type NamedKey = (String, KeyFile);
 
+/// A key file's id and why it cannot be used.
+type DamagedKey = (String, StoreError);
+
+/// The usable keys, and the ids of key files that cannot be used with
+/// the reason.
+pub type KeyList = (Vec<KeyInfo>, Vec<(String, String)>);
+
 /// A key of an encrypted repository, as `cairn key list` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyInfo {
@@ -910,10 +917,10 @@ impl Repository {
                     return Ok(self);
                 }
                 Ok(None) => {}
-                Err(e) => damaged.push(e),
+                Err(e) => damaged.push((id, e)),
             }
         }
-        match damaged.first() {
+        match damaged.first().map(|(_, e)| e) {
             None if found == 0 => Err(StoreError::corrupt(
                 self.root.locate(&Key::new("keys")),
                 0,
@@ -930,7 +937,7 @@ impl Repository {
 
     /// Every key file that can be read, and the errors of those that
     /// cannot (damaged, or with parameters out of bounds).
-    fn key_files_lenient(&self) -> Result<(Vec<NamedKey>, Vec<StoreError>)> {
+    fn key_files_lenient(&self) -> Result<(Vec<NamedKey>, Vec<DamagedKey>)> {
         let mut good = Vec::new();
         let mut damaged = Vec::new();
         for l in self.root.list("keys/")? {
@@ -953,37 +960,40 @@ impl Repository {
             });
             match read {
                 Ok(file) => good.push((id.to_string(), file)),
-                Err(e) => damaged.push(e),
+                Err(e) => damaged.push((id.to_string(), e)),
             }
         }
         good.sort_by(|a, b| a.1.created.cmp(&b.1.created).then(a.0.cmp(&b.0)));
         Ok((good, damaged))
     }
 
-    /// Every key file: (id, contents). A damaged one is an error (the
-    /// first, by name).
-    fn key_files(&self) -> Result<Vec<NamedKey>> {
-        let (good, damaged) = self.key_files_lenient()?;
-        match damaged.into_iter().next() {
-            Some(e) => Err(e),
-            None => Ok(good),
-        }
-    }
-
     /// The keys of an encrypted repository (none for a plain one).
     pub fn keys(&self) -> Result<Vec<KeyInfo>> {
+        Ok(self.key_list()?.0)
+    }
+
+    /// The keys of an encrypted repository, and the key files that cannot
+    /// be read (id and why): damaged, or asking for more than cairn allows.
+    pub fn key_list(&self) -> Result<KeyList> {
         if self.crypt.is_none() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
-        Ok(self
-            .key_files()?
+        let (good, damaged) = self.key_files_lenient()?;
+        let keys = good
             .into_iter()
             .map(|(id, file)| KeyInfo {
                 current: self.key_id.as_deref() == Some(id.as_str()),
                 id,
                 file,
             })
-            .collect())
+            .collect();
+        Ok((
+            keys,
+            damaged
+                .into_iter()
+                .map(|(id, e)| (id, e.to_string()))
+                .collect(),
+        ))
     }
 
     /// Add a key: the master key wrapped under another password. Returns
@@ -999,12 +1009,18 @@ impl Repository {
         Ok(key.as_str().trim_start_matches("keys/").to_string())
     }
 
-    /// Remove key `id` (a unique prefix of it will do). The key that
-    /// opened the repository and the last key are refused.
+    /// Remove key `id` (a unique prefix of it will do), also a damaged
+    /// one. The key that opened the repository (so the last key) is
+    /// refused.
     pub fn remove_key(&self, id: &str) -> Result<String> {
-        let keys = self.keys()?;
-        let found: Vec<&KeyInfo> = keys.iter().filter(|k| k.id.starts_with(id)).collect();
-        let k = match found[..] {
+        let (keys, damaged) = self.key_list()?;
+        let found: Vec<(&str, bool)> = keys
+            .iter()
+            .map(|k| (k.id.as_str(), k.current))
+            .chain(damaged.iter().map(|(d, _)| (d.as_str(), false)))
+            .filter(|(k, _)| k.starts_with(id))
+            .collect();
+        let (k, current) = match found[..] {
             [k] => k,
             [] => {
                 return Err(StoreError::NotFound(format!(
@@ -1020,14 +1036,14 @@ impl Repository {
                 )))
             }
         };
-        if k.current {
+        if current {
             return Err(StoreError::Invalid(format!(
-                "{}: key {} is the one in use; open the repository with another key's password to remove it",
-                self.location, k.id
+                "{}: key {k} is the one in use; open the repository with another key's password to remove it",
+                self.location
             )));
         }
-        self.root.delete(&[Key::new(format!("keys/{}", k.id))])?;
-        Ok(k.id.clone())
+        self.root.delete(&[Key::new(format!("keys/{k}"))])?;
+        Ok(k.to_string())
     }
 
     /// The AEAD of an encrypted repository (`None`: plain).
