@@ -192,13 +192,13 @@ impl PasswordSource for FromPasswordArgs {
 #[derive(Args, Debug, Clone)]
 pub(crate) struct KdfArgs {
     /// Memory Argon2id uses to derive the key from the password (binary
-    /// units: 46M = 46MiB; the default is OWASP's recommendation). More
-    /// makes guessing dearer, and every command that opens the repository
-    /// slower.
-    #[arg(long, value_parser = crate::parse_size, default_value = "46M", value_name = "SIZE")]
+    /// units: 19M = 19MiB; the default, with 2 passes, is one of OWASP's
+    /// recommended settings). More makes guessing dearer, and every
+    /// command that opens the repository slower.
+    #[arg(long, value_parser = crate::parse_size, default_value = "19M", value_name = "SIZE")]
     pub kdf_memory: usize,
     /// Argon2id passes over that memory.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 2, value_name = "N")]
     pub kdf_iterations: u32,
 }
 
