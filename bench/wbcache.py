@@ -24,13 +24,19 @@ disk is fast and host-cached.
       cache: every FLUSH commits one), against the disk rows of (C).
       Client IOPS, snapshots committed, and the drain that commits the
       rest.
+  (T) sustained overflow, issue 17's measurement: fio randwrite 4 KiB,
+      depth 16, a FLUSH every 1000 writes, 20 s counted after 20 s of
+      ramp, over a 1 GiB backing file, with a 16 MiB cache and without;
+      over the rotational model and over the plain file. Client IOPS and
+      completion latency p50, p99, p99.9 and maximum (from fio's clat,
+      steady state only: the ramp is not counted).
   (S) sequential cutoff: 1 GiB written sequentially in 1 MiB requests
       (fio, depth 16, an fsync at the end) to the bare file, through the
       cache with the cutoff off (--cache-seq-cutoff 0) and with the default
       (4M); time until the client is done, and until everything is on the
       backing file (+ drain).
 
-Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E,S]
+Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E,S,T]
 """
 import argparse
 import datetime
@@ -55,6 +61,24 @@ def fio(sock, rw, bs, extra, **kw):
     j = json.loads(out[out.index("{"):])["jobs"][0]
     side = j["read"] if "read" in rw else j["write"]
     return side["iops"], secs, cmd
+
+
+def fio_sustained(sock, ramp, runtime, size):
+    """(T): IOPS and clat percentiles (ms) of the steady state."""
+    cmd = ["fio", "--name=wb", "--ioengine=nbd", f"--uri={uri(sock, 'd')}", "--rw=randwrite",
+           "--bs=4k", "--iodepth=16", "--output-format=json", "--randseed=42", "--norandommap",
+           "--verify_state_save=0", "--fsync=1000", "--time_based", f"--ramp_time={ramp}",
+           f"--runtime={runtime}", f"--size={size}", "--percentile_list=50:99:99.9"]
+    out = run(cmd).stdout
+    w = json.loads(out[out.index("{"):])["jobs"][0]["write"]
+    clat = w["clat_ns"]
+    pct = clat.get("percentile", {})
+
+    def ms(key):
+        return pct.get(key, 0) / 1e6
+
+    return {"IOPS": w["iops"], "p50 ms": ms("50.000000"), "p99 ms": ms("99.000000"),
+            "p99.9 ms": ms("99.900000"), "max ms": clat["max"] / 1e6}, cmd
 
 
 def drain(cairn, cache, back, batch, hdd):
@@ -87,7 +111,9 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tests", default="A,B,C,E,S", help="which tests to run (default all: A,B,C,E,S)")
+    ap.add_argument("--tests", default="A,B,C,E,S,T", help="which tests to run (default all: A,B,C,E,S,T)")
+    ap.add_argument("--ramp", type=int, default=20, help="(T): seconds of ramp, not counted")
+    ap.add_argument("--runtime", type=int, default=20, help="(T): seconds counted")
     a = ap.parse_args()
     tests = set(a.tests.split(","))
     if a.quick:
@@ -173,6 +199,18 @@ def main():
                 if name == "cache":
                     dsecs, _, dcmd = drain(C, cache, back, 32, hdd)
                     rec("C", f"{tag} cache incl. drain", n / (secs + dsecs), "IOPS", dcmd)
+        # (T) sustained overflow: 16 MiB cache, 1 GiB backing.
+        for hdd in [True, False] if "T" in tests else []:
+            tag = "hdd" if hdd else "file"
+            model = ",hdd" if hdd else ""
+            for name, spec in [("bare", f"d={back}{model}"), ("cache", f"d={back}{model},cache={cache}")]:
+                fresh(back, 1 << 30)
+                fresh(cache, 16 << 20)
+                srv = serve(spec)
+                res, cmd = fio_sustained(sock, a.ramp, a.runtime, 1 << 30)
+                srv.stop()
+                for unit, val in res.items():
+                    rec("T", f"{tag} {name}", val, unit, cmd)
         # (S) a big sequential write, with and without the cutoff.
         if "S" in tests:
             size = 1 << 30
@@ -255,6 +293,12 @@ def main():
     ratio("(C) hdd: cache incl. drain ÷ no cache", get("C", "hdd cache incl. drain", "IOPS"), get("C", "hdd no cache", "IOPS"))
     ratio("(C) disk: cache ÷ no cache", get("C", "disk cache", "IOPS"), get("C", "disk no cache", "IOPS"), 0.9)
     ratio("(C) disk: cache ÷ qemu-nbd", get("C", "disk cache", "IOPS"), get("C", "disk qemu-nbd", "IOPS"), 1.0)
+    ratio("(T) hdd: cache ÷ bare (IOPS, steady state)", get("T", "hdd cache", "IOPS"), get("T", "hdd bare", "IOPS"), 3.0)
+    ratio("(T) file: cache ÷ bare (IOPS, steady state)", get("T", "file cache", "IOPS"), get("T", "file bare", "IOPS"), 0.9)
+    for tag, unit, limit in [("hdd", "max ms", 1000.0), ("hdd", "p99.9 ms", 100.0)]:
+        x = get("T", f"{tag} cache", unit)
+        if x is not None:
+            lines.append(f"| (T) {tag} cache: {unit} | {x:.1f} | ≤ {limit:g}: {'yes' if x <= limit else '**no**'} |")
     ratio("(S) bare ÷ cache with cutoff, incl. drain (time)", get("S", "bare: client", "s"), get("S", "cache, cutoff 4M: incl. drain", "s"))
     ratio("(S) bare ÷ cache without cutoff, incl. drain (time)", get("S", "bare: client", "s"), get("S", "cache, cutoff off: incl. drain", "s"))
     ratio("(E) disk: image with cache ÷ file with cache", get("E", "disk image cache", "IOPS"), get("C", "disk cache", "IOPS"))

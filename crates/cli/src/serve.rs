@@ -89,6 +89,11 @@ pub(crate) struct ServeArgs {
     /// Write-back cache: segments written back per batch.
     #[arg(long = "cache-batch", default_value_t = WbConfig::default().batch)]
     pub cache_batch: usize,
+    /// Write-back cache: writeback writes in flight to the backing device
+    /// (issued in address order; a disk's command queue serves them in
+    /// the order its head reaches them).
+    #[arg(long = "cache-writeback-depth", default_value_t = WbConfig::default().writeback_depth)]
+    pub cache_writeback_depth: usize,
     /// Write-back cache: start writeback when this fraction of the log is dirty.
     #[arg(long = "cache-dirty-high", default_value_t = WbConfig::default().dirty_high)]
     pub cache_dirty_high: f64,
@@ -237,6 +242,7 @@ fn attach_cache(
     }
     let cfg = WbConfig {
         batch: a.cache_batch,
+        writeback_depth: a.cache_writeback_depth,
         dirty_high: a.cache_dirty_high,
         idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
         plog: a.cache_plog,
@@ -259,8 +265,11 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     if a.workers == 0 || a.workers > 256 {
         bail!("--workers must be 1 to 256");
     }
-    if a.cache_batch == 0 || !(0.0..=1.0).contains(&a.cache_dirty_high) {
-        bail!("--cache-batch must be at least 1 and --cache-dirty-high between 0 and 1");
+    if a.cache_batch == 0
+        || !(1..=1024).contains(&a.cache_writeback_depth)
+        || !(0.0..=1.0).contains(&a.cache_dirty_high)
+    {
+        bail!("--cache-batch must be at least 1, --cache-writeback-depth 1 to 1024 and --cache-dirty-high between 0 and 1");
     }
     let mut exports: Vec<Export> = Vec::new();
     let mut caches: Vec<Cached> = Vec::new();

@@ -320,6 +320,15 @@ fn every_verb(s: &Store) {
             .unwrap();
         let err = String::from_utf8_lossy(&second.stderr);
         assert!(!second.status.success() && err.contains("lock"), "{err}");
+        // Issue 16: a writable export of one image does not block a
+        // backup of another (the lock is per image).
+        let c = image(300_000, 9);
+        ok(s.verb(
+            "backup",
+            &[s.file("c", &c).to_str().unwrap(), "-n", "c", "-q"],
+        ));
+        assert!(s.restore("c@1") == c, "c backed up while b is served rw");
+        ok(s.verb("rm", &["c@1"]));
         drop(srv);
         let mut want = b1.clone();
         want[100 * 1024..108 * 1024].fill(0xab);

@@ -47,19 +47,29 @@
 //!   or when the plog region cannot take the next record; the plog then
 //!   restarts for the next segment id. So a flush per write costs a
 //!   header block and the written blocks, not a 1 MiB ring slot.
-//! - **Sorted, batched writeback.** A writeback thread takes the oldest
-//!   written segments (up to [`WbConfig::batch`], and outside a drain at
-//!   most a quarter of the ring, so a writer waiting on a full ring waits
-//!   for a quarter of it, not all of it), keeps per block its newest
-//!   version in the batch, unless a newer one is durable in the log (a
-//!   version newer only in RAM, or written but not flushed, may die in a
-//!   crash: the flushed one must reach the backing device before the
-//!   watermark passes it), sorts them by address,
-//!   merges adjacent dirty sector runs into single writes, flushes the
-//!   backing device and only then advances the watermark (`clean_id`) and
-//!   flushes the cache device. It runs when the dirty part of the ring
-//!   passes [`WbConfig::dirty_high`], when the ring is nearly full, after
-//!   [`WbConfig::idle_writeback`] without writes, or on [`WbCache::drain`].
+//! - **Sorted, batched writeback, many writes in flight** (seed 001's
+//!   sorted writeback). A writeback thread takes the oldest written
+//!   segments (up to [`WbConfig::batch`], and outside a drain at most
+//!   half the ring), keeps per block its newest version in the batch,
+//!   unless a newer one is durable in the log (a version newer only in
+//!   RAM, or written but not flushed, may die in a crash: the flushed one
+//!   must reach the backing device before the watermark passes it),
+//!   sorts them by address, merges adjacent dirty sector runs into single
+//!   writes and issues them in address order with
+//!   [`WbConfig::writeback_depth`] (32) in flight, so a disk's command
+//!   queue always holds the next sorted writes and serves them as its
+//!   head reaches them. It then flushes the backing device and only then
+//!   advances the watermark (`clean_id`) and flushes the cache device. It
+//!   runs when the dirty part of the ring passes [`WbConfig::dirty_high`],
+//!   when the ring is nearly full, after [`WbConfig::idle_writeback`]
+//!   without writes, or on [`WbCache::drain`].
+//! - **Smooth admission.** While a batch is written, writes of new blocks
+//!   are paced: admitted one after another at the rate that makes the
+//!   free part of the ring last until the batch ends (free blocks over
+//!   the batch's remaining blocks at its measured speed). A load that
+//!   writes faster than the backing device takes gets that device's speed
+//!   with steady latencies, instead of filling the ring at full speed and
+//!   then waiting seconds for a whole batch.
 //! - **Sequential cutoff (bcache's).** A block-aligned write continuing a
 //!   sequential stream that has written [`WbConfig::seq_cutoff`] bytes
 //!   (default 4 MiB) goes straight to the backing device: a big copy
@@ -138,6 +148,14 @@ const STRIPES: usize = 256;
 const MAX_MERGED_WRITE: usize = 8 << 20;
 /// Buffers of written segments kept for reuse by open segments.
 const SPARE_BUFS: usize = 2;
+/// Blocks a writeback batch must have written before its own rate is
+/// trusted for pacing (before that, the last batches' rate is used).
+const PACE_SAMPLE: u64 = 32;
+/// Time allowed, in the pacing, for the backing flush and watermark that
+/// end a writeback batch.
+const PACE_BATCH_END: f64 = 0.01;
+/// Above this admission rate (blocks per second) writers are not paced.
+const PACE_OFF: f64 = 1e6;
 
 /// How to format a cache device.
 #[derive(Debug, Clone, Default)]
@@ -165,10 +183,17 @@ pub struct FormatOptions {
 ///   ring and force early writeback).
 /// - `seq_cutoff` 4 MiB: bench/wbcache.py's test (S) and the filesystem
 ///   loads of bench/wbcache-fs.py.
+/// - `writeback_depth` 32: a SATA disk's command queue (NCQ) holds 32;
+///   with that many sorted writes in flight it serves them in the order
+///   its head reaches them, not one seek and half a turn each.
 #[derive(Debug, Clone)]
 pub struct WbConfig {
-    /// Segments written back per batch.
+    /// Segments written back per batch (outside a drain at most half the
+    /// ring, see [`Inner::batch_segments`]).
     pub batch: usize,
+    /// Writeback writes in flight to the backing device (1: one at a
+    /// time). They are issued in address order.
+    pub writeback_depth: usize,
     /// Write back when more than this fraction of the ring is dirty.
     pub dirty_high: f64,
     /// Write back after this long without writes.
@@ -205,6 +230,7 @@ impl Default for WbConfig {
             seq_cutoff: 4 << 20,
             flush_deadline: Duration::from_secs(2),
             batch: 32,
+            writeback_depth: 32,
             dirty_high: 0.25,
             idle_writeback: Duration::from_secs(1),
             max_sealed_in_ram: 2,
@@ -462,6 +488,19 @@ struct State {
     /// Threads waiting on `space_cv` and on `done_cv`.
     space_waiters: usize,
     done_waiters: usize,
+    /// The writeback batch being written (for the writers' pacing).
+    wb_batch: Option<BatchProgress>,
+    /// Blocks per second the last writeback batches wrote (0: none yet).
+    wb_rate: f64,
+}
+
+/// A writeback batch in progress: when it started, its blocks, and
+/// [`Inner::wb_done`] when it started.
+#[derive(Debug, Clone, Copy)]
+struct BatchProgress {
+    started: Instant,
+    blocks: u64,
+    base: u64,
 }
 
 /// What the writeback thread is doing.
@@ -564,6 +603,10 @@ struct Inner {
     /// Pins of ring slots: readers of a slot hold it shared, the flusher
     /// exclusively while it overwrites the slot.
     slots: Vec<RwLock<()>>,
+    /// Blocks written back so far (counted as their writes complete).
+    wb_done: AtomicU64,
+    /// When the next paced write may go in (see [`Inner::pace`]).
+    pace_next: Mutex<Instant>,
 }
 
 /// The write-back cache: a [`BlockDev`] over a backing device, with a log
@@ -743,6 +786,8 @@ impl WbCache {
             wb_wait: WbWait::Busy,
             space_waiters: 0,
             done_waiters: 0,
+            wb_batch: None,
+            wb_rate: 0.0,
         };
         let inner = Arc::new(Inner {
             cache,
@@ -761,6 +806,8 @@ impl WbCache {
             bypass_done: AtomicU64::new(0),
             bypass_flushed: AtomicU64::new(0),
             slots: (0..count).map(|_| RwLock::new(())).collect(),
+            wb_done: AtomicU64::new(0),
+            pace_next: Mutex::new(Instant::now()),
         });
         let mut threads = Vec::new();
         let f = inner.clone();
@@ -1252,12 +1299,70 @@ impl Inner {
         Ok(b)
     }
 
+    /// Blocks that can still be logged before the ring is full: the room
+    /// in the open segment and the segments after it up to the watermark.
+    fn free_blocks(&self, st: &State) -> u64 {
+        let segs = (st.clean_id + self.segment_count).saturating_sub(st.open.id);
+        let open_room = DATA_BLOCKS.saturating_sub(st.open.data_used()) as u64;
+        segs * DATA_BLOCKS as u64 + open_room
+    }
+
+    /// The rate (blocks per second) at which writers may log new blocks
+    /// while a writeback batch runs: the free part of the ring (less a
+    /// segment, for part-filled segments a FLUSH seals) spread over the
+    /// time the batch still needs at its measured speed. None: no pacing
+    /// (no batch runs, its speed is not known yet, the room is plenty, or
+    /// there is none: then writers wait for the batch in `insert`).
+    fn admission_rate(&self, st: &State) -> Option<f64> {
+        let b = st.wb_batch?;
+        let done = self.wb_done.load(Ordering::Relaxed).saturating_sub(b.base);
+        let secs = b.started.elapsed().as_secs_f64();
+        let rate = if done >= PACE_SAMPLE && secs > 0.0 {
+            done as f64 / secs
+        } else {
+            st.wb_rate
+        };
+        if rate <= 0.0 {
+            return None;
+        }
+        let left = b.blocks.saturating_sub(done) as f64 / rate + PACE_BATCH_END;
+        let free = self.free_blocks(st).saturating_sub(DATA_BLOCKS as u64);
+        let allowed = free as f64 / left;
+        (allowed > 0.0 && allowed < PACE_OFF).then_some(allowed)
+    }
+
+    /// Smooth admission: while a writeback batch runs, writes of new
+    /// blocks go in one after another at [`Inner::admission_rate`], so the
+    /// free part of the ring lasts until the batch frees its segments.
+    /// Without it, writers fill the ring at full speed and then all wait
+    /// for the whole batch (seconds over a disk).
+    fn pace(&self, blocks: u64) {
+        let rate = self.admission_rate(&lock(&self.state));
+        let now = Instant::now();
+        let mut next = lock(&self.pace_next);
+        let Some(rate) = rate else {
+            *next = now;
+            return;
+        };
+        let at = (*next).max(now);
+        // At most a second per request: the rate is positive and finite,
+        // but a tiny one must not overflow the clock.
+        let step = Duration::try_from_secs_f64(blocks as f64 / rate)
+            .map_or(Duration::from_secs(1), |d| d.min(Duration::from_secs(1)));
+        *next = at + step;
+        drop(next);
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+    }
+
     /// Log `fill` over `offset..offset + len` (inside the device).
     fn write(&self, offset: u64, len: u64, fill: Fill<'_>) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
         let end = offset + len;
+        self.pace((end - 1) / B - offset / B + 1);
         for lba in offset / B..=(end - 1) / B {
             let bs = offset.max(lba * B);
             let be = end.min((lba + 1) * B);
@@ -1742,15 +1847,17 @@ impl Inner {
     }
 
     /// Segments per writeback batch: [`WbConfig::batch`], but, unless
-    /// draining, at most a quarter of the ring, so that a writer waiting
-    /// for room in a full ring waits for a quarter of it to be written
-    /// back, not all of it.
+    /// draining, at most half the ring. The other half takes the writes
+    /// that arrive while the batch is written (paced to last until it
+    /// ends, see [`Inner::pace`]), so writers neither stop for a whole
+    /// batch nor leave it small: a batch is sorted as one, and the more
+    /// blocks it has, the closer together they lie on the disk.
     fn batch_segments(&self, st: &State) -> usize {
         if st.drain_to > st.clean_id {
             return self.cfg.batch.max(1);
         }
-        let quarter = usize::try_from(self.segment_count / 4).unwrap_or(usize::MAX);
-        self.cfg.batch.min(quarter).max(1)
+        let half = usize::try_from(self.segment_count / 2).unwrap_or(usize::MAX);
+        self.cfg.batch.min(half).max(1)
     }
 
     fn collect_batch(&self, st: &State) -> Batch {
@@ -1830,31 +1937,16 @@ impl Inner {
         }
         batch.cands.sort_by_key(|c| c.meta.lba);
 
-        // Write dirty sector runs (merged) and zero runs, in address order.
-        let mut run = Run::default();
-        let mut zrun: Option<(u64, u64, bool)> = None;
+        // Dirty sector runs (merged) and zero runs, in address order.
+        let mut ops = WbOps::default();
         for c in &batch.cands {
             let base = c.meta.lba * B;
             match c.meta.data {
-                None => {
-                    self.flush_run(&mut run)?;
-                    let zend = (base + B).min(self.size);
-                    zrun = match zrun.take() {
-                        Some((s, e, t)) if e == base => Some((s, zend, t && c.trim)),
-                        other => {
-                            if let Some(z) = other {
-                                self.zero_run(z)?;
-                            }
-                            Some((base, zend, c.trim))
-                        }
-                    };
-                }
+                None => ops.zero(base, (base + B).min(self.size), c.trim),
                 Some(d) => {
-                    if let Some(z) = zrun.take() {
-                        self.zero_run(z)?;
-                    }
                     let at = usize::from(d) * BU;
                     let block = &bufs[c.buf][at..at + BU];
+                    let mut first = true;
                     let mut s = 0usize;
                     while s < 8 {
                         if c.meta.dirty & (1 << s) == 0 {
@@ -1868,26 +1960,38 @@ impl Inner {
                         let off = base + s as u64 * SECTOR_SIZE;
                         let stop = (base + e as u64 * SECTOR_SIZE).min(self.size);
                         if off < stop {
-                            let bytes = &block[s * 512..s * 512 + (stop - off) as usize];
-                            if !(run.off + run.len as u64 == off
-                                && !run.parts.is_empty()
-                                && run.len < MAX_MERGED_WRITE)
-                            {
-                                self.flush_run(&mut run)?;
-                                run.off = off;
-                            }
-                            run.parts.push(bytes);
-                            run.len += bytes.len();
+                            ops.data(off, &block[s * 512..s * 512 + (stop - off) as usize], first);
+                            first = false;
                         }
                         s = e;
                     }
                 }
             }
         }
-        self.flush_run(&mut run)?;
-        if let Some(z) = zrun.take() {
-            self.zero_run(z)?;
+        {
+            let mut st = lock(&self.state);
+            st.wb_batch = Some(BatchProgress {
+                started: Instant::now(),
+                blocks: batch.cands.len() as u64,
+                base: self.wb_done.load(Ordering::Relaxed),
+            });
         }
+        let started = Instant::now();
+        let written = self.run_ops(&ops.ops);
+        let secs = started.elapsed().as_secs_f64();
+        {
+            let mut st = lock(&self.state);
+            st.wb_batch = None;
+            if written.is_ok() && secs > 0.0 && batch.cands.len() as u64 >= PACE_SAMPLE {
+                let rate = batch.cands.len() as f64 / secs;
+                st.wb_rate = if st.wb_rate > 0.0 {
+                    (st.wb_rate + rate) / 2.0
+                } else {
+                    rate
+                };
+            }
+        }
+        written?;
         self.backing
             .flush()
             .map_err(|e| WbError::io(Place::BackingFlush, e))?;
@@ -1930,28 +2034,70 @@ impl Inner {
         Ok(())
     }
 
-    /// Write the run (one write: a single part as it is, several joined
-    /// in the run's scratch buffer) and empty it.
-    fn flush_run(&self, run: &mut Run<'_>) -> Result<()> {
-        let buf: &[u8] = match run.parts.len() {
-            0 => return Ok(()),
-            1 => run.parts[0],
-            _ => {
-                run.joined.clear();
-                run.joined.reserve(run.len);
-                for p in &run.parts {
-                    run.joined.extend_from_slice(p);
+    /// Write `ops` to the backing device, `writeback_depth` at a time,
+    /// taken in order (address order) by that many threads, so that the
+    /// device's queue always holds the next sorted writes. Returns the
+    /// first failure; after one, no further write starts.
+    fn run_ops(&self, ops: &[WbOp<'_>]) -> Result<()> {
+        let depth = self.cfg.writeback_depth.clamp(1, ops.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let first: Mutex<Option<WbError>> = Mutex::new(None);
+        let work = || {
+            let mut joined = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let Some(op) = ops.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                match self.write_op(op, &mut joined) {
+                    Ok(()) => {
+                        self.wb_done.fetch_add(op.blocks(), Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        lock(&first).get_or_insert(e);
+                        return;
+                    }
                 }
-                &run.joined
             }
         };
-        let off = run.off;
-        self.backing
-            .write_at(buf, off, false)
-            .map_err(|e| WbError::io(Place::Backing { offset: off }, e))?;
-        run.parts.clear();
-        run.len = 0;
-        Ok(())
+        std::thread::scope(|s| {
+            for _ in 1..depth {
+                // A thread that cannot start leaves its share to the others.
+                let _ = std::thread::Builder::new()
+                    .name("wbcache-wb".into())
+                    .spawn_scoped(s, work);
+            }
+            work();
+        });
+        match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// One writeback write: a run of dirty sectors (its parts joined in
+    /// `joined` when there are several), or a run of zeroes.
+    fn write_op(&self, op: &WbOp<'_>, joined: &mut Vec<u8>) -> Result<()> {
+        match op {
+            WbOp::Data { off, parts, .. } => {
+                let buf: &[u8] = if parts.len() == 1 {
+                    parts[0]
+                } else {
+                    joined.clear();
+                    for p in parts {
+                        joined.extend_from_slice(p);
+                    }
+                    joined
+                };
+                self.backing
+                    .write_at(buf, *off, false)
+                    .map_err(|e| WbError::io(Place::Backing { offset: *off }, e))
+            }
+            WbOp::Zero {
+                start, end, trim, ..
+            } => self.zero_run((*start, *end, *trim)),
+        }
     }
 
     fn zero_run(&self, (start, end, trim): (u64, u64, bool)) -> Result<()> {
@@ -1983,14 +2129,89 @@ struct Cand {
     buf: usize,
 }
 
-/// Consecutive dirty sectors writeback writes as one request: pieces of
-/// the segment buffers, joined only when there are several.
+/// One write of a writeback batch.
+enum WbOp<'a> {
+    /// Consecutive dirty sectors at `off`: pieces of the segment buffers.
+    Data {
+        off: u64,
+        parts: Vec<&'a [u8]>,
+        len: usize,
+        blocks: u64,
+    },
+    /// Blocks that read as zeroes, `start..end` (`trim`: all were trims).
+    Zero {
+        start: u64,
+        end: u64,
+        trim: bool,
+        blocks: u64,
+    },
+}
+
+impl WbOp<'_> {
+    /// Cache blocks whose writeback this write completes (for pacing).
+    fn blocks(&self) -> u64 {
+        match self {
+            WbOp::Data { blocks, .. } | WbOp::Zero { blocks, .. } => *blocks,
+        }
+    }
+}
+
+/// A batch's writes in address order, adjacent ones merged (up to
+/// [`MAX_MERGED_WRITE`] for data).
 #[derive(Default)]
-struct Run<'a> {
-    off: u64,
-    len: usize,
-    parts: Vec<&'a [u8]>,
-    joined: Vec<u8>,
+struct WbOps<'a> {
+    ops: Vec<WbOp<'a>>,
+}
+
+impl<'a> WbOps<'a> {
+    /// Sectors `bytes` at `off`; `new_block`: the first piece of a block.
+    fn data(&mut self, off: u64, bytes: &'a [u8], new_block: bool) {
+        let n = u64::from(new_block);
+        if let Some(WbOp::Data {
+            off: o,
+            parts,
+            len,
+            blocks,
+        }) = self.ops.last_mut()
+        {
+            if *o + *len as u64 == off && *len < MAX_MERGED_WRITE {
+                parts.push(bytes);
+                *len += bytes.len();
+                *blocks += n;
+                return;
+            }
+        }
+        self.ops.push(WbOp::Data {
+            off,
+            parts: vec![bytes],
+            len: bytes.len(),
+            blocks: n,
+        });
+    }
+
+    /// A block at `start..end` that reads as zeroes.
+    fn zero(&mut self, start: u64, end: u64, trim: bool) {
+        if let Some(WbOp::Zero {
+            end: e,
+            trim: t,
+            blocks,
+            ..
+        }) = self.ops.last_mut()
+        {
+            if *e == start {
+                *e = end;
+                *t &= trim;
+                *blocks += 1;
+                return;
+            }
+        }
+        self.ops.push(WbOp::Zero {
+            start,
+            end,
+            trim,
+            blocks: 1,
+        });
+    }
 }
 
 struct Batch {

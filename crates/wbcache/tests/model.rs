@@ -92,6 +92,7 @@ fn pattern(off: u64, len: u64, seed: u8) -> Vec<u8> {
 fn config() -> WbConfig {
     WbConfig {
         batch: 2,
+        writeback_depth: 4,
         dirty_high: 0.5,
         idle_writeback: Duration::from_millis(5),
         max_sealed_in_ram: 1,

@@ -14,6 +14,7 @@ pub const BACKING: u64 = 4 << 20;
 pub fn lazy_config(plog: bool) -> WbConfig {
     WbConfig {
         batch: 32,
+        writeback_depth: 32,
         dirty_high: 1.0,
         idle_writeback: Duration::from_secs(3600),
         max_sealed_in_ram: 2,
