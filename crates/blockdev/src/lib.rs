@@ -57,7 +57,9 @@ mod mem;
 mod sparse;
 
 pub use error::{BlockError, ErrorKind, Op, Result};
-pub use fault::{FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, Tear, When};
+pub use fault::{
+    FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,
+};
 pub use file::{next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
 pub use sparse::{is_zero, SparseFile, SparseRead};

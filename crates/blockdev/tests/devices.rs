@@ -856,7 +856,388 @@ fn rotational_really_sleeps_and_serialises_threads() {
         h.join().unwrap();
     }
     assert_eq!(f.counts().read, 40);
-    assert!(f.modelled_time() >= (m.track_to_track + m.revolution() / 2) * 39);
+    // The 40 offsets are 16 MiB apart: whatever order the queue chose,
+    // every request after the first pays at least that seek (the positional
+    // wait may be anything, and the old bound with half a revolution each
+    // held only for first come, first served).
+    assert!(f.modelled_time() >= m.seek_time((16 << 20) - 512, 1 << 30) * 39);
+    let st = f.rotational_stats().unwrap();
+    assert_eq!((st.served, st.waiting), (40, 0));
+}
+
+/// Positional latency with time_scale 0 depends on the requests alone.
+#[test]
+fn rotational_positional_is_deterministic() {
+    const SIZE: u64 = 1 << 30;
+    let m = model(RotationalLatency::Positional);
+    let run = || {
+        let f = FaultDev::with_rotational(Arc::new(SparseDev(SIZE)), m);
+        let mut buf = vec![0u8; 4096];
+        let mut x = 99u64;
+        let mut costs = Vec::new();
+        for _ in 0..2000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let before = f.modelled_time();
+            f.read_at(&mut buf, ((x >> 20) % (SIZE / 4096)) * 4096)
+                .unwrap();
+            costs.push(f.modelled_time() - before);
+        }
+        (f.modelled_time(), costs, f.rotational_stats().unwrap())
+    };
+    let (a, costs, st) = run();
+    let (b, costs_b, _) = run();
+    assert_eq!(a, b);
+    assert_eq!(costs, costs_b);
+    assert_eq!(st.clock, a, "no idle time at time_scale 0");
+    assert_eq!(st.queued, 0);
+    // One at a time, the positional wait averages half a revolution: the
+    // old model's mean.
+    let per = a / 2000;
+    let old = m.mean_random_seek() + m.revolution() / 2 + m.transfer_time(4096);
+    assert!(
+        per > old.mul_f64(0.95) && per < old.mul_f64(1.05),
+        "{per:?} vs {old:?}"
+    );
+    // Each cost lies between its seek and its seek plus a revolution.
+    assert!(costs
+        .iter()
+        .all(|c| *c < m.full_stroke + m.revolution() + m.transfer_time(4096)));
+    // Same track, ahead of the head: no seek, the wait by the formula.
+    let f = FaultDev::with_rotational(Arc::new(SparseDev(SIZE)), m);
+    f.read_at(&mut [0u8; 4096], 0).unwrap();
+    let t0 = f.modelled_time();
+    f.read_at(&mut [0u8; 4096], 625_000).unwrap();
+    let wait = m
+        .revolution()
+        .mul_f64((625_000.0 - 4096.0) / m.track_bytes() as f64);
+    let got = f.modelled_time() - t0;
+    assert!(
+        got.abs_diff(wait + m.transfer_time(4096)) < Duration::from_micros(1),
+        "{got:?}"
+    );
+}
+
+/// The platter turns while the disk sits idle: with `time_scale > 0` the
+/// clock of a request that finds the disk idle catches up with real time
+/// (scaled); the idle time is not charged.
+#[test]
+fn rotational_platter_turns_while_idle() {
+    let m = RotationalModel {
+        time_scale: 1e-3,
+        ..RotationalModel::default()
+    };
+    let f = FaultDev::with_rotational(Arc::new(SparseDev(1 << 30)), m);
+    f.read_at(&mut [0u8; 4096], 1 << 29).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    f.read_at(&mut [0u8; 4096], 1 << 20).unwrap();
+    let st = f.rotational_stats().unwrap();
+    // 20 ms of real time at a scale of 1e-3: at least 20 s of model time.
+    assert!(st.clock >= Duration::from_secs(20), "{:?}", st.clock);
+    assert!(f.modelled_time() < Duration::from_millis(50));
+    assert_eq!((st.served, st.queued), (2, 0));
+}
+
+/// `threads` threads issue `per_thread` 4 KiB requests each at offsets
+/// from `next` (called with a global sequence number), at a tiny time
+/// scale: real sleeps and real queuing. The modelled time per request
+/// and the queue's statistics.
+fn rotational_load(
+    m: RotationalModel,
+    threads: u64,
+    per_thread: u64,
+    write: bool,
+    next: impl Fn(u64) -> u64 + Send + Sync + 'static,
+) -> (Duration, cairn_blockdev::RotationalStats) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let f = Arc::new(FaultDev::with_rotational(Arc::new(SparseDev(1 << 30)), m));
+    let seq = Arc::new(AtomicU64::new(0));
+    let next = Arc::new(next);
+    let hs: Vec<_> = (0..threads)
+        .map(|_| {
+            let (f, seq, next) = (f.clone(), seq.clone(), next.clone());
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 4096];
+                for _ in 0..per_thread {
+                    let off = next(seq.fetch_add(1, Ordering::Relaxed));
+                    if write {
+                        f.write_at(&b, off, false).unwrap();
+                    } else {
+                        f.read_at(&mut b, off).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let n = threads * per_thread;
+    let st = f.rotational_stats().unwrap();
+    assert_eq!(st.served, n);
+    (f.modelled_time() / n as u32, st)
+}
+
+/// The `i`th of a uniform random sequence of 4 KiB blocks over 1 GiB
+/// (splitmix64 of `i`).
+fn random_4k(i: u64) -> u64 {
+    let mut z = (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) % ((1 << 30) / 4096) * 4096
+}
+
+fn scaled(queue_depth: usize) -> RotationalModel {
+    RotationalModel {
+        time_scale: 1e-3,
+        queue_depth,
+        ..RotationalModel::default()
+    }
+}
+
+/// 32 threads of random 4 KiB reads: with a 32-deep queue the disk picks
+/// the cheapest to reach, and serves about 2.5x as many per second of
+/// model time as first come, first served.
+#[test]
+fn rotational_queue_gains_with_32_threads() {
+    let (d1, st1) = rotational_load(scaled(1), 32, 100, false, random_4k);
+    let (d32, st32) = rotational_load(scaled(32), 32, 100, false, random_4k);
+    let m = RotationalModel::default();
+    let old = m.mean_random_seek() + m.revolution() / 2 + m.transfer_time(4096);
+    let gain = d1.as_secs_f64() / d32.as_secs_f64();
+    eprintln!(
+        "32 threads, random 4 KiB over 1 GiB: depth 1 {d1:?} ({:.0} IOPS), depth 32 {d32:?} \
+         ({:.0} IOPS), {gain:.2}x; mean choice among {:.1}, aged {}",
+        1.0 / d1.as_secs_f64(),
+        1.0 / d32.as_secs_f64(),
+        st32.candidates as f64 / st32.queued.max(1) as f64,
+        st32.aged
+    );
+    // First come, first served: the old model's mean (3200 draws of a
+    // cost with ~4 ms of spread: within 10 %).
+    assert!(
+        d1 > old.mul_f64(0.9) && d1 < old.mul_f64(1.1),
+        "{d1:?} vs {old:?}"
+    );
+    assert_eq!(st1.candidates, st1.queued);
+    // The closed-loop simulation (unit tests) gives 2.56x with 31 waiting;
+    // here the queue is a little shallower at the start and the end of the
+    // run, and while threads are between two requests. Datasheets: about
+    // 2x-2.5x. Below 1.8x queuing is broken; above 3x the model would
+    // reward more than a disk.
+    assert!((1.8..3.0).contains(&gain), "gain {gain:.2}");
+}
+
+/// Ascending 4 KiB writes about five per track (256 KiB apart), 32
+/// threads taking the next block in turn (what a sorted writeback with 32
+/// in flight does): far cheaper than random ones at the same depth.
+#[test]
+fn rotational_sorted_writes_32_at_a_time() {
+    let (sorted, st) = rotational_load(scaled(32), 32, 100, true, |i| i * (256 << 10));
+    let (random, _) = rotational_load(scaled(32), 32, 100, true, random_4k);
+    eprintln!(
+        "32 threads of 4 KiB writes: sorted 256 KiB apart {sorted:?} ({:.0} IOPS), random \
+         {random:?} ({:.0} IOPS); mean choice among {:.1}",
+        1.0 / sorted.as_secs_f64(),
+        1.0 / random.as_secs_f64(),
+        st.candidates as f64 / st.queued.max(1) as f64
+    );
+    // Simulation: 1.43 ms against 4.8 ms.
+    assert!(sorted < Duration::from_micros(2500), "{sorted:?}");
+    assert!(sorted * 2 < random, "{sorted:?} vs {random:?}");
+}
+
+/// A device that records the order of the operations it serves, and
+/// holds a read at `gate` until the gate opens.
+struct GateDev {
+    inner: SparseDev,
+    gate: u64,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    entered: std::sync::atomic::AtomicBool,
+    log: std::sync::Mutex<Vec<(Op, u64)>>,
+}
+
+impl GateDev {
+    fn new(gate: u64) -> GateDev {
+        GateDev {
+            inner: SparseDev(1 << 30),
+            gate,
+            open: std::sync::Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+            entered: std::sync::atomic::AtomicBool::new(false),
+            log: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl BlockDev for GateDev {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn caps(&self) -> cairn_blockdev::Caps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_blockdev::Result<()> {
+        self.log.lock().unwrap().push((Op::Read, offset));
+        if offset == self.gate {
+            self.entered
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
+        self.log.lock().unwrap().push((Op::Write, offset));
+        self.inner.write_at(buf, offset, fua)
+    }
+    fn flush(&self) -> cairn_blockdev::Result<()> {
+        self.log.lock().unwrap().push((Op::Flush, 0));
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> cairn_blockdev::Result<()> {
+        self.inner.trim(offset, len, fua)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, f: ZeroFlags) -> cairn_blockdev::Result<()> {
+        self.inner.write_zeroes(offset, len, f)
+    }
+}
+
+/// Hold the head with a gated read at 0, then queue `then` in order (each
+/// waits until the one before it is queued), open the gate: the order in
+/// which the wrapped device saw them.
+fn served_order(queue_depth: usize, then: &[(Op, u64)]) -> Vec<(Op, u64)> {
+    let gate = Arc::new(GateDev::new(0));
+    let m = RotationalModel {
+        queue_depth,
+        ..model(RotationalLatency::Positional)
+    };
+    let f = Arc::new(FaultDev::with_rotational(gate.clone(), m));
+    let mut hs = Vec::new();
+    let spawn = |op: Op, off: u64| {
+        let f = f.clone();
+        std::thread::spawn(move || match op {
+            Op::Read => f.read_at(&mut [0u8; 4096], off).unwrap(),
+            Op::Write => f.write_at(&[0u8; 4096], off, false).unwrap(),
+            Op::Flush => f.flush().unwrap(),
+            _ => unreachable!(),
+        })
+    };
+    hs.push(spawn(Op::Read, 0));
+    while !gate.entered.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for (k, &(op, off)) in then.iter().enumerate() {
+        hs.push(spawn(op, off));
+        while f.rotational_stats().unwrap().waiting < k as u64 + 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    gate.release();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let log = gate.log.lock().unwrap().clone();
+    assert_eq!(log[0], (Op::Read, 0));
+    log[1..].to_vec()
+}
+
+/// The threaded queue: the head serves the cheapest to reach first (the
+/// sequential read after the gate), unless the queue is one deep.
+#[test]
+fn rotational_queue_serves_cheapest_first() {
+    let far = (Op::Read, 900 << 20);
+    let seq = (Op::Read, 4096);
+    assert_eq!(served_order(32, &[far, seq]), vec![seq, far]);
+    assert_eq!(served_order(1, &[far, seq]), vec![far, seq]);
+}
+
+/// A flush waits for the requests queued before it, and the ones queued
+/// after it wait for the flush, even the cheapest.
+#[test]
+fn rotational_flush_waits_for_earlier_requests() {
+    let before = [
+        (Op::Write, 900 << 20),
+        (Op::Read, 300 << 20),
+        (Op::Write, 600 << 20),
+    ];
+    let after = [(Op::Write, 4096), (Op::Read, 8192)];
+    let mut then = before.to_vec();
+    then.push((Op::Flush, 0));
+    then.extend(after);
+    let order = served_order(32, &then);
+    assert_eq!(order.len(), 6);
+    let mut first: Vec<_> = order[..3].to_vec();
+    first.sort_by_key(|x| x.1);
+    let mut want = before.to_vec();
+    want.sort_by_key(|x| x.1);
+    assert_eq!(first, want);
+    assert_eq!(order[3], (Op::Flush, 0));
+    // After the flush: the sequential write first (it costs nothing).
+    assert_eq!(&order[4..], &after);
+}
+
+/// A far read among a stream of near ones (31 threads within 4 MiB) is
+/// served once it is older than the age limit, while the stream goes on
+/// (the figures printed: how long it waited, as seen from its thread, and
+/// how far the stream had got when its thread looked).
+#[test]
+fn rotational_far_request_does_not_starve() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let m = scaled(32);
+    let f = Arc::new(FaultDev::with_rotational(Arc::new(SparseDev(1 << 30)), m));
+    let done = Arc::new(AtomicU64::new(0));
+    let (threads, per_thread) = (31u64, 200u64);
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (f, done) = (f.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; 4096];
+                for i in 0..per_thread {
+                    let off = random_4k(t * per_thread + i) % (4 << 20);
+                    f.read_at(&mut b, off).unwrap();
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    while done.load(Ordering::Relaxed) < 300 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let clock = f.rotational_stats().unwrap().clock;
+    f.read_at(&mut [0u8; 4096], (1 << 30) - 4096).unwrap();
+    let waited = f.rotational_stats().unwrap().clock - clock;
+    let at = done.load(Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let st = f.rotational_stats().unwrap();
+    eprintln!(
+        "far read served after {waited:?} of model time, {at} of {} near reads done; aged {}, \
+         max wait {:?}",
+        threads * per_thread,
+        st.aged,
+        st.max_wait
+    );
+    // Served by the age limit, within one or two services of it (two if a
+    // near read aged at the same time): without the limit it would wait
+    // for the end of the stream, over a second more.
+    let longest = m.full_stroke + m.revolution() + m.transfer_time(4096);
+    assert!(st.aged >= 1, "the age limit chose it");
+    assert!(
+        st.max_wait <= m.age_limit + longest * 3,
+        "{:?}",
+        st.max_wait
+    );
 }
 
 /// A large device that stores nothing (reads zeroes): for the model tests.
