@@ -337,7 +337,7 @@ pub(crate) fn status_line(cache: &str, s: &WbStatus) -> String {
     let reads = s.read_hits_ram + s.read_hits_log + s.read_misses;
     let hits = s.read_hits_ram + s.read_hits_log;
     format!(
-        "{cache}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments; read hits {} of {} blocks{}; {} blocks written back in {} batches; {} written around the cache (sequential)",
+        "{cache}: {} segments, log up to segment {}, written back up to {}; {} dirty blocks ({} MiB) in {} segments; read hits {} of {} blocks{}; {} blocks written back in {} batches; {} written around the cache",
         s.segment_count,
         s.last_written_id,
         s.clean_id,

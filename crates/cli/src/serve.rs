@@ -110,6 +110,11 @@ pub(crate) struct ServeArgs {
     /// device (unless cached there); 0 turns this off.
     #[arg(long = "cache-seq-cutoff", value_parser = size_or_zero, default_value = "4M")]
     pub cache_seq_cutoff: usize,
+    /// Write-back cache: writes whose blocks are not cached go straight to
+    /// a backing device whose writes take less than this many
+    /// microseconds (measured while serving; 0: never).
+    #[arg(long = "cache-bypass-below-us", default_value_t = WbConfig::default().bypass_below.as_micros() as u64)]
+    pub cache_bypass_below_us: u64,
     /// Write-back cache: seal the RAM segment into the log at most this
     /// many milliseconds after its first write, FLUSH or not (0: only
     /// when full or flushed).
@@ -247,6 +252,7 @@ fn attach_cache(
         idle_writeback: std::time::Duration::from_millis(a.cache_idle_ms),
         plog: a.cache_plog,
         seq_cutoff: a.cache_seq_cutoff as u64,
+        bypass_below: std::time::Duration::from_micros(a.cache_bypass_below_us),
         flush_deadline: std::time::Duration::from_millis(a.cache_flush_deadline_ms),
         accept_loss: a.cache_accept_loss,
         ..WbConfig::default()

@@ -63,13 +63,13 @@
 //!   runs when the dirty part of the ring passes [`WbConfig::dirty_high`],
 //!   when the ring is nearly full, after [`WbConfig::idle_writeback`]
 //!   without writes, or on [`WbCache::drain`].
-//! - **Smooth admission.** While a batch is written, writes of new blocks
-//!   are paced: admitted one after another at the rate that makes the
-//!   free part of the ring last until the batch ends (free blocks over
-//!   the batch's remaining blocks at its measured speed). A load that
-//!   writes faster than the backing device takes gets that device's speed
-//!   with steady latencies, instead of filling the ring at full speed and
-//!   then waiting seconds for a whole batch.
+//! - **Smooth admission** (as Linux paces writers of dirty pages). Once
+//!   the ring is [`WbConfig::dirty_high`] full, writes are admitted one
+//!   after another at the measured writeback speed times a factor that is
+//!   2 at `dirty_high`, 1 halfway from there to full and falls steeply to
+//!   0 near full. A load that writes faster than the backing device takes
+//!   gets that device's speed with even latencies, instead of filling the
+//!   ring at full speed and then waiting seconds for a whole batch.
 //! - **Sequential cutoff (bcache's).** A block-aligned write continuing a
 //!   sequential stream that has written [`WbConfig::seq_cutoff`] bytes
 //!   (default 4 MiB) goes straight to the backing device: a big copy
@@ -83,6 +83,17 @@
 //!   cached version can be written back over it and nothing has to be
 //!   invalidated in the log (no format change); a FLUSH then also flushes
 //!   the backing device, once for all bypassed writes before it.
+//! - **Around the cache to a fast backing device.** The cache gains
+//!   where the backing device is slow to seek. In front of one that takes
+//!   a write in less than [`WbConfig::bypass_below`] (200 µs: the page
+//!   cache, an SSD) logging every write only spends the cores twice, so
+//!   there a block-aligned, non-FUA write none of whose blocks is cached
+//!   goes straight to it, under the sequential cutoff's rules (a FLUSH
+//!   then flushes the backing device too). The speed is measured, not
+//!   assumed (a virtio disk says it is rotational whatever is behind it):
+//!   per backing write, by Little's law, from writeback batches and from
+//!   the bypassed writes themselves; the device counts as fast while most
+//!   recent samples were, so it changes mode when the device does.
 //! - **A flush deadline.** Without a FLUSH, a part-filled RAM segment is
 //!   sealed into the log [`WbConfig::flush_deadline`] after its first
 //!   write (default 2 s, the shortest whose cost stayed within 5 % in
@@ -151,11 +162,20 @@ const SPARE_BUFS: usize = 2;
 /// Blocks a writeback batch must have written before its own rate is
 /// trusted for pacing (before that, the last batches' rate is used).
 const PACE_SAMPLE: u64 = 32;
-/// Time allowed, in the pacing, for the backing flush and watermark that
-/// end a writeback batch.
-const PACE_BATCH_END: f64 = 0.01;
-/// Above this admission rate (blocks per second) writers are not paced.
-const PACE_OFF: f64 = 1e6;
+/// Paced writers sleep only once their slot is this far ahead: a sleep
+/// of microseconds costs more than it waits (timer slack), so shorter
+/// gaps accumulate in the pacing clock until they are worth a sleep.
+const PACE_MIN_SLEEP: Duration = Duration::from_millis(1);
+/// Writeback writes in flight to a backing device that is not rotational
+/// (see [`WbConfig::writeback_depth`]).
+const FAST_DEPTH: usize = 4;
+/// Weight of a new sample in [`Inner::backing_fast`]'s average: 1/16.
+const BACKING_AVG_SHIFT: u32 = 4;
+/// Samples of the backing device's speed before it may count as fast.
+const BACKING_MIN_SAMPLES: u64 = 8;
+/// The least pacing factor: near a full ring writers still trickle in
+/// (a full ring stops them in `insert` until a batch ends).
+const PACE_MIN_FACTOR: f64 = 0.05;
 
 /// How to format a cache device.
 #[derive(Debug, Clone, Default)]
@@ -185,14 +205,23 @@ pub struct FormatOptions {
 ///   loads of bench/wbcache-fs.py.
 /// - `writeback_depth` 32: a SATA disk's command queue (NCQ) holds 32;
 ///   with that many sorted writes in flight it serves them in the order
-///   its head reaches them, not one seek and half a turn each.
+///   its head reaches them, not one seek and half a turn each. A backing
+///   device as fast as `bypass_below` gets at most 4: in front of a file,
+///   bench/wbcache.py's load (T) did 49.0k IOPS with 1, 49.8k with 4 and
+///   43.6k with 32 (the file's writers queue on its inode lock).
+/// - `bypass_below` 200 µs: a write to the page cache, an NVMe or a SATA
+///   SSD takes less; a disk (or its model) at least a track-to-track seek
+///   plus part of a turn, over a millisecond. In front of a plain file the
+///   cache logging every write did 0.87x-0.93x of the bare file's IOPS on
+///   load (T); going around it, see docs/benchmarks.md.
 #[derive(Debug, Clone)]
 pub struct WbConfig {
     /// Segments written back per batch (outside a drain at most half the
-    /// ring, see [`Inner::batch_segments`]).
+    /// ring, so that writes arriving meanwhile have the other half).
     pub batch: usize,
-    /// Writeback writes in flight to the backing device (1: one at a
-    /// time). They are issued in address order.
+    /// Writeback writes in flight to the backing device (1: one at a time;
+    /// at most 4 to a device as fast as [`WbConfig::bypass_below`]). They
+    /// are issued in address order.
     pub writeback_depth: usize,
     /// Write back when more than this fraction of the ring is dirty.
     pub dirty_high: f64,
@@ -213,6 +242,14 @@ pub struct WbConfig {
     /// goes straight to the backing device, unless one of its blocks is
     /// in the cache. 0 turns it off.
     pub seq_cutoff: u64,
+    /// Writes go around the cache to a backing device this fast: while the
+    /// measured time of a backing write (writeback's and bypassed ones,
+    /// averaged) is under it, a block-aligned, non-FUA write none of whose
+    /// blocks is cached is written straight to the backing device, as the
+    /// sequential cutoff does. A device that fast takes writes as well as
+    /// the log; logging them too would only spend the cores twice. Zero
+    /// turns it off.
+    pub bypass_below: Duration,
     /// Seal the open RAM segment at most this long after its first write,
     /// FLUSH or not, so that writes do not stay in RAM only for longer
     /// (zero: only when full or flushed). Sealing a part-filled segment
@@ -228,6 +265,7 @@ impl Default for WbConfig {
     fn default() -> Self {
         WbConfig {
             seq_cutoff: 4 << 20,
+            bypass_below: Duration::from_micros(200),
             flush_deadline: Duration::from_secs(2),
             batch: 32,
             writeback_depth: 32,
@@ -494,12 +532,11 @@ struct State {
     wb_rate: f64,
 }
 
-/// A writeback batch in progress: when it started, its blocks, and
-/// [`Inner::wb_done`] when it started.
+/// A writeback batch in progress: when it started, and
+/// [`Inner::wb_done`] then.
 #[derive(Debug, Clone, Copy)]
 struct BatchProgress {
     started: Instant,
-    blocks: u64,
     base: u64,
 }
 
@@ -607,6 +644,18 @@ struct Inner {
     wb_done: AtomicU64,
     /// When the next paced write may go in (see [`Inner::pace`]).
     pace_next: Mutex<Instant>,
+    /// [`Inner::admission_rate`] as of the last block logged or batch
+    /// ended (f64 bits; 0: no pacing), so writers read it without taking
+    /// the state lock.
+    pace_rate: AtomicU64,
+    /// How often the backing device took a write in less than
+    /// [`WbConfig::bypass_below`]: a moving average of 1 (fast) and 0
+    /// (slow) per sample, in 1/65536ths, and the samples seen (see
+    /// [`Inner::note_backing`]).
+    backing_fast: AtomicU64,
+    backing_samples: AtomicU64,
+    /// Writes going around the cache now.
+    bypass_inflight: AtomicU64,
 }
 
 /// The write-back cache: a [`BlockDev`] over a backing device, with a log
@@ -808,6 +857,10 @@ impl WbCache {
             slots: (0..count).map(|_| RwLock::new(())).collect(),
             wb_done: AtomicU64::new(0),
             pace_next: Mutex::new(Instant::now()),
+            pace_rate: AtomicU64::new(0),
+            backing_fast: AtomicU64::new(0),
+            backing_samples: AtomicU64::new(0),
+            bypass_inflight: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         let f = inner.clone();
@@ -1031,6 +1084,7 @@ impl Inner {
         if self.cfg.plog {
             st.open.pending.insert(i);
         }
+        self.update_pace(st);
         st.wgen += 1;
         st.index.insert(
             new.lba,
@@ -1307,43 +1361,60 @@ impl Inner {
         segs * DATA_BLOCKS as u64 + open_room
     }
 
-    /// The rate (blocks per second) at which writers may log new blocks
-    /// while a writeback batch runs: the free part of the ring (less a
-    /// segment, for part-filled segments a FLUSH seals) spread over the
-    /// time the batch still needs at its measured speed. None: no pacing
-    /// (no batch runs, its speed is not known yet, the room is plenty, or
-    /// there is none: then writers wait for the batch in `insert`).
+    /// The rate (blocks per second) at which writers may log new blocks,
+    /// as Linux paces writers of dirty pages: the writeback speed (of the
+    /// running batch once it has written [`PACE_SAMPLE`] blocks, else of
+    /// the last batches) times a factor of how full the ring is. With
+    /// `x` the part of the ring not free and `s` the setpoint halfway
+    /// between [`WbConfig::dirty_high`] and full, the factor is
+    /// `1 + ((s - x) / (1 - s))^3`: 2 at `dirty_high`, 1 at the setpoint
+    /// (writers go exactly as fast as writeback), falling steeply to 0 as
+    /// the ring fills. None: no pacing (below `dirty_high`, or no
+    /// writeback speed measured yet).
     fn admission_rate(&self, st: &State) -> Option<f64> {
-        let b = st.wb_batch?;
-        let done = self.wb_done.load(Ordering::Relaxed).saturating_sub(b.base);
-        let secs = b.started.elapsed().as_secs_f64();
-        let rate = if done >= PACE_SAMPLE && secs > 0.0 {
-            done as f64 / secs
-        } else {
-            st.wb_rate
-        };
+        let mut rate = st.wb_rate;
         if rate <= 0.0 {
+            // The first batch: its own speed so far.
+            if let Some(b) = st.wb_batch {
+                let done = self.wb_done.load(Ordering::Relaxed).saturating_sub(b.base);
+                let secs = b.started.elapsed().as_secs_f64();
+                if done >= PACE_SAMPLE && secs > 0.0 {
+                    rate = done as f64 / secs;
+                }
+            }
+        }
+        if rate <= 0.0 || !rate.is_finite() {
             return None;
         }
-        let left = b.blocks.saturating_sub(done) as f64 / rate + PACE_BATCH_END;
-        let free = self.free_blocks(st).saturating_sub(DATA_BLOCKS as u64);
-        let allowed = free as f64 / left;
-        (allowed > 0.0 && allowed < PACE_OFF).then_some(allowed)
+        let ring = (self.segment_count * DATA_BLOCKS as u64) as f64;
+        let x = 1.0 - self.free_blocks(st) as f64 / ring;
+        let low = self.cfg.dirty_high.clamp(0.0, 0.9);
+        if x < low {
+            return None;
+        }
+        let set = (1.0 + low) / 2.0;
+        let factor = (1.0 + ((set - x) / (1.0 - set)).powi(3)).clamp(PACE_MIN_FACTOR, 2.0);
+        Some(rate * factor)
     }
 
-    /// Smooth admission: while a writeback batch runs, writes of new
-    /// blocks go in one after another at [`Inner::admission_rate`], so the
-    /// free part of the ring lasts until the batch frees its segments.
-    /// Without it, writers fill the ring at full speed and then all wait
-    /// for the whole batch (seconds over a disk).
+    /// Recompute the pacing rate writers read (under the state lock).
+    fn update_pace(&self, st: &State) {
+        let rate = self.admission_rate(st).unwrap_or(0.0);
+        self.pace_rate.store(rate.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Smooth admission: once the ring is [`WbConfig::dirty_high`] full,
+    /// writes go in one after another at [`Inner::admission_rate`], so a
+    /// load faster than the backing device gets that device's speed with
+    /// even latencies. Without it, writers fill the ring at full speed and
+    /// then all wait for a whole batch (seconds over a disk).
     fn pace(&self, blocks: u64) {
-        let rate = self.admission_rate(&lock(&self.state));
+        let rate = f64::from_bits(self.pace_rate.load(Ordering::Relaxed));
+        if rate <= 0.0 {
+            return;
+        }
         let now = Instant::now();
         let mut next = lock(&self.pace_next);
-        let Some(rate) = rate else {
-            *next = now;
-            return;
-        };
         let at = (*next).max(now);
         // At most a second per request: the rate is positive and finite,
         // but a tiny one must not overflow the clock.
@@ -1351,7 +1422,7 @@ impl Inner {
             .map_or(Duration::from_secs(1), |d| d.min(Duration::from_secs(1)));
         *next = at + step;
         drop(next);
-        if at > now {
+        if at >= now + PACE_MIN_SLEEP {
             std::thread::sleep(at - now);
         }
     }
@@ -1406,13 +1477,19 @@ impl Inner {
     /// the index until its backing writes are flushed, so it is seen here.
     fn bypass(&self, buf: &[u8], offset: u64, fua: bool) -> Result<bool> {
         let len = buf.len() as u64;
-        if self.cfg.seq_cutoff == 0 || len == 0 {
+        if len == 0 || fua || offset % B != 0 || len % B != 0 {
+            // A FUA write is a sync write: a log append serves it better.
             return Ok(false);
         }
-        let seq = lock(&self.streams).note(offset, len);
-        // A FUA write is a sync write: a log append serves it better.
-        if seq < self.cfg.seq_cutoff || fua || offset % B != 0 || len % B != 0 {
-            return Ok(false);
+        let fast = self.fast_backing();
+        if !fast {
+            if self.cfg.seq_cutoff == 0 {
+                return Ok(false);
+            }
+            let seq = lock(&self.streams).note(offset, len);
+            if seq < self.cfg.seq_cutoff {
+                return Ok(false);
+            }
         }
         {
             let mut st = lock(&self.state);
@@ -1425,11 +1502,43 @@ impl Inner {
             }
             st.counters.bypassed_blocks += len / B;
         }
-        self.backing
-            .write_at(buf, offset, fua)
-            .map_err(|e| WbError::io(Place::Backing { offset }, e))?;
+        let inflight = self.bypass_inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        let started = Instant::now();
+        let r = self.backing.write_at(buf, offset, fua);
+        self.bypass_inflight.fetch_sub(1, Ordering::Relaxed);
+        r.map_err(|e| WbError::io(Place::Backing { offset }, e))?;
+        self.note_backing(started.elapsed() / u32::try_from(inflight).unwrap_or(u32::MAX));
         self.bypass_done.fetch_add(1, Ordering::AcqRel);
         Ok(true)
+    }
+
+    /// One sample of the backing device's speed: the time it spent per
+    /// write (Little's law: a write's time over the writes in flight with
+    /// it for a bypassed one, a batch's time over its writes for
+    /// writeback), so that a device kept busy by many writes at once is
+    /// not taken for a slow one. Each sample counts as fast or slow; the
+    /// device is fast while most recent samples are ([`Inner::fast_backing`]):
+    /// a median, not a mean, so the odd write stuck behind an fsync does
+    /// not flip it.
+    fn note_backing(&self, per_write: Duration) {
+        let fast = per_write < self.cfg.bypass_below;
+        let old = self.backing_fast.load(Ordering::Relaxed);
+        let new = old - (old >> BACKING_AVG_SHIFT)
+            + if fast {
+                1 << (16 - BACKING_AVG_SHIFT)
+            } else {
+                0
+            };
+        self.backing_fast.store(new, Ordering::Relaxed);
+        self.backing_samples.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the backing device takes writes faster than
+    /// [`WbConfig::bypass_below`], as measured so far (off when zero).
+    fn fast_backing(&self) -> bool {
+        !self.cfg.bypass_below.is_zero()
+            && self.backing_samples.load(Ordering::Relaxed) >= BACKING_MIN_SAMPLES
+            && self.backing_fast.load(Ordering::Relaxed) >= 1 << 15
     }
 
     /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
@@ -1901,6 +2010,7 @@ impl Inner {
 
     /// Write one batch back, advance the watermark, drop its index entries.
     fn write_back(&self, mut batch: Batch) -> Result<()> {
+        let batch_started = Instant::now();
         // Read the data blocks, one read per segment; each candidate then
         // points into its segment's buffer.
         let mut bufs: Vec<Vec<u8>> = Vec::new();
@@ -1972,25 +2082,16 @@ impl Inner {
             let mut st = lock(&self.state);
             st.wb_batch = Some(BatchProgress {
                 started: Instant::now(),
-                blocks: batch.cands.len() as u64,
                 base: self.wb_done.load(Ordering::Relaxed),
             });
         }
         let started = Instant::now();
         let written = self.run_ops(&ops.ops);
-        let secs = started.elapsed().as_secs_f64();
-        {
-            let mut st = lock(&self.state);
-            st.wb_batch = None;
-            if written.is_ok() && secs > 0.0 && batch.cands.len() as u64 >= PACE_SAMPLE {
-                let rate = batch.cands.len() as f64 / secs;
-                st.wb_rate = if st.wb_rate > 0.0 {
-                    (st.wb_rate + rate) / 2.0
-                } else {
-                    rate
-                };
-            }
+        let took = started.elapsed();
+        if written.is_ok() && !ops.ops.is_empty() {
+            self.note_backing(took / u32::try_from(ops.ops.len()).unwrap_or(u32::MAX));
         }
+        lock(&self.state).wb_batch = None;
         written?;
         self.backing
             .flush()
@@ -2015,6 +2116,17 @@ impl Inner {
             .map_err(|e| WbError::io(Place::CacheFlush, e))?;
 
         let mut st = lock(&self.state);
+        // The pace writers are admitted at: blocks per second of whole
+        // batches, reading, flushes and watermark included, averaged.
+        let secs = batch_started.elapsed().as_secs_f64();
+        if secs > 0.0 && batch.cands.len() as u64 >= PACE_SAMPLE {
+            let rate = batch.cands.len() as f64 / secs;
+            st.wb_rate = if st.wb_rate > 0.0 {
+                (st.wb_rate + rate) / 2.0
+            } else {
+                rate
+            };
+        }
         st.wm_seq = seq;
         st.clean_id = batch.last;
         while st.written.front().is_some_and(|w| w.id <= batch.last) {
@@ -2027,6 +2139,7 @@ impl Inner {
         }
         st.counters.written_back_blocks += batch.cands.len() as u64;
         st.counters.writeback_batches += 1;
+        self.update_pace(&st);
         // Ring slots are free again (for blocked writers) and drain
         // callers wait for `clean_id`.
         self.notify_space(&st);
@@ -2039,7 +2152,11 @@ impl Inner {
     /// device's queue always holds the next sorted writes. Returns the
     /// first failure; after one, no further write starts.
     fn run_ops(&self, ops: &[WbOp<'_>]) -> Result<()> {
-        let depth = self.cfg.writeback_depth.clamp(1, ops.len().max(1));
+        let mut depth = self.cfg.writeback_depth;
+        if self.fast_backing() {
+            depth = depth.min(FAST_DEPTH);
+        }
+        let depth = depth.clamp(1, ops.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
         let stop = std::sync::atomic::AtomicBool::new(false);
         let first: Mutex<Option<WbError>> = Mutex::new(None);

@@ -104,6 +104,8 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         plog,
         // Low, so that writers' runs of blocks go around the cache too.
         seq_cutoff: 64 << 10,
+        // And random ones, once a few backing writes were measured.
+        bypass_below: Duration::from_secs(1),
         // Short, so that the writeback thread also seals segments.
         flush_deadline: Duration::from_millis(3),
         accept_loss: false,
@@ -153,6 +155,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         max_sealed_in_ram: 2,
         plog: false,
         seq_cutoff: 0,
+        bypass_below: Duration::ZERO,
         flush_deadline: Duration::ZERO,
         accept_loss: false,
     };

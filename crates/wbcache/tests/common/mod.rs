@@ -20,6 +20,8 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         max_sealed_in_ram: 2,
         plog,
         seq_cutoff: 0,
+        // The cache itself, never around it (MemDev backings are fast).
+        bypass_below: Duration::ZERO,
         flush_deadline: Duration::ZERO,
         accept_loss: false,
     }
