@@ -347,6 +347,90 @@ mod tests {
         assert_eq!(kept(&yearly, &s), vec![1, 4, 5]);
     }
 
+    /// restic's documentation of `forget` ("Removing snapshots according
+    /// to a policy"): with daily backups for 100 years, `--keep-daily 7
+    /// --keep-weekly 5 --keep-monthly 12 --keep-yearly 75` keeps the 7
+    /// newest, then 4 more last-days-of-a-week (the 7 dailies already hold
+    /// one), 11 or 12 last-days-of-a-month (as the weeklies cross a month
+    /// or not) and the last days of 75 years; all else goes.
+    #[test]
+    fn restics_documented_hundred_years_of_dailies() {
+        // Noon every day from 2000-01-01 (a Saturday) for 100 years, to
+        // Sunday 2099-12-27: the doc's "4 more weeklies" holds when the
+        // newest day ends an ISO week (else the 7 dailies hold the last
+        // days of two weeks, and 3 more are kept).
+        let start = at("2000-01-01T12:00:00Z");
+        let days = 36_521i64;
+        let s: Vec<Dated> = (0..days)
+            .map(|d| Dated {
+                snapshot: d as u64 + 1,
+                created: start + d * 86_400,
+            })
+            .collect();
+        let p = KeepPolicy {
+            daily: Some(7),
+            weekly: Some(5),
+            monthly: Some(12),
+            yearly: Some(75),
+            ..Default::default()
+        };
+        let v = apply(&p, &s);
+        let count = |r: &str| v.iter().filter(|x| x.reasons.contains(&r)).count();
+        assert_eq!(count("daily"), 7);
+        assert_eq!(count("weekly"), 5);
+        assert_eq!(count("monthly"), 12);
+        assert_eq!(count("yearly"), 75);
+        let kept: Vec<&Verdict> = v.iter().filter(|x| x.keep()).collect();
+        let newest = days as u64;
+        // The 7 newest are the dailies.
+        for n in newest - 6..=newest {
+            assert!(kept.iter().any(|x| x.snapshot.snapshot == n), "{n}");
+        }
+        let only = |r: &str, not: &[&str]| {
+            kept.iter()
+                .filter(|x| x.reasons.contains(&r) && !not.iter().any(|o| x.reasons.contains(o)))
+                .count()
+        };
+        assert_eq!(only("weekly", &["daily"]), 4);
+        let monthly = only("monthly", &["daily", "weekly"]);
+        assert!(monthly == 11 || monthly == 12, "{monthly}");
+        // Every yearly one is the last day of its year (Dec 31), but the
+        // newest year's, which is the newest snapshot.
+        for x in kept.iter().filter(|x| x.reasons.contains(&"yearly")) {
+            let n = x.snapshot.snapshot;
+            let next_is_new_year = n == newest || {
+                let (y1, _) = year_and_day(x.snapshot.created);
+                let (y2, _) = year_and_day(x.snapshot.created + 86_400);
+                y1 != y2
+            };
+            assert!(next_is_new_year, "snapshot {n} is not its year's last");
+        }
+        assert_eq!(
+            kept.len(),
+            7 + 4 + monthly + only("yearly", &["daily", "weekly", "monthly"]),
+            "nothing else is kept"
+        );
+        assert!(kept.len() < 100, "{} kept", kept.len());
+    }
+
+    /// The UTC year and day of year of a Unix time (for the test above).
+    fn year_and_day(t: i64) -> (i64, i64) {
+        let mut days = t.div_euclid(86_400);
+        let mut y = 1970;
+        loop {
+            let len = if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 {
+                366
+            } else {
+                365
+            };
+            if days < len {
+                return (y, days);
+            }
+            days -= len;
+            y += 1;
+        }
+    }
+
     #[test]
     fn an_empty_policy_is_empty() {
         assert!(KeepPolicy::default().is_empty());
