@@ -131,6 +131,8 @@
 mod error;
 pub mod format;
 mod recovery;
+mod throttle;
+mod writeback;
 
 pub use error::{Place, Result, WbError};
 pub use format::{
@@ -139,9 +141,10 @@ pub use format::{
 };
 pub use recovery::Damage;
 
+use writeback::BatchProgress;
+
 use cairn_blockdev::{
-    check_range, read_only, write_zeroes_by_writing, BlockDev, BlockError, BlockSizes, Caps,
-    ErrorKind, Op, ZeroFlags,
+    check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, Op, ZeroFlags,
 };
 use format::{Entry, Superblock, Watermark};
 use rustc_hash::FxHashMap as HashMap;
@@ -155,28 +158,8 @@ const B: u64 = BLOCK_SIZE;
 const BU: usize = BLOCK_SIZE as usize;
 /// Stripes of the per-block read-modify-write lock.
 const STRIPES: usize = 256;
-/// The largest merged backing write writeback builds.
-const MAX_MERGED_WRITE: usize = 8 << 20;
 /// Buffers of written segments kept for reuse by open segments.
 const SPARE_BUFS: usize = 2;
-/// Blocks a writeback batch must have written before its own rate is
-/// trusted for pacing (before that, the last batches' rate is used).
-const PACE_SAMPLE: u64 = 32;
-/// Paced writers sleep only once their slot is this far ahead: a sleep
-/// of microseconds costs more than it waits (timer slack), so shorter
-/// gaps accumulate in the pacing clock until they are worth a sleep.
-const PACE_MIN_SLEEP: Duration = Duration::from_millis(1);
-/// Writeback writes in flight to a backing device that is not rotational
-/// (see [`WbConfig::writeback_depth`]).
-const FAST_DEPTH: usize = 4;
-/// Weight of a new sample in [`Inner::backing_fast`]'s average: 1/16.
-const BACKING_AVG_SHIFT: u32 = 4;
-/// Samples of the backing device's speed before it may count as fast.
-const BACKING_MIN_SAMPLES: u64 = 8;
-/// The least pacing factor: near a full ring writers still trickle in
-/// (a full ring stops them in `insert` until a batch ends).
-const PACE_MIN_FACTOR: f64 = 0.05;
-
 /// How to format a cache device.
 #[derive(Debug, Clone, Default)]
 pub struct FormatOptions {
@@ -189,8 +172,10 @@ pub struct FormatOptions {
 /// Tunables of an open cache. The defaults were chosen by measurement
 /// (`bench/wbcache-tune.py` and `bench/wbcache.py`'s test (A), figures in
 /// `docs/benchmarks.md`):
-/// - `batch` 32: over the rotational model, 4 to 256 segments per batch
-///   write back in the same time; 32 keeps batches short.
+/// - `batch` 32: over the queued rotational model, bench/wbcache.py's
+///   (A) wrote 8192 random blocks back in 29.8 s one segment a batch,
+///   19.4 s at 4, 6.0 s at 32 and 5.6 s at 128; outside a drain a batch
+///   is at most half the ring anyway.
 /// - `dirty_high` 0.25: a bursty load with a hot set, three times the
 ///   ring, finished soonest (client plus drain) and with the shortest
 ///   worst-case write latency at 0.25, against 0.5, 0.75 and 0.9.
@@ -530,14 +515,6 @@ struct State {
     wb_batch: Option<BatchProgress>,
     /// Blocks per second the last writeback batches wrote (0: none yet).
     wb_rate: f64,
-}
-
-/// A writeback batch in progress: when it started, and
-/// [`Inner::wb_done`] then.
-#[derive(Debug, Clone, Copy)]
-struct BatchProgress {
-    started: Instant,
-    base: u64,
 }
 
 /// What the writeback thread is doing.
@@ -1353,80 +1330,6 @@ impl Inner {
         Ok(b)
     }
 
-    /// Blocks that can still be logged before the ring is full: the room
-    /// in the open segment and the segments after it up to the watermark.
-    fn free_blocks(&self, st: &State) -> u64 {
-        let segs = (st.clean_id + self.segment_count).saturating_sub(st.open.id);
-        let open_room = DATA_BLOCKS.saturating_sub(st.open.data_used()) as u64;
-        segs * DATA_BLOCKS as u64 + open_room
-    }
-
-    /// The rate (blocks per second) at which writers may log new blocks,
-    /// as Linux paces writers of dirty pages: the writeback speed (of the
-    /// running batch once it has written [`PACE_SAMPLE`] blocks, else of
-    /// the last batches) times a factor of how full the ring is. With
-    /// `x` the part of the ring not free and `s` the setpoint halfway
-    /// between [`WbConfig::dirty_high`] and full, the factor is
-    /// `1 + ((s - x) / (1 - s))^3`: 2 at `dirty_high`, 1 at the setpoint
-    /// (writers go exactly as fast as writeback), falling steeply to 0 as
-    /// the ring fills. None: no pacing (below `dirty_high`, or no
-    /// writeback speed measured yet).
-    fn admission_rate(&self, st: &State) -> Option<f64> {
-        let mut rate = st.wb_rate;
-        if rate <= 0.0 {
-            // The first batch: its own speed so far.
-            if let Some(b) = st.wb_batch {
-                let done = self.wb_done.load(Ordering::Relaxed).saturating_sub(b.base);
-                let secs = b.started.elapsed().as_secs_f64();
-                if done >= PACE_SAMPLE && secs > 0.0 {
-                    rate = done as f64 / secs;
-                }
-            }
-        }
-        if rate <= 0.0 || !rate.is_finite() {
-            return None;
-        }
-        let ring = (self.segment_count * DATA_BLOCKS as u64) as f64;
-        let x = 1.0 - self.free_blocks(st) as f64 / ring;
-        let low = self.cfg.dirty_high.clamp(0.0, 0.9);
-        if x < low {
-            return None;
-        }
-        let set = (1.0 + low) / 2.0;
-        let factor = (1.0 + ((set - x) / (1.0 - set)).powi(3)).clamp(PACE_MIN_FACTOR, 2.0);
-        Some(rate * factor)
-    }
-
-    /// Recompute the pacing rate writers read (under the state lock).
-    fn update_pace(&self, st: &State) {
-        let rate = self.admission_rate(st).unwrap_or(0.0);
-        self.pace_rate.store(rate.to_bits(), Ordering::Relaxed);
-    }
-
-    /// Smooth admission: once the ring is [`WbConfig::dirty_high`] full,
-    /// writes go in one after another at [`Inner::admission_rate`], so a
-    /// load faster than the backing device gets that device's speed with
-    /// even latencies. Without it, writers fill the ring at full speed and
-    /// then all wait for a whole batch (seconds over a disk).
-    fn pace(&self, blocks: u64) {
-        let rate = f64::from_bits(self.pace_rate.load(Ordering::Relaxed));
-        if rate <= 0.0 {
-            return;
-        }
-        let now = Instant::now();
-        let mut next = lock(&self.pace_next);
-        let at = (*next).max(now);
-        // At most a second per request: the rate is positive and finite,
-        // but a tiny one must not overflow the clock.
-        let step = Duration::try_from_secs_f64(blocks as f64 / rate)
-            .map_or(Duration::from_secs(1), |d| d.min(Duration::from_secs(1)));
-        *next = at + step;
-        drop(next);
-        if at >= now + PACE_MIN_SLEEP {
-            std::thread::sleep(at - now);
-        }
-    }
-
     /// Log `fill` over `offset..offset + len` (inside the device).
     fn write(&self, offset: u64, len: u64, fill: Fill<'_>) -> Result<()> {
         if len == 0 {
@@ -1510,35 +1413,6 @@ impl Inner {
         self.note_backing(started.elapsed() / u32::try_from(inflight).unwrap_or(u32::MAX));
         self.bypass_done.fetch_add(1, Ordering::AcqRel);
         Ok(true)
-    }
-
-    /// One sample of the backing device's speed: the time it spent per
-    /// write (Little's law: a write's time over the writes in flight with
-    /// it for a bypassed one, a batch's time over its writes for
-    /// writeback), so that a device kept busy by many writes at once is
-    /// not taken for a slow one. Each sample counts as fast or slow; the
-    /// device is fast while most recent samples are ([`Inner::fast_backing`]):
-    /// a median, not a mean, so the odd write stuck behind an fsync does
-    /// not flip it.
-    fn note_backing(&self, per_write: Duration) {
-        let fast = per_write < self.cfg.bypass_below;
-        let old = self.backing_fast.load(Ordering::Relaxed);
-        let new = old - (old >> BACKING_AVG_SHIFT)
-            + if fast {
-                1 << (16 - BACKING_AVG_SHIFT)
-            } else {
-                0
-            };
-        self.backing_fast.store(new, Ordering::Relaxed);
-        self.backing_samples.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Whether the backing device takes writes faster than
-    /// [`WbConfig::bypass_below`], as measured so far (off when zero).
-    fn fast_backing(&self) -> bool {
-        !self.cfg.bypass_below.is_zero()
-            && self.backing_samples.load(Ordering::Relaxed) >= BACKING_MIN_SAMPLES
-            && self.backing_fast.load(Ordering::Relaxed) >= 1 << 15
     }
 
     /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
@@ -1875,465 +1749,6 @@ impl Inner {
         }
         st
     }
-
-    /// Whether writeback should run now.
-    fn want_writeback(&self, st: &State) -> bool {
-        let dirty = st.last_written_id - st.clean_id;
-        if dirty == 0 {
-            return false;
-        }
-        let count = self.segment_count;
-        dirty as f64 >= self.cfg.dirty_high * count as f64
-            || st.open.id + 1 >= st.clean_id + count
-            || st.drain_to > st.clean_id
-            || st.last_write.elapsed() >= self.cfg.idle_writeback
-    }
-
-    /// The writeback thread. It sleeps until woken for work (segments
-    /// written, the ring nearly full, a drain, stop), or, while dirty
-    /// segments wait, until [`WbConfig::idle_writeback`] after the last
-    /// write.
-    fn writeback_loop(&self) {
-        loop {
-            let batch = {
-                let mut st = lock(&self.state);
-                loop {
-                    if st.stop || st.error.is_some() {
-                        return;
-                    }
-                    // The flush deadline: seal an open segment that has
-                    // waited long enough (if there is room; else retry
-                    // soon, writeback is making room).
-                    let seal_at = if self.cfg.flush_deadline.is_zero() || st.open.entries.is_empty()
-                    {
-                        None
-                    } else {
-                        st.open_since
-                            .and_then(|t| t.checked_add(self.cfg.flush_deadline))
-                    };
-                    let mut retry = None;
-                    if seal_at.is_some_and(|t| t <= Instant::now()) {
-                        if self.can_seal(&st) {
-                            self.seal(&mut st, true);
-                            continue;
-                        }
-                        retry = Instant::now().checked_add(Duration::from_millis(10));
-                    }
-                    if self.want_writeback(&st) {
-                        break;
-                    }
-                    let idle = if st.last_written_id > st.clean_id {
-                        st.last_write.checked_add(self.cfg.idle_writeback)
-                    } else {
-                        None
-                    };
-                    let deadline = [idle, retry.or(seal_at)].into_iter().flatten().min();
-                    st = match deadline {
-                        Some(d) => {
-                            st.wb_wait = WbWait::Timed;
-                            let left = d
-                                .saturating_duration_since(Instant::now())
-                                .max(Duration::from_millis(1));
-                            self.wb_cv
-                                .wait_timeout(st, left)
-                                .map_or_else(|p| p.into_inner().0, |r| r.0)
-                        }
-                        None => {
-                            st.wb_wait = WbWait::Untimed;
-                            self.wb_cv.wait(st).unwrap_or_else(|p| p.into_inner())
-                        }
-                    };
-                    st.wb_wait = WbWait::Busy;
-                }
-                self.collect_batch(&st)
-            };
-            if let Err(e) = self.write_back(batch) {
-                let mut st = lock(&self.state);
-                self.fail(&mut st, e);
-                return;
-            }
-        }
-    }
-
-    /// Segments per writeback batch: [`WbConfig::batch`], but, unless
-    /// draining, at most half the ring. The other half takes the writes
-    /// that arrive while the batch is written (paced to last until it
-    /// ends, see [`Inner::pace`]), so writers neither stop for a whole
-    /// batch nor leave it small: a batch is sorted as one, and the more
-    /// blocks it has, the closer together they lie on the disk.
-    fn batch_segments(&self, st: &State) -> usize {
-        if st.drain_to > st.clean_id {
-            return self.cfg.batch.max(1);
-        }
-        let half = usize::try_from(self.segment_count / 2).unwrap_or(usize::MAX);
-        self.cfg.batch.min(half).max(1)
-    }
-
-    fn collect_batch(&self, st: &State) -> Batch {
-        // Per block, the newest version among the batch's segments that
-        // must go to the backing device. A version is skipped only when a
-        // newer one is durable in the log (a written and flushed segment
-        // after it, which recovery replays): skipping it for a newer
-        // version still in RAM, or written but not flushed, lost it at a
-        // crash once the watermark moved past its segment (the newer one
-        // died with the crash, the older one was never written back).
-        let mut newest: HashMap<u64, Cand> = HashMap::default();
-        let mut last = st.clean_id;
-        for w in st.written.iter().take(self.batch_segments(st)) {
-            last = w.id;
-            for m in &w.entries {
-                let Some(l) = st.index.get(&m.lba) else {
-                    continue;
-                };
-                let (wanted, trim) = if l.seg == w.id {
-                    (true, l.trim)
-                } else {
-                    (l.seg > st.durable_id, m.trim)
-                };
-                if wanted {
-                    newest.insert(
-                        m.lba,
-                        Cand {
-                            seg: w.id,
-                            meta: *m,
-                            trim,
-                            buf: 0,
-                        },
-                    );
-                }
-            }
-        }
-        let mut cands: Vec<Cand> = newest.into_values().collect();
-        cands.sort_unstable_by_key(|c| c.seg);
-        Batch { last, cands }
-    }
-
-    /// Write one batch back, advance the watermark, drop its index entries.
-    fn write_back(&self, mut batch: Batch) -> Result<()> {
-        let batch_started = Instant::now();
-        // Read the data blocks, one read per segment; each candidate then
-        // points into its segment's buffer.
-        let mut bufs: Vec<Vec<u8>> = Vec::new();
-        let mut i = 0;
-        while i < batch.cands.len() {
-            let seg = batch.cands[i].seg;
-            let mut j = i;
-            let mut max = None;
-            while j < batch.cands.len() && batch.cands[j].seg == seg {
-                if let Some(d) = batch.cands[j].meta.data {
-                    max = Some(max.map_or(d, |m: u16| m.max(d)));
-                }
-                j += 1;
-            }
-            if let Some(max) = max {
-                let mut buf = vec![0u8; (usize::from(max) + 1) * BU];
-                self.cache
-                    .read_at(&mut buf, self.slot_off(seg, 0))
-                    .map_err(|e| {
-                        WbError::io(
-                            Place::Segment {
-                                id: seg,
-                                slot: segment_slot(seg, self.segment_count),
-                            },
-                            e,
-                        )
-                    })?;
-                for c in &mut batch.cands[i..j] {
-                    c.buf = bufs.len();
-                }
-                bufs.push(buf);
-            }
-            i = j;
-        }
-        batch.cands.sort_by_key(|c| c.meta.lba);
-
-        // Dirty sector runs (merged) and zero runs, in address order.
-        let mut ops = WbOps::default();
-        for c in &batch.cands {
-            let base = c.meta.lba * B;
-            match c.meta.data {
-                None => ops.zero(base, (base + B).min(self.size), c.trim),
-                Some(d) => {
-                    let at = usize::from(d) * BU;
-                    let block = &bufs[c.buf][at..at + BU];
-                    let mut first = true;
-                    let mut s = 0usize;
-                    while s < 8 {
-                        if c.meta.dirty & (1 << s) == 0 {
-                            s += 1;
-                            continue;
-                        }
-                        let mut e = s;
-                        while e < 8 && c.meta.dirty & (1 << e) != 0 {
-                            e += 1;
-                        }
-                        let off = base + s as u64 * SECTOR_SIZE;
-                        let stop = (base + e as u64 * SECTOR_SIZE).min(self.size);
-                        if off < stop {
-                            ops.data(off, &block[s * 512..s * 512 + (stop - off) as usize], first);
-                            first = false;
-                        }
-                        s = e;
-                    }
-                }
-            }
-        }
-        {
-            let mut st = lock(&self.state);
-            st.wb_batch = Some(BatchProgress {
-                started: Instant::now(),
-                base: self.wb_done.load(Ordering::Relaxed),
-            });
-        }
-        let started = Instant::now();
-        let written = self.run_ops(&ops.ops);
-        let took = started.elapsed();
-        if written.is_ok() && !ops.ops.is_empty() {
-            self.note_backing(took / u32::try_from(ops.ops.len()).unwrap_or(u32::MAX));
-        }
-        lock(&self.state).wb_batch = None;
-        written?;
-        self.backing
-            .flush()
-            .map_err(|e| WbError::io(Place::BackingFlush, e))?;
-
-        // The watermark, then the cache flush that makes slot reuse safe.
-        let seq = lock(&self.state).wm_seq + 1;
-        let slot = Watermark::slot(seq);
-        let wm = Watermark {
-            seq,
-            clean_id: batch.last,
-        };
-        self.cache
-            .write_at(
-                &wm.encode(&self.cache_id),
-                format::WATERMARK_OFFSETS[slot],
-                false,
-            )
-            .map_err(|e| WbError::io(Place::Watermark { slot, seq }, e))?;
-        self.cache
-            .flush()
-            .map_err(|e| WbError::io(Place::CacheFlush, e))?;
-
-        let mut st = lock(&self.state);
-        // The pace writers are admitted at: blocks per second of whole
-        // batches, reading, flushes and watermark included, averaged.
-        let secs = batch_started.elapsed().as_secs_f64();
-        if secs > 0.0 && batch.cands.len() as u64 >= PACE_SAMPLE {
-            let rate = batch.cands.len() as f64 / secs;
-            st.wb_rate = if st.wb_rate > 0.0 {
-                (st.wb_rate + rate) / 2.0
-            } else {
-                rate
-            };
-        }
-        st.wm_seq = seq;
-        st.clean_id = batch.last;
-        while st.written.front().is_some_and(|w| w.id <= batch.last) {
-            st.written.pop_front();
-        }
-        for c in &batch.cands {
-            if st.index.get(&c.meta.lba).is_some_and(|l| l.seg == c.seg) {
-                st.index.remove(&c.meta.lba);
-            }
-        }
-        st.counters.written_back_blocks += batch.cands.len() as u64;
-        st.counters.writeback_batches += 1;
-        self.update_pace(&st);
-        // Ring slots are free again (for blocked writers) and drain
-        // callers wait for `clean_id`.
-        self.notify_space(&st);
-        self.notify_done(&st);
-        Ok(())
-    }
-
-    /// Write `ops` to the backing device, `writeback_depth` at a time,
-    /// taken in order (address order) by that many threads, so that the
-    /// device's queue always holds the next sorted writes. Returns the
-    /// first failure; after one, no further write starts.
-    fn run_ops(&self, ops: &[WbOp<'_>]) -> Result<()> {
-        let mut depth = self.cfg.writeback_depth;
-        if self.fast_backing() {
-            depth = depth.min(FAST_DEPTH);
-        }
-        let depth = depth.clamp(1, ops.len().max(1));
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let stop = std::sync::atomic::AtomicBool::new(false);
-        let first: Mutex<Option<WbError>> = Mutex::new(None);
-        let work = || {
-            let mut joined = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let Some(op) = ops.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                    return;
-                };
-                match self.write_op(op, &mut joined) {
-                    Ok(()) => {
-                        self.wb_done.fetch_add(op.blocks(), Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        lock(&first).get_or_insert(e);
-                        return;
-                    }
-                }
-            }
-        };
-        std::thread::scope(|s| {
-            for _ in 1..depth {
-                // A thread that cannot start leaves its share to the others.
-                let _ = std::thread::Builder::new()
-                    .name("wbcache-wb".into())
-                    .spawn_scoped(s, work);
-            }
-            work();
-        });
-        match first.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// One writeback write: a run of dirty sectors (its parts joined in
-    /// `joined` when there are several), or a run of zeroes.
-    fn write_op(&self, op: &WbOp<'_>, joined: &mut Vec<u8>) -> Result<()> {
-        match op {
-            WbOp::Data { off, parts, .. } => {
-                let buf: &[u8] = if parts.len() == 1 {
-                    parts[0]
-                } else {
-                    joined.clear();
-                    for p in parts {
-                        joined.extend_from_slice(p);
-                    }
-                    joined
-                };
-                self.backing
-                    .write_at(buf, *off, false)
-                    .map_err(|e| WbError::io(Place::Backing { offset: *off }, e))
-            }
-            WbOp::Zero {
-                start, end, trim, ..
-            } => self.zero_run((*start, *end, *trim)),
-        }
-    }
-
-    fn zero_run(&self, (start, end, trim): (u64, u64, bool)) -> Result<()> {
-        let len = end - start;
-        let place = Place::Backing { offset: start };
-        let flags = ZeroFlags {
-            fua: false,
-            may_trim: trim,
-            fast: false,
-        };
-        if self.backing.caps().zeroes {
-            match self.backing.write_zeroes(start, len, flags) {
-                Ok(()) => return Ok(()),
-                Err(e) if matches!(e.kind, ErrorKind::Unsupported) => {}
-                Err(e) => return Err(WbError::io(place, e)),
-            }
-        }
-        write_zeroes_by_writing(&*self.backing, start, len, false)
-            .map_err(|e| WbError::io(place, e))
-    }
-}
-
-/// A block a writeback batch writes.
-struct Cand {
-    seg: u64,
-    meta: Meta,
-    trim: bool,
-    /// Which of the batch's segment buffers holds its data block.
-    buf: usize,
-}
-
-/// One write of a writeback batch.
-enum WbOp<'a> {
-    /// Consecutive dirty sectors at `off`: pieces of the segment buffers.
-    Data {
-        off: u64,
-        parts: Vec<&'a [u8]>,
-        len: usize,
-        blocks: u64,
-    },
-    /// Blocks that read as zeroes, `start..end` (`trim`: all were trims).
-    Zero {
-        start: u64,
-        end: u64,
-        trim: bool,
-        blocks: u64,
-    },
-}
-
-impl WbOp<'_> {
-    /// Cache blocks whose writeback this write completes (for pacing).
-    fn blocks(&self) -> u64 {
-        match self {
-            WbOp::Data { blocks, .. } | WbOp::Zero { blocks, .. } => *blocks,
-        }
-    }
-}
-
-/// A batch's writes in address order, adjacent ones merged (up to
-/// [`MAX_MERGED_WRITE`] for data).
-#[derive(Default)]
-struct WbOps<'a> {
-    ops: Vec<WbOp<'a>>,
-}
-
-impl<'a> WbOps<'a> {
-    /// Sectors `bytes` at `off`; `new_block`: the first piece of a block.
-    fn data(&mut self, off: u64, bytes: &'a [u8], new_block: bool) {
-        let n = u64::from(new_block);
-        if let Some(WbOp::Data {
-            off: o,
-            parts,
-            len,
-            blocks,
-        }) = self.ops.last_mut()
-        {
-            if *o + *len as u64 == off && *len < MAX_MERGED_WRITE {
-                parts.push(bytes);
-                *len += bytes.len();
-                *blocks += n;
-                return;
-            }
-        }
-        self.ops.push(WbOp::Data {
-            off,
-            parts: vec![bytes],
-            len: bytes.len(),
-            blocks: n,
-        });
-    }
-
-    /// A block at `start..end` that reads as zeroes.
-    fn zero(&mut self, start: u64, end: u64, trim: bool) {
-        if let Some(WbOp::Zero {
-            end: e,
-            trim: t,
-            blocks,
-            ..
-        }) = self.ops.last_mut()
-        {
-            if *e == start {
-                *e = end;
-                *t &= trim;
-                *blocks += 1;
-                return;
-            }
-        }
-        self.ops.push(WbOp::Zero {
-            start,
-            end,
-            trim,
-            blocks: 1,
-        });
-    }
-}
-
-struct Batch {
-    last: u64,
-    cands: Vec<Cand>,
 }
 
 impl WbCache {
