@@ -4,10 +4,8 @@
 
 use anyhow::{bail, Context, Result};
 use cairn_blockdev::{BlockDev, FaultDev, FileDev, FileOptions, RotationalModel};
-use cairn_wbcache::{FormatOptions, Inspection, WbCache, WbConfig, WbStatus};
+use cairn_wbcache::{Inspection, WbCache, WbConfig, WbStatus};
 use clap::{Args, Subcommand};
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -73,54 +71,17 @@ pub(crate) struct CacheTarget {
     pub json: bool,
 }
 
-/// An exclusive lock on the cache device for as long as it is used: two
-/// processes replaying and appending to one log would destroy it.
-pub(crate) struct CacheLock(#[allow(dead_code)] File);
-
-fn lock_cache(path: &Path) -> Result<CacheLock> {
-    let f =
-        File::open(path).with_context(|| format!("cannot open the cache {}", path.display()))?;
-    // SAFETY: flock only takes the descriptor, which `f` keeps open.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        bail!(
-            "the cache {} is in use by another cairn process",
-            path.display()
-        );
-    }
-    Ok(CacheLock(f))
-}
-
-/// Whether the cache device holds no superblock yet (its first block is
-/// all zero: a new file or a wiped device).
-fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
-    let mut b = vec![0u8; 4096.min(dev.size() as usize)];
-    dev.read_at(&mut b, 0)
-        .map_err(|e| anyhow::anyhow!("cannot read the cache: {e}"))?;
-    Ok(b.iter().all(|&x| x == 0))
-}
-
-/// Put the cache at `cache` in front of `backing`. A blank cache device
-/// is formatted when `format_blank`, refused otherwise.
+/// Put the cache at `cache` in front of `backing`, locked while it is
+/// open. A blank cache device is formatted when `format_blank`, refused
+/// otherwise.
 pub(crate) fn open_cached(
     backing: Arc<dyn BlockDev>,
     cache: &Path,
     cfg: WbConfig,
     format_blank: bool,
-) -> Result<(WbCache, CacheLock)> {
-    let lock = lock_cache(cache)?;
-    let dev = FileDev::open(cache, FileOptions::default())
-        .with_context(|| format!("cannot open the cache {}", cache.display()))?;
-    if is_blank(&dev)? {
-        if !format_blank {
-            bail!("{} is not a cairn cache (blank)", cache.display());
-        }
-        WbCache::format(&dev, backing.size(), &FormatOptions::default())
-            .with_context(|| format!("cannot format the cache {}", cache.display()))?;
-    }
-    let wb = WbCache::open(Arc::new(dev), backing, cfg)
-        .with_context(|| format!("cache {}", cache.display()))?;
-    Ok((wb, lock))
+) -> Result<WbCache> {
+    WbCache::open_path(cache, backing, cfg, format_blank)
+        .with_context(|| format!("cache {}", cache.display()))
 }
 
 pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
@@ -181,19 +142,16 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         return inspect(cache, backing.size(), t.json);
     }
     let started = std::time::Instant::now();
-    let (wb, lock) = open_cached(backing, cache, cfg, false)?;
-    if drain {
+    let wb = open_cached(backing, cache, cfg, false)?;
+    let status = if detach {
+        wb.detach()
+            .with_context(|| format!("detach the cache {}", cache.display()))?
+    } else {
         wb.drain().context("drain")?;
-    }
-    let status = wb.status();
-    wb.close().context("close the cache")?;
-    if detach {
-        let dev = FileDev::open(cache, FileOptions::default())
-            .with_context(|| format!("cannot open the cache {}", cache.display()))?;
-        dev.write_at(&[0u8; 4096], 0, true)
-            .map_err(|e| anyhow::anyhow!("cannot wipe the cache superblock: {e}"))?;
-    }
-    drop(lock);
+        let status = wb.status();
+        wb.close().context("close the cache")?;
+        status
+    };
     let seconds = started.elapsed().as_secs_f64();
     if t.json {
         let mut v = status_json(&cache.display().to_string(), &status);
@@ -238,21 +196,8 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
 /// `cache status` of a cache no server holds: read its log without
 /// writing anything; damage is printed and makes the exit status non-zero.
 fn inspect(cache: &Path, backing_size: u64, json: bool) -> Result<()> {
-    let lock = lock_cache(cache)?;
-    let dev = FileDev::open(
-        cache,
-        FileOptions {
-            read_only: true,
-            ..FileOptions::default()
-        },
-    )
-    .with_context(|| format!("cannot open the cache {}", cache.display()))?;
-    if is_blank(&dev)? {
-        bail!("{} is not a cairn cache (blank)", cache.display());
-    }
-    let i = WbCache::inspect(&dev, backing_size)
+    let i = WbCache::inspect_path(cache, backing_size)
         .with_context(|| format!("cache {}", cache.display()))?;
-    drop(lock);
     let name = cache.display().to_string();
     if json {
         println!("{}", inspection_json(&name, &i));

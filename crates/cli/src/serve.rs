@@ -233,7 +233,7 @@ fn parse_file_spec(spec: &str) -> Result<FileSpec> {
 }
 
 /// A write-back cache in use: its path, the cache, its lock, the export.
-type Cached = (PathBuf, Arc<WbCache>, crate::cache_cmd::CacheLock, String);
+type Cached = (PathBuf, Arc<WbCache>, String);
 
 /// Put the write-back cache at `cache` in front of `export`.
 fn attach_cache(
@@ -242,7 +242,7 @@ fn attach_cache(
     cache: &std::path::Path,
     caches: &mut Vec<Cached>,
 ) -> Result<()> {
-    if caches.iter().any(|(p, _, _, _)| p == cache) {
+    if caches.iter().any(|(p, _, _)| p == cache) {
         bail!("cache {} is given twice", cache.display());
     }
     let cfg = WbConfig {
@@ -257,9 +257,9 @@ fn attach_cache(
         accept_loss: a.cache_accept_loss,
         ..WbConfig::default()
     };
-    let (wb, lock) = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;
+    let wb = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;
     let wb = Arc::new(wb);
-    caches.push((cache.to_path_buf(), wb.clone(), lock, export.name.clone()));
+    caches.push((cache.to_path_buf(), wb.clone(), export.name.clone()));
     export
         .description
         .push_str(&format!(", cached on {}", cache.display()));
@@ -397,7 +397,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 .with_context(|| format!("control socket {}", path.display()))?;
             let cached: Vec<(String, String, Arc<WbCache>)> = caches
                 .iter()
-                .map(|(p, wb, _, name)| (name.clone(), p.display().to_string(), wb.clone()))
+                .map(|(p, wb, name)| (name.clone(), p.display().to_string(), wb.clone()))
                 .collect();
             Some(std::thread::spawn(move || control_loop(l, cached, stop)))
         }
@@ -411,14 +411,13 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     // The server flushed every writable export (cached writes are durable
     // in their log); stop the caches' threads.
     drop(server);
-    for (path, wb, lock, _) in caches {
+    for (path, wb, _) in caches {
         // The server and the control thread are gone, so this is the last
         // reference; were it not, the cache's Drop would flush and stop it.
         if let Ok(wb) = Arc::try_unwrap(wb) {
             wb.close()
                 .with_context(|| format!("close the cache {}", path.display()))?;
         }
-        drop(lock);
     }
     if a.verbose {
         eprintln!(

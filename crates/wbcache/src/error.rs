@@ -126,6 +126,23 @@ pub enum WbError {
     /// The cache is shutting down.
     #[error("write-back cache is closed")]
     Closed,
+    /// The cache device at this path could not be opened.
+    #[error("cannot open the cache {path}: {source}")]
+    Open {
+        /// The cache device's path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: BlockError,
+    },
+    /// Another process holds the cache device (two processes replaying and
+    /// appending to one log would destroy it).
+    #[error("the cache {0} is in use by another process")]
+    InUse(std::path::PathBuf),
+    /// The cache device holds no cache (its first block is all zero), and
+    /// formatting it was not asked for.
+    #[error("{0} is not a cairn cache (blank)")]
+    Blank(std::path::PathBuf),
 }
 
 /// Result of the cache's own operations.

@@ -128,6 +128,7 @@
 //!   on the backing device and flushed there, unless a newer version of the
 //!   block is durable in a later segment of the log.
 
+mod device;
 mod error;
 pub mod format;
 mod recovery;
@@ -640,6 +641,10 @@ struct Inner {
 pub struct WbCache {
     inner: Arc<Inner>,
     threads: Vec<JoinHandle<()>>,
+    /// The lock on the cache device's file ([`WbCache::open_path`]),
+    /// released last (fields drop after `Drop::drop` has stopped the
+    /// threads).
+    lock: Option<device::PathLock>,
 }
 
 fn now_secs() -> u64 {
@@ -851,7 +856,11 @@ impl WbCache {
         let spawned = std::thread::Builder::new()
             .name("wbcache-writeback".into())
             .spawn(move || w.writeback_loop());
-        let mut cache = WbCache { inner, threads };
+        let mut cache = WbCache {
+            inner,
+            threads,
+            lock: None,
+        };
         match spawned {
             Ok(h) => cache.threads.push(h),
             Err(e) => {

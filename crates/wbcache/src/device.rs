@@ -1,0 +1,111 @@
+//! The cache device at a path, as servers and tools use it: held under an
+//! exclusive lock for as long as the cache is open (two processes
+//! replaying and appending to one log would destroy it), formatted on
+//! first use when it is blank (a new file, or a wiped device), read
+//! without writing for a status, and detached (drained, then its
+//! superblock wiped, so the backing device stands alone).
+
+use crate::{FormatOptions, Inspection, Place, Result, WbCache, WbConfig, WbError, WbStatus};
+use cairn_blockdev::{BlockDev, FileDev, FileOptions};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+
+/// An exclusive, non-blocking `flock` on the cache device's file, held
+/// while the value lives.
+#[derive(Debug)]
+pub(crate) struct PathLock {
+    _file: File,
+}
+
+impl PathLock {
+    fn take(path: &Path) -> Result<PathLock> {
+        let file = File::open(path).map_err(|e| WbError::Open {
+            path: path.to_path_buf(),
+            source: cairn_blockdev::BlockError::io(cairn_blockdev::Op::Open, 0, 0, e),
+        })?;
+        // SAFETY: flock only takes the descriptor, which `file` keeps open
+        // for as long as the lock is held (and closing it releases it).
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(WbError::InUse(path.to_path_buf()));
+        }
+        Ok(PathLock { _file: file })
+    }
+}
+
+/// Open the cache device at `path` (locked) as a file device, read-only
+/// when `read_only`.
+fn open_dev(path: &Path, read_only: bool) -> Result<(FileDev, PathLock)> {
+    let lock = PathLock::take(path)?;
+    let opts = FileOptions {
+        read_only,
+        ..FileOptions::default()
+    };
+    let dev = FileDev::open(path, opts).map_err(|e| WbError::Open {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Ok((dev, lock))
+}
+
+/// Whether the device holds no superblock (its first block is all zero).
+fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
+    let mut b = vec![0u8; 4096.min(dev.size() as usize)];
+    dev.read_at(&mut b, 0)
+        .map_err(|e| WbError::io(Place::Superblock, e))?;
+    Ok(b.iter().all(|&x| x == 0))
+}
+
+impl WbCache {
+    /// Open the cache device at `path` in front of `backing`, holding an
+    /// exclusive lock on it until the cache is closed or dropped. A blank
+    /// device is formatted when `format_blank`, refused otherwise
+    /// ([`WbError::Blank`]); another process holding it is
+    /// [`WbError::InUse`].
+    pub fn open_path(
+        path: &Path,
+        backing: Arc<dyn BlockDev>,
+        cfg: WbConfig,
+        format_blank: bool,
+    ) -> Result<WbCache> {
+        let (dev, lock) = open_dev(path, false)?;
+        if is_blank(&dev)? {
+            if !format_blank {
+                return Err(WbError::Blank(path.to_path_buf()));
+            }
+            WbCache::format(&dev, backing.size(), &FormatOptions::default())?;
+        }
+        let mut wb = WbCache::open(Arc::new(dev), backing, cfg)?;
+        wb.lock = Some(lock);
+        Ok(wb)
+    }
+
+    /// What the cache device at `path` holds, read through a read-only
+    /// descriptor under its lock ([`WbCache::inspect`]); a blank device is
+    /// [`WbError::Blank`].
+    pub fn inspect_path(path: &Path, backing_size: u64) -> Result<Inspection> {
+        let (dev, _lock) = open_dev(path, true)?;
+        if is_blank(&dev)? {
+            return Err(WbError::Blank(path.to_path_buf()));
+        }
+        WbCache::inspect(&dev, backing_size)
+    }
+
+    /// Write everything back, stop, and wipe the cache device's
+    /// superblock (with FUA), so that the backing device stands alone and
+    /// the cache device is blank. Returns the status after the drain.
+    pub fn detach(mut self) -> Result<WbStatus> {
+        self.drain()?;
+        let status = self.status();
+        let r = self.inner.flush_seal();
+        self.shutdown();
+        r?;
+        self.inner
+            .cache
+            .write_at(&[0u8; 4096], 0, true)
+            .map_err(|e| WbError::io(Place::Superblock, e))?;
+        Ok(status)
+    }
+}

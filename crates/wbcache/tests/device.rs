@@ -1,0 +1,103 @@
+//! The cache device by path: the lock, formatting a blank device,
+//! read-only status and detach (what `cairn serve` and `cairn cache` use).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use cairn_blockdev::{BlockDev, MemDev};
+use cairn_wbcache::{WbCache, WbConfig, WbError, RING_OFFSET, SEGMENT_BYTES};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const BACKING: u64 = 4 << 20;
+
+/// A fresh, blank cache file of 4 segments in a directory of its own.
+fn blank_cache(name: &str) -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("cairn-wbdev-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cache.dev");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(RING_OFFSET + 4 * SEGMENT_BYTES).unwrap();
+    (dir, path)
+}
+
+/// Writeback only on drain, so what was written stays in the log.
+fn cfg() -> WbConfig {
+    WbConfig {
+        bypass_below: std::time::Duration::ZERO,
+        dirty_high: 1.0,
+        idle_writeback: std::time::Duration::from_secs(3600),
+        ..WbConfig::default()
+    }
+}
+
+#[test]
+fn a_cache_is_locked_formatted_inspected_and_detached_by_path() {
+    let (dir, path) = blank_cache("cycle");
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(BACKING as usize));
+
+    // Blank: refused unless formatting is asked for; status says so too.
+    let e = WbCache::open_path(&path, backing.clone(), cfg(), false)
+        .err()
+        .unwrap();
+    assert!(matches!(e, WbError::Blank(ref p) if *p == path), "{e}");
+    assert!(matches!(
+        WbCache::inspect_path(&path, BACKING),
+        Err(WbError::Blank(_))
+    ));
+
+    let wb = WbCache::open_path(&path, backing.clone(), cfg(), true).unwrap();
+    // Held: a second opener, or a status, is refused while it is open.
+    let e = WbCache::open_path(&path, backing.clone(), cfg(), true)
+        .err()
+        .unwrap();
+    assert!(matches!(e, WbError::InUse(_)), "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    assert!(matches!(
+        WbCache::inspect_path(&path, BACKING),
+        Err(WbError::InUse(_))
+    ));
+    wb.write_at(&[7u8; 8192], 4096, false).unwrap();
+    wb.flush().unwrap();
+    wb.close().unwrap();
+
+    // Closed: the lock is gone; status reads the log and writes nothing.
+    let before = std::fs::read(&path).unwrap();
+    let i = WbCache::inspect_path(&path, BACKING).unwrap();
+    assert_eq!(i.dirty_blocks, 2, "{i:?}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "status changed the cache file"
+    );
+
+    // Detach: everything on the backing device, and the cache blank again.
+    let wb = WbCache::open_path(&path, backing.clone(), cfg(), false).unwrap();
+    let st = wb.detach().unwrap();
+    assert_eq!(st.dirty_blocks, 0, "{st:?}");
+    let mut b = vec![0u8; 8192];
+    backing.read_at(&mut b, 4096).unwrap();
+    assert!(
+        b.iter().all(|&x| x == 7),
+        "the written blocks are on the backing device"
+    );
+    assert!(matches!(
+        WbCache::inspect_path(&path, BACKING),
+        Err(WbError::Blank(_))
+    ));
+    let e = WbCache::open_path(&path, backing, cfg(), false)
+        .err()
+        .unwrap();
+    assert!(matches!(e, WbError::Blank(_)), "{e}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_missing_cache_file_is_one_clear_error() {
+    let path =
+        std::env::temp_dir().join(format!("cairn-wbdev-{}-missing/none", std::process::id()));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(BACKING as usize));
+    let e = WbCache::open_path(&path, backing, cfg(), true)
+        .err()
+        .unwrap();
+    assert!(matches!(e, WbError::Open { .. }), "{e}");
+    assert!(e.to_string().contains("none"), "names the path: {e}");
+}
