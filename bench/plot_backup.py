@@ -8,10 +8,7 @@ import csv
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from plotting import grouped_bars, plt, save
 
 STEPS = {  # (input, step) -> label
     ("os+os2", "backup-1"): "os.img",
@@ -36,25 +33,21 @@ def main(run):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for ax, steps, title in ((axes[0], STEPS, "backup"), (axes[1], RESTORES, "restore")):
         labels = [v for v in steps.values()]
-        width = 0.8 / max(1, len(tools))
-        for i, t in enumerate(tools):
+        series = []
+        for t in tools:
             vals = []
             for key in steps:
                 m = [float(r["mb_per_s"]) for r in rows
                      if (r["input"], r["step"]) == key and r["tool_id"] == t and r["mb_per_s"]]
                 vals.append(m[0] if m else 0)
-            xs = [k + (i - (len(tools) - 1) / 2) * width for k in range(len(labels))]
-            ax.bar(xs, vals, width, label=t)
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, fontsize=8)
+            series.append((t, vals))
+        grouped_bars(ax, labels, series)
+        ax.tick_params(axis="x", labelsize=8)
         ax.set_ylabel("MB/s (median)")
         ax.set_title(f"{title}, {os.path.basename(run.rstrip('/'))}")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    out = os.path.join(run, "backup.png")
-    fig.savefig(out, dpi=100)
-    print(out)
+    save(fig, run, "backup.png")
 
 
 if __name__ == "__main__":

@@ -937,10 +937,54 @@ impl BlockDev for FileDev {
     }
 }
 
+/// `flock(2)` on `file` with `op` (`libc::LOCK_EX`, `LOCK_SH`, `LOCK_UN`,
+/// with `LOCK_NB`), retried on EINTR; `Ok(false)` when a non-blocking
+/// request would block (another holder). The one flock of the project:
+/// the store's held objects and the write-back cache's device lock.
+pub fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor this File owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
+
+    #[test]
+    fn flock_is_exclusive_per_open_file_and_released_on_close() {
+        let dir = std::env::temp_dir().join(format!("cairn-flock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let a = File::open(&path).unwrap();
+        let b = File::open(&path).unwrap();
+        assert!(flock(&a, libc::LOCK_EX | libc::LOCK_NB).unwrap());
+        assert!(
+            !flock(&b, libc::LOCK_EX | libc::LOCK_NB).unwrap(),
+            "held by a"
+        );
+        assert!(
+            !flock(&b, libc::LOCK_SH | libc::LOCK_NB).unwrap(),
+            "no sharing either"
+        );
+        drop(a);
+        assert!(
+            flock(&b, libc::LOCK_EX | libc::LOCK_NB).unwrap(),
+            "released on close"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn ioctl_numbers_match_libc_and_linux() {

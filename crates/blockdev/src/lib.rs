@@ -60,7 +60,7 @@ pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{
     FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,
 };
-pub use file::{next_data, next_hole, AlignedBuf, FileDev, FileOptions};
+pub use file::{flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
 pub use sparse::{is_zero, SparseFile, SparseRead};
 

@@ -12,6 +12,7 @@
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::PackId;
 use crate::meta;
+use cairn_blockdev::flock;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -510,23 +511,6 @@ impl WriteBackend for LocalDir {
                 Liveness::Live
             },
         )
-    }
-}
-
-/// `flock(2)`; `Ok(false)` when a non-blocking request would block.
-pub(crate) fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
-    use std::os::unix::io::AsRawFd;
-    loop {
-        // SAFETY: flock on a descriptor this File owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
-            return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            _ => return Err(e),
-        }
     }
 }
 

@@ -6,9 +6,8 @@
 //! superblock wiped, so the backing device stands alone).
 
 use crate::{FormatOptions, Inspection, Place, Result, WbCache, WbConfig, WbError, WbStatus};
-use cairn_blockdev::{BlockDev, FileDev, FileOptions};
+use cairn_blockdev::{flock, BlockDev, BlockError, FileDev, FileOptions, Op};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,15 +22,17 @@ impl PathLock {
     fn take(path: &Path) -> Result<PathLock> {
         let file = File::open(path).map_err(|e| WbError::Open {
             path: path.to_path_buf(),
-            source: cairn_blockdev::BlockError::io(cairn_blockdev::Op::Open, 0, 0, e),
+            source: BlockError::io(Op::Open, 0, 0, e),
         })?;
-        // SAFETY: flock only takes the descriptor, which `file` keeps open
-        // for as long as the lock is held (and closing it releases it).
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            return Err(WbError::InUse(path.to_path_buf()));
+        // Held while `file` stays open; closing it releases the lock.
+        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(true) => Ok(PathLock { _file: file }),
+            Ok(false) => Err(WbError::InUse(path.to_path_buf())),
+            Err(e) => Err(WbError::Open {
+                path: path.to_path_buf(),
+                source: BlockError::io(Op::Open, 0, 0, e),
+            }),
         }
-        Ok(PathLock { _file: file })
     }
 }
 

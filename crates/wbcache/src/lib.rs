@@ -317,7 +317,8 @@ pub struct WbStatus {
     pub writeback_batches: u64,
     /// Persistent log records written (plog mode).
     pub plog_records: u64,
-    /// Blocks written straight to the backing device (sequential cutoff).
+    /// Blocks written straight to the backing device (sequential cutoff,
+    /// or a backing device faster than [`WbConfig::bypass_below`]).
     pub bypassed_blocks: u64,
 }
 
