@@ -37,7 +37,7 @@ pub(crate) struct CacheTarget {
     #[arg(long = "backing", value_name = "BACKING", requires = "cache")]
     pub backing: Option<PathBuf>,
     /// The repository image it caches (instead of --backing; with --repo):
-    /// each writeback batch commits a new snapshot of it.
+    /// a drain or detach ends with a commit of the image's new snapshot.
     #[arg(
         long = "image",
         value_name = "NAME",
@@ -123,7 +123,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
                 0,
                 &t.password,
             )?);
-            let vol = crate::serve_repo::open_writable(&repo, name, &opts)?;
+            let vol = crate::serve_repo::open_writable(&repo, name, &opts, None)?;
             image = Some(vol.clone());
             vol
         }
@@ -152,6 +152,17 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         wb.close().context("close the cache")?;
         status
     };
+    if let Some(img) = &image {
+        // Everything the cache held is in the image's overlay: make it
+        // the image's next snapshot.
+        img.close().with_context(|| {
+            format!(
+                "commit image {}: its writes stay in {} for the next serve or `cairn commit`",
+                img.name(),
+                img.overlay_dir().display()
+            )
+        })?;
+    }
     let seconds = started.elapsed().as_secs_f64();
     if t.json {
         let mut v = status_json(&cache.display().to_string(), &status);
@@ -302,24 +313,16 @@ pub(crate) fn status_line(cache: &str, s: &WbStatus) -> String {
     )
 }
 
-/// `status` or `drain` of a running server's caches, through its control
-/// socket: one request line, one JSON reply line.
-fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
+/// One request to a running `cairn serve --control SOCK`: one request
+/// line out, one JSON reply line back (an `error` in it is an error).
+pub(crate) fn control_request(sock: &Path, request: &str) -> Result<serde_json::Value> {
     use std::io::{BufRead, BufReader, Write};
-    let request = if drain {
-        let Some(name) = &t.export else {
-            bail!("--control with drain needs --export NAME");
-        };
-        format!("drain {name}\n")
-    } else {
-        "status\n".to_string()
-    };
     // A server that goes away mid-request is an error to name, not a
     // silent death by SIGPIPE.
     crate::signals::ignore_sigpipe();
     let mut s = std::os::unix::net::UnixStream::connect(sock)
         .with_context(|| format!("cannot reach the server at {}", sock.display()))?;
-    s.write_all(request.as_bytes())
+    s.write_all(format!("{request}\n").as_bytes())
         .with_context(|| format!("write to {}", sock.display()))?;
     let mut line = String::new();
     BufReader::new(&s)
@@ -332,6 +335,21 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
         bail!("{e}");
     }
+    Ok(v)
+}
+
+/// `status` or `drain` of a running server's caches, through its control
+/// socket.
+fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
+    let request = if drain {
+        let Some(name) = &t.export else {
+            bail!("--control with drain needs --export NAME");
+        };
+        format!("drain {name}")
+    } else {
+        "status".to_string()
+    };
+    let v = control_request(sock, &request)?;
     if t.json {
         println!("{v}");
         return Ok(());

@@ -113,6 +113,15 @@ enum Command {
     Mount(mount::MountArgs),
     /// Status, drain or detach of a write-back cache (of a running server: --control).
     Cache(cache_cmd::CacheArgs),
+    /// Make the writes to a served writable image its next snapshot now.
+    ///
+    /// `cairn serve` commits writable images every --commit-every seconds
+    /// and when it stops; `cairn commit --control SOCK [IMAGE]` asks a
+    /// running server (started with --control SOCK) to commit at once.
+    /// `cairn commit --repo REPO IMAGE` commits the writes a server that
+    /// died (or was killed) left flushed in the image's overlay; the next
+    /// `cairn serve` of the image would too.
+    Commit(serve_repo::CommitArgs),
     /// Man pages and shell completions, made from these definitions.
     ///
     /// `cairn generate man DIR` writes cairn.1 and cairn-SUBCOMMAND.1 into
@@ -346,6 +355,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(&args),
         Command::Mount(args) => mount::mount(&args),
         Command::Cache(args) => cache_cmd::cache(&args),
+        Command::Commit(args) => serve_repo::commit(&args),
         Command::Generate(args) => generate::generate(&args),
     };
     match result {

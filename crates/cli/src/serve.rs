@@ -4,9 +4,11 @@
 use anyhow::{bail, Context, Result};
 use cairn_blockdev::{BlockDev, FaultDev, FileDev, FileOptions, RotationalModel};
 use cairn_nbd::{Export, Listener, Server, ServerConfig};
+use cairn_volume::WritableVolume;
 use cairn_wbcache::{WbCache, WbConfig};
 use clap::Args;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,13 +22,24 @@ pub(crate) struct ServeArgs {
     pub password: crate::key_cmd::PasswordArgs,
     /// Export this image (NAME: its latest snapshot; NAME@SNAPSHOT: that
     /// one, read-only), under that name; repeat for more. `rw` makes it
-    /// writable: every flush commits a new snapshot; `cache=CACHE` puts a
-    /// write-back log cache in front (implies rw), and every writeback
-    /// batch commits a new snapshot. A writable image holds the
-    /// image's lock while served. Default with --repo: every
-    /// image's latest snapshot, read-only, named NAME.
-    #[arg(long = "image", value_name = "NAME[@SNAPSHOT][,rw][,cache=CACHE]")]
+    /// writable: writes land in an overlay on local disk (`overlay=DIR`,
+    /// default `overlays/NAME` under $CAIRN_STATE_DIR, $XDG_STATE_HOME/cairn
+    /// or ~/.local/state/cairn, in a folder named by the repository id),
+    /// where a flush makes them durable; they become the image's next
+    /// snapshot every --commit-every seconds, on `cairn commit --control`,
+    /// and when the server stops. `cache=CACHE` puts a write-back log cache
+    /// in front (implies rw). A writable image holds the image's lock while
+    /// served. Default with --repo: every image's latest snapshot,
+    /// read-only, named NAME.
+    #[arg(
+        long = "image",
+        value_name = "NAME[@SNAPSHOT][,rw][,cache=CACHE][,overlay=DIR]"
+    )]
     pub images: Vec<String>,
+    /// Seconds between commits of the writes to writable images as new
+    /// snapshots (0: only on request and when the server stops).
+    #[arg(long = "commit-every", value_name = "SECS", default_value_t = 600)]
+    pub commit_every: u64,
     /// Export a file or block device: [NAME=]PATH[,ro][,direct][,cache=CACHE][,hdd].
     /// The export is named NAME, or the file's name; `ro` refuses writes,
     /// `direct` uses O_DIRECT, `cache=CACHE` puts a write-back log cache
@@ -126,7 +139,8 @@ pub(crate) struct ServeArgs {
     #[arg(long = "cache-accept-loss")]
     pub cache_accept_loss: bool,
     /// A unix socket where `cairn cache status|drain --control SOCK` reach
-    /// the write-back caches of this server.
+    /// the write-back caches of this server, and `cairn commit --control
+    /// SOCK` its writable images.
     #[arg(long = "control", value_name = "SOCK")]
     pub control: Option<PathBuf>,
     /// Log connections and protocol errors on stderr.
@@ -279,6 +293,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     let mut exports: Vec<Export> = Vec::new();
     let mut caches: Vec<Cached> = Vec::new();
+    let mut writable: Vec<Arc<WritableVolume>> = Vec::new();
     for spec in &a.files {
         let f = parse_file_spec(spec)?;
         let mut description = format!("file {}", f.path.display());
@@ -310,7 +325,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .map(|s| crate::serve_repo::parse_image_spec(s))
             .collect::<Result<Vec<_>>>()?;
         let opts = crate::serve_repo::volume_options(a.cache, a.threads);
-        let cached = crate::serve_repo::add_images(
+        let opened = crate::serve_repo::add_images(
             repo,
             &a.password,
             &specs,
@@ -318,7 +333,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             a.chunk_cache as u64,
             &mut exports,
         )?;
-        for (i, c) in cached {
+        writable = opened.writable;
+        for (i, c) in opened.cached {
             let e = &mut exports[i];
             let name = e.name.clone();
             attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
@@ -399,12 +415,23 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 .iter()
                 .map(|(p, wb, name)| (name.clone(), p.display().to_string(), wb.clone()))
                 .collect();
-            Some(std::thread::spawn(move || control_loop(l, cached, stop)))
+            let images = writable.clone();
+            Some(std::thread::spawn(move || {
+                control_loop(l, cached, images, stop)
+            }))
         }
         None => None,
     };
+    let committer = (a.commit_every > 0 && !writable.is_empty()).then(|| {
+        let images = writable.clone();
+        let every = Duration::from_secs(a.commit_every);
+        std::thread::spawn(move || commit_loop(&images, every, stop))
+    });
     let report = server.serve(&listeners, stop);
     if let Some(t) = control {
+        let _ = t.join();
+    }
+    if let Some(t) = committer {
         let _ = t.join();
     }
     let report = report?;
@@ -419,6 +446,23 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 .with_context(|| format!("close the cache {}", path.display()))?;
         }
     }
+    // Every write is in the images now: the session's last commit.
+    for img in &writable {
+        let report = img.close().with_context(|| {
+            format!(
+                "commit image {}: its flushed writes stay in {} for the next serve or `cairn commit`",
+                img.name(),
+                img.overlay_dir().display()
+            )
+        })?;
+        if let Some(r) = report {
+            eprintln!(
+                "cairn serve: committed image {} as snapshot {}",
+                img.name(),
+                r.snapshot
+            );
+        }
+    }
     if a.verbose {
         eprintln!(
             "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} cut at the stop deadline)",
@@ -428,12 +472,67 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Answer `cairn cache status|drain --control` until `stop`: one request
-/// line ("status" or "drain NAME"), one JSON reply line.
+/// Commit every writable image each `every` until `stop`; a failed
+/// commit is reported and tried again next time (the writes stay in the
+/// overlay).
+fn commit_loop(images: &[Arc<WritableVolume>], every: Duration, stop: &AtomicBool) {
+    let mut next = std::time::Instant::now() + every;
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        if std::time::Instant::now() < next {
+            continue;
+        }
+        for img in images {
+            if let Err(e) = img.commit() {
+                eprintln!(
+                    "cairn serve: commit of image {} failed (tried again in {} s): {e}",
+                    img.name(),
+                    every.as_secs()
+                );
+            }
+        }
+        next = std::time::Instant::now() + every;
+    }
+}
+
+/// The reply to a `commit [NAME]` request: the images committed.
+fn commit_request(
+    images: &[Arc<WritableVolume>],
+    name: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let chosen: Vec<&Arc<WritableVolume>> = images
+        .iter()
+        .filter(|i| name.is_none_or(|n| i.name() == n))
+        .collect();
+    if chosen.is_empty() {
+        return Err(match name {
+            Some(n) => format!("no writable image named {n:?}"),
+            None => "no writable image".into(),
+        });
+    }
+    let mut out = Vec::new();
+    for img in chosen {
+        let report = img
+            .commit()
+            .map_err(|e| format!("commit of image {}: {e}", img.name()))?;
+        out.push(serde_json::json!({
+            "image": img.name(),
+            "committed": report.is_some(),
+            "snapshot": img.snapshot(),
+            "new_raw": report.map_or(0, |r| r.new_raw),
+        }));
+    }
+    Ok(serde_json::json!({ "images": out }))
+}
+
+/// Answer `cairn cache status|drain --control` and `cairn commit
+/// --control` until `stop`: one request line ("status", "drain NAME" or
+/// "commit [NAME]"), one JSON reply line.
 fn control_loop(
     listener: Listener,
     caches: Vec<(String, String, Arc<WbCache>)>,
-    stop: &std::sync::atomic::AtomicBool,
+    images: Vec<Arc<WritableVolume>>,
+    stop: &AtomicBool,
 ) {
     use std::io::{BufRead, BufReader, Write};
     let Listener::Unix(l, _) = &listener else {
@@ -442,7 +541,7 @@ fn control_loop(
     if l.set_nonblocking(true).is_err() {
         return;
     }
-    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+    while !stop.load(Ordering::Acquire) {
         let mut s = match l.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -458,7 +557,14 @@ fn control_loop(
             continue;
         }
         let mut words = line.split_whitespace();
-        let reply = match (words.next(), words.next()) {
+        let first = words.next();
+        if first == Some("commit") {
+            let v = commit_request(&images, words.next())
+                .unwrap_or_else(|e| serde_json::json!({ "error": e }));
+            let _ = writeln!(s, "{v}");
+            continue;
+        }
+        let reply = match (first, words.next()) {
             (Some("status"), None) => Ok(()),
             (Some("drain"), Some(name)) => match caches.iter().find(|(n, _, _)| n == name) {
                 Some((_, _, wb)) => wb.drain().map_err(|e| format!("drain of {name}: {e}")),

@@ -8,23 +8,26 @@ use cairn_volume::{RepoView, VolumeOptions, WritableVolume};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A parsed `--image NAME[@SNAPSHOT][,rw][,cache=CACHE]`.
+/// A parsed `--image NAME[@SNAPSHOT][,rw][,cache=CACHE][,overlay=DIR]`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct ImageSpec {
     /// `NAME` or `NAME@SNAPSHOT`.
     pub spec: String,
-    /// Writes allowed: each flush (or each writeback of the cache) is a
-    /// new snapshot.
+    /// Writes allowed: flushed into the overlay, committed as snapshots
+    /// on a schedule, on request and at the end.
     pub writable: bool,
     /// The write-back cache in front of it.
     pub cache: Option<PathBuf>,
+    /// Where its overlay lives (default: [`overlay_dir`]).
+    pub overlay: Option<PathBuf>,
 }
 
-/// Parse `NAME[@SNAPSHOT][,rw][,cache=CACHE]` (`cache=` implies `rw`).
+/// Parse `NAME[@SNAPSHOT][,rw][,cache=CACHE][,overlay=DIR]` (`cache=` and
+/// `overlay=` imply `rw`).
 pub(crate) fn parse_image_spec(text: &str) -> Result<ImageSpec> {
     let mut parts = text.split(',');
     let spec = parts.next().unwrap_or_default().to_string();
-    let (mut writable, mut cache) = (false, None);
+    let (mut writable, mut cache, mut overlay) = (false, None, None);
     for p in parts {
         match p {
             "rw" => writable = true,
@@ -33,7 +36,13 @@ pub(crate) fn parse_image_spec(text: &str) -> Result<ImageSpec> {
                 cache = Some(PathBuf::from(&c[6..]));
                 writable = true;
             }
-            other => bail!("--image {text:?}: unknown option {other:?} (rw, ro, cache=PATH)"),
+            o if o.starts_with("overlay=") && o.len() > 8 => {
+                overlay = Some(PathBuf::from(&o[8..]));
+                writable = true;
+            }
+            other => bail!(
+                "--image {text:?}: unknown option {other:?} (rw, ro, cache=PATH, overlay=DIR)"
+            ),
         }
     }
     if spec.is_empty() {
@@ -46,6 +55,7 @@ pub(crate) fn parse_image_spec(text: &str) -> Result<ImageSpec> {
         spec,
         writable,
         cache,
+        overlay,
     })
 }
 
@@ -61,22 +71,49 @@ pub(crate) fn volume_options(cache: usize, threads: Option<usize>) -> VolumeOpti
     opts
 }
 
-/// Open image `name` of `repo` for writing (the image's lock
-/// is held until it is dropped).
+/// Where the overlay of writable image `name` of `repo` lives unless
+/// `overlay=DIR` says: `overlays/NAME` in the repository's state
+/// directory ([`cairn_store::repo::state_dir`]), on local disk and never
+/// inside the repository, which may be remote or encrypted.
+pub(crate) fn overlay_dir(repo: &Repository, name: &str) -> Result<PathBuf> {
+    match cairn_store::repo::state_dir(repo.id()) {
+        Some(d) => Ok(d.join("overlays").join(name)),
+        None => bail!(
+            "image {name}: no place for its overlay: set CAIRN_STATE_DIR (or HOME), or give overlay=DIR"
+        ),
+    }
+}
+
+/// Open image `name` of `repo` for writing, its overlay in `overlay` or
+/// the default place (the image's lock is held until it is dropped).
 pub(crate) fn open_writable(
     repo: &Arc<Repository>,
     name: &str,
     opts: &VolumeOptions,
+    overlay: Option<&Path>,
 ) -> Result<Arc<WritableVolume>> {
-    let vol = WritableVolume::open(repo.clone(), name, opts)
+    let dir = match overlay {
+        Some(d) => d.to_path_buf(),
+        None => overlay_dir(repo, name)?,
+    };
+    let vol = WritableVolume::open(repo.clone(), name, opts, &dir)
         .with_context(|| format!("image {name} of {}", repo.location()))?;
     Ok(Arc::new(vol))
 }
 
+/// What [`add_images`] opened beside the exports.
+#[derive(Default)]
+pub(crate) struct Opened {
+    /// The writable exports that want a cache: export number and cache.
+    pub cached: Vec<(usize, PathBuf)>,
+    /// Every writable image, to commit.
+    pub writable: Vec<Arc<WritableVolume>>,
+}
+
 /// Open `images` of the repository at `root` (every image's latest
 /// snapshot, read-only, when none is named) and add them to `exports`.
-/// Returns the writable ones that want a cache, with their export
-/// number, for the caller to put the cache in front.
+/// Returns the writable ones, and those that want a cache with their
+/// export number, for the caller to put the cache in front.
 pub(crate) fn add_images(
     root: &Path,
     password: &crate::key_cmd::PasswordArgs,
@@ -84,7 +121,7 @@ pub(crate) fn add_images(
     opts: &VolumeOptions,
     pack_cache: u64,
     exports: &mut Vec<Export>,
-) -> Result<Vec<(usize, PathBuf)>> {
+) -> Result<Opened> {
     let repo = Arc::new(Repository::open_location_with(
         crate::repo_cmd::location(root)?,
         pack_cache,
@@ -101,16 +138,18 @@ pub(crate) fn add_images(
                 spec: name,
                 writable: false,
                 cache: None,
+                overlay: None,
             })
             .collect();
         &all
     } else {
         images
     };
-    let mut cached = Vec::new();
+    let mut opened = Opened::default();
     for s in specs {
         if s.writable {
-            let vol = open_writable(&repo, &s.spec, opts)?;
+            let vol = open_writable(&repo, &s.spec, opts, s.overlay.as_deref())?;
+            opened.writable.push(vol.clone());
             let description = format!(
                 "{} (writable from snapshot {}) of {}",
                 vol.name(),
@@ -118,7 +157,7 @@ pub(crate) fn add_images(
                 root.display()
             );
             if let Some(c) = &s.cache {
-                cached.push((exports.len(), c.clone()));
+                opened.cached.push((exports.len(), c.clone()));
             }
             exports.push(Export {
                 description,
@@ -138,7 +177,90 @@ pub(crate) fn add_images(
             read_only: true,
         });
     }
-    Ok(cached)
+    Ok(opened)
+}
+
+/// `cairn commit`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct CommitArgs {
+    /// Ask a running `cairn serve --control SOCK` to commit its writable
+    /// images (or IMAGE) now.
+    #[arg(long = "control", value_name = "SOCK", conflicts_with_all = ["repo", "overlay"])]
+    pub control: Option<PathBuf>,
+    /// Without a server: the repository whose IMAGE's overlay holds writes
+    /// left by a server that did not stop cleanly (also from $CAIRN_REPO).
+    #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
+    pub repo: Option<PathBuf>,
+    #[command(flatten)]
+    pub password: crate::key_cmd::PasswordArgs,
+    /// Without a server: the overlay, if not in the default place.
+    #[arg(long = "overlay", value_name = "DIR")]
+    pub overlay: Option<PathBuf>,
+    /// The image (with --control: default every writable image).
+    #[arg(value_name = "IMAGE")]
+    pub image: Option<String>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Make the writes to a writable image its next snapshot now: through a
+/// running server, or from the overlay a stopped one left.
+pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
+    let v = if let Some(sock) = &a.control {
+        let request = match &a.image {
+            Some(n) => format!("commit {n}"),
+            None => "commit".into(),
+        };
+        crate::cache_cmd::control_request(sock, &request)?
+    } else {
+        let (Some(root), Some(name)) = (&a.repo, &a.image) else {
+            bail!("name a server with --control SOCK, or an image with --repo REPO IMAGE");
+        };
+        let repo = Arc::new(Repository::open_location_with(
+            crate::repo_cmd::location(root)?,
+            0,
+            &a.password,
+        )?);
+        let dir = match &a.overlay {
+            Some(d) => d.clone(),
+            None => overlay_dir(&repo, name)?,
+        };
+        if !dir.is_dir() {
+            bail!(
+                "image {name}: no overlay at {}: nothing to commit",
+                dir.display()
+            );
+        }
+        let opts = volume_options(64 << 20, None);
+        let vol = open_writable(&repo, name, &opts, Some(&dir))?;
+        let before = vol.stats().commits;
+        let report = vol
+            .close()
+            .with_context(|| format!("commit image {name}"))?;
+        serde_json::json!({ "images": [{
+            "image": name,
+            "committed": report.is_some() || vol.stats().commits > before,
+            "snapshot": vol.snapshot(),
+            "new_raw": vol.stats().new_raw,
+        }]})
+    };
+    if a.json {
+        println!("{v}");
+        return Ok(());
+    }
+    for i in v["images"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        let name = i["image"].as_str().unwrap_or("?");
+        if i["committed"].as_bool() == Some(true) {
+            println!(
+                "image {name}: committed as snapshot {} ({} bytes of new chunks)",
+                i["snapshot"], i["new_raw"]
+            );
+        } else {
+            println!("image {name}: nothing new since snapshot {}", i["snapshot"]);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -158,6 +280,9 @@ mod tests {
         assert_eq!(s.cache.unwrap().to_str(), Some("/dev/fast"));
         assert!(parse_image_spec("vm@2,rw").is_err());
         assert!(parse_image_spec("vm,cache=").is_err());
+        let s = parse_image_spec("vm,overlay=/var/o").unwrap();
+        assert!(s.writable && s.overlay.as_deref() == Some(Path::new("/var/o")));
+        assert!(parse_image_spec("vm,overlay=").is_err());
         assert!(parse_image_spec("vm,bogus").is_err());
         assert!(parse_image_spec(",rw").is_err());
     }

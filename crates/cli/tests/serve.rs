@@ -742,10 +742,13 @@ fn qemu_io_writes_and_read_only_refuses() {
     assert_same(&out.stdout, &img, "img after the write attempts");
 }
 
-/// `--image NAME,rw`: every FLUSH commits a snapshot; earlier snapshots
-/// never change; the writer lock keeps a second writer out meanwhile.
+/// `--image NAME,rw`: a FLUSH makes writes durable in the overlay, not a
+/// snapshot; `cairn commit --control` makes one on request; a SIGKILL
+/// loses no flushed write (`cairn commit --repo` commits what the dead
+/// server left); a clean stop commits the rest. Earlier snapshots never
+/// change; the image's lock keeps a second writer out meanwhile.
 #[test]
-fn writable_image_commits_a_snapshot_per_flush() {
+fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
     if !have("qemu-io") {
         return;
     }
@@ -755,39 +758,42 @@ fn writable_image_commits_a_snapshot_per_flush() {
     let mut img = noise(3 * M + 12_345, 41);
     img[2 * M..2 * M + M / 2].fill(0);
     let repo = repo_with(d, &[("img", &[&img])]);
-    let srv = Serve::start(&[
-        "--repo",
-        s(&repo),
-        "--image",
-        "img,rw",
-        "--socket",
-        s(&d.join("s.sock")),
-    ]);
-    // Write-back caching in qemu: no flush after each write.
-    let out = qemu_io_with(
-        &["-t", "writeback"],
-        &srv.uri("img"),
-        &[
-            "write -P 0xab 100k 8k",
-            "read -P 0xab 100k 8k",
-            "flush",
-            "write -z 1M 512k",
-            "write -P 0xcd 2200k 4k",
-            "discard 3M 12k",
-            "flush",
-            "read -P 0 1M 512k",
-        ],
+    let ctl = d.join("ctl.sock");
+    let start = || {
+        Serve::start(&[
+            "--repo",
+            s(&repo),
+            "--image",
+            "img,rw",
+            "--socket",
+            s(&d.join("s.sock")),
+            "--control",
+            s(&ctl),
+            "--commit-every",
+            "0",
+        ])
+    };
+    let qemu = |srv: &Serve, cmds: &[&str]| {
+        // Write-back caching in qemu: no flush after each write.
+        let out = qemu_io_with(&["-t", "writeback"], &srv.uri("img"), cmds);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "qemu-io failed: {text}");
+        assert!(!text.contains("Pattern verification failed"), "{text}");
+    };
+    let restore = |spec: &str| ok(run(&["restore", spec, "-", "--repo", s(&repo), "-q"])).stdout;
+    let mut srv = start();
+    qemu(
+        &srv,
+        &["write -P 0xab 100k 8k", "read -P 0xab 100k 8k", "flush"],
     );
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "qemu-io failed: {text}");
-    assert!(!text.contains("Pattern verification failed"), "{text}");
     let mut v1 = img.clone();
     v1[100 * 1024..108 * 1024].fill(0xab);
-    let mut v2 = v1.clone();
-    v2[M..M + M / 2].fill(0);
-    v2[2200 * 1024..2204 * 1024].fill(0xcd);
-    v2[3 * M..3 * M + 12 * 1024].fill(0);
+    assert_same(&restore("img"), &img, "a flush is not a snapshot");
+    let c = json(&ok(run(&["commit", "--control", s(&ctl), "img", "--json"])));
+    assert_eq!(c["images"][0]["snapshot"], 2, "{c}");
+    assert_eq!(c["images"][0]["committed"], true, "{c}");
+    assert_same(&restore("img@2"), &v1, "img@2 while served");
 
     // While served: another writer is refused, readers are not.
     let out = run(&[
@@ -805,24 +811,64 @@ fn writable_image_commits_a_snapshot_per_flush() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = ok(run(&["restore", "img@2", "-", "--repo", s(&repo), "-q"]));
-    assert_same(&out.stdout, &v1, "img@2 while served");
 
+    qemu(
+        &srv,
+        &[
+            "write -z 1M 512k",
+            "write -P 0xcd 2200k 4k",
+            "discard 3M 12k",
+            "flush",
+            "read -P 0 1M 512k",
+        ],
+    );
+    let mut v2 = v1.clone();
+    v2[M..M + M / 2].fill(0);
+    v2[2200 * 1024..2204 * 1024].fill(0xcd);
+    v2[3 * M..3 * M + 12 * 1024].fill(0);
+    // Killed: the flushed writes are in the overlay only.
+    srv.signal_and_wait(libc::SIGKILL, Duration::from_secs(10))
+        .expect("killed");
+    drop(srv);
+    assert_same(&restore("img"), &v1, "not committed before the kill");
+    let c = json(&ok(run(&["commit", "--repo", s(&repo), "img", "--json"])));
+    assert_eq!(c["images"][0]["snapshot"], 3, "{c}");
+    assert_same(&restore("img@3"), &v2, "committed after the kill");
+
+    // Killed again with flushed writes, then served again: they read
+    // back, and the clean stop commits them.
+    let mut srv = start();
+    qemu(&srv, &["write -P 0xee 0 4k", "flush"]);
+    srv.signal_and_wait(libc::SIGKILL, Duration::from_secs(10))
+        .expect("killed");
+    drop(srv);
+    let srv = start();
+    qemu(&srv, &["read -P 0xee 0 4k", "read -P 0xcd 2200k 4k"]);
     let (st, _) = srv.stop(Duration::from_secs(10));
     assert!(st.success(), "{st:?}");
+    let mut v3 = v2.clone();
+    v3[..4096].fill(0xee);
     for (spec, want) in [
         ("img@1", &img),
         ("img@2", &v1),
         ("img@3", &v2),
-        ("img", &v2),
+        ("img@4", &v3),
+        ("img", &v3),
     ] {
-        let out = ok(run(&["restore", spec, "-", "--repo", s(&repo), "-q"]));
-        assert_same(&out.stdout, want, spec);
+        assert_same(&restore(spec), want, spec);
     }
-    let out = run(&["restore", "img@4", "-", "--repo", s(&repo), "-q"]);
+    let out = run(&["restore", "img@5", "-", "--repo", s(&repo), "-q"]);
     assert!(
         !out.status.success(),
         "a snapshot with no change was committed"
+    );
+    // Nothing left to commit.
+    let out = run(&["commit", "--repo", s(&repo), "img"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to commit"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     ok(run(&["verify", "--read-data", "--repo", s(&repo)]));
 }

@@ -86,6 +86,9 @@ enum Backing {
     File,
     /// Image `d` of the repository d/repo.
     Image,
+    /// Image `d` of the repository d/repo, writable with no cache: its
+    /// overlay alone keeps what was flushed.
+    BareImage,
 }
 
 fn start(d: &Path, backing: Backing, plog: bool) -> Child {
@@ -107,6 +110,11 @@ fn start(d: &Path, backing: Backing, plog: bool) -> Child {
             cmd.arg("--repo")
                 .arg(d.join("repo"))
                 .args(["--image", &spec]);
+        }
+        Backing::BareImage => {
+            cmd.arg("--repo")
+                .arg(d.join("repo"))
+                .args(["--image", "d,rw"]);
         }
     }
     cmd.arg("--socket").arg(&sock);
@@ -145,7 +153,9 @@ fn offline(d: &Path, backing: Backing, args: &[&str]) -> std::process::Output {
         .arg(d.join("cache.dev"));
     match backing {
         Backing::File => cmd.arg("--backing").arg(d.join("back.raw")),
-        Backing::Image => cmd.arg("--repo").arg(d.join("repo")).args(["--image", "d"]),
+        Backing::Image | Backing::BareImage => {
+            cmd.arg("--repo").arg(d.join("repo")).args(["--image", "d"])
+        }
     };
     cmd.output().unwrap()
 }
@@ -209,6 +219,14 @@ fn sigkill_with_a_repository_image_behind_the_cache() {
     crash_rounds(Backing::Image, false, 8);
 }
 
+/// A repository image served writable with no cache in front: every
+/// flushed write survives in its overlay, and the commit after the last
+/// kill makes them a snapshot.
+#[test]
+fn sigkill_with_a_writable_repository_image() {
+    crash_rounds(Backing::BareImage, false, 8);
+}
+
 /// The same in persistent-log mode, where flushed writes may be only in
 /// the plog records, not in a sealed segment.
 #[test]
@@ -227,7 +245,8 @@ fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
     // The image starts as text with zero runs, so that writes land in
     // chunks and in holes; the file starts zeroed.
     let mut model = vec![0u8; (BLOCKS * 4096) as usize];
-    if backing == Backing::Image {
+    let image = backing != Backing::File;
+    if image {
         for (i, b) in model.iter_mut().enumerate() {
             if (i >> 18) % 3 != 1 {
                 *b = b"image data "[i % 11];
@@ -239,7 +258,7 @@ fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
     let repo = d.join("repo");
     let repo_s = repo.to_str().unwrap();
     let back_s = d.join("back.raw");
-    if backing == Backing::Image {
+    if image {
         run_ok(&["init", repo_s]);
         run_ok(&[
             "backup",
@@ -326,16 +345,20 @@ fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
         killed_mid_write >= rounds / 2,
         "the kills should mostly land between flushes ({killed_mid_write} of {rounds})"
     );
-    // Drain offline: the backing file alone (or the image's latest
-    // snapshot, restored) equals the model.
-    let out = offline(d, backing, &["drain", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(status["dirty_blocks"], 0, "{status}");
+    // Drain offline (with no cache: commit the overlay): the backing file
+    // alone (or the image's latest snapshot, restored) equals the model.
+    if backing == Backing::BareImage {
+        run_ok(&["commit", "--repo", repo_s, "d"]);
+    } else {
+        let out = offline(d, backing, &["drain", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(status["dirty_blocks"], 0, "{status}");
+    }
     let backing_now = || {
         if backing == Backing::File {
             return std::fs::read(d.join("back.raw")).unwrap();
@@ -346,7 +369,7 @@ fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
         backing_now() == model,
         "backing differs from the model after drain"
     );
-    if backing == Backing::Image {
+    if image {
         // Writeback committed snapshots; the first is untouched and the
         // repository verifies, packs of killed commits included.
         let ls: serde_json::Value =
@@ -356,6 +379,9 @@ fn crash_rounds(backing: Backing, plog: bool, rounds: usize) {
         assert!(snaps >= 2, "no snapshot was committed: {ls}");
         assert!(run_ok(&["restore", "d@1", "-", "--repo", repo_s]) == original);
         run_ok(&["verify", "--read-data", "--repo", repo_s]);
+    }
+    if backing == Backing::BareImage {
+        return;
     }
     // Detach wipes the superblock; status then refuses the cache.
     let out = offline(d, backing, &["detach"]);

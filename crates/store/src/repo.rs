@@ -440,21 +440,35 @@ pub fn check_trash_list_with(
     Ok(g)
 }
 
-/// Where the local cache of remote repository `location` lives:
-/// `$CAIRN_CACHE_DIR`, else `$XDG_CACHE_HOME/cairn`, else
-/// `~/.cache/cairn`, in a folder named by a hash of the location; `None`
-/// when none of those is set (no cache, everything is fetched).
-pub fn cache_dir(location: &str) -> Option<PathBuf> {
+/// `$OWN`, else `$XDG/cairn`, else `~/HOME_REL`: where cairn keeps a kind
+/// of per-user files; `None` when none of those is set.
+fn user_dir(own: &str, xdg: &str, home_rel: &str) -> Option<PathBuf> {
     let env = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    let base = env("CAIRN_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("cairn")))
-        .or_else(|| env("HOME").map(|d| d.join(".cache/cairn")))?;
+    env(own)
+        .or_else(|| env(xdg).map(|d| d.join("cairn")))
+        .or_else(|| env("HOME").map(|d| d.join(home_rel)))
+}
+
+/// Where the local cache of remote repository `location` lives:
+/// `$CAIRN_CACHE_DIR`, else `$XDG_CACHE_HOME/cairn`, else
+/// `~/.cache/cairn`, in a folder named by a hash of the location; `None`
+/// when none of those is set (no cache, everything is fetched).
+pub fn cache_dir(location: &str) -> Option<PathBuf> {
     let h = blake3::hash(location.trim_end_matches('/').as_bytes()).to_hex();
-    Some(base.join(&h[..32]))
+    Some(user_dir("CAIRN_CACHE_DIR", "XDG_CACHE_HOME", ".cache/cairn")?.join(&h[..32]))
+}
+
+/// Where cairn keeps local state that must last (the overlays of writable
+/// images) for the repository with id `id`: `$CAIRN_STATE_DIR`, else
+/// `$XDG_STATE_HOME/cairn`, else `~/.local/state/cairn`, in a folder named
+/// by the id (the same whichever path or URL reaches the repository);
+/// `None` when none of those is set.
+pub fn state_dir(id: RepoId) -> Option<PathBuf> {
+    Some(user_dir("CAIRN_STATE_DIR", "XDG_STATE_HOME", ".local/state/cairn")?.join(id.to_string()))
 }
 
 /// The user running cairn, for key files.

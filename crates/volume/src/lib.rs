@@ -77,6 +77,7 @@
 mod ahead;
 mod cache;
 mod map;
+mod overlay;
 mod packs;
 mod writable;
 

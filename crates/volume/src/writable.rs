@@ -1,73 +1,46 @@
-//! A repository image as a writable block device: writes collect in RAM
-//! over the latest snapshot, and each `flush` commits them as the image's
-//! next snapshot (copy-on-write: earlier snapshots never change).
+//! A repository image as a writable block device: writes land in a
+//! durable overlay on local disk over the latest snapshot, a FLUSH makes
+//! them durable there, and a commit turns them into the image's next
+//! snapshot (copy-on-write: earlier snapshots never change).
 //!
-//! Meant to sit behind the write-back cache (`cairn serve --image
-//! NAME,cache=CACHE`): the cache makes client writes durable in its log,
-//! and its writeback sends a sorted batch here and then flushes, so every
-//! writeback batch becomes one snapshot and the RAM held here is bounded
-//! by the batch. Used alone, every FLUSH from a client is a snapshot.
-//!
-//! - **Blocks of 4 KiB in RAM.** A write lands in whole 4 KiB blocks
-//!   (partial blocks are read, patched and kept whole); zeroes and trims
-//!   mark blocks as zero without holding bytes. Reads take a block from
-//!   RAM, or the snapshot underneath.
-//! - **A commit rewrites whole chunks.** A manifest names whole chunks, so
-//!   each run of changed blocks is widened to the chunks it touches (not
-//!   into holes, which can be cut anywhere), their old bytes are read and
-//!   patched, and the store cuts them again with the image's chunker: the
-//!   unchanged parts dedup against what is stored. Chunks entirely zeroed
-//!   become holes without being read.
+//! - **A FLUSH is durable, not a snapshot.** Writes go to the overlay's
+//!   data file, at their own offsets, and a FLUSH syncs it and appends a
+//!   record of the changed blocks to the overlay's log (see
+//!   [`crate::overlay`] and `docs/format/overlay.md`): the cost of a
+//!   qcow2 or raw file's flush, not of a backup. What the server acked as
+//!   flushed survives a crash or SIGKILL: the next open replays the log.
+//! - **Snapshots when the caller commits.** [`WritableVolume::commit`]
+//!   makes what was written so far the image's next snapshot, the one
+//!   `restore`, `ls` and read-only exports see. `cairn serve` commits on
+//!   a schedule, on request and when it stops (its `--help` and
+//!   `docs/serve.md` say when); a session that dies before its commit
+//!   commits at the next open.
+//! - **Writes go on during a commit.** A commit seals the live overlay
+//!   generation, starts the next one over it, and makes the sealed one a
+//!   snapshot while the live one takes writes; reads look in the live
+//!   generation, the sealed one, then the snapshot.
+//! - **A commit rewrites each touched chunk once.** A manifest names
+//!   whole chunks, so each run of changed blocks is widened to the chunks
+//!   it touches (not into holes, which can be cut anywhere), their old
+//!   bytes read once and patched from the overlay, and the store cuts them
+//!   again with the image's chunker: the unchanged parts dedup against
+//!   what is stored. Chunks entirely zeroed become holes without being
+//!   read.
 //! - **The image's lock for the device's whole life.** One writable open
 //!   of an image at a time (a second `serve` of it fails with the holder's
 //!   name); backups, gc and other images go on beside it, and gc deletes
 //!   nothing the device's session may use.
-//! - **After a commit the snapshot underneath is reopened** from the
-//!   editor's index (no reload from disk), and the RAM blocks dropped,
-//!   in one step under the lock readers take, so a read sees either the
-//!   blocks or the new snapshot holding them.
 
+use crate::overlay::{self, Gen, Header, Mark, BS};
 use crate::{RepoView, Volume, VolumeOptions};
 use cairn_blockdev::{
     check_range, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op, ZeroFlags,
 };
 use cairn_store::repo::LoadedIndex;
-use cairn_store::{ImageEditor, Repository, Span, StoreError};
-use std::collections::BTreeMap;
+use cairn_store::{EditReport, ImageEditor, Repository, Span, StoreError};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-
-/// Size of the blocks held in RAM between commits.
-const BS: u64 = 4096;
-
-/// A changed block.
-enum Block {
-    /// New contents (`BS` bytes; past the image's end, ignored).
-    Data(Box<[u8]>),
-    /// Zeroes.
-    Zero,
-}
-
-struct State {
-    volume: Arc<Volume>,
-    blocks: BTreeMap<u64, Block>,
-}
-
-impl State {
-    /// The piece of `at..end` that starts at `at` and is either within
-    /// one changed block (returned) or has no changed block (`None`):
-    /// where it ends.
-    fn piece(&self, at: u64, end: u64) -> (u64, Option<&Block>) {
-        let b = at / BS;
-        match self.blocks.get(&b) {
-            Some(block) => (((b + 1) * BS).min(end), Some(block)),
-            None => {
-                let next = self.blocks.range(b + 1..).next();
-                (next.map_or(end, |(&n, _)| (n * BS).min(end)), None)
-            }
-        }
-    }
-}
 
 /// Commit figures of a writable image.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,6 +53,24 @@ pub struct WritableStats {
     pub new_raw: u64,
     /// Bytes the commits rewrote that the repository already had.
     pub dedup: u64,
+    /// Bytes written (or zeroed) in the overlay and not yet committed.
+    pub uncommitted: u64,
+}
+
+/// Where a piece of a read comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Src {
+    Live(Mark),
+    Sealed(Mark),
+    Base,
+}
+
+/// What reads and writes see; replaced whole, under the lock, by a
+/// commit's seal and its end.
+struct State {
+    volume: Arc<Volume>,
+    live: Arc<Gen>,
+    sealed: Option<Arc<Gen>>,
 }
 
 /// A repository image open for writing (see the module docs).
@@ -87,21 +78,32 @@ pub struct WritableVolume {
     name: String,
     size: u64,
     opts: VolumeOptions,
+    dir: PathBuf,
+    /// Held by writes for their whole length, so a seal waits for the
+    /// writes in flight; reads and flushes take a copy and let go.
     state: RwLock<State>,
     editor: Mutex<ImageEditor>,
+    /// One commit at a time.
+    committing: Mutex<()>,
+    /// Read-modify-writes of partial blocks, one at a time, so two that
+    /// change parts of one block both land.
+    rmw: Mutex<()>,
     commits: AtomicU64,
     new_raw: AtomicU64,
     dedup: AtomicU64,
+    /// The step of a commit after which it stops as if the process died
+    /// there (tests of the crash protocol).
+    #[cfg(test)]
+    crash_after: std::sync::atomic::AtomicU8,
 }
 
-fn store_error(op: Op, offset: u64, len: u64, e: &StoreError) -> BlockError {
-    let kind = match e {
-        StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
-            ErrorKind::NoSpace
-        }
-        _ => ErrorKind::Io(std::io::Error::other(e.to_string())),
-    };
-    BlockError::new(op, offset, len, kind)
+/// Steps of a commit, for the crash tests.
+const SEALED_STEP: u8 = 1;
+const SNAPSHOT_WRITTEN_STEP: u8 = 2;
+const REBASED_STEP: u8 = 3;
+
+fn block_error(e: BlockError) -> StoreError {
+    StoreError::Invalid(e.to_string())
 }
 
 fn poisoned(op: Op, offset: u64, len: u64) -> BlockError {
@@ -115,13 +117,30 @@ fn poisoned(op: Op, offset: u64, len: u64) -> BlockError {
     )
 }
 
+fn hex(id: &[u8]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `source` of a snapshot committed from generation `gen` of overlay
+/// `id`, by which a later open knows the commit happened.
+fn commit_source(name: &str, base: u64, id: &[u8; 16], gen: u64) -> String {
+    format!(
+        "writes to {name}@{base} (cairn serve, overlay {} generation {gen})",
+        hex(id)
+    )
+}
+
 impl WritableVolume {
     /// Open image `name` (its latest snapshot) of `repo` for writing,
-    /// taking the image's lock.
+    /// taking the image's lock, with its overlay in `dir` (made if
+    /// missing). Writes flushed into the overlay by an earlier session
+    /// that did not commit them are read back, and a generation it sealed
+    /// and did not commit is committed now.
     pub fn open(
         repo: Arc<Repository>,
         name: &str,
         opts: &VolumeOptions,
+        dir: &Path,
     ) -> cairn_store::Result<WritableVolume> {
         if name.contains('@') {
             return Err(StoreError::Invalid(format!(
@@ -129,20 +148,136 @@ impl WritableVolume {
             )));
         }
         let editor = ImageEditor::open(repo, name, None)?;
+        let (latest, size) = (editor.base().snapshot, editor.base().size);
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io {
+            path: dir.to_path_buf(),
+            what: "create the overlay directory",
+            source: e,
+        })?;
+        let (live, sealed) = Self::recover(&editor, name, size, dir)?;
         let volume = Self::reopen(&editor, opts)?;
-        Ok(WritableVolume {
+        debug_assert_eq!(volume.snapshot(), latest);
+        let v = WritableVolume {
             name: name.to_string(),
-            size: volume.size(),
+            size,
             opts: *opts,
+            dir: dir.to_path_buf(),
             state: RwLock::new(State {
                 volume: Arc::new(volume),
-                blocks: BTreeMap::new(),
+                live: Arc::new(live),
+                sealed: sealed.map(Arc::new),
             }),
             editor: Mutex::new(editor),
+            committing: Mutex::new(()),
+            rmw: Mutex::new(()),
             commits: AtomicU64::new(0),
             new_raw: AtomicU64::new(0),
             dedup: AtomicU64::new(0),
-        })
+            #[cfg(test)]
+            crash_after: std::sync::atomic::AtomicU8::new(0),
+        };
+        v.finish_commit()?;
+        Ok(v)
+    }
+
+    /// The overlay's generations as the crash protocol of
+    /// `docs/format/overlay.md` leaves them: the live one and a sealed
+    /// one still to commit.
+    fn recover(
+        editor: &ImageEditor,
+        name: &str,
+        size: u64,
+        dir: &Path,
+    ) -> cairn_store::Result<(Gen, Option<Gen>)> {
+        let latest = editor.base().snapshot;
+        let gens = overlay::list_gens(dir)?;
+        let Some(&newest) = gens.last() else {
+            let mut id = [0u8; 16];
+            getrandom::fill(&mut id).map_err(|e| StoreError::Io {
+                path: dir.to_path_buf(),
+                what: "draw an overlay id",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            let live = Gen::create(
+                dir,
+                Header {
+                    id,
+                    gen: 1,
+                    name: name.to_string(),
+                    size,
+                    base: latest,
+                    prev: 0,
+                },
+            )?;
+            return Ok((live, None));
+        };
+        let live = Gen::open(dir, newest)?;
+        let h = live.header.clone();
+        if h.name != name || h.size != size {
+            return Err(StoreError::Invalid(format!(
+                "the overlay {} holds writes to image {} of {} bytes, not to {name} of {size} bytes",
+                dir.display(),
+                h.name,
+                h.size
+            )));
+        }
+        let committed =
+            |gen: u64, base: u64| editor.base().source == commit_source(name, base, &h.id, gen);
+        let mut sealed = None;
+        if h.prev != 0 && !live.was_rebased() {
+            if gens.contains(&h.prev) {
+                let s = Gen::open(dir, h.prev)?;
+                if s.base() != h.base || s.header.id != h.id {
+                    return Err(StoreError::Corrupt {
+                        path: dir.to_path_buf(),
+                        offset: 0,
+                        reason: format!(
+                            "generation {} does not lie over generation {}",
+                            h.gen, h.prev
+                        ),
+                    });
+                }
+                if latest == h.base {
+                    sealed = Some(s);
+                } else if committed(h.prev, h.base) {
+                    // Committed; the crash came before the rebase.
+                    live.rebase(latest)?;
+                    s.remove(dir)?;
+                } else {
+                    return Err(Self::moved_on(name, dir, h.base, latest));
+                }
+            } else if committed(h.prev, h.base) {
+                live.rebase(latest)?;
+            } else {
+                return Err(StoreError::Corrupt {
+                    path: dir.to_path_buf(),
+                    offset: 0,
+                    reason: format!("generation {} is missing and was not committed", h.prev),
+                });
+            }
+        }
+        if sealed.is_none() && live.base() != latest {
+            return Err(Self::moved_on(name, dir, live.base(), latest));
+        }
+        // Generations older than what is in use: left by a crash after a
+        // rebase, before their removal.
+        for &g in &gens {
+            if g != newest && sealed.as_ref().is_none_or(|s| s.header.gen != g) {
+                let (data, log) = overlay::gen_paths(dir, g);
+                let _ = std::fs::remove_file(log);
+                let _ = std::fs::remove_file(data);
+            }
+        }
+        Ok((live, sealed))
+    }
+
+    fn moved_on(name: &str, dir: &Path, base: u64, latest: u64) -> StoreError {
+        StoreError::Invalid(format!(
+            "image {name}: the overlay {} holds flushed writes over snapshot {base}, but the \
+             latest snapshot is {latest}, not made from them; move the overlay away to serve \
+             snapshot {latest}, or forget the snapshots after {base} to keep the writes",
+            dir.display()
+        ))
     }
 
     /// The editor's latest snapshot as a volume.
@@ -161,50 +296,95 @@ impl WritableVolume {
         &self.name
     }
 
+    /// The overlay directory.
+    pub fn overlay_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        // A poisoned lock still holds a whole state: a panic never leaves
+        // it half-replaced.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The snapshot reads fall through to (the latest commit).
     pub fn snapshot(&self) -> u64 {
-        // A poisoned lock still holds a whole state: a panic never leaves
-        // `volume` half-replaced.
-        self.state
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .volume
-            .snapshot()
+        self.read_state().volume.snapshot()
     }
 
     /// Commit figures so far.
     pub fn stats(&self) -> WritableStats {
+        let st = self.read_state();
+        let blocks = st.live.blocks() + st.sealed.as_ref().map_or(0, |s| s.blocks());
         WritableStats {
             commits: self.commits.load(Ordering::Relaxed),
-            snapshot: self.snapshot(),
+            snapshot: st.volume.snapshot(),
             new_raw: self.new_raw.load(Ordering::Relaxed),
             dedup: self.dedup.load(Ordering::Relaxed),
+            uncommitted: blocks as u64 * BS,
         }
     }
 
-    /// Bytes of block `b` that lie inside the image.
-    fn block_len(&self, b: u64) -> usize {
-        (self.size - b * BS).min(BS) as usize
+    /// Where the pieces of `offset..end` come from, merged where
+    /// neighbours come from the same place.
+    fn pieces(live: &Gen, sealed: Option<&Gen>, offset: u64, end: u64) -> Vec<(u64, u64, Src)> {
+        let lm = live.map();
+        let sm = sealed.map(|s| s.map());
+        let mut out: Vec<(u64, u64, Src)> = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let b = at / BS;
+            let (to, src) = if let Some(&m) = lm.get(&b) {
+                (((b + 1) * BS).min(end), Src::Live(m))
+            } else if let Some(&m) = sm.as_ref().and_then(|s| s.get(&b)) {
+                (((b + 1) * BS).min(end), Src::Sealed(m))
+            } else {
+                let next = lm.range(b + 1..).next().map(|(&n, _)| n);
+                let snext = sm
+                    .as_ref()
+                    .and_then(|s| s.range(b + 1..).next().map(|(&n, _)| n));
+                let n = match (next, snext) {
+                    (Some(a), Some(c)) => Some(a.min(c)),
+                    (a, c) => a.or(c),
+                };
+                (n.map_or(end, |n| (n * BS).min(end)), Src::Base)
+            };
+            match out.last_mut() {
+                Some(last) if last.1 == at && last.2 == src => last.1 = to,
+                _ => out.push((at, to, src)),
+            }
+            at = to;
+        }
+        out
     }
 
-    /// Block `b` as it reads now.
-    fn current_block(&self, st: &State, b: u64, op: Op) -> cairn_blockdev::Result<Box<[u8]>> {
-        let mut buf = vec![0u8; BS as usize].into_boxed_slice();
-        match st.blocks.get(&b) {
-            Some(Block::Data(d)) => buf.copy_from_slice(d),
-            Some(Block::Zero) => {}
-            None => {
-                let n = self.block_len(b);
-                st.volume
-                    .read_at(&mut buf[..n], b * BS)
-                    .map_err(|e| BlockError::new(op, b * BS, n as u64, e.kind))?;
+    /// Read `buf` at `offset` as the image reads now.
+    fn read_layered(
+        volume: &Volume,
+        live: &Gen,
+        sealed: Option<&Gen>,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> cairn_blockdev::Result<()> {
+        let end = offset + buf.len() as u64;
+        for (from, to, src) in Self::pieces(live, sealed, offset, end) {
+            let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            match src {
+                Src::Live(Mark::Data) => live.read(dst, from)?,
+                Src::Sealed(Mark::Data) => match sealed {
+                    Some(s) => s.read(dst, from)?,
+                    None => dst.fill(0),
+                },
+                Src::Live(Mark::Zero) | Src::Sealed(Mark::Zero) => dst.fill(0),
+                Src::Base => volume.read_at(dst, from)?,
             }
         }
-        Ok(buf)
+        Ok(())
     }
 
     /// Change `offset..offset + len`: with `data`, to those bytes, else to
-    /// zeroes.
+    /// zeroes. Whole blocks go straight to the overlay; a partial block
+    /// at either end is read, patched and written whole.
     fn change(
         &self,
         op: Op,
@@ -216,68 +396,209 @@ impl WritableVolume {
         if len == 0 {
             return Ok(());
         }
-        let mut st = self.state.write().map_err(|_| poisoned(op, offset, len))?;
+        let st = self.state.read().map_err(|_| poisoned(op, offset, len))?;
         let end = offset + len;
-        for b in offset / BS..end.div_ceil(BS) {
-            let (bs, be) = (b * BS, (b * BS + self.block_len(b) as u64));
-            let (from, to) = (offset.max(bs), end.min(be));
-            let whole = from == bs && to == be;
-            let block = match data {
-                None if whole => Block::Zero,
-                Some(d) if whole => {
-                    let mut buf = vec![0u8; BS as usize].into_boxed_slice();
-                    let src = &d[(from - offset) as usize..(to - offset) as usize];
-                    buf[..src.len()].copy_from_slice(src);
-                    Block::Data(buf)
-                }
-                _ => {
-                    let mut buf = self.current_block(&st, b, op)?;
-                    let dst = &mut buf[(from - bs) as usize..(to - bs) as usize];
-                    match data {
-                        Some(d) => dst
-                            .copy_from_slice(&d[(from - offset) as usize..(to - offset) as usize]),
-                        None => dst.fill(0),
-                    }
-                    Block::Data(buf)
-                }
-            };
-            st.blocks.insert(b, block);
+        // The whole blocks: from the first block start at or after
+        // `offset` to the last block end at or before `end` (the image's
+        // end counts as one).
+        let a = offset.div_ceil(BS) * BS;
+        let z = if end == self.size { end } else { end / BS * BS };
+        let bytes =
+            |from: u64, to: u64| data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+        if a >= z {
+            // No whole block: one or two partial ones.
+            let mut at = offset;
+            while at < end {
+                let to = ((at / BS + 1) * BS).min(end);
+                self.patch(&st, op, at, bytes(at, to), to - at)?;
+                at = to;
+            }
+            return Ok(());
+        }
+        if offset < a {
+            self.patch(&st, op, offset, bytes(offset, a), a - offset)?;
+        }
+        match bytes(a, z) {
+            Some(d) => st.live.write(d, a)?,
+            None => st.live.zero(a / BS, (z - a).div_ceil(BS), op)?,
+        }
+        if z < end {
+            self.patch(&st, op, z, bytes(z, end), end - z)?;
         }
         Ok(())
     }
 
-    /// The changed blocks as spans the store can commit: runs of blocks
-    /// widened to the chunks they touch, with their full new bytes.
-    fn spans(&self, st: &State) -> cairn_blockdev::Result<Vec<Span>> {
+    /// Change `len` bytes at `at`, inside one block, to `data` or zeroes.
+    fn patch(
+        &self,
+        st: &State,
+        op: Op,
+        at: u64,
+        data: Option<&[u8]>,
+        len: u64,
+    ) -> cairn_blockdev::Result<()> {
+        let _one = self.rmw.lock().map_err(|_| poisoned(op, at, len))?;
+        let bs = at / BS * BS;
+        let blen = BS.min(self.size - bs);
+        let mut buf = vec![0u8; blen as usize];
+        Self::read_layered(&st.volume, &st.live, st.sealed.as_deref(), &mut buf, bs)
+            .map_err(|e| BlockError::new(op, at, len, e.kind))?;
+        let dst = &mut buf[(at - bs) as usize..(at - bs + len) as usize];
+        match data {
+            Some(d) => dst.copy_from_slice(d),
+            None => dst.fill(0),
+        }
+        st.live.write(&buf, bs)
+    }
+
+    /// Make every write so far durable in the overlay.
+    fn flush_overlay(&self) -> cairn_blockdev::Result<()> {
+        let (live, sealed) = {
+            let st = self.read_state();
+            (st.live.clone(), st.sealed.clone())
+        };
+        if let Some(s) = sealed {
+            s.flush()?;
+        }
+        live.flush()
+    }
+
+    /// Make everything written so far the image's next snapshot (none when
+    /// nothing was written since the last). Writes and reads go on
+    /// meanwhile; what they change after the commit began goes into the
+    /// next one.
+    pub fn commit(&self) -> cairn_store::Result<Option<EditReport>> {
+        let _one = self
+            .committing
+            .lock()
+            .map_err(|_| StoreError::Invalid("a thread panicked while committing".into()))?;
+        let sealed_left = self.read_state().sealed.is_some();
+        if !sealed_left {
+            let (live, base) = {
+                let st = self.read_state();
+                (st.live.clone(), st.volume.snapshot())
+            };
+            if live.blocks() == 0 {
+                return Ok(None);
+            }
+            let next = Gen::create(
+                &self.dir,
+                Header {
+                    gen: live.header.gen + 1,
+                    base,
+                    prev: live.header.gen,
+                    ..live.header.clone()
+                },
+            )?;
+            {
+                // Waits for the writes in flight: none lands in the
+                // sealed generation after this.
+                let mut st = self.state.write().map_err(|_| {
+                    StoreError::Invalid("a thread panicked while changing the image".into())
+                })?;
+                st.sealed = Some(std::mem::replace(&mut st.live, Arc::new(next)));
+            }
+            live.flush().map_err(block_error)?;
+            self.crash_point(SEALED_STEP)?;
+        }
+        self.finish_commit()
+    }
+
+    /// In tests: stop here as if the process died, when asked to.
+    fn crash_point(&self, _step: u8) -> cairn_store::Result<()> {
+        #[cfg(test)]
+        if self.crash_after.load(Ordering::Relaxed) == _step {
+            return Err(StoreError::Invalid(format!("crashed after step {_step}")));
+        }
+        Ok(())
+    }
+
+    /// Commit the sealed generation, if any, and drop it.
+    fn finish_commit(&self) -> cairn_store::Result<Option<EditReport>> {
+        let (volume, live, sealed) = {
+            let st = self.read_state();
+            (st.volume.clone(), st.live.clone(), st.sealed.clone())
+        };
+        let Some(sealed) = sealed else {
+            return Ok(None);
+        };
+        let spans = self.spans(&volume, &sealed).map_err(block_error)?;
+        let mut editor = self
+            .editor
+            .lock()
+            .map_err(|_| StoreError::Invalid("a thread panicked while committing".into()))?;
+        let source = commit_source(
+            &self.name,
+            editor.base().snapshot,
+            &sealed.header.id,
+            sealed.header.gen,
+        );
+        let report = editor.commit(&spans, &source)?;
+        self.crash_point(SNAPSHOT_WRITTEN_STEP)?;
+        let volume = Self::reopen(&editor, &self.opts)?;
+        live.rebase(editor.base().snapshot)?;
+        self.crash_point(REBASED_STEP)?;
+        {
+            let mut st = self.state.write().map_err(|_| {
+                StoreError::Invalid("a thread panicked while changing the image".into())
+            })?;
+            st.volume = Arc::new(volume);
+            st.sealed = None;
+        }
+        sealed.remove(&self.dir)?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.new_raw.fetch_add(report.new_raw, Ordering::Relaxed);
+        self.dedup.fetch_add(report.dedup, Ordering::Relaxed);
+        Ok(Some(report))
+    }
+
+    /// Commit what is left, and remove the overlay when nothing is: the
+    /// end of a session. Writes after this are not committed.
+    pub fn close(&self) -> cairn_store::Result<Option<EditReport>> {
+        let report = self.commit()?;
+        let st = self.read_state();
+        if st.sealed.is_none() && st.live.blocks() == 0 {
+            st.live.remove(&self.dir)?;
+            // Only empty: anything else someone put there stays.
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+        Ok(report)
+    }
+
+    /// The changed blocks of generation `g` over `volume` as spans the
+    /// store can commit: runs of blocks widened to the chunks they touch,
+    /// with their full new bytes.
+    fn spans(&self, volume: &Volume, g: &Gen) -> cairn_blockdev::Result<Vec<Span>> {
+        let map = g.map();
         // Runs of consecutive changed blocks, in bytes, widened.
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         let mut run: Option<(u64, u64)> = None;
-        for &b in st.blocks.keys() {
+        for &b in map.keys() {
             run = match run {
                 Some((s, e)) if e == b => Some((s, b + 1)),
                 other => {
                     if let Some(r) = other {
-                        self.widen(st, r, &mut ranges);
+                        self.widen(volume, r, &mut ranges);
                     }
                     Some((b, b + 1))
                 }
             };
         }
         if let Some(r) = run {
-            self.widen(st, r, &mut ranges);
+            self.widen(volume, r, &mut ranges);
         }
 
         let mut spans: Vec<Span> = Vec::new();
         for (a, z) in ranges {
             let mut at = a;
             while at < z {
-                let (_, e, hole) = st.volume.extent_at(at);
+                let (_, e, hole) = volume.extent_at(at);
                 let (ps, pe) = (at, e.min(z));
                 // Zeroed entirely (or, in a hole, not changed at all: only
                 // possible where two widened runs met).
-                let zeroed = (ps / BS..pe.div_ceil(BS)).all(|b| match st.blocks.get(&b) {
-                    Some(Block::Zero) => true,
-                    Some(Block::Data(_)) => false,
+                let zeroed = (ps / BS..pe.div_ceil(BS)).all(|b| match map.get(&b) {
+                    Some(Mark::Zero) => true,
+                    Some(Mark::Data) => false,
                     None => hole,
                 });
                 if zeroed {
@@ -294,18 +615,16 @@ impl WritableVolume {
                 } else {
                     let mut buf = vec![0u8; (pe - ps) as usize];
                     if !hole {
-                        st.volume
+                        volume
                             .read_at(&mut buf, ps)
                             .map_err(|e| BlockError::new(Op::Flush, ps, pe - ps, e.kind))?;
                     }
-                    for (&b, block) in st.blocks.range(ps / BS..pe.div_ceil(BS)) {
+                    for (&b, mark) in map.range(ps / BS..pe.div_ceil(BS)) {
                         let (from, to) = ((b * BS).max(ps), ((b + 1) * BS).min(pe));
                         let dst = &mut buf[(from - ps) as usize..(to - ps) as usize];
-                        match block {
-                            Block::Data(d) => dst.copy_from_slice(
-                                &d[(from - b * BS) as usize..(to - b * BS) as usize],
-                            ),
-                            Block::Zero => dst.fill(0),
+                        match mark {
+                            Mark::Data => g.read(dst, from)?,
+                            Mark::Zero => dst.fill(0),
                         }
                     }
                     match spans.last_mut() {
@@ -332,43 +651,17 @@ impl WritableVolume {
 
     /// Add the byte range of blocks `b0..b1`, widened to whole chunks at
     /// both ends (not into holes), merging with the last range if they meet.
-    fn widen(&self, st: &State, (b0, b1): (u64, u64), ranges: &mut Vec<(u64, u64)>) {
+    fn widen(&self, volume: &Volume, (b0, b1): (u64, u64), ranges: &mut Vec<(u64, u64)>) {
         let a = b0 * BS;
         let z = (b1 * BS).min(self.size);
-        let (s, _, hole) = st.volume.extent_at(a);
+        let (s, _, hole) = volume.extent_at(a);
         let a = if hole { a } else { s };
-        let (_, e, hole) = st.volume.extent_at(z - 1);
+        let (_, e, hole) = volume.extent_at(z - 1);
         let z = if hole { z } else { e };
         match ranges.last_mut() {
             Some(last) if last.1 >= a => last.1 = last.1.max(z),
             _ => ranges.push((a, z)),
         }
-    }
-
-    /// Commit the changed blocks as a new snapshot.
-    fn commit(&self) -> cairn_blockdev::Result<()> {
-        let mut st = self.state.write().map_err(|_| poisoned(Op::Flush, 0, 0))?;
-        if st.blocks.is_empty() {
-            return Ok(());
-        }
-        let spans = self.spans(&st)?;
-        let mut editor = self.editor.lock().map_err(|_| poisoned(Op::Flush, 0, 0))?;
-        let source = format!(
-            "writes to {}@{} (cairn serve)",
-            self.name,
-            editor.base().snapshot
-        );
-        let report = editor
-            .commit(&spans, &source)
-            .map_err(|e| store_error(Op::Flush, 0, 0, &e))?;
-        let volume =
-            Self::reopen(&editor, &self.opts).map_err(|e| store_error(Op::Flush, 0, 0, &e))?;
-        st.volume = Arc::new(volume);
-        st.blocks.clear();
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        self.new_raw.fetch_add(report.new_raw, Ordering::Relaxed);
-        self.dedup.fetch_add(report.dedup, Ordering::Relaxed);
-        Ok(())
     }
 }
 
@@ -402,44 +695,29 @@ impl BlockDev for WritableVolume {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> cairn_blockdev::Result<()> {
         let len = buf.len() as u64;
         check_range(self.size, Op::Read, offset, len)?;
-        let st = self
-            .state
-            .read()
-            .map_err(|_| poisoned(Op::Read, offset, len))?;
-        let end = offset + len;
-        let mut at = offset;
-        while at < end {
-            let (to, block) = st.piece(at, end);
-            let dst = &mut buf[(at - offset) as usize..(to - offset) as usize];
-            match block {
-                Some(Block::Data(d)) => {
-                    let b = at / BS * BS;
-                    dst.copy_from_slice(&d[(at - b) as usize..(to - b) as usize])
-                }
-                Some(Block::Zero) => dst.fill(0),
-                None => st.volume.read_at(dst, at)?,
-            }
-            at = to;
-        }
-        Ok(())
+        let (volume, live, sealed) = {
+            let st = self.read_state();
+            (st.volume.clone(), st.live.clone(), st.sealed.clone())
+        };
+        Self::read_layered(&volume, &live, sealed.as_deref(), buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
         self.change(Op::Write, offset, buf.len() as u64, Some(buf))?;
         if fua {
-            self.commit()?;
+            self.flush_overlay()?;
         }
         Ok(())
     }
 
     fn flush(&self) -> cairn_blockdev::Result<()> {
-        self.commit()
+        self.flush_overlay()
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> cairn_blockdev::Result<()> {
         self.change(Op::Trim, offset, len, None)?;
         if fua {
-            self.commit()?;
+            self.flush_overlay()?;
         }
         Ok(())
     }
@@ -447,46 +725,182 @@ impl BlockDev for WritableVolume {
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> cairn_blockdev::Result<()> {
         self.change(Op::WriteZeroes, offset, len, None)?;
         if flags.fua {
-            self.commit()?;
+            self.flush_overlay()?;
         }
         Ok(())
     }
 
     fn extents(&self, offset: u64, len: u64) -> cairn_blockdev::Result<Vec<Extent>> {
         check_range(self.size, Op::Extents, offset, len)?;
-        let st = self
-            .state
-            .read()
-            .map_err(|_| poisoned(Op::Extents, offset, len))?;
-        let end = offset + len;
+        let (volume, live, sealed) = {
+            let st = self.read_state();
+            (st.volume.clone(), st.live.clone(), st.sealed.clone())
+        };
         let mut out: Vec<Extent> = Vec::new();
         let push = |out: &mut Vec<Extent>, e: Extent| match out.last_mut() {
             Some(last) if last.hole == e.hole && last.zero == e.zero => last.len += e.len,
             _ => out.push(e),
         };
-        let mut at = offset;
         // As the read-only volume: a bounded answer covering a prefix of
         // the range (callers ask again from where it ends), so a query
         // over a huge image written in many places stays small.
-        while at < end && out.len() < crate::MAX_EXTENTS {
-            let (to, block) = st.piece(at, end);
-            match block {
-                Some(Block::Data(_)) => push(&mut out, Extent::data(to - at)),
-                Some(Block::Zero) => push(&mut out, Extent::hole(to - at)),
-                None => {
+        for (from, to, src) in Self::pieces(&live, sealed.as_deref(), offset, offset + len) {
+            if out.len() >= crate::MAX_EXTENTS {
+                break;
+            }
+            match src {
+                Src::Live(Mark::Data) | Src::Sealed(Mark::Data) => {
+                    push(&mut out, Extent::data(to - from))
+                }
+                Src::Live(Mark::Zero) | Src::Sealed(Mark::Zero) => {
+                    push(&mut out, Extent::hole(to - from))
+                }
+                Src::Base => {
                     let mut n = 0;
-                    for e in st.volume.extents(at, to - at)? {
+                    for e in volume.extents(from, to - from)? {
                         n += e.len;
                         push(&mut out, e);
                     }
-                    if n < to - at {
+                    if n < to - from {
                         // The volume stopped early: so do we.
                         break;
                     }
                 }
             }
-            at = to;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_store::{backup, BackupOptions};
+
+    fn repo(dir: &Path, data: &[u8]) -> Arc<Repository> {
+        let r = Repository::init(&dir.join("repo"), &[dir.join("t0")], Some(1 << 20)).unwrap();
+        let session = r.session("test").unwrap();
+        let opts = BackupOptions {
+            name: "img".into(),
+            codec: "zstd:1".parse().unwrap(),
+            chunker: "fixed:16384".parse().unwrap(),
+            threads: 1,
+            group_size: 256 << 10,
+            source: "test".into(),
+            progress: None,
+            time: None,
+            tags: Vec::new(),
+        };
+        backup(
+            &r,
+            &session,
+            &mut std::io::Cursor::new(data.to_vec()),
+            &opts,
+        )
+        .unwrap();
+        Arc::new(r)
+    }
+
+    fn opts() -> VolumeOptions {
+        VolumeOptions {
+            cache_bytes: 1 << 20,
+            readahead: 0,
+            threads: 1,
+        }
+    }
+
+    fn whole(dev: &dyn BlockDev) -> Vec<u8> {
+        let mut b = vec![0u8; dev.size() as usize];
+        dev.read_at(&mut b, 0).unwrap();
+        b
+    }
+
+    fn snapshot_bytes(repo: &Arc<Repository>, snap: u64) -> Vec<u8> {
+        whole(&Volume::open(repo.clone(), &format!("img@{snap}"), &opts()).unwrap())
+    }
+
+    /// A commit stopped after each of its steps, as by a crash: the next
+    /// open gives back every flushed write, on top of the right snapshot,
+    /// and commits what the dead session sealed exactly once.
+    #[test]
+    fn a_commit_cut_after_any_step_recovers() {
+        for step in [SEALED_STEP, SNAPSHOT_WRITTEN_STEP, REBASED_STEP] {
+            let t = tempfile::tempdir().unwrap();
+            let mut model: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            let repo = repo(t.path(), &model);
+            let o = t.path().join("overlay");
+            let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+            dev.write_at(&[1; 8192], 40_960, false).unwrap();
+            model[40_960..49_152].fill(1);
+            dev.flush().unwrap();
+            dev.crash_after.store(step, Ordering::Relaxed);
+            assert!(dev.commit().is_err());
+            // Writes after the seal go to the next generation.
+            dev.write_at(&[2; 100], 1000, false).unwrap();
+            model[1000..1100].fill(2);
+            dev.trim(200_704, 16384, false).unwrap();
+            model[200_704..217_088].fill(0);
+            dev.flush().unwrap();
+            assert!(whole(&dev) == model, "step {step}: before the crash");
+            drop(dev);
+
+            let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+            assert!(whole(&dev) == model, "step {step}: after the crash");
+            let snaps = repo.snapshots("img").unwrap();
+            assert_eq!(
+                snaps,
+                vec![1, 2],
+                "step {step}: the sealed writes, committed once"
+            );
+            let mut first = snapshot_bytes(&repo, 1);
+            first[40_960..49_152].fill(1);
+            assert!(snapshot_bytes(&repo, 2) == first, "step {step}: snapshot 2");
+            assert_eq!(overlay::list_gens(&o).unwrap().len(), 1, "step {step}");
+            assert!(dev.close().unwrap().is_some());
+            assert!(snapshot_bytes(&repo, 3) == model, "step {step}: snapshot 3");
+            assert!(!o.exists());
+        }
+    }
+
+    /// Flushed writes over a snapshot that is no longer the latest, and
+    /// not made from them, are refused with a line saying what to do.
+    #[test]
+    fn an_image_that_moved_on_is_not_written_over() {
+        let t = tempfile::tempdir().unwrap();
+        let data = vec![5u8; 100_000];
+        let repo = repo(t.path(), &data);
+        let o = t.path().join("overlay");
+        let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+        dev.write_at(&[1; 4096], 0, true).unwrap();
+        drop(dev);
+        // A backup of other contents becomes snapshot 2 meanwhile.
+        let session = repo.session("test").unwrap();
+        let bo = BackupOptions {
+            name: "img".into(),
+            codec: "none".parse().unwrap(),
+            chunker: "fixed:16384".parse().unwrap(),
+            threads: 1,
+            group_size: 256 << 10,
+            source: "other".into(),
+            progress: None,
+            time: None,
+            tags: Vec::new(),
+        };
+        backup(
+            &repo,
+            &session,
+            &mut std::io::Cursor::new(vec![9u8; 100_000]),
+            &bo,
+        )
+        .unwrap();
+        drop(session);
+        let err = WritableVolume::open(repo.clone(), "img", &opts(), &o)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("over snapshot 1") && err.contains("latest snapshot is 2"),
+            "{err}"
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! Writable images against a model: random writes, zeroes and trims of
-//! any size and alignment, flushes (each a new snapshot), reads through
-//! the device and through a fresh volume of every snapshot, which must
-//! equal the model as it was at that flush. Earlier snapshots never change.
+//! any size and alignment, flushes, reopens after a flush (as after a
+//! crash: the overlay must give back every flushed write), commits (each a
+//! new snapshot), reads through the device and through a fresh volume of
+//! every snapshot, which must equal the model as it was at that commit.
+//! Earlier snapshots never change.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
@@ -51,6 +53,11 @@ fn repo_with(data: &[u8], chunker: &str, codec: &str) -> (tempfile::TempDir, Arc
     (dir, Arc::new(r))
 }
 
+/// Open `img` of `repo` for writing with its overlay in `dir`.
+fn open(repo: &Arc<Repository>, dir: &std::path::Path) -> WritableVolume {
+    WritableVolume::open(repo.clone(), "img", &opts(), dir).unwrap()
+}
+
 fn opts() -> VolumeOptions {
     VolumeOptions {
         cache_bytes: 8 << 20,
@@ -96,12 +103,13 @@ fn check_reads(dev: &dyn BlockDev, model: &[u8], r: &mut Rng) {
     }
 }
 
-/// Random changes and flushes; every snapshot checked against the model
-/// as it was when it was committed.
+/// Random changes, flushes, reopens and commits; every snapshot checked
+/// against the model as it was when it was committed.
 fn exercise(seed: u64, chunker: &str, len: usize, rounds: usize) {
     let mut model = image(seed, len);
-    let (_dir, repo) = repo_with(&model, chunker, "zstd:1");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
+    let (dir, repo) = repo_with(&model, chunker, "zstd:1");
+    let overlay = dir.path().join("overlay");
+    let mut dev = open(&repo, &overlay);
     assert_eq!(dev.size(), len as u64);
     let mut r = Rng(seed.wrapping_mul(7919) | 1);
     let mut committed: Vec<(u64, Vec<u8>)> = vec![(1, model.clone())];
@@ -135,23 +143,38 @@ fn exercise(seed: u64, chunker: &str, len: usize, rounds: usize) {
             }
         }
         check_reads(&dev, &model, &mut r);
-        if r.below(3) != 0 || round + 1 == rounds {
+        if r.below(2) == 0 {
             dev.flush().unwrap();
+            if r.below(2) == 0 {
+                // Gone without a commit, as in a crash after the flush:
+                // the next open reads every flushed write back.
+                drop(dev);
+                dev = open(&repo, &overlay);
+                check_reads(&dev, &model, &mut r);
+            }
+        }
+        if r.below(3) == 0 || round + 1 == rounds {
+            dev.commit().unwrap().expect("changes to commit");
             let snap = dev.snapshot();
             assert_eq!(
                 snap,
                 committed.last().unwrap().0 + 1,
-                "one snapshot a flush"
+                "one snapshot a commit"
             );
+            assert_eq!(dev.stats().uncommitted, 0);
             committed.push((snap, model.clone()));
             check_reads(&dev, &model, &mut r);
         }
     }
-    // A flush with nothing changed commits nothing.
+    // A commit with nothing changed commits nothing.
     let before = dev.snapshot();
     dev.flush().unwrap();
+    assert!(dev.commit().unwrap().is_none());
     assert_eq!(dev.snapshot(), before);
+    // The end of the session removes the overlay.
+    assert!(dev.close().unwrap().is_none());
     drop(dev);
+    assert!(!overlay.exists());
     for (snap, want) in &committed {
         let got = read_snapshot(&repo, &format!("img@{snap}"));
         assert!(&got == want, "snapshot {snap} differs from the model");
@@ -186,10 +209,12 @@ fn fixed_chunk_images_take_random_changes() {
 #[test]
 fn unchanged_parts_of_a_rewritten_chunk_are_not_stored_again() {
     let data = image(5, 4 << 20);
-    let (_dir, repo) = repo_with(&data, "cdc:4096,16384,65536", "none");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
+    let (dir, repo) = repo_with(&data, "cdc:4096,16384,65536", "none");
+    let dev = open(&repo, &dir.path().join("o"));
     dev.write_at(&[0xAB; 4096], 1 << 20, false).unwrap();
     dev.flush().unwrap();
+    assert_eq!(dev.stats().snapshot, 1, "a flush is not a snapshot");
+    dev.commit().unwrap();
     let s = dev.stats();
     assert_eq!((s.commits, s.snapshot), (1, 2));
     // One 4 KiB change rewrites at most the chunks around it.
@@ -199,22 +224,105 @@ fn unchanged_parts_of_a_rewritten_chunk_are_not_stored_again() {
 #[test]
 fn the_writer_lock_is_held_and_snapshots_are_refused() {
     let data = image(6, 1 << 20);
-    let (_dir, repo) = repo_with(&data, "fixed:65536", "none");
-    let err = WritableVolume::open(repo.clone(), "img@1", &opts())
+    let (dir, repo) = repo_with(&data, "fixed:65536", "none");
+    let o = dir.path().join("o");
+    let err = WritableVolume::open(repo.clone(), "img@1", &opts(), &o)
         .err()
         .unwrap();
     assert!(err.to_string().contains("latest snapshot"), "{err}");
-    let err = WritableVolume::open(repo.clone(), "nope", &opts())
+    let err = WritableVolume::open(repo.clone(), "nope", &opts(), &o)
         .err()
         .unwrap();
     assert!(err.to_string().contains("no snapshot"), "{err}");
-    let dev = WritableVolume::open(repo.clone(), "img", &opts()).unwrap();
-    let second = WritableVolume::open(repo.clone(), "img", &opts());
+    let dev = open(&repo, &o);
+    let second = WritableVolume::open(repo.clone(), "img", &opts(), &o);
     assert!(matches!(second, Err(StoreError::Locked { .. })));
     // Readers are not blocked.
     assert_eq!(read_snapshot(&repo, "img"), data);
     drop(dev);
-    assert!(WritableVolume::open(repo, "img", &opts()).is_ok());
+    assert!(WritableVolume::open(repo, "img", &opts(), &o).is_ok());
+}
+
+/// Two writers keep writing while commits run: every snapshot holds, of
+/// each writer, all its writes up to some point and none after (a commit
+/// is a point in time), and the last one holds everything.
+#[test]
+fn commits_are_points_in_time_while_writes_go_on() {
+    const BLOCKS: u64 = 256;
+    let data = vec![0u8; (BLOCKS * 4096) as usize];
+    let (dir, repo) = repo_with(&data, "fixed:16384", "none");
+    let dev = Arc::new(open(&repo, &dir.path().join("o")));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (dev, stop) = (dev.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // Writer w owns the blocks b with b % 2 == w; a block holds
+                // the sequence number of the write that made it.
+                let mut r = Rng(w + 11);
+                let mut log: Vec<(u64, u64)> = Vec::new();
+                let mut seq = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || seq < 2000 {
+                    seq += 1;
+                    let b = r.below(BLOCKS / 2) * 2 + w;
+                    let mut block = vec![0u8; 4096];
+                    block[..8].copy_from_slice(&seq.to_le_bytes());
+                    dev.write_at(&block, b * 4096, false).unwrap();
+                    log.push((b, seq));
+                    if seq % 100 == 0 {
+                        dev.flush().unwrap();
+                    }
+                }
+                log
+            })
+        })
+        .collect();
+    let mut snaps = Vec::new();
+    for _ in 0..6 {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        if let Some(r) = dev.commit().unwrap() {
+            snaps.push(r.snapshot);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let logs: Vec<Vec<(u64, u64)>> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    dev.flush().unwrap();
+    snaps.push(dev.commit().unwrap().unwrap().snapshot);
+    assert!(snaps.len() >= 3, "{snaps:?}");
+    for &snap in &snaps {
+        let img = read_snapshot(&repo, &format!("img@{snap}"));
+        let seq_of = |b: u64| {
+            let at = (b * 4096) as usize;
+            u64::from_le_bytes(img[at..at + 8].try_into().unwrap())
+        };
+        for (w, log) in logs.iter().enumerate() {
+            // The writer's last write the snapshot shows...
+            let k = (0..BLOCKS / 2)
+                .map(|i| seq_of(i * 2 + w as u64))
+                .max()
+                .unwrap();
+            // ...and every block as that prefix of its writes left it.
+            let mut want = vec![0u64; BLOCKS as usize];
+            for &(b, seq) in log.iter().take_while(|(_, s)| *s <= k) {
+                want[b as usize] = seq;
+            }
+            for i in 0..BLOCKS / 2 {
+                let b = i * 2 + w as u64;
+                assert_eq!(
+                    seq_of(b),
+                    want[b as usize],
+                    "snapshot {snap}, writer {w}, block {b}, prefix {k}"
+                );
+            }
+            if snap == *snaps.last().unwrap() {
+                assert_eq!(
+                    k,
+                    log.last().unwrap().1,
+                    "the last commit holds every write"
+                );
+            }
+        }
+    }
 }
 
 proptest! {

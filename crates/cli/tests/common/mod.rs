@@ -12,14 +12,20 @@ use std::process::{Command, Output, Stdio};
 pub const PASSWORD: &str = "cairn test password";
 
 /// The cairn binary built for this test run, with [`PASSWORD`] in its
-/// environment (and no password source of the user's).
+/// environment (and no password source of the user's), and the overlays
+/// of writable images under the temporary directory, not the user's
+/// state directory (each repository has its own folder there).
 pub fn cairn() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_cairn"));
-    c.env_remove("CAIRN_PASSWORD_FILE")
-        .env_remove("CAIRN_PASSWORD_COMMAND")
-        .env_remove("CAIRN_NEW_PASSWORD")
-        .env_remove("CAIRN_NEW_PASSWORD_FILE")
-        .env("CAIRN_PASSWORD", PASSWORD);
+    c.env(
+        "CAIRN_STATE_DIR",
+        std::env::temp_dir().join("cairn-test-state"),
+    )
+    .env_remove("CAIRN_PASSWORD_FILE")
+    .env_remove("CAIRN_PASSWORD_COMMAND")
+    .env_remove("CAIRN_NEW_PASSWORD")
+    .env_remove("CAIRN_NEW_PASSWORD_FILE")
+    .env("CAIRN_PASSWORD", PASSWORD);
     c
 }
 
