@@ -63,10 +63,10 @@ class Server:
             time.sleep(0.02)
         time.sleep(0.05)
 
-    def stop(self):
+    def stop(self, timeout=20):
         self.p.send_signal(signal.SIGTERM)
         try:
-            self.p.wait(timeout=20)
+            self.p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()

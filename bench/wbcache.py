@@ -19,11 +19,18 @@ disk is fast and host-cached.
       qemu-nbd on the bare file (disk).  Client-side IOPS, and over the
       model also the time until everything is on the backing (+ drain).
   (E) the same load (C) on a repository image (512 MiB: 256 MiB of random
-      bytes, then zeros; lz4) made writable: `--image d,cache=CACHE`
-      (every writeback batch commits a snapshot) and `--image d,rw` (no
-      cache: every FLUSH commits one), against the disk rows of (C).
-      Client IOPS, snapshots committed, and the drain that commits the
-      rest.
+      bytes, then zeros; lz4) made writable: `--image d,cache=CACHE` and
+      `--image d,rw` (writes land in the image's overlay; the commit comes
+      when the server stops, or at the drain), against the disk rows of
+      (C). Client IOPS, snapshots committed, and the drain.
+  (W) issue 17's writable stored image: the load of (T) (20 s counted after
+      20 s of ramp) on bench/data/os2.img (576 MiB) stored in a repository
+      (default settings: encrypted, zstd) and served `--image d,rw` and
+      `--image d,cache=CACHE` (16 MiB), against qemu-nbd on an uncompressed
+      qcow2 of the same image (`qemu-img convert -O qcow2`). Client IOPS
+      and clat percentiles; for cairn also the stop, which commits the
+      writes as a snapshot; and `--commit-every 10`, snapshots committed
+      while the load runs.
   (T) sustained overflow, issue 17's measurement: fio randwrite 4 KiB,
       depth 16, a FLUSH every 1000 writes, 20 s counted after 20 s of
       ramp, over a 1 GiB backing file, with a 16 MiB cache and without;
@@ -36,7 +43,7 @@ disk is fast and host-cached.
       (4M); time until the client is done, and until everything is on the
       backing file (+ drain).
 
-Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E,S,T]
+Usage: bench/wbcache.py [--runs 3] [--quick] [--tests A,B,C,E,S,T,W]
 """
 import argparse
 import datetime
@@ -111,11 +118,13 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tests", default="A,B,C,E,S,T", help="which tests to run (default all: A,B,C,E,S,T)")
+    ap.add_argument("--tests", default="A,B,C,E,S,T,W", help="which tests to run (default all: A,B,C,E,S,T,W)")
     ap.add_argument("--ramp", type=int, default=20, help="(T): seconds of ramp, not counted")
     ap.add_argument("--runtime", type=int, default=20, help="(T): seconds counted")
     a = ap.parse_args()
     tests = set(a.tests.split(","))
+    # Repositories are encrypted by default.
+    os.environ.setdefault("CAIRN_PASSWORD", "cairn bench")
     if a.quick:
         a.runs = 1
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -226,6 +235,38 @@ def main():
                 if spec.endswith(f"cache={cache}"):
                     dsecs, _, dcmd = drain(C, cache, back, 32, False)
                     rec("S", f"{name}: incl. drain", secs + dsecs, "s", dcmd)
+        # (W) a stored image served writable, sustained, against qemu-nbd
+        # on an uncompressed qcow2 of it.
+        if "W" in tests:
+            src = os.path.join(ROOT, "bench/data/os2.img")
+            size = os.path.getsize(src)
+            repo = os.path.join(work, "repo")
+            qcow = os.path.join(work, "image.qcow2")
+            overlay = os.path.join(work, "overlay")
+            for name in ["qemu-nbd qcow2", "image rw", "image rw, commit every 10 s", "image cache"]:
+                run(["rm", "-rf", repo, qcow, overlay])
+                if name.startswith("qemu"):
+                    run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", src, qcow])
+                    cmd = ["qemu-nbd", "-t", "-f", "qcow2", "-x", "d", "-k", sock, qcow]
+                else:
+                    run([C, "init", repo])
+                    run([C, "backup", src, "--repo", repo, "--name", "d", "-q"])
+                    opt = f"d,overlay={overlay}" + (f",cache={cache}" if name == "image cache" else ",rw")
+                    fresh(cache, 16 << 20)
+                    cmd = [C, "serve", "--repo", repo, "--image", opt, "--socket", sock]
+                    if "every 10 s" in name:
+                        cmd += ["--commit-every", "10"]
+                commands.add(" ".join(cmd))
+                srv = Server(cmd, sock)
+                res, fcmd = fio_sustained(sock, a.ramp, a.runtime, size)
+                t = time.monotonic()
+                srv.stop(timeout=900)
+                stop = time.monotonic() - t
+                for unit, val in res.items():
+                    rec("W", name, val, unit, fcmd)
+                if not name.startswith("qemu"):
+                    rec("W", f"{name}: stop (commit)", stop, "s")
+                    rec("W", f"{name}: snapshots", snapshots(C, repo) - 1, "snapshots")
         # (E) the load of (C) on a writable repository image.
         if "E" in tests:
             n, size = 65536, 512 << 20
@@ -295,6 +336,9 @@ def main():
     ratio("(C) disk: cache ÷ qemu-nbd", get("C", "disk cache", "IOPS"), get("C", "disk qemu-nbd", "IOPS"), 1.0)
     ratio("(T) hdd: cache ÷ bare (IOPS, steady state)", get("T", "hdd cache", "IOPS"), get("T", "hdd bare", "IOPS"), 3.0)
     ratio("(T) file: cache ÷ bare (IOPS, steady state)", get("T", "file cache", "IOPS"), get("T", "file bare", "IOPS"), 0.9)
+    ratio("(W) image rw ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image rw", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"), 1.0)
+    ratio("(W) image rw, commit every 10 s ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image rw, commit every 10 s", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"))
+    ratio("(W) image cache ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image cache", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"), 1.0)
     for tag, unit, limit in [("hdd", "max ms", 1000.0), ("hdd", "p99.9 ms", 100.0)]:
         x = get("T", f"{tag} cache", unit)
         if x is not None:
