@@ -9,6 +9,10 @@ cost model (`,hdd`).
   fsync-1   fio 4 KiB random writes into a 64 MiB file, fsync after every
             write (the FLUSH-heavy load a persistent log is for); IOPS
   fsync-32  the same with an fsync every 32 writes; IOPS
+  extract   seed 001's git-extract-like load: a tar of /usr/include (about
+            22k files, 290 MB on Debian 12 with the build tools) unpacked
+            into the filesystem, then `sync -f`; files per second, from
+            the start of tar to the end of the sync
 
 The ext4 filesystem (1 GiB, no discard) is made on the backing file
 before each measurement; the cache file is new each time. Needs root,
@@ -80,6 +84,13 @@ def fio_fsync(mnt, every, secs):
     return json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"]
 
 
+def extract(mnt, tarball, files):
+    t = time.monotonic()
+    run(["tar", "-C", mnt, "-xf", tarball])
+    run(["sync", "-f", mnt])
+    return files / (time.monotonic() - t)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
@@ -88,7 +99,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--disks", default="disk,hdd", help="backings to run: disk, hdd (default both)")
-    ap.add_argument("--loads", default="dbench,fsync-1,fsync-32")
+    ap.add_argument("--loads", default="dbench,fsync-1,fsync-32,extract")
     ap.add_argument("--cache-args", default="", help="extra serve arguments for the cached variants, "
                     "e.g. '--cache-dirty-high 0.5'")
     a = ap.parse_args()
@@ -115,6 +126,11 @@ def main():
     loads = [("dbench", "MB/s", lambda m: dbench(m, a.seconds)),
              ("fsync-1", "IOPS", lambda m: fio_fsync(m, 1, a.seconds)),
              ("fsync-32", "IOPS", lambda m: fio_fsync(m, 32, a.seconds))]
+    if "extract" in a.loads.split(","):
+        tarball = os.path.join(work, "src.tar")
+        run(["tar", "-C", "/", "-cf", tarball, "usr/include"])
+        files = int(run(["sh", "-c", f"tar -tf {tarball} | grep -vc '/$'"]).stdout.strip())
+        loads.append(("extract", "files/s", lambda m: extract(m, tarball, files)))
     loads = [x for x in loads if x[0] in a.loads.split(",")]
     rows = []
     for r in range(a.runs):

@@ -1,16 +1,19 @@
 //! `edit`: new snapshots of an image made from its latest one with some
 //! ranges replaced, copy-on-write. This is how an image becomes writable
-//! (`cairn serve --image NAME,cache=CACHE`: each writeback of the cache
-//! commits one snapshot).
+//! (`cairn serve --image NAME,rw`: each commit of its overlay is one
+//! snapshot).
 //!
 //! ```text
 //! ImageEditor::open   image lock and session (held until dropped), writer index,
 //!                     the image's latest manifest
-//! commit(spans)       chunk each new span with the image's chunker, skip
+//! commit(spans, fill) fetch each span's new bytes (one span in RAM at a
+//!                     time), chunk them with the image's chunker, skip
 //!                     zero chunks (holes) and chunks already stored,
-//!                     compress the rest in groups into one pack on the
-//!                     least full target, fsync it, write its index file,
-//!                     then the new manifest (the commit point)
+//!                     compress the rest in groups into packs on the
+//!                     least full target (each written out once full, so
+//!                     a commit holds one pack and one span in RAM, not
+//!                     all it writes), fsync them, write their index
+//!                     file, then the new manifest (the commit point)
 //! ```
 //!
 //! A span replaces whole extents of the base: it starts and ends at an
@@ -28,8 +31,8 @@
 use crate::backup::{append_blob, group_for_packs, stored_per_target, Blob, Group, Progress};
 use crate::chunker::{Chunker, ChunkerSpec};
 use crate::error::{Result, StoreError};
-use crate::id::PREFIX_LEN;
-use crate::index::{ChunkIndex, IdHash, IndexFile, PackInfo};
+use crate::id::{ChunkId, PackId, PREFIX_LEN};
+use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
 use crate::pack::{PackWriter, MAX_GROUP_RAW};
 use crate::repo::{now_secs, ImageLock, Repository, Session};
@@ -38,15 +41,15 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A range of the image with its new contents.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A range of the image a commit replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
     /// Where it starts in the image.
     pub offset: u64,
     /// How long it is.
     pub len: u64,
-    /// The new bytes (`len` of them), or `None` for zeros.
-    pub data: Option<Vec<u8>>,
+    /// Zeroes (a hole); else the commit asks for its new bytes.
+    pub zero: bool,
 }
 
 impl Span {
@@ -157,8 +160,15 @@ impl ImageEditor {
 
     /// Commit `spans` (sorted, not overlapping, each starting and ending
     /// at an extent boundary of the base or inside a hole) as the next
-    /// snapshot, which becomes the base. With no spans nothing is written.
-    pub fn commit(&mut self, spans: &[Span], source: &str) -> Result<EditReport> {
+    /// snapshot, which becomes the base; `fill` writes the new bytes of a
+    /// span that is not zero into the buffer it is given (of the span's
+    /// length). With no spans nothing is written.
+    pub fn commit(
+        &mut self,
+        spans: &[Span],
+        fill: &mut dyn FnMut(&Span, &mut [u8]) -> Result<()>,
+        source: &str,
+    ) -> Result<EditReport> {
         let started = Instant::now();
         if spans.is_empty() {
             return Ok(EditReport {
@@ -172,21 +182,27 @@ impl ImageEditor {
         let mut totals = Progress::default();
         let mut group = Group::new(&self.repo);
         let mut claimed: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
+        let mut packs = PackOut::new(self.least_full_target());
+        let pack_size = self.repo.pack_size();
 
         // The new chunks of each data span, in span order.
         let mut pieces: Vec<Vec<Extent>> = Vec::with_capacity(spans.len());
         let mut ends = Vec::new();
+        let mut data = Vec::new();
         for span in spans {
             report.bytes += span.len;
             let mut out = Vec::new();
-            let Some(data) = &span.data else {
+            if span.zero {
                 out.push(Extent::Hole { len: span.len });
                 report.zero += span.len;
                 pieces.push(out);
                 continue;
-            };
+            }
+            data.clear();
+            data.resize(span.len as usize, 0);
+            fill(span, &mut data)?;
             ends.clear();
-            self.chunker.cut(data, true, &mut ends);
+            self.chunker.cut(&data, true, &mut ends);
             let mut prev = 0usize;
             for &end in &ends {
                 let chunk = &data[prev..end as usize];
@@ -215,6 +231,9 @@ impl ImageEditor {
                 report.new_raw += len;
                 if group.raw.len() >= self.group_size {
                     group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
+                    if blob.bytes.len() as u64 >= pack_size {
+                        self.write_records(&mut blob, &mut packs)?;
+                    }
                 }
             }
             pieces.push(out);
@@ -222,7 +241,8 @@ impl ImageEditor {
         group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
         report.new_stored = totals.new_stored;
 
-        let file = self.write_pack(&mut blob)?;
+        self.write_records(&mut blob, &mut packs)?;
+        let file = packs.finish()?;
         self.repo.write_index(&self.session, &file)?;
         self.index.add_file(&file)?;
         self.index.seal();
@@ -289,35 +309,36 @@ impl ImageEditor {
             {
                 return Err(bad(&format!("beyond the image's {} bytes", self.base.size)));
             }
-            if s.data.as_ref().is_some_and(|d| d.len() as u64 != s.len) {
-                return Err(bad("data of another length"));
+            if usize::try_from(s.len).is_err() {
+                return Err(bad("longer than memory can hold"));
             }
             at = s.end();
         }
         Ok(())
     }
 
-    /// Write the records in `blob` to new packs (of the repository's pack
-    /// size) on the least full target; the index file for them (empty if
-    /// `blob` is).
-    fn write_pack(&self, blob: &mut Blob) -> Result<IndexFile> {
-        let mut file = IndexFile::default();
-        if blob.records.is_empty() {
-            return Ok(file);
-        }
+    /// The target holding the least of the repository's packs, where a
+    /// commit writes its packs.
+    fn least_full_target(&self) -> u16 {
         let stored = stored_per_target(&self.index, self.repo.target_count());
-        let target = (0..stored.len()).min_by_key(|&t| stored[t]).unwrap_or(0);
-        let dir = self.repo.target(target as u16)?;
+        (0..stored.len()).min_by_key(|&t| stored[t]).unwrap_or(0) as u16
+    }
+
+    /// Write the records in `blob` to the commit's packs (of the
+    /// repository's pack size), sealing each when full, and empty `blob`.
+    fn write_records(&self, blob: &mut Blob, out: &mut PackOut) -> Result<()> {
+        if blob.records.is_empty() {
+            return Ok(());
+        }
+        let dir = self.repo.target(out.target)?;
+        let (made, sealed) = (&mut out.made, &mut out.sealed);
         // One pack is open at a time, so packs are sealed in the order
         // they are made: a pack's slot is its place in `sealed`.
-        let mut current = None;
-        let mut sealed = Vec::new();
-        let mut made = 0u32;
         let create = || {
-            made += 1;
+            *made += 1;
             Ok((
                 PackWriter::create(&**dir, self.repo.id(), self.repo.sealed())?,
-                made - 1,
+                *made - 1,
             ))
         };
         let seal = |(w, _): (PackWriter, u32)| {
@@ -327,24 +348,56 @@ impl ImageEditor {
         append_blob(
             blob,
             self.repo.pack_size(),
-            &mut current,
+            &mut out.current,
             create,
             seal,
-            &mut file.entries,
+            &mut out.entries,
         )?;
-        if let Some((w, _)) = current {
-            sealed.push(w.finish()?);
-        }
-        file.packs = sealed
-            .into_iter()
-            .map(|(id, len)| PackInfo {
-                id,
-                target: target as u16,
-                len,
-            })
-            .collect();
         blob.records.clear();
-        Ok(file)
+        blob.bytes.clear();
+        Ok(())
+    }
+}
+
+/// The packs one commit writes: the open one, those sealed, and where
+/// each new chunk went.
+struct PackOut {
+    target: u16,
+    current: Option<(PackWriter, u32)>,
+    sealed: Vec<(PackId, u64)>,
+    entries: Vec<(ChunkId, Location)>,
+    made: u32,
+}
+
+impl PackOut {
+    fn new(target: u16) -> PackOut {
+        PackOut {
+            target,
+            current: None,
+            sealed: Vec::new(),
+            entries: Vec::new(),
+            made: 0,
+        }
+    }
+
+    /// Seal the open pack; the index file of them all (empty if no chunk
+    /// was new).
+    fn finish(mut self) -> Result<IndexFile> {
+        if let Some((w, _)) = self.current.take() {
+            self.sealed.push(w.finish()?);
+        }
+        Ok(IndexFile {
+            packs: self
+                .sealed
+                .into_iter()
+                .map(|(id, len)| PackInfo {
+                    id,
+                    target: self.target,
+                    len,
+                })
+                .collect(),
+            entries: self.entries,
+        })
     }
 }
 
@@ -435,7 +488,7 @@ mod tests {
         Span {
             offset,
             len,
-            data: None,
+            zero: true,
         }
     }
 

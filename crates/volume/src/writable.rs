@@ -97,6 +97,10 @@ pub struct WritableVolume {
     crash_after: std::sync::atomic::AtomicU8,
 }
 
+/// Bytes of a span the store is given to commit, at most, where the
+/// snapshot's chunks allow a cut (a chunk is never cut).
+const SPAN_MAX: u64 = 8 << 20;
+
 /// Steps of a commit, for the crash tests.
 const SEALED_STEP: u8 = 1;
 const SNAPSHOT_WRITTEN_STEP: u8 = 2;
@@ -522,7 +526,11 @@ impl WritableVolume {
         let Some(sealed) = sealed else {
             return Ok(None);
         };
-        let spans = self.spans(&volume, &sealed).map_err(block_error)?;
+        let spans = self.spans(&volume, &sealed);
+        let map = sealed.map();
+        let mut fill = |span: &Span, buf: &mut [u8]| {
+            Self::fill(&volume, &sealed, &map, span, buf).map_err(block_error)
+        };
         let mut editor = self
             .editor
             .lock()
@@ -533,7 +541,8 @@ impl WritableVolume {
             &sealed.header.id,
             sealed.header.gen,
         );
-        let report = editor.commit(&spans, &source)?;
+        let report = editor.commit(&spans, &mut fill, &source)?;
+        drop(map);
         self.crash_point(SNAPSHOT_WRITTEN_STEP)?;
         let volume = Self::reopen(&editor, &self.opts)?;
         live.rebase(editor.base().snapshot)?;
@@ -567,8 +576,9 @@ impl WritableVolume {
 
     /// The changed blocks of generation `g` over `volume` as spans the
     /// store can commit: runs of blocks widened to the chunks they touch,
-    /// with their full new bytes.
-    fn spans(&self, volume: &Volume, g: &Gen) -> cairn_blockdev::Result<Vec<Span>> {
+    /// zero where every block is, cut where the snapshot allows so none
+    /// is much over [`SPAN_MAX`] (the store holds one span at a time).
+    fn spans(&self, volume: &Volume, g: &Gen) -> Vec<Span> {
         let map = g.map();
         // Runs of consecutive changed blocks, in bytes, widened.
         let mut ranges: Vec<(u64, u64)> = Vec::new();
@@ -593,60 +603,62 @@ impl WritableVolume {
             let mut at = a;
             while at < z {
                 let (_, e, hole) = volume.extent_at(at);
-                let (ps, pe) = (at, e.min(z));
+                // A hole can be cut anywhere; a chunk not at all.
+                let pe = if hole {
+                    e.min(z).min(at + SPAN_MAX)
+                } else {
+                    e.min(z)
+                };
+                let ps = at;
                 // Zeroed entirely (or, in a hole, not changed at all: only
                 // possible where two widened runs met).
-                let zeroed = (ps / BS..pe.div_ceil(BS)).all(|b| match map.get(&b) {
+                let zero = (ps / BS..pe.div_ceil(BS)).all(|b| match map.get(&b) {
                     Some(Mark::Zero) => true,
                     Some(Mark::Data) => false,
                     None => hole,
                 });
-                if zeroed {
-                    match spans.last_mut() {
-                        Some(last) if last.end() == ps && last.data.is_none() => {
-                            last.len += pe - ps
-                        }
-                        _ => spans.push(Span {
-                            offset: ps,
-                            len: pe - ps,
-                            data: None,
-                        }),
+                match spans.last_mut() {
+                    Some(last)
+                        if last.end() == ps
+                            && last.zero == zero
+                            && (zero || last.len + (pe - ps) <= SPAN_MAX) =>
+                    {
+                        last.len += pe - ps
                     }
-                } else {
-                    let mut buf = vec![0u8; (pe - ps) as usize];
-                    if !hole {
-                        volume
-                            .read_at(&mut buf, ps)
-                            .map_err(|e| BlockError::new(Op::Flush, ps, pe - ps, e.kind))?;
-                    }
-                    for (&b, mark) in map.range(ps / BS..pe.div_ceil(BS)) {
-                        let (from, to) = ((b * BS).max(ps), ((b + 1) * BS).min(pe));
-                        let dst = &mut buf[(from - ps) as usize..(to - ps) as usize];
-                        match mark {
-                            Mark::Data => g.read(dst, from)?,
-                            Mark::Zero => dst.fill(0),
-                        }
-                    }
-                    match spans.last_mut() {
-                        Some(Span {
-                            offset,
-                            len,
-                            data: Some(d),
-                        }) if *offset + *len == ps => {
-                            d.extend_from_slice(&buf);
-                            *len += pe - ps;
-                        }
-                        _ => spans.push(Span {
-                            offset: ps,
-                            len: pe - ps,
-                            data: Some(buf),
-                        }),
-                    }
+                    _ => spans.push(Span {
+                        offset: ps,
+                        len: pe - ps,
+                        zero,
+                    }),
                 }
                 at = pe;
             }
         }
-        Ok(spans)
+        spans
+    }
+
+    /// The new bytes of `span`: the snapshot's, with the blocks of
+    /// generation `g` over them.
+    fn fill(
+        volume: &Volume,
+        g: &Gen,
+        map: &std::collections::BTreeMap<u64, Mark>,
+        span: &Span,
+        buf: &mut [u8],
+    ) -> cairn_blockdev::Result<()> {
+        let (ps, pe) = (span.offset, span.end());
+        volume
+            .read_at(buf, ps)
+            .map_err(|e| BlockError::new(Op::Flush, ps, pe - ps, e.kind))?;
+        for (&b, mark) in map.range(ps / BS..pe.div_ceil(BS)) {
+            let (from, to) = ((b * BS).max(ps), ((b + 1) * BS).min(pe));
+            let dst = &mut buf[(from - ps) as usize..(to - ps) as usize];
+            match mark {
+                Mark::Data => g.read(dst, from)?,
+                Mark::Zero => dst.fill(0),
+            }
+        }
+        Ok(())
     }
 
     /// Add the byte range of blocks `b0..b1`, widened to whole chunks at

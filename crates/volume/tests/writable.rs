@@ -179,8 +179,13 @@ fn exercise(seed: u64, chunker: &str, len: usize, rounds: usize) {
         let got = read_snapshot(&repo, &format!("img@{snap}"));
         assert!(&got == want, "snapshot {snap} differs from the model");
     }
+    verify_clean(&repo);
+}
+
+/// `verify --read-data` finds nothing wrong and no pack left unindexed.
+fn verify_clean(repo: &Arc<Repository>) {
     let report = cairn_store::verify(
-        &repo,
+        repo,
         &cairn_store::VerifyOptions {
             read_data: true,
             threads: 2,
@@ -323,6 +328,49 @@ fn commits_are_points_in_time_while_writes_go_on() {
             }
         }
     }
+}
+
+/// Files of at least `min` bytes under `dir`, at any depth.
+fn big_files(dir: &std::path::Path, min: u64) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            n += big_files(&e.path(), min);
+        } else if m.len() >= min {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// A commit of more than a pack and more than the span limit, across
+/// data and a hole: written out pack by pack and span by span, and read
+/// back whole.
+#[test]
+fn a_commit_bigger_than_a_pack_and_a_span_streams() {
+    let mut model = image(9, 4 << 20);
+    model.resize(24 << 20, 0);
+    let (dir, repo) = repo_with(&model, "cdc:4096,16384,65536", "none");
+    let dev = open(&repo, &dir.path().join("o"));
+    let mut r = Rng(5);
+    let big: Vec<u8> = (0..18 << 20).map(|_| r.next() as u8).collect();
+    dev.write_at(&big, 3 << 20, false).unwrap();
+    model[3 << 20..21 << 20].copy_from_slice(&big);
+    let packs = |d: &tempfile::TempDir| {
+        big_files(&d.path().join("t0"), 100_000) + big_files(&d.path().join("t1"), 100_000)
+    };
+    let before = packs(&dir);
+    let report = dev.commit().unwrap().unwrap();
+    assert!(report.new_raw >= 18 << 20, "{report:?}");
+    assert!(
+        packs(&dir) - before >= 12,
+        "18 MiB of new chunks in 1 MiB packs: {} packs",
+        packs(&dir) - before
+    );
+    assert!(read_snapshot(&repo, "img@2") == model, "img@2");
+    verify_clean(&repo);
 }
 
 proptest! {

@@ -29,6 +29,11 @@ pub fn cairn() -> Command {
     c
 }
 
+/// Where the tests' cairn keeps the overlays of writable images.
+pub fn state_dir() -> PathBuf {
+    std::env::temp_dir().join("cairn-test-state")
+}
+
 /// [`cairn`] without a password: for plain repositories
 /// (`--encryption none`), which refuse a password.
 pub fn plain() -> Command {
