@@ -243,7 +243,7 @@ def main():
             repo = os.path.join(work, "repo")
             qcow = os.path.join(work, "image.qcow2")
             overlay = os.path.join(work, "overlay")
-            for name in ["qemu-nbd qcow2", "image rw", "image rw, commit every 10 s", "image cache"]:
+            for name in ["qemu-nbd qcow2", "image rw", "image rw (commit every 10 s)", "image cache"]:
                 run(["rm", "-rf", repo, qcow, overlay])
                 if name.startswith("qemu"):
                     run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", src, qcow])
@@ -337,7 +337,7 @@ def main():
     ratio("(T) hdd: cache ÷ bare (IOPS, steady state)", get("T", "hdd cache", "IOPS"), get("T", "hdd bare", "IOPS"), 3.0)
     ratio("(T) file: cache ÷ bare (IOPS, steady state)", get("T", "file cache", "IOPS"), get("T", "file bare", "IOPS"), 0.9)
     ratio("(W) image rw ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image rw", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"), 1.0)
-    ratio("(W) image rw, commit every 10 s ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image rw, commit every 10 s", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"))
+    ratio("(W) image rw (commit every 10 s) ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image rw (commit every 10 s)", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"))
     ratio("(W) image cache ÷ qemu-nbd qcow2 (IOPS, steady state)", get("W", "image cache", "IOPS"), get("W", "qemu-nbd qcow2", "IOPS"), 1.0)
     for tag, unit, limit in [("hdd", "max ms", 1000.0), ("hdd", "p99.9 ms", 100.0)]:
         x = get("T", f"{tag} cache", unit)
