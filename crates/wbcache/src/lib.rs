@@ -7,6 +7,23 @@
 //! [`WbCache`] is a [`BlockDev`] decorator; the on-disk format of the cache
 //! device is `docs/format/wbcache.md`.
 //!
+//! ## Modules
+//!
+//! - `format`: the on-disk structures (superblock, watermark, segment
+//!   headers, plog records), their encoding and checksums;
+//! - `segment`: segments in memory (open, sealed, written) and the index
+//!   entry of a block;
+//! - this file: the state, the write and read paths, sealing, the
+//!   flusher that writes sealed segments to the ring;
+//! - `plog`: FLUSH in persistent-log mode;
+//! - `writeback`: sorted, batched writeback with many writes in flight;
+//! - `throttle`: pacing of writers and the backing device's measured speed;
+//! - `bypass`: writes that go around the cache (sequential cutoff, fast
+//!   backing devices);
+//! - `recovery`: replay of the log at open, and damage detection;
+//! - `device`: a cache on a path (locking, blank detection, detach);
+//! - `error`: typed errors naming the place in the cache.
+//!
 //! ## Design decisions
 //!
 //! - **Three tiers, one index.** A block's newest version is in the open
@@ -128,10 +145,13 @@
 //!   on the backing device and flushed there, unless a newer version of the
 //!   block is durable in a later segment of the log.
 
+mod bypass;
 mod device;
 mod error;
 pub mod format;
+mod plog;
 mod recovery;
+mod segment;
 mod throttle;
 mod writeback;
 
@@ -142,6 +162,8 @@ pub use format::{
 };
 pub use recovery::Damage;
 
+use bypass::SeqStreams;
+use segment::{segment_buf, Loc, Meta, OpenSeg, Sealed, Written};
 use writeback::BatchProgress;
 
 use cairn_blockdev::{
@@ -149,7 +171,7 @@ use cairn_blockdev::{
 };
 use format::{Entry, Superblock, Watermark};
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
@@ -322,144 +344,6 @@ pub struct WbStatus {
     pub bypassed_blocks: u64,
 }
 
-/// One block of a segment in memory. `data` is the block's index among
-/// the segment's data blocks (None: a zero entry).
-#[derive(Debug, Clone, Copy)]
-struct Meta {
-    lba: u64,
-    dirty: u8,
-    data: Option<u16>,
-    trim: bool,
-}
-
-impl Meta {
-    /// A block that reads as zeroes (from write-zeroes, or a trim).
-    fn zero(lba: u64, trim: bool) -> Meta {
-        Meta {
-            lba,
-            dirty: 0xff,
-            data: None,
-            trim,
-        }
-    }
-}
-
-/// Where a block's newest version is.
-#[derive(Debug, Clone, Copy)]
-struct Loc {
-    seg: u64,
-    data: Option<u16>,
-    dirty: u8,
-    trim: bool,
-}
-
-/// The segment being filled in RAM. `buf` is the segment image being
-/// built: a header block (written at sealing) followed by the data blocks;
-/// data indexes are into those blocks (a zero entry that replaced data
-/// leaves its block unused until sealing compacts).
-struct OpenSeg {
-    id: u64,
-    entries: Vec<Meta>,
-    map: HashMap<u64, usize>,
-    buf: Vec<u8>,
-    /// Entries changed since the last plog record (plog mode only).
-    pending: BTreeSet<usize>,
-}
-
-/// A buffer for an open segment: a reused one (`spare`) or a new one,
-/// with room for a whole segment so that filling it never moves it.
-fn segment_buf(spare: &mut Vec<Vec<u8>>) -> Vec<u8> {
-    let mut b = spare
-        .pop()
-        .unwrap_or_else(|| Vec::with_capacity(SEGMENT_BYTES as usize));
-    b.clear();
-    b.resize(BU, 0);
-    b
-}
-
-impl OpenSeg {
-    /// An empty open segment over `buf` (from [`segment_buf`]).
-    fn with_buf(id: u64, buf: Vec<u8>) -> OpenSeg {
-        OpenSeg {
-            id,
-            entries: Vec::new(),
-            map: HashMap::default(),
-            buf,
-            pending: BTreeSet::new(),
-        }
-    }
-
-    fn data_used(&self) -> usize {
-        self.buf.len() / BU - 1
-    }
-
-    /// Data block `d`.
-    fn block(&self, d: u16) -> &[u8] {
-        let at = (1 + usize::from(d)) * BU;
-        &self.buf[at..at + BU]
-    }
-
-    fn block_mut(&mut self, d: u16) -> &mut [u8] {
-        let at = (1 + usize::from(d)) * BU;
-        &mut self.buf[at..at + BU]
-    }
-
-    /// Append a data block and return its index.
-    fn push_block(&mut self, b: &[u8]) -> u16 {
-        self.buf.extend_from_slice(b);
-        (self.data_used() - 1) as u16
-    }
-
-    /// Put a block replayed from the plog (None: a zero block), replacing
-    /// this segment's version of it; the caller checked there is room.
-    fn put_replayed(&mut self, e: &Entry, block: Option<&[u8]>, index: &mut HashMap<u64, Loc>) {
-        let old = self.map.get(&e.lba).copied();
-        let data = block.map(|b| match old.and_then(|i| self.entries[i].data) {
-            Some(d) => {
-                self.block_mut(d).copy_from_slice(b);
-                d
-            }
-            None => self.push_block(b),
-        });
-        let m = Meta {
-            lba: e.lba,
-            dirty: e.dirty,
-            data,
-            trim: false,
-        };
-        match old {
-            Some(i) => self.entries[i] = m,
-            None => {
-                self.map.insert(e.lba, self.entries.len());
-                self.entries.push(m);
-            }
-        }
-        index.insert(
-            e.lba,
-            Loc {
-                seg: self.id,
-                data,
-                dirty: e.dirty,
-                trim: false,
-            },
-        );
-    }
-}
-
-/// A sealed segment: its image (header + data) and entries with compacted
-/// data indexes.
-struct Sealed {
-    id: u64,
-    image: Vec<u8>,
-    entries: Vec<Meta>,
-}
-
-/// A segment on the cache device that is not written back yet.
-struct Written {
-    id: u64,
-    entries: Vec<Meta>,
-}
-
 #[derive(Default)]
 struct Counters {
     read_hits_ram: u64,
@@ -528,67 +412,6 @@ enum WbWait {
     Timed,
     /// Waiting without a timer (nothing dirty).
     Untimed,
-}
-
-/// The ends of recent writes, each with the bytes of the sequential
-/// stream it continues (bcache's detection, with slack: parallel requests
-/// of one stream arrive slightly out of order).
-struct SeqStreams {
-    /// (end offset, stream bytes, last use); stream bytes 0: unused.
-    recent: [(u64, u64, u64); SEQ_STREAMS],
-    tick: u64,
-}
-
-/// Recent writes remembered for the sequential cutoff.
-const SEQ_STREAMS: usize = 16;
-
-impl SeqStreams {
-    fn new() -> SeqStreams {
-        SeqStreams {
-            recent: [(0, 0, 0); SEQ_STREAMS],
-            tick: 0,
-        }
-    }
-
-    /// Forget the streams' lengths (at a FLUSH): a stream must write the
-    /// cutoff's worth of bytes between two flushes to go around the cache.
-    /// A sequential writer that flushes often (a filesystem journal, a
-    /// database log) waits on every flush, so it stays in the cache, where
-    /// a flush is a sequential log append instead of a flush of the
-    /// backing device (bcache never bypasses sync writes, for the same
-    /// reason); big copies flush rarely and still go around.
-    fn flushed(&mut self) {
-        for r in &mut self.recent {
-            *r = (0, 0, 0);
-        }
-    }
-
-    /// Note a write; the bytes of the stream it continues, itself included.
-    /// A write continues a stream when it starts within four of its own
-    /// lengths of where the stream got to.
-    fn note(&mut self, offset: u64, len: u64) -> u64 {
-        self.tick += 1;
-        let slack = len.saturating_mul(4);
-        let end = offset.saturating_add(len);
-        let hit = self.recent.iter_mut().find(|(e, seq, _)| {
-            *seq > 0 && offset.saturating_add(slack) >= *e && offset <= e.saturating_add(slack)
-        });
-        match hit {
-            Some(r) => {
-                r.0 = r.0.max(end);
-                r.1 = r.1.saturating_add(len);
-                r.2 = self.tick;
-                r.1
-            }
-            None => {
-                let tick = self.tick;
-                if let Some(r) = self.recent.iter_mut().min_by_key(|r| r.2) {
-                    *r = (end, len, tick);
-                }
-                len
-            }
-        }
-    }
 }
 
 struct Inner {
@@ -1379,52 +1202,6 @@ impl Inner {
         Ok(())
     }
 
-    /// The sequential cutoff: write `buf` at `offset` straight to the
-    /// backing device if it is whole blocks, continues a sequential stream
-    /// of at least [`WbConfig::seq_cutoff`] bytes and none of its blocks
-    /// is in the cache (a cached block's newer version must not be
-    /// overtaken by its older one written back later, and refusing is
-    /// simpler than logging an invalidation), and is not FUA. Returns
-    /// whether it did.
-    /// A writeback batch that would write one of these blocks holds it in
-    /// the index until its backing writes are flushed, so it is seen here.
-    fn bypass(&self, buf: &[u8], offset: u64, fua: bool) -> Result<bool> {
-        let len = buf.len() as u64;
-        if len == 0 || fua || offset % B != 0 || len % B != 0 {
-            // A FUA write is a sync write: a log append serves it better.
-            return Ok(false);
-        }
-        let fast = self.fast_backing();
-        if !fast {
-            if self.cfg.seq_cutoff == 0 {
-                return Ok(false);
-            }
-            let seq = lock(&self.streams).note(offset, len);
-            if seq < self.cfg.seq_cutoff {
-                return Ok(false);
-            }
-        }
-        {
-            let mut st = lock(&self.state);
-            Self::failed(&st)?;
-            if st.stop {
-                return Err(WbError::Closed);
-            }
-            if (offset / B..(offset + len) / B).any(|lba| st.index.contains_key(&lba)) {
-                return Ok(false);
-            }
-            st.counters.bypassed_blocks += len / B;
-        }
-        let inflight = self.bypass_inflight.fetch_add(1, Ordering::Relaxed) + 1;
-        let started = Instant::now();
-        let r = self.backing.write_at(buf, offset, fua);
-        self.bypass_inflight.fetch_sub(1, Ordering::Relaxed);
-        r.map_err(|e| WbError::io(Place::Backing { offset }, e))?;
-        self.note_backing(started.elapsed() / u32::try_from(inflight).unwrap_or(u32::MAX));
-        self.bypass_done.fetch_add(1, Ordering::AcqRel);
-        Ok(true)
-    }
-
     /// FLUSH: the log (see [`Inner::flush_log`]), and the backing device
     /// if writes went straight to it since it was last flushed.
     fn flush_all(&self) -> Result<()> {
@@ -1434,18 +1211,6 @@ impl Inner {
         let seen = self.bypass_done.load(Ordering::Acquire);
         self.flush_log()?;
         self.flush_bypassed(seen)
-    }
-
-    /// Flush the backing device if the first `seen` writes that went
-    /// straight to it are not all covered by a backing flush yet.
-    fn flush_bypassed(&self, seen: u64) -> Result<()> {
-        if seen > self.bypass_flushed.load(Ordering::Acquire) {
-            self.backing
-                .flush()
-                .map_err(|e| WbError::io(Place::BackingFlush, e))?;
-            self.bypass_flushed.fetch_max(seen, Ordering::AcqRel);
-        }
-        Ok(())
     }
 
     /// What FLUSH does: in plog mode append a plog record, else seal.
@@ -1509,181 +1274,6 @@ impl Inner {
             }
             st = self.wait_done(st);
         }
-    }
-
-    /// FLUSH in plog mode: every block put before the call becomes durable,
-    /// in a plog record or a sealed segment. One caller at a time leads
-    /// (writes one record for everyone's blocks and flushes the cache
-    /// device once); the others wait for it and are done if it covered
-    /// them.
-    fn flush_plog(&self) -> Result<()> {
-        let mut st = lock(&self.state);
-        let my = st.wgen;
-        loop {
-            Self::failed(&st)?;
-            if st.synced_gen >= my {
-                return Ok(());
-            }
-            if st.stop {
-                return Err(WbError::Closed);
-            }
-            if !st.flushing {
-                st.flushing = true;
-                st = self.lead_plog(st);
-                st.flushing = false;
-                self.notify_done(&st);
-                continue;
-            }
-            st = self.wait_done(st);
-        }
-    }
-
-    /// One plog group commit (the caller set `flushing`): take the open
-    /// segment's pending blocks into a record (or seal the segment when
-    /// the plog cannot take the record), wait for the sealed segments to
-    /// be written, write the record and flush the cache device. Failures
-    /// are recorded in the state.
-    fn lead_plog<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        struct Rec {
-            pos: u64,
-            seg: u64,
-            seq: u64,
-            restart: bool,
-            image: Vec<u8>,
-        }
-        let rec = loop {
-            if st.error.is_some() || st.stop {
-                return st;
-            }
-            if st.open.pending.is_empty() {
-                break None;
-            }
-            let restart = st.plog_seg != st.open.id;
-            let pos = if restart { PLOG_OFFSET } else { st.plog_pos };
-            let open = &st.open;
-            let ndata = open
-                .pending
-                .iter()
-                .filter(|&&i| open.entries[i].data.is_some())
-                .count() as u64;
-            if pos + (1 + ndata) * B <= RING_OFFSET {
-                let mut entries = Vec::with_capacity(open.pending.len());
-                let mut image = Vec::with_capacity((1 + ndata as usize) * BU);
-                image.resize(BU, 0);
-                for &i in &open.pending {
-                    let m = open.entries[i];
-                    if let Some(d) = m.data {
-                        image.extend_from_slice(open.block(d));
-                    }
-                    entries.push(Entry {
-                        lba: m.lba,
-                        dirty: m.dirty,
-                        zero: m.data.is_none(),
-                    });
-                }
-                let seg = open.id;
-                let seq = if restart { 1 } else { st.plog_seq + 1 };
-                format::finish_plog_record(&self.cache_id, seg, seq, &entries, &mut image);
-                st.open.pending.clear();
-                st.plog_seg = seg;
-                st.plog_seq = seq;
-                st.plog_pos = pos + image.len() as u64;
-                break Some(Rec {
-                    pos,
-                    seg,
-                    seq,
-                    restart,
-                    image,
-                });
-            }
-            // The plog is full: the segment goes to the ring instead.
-            if self.can_seal(&st) {
-                let busy = st.seg_writing;
-                self.seal(&mut st, busy);
-                break None;
-            }
-            st = self.wait_space(st);
-        };
-        // Every block put so far is in the record, an earlier record or a
-        // sealed segment; wait until the sealed ones are written, so that
-        // the device flush covers them.
-        let gen = st.wgen;
-        let target = st.last_sealed_id;
-        loop {
-            if st.error.is_some() {
-                return st;
-            }
-            if st.last_written_id >= target {
-                break;
-            }
-            if st.stop {
-                return st;
-            }
-            if !st.seg_writing && !st.sealed.is_empty() {
-                st = self.write_front(st);
-                continue;
-            }
-            st = self.wait_done(st);
-        }
-        let behind = st.durable_id < target;
-        if rec.is_none() && !behind {
-            st.synced_gen = st.synced_gen.max(gen);
-            return st;
-        }
-        let written = st.last_written_id;
-        drop(st);
-        let r = match &rec {
-            Some(rec) => self.write_plog_record(
-                &rec.image,
-                rec.pos,
-                Place::Plog {
-                    segment: rec.seg,
-                    seq: rec.seq,
-                },
-                // The first record of a segment id overwrites the records
-                // of the previous one: that segment must be durable first.
-                rec.restart && behind,
-            ),
-            None => self
-                .cache
-                .flush()
-                .map_err(|e| WbError::io(Place::CacheFlush, e)),
-        };
-        let mut st = lock(&self.state);
-        match r {
-            Ok(()) => {
-                st.durable_id = st.durable_id.max(written);
-                st.synced_gen = st.synced_gen.max(gen);
-                if rec.is_some() {
-                    st.counters.plog_records += 1;
-                }
-            }
-            Err(e) => self.fail(&mut st, e),
-        }
-        st
-    }
-
-    /// Write a plog record at `pos` and flush the cache device (first too
-    /// when `flush_first`).
-    fn write_plog_record(
-        &self,
-        image: &[u8],
-        pos: u64,
-        place: Place,
-        flush_first: bool,
-    ) -> Result<()> {
-        let flush = || {
-            self.cache
-                .flush()
-                .map_err(|e| WbError::io(Place::CacheFlush, e))
-        };
-        if flush_first {
-            flush()?;
-        }
-        self.cache
-            .write_at(image, pos, false)
-            .map_err(|e| WbError::io(place, e))?;
-        flush()
     }
 
     /// The flusher thread: write sealed segments to their slots, in order.
