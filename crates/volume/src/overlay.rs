@@ -65,6 +65,115 @@ impl Mark {
     }
 }
 
+/// Block runs with their marks, `start -> (end, mark)`: apart, and
+/// neighbours with the same mark merged. It grows with the runs, not the
+/// blocks, so a TRIM of a whole device (as `mkfs` sends) is one entry.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct RunMap {
+    runs: BTreeMap<u64, (u64, Mark)>,
+    blocks: u64,
+}
+
+impl RunMap {
+    /// Mark blocks `first..first + n`.
+    pub fn insert(&mut self, first: u64, n: u64, mark: Mark) {
+        if n == 0 {
+            return;
+        }
+        let end = first + n;
+        // A run from before `first` into the range: keep its head (and
+        // its tail past `end`).
+        if let Some((&s, &(e, m))) = self.runs.range(..first).next_back() {
+            if e > first {
+                self.runs.insert(s, (first, m));
+                self.blocks -= e - first;
+                if e > end {
+                    self.runs.insert(end, (e, m));
+                    self.blocks += e - end;
+                }
+            }
+        }
+        // Runs starting inside: drop them (keeping a tail past `end`).
+        let inside: Vec<(u64, u64, Mark)> = self
+            .runs
+            .range(first..end)
+            .map(|(&s, &(e, m))| (s, e, m))
+            .collect();
+        for (s, e, m) in inside {
+            self.runs.remove(&s);
+            self.blocks -= e - s;
+            if e > end {
+                self.runs.insert(end, (e, m));
+                self.blocks += e - end;
+            }
+        }
+        // Merge with neighbours of the same mark.
+        let (mut a, mut z) = (first, end);
+        if let Some((&s, &(e, m))) = self.runs.range(..first).next_back() {
+            if e == first && m == mark {
+                self.runs.remove(&s);
+                self.blocks -= e - s;
+                a = s;
+            }
+        }
+        if let Some(&(e, m)) = self.runs.get(&end) {
+            if m == mark {
+                self.runs.remove(&end);
+                self.blocks -= e - end;
+                z = e;
+            }
+        }
+        self.runs.insert(a, (z, mark));
+        self.blocks += z - a;
+    }
+
+    /// The mark of block `b`.
+    #[cfg(test)]
+    pub fn get(&self, b: u64) -> Option<Mark> {
+        self.runs
+            .range(..=b)
+            .next_back()
+            .filter(|(_, &(e, _))| e > b)
+            .map(|(_, &(_, m))| m)
+    }
+
+    /// The run holding block `b`, else the first one after it.
+    pub fn at_or_after(&self, b: u64) -> Option<(u64, u64, Mark)> {
+        if let Some((&s, &(e, m))) = self.runs.range(..=b).next_back() {
+            if e > b {
+                return Some((s, e, m));
+            }
+        }
+        self.runs
+            .range(b.saturating_add(1)..)
+            .next()
+            .map(|(&s, &(e, m))| (s, e, m))
+    }
+
+    /// The runs over blocks `a..z`, cut to them.
+    pub fn within(&self, a: u64, z: u64) -> impl Iterator<Item = (u64, u64, Mark)> + '_ {
+        let from = self
+            .runs
+            .range(..=a)
+            .next_back()
+            .filter(|(_, &(e, _))| e > a)
+            .map_or(a, |(&s, _)| s);
+        self.runs
+            .range(from..z.max(from))
+            .map(move |(&s, &(e, m))| (s.max(a), e.min(z), m))
+    }
+
+    /// Every run, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64, Mark)> + '_ {
+        self.runs.iter().map(|(&s, &(e, m))| (s, e, m))
+    }
+
+    /// Blocks marked.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+}
+
 /// A generation's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -185,10 +294,23 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
     b
 }
 
+/// The payload length of the whole, sound record at the start of `b`
+/// (its head and its body checksums right), if there is one.
+fn sound_record(b: &[u8]) -> Option<usize> {
+    if b.len() < FRAME || crc32c::crc32c(&b[..5]) != le32(&b[5..HEAD]) {
+        return None;
+    }
+    let len = le32(b) as usize;
+    if FRAME + len > b.len() || crc32c::crc32c(&b[..HEAD + len]) != le32(&b[HEAD + len..]) {
+        return None;
+    }
+    Some(len)
+}
+
 /// What replaying a log found.
 #[derive(Debug, Default)]
 pub(crate) struct Replay {
-    pub map: BTreeMap<u64, Mark>,
+    pub map: RunMap,
     /// The latest rebase record, if any.
     pub rebased: Option<u64>,
     /// Where the valid records end.
@@ -198,8 +320,8 @@ pub(crate) struct Replay {
 }
 
 /// Replay the records of a log (`data` is the whole file, `start` where
-/// the header ends). Only a bad last record is a torn tail; a bad record
-/// with valid bytes after it is damage.
+/// the header ends). A bad record with a sound one anywhere after it is
+/// damage; else it is the torn tail of the last append.
 pub(crate) fn replay(
     path: &Path,
     data: &[u8],
@@ -214,43 +336,23 @@ pub(crate) fn replay(
         let torn = |r: &mut Replay| {
             r.torn = rest.len() as u64;
         };
-        if rest.len() < HEAD {
-            torn(&mut r);
-            break;
-        }
-        if crc32c::crc32c(&rest[..5]) != le32(&rest[5..HEAD]) {
-            // An unwritten file end reads as zeroes; anything else is a
-            // damaged record head.
-            if rest.iter().all(|&b| b == 0) {
-                torn(&mut r);
-                break;
+        let Some(len) = sound_record(rest) else {
+            // A bad record is the torn tail of an append that never
+            // finished (the unwritten part reads as zeroes, or as a prefix
+            // of the record) only if no whole record follows it: one
+            // append is in flight at a time. Else it is damage.
+            if (at + 1..data.len()).any(|i| sound_record(&data[i..]).is_some()) {
+                return Err(corrupt(
+                    path,
+                    at as u64,
+                    "overlay log record damaged, with records after it (not a torn tail)",
+                ));
             }
-            return Err(corrupt(
-                path,
-                at as u64,
-                "overlay log record head checksum mismatch",
-            ));
-        }
-        let len = le32(rest) as usize;
-        if FRAME + len > rest.len() {
-            // A sound head whose record runs past the end: cut short.
             torn(&mut r);
             break;
-        }
+        };
         let kind = rest[4];
         let body = &rest[HEAD..HEAD + len];
-        let crc = le32(&rest[HEAD + len..]);
-        if crc32c::crc32c(&rest[..HEAD + len]) != crc {
-            if at + FRAME + len == data.len() {
-                torn(&mut r);
-                break;
-            }
-            return Err(corrupt(
-                path,
-                at as u64,
-                "overlay log record checksum mismatch with records after it (not a torn tail)",
-            ));
-        }
         match kind {
             CHANGES => {
                 if len < 4 || (len - 4) % RUN != 0 || le32(body) as usize != (len - 4) / RUN {
@@ -263,12 +365,11 @@ pub(crate) fn replay(
                     if n == 0 || first.checked_add(n).is_none_or(|e| e > blocks) {
                         return Err(corrupt(path, at as u64, "block run outside the image"));
                     }
-                    for b in first..first + n {
-                        r.map.insert(b, mark);
-                    }
+                    r.map.insert(first, n, mark);
                 }
             }
             REBASE if len == 8 => r.rebased = Some(le64(body)),
+            REBASE => return Err(corrupt(path, at as u64, "rebase record of a bad length")),
             _ => {
                 return Err(corrupt(
                     path,
@@ -299,13 +400,15 @@ pub(crate) struct Gen {
     data_path: PathBuf,
     log_path: PathBuf,
     log: Mutex<Log>,
-    map: RwLock<BTreeMap<u64, Mark>>,
+    map: RwLock<RunMap>,
     /// Runs changed since the last FLUSH, in order.
     pending: Mutex<Vec<(u64, u32, Mark)>>,
     /// Held through a whole flush, so that a FLUSH returns only after
     /// every write before it is durable, even one another flush took.
     flushing: Mutex<()>,
     rebased: Mutex<Option<u64>>,
+    /// The first failed flush (see [`Gen::fail`]).
+    failed: Mutex<Option<String>>,
 }
 
 fn poisoned(op: Op) -> BlockError {
@@ -347,6 +450,36 @@ pub(crate) fn list_gens(dir: &Path) -> Result<Vec<u64>, StoreError> {
     Ok(gens)
 }
 
+/// Remove every generation file (`.data`, `.log`, `.log.tmp`) in `dir`
+/// but those of generations `keep`.
+pub(crate) fn remove_others(dir: &Path, keep: &[u64]) -> Result<(), StoreError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| io_err(dir, "list", e))?;
+    let mut removed = false;
+    for e in rd {
+        let e = e.map_err(|e| io_err(dir, "list", e))?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((stem, ext)) = name.split_once('.') else {
+            continue;
+        };
+        if stem.len() != 16 || !["data", "log", "log.tmp"].contains(&ext) {
+            continue;
+        }
+        let Ok(g) = u64::from_str_radix(stem, 16) else {
+            continue;
+        };
+        if !keep.contains(&g) {
+            let p = e.path();
+            std::fs::remove_file(&p).map_err(|e| io_err(&p, "remove", e))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
 /// fsync a directory.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
@@ -358,6 +491,12 @@ impl Gen {
     /// Make generation `header.gen` in `dir`: the data file, then the log
     /// (written aside and renamed, so a log that exists is whole).
     pub fn create(dir: &Path, header: Header) -> Result<Gen, StoreError> {
+        if header.name.len() > usize::from(u16::MAX) {
+            return Err(StoreError::Invalid(format!(
+                "image name of {} bytes: too long for an overlay",
+                header.name.len()
+            )));
+        }
         let (data_path, log_path) = gen_paths(dir, header.gen);
         let f = File::create(&data_path).map_err(|e| io_err(&data_path, "create", e))?;
         f.set_len(header.size)
@@ -422,6 +561,7 @@ impl Gen {
             pending: Mutex::new(Vec::new()),
             flushing: Mutex::new(()),
             rebased: Mutex::new(replay.rebased),
+            failed: Mutex::new(None),
         })
     }
 
@@ -464,21 +604,19 @@ impl Gen {
     }
 
     /// The map, for reading.
-    pub fn map(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Mark>> {
+    pub fn map(&self) -> std::sync::RwLockReadGuard<'_, RunMap> {
         self.map.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Blocks held.
-    pub fn blocks(&self) -> usize {
-        self.map().len()
+    pub fn blocks(&self) -> u64 {
+        self.map().blocks()
     }
 
     fn note(&self, first: u64, n: u64, mark: Mark, op: Op) -> cairn_blockdev::Result<()> {
         {
             let mut map = self.map.write().map_err(|_| poisoned(op))?;
-            for b in first..first + n {
-                map.insert(b, mark);
-            }
+            map.insert(first, n, mark);
         }
         let mut p = self.pending.lock().map_err(|_| poisoned(op))?;
         match p.last_mut() {
@@ -537,21 +675,58 @@ impl Gen {
                 )),
             )
         };
-        log.file.write_all_at(record, at).map_err(io)?;
-        log.file.sync_data().map_err(io)?;
+        let r = log
+            .file
+            .write_all_at(record, at)
+            .and_then(|_| log.file.sync_data());
+        if let Err(e) = r {
+            // Take the partial record back, so the log ends at its last
+            // whole record (best effort: the generation is failed now).
+            let _ = log.file.set_len(at);
+            return Err(self.fail(io(e)));
+        }
         log.end += record.len() as u64;
         Ok(())
+    }
+
+    /// Remember that a flush failed: the changes it took are durable or
+    /// not, nobody knows, and a retried `fdatasync` after an error proves
+    /// nothing; every later flush of this generation fails too (as Linux
+    /// reports a writeback error to fsync once and then forgets it, this
+    /// must not).
+    fn fail(&self, e: BlockError) -> BlockError {
+        if let Ok(mut f) = self.failed.lock() {
+            f.get_or_insert_with(|| e.to_string());
+        }
+        e
+    }
+
+    /// The error of an earlier failed flush, if any.
+    fn check_failed(&self, op: Op) -> cairn_blockdev::Result<()> {
+        match self.failed.lock().map_err(|_| poisoned(op))?.as_ref() {
+            Some(first) => Err(BlockError::new(
+                op,
+                0,
+                0,
+                ErrorKind::Io(std::io::Error::other(format!(
+                    "an earlier flush of the overlay failed ({first}); its writes may be lost, \
+                     so no flush succeeds until the server restarts"
+                ))),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Make every change so far durable: the data, then a record of
     /// which blocks changed.
     pub fn flush(&self) -> cairn_blockdev::Result<()> {
         let _f = self.flushing.lock().map_err(|_| poisoned(Op::Flush))?;
+        self.check_failed(Op::Flush)?;
         let runs = std::mem::take(&mut *self.pending.lock().map_err(|_| poisoned(Op::Flush))?);
         if runs.is_empty() {
             return Ok(());
         }
-        self.data.flush()?;
+        self.data.flush().map_err(|e| self.fail(e))?;
         let mut payload = Vec::with_capacity(4 + runs.len() * RUN);
         payload.extend_from_slice(&(runs.len() as u32).to_le_bytes());
         for (first, n, mark) in &runs {
@@ -578,15 +753,17 @@ impl Gen {
         Ok(())
     }
 
-    /// Delete the generation's files (the log last, so a crash between
-    /// leaves a generation whose data file is missing only if its log
-    /// is too).
+    /// Delete the generation's files: the data file first, so no data
+    /// file outlives its log unseen (a log without its data file is
+    /// damage, unless the generation above was rebased past it, which is
+    /// when a generation is removed).
     pub fn remove(&self, dir: &Path) -> Result<(), StoreError> {
-        std::fs::remove_file(&self.log_path).map_err(|e| io_err(&self.log_path, "remove", e))?;
-        match std::fs::remove_file(&self.data_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&self.data_path, "remove", e)),
+        for p in [&self.data_path, &self.log_path] {
+            match std::fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(p, "remove", e)),
+            }
         }
         sync_dir(dir)
     }
@@ -595,6 +772,59 @@ impl Gen {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The run map against a map of single blocks: the same marks,
+        /// runs apart and merged, the same count.
+        #[test]
+        fn run_map_is_a_map_of_blocks(ops in proptest::collection::vec((0u64..200, 1u64..40, any::<bool>()), 1..60)) {
+            let mut runs = RunMap::default();
+            let mut blocks = BTreeMap::new();
+            for (first, n, zero) in ops {
+                let mark = if zero { Mark::Zero } else { Mark::Data };
+                runs.insert(first, n, mark);
+                for b in first..first + n {
+                    blocks.insert(b, mark);
+                }
+            }
+            for b in 0..260 {
+                prop_assert_eq!(runs.get(b), blocks.get(&b).copied(), "block {}", b);
+            }
+            prop_assert_eq!(runs.blocks(), blocks.len() as u64);
+            let all: Vec<_> = runs.iter().collect();
+            for w in all.windows(2) {
+                prop_assert!(w[0].1 < w[1].0 || (w[0].1 == w[1].0 && w[0].2 != w[1].2), "{:?}", w);
+            }
+            // `within` cuts to the range and `at_or_after` finds the next.
+            let inside: u64 = runs.within(50, 120).map(|(s, e, _)| e - s).sum();
+            prop_assert_eq!(inside, blocks.range(50..120).count() as u64);
+            for b in 0..260 {
+                let want = blocks.range(b..).next().map(|(&k, _)| k);
+                let got = runs.at_or_after(b).map(|(s, _, _)| s.max(b));
+                prop_assert_eq!(got, want, "after {}", b);
+            }
+        }
+    }
+
+    /// A TRIM of a whole 1 TiB device (as mkfs sends) is one run, not
+    /// 268 million entries.
+    #[test]
+    fn a_whole_device_trim_is_one_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 1u64 << 40;
+        let g = Gen::create(dir.path(), Header { size, ..header(1) }).unwrap();
+        g.zero(0, size / BS, Op::Trim).unwrap();
+        g.write(&[1u8; BS as usize], 5 * BS).unwrap();
+        g.flush().unwrap();
+        assert_eq!(g.blocks(), size / BS);
+        assert_eq!(g.map().iter().count(), 3);
+        drop(g);
+        let g = Gen::open(dir.path(), 1).unwrap();
+        assert_eq!(g.map().iter().count(), 3);
+        assert_eq!(g.map().get(5), Some(Mark::Data));
+        assert_eq!(g.map().get(size / BS - 1), Some(Mark::Zero));
+    }
 
     fn header(gen: u64) -> Header {
         Header {
@@ -631,16 +861,11 @@ mod tests {
         g.write(&[3u8; BS as usize], 0).unwrap(); // never flushed
         drop(g);
         let g = Gen::open(dir.path(), 1).unwrap();
-        let want: BTreeMap<u64, Mark> = [
-            (2, Mark::Data),
-            (3, Mark::Data),
-            (7, Mark::Zero),
-            (8, Mark::Zero),
-            (10, Mark::Data),
-        ]
-        .into_iter()
-        .collect();
-        assert_eq!(*g.map(), want);
+        let runs: Vec<_> = g.map().iter().collect();
+        assert_eq!(
+            runs,
+            vec![(2, 4, Mark::Data), (7, 9, Mark::Zero), (10, 11, Mark::Data)]
+        );
         let mut b = [0u8; 100];
         g.read(&mut b, 10 * BS).unwrap();
         assert_eq!(b, [2u8; 100]);
@@ -659,11 +884,21 @@ mod tests {
             drop(g);
             assert_eq!(std::fs::metadata(&log).unwrap().len(), first_end as u64);
         }
-        // Zeroes after the last record (an extended, unwritten end) too.
-        let mut z = whole.clone();
-        z.extend_from_slice(&[0u8; 40]);
-        std::fs::write(&log, &z).unwrap();
-        assert_eq!(Gen::open(dir.path(), 1).unwrap().blocks(), 5);
+        // Zeroes after the last record (an extended, unwritten end) too,
+        // and any bytes that hold no whole record (a page of an append
+        // written while the one before it was not, or the rest of a
+        // longer record whose append failed).
+        for tail in [
+            vec![0u8; 40],
+            [vec![0u8; 4096], vec![0x5a; 300]].concat(),
+            whole[start..start + 30].to_vec(),
+        ] {
+            let mut z = whole.clone();
+            z.extend_from_slice(&tail);
+            std::fs::write(&log, &z).unwrap();
+            assert_eq!(Gen::open(dir.path(), 1).unwrap().blocks(), 5);
+            assert_eq!(std::fs::metadata(&log).unwrap().len(), whole.len() as u64);
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@
 //!   name); backups, gc and other images go on beside it, and gc deletes
 //!   nothing the device's session may use.
 
-use crate::overlay::{self, Gen, Header, Mark, BS};
+use crate::overlay::{self, Gen, Header, Mark, RunMap, BS};
 use crate::{RepoView, Volume, VolumeOptions};
 use cairn_blockdev::{
     check_range, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op, ZeroFlags,
@@ -263,15 +263,13 @@ impl WritableVolume {
         if sealed.is_none() && live.base() != latest {
             return Err(Self::moved_on(name, dir, live.base(), latest));
         }
-        // Generations older than what is in use: left by a crash after a
-        // rebase, before their removal.
-        for &g in &gens {
-            if g != newest && sealed.as_ref().is_none_or(|s| s.header.gen != g) {
-                let (data, log) = overlay::gen_paths(dir, g);
-                let _ = std::fs::remove_file(log);
-                let _ = std::fs::remove_file(data);
-            }
-        }
+        // Files of generations not in use: left by a crash after a rebase
+        // before their removal, or inside a seal (a data file or a log
+        // still being written aside).
+        let keep: Vec<u64> = std::iter::once(newest)
+            .chain(sealed.as_ref().map(|s| s.header.gen))
+            .collect();
+        overlay::remove_others(dir, &keep)?;
         Ok((live, sealed))
     }
 
@@ -325,7 +323,7 @@ impl WritableVolume {
             snapshot: st.volume.snapshot(),
             new_raw: self.new_raw.load(Ordering::Relaxed),
             dedup: self.dedup.load(Ordering::Relaxed),
-            uncommitted: blocks as u64 * BS,
+            uncommitted: blocks * BS,
         }
     }
 
@@ -338,21 +336,21 @@ impl WritableVolume {
         let mut at = offset;
         while at < end {
             let b = at / BS;
-            let (to, src) = if let Some(&m) = lm.get(&b) {
-                (((b + 1) * BS).min(end), Src::Live(m))
-            } else if let Some(&m) = sm.as_ref().and_then(|s| s.get(&b)) {
-                (((b + 1) * BS).min(end), Src::Sealed(m))
-            } else {
-                let next = lm.range(b + 1..).next().map(|(&n, _)| n);
-                let snext = sm
-                    .as_ref()
-                    .and_then(|s| s.range(b + 1..).next().map(|(&n, _)| n));
-                let n = match (next, snext) {
-                    (Some(a), Some(c)) => Some(a.min(c)),
-                    (a, c) => a.or(c),
-                };
-                (n.map_or(end, |n| (n * BS).min(end)), Src::Base)
+            let l = lm.at_or_after(b);
+            let s = sm.as_ref().and_then(|m| m.at_or_after(b));
+            let (to_block, src) = match (l, s) {
+                (Some((ls, le, m)), _) if ls <= b => (le, Src::Live(m)),
+                // The sealed run, up to where a live one begins.
+                (l, Some((ss, se, m))) if ss <= b => {
+                    (l.map_or(se, |r| r.0.min(se)), Src::Sealed(m))
+                }
+                (l, s) => match (l.map(|r| r.0), s.map(|r| r.0)) {
+                    (Some(x), Some(y)) => (x.min(y), Src::Base),
+                    (Some(x), None) | (None, Some(x)) => (x, Src::Base),
+                    (None, None) => (u64::MAX, Src::Base),
+                },
             };
+            let to = to_block.saturating_mul(BS).min(end);
             match out.last_mut() {
                 Some(last) if last.1 == at && last.2 == src => last.1 = to,
                 _ => out.push((at, to, src)),
@@ -535,13 +533,23 @@ impl WritableVolume {
             .editor
             .lock()
             .map_err(|_| StoreError::Invalid("a thread panicked while committing".into()))?;
-        let source = commit_source(
-            &self.name,
-            editor.base().snapshot,
-            &sealed.header.id,
-            sealed.header.gen,
-        );
-        let report = editor.commit(&spans, &mut fill, &source)?;
+        let report = if editor.base().snapshot != volume.snapshot() {
+            // An earlier try made the snapshot and failed after it (the
+            // editor's base moves only by committing the sealed
+            // generation): do not commit it twice.
+            EditReport {
+                snapshot: editor.base().snapshot,
+                ..EditReport::default()
+            }
+        } else {
+            let source = commit_source(
+                &self.name,
+                volume.snapshot(),
+                &sealed.header.id,
+                sealed.header.gen,
+            );
+            editor.commit(&spans, &mut fill, &source)?
+        };
         drop(map);
         self.crash_point(SNAPSHOT_WRITTEN_STEP)?;
         let volume = Self::reopen(&editor, &self.opts)?;
@@ -583,14 +591,14 @@ impl WritableVolume {
         // Runs of consecutive changed blocks, in bytes, widened.
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         let mut run: Option<(u64, u64)> = None;
-        for &b in map.keys() {
+        for (b, e, _) in map.iter() {
             run = match run {
-                Some((s, e)) if e == b => Some((s, b + 1)),
+                Some((s, z)) if z == b => Some((s, e)),
                 other => {
                     if let Some(r) = other {
                         self.widen(volume, r, &mut ranges);
                     }
-                    Some((b, b + 1))
+                    Some((b, e))
                 }
             };
         }
@@ -612,11 +620,13 @@ impl WritableVolume {
                 let ps = at;
                 // Zeroed entirely (or, in a hole, not changed at all: only
                 // possible where two widened runs met).
-                let zero = (ps / BS..pe.div_ceil(BS)).all(|b| match map.get(&b) {
-                    Some(Mark::Zero) => true,
-                    Some(Mark::Data) => false,
-                    None => hole,
-                });
+                let (pb, pz) = (ps / BS, pe.div_ceil(BS));
+                let (mut covered, mut data) = (0, false);
+                for (s, e, m) in map.within(pb, pz) {
+                    covered += e - s;
+                    data |= m == Mark::Data;
+                }
+                let zero = !data && (hole || covered == pz - pb);
                 match spans.last_mut() {
                     Some(last)
                         if last.end() == ps
@@ -642,7 +652,7 @@ impl WritableVolume {
     fn fill(
         volume: &Volume,
         g: &Gen,
-        map: &std::collections::BTreeMap<u64, Mark>,
+        map: &RunMap,
         span: &Span,
         buf: &mut [u8],
     ) -> cairn_blockdev::Result<()> {
@@ -650,8 +660,8 @@ impl WritableVolume {
         volume
             .read_at(buf, ps)
             .map_err(|e| BlockError::new(Op::Flush, ps, pe - ps, e.kind))?;
-        for (&b, mark) in map.range(ps / BS..pe.div_ceil(BS)) {
-            let (from, to) = ((b * BS).max(ps), ((b + 1) * BS).min(pe));
+        for (b, e, mark) in map.within(ps / BS, pe.div_ceil(BS)) {
+            let (from, to) = ((b * BS).max(ps), (e * BS).min(pe));
             let dst = &mut buf[(from - ps) as usize..(to - ps) as usize];
             match mark {
                 Mark::Data => g.read(dst, from)?,
