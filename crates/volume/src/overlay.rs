@@ -94,12 +94,7 @@ impl RunMap {
             }
         }
         // Runs starting inside: drop them (keeping a tail past `end`).
-        let inside: Vec<(u64, u64, Mark)> = self
-            .runs
-            .range(first..end)
-            .map(|(&s, &(e, m))| (s, e, m))
-            .collect();
-        for (s, e, m) in inside {
+        while let Some((&s, &(e, m))) = self.runs.range(first..end).next() {
             self.runs.remove(&s);
             self.blocks -= e - s;
             if e > end {
