@@ -202,6 +202,9 @@ pub(crate) struct CommitArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// No progress bar (without a server; it shows only on a terminal).
+    #[arg(short, long)]
+    pub quiet: bool,
 }
 
 /// Make the writes to a writable image its next snapshot now: through a
@@ -235,9 +238,14 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         let opts = volume_options(64 << 20, None);
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
         let before = vol.stats().commits;
+        let bar = crate::report::Progress::new("commit", None, !a.quiet);
         let report = vol
-            .close()
+            .close_with(&|done, total| {
+                bar.total(total);
+                bar.read_to(done);
+            })
             .with_context(|| format!("commit image {name}"))?;
+        bar.finish();
         serde_json::json!({ "images": [{
             "image": name,
             "committed": report.is_some() || vol.stats().commits > before,

@@ -180,7 +180,7 @@ impl WritableVolume {
             #[cfg(test)]
             crash_after: std::sync::atomic::AtomicU8::new(0),
         };
-        v.finish_commit()?;
+        v.finish_commit(&|_, _| {})?;
         Ok(v)
     }
 
@@ -470,6 +470,15 @@ impl WritableVolume {
     /// meanwhile; what they change after the commit began goes into the
     /// next one.
     pub fn commit(&self) -> cairn_store::Result<Option<EditReport>> {
+        self.commit_with(&|_, _| {})
+    }
+
+    /// [`WritableVolume::commit`], telling `progress` the bytes read for
+    /// the snapshot so far and in all.
+    pub fn commit_with(
+        &self,
+        progress: &dyn Fn(u64, u64),
+    ) -> cairn_store::Result<Option<EditReport>> {
         let _one = self
             .committing
             .lock()
@@ -503,7 +512,7 @@ impl WritableVolume {
             live.flush().map_err(block_error)?;
             self.crash_point(SEALED_STEP)?;
         }
-        self.finish_commit()
+        self.finish_commit(progress)
     }
 
     /// In tests: stop here as if the process died, when asked to.
@@ -516,7 +525,10 @@ impl WritableVolume {
     }
 
     /// Commit the sealed generation, if any, and drop it.
-    fn finish_commit(&self) -> cairn_store::Result<Option<EditReport>> {
+    fn finish_commit(
+        &self,
+        progress: &dyn Fn(u64, u64),
+    ) -> cairn_store::Result<Option<EditReport>> {
         let (volume, live, sealed) = {
             let st = self.read_state();
             (st.volume.clone(), st.live.clone(), st.sealed.clone())
@@ -525,9 +537,15 @@ impl WritableVolume {
             return Ok(None);
         };
         let spans = self.spans(&volume, &sealed);
+        let total: u64 = spans.iter().filter(|s| !s.zero).map(|s| s.len).sum();
+        let mut done = 0u64;
+        progress(0, total);
         let map = sealed.map();
         let mut fill = |span: &Span, buf: &mut [u8]| {
-            Self::fill(&volume, &sealed, &map, span, buf).map_err(block_error)
+            Self::fill(&volume, &sealed, &map, span, buf).map_err(block_error)?;
+            done += span.len;
+            progress(done, total);
+            Ok(())
         };
         let mut editor = self
             .editor
@@ -572,7 +590,16 @@ impl WritableVolume {
     /// Commit what is left, and remove the overlay when nothing is: the
     /// end of a session. Writes after this are not committed.
     pub fn close(&self) -> cairn_store::Result<Option<EditReport>> {
-        let report = self.commit()?;
+        self.close_with(&|_, _| {})
+    }
+
+    /// [`WritableVolume::close`] with the commit's progress (see
+    /// [`WritableVolume::commit_with`]).
+    pub fn close_with(
+        &self,
+        progress: &dyn Fn(u64, u64),
+    ) -> cairn_store::Result<Option<EditReport>> {
+        let report = self.commit_with(progress)?;
         let st = self.read_state();
         if st.sealed.is_none() && st.live.blocks() == 0 {
             st.live.remove(&self.dir)?;
