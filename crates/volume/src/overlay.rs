@@ -16,6 +16,7 @@
 //! and the sealed one deleted.
 
 use cairn_blockdev::{BlockDev, BlockError, ErrorKind, FileDev, FileOptions, Op};
+use cairn_store::meta::sync_dir;
 use cairn_store::StoreError;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -425,46 +426,42 @@ pub(crate) fn gen_paths(dir: &Path, gen: u64) -> (PathBuf, PathBuf) {
     )
 }
 
-/// The generations in `dir`, oldest first.
-pub(crate) fn list_gens(dir: &Path) -> Result<Vec<u64>, StoreError> {
-    let mut gens = Vec::new();
-    let rd = std::fs::read_dir(dir).map_err(|e| io_err(dir, "list", e))?;
-    for e in rd {
+/// The generation files in `dir` (`G.data`, `G.log`, `G.log.tmp`, `G` in
+/// 16 hex digits): each one's path, generation and extension.
+fn gen_files(dir: &Path) -> Result<Vec<(PathBuf, u64, String)>, StoreError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| io_err(dir, "list", e))? {
         let e = e.map_err(|e| io_err(dir, "list", e))?;
         let name = e.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
-            continue;
-        };
-        if stem.len() == 16 {
-            if let Ok(g) = u64::from_str_radix(stem, 16) {
-                gens.push(g);
-            }
-        }
-    }
-    gens.sort_unstable();
-    Ok(gens)
-}
-
-/// Remove every generation file (`.data`, `.log`, `.log.tmp`) in `dir`
-/// but those of generations `keep`.
-pub(crate) fn remove_others(dir: &Path, keep: &[u64]) -> Result<(), StoreError> {
-    let rd = std::fs::read_dir(dir).map_err(|e| io_err(dir, "list", e))?;
-    let mut removed = false;
-    for e in rd {
-        let e = e.map_err(|e| io_err(dir, "list", e))?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some((stem, ext)) = name.split_once('.') else {
+        let Some((stem, ext)) = name.to_str().and_then(|n| n.split_once('.')) else {
             continue;
         };
         if stem.len() != 16 || !["data", "log", "log.tmp"].contains(&ext) {
             continue;
         }
-        let Ok(g) = u64::from_str_radix(stem, 16) else {
-            continue;
-        };
+        if let Ok(g) = u64::from_str_radix(stem, 16) {
+            out.push((e.path(), g, ext.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+/// The generations in `dir` (those with a log), oldest first.
+pub(crate) fn list_gens(dir: &Path) -> Result<Vec<u64>, StoreError> {
+    let mut gens: Vec<u64> = gen_files(dir)?
+        .into_iter()
+        .filter(|(_, _, ext)| ext == "log")
+        .map(|(_, g, _)| g)
+        .collect();
+    gens.sort_unstable();
+    Ok(gens)
+}
+
+/// Remove every generation file in `dir` but those of generations `keep`.
+pub(crate) fn remove_others(dir: &Path, keep: &[u64]) -> Result<(), StoreError> {
+    let mut removed = false;
+    for (p, g, _) in gen_files(dir)? {
         if !keep.contains(&g) {
-            let p = e.path();
             std::fs::remove_file(&p).map_err(|e| io_err(&p, "remove", e))?;
             removed = true;
         }
@@ -473,13 +470,6 @@ pub(crate) fn remove_others(dir: &Path, keep: &[u64]) -> Result<(), StoreError> 
         sync_dir(dir)?;
     }
     Ok(())
-}
-
-/// fsync a directory.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_err(dir, "fsync directory", e))
 }
 
 impl Gen {
