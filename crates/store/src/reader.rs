@@ -151,7 +151,8 @@ impl PackReader {
             check_pack_header(&b.locate(&p.key), &header, self.repo, self.sealed)?;
             p.checked.store(true, Ordering::Release);
         }
-        buf.clear();
+        // Every byte is overwritten by the read: only a grown tail is
+        // zeroed (a reused buffer is not cleared first).
         buf.resize(len, 0);
         b.read_at(&p.key, offset, buf)?;
         Ok(b.locate(&p.key))
