@@ -4,9 +4,8 @@
 //! so the fuzzer reaches the body parsers instead of stopping at the
 //! BLAKE3 trailer; the raw bytes also go through the envelope check.
 #![no_main]
-use cairn_store::index::IndexFile;
-use cairn_store::manifest::Manifest;
-use cairn_store::meta::{self, Kind};
+use cairn_store::internals::{self as meta, IndexFile, Kind};
+use cairn_store::Manifest;
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 
@@ -33,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
             // A trash list names what to delete: whatever decodes names
             // only index files and packs of the targets.
             let sealed = meta::seal(Kind::Garbage, u32::from(which >> 7) + 1, body);
-            if let Ok(g) = cairn_store::repo::check_trash_list(p, &sealed, 2) {
+            if let Ok(g) = cairn_store::internals::check_trash_list(p, &sealed, 2) {
                 assert!(g.packs.iter().all(|(t, _)| *t < 2));
                 assert!(g
                     .index_files
@@ -48,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             // ones here.
             let sealed = meta::seal(Kind::Key, 1, body);
             if let Ok((_, b)) = meta::open(p, &sealed, Kind::Key, 1) {
-                if let Ok(mut k) = serde_json::from_slice::<cairn_store::crypt::KeyFile>(b) {
+                if let Ok(mut k) = serde_json::from_slice::<cairn_store::internals::KeyFile>(b) {
                     if k.params.memory_kib > 64 || k.params.iterations > 1 {
                         k.params.memory_kib = 8;
                         k.params.iterations = 1;

@@ -4,18 +4,19 @@
 //! lengths; and the same record sealed with a key, so that the sealed
 //! frame and what it decrypts to are reached too.
 #![no_main]
-use cairn_store::id::{PackId, RepoId};
-use cairn_store::crypt::Crypt;
-use cairn_store::pack::{self, RecordDecoder, RecordHeader, RECORD_FIXED_LEN};
-use std::sync::{Arc, OnceLock};
+use cairn_store::internals::{self as pack, Crypt, RecordDecoder, RecordHeader, RECORD_FIXED_LEN};
+use cairn_store::{PackId, RepoId};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 fuzz_target!(|data: &[u8]| {
     let p = Path::new("fuzz");
     let repo = RepoId([7; 16]);
     static KEY: OnceLock<Option<Arc<Crypt>>> = OnceLock::new();
-    let key = KEY.get_or_init(|| Crypt::generate().ok().map(Arc::new)).clone();
+    let key = KEY
+        .get_or_init(|| Crypt::generate().ok().map(Arc::new))
+        .clone();
     let _ = pack::check_pack_header(p, data, repo, false);
     let _ = pack::check_pack_header(p, data, repo, true);
     let mut whole = pack::encode_pack_header(repo, PackId([9; 16]), false).to_vec();
@@ -56,7 +57,9 @@ fuzz_target!(|data: &[u8]| {
                 let aad: [u8; 8] = sealed[..8].try_into().unwrap_or([0; 8]);
                 if c.seal_in_place(&aad, &mut sealed, from).is_ok() {
                     let mut dec = RecordDecoder::new(Some(c.clone()));
-                    let _ = dec.decode(p, 0, &sealed, &mut out).map(|r| r.chunks().count());
+                    let _ = dec
+                        .decode(p, 0, &sealed, &mut out)
+                        .map(|r| r.chunks().count());
                 }
             }
         }

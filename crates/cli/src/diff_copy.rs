@@ -7,7 +7,7 @@ use crate::key_cmd::FromPasswordArgs;
 use crate::repo_cmd::{location, open_repo, print_json, threads, RepoArg};
 use crate::report::Progress;
 use anyhow::{bail, Context, Result};
-use cairn_store::copy::{CopyOptions, CopyProgress};
+use cairn_store::{CopyOptions, CopyProgress};
 use cairn_store::{Repository, StoreError};
 use clap::Args;
 use indicatif::HumanBytes;
@@ -91,7 +91,7 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
     }
     let mut first = true;
     let json_out = a.json;
-    let report = cairn_store::diff::diff(&repo, &loaded.index, &ma, &mb, &mut |offset, len| {
+    let report = cairn_store::diff(&repo, &loaded.index, &ma, &mb, &mut |offset, len| {
         let r = if json_out {
             let sep = if first { "" } else { "," };
             write!(out, "{sep}\n{{\"offset\":{offset},\"len\":{len}}}")
@@ -153,14 +153,14 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
             HumanBytes(p.new_stored)
         ));
     };
-    let r = cairn_store::copy::copy(
+    let r = cairn_store::copy(
         &src,
         &dest,
         &session,
         &CopyOptions {
             names: a.names.clone(),
             threads: threads(a.threads),
-            group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+            group_size: cairn_store::DEFAULT_GROUP_SIZE,
             progress: Some(&progress),
         },
     );

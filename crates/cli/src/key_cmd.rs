@@ -3,8 +3,8 @@
 
 use crate::repo_cmd::{location, RepoArg};
 use anyhow::{bail, Context, Result};
-use cairn_store::crypt::KdfParams;
-use cairn_store::repo::{Password, PasswordSource};
+use cairn_store::KdfParams;
+use cairn_store::{Password, PasswordSource};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use std::io::IsTerminal;

@@ -480,7 +480,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     let stop = crate::signals::stop_flag();
     let repo = Arc::new(open_repo(&a.repo)?);
     let mut snaps = Vec::new();
-    for item in cairn_store::stats::list(&repo)? {
+    for item in cairn_store::list_snapshots(&repo)? {
         match item {
             Ok(s) => snaps.push(Listed {
                 name: s.name,

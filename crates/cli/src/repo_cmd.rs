@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use cairn_codec::CodecSpec;
 use cairn_filepack::PendingFile;
 use cairn_store::{
-    backup::Progress as BackupProgress, repo::InitOptions, stats, ChunkerSpec, Destination,
-    GcOptions, Repository, RestoreOptions, VerifyOptions,
+    BackupProgress, ChunkerSpec, Destination, GcOptions, InitOptions, Repository, RestoreOptions,
+    VerifyOptions,
 };
 use clap::Args;
 use indicatif::HumanBytes;
@@ -46,7 +46,7 @@ impl TagFilter {
         Ok(self
             .tag
             .iter()
-            .map(|v| cairn_store::manifest::parse_tags(&[v]))
+            .map(|v| cairn_store::parse_tags(&[v]))
             .collect::<Result<_, _>>()?)
     }
 }
@@ -490,7 +490,7 @@ fn open_source(
 pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let codec: CodecSpec = a.codec.parse()?;
     let chunker: ChunkerSpec = a.chunker.parse()?;
-    let tags = cairn_store::manifest::parse_tags(&a.tags)?;
+    let tags = cairn_store::parse_tags(&a.tags)?;
     let repo = open_repo(&a.repo)?;
     let (mut source, size, label) = open_source(&a.source, a.direct)?;
     let lock = repo.session(&format!("cairn backup {}", a.name))?;
@@ -505,11 +505,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
             HumanBytes(p.zero)
         ));
     };
-    let time = a
-        .time
-        .as_deref()
-        .map(cairn_store::retention::parse_time)
-        .transpose()?;
+    let time = a.time.as_deref().map(cairn_store::parse_time).transpose()?;
     let opts = cairn_store::BackupOptions {
         name: a.name.clone(),
         codec,
@@ -735,11 +731,11 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let mut rows = Vec::new();
     let mut bad = Vec::new();
-    for item in stats::list(&repo)? {
+    for item in cairn_store::list_snapshots(&repo)? {
         match item {
             Ok(s)
                 if a.name.as_ref().is_none_or(|n| *n == s.name)
-                    && cairn_store::manifest::tags_match(&s.tags, &groups) =>
+                    && cairn_store::tags_match(&s.tags, &groups) =>
             {
                 rows.push(s)
             }
@@ -904,7 +900,7 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
     let removed: Vec<(String, u64)> = if a.image.contains('@') {
         vec![repo.resolve(&a.image)?]
     } else {
-        cairn_store::repo::validate_name(&a.image)?;
+        cairn_store::validate_name(&a.image)?;
         let snaps = repo.snapshots(&a.image)?;
         if snaps.is_empty() {
             bail!("no image named {:?}", a.image);
@@ -937,7 +933,7 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
 }
 
 pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
-    use cairn_store::retention::{apply, parse_duration, Dated, KeepPolicy};
+    use cairn_store::{apply_retention as apply, parse_duration, Dated, KeepPolicy};
     let policy = KeepPolicy {
         last: a.keep_last,
         hourly: a.keep_hourly,
@@ -1007,7 +1003,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         }));
     } else {
         for (n, v) in &report {
-            let when = cairn_store::retention::format_time(v.snapshot.created);
+            let when = cairn_store::format_time(v.snapshot.created);
             if v.keep() {
                 println!(
                     "keep   {n}@{} {when} ({})",
@@ -1095,7 +1091,7 @@ fn rss_bytes() -> Option<u64> {
 
 pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let s = stats::stats(&repo)?;
+    let s = cairn_store::stats(&repo)?;
     let running: Vec<serde_json::Value> = repo
         .running()?
         .into_iter()
@@ -1184,7 +1180,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
                 r["what"].as_str().unwrap_or(""),
                 r["pid"],
                 r["host"].as_str().unwrap_or(""),
-                cairn_store::retention::format_time(r["started"].as_i64().unwrap_or(0))
+                cairn_store::format_time(r["started"].as_i64().unwrap_or(0))
             );
         }
     }

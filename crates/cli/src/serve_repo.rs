@@ -73,10 +73,10 @@ pub(crate) fn volume_options(cache: usize, threads: Option<usize>) -> VolumeOpti
 
 /// Where the overlay of writable image `name` of `repo` lives unless
 /// `overlay=DIR` says: `overlays/NAME` in the repository's state
-/// directory ([`cairn_store::repo::state_dir`]), on local disk and never
+/// directory ([`cairn_store::state_dir`]), on local disk and never
 /// inside the repository, which may be remote or encrypted.
 pub(crate) fn overlay_dir(repo: &Repository, name: &str) -> Result<PathBuf> {
-    match cairn_store::repo::state_dir(repo.id()) {
+    match cairn_store::state_dir(repo.id()) {
         Some(d) => Ok(d.join("overlays").join(name)),
         None => bail!(
             "image {name}: no place for its overlay: set CAIRN_STATE_DIR (or HOME), or give overlay=DIR"

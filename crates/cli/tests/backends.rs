@@ -525,8 +525,8 @@ fn s3_damage_is_found_and_named() {
 
     let env = server.env();
     let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let config = cairn_store::s3::S3Config::new(&s.loc, &lookup).unwrap();
-    let bucket = cairn_store::s3::S3Backend::new(config).unwrap();
+    let config = cairn_store::S3Config::new(&s.loc, &lookup).unwrap();
+    let bucket = cairn_store::S3Backend::new(config).unwrap();
     use cairn_store::backend::{ReadBackend, WriteBackend};
     let packs: Vec<_> = bucket
         .list("data/packs/")

@@ -497,8 +497,8 @@ fn a_planted_key_file_locks_nobody_out() {
     // is tried first.
     body["memory_kib"] = serde_json::json!(u32::MAX);
     body["created"] = serde_json::json!(0);
-    let planted = cairn_store::meta::seal(
-        cairn_store::meta::Kind::Key,
+    let planted = cairn_store::internals::seal(
+        cairn_store::internals::Kind::Key,
         1,
         &serde_json::to_vec(&body).unwrap(),
     );

@@ -29,8 +29,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
-use cairn_store::index::IndexFile;
-use cairn_store::manifest::Extent;
+use cairn_store::internals::IndexFile;
+use cairn_store::Extent;
 use cairn_store::{ChunkId, Repository};
 use common::*;
 // Plain repositories: these tests read and damage records, index files

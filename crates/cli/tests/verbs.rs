@@ -374,11 +374,10 @@ fn restored(repo: &str, pw: Option<&str>, spec: &str) -> Vec<u8> {
 /// The chunk ids of a snapshot, through the store.
 fn chunk_ids(repo: &str, pw: Option<&str>, name: &str, n: u64) -> Vec<cairn_store::ChunkId> {
     let r = match pw {
-        Some(p) => cairn_store::Repository::open_with(
-            Path::new(repo),
-            &cairn_store::repo::Password::new(p),
-        )
-        .unwrap(),
+        Some(p) => {
+            cairn_store::Repository::open_with(Path::new(repo), &cairn_store::Password::new(p))
+                .unwrap()
+        }
         None => cairn_store::Repository::open(Path::new(repo)).unwrap(),
     };
     r.read_manifest(name, n)

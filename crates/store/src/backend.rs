@@ -168,7 +168,7 @@ pub trait Held: Send + Sync + std::fmt::Debug {
 const MAX_OPEN: usize = 256;
 
 /// A directory on a local filesystem: key `a/b` is the file `DIR/a/b`.
-/// Objects read by range are kept open (at most [`MAX_OPEN`]).
+/// Objects read by range are kept open (at most `MAX_OPEN`).
 #[derive(Debug)]
 pub struct LocalDir {
     root: PathBuf,
@@ -679,9 +679,12 @@ mod tests {
     fn pack_keys_match_the_layout_on_disk() {
         let id = PackId::random();
         let dir = Path::new("/t");
+        let hex = id.to_string();
         assert_eq!(
             LocalDir::new(dir).locate(&Key::pack(id)),
-            crate::pack::pack_path(dir, id)
+            dir.join("packs")
+                .join(&hex[..2])
+                .join(format!("{hex}.pack"))
         );
     }
 

@@ -68,7 +68,7 @@ pub struct BackupOptions<'a> {
     /// backups, and tests of retention.
     pub time: Option<i64>,
     /// Tags recorded in the manifest (each checked by
-    /// [`crate::manifest::validate_tag`]).
+    /// `validate_tag`).
     pub tags: Vec<String>,
 }
 

@@ -222,6 +222,7 @@ impl CachedBackend {
     }
 
     /// Bytes in the cache now.
+    #[cfg(test)]
     pub fn cached_bytes(&self) -> u64 {
         self.entries.lock().bytes
     }

@@ -366,7 +366,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     Ok(report)
 }
 
-/// What [`collect_trash`] did.
+/// What `collect_trash` did.
 #[derive(Debug, Default, Clone)]
 pub struct Collected {
     /// Trash lists deleted whole.

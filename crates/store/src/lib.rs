@@ -20,22 +20,22 @@
 //!   and fsync'd when sealed, so the page cache only adds a copy of every
 //!   byte and a backlog of dirty pages; packs go out with `O_DIRECT`
 //!   through an aligned buffer (buffered where the filesystem refuses it),
-//!   and a backup no longer evicts the machine's working set ([`pack`]).
+//!   and a backup no longer evicts the machine's working set (`pack.rs`).
 //! - **Self-describing records.** Every record carries its chunk id,
 //!   codec, lengths and CRC-32C: packs can be walked without the index,
 //!   which is how an interrupted backup's packs are salvaged and reused,
 //!   and how `verify --read-data` works.
 //! - **32 bytes per chunk in memory.** The index is a sorted table of
-//!   160-bit id prefixes with their location ([`index`]); on disk the full
+//!   160-bit id prefixes with their location (`index.rs`); on disk the full
 //!   ids are kept.
 //! - **Commit by creating the manifest.** Packs are fsync'd, then the
 //!   index file, then the manifest is created where no other writer has
-//!   taken its number: a snapshot exists whole or not at all ([`meta`],
-//!   [`backup`](mod@backup)). No global lock: backups run side by side,
+//!   taken its number: a snapshot exists whole or not at all (`meta.rs`,
+//!   `backup.rs`). No global lock: backups run side by side,
 //!   readers and writers register sessions instead of locking, and gc
 //!   deletes in two phases, once every session that could still use what
 //!   it superseded has ended (`docs/format/repository.md`).
-//! - **Images change by copy-on-write snapshots.** [`edit`] commits a
+//! - **Images change by copy-on-write snapshots.** [`ImageEditor`] commits a
 //!   set of replaced ranges of an image's latest snapshot as its next
 //!   snapshot (the writable images of `cairn serve`): the touched chunks
 //!   are cut again with the image's chunker, so unchanged parts dedup,
@@ -49,42 +49,90 @@
 //! index designs, and neither stripes over disks). FastCDC, BLAKE3,
 //! CRC-32C and the codecs come from crates.
 
-pub mod backend;
-pub mod backup;
-mod bytes;
-pub mod cache;
-pub mod chunker;
-pub mod copy;
-pub mod crypt;
-pub mod diff;
-mod direct;
-pub mod edit;
-pub mod error;
-pub mod gc;
-pub mod id;
-pub mod index;
-pub mod manifest;
-pub mod meta;
-pub mod pack;
-pub mod reader;
-pub mod repo;
-pub mod restore;
-pub mod retention;
-pub mod s3;
-pub mod stats;
-pub mod verify;
+//! ## The face
+//!
+//! What other crates use is re-exported here, and nothing else is
+//! public: the [`Repository`] with its [`Session`]s and locks; snapshots
+//! ([`Manifest`], [`Extent`], tags, retention); the writers ([`backup()`],
+//! [`copy()`], [`ImageEditor`]) and the readers ([`restore()`],
+//! [`verify()`], [`diff()`], [`PackReader`] with its [`Group`]s); [`gc()`];
+//! typed errors ([`StoreError`]); and the backend seam ([`backend`]), the
+//! one module left open, since a new store is added by implementing it.
+//! Pack, index and metadata formats, the chunker, encryption and the
+//! caches are private; `docs/store.md` draws the parts.
 
-pub use backup::{backup, BackupOptions, BackupReport};
-pub use cairn_blockdev::{SparseFile, SparseRead};
+pub mod backend;
+mod backup;
+mod bytes;
+mod cache;
+mod chunker;
+mod copy;
+mod crypt;
+mod diff;
+mod direct;
+mod edit;
+mod error;
+mod gc;
+mod id;
+mod index;
+mod manifest;
+mod meta;
+mod pack;
+mod reader;
+mod repo;
+mod restore;
+mod retention;
+mod s3;
+mod stats;
+mod verify;
+
+// The repository, its sessions, keys and local directories.
+pub use crypt::KdfParams;
+pub use id::{ChunkId, PackId, RepoId, PREFIX_LEN};
+pub use repo::{
+    cache_dir, state_dir, validate_name, ImageLock, InitOptions, KeyInfo, LoadedIndex, NoPassword,
+    Password, PasswordSource, Repository, Session, SessionInfo, DEFAULT_PACK_SIZE,
+};
+// Snapshots: their extents, tags, and which to keep.
+pub use manifest::{parse_tags, tags_match, Extent, Manifest, SnapshotStats};
+pub use retention::{
+    apply as apply_retention, format_time, parse_duration, parse_time, Dated, KeepPolicy, Verdict,
+};
+pub use stats::{list as list_snapshots, stats, RepoStats, SnapshotInfo, TargetStats};
+// Writers.
+pub use backup::{
+    backup, BackupOptions, BackupReport, Progress as BackupProgress, DEFAULT_GROUP_SIZE,
+};
 pub use chunker::{ChunkerSpec, DEFAULT_CHUNKER};
+pub use copy::{copy, Copied, CopyOptions, CopyProgress, CopyReport, Skipped};
 pub use edit::{EditReport, ImageEditor, Span};
+// Readers.
+pub use cairn_blockdev::{SparseFile, SparseRead};
+pub use diff::{diff, DiffReport};
+pub use index::{ChunkIndex, Location};
+pub use reader::{Group, GroupScratch, PackReader};
+pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
+pub use verify::{verify, Affected, Problem, VerifyOptions, VerifyReport};
+// Reclaiming space.
+pub use gc::{gc, Collected, GcOptions, GcReport};
+// Errors.
 pub use error::{Result, StoreError};
-pub use gc::{gc, GcOptions, GcReport};
-pub use id::{ChunkId, PackId, RepoId};
-pub use manifest::{Extent, Manifest};
-pub use reader::PackReader;
-pub use repo::{ImageLock, Repository, Session};
-pub use restore::{restore, Destination, RestoreOptions, RestoreReport};
-pub use retention::{KeepPolicy, Verdict};
-pub use s3::S3Backend;
-pub use verify::{verify, VerifyOptions, VerifyReport};
+// Durability: what the store does after creating or removing names.
+pub use meta::sync_dir;
+// Backends.
+pub use s3::{S3Backend, S3Config};
+
+/// Parsers and envelopes reached by the fuzz targets (`fuzz/`) and by the
+/// format fixtures and damage tests, which plant objects a writer would
+/// not make. Not part of the face: no promise it stays.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::crypt::{Crypt, KeyFile};
+    pub use crate::index::IndexFile;
+    pub use crate::meta::{open, seal, Kind};
+    pub use crate::pack::{
+        check_chunk, check_pack_header, encode_pack_header, scan_records, walk_records,
+        RecordDecoder, RecordHeader, RECORD_FIXED_LEN,
+    };
+    pub use crate::repo::check_trash_list;
+}

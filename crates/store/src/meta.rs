@@ -26,8 +26,7 @@
 use crate::crypt::{Crypt, SEAL_OVERHEAD};
 use crate::error::{IoContext, Result, StoreError};
 use std::borrow::Cow;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs::{self, File};
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"CAIRNMET";
@@ -231,33 +230,6 @@ pub fn read(path: &Path, kind: Kind, supported: u32) -> Result<(u32, Vec<u8>)> {
     Ok((version, body.to_vec()))
 }
 
-/// Write `bytes` to `path` crash-safely (temporary file, fsync, rename,
-/// directory fsync).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .ctx(&tmp, "create")?;
-        f.write_all(bytes).ctx(&tmp, "write")?;
-        f.sync_all().ctx(&tmp, "fsync")?;
-        fs::rename(&tmp, path).ctx(path, "rename into place")?;
-        sync_dir(dir)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// fsync a directory, so that names created or removed in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -326,15 +298,5 @@ mod tests {
                 "flip at {i}"
             );
         }
-    }
-
-    #[test]
-    fn write_atomic_replaces_and_leaves_no_temporary() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        write_atomic(&p, b"one").unwrap();
-        write_atomic(&p, b"two").unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"two");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }

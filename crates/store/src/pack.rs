@@ -41,7 +41,7 @@ use crate::crypt::{Crypt, TAG_LEN};
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId};
 use cairn_codec::{BlockCodec, CodecKind, CodecSpec, Probe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// Version of the packs of a plain repository.
@@ -531,15 +531,6 @@ pub fn scan_records(
     Ok(end as u64)
 }
 
-/// Where a pack lives under a target directory.
-pub fn pack_path(target: &Path, id: PackId) -> PathBuf {
-    let hex = id.to_string();
-    target
-        .join("packs")
-        .join(&hex[..2])
-        .join(format!("{hex}.pack"))
-}
-
 /// A pack being written, to any backend.
 pub struct PackWriter {
     sink: Box<dyn ObjectWriter>,
@@ -588,11 +579,6 @@ impl PackWriter {
     pub fn finish(self) -> Result<(PackId, u64)> {
         self.sink.finish()?;
         Ok((self.id, self.len))
-    }
-
-    /// Remove a pack that received nothing.
-    pub fn discard(self) {
-        self.sink.discard();
     }
 }
 

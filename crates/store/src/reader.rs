@@ -3,7 +3,9 @@
 //! backend holds each pack an index names and under which key, checks a
 //! pack's header the first time it is read, and reads records or whole
 //! packs, a short read being damage named by pack and offset. Decoding is
-//! [`crate::pack::decode_record`]'s.
+//! [`crate::pack::RecordDecoder`]'s; [`PackReader::load_group`] gives a
+//! decoded record whose chunks are checked against their ids when first
+//! used ([`Group`]), what a served image caches.
 //!
 //! It reads through [`ReadBackend`]s (one per target: striping is a
 //! backend per disk), never by path, so an object store comes in here.
@@ -11,13 +13,14 @@
 //! is [`read_unindexed`], beside it.
 
 use crate::backend::{Key, ReadBackend};
+use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
-use crate::id::{PackId, RepoId};
+use crate::id::{ChunkId, PackId, RepoId, PREFIX_LEN};
 use crate::index::{ChunkIndex, Location};
-use crate::pack::{check_pack_header, PACK_HEADER_LEN};
+use crate::pack::{check_pack_header, RecordDecoder, PACK_HEADER_LEN};
 use crate::repo::Repository;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// The whole of a pack no index names yet (salvage, and gc keeping a pack
@@ -97,18 +100,46 @@ impl PackReader {
     }
 
     /// A decoder of the records read (with the repository's keys).
-    pub fn record_decoder(&self) -> crate::pack::RecordDecoder {
-        crate::pack::RecordDecoder::new(self.crypt.clone())
+    pub(crate) fn record_decoder(&self) -> RecordDecoder {
+        RecordDecoder::new(self.crypt.clone())
     }
 
     /// The repository's keys, if it is encrypted.
-    pub fn crypt(&self) -> Option<&crate::crypt::Crypt> {
+    pub(crate) fn crypt(&self) -> Option<&Crypt> {
         self.crypt.as_deref()
     }
 
-    /// The repository's keys, shared.
-    pub fn crypt_arc(&self) -> Option<Arc<crate::crypt::Crypt>> {
-        self.crypt.clone()
+    /// Buffers for [`PackReader::load_group`], to keep and reuse.
+    pub fn scratch(&self) -> GroupScratch {
+        GroupScratch {
+            rec: Vec::new(),
+            dec: self.record_decoder(),
+        }
+    }
+
+    /// Read, check (CRC, lengths, authentication) and decode the record at
+    /// `loc`.
+    pub fn load_group(&self, loc: Location, s: &mut GroupScratch) -> Result<Group> {
+        let path = self.read_record(loc, &mut s.rec)?;
+        let mut data = Vec::new();
+        let rec = s
+            .dec
+            .decode(&path, u64::from(loc.offset), &s.rec, &mut data)?;
+        data.shrink_to_fit();
+        let chunks = rec
+            .chunks()
+            .map(|(id, offset, len)| GroupChunk {
+                offset,
+                len,
+                id,
+                state: AtomicU8::new(UNCHECKED),
+            })
+            .collect();
+        Ok(Group {
+            data,
+            chunks,
+            crypt: self.crypt.clone(),
+        })
     }
 
     /// How many readers keep the backends busy per core (see
@@ -165,5 +196,97 @@ impl PackReader {
     pub fn read_pack(&self, pack: u32, len: u64) -> Result<Vec<u8>> {
         let (p, b) = self.place(pack)?;
         b.read_prefix(&p.key, len)
+    }
+}
+
+/// A record read buffer and decoder contexts, reused between
+/// [`PackReader::load_group`]s.
+pub struct GroupScratch {
+    rec: Vec<u8>,
+    dec: RecordDecoder,
+}
+
+const UNCHECKED: u8 = 0;
+const GOOD: u8 = 1;
+const BAD: u8 = 2;
+
+/// One chunk of a decoded group.
+struct GroupChunk {
+    offset: u32,
+    len: u32,
+    id: ChunkId,
+    /// Whether its id has been checked, and the answer.
+    state: AtomicU8,
+}
+
+/// A decoded record: the group's bytes and its chunk table. Shared by the
+/// readers of a served image, so each chunk is checked against its id
+/// once, the first time it is asked for.
+pub struct Group {
+    data: Vec<u8>,
+    chunks: Vec<GroupChunk>,
+    /// The repository's keys (chunk ids are keyed), if it is encrypted.
+    crypt: Option<Arc<Crypt>>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("bytes", &self.data.len())
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl Group {
+    /// Bytes this group holds in memory (what a cache counts).
+    pub fn bytes(&self) -> usize {
+        self.data.capacity()
+            + self.chunks.capacity() * std::mem::size_of::<GroupChunk>()
+            + std::mem::size_of::<Group>()
+    }
+
+    /// The chunk at group offset `slice`, `len` bytes long, whose id
+    /// starts with `prefix`; its id is checked the first time it is asked
+    /// for. `Err` says what is wrong.
+    pub fn chunk(
+        &self,
+        slice: u32,
+        len: u32,
+        prefix: &[u8; PREFIX_LEN],
+    ) -> std::result::Result<&[u8], String> {
+        let c = self
+            .chunks
+            .binary_search_by_key(&slice, |c| c.offset)
+            .ok()
+            .and_then(|i| self.chunks.get(i))
+            .ok_or_else(|| format!("the record holds no chunk at group offset {slice}"))?;
+        if c.len != len || c.id.prefix() != *prefix {
+            return Err(format!(
+                "the record holds chunk {} of {} bytes at group offset {slice}, not this one of {len}",
+                c.id, c.len
+            ));
+        }
+        let data = self
+            .data
+            .get(slice as usize..slice as usize + len as usize)
+            .ok_or_else(|| format!("chunk runs past the {}-byte group", self.data.len()))?;
+        let ok = match c.state.load(Ordering::Acquire) {
+            GOOD => true,
+            BAD => false,
+            _ => {
+                // Two threads may hash the same chunk at once; both get
+                // the same answer, so no lock is needed.
+                let ok = crate::crypt::chunk_id(self.crypt.as_deref(), data) == c.id;
+                c.state
+                    .store(if ok { GOOD } else { BAD }, Ordering::Release);
+                ok
+            }
+        };
+        if ok {
+            Ok(data)
+        } else {
+            Err("decoded bytes do not hash to the chunk id".into())
+        }
     }
 }

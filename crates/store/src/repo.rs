@@ -814,7 +814,7 @@ impl Repository {
 
     /// Open the repository at `location`: a directory, or
     /// `s3://BUCKET/PREFIX` (credentials from the environment, see
-    /// [`crate::s3`]). A remote repository's index files are
+    /// [`S3Backend`](crate::S3Backend)). A remote repository's index files are
     /// cached locally ([`cache_dir`]); with `pack_cache` > 0 bytes, the
     /// ranges of packs read too (for a served image's random reads).
     pub fn open_location(location: &str, pack_cache: u64) -> Result<Repository> {

@@ -277,7 +277,7 @@ struct Timing {
     lease: Duration,
 }
 
-/// Objects under a prefix of an S3 bucket (see the [module](self) docs).
+/// Objects under a prefix of an S3 bucket (see `docs/format/s3.md` for the layout and the environment it reads).
 #[derive(Debug, Clone)]
 pub struct S3Backend {
     shared: Arc<Shared>,
@@ -288,7 +288,7 @@ pub struct S3Backend {
 
 impl S3Backend {
     /// The backend of `url` (`s3://BUCKET[/PREFIX]`), configured from the
-    /// environment (see the [module](self) docs).
+    /// environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION; see `docs/format/s3.md`).
     pub fn from_url(url: &str) -> Result<S3Backend> {
         Self::new(S3Config::new(url, &|k| std::env::var(k).ok())?)
     }

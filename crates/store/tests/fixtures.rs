@@ -24,8 +24,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use cairn_codec::CodecSpec;
-use cairn_store::manifest::Extent;
-use cairn_store::verify::Problem;
+use cairn_store::Extent;
+use cairn_store::Problem;
 use cairn_store::{
     backup, restore, verify, BackupOptions, ChunkId, Destination, Repository, RestoreOptions,
     StoreError, VerifyOptions,
@@ -259,8 +259,8 @@ impl Layout {
         let mut index_of = BTreeMap::new();
         for key in repo.index_files().unwrap() {
             let path = repo.locate(&key);
-            let f =
-                cairn_store::index::IndexFile::decode(&path, &fs::read(&path).unwrap()).unwrap();
+            let f = cairn_store::internals::IndexFile::decode(&path, &fs::read(&path).unwrap())
+                .unwrap();
             for p in &f.packs {
                 index_of.insert(repo.pack_path(p).unwrap(), path.clone());
             }
@@ -908,11 +908,11 @@ fn encrypted_root() -> PathBuf {
     if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
         BLESSED.call_once(|| {
             let _ = fs::remove_dir_all(dir.join("repo"));
-            let opts = cairn_store::repo::InitOptions {
+            let opts = cairn_store::InitOptions {
                 encryption: Some((
-                    cairn_store::repo::Password::new(FIXTURE_PASSWORD),
+                    cairn_store::Password::new(FIXTURE_PASSWORD),
                     // Cheap, so the test is quick; the cost is in the key.
-                    cairn_store::crypt::KdfParams {
+                    cairn_store::KdfParams {
                         memory_kib: 256,
                         iterations: 1,
                         parallelism: 1,
@@ -934,7 +934,7 @@ fn encrypted_root() -> PathBuf {
 fn encrypted_repository_v1_restores_and_verifies_without_writing() {
     let repo_dir = encrypted_root().join("repo");
     let before = snapshot_tree(&repo_dir);
-    let password = cairn_store::repo::Password::new(FIXTURE_PASSWORD);
+    let password = cairn_store::Password::new(FIXTURE_PASSWORD);
     let repo = Repository::open_with(&repo_dir, &password)
         .unwrap_or_else(|e| panic!("{e} (run with CAIRN_BLESS=1 to create the fixture)"));
     assert_eq!(repo.encryption(), Some("aes-256-gcm"));
@@ -1009,7 +1009,7 @@ fn encrypted_repository_v1_restores_and_verifies_without_writing() {
         Err(StoreError::KeyNeeded(_))
     ));
     assert!(matches!(
-        Repository::open_with(&repo_dir, &cairn_store::repo::Password::new("nope")),
+        Repository::open_with(&repo_dir, &cairn_store::Password::new("nope")),
         Err(StoreError::WrongPassword(_))
     ));
     drop(repo);

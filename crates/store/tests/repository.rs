@@ -99,7 +99,7 @@ fn put(r: &Repository, name: &str, data: &[u8]) {
         codec: "lz4".parse().unwrap(),
         chunker: cairn_store::DEFAULT_CHUNKER,
         threads: 1,
-        group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+        group_size: cairn_store::DEFAULT_GROUP_SIZE,
         source: "test".into(),
         progress: None,
         time: None,
@@ -164,7 +164,7 @@ fn copied_repository_does_not_touch_the_originals_targets() {
 /// before the claim is refused.
 #[test]
 fn version_1_markers_are_claimed_by_the_first_writer() {
-    use cairn_store::meta::{seal, Kind};
+    use cairn_store::internals::{seal, Kind};
     let dir = tempfile::tempdir().unwrap();
     let d = fs::canonicalize(dir.path()).unwrap();
     let t0 = d.join("t0");

@@ -73,7 +73,7 @@ fn store(
         group_size: if threads == 2 {
             0
         } else {
-            cairn_store::backup::DEFAULT_GROUP_SIZE
+            cairn_store::DEFAULT_GROUP_SIZE
         },
         source: "test".into(),
         progress: None,
@@ -257,7 +257,7 @@ fn sparse_equals_stream(size: u64, pieces: &[(u64, usize, u64)], chunker: Chunke
         codec: "lz4".parse::<CodecSpec>().unwrap(),
         chunker,
         threads: 2,
-        group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+        group_size: cairn_store::DEFAULT_GROUP_SIZE,
         source: "test".into(),
         progress: None,
         time: None,
@@ -346,7 +346,7 @@ fn writers_run_side_by_side_and_an_image_has_one_writable_open() {
         codec: "lz4".parse::<CodecSpec>().unwrap(),
         chunker: cairn_store::DEFAULT_CHUNKER,
         threads: 2,
-        group_size: cairn_store::backup::DEFAULT_GROUP_SIZE,
+        group_size: cairn_store::DEFAULT_GROUP_SIZE,
         source: "test".into(),
         progress: None,
         time: None,
@@ -421,7 +421,7 @@ fn gc_repacks_packs_of_grouped_records() {
 /// beside a gc), however much the list names.
 #[test]
 fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
-    use cairn_store::meta::{seal, Kind};
+    use cairn_store::internals::{seal, Kind};
     use cairn_store::{verify, VerifyOptions};
     let (_d, r) = repo(1);
     store(
@@ -660,11 +660,11 @@ fn a_remote_store_is_read_in_spans() {
         reads: reads.clone(),
     });
     // Encrypted: the spans hold sealed records.
-    let opts = cairn_store::repo::InitOptions {
+    let opts = cairn_store::InitOptions {
         pack_size: Some(4 << 20),
         encryption: Some((
-            cairn_store::repo::Password::new("pw"),
-            cairn_store::crypt::KdfParams {
+            cairn_store::Password::new("pw"),
+            cairn_store::KdfParams {
                 memory_kib: 1024,
                 iterations: 1,
                 parallelism: 1,
@@ -697,12 +697,12 @@ fn a_remote_store_is_read_in_spans() {
 #[test]
 fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = cairn_store::repo::InitOptions {
+    let opts = cairn_store::InitOptions {
         targets: vec![dir.path().join("t0"), dir.path().join("t1")],
         pack_size: Some(1 << 20),
         encryption: Some((
-            cairn_store::repo::Password::new("pw"),
-            cairn_store::crypt::KdfParams {
+            cairn_store::Password::new("pw"),
+            cairn_store::KdfParams {
                 memory_kib: 1024,
                 iterations: 1,
                 parallelism: 1,

@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
 use cairn_store::backend::{conformance, Key, Liveness, ReadBackend, WriteBackend};
-use cairn_store::s3::{S3Backend, S3Config};
 use cairn_store::StoreError;
+use cairn_store::{S3Backend, S3Config};
 use cairn_testkit::SeaweedFs;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 
 use crate::cache::{Cache, Slot};
 use crate::packs::Packs;
-use cairn_store::index::Location;
+use cairn_store::Location;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

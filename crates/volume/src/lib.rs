@@ -25,7 +25,7 @@
 //!   memory) is dropped after open: the record location comes from the
 //!   index position, the chunk length from the next start, and the chunk
 //!   id is checked through the 152-bit id prefix the index keeps (the
-//!   store's own identity rule, see `cairn_store::id::PREFIX_LEN`) and
+//!   store's own identity rule, see `cairn_store::PREFIX_LEN`) and
 //!   the full id in the record's chunk table, whose BLAKE3 is verified.
 //!   A 1 TiB image of 32 KiB chunks costs 384 MiB of table, against the
 //!   1.25 GiB its manifest would. The manifest is read again only to name
@@ -87,7 +87,7 @@ use cairn_blockdev::{
     check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op,
     ZeroFlags,
 };
-use cairn_store::repo::LoadedIndex;
+use cairn_store::LoadedIndex;
 use cairn_store::Session;
 use cairn_store::{Repository, Result};
 use map::{ExtentMap, HOLE, MISSING};
@@ -291,7 +291,7 @@ impl Volume {
     }
 
     /// The decoded group holding `loc`, from the cache or decoded now.
-    fn group(&self, loc: cairn_store::index::Location) -> Loaded {
+    fn group(&self, loc: cairn_store::Location) -> Loaded {
         let (slot, _) = self.cache.slot(key(loc.pack, loc.offset), false);
         let (got, ran) = slot.get_or_load(|| self.packs.load(loc).map(Arc::new));
         let c = &self.cache.counters;

@@ -1,6 +1,6 @@
 //! The offset → chunk table of one image.
 
-use cairn_store::index::ChunkIndex;
+use cairn_store::ChunkIndex;
 use cairn_store::{Extent, Manifest, Result, StoreError};
 
 /// Position value of a hole.

@@ -16,7 +16,7 @@
 //! and the sealed one deleted.
 
 use cairn_blockdev::{BlockDev, BlockError, ErrorKind, FileDev, FileOptions, Op};
-use cairn_store::meta::sync_dir;
+use cairn_store::sync_dir;
 use cairn_store::StoreError;
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

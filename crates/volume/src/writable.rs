@@ -36,7 +36,7 @@ use crate::{RepoView, Volume, VolumeOptions};
 use cairn_blockdev::{
     check_range, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op, ZeroFlags,
 };
-use cairn_store::repo::LoadedIndex;
+use cairn_store::LoadedIndex;
 use cairn_store::{EditReport, ImageEditor, Repository, Span, StoreError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
