@@ -84,6 +84,11 @@ pub(crate) struct ServeArgs {
     /// layout of qemu-nbd's tls-creds-x509 and nbdkit's --tls-certificates).
     #[arg(long = "tls-certificates", value_name = "DIR")]
     pub tls_certificates: Option<PathBuf>,
+    /// Authenticate clients: each must show a certificate signed by a CA
+    /// in DIR/ca-cert.pem (qemu-nbd's verify-peer, nbdkit's
+    /// --tls-verify-peer); others fail the TLS handshake.
+    #[arg(long = "tls-verify-peer", requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
     /// Close connections without a request for this many seconds (0:
     /// never, as qemu-nbd; kernel clients idle for hours).
     #[arg(long = "idle-timeout", value_name = "SECS", default_value_t = 0)]
@@ -172,7 +177,7 @@ fn tls_settings(a: &ServeArgs) -> Result<(Option<Arc<cairn_nbd::TlsConfig>>, boo
     let Some(dir) = &a.tls_certificates else {
         bail!("--tls on|require needs --tls-certificates DIR (server-cert.pem, server-key.pem)");
     };
-    let config = cairn_nbd::tls_server_config(dir).context("TLS")?;
+    let config = cairn_nbd::tls_server_config(dir, a.tls_verify_peer).context("TLS")?;
     Ok((Some(config), mode == TlsMode::Require))
 }
 

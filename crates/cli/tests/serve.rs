@@ -1491,73 +1491,99 @@ fn clients_over_the_limit_are_refused_with_a_message() {
     assert!(st.success(), "exit {st:?}");
 }
 
+/// Run `openssl ARGS` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let o = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A new CA in `dir` (ca-cert.pem, ca-key.pem).
+fn make_ca(dir: &Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let subj = format!("/CN={name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+        ],
+    );
+}
+
+/// `dir/WHO-cert.pem` and `dir/WHO-key.pem` (WHO: server or client),
+/// signed by the CA in `dir`.
+fn issue_certificate(dir: &Path, who: &str) {
+    let (key, csr, cert) = (
+        format!("{who}-key.pem"),
+        format!("{who}.csr"),
+        format!("{who}-cert.pem"),
+    );
+    let (cn, ext) = match who {
+        "server" => (
+            "/CN=localhost",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             extendedKeyUsage=serverAuth\n",
+        ),
+        _ => (
+            "/CN=cairn test client",
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        ),
+    };
+    openssl(
+        dir,
+        &[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", cn,
+        ],
+    );
+    let extfile = format!("{who}-ext.cnf");
+    std::fs::write(dir.join(&extfile), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca-cert.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &extfile,
+        ],
+    );
+}
+
 /// A CA and a server certificate for localhost and 127.0.0.1 in `dir`,
 /// in the layout of qemu's tls-creds-x509 and libnbd's tls-certificates
 /// (ca-cert.pem for clients; server-cert.pem, server-key.pem for the server).
 fn make_certificates(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let run = |args: &[&str]| {
-        let o = Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca-cert.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=cairn test CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server-key.pem",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         extendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca-cert.pem",
-        "-CAkey",
-        "ca-key.pem",
-        "-CAcreateserial",
-        "-out",
-        "server-cert.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
+    make_ca(dir, "cairn test CA");
+    issue_certificate(dir, "server");
 }
 
 /// Issue 19: any local user could read and write an export over TCP. With
@@ -1631,6 +1657,106 @@ fn tls_clients_are_served_and_plain_ones_refused_when_required() {
     assert_same(&std::fs::read(&copy).unwrap(), &want, "read back over TLS");
     let (st, _) = srv.stop(Duration::from_secs(10));
     assert!(st.success(), "exit {st:?}");
+}
+
+/// Issue 19: TLS alone encrypts but does not say who the client is. With
+/// `--tls-verify-peer` only a client showing a certificate from the CA in
+/// ca-cert.pem is served (libnbd and qemu read client-cert.pem and
+/// client-key.pem from their certificate directory); one without a
+/// certificate, or with one from another CA, fails the handshake.
+#[test]
+fn tls_verify_peer_serves_only_clients_with_a_certificate_from_the_ca() {
+    if !have_all(&["openssl", "nbdinfo", "qemu-io"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let certs = d.join("pki");
+    make_certificates(&certs);
+    issue_certificate(&certs, "client");
+    // Trusts the server, shows no certificate.
+    let anonymous = d.join("anonymous");
+    std::fs::create_dir_all(&anonymous).unwrap();
+    std::fs::copy(certs.join("ca-cert.pem"), anonymous.join("ca-cert.pem")).unwrap();
+    // Trusts the server, shows a certificate from a CA of its own.
+    let stranger = d.join("stranger");
+    make_ca(&stranger, "some other CA");
+    issue_certificate(&stranger, "client");
+    std::fs::copy(certs.join("ca-cert.pem"), stranger.join("ca-cert.pem")).unwrap();
+
+    let w = d.join("w.raw");
+    let data = noise(1 << 20, 96);
+    std::fs::write(&w, &data).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--socket",
+        s(&sock),
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        s(&certs),
+        "--tls-verify-peer",
+    ]);
+    let uri = |pki: &Path| {
+        format!(
+            "nbds+unix:///w.raw?socket={}&tls-certificates={}",
+            sock.display(),
+            pki.display()
+        )
+    };
+    let j = nbdinfo_json(&["--json", &uri(&certs)]);
+    assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
+    for (who, pki) in [("no certificate", &anonymous), ("another CA's", &stranger)] {
+        let o = tool("nbdinfo", &[&uri(pki)]);
+        assert!(
+            !o.status.success(),
+            "a client with {who} was served under --tls-verify-peer"
+        );
+    }
+    // qemu shows its certificate over TCP and writes.
+    let creds = |pki: &Path| {
+        format!(
+            "tls-creds-x509,id=tls0,dir={},endpoint=client",
+            pki.display()
+        )
+    };
+    let opts = format!(
+        "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=w.raw,tls-creds=tls0",
+        srv.port.unwrap()
+    );
+    let qemu = |pki: &Path| {
+        tool(
+            "qemu-io",
+            &[
+                "--object",
+                &creds(pki),
+                "--image-opts",
+                &opts,
+                "-c",
+                "write -P 0x33 0 64k",
+                "-c",
+                "flush",
+            ],
+        )
+    };
+    ok(qemu(&certs));
+    assert!(
+        !qemu(&stranger).status.success(),
+        "qemu with another CA's certificate was served"
+    );
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    let mut want = data;
+    want[..64 << 10].fill(0x33);
+    assert_same(
+        &std::fs::read(&w).unwrap(),
+        &want,
+        "what the authenticated client wrote",
+    );
 }
 
 /// `--tls on` offers TLS and still serves plain clients; a listener off

@@ -14,8 +14,10 @@
 //!
 //! Lock order: send, then state. Certificates are read from a directory
 //! laid out as for qemu-nbd and nbdkit (`server-cert.pem`,
-//! `server-key.pem`). Pre-shared keys (psktool files) are not offered:
-//! rustls has no external-PSK support.
+//! `server-key.pem`, and `ca-cert.pem` when clients must show a
+//! certificate: qemu-nbd's `verify-peer`, nbdkit's `--tls-verify-peer`).
+//! Pre-shared keys (psktool files) are not offered: rustls has no
+//! external-PSK support.
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -46,8 +48,10 @@ pub enum TlsError {
 }
 
 /// The server's TLS settings from `dir/server-cert.pem` (the chain, leaf
-/// first) and `dir/server-key.pem`.
-pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+/// first) and `dir/server-key.pem`. With `verify_peer`, a client must
+/// show a certificate that chains to one in `dir/ca-cert.pem`, or the
+/// handshake fails: that is how a client is authenticated.
+pub fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let cert_path = dir.join("server-cert.pem");
     let key_path = dir.join("server-key.pem");
     let file_err = |path: &Path, reason: String| TlsError::File {
@@ -64,13 +68,38 @@ pub fn server_config(dir: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> 
     let key =
         PrivateKeyDer::from_pem_file(&key_path).map_err(|e| file_err(&key_path, e.to_string()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let config_err = |reason: String| TlsError::Config {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
-        .map_err(|e| TlsError::Config {
-            dir: dir.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| config_err(e.to_string()))?;
+    let builder = if verify_peer {
+        let ca_path = dir.join("ca-cert.pem");
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&ca_path)
+            .map_err(|e| file_err(&ca_path, e.to_string()))?
+        {
+            let cert = cert.map_err(|e| file_err(&ca_path, e.to_string()))?;
+            roots
+                .add(cert)
+                .map_err(|e| file_err(&ca_path, e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(file_err(&ca_path, "no certificate in it".into()));
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| config_err(e.to_string()))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| config_err(e.to_string()))?;
     Ok(Arc::new(config))
 }
 
