@@ -223,7 +223,7 @@ impl FileDev {
         let (size, lbs, sysdev) = match kind {
             Kind::Regular => (meta.len(), 1, meta.dev()),
             Kind::Block => {
-                let size = Self::blk_size(&file).map_err(|e| path_error(path, e))?;
+                let size = device_size(&file).map_err(|e| path_error(path, e))?;
                 let lbs = Self::blk_sector_size(&file).map_err(|e| path_error(path, e))?;
                 (size, lbs, meta.rdev())
             }
@@ -313,17 +313,6 @@ impl FileDev {
                 ),
             )),
         ))
-    }
-
-    fn blk_size(file: &File) -> io::Result<u64> {
-        let mut size: u64 = 0;
-        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which
-        // points to a live, writable u64; the fd is open for the call.
-        let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(size)
     }
 
     fn blk_sector_size(file: &File) -> io::Result<u64> {
@@ -750,6 +739,25 @@ impl FileDev {
         }
         Ok(out)
     }
+}
+
+/// The size of the block device open as `file`, in bytes (`BLKGETSIZE64`).
+pub fn device_size(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which
+    // points to a live, writable u64; the fd is open for the call.
+    let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+#[test]
+fn the_size_ioctl_is_refused_for_a_regular_file() {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    let f = tempfile::tempfile().unwrap();
+    assert!(device_size(&f).is_err());
 }
 
 /// The first offset at or after `at` where `file` holds data

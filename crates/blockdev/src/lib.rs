@@ -50,17 +50,19 @@
 //! seam between cairn's own layers and needs nothing but `std`, libc and
 //! rustix (for a safe `lseek(SEEK_DATA)`).
 
+mod direct;
 mod error;
 mod fault;
 mod file;
 mod mem;
 mod sparse;
 
+pub use direct::{reopen_direct, write_blocks_at, DirectReader, DIRECT_ALIGN};
 pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{
     FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,
 };
-pub use file::{flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
+pub use file::{device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
 pub use sparse::{is_zero, SparseFile, SparseRead};
 

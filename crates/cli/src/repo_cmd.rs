@@ -14,8 +14,7 @@ use cairn_store::{
 use clap::Args;
 use indicatif::HumanBytes;
 use serde_json::json;
-use std::fs::File;
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -360,68 +359,6 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
     Ok(())
 }
 
-/// Size of a block device, by ioctl.
-fn block_device_size(f: &File) -> Result<u64> {
-    use std::os::unix::io::AsRawFd;
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-    let mut size: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
-    // at a live u64; the descriptor is owned by `f`.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64 as _, &mut size as *mut u64) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error()).context("BLKGETSIZE64");
-    }
-    Ok(size)
-}
-
-/// Reads through an aligned buffer, as O_DIRECT requires.
-struct DirectReader {
-    file: File,
-    buf: Vec<u8>,
-    start: usize,
-    pos: usize,
-    end: usize,
-}
-
-const DIRECT_BUF: usize = 4 << 20;
-const DIRECT_ALIGN: usize = 4096;
-
-impl DirectReader {
-    fn new(file: File) -> Self {
-        let buf = vec![0u8; DIRECT_BUF + DIRECT_ALIGN];
-        // The aligned window inside the Vec; the Vec is never resized, so
-        // its address, and the window, stay put.
-        let start = buf.as_ptr().align_offset(DIRECT_ALIGN).min(DIRECT_ALIGN);
-        DirectReader {
-            file,
-            buf,
-            start,
-            pos: 0,
-            end: 0,
-        }
-    }
-}
-
-impl Read for DirectReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        if self.pos == self.end {
-            let window = &mut self.buf[self.start..self.start + DIRECT_BUF];
-            let n = self.file.read(window)?;
-            self.pos = 0;
-            self.end = n;
-            if n == 0 {
-                return Ok(0);
-            }
-        }
-        let n = out.len().min(self.end - self.pos);
-        let from = self.start + self.pos;
-        out[..n].copy_from_slice(&self.buf[from..from + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
 /// Open a backup source: the reader, its size when known, its label.
 ///
 /// A regular file read without `--direct` is read by its data extents
@@ -466,7 +403,10 @@ fn open_source(
         .metadata()
         .with_context(|| path.display().to_string())?;
     let size = if meta.file_type().is_block_device() {
-        Some(block_device_size(&file).with_context(|| path.display().to_string())?)
+        Some(
+            cairn_blockdev::device_size(&file)
+                .with_context(|| format!("{}: BLKGETSIZE64", path.display()))?,
+        )
     } else if meta.is_file() {
         Some(meta.len())
     } else if meta.is_dir() {
@@ -478,7 +418,7 @@ fn open_source(
         None
     };
     let reader: Box<dyn cairn_store::SparseRead> = if direct {
-        Box::new(DirectReader::new(file))
+        Box::new(cairn_blockdev::DirectReader::new(file))
     } else if meta.is_file() {
         Box::new(cairn_store::SparseFile::new(file).with_context(|| path.display().to_string())?)
     } else {
@@ -630,7 +570,8 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
                 .write(true)
                 .open(&a.dest)
                 .with_context(|| a.dest.display().to_string())?;
-            let size = block_device_size(&dev)?;
+            let size = cairn_blockdev::device_size(&dev)
+                .with_context(|| format!("{}: BLKGETSIZE64", a.dest.display()))?;
             if size < manifest.size {
                 bail!(
                     "{}: device has {} bytes, the image needs {}",
@@ -1200,23 +1141,5 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(1_700_000_000), "2023-11-14 22:13:20");
         assert_eq!(utc(951_782_400), "2000-02-29 00:00:00");
-    }
-
-    #[test]
-    fn direct_reader_reads_everything() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        let data: Vec<u8> = (0..(DIRECT_BUF * 2 + 12345))
-            .map(|i| (i % 253) as u8)
-            .collect();
-        std::fs::write(&p, &data).unwrap();
-        let mut r = DirectReader::new(File::open(&p).unwrap());
-        let mut got = Vec::new();
-        r.read_to_end(&mut got).unwrap();
-        assert_eq!(got, data);
-        assert_eq!(
-            r.buf.as_ptr().wrapping_add(r.start) as usize % DIRECT_ALIGN,
-            0
-        );
     }
 }

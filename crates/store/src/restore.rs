@@ -9,7 +9,6 @@
 //! hand the bytes to the calling thread, which writes them in order
 //! (streams).
 
-use crate::direct::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
 use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
@@ -17,6 +16,7 @@ use crate::manifest::{Extent, Manifest};
 use crate::pack::{check_chunk, RecordDecoder};
 use crate::reader::PackReader;
 use crate::repo::Repository;
+use cairn_blockdev::{reopen_direct, write_blocks_at, DIRECT_ALIGN};
 use cairn_pipeline::{Config, Fill, Slot};
 use std::collections::HashMap;
 use std::fs::File;
