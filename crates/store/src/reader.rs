@@ -290,3 +290,61 @@ impl Group {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn group(data: Vec<u8>, cuts: &[(u32, u32, ChunkId)]) -> Group {
+        Group {
+            data,
+            chunks: cuts
+                .iter()
+                .map(|&(offset, len, id)| GroupChunk {
+                    offset,
+                    len,
+                    id,
+                    state: AtomicU8::new(UNCHECKED),
+                })
+                .collect(),
+            crypt: None,
+        }
+    }
+
+    #[test]
+    fn a_group_gives_its_chunks_and_refuses_what_it_does_not_hold() {
+        let (a, b) = (vec![1u8; 100], vec![2u8; 50]);
+        let (ia, ib) = (ChunkId::of(&a), ChunkId::of(&b));
+        let g = group(
+            [a.clone(), b.clone()].concat(),
+            &[(0, 100, ia), (100, 50, ib)],
+        );
+        assert_eq!(g.chunk(0, 100, &ia.prefix()).unwrap(), &a[..]);
+        assert_eq!(g.chunk(100, 50, &ib.prefix()).unwrap(), &b[..]);
+        // Asked again: the answer is kept, not recomputed wrongly.
+        assert_eq!(g.chunk(100, 50, &ib.prefix()).unwrap(), &b[..]);
+        assert!(
+            g.chunk(50, 50, &ib.prefix()).is_err(),
+            "no chunk starts there"
+        );
+        assert!(g.chunk(0, 99, &ia.prefix()).is_err(), "wrong length");
+        assert!(g.chunk(0, 100, &ib.prefix()).is_err(), "another chunk's id");
+    }
+
+    #[test]
+    fn a_chunk_whose_bytes_do_not_hash_to_its_id_is_damage_every_time() {
+        let a = vec![7u8; 64];
+        let id = ChunkId::of(&a);
+        let mut bytes = a.clone();
+        bytes[10] ^= 1;
+        let g = group(bytes, &[(0, 64, id)]);
+        for _ in 0..2 {
+            let e = g.chunk(0, 64, &id.prefix()).unwrap_err();
+            assert!(e.contains("do not hash"), "{e}");
+        }
+        // A table running past the bytes is refused, not a panic.
+        let g = group(a, &[(0, 65, id)]);
+        assert!(g.chunk(0, 65, &id.prefix()).is_err());
+    }
+}

@@ -29,7 +29,7 @@ use std::time::Instant;
 const BATCH: u64 = 8 << 20;
 /// A batch from a remote store into a file (see [`restore`]), and how
 /// many such batches are worked on per core. Measured on SeaweedFS
-/// (os2.img, 576 MiB, 2 cores, medians of 5): 64 MiB and 8 workers 0.80
+/// (os2.img, 576 MiB, 2 cores, 40 MiB spans, medians of 5): 64 MiB and 8 workers 0.80
 /// s; 128 MiB and 4 workers 0.76 s, 8 workers 0.82 s; 256 MiB and 4
 /// workers 0.87 s. Two per core: while one waits on its GETs the other
 /// decodes.
@@ -339,6 +339,8 @@ pub fn restore(
     // longer it is, the more of a pack's records one span fetches.
     let remote = files.reads_per_core() > 1;
     let long_batches = remote && positional.is_some();
+    // A remote store is kept busy by several requests in flight per core
+    // (into a file: by a few long batches, see REMOTE_BATCH).
     let workers = if long_batches {
         opts.threads.max(1) * REMOTE_WORKERS_PER_CORE
     } else {
@@ -465,7 +467,6 @@ pub fn restore(
         }
     };
     let mut report = RestoreReport::default();
-    // A remote store is kept busy by several requests in flight per core.
     cairn_pipeline::run(
         Config::new(workers),
         source,
