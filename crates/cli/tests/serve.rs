@@ -1493,16 +1493,58 @@ fn clients_over_the_limit_are_refused_with_a_message() {
 
 /// Run `openssl ARGS` in `dir`.
 fn openssl(dir: &Path, args: &[&str]) {
-    let o = Command::new("openssl")
+    ok(Command::new("openssl")
         .current_dir(dir)
         .args(args)
+        .stdin(Stdio::null())
         .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
+        .unwrap());
+}
+
+/// `cairn serve --file W` on `sock` and a TCP port, TLS required with the
+/// certificates in `certs`, and `extra` arguments.
+fn serve_tls(w: &Path, sock: &Path, certs: &Path, extra: &[&str]) -> Serve {
+    let mut args = vec![
+        "--file",
+        s(w),
+        "--socket",
+        s(sock),
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        s(certs),
+    ];
+    args.extend_from_slice(extra);
+    Serve::start(&args)
+}
+
+/// libnbd's URI of export w.raw on `sock` over TLS, with the client's
+/// certificate directory `pki`.
+fn tls_uri(sock: &Path, pki: &Path) -> String {
+    format!(
+        "nbds+unix:///w.raw?socket={}&tls-certificates={}",
+        sock.display(),
+        pki.display()
+    )
+}
+
+/// qemu-io over TCP with TLS (certificates from `pki`) on export w.raw of
+/// the server on `port`, running `cmds` (each a `-c`).
+fn qemu_io_tls(pki: &Path, port: u16, cmds: &[&str]) -> Output {
+    let creds = format!(
+        "tls-creds-x509,id=tls0,dir={},endpoint=client",
+        pki.display()
     );
+    let opts = format!(
+        "driver=nbd,server.type=inet,server.host=localhost,server.port={port},export=w.raw,tls-creds=tls0"
+    );
+    let mut args = vec!["--object", &creds, "--image-opts", &opts];
+    for c in cmds {
+        args.extend(["-c", c]);
+    }
+    tool("qemu-io", &args)
 }
 
 /// A new CA in `dir` (ca-cert.pem, ca-key.pem).
@@ -1602,23 +1644,8 @@ fn tls_clients_are_served_and_plain_ones_refused_when_required() {
     let data = noise(3 << 20, 95);
     std::fs::write(&w, &data).unwrap();
     let sock = d.join("s.sock");
-    let srv = Serve::start(&[
-        "--file",
-        s(&w),
-        "--socket",
-        s(&sock),
-        "--listen",
-        "127.0.0.1:0",
-        "--tls",
-        "require",
-        "--tls-certificates",
-        s(&certs),
-    ]);
-    let tls_uri = format!(
-        "nbds+unix:///w.raw?socket={}&tls-certificates={}",
-        sock.display(),
-        certs.display()
-    );
+    let srv = serve_tls(&w, &sock, &certs, &[]);
+    let tls_uri = tls_uri(&sock, &certs);
     let j = nbdinfo_json(&["--json", &tls_uri]);
     assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
     assert_eq!(j["TLS"], true, "{j}");
@@ -1629,26 +1656,10 @@ fn tls_clients_are_served_and_plain_ones_refused_when_required() {
         "a plain client was served under --tls require"
     );
     // qemu writes over TCP with TLS; nbdcopy reads it all back.
-    let creds = format!(
-        "tls-creds-x509,id=tls0,dir={},endpoint=client",
-        certs.display()
-    );
-    let opts = format!(
-        "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=w.raw,tls-creds=tls0",
-        srv.port.unwrap()
-    );
-    ok(tool(
-        "qemu-io",
-        &[
-            "--object",
-            &creds,
-            "--image-opts",
-            &opts,
-            "-c",
-            "write -P 0x5a 1M 64k",
-            "-c",
-            "flush",
-        ],
+    ok(qemu_io_tls(
+        &certs,
+        srv.port.unwrap(),
+        &["write -P 0x5a 1M 64k", "flush"],
     ));
     let copy = d.join("copy.raw");
     ok(tool("nbdcopy", &[&tls_uri, s(&copy)]));
@@ -1688,64 +1699,22 @@ fn tls_verify_peer_serves_only_clients_with_a_certificate_from_the_ca() {
     let data = noise(1 << 20, 96);
     std::fs::write(&w, &data).unwrap();
     let sock = d.join("s.sock");
-    let srv = Serve::start(&[
-        "--file",
-        s(&w),
-        "--socket",
-        s(&sock),
-        "--listen",
-        "127.0.0.1:0",
-        "--tls",
-        "require",
-        "--tls-certificates",
-        s(&certs),
-        "--tls-verify-peer",
-    ]);
-    let uri = |pki: &Path| {
-        format!(
-            "nbds+unix:///w.raw?socket={}&tls-certificates={}",
-            sock.display(),
-            pki.display()
-        )
-    };
-    let j = nbdinfo_json(&["--json", &uri(&certs)]);
+    let srv = serve_tls(&w, &sock, &certs, &["--tls-verify-peer"]);
+    let j = nbdinfo_json(&["--json", &tls_uri(&sock, &certs)]);
     assert_eq!(j["exports"][0]["export-size"], data.len() as u64, "{j}");
     for (who, pki) in [("no certificate", &anonymous), ("another CA's", &stranger)] {
-        let o = tool("nbdinfo", &[&uri(pki)]);
+        let o = tool("nbdinfo", &[&tls_uri(&sock, pki)]);
         assert!(
             !o.status.success(),
             "a client with {who} was served under --tls-verify-peer"
         );
     }
     // qemu shows its certificate over TCP and writes.
-    let creds = |pki: &Path| {
-        format!(
-            "tls-creds-x509,id=tls0,dir={},endpoint=client",
-            pki.display()
-        )
-    };
-    let opts = format!(
-        "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=w.raw,tls-creds=tls0",
-        srv.port.unwrap()
-    );
-    let qemu = |pki: &Path| {
-        tool(
-            "qemu-io",
-            &[
-                "--object",
-                &creds(pki),
-                "--image-opts",
-                &opts,
-                "-c",
-                "write -P 0x33 0 64k",
-                "-c",
-                "flush",
-            ],
-        )
-    };
-    ok(qemu(&certs));
+    let port = srv.port.unwrap();
+    let write = ["write -P 0x33 0 64k", "flush"];
+    ok(qemu_io_tls(&certs, port, &write));
     assert!(
-        !qemu(&stranger).status.success(),
+        !qemu_io_tls(&stranger, port, &write).status.success(),
         "qemu with another CA's certificate was served"
     );
     let (st, _) = srv.stop(Duration::from_secs(10));

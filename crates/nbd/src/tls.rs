@@ -218,3 +218,44 @@ impl<S: Read + Write> Write for TlsIo<S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+
+    fn err(dir: &Path, verify_peer: bool) -> String {
+        server_config(dir, verify_peer).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_missing_or_unusable_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert!(
+            err(d, false).contains("server-cert.pem"),
+            "{}",
+            err(d, false)
+        );
+        // PEM sections that parse as such (their contents are checked
+        // later, by rustls): what is missing next is the CA, under
+        // --tls-verify-peer only.
+        let pem = |label: &str| format!("-----BEGIN {label}-----\nAAAA\n-----END {label}-----\n");
+        std::fs::write(d.join("server-cert.pem"), pem("CERTIFICATE")).unwrap();
+        std::fs::write(d.join("server-key.pem"), pem("PRIVATE KEY")).unwrap();
+        let e = err(d, true);
+        assert!(e.contains("ca-cert.pem"), "{e}");
+        std::fs::write(d.join("ca-cert.pem"), pem("CERTIFICATE")).unwrap();
+        let e = err(d, true);
+        assert!(
+            e.contains("ca-cert.pem"),
+            "a CA that is not a certificate: {e}"
+        );
+        std::fs::write(d.join("ca-cert.pem"), "no PEM here\n").unwrap();
+        let e = err(d, true);
+        assert!(
+            e.contains("ca-cert.pem") && e.contains("no certificate"),
+            "{e}"
+        );
+    }
+}

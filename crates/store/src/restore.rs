@@ -28,11 +28,11 @@ use std::time::Instant;
 
 const BATCH: u64 = 8 << 20;
 /// A batch from a remote store into a file (see [`restore`]), and how
-/// many such batches are worked on per core. Measured on SeaweedFS
-/// (os2.img, 576 MiB, 2 cores, 40 MiB spans, medians of 5): 64 MiB and 8 workers 0.80
-/// s; 128 MiB and 4 workers 0.76 s, 8 workers 0.82 s; 256 MiB and 4
-/// workers 0.87 s. Two per core: while one waits on its GETs the other
-/// decodes.
+/// many such batches are worked on per core. Measured once on SeaweedFS
+/// (os2.img, 576 MiB, 2 cores, 40 MiB spans, medians of 5 restores):
+/// 128 MiB batches 0.76 s with 3 workers, 0.77 s with 4, 0.82 s with 8;
+/// 64 MiB and 4 workers 0.80 s; 256 MiB and 4 workers 0.89 s. Two per
+/// core: while one waits on its GETs the other decodes.
 const REMOTE_BATCH: u64 = 128 << 20;
 const REMOTE_WORKERS_PER_CORE: usize = 2;
 /// Extents in a batch at most ([`REMOTE_BATCH`]es may have more).
@@ -132,8 +132,8 @@ struct Kept {
 const SPAN_GAP: u64 = 1 << 20;
 /// The longest span fetched at once: a whole pack of the default size
 /// (32 MiB) fits. Fewer, longer GETs cost the store less: SeaweedFS
-/// restored os2.img in 0.78 s with 40 MiB spans against 0.84 s with 16
-/// MiB and 0.81 s with 4 MiB (64 MiB batches, 8 workers, medians of 4).
+/// restored os2.img in 0.79 s with 40 MiB spans against 0.87 s with 16
+/// MiB and 0.83 s with 4 MiB (64 MiB batches, 8 workers, medians of 4).
 const SPAN_MAX: u64 = 64 << 20;
 
 /// Reads and checks chunks: one per worker, with its buffers and the last
@@ -349,8 +349,8 @@ pub fn restore(
     let (batch, max_extents) = if long_batches {
         // As long as can be, but every worker gets one: a worker decodes
         // only once its GETs are in, so fewer batches than workers would
-        // leave cores idle (a 256 MiB image was 18 % slower in two
-        // batches of 128 MiB than in four).
+        // leave cores idle (os.img, 256 MiB, took 1.18x the time in
+        // batches of 128 MiB than in the earlier 64 MiB, paired).
         let data: u64 = manifest
             .extents
             .iter()

@@ -435,17 +435,22 @@ impl S3Backend {
             let mut at = 0usize;
             while let Some(piece) = body.next().await {
                 let piece = piece?;
-                match buf.get_mut(at..at + piece.len()) {
-                    Some(dst) => dst.copy_from_slice(&piece),
+                let Some(dst) = buf.get_mut(at..at + piece.len()) else {
                     // More than the range asked for: not what S3 sends.
-                    None => return Ok((usize::MAX, size)),
-                }
+                    return Ok((at + piece.len(), size));
+                };
+                dst.copy_from_slice(&piece);
                 at += piece.len();
             }
             Ok::<_, object_store::Error>((at, size))
         });
         match got {
             Ok((n, _)) if n == len => Ok(()),
+            Ok((n, _)) if n > len => Err(StoreError::corrupt(
+                self.locate(key),
+                offset,
+                format!("the store sent more than the {len} bytes asked for"),
+            )),
             Ok((_, size)) => Err(short(size)),
             Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, "read", &e)),
             Err(e) => {
