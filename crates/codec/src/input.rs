@@ -11,17 +11,34 @@ use std::sync::Arc;
 /// Bytes of a memory-mapped input file, shared with the workers: a
 /// splitter hands a worker a frame without copying it (no `read(2)` copy
 /// out of the page cache at all).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SharedBytes {
-    map: Arc<Mmap>,
+    map: Arc<dyn AsRef<[u8]> + Send + Sync>,
     start: usize,
     len: usize,
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({}..{})", self.start, self.start + self.len)
+    }
 }
 
 impl SharedBytes {
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        &self.map[self.start..self.start + self.len]
+        &(*self.map).as_ref()[self.start..self.start + self.len]
+    }
+
+    /// Bytes in memory, shared the same way (tests, callers that hold the
+    /// whole input).
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        let len = v.len();
+        SharedBytes {
+            map: Arc::new(v),
+            start: 0,
+            len,
+        }
     }
 }
 
@@ -129,6 +146,17 @@ impl Input {
             start: start as usize,
             len: n,
         }))
+    }
+
+    /// The rest of a mapped input file from the current offset, without
+    /// consuming it; `None` when the input is not a file that maps.
+    pub fn mapped_rest(&mut self) -> Option<SharedBytes> {
+        let (file, len) = self.file.as_ref()?;
+        let map = self.map.get_or_insert_with(|| map_file(file, *len));
+        let map = map.clone()?;
+        let start = usize::try_from(self.offset).ok()?;
+        let len = map.len().checked_sub(start)?;
+        Some(SharedBytes { map, start, len })
     }
 
     /// Length of the whole stream, when it is a regular file.

@@ -36,6 +36,7 @@ mod buf;
 pub mod bz2;
 pub mod error;
 pub mod format;
+pub mod inflate;
 pub mod input;
 pub mod lz4_ffi;
 pub mod probe;

@@ -548,6 +548,7 @@ fn unpack_one(
             zstd_window_log_max: opts
                 .zstd_window_log_max
                 .unwrap_or(DecodeOptions::default().zstd_window_log_max),
+            threads,
         },
     );
     let mut sink = open_sink(&plan.dest, force, false, hooks)?;

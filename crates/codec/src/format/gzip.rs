@@ -7,9 +7,12 @@
 //! `BC` with a 2-byte length) to hop from member to member without
 //! inflating, and inflates the members on all cores with libdeflate.
 //! Members without a length (pigz, gzip, concatenations of those) are
-//! inflated in the splitter as a stream (zlib-rs through flate2), and so
-//! are members whose extra field is malformed or whose length is not
-//! plausible: like gzip, cairn never refuses a member for its extra field.
+//! inflated on all cores too when the input is a file ([`crate::inflate`]:
+//! chunks decoded from guessed block starts, stitched in order), and in the
+//! splitter as a stream (zlib-rs through flate2) when it is a pipe or one
+//! thread is asked for; so are members whose extra field is malformed or
+//! whose length is not plausible: like gzip, cairn never refuses a member
+//! for its extra field.
 //!
 //! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
 //! | member length u32le | raw deflate | crc32 | isize`.
@@ -18,6 +21,7 @@ use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PL
 use crate::block::{BlockCodec, DeflateCodec};
 use crate::buf::grow;
 use crate::error::{CodecError, Result};
+use crate::inflate::ParallelInflate;
 use crate::input::Input;
 
 const NAME: &str = "gzip";
@@ -181,17 +185,104 @@ struct Streaming {
 pub struct Splitter {
     input: Input,
     streaming: Option<Streaming>,
+    parallel: Option<ParallelInflate>,
+    threads: usize,
     members: u64,
 }
 
+/// Smallest member body (bytes left in the file) worth inflating in
+/// parallel: two chunks.
+const PARALLEL_MIN: usize = 2 * crate::inflate::CHUNK;
+
 impl Splitter {
-    /// A splitter over `input`.
+    /// A splitter over `input` that inflates members without a length on
+    /// one thread.
     pub fn new(input: Input) -> Self {
+        Splitter::with_threads(input, 1)
+    }
+
+    /// A splitter that inflates a member without a length on `threads`
+    /// threads when the input is a file.
+    pub fn with_threads(input: Input, threads: usize) -> Self {
         Splitter {
             input,
             streaming: None,
+            parallel: None,
+            threads,
             members: 0,
         }
+    }
+
+    /// Start inflating the member whose body starts at the input's offset
+    /// on the workers, when that is possible and worth it.
+    fn start_parallel(&mut self) -> bool {
+        if self.threads < 2 {
+            return false;
+        }
+        let Some(rest) = self.input.mapped_rest() else {
+            tracing::debug!(
+                offset = self.input.offset(),
+                "gzip member without sizes read from a pipe: inflating on one core"
+            );
+            return false;
+        };
+        if rest.as_slice().len() < PARALLEL_MIN {
+            return false;
+        }
+        tracing::debug!(
+            offset = self.input.offset(),
+            threads = self.threads,
+            "gzip member without sizes: inflating in parallel"
+        );
+        self.parallel = Some(ParallelInflate::new(rest, self.threads));
+        true
+    }
+
+    fn parallel_some(&mut self, unit: &mut Unit) -> Result<()> {
+        let Some(p) = self.parallel.as_mut() else {
+            return Ok(());
+        };
+        unit.kind = UnitKind::Plain;
+        unit.offset = self.input.offset();
+        let base = self.input.offset();
+        if p.next_piece(&mut unit.data)
+            .map_err(|e| super::at_offset(e, base))?
+        {
+            return Ok(());
+        }
+        let (used, crc, size) = p.finish();
+        self.parallel = None;
+        if self.input.take_shared(used)?.is_none() {
+            return Err(CodecError::Truncated {
+                format: NAME,
+                offset: base + used as u64,
+            });
+        }
+        self.check_trailer(crc, size)
+    }
+
+    /// Read and check a member's trailer against the CRC and size of what
+    /// was inflated.
+    fn check_trailer(&mut self, got: u32, size: u64) -> Result<()> {
+        let off = self.input.offset();
+        let t = self.input.need(TRAILER_LEN, NAME)?;
+        let (crc, isize) = (le32(t, 0), le32(t, 4));
+        if crc != got {
+            return Err(CodecError::corrupt(
+                NAME,
+                off,
+                format!("CRC mismatch: stored {crc:08x}, computed {got:08x}"),
+            ));
+        }
+        if isize != size as u32 {
+            return Err(CodecError::corrupt(
+                NAME,
+                off + 4,
+                format!("length mismatch: stored {isize}, decoded {size}"),
+            ));
+        }
+        self.input.consume(TRAILER_LEN);
+        Ok(())
     }
 
     /// Take the member at `off` whole as a unit for the workers, trusting
@@ -268,29 +359,11 @@ impl Splitter {
             self.input.consume(consumed);
             if status == flate2::Status::StreamEnd {
                 let off = self.input.offset();
-                let t = self.input.need(TRAILER_LEN, NAME)?;
-                let (crc, isize) = (le32(t, 0), le32(t, 4));
                 let st = self
                     .streaming
                     .take()
                     .ok_or_else(|| CodecError::corrupt(NAME, off, "internal: lost member state"))?;
-                let got = st.crc.finalize();
-                if crc != got {
-                    return Err(CodecError::corrupt(
-                        NAME,
-                        off,
-                        format!("CRC mismatch: stored {crc:08x}, computed {got:08x}"),
-                    ));
-                }
-                if isize != st.size as u32 {
-                    return Err(CodecError::corrupt(
-                        NAME,
-                        off + 4,
-                        format!("length mismatch: stored {isize}, decoded {}", st.size),
-                    ));
-                }
-                self.input.consume(TRAILER_LEN);
-                return Ok(());
+                return self.check_trailer(st.crc.finalize(), st.size);
             }
             if unit.data.len() >= PLAIN_UNIT {
                 return Ok(());
@@ -308,6 +381,10 @@ impl Splitter {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        if self.parallel.is_some() {
+            self.parallel_some(unit)?;
+            return Ok(true);
+        }
         if self.streaming.is_some() {
             self.stream_some(unit)?;
             return Ok(true);
@@ -339,6 +416,10 @@ impl super::Splitter for Splitter {
             }
         }
         self.input.consume(header.len);
+        if self.start_parallel() {
+            self.parallel_some(unit)?;
+            return Ok(true);
+        }
         self.streaming = Some(Streaming {
             inflate: flate2::Decompress::new(false),
             crc: crc32fast::Hasher::new(),

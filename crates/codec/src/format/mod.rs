@@ -199,7 +199,7 @@ impl Format {
     /// A splitter over `input`, with decoding limits.
     pub fn splitter_with(self, input: Input, opts: &DecodeOptions) -> Box<dyn Splitter> {
         match self {
-            Format::Gzip => Box::new(gzip::Splitter::new(input)),
+            Format::Gzip => Box::new(gzip::Splitter::with_threads(input, opts.threads)),
             Format::Zstd => Box::new(zstd::Splitter::with_window_log_max(
                 input,
                 opts.zstd_window_log_max,
@@ -327,12 +327,16 @@ pub struct DecodeOptions {
     /// bigger window is refused: a few header bytes must not make cairn
     /// reserve gigabytes.
     pub zstd_window_log_max: u32,
+    /// Threads a splitter may use for a stream it cannot cut (one gzip
+    /// member without sizes, inflated in parallel from a mapped file).
+    pub threads: usize,
 }
 
 impl Default for DecodeOptions {
     fn default() -> Self {
         DecodeOptions {
             zstd_window_log_max: 27,
+            threads: 1,
         }
     }
 }

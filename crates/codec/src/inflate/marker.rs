@@ -1,0 +1,518 @@
+//! A DEFLATE decoder that starts at any block of a stream without the 32 KiB
+//! of output before it (the window), and the search for such a block.
+//!
+//! Back-references into the unknown window cannot be resolved yet, so the
+//! output is 16-bit: a value below 256 is a byte, a value `256 + i` stands
+//! for byte `i` of the window (`i = 32767` is the byte just before the
+//! start). Once the window is known, [`resolve`] turns the output into
+//! bytes. This is the two-stage decoding of pugz and rapidgzip; the code is
+//! written here from RFC 1951.
+//!
+//! Speed matters less than in the library inflaters: a chunk is decoded
+//! here only until the last 32 KiB of its output hold no marker, and from
+//! there zlib-rs takes over with that output as its dictionary.
+
+use crate::error::{CodecError, Result};
+
+/// Size of the DEFLATE window.
+pub const WINDOW: usize = 32 << 10;
+
+/// First marker value: `MARKER + i` stands for window byte `i`.
+pub const MARKER: u16 = 256;
+
+const NAME: &str = "gzip";
+
+/// RFC 1951 3.2.5: base lengths and extra bits of length symbols 257..285.
+const LEN_BASE: [u16; 29] = [
+    3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 15, 17, 19, 23, 27, 31, 35, 43, 51, 59, 67, 83, 99, 115, 131,
+    163, 195, 227, 258,
+];
+const LEN_EXTRA: [u8; 29] = [
+    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0,
+];
+/// Base distances and extra bits of distance symbols 0..29.
+const DIST_BASE: [u16; 30] = [
+    1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, 257, 385, 513, 769, 1025, 1537,
+    2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577,
+];
+const DIST_EXTRA: [u8; 30] = [
+    0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13,
+    13,
+];
+/// Order of the code-length code's lengths in a dynamic block header.
+const CL_ORDER: [usize; 19] = [
+    16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15,
+];
+
+/// Little-endian bit reader over a byte slice; positions are in bits.
+#[derive(Clone, Copy)]
+pub struct Bits<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Bits<'a> {
+    /// A reader at bit `pos` of `data`.
+    pub fn new(data: &'a [u8], pos: usize) -> Self {
+        Bits { data, pos }
+    }
+
+    /// The bit position.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// The next 56 bits or more (zeros past the end).
+    #[inline]
+    fn peek(&self) -> u64 {
+        let byte = self.pos >> 3;
+        let w = match self.data.get(byte..byte + 8) {
+            Some(b) => {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(b);
+                u64::from_le_bytes(a)
+            }
+            None => {
+                let mut a = [0u8; 8];
+                let tail = self.data.get(byte..).unwrap_or(&[]);
+                a[..tail.len()].copy_from_slice(tail);
+                u64::from_le_bytes(a)
+            }
+        };
+        w >> (self.pos & 7)
+    }
+
+    /// Take `n` (at most 32) bits.
+    #[inline]
+    fn take(&mut self, n: u32) -> u32 {
+        let v = (self.peek() & ((1u64 << n) - 1)) as u32;
+        self.pos += n as usize;
+        v
+    }
+
+    /// True once the reader has gone past the end of the data.
+    #[inline]
+    fn overrun(&self) -> bool {
+        self.pos > self.data.len() * 8
+    }
+}
+
+/// A canonical Huffman code as one lookup table indexed by the next
+/// `bits` bits of the stream; an entry is `symbol << 4 | length`, 0 for a
+/// bit pattern that is no code (an incomplete code).
+pub struct Table {
+    entries: Vec<u16>,
+    bits: u32,
+}
+
+impl Table {
+    fn empty() -> Self {
+        Table {
+            entries: Vec::new(),
+            bits: 0,
+        }
+    }
+
+    /// Build from code lengths; `None` when the lengths are not a code
+    /// zlib accepts: over-subscribed, or incomplete (allowed only for a
+    /// single code of length one, or none at all when `allow_empty`).
+    fn build(&mut self, lengths: &[u8], complete: bool, allow_empty: bool) -> Option<()> {
+        let mut count = [0u16; 16];
+        for &l in lengths {
+            count[l as usize] += 1;
+        }
+        count[0] = 0;
+        let max = (1..16).rev().find(|&l| count[l] != 0).unwrap_or(0);
+        if max == 0 {
+            if !allow_empty {
+                return None;
+            }
+            self.bits = 1;
+            self.entries.clear();
+            self.entries.resize(2, 0);
+            return Some(());
+        }
+        let mut left: i32 = 1;
+        for &c in &count[1..16] {
+            left = (left << 1) - i32::from(c);
+            if left < 0 {
+                return None;
+            }
+        }
+        if left > 0 && (complete || max != 1) {
+            return None;
+        }
+        let mut next = [0u16; 16];
+        let mut code = 0u16;
+        for l in 1..16 {
+            code = (code + count[l - 1]) << 1;
+            next[l] = code;
+        }
+        self.bits = max as u32;
+        let size = 1usize << max;
+        self.entries.clear();
+        self.entries.resize(size, 0);
+        for (sym, &l) in lengths.iter().enumerate() {
+            if l == 0 {
+                continue;
+            }
+            let l = l as usize;
+            let c = next[l];
+            next[l] += 1;
+            let rev = (c.reverse_bits() >> (16 - l)) as usize;
+            let entry = ((sym as u16) << 4) | l as u16;
+            let mut i = rev;
+            while i < size {
+                self.entries[i] = entry;
+                i += 1 << l;
+            }
+        }
+        Some(())
+    }
+
+    /// Decode one symbol; `None` for a pattern that is no code.
+    #[inline]
+    fn decode(&self, bits: &mut Bits) -> Option<u16> {
+        let e = self.entries[(bits.peek() as usize) & ((1 << self.bits) - 1)];
+        if e == 0 {
+            return None;
+        }
+        bits.pos += (e & 15) as usize;
+        Some(e >> 4)
+    }
+}
+
+/// How a block ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockEnd {
+    /// A block ended; the next starts at the reader's position.
+    More,
+    /// The final block of the stream ended.
+    Last,
+}
+
+/// Why decoding stopped short of a block's end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The data ran out inside the block.
+    OutOfData,
+    /// The bits are not valid DEFLATE (a wrong guess, or damage).
+    Invalid(&'static str),
+}
+
+/// The decoder of one chunk: tables and the 16-bit output.
+pub struct MarkerDecoder {
+    lit: Table,
+    dist: Table,
+    lengths: Vec<u8>,
+    /// Output since the start; markers for window bytes.
+    pub out: Vec<u16>,
+    /// Position in `out` after the last marker written, or 0.
+    clean_from: usize,
+    /// Output scanned for markers so far.
+    scanned: usize,
+}
+
+impl Default for MarkerDecoder {
+    fn default() -> Self {
+        MarkerDecoder {
+            lit: Table::empty(),
+            dist: Table::empty(),
+            lengths: vec![0; 320],
+            out: Vec::new(),
+            clean_from: 0,
+            scanned: 0,
+        }
+    }
+}
+
+impl MarkerDecoder {
+    /// Forget the output (a new start).
+    pub fn clear(&mut self) {
+        self.out.clear();
+        self.clean_from = 0;
+        self.scanned = 0;
+    }
+
+    /// True when the last [`WINDOW`] values of the output are all bytes:
+    /// what follows can be decoded knowing only this output.
+    pub fn window_known(&mut self) -> bool {
+        let out = &self.out[self.scanned..];
+        if let Some(i) = out.iter().rposition(|&v| v >= MARKER) {
+            self.clean_from = self.scanned + i + 1;
+        }
+        self.scanned = self.out.len();
+        self.out.len() - self.clean_from >= WINDOW
+    }
+
+    /// The last [`WINDOW`] bytes of the output, once [`Self::window_known`].
+    pub fn window(&self) -> Vec<u8> {
+        self.out[self.out.len() - WINDOW..]
+            .iter()
+            .map(|&v| v as u8)
+            .collect()
+    }
+
+    /// Read a dynamic block's header (after its three type bits) and build
+    /// its tables.
+    fn dynamic_header(&mut self, bits: &mut Bits) -> std::result::Result<(), Stop> {
+        let hlit = bits.take(5) as usize + 257;
+        let hdist = bits.take(5) as usize + 1;
+        let hclen = bits.take(4) as usize + 4;
+        if hlit > 286 || hdist > 30 {
+            return Err(Stop::Invalid("too many length or distance symbols"));
+        }
+        let mut cl = [0u8; 19];
+        for &i in &CL_ORDER[..hclen] {
+            cl[i] = bits.take(3) as u8;
+        }
+        let mut cl_table = Table::empty();
+        cl_table
+            .build(&cl, true, false)
+            .ok_or(Stop::Invalid("invalid code lengths set"))?;
+        let total = hlit + hdist;
+        let lengths = &mut self.lengths[..total];
+        let mut i = 0;
+        while i < total {
+            let sym = cl_table
+                .decode(bits)
+                .ok_or(Stop::Invalid("invalid code lengths set"))?;
+            let (value, repeat) = match sym {
+                0..=15 => (sym as u8, 1),
+                16 => {
+                    if i == 0 {
+                        return Err(Stop::Invalid("invalid bit length repeat"));
+                    }
+                    (lengths[i - 1], 3 + bits.take(2) as usize)
+                }
+                17 => (0, 3 + bits.take(3) as usize),
+                _ => (0, 11 + bits.take(7) as usize),
+            };
+            if i + repeat > total {
+                return Err(Stop::Invalid("invalid bit length repeat"));
+            }
+            lengths[i..i + repeat].fill(value);
+            i += repeat;
+        }
+        if bits.overrun() {
+            return Err(Stop::OutOfData);
+        }
+        if lengths[256] == 0 {
+            return Err(Stop::Invalid("missing end-of-block code"));
+        }
+        self.lit
+            .build(&lengths[..hlit], false, false)
+            .ok_or(Stop::Invalid("invalid literal/lengths set"))?;
+        self.dist
+            .build(&lengths[hlit..], false, true)
+            .ok_or(Stop::Invalid("invalid distances set"))?;
+        Ok(())
+    }
+
+    fn fixed_tables(&mut self) {
+        let mut l = [0u8; 288];
+        l[..144].fill(8);
+        l[144..256].fill(9);
+        l[256..280].fill(7);
+        l[280..].fill(8);
+        // The fixed codes are complete by construction.
+        let _ = self.lit.build(&l, true, false);
+        let _ = self.dist.build(&[5u8; 32], true, false);
+    }
+
+    /// Decode one whole block at the reader's position, appending to
+    /// `out`. On a [`Stop`], `out` may hold part of the block: the caller
+    /// truncates to what it had.
+    pub fn block(&mut self, bits: &mut Bits) -> std::result::Result<BlockEnd, Stop> {
+        let head = bits.take(3);
+        let last = head & 1 == 1;
+        match head >> 1 {
+            0 => self.stored(bits)?,
+            1 => {
+                self.fixed_tables();
+                self.codes(bits)?;
+            }
+            2 => {
+                self.dynamic_header(bits)?;
+                self.codes(bits)?;
+            }
+            _ => return Err(Stop::Invalid("invalid block type")),
+        }
+        if bits.overrun() {
+            return Err(Stop::OutOfData);
+        }
+        Ok(if last { BlockEnd::Last } else { BlockEnd::More })
+    }
+
+    fn stored(&mut self, bits: &mut Bits) -> std::result::Result<(), Stop> {
+        bits.pos = (bits.pos + 7) & !7;
+        let at = bits.pos / 8;
+        let head = bits.data.get(at..at + 4).ok_or(Stop::OutOfData)?;
+        let len = u16::from_le_bytes([head[0], head[1]]);
+        let nlen = u16::from_le_bytes([head[2], head[3]]);
+        if len != !nlen {
+            return Err(Stop::Invalid("invalid stored block lengths"));
+        }
+        let body = bits
+            .data
+            .get(at + 4..at + 4 + len as usize)
+            .ok_or(Stop::OutOfData)?;
+        self.out.extend(body.iter().map(|&b| u16::from(b)));
+        bits.pos += (4 + len as usize) * 8;
+        Ok(())
+    }
+
+    fn codes(&mut self, bits: &mut Bits) -> std::result::Result<(), Stop> {
+        loop {
+            if bits.overrun() {
+                return Err(Stop::OutOfData);
+            }
+            let sym = self
+                .lit
+                .decode(bits)
+                .ok_or(Stop::Invalid("invalid literal/length code"))?;
+            if sym < 256 {
+                self.out.push(sym);
+                continue;
+            }
+            if sym == 256 {
+                return Ok(());
+            }
+            let s = (sym - 257) as usize;
+            if s >= LEN_BASE.len() {
+                return Err(Stop::Invalid("invalid literal/length code"));
+            }
+            let len = LEN_BASE[s] as usize + bits.take(LEN_EXTRA[s] as u32) as usize;
+            let d = self
+                .dist
+                .decode(bits)
+                .ok_or(Stop::Invalid("invalid distance code"))? as usize;
+            if d >= DIST_BASE.len() {
+                return Err(Stop::Invalid("invalid distance code"));
+            }
+            let dist = DIST_BASE[d] as usize + bits.take(DIST_EXTRA[d] as u32) as usize;
+            let have = self.out.len();
+            if dist > have + WINDOW {
+                return Err(Stop::Invalid("invalid distance too far back"));
+            }
+            if dist > have {
+                // From the window: markers, then maybe output.
+                let from_window = (dist - have).min(len);
+                let first = (WINDOW - (dist - have)) as u16 + MARKER;
+                self.out.extend((0..from_window as u16).map(|k| first + k));
+                for _ in from_window..len {
+                    let v = self.out[self.out.len() - dist];
+                    self.out.push(v);
+                }
+            } else if dist >= len {
+                let start = have - dist;
+                self.out.extend_from_within(start..start + len);
+            } else {
+                for _ in 0..len {
+                    let v = self.out[self.out.len() - dist];
+                    self.out.push(v);
+                }
+            }
+        }
+    }
+}
+
+/// True when the block at `pos` is a non-final dynamic block: the only kind
+/// [`find_block`] looks for, and where a chunk's decoder stops.
+pub fn starts_dynamic(data: &[u8], pos: usize) -> bool {
+    Bits::new(data, pos).peek() & 7 == 0b100
+}
+
+/// The first bit position in `from..to` where a non-final dynamic block
+/// starts whose header and whole first block decode without error and
+/// whose next block header is plausible. The decoder holds that block's
+/// output on return. Wrong guesses are possible in principle (the checks
+/// make them very rare); the caller's stitching finds them.
+pub fn find_block(
+    dec: &mut MarkerDecoder,
+    data: &[u8],
+    from: usize,
+    to: usize,
+) -> Option<(usize, BlockEnd, usize)> {
+    let to = to.min(data.len() * 8);
+    let mut pos = from;
+    while pos < to {
+        // Cheap filters before any table is built: three type bits, the
+        // symbol counts, a complete code-length code.
+        let w = Bits::new(data, pos).peek();
+        if w & 7 != 0b100 || (w >> 3) & 31 > 29 || (w >> 8) & 31 > 29 || !cl_code_ok(w >> 13) {
+            pos += 1;
+            continue;
+        }
+        dec.clear();
+        let mut bits = Bits::new(data, pos);
+        if let Ok(end) = dec.block(&mut bits) {
+            let next = bits.pos();
+            if end == BlockEnd::Last || next_header_plausible(dec, data, next) {
+                return Some((pos, end, next));
+            }
+        }
+        pos += 1;
+    }
+    dec.clear();
+    None
+}
+
+/// True when the code-length code whose HCLEN and lengths start at the low
+/// bits of `w` is complete.
+fn cl_code_ok(w: u64) -> bool {
+    let hclen = (w & 15) as usize + 4;
+    let mut count = [0u16; 8];
+    for k in 0..hclen {
+        count[((w >> (4 + 3 * k)) & 7) as usize] += 1;
+    }
+    let mut left: i32 = 1;
+    for &c in &count[1..8] {
+        left = (left << 1) - i32::from(c);
+        if left < 0 {
+            return false;
+        }
+    }
+    left == 0
+}
+
+/// A next block header that could be real: not the reserved type, a
+/// stored block's lengths that agree, a dynamic block's tables that build.
+fn next_header_plausible(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool {
+    let mut bits = Bits::new(data, pos);
+    let head = bits.take(3);
+    match head >> 1 {
+        0 => {
+            let at = (pos + 3).div_ceil(8);
+            match data.get(at..at + 4) {
+                Some(h) => u16::from_le_bytes([h[0], h[1]]) == !u16::from_le_bytes([h[2], h[3]]),
+                None => true,
+            }
+        }
+        1 => true,
+        2 => !matches!(dec.dynamic_header(&mut bits), Err(Stop::Invalid(_))),
+        _ => false,
+    }
+}
+
+/// Turn 16-bit output into bytes with the `window` now known (the 32 KiB
+/// before the chunk; shorter at the start of a stream, when a marker into
+/// the missing part is damage). `at` names the chunk in errors.
+pub fn resolve(out: &[u16], window: &[u8], dst: &mut Vec<u8>, at: u64) -> Result<()> {
+    let missing = WINDOW - window.len().min(WINDOW);
+    let window = &window[window.len() - (WINDOW - missing)..];
+    dst.reserve(out.len());
+    for &v in out {
+        if v < MARKER {
+            dst.push(v as u8);
+        } else {
+            let i = (v - MARKER) as usize;
+            let b = i
+                .checked_sub(missing)
+                .and_then(|j| window.get(j))
+                .ok_or_else(|| CodecError::corrupt(NAME, at, "invalid distance too far back"))?;
+            dst.push(*b);
+        }
+    }
+    Ok(())
+}
