@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = marker::find_block(&mut dec, data, data.len() * 4, usize::MAX);
-    let mut p = ParallelInflate::with_chunk(SharedBytes::from_vec(data.to_vec()), 2, 97);
+    let mut p = ParallelInflate::with_chunk(SharedBytes::from_vec(data.to_vec()), 2, 97, 1000);
     let mut piece = Vec::new();
     let mut total = 0usize;
     while let Ok(true) = p.next_piece(&mut piece) {

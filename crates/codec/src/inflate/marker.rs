@@ -234,6 +234,14 @@ impl MarkerDecoder {
         self.scanned = 0;
     }
 
+    /// The output so far, leaving `spare` (cleared) in its place.
+    pub fn take_out(&mut self, mut spare: Vec<u16>) -> Vec<u16> {
+        spare.clear();
+        self.clean_from = 0;
+        self.scanned = 0;
+        std::mem::replace(&mut self.out, spare)
+    }
+
     /// True when the last [`WINDOW`] values of the output are all bytes:
     /// what follows can be decoded knowing only this output.
     pub fn window_known(&mut self) -> bool {

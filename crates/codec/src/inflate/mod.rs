@@ -1,16 +1,20 @@
 //! Inflating one DEFLATE stream (a gzip member written by gzip or pigz) on
 //! every core.
 //!
-//! The stream is cut into chunks of [`CHUNK`] compressed bytes. A worker
-//! takes chunk `k`, looks for the first block that starts in it
-//! ([`marker::find_block`]) and decodes from there without the window
-//! before it, writing markers for the bytes it cannot know
-//! ([`marker::MarkerDecoder`]). As soon as the last 32 KiB it decoded hold
-//! no marker, it hands the rest of the chunk to zlib-rs with that output as
-//! the dictionary, at library speed. A worker stops at the first dynamic
-//! block that starts at or after the next chunk's first bit: exactly where
-//! the next chunk's search begins its decoding, when that search found the
-//! true block.
+//! The stream is cut into chunks of [`CHUNK`] compressed bytes. Each chunk's
+//! first block is searched for once ([`marker::find_block`]), by whichever
+//! worker needs it first: chunk `k`'s worker to start there, chunk
+//! `k - 1`'s to know where to stop. A worker decodes its chunk from that
+//! block without the window before it, writing markers for the bytes it
+//! cannot know ([`marker::MarkerDecoder`]). As soon as the last 32 KiB it
+//! decoded hold no marker, it knows everything the rest of the chunk can
+//! refer to: libdeflate inflates the rest, up to the next chunk's first
+//! block, in one call ([`whole::rebase`] makes those blocks a stream of
+//! their own, with the 32 KiB as a stored block in front). Where that
+//! cannot be done (the last chunk, an output too big for the buffer, a
+//! wrong guess of the next start), zlib-rs streams it instead, from the
+//! same bit and window (`inflatePrime`, a dictionary), stopping at the
+//! first dynamic block at or after the next chunk's first bit.
 //!
 //! The reader of the output (the splitter's thread) takes the chunks in
 //! order. A chunk whose start is where the one before ended is stitched
@@ -23,18 +27,22 @@
 //!
 //! Why hand-written: no crate decodes DEFLATE without its window, and the
 //! libraries cannot be started at a guessed block. What is written here is
-//! that first stage and the chunking; the bulk of the bytes goes through
-//! zlib-rs. The design is rapidgzip's (Knespel and Brunst, 2023).
+//! that first stage, the chunking and the re-framing; the bulk of the bytes
+//! goes through libdeflate. The design is rapidgzip's (Knespel and Brunst,
+//! 2023), which hands the rest of a chunk to ISA-L the same way.
 
 pub mod marker;
+mod whole;
 mod zstream;
 
 use crate::error::{CodecError, Result};
 use crate::input::SharedBytes;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use marker::{Bits, BlockEnd, MarkerDecoder};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
+use whole::{Outcome, Whole};
 use zstream::ZInflate;
 
 const NAME: &str = "gzip";
@@ -49,6 +57,13 @@ const PIECE: usize = 2 << 20;
 /// and leaves the rest to the sequential path (bounds its memory).
 const MARKER_CAP: usize = 32 << 20;
 
+/// Output room a whole-chunk inflate is given, per compressed byte; a chunk
+/// that decodes to more (long zero runs) is streamed instead.
+const WHOLE_RATIO: usize = 16;
+
+/// Most output room a whole-chunk inflate is given.
+const WHOLE_MAX: usize = 256 << 20;
+
 /// Bits before `stop` from which a chunk's inflate stops at every block
 /// to look for the end (longer than any block zlib writes).
 const NEAR: usize = (256 << 10) * 8;
@@ -58,10 +73,77 @@ const AHEAD: usize = 8;
 
 /// Where a chunk's decoding starts.
 enum Start {
-    /// At this bit, with this window (the stream's start, or a restart).
-    Known { bit: usize, window: Vec<u8> },
-    /// At the first block found from this bit on.
-    Find { from: usize },
+    /// At this bit, with this window: chunk 0 (`chunk` set), or a restart
+    /// by the reader.
+    Known {
+        bit: usize,
+        window: Vec<u8>,
+        chunk: Option<usize>,
+    },
+    /// At the first block found in chunk `k`.
+    Find { k: usize },
+}
+
+/// What the workers share: the stream, and where each chunk's first block
+/// is, found once by whichever worker needs it first (chunk `k`'s worker
+/// for its start, chunk `k - 1`'s for its end).
+struct Shared {
+    data: SharedBytes,
+    chunk_bits: usize,
+    finds: Mutex<HashMap<usize, Arc<OnceLock<Option<usize>>>>>,
+    /// Output buffers handed back by the reader, for reuse (no page faults
+    /// on fresh memory).
+    spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    /// The same for the marker decoder's output.
+    spare16: (Sender<Vec<u16>>, Receiver<Vec<u16>>),
+}
+
+impl Shared {
+    fn bits(&self) -> usize {
+        self.data.as_slice().len() * 8
+    }
+
+    /// The first block of chunk `k`.
+    fn find(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
+        let cell = {
+            let mut finds = self.finds.lock().unwrap_or_else(|e| e.into_inner());
+            finds.entry(k).or_default().clone()
+        };
+        *cell.get_or_init(|| {
+            let from = k * self.chunk_bits;
+            marker::find_block(dec, self.data.as_slice(), from, from + self.chunk_bits)
+                .map(|(s, _, _)| s)
+        })
+    }
+
+    /// Where chunk `k`'s output ends: the first block found after it.
+    fn end_of(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
+        let mut j = k + 1;
+        while j * self.chunk_bits < self.bits() {
+            if let Some(s) = self.find(j, dec) {
+                return Some(s);
+            }
+            j += 1;
+        }
+        None
+    }
+
+    fn buffer(&self, capacity: usize) -> Vec<u8> {
+        let mut v = self.spare.1.try_recv().unwrap_or_default();
+        v.clear();
+        if v.capacity() < capacity {
+            v = Vec::with_capacity(capacity);
+        }
+        v
+    }
+}
+
+/// A worker's reusable state.
+struct Worker {
+    chunk_bytes: usize,
+    dec: MarkerDecoder,
+    whole: Option<Whole>,
+    rebased: Vec<u8>,
 }
 
 struct Task {
@@ -79,8 +161,8 @@ enum Piece {
     Start(Option<usize>),
     /// Output with markers, to resolve against the window.
     Markers(Vec<u16>),
-    /// Output bytes, with their CRC.
-    Bytes(Vec<u8>, crc32fast::Hasher),
+    /// Output bytes from `.1` on, with their CRC.
+    Bytes(Vec<u8>, usize, crc32fast::Hasher),
     End(End),
 }
 
@@ -97,7 +179,7 @@ enum End {
 
 /// A member being inflated by the workers; the reader side.
 pub struct ParallelInflate {
-    data: SharedBytes,
+    shared: Arc<Shared>,
     work: Option<Sender<Task>>,
     workers: Vec<JoinHandle<()>>,
     /// Chunks handed out, in order: their first bit and their output.
@@ -106,6 +188,12 @@ pub struct ParallelInflate {
     next_chunk: usize,
     /// The chunk being read.
     current: Option<Receiver<Piece>>,
+    /// A whole chunk's output being handed out piece by piece, and how far.
+    draining: Option<(Vec<u8>, usize)>,
+    /// The same for a chunk's output with markers, with the window before
+    /// the chunk that they stand for.
+    resolving: Option<(Vec<u16>, usize)>,
+    chunk_window: Vec<u8>,
     /// Bit where the output read so far ends.
     pos: usize,
     /// The last 32 KiB (or fewer) of output.
@@ -114,61 +202,73 @@ pub struct ParallelInflate {
     size: u64,
     end: Option<usize>,
     depth: usize,
-    /// Compressed bytes per chunk.
-    chunk: usize,
+    /// Most bytes handed out at once.
+    piece: usize,
 }
 
 impl ParallelInflate {
     /// Inflate the raw DEFLATE stream at the start of `data` on `threads`
     /// workers.
     pub fn new(data: SharedBytes, threads: usize) -> Self {
-        Self::with_chunk(data, threads, CHUNK)
+        Self::with_chunk(data, threads, CHUNK, PIECE)
     }
 
-    /// Like [`Self::new`] with chunks of `chunk` compressed bytes.
-    pub fn with_chunk(data: SharedBytes, threads: usize, chunk: usize) -> Self {
+    /// Like [`Self::new`] with chunks of `chunk` compressed bytes, handing
+    /// out output in pieces of at most `piece` bytes.
+    pub fn with_chunk(data: SharedBytes, threads: usize, chunk: usize, piece: usize) -> Self {
         let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            data,
+            chunk_bits: chunk.max(1) * 8,
+            finds: Mutex::new(HashMap::new()),
+            spare: bounded(threads),
+            spare16: bounded(threads),
+        });
         let (work, rx) = bounded::<Task>(threads * 2);
         let workers = (0..threads)
             .map(|_| {
                 let rx = rx.clone();
-                let data = data.clone();
+                let shared = shared.clone();
                 std::thread::spawn(move || {
+                    let mut w = Worker::new(shared.chunk_bits / 8);
                     for task in rx {
-                        run_chunk(data.as_slice(), task);
+                        w.run(&shared, task);
                     }
                 })
             })
             .collect();
         let mut p = ParallelInflate {
-            data,
+            shared,
             work: Some(work),
             workers,
             queue: VecDeque::new(),
             next_chunk: 0,
             current: None,
+            draining: None,
+            resolving: None,
+            chunk_window: Vec::with_capacity(marker::WINDOW),
             pos: 0,
             window: Vec::with_capacity(marker::WINDOW),
             crc: crc32fast::Hasher::new(),
             size: 0,
             end: None,
-            depth: threads + 1,
-            chunk: chunk.max(1),
+            depth: threads,
+            piece: piece.max(1),
         };
         p.fill_queue();
         p
     }
 
     fn bits(&self) -> usize {
-        self.data.as_slice().len() * 8
+        self.shared.bits()
     }
 
     /// Hand out chunks until `depth` are waiting.
     fn fill_queue(&mut self) {
         let Some(work) = &self.work else { return };
         while self.queue.len() < self.depth {
-            let from = self.next_chunk * self.chunk * 8;
-            if from >= self.data.as_slice().len() * 8 {
+            let from = self.next_chunk * self.shared.chunk_bits;
+            if from >= self.bits() {
                 return;
             }
             let (tx, rx) = bounded(AHEAD);
@@ -176,13 +276,14 @@ impl ParallelInflate {
                 Start::Known {
                     bit: 0,
                     window: Vec::new(),
+                    chunk: Some(0),
                 }
             } else {
-                Start::Find { from }
+                Start::Find { k: self.next_chunk }
             };
             let task = Task {
                 start,
-                stop: from + self.chunk * 8,
+                stop: from + self.shared.chunk_bits,
                 tx,
             };
             if work.send(task).is_err() {
@@ -197,6 +298,32 @@ impl ParallelInflate {
     /// `false` once the final block has been read.
     pub fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool> {
         loop {
+            if let Some((b, at)) = &mut self.draining {
+                let n = (b.len() - *at).min(self.piece);
+                out.extend_from_slice(&b[*at..*at + n]);
+                *at += n;
+                if *at == b.len() {
+                    if let Some((b, _)) = self.draining.take() {
+                        let _ = self.shared.spare.0.try_send(b);
+                    }
+                }
+                self.took(out);
+                return Ok(true);
+            }
+            if let Some((m, at)) = &mut self.resolving {
+                let n = (m.len() - *at).min(self.piece);
+                let off = (self.pos / 8) as u64;
+                marker::resolve(&m[*at..*at + n], &self.chunk_window, out, off)?;
+                *at += n;
+                if *at == m.len() {
+                    if let Some((m, _)) = self.resolving.take() {
+                        let _ = self.shared.spare16.0.try_send(m);
+                    }
+                }
+                self.crc.update(out);
+                self.took(out);
+                return Ok(true);
+            }
             if self.end.is_some() {
                 return Ok(false);
             }
@@ -208,15 +335,23 @@ impl ParallelInflate {
             match piece {
                 Piece::Start(_) => return Err(self.lost()),
                 Piece::Markers(m) => {
-                    let at = (self.pos / 8) as u64;
-                    marker::resolve(&m, &self.window, out, at)?;
-                    self.crc.update(out);
-                    self.took(out);
-                    return Ok(true);
+                    self.chunk_window.clone_from(&self.window);
+                    self.resolving = Some((m, 0));
                 }
-                Piece::Bytes(mut b, crc) => {
-                    std::mem::swap(out, &mut b);
+                Piece::Bytes(mut b, skip, crc) => {
                     self.crc.combine(&crc);
+                    if b.len() - skip > self.piece {
+                        // A whole chunk: handed out in pieces the
+                        // pipeline's buffers hold.
+                        self.draining = Some((b, skip));
+                        continue;
+                    }
+                    if skip == 0 {
+                        std::mem::swap(out, &mut b);
+                    } else {
+                        out.extend_from_slice(&b[skip..]);
+                    }
+                    let _ = self.shared.spare.0.try_send(b);
                     self.took(out);
                     return Ok(true);
                 }
@@ -288,12 +423,13 @@ impl ParallelInflate {
             start: Start::Known {
                 bit: self.pos,
                 window: self.window.clone(),
+                chunk: None,
             },
             stop: stop.max(self.pos + 1),
             tx,
         };
-        let data = self.data.clone();
-        std::thread::spawn(move || run_chunk(data.as_slice(), task));
+        let shared = self.shared.clone();
+        std::thread::spawn(move || Worker::new(shared.chunk_bits / 8).run(&shared, task));
         match rx.recv() {
             Ok(Piece::Start(Some(_))) => {}
             _ => return Err(self.lost()),
@@ -324,6 +460,8 @@ impl Drop for ParallelInflate {
         // Closing the channels makes every worker's next send fail and the
         // pool's loop end.
         self.work = None;
+        self.draining = None;
+        self.resolving = None;
         self.queue.clear();
         self.current = None;
         for w in self.workers.drain(..) {
@@ -332,65 +470,135 @@ impl Drop for ParallelInflate {
     }
 }
 
-/// Decode one chunk, sending its pieces; returns early when the reader has
-/// gone (a send fails).
-fn run_chunk(data: &[u8], task: Task) {
-    let Task { start, stop, tx } = task;
-    match start {
-        Start::Known { bit, window } => {
-            if tx.send(Piece::Start(Some(bit))).is_ok() {
-                inflate_known(data, bit, &window, stop, &tx);
-            }
+impl Worker {
+    fn new(chunk_bytes: usize) -> Self {
+        Worker {
+            chunk_bytes,
+            dec: MarkerDecoder::default(),
+            whole: Whole::new(),
+            rebased: Vec::new(),
         }
-        Start::Find { from } => {
-            let mut dec = MarkerDecoder::default();
-            let Some((first, end, next)) = marker::find_block(&mut dec, data, from, stop) else {
-                let _ = tx.send(Piece::Start(None));
-                return;
-            };
-            if tx.send(Piece::Start(Some(first))).is_err() {
+    }
+
+    /// Decode one chunk, sending its pieces; returns early when the reader
+    /// has gone (a send fails).
+    fn run(&mut self, shared: &Shared, task: Task) {
+        let Task { start, stop, tx } = task;
+        let data = shared.data.as_slice();
+        let (first, k) = match start {
+            Start::Known { bit, window, chunk } => {
+                if tx.send(Piece::Start(Some(bit))).is_ok() {
+                    self.finish(shared, chunk, bit, &window, stop, &tx);
+                }
                 return;
             }
-            let mut pos = next;
-            let mut last = end == BlockEnd::Last;
-            let end = loop {
-                if last {
-                    break End::Last(pos);
+            Start::Find { k } => match shared.find(k, &mut self.dec) {
+                Some(first) => (first, k),
+                None => {
+                    let _ = tx.send(Piece::Start(None));
+                    return;
                 }
-                if pos >= stop && marker::starts_dynamic(data, pos) {
-                    break End::Boundary(pos);
+            },
+        };
+        if tx.send(Piece::Start(Some(first))).is_err() {
+            return;
+        }
+        let dec = &mut self.dec;
+        dec.clear();
+        let mut pos = first;
+        let mut last = false;
+        let end = loop {
+            if last {
+                break End::Last(pos);
+            }
+            if pos > first && pos >= stop && marker::starts_dynamic(data, pos) {
+                break End::Boundary(pos);
+            }
+            if dec.window_known() {
+                let window = dec.window();
+                let spare = shared.spare16.1.try_recv().unwrap_or_default();
+                if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
+                    self.finish(shared, Some(k), pos, &window, stop, &tx);
                 }
-                if dec.window_known() {
-                    let window = dec.window();
-                    if tx
-                        .send(Piece::Markers(std::mem::take(&mut dec.out)))
-                        .is_ok()
-                    {
-                        inflate_known(data, pos, &window, stop, &tx);
+                return;
+            }
+            if dec.out.len() >= MARKER_CAP {
+                break End::Boundary(pos);
+            }
+            let mark = dec.out.len();
+            let mut bits = Bits::new(data, pos);
+            match dec.block(&mut bits) {
+                Ok(e) => {
+                    pos = bits.pos();
+                    last = e == BlockEnd::Last;
+                }
+                Err(e) => {
+                    dec.out.truncate(mark);
+                    break match e {
+                        marker::Stop::OutOfData => End::Truncated(pos),
+                        marker::Stop::Invalid(r) => End::Failed(pos, r),
+                    };
+                }
+            }
+        };
+        let spare = shared.spare16.1.try_recv().unwrap_or_default();
+        if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
+            let _ = tx.send(Piece::End(end));
+        }
+    }
+
+    /// The rest of a chunk from `bit`, with the window known: whole by
+    /// libdeflate when the chunk's end is known (the next chunk's first
+    /// block), else (or when that fails) streamed by zlib-rs.
+    fn finish(
+        &mut self,
+        shared: &Shared,
+        chunk: Option<usize>,
+        bit: usize,
+        window: &[u8],
+        stop: usize,
+        tx: &Sender<Piece>,
+    ) {
+        let data = shared.data.as_slice();
+        if let Some(k) = chunk {
+            if let Some(end) = shared.end_of(k, &mut self.dec).filter(|&e| e > bit) {
+                if let Some((out, skip, crc)) = self.inflate_whole(shared, bit, end, window) {
+                    if tx.send(Piece::Bytes(out, skip, crc)).is_ok() {
+                        let _ = tx.send(Piece::End(End::Boundary(end)));
                     }
                     return;
                 }
-                if dec.out.len() >= MARKER_CAP {
-                    break End::Boundary(pos);
-                }
-                let mark = dec.out.len();
-                let mut bits = Bits::new(data, pos);
-                match dec.block(&mut bits) {
-                    Ok(e) => {
-                        pos = bits.pos();
-                        last = e == BlockEnd::Last;
-                    }
-                    Err(e) => {
-                        dec.out.truncate(mark);
-                        break match e {
-                            marker::Stop::OutOfData => End::Truncated(pos),
-                            marker::Stop::Invalid(r) => End::Failed(pos, r),
-                        };
-                    }
-                }
-            };
-            if tx.send(Piece::Markers(dec.out)).is_ok() {
-                let _ = tx.send(Piece::End(end));
+            }
+        }
+        inflate_known(data, bit, window, stop, tx);
+    }
+
+    /// Inflate the whole blocks `bit..end` with libdeflate; `None` when the
+    /// output does not fit a generous guess, or the bits are not whole
+    /// blocks (a wrong guess of the next chunk's start, or damage: the
+    /// streaming path then says which).
+    fn inflate_whole(
+        &mut self,
+        shared: &Shared,
+        bit: usize,
+        end: usize,
+        window: &[u8],
+    ) -> Option<(Vec<u8>, usize, crc32fast::Hasher)> {
+        let whole = self.whole.as_mut()?;
+        whole::rebase(shared.data.as_slice(), bit, end, window, &mut self.rebased);
+        // One size for every chunk, so buffers are reused whole.
+        let guess = (self.chunk_bytes * WHOLE_RATIO).min(WHOLE_MAX);
+        let mut out = shared.buffer(window.len() + guess);
+        match whole.inflate(&self.rebased, &mut out) {
+            Outcome::Done { used } if used == self.rebased.len() && out.len() >= window.len() => {
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(&out[window.len()..]);
+                Some((out, window.len(), crc))
+            }
+            other => {
+                tracing::trace!(?other, bit, end, "whole inflate failed; streaming");
+                let _ = shared.spare.0.try_send(out);
+                None
             }
         }
     }
@@ -436,7 +644,7 @@ fn inflate_known_inner(
         *crc_done = 0;
         let full = std::mem::replace(piece, Vec::with_capacity(PIECE));
         let c = std::mem::replace(crc, crc32fast::Hasher::new());
-        tx.send(Piece::Bytes(full, c)).is_ok()
+        tx.send(Piece::Bytes(full, 0, c)).is_ok()
     };
     loop {
         if piece.len() >= PIECE {
@@ -591,6 +799,23 @@ mod tests {
     }
 
     #[test]
+    fn libdeflate_inflates_whole_stretches_between_any_two_boundaries() {
+        let data = image_like(3 << 20, 17);
+        let stream = deflate(&data, 6);
+        let b = boundaries(&stream);
+        let mut w = Whole::new().unwrap();
+        let mut buf = Vec::new();
+        for i in (0..b.len() - 3).step_by(2) {
+            let ((from, a), (to, z)) = (b[i], b[i + 3]);
+            let window = &data[a.saturating_sub(marker::WINDOW)..a];
+            whole::rebase(&stream, from, to, window, &mut buf);
+            let mut out = Vec::with_capacity(window.len() + z - a);
+            assert_eq!(w.inflate(&buf, &mut out), Outcome::Done { used: buf.len() });
+            assert!(out[window.len()..] == data[a..z], "bits {from}..{to}");
+        }
+    }
+
+    #[test]
     fn found_blocks_are_true_boundaries_and_their_markers_resolve() {
         let data = image_like(4 << 20, 3);
         let stream = deflate(&data, 6);
@@ -618,8 +843,14 @@ mod tests {
     }
 
     fn parallel(stream: &[u8], threads: usize, chunk: usize) -> Result<(Vec<u8>, usize, u32)> {
-        let mut p =
-            ParallelInflate::with_chunk(SharedBytes::from_vec(stream.to_vec()), threads, chunk);
+        // Small pieces, so a chunk's output is handed out in many.
+        let piece = 4096 + chunk % 10_000;
+        let mut p = ParallelInflate::with_chunk(
+            SharedBytes::from_vec(stream.to_vec()),
+            threads,
+            chunk,
+            piece,
+        );
         let mut out = Vec::new();
         let mut piece = Vec::new();
         while p.next_piece(&mut piece)? {
