@@ -416,14 +416,32 @@ impl MarkerDecoder {
                 let start = have - dist;
                 self.out.extend_from_within(start..start + len);
             } else {
-                for _ in 0..len {
-                    let v = self.out[self.out.len() - dist];
-                    self.out.push(v);
+                // Overlapping: the pattern of `dist` values repeats. Copy it
+                // from its start in doubling runs, each a whole number of
+                // periods but the last.
+                let start = have - dist;
+                let mut copied = 0;
+                while copied < len {
+                    let n = (len - copied).min(dist + copied);
+                    self.out.extend_from_within(start..start + n);
+                    copied += n;
                 }
             }
         }
     }
 }
+
+/// For the 13 bits a dynamic block header starts with (type, HLIT,
+/// HDIST): true when they could start a non-final dynamic block.
+const HEAD_OK: [bool; 1 << 13] = {
+    let mut t = [false; 1 << 13];
+    let mut i = 0;
+    while i < t.len() {
+        t[i] = i & 7 == 0b100 && (i >> 3) & 31 <= 29 && (i >> 8) & 31 <= 29;
+        i += 1;
+    }
+    t
+};
 
 /// True when the block at `pos` is a non-final dynamic block: the only kind
 /// [`find_block`] looks for, and where a chunk's decoder stops.
@@ -445,10 +463,24 @@ pub fn find_block(
     let to = to.min(data.len() * 8);
     let mut pos = from;
     while pos < to {
-        // Cheap filters before any table is built: three type bits, the
-        // symbol counts, a complete code-length code.
+        // Cheap filters before any table is built: three type bits and the
+        // symbol counts (a table lookup, eight positions per load), then a
+        // complete code-length code.
+        let base = Bits::new(data, pos & !7).peek();
+        let mut o = pos & 7;
+        while o < 8 && !HEAD_OK[((base >> o) & 0x1fff) as usize] {
+            o += 1;
+        }
+        if o == 8 {
+            pos = (pos & !7) + 8;
+            continue;
+        }
+        pos = (pos & !7) + o;
+        if pos >= to {
+            break;
+        }
         let w = Bits::new(data, pos).peek();
-        if w & 7 != 0b100 || (w >> 3) & 31 > 29 || (w >> 8) & 31 > 29 || !cl_code_ok(w >> 13) {
+        if !cl_code_ok(w >> 13) {
             pos += 1;
             continue;
         }
@@ -503,24 +535,49 @@ fn next_header_plausible(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bo
     }
 }
 
-/// Turn 16-bit output into bytes with the `window` now known (the 32 KiB
-/// before the chunk; shorter at the start of a stream, when a marker into
-/// the missing part is damage). `at` names the chunk in errors.
-pub fn resolve(out: &[u16], window: &[u8], dst: &mut Vec<u8>, at: u64) -> Result<()> {
-    let missing = WINDOW - window.len().min(WINDOW);
-    let window = &window[window.len() - (WINDOW - missing)..];
-    dst.reserve(out.len());
-    for &v in out {
-        if v < MARKER {
-            dst.push(v as u8);
-        } else {
-            let i = (v - MARKER) as usize;
-            let b = i
-                .checked_sub(missing)
-                .and_then(|j| window.get(j))
-                .ok_or_else(|| CodecError::corrupt(NAME, at, "invalid distance too far back"))?;
-            dst.push(*b);
-        }
+/// Turns 16-bit output into bytes once the window before it is known: one
+/// table lookup per value (bytes map to themselves, markers to the window).
+pub struct Resolver {
+    lut: Vec<u8>,
+    /// Window bytes missing at its start (a chunk near the stream's start).
+    missing: usize,
+}
+
+impl Resolver {
+    /// For the `window`: the 32 KiB before the chunk, or fewer at the start
+    /// of a stream, when a marker into the missing part is damage.
+    pub fn new(window: &[u8]) -> Self {
+        let have = window.len().min(WINDOW);
+        let missing = WINDOW - have;
+        let mut lut = Vec::with_capacity(MARKER as usize + WINDOW);
+        lut.extend((0..=255u8).map(|b| b));
+        lut.resize(MARKER as usize + missing, 0);
+        lut.extend_from_slice(&window[window.len() - have..]);
+        Resolver { lut, missing }
     }
-    Ok(())
+
+    /// Append the bytes `out` stands for to `dst`; `at` names the place in
+    /// errors.
+    pub fn resolve(&self, out: &[u16], dst: &mut Vec<u8>, at: u64) -> Result<()> {
+        let lut = &self.lut[..MARKER as usize + WINDOW];
+        dst.extend(out.iter().map(|&v| lut[usize::from(v).min(lut.len() - 1)]));
+        if self.missing > 0 {
+            let lo = MARKER as usize;
+            let hi = lo + self.missing;
+            if out.iter().any(|&v| (lo..hi).contains(&usize::from(v))) {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    at,
+                    "invalid distance too far back",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Turn 16-bit output into bytes with the `window` now known (see
+/// [`Resolver`]).
+pub fn resolve(out: &[u16], window: &[u8], dst: &mut Vec<u8>, at: u64) -> Result<()> {
+    Resolver::new(window).resolve(out, dst, at)
 }

@@ -192,8 +192,7 @@ pub struct ParallelInflate {
     draining: Option<(Vec<u8>, usize)>,
     /// The same for a chunk's output with markers, with the window before
     /// the chunk that they stand for.
-    resolving: Option<(Vec<u16>, usize)>,
-    chunk_window: Vec<u8>,
+    resolving: Option<(Vec<u16>, usize, marker::Resolver)>,
     /// Bit where the output read so far ends.
     pos: usize,
     /// The last 32 KiB (or fewer) of output.
@@ -246,7 +245,6 @@ impl ParallelInflate {
             current: None,
             draining: None,
             resolving: None,
-            chunk_window: Vec::with_capacity(marker::WINDOW),
             pos: 0,
             window: Vec::with_capacity(marker::WINDOW),
             crc: crc32fast::Hasher::new(),
@@ -310,13 +308,13 @@ impl ParallelInflate {
                 self.took(out);
                 return Ok(true);
             }
-            if let Some((m, at)) = &mut self.resolving {
+            if let Some((m, at, resolver)) = &mut self.resolving {
                 let n = (m.len() - *at).min(self.piece);
                 let off = (self.pos / 8) as u64;
-                marker::resolve(&m[*at..*at + n], &self.chunk_window, out, off)?;
+                resolver.resolve(&m[*at..*at + n], out, off)?;
                 *at += n;
                 if *at == m.len() {
-                    if let Some((m, _)) = self.resolving.take() {
+                    if let Some((m, _, _)) = self.resolving.take() {
                         let _ = self.shared.spare16.0.try_send(m);
                     }
                 }
@@ -335,8 +333,7 @@ impl ParallelInflate {
             match piece {
                 Piece::Start(_) => return Err(self.lost()),
                 Piece::Markers(m) => {
-                    self.chunk_window.clone_from(&self.window);
-                    self.resolving = Some((m, 0));
+                    self.resolving = Some((m, 0, marker::Resolver::new(&self.window)));
                 }
                 Piece::Bytes(mut b, skip, crc) => {
                     self.crc.combine(&crc);
