@@ -550,7 +550,7 @@ impl Resolver {
         let have = window.len().min(WINDOW);
         let missing = WINDOW - have;
         let mut lut = Vec::with_capacity(MARKER as usize + WINDOW);
-        lut.extend((0..=255u8).map(|b| b));
+        lut.extend(0..=255u8);
         lut.resize(MARKER as usize + missing, 0);
         lut.extend_from_slice(&window[window.len() - have..]);
         Resolver { lut, missing }
