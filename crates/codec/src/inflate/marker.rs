@@ -479,8 +479,7 @@ pub fn find_block(
         if pos >= to {
             break;
         }
-        let w = Bits::new(data, pos).peek();
-        if !cl_code_ok(w >> 13) {
+        if !cl_code_ok(Bits::new(data, pos + 13)) {
             pos += 1;
             continue;
         }
@@ -488,7 +487,7 @@ pub fn find_block(
         let mut bits = Bits::new(data, pos);
         if let Ok(end) = dec.block(&mut bits) {
             let next = bits.pos();
-            if end == BlockEnd::Last || next_header_plausible(dec, data, next) {
+            if end == BlockEnd::Last || next_block_decodes(dec, data, next) {
                 return Some((pos, end, next));
             }
         }
@@ -498,13 +497,13 @@ pub fn find_block(
     None
 }
 
-/// True when the code-length code whose HCLEN and lengths start at the low
-/// bits of `w` is complete.
-fn cl_code_ok(w: u64) -> bool {
-    let hclen = (w & 15) as usize + 4;
+/// True when the code-length code whose HCLEN and lengths `bits` is at
+/// is complete (zlib writes no other).
+fn cl_code_ok(mut bits: Bits) -> bool {
+    let hclen = bits.take(4) as usize + 4;
     let mut count = [0u16; 8];
-    for k in 0..hclen {
-        count[((w >> (4 + 3 * k)) & 7) as usize] += 1;
+    for _ in 0..hclen {
+        count[bits.take(3) as usize] += 1;
     }
     let mut left: i32 = 1;
     for &c in &count[1..8] {
@@ -514,6 +513,34 @@ fn cl_code_ok(w: u64) -> bool {
         }
     }
     left == 0
+}
+
+/// Blocks checked after a candidate's first one.
+const CONFIRM_BLOCKS: usize = 3;
+
+/// The blocks after a candidate's first one decode too, up to
+/// [`CONFIRM_BLOCKS`] of them or the end of the stream or data: in the
+/// random bytes of stored blocks of a real image, a garbage "block" was seen
+/// to decode followed by another one.
+fn next_block_decodes(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool {
+    if !next_header_plausible(dec, data, pos) {
+        return false;
+    }
+    let mark = dec.out.len();
+    let mut bits = Bits::new(data, pos);
+    let mut ok = true;
+    for _ in 0..CONFIRM_BLOCKS {
+        match dec.block(&mut bits) {
+            Ok(BlockEnd::More) => continue,
+            Ok(BlockEnd::Last) | Err(Stop::OutOfData) => break,
+            Err(Stop::Invalid(_)) => {
+                ok = false;
+                break;
+            }
+        }
+    }
+    dec.out.truncate(mark);
+    ok
 }
 
 /// A next block header that could be real: not the reserved type, a

@@ -411,6 +411,7 @@ impl ParallelInflate {
         }
         // Decode from `pos`, with the window known, up to where the next
         // handed-out chunk begins its search.
+        tracing::trace!(pos = self.pos, "restarting from where the output stands");
         let stop = match self.queue.front() {
             Some((from, _)) => *from,
             None => self.bits() + 1,
@@ -512,6 +513,7 @@ impl Worker {
                 break End::Boundary(pos);
             }
             if dec.window_known() {
+                tracing::trace!(first, pos, symbols = dec.out.len(), "window clean");
                 let window = dec.window();
                 let spare = shared.spare16.1.try_recv().unwrap_or_default();
                 if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
@@ -520,6 +522,7 @@ impl Worker {
                 return;
             }
             if dec.out.len() >= MARKER_CAP {
+                tracing::trace!(first, pos, "markers did not clear; leaving the rest");
                 break End::Boundary(pos);
             }
             let mark = dec.out.len();
@@ -558,10 +561,13 @@ impl Worker {
     ) {
         let data = shared.data.as_slice();
         if let Some(k) = chunk {
-            if let Some(end) = shared.end_of(k, &mut self.dec).filter(|&e| e > bit) {
-                if let Some((out, skip, crc)) = self.inflate_whole(shared, bit, end, window) {
+            // Up to the next chunk's first block; when no chunk after this
+            // one has a block, to the stream's end.
+            let end = shared.end_of(k, &mut self.dec);
+            if end.is_none_or(|e| e > bit) {
+                if let Some((out, skip, crc, end)) = self.inflate_whole(shared, bit, end, window) {
                     if tx.send(Piece::Bytes(out, skip, crc)).is_ok() {
-                        let _ = tx.send(Piece::End(End::Boundary(end)));
+                        let _ = tx.send(Piece::End(end));
                     }
                     return;
                 }
@@ -578,22 +584,38 @@ impl Worker {
         &mut self,
         shared: &Shared,
         bit: usize,
-        end: usize,
+        end: Option<usize>,
         window: &[u8],
-    ) -> Option<(Vec<u8>, usize, crc32fast::Hasher)> {
+    ) -> Option<(Vec<u8>, usize, crc32fast::Hasher, End)> {
         let whole = self.whole.as_mut()?;
-        whole::rebase(shared.data.as_slice(), bit, end, window, &mut self.rebased);
+        let data = shared.data.as_slice();
+        // A stream that ends in the last chunk: at most two chunks' bytes.
+        let data = match end {
+            Some(_) => data,
+            None => &data[..data.len().min(bit / 8 + 2 * self.chunk_bytes)],
+        };
+        let base = whole::rebase(data, bit, end, window, &mut self.rebased);
         // One size for every chunk, so buffers are reused whole.
         let guess = (self.chunk_bytes * WHOLE_RATIO).min(WHOLE_MAX);
         let mut out = shared.buffer(window.len() + guess);
-        match whole.inflate(&self.rebased, &mut out) {
-            Outcome::Done { used } if used == self.rebased.len() && out.len() >= window.len() => {
+        let outcome = whole.inflate(&self.rebased, &mut out);
+        let done = match (outcome, end) {
+            (Outcome::Done { used }, Some(e)) if used == self.rebased.len() => {
+                Some(End::Boundary(e))
+            }
+            (Outcome::Done { used }, None) if used >= base => {
+                Some(End::Last((bit / 8 + used - base) * 8))
+            }
+            _ => None,
+        };
+        match done {
+            Some(end) if out.len() >= window.len() => {
                 let mut crc = crc32fast::Hasher::new();
                 crc.update(&out[window.len()..]);
-                Some((out, window.len(), crc))
+                Some((out, window.len(), crc, end))
             }
-            other => {
-                tracing::trace!(?other, bit, end, "whole inflate failed; streaming");
+            _ => {
+                tracing::trace!(?outcome, bit, ?end, "whole inflate failed; streaming");
                 let _ = shared.spare.0.try_send(out);
                 None
             }
@@ -805,7 +827,7 @@ mod tests {
         for i in (0..b.len() - 3).step_by(2) {
             let ((from, a), (to, z)) = (b[i], b[i + 3]);
             let window = &data[a.saturating_sub(marker::WINDOW)..a];
-            whole::rebase(&stream, from, to, window, &mut buf);
+            whole::rebase(&stream, from, Some(to), window, &mut buf);
             let mut out = Vec::with_capacity(window.len() + z - a);
             assert_eq!(w.inflate(&buf, &mut out), Outcome::Done { used: buf.len() });
             assert!(out[window.len()..] == data[a..z], "bits {from}..{to}");

@@ -143,8 +143,16 @@ const PAD: [(u8, u8); 8] = [
 /// place in its byte, the bytes of `data` holding bits `from..to` (so a
 /// stored block in them keeps its byte alignment), then an empty final
 /// block at `to`. `from` and `to` must be block boundaries; the output is
-/// the window then the bytes of those blocks.
-pub fn rebase(data: &[u8], from: usize, to: usize, window: &[u8], buf: &mut Vec<u8>) {
+/// the window then the bytes of those blocks. With no `to`, all of `data`
+/// from `from` on is taken, for a stream that ends in it. Returns where
+/// `data`'s byte `from / 8` is in `buf`.
+pub fn rebase(
+    data: &[u8],
+    from: usize,
+    to: Option<usize>,
+    window: &[u8],
+    buf: &mut Vec<u8>,
+) -> usize {
     buf.clear();
     let mut w = BitWriter { buf, acc: 0, n: 0 };
     if !window.is_empty() {
@@ -166,7 +174,7 @@ pub fn rebase(data: &[u8], from: usize, to: usize, window: &[u8], buf: &mut Vec<
     debug_assert_eq!(w.n as usize, r);
     let (acc, pending) = (w.acc as u8, w.n);
     let first = from / 8;
-    let last = to.div_ceil(8);
+    let last = to.map_or(data.len(), |t| t.div_ceil(8));
     let base = buf.len();
     buf.extend_from_slice(&data[first..last]);
     buf.extend_from_slice(&[0, 0]);
@@ -174,6 +182,10 @@ pub fn rebase(data: &[u8], from: usize, to: usize, window: &[u8], buf: &mut Vec<
         let keep = !((1u8 << pending) - 1);
         buf[base] = (buf[base] & keep) | acc;
     }
+    let Some(to) = to else {
+        buf.truncate(buf.len() - 2);
+        return base;
+    };
     // Clear the bits past `to`, then an empty final block there.
     let end = base * 8 + r + (to - from);
     let byte = end / 8;
@@ -187,6 +199,7 @@ pub fn rebase(data: &[u8], from: usize, to: usize, window: &[u8], buf: &mut Vec<
     w.buf.pop();
     w.empty_fixed(true);
     w.put(0, 7);
+    base
 }
 
 #[cfg(test)]
@@ -202,7 +215,7 @@ mod tests {
         let mut buf = Vec::new();
         for from in 0..24 {
             for window in [&b"window"[..], &[]] {
-                rebase(&[0xff; 8], from, from, window, &mut buf);
+                rebase(&[0xff; 8], from, Some(from), window, &mut buf);
                 let mut out = Vec::with_capacity(64);
                 assert_eq!(w.inflate(&buf, &mut out), Outcome::Done { used: buf.len() });
                 assert_eq!(out, window);
