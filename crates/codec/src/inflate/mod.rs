@@ -40,6 +40,7 @@ use crate::input::SharedBytes;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use marker::{Bits, BlockEnd, MarkerDecoder};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use whole::{Outcome, Whole};
@@ -91,9 +92,12 @@ struct Shared {
     data: SharedBytes,
     chunk_bits: usize,
     finds: Mutex<HashMap<usize, Arc<OnceLock<Option<usize>>>>>,
-    /// Output buffers handed back by the reader, for reuse (no page faults
-    /// on fresh memory).
+    /// Whole-chunk output buffers handed back by the reader, for reuse (no
+    /// page faults on fresh memory); room for all of them.
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+    /// Whole-chunk buffers that may still be made: with the reader's and
+    /// each worker's, and one finished chunk waiting, memory is bounded.
+    whole_left: AtomicUsize,
     /// The same for the marker decoder's output.
     spare16: (Sender<Vec<u16>>, Receiver<Vec<u16>>),
 }
@@ -128,13 +132,24 @@ impl Shared {
         None
     }
 
-    fn buffer(&self, capacity: usize) -> Vec<u8> {
-        let mut v = self.spare.1.try_recv().unwrap_or_default();
+    /// A buffer of the pool for a whole chunk; `None` when all of them are
+    /// in use (the chunk is then streamed: memory stays bounded, and no
+    /// worker waits on the reader, which may wait on it).
+    fn buffer(&self, capacity: usize) -> Option<Vec<u8>> {
+        let mut v = match self.spare.1.try_recv() {
+            Ok(v) => v,
+            Err(_) => {
+                self.whole_left
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .ok()?;
+                Vec::new()
+            }
+        };
         v.clear();
         if v.capacity() < capacity {
             v = Vec::with_capacity(capacity);
         }
-        v
+        Some(v)
     }
 }
 
@@ -161,8 +176,11 @@ enum Piece {
     Start(Option<usize>),
     /// Output with markers, to resolve against the window.
     Markers(Vec<u16>),
-    /// Output bytes from `.1` on, with their CRC.
-    Bytes(Vec<u8>, usize, crc32fast::Hasher),
+    /// Output bytes, with their CRC.
+    Bytes(Vec<u8>, crc32fast::Hasher),
+    /// A whole chunk's output from `.1` on (a buffer of the shared pool),
+    /// with its CRC.
+    Whole(Vec<u8>, usize, crc32fast::Hasher),
     End(End),
 }
 
@@ -220,7 +238,8 @@ impl ParallelInflate {
             data,
             chunk_bits: chunk.max(1) * 8,
             finds: Mutex::new(HashMap::new()),
-            spare: bounded(threads),
+            spare: bounded(threads + 2),
+            whole_left: AtomicUsize::new(threads + 2),
             spare16: bounded(threads),
         });
         let (work, rx) = bounded::<Task>(threads * 2);
@@ -335,22 +354,17 @@ impl ParallelInflate {
                 Piece::Markers(m) => {
                     self.resolving = Some((m, 0, marker::Resolver::new(&self.window)));
                 }
-                Piece::Bytes(mut b, skip, crc) => {
+                Piece::Bytes(mut b, crc) => {
                     self.crc.combine(&crc);
-                    if b.len() - skip > self.piece {
-                        // A whole chunk: handed out in pieces the
-                        // pipeline's buffers hold.
-                        self.draining = Some((b, skip));
-                        continue;
-                    }
-                    if skip == 0 {
-                        std::mem::swap(out, &mut b);
-                    } else {
-                        out.extend_from_slice(&b[skip..]);
-                    }
-                    let _ = self.shared.spare.0.try_send(b);
+                    std::mem::swap(out, &mut b);
                     self.took(out);
                     return Ok(true);
+                }
+                Piece::Whole(b, skip, crc) => {
+                    // Handed out in pieces the pipeline's buffers hold,
+                    // then back to the pool.
+                    self.crc.combine(&crc);
+                    self.draining = Some((b, skip));
                 }
                 Piece::End(End::Boundary(bit)) => {
                     self.pos = bit;
@@ -566,7 +580,7 @@ impl Worker {
             let end = shared.end_of(k, &mut self.dec);
             if end.is_none_or(|e| e > bit) {
                 if let Some((out, skip, crc, end)) = self.inflate_whole(shared, bit, end, window) {
-                    if tx.send(Piece::Bytes(out, skip, crc)).is_ok() {
+                    if tx.send(Piece::Whole(out, skip, crc)).is_ok() {
                         let _ = tx.send(Piece::End(end));
                     }
                     return;
@@ -597,7 +611,7 @@ impl Worker {
         let base = whole::rebase(data, bit, end, window, &mut self.rebased);
         // One size for every chunk, so buffers are reused whole.
         let guess = (self.chunk_bytes * WHOLE_RATIO).min(WHOLE_MAX);
-        let mut out = shared.buffer(window.len() + guess);
+        let mut out = shared.buffer(window.len() + guess)?;
         let outcome = whole.inflate(&self.rebased, &mut out);
         let done = match (outcome, end) {
             (Outcome::Done { used }, Some(e)) if used == self.rebased.len() => {
@@ -663,7 +677,7 @@ fn inflate_known_inner(
         *crc_done = 0;
         let full = std::mem::replace(piece, Vec::with_capacity(PIECE));
         let c = std::mem::replace(crc, crc32fast::Hasher::new());
-        tx.send(Piece::Bytes(full, 0, c)).is_ok()
+        tx.send(Piece::Bytes(full, c)).is_ok()
     };
     loop {
         if piece.len() >= PIECE {
