@@ -15,6 +15,10 @@
 //!   cut again: BGZF-style member sizes, the zstd seek table, LZ4 frame and
 //!   lzop block framing, snappy chunking, bzip2 block scanning and xz blocks
 //!   and index. No library exposes those as parallel building blocks.
+//!   Foreign one-member gzip is decoded on every core by [`inflate`]:
+//!   libdeflate does the bulk, but the first stage (decoding a chunk from a
+//!   guessed block without its window) is written here, since no library
+//!   can start there.
 //!   The one exception is bzip2 ([`bz2`]), encoder and decoder both:
 //!   with libbzip2, cairn packed and unpacked .bz2 at 0.61-0.80x of
 //!   lbzip2 on the same cores, no maintained crate does better, and the
@@ -25,9 +29,11 @@
 //!   state and writes into caller-owned `Vec`s, so a worker that keeps them
 //!   allocates nothing per block in the steady state.
 //! - **Splittable output, sequential fallback.** Everything cairn writes
-//!   can be cut into independent units without decoding; anything foreign
-//!   that cannot (one gzip member, a zstd frame without a size) is decoded
-//!   in the splitter, never guessed at.
+//!   can be cut into independent units without decoding; a foreign gzip
+//!   member read from a file is decoded in parallel from guessed block
+//!   starts, every guess checked by stitching and by the member's CRC;
+//!   anything else that cannot be cut (a gzip member from a pipe, a zstd
+//!   frame without a size) is decoded in the splitter.
 //! - **Errors carry the format and the stream offset**, and a declared size
 //!   is checked against [`format::MAX_UNIT`] before anything is allocated.
 

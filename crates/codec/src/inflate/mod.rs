@@ -9,7 +9,7 @@
 //! cannot know ([`marker::MarkerDecoder`]). As soon as the last 32 KiB it
 //! decoded hold no marker, it knows everything the rest of the chunk can
 //! refer to: libdeflate inflates the rest, up to the next chunk's first
-//! block, in one call ([`whole::rebase`] makes those blocks a stream of
+//! block, in one call (`whole::rebase` makes those blocks a stream of
 //! their own, with the 32 KiB as a stored block in front). Where that
 //! cannot be done (the last chunk, an output too big for the buffer, a
 //! wrong guess of the next start), zlib-rs streams it instead, from the
