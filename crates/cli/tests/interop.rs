@@ -387,7 +387,12 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
             x as u8
         }));
     }
-    let gz = run_ok("gzip", &["-6", "-c"], &data);
+    // Two members (as `cat a.gz b.gz`): the first is inflated in parallel
+    // with chunks that run into the second, the second too when the rest
+    // of the file is long enough.
+    let half = data.len() * 3 / 5;
+    let mut gz = run_ok("gzip", &["-6", "-c"], &data[..half]);
+    gz.extend(run_ok("gzip", &["-6", "-c"], &data[half..]));
     // At least three chunks of the parallel inflater (8 MiB each).
     assert!(gz.len() > 24 << 20, "only {} compressed bytes", gz.len());
     let dir = tempdir();

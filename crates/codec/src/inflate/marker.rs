@@ -371,16 +371,31 @@ impl MarkerDecoder {
     }
 
     fn codes(&mut self, bits: &mut Bits) -> std::result::Result<(), Stop> {
+        let lit_mask = (1u64 << self.lit.bits) - 1;
+        let dist_mask = (1u64 << self.dist.bits) - 1;
         loop {
             if bits.overrun() {
                 return Err(Stop::OutOfData);
             }
-            let sym = self
-                .lit
-                .decode(bits)
-                .ok_or(Stop::Invalid("invalid literal/length code"))?;
+            // One load serves a whole symbol: a literal/length code (15
+            // bits), its extra bits (5), a distance code (15) and its extra
+            // bits (13) are at most 48 of the 56 or more a peek gives.
+            let mut w = bits.peek();
+            let e = self.lit.entries[(w & lit_mask) as usize];
+            if e == 0 {
+                return Err(Stop::Invalid("invalid literal/length code"));
+            }
+            let (sym, l) = (e >> 4, u32::from(e & 15));
+            w >>= l;
+            bits.pos += l as usize;
             if sym < 256 {
                 self.out.push(sym);
+                // A second literal from the same load (15 more bits).
+                let e = self.lit.entries[(w & lit_mask) as usize];
+                if e != 0 && e >> 4 < 256 {
+                    self.out.push(e >> 4);
+                    bits.pos += usize::from(e & 15);
+                }
                 continue;
             }
             if sym == 256 {
@@ -390,15 +405,21 @@ impl MarkerDecoder {
             if s >= LEN_BASE.len() {
                 return Err(Stop::Invalid("invalid literal/length code"));
             }
-            let len = LEN_BASE[s] as usize + bits.take(LEN_EXTRA[s] as u32) as usize;
-            let d = self
-                .dist
-                .decode(bits)
-                .ok_or(Stop::Invalid("invalid distance code"))? as usize;
+            let extra = u32::from(LEN_EXTRA[s]);
+            let len = LEN_BASE[s] as usize + (w & ((1 << extra) - 1)) as usize;
+            w >>= extra;
+            let e = self.dist.entries[(w & dist_mask) as usize];
+            if e == 0 {
+                return Err(Stop::Invalid("invalid distance code"));
+            }
+            let (d, dl) = ((e >> 4) as usize, u32::from(e & 15));
             if d >= DIST_BASE.len() {
                 return Err(Stop::Invalid("invalid distance code"));
             }
-            let dist = DIST_BASE[d] as usize + bits.take(DIST_EXTRA[d] as u32) as usize;
+            w >>= dl;
+            let dextra = u32::from(DIST_EXTRA[d]);
+            let dist = DIST_BASE[d] as usize + (w & ((1 << dextra) - 1)) as usize;
+            bits.pos += (extra + dl + dextra) as usize;
             let have = self.out.len();
             if dist > have + WINDOW {
                 return Err(Stop::Invalid("invalid distance too far back"));

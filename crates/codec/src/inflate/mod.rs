@@ -10,11 +10,12 @@
 //! decoded hold no marker, it knows everything the rest of the chunk can
 //! refer to: libdeflate inflates the rest, up to the next chunk's first
 //! block, in one call (`whole::rebase` makes those blocks a stream of
-//! their own, with the 32 KiB as a stored block in front). Where that
-//! cannot be done (the last chunk, an output too big for the buffer, a
-//! wrong guess of the next start), zlib-rs streams it instead, from the
-//! same bit and window (`inflatePrime`, a dictionary), stopping at the
-//! first dynamic block at or after the next chunk's first bit.
+//! their own, with the 32 KiB as a stored block in front); the last chunk
+//! is inflated to the stream's end. Where that cannot be done (an output
+//! too big for the buffer, no buffer free in the pool, a wrong guess of the
+//! next start), zlib-rs streams it instead, from the same bit and window
+//! (`inflatePrime`, a dictionary), stopping at the first dynamic block at
+//! or after the next chunk's first bit.
 //!
 //! The reader of the output (the splitter's thread) takes the chunks in
 //! order. A chunk whose start is where the one before ended is stitched
@@ -517,6 +518,8 @@ impl Worker {
         }
         let dec = &mut self.dec;
         dec.clear();
+        // Most chunks' first stage fits; growing past it copies.
+        dec.out.reserve(4 << 20);
         let mut pos = first;
         let mut last = false;
         let end = loop {
@@ -901,8 +904,10 @@ mod tests {
         for level in [1, 6, 9] {
             let mut stream = deflate(&data, level);
             let len = stream.len();
-            // What follows a member (its trailer) is not read.
+            // What follows the stream (a trailer, the next member's stream,
+            // which chunks may start in) is not read.
             stream.extend_from_slice(b"trailer!");
+            stream.extend(deflate(&image_like(2 << 20, 99), 6));
             for (threads, chunk) in [(2, 64 << 10), (3, 200_000), (2, 1 << 20), (1, 300_000)] {
                 let (out, used, crc) = parallel(&stream, threads, chunk).unwrap();
                 assert!(out == data, "level {level} threads {threads} chunk {chunk}");
