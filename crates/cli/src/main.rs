@@ -371,7 +371,8 @@ fn main() -> ExitCode {
 /// `RUST_LOG=cairn_filepack=debug`) decides what is shown when set;
 /// otherwise warnings only, and each `-v` beyond the first one a level more
 /// (the first `-v` is the summary line per file, which is output, not a
-/// diagnostic, and is printed whatever the filter).
+/// diagnostic, and is printed whatever the filter, and the codec's notes on
+/// how a stream is decoded).
 fn init_logging(verbosity: u8) {
     use std::io::IsTerminal;
     use tracing_subscriber::filter::{EnvFilter, LevelFilter};
@@ -386,7 +387,13 @@ fn init_logging(verbosity: u8) {
         // must never stop the data from flowing.
         EnvFilter::builder().from_env_lossy()
     } else {
-        EnvFilter::default().add_directive(level.into())
+        let filter = EnvFilter::default().add_directive(level.into());
+        // The first -v also says how each stream is decoded (a gzip member
+        // in parallel, or on one core when it comes from a pipe).
+        match "cairn_codec=debug".parse() {
+            Ok(d) if verbosity >= 1 => filter.add_directive(d),
+            _ => filter,
+        }
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
