@@ -7,6 +7,9 @@ use cairn_codec::inflate::{marker, ParallelInflate};
 use cairn_codec::input::SharedBytes;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "drain.rs"]
+mod drain;
+
 fuzz_target!(|data: &[u8]| {
     let mut dec = marker::MarkerDecoder::default();
     let mut bits = marker::Bits::new(data, 0);
@@ -18,13 +21,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = marker::find_block(&mut dec, data, data.len() * 4, usize::MAX);
     let mut p = ParallelInflate::with_chunk(SharedBytes::from_vec(data.to_vec()), 2, 97, 1000);
-    let mut piece = Vec::new();
-    let mut total = 0usize;
-    while let Ok(true) = p.next_piece(&mut piece) {
-        total += piece.len();
-        piece.clear();
-        if total > 1 << 26 {
-            break;
-        }
-    }
+    drain::drain(&mut p);
 });

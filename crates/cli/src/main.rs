@@ -207,6 +207,12 @@ pub(crate) struct DecodeArgs {
     /// without a stated size is decoded in a window of that size.
     #[arg(long = "long", value_name = "N", value_parser = clap::value_parser!(u32).range(10..=31))]
     pub long: Option<u32>,
+    /// A checkpoint index for one gzip input read from a file: if FILE
+    /// exists, every core starts at a block boundary it lists (the second
+    /// read of a one-member .gz skips the search); if not, it is written
+    /// once the input has decoded with every CRC right.
+    #[arg(long = "index", value_name = "FILE")]
+    pub index: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -95,6 +95,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     let unpack = UnpackOptions {
         mode,
         zstd_window_log_max: decode.long,
+        gzip_index: decode.index.clone(),
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {

@@ -6,6 +6,8 @@
 
 mod common;
 use common::*;
+use std::path::Path;
+use std::process::Output;
 
 const SIZE: usize = 3_000_000;
 
@@ -369,6 +371,60 @@ fn sparse_files_pack_as_their_bytes_and_unpack_sparse() {
 /// inflated on several threads from guessed block starts; read from a pipe,
 /// on one. Both give what gzip -d gives, and damage in the middle of the
 /// file is an error naming gzip, not wrong output.
+/// `unpack --index`: the first read writes the index, the next ones start
+/// from its checkpoints (and leave it as it is); an index is refused,
+/// with one line, for another file, when damaged, for several inputs and
+/// for a pipe.
+fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[u8]) {
+    let index = dir.path().join("big.gzx");
+    let unpack = |extra: &[&str]| {
+        let mut args = vec!["unpack", "-T", "2", "-v", "--index", s(&index)];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let out = ok(unpack(&["-c", s(file)]));
+    assert!(out.stdout == data);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("checkpoints="));
+    let written = std::fs::read(&index).unwrap();
+    for extra in [&["-c"][..], &["-t"]] {
+        let mut args = extra.to_vec();
+        args.push(s(file));
+        let out = ok(unpack(&args));
+        assert!(out.stdout == data || extra == ["-t"]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains("checkpoints="), "{log}");
+        assert!(
+            std::fs::read(&index).unwrap() == written,
+            "the index was rewritten"
+        );
+    }
+    let refused = |out: Output, what: &str| {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(what) && err.trim().lines().count() == 1,
+            "{err}"
+        );
+    };
+    let shorter = dir.path().join("other.gz");
+    std::fs::write(&shorter, other).unwrap();
+    refused(unpack(&["-c", s(&shorter)]), "made for a gzip file of");
+    refused(
+        unpack(&["-c", s(file), s(&shorter)]),
+        "--index is for one input",
+    );
+    let mut args = vec!["unpack", "--index", s(&index)];
+    args.push("-c");
+    refused(cairn_pipe(&args, other), "needs the input in a file");
+    let mut damaged = written.clone();
+    let at = damaged.len() / 2;
+    damaged[at] ^= 4;
+    std::fs::write(&index, &damaged).unwrap();
+    refused(unpack(&["-c", s(file)]), "not a valid cairn gzip index");
+    std::fs::write(&index, &written).unwrap();
+}
+
 #[test]
 fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     if !have("gzip") {
@@ -407,6 +463,7 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     let out = cairn_pipe(&["unpack", "-T", "2", "-v"], &gz);
     assert!(out.status.success() && out.stdout == data);
     assert!(String::from_utf8_lossy(&out.stderr).contains("on one core"));
+    checkpoint_index(&dir, &file, &data, &gz[..gz.len() - 1]);
     let mut bad = gz.clone();
     let mid = bad.len() / 2;
     for b in &mut bad[mid..mid + 64] {

@@ -55,5 +55,6 @@ pub use format::{
     decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, DecodeOptions,
     Format, Framer, Splitter, Unit, UnitDecoder, UnitKind,
 };
+pub use inflate::index::{GzipIndex, IndexError as GzipIndexError};
 pub use input::Input;
 pub use probe::Probe;

@@ -2,17 +2,22 @@
 //! removed), then packed or unpacked in turn on a reader thread, N workers
 //! and an in-order writer.
 
-use crate::files::{refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, Sink, Source};
+use crate::files::{
+    refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, PendingFile, Sink, Source,
+};
 use crate::naming::{format_of_name, packed_name, unpacked_name};
 use crate::{
     Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
-use cairn_codec::{BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, Input, Unit};
+use cairn_codec::{
+    BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, GzipIndex, Input, Unit,
+};
 use cairn_pipeline::{Config, Fill, Slot};
 use serde::Serialize;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Pack or unpack.
@@ -311,6 +316,9 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     let threads = threads(opts.threads)?;
     let check_only = unpack.mode != UnpackMode::Write;
     let plans = plan(opts, check_only, unpacked_name)?;
+    if unpack.gzip_index.is_some() && plans.len() != 1 {
+        return Err(Error::IndexManyInputs(plans.len()));
+    }
     if any_planned(&plans, |p| matches!(p.source, Source::Stdin)) {
         refuse_terminal_stdin(opts.force)?;
     }
@@ -541,6 +549,10 @@ fn unpack_one(
     // The input may be read through a memory map (incompressible zstd
     // frames, by the seek table).
     hooks.input_mapped();
+    let gzip_index = match &opts.gzip_index {
+        Some(path) => Some((path, open_index(path, format, size)?)),
+        None => None,
+    };
     let input = Input::with_prefix_file(&head, reader);
     let mut splitter = format.splitter_with(
         input,
@@ -549,6 +561,7 @@ fn unpack_one(
                 .zstd_window_log_max
                 .unwrap_or(DecodeOptions::default().zstd_window_log_max),
             threads,
+            gzip_index: gzip_index.as_ref().map(|(_, i)| i.clone()),
         },
     );
     let mut sink = open_sink(&plan.dest, force, false, hooks)?;
@@ -596,6 +609,9 @@ fn unpack_one(
     }
     let bytes_in = splitter.offset();
     finish(plan, sink, input_meta.as_ref())?;
+    if let Some((path, index)) = gzip_index {
+        save_index(path, &index, hooks)?;
+    }
     let counts = Counts {
         format,
         level: None,
@@ -611,6 +627,58 @@ fn unpack_one(
         counts,
         started,
     ))
+}
+
+/// The checkpoint index at `path` for a gzip input of `size` bytes: read
+/// if the file exists, else a new empty one.
+fn open_index(path: &Path, format: Format, size: Option<u64>) -> Result<Arc<Mutex<GzipIndex>>> {
+    let fail = |msg: String| Error::Index {
+        path: path.to_path_buf(),
+        msg,
+    };
+    if format != Format::Gzip {
+        return Err(fail(format!("an index is for gzip input, not {format}")));
+    }
+    let Some(size) = size else {
+        return Err(fail(
+            "an index needs the input in a file (a pipe is read on one core)".into(),
+        ));
+    };
+    let index = match std::fs::read(path) {
+        Ok(bytes) => {
+            let index = GzipIndex::decode(&bytes).map_err(|e| fail(e.to_string()))?;
+            if index.input_len != size {
+                return Err(fail(format!(
+                    "made for a gzip file of {} bytes, this input has {size}",
+                    index.input_len
+                )));
+            }
+            tracing::debug!(path = %path.display(), members = index.members.len(), "index read");
+            index
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => GzipIndex::new(size),
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    Ok(Arc::new(Mutex::new(index)))
+}
+
+/// Write the index if decoding added to it (whole under a temporary
+/// name, synced, then renamed over `path`).
+fn save_index(path: &Path, index: &Mutex<GzipIndex>, hooks: &dyn Hooks) -> Result<()> {
+    let index = index.lock().unwrap_or_else(|p| p.into_inner());
+    if !index.changed {
+        return Ok(());
+    }
+    let file = PendingFile::create(path, true, hooks)?;
+    file.file()
+        .write_all(&index.encode())
+        .map_err(|source| Error::Write {
+            name: path.display().to_string(),
+            source,
+        })?;
+    file.commit_durable()?;
+    tracing::debug!(path = %path.display(), members = index.members.len(), "index written");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -135,6 +135,18 @@ pub enum Error {
     /// Both an output file and stdout were asked for.
     #[error("-o and -c both name the output; choose one")]
     OutputAndStdout,
+    /// A gzip checkpoint index (`--index`) could not be read, used or
+    /// written.
+    #[error("index {}: {msg}", path.display())]
+    Index {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong, one line.
+        msg: String,
+    },
+    /// `--index` with several inputs.
+    #[error("--index is for one input, but {0} were given")]
+    IndexManyInputs(usize),
     /// The codec layer's error: damaged data, a bad parameter.
     #[error(transparent)]
     Codec(#[from] CodecError),

@@ -146,6 +146,11 @@ pub struct UnpackOptions {
     /// The largest zstd window accepted, as a power of two (`--long=N`);
     /// `None` is the codec's default (zstd's own, 2^27).
     pub zstd_window_log_max: Option<u32>,
+    /// A checkpoint index for one gzip input read from a file (`--index
+    /// FILE`): used if the file exists, else written once the input has
+    /// been decoded and its CRCs checked, so the next read of that input
+    /// starts every core at a known block boundary.
+    pub gzip_index: Option<PathBuf>,
 }
 
 /// Progress of one input, for a caller that draws it. Called from the

@@ -21,8 +21,10 @@ use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PL
 use crate::block::{BlockCodec, DeflateCodec};
 use crate::buf::grow;
 use crate::error::{CodecError, Result};
+use crate::inflate::index::GzipIndex;
 use crate::inflate::ParallelInflate;
 use crate::input::Input;
+use std::sync::{Arc, Mutex};
 
 const NAME: &str = "gzip";
 const TRAILER_LEN: usize = 8;
@@ -185,9 +187,12 @@ struct Streaming {
 pub struct Splitter {
     input: Input,
     streaming: Option<Streaming>,
-    parallel: Option<ParallelInflate>,
+    /// The member being inflated in parallel, and the offset of its
+    /// DEFLATE data (its key in the index).
+    parallel: Option<(ParallelInflate, u64)>,
     threads: usize,
     members: u64,
+    index: Option<Arc<Mutex<GzipIndex>>>,
 }
 
 /// Smallest member body (bytes left in the file) worth inflating in
@@ -210,7 +215,21 @@ impl Splitter {
             parallel: None,
             threads,
             members: 0,
+            index: None,
         }
+    }
+
+    /// Use and extend a checkpoint index ([`crate::DecodeOptions::gzip_index`]).
+    pub fn with_index(mut self, index: Option<Arc<Mutex<GzipIndex>>>) -> Self {
+        self.index = index;
+        self
+    }
+
+    fn lock_index(&self) -> Option<std::sync::MutexGuard<'_, GzipIndex>> {
+        // Nothing that can panic runs under this lock.
+        self.index
+            .as_ref()
+            .map(|i| i.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Start inflating the member whose body starts at the input's offset
@@ -229,28 +248,36 @@ impl Splitter {
         if rest.as_slice().len() < PARALLEL_MIN {
             return false;
         }
+        let key = self.input.offset();
+        let known = self.lock_index().and_then(|i| i.members.get(&key).cloned());
         tracing::debug!(
-            offset = self.input.offset(),
+            offset = key,
             threads = self.threads,
+            checkpoints = known.as_ref().map(|m| m.points.len()),
             "gzip member without sizes: inflating in parallel"
         );
-        self.parallel = Some(ParallelInflate::new(rest, self.threads));
+        let p = match known {
+            Some(m) => ParallelInflate::with_index(rest, self.threads, m),
+            None => ParallelInflate::new(rest, self.threads),
+        };
+        self.parallel = Some((p, key));
         true
     }
 
     fn parallel_some(&mut self, unit: &mut Unit) -> Result<()> {
-        let Some(p) = self.parallel.as_mut() else {
+        let Some((p, key)) = self.parallel.as_mut() else {
             return Ok(());
         };
+        let base = *key;
         unit.kind = UnitKind::Plain;
-        unit.offset = self.input.offset();
-        let base = self.input.offset();
+        unit.offset = base;
         if p.next_piece(&mut unit.data)
             .map_err(|e| super::at_offset(e, base))?
         {
             return Ok(());
         }
         let (used, crc, size) = p.finish();
+        let points = self.index.is_some().then(|| p.checkpoints());
         self.parallel = None;
         if self.input.take_shared(used)?.is_none() {
             return Err(CodecError::Truncated {
@@ -258,7 +285,15 @@ impl Splitter {
                 offset: base + used as u64,
             });
         }
-        self.check_trailer(crc, size)
+        self.check_trailer(crc, size)?;
+        // Only a member whose CRC held is indexed.
+        if let (Some(points), Some(mut index)) = (points, self.lock_index()) {
+            if index.members.get(&base) != Some(&points) {
+                index.members.insert(base, points);
+                index.changed = true;
+            }
+        }
+        Ok(())
     }
 
     /// Read and check a member's trailer against the CRC and size of what

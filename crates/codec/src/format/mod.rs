@@ -15,9 +15,11 @@
 //! decoding and writing still overlapped on different threads.
 
 use crate::error::{CodecError, Result};
+use crate::inflate::index::GzipIndex;
 use crate::input::Input;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 
 pub mod bzip2;
 pub mod gzip;
@@ -199,7 +201,10 @@ impl Format {
     /// A splitter over `input`, with decoding limits.
     pub fn splitter_with(self, input: Input, opts: &DecodeOptions) -> Box<dyn Splitter> {
         match self {
-            Format::Gzip => Box::new(gzip::Splitter::with_threads(input, opts.threads)),
+            Format::Gzip => Box::new(
+                gzip::Splitter::with_threads(input, opts.threads)
+                    .with_index(opts.gzip_index.clone()),
+            ),
             Format::Zstd => Box::new(zstd::Splitter::with_window_log_max(
                 input,
                 opts.zstd_window_log_max,
@@ -319,8 +324,9 @@ pub enum ContentCheck {
     Continue,
 }
 
-/// Limits a decoder applies to what a stream may ask of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Limits a decoder applies to what a stream may ask of it, and how it may
+/// go about it.
+#[derive(Debug, Clone)]
 pub struct DecodeOptions {
     /// Largest zstd window, as a power of two, a frame decoded as a stream
     /// may use (`zstd -d --long=N`; zstd's default is 27, 128 MiB). A
@@ -330,6 +336,10 @@ pub struct DecodeOptions {
     /// Threads a splitter may use for a stream it cannot cut (one gzip
     /// member without sizes, inflated in parallel from a mapped file).
     pub threads: usize,
+    /// A gzip file's checkpoint index: members inflated in parallel start
+    /// their chunks at its checkpoints, and members not in it are added
+    /// once their CRC has been checked (`changed` is then set).
+    pub gzip_index: Option<Arc<Mutex<GzipIndex>>>,
 }
 
 impl Default for DecodeOptions {
@@ -337,6 +347,7 @@ impl Default for DecodeOptions {
         DecodeOptions {
             zstd_window_log_max: 27,
             threads: 1,
+            gzip_index: None,
         }
     }
 }

@@ -32,6 +32,7 @@
 //! goes through libdeflate. The design is rapidgzip's (Knespel and Brunst,
 //! 2023), which hands the rest of a chunk to ISA-L the same way.
 
+pub mod index;
 pub mod marker;
 mod whole;
 mod zstream;
@@ -39,6 +40,7 @@ mod zstream;
 use crate::error::{CodecError, Result};
 use crate::input::SharedBytes;
 use crossbeam_channel::{bounded, Receiver, Sender};
+use index::{Checkpoint, MemberIndex};
 use marker::{Bits, BlockEnd, MarkerDecoder};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,6 +68,9 @@ const WHOLE_RATIO: usize = 16;
 /// Most output room a whole-chunk inflate is given.
 const WHOLE_MAX: usize = 256 << 20;
 
+/// Most chunks a stream read with an index may be cut into.
+pub const MAX_INDEXED_CHUNKS: usize = 1 << 20;
+
 /// Bits before `stop` from which a chunk's inflate stops at every block
 /// to look for the end (longer than any block zlib writes).
 const NEAR: usize = (256 << 10) * 8;
@@ -81,6 +86,8 @@ enum Start {
         bit: usize,
         window: Vec<u8>,
         chunk: Option<usize>,
+        /// The chunk's output length, when an index says it.
+        out_len: Option<usize>,
     },
     /// At the first block found in chunk `k`.
     Find { k: usize },
@@ -93,6 +100,11 @@ struct Shared {
     data: SharedBytes,
     chunk_bits: usize,
     finds: Mutex<HashMap<usize, Arc<OnceLock<Option<usize>>>>>,
+    /// Whether `finds` holds what an index knows: a chunk not in it has
+    /// no first block, and none is searched for.
+    indexed: bool,
+    /// Block searches run (each costs a scan of the chunk's bits).
+    searches: AtomicUsize,
     /// Whole-chunk output buffers handed back by the reader, for reuse (no
     /// page faults on fresh memory); room for all of them.
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
@@ -112,9 +124,13 @@ impl Shared {
     fn find(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
         let cell = {
             let mut finds = self.finds.lock().unwrap_or_else(|e| e.into_inner());
+            if self.indexed {
+                return finds.get(&k).and_then(|c| c.get().copied().flatten());
+            }
             finds.entry(k).or_default().clone()
         };
         *cell.get_or_init(|| {
+            self.searches.fetch_add(1, Ordering::Relaxed);
             let from = k * self.chunk_bits;
             marker::find_block(dec, self.data.as_slice(), from, from + self.chunk_bits)
                 .map(|(s, _, _)| s)
@@ -165,7 +181,7 @@ struct Worker {
 struct Task {
     start: Start,
     /// The chunk ends at the first dynamic block starting at or after this
-    /// bit.
+    /// bit, or at this bit exactly if a block starts there.
     stop: usize,
     tx: Sender<Piece>,
 }
@@ -203,6 +219,15 @@ pub struct ParallelInflate {
     workers: Vec<JoinHandle<()>>,
     /// Chunks handed out, in order: their first bit and their output.
     queue: VecDeque<(usize, Receiver<Piece>)>,
+    /// Checkpoints of an index to start chunks from, by chunk.
+    known: HashMap<usize, Checkpoint>,
+    /// Their bits, in order, and their output offsets by bit.
+    known_bits: Vec<usize>,
+    known_out: HashMap<usize, u64>,
+    /// The member's output length, from the index.
+    member_len: Option<u64>,
+    /// Checkpoints reached: chunks that started where the output stood.
+    reached: Vec<Checkpoint>,
     /// Next chunk to hand out.
     next_chunk: usize,
     /// The chunk being read.
@@ -234,11 +259,64 @@ impl ParallelInflate {
     /// Like [`Self::new`] with chunks of `chunk` compressed bytes, handing
     /// out output in pieces of at most `piece` bytes.
     pub fn with_chunk(data: SharedBytes, threads: usize, chunk: usize, piece: usize) -> Self {
+        Self::start(data, threads, chunk, piece, None)
+    }
+
+    /// Like [`Self::new`], starting chunks at the checkpoints of `index`
+    /// (made by an earlier read of this stream, [`Self::checkpoints`]):
+    /// no chunk then searches for its first block or decodes with
+    /// markers. A checkpoint is used only if the output reaches it with
+    /// the same window; any other is decoded again from where the output
+    /// stands, so a wrong index costs time, never correctness.
+    /// An index whose chunks are so small that the stream would have
+    /// more than [`MAX_INDEXED_CHUNKS`] (not one cairn wrote) is not used.
+    pub fn with_index(data: SharedBytes, threads: usize, index: MemberIndex) -> Self {
+        let chunk = usize::try_from(index.chunk_bits / 8).unwrap_or(0);
+        if chunk == 0 || data.as_slice().len() / chunk > MAX_INDEXED_CHUNKS {
+            tracing::debug!(chunk, "an index with chunks this small is not used");
+            return Self::new(data, threads);
+        }
+        Self::start(data, threads, chunk, PIECE, Some(index))
+    }
+
+    fn start(
+        data: SharedBytes,
+        threads: usize,
+        chunk: usize,
+        piece: usize,
+        index: Option<MemberIndex>,
+    ) -> Self {
         let threads = threads.max(1);
+        let chunk_bits = chunk.max(1) * 8;
+        let mut finds = HashMap::new();
+        let mut known = HashMap::new();
+        let member_len = index.as_ref().map(|i| i.out_len);
+        let indexed = index.is_some();
+        if let Some(index) = index {
+            // Every chunk's first block is known: where the index has none
+            // (see `Shared::indexed`), the earlier read found none the
+            // output reached.
+            let bits = data.as_slice().len() * 8;
+            for p in index.points {
+                let Ok(k) = usize::try_from(p.chunk) else {
+                    continue;
+                };
+                let Ok(bit) = usize::try_from(p.bit) else {
+                    continue;
+                };
+                if k == 0 || bit / chunk_bits != k || bit >= bits {
+                    continue;
+                }
+                finds.insert(k, Arc::new(OnceLock::from(Some(bit))));
+                known.insert(k, p);
+            }
+        }
         let shared = Arc::new(Shared {
             data,
-            chunk_bits: chunk.max(1) * 8,
-            finds: Mutex::new(HashMap::new()),
+            chunk_bits,
+            finds: Mutex::new(finds),
+            indexed,
+            searches: AtomicUsize::new(0),
             spare: bounded(threads + 2),
             whole_left: AtomicUsize::new(threads + 2),
             spare16: bounded(threads),
@@ -261,6 +339,15 @@ impl ParallelInflate {
             work: Some(work),
             workers,
             queue: VecDeque::new(),
+            known_bits: {
+                let mut b: Vec<usize> = known.values().map(|p| p.bit as usize).collect();
+                b.sort_unstable();
+                b
+            },
+            known_out: known.values().map(|p| (p.bit as usize, p.out)).collect(),
+            member_len,
+            known,
+            reached: Vec::new(),
             next_chunk: 0,
             current: None,
             draining: None,
@@ -281,6 +368,28 @@ impl ParallelInflate {
         self.shared.bits()
     }
 
+    /// Where a chunk that reaches the chunk bound `bound` stops: without
+    /// an index, at the first dynamic block from `bound` on (see
+    /// [`Task::stop`]); with one, at its first checkpoint from `bound` on,
+    /// exactly, the start of a chunk to come.
+    fn next_known(&self, bound: usize) -> usize {
+        if self.known_bits.is_empty() {
+            return bound;
+        }
+        let i = self.known_bits.partition_point(|&b| b < bound);
+        self.known_bits.get(i).copied().unwrap_or(self.bits() + 1)
+    }
+
+    /// With an index: the output from the checkpoint at `bit` (`out` bytes
+    /// into the member) to the next one, or to the member's end.
+    fn out_len_from(&self, bit: usize, out: u64) -> Option<usize> {
+        let next = match self.known_bits.partition_point(|&b| b <= bit) {
+            i if i < self.known_bits.len() => self.known_out.get(&self.known_bits[i]).copied(),
+            _ => self.member_len,
+        }?;
+        usize::try_from(next.checked_sub(out)?).ok()
+    }
+
     /// Hand out chunks until `depth` are waiting.
     fn fill_queue(&mut self) {
         let Some(work) = &self.work else { return };
@@ -295,13 +404,21 @@ impl ParallelInflate {
                     bit: 0,
                     window: Vec::new(),
                     chunk: Some(0),
+                    out_len: self.out_len_from(0, 0),
+                }
+            } else if let Some(p) = self.known.get(&self.next_chunk) {
+                Start::Known {
+                    bit: p.bit as usize,
+                    window: p.window.clone(),
+                    chunk: Some(self.next_chunk),
+                    out_len: self.out_len_from(p.bit as usize, p.out),
                 }
             } else {
                 Start::Find { k: self.next_chunk }
             };
             let task = Task {
                 start,
-                stop: from + self.shared.chunk_bits,
+                stop: self.next_known(from + self.shared.chunk_bits),
                 tx,
             };
             if work.send(task).is_err() {
@@ -408,14 +525,32 @@ impl ParallelInflate {
     /// its own (the pool keeps working ahead).
     fn next_chunk_in_order(&mut self) -> Result<()> {
         self.fill_queue();
-        while let Some((_, rx)) = self.queue.pop_front() {
+        while let Some((from, rx)) = self.queue.pop_front() {
             let start = match rx.recv() {
                 Ok(Piece::Start(s)) => s,
                 _ => return Err(self.lost()),
             };
             self.fill_queue();
+            let k = from / self.shared.chunk_bits;
             match start {
                 Some(s) if s == self.pos => {
+                    if let Some(p) = self.known.get(&k) {
+                        if p.window != self.window || p.out != self.size {
+                            tracing::debug!(
+                                bit = s,
+                                "the index's window does not match the output: decoding again"
+                            );
+                            break;
+                        }
+                    }
+                    if k > 0 {
+                        self.reached.push(Checkpoint {
+                            chunk: k as u64,
+                            bit: s as u64,
+                            out: self.size,
+                            window: self.window.clone(),
+                        });
+                    }
                     self.current = Some(rx);
                     return Ok(());
                 }
@@ -428,15 +563,27 @@ impl ParallelInflate {
         // handed-out chunk begins its search.
         tracing::trace!(pos = self.pos, "restarting from where the output stands");
         let stop = match self.queue.front() {
-            Some((from, _)) => *from,
+            Some((from, _)) => self.next_known(*from),
             None => self.bits() + 1,
         };
+        // Where the output stands is a block boundary with its window: a
+        // checkpoint for its chunk if that has none.
+        let k = self.pos / self.shared.chunk_bits;
+        if k > 0 && self.reached.last().is_none_or(|p| (p.chunk as usize) < k) {
+            self.reached.push(Checkpoint {
+                chunk: k as u64,
+                bit: self.pos as u64,
+                out: self.size,
+                window: self.window.clone(),
+            });
+        }
         let (tx, rx) = bounded(AHEAD);
         let task = Task {
             start: Start::Known {
                 bit: self.pos,
                 window: self.window.clone(),
                 chunk: None,
+                out_len: None,
             },
             stop: stop.max(self.pos + 1),
             tx,
@@ -457,6 +604,16 @@ impl ParallelInflate {
             (self.pos / 8) as u64,
             "internal: a parallel inflate worker stopped",
         )
+    }
+
+    /// The checkpoints the output reached so far: an index for a later
+    /// read of this stream ([`Self::with_index`]).
+    pub fn checkpoints(&self) -> MemberIndex {
+        MemberIndex {
+            chunk_bits: self.shared.chunk_bits as u64,
+            out_len: self.size,
+            points: self.reached.clone(),
+        }
     }
 
     /// Once [`Self::next_piece`] said `false`: the bytes the DEFLATE
@@ -499,8 +656,14 @@ impl Worker {
         let Task { start, stop, tx } = task;
         let data = shared.data.as_slice();
         let (first, k) = match start {
-            Start::Known { bit, window, chunk } => {
+            Start::Known {
+                bit,
+                window,
+                chunk,
+                out_len,
+            } => {
                 if tx.send(Piece::Start(Some(bit))).is_ok() {
+                    let chunk = chunk.map(|k| (k, out_len));
                     self.finish(shared, chunk, bit, &window, stop, &tx);
                 }
                 return;
@@ -534,7 +697,7 @@ impl Worker {
                 let window = dec.window();
                 let spare = shared.spare16.1.try_recv().unwrap_or_default();
                 if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
-                    self.finish(shared, Some(k), pos, &window, stop, &tx);
+                    self.finish(shared, Some((k, None)), pos, &window, stop, &tx);
                 }
                 return;
             }
@@ -566,23 +729,27 @@ impl Worker {
 
     /// The rest of a chunk from `bit`, with the window known: whole by
     /// libdeflate when the chunk's end is known (the next chunk's first
-    /// block), else (or when that fails) streamed by zlib-rs.
+    /// block), else (or when that fails) streamed by zlib-rs. `chunk`: the
+    /// chunk's number and, from an index, its output length (`None` for a
+    /// restart, which is streamed).
     fn finish(
         &mut self,
         shared: &Shared,
-        chunk: Option<usize>,
+        chunk: Option<(usize, Option<usize>)>,
         bit: usize,
         window: &[u8],
         stop: usize,
         tx: &Sender<Piece>,
     ) {
         let data = shared.data.as_slice();
-        if let Some(k) = chunk {
+        if let Some((k, out_len)) = chunk {
             // Up to the next chunk's first block; when no chunk after this
             // one has a block, to the stream's end.
             let end = shared.end_of(k, &mut self.dec);
             if end.is_none_or(|e| e > bit) {
-                if let Some((out, skip, crc, end)) = self.inflate_whole(shared, bit, end, window) {
+                if let Some((out, skip, crc, end)) =
+                    self.inflate_whole(shared, bit, end, window, out_len)
+                {
                     if tx.send(Piece::Whole(out, skip, crc)).is_ok() {
                         let _ = tx.send(Piece::End(end));
                     }
@@ -603,6 +770,7 @@ impl Worker {
         bit: usize,
         end: Option<usize>,
         window: &[u8],
+        out_len: Option<usize>,
     ) -> Option<(Vec<u8>, usize, crc32fast::Hasher, End)> {
         let whole = self.whole.as_mut()?;
         let data = shared.data.as_slice();
@@ -612,8 +780,12 @@ impl Worker {
             None => &data[..data.len().min(bit / 8 + 2 * self.chunk_bytes)],
         };
         let base = whole::rebase(data, bit, end, window, &mut self.rebased);
-        // One size for every chunk, so buffers are reused whole.
-        let guess = (self.chunk_bytes * WHOLE_RATIO).min(WHOLE_MAX);
+        // One size for every chunk, so buffers are reused whole, unless an
+        // index says the chunk needs more.
+        let guess = out_len
+            .unwrap_or(0)
+            .max(self.chunk_bytes * WHOLE_RATIO)
+            .min(WHOLE_MAX);
         let mut out = shared.buffer(window.len() + guess)?;
         let outcome = whole.inflate(&self.rebased, &mut out);
         let done = match (outcome, end) {
@@ -712,7 +884,12 @@ fn inflate_known_inner(
             }
             return Ok(Some(End::Last(here)));
         }
-        if block && step.at_block_end && here >= stop && marker::starts_dynamic(data, here) {
+        // A known boundary (an index's checkpoint) is stopped at exactly.
+        if block
+            && step.at_block_end
+            && here >= stop
+            && (here == stop || marker::starts_dynamic(data, here))
+        {
             if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
                 return Ok(None);
             }
@@ -887,6 +1064,11 @@ mod tests {
             chunk,
             piece,
         );
+        drain(&mut p)
+    }
+
+    /// The output of `p`, checked against its size.
+    fn drain(p: &mut ParallelInflate) -> Result<(Vec<u8>, usize, u32)> {
         let mut out = Vec::new();
         let mut piece = Vec::new();
         while p.next_piece(&mut piece)? {
@@ -950,13 +1132,86 @@ mod tests {
         }
     }
 
+    /// Every checkpoint of `index` is a true one: its window is the data
+    /// before it.
+    fn check_points(index: &MemberIndex, data: &[u8]) {
+        assert_eq!(index.out_len, data.len() as u64);
+        for p in &index.points {
+            let out = p.out as usize;
+            assert_eq!(p.window.len(), out.min(marker::WINDOW));
+            assert!(
+                p.window == data[out - p.window.len()..out],
+                "window at {}",
+                p.bit
+            );
+            assert_eq!(
+                p.bit as usize / (index.chunk_bits as usize),
+                p.chunk as usize
+            );
+        }
+    }
+
+    #[test]
+    fn an_index_starts_every_chunk_and_a_wrong_one_costs_only_time() {
+        let data = image_like(4 << 20, 21);
+        let stream = deflate(&data, 6);
+        let bytes = || SharedBytes::from_vec(stream.clone());
+        let mut p = ParallelInflate::with_chunk(bytes(), 2, 100_000, PIECE);
+        assert!(drain(&mut p).unwrap().0 == data);
+        let index = p.checkpoints();
+        let chunks = stream.len().div_ceil(100_000);
+        assert!(
+            index.points.len() * 4 >= chunks * 3,
+            "{} of {chunks} chunks",
+            index.points.len()
+        );
+        check_points(&index, &data);
+        // The next read searches nothing and finds the same checkpoints.
+        let mut q = ParallelInflate::with_index(bytes(), 2, index.clone());
+        let (out, used, crc) = drain(&mut q).unwrap();
+        assert!(out == data);
+        assert_eq!((used, crc), (stream.len(), crc32fast::hash(&data)));
+        assert_eq!(q.shared.searches.load(Ordering::Relaxed), 0);
+        assert_eq!(q.checkpoints(), index);
+        // Wrong windows, bits, offsets and lengths give the right output.
+        let spoil: [fn(&mut Checkpoint); 4] = [
+            |p| p.window.iter_mut().rev().take(1).for_each(|b| *b ^= 1),
+            |p| p.bit += 1,
+            |p| p.out += 1,
+            |p| p.window.truncate(10),
+        ];
+        for (i, f) in spoil.iter().enumerate() {
+            let mut bad = index.clone();
+            for p in bad.points.iter_mut().skip(i).step_by(3) {
+                f(p);
+            }
+            if i == 3 {
+                bad.out_len = 5;
+            }
+            let mut q = ParallelInflate::with_index(bytes(), 2, bad);
+            let (out, used, crc) = drain(&mut q).unwrap();
+            assert!(out == data, "spoiled by {i}");
+            assert_eq!((used, crc), (stream.len(), crc32fast::hash(&data)));
+            check_points(&q.checkpoints(), &data);
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
         fn parallel_inflate_round_trips(seed in 1u64.., len in 0usize..600_000, chunk in 2_000usize..80_000, level in 0u32..10) {
             let data = image_like(len, seed);
             let stream = deflate(&data, level);
-            let (out, used, crc) = parallel(&stream, 2, chunk).unwrap();
+            let mut p = ParallelInflate::with_chunk(SharedBytes::from_vec(stream.clone()), 2, chunk, 4096 + chunk % 10_000);
+            let (out, used, crc) = drain(&mut p).unwrap();
+            prop_assert!(out == data);
+            prop_assert_eq!(used, stream.len());
+            prop_assert_eq!(crc, crc32fast::hash(&data));
+            // Read again from its checkpoints.
+            let index = p.checkpoints();
+            check_points(&index, &data);
+            let mut q = ParallelInflate::with_index(SharedBytes::from_vec(stream.clone()), 2, index);
+            let (out, used, crc) = drain(&mut q).unwrap();
             prop_assert!(out == data);
             prop_assert_eq!(used, stream.len());
             prop_assert_eq!(crc, crc32fast::hash(&data));
