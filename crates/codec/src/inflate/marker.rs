@@ -204,6 +204,9 @@ pub enum Stop {
 pub struct MarkerDecoder {
     lit: Table,
     dist: Table,
+    /// The code-length code's table (rebuilt for every header, so the
+    /// block search allocates nothing per candidate).
+    cl: Table,
     lengths: Vec<u8>,
     /// Output since the start; markers for window bytes.
     pub out: Vec<u16>,
@@ -218,6 +221,7 @@ impl Default for MarkerDecoder {
         MarkerDecoder {
             lit: Table::empty(),
             dist: Table::empty(),
+            cl: Table::empty(),
             lengths: vec![0; 320],
             out: Vec::new(),
             clean_from: 0,
@@ -274,7 +278,7 @@ impl MarkerDecoder {
         for &i in &CL_ORDER[..hclen] {
             cl[i] = bits.take(3) as u8;
         }
-        let mut cl_table = Table::empty();
+        let cl_table = &mut self.cl;
         cl_table
             .build(&cl, true, false)
             .ok_or(Stop::Invalid("invalid code lengths set"))?;

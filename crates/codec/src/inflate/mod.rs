@@ -113,6 +113,10 @@ struct Shared {
     whole_left: AtomicUsize,
     /// The same for the marker decoder's output.
     spare16: (Sender<Vec<u16>>, Receiver<Vec<u16>>),
+    /// Buffers for streamed pieces, handed back by the reader (the
+    /// pipeline's buffers it swapped them for), so a long streamed chunk
+    /// does not fault in fresh pages for every piece.
+    spare_pieces: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
 }
 
 impl Shared {
@@ -320,6 +324,7 @@ impl ParallelInflate {
             spare: bounded(threads + 2),
             whole_left: AtomicUsize::new(threads + 2),
             spare16: bounded(threads),
+            spare_pieces: bounded(threads * AHEAD),
         });
         let (work, rx) = bounded::<Task>(threads * 2);
         let workers = (0..threads)
@@ -475,6 +480,9 @@ impl ParallelInflate {
                 Piece::Bytes(mut b, crc) => {
                     self.crc.combine(&crc);
                     std::mem::swap(out, &mut b);
+                    if b.capacity() >= PIECE {
+                        let _ = self.shared.spare_pieces.0.try_send(b);
+                    }
                     self.took(out);
                     return Ok(true);
                 }
@@ -741,7 +749,6 @@ impl Worker {
         stop: usize,
         tx: &Sender<Piece>,
     ) {
-        let data = shared.data.as_slice();
         if let Some((k, out_len)) = chunk {
             // Up to the next chunk's first block; when no chunk after this
             // one has a block, to the stream's end.
@@ -757,7 +764,7 @@ impl Worker {
                 }
             }
         }
-        inflate_known(data, bit, window, stop, tx);
+        inflate_known(shared, bit, window, stop, tx);
     }
 
     /// Inflate the whole blocks `bit..end` with libdeflate; `None` when the
@@ -815,8 +822,8 @@ impl Worker {
 /// Inflate from bit `bit` with `window` before it, with zlib-rs, sending
 /// pieces of bytes, until the first dynamic block at or after `stop`, or
 /// the final block's end.
-fn inflate_known(data: &[u8], bit: usize, window: &[u8], stop: usize, tx: &Sender<Piece>) {
-    let end = match inflate_known_inner(data, bit, window, stop, tx) {
+fn inflate_known(shared: &Shared, bit: usize, window: &[u8], stop: usize, tx: &Sender<Piece>) {
+    let end = match inflate_known_inner(shared, bit, window, stop, tx) {
         Ok(Some(end)) => end,
         Ok(None) => return,
         Err(e) => e,
@@ -825,12 +832,21 @@ fn inflate_known(data: &[u8], bit: usize, window: &[u8], stop: usize, tx: &Sende
 }
 
 fn inflate_known_inner(
-    data: &[u8],
+    shared: &Shared,
     bit: usize,
     window: &[u8],
     stop: usize,
     tx: &Sender<Piece>,
 ) -> std::result::Result<Option<End>, End> {
+    let data = shared.data.as_slice();
+    let fresh = || match shared.spare_pieces.1.try_recv() {
+        Ok(mut v) => {
+            v.clear();
+            v.reserve(PIECE);
+            v
+        }
+        Err(_) => Vec::with_capacity(PIECE),
+    };
     let mut z = ZInflate::new().ok_or(End::Failed(bit, "out of memory for inflate"))?;
     let mut at = bit / 8;
     let skip = bit % 8;
@@ -844,13 +860,13 @@ fn inflate_known_inner(
     if !window.is_empty() && !z.set_dictionary(window) {
         return Err(End::Failed(bit, "inflate refused a window"));
     }
-    let mut piece: Vec<u8> = Vec::with_capacity(PIECE);
+    let mut piece: Vec<u8> = fresh();
     let mut crc = crc32fast::Hasher::new();
     let mut crc_done = 0;
     let send = |piece: &mut Vec<u8>, crc: &mut crc32fast::Hasher, crc_done: &mut usize| {
         crc.update(&piece[*crc_done..]);
         *crc_done = 0;
-        let full = std::mem::replace(piece, Vec::with_capacity(PIECE));
+        let full = std::mem::replace(piece, fresh());
         let c = std::mem::replace(crc, crc32fast::Hasher::new());
         tx.send(Piece::Bytes(full, c)).is_ok()
     };
