@@ -21,5 +21,5 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = marker::find_block(&mut dec, data, data.len() * 4, usize::MAX);
     let mut p = ParallelInflate::with_chunk(SharedBytes::from_vec(data.to_vec()), 2, 97, 1000);
-    drain::drain(&mut p);
+    let _ = drain::drain(&mut p);
 });

@@ -367,14 +367,11 @@ fn sparse_files_pack_as_their_bytes_and_unpack_sparse() {
     }
 }
 
-/// One big member written by gzip -6 (no sizes in it), read from a file, is
-/// inflated on several threads from guessed block starts; read from a pipe,
-/// on one. Both give what gzip -d gives, and damage in the middle of the
-/// file is an error naming gzip, not wrong output.
 /// `unpack --index`: the first read writes the index, the next ones start
 /// from its checkpoints (and leave it as it is); an index is refused,
-/// with one line, for another file, when damaged, for several inputs and
-/// for a pipe.
+/// with one line, for another file, when damaged, for several inputs, for
+/// a pipe, and where it would replace the input or the output; one that
+/// cannot be saved leaves the input in place and no output.
 fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[u8]) {
     let index = dir.path().join("big.gzx");
     let unpack = |extra: &[&str]| {
@@ -392,7 +389,12 @@ fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[
         let out = ok(unpack(&args));
         assert!(out.stdout == data || extra == ["-t"]);
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(log.contains("checkpoints="), "{log}");
+        let used = log
+            .split("checkpoints=")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse::<u32>().ok());
+        assert!(used.is_some_and(|n| n >= 1), "{log}");
         assert!(
             std::fs::read(&index).unwrap() == written,
             "the index was rewritten"
@@ -423,8 +425,28 @@ fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[
     std::fs::write(&index, &damaged).unwrap();
     refused(unpack(&["-c", s(file)]), "not a valid cairn gzip index");
     std::fs::write(&index, &written).unwrap();
+    // Where the index would replace the input or the output, or cannot be
+    // saved: refused, the input kept, no output left.
+    let gz = dir.path().join("copy.gz");
+    let plain = dir.path().join("copy");
+    std::fs::copy(file, &gz).unwrap();
+    for (at, what) in [(&plain, "is the output"), (&gz, "is the input")] {
+        let out = run(&["unpack", "-T", "2", "--index", s(at), s(&gz)]);
+        refused(out, what);
+        assert!(gz.exists() && !plain.exists());
+    }
+    let nowhere = dir.path().join("no such dir").join("x.gzx");
+    refused(
+        run(&["unpack", "-T", "2", "--index", s(&nowhere), s(&gz)]),
+        "not saved",
+    );
+    assert!(gz.exists() && !plain.exists());
 }
 
+/// One big member written by gzip -6 (no sizes in it), read from a file, is
+/// inflated on several threads from guessed block starts; read from a pipe,
+/// on one. Both give what gzip -d gives, and damage in the middle of the
+/// file is an error naming gzip, not wrong output.
 #[test]
 fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     if !have("gzip") {

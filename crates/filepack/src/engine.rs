@@ -550,7 +550,7 @@ fn unpack_one(
     // frames, by the seek table).
     hooks.input_mapped();
     let gzip_index = match &opts.gzip_index {
-        Some(path) => Some((path, open_index(path, format, size)?)),
+        Some(path) => Some((path, open_index(path, plan, format, size)?)),
         None => None,
     };
     let input = Input::with_prefix_file(&head, reader);
@@ -561,7 +561,7 @@ fn unpack_one(
                 .zstd_window_log_max
                 .unwrap_or(DecodeOptions::default().zstd_window_log_max),
             threads,
-            gzip_index: gzip_index.as_ref().map(|(_, i)| i.clone()),
+            gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
         },
     );
     let mut sink = open_sink(&plan.dest, force, false, hooks)?;
@@ -608,10 +608,12 @@ fn unpack_one(
         h.finish(sink.writer()).map_err(write_error(&out_name))?;
     }
     let bytes_in = splitter.offset();
-    finish(plan, sink, input_meta.as_ref())?;
-    if let Some((path, index)) = gzip_index {
-        save_index(path, &index, hooks)?;
+    // Before the output is committed and the input removed: a failed
+    // save leaves both as they were.
+    if let Some((path, (index, existed))) = gzip_index {
+        save_index(path, &index, existed)?;
     }
+    finish(plan, sink, input_meta.as_ref())?;
     let counts = Counts {
         format,
         level: None,
@@ -629,13 +631,47 @@ fn unpack_one(
     ))
 }
 
+/// Whether two paths name the same file: the same inode if both exist,
+/// else the same absolute path once their directories are resolved.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return x.dev() == y.dev() && x.ino() == y.ino();
+    }
+    let resolved = |p: &Path| -> Option<PathBuf> {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
+    };
+    match (resolved(a), resolved(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 /// The checkpoint index at `path` for a gzip input of `size` bytes: read
-/// if the file exists, else a new empty one.
-fn open_index(path: &Path, format: Format, size: Option<u64>) -> Result<Arc<Mutex<GzipIndex>>> {
+/// if the file exists, else a new empty one; the flag says whether it
+/// existed (only then may saving it replace a file).
+fn open_index(
+    path: &Path,
+    plan: &Plan,
+    format: Format,
+    size: Option<u64>,
+) -> Result<(Arc<Mutex<GzipIndex>>, bool)> {
     let fail = |msg: String| Error::Index {
         path: path.to_path_buf(),
         msg,
     };
+    let clash = match (&plan.source, &plan.dest) {
+        (Source::File(src), _) if same_file(path, src) => Some("the input"),
+        (_, Dest::File(out)) if same_file(path, out) => Some("the output"),
+        _ => None,
+    };
+    if let Some(what) = clash {
+        return Err(fail(format!("is {what}; name another file for the index")));
+    }
     if format != Format::Gzip {
         return Err(fail(format!("an index is for gzip input, not {format}")));
     }
@@ -644,7 +680,7 @@ fn open_index(path: &Path, format: Format, size: Option<u64>) -> Result<Arc<Mute
             "an index needs the input in a file (a pipe is read on one core)".into(),
         ));
     };
-    let index = match std::fs::read(path) {
+    let (index, existed) = match std::fs::read(path) {
         Ok(bytes) => {
             let index = GzipIndex::decode(&bytes).map_err(|e| fail(e.to_string()))?;
             if index.input_len != size {
@@ -654,29 +690,35 @@ fn open_index(path: &Path, format: Format, size: Option<u64>) -> Result<Arc<Mute
                 )));
             }
             tracing::debug!(path = %path.display(), members = index.members.len(), "index read");
-            index
+            (index, true)
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => GzipIndex::new(size),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (GzipIndex::new(size), false),
         Err(e) => return Err(fail(e.to_string())),
     };
-    Ok(Arc::new(Mutex::new(index)))
+    Ok((Arc::new(Mutex::new(index)), existed))
 }
 
 /// Write the index if decoding added to it (whole under a temporary
-/// name, synced, then renamed over `path`).
-fn save_index(path: &Path, index: &Mutex<GzipIndex>, hooks: &dyn Hooks) -> Result<()> {
+/// name, synced, then renamed over `path`, which it replaces only if
+/// `existed`: then it was read as an index).
+fn save_index(path: &Path, index: &Mutex<GzipIndex>, existed: bool) -> Result<()> {
     let index = index.lock().unwrap_or_else(|p| p.into_inner());
     if !index.changed {
         return Ok(());
     }
-    let file = PendingFile::create(path, true, hooks)?;
-    file.file()
-        .write_all(&index.encode())
-        .map_err(|source| Error::Write {
+    let named = |e: Error| Error::Index {
+        path: path.to_path_buf(),
+        msg: format!("not saved: {e}"),
+    };
+    // The output's temporary file stays the one a signal removes.
+    let file = PendingFile::create(path, existed, &crate::NoHooks).map_err(named)?;
+    file.file().write_all(&index.encode()).map_err(|source| {
+        named(Error::Write {
             name: path.display().to_string(),
             source,
-        })?;
-    file.commit_durable()?;
+        })
+    })?;
+    file.commit_durable().map_err(named)?;
     tracing::debug!(path = %path.display(), members = index.members.len(), "index written");
     Ok(())
 }

@@ -4,10 +4,12 @@
 //! later read starts every chunk there with its window known (no search,
 //! no marker stage). The file format is `docs/format/gzip-index.md`.
 //!
-//! An index can only make a read faster, never wrong: a chunk started
-//! from a checkpoint is used only if the output before it reached the
-//! same bit with the same 32 KiB (the reader compares them), and the
-//! member's CRC is checked as always.
+//! An index makes a read faster; the data decides the output: a
+//! checkpoint is used only where the data passes the checks a block found
+//! by the search passes, a chunk started from it is kept only if the
+//! output before it reached the same bit with the same 32 KiB (the reader
+//! compares them), and the member's CRC is checked as always. Decoding
+//! bounds what a hostile file can make a reader hold (`MIN_CHUNK`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -71,6 +73,12 @@ const WINDOW: usize = 32 << 10;
 /// Most members and checkpoints per member a file may declare (a 1 TiB
 /// member in 8 MiB chunks has 2^17); bounds what a damaged count reserves.
 const MAX_COUNT: u32 = 1 << 24;
+/// Smallest and largest chunk an index may use, in bytes (cairn writes
+/// 8 MiB). With every checkpoint in a chunk of its own, the windows take
+/// at most 1/32 of the gzip file's size in memory.
+pub const MIN_CHUNK: u64 = 1 << 20;
+/// See [`MIN_CHUNK`].
+pub const MAX_CHUNK: u64 = 1 << 28;
 
 impl GzipIndex {
     /// An empty index for a gzip file of `input_len` bytes.
@@ -130,6 +138,9 @@ impl GzipIndex {
         }
         let (body, crc) = data.split_at(data.len() - 4);
         let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+        if version == 0 {
+            return Err(bad("version 0"));
+        }
         if version > VERSION {
             return Err(IndexError(format!(
                 "gzip index format version {version} is newer than this cairn supports"
@@ -138,17 +149,32 @@ impl GzipIndex {
         if crc32c::crc32c(body).to_le_bytes() != crc {
             return Err(bad("checksum mismatch (damaged)"));
         }
-        let mut r = Reader { b: body, at: 16 };
-        let mut index = GzipIndex::new(r.u64()?);
+        let mut r = Reader { b: body, at: 12 };
+        if r.u32()? != 0 {
+            return Err(bad("reserved field not zero"));
+        }
+        let input_len = r.u64()?;
+        let mut index = GzipIndex::new(input_len);
         let members = r.count()?;
+        // Every checkpoint lies in a chunk of its own of the file.
+        let mut points_left = input_len / MIN_CHUNK;
+        let mut last_offset = None;
         for _ in 0..members {
             let offset = r.u64()?;
+            if offset >= input_len || last_offset.is_some_and(|o| o >= offset) {
+                return Err(bad("member offsets out of order or past the file"));
+            }
+            last_offset = Some(offset);
             let chunk_bits = r.u64()?;
-            if chunk_bits == 0 || chunk_bits % 8 != 0 {
+            if chunk_bits % 8 != 0 || !(MIN_CHUNK..=MAX_CHUNK).contains(&(chunk_bits / 8)) {
                 return Err(bad("chunk size"));
             }
             let out_len = r.u64()?;
+            let member_bits = (input_len - offset).saturating_mul(8);
             let n = r.count()?;
+            points_left = points_left
+                .checked_sub(u64::from(n))
+                .ok_or_else(|| bad("more checkpoints than the file has chunks"))?;
             let mut points = Vec::new();
             for _ in 0..n {
                 let chunk = r.u64()?;
@@ -169,10 +195,12 @@ impl GzipIndex {
                         .ok_or_else(|| bad("window does not decompress"))?,
                     _ => return Err(bad("window encoding")),
                 };
-                if out > out_len
-                    || points.last().is_some_and(|q: &Checkpoint| {
-                        q.chunk >= chunk || q.bit >= bit || q.out > out
-                    })
+                if chunk == 0 || bit / chunk_bits != chunk || bit >= member_bits || out > out_len {
+                    return Err(bad("checkpoint outside its chunk, member or output"));
+                }
+                if points
+                    .last()
+                    .is_some_and(|q: &Checkpoint| q.chunk >= chunk || q.out > out)
                 {
                     return Err(bad("checkpoints out of order"));
                 }
@@ -265,9 +293,9 @@ mod tests {
             },
         );
         i.members.insert(
-            5_000_000,
+            50_000_000,
             MemberIndex {
-                chunk_bits: 64,
+                chunk_bits: 8 << 20,
                 out_len: 0,
                 points: vec![],
             },

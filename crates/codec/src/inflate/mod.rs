@@ -100,9 +100,10 @@ struct Shared {
     data: SharedBytes,
     chunk_bits: usize,
     finds: Mutex<HashMap<usize, Arc<OnceLock<Option<usize>>>>>,
-    /// Whether `finds` holds what an index knows: a chunk not in it has
-    /// no first block, and none is searched for.
-    indexed: bool,
+    /// With an index, its checkpoint of each chunk that has one: a chunk
+    /// without one has no first block and none is searched for; one with
+    /// a checkpoint has it checked as the search checks what it finds.
+    indexed: Option<HashMap<usize, usize>>,
     /// Block searches run (each costs a scan of the chunk's bits).
     searches: AtomicUsize,
     /// Whole-chunk output buffers handed back by the reader, for reuse (no
@@ -126,14 +127,23 @@ impl Shared {
 
     /// The first block of chunk `k`.
     fn find(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
+        let known = match &self.indexed {
+            Some(bits) => Some(*bits.get(&k)?),
+            None => None,
+        };
         let cell = {
             let mut finds = self.finds.lock().unwrap_or_else(|e| e.into_inner());
-            if self.indexed {
-                return finds.get(&k).and_then(|c| c.get().copied().flatten());
-            }
             finds.entry(k).or_default().clone()
         };
         *cell.get_or_init(|| {
+            if let Some(bit) = known {
+                // A block that decodes, and three after it, exactly there.
+                let found = marker::find_block(dec, self.data.as_slice(), bit, bit + 1);
+                if found.is_none() {
+                    tracing::debug!(bit, "the index's checkpoint is no block start: not used");
+                }
+                return found.map(|(s, _, _)| s);
+            }
             self.searches.fetch_add(1, Ordering::Relaxed);
             let from = k * self.chunk_bits;
             marker::find_block(dec, self.data.as_slice(), from, from + self.chunk_bits)
@@ -269,14 +279,15 @@ impl ParallelInflate {
     /// Like [`Self::new`], starting chunks at the checkpoints of `index`
     /// (made by an earlier read of this stream, [`Self::checkpoints`]):
     /// no chunk then searches for its first block or decodes with
-    /// markers. A checkpoint is used only if the output reaches it with
-    /// the same window; any other is decoded again from where the output
-    /// stands, so a wrong index costs time, never correctness.
+    /// markers. A checkpoint is used only where the data passes the
+    /// checks a found block passes, and kept only if the output reaches
+    /// it with the same window; any other is decoded again from where the
+    /// output stands.
     /// An index whose chunks are so small that the stream would have
     /// more than [`MAX_INDEXED_CHUNKS`] (not one cairn wrote) is not used.
     pub fn with_index(data: SharedBytes, threads: usize, index: MemberIndex) -> Self {
         let chunk = usize::try_from(index.chunk_bits / 8).unwrap_or(0);
-        if chunk == 0 || data.as_slice().len() / chunk > MAX_INDEXED_CHUNKS {
+        if chunk == 0 || chunk > WHOLE_MAX || data.as_slice().len() / chunk > MAX_INDEXED_CHUNKS {
             tracing::debug!(chunk, "an index with chunks this small is not used");
             return Self::new(data, threads);
         }
@@ -292,7 +303,6 @@ impl ParallelInflate {
     ) -> Self {
         let threads = threads.max(1);
         let chunk_bits = chunk.max(1) * 8;
-        let mut finds = HashMap::new();
         let mut known = HashMap::new();
         let member_len = index.as_ref().map(|i| i.out_len);
         let indexed = index.is_some();
@@ -311,15 +321,14 @@ impl ParallelInflate {
                 if k == 0 || bit / chunk_bits != k || bit >= bits {
                     continue;
                 }
-                finds.insert(k, Arc::new(OnceLock::from(Some(bit))));
                 known.insert(k, p);
             }
         }
         let shared = Arc::new(Shared {
             data,
             chunk_bits,
-            finds: Mutex::new(finds),
-            indexed,
+            finds: Mutex::new(HashMap::new()),
+            indexed: indexed.then(|| known.iter().map(|(&k, p)| (k, p.bit as usize)).collect()),
             searches: AtomicUsize::new(0),
             spare: bounded(threads + 2),
             whole_left: AtomicUsize::new(threads + 2),
@@ -670,6 +679,14 @@ impl Worker {
                 chunk,
                 out_len,
             } => {
+                // A checkpoint of an index is used only where it passes
+                // the checks a found block passes.
+                if let Some(k) = chunk.filter(|&k| k > 0) {
+                    if shared.find(k, &mut self.dec) != Some(bit) {
+                        let _ = tx.send(Piece::Start(None));
+                        return;
+                    }
+                }
                 if tx.send(Piece::Start(Some(bit))).is_ok() {
                     let chunk = chunk.map(|k| (k, out_len));
                     self.finish(shared, chunk, bit, &window, stop, &tx);
@@ -791,7 +808,7 @@ impl Worker {
         // index says the chunk needs more.
         let guess = out_len
             .unwrap_or(0)
-            .max(self.chunk_bytes * WHOLE_RATIO)
+            .max(self.chunk_bytes.saturating_mul(WHOLE_RATIO))
             .min(WHOLE_MAX);
         let mut out = shared.buffer(window.len() + guess)?;
         let outcome = whole.inflate(&self.rebased, &mut out);
@@ -1148,11 +1165,18 @@ mod tests {
         }
     }
 
-    /// Every checkpoint of `index` is a true one: its window is the data
-    /// before it.
-    fn check_points(index: &MemberIndex, data: &[u8]) {
+    /// Every checkpoint of `index` is a true one: a block boundary of
+    /// `stream` at its output offset, with the data before it as window.
+    fn check_points(index: &MemberIndex, stream: &[u8], data: &[u8]) {
         assert_eq!(index.out_len, data.len() as u64);
+        let truth: HashMap<usize, usize> = boundaries(stream).into_iter().collect();
         for p in &index.points {
+            assert_eq!(
+                truth.get(&(p.bit as usize)),
+                Some(&(p.out as usize)),
+                "{}",
+                p.bit
+            );
             let out = p.out as usize;
             assert_eq!(p.window.len(), out.min(marker::WINDOW));
             assert!(
@@ -1181,7 +1205,7 @@ mod tests {
             "{} of {chunks} chunks",
             index.points.len()
         );
-        check_points(&index, &data);
+        check_points(&index, &stream, &data);
         // The next read searches nothing and finds the same checkpoints.
         let mut q = ParallelInflate::with_index(bytes(), 2, index.clone());
         let (out, used, crc) = drain(&mut q).unwrap();
@@ -1189,26 +1213,36 @@ mod tests {
         assert_eq!((used, crc), (stream.len(), crc32fast::hash(&data)));
         assert_eq!(q.shared.searches.load(Ordering::Relaxed), 0);
         assert_eq!(q.checkpoints(), index);
-        // Wrong windows, bits, offsets and lengths give the right output.
-        let spoil: [fn(&mut Checkpoint); 4] = [
+        // Wrong windows, bits (inside blocks and the final one), offsets
+        // and lengths give the right output.
+        let spoil: [fn(&mut Checkpoint); 7] = [
             |p| p.window.iter_mut().rev().take(1).for_each(|b| *b ^= 1),
             |p| p.bit += 1,
+            |p| p.bit += 13,
+            |p| p.bit += 4099,
+            |p| p.bit = p.bit.saturating_sub(700),
             |p| p.out += 1,
             |p| p.window.truncate(10),
         ];
+        let last = boundaries(&stream).last().map_or(0, |b| b.0 as u64);
         for (i, f) in spoil.iter().enumerate() {
             let mut bad = index.clone();
-            for p in bad.points.iter_mut().skip(i).step_by(3) {
+            for p in bad.points.iter_mut().skip(i % 3).step_by(3) {
                 f(p);
             }
-            if i == 3 {
+            if i == 6 {
                 bad.out_len = 5;
+            }
+            // One checkpoint in the final block.
+            if let Some(p) = bad.points.last_mut().filter(|_| i == 1) {
+                p.bit = last + 40;
+                p.chunk = p.bit / bad.chunk_bits;
             }
             let mut q = ParallelInflate::with_index(bytes(), 2, bad);
             let (out, used, crc) = drain(&mut q).unwrap();
             assert!(out == data, "spoiled by {i}");
             assert_eq!((used, crc), (stream.len(), crc32fast::hash(&data)));
-            check_points(&q.checkpoints(), &data);
+            check_points(&q.checkpoints(), &stream, &data);
         }
     }
 
@@ -1225,7 +1259,7 @@ mod tests {
             prop_assert_eq!(crc, crc32fast::hash(&data));
             // Read again from its checkpoints.
             let index = p.checkpoints();
-            check_points(&index, &data);
+            check_points(&index, &stream, &data);
             let mut q = ParallelInflate::with_index(SharedBytes::from_vec(stream.clone()), 2, index);
             let (out, used, crc) = drain(&mut q).unwrap();
             prop_assert!(out == data);
