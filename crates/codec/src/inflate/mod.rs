@@ -103,7 +103,7 @@ struct Shared {
     /// With an index, its checkpoint of each chunk that has one: a chunk
     /// without one has no first block and none is searched for; one with
     /// a checkpoint has it checked as the search checks what it finds.
-    indexed: Option<HashMap<usize, usize>>,
+    indexed: Option<HashMap<usize, Checkpoint>>,
     /// Block searches run (each costs a scan of the chunk's bits).
     searches: AtomicUsize,
     /// Whole-chunk output buffers handed back by the reader, for reuse (no
@@ -128,7 +128,7 @@ impl Shared {
     /// The first block of chunk `k`.
     fn find(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
         let known = match &self.indexed {
-            Some(bits) => Some(*bits.get(&k)?),
+            Some(points) => Some(points.get(&k)?.bit as usize),
             None => None,
         };
         let cell = {
@@ -233,11 +233,8 @@ pub struct ParallelInflate {
     workers: Vec<JoinHandle<()>>,
     /// Chunks handed out, in order: their first bit and their output.
     queue: VecDeque<(usize, Receiver<Piece>)>,
-    /// Checkpoints of an index to start chunks from, by chunk.
-    known: HashMap<usize, Checkpoint>,
-    /// Their bits, in order, and their output offsets by bit.
-    known_bits: Vec<usize>,
-    known_out: HashMap<usize, u64>,
+    /// Their bits and output offsets, in order of bit.
+    known_bits: Vec<(usize, u64)>,
     /// The member's output length, from the index.
     member_len: Option<u64>,
     /// Checkpoints reached: chunks that started where the output stood.
@@ -324,11 +321,14 @@ impl ParallelInflate {
                 known.insert(k, p);
             }
         }
+        let mut known_bits: Vec<(usize, u64)> =
+            known.values().map(|p| (p.bit as usize, p.out)).collect();
+        known_bits.sort_unstable();
         let shared = Arc::new(Shared {
             data,
             chunk_bits,
             finds: Mutex::new(HashMap::new()),
-            indexed: indexed.then(|| known.iter().map(|(&k, p)| (k, p.bit as usize)).collect()),
+            indexed: indexed.then_some(known),
             searches: AtomicUsize::new(0),
             spare: bounded(threads + 2),
             whole_left: AtomicUsize::new(threads + 2),
@@ -353,14 +353,8 @@ impl ParallelInflate {
             work: Some(work),
             workers,
             queue: VecDeque::new(),
-            known_bits: {
-                let mut b: Vec<usize> = known.values().map(|p| p.bit as usize).collect();
-                b.sort_unstable();
-                b
-            },
-            known_out: known.values().map(|p| (p.bit as usize, p.out)).collect(),
+            known_bits,
             member_len,
-            known,
             reached: Vec::new(),
             next_chunk: 0,
             current: None,
@@ -382,6 +376,11 @@ impl ParallelInflate {
         self.shared.bits()
     }
 
+    /// The index's checkpoint of chunk `k`.
+    fn checkpoint(&self, k: usize) -> Option<&Checkpoint> {
+        self.shared.indexed.as_ref()?.get(&k)
+    }
+
     /// Where a chunk that reaches the chunk bound `bound` stops: without
     /// an index, at the first dynamic block from `bound` on (see
     /// [`Task::stop`]); with one, at its first checkpoint from `bound` on,
@@ -390,16 +389,17 @@ impl ParallelInflate {
         if self.known_bits.is_empty() {
             return bound;
         }
-        let i = self.known_bits.partition_point(|&b| b < bound);
-        self.known_bits.get(i).copied().unwrap_or(self.bits() + 1)
+        let i = self.known_bits.partition_point(|&(b, _)| b < bound);
+        self.known_bits.get(i).map_or(self.bits() + 1, |&(b, _)| b)
     }
 
     /// With an index: the output from the checkpoint at `bit` (`out` bytes
     /// into the member) to the next one, or to the member's end.
     fn out_len_from(&self, bit: usize, out: u64) -> Option<usize> {
-        let next = match self.known_bits.partition_point(|&b| b <= bit) {
-            i if i < self.known_bits.len() => self.known_out.get(&self.known_bits[i]).copied(),
-            _ => self.member_len,
+        let i = self.known_bits.partition_point(|&(b, _)| b <= bit);
+        let next = match self.known_bits.get(i) {
+            Some(&(_, out)) => Some(out),
+            None => self.member_len,
         }?;
         usize::try_from(next.checked_sub(out)?).ok()
     }
@@ -420,7 +420,7 @@ impl ParallelInflate {
                     chunk: Some(0),
                     out_len: self.out_len_from(0, 0),
                 }
-            } else if let Some(p) = self.known.get(&self.next_chunk) {
+            } else if let Some(p) = self.checkpoint(self.next_chunk) {
                 Start::Known {
                     bit: p.bit as usize,
                     window: p.window.clone(),
@@ -551,7 +551,7 @@ impl ParallelInflate {
             let k = from / self.shared.chunk_bits;
             match start {
                 Some(s) if s == self.pos => {
-                    if let Some(p) = self.known.get(&k) {
+                    if let Some(p) = self.checkpoint(k) {
                         if p.window != self.window || p.out != self.size {
                             tracing::debug!(
                                 bit = s,
