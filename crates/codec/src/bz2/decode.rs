@@ -889,7 +889,7 @@ fn libbzip2_stream(src: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<usize>
     loop {
         let consumed = usize::try_from(d.total_in()).unwrap_or(usize::MAX);
         let rest = src.get(consumed..).unwrap_or(&[]);
-        out.reserve((64 << 10).min(limit + 1));
+        out.reserve((64 << 10).min(limit.saturating_add(1)));
         let before = out.len();
         let status = match d.decompress_vec(rest, out) {
             Ok(s) => s,

@@ -920,7 +920,7 @@ mod tests {
         let mut mixed = text(400_000, 9);
         mixed.extend(noise(100_000, 2));
         mixed.extend(vec![0; 200_000]);
-        mixed.extend((0..300_000u32).map(|i| (i * i / 7 % 251) as u8));
+        mixed.extend((0..300_000u64).map(|i| (i * i / 7 % 251) as u8));
         for (name, data) in [
             ("text", text(1_500_000, 1)),
             ("random", noise(500_000, 4)),
