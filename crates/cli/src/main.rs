@@ -213,6 +213,14 @@ pub(crate) struct DecodeArgs {
     /// once the input has decoded with every CRC right.
     #[arg(long = "index", value_name = "FILE")]
     pub index: Option<std::path::PathBuf>,
+    /// Write only bytes START up to END of one gzip input's decoded output
+    /// (START..END, START.. or START+LENGTH; sizes take K, M, G, T), to -c
+    /// or -o. Members before START are passed by their size field (cairn's
+    /// and BGZF's gzip) or from the --index checkpoints; the rest is
+    /// inflated from its start. Reading stops at END, so a member's CRC is
+    /// checked only when it is inflated whole.
+    #[arg(long = "range", value_name = "RANGE", value_parser = parse_range)]
+    pub range: Option<cairn_filepack::ByteRange>,
 }
 
 #[derive(Args, Debug)]
@@ -247,6 +255,31 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .and_then(|unit| n.checked_mul(unit))
         .filter(|&b| b > 0)
         .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// Parse a byte range: `START..END`, `START..` or `START+LENGTH`, each a
+/// size as [`parse_size`] reads it (or 0).
+pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> {
+    let size = |t: &str| -> Result<u64, String> {
+        match t.trim() {
+            "" | "0" => Ok(0),
+            t => parse_size(t).map(|n| n as u64),
+        }
+    };
+    let bad = || format!("bad range {s:?}: use START..END, START.. or START+LENGTH");
+    let (start, end) = if let Some((a, b)) = s.split_once("..") {
+        let end = (!b.trim().is_empty()).then(|| size(b)).transpose()?;
+        (size(a)?, end)
+    } else if let Some((a, n)) = s.split_once('+') {
+        let start = size(a)?;
+        (start, Some(start.checked_add(size(n)?).ok_or_else(bad)?))
+    } else {
+        return Err(bad());
+    };
+    if end.is_some_and(|e| e < start) {
+        return Err(format!("bad range {s:?}: it ends before it starts"));
+    }
+    Ok(cairn_filepack::ByteRange { start, end })
 }
 
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,

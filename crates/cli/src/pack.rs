@@ -96,6 +96,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         mode,
         zstd_window_log_max: decode.long,
         gzip_index: decode.index.clone(),
+        range: decode.range,
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {

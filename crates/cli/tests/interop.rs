@@ -443,6 +443,98 @@ fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[
     assert!(gz.exists() && !plain.exists());
 }
 
+/// `--range` writes exactly the bytes asked for, with the index made by
+/// `checkpoint_index` (starting at a checkpoint) and without it, to -c and
+/// to -o, keeping the input; it is refused with one line where it cannot
+/// be read.
+fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
+    let index = dir.path().join("big.gzx");
+    let len = data.len();
+    let cases = [
+        (0, Some(1000)),
+        (len / 2, Some(len / 2 + (3 << 20))),
+        (len - 100_000, None),
+        (len - 1, Some(len + 7)),
+        (len + 5, None),
+    ];
+    for (start, end) in cases {
+        let range = match end {
+            Some(e) => format!("{start}..{e}"),
+            None => format!("{start}.."),
+        };
+        let want = &data[start.min(len)..end.unwrap_or(len).min(len)];
+        let out = ok(run(&[
+            "unpack",
+            "-v",
+            "--index",
+            s(&index),
+            "--range",
+            &range,
+            "-c",
+            s(file),
+        ]));
+        assert!(out.stdout == want, "{range} with the index");
+        let log = String::from_utf8_lossy(&out.stderr);
+        if start == len / 2 {
+            assert!(log.contains("from_checkpoint=1"), "{log}");
+        }
+        let out = ok(run(&["unpack", "--range", &range, "-c", s(file)]));
+        assert!(out.stdout == want, "{range} without it");
+    }
+    let part = dir.path().join("part");
+    let out = run(&[
+        "unpack",
+        "--index",
+        s(&index),
+        "--range",
+        "1M+64K",
+        "-o",
+        s(&part),
+        s(file),
+    ]);
+    ok(out);
+    assert!(std::fs::read(&part).unwrap() == data[1 << 20..(1 << 20) + (64 << 10)]);
+    assert!(file.exists(), "the input was removed");
+    let refused = |args: &[&str], what: &str| {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(what) && err.trim().lines().count() == 1,
+            "{err}"
+        );
+    };
+    refused(&["unpack", "--range", "5..", s(file)], "with -c or -o");
+    refused(&["unpack", "--range", "5..", "-t", s(file)], "-t or -l");
+    let missing = dir.path().join("missing.gzx");
+    refused(
+        &[
+            "unpack",
+            "--index",
+            s(&missing),
+            "--range",
+            "5..",
+            "-c",
+            s(file),
+        ],
+        "not found",
+    );
+    let zst = dir.path().join("small.zst");
+    ok(run(&["pack", "-F", "zstd", "-k", "-o", s(&zst), s(&part)]));
+    refused(
+        &["unpack", "--range", "5..", "-c", s(&zst)],
+        "reads gzip input, not zstd",
+    );
+    let out = cairn_pipe(
+        &["unpack", "--range", "5..", "-c"],
+        &std::fs::read(file).unwrap(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a pipe"));
+    let out = run(&["unpack", "--range", "9..3", "-c", s(file)]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
 /// One big member written by gzip -6 (no sizes in it), read from a file, is
 /// inflated on several threads from guessed block starts; read from a pipe,
 /// on one. Both give what gzip -d gives, and damage in the middle of the
@@ -486,6 +578,7 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     assert!(out.status.success() && out.stdout == data);
     assert!(String::from_utf8_lossy(&out.stderr).contains("on one core"));
     checkpoint_index(&dir, &file, &data, &gz[..gz.len() - 1]);
+    range_reads(&dir, &file, &data);
     let mut bad = gz.clone();
     let mid = bad.len() / 2;
     for b in &mut bad[mid..mid + 64] {

@@ -30,6 +30,15 @@ impl SharedBytes {
         &(*self.map).as_ref()[self.start..self.start + self.len]
     }
 
+    /// The bytes from `offset` on, shared (`None` past the end).
+    pub fn from_offset(&self, offset: usize) -> Option<SharedBytes> {
+        Some(SharedBytes {
+            map: self.map.clone(),
+            start: self.start + offset,
+            len: self.len.checked_sub(offset)?,
+        })
+    }
+
     /// Bytes in memory, shared the same way (tests, callers that hold the
     /// whole input).
     pub fn from_vec(v: Vec<u8>) -> Self {
@@ -39,6 +48,12 @@ impl SharedBytes {
             start: 0,
             len,
         }
+    }
+}
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
     }
 }
 

@@ -51,3 +51,45 @@ pub(crate) fn run(tool: &str, args: &[&str], input: &[u8]) -> Option<Vec<u8>> {
     assert!(out.status.success(), "{tool} {args:?} failed");
     Some(out.stdout)
 }
+
+/// Data with what a disk image has: text-like runs that repeat at
+/// distances near and far (so chunks start with back-references into
+/// the unknown window), zero runs, and incompressible stretches (stored
+/// blocks).
+pub(crate) fn image_like(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let words: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("w{}{} ", i * 7919 % 1000, ["ab", "xyz", "q"][i % 3]).into_bytes())
+        .collect();
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        match rnd() % 10 {
+            0 => v.resize(v.len() + (rnd() % 70_000) as usize, 0),
+            1 => {
+                let n = (rnd() % 40_000) as usize;
+                v.extend((0..n).map(|_| rnd() as u8));
+            }
+            2 if v.len() > 40_000 => {
+                let from = v.len() - 1 - (rnd() % 32_000) as usize;
+                let n = (rnd() % 3_000) as usize;
+                for k in 0..n {
+                    let b = v[from + k % (v.len() - from)];
+                    v.push(b);
+                }
+            }
+            _ => {
+                for _ in 0..(rnd() % 2_000) {
+                    v.extend_from_slice(&words[(rnd() % 300) as usize]);
+                }
+            }
+        }
+    }
+    v.truncate(len);
+    v
+}

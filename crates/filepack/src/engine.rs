@@ -239,6 +239,26 @@ struct Counts {
 }
 
 impl Summary {
+    /// The summary of an unpack of `bytes` (in, out).
+    fn unpacked(
+        plan: &Plan,
+        output: String,
+        format: Format,
+        threads: usize,
+        bytes: (u64, u64),
+        started: Instant,
+    ) -> Summary {
+        let counts = Counts {
+            format,
+            level: None,
+            block_size: None,
+            threads,
+            bytes_in: bytes.0,
+            bytes_out: bytes.1,
+        };
+        Summary::new(Operation::Unpack, plan, output, counts, started)
+    }
+
     fn new(op: Operation, plan: &Plan, output: String, c: Counts, started: Instant) -> Summary {
         let seconds = started.elapsed().as_secs_f64();
         let (raw, packed) = match op {
@@ -324,6 +344,17 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     }
     let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
     tracing::debug!(mode = ?unpack.mode, threads, inputs = plans.len(), "unpack");
+    if let Some(range) = unpack.range {
+        refuse_range(opts, unpack, plans.len())?;
+        let (summaries, outcome) = run_all(plans, hooks, |plan| {
+            range_one(plan, opts.force, unpack, range, hooks)
+        });
+        return Ok(Run {
+            summaries,
+            data_on_stdout,
+            outcome,
+        });
+    }
     let (summaries, outcome) = run_all(plans, hooks, |plan| {
         unpack_one(plan, threads, opts.force, unpack, hooks)
     });
@@ -614,21 +645,80 @@ fn unpack_one(
         save_index(path, &index, existed)?;
     }
     finish(plan, sink, input_meta.as_ref())?;
-    let counts = Counts {
-        format,
-        level: None,
-        block_size: None,
-        threads,
-        bytes_in,
-        bytes_out,
-    };
-    Ok(Summary::new(
-        Operation::Unpack,
+    Ok(Summary::unpacked(
         plan,
         out_name,
-        counts,
+        format,
+        threads,
+        (bytes_in, bytes_out),
         started,
     ))
+}
+
+/// Why `--range` cannot be read as asked, before anything is opened.
+fn refuse_range(opts: &Options, unpack: &UnpackOptions, inputs: usize) -> Result<()> {
+    let why = if inputs != 1 {
+        format!("is for one input, but {inputs} were given")
+    } else if unpack.mode != UnpackMode::Write {
+        "writes bytes: it does not go with -t or -l".into()
+    } else if !opts.stdout && opts.output.is_none() {
+        "writes a part of the output: name where with -c or -o FILE".into()
+    } else {
+        return Ok(());
+    };
+    Err(Error::Range(why))
+}
+
+/// Write a byte range of one gzip input's decoded output; the input is
+/// kept.
+fn range_one(
+    plan: &Plan,
+    force: bool,
+    opts: &UnpackOptions,
+    range: crate::ByteRange,
+    hooks: &dyn Hooks,
+) -> Result<Summary> {
+    let started = Instant::now();
+    let refuse = |why: &str| Error::Range(why.into());
+    if matches!(plan.source, Source::Stdin) {
+        return Err(refuse("needs the input in a file, not a pipe"));
+    }
+    let (file, size) = plan.source.open()?;
+    hooks.input_mapped();
+    let data = Input::with_prefix_file(&[], file)
+        .mapped_rest()
+        .filter(|_| size.is_some())
+        .ok_or_else(|| refuse("needs the input in a regular file"))?;
+    let format = Format::detect(data.as_slice()).ok_or(CodecError::UnknownFormat)?;
+    if format != Format::Gzip {
+        return Err(Error::Range(format!("reads gzip input, not {format}")));
+    }
+    let index = match &opts.gzip_index {
+        Some(path) => {
+            let (index, existed) = open_index(path, plan, format, size)?;
+            if !existed {
+                return Err(Error::Index {
+                    path: path.clone(),
+                    msg: "not found; make it first with `cairn unpack -t --index FILE INPUT`"
+                        .into(),
+                });
+            }
+            Some(index)
+        }
+        None => None,
+    };
+    let index = index
+        .as_ref()
+        .map(|i| i.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut sink = open_sink(&plan.dest, force, false, hooks)?;
+    let out_name = sink.name();
+    let w = sink.writer();
+    let stats = cairn_codec::format::gzip_range::read_range(&data, index.as_deref(), range, |b| {
+        w.write_all(b).map_err(write_error(&out_name))
+    })?;
+    sink.commit()?;
+    let bytes = (data.as_slice().len() as u64, stats.written);
+    Ok(Summary::unpacked(plan, out_name, format, 1, bytes, started))
 }
 
 /// Whether two paths name the same file: the same inode if both exist,

@@ -147,6 +147,9 @@ pub enum Error {
     /// `--index` with several inputs.
     #[error("--index is for one input, but {0} were given")]
     IndexManyInputs(usize),
+    /// `--range` asked for where it cannot be read.
+    #[error("--range {0}")]
+    Range(String),
     /// The codec layer's error: damaged data, a bad parameter.
     #[error(transparent)]
     Codec(#[from] CodecError),

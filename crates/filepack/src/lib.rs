@@ -52,6 +52,7 @@ pub use files::{
 };
 pub use naming::{format_of_name, packed_name, unpacked_name};
 
+pub use cairn_codec::format::gzip_range::ByteRange;
 use cairn_codec::Format;
 use std::path::{Path, PathBuf};
 
@@ -151,6 +152,12 @@ pub struct UnpackOptions {
     /// been decoded and its CRCs checked, so the next read of that input
     /// starts every core at a known block boundary.
     pub gzip_index: Option<PathBuf>,
+    /// Write only these bytes of the decoded output (`--range`), of one
+    /// gzip input in a file, to the one output named (`-c` or `-o`); the
+    /// input is kept. Members before the range are passed by their size
+    /// field or from `gzip_index`'s checkpoints where they can be
+    /// ([`cairn_codec::format::gzip_range`]).
+    pub range: Option<ByteRange>,
 }
 
 /// Progress of one input, for a caller that draws it. Called from the

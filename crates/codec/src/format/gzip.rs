@@ -27,7 +27,7 @@ use crate::input::Input;
 use std::sync::{Arc, Mutex};
 
 const NAME: &str = "gzip";
-const TRAILER_LEN: usize = 8;
+pub(crate) const TRAILER_LEN: usize = 8;
 const FTEXT: u8 = 1;
 const FHCRC: u8 = 2;
 const FEXTRA: u8 = 4;
@@ -80,15 +80,15 @@ impl super::BlockEncoder for Encoder {
 }
 
 /// Parsed fixed part of a member header.
-struct Header {
+pub(crate) struct Header {
     /// Bytes of header (through FHCRC).
-    len: usize,
+    pub(crate) len: usize,
     /// Total member length, when a size subfield says so.
-    member_len: Option<usize>,
+    pub(crate) member_len: Option<usize>,
 }
 
 /// Parse the member header at the start of `input`, filling as needed.
-fn parse_header(input: &mut Input) -> Result<Header> {
+pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
     let off = input.offset();
     let head = input.need(10, NAME)?;
     if head[0] != 0x1f || head[1] != 0x8b {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 pub mod bzip2;
 pub mod gzip;
+pub mod gzip_range;
 pub mod lz4;
 pub mod lzop;
 pub mod snappy;

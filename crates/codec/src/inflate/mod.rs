@@ -35,7 +35,7 @@
 pub mod index;
 pub mod marker;
 mod whole;
-mod zstream;
+pub(crate) mod zstream;
 
 use crate::error::{CodecError, Result};
 use crate::input::SharedBytes;
@@ -864,19 +864,11 @@ fn inflate_known_inner(
         }
         Err(_) => Vec::with_capacity(PIECE),
     };
-    let mut z = ZInflate::new().ok_or(End::Failed(bit, "out of memory for inflate"))?;
-    let mut at = bit / 8;
-    let skip = bit % 8;
-    if skip != 0 {
-        let byte = *data.get(at).ok_or(End::Truncated(bit))?;
-        if !z.prime(8 - skip as u32, u32::from(byte >> skip)) {
-            return Err(End::Failed(bit, "inflate refused a start position"));
-        }
-        at += 1;
+    if bit / 8 >= data.len() {
+        return Err(End::Truncated(bit));
     }
-    if !window.is_empty() && !z.set_dictionary(window) {
-        return Err(End::Failed(bit, "inflate refused a window"));
-    }
+    let (mut z, mut at) =
+        ZInflate::starting_at(data, bit, window).map_err(|reason| End::Failed(bit, reason))?;
     let mut piece: Vec<u8> = fresh();
     let mut crc = crc32fast::Hasher::new();
     let mut crc_done = 0;
@@ -939,50 +931,9 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
     use super::*;
+    use crate::testutil::image_like;
     use proptest::prelude::*;
     use std::io::Write;
-
-    /// Data with what a disk image has: text-like runs that repeat at
-    /// distances near and far (so chunks start with back-references into
-    /// the unknown window), zero runs, and incompressible stretches (stored
-    /// blocks).
-    fn image_like(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let words: Vec<Vec<u8>> = (0..300)
-            .map(|i| format!("w{}{} ", i * 7919 % 1000, ["ab", "xyz", "q"][i % 3]).into_bytes())
-            .collect();
-        let mut v = Vec::with_capacity(len);
-        while v.len() < len {
-            match rnd() % 10 {
-                0 => v.resize(v.len() + (rnd() % 70_000) as usize, 0),
-                1 => {
-                    let n = (rnd() % 40_000) as usize;
-                    v.extend((0..n).map(|_| rnd() as u8));
-                }
-                2 if v.len() > 40_000 => {
-                    let from = v.len() - 1 - (rnd() % 32_000) as usize;
-                    let n = (rnd() % 3_000) as usize;
-                    for k in 0..n {
-                        let b = v[from + k % (v.len() - from)];
-                        v.push(b);
-                    }
-                }
-                _ => {
-                    for _ in 0..(rnd() % 2_000) {
-                        v.extend_from_slice(&words[(rnd() % 300) as usize]);
-                    }
-                }
-            }
-        }
-        v.truncate(len);
-        v
-    }
 
     fn deflate(data: &[u8], level: u32) -> Vec<u8> {
         let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(level));

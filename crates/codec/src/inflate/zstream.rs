@@ -52,6 +52,31 @@ impl ZInflate {
         (rc == z::Z_OK).then_some(ZInflate { strm })
     }
 
+    /// A raw inflate stream that starts at bit `bit` of `data` with
+    /// `window` (the output before it) as its dictionary, and the offset
+    /// of the first byte of `data` it still has to be given (the bits of a
+    /// byte split by `bit` are primed).
+    pub fn starting_at(
+        data: &[u8],
+        bit: usize,
+        window: &[u8],
+    ) -> std::result::Result<(Self, usize), &'static str> {
+        let mut z = ZInflate::new().ok_or("out of memory for inflate")?;
+        let mut at = bit / 8;
+        let skip = bit % 8;
+        if skip != 0 {
+            let byte = *data.get(at).ok_or("start past the end of the data")?;
+            if !z.prime(8 - skip as u32, u32::from(byte >> skip)) {
+                return Err("inflate refused a start position");
+            }
+            at += 1;
+        }
+        if !window.is_empty() && !z.set_dictionary(window) {
+            return Err("inflate refused a window");
+        }
+        Ok((z, at))
+    }
+
     /// Feed `bits` (at most 16) bits of `value` before the next input
     /// byte: the rest of a byte whose first bits belong to the block before.
     pub fn prime(&mut self, bits: u32, value: u32) -> bool {

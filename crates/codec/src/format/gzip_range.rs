@@ -1,0 +1,440 @@
+//! A byte range of a gzip file's decoded output, read without decoding
+//! what can be skipped before it (`cairn unpack --range`).
+//!
+//! The file is walked member by member:
+//!
+//! - a member whose size subfield (cairn's `CN`, BGZF's `BC`) is plausible
+//!   in the way the splitter checks it, and whose trailer puts its output
+//!   wholly before the range, is hopped over without inflating;
+//! - a member with checkpoints in the index ([`GzipIndex`], made by a
+//!   whole read with `--index`) is inflated from the last checkpoint at or
+//!   before the range's start (zlib-rs primed at its bit, its 32 KiB window
+//!   as the dictionary), or from its last checkpoint when the range starts
+//!   after it, which finds its trailer in at most one index chunk;
+//! - any other member is inflated from its start.
+//!
+//! Reading stops as soon as the range is written. What is checked: the
+//! DEFLATE structure of everything inflated; the CRC and length of every
+//! member inflated from its first bit to its trailer; the length of every
+//! member inflated from a checkpoint to its trailer, against its trailer
+//! and the index. What is not: the bytes of a member inflated from a
+//! checkpoint (its CRC covers the part not decoded), and of a member the
+//! range ends in. So a range read trusts the index's windows: the index is
+//! checksummed against damage, but one forged to decode can make a range
+//! read return wrong bytes (a whole read cannot be fooled that way: it
+//! compares every window with the output). docs/format/gzip-index.md says
+//! so too.
+
+use super::gzip::{parse_header, TRAILER_LEN};
+use super::{at_offset, le32, MAX_UNIT};
+use crate::error::{CodecError, Result};
+use crate::inflate::index::GzipIndex;
+use crate::inflate::zstream::ZInflate;
+use crate::input::{Input, SharedBytes};
+
+const NAME: &str = "gzip";
+/// Output bytes inflated per call.
+const PIECE: usize = 1 << 20;
+
+/// Decoded bytes `start` up to `end` (exclusive; `None`: to the end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte, if not the end of the output.
+    pub end: Option<u64>,
+}
+
+impl ByteRange {
+    fn done(&self, pos: u64) -> bool {
+        self.end.is_some_and(|e| pos >= e)
+    }
+}
+
+/// What a range read did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RangeStats {
+    /// Bytes written (fewer than asked when the output ends first).
+    pub written: u64,
+    /// Members passed by their size subfield, not inflated.
+    pub hopped: u64,
+    /// Members inflated, whole or in part.
+    pub inflated: u64,
+    /// Of those, how many started at an index checkpoint.
+    pub from_checkpoint: u64,
+    /// Members inflated from their first bit to their trailer, CRC checked.
+    pub crc_checked: u64,
+    /// Bytes inflated in all, written or not.
+    pub decoded: u64,
+}
+
+/// Write the bytes of `range` of the decoded output of the gzip file
+/// `data` to `sink`, using `index` where it has the member. A range past
+/// the end of the output writes what there is.
+pub fn read_range<E: From<CodecError>>(
+    data: &SharedBytes,
+    index: Option<&GzipIndex>,
+    range: ByteRange,
+    sink: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<RangeStats, E> {
+    let mut st = RangeStats::default();
+    let r = walk(data, index, range, sink, &mut st);
+    tracing::debug!(
+        start = range.start,
+        end = range.end,
+        written = st.written,
+        hopped = st.hopped,
+        inflated = st.inflated,
+        from_checkpoint = st.from_checkpoint,
+        crc_checked = st.crc_checked,
+        decoded = st.decoded,
+        "gzip range read"
+    );
+    r.map(|()| st)
+}
+
+fn walk<E: From<CodecError>>(
+    data: &SharedBytes,
+    index: Option<&GzipIndex>,
+    range: ByteRange,
+    mut sink: impl FnMut(&[u8]) -> Result<(), E>,
+    st: &mut RangeStats,
+) -> Result<(), E> {
+    let buf = data.as_slice();
+    // The member at `off` decodes to output offset `pos`.
+    let (mut off, mut pos) = (0usize, 0u64);
+    while !range.done(pos) && off < buf.len() {
+        if buf[off] == 0 {
+            // Zero padding after the last member, as gzip allows.
+            return match buf[off..].iter().position(|&b| b != 0) {
+                Some(z) => Err(CodecError::TrailingGarbage {
+                    format: NAME,
+                    offset: (off + z) as u64,
+                }
+                .into()),
+                None => Ok(()),
+            };
+        }
+        let rest = data.from_offset(off).ok_or(CodecError::Truncated {
+            format: NAME,
+            offset: off as u64,
+        })?;
+        let mut input = Input::new(Box::new(std::io::Cursor::new(rest)));
+        let header = parse_header(&mut input).map_err(|e| at_offset(e, off as u64))?;
+        if let Some(out_len) = header
+            .member_len
+            .and_then(|len| hop(buf, off, header.len, len))
+        {
+            if pos + out_len <= range.start {
+                pos += out_len;
+                off += header.member_len.unwrap_or_default();
+                st.hopped += 1;
+                continue;
+            }
+        }
+        let body = off + header.len;
+        let member = index.and_then(|i| i.members.get(&(body as u64)));
+        let (bit, out, window) = match member {
+            Some(m) => {
+                let target = range.start.saturating_sub(pos).min(m.out_len);
+                m.points
+                    .iter()
+                    .rev()
+                    .find(|p| p.out <= target)
+                    .map_or((0, 0, &[][..]), |p| (p.bit as usize, p.out, &p.window[..]))
+            }
+            None => (0, 0, &[][..]),
+        };
+        st.inflated += 1;
+        st.from_checkpoint += u64::from(bit > 0);
+        let end = inflate_member(
+            &buf[body..],
+            body,
+            (bit, pos.saturating_add(out), window),
+            range,
+            st,
+            &mut sink,
+        )?;
+        let Some((at, (crc, reached))) = end else {
+            return Ok(());
+        };
+        let t = body + at;
+        let trailer = buf.get(t..t + TRAILER_LEN).ok_or(CodecError::Truncated {
+            format: NAME,
+            offset: buf.len() as u64,
+        })?;
+        let len = reached - pos;
+        if let Some(got) = crc {
+            let stored = le32(trailer, 0);
+            if stored != got {
+                let why = format!("CRC mismatch: stored {stored:08x}, computed {got:08x}");
+                return Err(CodecError::corrupt(NAME, t as u64, why).into());
+            }
+            st.crc_checked += 1;
+        }
+        let isize = le32(trailer, 4);
+        if isize != len as u32 {
+            let why = format!("length mismatch: stored {isize}, decoded {len}");
+            return Err(CodecError::corrupt(NAME, t as u64 + 4, why).into());
+        }
+        if let Some(m) = member.filter(|m| m.out_len != len) {
+            let why = format!(
+                "the index says this member decodes to {} bytes, it decodes to {len} \
+                 (an index of another file?)",
+                m.out_len
+            );
+            return Err(CodecError::corrupt(NAME, body as u64, why).into());
+        }
+        pos += len;
+        off = t + TRAILER_LEN;
+    }
+    Ok(())
+}
+
+/// The output length of the member at `off` with a header of `header`
+/// bytes and a size subfield saying `len`, if that size is plausible as
+/// the splitter checks it: it covers header and trailer, the member ends
+/// where the file ends or another member (or zero padding) starts, and its
+/// trailer's length is within what a sized member may hold.
+fn hop(buf: &[u8], off: usize, header: usize, len: usize) -> Option<u64> {
+    if len < header + TRAILER_LEN {
+        return None;
+    }
+    let end = off.checked_add(len).filter(|&e| e <= buf.len())?;
+    let next = &buf[end..buf.len().min(end + 2)];
+    let at_member = next.is_empty() || next[0] == 0 || next == &[0x1f, 0x8b][..next.len()];
+    let out = le32(buf, end - 4) as usize;
+    (at_member && out <= MAX_UNIT).then_some(out as u64)
+}
+
+/// The end of a member inflated to its trailer: where the trailer starts
+/// (from the member's DEFLATE data), the CRC when inflated from the first
+/// bit, and the output offset reached.
+type MemberEnd = (usize, (Option<u32>, u64));
+
+/// Inflate the DEFLATE data `member` (at file offset `base`) from `from`
+/// (bit, output offset, window), writing what falls in `range`; `None`
+/// when the range was written before the member's end.
+fn inflate_member<E: From<CodecError>>(
+    member: &[u8],
+    base: usize,
+    from: (usize, u64, &[u8]),
+    range: ByteRange,
+    st: &mut RangeStats,
+    sink: &mut impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<Option<MemberEnd>, E> {
+    let (bit, mut here, window) = from;
+    let corrupt = |at: usize, why: &str| CodecError::corrupt(NAME, (base + at) as u64, why);
+    let (mut z, mut at) = ZInflate::starting_at(member, bit, window)
+        .map_err(|why| corrupt(bit / 8, &format!("{why} (index checkpoint at bit {bit})")))?;
+    let mut crc = (bit == 0).then(crc32fast::Hasher::new);
+    let mut piece = Vec::with_capacity(PIECE);
+    loop {
+        piece.clear();
+        let step = z
+            .inflate(&member[at.min(member.len())..], &mut piece, false)
+            .map_err(|why| corrupt(at, why))?;
+        at += step.consumed;
+        st.decoded += piece.len() as u64;
+        if let Some(c) = crc.as_mut() {
+            c.update(&piece);
+        }
+        let next = here.saturating_add(piece.len() as u64);
+        let lo = range.start.max(here);
+        let hi = range.end.map_or(next, |e| e.min(next));
+        if lo < hi {
+            sink(&piece[(lo - here) as usize..(hi - here) as usize])?;
+            st.written += hi - lo;
+        }
+        here = next;
+        if range.done(here) {
+            return Ok(None);
+        }
+        if step.end {
+            return Ok(Some((at, (crc.map(|c| c.finalize()), here))));
+        }
+        if step.consumed == 0 && step.produced == 0 {
+            return Err(if at >= member.len() {
+                CodecError::Truncated {
+                    format: NAME,
+                    offset: (base + member.len()) as u64,
+                }
+            } else {
+                corrupt(at, "inflate made no progress")
+            }
+            .into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+    use crate::format::{gzip::Encoder, BlockEncoder};
+    use crate::inflate::ParallelInflate;
+    use crate::testutil::image_like;
+    use proptest::prelude::*;
+    use std::io::Write;
+
+    fn gzip(data: &[u8], level: u32) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// What a whole read with `--index` records for the one-member file
+    /// `gz` (flate2's 10-byte header), in chunks of 100 kB.
+    fn index_of(gz: &[u8]) -> GzipIndex {
+        let body = 10;
+        let data = SharedBytes::from_vec(gz[body..].to_vec());
+        let mut p = ParallelInflate::with_chunk(data, 2, 100_000, 1 << 20);
+        let mut piece = Vec::new();
+        while p.next_piece(&mut piece).unwrap() {
+            piece.clear();
+        }
+        let mut index = GzipIndex::new(gz.len() as u64);
+        index.members.insert(body as u64, p.checkpoints());
+        index
+    }
+
+    fn read(
+        gz: &[u8],
+        index: Option<&GzipIndex>,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<(Vec<u8>, RangeStats)> {
+        let mut out = Vec::new();
+        let range = ByteRange { start, end };
+        let st = read_range(&SharedBytes::from_vec(gz.to_vec()), index, range, |b| {
+            out.extend_from_slice(b);
+            Ok::<(), CodecError>(())
+        })?;
+        assert_eq!(st.written, out.len() as u64);
+        Ok((out, st))
+    }
+
+    fn slice(data: &[u8], start: u64, end: Option<u64>) -> &[u8] {
+        let len = data.len() as u64;
+        let (s, e) = (
+            start.min(len),
+            end.map_or(len, |e| e.min(len)).max(start.min(len)),
+        );
+        &data[s as usize..e as usize]
+    }
+
+    #[test]
+    fn a_range_of_one_member_starts_at_the_checkpoint_before_it() {
+        let data = image_like(3 << 20, 7);
+        let gz = gzip(&data, 6);
+        let index = index_of(&gz);
+        let points = &index.members[&10].points;
+        assert!(points.len() >= 4, "{} checkpoints", points.len());
+        let len = data.len() as u64;
+        let mut ranges = vec![(0, Some(100)), (0, None), (len - 10, None), (len, None)];
+        ranges.extend([(len + 5, Some(len + 9)), (12_345, Some(12_345))]);
+        for p in points {
+            ranges.extend([(p.out, Some(p.out + 1)), (p.out - 1, Some(p.out + 70_000))]);
+        }
+        for (start, end) in ranges {
+            for idx in [None, Some(&index)] {
+                let (out, st) = read(&gz, idx, start, end).unwrap();
+                assert!(out == slice(&data, start, end), "{start}..{end:?} {idx:?}");
+                // Without an index everything before the range is inflated;
+                // with it, at most what lies after its last checkpoint.
+                let before = points.iter().rev().find(|p| p.out <= start.min(len));
+                match (idx, before) {
+                    (Some(_), Some(p)) => {
+                        assert_eq!(st.from_checkpoint, 1, "{start}");
+                        assert!(st.decoded <= len - p.out, "{start}: {}", st.decoded);
+                        assert_eq!(st.crc_checked, 0);
+                    }
+                    _ => assert_eq!(st.from_checkpoint, 0),
+                }
+                if idx.is_none() && start < len && end.is_none() {
+                    assert_eq!(st.crc_checked, 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sized_members_are_hopped_and_any_member_mix_reads_right() {
+        let data = image_like(2 << 20, 9);
+        let mut gz = Vec::new();
+        let mut enc = Encoder::new(6);
+        for block in data[..1 << 20].chunks(100_000) {
+            enc.encode(block, &mut gz).unwrap();
+        }
+        gz.extend(gzip(&data[1 << 20..], 6));
+        gz.extend([0u8; 100]);
+        for (start, end) in [(0, None), (950_000, Some(1_100_000)), (2_000_000, None)] {
+            let (out, st) = read(&gz, None, start, end).unwrap();
+            assert!(out == slice(&data, start, end), "{start}..{end:?}");
+            assert_eq!(st.hopped, (start / 100_000).min(11), "{start}");
+        }
+        // Bytes after the padding that are not zero are refused.
+        let mut bad = gz.clone();
+        *bad.last_mut().unwrap() = 1;
+        let err = read(&bad, None, 2_000_000, None).unwrap_err();
+        assert!(matches!(err, CodecError::TrailingGarbage { .. }), "{err}");
+    }
+
+    #[test]
+    fn damage_in_what_is_inflated_is_never_silent() {
+        let data = image_like(1 << 20, 3);
+        let gz = gzip(&data, 6);
+        let index = index_of(&gz);
+        let n = gz.len();
+        // A wrong CRC: caught when the member is inflated whole.
+        let mut bad = gz.clone();
+        bad[n - 8] ^= 1;
+        let err = read(&bad, None, 5, None).unwrap_err().to_string();
+        assert!(err.contains("CRC mismatch"), "{err}");
+        // A wrong length: caught from a checkpoint too.
+        let mut bad = gz.clone();
+        bad[n - 4] ^= 1;
+        let err = read(&bad, Some(&index), 900_000, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("length mismatch"), "{err}");
+        // An index whose member length is not this member's.
+        let mut other = index.clone();
+        other.members.get_mut(&10).unwrap().out_len += 1;
+        let err = read(&gz, Some(&other), 900_000, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the index says"), "{err}");
+        // A cut file.
+        let err = read(&gz[..n - 3], Some(&index), 900_000, None).unwrap_err();
+        assert!(matches!(err, CodecError::Truncated { .. }), "{err}");
+        // Damaged DEFLATE data after the checkpoint.
+        let p = index.members[&10].points.last().unwrap().clone();
+        let mut bad = gz.clone();
+        let at = 10 + (p.bit / 8) as usize + 200;
+        bad[at..at + 64].fill(0xff);
+        let r = read(&bad, Some(&index), p.out, None);
+        assert!(r.is_err(), "damage at {at} went unnoticed");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn every_range_equals_the_slice(
+            len in 1usize..600_000,
+            seed in any::<u64>(),
+            cuts in proptest::collection::vec((any::<u32>(), any::<u32>()), 4),
+        ) {
+            let data = image_like(len, seed);
+            let gz = gzip(&data, 6);
+            let index = index_of(&gz);
+            for (a, b) in cuts {
+                let start = u64::from(a) % (len as u64 + 10);
+                let end = (b % 5 != 0).then(|| start + u64::from(b) % 300_000);
+                let (out, _) = read(&gz, Some(&index), start, end).unwrap();
+                prop_assert!(out == slice(&data, start, end));
+            }
+        }
+    }
+}
