@@ -215,10 +215,10 @@ pub(crate) struct DecodeArgs {
     pub index: Option<std::path::PathBuf>,
     /// Write only bytes START up to END of one gzip input's decoded output
     /// (START..END, START.. or START+LENGTH; sizes take K, M, G, T), to -c
-    /// or -o. Members before START are passed by their size field (cairn's
-    /// and BGZF's gzip) or from the --index checkpoints; the rest is
-    /// inflated from its start. Reading stops at END, so a member's CRC is
-    /// checked only when it is inflated whole.
+    /// or -o. With --index, a member is inflated from the checkpoint before
+    /// START (trusting the index's windows); without, from its start.
+    /// Reading stops at END, so a member's CRC is checked only when it is
+    /// inflated whole.
     #[arg(long = "range", value_name = "RANGE", value_parser = parse_range)]
     pub range: Option<cairn_filepack::ByteRange>,
 }
@@ -271,6 +271,9 @@ pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> 
         let end = (!b.trim().is_empty()).then(|| size(b)).transpose()?;
         (size(a)?, end)
     } else if let Some((a, n)) = s.split_once('+') {
+        if a.trim().is_empty() || n.trim().is_empty() {
+            return Err(bad());
+        }
         let start = size(a)?;
         (start, Some(start.checked_add(size(n)?).ok_or_else(bad)?))
     } else {

@@ -531,8 +531,43 @@ fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a pipe"));
-    let out = run(&["unpack", "--range", "9..3", "-c", s(file)]);
-    assert_eq!(out.status.code(), Some(2));
+    for bad in ["9..3", "+", "5+", "x..9"] {
+        let out = run(&["unpack", "--range", bad, "-c", s(file)]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+    }
+    // The output is never the input, even with -f (it would destroy it).
+    let copy = dir.path().join("range-copy.gz");
+    std::fs::copy(file, &copy).unwrap();
+    let whole = ["unpack", "-f", "-o", s(&copy), s(&copy)];
+    for args in [
+        &["unpack", "-f", "--range", "0..10", "-o", s(&copy), s(&copy)][..],
+        &whole,
+    ] {
+        refused(args, "the output is the input");
+        assert!(std::fs::read(&copy).unwrap() == std::fs::read(file).unwrap());
+    }
+    // An input changed after its index was made is not read with it
+    // (the windows would be trusted), unless -f says so.
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let args = [
+        "unpack",
+        "--index",
+        s(&index),
+        "--range",
+        "0..10",
+        "-c",
+        s(&copy),
+    ];
+    refused(&args, "older than the input");
+    let mut forced = args.to_vec();
+    forced.insert(1, "-f");
+    assert!(ok(run(&forced)).stdout == data[..10]);
 }
 
 /// One big member written by gzip -6 (no sizes in it), read from a file, is

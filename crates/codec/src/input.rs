@@ -81,11 +81,17 @@ const CHUNK: usize = 1 << 20;
 impl Input {
     /// Wrap a reader.
     pub fn new(inner: Box<dyn Read + Send>) -> Self {
+        Self::with_buffer(inner, CHUNK)
+    }
+
+    /// Wrap a reader, reading `size` bytes at a time at first (more when
+    /// a look-ahead needs them): for a few header bytes.
+    pub(crate) fn with_buffer(inner: Box<dyn Read + Send>, size: usize) -> Self {
         Input {
             inner,
             file: None,
             map: None,
-            buf: vec![0; CHUNK],
+            buf: vec![0; size],
             pos: 0,
             end: 0,
             offset: 0,

@@ -140,6 +140,13 @@ pub(crate) fn plan(
                 (Source::File(p), None) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
             };
             let name = source.name();
+            // Writing the output would destroy the input (`-f -o x x`).
+            let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
+                (Source::File(src), Dest::File(out)) if same_file(src, out) => {
+                    Err(Error::OutputIsInput(out.clone()))
+                }
+                _ => Ok((dest, remove)),
+            });
             let plan = dest.map(|(dest, remove_input)| Plan {
                 source,
                 dest,
@@ -685,6 +692,9 @@ fn range_one(
     }
     let (file, size) = plan.source.open()?;
     hooks.input_mapped();
+    if size == Some(0) {
+        return Err(CodecError::UnknownFormat.into());
+    }
     let data = Input::with_prefix_file(&[], file)
         .mapped_rest()
         .filter(|_| size.is_some())
@@ -696,12 +706,27 @@ fn range_one(
     let index = match &opts.gzip_index {
         Some(path) => {
             let (index, existed) = open_index(path, plan, format, size)?;
+            let fail = |msg: &str| Error::Index {
+                path: path.clone(),
+                msg: msg.into(),
+            };
             if !existed {
-                return Err(Error::Index {
-                    path: path.clone(),
-                    msg: "not found; make it first with `cairn unpack -t --index FILE INPUT`"
-                        .into(),
-                });
+                return Err(fail(
+                    "not found; make it first with `cairn unpack -t --index FILE INPUT`",
+                ));
+            }
+            // A range read trusts the windows (docs/format/gzip-index.md):
+            // an input changed since the index was made is not read by it.
+            let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+            if let (Source::File(src), false) = (&plan.source, force) {
+                if let (Some(input), Some(made)) = (modified(src), modified(path)) {
+                    if input > made {
+                        return Err(fail(
+                            "is older than the input, which may have changed since: \
+                             make it again, or -f to use it anyway",
+                        ));
+                    }
+                }
             }
             Some(index)
         }
@@ -717,7 +742,7 @@ fn range_one(
         w.write_all(b).map_err(write_error(&out_name))
     })?;
     sink.commit()?;
-    let bytes = (data.as_slice().len() as u64, stats.written);
+    let bytes = (stats.read_to, stats.written);
     Ok(Summary::unpacked(plan, out_name, format, 1, bytes, started))
 }
 

@@ -147,6 +147,9 @@ pub enum Error {
     /// `--index` with several inputs.
     #[error("--index is for one input, but {0} were given")]
     IndexManyInputs(usize),
+    /// The output named is the input: writing it would destroy the input.
+    #[error("{}: the output is the input; name another output", .0.display())]
+    OutputIsInput(PathBuf),
     /// `--range` asked for where it cannot be read.
     #[error("--range {0}")]
     Range(String),

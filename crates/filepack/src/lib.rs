@@ -154,8 +154,8 @@ pub struct UnpackOptions {
     pub gzip_index: Option<PathBuf>,
     /// Write only these bytes of the decoded output (`--range`), of one
     /// gzip input in a file, to the one output named (`-c` or `-o`); the
-    /// input is kept. Members before the range are passed by their size
-    /// field or from `gzip_index`'s checkpoints where they can be
+    /// input is kept. Members are inflated from `gzip_index`'s checkpoint
+    /// before the range where it has one
     /// ([`cairn_codec::format::gzip_range`]).
     pub range: Option<ByteRange>,
 }

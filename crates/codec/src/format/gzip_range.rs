@@ -1,17 +1,21 @@
 //! A byte range of a gzip file's decoded output, read without decoding
-//! what can be skipped before it (`cairn unpack --range`).
+//! what an index lets it skip (`cairn unpack --range`).
 //!
 //! The file is walked member by member:
 //!
-//! - a member whose size subfield (cairn's `CN`, BGZF's `BC`) is plausible
-//!   in the way the splitter checks it, and whose trailer puts its output
-//!   wholly before the range, is hopped over without inflating;
 //! - a member with checkpoints in the index ([`GzipIndex`], made by a
 //!   whole read with `--index`) is inflated from the last checkpoint at or
 //!   before the range's start (zlib-rs primed at its bit, its 32 KiB window
 //!   as the dictionary), or from its last checkpoint when the range starts
-//!   after it, which finds its trailer in at most one index chunk;
-//! - any other member is inflated from its start.
+//!   after it, which finds its trailer in at most one index chunk; a
+//!   checkpoint is used only where the data passes the checks a block
+//!   found by the whole read's search passes ([`marker::find_block`] at
+//!   exactly that bit), else the one before it, down to the member's start;
+//! - any other member is inflated from its start, its CRC checked.
+//!
+//! Size fields (cairn's `CN`, BGZF's `BC`) are not used to hop members:
+//! nothing but inflating a member checks its size field and its trailer's
+//! length, and a wrong one would shift the output silently.
 //!
 //! Reading stops as soon as the range is written. What is checked: the
 //! DEFLATE structure of everything inflated; the CRC and length of every
@@ -19,16 +23,18 @@
 //! member inflated from a checkpoint to its trailer, against its trailer
 //! and the index. What is not: the bytes of a member inflated from a
 //! checkpoint (its CRC covers the part not decoded), and of a member the
-//! range ends in. So a range read trusts the index's windows: the index is
-//! checksummed against damage, but one forged to decode can make a range
-//! read return wrong bytes (a whole read cannot be fooled that way: it
-//! compares every window with the output). docs/format/gzip-index.md says
-//! so too.
+//! range ends in. So a range read trusts that the index's windows are this
+//! file's: the index is checksummed against damage and the caller refuses
+//! one older than the file, but an index of another file whose checkpoints
+//! fall on true block starts can make a range read write wrong bytes (a
+//! whole read compares every window with the output and cannot be fooled
+//! that way). docs/format/gzip-index.md says so too.
 
 use super::gzip::{parse_header, TRAILER_LEN};
-use super::{at_offset, le32, MAX_UNIT};
+use super::{at_offset, le32};
 use crate::error::{CodecError, Result};
-use crate::inflate::index::GzipIndex;
+use crate::inflate::index::{Checkpoint, GzipIndex};
+use crate::inflate::marker::{self, MarkerDecoder};
 use crate::inflate::zstream::ZInflate;
 use crate::input::{Input, SharedBytes};
 
@@ -56,8 +62,8 @@ impl ByteRange {
 pub struct RangeStats {
     /// Bytes written (fewer than asked when the output ends first).
     pub written: u64,
-    /// Members passed by their size subfield, not inflated.
-    pub hopped: u64,
+    /// Bytes of the file read up to: where the walk stopped.
+    pub read_to: u64,
     /// Members inflated, whole or in part.
     pub inflated: u64,
     /// Of those, how many started at an index checkpoint.
@@ -83,7 +89,7 @@ pub fn read_range<E: From<CodecError>>(
         start = range.start,
         end = range.end,
         written = st.written,
-        hopped = st.hopped,
+        read_to = st.read_to,
         inflated = st.inflated,
         from_checkpoint = st.from_checkpoint,
         crc_checked = st.crc_checked,
@@ -119,29 +125,14 @@ fn walk<E: From<CodecError>>(
             format: NAME,
             offset: off as u64,
         })?;
-        let mut input = Input::new(Box::new(std::io::Cursor::new(rest)));
+        let mut input = Input::with_buffer(Box::new(std::io::Cursor::new(rest)), 4096);
         let header = parse_header(&mut input).map_err(|e| at_offset(e, off as u64))?;
-        if let Some(out_len) = header
-            .member_len
-            .and_then(|len| hop(buf, off, header.len, len))
-        {
-            if pos + out_len <= range.start {
-                pos += out_len;
-                off += header.member_len.unwrap_or_default();
-                st.hopped += 1;
-                continue;
-            }
-        }
         let body = off + header.len;
         let member = index.and_then(|i| i.members.get(&(body as u64)));
         let (bit, out, window) = match member {
             Some(m) => {
                 let target = range.start.saturating_sub(pos).min(m.out_len);
-                m.points
-                    .iter()
-                    .rev()
-                    .find(|p| p.out <= target)
-                    .map_or((0, 0, &[][..]), |p| (p.bit as usize, p.out, &p.window[..]))
+                start_point(&buf[body..], &m.points, target)
             }
             None => (0, 0, &[][..]),
         };
@@ -159,6 +150,7 @@ fn walk<E: From<CodecError>>(
             return Ok(());
         };
         let t = body + at;
+        st.read_to = (t + TRAILER_LEN).min(buf.len()) as u64;
         let trailer = buf.get(t..t + TRAILER_LEN).ok_or(CodecError::Truncated {
             format: NAME,
             offset: buf.len() as u64,
@@ -191,20 +183,22 @@ fn walk<E: From<CodecError>>(
     Ok(())
 }
 
-/// The output length of the member at `off` with a header of `header`
-/// bytes and a size subfield saying `len`, if that size is plausible as
-/// the splitter checks it: it covers header and trailer, the member ends
-/// where the file ends or another member (or zero padding) starts, and its
-/// trailer's length is within what a sized member may hold.
-fn hop(buf: &[u8], off: usize, header: usize, len: usize) -> Option<u64> {
-    if len < header + TRAILER_LEN {
-        return None;
+/// Where to start inflating the member `member` (its DEFLATE data) for
+/// output offset `target`: the last checkpoint at or before it whose bit
+/// passes [`marker::find_block`] exactly there, else the member's start.
+fn start_point<'a>(member: &[u8], points: &'a [Checkpoint], target: u64) -> (usize, u64, &'a [u8]) {
+    let mut dec = MarkerDecoder::default();
+    for p in points.iter().rev().filter(|p| p.out <= target) {
+        let bit = p.bit as usize;
+        if marker::find_block(&mut dec, member, bit, bit + 1).is_some() {
+            return (bit, p.out, &p.window);
+        }
+        tracing::debug!(
+            bit,
+            "the index's checkpoint is no block start here: not used"
+        );
     }
-    let end = off.checked_add(len).filter(|&e| e <= buf.len())?;
-    let next = &buf[end..buf.len().min(end + 2)];
-    let at_member = next.is_empty() || next[0] == 0 || next == &[0x1f, 0x8b][..next.len()];
-    let out = le32(buf, end - 4) as usize;
-    (at_member && out <= MAX_UNIT).then_some(out as u64)
+    (0, 0, &[])
 }
 
 /// The end of a member inflated to its trailer: where the trailer starts
@@ -248,6 +242,7 @@ fn inflate_member<E: From<CodecError>>(
         }
         here = next;
         if range.done(here) {
+            st.read_to = (base + at) as u64;
             return Ok(None);
         }
         if step.end {
@@ -360,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn sized_members_are_hopped_and_any_member_mix_reads_right() {
+    fn any_member_mix_reads_right_and_a_lying_size_field_changes_nothing() {
         let data = image_like(2 << 20, 9);
         let mut gz = Vec::new();
         let mut enc = Encoder::new(6);
@@ -372,8 +367,27 @@ mod tests {
         for (start, end) in [(0, None), (950_000, Some(1_100_000)), (2_000_000, None)] {
             let (out, st) = read(&gz, None, start, end).unwrap();
             assert!(out == slice(&data, start, end), "{start}..{end:?}");
-            assert_eq!(st.hopped, (start / 100_000).min(11), "{start}");
+            // Members before the range are inflated, not hopped: all 12
+            // here, as every range reaches the last member, whose CRC is
+            // checked if the range runs to its end.
+            let checked = if end.is_none() { 12 } else { 11 };
+            assert_eq!((st.inflated, st.crc_checked), (12, checked), "{start}");
         }
+        // cairn's size field of the first member made to cover the second:
+        // gzip ignores it, and so does a range read.
+        let mut lie = gz.clone();
+        let first = u32::from_le_bytes(gz[16..20].try_into().unwrap());
+        let second = u32::from_le_bytes(gz[first as usize + 16..][..4].try_into().unwrap());
+        lie[16..20].copy_from_slice(&(first + second).to_le_bytes());
+        let (out, _) = read(&lie, None, 150_000, Some(250_000)).unwrap();
+        assert!(out == data[150_000..250_000]);
+        // A wrong length in the first member's trailer is an error.
+        let mut bad = gz.clone();
+        bad[first as usize - 4] ^= 1;
+        let err = read(&bad, None, 150_000, Some(250_000))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("length mismatch"), "{err}");
         // Bytes after the padding that are not zero are refused.
         let mut bad = gz.clone();
         *bad.last_mut().unwrap() = 1;
@@ -416,6 +430,35 @@ mod tests {
         bad[at..at + 64].fill(0xff);
         let r = read(&bad, Some(&index), p.out, None);
         assert!(r.is_err(), "damage at {at} went unnoticed");
+    }
+
+    #[test]
+    fn an_index_of_another_file_gives_its_bytes_or_an_error() {
+        let data = image_like(3 << 20, 7);
+        let gz = gzip(&data, 6);
+        let index = index_of(&gz);
+        let points: Vec<u64> = index.members[&10].points.iter().map(|p| p.out).collect();
+        let (mut used, mut refused) = (0, 0);
+        for seed in 1..6 {
+            // Another file of the same kind, cut or zero-padded to the length.
+            let other = image_like(3 << 20, 100 + seed);
+            let mut ogz = gzip(&other, 6);
+            ogz.resize(gz.len(), 0);
+            for &at in &points {
+                match read(&ogz, Some(&index), at + 10, Some(at + 5000)) {
+                    Ok((out, st)) => {
+                        used += st.from_checkpoint;
+                        assert!(
+                            out == slice(&other, at + 10, Some(at + 5000)),
+                            "seed {seed} at {at}"
+                        );
+                    }
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+        // The bits are checked, so the reads start at the member's start.
+        assert_eq!(used, 0, "{refused} refused");
     }
 
     proptest! {
