@@ -10,6 +10,7 @@ use crate::{
     Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
+use cairn_codec::format::gzip_range::read_range;
 use cairn_codec::{
     BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, GzipIndex, Input, Unit,
 };
@@ -354,7 +355,7 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     if let Some(range) = unpack.range {
         refuse_range(opts, unpack, plans.len())?;
         let (summaries, outcome) = run_all(plans, hooks, |plan| {
-            range_one(plan, opts.force, unpack, range, hooks)
+            range_one(plan, threads, opts.force, unpack, range, hooks)
         });
         return Ok(Run {
             summaries,
@@ -680,6 +681,7 @@ fn refuse_range(opts: &Options, unpack: &UnpackOptions, inputs: usize) -> Result
 /// kept.
 fn range_one(
     plan: &Plan,
+    threads: usize,
     force: bool,
     opts: &UnpackOptions,
     range: crate::ByteRange,
@@ -738,12 +740,14 @@ fn range_one(
     let mut sink = open_sink(&plan.dest, force, false, hooks)?;
     let out_name = sink.name();
     let w = sink.writer();
-    let stats = cairn_codec::format::gzip_range::read_range(&data, index.as_deref(), range, |b| {
+    let stats = read_range(&data, index.as_deref(), range, threads, |b| {
         w.write_all(b).map_err(write_error(&out_name))
     })?;
     sink.commit()?;
     let bytes = (stats.read_to, stats.written);
-    Ok(Summary::unpacked(plan, out_name, format, 1, bytes, started))
+    Ok(Summary::unpacked(
+        plan, out_name, format, threads, bytes, started,
+    ))
 }
 
 /// Whether two paths name the same file: the same inode if both exist,

@@ -197,7 +197,7 @@ pub struct Splitter {
 
 /// Smallest member body (bytes left in the file) worth inflating in
 /// parallel: two chunks.
-const PARALLEL_MIN: usize = 2 * crate::inflate::CHUNK;
+pub(crate) const PARALLEL_MIN: usize = 2 * crate::inflate::CHUNK;
 
 impl Splitter {
     /// A splitter over `input` that inflates members without a length on

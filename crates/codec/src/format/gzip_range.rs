@@ -30,12 +30,13 @@
 //! whole read compares every window with the output and cannot be fooled
 //! that way). docs/format/gzip-index.md says so too.
 
-use super::gzip::{parse_header, TRAILER_LEN};
+use super::gzip::{parse_header, PARALLEL_MIN, TRAILER_LEN};
 use super::{at_offset, le32};
 use crate::error::{CodecError, Result};
-use crate::inflate::index::{Checkpoint, GzipIndex};
+use crate::inflate::index::{Checkpoint, GzipIndex, MemberIndex};
 use crate::inflate::marker::{self, MarkerDecoder};
 use crate::inflate::zstream::ZInflate;
+use crate::inflate::ParallelInflate;
 use crate::input::{Input, SharedBytes};
 
 const NAME: &str = "gzip";
@@ -68,6 +69,8 @@ pub struct RangeStats {
     pub inflated: u64,
     /// Of those, how many started at an index checkpoint.
     pub from_checkpoint: u64,
+    /// Of those, how many were inflated on several threads.
+    pub parallel: u64,
     /// Members inflated from their first bit to their trailer, CRC checked.
     pub crc_checked: u64,
     /// Bytes inflated in all, written or not.
@@ -75,16 +78,18 @@ pub struct RangeStats {
 }
 
 /// Write the bytes of `range` of the decoded output of the gzip file
-/// `data` to `sink`, using `index` where it has the member. A range past
+/// `data` to `sink`, using `index` where it has the member; a long member
+/// inflated from its start is inflated on `threads` threads. A range past
 /// the end of the output writes what there is.
 pub fn read_range<E: From<CodecError>>(
     data: &SharedBytes,
     index: Option<&GzipIndex>,
     range: ByteRange,
+    threads: usize,
     sink: impl FnMut(&[u8]) -> Result<(), E>,
 ) -> Result<RangeStats, E> {
     let mut st = RangeStats::default();
-    let r = walk(data, index, range, sink, &mut st);
+    let r = walk(data, index, range, threads, sink, &mut st);
     tracing::debug!(
         start = range.start,
         end = range.end,
@@ -92,6 +97,7 @@ pub fn read_range<E: From<CodecError>>(
         read_to = st.read_to,
         inflated = st.inflated,
         from_checkpoint = st.from_checkpoint,
+        parallel = st.parallel,
         crc_checked = st.crc_checked,
         decoded = st.decoded,
         "gzip range read"
@@ -103,6 +109,7 @@ fn walk<E: From<CodecError>>(
     data: &SharedBytes,
     index: Option<&GzipIndex>,
     range: ByteRange,
+    threads: usize,
     mut sink: impl FnMut(&[u8]) -> Result<(), E>,
     st: &mut RangeStats,
 ) -> Result<(), E> {
@@ -138,14 +145,14 @@ fn walk<E: From<CodecError>>(
         };
         st.inflated += 1;
         st.from_checkpoint += u64::from(bit > 0);
-        let end = inflate_member(
-            &buf[body..],
-            body,
-            (bit, pos.saturating_add(out), window),
-            range,
-            st,
-            &mut sink,
-        )?;
+        let end = if bit == 0 && threads > 1 && buf.len() - body >= PARALLEL_MIN {
+            let at = (data, body, member, threads);
+            st.parallel += 1;
+            inflate_parallel(at, pos, range, st, &mut sink)?
+        } else {
+            let from = (bit, pos.saturating_add(out), window);
+            inflate_member(&buf[body..], body, from, range, st, &mut sink)?
+        };
         let Some((at, (crc, reached))) = end else {
             return Ok(());
         };
@@ -181,6 +188,64 @@ fn walk<E: From<CodecError>>(
         off = t + TRAILER_LEN;
     }
     Ok(())
+}
+
+/// Write what of `piece`, the output from `here` on, falls in `range`,
+/// and move `here` past it; whether the range is now written.
+fn emit<E>(
+    piece: &[u8],
+    here: &mut u64,
+    range: ByteRange,
+    st: &mut RangeStats,
+    sink: &mut impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<bool, E> {
+    st.decoded += piece.len() as u64;
+    let next = here.saturating_add(piece.len() as u64);
+    let lo = range.start.max(*here);
+    let hi = range.end.map_or(next, |e| e.min(next));
+    if lo < hi {
+        sink(&piece[(lo - *here) as usize..(hi - *here) as usize])?;
+        st.written += hi - lo;
+    }
+    *here = next;
+    Ok(range.done(next))
+}
+
+/// Inflate the long member whose DEFLATE data starts at `body` of `data`
+/// from its start on `threads` threads, as a whole read does (from the
+/// index's checkpoints when `member` has them), writing what falls in
+/// `range` of the output from `pos` on; `None` when the range was written
+/// before the member's end.
+fn inflate_parallel<E: From<CodecError>>(
+    at: (&SharedBytes, usize, Option<&MemberIndex>, usize),
+    pos: u64,
+    range: ByteRange,
+    st: &mut RangeStats,
+    sink: &mut impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<Option<MemberEnd>, E> {
+    let (data, body, member, threads) = at;
+    let rest = data.from_offset(body).ok_or(CodecError::Truncated {
+        format: NAME,
+        offset: body as u64,
+    })?;
+    let mut p = match member {
+        Some(m) => ParallelInflate::with_index(rest, threads, m.clone()),
+        None => ParallelInflate::new(rest, threads),
+    };
+    let mut here = pos;
+    let mut piece = Vec::new();
+    while p
+        .next_piece(&mut piece)
+        .map_err(|e| at_offset(e, body as u64))?
+    {
+        if emit(&piece, &mut here, range, st, sink)? {
+            st.read_to = body as u64 + p.finish().0 as u64;
+            return Ok(None);
+        }
+        piece.clear();
+    }
+    let (used, crc, size) = p.finish();
+    Ok(Some((used, (Some(crc), pos + size))))
 }
 
 /// Where to start inflating the member `member` (its DEFLATE data) for
@@ -229,19 +294,10 @@ fn inflate_member<E: From<CodecError>>(
             .inflate(&member[at.min(member.len())..], &mut piece, false)
             .map_err(|why| corrupt(at, why))?;
         at += step.consumed;
-        st.decoded += piece.len() as u64;
         if let Some(c) = crc.as_mut() {
             c.update(&piece);
         }
-        let next = here.saturating_add(piece.len() as u64);
-        let lo = range.start.max(here);
-        let hi = range.end.map_or(next, |e| e.min(next));
-        if lo < hi {
-            sink(&piece[(lo - here) as usize..(hi - here) as usize])?;
-            st.written += hi - lo;
-        }
-        here = next;
-        if range.done(here) {
+        if emit(&piece, &mut here, range, st, sink)? {
             st.read_to = (base + at) as u64;
             return Ok(None);
         }
@@ -302,7 +358,7 @@ mod tests {
     ) -> Result<(Vec<u8>, RangeStats)> {
         let mut out = Vec::new();
         let range = ByteRange { start, end };
-        let st = read_range(&SharedBytes::from_vec(gz.to_vec()), index, range, |b| {
+        let st = read_range(&SharedBytes::from_vec(gz.to_vec()), index, range, 1, |b| {
             out.extend_from_slice(b);
             Ok::<(), CodecError>(())
         })?;
