@@ -145,7 +145,12 @@ fn walk<E: From<CodecError>>(
         };
         st.inflated += 1;
         st.from_checkpoint += u64::from(bit > 0);
-        let end = if bit == 0 && threads > 1 && buf.len() - body >= PARALLEL_MIN {
+        // Several threads pay off once there is more to inflate than the
+        // chunks they start with (a range near the member's start is
+        // inflated sooner on one).
+        let far = |to: u64| to.saturating_sub(pos) >= 4 * PARALLEL_MIN as u64;
+        let long = range.end.is_none_or(far) || far(range.start);
+        let end = if bit == 0 && threads > 1 && long && buf.len() - body >= PARALLEL_MIN {
             let at = (data, body, member, threads);
             st.parallel += 1;
             inflate_parallel(at, pos, range, st, &mut sink)?
