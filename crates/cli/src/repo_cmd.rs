@@ -703,17 +703,18 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
                 "compression_ratio": ratio_json(s.stats.new_raw, s.stats.new_stored),
                 "seconds": s.stats.millis as f64 / 1000.0,
                 "tags": s.tags,
+                "group": s.group,
             })).collect::<Vec<_>>(),
             "unreadable": bad,
         }));
     } else {
         println!(
-            "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}  TAGS",
-            "IMAGE", "SNAP", "CREATED (UTC)", "SIZE", "ZERO", "STORED", "DEDUP", "COMPR"
+            "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7} {:>6}  TAGS",
+            "IMAGE", "SNAP", "CREATED (UTC)", "SIZE", "ZERO", "STORED", "DEDUP", "COMPR", "GROUP"
         );
         for s in &rows {
             println!(
-                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7}  {}",
+                "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7} {:>6}  {}",
                 s.name,
                 s.snapshot,
                 utc(s.created),
@@ -722,6 +723,7 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
                 HumanBytes(s.stats.new_stored).to_string(),
                 ratio_text(s.size - s.stats.zero_bytes.min(s.size), s.stats.new_raw),
                 ratio_text(s.stats.new_raw, s.stats.new_stored),
+                group_text(s.group),
                 s.tags.join(",")
             );
         }
@@ -1130,6 +1132,18 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
         bail!("{damaged} metadata file(s) could not be read; the totals leave them out (run `cairn verify`)");
     }
     Ok(())
+}
+
+/// A snapshot's group size as `ls` shows it: `2M`, `64K`, `chunk` (each
+/// chunk alone), `-` (written before manifests recorded it).
+fn group_text(group: Option<u32>) -> String {
+    match group {
+        None => "-".into(),
+        Some(0) => "chunk".into(),
+        Some(g) if g % (1 << 20) == 0 => format!("{}M", g >> 20),
+        Some(g) if g % (1 << 10) == 0 => format!("{}K", g >> 10),
+        Some(g) => g.to_string(),
+    }
 }
 
 #[cfg(test)]

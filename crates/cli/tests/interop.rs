@@ -493,7 +493,11 @@ fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
         // cores when the range runs far into it, on one when it ends near
         // its start.
         let log = String::from_utf8_lossy(&out.stderr);
-        let parallel = if end.is_none() { "parallel=1" } else { "parallel=0" };
+        let parallel = if end.is_none() {
+            "parallel=1"
+        } else {
+            "parallel=0"
+        };
         assert!(log.contains(parallel), "{log}");
     }
     let part = dir.path().join("part");

@@ -540,3 +540,47 @@ fn forget_keeps_by_policy_and_rm_needs_all() {
     verify_clean(r);
     ok(run(&["rm", "vm", "--all", "--repo", r]));
 }
+
+/// `ls` states the group size each snapshot's new chunks were written in
+/// (manifest version 3): the default, `--group 64K`, `--group 0` (each
+/// chunk alone), in the table and in `--json`.
+#[test]
+fn ls_states_each_snapshots_group_size() {
+    let dir = tempdir();
+    let repo = dir.path().join("r");
+    let r = s(&repo);
+    ok(run(&["init", r]));
+    let src = dir.path().join("img");
+    for (i, group) in ["2M", "64K", "0"].into_iter().enumerate() {
+        std::fs::write(&src, image(3 << 20 | i)).unwrap();
+        let name = format!("g{i}");
+        ok(run(&[
+            "backup",
+            s(&src),
+            "--repo",
+            r,
+            "--name",
+            &name,
+            "--group",
+            group,
+            "-q",
+        ]));
+    }
+    let ls = json(&ok(run(&["ls", "--repo", r, "--json"])));
+    let groups: Vec<_> = ls["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["group"].as_u64())
+        .collect();
+    assert_eq!(groups, vec![Some(2 << 20), Some(64 << 10), Some(0)], "{ls}");
+    let table = String::from_utf8(ok(run(&["ls", "--repo", r])).stdout).unwrap();
+    // The column is right-aligned under its heading.
+    let end = table.find("GROUP").unwrap() + "GROUP".len();
+    let column: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.get(end - 6..end).unwrap_or("").trim())
+        .collect();
+    assert_eq!(column, ["2M", "64K", "chunk"], "{table}");
+}

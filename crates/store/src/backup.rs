@@ -468,6 +468,7 @@ pub(crate) fn backup_batches(
         stats,
         extents: list.extents,
         tags: opts.tags.clone(),
+        group: u32::try_from(group_for_packs(opts.group_size, repo.pack_size())).ok(),
     };
     // Numbered at the commit: a concurrent backup of the same image may
     // have taken the next number since this one began.

@@ -129,7 +129,11 @@ impl ImageEditor {
                 .parse()
                 .map_err(|e: cairn_codec::CodecError| bad("codec", e.to_string()))?,
         };
-        let group_size = group_for_packs(crate::backup::DEFAULT_GROUP_SIZE, repo.pack_size());
+        // The snapshot's own trade of size against random reads, kept.
+        let group = base
+            .group
+            .map_or(crate::backup::DEFAULT_GROUP_SIZE, |g| g as usize);
+        let group_size = group_for_packs(group, repo.pack_size());
         Ok(ImageEditor {
             repo,
             session,
@@ -277,6 +281,7 @@ impl ImageEditor {
             // Tags label what a backup took; writes through a served
             // image are not that backup any more.
             tags: Vec::new(),
+            group: u32::try_from(self.group_size).ok(),
         };
         // After the latest, which a backup of the same image may have
         // added since the base.
@@ -470,6 +475,7 @@ mod tests {
             stats: SnapshotStats::default(),
             extents,
             tags: Vec::new(),
+            group: Some(0),
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! `REPO/snapshots/<NAME>/<SNAPSHOT>.snap`, SNAPSHOT a zero-padded decimal
 //! number counting up from 1 per image; a metadata envelope of kind 4,
-//! body version 1, or 2 when the snapshot has tags:
+//! body version 3 (1 or 2 as written before version 3, still read):
 //!
 //! ```text
 //! str16 name, u64 snapshot, i64 created (Unix seconds), u64 logical size,
@@ -12,13 +12,17 @@
 //! u64 N, N × extent:
 //!   0x00, u32 length, chunk id [32]     data
 //!   0x01, u64 length                    hole (zeros, never stored)
-//! version 2 only: u16 T, T × str16 tag
+//! version 2: u16 T (at least 1), T × str16 tag
+//! version 3: u16 T (0 or more), T × str16 tag, u32 group
 //! ```
 //!
-//! A snapshot without tags is written as version 1, byte for byte what
-//! cairn wrote before tags existed, so an older cairn still reads it; one
-//! with tags is version 2, which an older cairn refuses as newer instead
-//! of misreading. Both are read.
+//! `group` is the raw bytes of chunks compressed together per record
+//! when the snapshot was written (`--group`, after the pack size's limit;
+//! 0: each chunk alone): the trade of size against random reads that the
+//! snapshot made, shown by `ls` and kept by `edit`. Version 1 (no tags)
+//! and 2 (tags) did not record it; they are read with the group unknown.
+//! Every new snapshot is written as version 3, which a cairn older than it
+//! refuses as newer instead of misreading.
 //!
 //! Writing the manifest is the commit point of a backup: it is renamed
 //! into place only after every pack and index file it needs is durable.
@@ -30,9 +34,9 @@ use crate::id::ChunkId;
 use crate::meta::{self, Kind};
 use std::path::Path;
 
-/// Newest version of the manifest body this build reads and writes (2:
-/// with tags; a manifest without tags is written as version 1).
-pub const MANIFEST_VERSION: u32 = 2;
+/// Newest version of the manifest body this build reads and writes (3:
+/// with the group size; 1 and 2 are still read).
+pub const MANIFEST_VERSION: u32 = 3;
 
 /// Longest tag, in bytes.
 pub const MAX_TAG_LEN: usize = 128;
@@ -150,18 +154,23 @@ pub struct Manifest {
     pub stats: SnapshotStats,
     /// The image, in order.
     pub extents: Vec<Extent>,
-    /// Labels given at backup (`--tag`); none: a version 1 body.
+    /// Labels given at backup (`--tag`).
     pub tags: Vec<String>,
+    /// Raw bytes compressed together per record (0: each chunk alone);
+    /// `None` for a snapshot written before version 3, which did not say.
+    pub group: Option<u32>,
 }
 
 impl Manifest {
-    /// The body version this manifest is written as: 2 if it has tags,
-    /// else 1 (readable by a cairn that knows no tags).
+    /// The body version this manifest is written as: 3 when it records
+    /// its group (every new snapshot); else 2 with tags, 1 without (a
+    /// manifest read from an older repository and written again, by
+    /// `tag`, keeps its version).
     pub fn version(&self) -> u32 {
-        if self.tags.is_empty() {
-            1
-        } else {
-            2
+        match (self.group, self.tags.is_empty()) {
+            (Some(_), _) => 3,
+            (None, false) => 2,
+            (None, true) => 1,
         }
     }
 
@@ -215,11 +224,14 @@ impl Manifest {
                 }
             }
         }
-        if !self.tags.is_empty() {
+        if self.version() >= 2 {
             w.u16(self.tags.len().min(usize::from(u16::MAX)) as u16);
             for t in self.tags.iter().take(usize::from(u16::MAX)) {
                 w.str16(t);
             }
+        }
+        if let Some(g) = self.group {
+            w.u32(g);
         }
         w.buf
     }
@@ -302,7 +314,7 @@ impl Manifest {
         let mut tags = Vec::new();
         if version >= 2 {
             let n = r.u16().map_err(at)?;
-            if n == 0 {
+            if n == 0 && version == 2 {
                 return Err(StoreError::corrupt(
                     path,
                     r.pos() as u64,
@@ -322,14 +334,28 @@ impl Manifest {
                 tags.push(t);
             }
         }
+        let group = if version >= 3 {
+            let pos = r.pos();
+            let g = r.u32().map_err(at)?;
+            if g as usize > crate::pack::MAX_GROUP_RAW {
+                return Err(StoreError::corrupt(
+                    path,
+                    pos as u64,
+                    format!("group of {g} bytes, over the most a backup writes"),
+                ));
+            }
+            Some(g)
+        } else {
+            None
+        };
         if r.remaining() != 0 {
             return Err(StoreError::corrupt(
                 path,
                 r.pos() as u64,
-                if version >= 2 {
-                    "bytes after the last tag"
-                } else {
-                    "bytes after the last extent"
+                match version {
+                    1 => "bytes after the last extent",
+                    2 => "bytes after the last tag",
+                    _ => "bytes after the group size",
                 },
             ));
         }
@@ -351,6 +377,7 @@ impl Manifest {
             stats,
             extents,
             tags,
+            group,
         })
     }
 
@@ -421,6 +448,7 @@ mod tests {
             },
             extents: l.extents,
             tags: Vec::new(),
+            group: None,
         }
     }
 
@@ -514,6 +542,49 @@ mod tests {
         }
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(version_of(&bytes), 2);
+        assert_eq!(Manifest::decode(&p, &bytes).unwrap(), m);
+    }
+
+    /// Every new snapshot records its group: version 3, with or without
+    /// tags, read back the same; a group over the most a backup writes,
+    /// a cut group field and bytes after it are refused.
+    #[test]
+    fn the_group_makes_a_version_3_body_that_round_trips_and_rejects_damage() {
+        let p = Path::new("m.snap");
+        for (group, tags) in [(0, vec![]), (2 << 20, vec!["daily".to_string()])] {
+            let mut m = sample();
+            m.group = Some(group);
+            m.tags = tags;
+            let bytes = m.encode();
+            assert_eq!(version_of(&bytes), 3);
+            assert_eq!(Manifest::decode(p, &bytes).unwrap(), m);
+        }
+        let mut m = sample();
+        m.group = Some(crate::pack::MAX_GROUP_RAW as u32 + 1);
+        let err = Manifest::decode(p, &m.encode()).unwrap_err().to_string();
+        assert!(err.contains("over the most a backup writes"), "{err}");
+        m.group = Some(1 << 20);
+        let body = m.body();
+        for bad in [&body[..body.len() - 1], &[&body[..], &[0][..]].concat()[..]] {
+            let bytes = meta::seal(Kind::Manifest, 3, bad);
+            assert!(Manifest::decode(p, &bytes).is_err());
+        }
+    }
+
+    /// A committed version 3 manifest (`tests/fixtures/manifest-v3/`,
+    /// written by `CAIRN_BLESS=1`): what this version writes stays readable.
+    #[test]
+    fn committed_version_3_manifest_decodes() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/manifest-v3/grouped.snap");
+        let mut m = sample();
+        m.group = Some(64 << 10);
+        if std::env::var_os("CAIRN_BLESS").is_some() {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, m.encode()).unwrap();
+        }
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(version_of(&bytes), 3);
         assert_eq!(Manifest::decode(&p, &bytes).unwrap(), m);
     }
 

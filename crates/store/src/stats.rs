@@ -27,6 +27,9 @@ pub struct SnapshotInfo {
     pub stats: SnapshotStats,
     /// Its tags.
     pub tags: Vec<String>,
+    /// Raw bytes compressed together per record (0: each chunk alone);
+    /// `None` when the snapshot predates manifest version 3.
+    pub group: Option<u32>,
 }
 
 /// Every snapshot of every image, by name then number. A manifest that
@@ -52,6 +55,7 @@ pub fn list(repo: &Repository) -> Result<Vec<std::result::Result<SnapshotInfo, S
                     codec: m.codec,
                     stats: m.stats,
                     tags: m.tags,
+                    group: m.group,
                 })
                 .map_err(|e| format!("{name}@{snap}: {e}")),
             );

@@ -835,12 +835,12 @@ fn newer_versions_are_refused_by_name() {
         assert!(is_newer_than(&e, version, newest), "{file}: {e}");
     }
 
-    // Manifests have a version 2 (with tags).
+    // Manifests have a version 2 (with tags) and 3 (with the group size).
     let (_tmp, dir) = fresh_copy();
-    reseal(&dir.join("snapshots/alpha/0000000002.snap"), 3);
+    reseal(&dir.join("snapshots/alpha/0000000002.snap"), 4);
     let repo = Repository::open(&dir).unwrap();
     let e = repo.read_manifest("alpha", 2).unwrap_err();
-    assert!(is_newer_than(&e, 3, 2), "{e}");
+    assert!(is_newer_than(&e, 4, 3), "{e}");
     let report = verify_all(&repo);
     assert_eq!(report.problems.len(), 1);
     assert!(report.problems[0]

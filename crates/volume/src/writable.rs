@@ -827,6 +827,12 @@ mod tests {
     use cairn_store::{backup, BackupOptions};
 
     fn repo(dir: &Path, data: &[u8]) -> Arc<Repository> {
+        repo_grouped(dir, data, 256 << 10)
+    }
+
+    /// A repository of 1 MiB packs with `data` as `img@1`, its chunks
+    /// compressed in groups of `group` bytes.
+    fn repo_grouped(dir: &Path, data: &[u8], group: usize) -> Arc<Repository> {
         let r = Repository::init(&dir.join("repo"), &[dir.join("t0")], Some(1 << 20)).unwrap();
         let session = r.session("test").unwrap();
         let opts = BackupOptions {
@@ -834,7 +840,7 @@ mod tests {
             codec: "zstd:1".parse().unwrap(),
             chunker: "fixed:16384".parse().unwrap(),
             threads: 1,
-            group_size: 256 << 10,
+            group_size: group,
             source: "test".into(),
             progress: None,
             time: None,
@@ -913,6 +919,22 @@ mod tests {
 
     /// Flushed writes over a snapshot that is no longer the latest, and
     /// not made from them, are refused with a line saying what to do.
+    /// A commit writes its new chunks in the group size of the snapshot
+    /// it edits (the image's trade of size against random reads), not the
+    /// default, and says so in the new manifest.
+    #[test]
+    fn a_commit_keeps_the_snapshots_group_size() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let repo = repo_grouped(dir, &data, 64 << 10);
+        assert_eq!(repo.read_manifest("img", 1).unwrap().group, Some(64 << 10));
+        let dev = WritableVolume::open(repo.clone(), "img", &opts(), &dir.join("o")).unwrap();
+        dev.write_at(&[7; 40_000], 8192, true).unwrap();
+        assert!(dev.commit().unwrap().is_some());
+        assert_eq!(repo.read_manifest("img", 2).unwrap().group, Some(64 << 10));
+    }
+
     #[test]
     fn an_image_that_moved_on_is_not_written_over() {
         let t = tempfile::tempdir().unwrap();
