@@ -19,7 +19,8 @@
 //! `group` is the raw bytes of chunks compressed together per record
 //! when the snapshot was written (`--group`, after the pack size's limit;
 //! 0: each chunk alone): the trade of size against random reads that the
-//! snapshot made, shown by `ls` and kept by `edit`. Version 1 (no tags)
+//! snapshot made, shown by `ls` and kept by a commit of a served writable
+//! image. Version 1 (no tags)
 //! and 2 (tags) did not record it; they are read with the group unknown.
 //! Every new snapshot is written as version 3, which a cairn older than it
 //! refuses as newer instead of misreading.
@@ -163,9 +164,8 @@ pub struct Manifest {
 
 impl Manifest {
     /// The body version this manifest is written as: 3 when it records
-    /// its group (every new snapshot); else 2 with tags, 1 without (a
-    /// manifest read from an older repository and written again, by
-    /// `tag`, keeps its version).
+    /// its group (every new snapshot); else 2 with tags, 1 without (as
+    /// written before version 3).
     pub fn version(&self) -> u32 {
         match (self.group, self.tags.is_empty()) {
             (Some(_), _) => 3,
