@@ -77,7 +77,7 @@ fuzz_target!(|input: &[u8]| {
         start,
         end: Some(start + 70_000),
     };
-    let _ = read_range(&SharedBytes::from_vec(gz), Some(&trusted), range, |_| {
+    let _ = read_range(&SharedBytes::from_vec(gz), Some(&trusted), range, 1, |_| {
         Ok::<(), cairn_codec::CodecError>(())
     });
     for (_, member) in index.members.into_iter().take(2) {

@@ -567,12 +567,12 @@ fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
     }
     // An input changed after its index was made is not read with it
     // (the windows would be trusted), unless -f says so.
-    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    let earlier = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
     std::fs::File::options()
         .write(true)
-        .open(&copy)
+        .open(&index)
         .unwrap()
-        .set_modified(later)
+        .set_modified(earlier)
         .unwrap();
     let args = [
         "unpack",
@@ -587,6 +587,23 @@ fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
     let mut forced = args.to_vec();
     forced.insert(1, "-f");
     assert!(ok(run(&forced)).stdout == data[..10]);
+    // A whole read with the index checks it and renews it.
+    ok(run(&[
+        "unpack",
+        "-T",
+        "2",
+        "-t",
+        "--index",
+        s(&index),
+        s(&copy),
+    ]));
+    assert!(ok(run(&args)).stdout == data[..10]);
+    // A range that ends at the member's end checks its CRC.
+    let last = data.len() * 3 / 5;
+    let tail = format!("{}..{last}", last - 1000);
+    let out = ok(run(&["unpack", "-v", "--range", &tail, "-c", s(file)]));
+    assert!(out.stdout == data[last - 1000..last]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("crc_checked=1"));
 }
 
 /// One big member written by gzip -6 (no sizes in it), read from a file, is

@@ -143,7 +143,9 @@ pub(crate) fn plan(
             let name = source.name();
             // Writing the output would destroy the input (`-f -o x x`).
             let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
-                (Source::File(src), Dest::File(out)) if same_file(src, out) => {
+                (Source::File(src), Dest::File(out))
+                    if std::fs::metadata(src).is_ok_and(|m| m.is_file()) && same_file(src, out) =>
+                {
                     Err(Error::OutputIsInput(out.clone()))
                 }
                 _ => Ok((dest, remove)),
@@ -719,16 +721,12 @@ fn range_one(
             }
             // A range read trusts the windows (docs/format/gzip-index.md):
             // an input changed since the index was made is not read by it.
-            let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-            if let (Source::File(src), false) = (&plan.source, force) {
-                if let (Some(input), Some(made)) = (modified(src), modified(path)) {
-                    if input > made {
-                        return Err(fail(
-                            "is older than the input, which may have changed since: \
-                             make it again, or -f to use it anyway",
-                        ));
-                    }
-                }
+            if !force && older_than_input(path, plan) {
+                return Err(fail(
+                    "is older than the input, which may have changed since: \
+                     read the input whole with it (`cairn unpack -t --index FILE \
+                     INPUT`) to check and renew it, or -f to use it anyway",
+                ));
             }
             Some(index)
         }
@@ -748,6 +746,16 @@ fn range_one(
     Ok(Summary::unpacked(
         plan, out_name, format, threads, bytes, started,
     ))
+}
+
+/// Whether the index at `path` was written before the input was last
+/// modified.
+fn older_than_input(path: &Path, plan: &Plan) -> bool {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    match &plan.source {
+        Source::File(src) => matches!((modified(src), modified(path)), (Some(i), Some(m)) if i > m),
+        Source::Stdin => false,
+    }
 }
 
 /// Whether two paths name the same file: the same inode if both exist,
@@ -809,6 +817,10 @@ fn open_index(
                 )));
             }
             tracing::debug!(path = %path.display(), members = index.members.len(), "index read");
+            let mut index = index;
+            // Rewritten after a whole read that checked it, so that it is
+            // no longer older than the input (which range reads refuse).
+            index.changed |= older_than_input(path, plan);
             (index, true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (GzipIndex::new(size), false),

@@ -12,8 +12,8 @@
 //! the same extents (lengths and holes) as the source; each chunk gets the
 //! destination's id (keyed if it is encrypted), is stored there once, with
 //! the source manifest's codec, sealed with the destination's key. Name,
-//! creation time, chunker, codec and tags are kept; the snapshot number is
-//! the destination's next.
+//! creation time, chunker, codec, group size and tags are kept; the
+//! snapshot number is the destination's next.
 //!
 //! A copied snapshot records where it came from in its `source`:
 //! `copy of <source repository id> NAME@N (<the original source>)`. A
@@ -46,7 +46,9 @@ pub struct CopyOptions<'a> {
     pub names: Vec<String>,
     /// Worker threads (hashing, compressing).
     pub threads: usize,
-    /// Compression groups, as [`BackupOptions::group_size`].
+    /// Compression groups, as [`BackupOptions::group_size`], for a
+    /// snapshot that does not record its own (one written before manifest
+    /// version 3); one that does keeps it.
     pub group_size: usize,
     /// Called as the copy goes on.
     pub progress: Option<&'a (dyn Fn(&CopyProgress) + Sync)>,
@@ -220,7 +222,8 @@ pub fn copy(
             codec,
             chunker,
             threads: opts.threads,
-            group_size: opts.group_size,
+            // The snapshot's own trade of size against random reads.
+            group_size: m.group.map_or(opts.group_size, |g| g as usize),
             source: origin(src, m),
             progress: Some(&progress),
             time: Some(m.created),
@@ -395,7 +398,8 @@ mod tests {
             &CopyOptions {
                 names: names.iter().map(|n| n.to_string()).collect(),
                 threads: 2,
-                group_size: 256 << 10,
+                // Not the sources' 256 KiB: their recorded group is kept.
+                group_size: 64 << 10,
                 progress: None,
             },
         )
@@ -443,8 +447,8 @@ mod tests {
                 let m = dest.read_manifest("a", c.to).unwrap();
                 assert_eq!(lengths(&s), lengths(&m), "{tag}");
                 assert_eq!(
-                    (m.created, &m.chunker, &m.codec, &m.tags),
-                    (s.created, &s.chunker, &s.codec, &s.tags)
+                    (m.created, &m.chunker, &m.codec, &m.tags, m.group),
+                    (s.created, &s.chunker, &s.codec, &s.tags, Some(256 << 10))
                 );
                 assert_eq!(m.source, origin(&src, &s));
                 assert!(m.source.ends_with("(/dev/test)"), "{}", m.source);

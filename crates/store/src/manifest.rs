@@ -493,7 +493,7 @@ mod tests {
     }
 
     #[test]
-    fn without_tags_the_body_stays_version_1_and_unchanged() {
+    fn without_tags_or_group_the_body_stays_version_1_and_unchanged() {
         let m = sample();
         let bytes = m.encode();
         assert_eq!(version_of(&bytes), 1);
@@ -523,6 +523,7 @@ mod tests {
             let m = Manifest::decode(&p, &bytes).unwrap();
             assert_eq!(m.name, "alpha");
             assert!(m.tags.is_empty());
+            assert_eq!(m.group, None);
             seen += 1;
         }
         assert!(seen >= 1);
@@ -569,6 +570,16 @@ mod tests {
             let bytes = meta::seal(Kind::Manifest, 3, bad);
             assert!(Manifest::decode(p, &bytes).is_err());
         }
+    }
+
+    /// A version 2 body must have tags (a version 3 body may have none).
+    #[test]
+    fn a_version_2_body_without_tags_is_refused() {
+        let mut m = sample();
+        m.group = Some(0);
+        let bytes = meta::seal(Kind::Manifest, 2, &m.body()[..m.body().len() - 4]);
+        let err = Manifest::decode(Path::new("m.snap"), &bytes).unwrap_err();
+        assert!(err.to_string().contains("without tags"), "{err}");
     }
 
     /// A committed version 3 manifest (`tests/fixtures/manifest-v3/`,

@@ -917,8 +917,6 @@ mod tests {
         }
     }
 
-    /// Flushed writes over a snapshot that is no longer the latest, and
-    /// not made from them, are refused with a line saying what to do.
     /// A commit writes its new chunks in the group size of the snapshot
     /// it edits (the image's trade of size against random reads), not the
     /// default, and says so in the new manifest.
@@ -935,6 +933,8 @@ mod tests {
         assert_eq!(repo.read_manifest("img", 2).unwrap().group, Some(64 << 10));
     }
 
+    /// Flushed writes over a snapshot that is no longer the latest, and
+    /// not made from them, are refused with a line saying what to do.
     #[test]
     fn an_image_that_moved_on_is_not_written_over() {
         let t = tempfile::tempdir().unwrap();
