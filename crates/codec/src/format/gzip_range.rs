@@ -13,7 +13,7 @@
 //!   exactly that bit), else the one before it, down to the member's start;
 //! - any other member is inflated from its start, its CRC checked: on
 //!   several threads as the whole read does when it has no size field and
-//!   the range runs [`PARALLEL_OUTPUT`] or more into it, else on one.
+//!   the range runs `PARALLEL_OUTPUT` (64 MiB) or more into it, else on one.
 //!
 //! Size fields (cairn's `CN`, BGZF's `BC`) are not used to hop members:
 //! nothing but inflating a member checks its size field and its trailer's
