@@ -1111,12 +1111,14 @@ fn damaged_config_and_target_marker() {
 
 // ---------------------------------------------------------------- versions
 
-/// Rewrite the version of a metadata file and seal it again: bytes 12..16
-/// are the version; the last 32 bytes are the BLAKE3 of all before them.
+/// Rewrite the version of a metadata file to a newer one and seal it
+/// again: bytes 12..16 are the version; the last 32 bytes are the BLAKE3 of
+/// all before them.
 fn reseal(path: &Path, version: u32) {
     let mut d = fs::read(path).unwrap();
     assert_eq!(&d[..8], b"CAIRNMET");
-    assert_eq!(u32::from_le_bytes(d[12..16].try_into().unwrap()), 1);
+    let current = u32::from_le_bytes(d[12..16].try_into().unwrap());
+    assert!(current < version, "{}: version {current}", path.display());
     d[12..16].copy_from_slice(&version.to_le_bytes());
     let end = d.len() - 32;
     // ChunkId::of is BLAKE3-256.
@@ -1161,16 +1163,17 @@ fn newer_format_versions_are_refused() {
         );
     }
 
-    // A newer manifest (version 2 has tags, so 3): that snapshot is
-    // refused, the others restore.
+    // A newer manifest (version 3 has the group size, so 4): that snapshot
+    // is refused, the others restore.
+    let newer_4 = "format version 4 is newer than this cairn supports (3)";
     let (_d, repo) = copy(&base);
-    reseal(&repo.join("snapshots/alpha/0000000002.snap"), 3);
+    reseal(&repo.join("snapshots/alpha/0000000002.snap"), 4);
     let line = one_line_failure(
         &run(&["restore", "alpha@2", "-", "--repo", s(&repo)]),
-        "manifest v3",
+        "manifest v4",
     );
     assert!(
-        line.contains(newer_3) && line.contains("0000000002.snap"),
+        line.contains(newer_4) && line.contains("0000000002.snap"),
         "{line}"
     );
     let (out, v) = verify(&repo, true);
@@ -1179,7 +1182,7 @@ fn newer_format_versions_are_refused() {
     assert_eq!(problems.len(), 1, "{v}");
     assert_eq!(problems[0]["kind"], "manifest");
     assert!(
-        problems[0]["message"].as_str().unwrap().contains(newer_3),
+        problems[0]["message"].as_str().unwrap().contains(newer_4),
         "{v}"
     );
     for sn in base.snaps.iter().filter(|sn| sn.spec() != "alpha@2") {
@@ -1188,11 +1191,11 @@ fn newer_format_versions_are_refused() {
         assert!(fs::read(&dest).unwrap() == sn.data);
     }
     let before = tree(&repo);
-    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v3");
-    assert!(line.contains(newer_3), "{line}");
+    let line = one_line_failure(&run(&["gc", "--repo", s(&repo)]), "gc, manifest v4");
+    assert!(line.contains(newer_4), "{line}");
     assert!(
         tree(&repo) == before,
-        "manifest v3: gc changed the repository"
+        "manifest v4: gc changed the repository"
     );
 
     // A newer index file: verify names it; restore of an image that needs
