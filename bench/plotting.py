@@ -1,7 +1,9 @@
 """plotting.py: what the bench/plot_*.py scripts share (matplotlib, Agg):
 grouped bars, value labels on bars, the medians of a bench/wbcache.py
-run, and saving a figure into its run directory."""
+run, saving a figure into its run directory, and naming a new run
+directory."""
 import csv
+import datetime
 import os
 import statistics
 
@@ -44,3 +46,16 @@ def save(fig, run, name):
     out = os.path.join(run, name)
     fig.savefig(out, dpi=100)
     print(out)
+
+
+def new_run_dir(root, name):
+    """Make and return ROOT/bench/runs/<UTC date>-NAME, or -NAME-2, -3...
+    when that run exists."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    out = os.path.join(root, "bench/runs", f"{stamp}-{name}")
+    k = 2
+    while os.path.exists(out):
+        out = os.path.join(root, "bench/runs", f"{stamp}-{name}-{k}")
+        k += 1
+    os.makedirs(out)
+    return out

@@ -42,6 +42,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plotting import new_run_dir, plt, save  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CGROUP = "/sys/fs/cgroup/blkio/cairn-striping"
 LVM_CONFIG = ("activation { udev_sync = 0 udev_rules = 0 } "
@@ -164,8 +167,6 @@ def summarize(rows):
 
 
 def plot(out, summary, counts, mbps):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from plotting import plt, save
     inputs = sorted({k[1] for k in summary})
     fig, axes = plt.subplots(1, len(inputs), figsize=(6 * len(inputs), 4.5), squeeze=False)
     for ax, inp in zip(axes[0], inputs):
@@ -202,13 +203,7 @@ def main():
     a = ap.parse_args()
     counts = [int(x) for x in a.devices.split(",")]
     codecs = a.codecs.split(",")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    out = os.path.join(ROOT, "bench/runs", f"{stamp}-striping")
-    k = 2
-    while os.path.exists(out):
-        out = os.path.join(ROOT, "bench/runs", f"{stamp}-striping-{k}")
-        k += 1
-    os.makedirs(out)
+    out = new_run_dir(ROOT, "striping")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     random_in = os.path.join(a.work, "random.bin")

@@ -1,10 +1,10 @@
 //! Direct I/O, one place for every crate: the alignment `O_DIRECT` needs,
 //! a second `O_DIRECT` handle on an open file, aligned writes with a
-//! buffered fallback, a sequential reader through an aligned buffer, and
+//! buffered fallback, a sequential reader with reads queued ahead, and
 //! a block device's size. Pack writers and restore (store), backup from a
 //! device (cli) and plain-file exports ([`crate::FileDev`]) use these.
 
-use crate::AlignedBuf;
+use crate::readahead::{Engine, ReadAhead};
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -37,45 +37,41 @@ pub fn write_blocks_at(direct: &File, buffered: &File, blocks: &[u8], at: u64) -
     }
 }
 
-/// Bytes read at once by a [`DirectReader`].
-const READ_WINDOW: usize = 4 << 20;
+/// Bytes of each read of a [`DirectReader`], and how many are queued
+/// ahead of it (chosen by `bench/stream.py`: see docs/benchmarks.md,
+/// "Streaming reads").
+const READ_BLOCK: usize = 1 << 20;
+const READ_DEPTH: usize = 8;
 
-/// A file opened with `O_DIRECT`, read front to back through an aligned
-/// window of 4 MiB, as `O_DIRECT` requires.
+/// A file opened with `O_DIRECT`, read front to back with reads queued
+/// ahead of the caller ([`ReadAhead`]: io_uring where the kernel has it).
 #[derive(Debug)]
 pub struct DirectReader {
-    file: File,
-    buf: AlignedBuf,
-    pos: usize,
-    end: usize,
+    inner: ReadAhead,
 }
 
 impl DirectReader {
     /// A reader of `file` (opened with `O_DIRECT`) from its current offset.
     pub fn new(file: File) -> DirectReader {
+        DirectReader::with_queue(file, READ_BLOCK, READ_DEPTH)
+    }
+
+    /// A reader with `depth` reads of `block` bytes queued ahead.
+    pub fn with_queue(file: File, block: usize, depth: usize) -> DirectReader {
         DirectReader {
-            file,
-            buf: AlignedBuf::new(READ_WINDOW, DIRECT_ALIGN),
-            pos: 0,
-            end: 0,
+            inner: ReadAhead::new(file, block, depth),
         }
+    }
+
+    /// How the reads are made.
+    pub fn engine(&self) -> Engine {
+        self.inner.engine()
     }
 }
 
 impl Read for DirectReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if self.pos == self.end {
-            let n = self.file.read(self.buf.as_mut_slice())?;
-            self.pos = 0;
-            self.end = n;
-            if n == 0 {
-                return Ok(0);
-            }
-        }
-        let n = out.len().min(self.end - self.pos);
-        out[..n].copy_from_slice(&self.buf.as_slice()[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
+        self.inner.read(out)
     }
 }
 
@@ -89,7 +85,7 @@ mod tests {
     fn a_direct_reader_reads_everything_through_an_aligned_window() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let data: Vec<u8> = (0..(READ_WINDOW * 2 + 12345))
+        let data: Vec<u8> = (0..(READ_BLOCK * 2 + 12345))
             .map(|i| (i % 253) as u8)
             .collect();
         std::fs::write(&p, &data).unwrap();
@@ -101,7 +97,6 @@ mod tests {
             .or_else(|_| File::open(&p))
             .unwrap();
         let mut r = DirectReader::new(file);
-        assert_eq!(r.buf.as_slice().as_ptr() as usize % DIRECT_ALIGN, 0);
         let mut got = Vec::new();
         r.read_to_end(&mut got).unwrap();
         assert_eq!(got, data);

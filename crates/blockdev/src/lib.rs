@@ -30,10 +30,13 @@
 //!   `fdatasync`, trim and zeroing are `fallocate` (files) or
 //!   `BLKDISCARD`/`BLKZEROOUT` (block devices), holes come from
 //!   `SEEK_DATA`/`SEEK_HOLE`.
-//! - **No io_uring yet.** It has not been shown that `pread` from a pool of
-//!   threads loses to it on the 2-core machines cairn is measured on, and
-//!   it has not been measured here; it is the next thing to try where deep
-//!   queues of small direct requests matter.
+//! - **io_uring where a thread would wait** ([`ReadAhead`]): a sequential
+//!   `O_DIRECT` reader (backup `--direct` from a file or device) keeps a
+//!   queue of reads in flight so the disk streams while the one reader
+//!   thread cuts chunks; without it each read waited for the disk (see
+//!   docs/benchmarks.md, "Cold streaming reads"). Positional I/O from
+//!   many threads (the NBD server, restore's workers) stays `pread`/
+//!   `pwrite`: their concurrency is already the queue.
 //! - **Faults are a device too** ([`FaultDev`]): a decorator that fails,
 //!   tears, delays or kills operations by plan, and can make any device as
 //!   slow as a spinning disk ([`RotationalModel`]) so that layers above
@@ -55,6 +58,7 @@ mod error;
 mod fault;
 mod file;
 mod mem;
+mod readahead;
 mod sparse;
 
 pub use direct::{reopen_direct, write_blocks_at, DirectReader, DIRECT_ALIGN};
@@ -64,6 +68,7 @@ pub use fault::{
 };
 pub use file::{device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
+pub use readahead::{Engine, ReadAhead};
 pub use sparse::{is_zero, SparseFile, SparseRead};
 
 /// Which operations of a [`BlockDev`] are real.

@@ -100,9 +100,18 @@ pub(crate) struct BackupArgs {
     /// fastest random reads).
     #[arg(long, value_parser = parse_group, default_value = "2M")]
     pub group: usize,
-    /// Read the source with O_DIRECT (bypass the page cache).
+    /// Read the source with O_DIRECT (bypass the page cache), with reads
+    /// queued ahead (io_uring where the kernel has it).
     #[arg(long)]
     pub direct: bool,
+    /// With --direct: reads queued ahead of the chunker (1-256).
+    #[arg(long, requires = "direct", value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub read_depth: u16,
+    /// With --direct: bytes of each read (a multiple of 4K, up to 64M).
+    #[arg(long, requires = "direct", value_name = "SIZE", default_value = "1M",
+          value_parser = parse_read_block)]
+    pub read_block: usize,
     /// Label the snapshot with TAG (repeat, or a,b, for several); `ls
     /// --tag` and `forget --tag` select by them.
     #[arg(long = "tag", value_name = "TAG")]
@@ -260,6 +269,17 @@ pub(crate) struct StatsArgs {
     pub json: bool,
 }
 
+fn parse_read_block(s: &str) -> Result<usize, String> {
+    let n = crate::parse_size(s)?;
+    let align = cairn_blockdev::DIRECT_ALIGN;
+    if n == 0 || n % align != 0 || n > 64 << 20 {
+        return Err(format!(
+            "{s}: must be a multiple of {align} bytes, up to 64M"
+        ));
+    }
+    Ok(n)
+}
+
 fn parse_group(s: &str) -> Result<usize, String> {
     if s.trim() == "0" {
         Ok(0)
@@ -365,10 +385,10 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
 /// (its holes are skipped, not read).
 fn open_source(
     path: &Path,
-    direct: bool,
+    direct: Option<(usize, usize)>,
 ) -> Result<(Box<dyn cairn_store::SparseRead>, Option<u64>, String)> {
     if path.as_os_str() == "-" {
-        if direct {
+        if direct.is_some() {
             bail!("--direct needs a file or device, not standard input");
         }
         // Redirected from a regular file (`< disk.img`), stdin is read by
@@ -389,11 +409,11 @@ fn open_source(
     }
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
-    if direct {
+    if direct.is_some() {
         opts.custom_flags(libc::O_DIRECT);
     }
     let file = opts.open(path).with_context(|| {
-        if direct {
+        if direct.is_some() {
             format!("{} (with O_DIRECT)", path.display())
         } else {
             path.display().to_string()
@@ -417,8 +437,15 @@ fn open_source(
     } else {
         None
     };
-    let reader: Box<dyn cairn_store::SparseRead> = if direct {
-        Box::new(cairn_blockdev::DirectReader::new(file))
+    let reader: Box<dyn cairn_store::SparseRead> = if let Some((block, depth)) = direct {
+        let r = cairn_blockdev::DirectReader::with_queue(file, block, depth);
+        tracing::debug!(
+            "{}: {} reads of {block} bytes queued ahead, by {}",
+            path.display(),
+            depth,
+            r.engine().name()
+        );
+        Box::new(r)
     } else if meta.is_file() {
         Box::new(cairn_store::SparseFile::new(file).with_context(|| path.display().to_string())?)
     } else {
@@ -432,7 +459,10 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let chunker: ChunkerSpec = a.chunker.parse()?;
     let tags = cairn_store::parse_tags(&a.tags)?;
     let repo = open_repo(&a.repo)?;
-    let (mut source, size, label) = open_source(&a.source, a.direct)?;
+    let direct = a
+        .direct
+        .then_some((a.read_block, usize::from(a.read_depth)));
+    let (mut source, size, label) = open_source(&a.source, direct)?;
     let lock = repo.session(&format!("cairn backup {}", a.name))?;
     let bar = Progress::new("backup", size, !a.quiet);
     let progress = |p: &BackupProgress| {

@@ -109,6 +109,66 @@ fn block_devices_in_and_out() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("device has"));
 }
 
+/// A regular file read with O_DIRECT through reads queued ahead, whose
+/// size is no multiple of the alignment: every queue shape reads it whole.
+#[test]
+fn direct_reads_queued_ahead_read_a_file_whole() {
+    let dir = tempdir();
+    let d = dir.path();
+    let data = image((3 << 20) + 4097);
+    let src = d.join("disk.img");
+    std::fs::write(&src, &data).unwrap();
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    for (i, (block, depth)) in [("4K", "1"), ("64K", "3"), ("1M", "8"), ("4M", "64")]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("d{i}");
+        let out = ok(run(&[
+            "backup",
+            src.to_str().unwrap(),
+            "--repo",
+            repo,
+            "--name",
+            &name,
+            "--direct",
+            "--read-block",
+            block,
+            "--read-depth",
+            depth,
+            "-q",
+            "--json",
+        ]));
+        assert_eq!(json(&out)["bytes_in"], data.len() as u64);
+        let dest = d.join(format!("{name}.out"));
+        ok(run(&[
+            "restore",
+            &name,
+            dest.to_str().unwrap(),
+            "--repo",
+            repo,
+            "-q",
+        ]));
+        assert!(std::fs::read(&dest).unwrap() == data, "{block} x {depth}");
+    }
+    let bad = run(&[
+        "backup",
+        src.to_str().unwrap(),
+        "--repo",
+        repo,
+        "--name",
+        "x",
+        "--direct",
+        "--read-block",
+        "5000",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("multiple of 4096"));
+    verify_clean(repo);
+}
+
 #[test]
 fn stdin_files_and_reports() {
     let dir = tempdir();

@@ -1,0 +1,418 @@
+//! Sequential reads kept in flight ahead of the reader: the engine behind
+//! [`crate::DirectReader`].
+//!
+//! A file opened with `O_DIRECT` gets no readahead from the kernel: each
+//! `read` waits for the disk, and the thread that asked does nothing else
+//! meanwhile (backup's reader thread also cuts chunks). Here `depth` reads
+//! of `block` bytes at the next offsets are always queued in an io_uring,
+//! so the disk streams while the caller works on what has arrived; blocks
+//! are handed out in file order whatever order they complete in.
+//!
+//! Where io_uring cannot be set up (a kernel without it, or
+//! `kernel.io_uring_disabled`, or a seccomp filter), or the file has no
+//! offset (a pipe), the same reader reads one block at a time with
+//! `read(2)`; [`ReadAhead::engine`] says which.
+//!
+//! Written by hand because it is small: the `io-uring` crate gives the
+//! queues; what is cairn's is the in-order handout, the short-read rule
+//! and never freeing a buffer the kernel may still write.
+
+use crate::file::AlignedBuf;
+use crate::DIRECT_ALIGN;
+use io_uring::{opcode, types, IoUring};
+use std::fs::File;
+use std::io::{self, Read, Seek};
+use std::os::unix::io::AsRawFd;
+
+/// How the blocks are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Queued in an io_uring, `depth` at a time.
+    Uring,
+    /// One `read(2)` at a time, on the caller's thread.
+    Sync,
+}
+
+impl Engine {
+    /// A name for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Uring => "io_uring",
+            Engine::Sync => "read(2)",
+        }
+    }
+}
+
+/// What became of one block's read.
+#[derive(Debug)]
+enum Slot {
+    /// Not in use.
+    Free,
+    /// Queued in the ring; the kernel may write its buffer.
+    InFlight,
+    /// Read: this many bytes (fewer than a block only at the end, or where
+    /// the kernel cut a read short).
+    Done(usize),
+    /// The read failed.
+    Failed(io::Error),
+}
+
+/// A file read front to back from its current offset through `depth`
+/// aligned buffers of `block` bytes, with reads queued ahead of the caller.
+pub struct ReadAhead {
+    file: File,
+    ring: Option<IoUring>,
+    block: usize,
+    bufs: Vec<AlignedBuf>,
+    slots: Vec<Slot>,
+    /// Reads queued and not yet reaped.
+    in_flight: usize,
+    /// File offset of block number 0 of this run (moves after a short read).
+    base: u64,
+    /// Blocks of this run handed to the kernel so far; block `k` lives in
+    /// slot `k % depth` at `base + k * block`.
+    submitted: u64,
+    /// Blocks of this run the caller has taken whole.
+    taken: u64,
+    /// Bytes of block `taken` the caller has taken.
+    pos: usize,
+    /// The end of the file was seen: nothing more is queued.
+    ended: bool,
+}
+
+impl std::fmt::Debug for ReadAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadAhead")
+            .field("engine", &self.engine())
+            .field("block", &self.block)
+            .field("depth", &self.bufs.len())
+            .field("offset", &self.offset())
+            .finish()
+    }
+}
+
+impl ReadAhead {
+    /// A reader of `file` from its current offset, `depth` reads of `block`
+    /// bytes ahead (`block` a multiple of [`DIRECT_ALIGN`], `depth` ≥ 1).
+    pub fn new(mut file: File, block: usize, depth: usize) -> ReadAhead {
+        let block = block.max(DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
+        let depth = depth.max(1);
+        let at = file.stream_position().ok();
+        let ring = match at {
+            Some(_) => IoUring::new(depth.next_power_of_two() as u32).ok(),
+            None => None,
+        };
+        let depth = if ring.is_some() { depth } else { 1 };
+        ReadAhead {
+            file,
+            ring,
+            block,
+            bufs: (0..depth)
+                .map(|_| AlignedBuf::new(block, DIRECT_ALIGN))
+                .collect(),
+            slots: (0..depth).map(|_| Slot::Free).collect(),
+            in_flight: 0,
+            base: at.unwrap_or(0),
+            submitted: 0,
+            taken: 0,
+            pos: 0,
+            ended: false,
+        }
+    }
+
+    /// How this reader reads.
+    pub fn engine(&self) -> Engine {
+        if self.ring.is_some() {
+            Engine::Uring
+        } else {
+            Engine::Sync
+        }
+    }
+
+    /// File offset of the next byte [`Read::read`] returns.
+    pub fn offset(&self) -> u64 {
+        self.base + self.taken * self.block as u64 + self.pos as u64
+    }
+
+    fn depth(&self) -> usize {
+        self.bufs.len()
+    }
+
+    /// Queue reads of the next blocks into every free slot.
+    fn queue(&mut self) -> io::Result<()> {
+        let depth = self.depth() as u64;
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        let mut queued = 0;
+        while !self.ended && self.submitted < self.taken + depth {
+            let k = self.submitted;
+            let slot = (k % depth) as usize;
+            let at = self.base + k * self.block as u64;
+            let buf = self.bufs[slot].as_mut_slice().as_mut_ptr();
+            let entry = opcode::Read::new(types::Fd(self.file.as_raw_fd()), buf, self.block as u32)
+                .offset(at)
+                .build()
+                .user_data(slot as u64);
+            // SAFETY: the buffer is `block` bytes, owned by `self.bufs`,
+            // and not touched by this reader until its completion is
+            // reaped (`Slot::InFlight`); `Drop` waits for every read in
+            // flight (or leaks the buffers) before they are freed.
+            if unsafe { ring.submission().push(&entry) }.is_err() {
+                break;
+            }
+            self.slots[slot] = Slot::InFlight;
+            self.in_flight += 1;
+            self.submitted += 1;
+            queued += 1;
+        }
+        if queued > 0 {
+            ring.submit()?;
+        }
+        Ok(())
+    }
+
+    /// Wait for at least one read in flight and record every completion.
+    fn reap(&mut self) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        for cqe in ring.completion() {
+            let slot = cqe.user_data() as usize;
+            let r = cqe.result();
+            self.slots[slot] = if r >= 0 {
+                Slot::Done(r as usize)
+            } else {
+                Slot::Failed(io::Error::from_raw_os_error(-r))
+            };
+            self.in_flight -= 1;
+        }
+        Ok(())
+    }
+
+    /// Wait for every read in flight; their results are dropped.
+    fn drain(&mut self) -> io::Result<()> {
+        while self.in_flight > 0 {
+            self.reap()?;
+        }
+        Ok(())
+    }
+
+    /// Start a new run at `at`: what was queued past it is dropped.
+    fn restart(&mut self, at: u64) -> io::Result<()> {
+        self.drain()?;
+        self.slots.iter_mut().for_each(|s| *s = Slot::Free);
+        self.base = at;
+        self.submitted = 0;
+        self.taken = 0;
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Make block `taken` read, or say why not.
+    fn fill(&mut self) -> io::Result<usize> {
+        let slot = (self.taken % self.depth() as u64) as usize;
+        if self.ring.is_none() {
+            if !matches!(self.slots[slot], Slot::Done(_)) {
+                let n = loop {
+                    match self.file.read(self.bufs[slot].as_mut_slice()) {
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        r => break r?,
+                    }
+                };
+                self.submitted = self.taken + 1;
+                self.slots[slot] = Slot::Done(n);
+            }
+        } else {
+            loop {
+                self.queue()?;
+                match &self.slots[slot] {
+                    Slot::Done(_) | Slot::Failed(_) => break,
+                    Slot::Free if self.ended => return Ok(0),
+                    _ => self.reap()?,
+                }
+            }
+        }
+        match std::mem::replace(&mut self.slots[slot], Slot::InFlight) {
+            Slot::Done(n) => {
+                self.slots[slot] = Slot::Done(n);
+                Ok(n)
+            }
+            Slot::Failed(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                // Asked again, from this block on.
+                let at = self.offset();
+                self.restart(at)?;
+                self.fill()
+            }
+            Slot::Failed(e) => {
+                self.slots[slot] = Slot::Free;
+                Err(e)
+            }
+            other => {
+                self.slots[slot] = other;
+                Ok(0)
+            }
+        }
+    }
+}
+
+impl Read for ReadAhead {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            let n = self.fill()?;
+            let slot = (self.taken % self.depth() as u64) as usize;
+            if self.pos < n {
+                let k = out.len().min(n - self.pos);
+                out[..k].copy_from_slice(&self.bufs[slot].as_slice()[self.pos..self.pos + k]);
+                self.pos += k;
+                return Ok(k);
+            }
+            // Block `taken` is used up.
+            self.slots[slot] = Slot::Free;
+            if n == self.block {
+                self.taken += 1;
+                self.pos = 0;
+                continue;
+            }
+            // A short read. Nothing, or a queued read that ends off the
+            // alignment, is the end of the file; otherwise (the kernel cut
+            // a read short, or a pipe had no more yet) the file is asked
+            // again right after it: blocks queued behind it were read at
+            // the wrong offsets.
+            let at = self.offset();
+            if n == 0 || self.ring.is_some() && n % DIRECT_ALIGN != 0 {
+                self.ended = true;
+                self.drain()?;
+                return Ok(0);
+            }
+            self.restart(at)?;
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        if self.drain().is_err() {
+            // The kernel may still write into the buffers: never free them.
+            std::mem::forget(std::mem::take(&mut self.bufs));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+    use std::io::SeekFrom;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    fn open(p: &std::path::Path) -> File {
+        // O_DIRECT where the filesystem takes it (not every tmpfs does).
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(p)
+            .or_else(|_| File::open(p))
+            .unwrap()
+    }
+
+    /// Every size around the block and alignment edges, odd read sizes,
+    /// and several depths: the bytes come out whole and in order.
+    #[test]
+    fn reads_everything_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let block = 16 << 10;
+        for len in [
+            0,
+            1,
+            4095,
+            4096,
+            4097,
+            block - 1,
+            block,
+            block + 1,
+            5 * block + 12_345,
+        ] {
+            let want = data(len);
+            std::fs::write(&p, &want).unwrap();
+            for depth in [1, 2, 3, 8] {
+                let mut r = ReadAhead::new(open(&p), block, depth);
+                let mut got = Vec::new();
+                let mut piece = vec![0u8; 5000];
+                loop {
+                    let n = r.read(&mut piece).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&piece[..n]);
+                }
+                assert!(got == want, "len {len} depth {depth}");
+                assert_eq!(r.read(&mut piece).unwrap(), 0);
+                assert_eq!(r.offset(), len as u64);
+            }
+        }
+    }
+
+    /// The kernel this runs on has io_uring (CI's does); a reader falls
+    /// back to read(2) only where it must, and reads the same either way.
+    #[test]
+    fn queues_in_an_io_uring_and_starts_at_the_files_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let want = data(1 << 20);
+        std::fs::write(&p, &want).unwrap();
+        let mut f = open(&p);
+        f.seek(SeekFrom::Start(64 << 10)).unwrap();
+        let mut r = ReadAhead::new(f, 64 << 10, 4);
+        if std::env::var_os("CI").is_some() {
+            assert_eq!(r.engine(), Engine::Uring);
+        }
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert!(got == want[64 << 10..]);
+    }
+
+    /// A socket (or pipe) has no offset: one read(2) at a time, to its end,
+    /// through the short reads it gives.
+    #[test]
+    fn a_stream_is_read_one_block_at_a_time() {
+        let (rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let want = data(300_000);
+        let w = want.clone();
+        let t = std::thread::spawn(move || std::io::Write::write_all(&mut tx, &w).unwrap());
+        let mut r = ReadAhead::new(File::from(std::os::fd::OwnedFd::from(rx)), 64 << 10, 4);
+        assert_eq!(r.engine(), Engine::Sync);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        t.join().unwrap();
+        assert!(got == want);
+    }
+
+    /// An error from the disk reaches the caller: a directory cannot be
+    /// read.
+    #[test]
+    fn a_failed_read_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = ReadAhead::new(File::open(dir.path()).unwrap(), 4096, 4);
+        let e = r.read(&mut [0u8; 10]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+    }
+}
