@@ -37,6 +37,7 @@ Needs: root (drop_caches), fio, dd, a release build of cairn, matplotlib.
 Usage: bench/stream.py [--cairn PATH] [--gib 4] [--runs 2]
                        [--bs 4K,64K,1M,4M] [--qd 1,4,16,64]
                        [--cairn-bs 64K,1M,4M] [--cairn-qd 1,2,8,32]
+                       [--replot RUN]
 Output: bench/runs/<UTC date>-stream[-K]/ (results.csv, summary.csv,
 report.md, commands.txt, versions.txt, stream.png).
 """
@@ -113,6 +114,35 @@ class Runner:
         return job["io_bytes"] / (job["runtime"] / 1000) / 1e6, job
 
 
+def plot(out, med, bss, qds, cbss, cqds, gib):
+    """MB/s against block size, a line per queue depth, reads and writes;
+    cairn's settings as dashed lines, dd's and the other single settings
+    as labelled horizontal lines."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, op in zip(axes, ["read", "write"]):
+        for qd in qds:
+            ys = [med.get((op, "fio", bs, str(qd))) for bs in bss]
+            ax.plot(range(len(bss)), ys, marker="o", label=f"fio qd {qd}")
+        xs = {bs: i for i, bs in enumerate(bss)}
+        if op == "read":
+            for qd in cqds:
+                pts = [(xs[bs], med[(op, "cairn backup --direct", bs, str(qd))]) for bs in cbss if bs in xs]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", linestyle="--",
+                        label=f"cairn backup --direct, {qd} ahead")
+        single = [(tool, v) for (o, tool, _, _), v in med.items()
+                  if o == op and tool.startswith(("dd", "cairn restore", "cairn backup (", "cairn first"))]
+        for k, (tool, v) in enumerate(sorted(single, key=lambda t: t[1])):
+            ax.axhline(v, linestyle=":", linewidth=1, color="grey")
+            ax.annotate(f"{tool} {v:.0f}", (k * 0.9, v), fontsize=7, va="bottom")
+        ax.set_xticks(range(len(bss)))
+        ax.set_xticklabels(bss)
+        ax.set_xlabel("block size")
+        ax.set_ylabel("MB/s (cold)")
+        ax.set_title(f"{op}: {gib} GiB file, page cache dropped")
+        ax.legend(fontsize=7)
+    save(fig, out, "stream.png")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
@@ -125,9 +155,15 @@ def main():
     ap.add_argument("--fio-runtime", type=int, default=15)
     ap.add_argument("--work", default=os.path.join(ROOT, "bench/work/stream"))
     ap.add_argument("--tmpfs", default="/dev/shm/cairn-stream")
+    ap.add_argument("--replot", metavar="RUN", help="only draw RUN/stream.png again from RUN/summary.csv")
     a = ap.parse_args()
     bss, qds = a.bs.split(","), [int(x) for x in a.qd.split(",")]
     cbss, cqds = a.cairn_bs.split(","), [int(x) for x in a.cairn_qd.split(",")]
+    if a.replot:
+        with open(os.path.join(a.replot, "summary.csv")) as f:
+            med = {(r["op"], r["tool"], r["bs"], r["qd"]): float(r["median_mbps"]) for r in csv.DictReader(f)}
+        plot(a.replot, med, bss, qds, cbss, cqds, a.gib)
+        return
     out = new_run_dir(ROOT, "stream")
     os.makedirs(a.work, exist_ok=True)
     src = os.path.join(a.work, "input.bin")
@@ -223,30 +259,7 @@ def main():
         f.write(sh(["dd", "--version"]).splitlines()[0] + "\n")
         f.write(f"{platform.platform()}, {os.cpu_count()} cores\n")
 
-    # The plot: MB/s against block size, a line per queue depth, reads and
-    # writes; cairn's and dd's settings as marked points.
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, op in zip(axes, ["read", "write"]):
-        for qd in qds:
-            ys = [med.get((op, "fio", bs, str(qd))) for bs in bss]
-            ax.plot(range(len(bss)), ys, marker="o", label=f"fio qd {qd}")
-        xs = {bs: i for i, bs in enumerate(bss)}
-        if op == "read":
-            for qd in cqds:
-                pts = [(xs[bs], med[(op, "cairn backup --direct", bs, str(qd))]) for bs in cbss if bs in xs]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", linestyle="--",
-                        label=f"cairn backup --direct, {qd} ahead")
-        for (o, tool, bs, qd), v in med.items():
-            if o == op and tool.startswith(("dd", "cairn restore", "cairn backup (", "cairn first")):
-                ax.axhline(v, linestyle=":", linewidth=1, color="grey")
-                ax.annotate(f"{tool} {v:.0f}", (0, v), fontsize=7, va="bottom")
-        ax.set_xticks(range(len(bss)))
-        ax.set_xticklabels(bss)
-        ax.set_xlabel("block size")
-        ax.set_ylabel("MB/s (cold)")
-        ax.set_title(f"{op}: {a.gib} GiB file, page cache dropped")
-        ax.legend(fontsize=7)
-    save(fig, out, "stream.png")
+    plot(out, med, bss, qds, cbss, cqds, a.gib)
 
     best_read = max(v for (o, t, _, _), v in med.items() if o == "read" and t == "fio")
     best_write = max(v for (o, t, _, _), v in med.items() if o == "write" and t == "fio")

@@ -38,8 +38,8 @@ pub fn write_blocks_at(direct: &File, buffered: &File, blocks: &[u8], at: u64) -
 }
 
 /// Bytes of each read of a [`DirectReader`], and how many are queued
-/// ahead of it (chosen by `bench/stream.py`: see docs/benchmarks.md,
-/// "Streaming reads").
+/// ahead of it (chosen by `bench/stream.py` and paired runs: see
+/// docs/benchmarks.md, "Cold streaming reads and writes").
 const READ_BLOCK: usize = 1 << 20;
 const READ_DEPTH: usize = 8;
 

@@ -34,9 +34,9 @@
 //!   `O_DIRECT` reader (backup `--direct` from a file or device) keeps a
 //!   queue of reads in flight so the disk streams while the one reader
 //!   thread cuts chunks; without it each read waited for the disk (see
-//!   docs/benchmarks.md, "Cold streaming reads"). Positional I/O from
-//!   many threads (the NBD server, restore's workers) stays `pread`/
-//!   `pwrite`: their concurrency is already the queue.
+//!   docs/benchmarks.md, "Cold streaming reads and writes"). Positional
+//!   I/O from many threads (the NBD server, restore's workers) stays
+//!   `pread`/`pwrite`: their concurrency is already the queue.
 //! - **Faults are a device too** ([`FaultDev`]): a decorator that fails,
 //!   tears, delays or kills operations by plan, and can make any device as
 //!   slow as a spinning disk ([`RotationalModel`]) so that layers above
