@@ -233,7 +233,13 @@ fn defaults_in_the_prose_are_the_help_defaults() {
             else {
                 continue;
             };
-            let block: String = h[i..].lines().take(6).collect::<Vec<_>>().join(" ");
+            // Joined as one line: --help wraps "[default: X]" too.
+            let block: String = h[i..]
+                .lines()
+                .take(6)
+                .flat_map(str::split_whitespace)
+                .collect::<Vec<_>>()
+                .join(" ");
             let Some(dd) = block.find("[default: ") else {
                 continue;
             };
