@@ -43,6 +43,9 @@ impl Engine {
     }
 }
 
+/// Largest read (an io_uring read's length is 32 bits).
+const MAX_BLOCK: usize = 1 << 30;
+
 /// What became of one block's read.
 #[derive(Debug)]
 enum Slot {
@@ -95,7 +98,9 @@ impl ReadAhead {
     /// A reader of `file` from its current offset, `depth` reads of `block`
     /// bytes ahead (`block` a multiple of [`DIRECT_ALIGN`], `depth` ≥ 1).
     pub fn new(mut file: File, block: usize, depth: usize) -> ReadAhead {
-        let block = block.max(DIRECT_ALIGN).next_multiple_of(DIRECT_ALIGN);
+        let block = block
+            .clamp(DIRECT_ALIGN, MAX_BLOCK)
+            .next_multiple_of(DIRECT_ALIGN);
         let depth = depth.max(1);
         let at = file.stream_position().ok();
         let ring = match at {
@@ -234,6 +239,13 @@ impl ReadAhead {
                 match &self.slots[slot] {
                     Slot::Done(_) | Slot::Failed(_) => break,
                     Slot::Free if self.ended => return Ok(0),
+                    _ if self.in_flight == 0 => {
+                        // Nothing would ever complete: fail, never hang.
+                        return Err(io::Error::other(format!(
+                            "read-ahead at offset {}: block not queued",
+                            self.offset()
+                        )));
+                    }
                     _ => self.reap()?,
                 }
             }
@@ -255,7 +267,9 @@ impl ReadAhead {
                 self.fill()
             }
             Slot::Failed(e) => {
-                self.slots[slot] = Slot::Free;
+                // A later call asks the file again from this block.
+                let at = self.offset();
+                self.restart(at)?;
                 Err(e)
             }
             other => {
@@ -412,7 +426,11 @@ mod tests {
     fn a_failed_read_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = ReadAhead::new(File::open(dir.path()).unwrap(), 4096, 4);
-        let e = r.read(&mut [0u8; 10]).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        for _ in 0..3 {
+            // Asked again, it asks the file again (and does not hang).
+            let e = r.read(&mut [0u8; 10]).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        }
+        assert_eq!(r.offset(), 0);
     }
 }
