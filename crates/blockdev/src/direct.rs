@@ -4,7 +4,9 @@
 //! a block device's size. Pack writers and restore (store), backup from a
 //! device (cli) and plain-file exports ([`crate::FileDev`]) use these.
 
+use crate::file::AlignedBuf;
 use crate::readahead::{Engine, ReadAhead};
+use crate::SparseRead;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -40,7 +42,9 @@ pub fn write_blocks_at(direct: &File, buffered: &File, blocks: &[u8], at: u64) -
 /// Bytes of each read of a [`DirectReader`], and how many are queued
 /// ahead of it (chosen by `bench/stream.py` and paired runs: see
 /// docs/benchmarks.md, "Cold streaming reads and writes").
-const READ_BLOCK: usize = 1 << 20;
+/// Blocks of a backup's batch (8 MiB) or more are handed to the chunker
+/// whole, without a copy ([`SparseRead::swap_block`]).
+const READ_BLOCK: usize = 8 << 20;
 const READ_DEPTH: usize = 8;
 
 /// A file opened with `O_DIRECT`, read front to back with reads queued
@@ -69,9 +73,19 @@ impl DirectReader {
     }
 }
 
-impl Read for DirectReader {
+/// A source for backup: read through the queue, or block by block without
+/// a copy ([`ReadAhead::swap_block`]).
+impl SparseRead for DirectReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(out)
+        Read::read(&mut self.inner, out)
+    }
+
+    fn offer_blocks(&mut self, head: usize) -> Option<usize> {
+        self.inner.set_head(head).then(|| self.inner.block())
+    }
+
+    fn swap_block(&mut self, buf: &mut AlignedBuf) -> io::Result<usize> {
+        self.inner.swap_block(buf)
     }
 }
 
@@ -98,7 +112,14 @@ mod tests {
             .unwrap();
         let mut r = DirectReader::new(file);
         let mut got = Vec::new();
-        r.read_to_end(&mut got).unwrap();
+        let mut piece = vec![0u8; 100_000];
+        loop {
+            let n = SparseRead::read(&mut r, &mut piece).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&piece[..n]);
+        }
         assert_eq!(got, data);
     }
 }

@@ -151,7 +151,7 @@ fn round_up(v: u64, a: u64) -> u64 {
 /// A zeroed buffer of `len` bytes whose start is aligned to `align`
 /// (carved out of a slightly larger `Vec`, so no unsafe allocation): what
 /// `O_DIRECT` reads and writes need.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct AlignedBuf {
     vec: Vec<u8>,
     start: usize,
@@ -165,6 +165,16 @@ impl AlignedBuf {
         let addr = vec.as_ptr() as usize;
         let start = (align - addr % align) % align;
         AlignedBuf { vec, start, len }
+    }
+
+    /// How many aligned bytes it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The aligned bytes.

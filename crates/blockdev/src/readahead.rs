@@ -8,6 +8,13 @@
 //! so the disk streams while the caller works on what has arrived; blocks
 //! are handed out in file order whatever order they complete in.
 //!
+//! A caller that cuts what it reads in place (backup's reader) can take
+//! a block whole instead of copying it out ([`ReadAhead::swap_block`]):
+//! the block's buffer is swapped with a free one of the caller's, which
+//! the next read is queued into. Each buffer keeps `head` bytes free in
+//! front of the block ([`ReadAhead::set_head`]) for the caller to put the
+//! bytes it carries over from the block before.
+//!
 //! Where io_uring cannot be set up (a kernel without it, or
 //! `kernel.io_uring_disabled`, or a seccomp filter), or the file has no
 //! offset (a pipe), the same reader reads one block at a time with
@@ -66,6 +73,10 @@ pub struct ReadAhead {
     file: File,
     ring: Option<IoUring>,
     block: usize,
+    /// Bytes kept free in front of each block in its buffer.
+    head: usize,
+    /// `head + block` bytes each; block `k` is read to `head` of buffer
+    /// `k % depth`.
     bufs: Vec<AlignedBuf>,
     slots: Vec<Slot>,
     /// Reads queued and not yet reaped.
@@ -112,6 +123,7 @@ impl ReadAhead {
             file,
             ring,
             block,
+            head: 0,
             bufs: (0..depth)
                 .map(|_| AlignedBuf::new(block, DIRECT_ALIGN))
                 .collect(),
@@ -143,6 +155,97 @@ impl ReadAhead {
         self.bufs.len()
     }
 
+    /// Bytes of each read.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// Keep `head` bytes (rounded up to [`DIRECT_ALIGN`]) free in front of
+    /// every block, for [`ReadAhead::swap_block`]'s callers. Only before
+    /// the first read: `false` (and no change) after it.
+    pub fn set_head(&mut self, head: usize) -> bool {
+        let fresh = self.submitted == 0
+            && self.taken == 0
+            && self.pos == 0
+            && self.in_flight == 0
+            && self.slots.iter().all(|s| matches!(s, Slot::Free));
+        if fresh {
+            self.head = head.next_multiple_of(DIRECT_ALIGN);
+            let len = self.buffer_len();
+            self.bufs
+                .iter_mut()
+                .for_each(|b| *b = AlignedBuf::new(len, DIRECT_ALIGN));
+        }
+        fresh
+    }
+
+    /// Bytes of every buffer [`ReadAhead::swap_block`] takes and gives:
+    /// the head, then a block.
+    pub fn buffer_len(&self) -> usize {
+        self.head + self.block
+    }
+
+    /// The next block whole, without a copy: its buffer is swapped with
+    /// `buf` (one of [`ReadAhead::buffer_len`] bytes, whose contents are
+    /// not needed any more), so the block's bytes are
+    /// `buf[head..head + n]`; returns `n`, 0 at the end of the file. Only
+    /// between blocks: after a [`Read::read`] that took part of one, the
+    /// rest of it must be read first.
+    pub fn swap_block(&mut self, buf: &mut AlignedBuf) -> io::Result<usize> {
+        if buf.len() != self.buffer_len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "read-ahead: a buffer of {} bytes swapped for one of {}",
+                    buf.len(),
+                    self.buffer_len()
+                ),
+            ));
+        }
+        if self.ended {
+            return Ok(0);
+        }
+        if self.pos != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "read-ahead: a block swapped out after part of it was read",
+            ));
+        }
+        let n = self.fill()?;
+        if n > 0 {
+            let slot = (self.taken % self.depth() as u64) as usize;
+            std::mem::swap(&mut self.bufs[slot], buf);
+        }
+        self.pos = n;
+        self.next_block(n)?;
+        Ok(n)
+    }
+
+    /// Block `taken`, of `n` bytes, is used up (`pos == n`): go on to the
+    /// next. `false` at the end of the file.
+    fn next_block(&mut self, n: usize) -> io::Result<bool> {
+        let slot = (self.taken % self.depth() as u64) as usize;
+        self.slots[slot] = Slot::Free;
+        if n == self.block {
+            self.taken += 1;
+            self.pos = 0;
+            return Ok(true);
+        }
+        // A short read. Nothing, or a queued read that ends off the
+        // alignment, is the end of the file; otherwise (the kernel cut a
+        // read short, or a pipe had no more yet) the file is asked again
+        // right after it: blocks queued behind it were read at the wrong
+        // offsets.
+        let at = self.offset();
+        if n == 0 || self.ring.is_some() && n % DIRECT_ALIGN != 0 {
+            self.ended = true;
+            self.drain()?;
+            return Ok(false);
+        }
+        self.restart(at)?;
+        Ok(true)
+    }
+
     /// Queue reads of the next blocks into every free slot.
     fn queue(&mut self) -> io::Result<()> {
         let depth = self.depth() as u64;
@@ -154,12 +257,13 @@ impl ReadAhead {
             let k = self.submitted;
             let slot = (k % depth) as usize;
             let at = self.base + k * self.block as u64;
-            let buf = self.bufs[slot].as_mut_slice().as_mut_ptr();
+            let buf = self.bufs[slot].as_mut_slice()[self.head..].as_mut_ptr();
             let entry = opcode::Read::new(types::Fd(self.file.as_raw_fd()), buf, self.block as u32)
                 .offset(at)
                 .build()
                 .user_data(slot as u64);
-            // SAFETY: the buffer is `block` bytes, owned by `self.bufs`,
+            // SAFETY: the buffer has `block` bytes after `head`, owned by
+            // `self.bufs` (never swapped out while in flight),
             // and not touched by this reader until its completion is
             // reaped (`Slot::InFlight`); `Drop` waits for every read in
             // flight (or leaks the buffers) before they are freed.
@@ -225,7 +329,10 @@ impl ReadAhead {
         if self.ring.is_none() {
             if !matches!(self.slots[slot], Slot::Done(_)) {
                 let n = loop {
-                    match self.file.read(self.bufs[slot].as_mut_slice()) {
+                    match self
+                        .file
+                        .read(&mut self.bufs[slot].as_mut_slice()[self.head..])
+                    {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         r => break r?,
                     }
@@ -290,29 +397,14 @@ impl Read for ReadAhead {
             let slot = (self.taken % self.depth() as u64) as usize;
             if self.pos < n {
                 let k = out.len().min(n - self.pos);
-                out[..k].copy_from_slice(&self.bufs[slot].as_slice()[self.pos..self.pos + k]);
+                let from = self.head + self.pos;
+                out[..k].copy_from_slice(&self.bufs[slot].as_slice()[from..from + k]);
                 self.pos += k;
                 return Ok(k);
             }
-            // Block `taken` is used up.
-            self.slots[slot] = Slot::Free;
-            if n == self.block {
-                self.taken += 1;
-                self.pos = 0;
-                continue;
-            }
-            // A short read. Nothing, or a queued read that ends off the
-            // alignment, is the end of the file; otherwise (the kernel cut
-            // a read short, or a pipe had no more yet) the file is asked
-            // again right after it: blocks queued behind it were read at
-            // the wrong offsets.
-            let at = self.offset();
-            if n == 0 || self.ring.is_some() && n % DIRECT_ALIGN != 0 {
-                self.ended = true;
-                self.drain()?;
+            if !self.next_block(n)? {
                 return Ok(0);
             }
-            self.restart(at)?;
         }
     }
 }
@@ -383,6 +475,84 @@ mod tests {
                 assert_eq!(r.offset(), len as u64);
             }
         }
+    }
+
+    /// Every block of `r` taken whole by swapping one buffer in and out,
+    /// their bytes behind `head` joined.
+    fn swap_all(r: &mut ReadAhead, head: usize) -> Vec<u8> {
+        let mut buf = AlignedBuf::new(r.buffer_len(), DIRECT_ALIGN);
+        let mut got = Vec::new();
+        loop {
+            let n = r.swap_block(&mut buf).unwrap();
+            if n == 0 {
+                return got;
+            }
+            got.extend_from_slice(&buf.as_slice()[head..head + n]);
+            // What the caller leaves in the buffer it gives back does not
+            // reach the next blocks.
+            buf.as_mut_slice().fill(0xee);
+        }
+    }
+
+    /// Blocks taken whole by swapping buffers come out whole and in
+    /// order, behind the free head, on both engines; the buffers given
+    /// back are read into again.
+    #[test]
+    fn blocks_swapped_out_whole_come_in_order_behind_the_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let block = 16 << 10;
+        for len in [0, 1, 4097, block, 3 * block + 5000] {
+            let want = data(len);
+            std::fs::write(&p, &want).unwrap();
+            for depth in [1, 2, 5] {
+                for head in [0, 1, 4096, 5000] {
+                    let mut r = ReadAhead::new(open(&p), block, depth);
+                    assert!(r.set_head(head));
+                    let head = head.next_multiple_of(DIRECT_ALIGN);
+                    assert_eq!(r.buffer_len(), head + block);
+                    let got = swap_all(&mut r, head);
+                    assert!(got == want, "len {len} depth {depth} head {head}");
+                    let mut buf = AlignedBuf::new(r.buffer_len(), DIRECT_ALIGN);
+                    assert_eq!(r.swap_block(&mut buf).unwrap(), 0);
+                    assert_eq!(r.offset(), len as u64);
+                }
+            }
+        }
+        // The read(2) engine (a socket) swaps the same way.
+        let (rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let want = data(100_000);
+        let w = want.clone();
+        let t = std::thread::spawn(move || std::io::Write::write_all(&mut tx, &w).unwrap());
+        let mut r = ReadAhead::new(File::from(std::os::fd::OwnedFd::from(rx)), block, 3);
+        assert!(r.set_head(4096));
+        let got = swap_all(&mut r, 4096);
+        t.join().unwrap();
+        assert!(got == want);
+    }
+
+    /// A swap is refused with a buffer of the wrong size or in the middle
+    /// of a block; the head cannot move once reading has begun.
+    #[test]
+    fn a_swap_is_refused_where_it_would_lose_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let want = data(100_000);
+        std::fs::write(&p, &want).unwrap();
+        let mut r = ReadAhead::new(open(&p), 16 << 10, 2);
+        let mut wrong = AlignedBuf::new(8192, DIRECT_ALIGN);
+        let e = r.swap_block(&mut wrong).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let mut first = [0u8; 10];
+        r.read_exact(&mut first).unwrap();
+        assert!(!r.set_head(4096), "reading has begun");
+        let mut buf = AlignedBuf::new(r.buffer_len(), DIRECT_ALIGN);
+        let e = r.swap_block(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // The refused swaps lost nothing: the rest reads on.
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).unwrap();
+        assert!([&first[..], &rest[..]].concat() == want);
     }
 
     /// The kernel this runs on has io_uring (CI's does); a reader falls

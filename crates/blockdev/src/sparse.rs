@@ -11,7 +11,7 @@
 //! `cairn pack` encodes a zero block once). A filesystem that cannot say
 //! where the holes are is read as all data.
 
-use crate::file::{next_data, next_hole};
+use crate::file::{next_data, next_hole, AlignedBuf};
 use std::fs::File;
 use std::io::{self, ErrorKind, Read, Seek};
 use std::os::unix::fs::FileExt;
@@ -47,6 +47,27 @@ pub trait SparseRead: Send {
                 "this source has no holes to skip",
             ))
         }
+    }
+
+    /// For a source that reads into aligned buffers of its own: have it
+    /// keep `head` bytes (a multiple of [`crate::DIRECT_ALIGN`]) free in
+    /// front of each block it reads, and hand its blocks over whole
+    /// through [`SparseRead::swap_block`] instead of copying them out.
+    /// Returns the block size, or `None` (most sources, and any source
+    /// asked after its first read). Such a source reports no holes.
+    fn offer_blocks(&mut self, _head: usize) -> Option<usize> {
+        None
+    }
+
+    /// The next block, after [`SparseRead::offer_blocks`] said yes: its
+    /// buffer is swapped with `buf` (`head + block` bytes, contents no
+    /// longer needed), and its `n` bytes are `buf[head..head + n]`; 0 at
+    /// the end. Not mixed with [`SparseRead::read`] within a block.
+    fn swap_block(&mut self, _buf: &mut AlignedBuf) -> io::Result<usize> {
+        Err(io::Error::new(
+            ErrorKind::Unsupported,
+            "this source does not hand over its blocks",
+        ))
     }
 }
 

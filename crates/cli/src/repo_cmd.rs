@@ -108,8 +108,10 @@ pub(crate) struct BackupArgs {
     #[arg(long, requires = "direct", value_name = "N", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub read_depth: u16,
-    /// With --direct: bytes of each read (a multiple of 4K, up to 64M).
-    #[arg(long, requires = "direct", value_name = "SIZE", default_value = "1M",
+    /// With --direct: bytes of each read (a multiple of 4K, up to 64M);
+    /// blocks of 8M or more are cut where they were read, smaller ones
+    /// are copied out first.
+    #[arg(long, requires = "direct", value_name = "SIZE", default_value = "8M",
           value_parser = parse_read_block)]
     pub read_block: usize,
     /// Label the snapshot with TAG (repeat, or a,b, for several); `ls

@@ -110,20 +110,29 @@ fn block_devices_in_and_out() {
 }
 
 /// A regular file read with O_DIRECT through reads queued ahead, whose
-/// size is no multiple of the alignment: every queue shape reads it whole.
+/// size is no multiple of the alignment: every queue shape reads it whole,
+/// blocks copied out (under 8M) or cut where they were read (8M and up).
 #[test]
 fn direct_reads_queued_ahead_read_a_file_whole() {
     let dir = tempdir();
     let d = dir.path();
-    let data = image((3 << 20) + 4097);
+    let data = image((17 << 20) + 4097);
     let src = d.join("disk.img");
     std::fs::write(&src, &data).unwrap();
     let repo = d.join("repo");
     let repo = repo.to_str().unwrap();
     ok(run(&["init", repo]));
-    for (i, (block, depth)) in [("4K", "1"), ("64K", "3"), ("1M", "8"), ("4M", "64")]
-        .into_iter()
-        .enumerate()
+    for (i, (block, depth)) in [
+        ("4K", "1"),
+        ("64K", "3"),
+        ("1M", "8"),
+        ("4M", "64"),
+        ("8M", "1"),
+        ("8M", "8"),
+        ("12M", "2"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let name = format!("d{i}");
         let out = ok(run(&[
@@ -142,6 +151,10 @@ fn direct_reads_queued_ahead_read_a_file_whole() {
             "--json",
         ]));
         assert_eq!(json(&out)["bytes_in"], data.len() as u64);
+        if i > 0 {
+            // Cut exactly as the first: every chunk is already stored.
+            assert_eq!(json(&out)["new_chunks"], 0, "{block} x {depth}");
+        }
         let dest = d.join(format!("{name}.out"));
         ok(run(&[
             "restore",
