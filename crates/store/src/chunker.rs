@@ -11,6 +11,13 @@
 //! might still grow (fewer than MAX bytes left in a batch that is not the
 //! last) is carried over to the next batch, so the cuts never depend on
 //! batch boundaries.
+//!
+//! The content-defined cut is computed here, not by the crate's loop
+//! ([`Gear`]): the same rule, tables and masks, so the same cuts (property
+//! tests hold it to the crate), but the gear hash is rolled on four
+//! stretches of the chunk at once. The crate's loop is one chain of
+//! dependent shifts and adds, and it was the one thread that limits a
+//! backup from a fast disk (53 % of all CPU of a cold 4 GiB backup).
 
 use crate::error::{Result, StoreError};
 use std::fmt;
@@ -90,19 +97,158 @@ impl ChunkerSpec {
 
     /// A chunker for this spec (computes what it needs once).
     pub fn build(self) -> Chunker {
-        let zero_cut = match self {
-            ChunkerSpec::Fixed(size) => size as usize,
+        let (gear, zero_cut) = match self {
+            ChunkerSpec::Fixed(size) => (None, size as usize),
             ChunkerSpec::Cdc { min, avg, max } => {
+                let gear = Gear::new(min, avg, max);
                 let zeros = vec![0u8; max as usize];
-                let cdc = fastcdc::v2020::FastCDC::new(&zeros, min, avg, max);
-                let (_, end) = cdc.cut(0, zeros.len());
-                end.clamp(1, zeros.len())
+                let zero_cut = gear.cut(&zeros).clamp(1, zeros.len());
+                (Some(gear), zero_cut)
             }
         };
         Chunker {
             spec: self,
+            gear,
             zero_cut,
         }
+    }
+}
+
+/// FastCDC 2020's cut rule (the `fastcdc` crate's `cut_gear` with its
+/// gear table, masks and normalization level 1): the chunk ends at the
+/// first byte `i` from MIN on (MIN, AVG and the length rounded down to
+/// even) where the gear hash `h = (h << 1) + GEAR[byte]`, rolled from 0 at
+/// MIN and including byte `i`, has none of the mask's bits set: the
+/// stricter mask before AVG, the looser one after; the chunk is then `i`
+/// bytes long, or MAX (or all there is) if no byte matches.
+///
+/// A hash after 64 bytes no longer depends on where it started (the
+/// oldest byte is shifted out), so the bytes are scanned in rounds of
+/// [`LANES`] stretches of [`LANE`] bytes, each stretch's hash started 64
+/// bytes before it: four independent chains instead of one, and the first
+/// match found in stretch order is the first match.
+#[derive(Debug, Clone)]
+struct Gear {
+    table: Box<[u64; 256]>,
+    min: usize,
+    avg: usize,
+    max: usize,
+    /// The mask before AVG (more bits: fewer cuts) and after it.
+    mask_s: u64,
+    mask_l: u64,
+}
+
+/// Stretches scanned at once, and their length (measured on the cut of
+/// 256 MiB of random bytes: 1024-byte stretches, 4 at a time, cut at
+/// 1.5x the crate's speed; 8 stretches ran out of registers).
+const LANES: usize = 4;
+const LANE: usize = 1024;
+/// Bytes a gear hash depends on.
+const WINDOW: usize = 64;
+
+impl Gear {
+    fn new(min: u32, avg: u32, max: u32) -> Gear {
+        use fastcdc::v2020::{get_gear_with_seed, logarithm2, Normalization, MASKS};
+        let bits = logarithm2(avg) as usize;
+        let level = Normalization::Level1.bits() as usize;
+        Gear {
+            table: get_gear_with_seed(0).0,
+            min: min as usize,
+            avg: avg as usize,
+            max: max as usize,
+            mask_s: MASKS[bits + level],
+            mask_l: MASKS[bits - level],
+        }
+    }
+
+    /// The length of the chunk that starts `src`.
+    fn cut(&self, src: &[u8]) -> usize {
+        let len = src.len();
+        if len <= self.min {
+            return len;
+        }
+        let (end, center) = if len > self.max {
+            (self.max, self.avg)
+        } else {
+            (len, self.avg.min(len))
+        };
+        let mut hash = 0u64;
+        let mut at = self.min & !1;
+        for (stop, mask) in [(center & !1, self.mask_s), (end & !1, self.mask_l)] {
+            if let Some(cut) = self.scan(src, &mut at, &mut hash, stop, mask) {
+                return cut;
+            }
+        }
+        end
+    }
+
+    /// Roll the hash over `src[*at..stop]` (the hash of the bytes before
+    /// `*at` in `hash`); the first position that matches `mask`, or `None`
+    /// with `*at == stop` and the hash of everything before it.
+    fn scan(
+        &self,
+        src: &[u8],
+        at: &mut usize,
+        hash: &mut u64,
+        stop: usize,
+        mask: u64,
+    ) -> Option<usize> {
+        let gear = &*self.table;
+        let roll = |h: u64, byte: u8| (h << 1).wrapping_add(gear[usize::from(byte)]);
+        while stop - *at >= LANES * LANE {
+            let i = *at;
+            let round = &src[i..i + LANES * LANE];
+            let mut h = [*hash; LANES];
+            for (j, h) in h.iter_mut().enumerate().skip(1) {
+                // `i + j * LANE - WINDOW` is past the hash's start (`i` at
+                // the earliest): the hash there is exact.
+                let start = i + j * LANE;
+                *h = src[start - WINDOW..start]
+                    .iter()
+                    .fold(0, |h, &b| roll(h, b));
+            }
+            let lane = |j: usize| -> &[u8; LANE] {
+                round[j * LANE..(j + 1) * LANE]
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("a round is LANES * LANE bytes"))
+            };
+            let (l0, l1, l2, l3) = (lane(0), lane(1), lane(2), lane(3));
+            let mut found = [usize::MAX; LANES];
+            for t in 0..LANE {
+                h[0] = roll(h[0], l0[t]);
+                h[1] = roll(h[1], l1[t]);
+                h[2] = roll(h[2], l2[t]);
+                h[3] = roll(h[3], l3[t]);
+                let any = (h[0] & mask == 0)
+                    | (h[1] & mask == 0)
+                    | (h[2] & mask == 0)
+                    | (h[3] & mask == 0);
+                if any {
+                    if h[0] & mask == 0 {
+                        // The first stretch's bytes come before all others.
+                        return Some(i + t);
+                    }
+                    for j in 1..LANES {
+                        if h[j] & mask == 0 && found[j] == usize::MAX {
+                            found[j] = t;
+                        }
+                    }
+                }
+            }
+            if let Some(j) = (1..LANES).find(|&j| found[j] != usize::MAX) {
+                return Some(i + j * LANE + found[j]);
+            }
+            *hash = h[LANES - 1];
+            *at = i + LANES * LANE;
+        }
+        while *at < stop {
+            *hash = roll(*hash, src[*at]);
+            if *hash & mask == 0 {
+                return Some(*at);
+            }
+            *at += 1;
+        }
+        None
     }
 }
 
@@ -110,6 +256,8 @@ impl ChunkerSpec {
 #[derive(Debug, Clone)]
 pub struct Chunker {
     spec: ChunkerSpec,
+    /// The content-defined cut, for `Cdc`.
+    gear: Option<Gear>,
     /// Where a chunk that starts with MAX zero bytes ends: a cut depends
     /// only on the MAX bytes from the chunk's start, so zero runs (free
     /// space in images, zero pages in memory dumps) are cut without
@@ -154,22 +302,19 @@ impl Chunker {
                 }
                 pos
             }
-            ChunkerSpec::Cdc { min, avg, max } => {
+            ChunkerSpec::Cdc { max, .. } => {
                 let max = max as usize;
-                let cdc = fastcdc::v2020::FastCDC::new(buf, min, avg, max as u32);
+                let Some(gear) = &self.gear else {
+                    unreachable!("a cdc chunker is built with its gear")
+                };
                 let mut pos = 0;
                 while len - pos >= max || (eof && pos < len) {
                     let end = if len - pos >= max && cairn_blockdev::is_zero(&buf[pos..pos + max]) {
                         pos + self.zero_cut
                     } else {
-                        let (_, end) = cdc.cut(pos, len - pos);
-                        // `cut` returns the absolute end of the chunk; it
-                        // always advances on non-empty input, but stay safe.
-                        if end <= pos {
-                            len
-                        } else {
-                            end.min(len)
-                        }
+                        // A chunk is at least one byte, even if the rule
+                        // gave none.
+                        pos + gear.cut(&buf[pos..]).max(1)
                     };
                     ends.push(end as u32);
                     pos = end;
@@ -392,6 +537,67 @@ mod tests {
         }
         let spec: ChunkerSpec = "cdc:2K,8K,32K".parse().unwrap();
         assert_eq!(spec.to_string().parse::<ChunkerSpec>().unwrap(), spec);
+    }
+
+    /// The crate's cut, the rule [`Gear`] must follow exactly.
+    fn crate_cut(spec: ChunkerSpec, src: &[u8]) -> usize {
+        let ChunkerSpec::Cdc { min, avg, max } = spec else {
+            unreachable!("cdc specs only")
+        };
+        let cdc = fastcdc::v2020::FastCDC::new(src, min, avg, max);
+        cdc.cut(0, src.len()).1
+    }
+
+    /// Bytes that match the masks often or never: few distinct bytes,
+    /// zeros, one repeated byte, random.
+    fn texture(kind: u8, n: usize, seed: u64) -> Vec<u8> {
+        let r = pseudo_random(n, seed);
+        match kind % 4 {
+            0 => r,
+            1 => r.iter().map(|b| b & 3).collect(),
+            2 => vec![0u8; n],
+            _ => r.iter().map(|b| if b % 64 == 0 { *b } else { 7 }).collect(),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Every chunk start, length, spec and kind of bytes: the cut is
+        /// the crate's, to the byte (odd MIN, AVG and lengths included,
+        /// which the crate rounds down to even).
+        #[test]
+        fn the_four_lane_cut_is_the_crates(
+            min_log in 6u32..=14, avg_extra in 1u32..=4, max_extra in 1u32..=3,
+            odd in 0u32..2, kind in 0u8..4, seed in 1u64.., len in 0usize..300_000,
+        ) {
+            let avg = 1u32 << (min_log + avg_extra).clamp(8, 22);
+            let min = ((1u32 << min_log) + odd).min(avg - 1).max(64);
+            let max = (avg << max_extra).clamp(1024, 16 << 20);
+            let spec = ChunkerSpec::Cdc { min, avg: avg + odd, max };
+            let data = texture(kind, len, seed);
+            let gear = spec.build();
+            let Some(g) = &gear.gear else { unreachable!("cdc") };
+            let mut pos = 0;
+            while pos < data.len() {
+                let want = crate_cut(spec, &data[pos..]);
+                proptest::prop_assert_eq!(g.cut(&data[pos..]), want, "{} at {}", spec, pos);
+                pos += want.max(1);
+            }
+        }
+    }
+
+    /// Long inputs of the default spec: many rounds of stretches, matches
+    /// in every stretch of a round, at both masks.
+    #[test]
+    fn the_default_cut_is_the_crates_over_many_chunks() {
+        for kind in 0..4 {
+            let data = texture(kind, 8 << 20, 5 + u64::from(kind));
+            let ends = cut_in_batches(DEFAULT_CHUNKER, &data, 1 << 20);
+            let cdc = fastcdc::v2020::FastCDC::new(&data, 8192, 32768, 131072);
+            let want: Vec<usize> = cdc.map(|c| c.offset + c.length).collect();
+            assert_eq!(ends, want, "kind {kind}");
+        }
     }
 
     #[test]
