@@ -141,6 +141,9 @@ pub(crate) struct Batch {
     pub(crate) len: usize,
     /// Chunk ends in [`Batch::bytes`].
     pub(crate) ends: Vec<u32>,
+    /// Image offset of [`Batch::bytes`]`[0]` (zero pages are found at
+    /// the image's page alignment).
+    pub(crate) offset: u64,
     /// Zero bytes before `data`: whole zero chunks of a hole, recorded
     /// without being read.
     pub(crate) zeros_before: u64,
@@ -577,6 +580,7 @@ fn reader<'a>(
             b.block = Some(buf);
             b.start = start;
             b.len = used;
+            b.offset = offset;
             offset += used as u64;
             if used == 0 && b.zeros_before == 0 {
                 return Ok(Fill::End);
@@ -609,6 +613,7 @@ fn reader<'a>(
         let used = chunker.cut(&b.data[..len], eof, &mut b.ends);
         carry.extend_from_slice(&b.data[used..len]);
         b.len = used;
+        b.offset = offset;
         offset += used as u64;
         if used == 0 && b.zeros_before == 0 {
             return Ok(Fill::End);
@@ -673,6 +678,82 @@ impl Group {
     }
 }
 
+/// Pages whose zeros are left out of the chunks that hold them.
+pub const ZERO_PAGE: usize = 4096;
+
+/// A piece of a chunk: bytes to store, or whole zero pages left out.
+#[derive(Debug, PartialEq, Eq)]
+enum Piece<'a> {
+    Data(&'a [u8]),
+    Zeros(u64),
+}
+
+/// `chunk`, which starts at image offset `at`, in pieces: every run of
+/// whole [`ZERO_PAGE`]s of zeros (pages of the image, aligned to it) is a
+/// hole, the bytes between are stored as chunks of their own. A chunk
+/// with no zero page is one piece, itself (so its id, and its dedup, are
+/// what they were); an all-zero chunk is one hole. The pieces depend only
+/// on the chunk's bytes and `at` modulo the page: a chunk seen again at
+/// the same alignment splits the same way and dedups.
+fn zero_pages(chunk: &[u8], at: u64) -> ZeroPages<'_> {
+    let page = ZERO_PAGE as u64;
+    ZeroPages {
+        chunk,
+        pos: 0,
+        page: ((page - at % page) % page) as usize,
+        zeros: None,
+    }
+}
+
+/// See [`zero_pages`].
+struct ZeroPages<'a> {
+    chunk: &'a [u8],
+    /// Start of the next data piece.
+    pos: usize,
+    /// Next page to test.
+    page: usize,
+    /// A hole to give after the data piece just given.
+    zeros: Option<u64>,
+}
+
+impl<'a> Iterator for ZeroPages<'a> {
+    type Item = Piece<'a>;
+
+    fn next(&mut self) -> Option<Piece<'a>> {
+        if let Some(n) = self.zeros.take() {
+            return Some(Piece::Zeros(n));
+        }
+        let chunk = self.chunk;
+        if self.pos >= chunk.len() {
+            return None;
+        }
+        let whole_page = |p: usize| chunk.get(p..p + ZERO_PAGE);
+        while let Some(page) = whole_page(self.page) {
+            if !is_zero(page) {
+                self.page += ZERO_PAGE;
+                continue;
+            }
+            let from = self.page;
+            let mut to = from + ZERO_PAGE;
+            while whole_page(to).is_some_and(is_zero) {
+                to += ZERO_PAGE;
+            }
+            let data = &chunk[self.pos..from];
+            self.pos = to;
+            self.page = to;
+            let zeros = (to - from) as u64;
+            if data.is_empty() {
+                return Some(Piece::Zeros(zeros));
+            }
+            self.zeros = Some(zeros);
+            return Some(Piece::Data(data));
+        }
+        let data = &chunk[self.pos..];
+        self.pos = chunk.len();
+        Some(Piece::Data(data))
+    }
+}
+
 /// A worker of a backup: chunks, hashes and compresses batches into
 /// blobs; `group` is an empty group, and a group is flushed into a record
 /// once it holds `group_size` bytes.
@@ -701,39 +782,51 @@ fn worker<'a>(
         let mut prev = 0usize;
         let bytes = b.bytes();
         for &end in &b.ends {
-            let chunk = &bytes[prev..end as usize];
+            let whole = &bytes[prev..end as usize];
+            let at = b.offset + prev as u64;
             prev = end as usize;
-            let len = chunk.len() as u64;
-            out.totals.bytes_in += len;
-            if is_zero(chunk) {
-                out.extents.push(Extent::Hole { len });
-                out.totals.zero += len;
-                continue;
-            }
-            let id = group.chunk_id(chunk);
-            out.extents.push(Extent::Data {
-                len: chunk.len() as u32,
-                id,
-            });
-            out.totals.chunks += 1;
-            let new = !index.contains(&id)
-                && claimed
-                    .lock()
-                    .map_err(|_| StoreError::Aborted("a worker panicked".into()))?
-                    .insert(id.prefix());
-            if !new {
-                out.totals.dedup += len;
-                continue;
-            }
-            if group.raw.len() + chunk.len() > MAX_GROUP_RAW {
-                group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
-            }
-            group.raw.extend_from_slice(chunk);
-            group.table.push((id, chunk.len() as u32));
-            out.totals.new_chunks += 1;
-            out.totals.new_raw += len;
-            if group.raw.len() >= group_size {
-                group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
+            out.totals.bytes_in += whole.len() as u64;
+            for piece in zero_pages(whole, at) {
+                let chunk = match piece {
+                    Piece::Data(data) if !is_zero(data) => data,
+                    // Whole zero pages, or zeros that are not whole pages
+                    // (an all-zero chunk's edges): a hole.
+                    hole => {
+                        let len = match hole {
+                            Piece::Zeros(n) => n,
+                            Piece::Data(data) => data.len() as u64,
+                        };
+                        out.extents.push(Extent::Hole { len });
+                        out.totals.zero += len;
+                        continue;
+                    }
+                };
+                let len = chunk.len() as u64;
+                let id = group.chunk_id(chunk);
+                out.extents.push(Extent::Data {
+                    len: chunk.len() as u32,
+                    id,
+                });
+                out.totals.chunks += 1;
+                let new = !index.contains(&id)
+                    && claimed
+                        .lock()
+                        .map_err(|_| StoreError::Aborted("a worker panicked".into()))?
+                        .insert(id.prefix());
+                if !new {
+                    out.totals.dedup += len;
+                    continue;
+                }
+                if group.raw.len() + chunk.len() > MAX_GROUP_RAW {
+                    group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
+                }
+                group.raw.extend_from_slice(chunk);
+                group.table.push((id, chunk.len() as u32));
+                out.totals.new_chunks += 1;
+                out.totals.new_raw += len;
+                if group.raw.len() >= group_size {
+                    group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
+                }
             }
         }
         group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
@@ -982,6 +1075,90 @@ mod tests {
                 );
             }
         }
+    }
+
+    proptest::proptest! {
+        /// Whatever the bytes and their alignment: the pieces join back
+        /// into the chunk, every hole is whole zero pages of the image,
+        /// and no data piece holds a whole zero page.
+        #[test]
+        fn zero_pages_are_cut_out_whole_and_aligned(
+            pages in proptest::collection::vec(0u8..4, 0..12),
+            at in 0u64..20_000,
+            tail in 0usize..5000,
+        ) {
+            let mut chunk = Vec::new();
+            for (i, kind) in pages.iter().enumerate() {
+                let mut p = vec![0u8; ZERO_PAGE];
+                match kind {
+                    0 => {}
+                    1 => p.fill(i as u8 | 1),
+                    2 => p[ZERO_PAGE - 1] = 1,
+                    _ => p[0] = 1,
+                }
+                chunk.extend_from_slice(&p);
+            }
+            chunk.extend(std::iter::repeat_n(0u8, tail));
+            let mut joined = Vec::new();
+            let mut pos = at;
+            for piece in zero_pages(&chunk, at) {
+                match piece {
+                    Piece::Zeros(n) => {
+                        proptest::prop_assert!(n > 0 && n % ZERO_PAGE as u64 == 0);
+                        proptest::prop_assert_eq!(pos % ZERO_PAGE as u64, 0);
+                        joined.resize(joined.len() + n as usize, 0);
+                        pos += n;
+                    }
+                    Piece::Data(d) => {
+                        proptest::prop_assert!(!d.is_empty());
+                        let first = (pos.next_multiple_of(ZERO_PAGE as u64) - pos) as usize;
+                        let mut p = first;
+                        while p + ZERO_PAGE <= d.len() {
+                            proptest::prop_assert!(!is_zero(&d[p..p + ZERO_PAGE]));
+                            p += ZERO_PAGE;
+                        }
+                        joined.extend_from_slice(d);
+                        pos += d.len() as u64;
+                    }
+                }
+            }
+            proptest::prop_assert!(joined == chunk);
+        }
+    }
+
+    /// A chunk without zero pages is one piece, itself; zero pages in it
+    /// are cut out at the image's alignment.
+    #[test]
+    fn zero_pages_of_a_chunk() {
+        let data = vec![5u8; 3 * ZERO_PAGE];
+        assert_eq!(
+            zero_pages(&data, 100).collect::<Vec<_>>(),
+            [Piece::Data(&data)]
+        );
+        let mut c = vec![5u8; 4 * ZERO_PAGE];
+        c[ZERO_PAGE..3 * ZERO_PAGE].fill(0);
+        // Aligned: pages 1 and 2 are one hole.
+        let pieces: Vec<_> = zero_pages(&c, 8 * ZERO_PAGE as u64).collect();
+        assert_eq!(
+            pieces,
+            [
+                Piece::Data(&c[..ZERO_PAGE]),
+                Piece::Zeros(2 * ZERO_PAGE as u64),
+                Piece::Data(&c[3 * ZERO_PAGE..]),
+            ]
+        );
+        // 100 bytes off the image's pages: only one whole page is zero.
+        let pieces: Vec<_> = zero_pages(&c, 100).collect();
+        let from = ZERO_PAGE + (ZERO_PAGE - 100);
+        assert_eq!(
+            pieces,
+            [
+                Piece::Data(&c[..from]),
+                Piece::Zeros(ZERO_PAGE as u64),
+                Piece::Data(&c[from + ZERO_PAGE..]),
+            ]
+        );
+        assert_eq!(zero_pages(&[], 0).count(), 0);
     }
 
     /// Blocks smaller than a batch are read through the copy, unchanged.

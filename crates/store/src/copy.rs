@@ -293,6 +293,9 @@ fn batches<'a>(
                 }
             }
         }
+        if let Some(&(off, _)) = plan.first() {
+            b.offset = off;
+        }
         if spans {
             fetcher.prefetch(&plan)?;
         }
