@@ -511,6 +511,14 @@ pub fn restore(
 /// blocks in the middle go out with `O_DIRECT` in one call, the partial
 /// blocks at either end (shared with the neighbouring batches, which
 /// other workers write) through the buffered handle.
+/// Runs shorter than this are written through the page cache even where
+/// the destination takes `O_DIRECT`: a short direct write waits for the
+/// disk on its own, and the runs between a memory dump's zero pages (holes
+/// that restore skips) are a few pages each; the page cache gathers them
+/// into large writes (a 512 MiB image with 30 % of its pages zero, at
+/// random, restored in 5.3 s with every run direct, 2.2 s with none).
+const DIRECT_MIN: usize = 256 << 10;
+
 struct Run<'a> {
     file: &'a File,
     direct: Option<&'a File>,
@@ -575,7 +583,7 @@ impl<'a> Run<'a> {
         let head = ((DIRECT_ALIGN - lead) % DIRECT_ALIGN).min(len);
         let body = (len - head) / DIRECT_ALIGN * DIRECT_ALIGN;
         match self.direct {
-            Some(d) if body > 0 => {
+            Some(d) if body >= DIRECT_MIN => {
                 let (mid, tail) = (start + head as u64, start + (head + body) as u64);
                 self.file
                     .write_all_at(&data[..head], start)
