@@ -1,7 +1,7 @@
-"""plotting.py: what the bench/plot_*.py scripts share (matplotlib, Agg):
-grouped bars, value labels on bars, the medians of a bench/wbcache.py
-run, saving a figure into its run directory, and naming a new run
-directory."""
+"""plotting.py: what the bench scripts share (matplotlib, Agg): grouped
+bars, value labels on bars, the medians of a bench/wbcache.py run, saving
+a figure into its run directory, naming a new run directory, and dropping
+the page cache before a cold run."""
 import csv
 import datetime
 import os
@@ -59,3 +59,11 @@ def new_run_dir(root, name):
         k += 1
     os.makedirs(out)
     return out
+
+
+def drop_caches():
+    """Write back and drop the page cache (root), so the next run reads
+    the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")

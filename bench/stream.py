@@ -29,6 +29,13 @@ Writes (the restore side):
 
 MB/s = 10^6 bytes per second of wall time. Medians of --runs rounds.
 
+--paired N: only the target's comparison, N cold rounds of fio's best
+read setting (--paired-fio BS,QD) then `cairn backup --direct` at its
+defaults (and, with --cairn-before, an older build the same way), each
+round's ratio to the fio run beside it: the disk's speed drifts, so a
+ratio of neighbours says more than medians far apart. Output: results.csv
+(every round), report.md (medians and ratios).
+
 Why: issue 20, seed 004 (streaming at device speed); the target is a
 cold streaming read at least 0.9x fio's best setting on the same file.
 
@@ -38,6 +45,7 @@ Usage: bench/stream.py [--cairn PATH] [--gib 4] [--runs 2]
                        [--bs 4K,64K,1M,4M] [--qd 1,4,16,64]
                        [--cairn-bs 64K,1M,4M] [--cairn-qd 1,2,8,32]
                        [--replot RUN]
+       bench/stream.py --paired N [--paired-fio 4M,64] [--cairn-before PATH]
 Output: bench/runs/<UTC date>-stream[-K]/ (results.csv, summary.csv,
 report.md, commands.txt, versions.txt, stream.png).
 """
@@ -55,7 +63,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plotting import new_run_dir, plt, save  # noqa: E402
+from plotting import drop_caches, new_run_dir, plt, save  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,12 +74,6 @@ def log(msg):
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def size_arg(s):
@@ -143,6 +145,57 @@ def plot(out, med, bss, qds, cbss, cqds, gib):
     save(fig, out, "stream.png")
 
 
+def paired(a, out, src, size):
+    """--paired: fio's best read and cairn's backup --direct, round by
+    round, and their ratios."""
+    commands, rows = [], []
+    r = Runner(a.cairn, a.work, size, commands)
+    bs, qd = a.paired_fio.split(",")
+    builds = [("cairn", a.cairn)] + ([("cairn before", a.cairn_before)] if a.cairn_before else [])
+    shutil.rmtree(a.tmpfs, ignore_errors=True)
+    os.makedirs(a.tmpfs)
+    repo = os.path.join(a.tmpfs, "repo")
+    try:
+        sh([a.cairn, "init", repo, "--encryption", "none"], env=r.env)
+        sh([a.cairn, "backup", src, "--repo", repo, "--name", "first", "-c", "none", "-q"], env=r.env)
+        for rnd in range(a.paired):
+            fio, _ = r.fio("read", src, bs, int(qd), a.fio_runtime)
+            row = {"round": rnd, f"fio {bs} x {qd}": round(fio, 1)}
+            for name, binary in builds:
+                secs, o = r.timed([binary, "backup", src, "--repo", repo, "--name", "again",
+                                   "-c", "none", "-T", "2", "-q", "--json", "--direct"])
+                assert json.loads(o)["bytes_in"] == size
+                row[name] = round(size / secs / 1e6, 1)
+                row[f"{name} / fio"] = round(size / secs / 1e6 / fio, 3)
+            rows.append(row)
+            log(f"round {rnd}: {row}")
+    finally:
+        shutil.rmtree(a.tmpfs, ignore_errors=True)
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(f"{a.paired} paired cold rounds, {size / 2**30:.0f} GiB file; medians:\n\n")
+        f.write("| column | median |\n|---|--:|\n")
+        for k in rows[0]:
+            if k != "round":
+                f.write(f"| {k} | {statistics.median(row[k] for row in rows)} |\n")
+    with open(os.path.join(out, "commands.txt"), "w") as f:
+        f.write("\n".join(commands) + "\n")
+    versions(out, a.cairn)
+    print(open(os.path.join(out, "report.md")).read())
+
+
+def versions(out, cairn):
+    """RUN/versions.txt: the tools and the machine."""
+    with open(os.path.join(out, "versions.txt"), "w") as f:
+        f.write(sh([cairn, "--version"]).strip() + "\n")
+        f.write(sh(["fio", "--version"]).strip() + "\n")
+        f.write(sh(["dd", "--version"]).splitlines()[0] + "\n")
+        f.write(f"{platform.platform()}, {os.cpu_count()} cores\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
@@ -150,12 +203,15 @@ def main():
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--bs", default="4K,64K,1M,4M")
     ap.add_argument("--qd", default="1,4,16,64")
-    ap.add_argument("--cairn-bs", default="64K,1M,4M")
+    ap.add_argument("--cairn-bs", default="64K,1M,8M")
     ap.add_argument("--cairn-qd", default="1,2,8,32")
     ap.add_argument("--fio-runtime", type=int, default=15)
     ap.add_argument("--work", default=os.path.join(ROOT, "bench/work/stream"))
     ap.add_argument("--tmpfs", default="/dev/shm/cairn-stream")
     ap.add_argument("--replot", metavar="RUN", help="only draw RUN/stream.png again from RUN/summary.csv")
+    ap.add_argument("--paired", type=int, metavar="N", help="only N paired rounds: fio's best read, then cairn")
+    ap.add_argument("--paired-fio", default="4M,64", metavar="BS,QD")
+    ap.add_argument("--cairn-before", metavar="PATH", help="with --paired: an older build, timed the same way")
     a = ap.parse_args()
     bss, qds = a.bs.split(","), [int(x) for x in a.qd.split(",")]
     cbss, cqds = a.cairn_bs.split(","), [int(x) for x in a.cairn_qd.split(",")]
@@ -164,12 +220,15 @@ def main():
             med = {(r["op"], r["tool"], r["bs"], r["qd"]): float(r["median_mbps"]) for r in csv.DictReader(f)}
         plot(a.replot, med, bss, qds, cbss, cqds, a.gib)
         return
-    out = new_run_dir(ROOT, "stream")
+    out = new_run_dir(ROOT, "stream-paired" if a.paired else "stream")
     os.makedirs(a.work, exist_ok=True)
     src = os.path.join(a.work, "input.bin")
     log(f"input: {a.gib} GiB of random bytes")
     make_input(src, a.gib)
     size = os.path.getsize(src)
+    if a.paired:
+        paired(a, out, src, size)
+        return
     dest = os.path.join(a.work, "out.bin")
     shutil.rmtree(a.tmpfs, ignore_errors=True)
     repo = os.path.join(a.tmpfs, "repo")
@@ -211,7 +270,7 @@ def main():
             shutil.rmtree(a.tmpfs, ignore_errors=True)
             os.makedirs(a.tmpfs)
             sh([a.cairn, "init", repo, "--encryption", "none"], env=r.env)
-            add(rnd, "read", "cairn first backup --direct", "1M", 8, backup("first", ["--direct"]))
+            add(rnd, "read", "cairn first backup --direct", "8M", 8, backup("first", ["--direct"]))
             for bs in cbss:
                 for qd in cqds:
                     secs = backup("again", ["--direct", "--read-block", bs, "--read-depth", str(qd)])
@@ -253,11 +312,7 @@ def main():
             w.writerow(list(key) + [v])
     with open(os.path.join(out, "commands.txt"), "w") as f:
         f.write("\n".join(commands) + "\n")
-    with open(os.path.join(out, "versions.txt"), "w") as f:
-        f.write(sh([a.cairn, "--version"]).strip() + "\n")
-        f.write(sh(["fio", "--version"]).strip() + "\n")
-        f.write(sh(["dd", "--version"]).splitlines()[0] + "\n")
-        f.write(f"{platform.platform()}, {os.cpu_count()} cores\n")
+    versions(out, a.cairn)
 
     plot(out, med, bss, qds, cbss, cqds, a.gib)
 
