@@ -80,8 +80,8 @@ impl SparseRead for DirectReader {
         Read::read(&mut self.inner, out)
     }
 
-    fn offer_blocks(&mut self, head: usize) -> Option<usize> {
-        self.inner.set_head(head).then(|| self.inner.block())
+    fn offer_blocks(&mut self, head: usize, min_block: usize) -> Option<usize> {
+        (self.inner.block() >= min_block && self.inner.set_head(head)).then(|| self.inner.block())
     }
 
     fn swap_block(&mut self, buf: &mut AlignedBuf) -> io::Result<usize> {

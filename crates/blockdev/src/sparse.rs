@@ -49,13 +49,14 @@ pub trait SparseRead: Send {
         }
     }
 
-    /// For a source that reads into aligned buffers of its own: have it
-    /// keep `head` bytes (a multiple of [`crate::DIRECT_ALIGN`]) free in
-    /// front of each block it reads, and hand its blocks over whole
-    /// through [`SparseRead::swap_block`] instead of copying them out.
-    /// Returns the block size, or `None` (most sources, and any source
+    /// For a source that reads into aligned buffers of its own, in blocks
+    /// of at least `min_block` bytes: have it keep `head` bytes (a
+    /// multiple of [`crate::DIRECT_ALIGN`]) free in front of each block it
+    /// reads, and hand its blocks over whole through
+    /// [`SparseRead::swap_block`] instead of copying them out. Returns the
+    /// block size, or `None` (most sources, smaller blocks, and any source
     /// asked after its first read). Such a source reports no holes.
-    fn offer_blocks(&mut self, _head: usize) -> Option<usize> {
+    fn offer_blocks(&mut self, _head: usize, _min_block: usize) -> Option<usize> {
         None
     }
 

@@ -108,9 +108,11 @@ pub(crate) struct BackupArgs {
     #[arg(long, requires = "direct", value_name = "N", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub read_depth: u16,
-    /// With --direct: bytes of each read (a multiple of 4K, up to 64M);
-    /// blocks of 8M or more are cut where they were read, smaller ones
-    /// are copied out first.
+    /// With --direct: bytes of each read (a multiple of 4K, up to 64M).
+    /// A block at least a batch long (8M, or twice the chunker's largest
+    /// chunk if that is more) is cut where it was read, and is then a
+    /// batch (so the workers hold that much each); smaller blocks are
+    /// copied out into 8M batches.
     #[arg(long, requires = "direct", value_name = "SIZE", default_value = "8M",
           value_parser = parse_read_block)]
     pub read_block: usize,

@@ -141,9 +141,6 @@ pub(crate) struct Batch {
     pub(crate) len: usize,
     /// Chunk ends in [`Batch::bytes`].
     pub(crate) ends: Vec<u32>,
-    /// Image offset of [`Batch::bytes`]`[0]` (zero pages are found at
-    /// the image's page alignment).
-    pub(crate) offset: u64,
     /// Zero bytes before `data`: whole zero chunks of a hole, recorded
     /// without being read.
     pub(crate) zeros_before: u64,
@@ -526,7 +523,7 @@ fn reader<'a>(
     let max = spec.max_chunk() as usize;
     let batch = BATCH.max(2 * max);
     let head = max.next_multiple_of(DIRECT_ALIGN);
-    let whole_blocks = source.offer_blocks(head).filter(|&block| block >= batch);
+    let whole_blocks = source.offer_blocks(head, batch);
     let chunker = spec.build();
     let mut carry: Vec<u8> = Vec::new();
     let mut eof = false;
@@ -580,7 +577,6 @@ fn reader<'a>(
             b.block = Some(buf);
             b.start = start;
             b.len = used;
-            b.offset = offset;
             offset += used as u64;
             if used == 0 && b.zeros_before == 0 {
                 return Ok(Fill::End);
@@ -613,7 +609,6 @@ fn reader<'a>(
         let used = chunker.cut(&b.data[..len], eof, &mut b.ends);
         carry.extend_from_slice(&b.data[used..len]);
         b.len = used;
-        b.offset = offset;
         offset += used as u64;
         if used == 0 && b.zeros_before == 0 {
             return Ok(Fill::End);
@@ -678,45 +673,48 @@ impl Group {
     }
 }
 
-/// Pages whose zeros are left out of the chunks that hold them.
-pub const ZERO_PAGE: usize = 4096;
+/// Zero runs at least this long inside a chunk are left out of it.
+pub const ZERO_RUN: usize = 4096;
 
-/// A piece of a chunk: bytes to store, or whole zero pages left out.
+/// A piece of a chunk: bytes to store, or a run of zeros left out.
 #[derive(Debug, PartialEq, Eq)]
 enum Piece<'a> {
     Data(&'a [u8]),
     Zeros(u64),
 }
 
-/// `chunk`, which starts at image offset `at`, in pieces: every run of
-/// whole [`ZERO_PAGE`]s of zeros (pages of the image, aligned to it) is a
-/// hole, the bytes between are stored as chunks of their own. A chunk
-/// with no zero page is one piece, itself (so its id, and its dedup, are
-/// what they were); an all-zero chunk is one hole. The pieces depend only
-/// on the chunk's bytes and `at` modulo the page: a chunk seen again at
-/// the same alignment splits the same way and dedups.
-fn zero_pages(chunk: &[u8], at: u64) -> ZeroPages<'_> {
-    let page = ZERO_PAGE as u64;
-    ZeroPages {
+/// `chunk` in pieces: every run of at least [`ZERO_RUN`] zero bytes is a
+/// hole, and the bytes between are stored as chunks of their own. The
+/// pieces depend on the chunk's bytes alone, not on where it sits in the
+/// image, so a chunk seen again anywhere splits the same way and dedups;
+/// a memory dump's zero pages are such runs wherever they are. A chunk
+/// with no such run is one piece, itself (so its id, and its dedup, are
+/// what they were); an all-zero chunk is one hole.
+fn zero_runs(chunk: &[u8]) -> ZeroRuns<'_> {
+    ZeroRuns {
         chunk,
         pos: 0,
-        page: ((page - at % page) % page) as usize,
+        probe: 0,
         zeros: None,
     }
 }
 
-/// See [`zero_pages`].
-struct ZeroPages<'a> {
+/// Every run of [`ZERO_RUN`] zeros holds a whole window of half that,
+/// counted from the chunk's start: probing those windows finds them all.
+const PROBE: usize = ZERO_RUN / 2;
+
+/// See [`zero_runs`].
+struct ZeroRuns<'a> {
     chunk: &'a [u8],
     /// Start of the next data piece.
     pos: usize,
-    /// Next page to test.
-    page: usize,
+    /// Next window to probe.
+    probe: usize,
     /// A hole to give after the data piece just given.
     zeros: Option<u64>,
 }
 
-impl<'a> Iterator for ZeroPages<'a> {
+impl<'a> Iterator for ZeroRuns<'a> {
     type Item = Piece<'a>;
 
     fn next(&mut self) -> Option<Piece<'a>> {
@@ -727,20 +725,30 @@ impl<'a> Iterator for ZeroPages<'a> {
         if self.pos >= chunk.len() {
             return None;
         }
-        let whole_page = |p: usize| chunk.get(p..p + ZERO_PAGE);
-        while let Some(page) = whole_page(self.page) {
-            if !is_zero(page) {
-                self.page += ZERO_PAGE;
+        while let Some(window) = chunk.get(self.probe..self.probe + PROBE) {
+            let at = self.probe;
+            self.probe += PROBE;
+            if !is_zero(window) {
                 continue;
             }
-            let from = self.page;
-            let mut to = from + ZERO_PAGE;
-            while whole_page(to).is_some_and(is_zero) {
-                to += ZERO_PAGE;
+            // The whole run around the window (not before `pos`: what
+            // came before is given already, and ended on a non-zero byte
+            // or a hole).
+            let from = chunk[self.pos..at]
+                .iter()
+                .rposition(|&b| b != 0)
+                .map_or(self.pos, |i| self.pos + i + 1);
+            let to = chunk[at..]
+                .iter()
+                .position(|&b| b != 0)
+                .map_or(chunk.len(), |i| at + i);
+            self.probe = self.probe.max(to);
+            if to - from < ZERO_RUN {
+                continue;
             }
             let data = &chunk[self.pos..from];
             self.pos = to;
-            self.page = to;
+            self.probe = to;
             let zeros = (to - from) as u64;
             if data.is_empty() {
                 return Some(Piece::Zeros(zeros));
@@ -783,14 +791,13 @@ fn worker<'a>(
         let bytes = b.bytes();
         for &end in &b.ends {
             let whole = &bytes[prev..end as usize];
-            let at = b.offset + prev as u64;
             prev = end as usize;
             out.totals.bytes_in += whole.len() as u64;
-            for piece in zero_pages(whole, at) {
+            for piece in zero_runs(whole) {
                 let chunk = match piece {
                     Piece::Data(data) if !is_zero(data) => data,
-                    // Whole zero pages, or zeros that are not whole pages
-                    // (an all-zero chunk's edges): a hole.
+                    // A zero run, or a piece of zeros shorter than one (an
+                    // all-zero chunk shorter than a run): a hole.
                     hole => {
                         let len = match hole {
                             Piece::Zeros(n) => n,
@@ -1011,13 +1018,16 @@ mod tests {
     }
 
     impl SparseRead for ShortBlocks {
-        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
-            unreachable!("blocks are swapped, never copied out")
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.data.len() - self.at);
+            buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
         }
 
-        fn offer_blocks(&mut self, head: usize) -> Option<usize> {
+        fn offer_blocks(&mut self, head: usize, min_block: usize) -> Option<usize> {
             self.head = head;
-            Some(self.block)
+            (self.block >= min_block).then_some(self.block)
         }
 
         fn swap_block(&mut self, buf: &mut AlignedBuf) -> std::io::Result<usize> {
@@ -1048,8 +1058,20 @@ mod tests {
             },
             ChunkerSpec::Fixed(4096),
             ChunkerSpec::Fixed(5000),
+            // MAX over half a block: batches are longer than a block, so
+            // its blocks are copied out (whole blocks are not offered).
+            ChunkerSpec::Fixed(5 << 20),
         ];
-        for len in [0, 1, 4095, BATCH - 1, BATCH + 1, 2 * BATCH + 12_345] {
+        for len in [
+            0,
+            1,
+            4095,
+            BATCH - 1,
+            BATCH,
+            BATCH + 1,
+            2 * BATCH,
+            2 * BATCH + 12_345,
+        ] {
             let data = varied(len);
             std::fs::write(&p, &data).unwrap();
             for spec in specs {
@@ -1077,88 +1099,98 @@ mod tests {
         }
     }
 
+    /// The longest run of zeros in `d`.
+    fn longest_zero_run(d: &[u8]) -> usize {
+        d.split(|&b| b != 0).map(<[u8]>::len).max().unwrap_or(0)
+    }
+
     proptest::proptest! {
-        /// Whatever the bytes and their alignment: the pieces join back
-        /// into the chunk, every hole is whole zero pages of the image,
-        /// and no data piece holds a whole zero page.
+        /// Whatever the bytes: the pieces join back into the chunk, every
+        /// hole is a whole run of at least ZERO_RUN zeros (a non-zero byte
+        /// or the chunk's edge on each side), no data piece holds such a
+        /// run, and the same bytes behind a prefix split the same way.
         #[test]
-        fn zero_pages_are_cut_out_whole_and_aligned(
-            pages in proptest::collection::vec(0u8..4, 0..12),
-            at in 0u64..20_000,
-            tail in 0usize..5000,
+        fn zero_runs_are_cut_out_whole(
+            runs in proptest::collection::vec((0u8..3, 1usize..9000), 0..12),
+            prefix in 0usize..5000,
         ) {
             let mut chunk = Vec::new();
-            for (i, kind) in pages.iter().enumerate() {
-                let mut p = vec![0u8; ZERO_PAGE];
-                match kind {
-                    0 => {}
-                    1 => p.fill(i as u8 | 1),
-                    2 => p[ZERO_PAGE - 1] = 1,
-                    _ => p[0] = 1,
-                }
-                chunk.extend_from_slice(&p);
+            for (i, &(kind, n)) in runs.iter().enumerate() {
+                let byte = match kind {
+                    0 => 0,
+                    1 => i as u8 | 1,
+                    _ => 0x80,
+                };
+                chunk.extend(std::iter::repeat_n(byte, n));
             }
-            chunk.extend(std::iter::repeat_n(0u8, tail));
             let mut joined = Vec::new();
-            let mut pos = at;
-            for piece in zero_pages(&chunk, at) {
+            let mut holes = Vec::new();
+            for piece in zero_runs(&chunk) {
                 match piece {
                     Piece::Zeros(n) => {
-                        proptest::prop_assert!(n > 0 && n % ZERO_PAGE as u64 == 0);
-                        proptest::prop_assert_eq!(pos % ZERO_PAGE as u64, 0);
-                        joined.resize(joined.len() + n as usize, 0);
-                        pos += n;
+                        let n = n as usize;
+                        proptest::prop_assert!(n >= ZERO_RUN);
+                        let at = joined.len();
+                        proptest::prop_assert!(at == 0 || chunk[at - 1] != 0);
+                        proptest::prop_assert!(chunk.get(at + n).is_none_or(|&b| b != 0));
+                        holes.push((at, n));
+                        joined.resize(at + n, 0);
                     }
                     Piece::Data(d) => {
                         proptest::prop_assert!(!d.is_empty());
-                        let first = (pos.next_multiple_of(ZERO_PAGE as u64) - pos) as usize;
-                        let mut p = first;
-                        while p + ZERO_PAGE <= d.len() {
-                            proptest::prop_assert!(!is_zero(&d[p..p + ZERO_PAGE]));
-                            p += ZERO_PAGE;
-                        }
+                        proptest::prop_assert!(longest_zero_run(d) < ZERO_RUN);
                         joined.extend_from_slice(d);
-                        pos += d.len() as u64;
                     }
                 }
             }
             proptest::prop_assert!(joined == chunk);
+            // Not split by where it sits: the same bytes after a data
+            // prefix (which ends on a non-zero byte) give the same holes.
+            let mut shifted = vec![0x55u8; prefix];
+            shifted.extend_from_slice(&chunk);
+            let mut at = 0;
+            let mut moved = Vec::new();
+            for piece in zero_runs(&shifted) {
+                match piece {
+                    Piece::Zeros(n) => {
+                        moved.push((at - prefix, n as usize));
+                        at += n as usize;
+                    }
+                    Piece::Data(d) => at += d.len(),
+                }
+            }
+            proptest::prop_assert_eq!(moved, holes);
         }
     }
 
-    /// A chunk without zero pages is one piece, itself; zero pages in it
-    /// are cut out at the image's alignment.
+    /// A chunk without a long zero run is one piece, itself; a zero page
+    /// is cut out wherever it is, with the zeros around it.
     #[test]
-    fn zero_pages_of_a_chunk() {
-        let data = vec![5u8; 3 * ZERO_PAGE];
+    fn zero_runs_of_a_chunk() {
+        let data = vec![5u8; 3 * ZERO_RUN];
+        assert_eq!(zero_runs(&data).collect::<Vec<_>>(), [Piece::Data(&data)]);
+        let mut c = vec![5u8; 4 * ZERO_RUN];
+        c[ZERO_RUN - 7..3 * ZERO_RUN + 1].fill(0);
+        let (from, to) = (ZERO_RUN - 7, 3 * ZERO_RUN + 1);
         assert_eq!(
-            zero_pages(&data, 100).collect::<Vec<_>>(),
-            [Piece::Data(&data)]
-        );
-        let mut c = vec![5u8; 4 * ZERO_PAGE];
-        c[ZERO_PAGE..3 * ZERO_PAGE].fill(0);
-        // Aligned: pages 1 and 2 are one hole.
-        let pieces: Vec<_> = zero_pages(&c, 8 * ZERO_PAGE as u64).collect();
-        assert_eq!(
-            pieces,
-            [
-                Piece::Data(&c[..ZERO_PAGE]),
-                Piece::Zeros(2 * ZERO_PAGE as u64),
-                Piece::Data(&c[3 * ZERO_PAGE..]),
-            ]
-        );
-        // 100 bytes off the image's pages: only one whole page is zero.
-        let pieces: Vec<_> = zero_pages(&c, 100).collect();
-        let from = ZERO_PAGE + (ZERO_PAGE - 100);
-        assert_eq!(
-            pieces,
+            zero_runs(&c).collect::<Vec<_>>(),
             [
                 Piece::Data(&c[..from]),
-                Piece::Zeros(ZERO_PAGE as u64),
-                Piece::Data(&c[from + ZERO_PAGE..]),
+                Piece::Zeros((to - from) as u64),
+                Piece::Data(&c[to..]),
             ]
         );
-        assert_eq!(zero_pages(&[], 0).count(), 0);
+        // A run one byte short of ZERO_RUN stays in the data.
+        let mut c = vec![5u8; 3 * ZERO_RUN];
+        c[100..100 + ZERO_RUN - 1].fill(0);
+        assert_eq!(zero_runs(&c).collect::<Vec<_>>(), [Piece::Data(&c)]);
+        // All zeros: one hole; nothing: nothing.
+        let z = vec![0u8; ZERO_RUN + 3];
+        assert_eq!(
+            zero_runs(&z).collect::<Vec<_>>(),
+            [Piece::Zeros(z.len() as u64)]
+        );
+        assert_eq!(zero_runs(&[]).count(), 0);
     }
 
     /// Blocks smaller than a batch are read through the copy, unchanged.

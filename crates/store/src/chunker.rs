@@ -195,7 +195,7 @@ impl Gear {
     ) -> Option<usize> {
         let gear = &*self.table;
         let roll = |h: u64, byte: u8| (h << 1).wrapping_add(gear[usize::from(byte)]);
-        while stop - *at >= LANES * LANE {
+        while stop.saturating_sub(*at) >= LANES * LANE {
             let i = *at;
             let round = &src[i..i + LANES * LANE];
             let mut h = [*hash; LANES];

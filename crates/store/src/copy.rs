@@ -293,9 +293,6 @@ fn batches<'a>(
                 }
             }
         }
-        if let Some(&(off, _)) = plan.first() {
-            b.offset = off;
-        }
         if spans {
             fetcher.prefetch(&plan)?;
         }

@@ -507,10 +507,6 @@ pub fn restore(
     Ok(report)
 }
 
-/// Consecutive restored bytes gathered before they are written: the whole
-/// blocks in the middle go out with `O_DIRECT` in one call, the partial
-/// blocks at either end (shared with the neighbouring batches, which
-/// other workers write) through the buffered handle.
 /// Runs shorter than this are written through the page cache even where
 /// the destination takes `O_DIRECT`: a short direct write waits for the
 /// disk on its own, and the runs between a memory dump's zero pages (holes
@@ -519,6 +515,11 @@ pub fn restore(
 /// random: 1.19-1.30 s with every run direct, 0.87-0.99 s so).
 const DIRECT_MIN: usize = 256 << 10;
 
+/// Consecutive restored bytes gathered before they are written: the whole
+/// blocks in the middle go out with `O_DIRECT` in one call (from
+/// [`DIRECT_MIN`] on), the partial blocks at either end (shared with the
+/// neighbouring batches, which other workers write) through the buffered
+/// handle.
 struct Run<'a> {
     file: &'a File,
     direct: Option<&'a File>,
