@@ -535,6 +535,56 @@ fn error_reply(replies: Replies, req: &Request, out: &mut Vec<u8>, e: u32, msg: 
     }
 }
 
+/// Holes and zeroes reported only for whole aligned 4 KiB blocks: the
+/// edges of an unaligned one (a zero run inside a stored chunk) are
+/// reported as data, which is always a safe answer. qemu-img read an
+/// image wrong from unaligned hole extents.
+const STATUS_ALIGN: u64 = 4096;
+
+/// `extents`, which start at `offset`, with every edge between a hole or
+/// zero range and data moved into the hole to a [`STATUS_ALIGN`] boundary
+/// (what falls outside is data).
+fn aligned_holes(offset: u64, extents: &[cairn_blockdev::Extent]) -> Vec<cairn_blockdev::Extent> {
+    let mut out: Vec<cairn_blockdev::Extent> = Vec::with_capacity(extents.len());
+    let mut push = |e: cairn_blockdev::Extent| {
+        if e.len == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(l) if l.hole == e.hole && l.zero == e.zero => l.len += e.len,
+            _ => out.push(e),
+        }
+    };
+    let mut at = offset;
+    for (i, e) in extents.iter().enumerate() {
+        let end = at.saturating_add(e.len);
+        if e.hole || e.zero {
+            // The request's own start and end stay where they are: only
+            // the edges between extents are the device's.
+            let from = if i == 0 {
+                at
+            } else {
+                at.next_multiple_of(STATUS_ALIGN).min(end)
+            };
+            let to = if i + 1 == extents.len() {
+                end
+            } else {
+                (end / STATUS_ALIGN * STATUS_ALIGN).max(from)
+            };
+            push(cairn_blockdev::Extent::data(from - at));
+            push(cairn_blockdev::Extent {
+                len: to - from,
+                ..*e
+            });
+            push(cairn_blockdev::Extent::data(end - to));
+        } else {
+            push(*e);
+        }
+        at = end;
+    }
+    out
+}
+
 /// One status chunk for base:allocation, clamped to the request: 32-bit
 /// descriptors (NBD_REPLY_TYPE_BLOCK_STATUS) with structured replies,
 /// 64-bit ones (NBD_REPLY_TYPE_BLOCK_STATUS_EXT) with extended headers,
@@ -555,7 +605,8 @@ fn block_status_reply(
     };
     let mut descs: Vec<(u64, u32)> = Vec::new();
     let mut left = want;
-    for e in extents {
+    let extents = aligned_holes(req.offset, extents);
+    for e in &extents {
         if left == 0 {
             break;
         }
@@ -643,5 +694,36 @@ mod tests {
         done.borrow_mut().clear();
         assert!(in_pieces(Op::Trim, 0, 0, &|| true, op).is_ok());
         assert!(done.borrow().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+    use cairn_blockdev::Extent;
+
+    fn kinds(v: &[Extent]) -> Vec<(u64, bool)> {
+        v.iter().map(|e| (e.len, e.hole)).collect()
+    }
+
+    /// Holes between data keep only their whole aligned blocks; the
+    /// request's own edges stay put; aligned holes are unchanged.
+    #[test]
+    fn holes_are_reported_by_whole_aligned_blocks() {
+        let small = [Extent::data(100), Extent::hole(5000), Extent::data(10)];
+        assert_eq!(kinds(&aligned_holes(0, &small)), [(5110, false)]);
+        let unaligned = [Extent::data(100), Extent::hole(9000), Extent::data(10)];
+        assert_eq!(
+            kinds(&aligned_holes(0, &unaligned)),
+            [(4096, false), (4096, true), (918, false)]
+        );
+        let aligned = [Extent::data(4096), Extent::hole(8192), Extent::data(1)];
+        assert_eq!(
+            kinds(&aligned_holes(0, &aligned)),
+            [(4096, false), (8192, true), (1, false)]
+        );
+        // A request from offset 10 into a hole, ending inside it.
+        let edges = [Extent::hole(100)];
+        assert_eq!(kinds(&aligned_holes(10, &edges)), [(100, true)]);
     }
 }
