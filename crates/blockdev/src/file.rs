@@ -714,15 +714,6 @@ impl FileDev {
         let end = offset + len;
         let failed = |e| BlockError::io(Op::Extents, offset, len, e);
         let mut out: Vec<Extent> = Vec::new();
-        let push = |out: &mut Vec<Extent>, e: Extent| {
-            if e.len == 0 {
-                return;
-            }
-            match out.last_mut() {
-                Some(l) if l.hole == e.hole && l.zero == e.zero => l.len += e.len,
-                _ => out.push(e),
-            }
-        };
         let mut at = offset;
         while at < end && out.len() < MAX_EXTENTS {
             let data = next_data(&self.file, at)
@@ -730,7 +721,7 @@ impl FileDev {
                 .unwrap_or(end)
                 .clamp(at, end);
             if data > at {
-                push(&mut out, Extent::hole(data - at));
+                Extent::hole(data - at).push_to(&mut out);
                 at = data;
                 continue;
             }
@@ -741,10 +732,10 @@ impl FileDev {
                 .clamp(at, end);
             if hole == at {
                 // Racing with a change of the file: call the rest data.
-                push(&mut out, Extent::data(end - at));
+                Extent::data(end - at).push_to(&mut out);
                 break;
             }
-            push(&mut out, Extent::data(hole - at));
+            Extent::data(hole - at).push_to(&mut out);
             at = hole;
         }
         Ok(out)

@@ -160,6 +160,18 @@ impl Extent {
             zero: true,
         }
     }
+
+    /// Append `self` to `out`, merged into the last extent if that has the
+    /// same state; an empty extent is dropped.
+    pub fn push_to(self, out: &mut Vec<Extent>) {
+        if self.len == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(l) if l.hole == self.hole && l.zero == self.zero => l.len += self.len,
+            _ => out.push(self),
+        }
+    }
 }
 
 /// A block device: a fixed-size array of bytes read and written at

@@ -546,15 +546,6 @@ const STATUS_ALIGN: u64 = 4096;
 /// (what falls outside is data).
 fn aligned_holes(offset: u64, extents: &[cairn_blockdev::Extent]) -> Vec<cairn_blockdev::Extent> {
     let mut out: Vec<cairn_blockdev::Extent> = Vec::with_capacity(extents.len());
-    let mut push = |e: cairn_blockdev::Extent| {
-        if e.len == 0 {
-            return;
-        }
-        match out.last_mut() {
-            Some(l) if l.hole == e.hole && l.zero == e.zero => l.len += e.len,
-            _ => out.push(e),
-        }
-    };
     let mut at = offset;
     for (i, e) in extents.iter().enumerate() {
         let end = at.saturating_add(e.len);
@@ -571,14 +562,15 @@ fn aligned_holes(offset: u64, extents: &[cairn_blockdev::Extent]) -> Vec<cairn_b
             } else {
                 (end / STATUS_ALIGN * STATUS_ALIGN).max(from)
             };
-            push(cairn_blockdev::Extent::data(from - at));
-            push(cairn_blockdev::Extent {
+            cairn_blockdev::Extent::data(from - at).push_to(&mut out);
+            cairn_blockdev::Extent {
                 len: to - from,
                 ..*e
-            });
-            push(cairn_blockdev::Extent::data(end - to));
+            }
+            .push_to(&mut out);
+            cairn_blockdev::Extent::data(end - to).push_to(&mut out);
         } else {
-            push(*e);
+            e.push_to(&mut out);
         }
         at = end;
     }
