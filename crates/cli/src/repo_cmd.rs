@@ -104,8 +104,10 @@ pub(crate) struct BackupArgs {
     /// queued ahead (io_uring where the kernel has it).
     #[arg(long)]
     pub direct: bool,
-    /// With --direct: reads queued ahead of the chunker (1-256).
-    #[arg(long, requires = "direct", value_name = "N", default_value_t = 8,
+    /// With --direct: reads queued ahead of the chunker (1-256). The
+    /// default keeps 256M in flight, what a fast disk needed to stream at
+    /// full speed (docs/benchmarks.md); fewer use less memory.
+    #[arg(long, requires = "direct", value_name = "N", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub read_depth: u16,
     /// With --direct: bytes of each read (a multiple of 4K, up to 64M).
