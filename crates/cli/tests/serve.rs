@@ -747,6 +747,23 @@ fn qemu_io_writes_and_read_only_refuses() {
 /// loses no flushed write (`cairn commit --repo` commits what the dead
 /// server left); a clean stop commits the rest. Earlier snapshots never
 /// change; the image's lock keeps a second writer out meanwhile.
+/// `img` of `repo` served writable on `d`/s.sock, committed only on
+/// request through the control socket `ctl` (or at the stop).
+fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
+    Serve::start(&[
+        "--repo",
+        s(repo),
+        "--image",
+        "img,rw",
+        "--socket",
+        s(&d.join("s.sock")),
+        "--control",
+        s(ctl),
+        "--commit-every",
+        "0",
+    ])
+}
+
 #[test]
 fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
     if !have("qemu-io") {
@@ -759,20 +776,7 @@ fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
     img[2 * M..2 * M + M / 2].fill(0);
     let repo = repo_with(d, &[("img", &[&img])]);
     let ctl = d.join("ctl.sock");
-    let start = || {
-        Serve::start(&[
-            "--repo",
-            s(&repo),
-            "--image",
-            "img,rw",
-            "--socket",
-            s(&d.join("s.sock")),
-            "--control",
-            s(&ctl),
-            "--commit-every",
-            "0",
-        ])
-    };
+    let start = || serve_rw_img(&repo, d, &ctl);
     let qemu = |srv: &Serve, cmds: &[&str]| {
         // Write-back caching in qemu: no flush after each write.
         let out = qemu_io_with(&["-t", "writeback"], &srv.uri("img"), cmds);
@@ -871,6 +875,90 @@ fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
         String::from_utf8_lossy(&out.stderr)
     );
     ok(run(&["verify", "--read-data", "--repo", s(&repo)]));
+}
+
+/// A served writable image whose chunks hold zero pages (holes inside
+/// chunks since zero runs are left out): qemu-img reads it whole through
+/// block status after writes next to and over the holes, and the commit
+/// stores the written zero pages as holes too.
+#[test]
+fn writable_image_with_zero_pages_inside_chunks() {
+    if !have_all(&["qemu-io", "qemu-img"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const PAGE: usize = 4096;
+    // A dump: two data pages, then a zero page, 512 times; the data pages
+    // end on non-zero bytes, so each zero page is a run of exactly 4 KiB.
+    let mut img = noise(512 * 3 * PAGE, 7);
+    for (k, page) in img.chunks_mut(PAGE).enumerate() {
+        if k % 3 == 2 {
+            page.fill(0);
+        } else {
+            page[0] |= 1;
+            page[PAGE - 1] |= 1;
+        }
+    }
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let ctl = d.join("ctl.sock");
+    let srv = serve_rw_img(&repo, d, &ctl);
+    // Data over a zero page (8k); then, in eight pairs of data pages, the
+    // first written with data and the second with zeros (plain writes,
+    // not write-zeroes): the commit cuts each pair into a chunk of data
+    // and a zero run that must be left out.
+    let mut cmds = vec!["write -P 0x5a 8k 4k".to_string()];
+    let mut want = img.clone();
+    want[8 * 1024..12 * 1024].fill(0x5a);
+    for k in 20..28 {
+        let at = 3 * k * PAGE;
+        cmds.push(format!("write -P 0x6b {at} 4096"));
+        cmds.push(format!("write -P 0 {} 4096", at + PAGE));
+        want[at..at + PAGE].fill(0x6b);
+        want[at + PAGE..at + 2 * PAGE].fill(0);
+    }
+    cmds.push("flush".into());
+    let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let out = qemu_io(&srv.uri("img"), &cmds);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let raw = d.join("qemu.raw");
+    ok(tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &srv.uri("img"),
+            s(&raw),
+        ],
+    ));
+    assert_same(&std::fs::read(&raw).unwrap(), &want, "qemu-img convert");
+    let c = json(&ok(run(&["commit", "--control", s(&ctl), "img", "--json"])));
+    assert_eq!(c["images"][0]["snapshot"], 2, "{c}");
+    drop(srv);
+    let got = ok(run(&["restore", "img@2", "-", "--repo", s(&repo), "-q"])).stdout;
+    assert_same(&got, &want, "img@2");
+    // The zero pages are holes after the commit: 512, less the one
+    // written over, and the eight written as zeros. The commit cuts the
+    // chunks it writes anew, and a cut may split a zero page (whose
+    // halves, shorter than a run, are stored as data).
+    let ls = json(&ok(run(&["ls", "--repo", s(&repo), "img", "--json"])));
+    let zero = ls["snapshots"]
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["snapshot"] == 2))
+        .and_then(|e| e["zero_bytes"].as_u64())
+        .unwrap_or(0) as usize;
+    let holes = (512 - 1 + 8) * PAGE;
+    assert!(
+        (holes - PAGE..=holes).contains(&zero),
+        "{zero} zero bytes, want {holes}: {ls}"
+    );
 }
 
 // ---------------------------------------------------------------------

@@ -671,6 +671,64 @@ impl Group {
         self.table.clear();
         Ok(())
     }
+
+    /// Store a chunk as cut: its runs of zeros ([`zero_runs`]) become
+    /// holes, and each piece between is a chunk of its own, new if
+    /// `is_new` says so (it claims the id), added to this group and the
+    /// group flushed into `blob` once it holds `group_size` bytes. The
+    /// extents go to `extents`, the counts to `totals` (all but
+    /// `bytes_in`). The one path of a backup's workers and of a served
+    /// image's commit.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn add(
+        &mut self,
+        whole: &[u8],
+        group_size: usize,
+        codec: &mut dyn BlockCodec,
+        blob: &mut Blob,
+        is_new: &mut dyn FnMut(&ChunkId) -> Result<bool>,
+        extents: &mut Vec<Extent>,
+        totals: &mut Progress,
+    ) -> Result<()> {
+        for piece in zero_runs(whole) {
+            let chunk = match piece {
+                Piece::Data(data) if !is_zero(data) => data,
+                // A zero run, or a piece of zeros shorter than one (an
+                // all-zero chunk shorter than a run): a hole.
+                hole => {
+                    let len = match hole {
+                        Piece::Zeros(n) => n,
+                        Piece::Data(data) => data.len() as u64,
+                    };
+                    extents.push(Extent::Hole { len });
+                    totals.zero += len;
+                    continue;
+                }
+            };
+            let len = chunk.len() as u64;
+            let id = self.chunk_id(chunk);
+            extents.push(Extent::Data {
+                len: chunk.len() as u32,
+                id,
+            });
+            totals.chunks += 1;
+            if !is_new(&id)? {
+                totals.dedup += len;
+                continue;
+            }
+            if self.raw.len() + chunk.len() > MAX_GROUP_RAW {
+                self.flush(blob, codec, totals)?;
+            }
+            self.raw.extend_from_slice(chunk);
+            self.table.push((id, chunk.len() as u32));
+            totals.new_chunks += 1;
+            totals.new_raw += len;
+            if self.raw.len() >= group_size {
+                self.flush(blob, codec, totals)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Zero runs at least this long inside a chunk are left out of it.
@@ -793,48 +851,21 @@ fn worker<'a>(
             let whole = &bytes[prev..end as usize];
             prev = end as usize;
             out.totals.bytes_in += whole.len() as u64;
-            for piece in zero_runs(whole) {
-                let chunk = match piece {
-                    Piece::Data(data) if !is_zero(data) => data,
-                    // A zero run, or a piece of zeros shorter than one (an
-                    // all-zero chunk shorter than a run): a hole.
-                    hole => {
-                        let len = match hole {
-                            Piece::Zeros(n) => n,
-                            Piece::Data(data) => data.len() as u64,
-                        };
-                        out.extents.push(Extent::Hole { len });
-                        out.totals.zero += len;
-                        continue;
-                    }
-                };
-                let len = chunk.len() as u64;
-                let id = group.chunk_id(chunk);
-                out.extents.push(Extent::Data {
-                    len: chunk.len() as u32,
-                    id,
-                });
-                out.totals.chunks += 1;
-                let new = !index.contains(&id)
-                    && claimed
-                        .lock()
-                        .map_err(|_| StoreError::Aborted("a worker panicked".into()))?
-                        .insert(id.prefix());
-                if !new {
-                    out.totals.dedup += len;
-                    continue;
-                }
-                if group.raw.len() + chunk.len() > MAX_GROUP_RAW {
-                    group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
-                }
-                group.raw.extend_from_slice(chunk);
-                group.table.push((id, chunk.len() as u32));
-                out.totals.new_chunks += 1;
-                out.totals.new_raw += len;
-                if group.raw.len() >= group_size {
-                    group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
-                }
-            }
+            group.add(
+                whole,
+                group_size,
+                codec.as_mut(),
+                &mut blob,
+                &mut |id| {
+                    Ok(!index.contains(id)
+                        && claimed
+                            .lock()
+                            .map_err(|_| StoreError::Aborted("a worker panicked".into()))?
+                            .insert(id.prefix()))
+                },
+                &mut out.extents,
+                &mut out.totals,
+            )?;
         }
         group.flush(&mut blob, codec.as_mut(), &mut out.totals)?;
         if !blob.records.is_empty() && (failed.load(Ordering::Relaxed) || !blobs.send(blob)) {

@@ -34,7 +34,7 @@ use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::index::{ChunkIndex, IdHash, IndexFile, Location, PackInfo};
 use crate::manifest::{Extent, ExtentList, Manifest, SnapshotStats};
-use crate::pack::{PackWriter, MAX_GROUP_RAW};
+use crate::pack::PackWriter;
 use crate::repo::{now_secs, ImageLock, Repository, Session};
 use cairn_codec::{BlockCodec, CodecSpec};
 use std::collections::HashSet;
@@ -211,39 +211,28 @@ impl ImageEditor {
             for &end in &ends {
                 let chunk = &data[prev..end as usize];
                 prev = end as usize;
-                let len = chunk.len() as u64;
-                if cairn_blockdev::is_zero(chunk) {
-                    out.push(Extent::Hole { len });
-                    report.zero += len;
-                    continue;
-                }
-                let id = group.chunk_id(chunk);
-                out.push(Extent::Data {
-                    len: chunk.len() as u32,
-                    id,
-                });
-                if self.index.contains(&id) || !claimed.insert(id.prefix()) {
-                    report.dedup += len;
-                    continue;
-                }
-                if group.raw.len() + chunk.len() > MAX_GROUP_RAW {
-                    group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
-                }
-                group.raw.extend_from_slice(chunk);
-                group.table.push((id, chunk.len() as u32));
-                report.new_chunks += 1;
-                report.new_raw += len;
-                if group.raw.len() >= self.group_size {
-                    group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
-                    if blob.bytes.len() as u64 >= pack_size {
-                        self.write_records(&mut blob, &mut packs)?;
-                    }
+                let index = &self.index;
+                group.add(
+                    chunk,
+                    self.group_size,
+                    self.codec.as_mut(),
+                    &mut blob,
+                    &mut |id| Ok(!index.contains(id) && claimed.insert(id.prefix())),
+                    &mut out,
+                    &mut totals,
+                )?;
+                if blob.bytes.len() as u64 >= pack_size {
+                    self.write_records(&mut blob, &mut packs)?;
                 }
             }
             pieces.push(out);
         }
         group.flush(&mut blob, self.codec.as_mut(), &mut totals)?;
         report.new_stored = totals.new_stored;
+        report.new_chunks = totals.new_chunks;
+        report.new_raw = totals.new_raw;
+        report.dedup = totals.dedup;
+        report.zero += totals.zero;
 
         self.write_records(&mut blob, &mut packs)?;
         let file = packs.finish()?;

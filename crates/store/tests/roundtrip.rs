@@ -281,6 +281,63 @@ fn zero_pages_inside_chunks_are_holes() {
     assert_eq!(load(&r, "cdc3", 2), shifted);
 }
 
+/// A commit of a served image's writes stores zero runs inside its new
+/// chunks as holes, as a backup does (one path: `Group::add`).
+#[test]
+fn an_edit_leaves_zero_runs_inside_chunks_out() {
+    const CHUNK: usize = 32 << 10;
+    let (_d, r) = repo(1);
+    let base: Vec<u8> = {
+        let mut g = Lcg(5);
+        (0..32 * CHUNK).map(|_| g.next() as u8).collect()
+    };
+    store(&r, "img", &base, ChunkerSpec::Fixed(CHUNK as u32), "lz4", 1);
+    // Four chunks written over: data pages and zero pages in turn, and a
+    // zero stretch shorter than a run inside each data page.
+    let mut g = Lcg(6);
+    let mut new = vec![0u8; 4 * CHUNK];
+    for page in new.chunks_mut(8192) {
+        page[..4096]
+            .iter_mut()
+            .for_each(|b| *b = g.next() as u8 | 1);
+        page[1000..3000].fill(0);
+    }
+    let r = std::sync::Arc::new(r);
+    let mut ed = cairn_store::ImageEditor::open(r.clone(), "img", None).unwrap();
+    let span = cairn_store::Span {
+        offset: 4 * CHUNK as u64,
+        len: new.len() as u64,
+        zero: false,
+    };
+    let rep = ed
+        .commit(
+            &[span],
+            &mut |_, buf: &mut [u8]| {
+                buf.copy_from_slice(&new);
+                Ok(())
+            },
+            "test",
+        )
+        .unwrap();
+    let zero_pages = (new.len() / 8192 * 4096) as u64;
+    assert_eq!(rep.zero, zero_pages);
+    assert_eq!(rep.new_raw, new.len() as u64 - zero_pages);
+    assert_eq!(rep.new_chunks, (new.len() / 8192) as u64);
+    let m = r.read_manifest("img", rep.snapshot).unwrap();
+    let holes = m
+        .extents
+        .iter()
+        .filter(|e| matches!(e, cairn_store::Extent::Hole { .. }))
+        .count();
+    // One hole per zero page: each ends at a data page or at the span's
+    // end, where the old random chunks go on.
+    assert_eq!(holes, new.len() / 8192);
+    drop(ed);
+    let mut want = base.clone();
+    want[4 * CHUNK..8 * CHUNK].copy_from_slice(&new);
+    assert!(load(&r, "img", 2) == want);
+}
+
 /// A sparse file of `size` bytes holding `pieces` of [`image`] bytes at
 /// their offsets (holes elsewhere), and its bytes.
 fn sparse_file(size: u64, pieces: &[(u64, usize, u64)]) -> (std::fs::File, Vec<u8>) {
