@@ -190,7 +190,9 @@ impl ReadAhead {
     /// not needed any more), so the block's bytes are
     /// `buf[head..head + n]`; returns `n`, 0 at the end of the file. Only
     /// between blocks: after a [`Read::read`] that took part of one, the
-    /// rest of it must be read first.
+    /// rest of it must be read first (a swap then is refused, and loses
+    /// nothing); after reads that took one to its end, the swap takes the
+    /// next.
     pub fn swap_block(&mut self, buf: &mut AlignedBuf) -> io::Result<usize> {
         if buf.len() != self.buffer_len() {
             return Err(io::Error::new(
@@ -206,10 +208,23 @@ impl ReadAhead {
             return Ok(0);
         }
         if self.pos != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "read-ahead: a block swapped out after part of it was read",
-            ));
+            // A `read` that took a block to its end leaves it current
+            // until the next call: go on to the next block. Only bytes
+            // not yet read would be lost by a swap.
+            let slot = (self.taken % self.depth() as u64) as usize;
+            match self.slots[slot] {
+                Slot::Done(n) if n == self.pos => {
+                    if !self.next_block(n)? {
+                        return Ok(0);
+                    }
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "read-ahead: a block swapped out after part of it was read",
+                    ))
+                }
+            }
         }
         let n = self.fill()?;
         if n > 0 {
@@ -553,6 +568,45 @@ mod tests {
         let mut rest = Vec::new();
         r.read_to_end(&mut rest).unwrap();
         assert!([&first[..], &rest[..]].concat() == want);
+    }
+
+    /// Reads that take a block to its very end, then swaps: the next
+    /// block comes whole, on both engines and at every depth, and a read
+    /// that took the last bytes leaves nothing to swap.
+    #[test]
+    fn a_swap_after_reads_that_end_a_block_takes_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let block = 16 << 10;
+        let want = data(3 * block + 5000);
+        std::fs::write(&p, &want).unwrap();
+        for depth in [1, 2, 4] {
+            let mut r = ReadAhead::new(open(&p), block, depth);
+            let mut got = vec![0u8; block];
+            // One block in two reads, the second ending it exactly.
+            r.read_exact(&mut got[..1000]).unwrap();
+            r.read_exact(&mut got[1000..]).unwrap();
+            got.extend(swap_all(&mut r, 0));
+            assert!(got == want, "depth {depth}");
+        }
+        let mut r = ReadAhead::new(open(&p), block, 2);
+        let mut all = Vec::new();
+        r.read_to_end(&mut all).unwrap();
+        let mut buf = AlignedBuf::new(r.buffer_len(), DIRECT_ALIGN);
+        assert_eq!(r.swap_block(&mut buf).unwrap(), 0);
+        // The read(2) engine, from a socket.
+        let (rx, mut tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let w = want.clone();
+        let t = std::thread::spawn(move || std::io::Write::write_all(&mut tx, &w).unwrap());
+        let mut r = ReadAhead::new(File::from(std::os::fd::OwnedFd::from(rx)), block, 3);
+        // One read of a block's length takes the first block whole, however
+        // much of the stream it held.
+        let mut got = vec![0u8; block];
+        let n = r.read(&mut got).unwrap();
+        got.truncate(n);
+        got.extend(swap_all(&mut r, 0));
+        t.join().unwrap();
+        assert!(got == want);
     }
 
     /// The kernel this runs on has io_uring (CI's does); a reader falls
