@@ -61,7 +61,7 @@ def main():
         try:
             both, alone = os.path.join(work, "both"), os.path.join(work, "alone")
             for r in (both, alone):
-                subprocess.run([a.cairn, "init", r], check=True, capture_output=True)
+                subprocess.run([a.cairn, "init", r, "--encryption", "none"], check=True, capture_output=True)
             b1 = backup(a.cairn, both, img1, "os", ch, a.codec, a.threads)
             size1 = du(both)
             b2 = backup(a.cairn, both, img2, "os", ch, a.codec, a.threads)

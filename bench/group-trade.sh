@@ -36,7 +36,7 @@ print("%.0f IOPS, p50 %.0f us, p99 %.0f us, max %.0f us"
 {
   echo "image $IMG ($(($(stat -c %s "$IMG") / 1048576)) MiB); $("$C" --version); $(qemu-nbd --version | head -1)"
   for g in 2M 512K 128K 64K 0; do
-    "$C" init "$W/r$g" >/dev/null 2>&1
+    "$C" init "$W/r$g" --encryption none >/dev/null 2>&1
     "$C" backup "$IMG" --repo "$W/r$g" --name img --group "$g" -T 2 -q
     sz=$(du -sb "$W/r$g" | cut -f1)
     "$C" serve --repo "$W/r$g" --socket "$W/s$g.sock" --image-cache 64M >/dev/null 2>&1 &

@@ -34,7 +34,7 @@ repo=$work/repo mnt=$work/mnt
 size=$(stat -c %s "$image")
 unmount() { fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt"; }
 trap 'unmount 2>/dev/null || true; rm -rf "$work" /dev/shm/cairn-mount-bench.out' EXIT
-"$cairn" init "$repo" >/dev/null 2>&1
+"$cairn" init "$repo" --encryption none >/dev/null 2>&1
 "$cairn" backup "$image" --repo "$repo" --name img -q
 warm() { find "$repo" -type f -exec cat {} + >/dev/null; }
 timed() {

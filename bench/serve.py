@@ -156,7 +156,7 @@ def main():
     log(f"image {a.image}: {size} bytes; work in {work}")
 
     repo = os.path.join(work, "repo")
-    run([a.cairn, "init", repo])
+    run([a.cairn, "init", repo, "--encryption", "none"])
     run([a.cairn, "backup", a.image, "--repo", repo, "--name", "os", "-q"])
     qcow = os.path.join(work, "os.qcow2")
     run(["qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2", a.image, qcow])

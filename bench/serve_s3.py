@@ -215,7 +215,7 @@ def main():
     local = os.path.join(a.work, "repo")
     remote = "s3://bench/repo"
     for repo in [local, remote]:
-        for cmd in [[a.cairn, "init", repo],
+        for cmd in [[a.cairn, "init", repo, "--encryption", "none"],
                     [a.cairn, "backup", image, "--repo", repo, "--name", "img", "-q", "-T", "2"]]:
             commands.append(" ".join(cmd))
             t = time.time()

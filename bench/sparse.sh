@@ -51,7 +51,7 @@ timed() { # label cmd...
     tail -1 "$work/err" | tee -a "$results"
 }
 for c in "${cairns[@]}"; do
-    rm -rf "$work/cairn"; "$c" init "$work/cairn" > /dev/null 2>&1
+    rm -rf "$work/cairn"; "$c" init "$work/cairn" --encryption none > /dev/null 2>&1
     timed "cairn($c)" "$c" backup "$img" --repo "$work/cairn" --name s -q -c zstd:3
 done
 if command -v borg > /dev/null; then

@@ -249,7 +249,7 @@ def main():
                     run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", src, qcow])
                     cmd = ["qemu-nbd", "-t", "-f", "qcow2", "-x", "d", "-k", sock, qcow]
                 else:
-                    run([C, "init", repo])
+                    run([C, "init", repo, "--encryption", "none"])
                     run([C, "backup", src, "--repo", repo, "--name", "d", "-q"])
                     opt = f"d,overlay={overlay}" + (f",cache={cache}" if name == "image cache" else ",rw")
                     fresh(cache, 16 << 20)
@@ -277,7 +277,7 @@ def main():
             repo = os.path.join(work, "repo")
             for name, opt in [("image cache", f"d,cache={cache}"), ("image rw", "d,rw")]:
                 run(["rm", "-rf", repo])
-                run([C, "init", repo])
+                run([C, "init", repo, "--encryption", "none"])
                 run([C, "backup", src, "--repo", repo, "--name", "d", "-c", "lz4", "-q"])
                 fresh(cache, 512 << 20)
                 cmd = [C, "serve", "--repo", repo, "--image", opt, "--socket", sock]
