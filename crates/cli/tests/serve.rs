@@ -742,11 +742,6 @@ fn qemu_io_writes_and_read_only_refuses() {
     assert_same(&out.stdout, &img, "img after the write attempts");
 }
 
-/// `--image NAME,rw`: a FLUSH makes writes durable in the overlay, not a
-/// snapshot; `cairn commit --control` makes one on request; a SIGKILL
-/// loses no flushed write (`cairn commit --repo` commits what the dead
-/// server left); a clean stop commits the rest. Earlier snapshots never
-/// change; the image's lock keeps a second writer out meanwhile.
 /// `img` of `repo` served writable on `d`/s.sock, committed only on
 /// request through the control socket `ctl` (or at the stop).
 fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
@@ -764,6 +759,11 @@ fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
     ])
 }
 
+/// `--image NAME,rw`: a FLUSH makes writes durable in the overlay, not a
+/// snapshot; `cairn commit --control` makes one on request; a SIGKILL
+/// loses no flushed write (`cairn commit --repo` commits what the dead
+/// server left); a clean stop commits the rest. Earlier snapshots never
+/// change; the image's lock keeps a second writer out meanwhile.
 #[test]
 fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
     if !have("qemu-io") {

@@ -29,7 +29,9 @@ use std::time::Instant;
 const BATCH: u64 = 8 << 20;
 /// Holes shorter than this at a batch's end are taken into it with the
 /// rest of its last record (zero runs left out of a group's chunks); a
-/// longer one is free space, and a batch may end there.
+/// batch may end at a longer one (free space). In a stream a long hole
+/// is cut into batch-sized pieces, and its last piece may be short
+/// enough to come along whole: the output is the same.
 const ZERO_RUN_IN_GROUP: u64 = 1 << 20;
 /// A batch from a remote store into a file (see [`restore`]), and how
 /// many such batches are worked on per core. Measured once on SeaweedFS
@@ -375,10 +377,11 @@ pub fn restore(
     };
     let source = |w: &mut Work| -> Result<Fill> {
         let mut size = 0u64;
-        // The record of the last chunk taken.
-        let mut last = None;
+        // The last chunk taken (its record is looked up once full).
+        let mut last: Option<Extent> = None;
         loop {
             if size >= batch || w.extents.len() >= max_extents {
+                let last = last.as_ref().and_then(record);
                 // Full; but a batch ends where a record does: each worker
                 // decodes the records of its batch, and a group cut in two
                 // was decoded by two workers (os2.img: a third more bytes
@@ -422,7 +425,7 @@ pub fn restore(
                 Extent::Data { len, .. } => {
                     w.extents.push((off, *e));
                     size += u64::from(len);
-                    last = record(e);
+                    last = Some(*e);
                 }
             }
         }
