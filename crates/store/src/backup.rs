@@ -403,10 +403,7 @@ pub(crate) fn backup_batches(
             fill,
             || {
                 worker(
-                    (
-                        Group::new(repo),
-                        group_for_packs(opts.group_size, repo.pack_size()),
-                    ),
+                    Group::new(repo, group_for_packs(opts.group_size, repo.pack_size())),
                     opts.codec,
                     index,
                     &claimed,
@@ -625,13 +622,18 @@ pub(crate) struct Group {
     probe: Probe,
     /// The repository's keys: chunk ids are keyed and records sealed.
     crypt: Option<Arc<Crypt>>,
+    /// Raw bytes at which [`Group::add`] flushes the group into a record
+    /// (0: each chunk alone).
+    size: usize,
 }
 
 impl Group {
-    /// An empty group for the records of `repo`.
-    pub(crate) fn new(repo: &Repository) -> Group {
+    /// An empty group for the records of `repo`, flushed by
+    /// [`Group::add`] once it holds `size` raw bytes.
+    pub(crate) fn new(repo: &Repository, size: usize) -> Group {
         Group {
             crypt: repo.crypt().cloned(),
+            size,
             ..Group::default()
         }
     }
@@ -675,15 +677,13 @@ impl Group {
     /// Store a chunk as cut: its runs of zeros ([`zero_runs`]) become
     /// holes, and each piece between is a chunk of its own, new if
     /// `is_new` says so (it claims the id), added to this group and the
-    /// group flushed into `blob` once it holds `group_size` bytes. The
+    /// group flushed into `blob` once it holds its size in bytes. The
     /// extents go to `extents`, the counts to `totals` (all but
     /// `bytes_in`). The one path of a backup's workers and of a served
     /// image's commit.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &mut self,
         whole: &[u8],
-        group_size: usize,
         codec: &mut dyn BlockCodec,
         blob: &mut Blob,
         is_new: &mut dyn FnMut(&ChunkId) -> Result<bool>,
@@ -723,7 +723,7 @@ impl Group {
             self.table.push((id, chunk.len() as u32));
             totals.new_chunks += 1;
             totals.new_raw += len;
-            if self.raw.len() >= group_size {
+            if self.raw.len() >= self.size {
                 self.flush(blob, codec, totals)?;
             }
         }
@@ -821,10 +821,9 @@ impl<'a> Iterator for ZeroRuns<'a> {
 }
 
 /// A worker of a backup: chunks, hashes and compresses batches into
-/// blobs; `group` is an empty group, and a group is flushed into a record
-/// once it holds `group_size` bytes.
+/// blobs; `group` is an empty group of the backup's group size.
 fn worker<'a>(
-    (mut group, group_size): (Group, usize),
+    mut group: Group,
     codec: CodecSpec,
     index: &'a ChunkIndex,
     claimed: &'a Mutex<HashSet<[u8; PREFIX_LEN], IdHash>>,
@@ -853,7 +852,6 @@ fn worker<'a>(
             out.totals.bytes_in += whole.len() as u64;
             group.add(
                 whole,
-                group_size,
                 codec.as_mut(),
                 &mut blob,
                 &mut |id| {

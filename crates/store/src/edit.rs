@@ -184,7 +184,7 @@ impl ImageEditor {
         let mut report = EditReport::default();
         let mut blob = Blob::default();
         let mut totals = Progress::default();
-        let mut group = Group::new(&self.repo);
+        let mut group = Group::new(&self.repo, self.group_size);
         let mut claimed: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
         let mut packs = PackOut::new(self.least_full_target());
         let pack_size = self.repo.pack_size();
@@ -214,7 +214,6 @@ impl ImageEditor {
                 let index = &self.index;
                 group.add(
                     chunk,
-                    self.group_size,
                     self.codec.as_mut(),
                     &mut blob,
                     &mut |id| Ok(!index.contains(id) && claimed.insert(id.prefix())),
