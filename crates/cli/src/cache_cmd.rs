@@ -117,7 +117,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
             let Some(repo) = &t.repo else {
                 bail!("--image needs --repo (or CAIRN_REPO)");
             };
-            let opts = crate::serve_repo::volume_options(64 << 20, None);
+            let opts = crate::serve_repo::volume_options(64 << 20, 0, None);
             let repo = Arc::new(cairn_store::Repository::open_location_with(
                 crate::repo_cmd::location(repo)?,
                 0,

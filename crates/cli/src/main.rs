@@ -257,6 +257,14 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("bad size {s:?}"))
 }
 
+/// A size as [`parse_size`] reads it, or 0.
+pub(crate) fn parse_size_or_zero(s: &str) -> Result<usize, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
 /// Parse a byte range: `START..END`, `START..` or `START+LENGTH`, each a
 /// size as [`parse_size`] reads it (or 0).
 pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> {

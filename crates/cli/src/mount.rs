@@ -50,6 +50,11 @@ pub(crate) struct MountArgs {
     /// units: 256M = 256MiB).
     #[arg(long = "image-cache", value_name = "SIZE", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
+    /// Second cache tier per open snapshot: groups that random reads
+    /// decoded, kept compressed with LZ4 chunk by chunk once evicted from
+    /// --image-cache (0: off).
+    #[arg(long = "image-compact-cache", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "1G")]
+    pub compact_cache: usize,
 }
 
 /// The tree and its attributes do not change while mounted: the kernel
@@ -504,7 +509,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     );
     let fs = RepoFs::new(
         view,
-        crate::serve_repo::volume_options(a.cache, None),
+        crate::serve_repo::volume_options(a.cache, a.compact_cache, None),
         snaps,
     );
     let mut config = Config::default();

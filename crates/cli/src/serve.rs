@@ -96,6 +96,12 @@ pub(crate) struct ServeArgs {
     /// Cache of decompressed chunks per repository image (e.g. 256M; binary units: 256M = 256MiB).
     #[arg(long = "image-cache", value_parser = crate::parse_size, default_value = "256M")]
     pub cache: usize,
+    /// Second cache tier per repository image: groups that random reads
+    /// decoded are kept compressed with LZ4, chunk by chunk, once evicted
+    /// from --image-cache, so a later 4K read decodes one chunk's head
+    /// instead of a whole zstd group (0: off).
+    #[arg(long = "image-compact-cache", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "1G")]
+    pub compact_cache: usize,
     /// A repository in an object store (s3://): keep the pack ranges read
     /// in a local cache of this size (under $CAIRN_CACHE_DIR or
     /// ~/.cache/cairn), so random reads are fetched once.
@@ -126,7 +132,7 @@ pub(crate) struct ServeArgs {
     /// Write-back cache: block-aligned writes continuing a sequential
     /// stream of at least this many bytes go straight to the backing
     /// device (unless cached there); 0 turns this off.
-    #[arg(long = "cache-seq-cutoff", value_parser = size_or_zero, default_value = "4M")]
+    #[arg(long = "cache-seq-cutoff", value_parser = crate::parse_size_or_zero, default_value = "4M")]
     pub cache_seq_cutoff: usize,
     /// Write-back cache: writes whose blocks are not cached go straight to
     /// a backing device whose writes take less than this many
@@ -187,14 +193,6 @@ fn is_loopback(addr: &str) -> bool {
     addr.to_socket_addrs()
         .map(|mut it| it.all(|a| a.ip().is_loopback()))
         .unwrap_or(false)
-}
-
-/// A size (`4M`), or 0.
-fn size_or_zero(s: &str) -> std::result::Result<usize, String> {
-    if s.trim() == "0" {
-        return Ok(0);
-    }
-    crate::parse_size(s)
 }
 
 /// A parsed `--file`.
@@ -329,7 +327,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .iter()
             .map(|s| crate::serve_repo::parse_image_spec(s))
             .collect::<Result<Vec<_>>>()?;
-        let opts = crate::serve_repo::volume_options(a.cache, a.threads);
+        let opts = crate::serve_repo::volume_options(a.cache, a.compact_cache, a.threads);
         let opened = crate::serve_repo::add_images(
             repo,
             &a.password,

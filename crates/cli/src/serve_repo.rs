@@ -60,9 +60,14 @@ pub(crate) fn parse_image_spec(text: &str) -> Result<ImageSpec> {
 }
 
 /// How volumes cache and read ahead, from the command line.
-pub(crate) fn volume_options(cache: usize, threads: Option<usize>) -> VolumeOptions {
+pub(crate) fn volume_options(
+    cache: usize,
+    compact: usize,
+    threads: Option<usize>,
+) -> VolumeOptions {
     let mut opts = VolumeOptions {
         cache_bytes: cache,
+        compact_bytes: compact,
         ..VolumeOptions::default()
     };
     if let Some(t) = threads {
@@ -235,7 +240,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
                 dir.display()
             );
         }
-        let opts = volume_options(64 << 20, None);
+        let opts = volume_options(64 << 20, 0, None);
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
         let bar = crate::report::Progress::new("commit", None, !a.quiet);
         let report = vol

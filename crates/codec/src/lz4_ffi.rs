@@ -35,6 +35,13 @@ extern "C" {
         dict_start: *const c_char,
         dict_size: c_int,
     ) -> c_int;
+    fn LZ4_decompress_safe_partial(
+        src: *const c_char,
+        dst: *mut c_char,
+        src_size: c_int,
+        target_output_size: c_int,
+        dst_capacity: c_int,
+    ) -> c_int;
     fn XXH32(input: *const c_void, length: usize, seed: c_uint) -> c_uint;
     fn XXH32_createState() -> *mut Xxh32State;
     fn XXH32_freeState(state: *mut Xxh32State) -> c_int;
@@ -132,6 +139,32 @@ pub fn decompress_append(src: &[u8], dst: &mut Vec<u8>, cap: usize, dict: &[u8])
     unsafe { append_raw(dst, cap, write) }
 }
 
+/// Decompress at least the first `want` bytes of one independent block
+/// (all of it if it is shorter) and at most `cap`, appending to `dst`;
+/// returns how many were decoded, `None` on damage. LZ4 stops soon after
+/// `want`, so reading the head of a block costs only the head.
+pub fn decompress_prefix_append(
+    src: &[u8],
+    dst: &mut Vec<u8>,
+    want: usize,
+    cap: usize,
+) -> Option<usize> {
+    let src_len = c_int::try_from(src.len()).ok()?;
+    let dst_cap = c_int::try_from(cap).ok()?;
+    let target = c_int::try_from(want.min(cap)).ok()?;
+    let write = |d: *mut u8, _: usize| {
+        // SAFETY: never reads past `src_len` bytes of `src` nor writes
+        // past `dst_cap` bytes at `d` (the `_safe` decoder).
+        let n = unsafe {
+            LZ4_decompress_safe_partial(src.as_ptr().cast(), d.cast(), src_len, target, dst_cap)
+        };
+        usize::try_from(n).ok()
+    };
+    // SAFETY (append_raw's contract): the `_safe` decoder writes only
+    // within `dst_cap` bytes and returns how many it wrote (< 0 on damage).
+    unsafe { append_raw(dst, cap, write) }
+}
+
 /// XXH32 of `data` with seed 0.
 pub fn xxh32(data: &[u8]) -> u32 {
     // SAFETY: reads exactly `data.len()` bytes of a valid slice.
@@ -194,6 +227,32 @@ mod tests {
         h.update(b"c");
         assert_eq!(h.digest(), xxh32(b"abc"));
         assert_eq!(xxh32(b"abc"), 0x32D1_53FF);
+    }
+
+    #[test]
+    fn a_prefix_decodes_the_head_of_a_block_and_refuses_damage() {
+        let mut c = Compressor::new();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        let mut packed = Vec::new();
+        c.compress_append(&data, &mut packed).unwrap();
+        for want in [0, 1, 4096, 65_537, data.len()] {
+            let mut out = vec![5u8];
+            let n = decompress_prefix_append(&packed, &mut out, want, data.len()).unwrap();
+            assert!(n >= want && n <= data.len(), "{want}: {n}");
+            assert_eq!(out[0], 5);
+            assert_eq!(&out[1..], &data[..n]);
+        }
+        // Asking for more than the block holds gives the whole block.
+        let mut out = Vec::new();
+        let n = decompress_prefix_append(&packed, &mut out, data.len() + 10, data.len() + 10);
+        assert_eq!(n, Some(data.len()));
+        // A cut block cannot give its tail.
+        let mut out = Vec::new();
+        let cut = &packed[..packed.len() / 2];
+        assert_ne!(
+            decompress_prefix_append(cut, &mut out, data.len(), data.len()),
+            Some(data.len())
+        );
     }
 
     #[test]

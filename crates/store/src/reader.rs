@@ -19,6 +19,7 @@ use crate::id::{ChunkId, PackId, RepoId, PREFIX_LEN};
 use crate::index::{ChunkIndex, Location};
 use crate::pack::{check_pack_header, RecordDecoder, PACK_HEADER_LEN};
 use crate::repo::Repository;
+use cairn_codec::lz4_ffi::{self, Compressor};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -211,6 +212,7 @@ const GOOD: u8 = 1;
 const BAD: u8 = 2;
 
 /// One chunk of a decoded group.
+#[derive(Debug)]
 struct GroupChunk {
     offset: u32,
     len: u32,
@@ -255,39 +257,171 @@ impl Group {
         len: u32,
         prefix: &[u8; PREFIX_LEN],
     ) -> std::result::Result<&[u8], String> {
-        let c = self
-            .chunks
-            .binary_search_by_key(&slice, |c| c.offset)
-            .ok()
-            .and_then(|i| self.chunks.get(i))
-            .ok_or_else(|| format!("the record holds no chunk at group offset {slice}"))?;
-        if c.len != len || c.id.prefix() != *prefix {
-            return Err(format!(
-                "the record holds chunk {} of {} bytes at group offset {slice}, not this one of {len}",
-                c.id, c.len
-            ));
-        }
+        let c = &self.chunks[find(&self.chunks, slice, len, prefix)?];
         let data = self
             .data
             .get(slice as usize..slice as usize + len as usize)
             .ok_or_else(|| format!("chunk runs past the {}-byte group", self.data.len()))?;
-        let ok = match c.state.load(Ordering::Acquire) {
-            GOOD => true,
-            BAD => false,
-            _ => {
-                // Two threads may hash the same chunk at once; both get
-                // the same answer, so no lock is needed.
-                let ok = crate::crypt::chunk_id(self.crypt.as_deref(), data) == c.id;
-                c.state
-                    .store(if ok { GOOD } else { BAD }, Ordering::Release);
-                ok
+        check(c, self.crypt.as_deref(), data)?;
+        Ok(data)
+    }
+
+    /// The group kept smaller: each chunk an independent LZ4 block (or
+    /// its bytes as they are, where LZ4 does not shrink them), with what
+    /// is known of its check. `None` if the chunk table runs past the
+    /// bytes (such a group's reads fail anyway).
+    pub fn compact(&self, lz4: &mut Compressor) -> Option<CompactGroup> {
+        let mut packed = Vec::new();
+        let mut spans = Vec::with_capacity(self.chunks.len());
+        for c in &self.chunks {
+            let data = self
+                .data
+                .get(c.offset as usize..c.offset as usize + c.len as usize)?;
+            let at = packed.len();
+            match lz4.compress_append(data, &mut packed) {
+                Some(n) if n < data.len() => {}
+                _ => {
+                    packed.truncate(at);
+                    packed.extend_from_slice(data);
+                }
+            }
+            spans.push((u32::try_from(at).ok()?, (packed.len() - at) as u32));
+        }
+        packed.shrink_to_fit();
+        Some(CompactGroup {
+            packed,
+            spans,
+            chunks: self
+                .chunks
+                .iter()
+                .map(|c| GroupChunk {
+                    state: AtomicU8::new(c.state.load(Ordering::Acquire)),
+                    ..*c
+                })
+                .collect(),
+            crypt: self.crypt.clone(),
+        })
+    }
+}
+
+/// A decoded group compressed again chunk by chunk with LZ4, which a
+/// served image keeps once its decoded copy is evicted: a read of a few
+/// KiB then decodes the head of one chunk at LZ4's speed, not the whole
+/// zstd group (see `cairn_volume`'s second cache tier).
+pub struct CompactGroup {
+    packed: Vec<u8>,
+    /// Per chunk (as in `chunks`): start in `packed` and length there
+    /// (equal to the chunk's length: stored as it is).
+    spans: Vec<(u32, u32)>,
+    chunks: Vec<GroupChunk>,
+    crypt: Option<Arc<Crypt>>,
+}
+
+impl std::fmt::Debug for CompactGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompactGroup")
+            .field("packed", &self.packed.len())
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl CompactGroup {
+    /// Bytes this group holds in memory (what a cache counts).
+    pub fn bytes(&self) -> usize {
+        self.packed.capacity()
+            + self.chunks.capacity() * std::mem::size_of::<GroupChunk>()
+            + self.spans.capacity() * std::mem::size_of::<(u32, u32)>()
+            + std::mem::size_of::<CompactGroup>()
+    }
+
+    /// Copy bytes `from..from + dst.len()` of the chunk at group offset
+    /// `slice` (`len` bytes, id starting with `prefix`) into `dst`. A
+    /// chunk already checked decodes only as far as `dst` needs; one not
+    /// yet checked is decoded whole and checked against its id first.
+    /// `scratch` is a buffer to reuse. `Err` says what is wrong.
+    pub fn read(
+        &self,
+        slice: u32,
+        len: u32,
+        prefix: &[u8; PREFIX_LEN],
+        from: usize,
+        dst: &mut [u8],
+        scratch: &mut Vec<u8>,
+    ) -> std::result::Result<(), String> {
+        let i = find(&self.chunks, slice, len, prefix)?;
+        let (c, (at, plen)) = (&self.chunks[i], self.spans[i]);
+        let len = len as usize;
+        let end = from + dst.len();
+        if end > len {
+            return Err(format!("bytes {from}..{end} asked of a {len}-byte chunk"));
+        }
+        let src = self
+            .packed
+            .get(at as usize..at as usize + plen as usize)
+            .ok_or("the compact chunk runs past its buffer")?;
+        let data = if plen as usize == len {
+            src
+        } else {
+            let want = if c.state.load(Ordering::Acquire) == GOOD {
+                end
+            } else {
+                len
+            };
+            scratch.clear();
+            match lz4_ffi::decompress_prefix_append(src, scratch, want, len) {
+                Some(n) if n >= want => &scratch[..],
+                _ => return Err("the compact copy of the chunk does not decode".into()),
             }
         };
-        if ok {
-            Ok(data)
-        } else {
-            Err("decoded bytes do not hash to the chunk id".into())
+        if data.len() == len {
+            check(c, self.crypt.as_deref(), data)?;
         }
+        dst.copy_from_slice(&data[from..end]);
+        Ok(())
+    }
+}
+
+/// The index in `chunks` of the chunk at group offset `slice`, `len`
+/// bytes long, whose id starts with `prefix`.
+fn find(
+    chunks: &[GroupChunk],
+    slice: u32,
+    len: u32,
+    prefix: &[u8; PREFIX_LEN],
+) -> std::result::Result<usize, String> {
+    let i = chunks
+        .binary_search_by_key(&slice, |c| c.offset)
+        .map_err(|_| format!("the record holds no chunk at group offset {slice}"))?;
+    let c = &chunks[i];
+    if c.len != len || c.id.prefix() != *prefix {
+        return Err(format!(
+            "the record holds chunk {} of {} bytes at group offset {slice}, not this one of {len}",
+            c.id, c.len
+        ));
+    }
+    Ok(i)
+}
+
+/// Whether `data`, all of chunk `c`, hashes to its id: checked the first
+/// time, the answer kept.
+fn check(c: &GroupChunk, crypt: Option<&Crypt>, data: &[u8]) -> std::result::Result<(), String> {
+    let ok = match c.state.load(Ordering::Acquire) {
+        GOOD => true,
+        BAD => false,
+        _ => {
+            // Two threads may hash the same chunk at once; both get the
+            // same answer, so no lock is needed.
+            let ok = crate::crypt::chunk_id(crypt, data) == c.id;
+            c.state
+                .store(if ok { GOOD } else { BAD }, Ordering::Release);
+            ok
+        }
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err("decoded bytes do not hash to the chunk id".into())
     }
 }
 
@@ -346,5 +480,94 @@ mod tests {
         // A table running past the bytes is refused, not a panic.
         let g = group(a, &[(0, 65, id)]);
         assert!(g.chunk(0, 65, &id.prefix()).is_err());
+    }
+
+    #[test]
+    fn a_compact_group_reads_any_range_of_its_chunks() {
+        // One compressible chunk, one that LZ4 cannot shrink (kept as it
+        // is), one small.
+        let a: Vec<u8> = (0..70_000u32).map(|i| (i / 300) as u8).collect();
+        let mut x = 0x2545_f491_u32;
+        let b: Vec<u8> = (0..40_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        let c = vec![3u8; 10];
+        let ids = [ChunkId::of(&a), ChunkId::of(&b), ChunkId::of(&c)];
+        let g = group(
+            [a.clone(), b.clone(), c.clone()].concat(),
+            &[
+                (0, 70_000, ids[0]),
+                (70_000, 40_000, ids[1]),
+                (110_000, 10, ids[2]),
+            ],
+        );
+        // The first chunk is checked before compaction, the others after.
+        g.chunk(0, 70_000, &ids[0].prefix()).unwrap();
+        let cg = g.compact(&mut Compressor::new()).unwrap();
+        assert!(cg.bytes() < 70_000, "{cg:?}: {}", cg.bytes());
+        let mut scratch = Vec::new();
+        for (k, (slice, data)) in [(0u32, &a), (70_000, &b), (110_000, &c)].iter().enumerate() {
+            let len = data.len();
+            for (from, n) in [(0, len), (0, 1), (len - 1, 1), (len / 3, len / 2), (len, 0)] {
+                // Twice: once unchecked (decoded whole), once checked.
+                for _ in 0..2 {
+                    let mut dst = vec![0u8; n];
+                    cg.read(
+                        *slice,
+                        len as u32,
+                        &ids[k].prefix(),
+                        from,
+                        &mut dst,
+                        &mut scratch,
+                    )
+                    .unwrap();
+                    assert_eq!(dst, data[from..from + n], "chunk {k} {from}+{n}");
+                }
+            }
+        }
+        let mut dst = [0u8; 2];
+        assert!(cg
+            .read(0, 70_000, &ids[0].prefix(), 69_999, &mut dst, &mut scratch)
+            .is_err());
+        assert!(cg
+            .read(0, 70_000, &ids[1].prefix(), 0, &mut dst, &mut scratch)
+            .is_err());
+        assert!(cg
+            .read(5, 70_000, &ids[0].prefix(), 0, &mut dst, &mut scratch)
+            .is_err());
+    }
+
+    #[test]
+    fn a_compact_group_keeps_damage_visible() {
+        let a: Vec<u8> = (0..50_000u32).map(|i| (i / 100) as u8).collect();
+        let id = ChunkId::of(&a);
+        let mut bytes = a.clone();
+        bytes[40_000] ^= 1;
+        // Never checked before compaction: the first read of any part
+        // decodes the whole chunk and finds the damage.
+        let g = group(bytes.clone(), &[(0, 50_000, id)]);
+        let cg = g.compact(&mut Compressor::new()).unwrap();
+        let mut dst = [0u8; 16];
+        for _ in 0..2 {
+            let e = cg
+                .read(0, 50_000, &id.prefix(), 0, &mut dst, &mut Vec::new())
+                .unwrap_err();
+            assert!(e.contains("do not hash"), "{e}");
+        }
+        // Found bad before compaction: stays bad.
+        let g = group(bytes, &[(0, 50_000, id)]);
+        assert!(g.chunk(0, 50_000, &id.prefix()).is_err());
+        let cg = g.compact(&mut Compressor::new()).unwrap();
+        assert!(cg
+            .read(0, 50_000, &id.prefix(), 0, &mut dst, &mut Vec::new())
+            .is_err());
+        // A table past the bytes is not compacted.
+        let g = group(a, &[(0, 50_001, id)]);
+        assert!(g.compact(&mut Compressor::new()).is_none());
     }
 }

@@ -1,7 +1,9 @@
 //! Sequential-stream detection and the readahead thread pool.
 
-use crate::cache::{Cache, Slot};
+use crate::cache::Slot;
 use crate::packs::Packs;
+use crate::Tiers;
+use cairn_store::Group;
 use cairn_store::Location;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,13 +40,15 @@ impl Streams {
         }
     }
 
-    /// Note a read of `offset..end`. If it continues a stream (starts
-    /// within a window of where one got to; requests of a parallel
-    /// reader arrive a little out of order) for the second time or more,
-    /// returns the range to read ahead and the stream it belongs to.
-    pub(crate) fn on_read(&self, offset: u64, end: u64) -> Option<(usize, u64, u64)> {
+    /// Note a read of `offset..end`: whether it continues a stream
+    /// (starts within a window of where one got to; requests of a
+    /// parallel reader arrive a little out of order), and if it does for
+    /// the second time or more, the range to read ahead and the stream it
+    /// belongs to. With readahead off (a window of 0) every read is
+    /// random.
+    pub(crate) fn on_read(&self, offset: u64, end: u64) -> (bool, Option<(usize, u64, u64)>) {
         if self.window == 0 {
-            return None;
+            return (false, None);
         }
         let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
         g.0 += 1;
@@ -63,7 +67,7 @@ impl Streams {
                 hits: 0,
                 used: tick,
             };
-            return None;
+            return (false, None);
         };
         let s = &mut g.1[i];
         s.used = tick;
@@ -76,10 +80,10 @@ impl Streams {
         let to = s.next.saturating_add(w);
         let from = s.ahead.max(s.next);
         if s.hits < 2 || from >= to {
-            return None;
+            return (true, None);
         }
         s.ahead = to;
-        Some((i, from, to))
+        (true, Some((i, from, to)))
     }
 
     /// Scheduling of stream `i`'s range stopped short at `reached` (the
@@ -94,7 +98,7 @@ impl Streams {
 
 /// A record to decode in the background.
 pub(crate) struct Job {
-    pub slot: Arc<Slot>,
+    pub slot: Arc<Slot<Group>>,
     pub loc: Location,
 }
 
@@ -107,7 +111,7 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// `threads` decoders taking records from a queue of `depth`.
-    pub(crate) fn new(threads: usize, depth: usize, packs: Arc<Packs>, cache: Arc<Cache>) -> Pool {
+    pub(crate) fn new(threads: usize, depth: usize, packs: Arc<Packs>, cache: Arc<Tiers>) -> Pool {
         let (tx, rx) = bounded::<Job>(depth.max(1));
         let closing = Arc::new(AtomicBool::new(false));
         let threads = (0..threads)
@@ -149,14 +153,14 @@ impl Drop for Pool {
     }
 }
 
-fn work(rx: &Receiver<Job>, packs: &Packs, cache: &Cache, closing: &AtomicBool) {
+fn work(rx: &Receiver<Job>, packs: &Packs, cache: &Tiers, closing: &AtomicBool) {
     for job in rx {
         if closing.load(Ordering::Relaxed) {
             continue;
         }
         let (_, ran) = job.slot.get_or_load(|| packs.load(job.loc).map(Arc::new));
         if ran {
-            cache.counters.ahead.fetch_add(1, Ordering::Relaxed);
+            cache.decoded.counters.ahead.fetch_add(1, Ordering::Relaxed);
             cache.loaded(&job.slot);
         }
     }

@@ -46,6 +46,24 @@
 //!   vary from one chunk to 8 MiB. Groups in use by a reader stay alive
 //!   after eviction until it is done, so the true peak is the bound plus
 //!   one group per reading thread.
+//! - **A second tier keeps compact copies of what random reads used.**
+//!   A 4 KiB read that misses the decoded cache costs the decode of a
+//!   whole group (2 MiB of zstd: milliseconds), so once an image's
+//!   randomly read part outgrows the decoded cache, random reads ran at a
+//!   fifth of qemu-nbd on a compressed qcow2, whose clusters are 64 KiB.
+//!   Smaller groups or trained dictionaries cost 4-17 % of repository size
+//!   (`docs/benchmarks.md`). Instead, a group evicted from the decoded
+//!   cache that a random read had loaded is compressed again, chunk by
+//!   chunk, with LZ4 ([`cairn_store::CompactGroup`]) into a second cache
+//!   (default 1 GiB, about 3 GiB of OS image); a later read decodes only
+//!   the head of one chunk (32 KiB on average) at LZ4's speed. Groups a
+//!   stream read (readahead, or a read continuing a stream) are not
+//!   copied: a sequential pass over a big image would pay an LZ4 pass per
+//!   group for copies nobody reads. Once the second tier is full it makes
+//!   new copies only while its hits keep pace with its evictions, so a
+//!   working set far bigger than both tiers does not pay for copies it
+//!   never reads. Copies keep each chunk's check state; a chunk not yet
+//!   checked is decoded whole and hashed on its first read from a copy.
 //! - **Decode once, however many readers.** A cache entry is created
 //!   before its group is decoded, holding a `OnceLock`: the first reader
 //!   (or readahead thread) decodes, the others block on it. Failed loads
@@ -69,7 +87,8 @@
 //!   so a reader going back and forth in one place is not "sequential". A
 //!   request spanning several records also has its later records (those
 //!   big enough, 64 KiB stored, to be worth a hand-off) decoded in
-//!   parallel while the caller does the first.
+//!   parallel while the caller does the first. Records with a compact
+//!   copy are not queued: reading from the copy is cheaper than decoding.
 //!
 //! Written by hand: the repository format is cairn's own, and the cache
 //! needs the in-flight state tied to it.
@@ -82,16 +101,17 @@ mod packs;
 mod writable;
 
 use ahead::{Job, Pool, Streams};
-use cache::{key, Cache, Loaded};
+use cache::{key, Cache, Loaded, Slot};
 use cairn_blockdev::{
     check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op,
     ZeroFlags,
 };
 use cairn_store::LoadedIndex;
 use cairn_store::Session;
-use cairn_store::{Repository, Result};
+use cairn_store::{CompactGroup, Group, Repository, Result};
 use map::{ExtentMap, HOLE, MISSING};
-use std::sync::atomic::Ordering;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 pub use writable::{WritableStats, WritableVolume};
 
@@ -112,6 +132,10 @@ const MIN_PARALLEL_RECORD: u32 = 64 << 10;
 pub struct VolumeOptions {
     /// Bytes of decoded groups to keep (default 256 MiB).
     pub cache_bytes: usize,
+    /// Bytes of compact copies (chunk by chunk LZ4) of groups that random
+    /// reads loaded, kept once the decoded copy is evicted (default 1
+    /// GiB; 0: none).
+    pub compact_bytes: usize,
     /// Bytes to decode ahead of a sequential reader (default 16 MiB; 0
     /// turns readahead off). Capped at half of `cache_bytes`, so readahead
     /// never evicts what it just decoded.
@@ -125,6 +149,7 @@ impl Default for VolumeOptions {
     fn default() -> Self {
         VolumeOptions {
             cache_bytes: 256 << 20,
+            compact_bytes: 1 << 30,
             readahead: 16 << 20,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
@@ -199,8 +224,96 @@ pub struct VolumeStats {
     pub evictions: u64,
     /// Bytes of decoded groups in the cache now.
     pub cached_bytes: usize,
+    /// Reads of a chunk served from a compact copy.
+    pub compact_hits: u64,
+    /// Compact copies made (groups evicted that random reads had loaded).
+    pub compacted: u64,
+    /// Bytes of compact copies held now.
+    pub compact_bytes: usize,
     /// Heap bytes of the offset → chunk table.
     pub map_bytes: usize,
+}
+
+thread_local! {
+    /// A reader thread's buffer for decoding compact chunks.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// A thread's LZ4 state for making compact copies.
+    static LZ4: RefCell<cairn_codec::lz4_ffi::Compressor> = RefCell::new(Default::default());
+}
+
+/// A volume's two caches: decoded groups, and compact copies of the
+/// groups random reads loaded, made when their decoded copy is evicted.
+pub(crate) struct Tiers {
+    pub decoded: Cache<Group>,
+    pub compact: Option<Cache<CompactGroup>>,
+    /// Reads served by compact copies, less the copies made while the
+    /// compact tier was full (each of which evicts another), kept between
+    /// 0 and [`CREDIT`]: once the tier is full, a copy is made only while
+    /// copies still earn their keep. A working set far bigger than both
+    /// tiers would otherwise pay an LZ4 pass per miss for copies evicted
+    /// before anyone reads them.
+    credit: AtomicI64,
+}
+
+/// Most credit the compact tier saves up (see [`Tiers::credit`]).
+const CREDIT: i64 = 256;
+
+impl Tiers {
+    fn new(decoded: usize, compact: usize) -> Tiers {
+        Tiers {
+            decoded: Cache::new(decoded),
+            compact: (compact > 0).then(|| Cache::new(compact)),
+            credit: AtomicI64::new(CREDIT),
+        }
+    }
+
+    /// A read was served by a compact copy.
+    fn compact_hit(&self) {
+        self.decoded.counters.second.fetch_add(1, Ordering::Relaxed);
+        if self.credit.load(Ordering::Relaxed) < CREDIT {
+            self.credit.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A decoded group, if it is in the cache (a hit).
+    fn peek(&self, key: u64) -> Option<Arc<Group>> {
+        let g = self.decoded.peek(key)?;
+        self.decoded.counters.hits.fetch_add(1, Ordering::Relaxed);
+        Some(g)
+    }
+
+    /// Called once by the thread that loaded `slot` into the decoded
+    /// cache: evict down to its bound, and make compact copies of the
+    /// evicted groups that random reads had loaded (outside the lock: an
+    /// LZ4 pass over a 2 MiB group takes a few milliseconds).
+    pub(crate) fn loaded(&self, slot: &Arc<Slot<Group>>) {
+        let evicted = self.decoded.loaded(slot);
+        let Some(compact) = &self.compact else {
+            return;
+        };
+        for (key, group) in evicted {
+            if compact.full() && self.credit.fetch_sub(1, Ordering::Relaxed) <= 0 {
+                self.credit.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let (s, created) = compact.slot(key, false);
+            if !created {
+                continue;
+            }
+            let (_, ran) = s.get_or_load(|| {
+                LZ4.with(|c| group.compact(&mut c.borrow_mut()))
+                    .map(Arc::new)
+                    .ok_or_else(|| packs::GroupError {
+                        io: None,
+                        msg: "the group's chunk table runs past its bytes".into(),
+                    })
+            });
+            if ran {
+                compact.counters.misses.fetch_add(1, Ordering::Relaxed);
+                compact.loaded(&s);
+            }
+        }
+    }
 }
 
 /// A snapshot of an image as a read-only block device.
@@ -213,7 +326,7 @@ pub struct Volume {
     size: u64,
     map: ExtentMap,
     packs: Arc<packs::Packs>,
-    cache: Arc<Cache>,
+    cache: Arc<Tiers>,
     streams: Streams,
     repo: Arc<Repository>,
     _session: Session,
@@ -236,7 +349,7 @@ impl Volume {
         let size = manifest.size;
         drop(manifest);
         let packs = Arc::new(packs::Packs::new(repo.clone(), view.index.clone()));
-        let cache = Arc::new(Cache::new(opts.cache_bytes));
+        let cache = Arc::new(Tiers::new(opts.cache_bytes, opts.compact_bytes));
         let window = opts.readahead.min(opts.cache_bytes as u64 / 2);
         let pool = (opts.threads > 0)
             .then(|| Pool::new(opts.threads, QUEUE_DEPTH, packs.clone(), cache.clone()));
@@ -248,7 +361,7 @@ impl Volume {
             map,
             packs,
             cache,
-            streams: Streams::new(if opts.threads > 0 { window } else { 0 }),
+            streams: Streams::new(window),
             repo,
             _session: lock,
         })
@@ -278,23 +391,32 @@ impl Volume {
 
     /// Cache and readahead figures so far.
     pub fn stats(&self) -> VolumeStats {
-        let c = &self.cache.counters;
+        let c = &self.cache.decoded.counters;
+        let compact = self.cache.compact.as_ref();
         VolumeStats {
             hits: c.hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
             queued: c.queued.load(Ordering::Relaxed),
             readahead: c.ahead.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
-            cached_bytes: self.cache.bytes(),
+            cached_bytes: self.cache.decoded.bytes(),
+            compact_hits: c.second.load(Ordering::Relaxed),
+            compacted: compact.map_or(0, |t| t.counters.misses.load(Ordering::Relaxed)),
+            compact_bytes: compact.map_or(0, |t| t.bytes()),
             map_bytes: self.map.heap_bytes(),
         }
     }
 
-    /// The decoded group holding `loc`, from the cache or decoded now.
-    fn group(&self, loc: cairn_store::Location) -> Loaded {
-        let (slot, _) = self.cache.slot(key(loc.pack, loc.offset), false);
+    /// The decoded group holding `loc`, from the cache or decoded now;
+    /// `keep`: a random read wants it, so keep a compact copy once it is
+    /// evicted.
+    fn group(&self, loc: cairn_store::Location, keep: bool) -> Loaded<Group> {
+        let (slot, created) = self.cache.decoded.slot(key(loc.pack, loc.offset), false);
+        if created && keep {
+            slot.keep();
+        }
         let (got, ran) = slot.get_or_load(|| self.packs.load(loc).map(Arc::new));
-        let c = &self.cache.counters;
+        let c = &self.cache.decoded.counters;
         if ran {
             c.misses.fetch_add(1, Ordering::Relaxed);
             self.cache.loaded(&slot);
@@ -331,14 +453,20 @@ impl Volume {
                     last = Some(key);
                     if skip_first {
                         skip_first = false;
-                    } else if !own || loc.len >= MIN_PARALLEL_RECORD {
-                        let (slot, created) = self.cache.slot(key, true);
+                    } else if (!own || loc.len >= MIN_PARALLEL_RECORD)
+                        && !self.cache.compact.as_ref().is_some_and(|c| c.contains(key))
+                    {
+                        let (slot, created) = self.cache.decoded.slot(key, true);
                         if created {
                             if let Err(job) = pool.try_send(Job { slot, loc }) {
-                                self.cache.forget(&job.slot);
+                                self.cache.decoded.forget(&job.slot);
                                 return self.map.start(k).max(from);
                             }
-                            self.cache.counters.queued.fetch_add(1, Ordering::Relaxed);
+                            self.cache
+                                .decoded
+                                .counters
+                                .queued
+                                .fetch_add(1, Ordering::Relaxed);
                         }
                     }
                 }
@@ -419,15 +547,17 @@ impl BlockDev for Volume {
         }
         let end = offset + len;
         let mut k = self.map.find(offset);
-        if self.pool.is_some() {
-            if self.map.end(k) < end {
-                self.prefetch(offset, end, true);
-            }
-            if let Some((stream, from, to)) = self.streams.on_read(offset, end) {
-                let reached = self.prefetch(from, to, false);
-                if reached < to {
-                    self.streams.stopped_at(stream, reached);
-                }
+        if self.map.end(k) < end {
+            self.prefetch(offset, end, true);
+        }
+        // Streams are followed with or without a pool to read ahead: a
+        // read that continues one leaves no compact copy behind.
+        let (streaming, ahead) = self.streams.on_read(offset, end);
+        let random = !streaming;
+        if let Some((stream, from, to)) = ahead {
+            let reached = self.prefetch(from, to, false);
+            if reached < to {
+                self.streams.stopped_at(stream, reached);
             }
         }
         let index = &self.packs.index().index;
@@ -457,19 +587,48 @@ impl BlockDev for Volume {
                     ));
                 };
                 let key = key(loc.pack, loc.offset);
-                let group = match &held {
-                    Some((hk, g)) if *hk == key => g.clone(),
-                    _ => self
-                        .group(loc)
-                        .map_err(|err| self.damaged(k, (offset, len), &err.msg, err.io))?,
-                };
                 // Chunks are at most MAX_CHUNK (well under 4 GiB) long.
-                let chunk = group
-                    .chunk(loc.slice, (e - s) as u32, &prefix)
-                    .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
-                let from = (at - s) as usize;
-                dst.copy_from_slice(&chunk[from..from + n]);
-                held = Some((key, group));
+                let (clen, from) = ((e - s) as u32, (at - s) as usize);
+                let group = match &held {
+                    Some((hk, g)) if *hk == key => Some(g.clone()),
+                    _ => self.cache.peek(key),
+                };
+                match group {
+                    Some(group) => {
+                        let chunk = group
+                            .chunk(loc.slice, clen, &prefix)
+                            .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
+                        dst.copy_from_slice(&chunk[from..from + n]);
+                        held = Some((key, group));
+                    }
+                    None => {
+                        let compact = self.cache.compact.as_ref().and_then(|c| c.peek(key));
+                        if let Some(cg) = compact {
+                            self.cache.compact_hit();
+                            SCRATCH
+                                .with(|b| {
+                                    cg.read(
+                                        loc.slice,
+                                        clen,
+                                        &prefix,
+                                        from,
+                                        dst,
+                                        &mut b.borrow_mut(),
+                                    )
+                                })
+                                .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
+                        } else {
+                            let group = self
+                                .group(loc, random)
+                                .map_err(|err| self.damaged(k, (offset, len), &err.msg, err.io))?;
+                            let chunk = group
+                                .chunk(loc.slice, clen, &prefix)
+                                .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
+                            dst.copy_from_slice(&chunk[from..from + n]);
+                            held = Some((key, group));
+                        }
+                    }
+                }
             }
             at += n as u64;
             k += 1;

@@ -859,6 +859,7 @@ mod tests {
     fn opts() -> VolumeOptions {
         VolumeOptions {
             cache_bytes: 1 << 20,
+            compact_bytes: 1 << 20,
             readahead: 0,
             threads: 1,
         }

@@ -209,6 +209,7 @@ fn many_threads_read_at_once() {
     let size = f.data.len() as u64;
     let opts = VolumeOptions {
         cache_bytes: 3 << 20,
+        compact_bytes: 1 << 20,
         readahead: 1 << 20,
         threads: 2,
     };
@@ -256,6 +257,7 @@ fn sequential_reads_are_decoded_ahead() {
     let size = f.data.len() as u64;
     let opts = VolumeOptions {
         cache_bytes: 64 << 20,
+        compact_bytes: 64 << 20,
         readahead: 8 << 20,
         threads: 2,
     };
@@ -304,6 +306,7 @@ fn a_tiny_cache_evicts_and_stays_correct() {
     for threads in [0, 2] {
         let opts = VolumeOptions {
             cache_bytes: 1,
+            compact_bytes: if threads == 0 { 0 } else { 1 },
             readahead: 4 << 20,
             threads,
         };
@@ -332,8 +335,172 @@ fn a_tiny_cache_evicts_and_stays_correct() {
             let st = v.stats();
             assert!(st.evictions > 0, "{st:?}");
             assert!(st.cached_bytes <= 1, "{st:?}");
+            assert!(st.compact_bytes <= 1, "{st:?}");
         }
     }
+}
+
+/// 4 KiB reads at random offsets of `v` (none in a hole-only stretch
+/// matters: holes read as zeros), checked against `data`.
+fn random_4k(v: &Volume, data: &[u8], seed: u64, n: usize) {
+    let size = data.len() as u64;
+    let mut r = Rng(seed);
+    for _ in 0..n {
+        let off = r.below(size - 4096);
+        same(
+            &read(v, off, 4096),
+            &data[off as usize..off as usize + 4096],
+            "rand",
+        );
+    }
+}
+
+#[test]
+fn random_reads_past_the_decoded_cache_come_from_compact_copies() {
+    let (_d, repo) = new_repo();
+    let data = source(21);
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 256 << 10);
+    for threads in [0, 2] {
+        // Room for two decoded groups of about 20; compact copies of all.
+        let opts = VolumeOptions {
+            cache_bytes: 600 << 10,
+            compact_bytes: 64 << 20,
+            readahead: 1 << 20,
+            threads,
+        };
+        let v = Volume::open(repo.clone(), "img", &opts).unwrap();
+        random_4k(&v, &data, 3, 3000);
+        let warm = v.stats();
+        assert!(warm.compacted > 5, "{threads}: {warm:?}");
+        assert!(warm.compact_hits > 0, "{threads}: {warm:?}");
+        assert!(warm.compact_bytes > 0, "{threads}: {warm:?}");
+        // Every group has been read by now: from here on no read decodes
+        // a group again, each is served by a decoded or a compact copy.
+        random_4k(&v, &data, 4, 2000);
+        let st = v.stats();
+        assert_eq!(st.misses, warm.misses, "{threads}: {st:?}");
+        assert!(
+            st.compact_hits >= warm.compact_hits + 1000,
+            "{threads}: {st:?}"
+        );
+        // Reads spanning chunks and groups mix the tiers and still match.
+        let mut r = Rng(8);
+        for _ in 0..200 {
+            let off = r.below(data.len() as u64);
+            let n = (r.below(600_000) as usize).min(data.len() - off as usize);
+            same(
+                &read(&v, off, n),
+                &data[off as usize..off as usize + n],
+                "span",
+            );
+        }
+        // Without the tier, the same reads decode groups again and again.
+        let off = VolumeOptions {
+            compact_bytes: 0,
+            ..opts
+        };
+        let v = Volume::open(repo.clone(), "img", &off).unwrap();
+        random_4k(&v, &data, 3, 3000);
+        let warm = v.stats();
+        random_4k(&v, &data, 4, 2000);
+        let st = v.stats();
+        assert!(st.misses > warm.misses + 500, "{threads}: {st:?}");
+        assert_eq!((st.compacted, st.compact_hits), (0, 0), "{st:?}");
+    }
+}
+
+#[test]
+fn a_stream_leaves_no_compact_copies() {
+    let (_d, repo) = new_repo();
+    let data = source(22);
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 256 << 10);
+    // No threads: the reader decodes every group itself.
+    let opts = VolumeOptions {
+        cache_bytes: 600 << 10,
+        compact_bytes: 64 << 20,
+        readahead: 1 << 20,
+        threads: 0,
+    };
+    let v = Volume::open(repo.clone(), "img", &opts).unwrap();
+    let mut at = 0;
+    while at < data.len() {
+        let n = (128 << 10).min(data.len() - at);
+        same(&read(&v, at as u64, n), &data[at..at + n], "seq");
+        at += n;
+    }
+    let st = v.stats();
+    assert!(st.evictions > 10, "{st:?}");
+    // Only the stream's first read counts as random.
+    assert!(st.compacted <= 1, "{st:?}");
+}
+
+#[test]
+fn a_damaged_chunk_is_found_in_its_compact_copy() {
+    let (_d, repo) = new_repo();
+    let data = source(45);
+    // Stored raw in groups of four 64 KiB chunks, so a flipped byte is a
+    // flipped byte of the group's last chunk; the record's CRC is then
+    // fixed up so that only the BLAKE3 check can notice.
+    store(&repo, "raw", &data, "fixed:64K", "none", 256 << 10);
+    let (n, s) = repo.resolve("raw").unwrap();
+    let m = repo.read_manifest(&n, s).unwrap();
+    let idx = repo.load_index().unwrap().index;
+    let datas: Vec<(u64, cairn_store::ChunkId)> = m
+        .with_offsets()
+        .filter_map(|(o, e)| match e {
+            StoreExtent::Data { id, .. } => Some((o, *id)),
+            _ => None,
+        })
+        .collect();
+    // The chunk that ends its record, in a record of several chunks
+    // (the one at the highest group offset of its record).
+    let (off, id) = datas
+        .iter()
+        .copied()
+        .filter(|(_, id)| idx.get(id).unwrap().slice > 0)
+        .max_by_key(|(o, id)| {
+            let loc = idx.get(id).unwrap();
+            let later = datas.iter().any(|(_, j)| {
+                let l = idx.get(j).unwrap();
+                (l.pack, l.offset) == (loc.pack, loc.offset) && l.slice > loc.slice
+            });
+            (!later, std::cmp::Reverse(*o))
+        })
+        .unwrap();
+    let loc = idx.get(&id).unwrap();
+    flip_last_byte_of_record(&repo, &idx, loc);
+
+    // Decoded cache of one byte: every group is evicted as soon as it
+    // is loaded, and compacted (reads with no readahead are random).
+    let opts = VolumeOptions {
+        cache_bytes: 1,
+        compact_bytes: 64 << 20,
+        readahead: 0,
+        threads: 0,
+    };
+    let v = Volume::open(repo.clone(), "raw", &opts).unwrap();
+    // The group's first chunk reads well (the damaged one is not checked).
+    let first = off - u64::from(loc.slice);
+    same(
+        &read(&v, first, 4096),
+        &data[first as usize..][..4096],
+        "first",
+    );
+    // Another group loaded evicts it into the compact tier.
+    same(&read(&v, 0, 4096), &data[..4096], "other");
+    let st = v.stats();
+    assert!(st.compacted >= 1, "{st:?}");
+    for _ in 0..2 {
+        let msg = corrupt_message(&v, off + 10, 100);
+        assert!(msg.contains(&id.to_string()), "{msg}");
+        assert!(msg.contains("hash"), "{msg}");
+    }
+    assert!(v.stats().compact_hits >= 2, "{:?}", v.stats());
+    same(
+        &read(&v, first, 4096),
+        &data[first as usize..][..4096],
+        "first again",
+    );
 }
 
 #[test]
@@ -421,6 +588,24 @@ fn chunks_at(repo: &Repository, name: &str, path: &std::path::Path, at: u64) -> 
     out
 }
 
+/// Flip the last byte of the record at `loc` (of a record stored raw: a
+/// byte of its last chunk) and fix up the record's CRC, so that only the
+/// chunk's BLAKE3 check can notice.
+fn flip_last_byte_of_record(
+    repo: &Repository,
+    idx: &cairn_store::ChunkIndex,
+    loc: cairn_store::Location,
+) {
+    let path = repo.pack_path(idx.pack(loc.pack).unwrap()).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let rec = &mut bytes[loc.offset as usize..(loc.offset + loc.len) as usize];
+    let last = rec.len() - 1;
+    rec[last] ^= 0x80;
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&rec[..16]), &rec[20..]);
+    rec[16..20].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+}
+
 fn corrupt_message(v: &Volume, off: u64, len: usize) -> String {
     let mut buf = vec![0u8; len];
     let e = v.read_at(&mut buf, off).unwrap_err();
@@ -491,14 +676,7 @@ fn a_chunk_that_decodes_to_other_bytes_is_caught_by_its_hash() {
         })
         .unwrap();
     let loc = idx.get(&id).unwrap();
-    let path = repo.pack_path(idx.pack(loc.pack).unwrap()).unwrap();
-    let mut bytes = std::fs::read(&path).unwrap();
-    let rec = &mut bytes[loc.offset as usize..(loc.offset + loc.len) as usize];
-    let last = rec.len() - 1;
-    rec[last] ^= 0x80;
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&rec[..16]), &rec[20..]);
-    rec[16..20].copy_from_slice(&crc.to_le_bytes());
-    std::fs::write(&path, &bytes).unwrap();
+    flip_last_byte_of_record(&repo, &idx, loc);
 
     let opts = VolumeOptions {
         threads: 0,

@@ -61,6 +61,7 @@ fn open(repo: &Arc<Repository>, dir: &std::path::Path) -> WritableVolume {
 fn opts() -> VolumeOptions {
     VolumeOptions {
         cache_bytes: 8 << 20,
+        compact_bytes: 8 << 20,
         readahead: 1 << 20,
         threads: 1,
     }
