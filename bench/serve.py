@@ -16,7 +16,8 @@ Loads:
                 (file exports only; IOPS)
   nbdcopy       nbdcopy URI null: (MB/s)
 Every round runs every (load, server) pair once, in turn; medians over
---runs rounds; page cache warm. Results in bench/runs/<date>-serve/.
+--runs rounds; page cache warm. Results in bench/runs/<date>-serve/ (-2, -3...
+when that run exists).
 
 Usage: bench/serve.py [--image bench/data/os.img] [--runs 5] [--warmup 1] [--quick]
 """
@@ -149,7 +150,14 @@ def main():
     if not os.path.exists(a.image):
         sys.exit(f"missing {a.image}: build it with bench/datasets/make-os-image")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    out_dir = a.out or os.path.join(ROOT, f"bench/runs/{date}-serve" + ("-quick" if a.quick else ""))
+    out_dir = a.out
+    if not out_dir:
+        # A new directory: -2, -3... after one of the same day (a run is
+        # the evidence a figure in docs/ cites, never overwritten).
+        base = os.path.join(ROOT, f"bench/runs/{date}-serve" + ("-quick" if a.quick else ""))
+        out_dir, k = base, 2
+        while os.path.exists(out_dir):
+            out_dir, k = f"{base}-{k}", k + 1
     os.makedirs(out_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="serve-", dir=os.path.join(ROOT, "bench/work") if os.path.isdir(os.path.join(ROOT, "bench/work")) else None)
     size = os.path.getsize(a.image)

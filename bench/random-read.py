@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""random-read.py: a served OS image under sustained 4 KiB random reads,
+cairn against qemu-nbd on a compressed qcow2 (issue 20: "4 KiB random
+reads at depth 16 over the whole image at least 3x qemu-nbd on a
+compressed qcow2, repository size growing at most 5 %").
+
+What: IMAGE (default bench/data/os2.img) backed up with cairn's defaults
+(zstd:3, 2 MiB groups, encrypted) and converted with `qemu-img convert -c`.
+Servers, each started fresh on a unix socket:
+  qemu-qcow2          qemu-nbd -t -r -f qcow2 on the qcow2
+  cairn               cairn serve --repo R (defaults: --image-cache 256M,
+                      --image-compact-cache 1G)
+  cairn-no-compact    the same with --image-compact-cache 0 (the decoded
+                      cache alone: what cairn did before the second tier)
+  cairn-compact-64M   --image-compact-cache 64M: a second tier smaller than
+                      the image's compact form, so reads keep missing it
+Each server: fio's nbd engine, randread 4 KiB, iodepth 16, over the whole
+image; a first phase of --cold seconds from the fresh server (caches
+empty), then a steady phase of --steady seconds; IOPS, completion latency
+p50/p99/p99.9/max of each phase, and the server's peak RSS (VmHWM) at the
+end. Rounds run the servers in turn, in a rotated order each round.
+
+Usage: bench/random-read.py [--cairn BIN] [--image IMG] [--rounds 2]
+                            [--cold 10] [--steady 30] [--out DIR]
+Results in bench/runs/<date>-random-read/: results.csv, report.md,
+random-read.png, commands.txt.
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plotting  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PASSWORD = "cairn-bench"
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
+
+
+def fio(sock, export, seconds, commands):
+    cmd = ["fio", "--name=rand", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}",
+           "--rw=randread", "--bs=4k", "--iodepth=16", "--time_based", f"--runtime={seconds}",
+           "--output-format=json"]
+    commands.append(" ".join(cmd))
+    out = run(cmd).stdout
+    j = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    p = j["clat_ns"]["percentile"]
+    return {
+        "iops": j["iops"],
+        "p50_us": p["50.000000"] / 1e3,
+        "p99_us": p["99.000000"] / 1e3,
+        "p999_us": p["99.900000"] / 1e3,
+        "max_us": j["clat_ns"]["max"] / 1e3,
+    }
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cairn", default=os.path.join(ROOT, "target/release/cairn"))
+    ap.add_argument("--image", default=os.path.join(ROOT, "bench/data/os2.img"))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cold", type=int, default=10)
+    ap.add_argument("--steady", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    for tool in ("fio", "qemu-img", "qemu-nbd"):
+        if not shutil.which(tool):
+            sys.exit(f"missing {tool}")
+    out = a.out or plotting.new_run_dir(ROOT, "random-read")
+    os.makedirs(out, exist_ok=True)
+    work = tempfile.mkdtemp(dir=os.path.join(ROOT, "bench/work"), prefix="random-read.")
+    env = dict(os.environ, CAIRN_PASSWORD=PASSWORD, CAIRN_CACHE_DIR=os.path.join(work, "cache"))
+    commands = []
+    try:
+        repo, qcow = os.path.join(work, "repo"), os.path.join(work, "img.qcow2")
+        for cmd in ([a.cairn, "init", repo], [a.cairn, "backup", a.image, "--repo", repo, "--name", "img", "-q"],
+                    ["qemu-img", "convert", "-c", "-f", "raw", "-O", "qcow2", a.image, qcow]):
+            commands.append(" ".join(cmd))
+            run(cmd, env=env)
+        sizes = {
+            "image": os.path.getsize(a.image),
+            "repo": int(run(["du", "-sb", repo]).stdout.split()[0]),
+            "qcow2": os.path.getsize(qcow),
+        }
+        sock = os.path.join(work, "s.sock")
+        servers = {
+            "qemu-qcow2": ["qemu-nbd", "-t", "-r", "-f", "qcow2", "-k", sock, "-x", "img", qcow],
+            "cairn": [a.cairn, "serve", "--repo", repo, "--socket", sock],
+            "cairn-no-compact": [a.cairn, "serve", "--repo", repo, "--socket", sock,
+                                 "--image-compact-cache", "0"],
+            "cairn-compact-64M": [a.cairn, "serve", "--repo", repo, "--socket", sock,
+                                  "--image-compact-cache", "64M"],
+        }
+        for cmd in servers.values():
+            commands.append(" ".join(cmd))
+        rows = []
+        names = list(servers)
+        for r in range(a.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                if os.path.exists(sock):
+                    os.unlink(sock)
+                p = subprocess.Popen(servers[name], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+                try:
+                    t = time.monotonic()
+                    while not os.path.exists(sock):
+                        if p.poll() is not None or time.monotonic() - t > 30:
+                            sys.exit(f"{name} did not start")
+                        time.sleep(0.05)
+                    cold = fio(sock, "img", a.cold, commands)
+                    steady = fio(sock, "img", a.steady, commands)
+                    rss = peak_rss_kib(p.pid)
+                finally:
+                    p.terminate()
+                    p.wait()
+                for phase, m in (("cold", cold), ("steady", steady)):
+                    rows.append(dict(round=r + 1, server=name, phase=phase, rss_kib=rss, **m))
+                log(f"round {r + 1} {name:18} cold {cold['iops']:9.0f} IOPS  steady "
+                    f"{steady['iops']:9.0f} IOPS  p99.9 {steady['p999_us']:8.0f} us  "
+                    f"max {steady['max_us']:8.0f} us  rss {rss // 1024} MiB")
+        with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        with open(os.path.join(out, "commands.txt"), "w") as f:
+            f.write("\n".join(dict.fromkeys(commands)) + "\n")
+        report(out, a, sizes, rows, names)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def report(out, a, sizes, rows, names):
+    def med(server, phase, key):
+        return statistics.median(r[key] for r in rows if r["server"] == server and r["phase"] == phase)
+
+    cairn_v = run([a.cairn, "--version"]).stdout.strip()
+    qemu_v = run(["qemu-nbd", "--version"]).stdout.splitlines()[0]
+    lines = [
+        "# Served image, sustained 4 KiB random reads (random-read.py)", "",
+        f"Image {a.image} ({sizes['image']} bytes); cairn repository {sizes['repo']} bytes "
+        f"(defaults: zstd:3, 2 MiB groups, encrypted), qcow2 -c {sizes['qcow2']} bytes. "
+        f"{cairn_v}; {qemu_v}. fio nbd randread 4 KiB, depth 16, whole image: {a.cold} s from a "
+        f"fresh server (cold), then {a.steady} s (steady). Medians of {a.rounds} rounds.", "",
+        "| server | phase | IOPS | ÷ qcow2 | p50 µs | p99 µs | p99.9 µs | max µs | peak RSS MiB |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for phase in ("cold", "steady"):
+        q = med("qemu-qcow2", phase, "iops")
+        for s in names:
+            lines.append(
+                f"| {s} | {phase} | {med(s, phase, 'iops'):.0f} | {med(s, phase, 'iops') / q:.2f}x "
+                f"| {med(s, phase, 'p50_us'):.0f} | {med(s, phase, 'p99_us'):.0f} "
+                f"| {med(s, phase, 'p999_us'):.0f} | {med(s, phase, 'max_us'):.0f} "
+                f"| {med(s, phase, 'rss_kib') / 1024:.0f} |")
+    lines += ["", f"Target (steady): cairn ÷ qemu-qcow2 ≥ 3x: "
+              f"{'yes' if med('cairn', 'steady', 'iops') >= 3 * med('qemu-qcow2', 'steady', 'iops') else 'no'}"
+              f" ({med('cairn', 'steady', 'iops') / med('qemu-qcow2', 'steady', 'iops'):.2f}x)."]
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    fig, axes = plotting.plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "iops", "4 KiB random reads, IOPS (log)"),
+                           (axes[1], "p999_us", "p99.9 completion latency, µs (log)")):
+        series = [(s, [med(s, ph, key) for ph in ("cold", "steady")]) for s in names]
+        plotting.grouped_bars(ax, [f"first {a.cold} s", f"next {a.steady} s"], series)
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    plotting.save(fig, out, "random-read.png")
+
+
+if __name__ == "__main__":
+    main()
