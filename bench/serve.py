@@ -20,6 +20,7 @@ Every round runs every (load, server) pair once, in turn; medians over
 when that run exists).
 
 Usage: bench/serve.py [--image bench/data/os.img] [--runs 5] [--warmup 1] [--quick]
+                      [--fio-seconds 5] [--loads L,L..] [--servers S,S..]
 """
 import argparse
 import csv
@@ -114,6 +115,11 @@ def qemu_bench(sock, export, size, bufsize, step, depth, count, write=False):
     return secs, cmd
 
 
+# fio command line -> completion latency (p99, p99.9, max) in µs of its
+# last run.
+LATENCY = {}
+
+
 def fio(sock, export, rw, size, runtime):
     cmd = ["fio", "--name=bench", "--ioengine=nbd", f"--uri={uri(sock, export)}", f"--rw={rw}",
            "--bs=4k", "--iodepth=16", f"--size={size}", "--time_based", f"--runtime={runtime}",
@@ -122,6 +128,8 @@ def fio(sock, export, rw, size, runtime):
     j = json.loads(out[out.index("{"):])
     job = j["jobs"][0]
     side = job["read"] if "read" in rw else job["write"]
+    p = side["clat_ns"]["percentile"]
+    LATENCY[" ".join(cmd)] = (p["99.000000"] / 1e3, p["99.900000"] / 1e3, side["clat_ns"]["max"] / 1e3)
     return side["iops"], cmd
 
 
@@ -141,6 +149,8 @@ def main():
     ap.add_argument("--fio-seconds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="1 run, 2 s fio: a smoke test")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--loads", default=None, help="comma list of loads to run (default: all)")
+    ap.add_argument("--servers", default=None, help="comma list of servers to run (default: all)")
     a = ap.parse_args()
     if a.quick:
         a.runs, a.warmup, a.fio_seconds = 1, 0, 2
@@ -191,6 +201,18 @@ def main():
         ("randwrite-4k", lambda s, e: fio(s, e, "randwrite", size, a.fio_seconds), "IOPS", None, True),
         ("nbdcopy", lambda s, e: nbdcopy(s, e), "MB/s", lambda secs: size / secs / 1e6, False),
     ]
+    if a.loads:
+        want = a.loads.split(",")
+        unknown = set(want) - {l[0] for l in loads}
+        if unknown:
+            sys.exit(f"unknown loads: {', '.join(sorted(unknown))}")
+        loads = [l for l in loads if l[0] in want]
+    if a.servers:
+        want = a.servers.split(",")
+        unknown = set(want) - set(servers)
+        if unknown:
+            sys.exit(f"unknown servers: {', '.join(sorted(unknown))}")
+        servers = {k: v for k, v in servers.items() if k in want}
     rows = []
     commands = {}
     for r in range(1 - a.warmup, a.runs + 1):
@@ -207,12 +229,14 @@ def main():
                 if r < 1:
                     log(f"warm-up {lname:13} {sname:12} {value:12.1f} {unit}")
                     continue
-                rows.append({"load": lname, "server": sname, "run": r, "value": round(value, 1), "unit": unit})
+                lat = LATENCY.get(" ".join(lcmd), ("", "", ""))
+                rows.append({"load": lname, "server": sname, "run": r, "value": round(value, 1), "unit": unit,
+                             "p99_us": lat[0], "p999_us": lat[1], "max_us": lat[2]})
                 commands[(lname, sname)] = (" ".join(cmd), " ".join(lcmd))
                 log(f"run {r} {lname:13} {sname:12} {value:12.1f} {unit}")
 
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["load", "server", "run", "value", "unit"])
+        w = csv.DictWriter(f, fieldnames=["load", "server", "run", "value", "unit", "p99_us", "p999_us", "max_us"])
         w.writeheader()
         w.writerows(rows)
     with open(os.path.join(out_dir, "commands.txt"), "w") as f:
@@ -243,6 +267,16 @@ def main():
     for lname, _, unit, _, _ in loads:
         cells = [f"{med[(lname, s)]:.1f}" if (lname, s) in med else "" for s in servers]
         lines.append(f"| {lname} | {unit} | " + " | ".join(cells) + " |")
+    fio_rows = [row for row in rows if row["p999_us"] != ""]
+    if fio_rows:
+        lines += ["", "fio completion latency, medians over the rounds (µs):", "",
+                  "| load | server | p99 | p99.9 | max |", "|---|---|--:|--:|--:|"]
+        for lname, _, _, _, _ in loads:
+            for sname in servers:
+                rs = [row for row in fio_rows if (row["load"], row["server"]) == (lname, sname)]
+                if rs:
+                    lines.append(f"| {lname} | {sname} | " + " | ".join(
+                        f"{statistics.median(row[k] for row in rs):.0f}" for k in ("p99_us", "p999_us", "max_us")) + " |")
     lines += ["", "| ratio | load | value | target |", "|---|---|--:|---|"]
 
     def ratio(a_, b_, load, target):

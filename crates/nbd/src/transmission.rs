@@ -195,27 +195,29 @@ fn is_tick(e: &io::Error) -> bool {
     )
 }
 
-/// Fill `buf` from `r`; a stall of more than `timeout` since the last byte
-/// fails, and so does the server stopping (the request is dropped).
+/// Fill `buf` from `r`; a stall of more than `timeout` fails, and so does
+/// the server stopping (the request is dropped). The stall is timed from
+/// the first tick without bytes (at most a tick after the last byte), so
+/// the clock is not read for every request.
 fn read_full<R: Read>(
     r: &mut R,
     mut buf: &mut [u8],
     timeout: Duration,
     stopping: &dyn Fn() -> bool,
 ) -> Result<(), End> {
-    let mut last = Instant::now();
+    let mut stalled: Option<Instant> = None;
     while !buf.is_empty() {
         match r.read(buf) {
             Ok(0) => return Err(End::Io(io::ErrorKind::UnexpectedEof.into())),
             Ok(n) => {
                 buf = &mut buf[n..];
-                last = Instant::now();
+                stalled = None;
             }
             Err(e) if is_tick(&e) => {
                 if stopping() {
                     return Err(End::Clean);
                 }
-                if last.elapsed() > timeout {
+                if stalled.get_or_insert_with(Instant::now).elapsed() > timeout {
                     return Err(End::Io(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!("no request bytes for {} s", timeout.as_secs()),
@@ -241,7 +243,8 @@ fn read_job<R: Read, W>(
     let stopping = || sh.stopping();
     let mut h = [0u8; EXTENDED_REQUEST_LEN];
     // End of stream before a header starts is a clean (if rude) exit.
-    let idle_since = Instant::now();
+    // Idle time counts from the first tick without a request.
+    let mut idle_since: Option<Instant> = None;
     loop {
         match r.read(&mut h[..1]) {
             Ok(0) => return Ok(None),
@@ -252,7 +255,7 @@ fn read_job<R: Read, W>(
                 }
                 if limits
                     .idle_timeout
-                    .is_some_and(|t| idle_since.elapsed() > t)
+                    .is_some_and(|t| idle_since.get_or_insert_with(Instant::now).elapsed() > t)
                 {
                     return Err(End::Idle);
                 }

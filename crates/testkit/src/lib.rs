@@ -337,12 +337,42 @@ fn in_ci() -> bool {
 }
 
 /// Eight ports free on 127.0.0.1 now (all held until all are chosen, so
-/// they differ).
+/// they differ), below the kernel's ephemeral range and never handed out
+/// twice in this process. A port from `bind(0)` was taken from the
+/// ephemeral range: once a test stopped its server to start it again on
+/// the same ports, another test's `bind(0)` could be given one of them
+/// in between, and the restart failed (seen once in about a hundred runs
+/// of the S3 tests).
 fn free_ports() -> Result<Ports, String> {
-    let listeners = (0..8)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("finding a free port: {e}"))?;
+    static NEXT: AtomicU64 = AtomicU64::new(u64::MAX);
+    const LOW: u64 = 10_000;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+        .filter(|&h| h > LOW + 1000)
+        .unwrap_or(32_768);
+    let span = high - LOW;
+    // Processes start at different places (by pid), so test binaries run
+    // at once rarely meet; bind() below skips a port in use anyway.
+    let _ = NEXT.compare_exchange(
+        u64::MAX,
+        u64::from(std::process::id()) * 7919 % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let mut listeners = Vec::with_capacity(8);
+    for _ in 0..span {
+        if listeners.len() == 8 {
+            break;
+        }
+        let port = LOW + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, port as u16)) {
+            listeners.push(l);
+        }
+    }
+    if listeners.len() < 8 {
+        return Err(format!("no 8 free ports between {LOW} and {high}"));
+    }
     let p = listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))
