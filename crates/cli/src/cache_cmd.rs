@@ -354,7 +354,12 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    for c in v["caches"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+    for c in v["caches"]
+        .as_array()
+        .into_iter()
+        .chain(v["images"].as_array())
+        .flatten()
+    {
         println!(
             "{}: {}",
             c["export"].as_str().unwrap_or("?"),

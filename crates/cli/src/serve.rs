@@ -297,6 +297,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     let mut exports: Vec<Export> = Vec::new();
     let mut caches: Vec<Cached> = Vec::new();
     let mut writable: Vec<Arc<WritableVolume>> = Vec::new();
+    let mut served_images: Vec<(String, Arc<cairn_volume::Volume>)> = Vec::new();
     for spec in &a.files {
         let f = parse_file_spec(spec)?;
         let mut description = format!("file {}", f.path.display());
@@ -337,6 +338,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             &mut exports,
         )?;
         writable = opened.writable;
+        served_images = opened.read_only;
         for (i, c) in opened.cached {
             let e = &mut exports[i];
             let name = e.name.clone();
@@ -419,8 +421,19 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 .map(|(p, wb, name)| (name.clone(), p.display().to_string(), wb.clone()))
                 .collect();
             let images = writable.clone();
+            let mut stats: Vec<(String, ImageStats)> = served_images
+                .iter()
+                .map(|(name, v)| {
+                    let v = v.clone();
+                    (name.clone(), Box::new(move || v.stats()) as ImageStats)
+                })
+                .collect();
+            for w in &writable {
+                let w = w.clone();
+                stats.push((w.name().to_string(), Box::new(move || w.volume_stats())));
+            }
             Some(std::thread::spawn(move || {
-                control_loop(l, cached, images, stop)
+                control_loop(l, cached, images, &stats, stop)
             }))
         }
         None => None,
@@ -531,10 +544,14 @@ fn commit_request(
 /// Answer `cairn cache status|drain --control` and `cairn commit
 /// --control` until `stop`: one request line ("status", "drain NAME" or
 /// "commit [NAME]"), one JSON reply line.
+/// Where a served repository image's cache figures come from.
+type ImageStats = Box<dyn Fn() -> cairn_volume::VolumeStats + Send>;
+
 fn control_loop(
     listener: Listener,
     caches: Vec<(String, String, Arc<WbCache>)>,
     images: Vec<Arc<WritableVolume>>,
+    stats: &[(String, ImageStats)],
     stop: &AtomicBool,
 ) {
     use std::io::{BufRead, BufReader, Write};
@@ -586,7 +603,11 @@ fn control_loop(
                         v["line"] = crate::cache_cmd::status_line(path, &st).into();
                         v
                     })
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                "images": stats
+                    .iter()
+                    .map(|(name, f)| crate::serve_repo::image_stats_json(name, &f()))
+                    .collect::<Vec<_>>(),
             }),
             Err(e) => serde_json::json!({ "error": e }),
         };

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use cairn_blockdev::BlockDev;
 use cairn_nbd::Export;
 use cairn_store::Repository;
-use cairn_volume::{RepoView, VolumeOptions, WritableVolume};
+use cairn_volume::{RepoView, Volume, VolumeOptions, VolumeStats, WritableVolume};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -113,6 +113,8 @@ pub(crate) struct Opened {
     pub cached: Vec<(usize, PathBuf)>,
     /// Every writable image, to commit.
     pub writable: Vec<Arc<WritableVolume>>,
+    /// Every read-only image with its export name, for its cache figures.
+    pub read_only: Vec<(String, Arc<Volume>)>,
 }
 
 /// Open `images` of the repository at `root` (every image's latest
@@ -172,13 +174,15 @@ pub(crate) fn add_images(
             });
             continue;
         }
-        let vol = view
-            .volume(&s.spec, opts)
-            .with_context(|| format!("image {}", s.spec))?;
+        let vol = Arc::new(
+            view.volume(&s.spec, opts)
+                .with_context(|| format!("image {}", s.spec))?,
+        );
+        opened.read_only.push((s.spec.clone(), vol.clone()));
         exports.push(Export {
             description: format!("{}@{} of {}", vol.name(), vol.snapshot(), root.display()),
             name: s.spec.clone(),
-            dev: Arc::new(vol) as Arc<dyn BlockDev>,
+            dev: vol as Arc<dyn BlockDev>,
             read_only: true,
         });
     }
@@ -275,6 +279,48 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A served repository image's cache figures, for `cairn cache status
+/// --control` (JSON, and the one line printed without `--json`).
+pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Value {
+    let reads = st.hits + st.misses + st.compact_hits;
+    let line = format!(
+        "decoded {} MiB ({} hits, {} decodes, {} ahead, {} evicted), compact {} MiB ({} hits, {} copies){}",
+        st.cached_bytes >> 20,
+        st.hits,
+        st.misses,
+        st.readahead,
+        st.evictions,
+        st.compact_bytes >> 20,
+        st.compact_hits,
+        st.compacted,
+        if reads > 0 {
+            format!(
+                "; {:.1} % of reads decoded nothing",
+                100.0 * (st.hits + st.compact_hits) as f64 / reads as f64
+            )
+        } else {
+            String::new()
+        },
+    );
+    serde_json::json!({
+        "export": export,
+        "decoded": {
+            "bytes": st.cached_bytes,
+            "hits": st.hits,
+            "decodes": st.misses,
+            "queued": st.queued,
+            "readahead": st.readahead,
+            "evictions": st.evictions,
+        },
+        "compact": {
+            "bytes": st.compact_bytes,
+            "hits": st.compact_hits,
+            "copies": st.compacted,
+        },
+        "line": line,
+    })
 }
 
 #[cfg(test)]

@@ -759,6 +759,62 @@ fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
     ])
 }
 
+/// `cairn cache status --control` reports a served image's two cache
+/// tiers: 4 KiB reads far apart (random) past a decoded cache smaller
+/// than one group leave compact copies, and reading the same places
+/// again is served from them, decoding nothing.
+#[test]
+fn cache_status_reports_a_served_images_tiers() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let img = noise(6 << 20, 17);
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let ctl = d.join("ctl.sock");
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--socket",
+        s(&d.join("s.sock")),
+        "--control",
+        s(&ctl),
+        "--image-cache",
+        "1M",
+        "--image-compact-cache",
+        "64M",
+    ]);
+    let places = ["0", "3M", "5M", "1500k"];
+    let reads: Vec<String> = places.iter().map(|p| format!("read {p} 4k")).collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    for _ in 0..2 {
+        let out = qemu_io_with(&["-r"], &srv.uri("img"), &reads);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let v = json(&ok(run(&[
+        "cache",
+        "status",
+        "--control",
+        s(&ctl),
+        "--json",
+    ])));
+    let im = &v["images"][0];
+    assert_eq!(im["export"], "img", "{v}");
+    let n = |k: &str, f: &str| im[k][f].as_u64().unwrap_or_else(|| panic!("{k}.{f}: {v}"));
+    assert!(n("decoded", "decodes") >= 3, "{v}");
+    assert!(n("compact", "copies") >= 2, "{v}");
+    assert!(n("compact", "hits") >= 2, "the second pass: {v}");
+    assert!(n("compact", "bytes") >= 2 << 20, "{v}");
+    let text =
+        String::from_utf8(ok(run(&["cache", "status", "--control", s(&ctl)])).stdout).unwrap();
+    assert!(text.starts_with("img: decoded "), "{text}");
+    assert!(
+        text.contains("compact") && text.contains("% of reads decoded nothing"),
+        "{text}"
+    );
+}
+
 /// `--image NAME,rw`: a FLUSH makes writes durable in the overlay, not a
 /// snapshot; `cairn commit --control` makes one on request; a SIGKILL
 /// loses no flushed write (`cairn commit --repo` commits what the dead

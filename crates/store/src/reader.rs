@@ -530,6 +530,18 @@ mod tests {
                 }
             }
         }
+        // A compressed chunk not checked before compaction: its first
+        // read, of a few bytes, decodes and hashes it whole.
+        let g = group(
+            [a.clone(), b.clone()].concat(),
+            &[(0, 70_000, ids[0]), (70_000, 40_000, ids[1])],
+        );
+        let cg2 = g.compact(&mut Compressor::new()).unwrap();
+        let mut dst = [0u8; 3];
+        cg2.read(0, 70_000, &ids[0].prefix(), 50_000, &mut dst, &mut scratch)
+            .unwrap();
+        assert_eq!(dst, a[50_000..50_003]);
+        assert_eq!(scratch.len(), 70_000, "decoded whole to be checked");
         let mut dst = [0u8; 2];
         assert!(cg
             .read(0, 70_000, &ids[0].prefix(), 69_999, &mut dst, &mut scratch)

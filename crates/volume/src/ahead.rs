@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// How far past a stream's end a read may start and still continue it
+/// (for [`Streams::on_read`]'s answer, not for readahead).
+const NEAR: u64 = 256 << 10;
+
 /// Streams tracked at once: enough for several connections each reading
 /// its own part of the image (nbdcopy, `qemu-img convert -m`).
 const STREAMS: usize = 8;
@@ -40,12 +44,13 @@ impl Streams {
         }
     }
 
-    /// Note a read of `offset..end`: whether it continues a stream
-    /// (starts within a window of where one got to; requests of a
-    /// parallel reader arrive a little out of order), and if it does for
-    /// the second time or more, the range to read ahead and the stream it
-    /// belongs to. With readahead off (a window of 0) every read is
-    /// random.
+    /// Note a read of `offset..end`. Returns whether it continues a
+    /// stream (moves one forward, starting no further past where it got
+    /// to than its own length or [`NEAR`]: requests of a parallel reader
+    /// arrive a little out of order), and the range to read ahead with
+    /// the stream it belongs to, once a stream has been moved forward
+    /// twice by reads starting within a window of where it got to. With
+    /// readahead off (a window of 0) every read is random.
     pub(crate) fn on_read(&self, offset: u64, end: u64) -> (bool, Option<(usize, u64, u64)>) {
         if self.window == 0 {
             return (false, None);
@@ -71,6 +76,10 @@ impl Streams {
         };
         let s = &mut g.1[i];
         s.used = tick;
+        // A read continues the stream only if it moves it forward from
+        // about where it got to: one going back, or landing well past
+        // the end (random reads near a recent one), is random.
+        let streaming = end > s.next && offset <= s.next.saturating_add((end - offset).max(NEAR));
         // Only a read that moves the stream forward counts: a reader
         // going back and forth near one place is not sequential.
         if end > s.next {
@@ -80,10 +89,10 @@ impl Streams {
         let to = s.next.saturating_add(w);
         let from = s.ahead.max(s.next);
         if s.hits < 2 || from >= to {
-            return (true, None);
+            return (streaming, None);
         }
         s.ahead = to;
-        (true, Some((i, from, to)))
+        (streaming, Some((i, from, to)))
     }
 
     /// Scheduling of stream `i`'s range stopped short at `reached` (the
@@ -163,5 +172,44 @@ fn work(rx: &Receiver<Job>, packs: &Packs, cache: &Tiers, closing: &AtomicBool) 
             cache.decoded.counters.ahead.fetch_add(1, Ordering::Relaxed);
             cache.loaded(&job.slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_reads_moving_a_stream_on_from_where_it_got_count_as_streaming() {
+        let st = Streams::new(16 << 20);
+        let k = 4096;
+        // A new stream is random; reads that follow it stream.
+        assert!(!st.on_read(100 * k, 101 * k).0);
+        assert!(st.on_read(101 * k, 102 * k).0);
+        // A little out of order (a parallel reader): still the stream.
+        assert!(st.on_read(104 * k, 105 * k).0);
+        assert!(
+            !st.on_read(102 * k, 103 * k).0,
+            "behind the end: not forward"
+        );
+        // Within the window but far past the end, or behind it: random.
+        assert!(!st.on_read(105 * k + (4 << 20), 106 * k + (4 << 20)).0);
+        let st = Streams::new(16 << 20);
+        st.on_read(0, 1 << 20);
+        assert!(!st.on_read(0, k).0, "going back to the start");
+        // A long read may start as far past the end as it is long.
+        assert!(st.on_read(3 << 20, 5 << 20).0);
+        // Readahead still follows sequential reads from the second one.
+        let st = Streams::new(1 << 20);
+        assert_eq!(st.on_read(0, k), (false, None));
+        assert_eq!(st.on_read(k, 2 * k), (true, None));
+        assert_eq!(
+            st.on_read(2 * k, 3 * k),
+            (true, Some((0, 3 * k, 3 * k + (1 << 20))))
+        );
+        // Off: nothing streams.
+        let st = Streams::new(0);
+        st.on_read(0, k);
+        assert_eq!(st.on_read(k, 2 * k), (false, None));
     }
 }

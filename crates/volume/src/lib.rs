@@ -57,12 +57,14 @@
 //!   chunk, with LZ4 ([`cairn_store::CompactGroup`]) into a second cache
 //!   (default 1 GiB, about 3 GiB of OS image); a later read decodes only
 //!   the head of one chunk (32 KiB on average) at LZ4's speed. Groups a
-//!   stream read (readahead, or a read continuing a stream) are not
+//!   stream read (readahead, or a read moving a stream forward from about
+//!   where it got to) are not
 //!   copied: a sequential pass over a big image would pay an LZ4 pass per
 //!   group for copies nobody reads. Once the second tier is full it makes
 //!   new copies only while its hits keep pace with its evictions, so a
 //!   working set far bigger than both tiers does not pay for copies it
-//!   never reads. Copies keep each chunk's check state; a chunk not yet
+//!   never reads (one refused copy in 32 is made anyway, so a new hot
+//!   set still gets in). Copies keep each chunk's check state; a chunk not yet
 //!   checked is decoded whole and hashed on its first read from a copy.
 //! - **Decode once, however many readers.** A cache entry is created
 //!   before its group is decoded, holding a `OnceLock`: the first reader
@@ -81,7 +83,7 @@
 //!   second continuing read on, the records of the next window (default
 //!   16 MiB, at most half the cache) are queued for decoding on a pool of
 //!   threads (default: one per core), so a sequential reader finds decoded
-//!   groups. A random read matches no stream and schedules nothing. The
+//!   groups. A random read far from every stream schedules nothing. The
 //!   queue is short and never waited on: when it is full, readahead simply
 //!   stops where it got to. Only reads that move a stream forward count,
 //!   so a reader going back and forth in one place is not "sequential". A
@@ -111,7 +113,7 @@ use cairn_store::Session;
 use cairn_store::{CompactGroup, Group, Repository, Result};
 use map::{ExtentMap, HOLE, MISSING};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 pub use writable::{WritableStats, WritableVolume};
 
@@ -253,7 +255,14 @@ pub(crate) struct Tiers {
     /// tiers would otherwise pay an LZ4 pass per miss for copies evicted
     /// before anyone reads them.
     credit: AtomicI64,
+    /// Copies refused for want of credit: one in [`RETRY`] is made
+    /// anyway, so a tier filled by a phase of reads nobody repeats takes
+    /// in the next phase's groups and earns credit again.
+    refused: AtomicU64,
 }
+
+/// One in this many copies refused for want of credit is made anyway.
+const RETRY: u64 = 32;
 
 /// Most credit the compact tier saves up (see [`Tiers::credit`]).
 const CREDIT: i64 = 256;
@@ -264,6 +273,7 @@ impl Tiers {
             decoded: Cache::new(decoded),
             compact: (compact > 0).then(|| Cache::new(compact)),
             credit: AtomicI64::new(CREDIT),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -292,7 +302,10 @@ impl Tiers {
             return;
         };
         for (key, group) in evicted {
-            if compact.full() && self.credit.fetch_sub(1, Ordering::Relaxed) <= 0 {
+            if compact.full()
+                && self.credit.fetch_sub(1, Ordering::Relaxed) <= 0
+                && self.refused.fetch_add(1, Ordering::Relaxed) % RETRY != RETRY - 1
+            {
                 self.credit.fetch_add(1, Ordering::Relaxed);
                 continue;
             }

@@ -314,6 +314,12 @@ impl WritableVolume {
         self.read_state().volume.snapshot()
     }
 
+    /// Cache figures of the snapshot under the overlay (a commit starts
+    /// a new one, its caches empty).
+    pub fn volume_stats(&self) -> crate::VolumeStats {
+        self.read_state().volume.stats()
+    }
+
     /// Commit figures so far.
     pub fn stats(&self) -> WritableStats {
         let st = self.read_state();
