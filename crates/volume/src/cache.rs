@@ -149,12 +149,16 @@ impl<T: Weigh> Cache<T> {
     }
 
     /// What `key` holds if it is loaded (and loaded well), marking it
-    /// used; never creates a slot nor waits.
-    pub(crate) fn peek(&self, key: u64) -> Option<Arc<T>> {
+    /// used (and worth a second tier, with `keep`); never creates a slot
+    /// nor waits.
+    pub(crate) fn peek(&self, key: u64, keep: bool) -> Option<Arc<T>> {
         let g = self.lock();
         let s = g.map.get(&key)?;
         let got = s.cell.get()?.as_ref().ok()?.clone();
         s.referenced.store(true, Ordering::Relaxed);
+        if keep {
+            s.keep();
+        }
         Some(got)
     }
 

@@ -56,9 +56,9 @@
 //!   cache that a random read had loaded is compressed again, chunk by
 //!   chunk, with LZ4 ([`cairn_store::CompactGroup`]) into a second cache
 //!   (default 1 GiB, about 3 GiB of OS image); a later read decodes only
-//!   the head of one chunk (32 KiB on average) at LZ4's speed. Groups a
-//!   stream read (readahead, or a read moving a stream forward from about
-//!   where it got to) are not
+//!   the head of one chunk (32 KiB on average) at LZ4's speed. Groups
+//!   only streams used (readahead, or reads moving a stream forward from
+//!   about where it got to) are not
 //!   copied: a sequential pass over a big image would pay an LZ4 pass per
 //!   group for copies nobody reads. Once the second tier is full it makes
 //!   new copies only while its hits keep pace with its evictions, so a
@@ -285,9 +285,10 @@ impl Tiers {
         }
     }
 
-    /// A decoded group, if it is in the cache (a hit).
-    fn peek(&self, key: u64) -> Option<Arc<Group>> {
-        let g = self.decoded.peek(key)?;
+    /// A decoded group, if it is in the cache (a hit); `keep`: a random
+    /// read uses it, so keep a compact copy once it is evicted.
+    fn peek(&self, key: u64, keep: bool) -> Option<Arc<Group>> {
+        let g = self.decoded.peek(key, keep)?;
         self.decoded.counters.hits.fetch_add(1, Ordering::Relaxed);
         Some(g)
     }
@@ -422,10 +423,11 @@ impl Volume {
 
     /// The decoded group holding `loc`, from the cache or decoded now;
     /// `keep`: a random read wants it, so keep a compact copy once it is
-    /// evicted.
+    /// evicted (also if readahead loaded it: a stride of small reads uses
+    /// groups that readahead decodes).
     fn group(&self, loc: cairn_store::Location, keep: bool) -> Loaded<Group> {
-        let (slot, created) = self.cache.decoded.slot(key(loc.pack, loc.offset), false);
-        if created && keep {
+        let (slot, _) = self.cache.decoded.slot(key(loc.pack, loc.offset), false);
+        if keep {
             slot.keep();
         }
         let (got, ran) = slot.get_or_load(|| self.packs.load(loc).map(Arc::new));
@@ -604,7 +606,7 @@ impl BlockDev for Volume {
                 let (clen, from) = ((e - s) as u32, (at - s) as usize);
                 let group = match &held {
                     Some((hk, g)) if *hk == key => Some(g.clone()),
-                    _ => self.cache.peek(key),
+                    _ => self.cache.peek(key, random),
                 };
                 match group {
                     Some(group) => {
@@ -615,7 +617,7 @@ impl BlockDev for Volume {
                         held = Some((key, group));
                     }
                     None => {
-                        let compact = self.cache.compact.as_ref().and_then(|c| c.peek(key));
+                        let compact = self.cache.compact.as_ref().and_then(|c| c.peek(key, false));
                         if let Some(cg) = compact {
                             self.cache.compact_hit();
                             SCRATCH

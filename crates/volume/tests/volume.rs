@@ -432,6 +432,28 @@ fn a_stream_leaves_no_compact_copies() {
     assert!(st.evictions > 10, "{st:?}");
     // Only the stream's first read counts as random.
     assert!(st.compacted <= 1, "{st:?}");
+
+    // A stride of small reads (4 KiB every 300 KiB): each read lands
+    // past where the last ended, so it is random, though readahead
+    // follows it (within a window of the last read) and decodes the
+    // groups first. The groups it used get copies all the same, and a
+    // second pass reads from them.
+    let opts = VolumeOptions { threads: 2, ..opts };
+    let v = Volume::open(repo.clone(), "img", &opts).unwrap();
+    let stride = |v: &Volume| {
+        let mut at = 0;
+        while at + 4096 < data.len() {
+            same(&read(v, at as u64, 4096), &data[at..at + 4096], "stride");
+            at += 300 << 10;
+        }
+    };
+    stride(&v);
+    let first = v.stats();
+    assert!(first.queued > 0, "readahead follows: {first:?}");
+    assert!(first.compacted >= 5, "{first:?}");
+    stride(&v);
+    let st = v.stats();
+    assert!(st.compact_hits >= first.compact_hits + 5, "{st:?}");
 }
 
 #[test]
