@@ -250,10 +250,10 @@ pub(crate) struct Tiers {
     pub compact: Option<Cache<CompactGroup>>,
     /// Reads served by compact copies, less [`COPY_COST`] for each copy
     /// made while the compact tier was full (each of which evicts
-    /// another), at most [`CREDIT`]: once the tier is full, a copy is made
-    /// only while copies still earn their keep. A working set far bigger than both
-    /// tiers would otherwise pay an LZ4 pass per miss for copies evicted
-    /// before anyone reads them.
+    /// another), at most [`CREDIT`]: once the tier is full, a copy is
+    /// made only while copies still earn their keep. A working set far
+    /// bigger than both tiers would otherwise pay an LZ4 pass per miss
+    /// for copies evicted before anyone reads them.
     credit: AtomicI64,
     /// Copies refused for want of credit: one in [`RETRY`] is made
     /// anyway, so a tier filled by a phase of reads nobody repeats takes
@@ -264,11 +264,12 @@ pub(crate) struct Tiers {
 /// One in this many copies refused for want of credit is made anyway.
 const RETRY: u64 = 32;
 /// Credit a copy costs once the compact tier is full, in hits. An LZ4
-/// pass over a group costs about two zstd decodes of it (perf of a
-/// served image, 1.9x), but hits are also what the copies already in
-/// the tier earn without any new one: at a cost of 1 or 2, a tier much
-/// smaller than the random working set churned and gained nothing (64M
-/// tier on os2.img: 2.8-3.5k IOPS against 4.9k for 8; quick 15 s runs).
+/// pass over a group costs about 1.6-1.9 zstd decodes of it (perf of a
+/// served image), but hits are also what the copies already in the tier
+/// earn without any new one: at a cost of 1 or 2, a tier much smaller
+/// than the random working set churned and gained nothing (64M tier on
+/// os2.img, quick 15 s runs: 3.1-3.5k IOPS at 1, 3.3-3.4k at 2,
+/// 3.8-5.0k at 8).
 const COPY_COST: i64 = 8;
 
 /// Most credit the compact tier saves up (see [`Tiers::credit`]).
