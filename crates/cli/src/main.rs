@@ -439,7 +439,7 @@ fn init_logging(verbosity: u8) {
     } else {
         let filter = EnvFilter::default().add_directive(level.into());
         // The first -v also says how each stream is decoded (a gzip member
-        // in parallel, or on one core when it comes from a pipe).
+        // in parallel from a file or a pipe, or on one core, and why).
         match "cairn_codec=debug".parse() {
             Ok(d) if verbosity >= 1 => filter.add_directive(d),
             _ => filter,

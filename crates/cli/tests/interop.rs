@@ -606,10 +606,46 @@ fn range_reads(dir: &tempfile::TempDir, file: &Path, data: &[u8]) {
     assert!(String::from_utf8_lossy(&out.stderr).contains("crc_checked=1"));
 }
 
+/// A gzip stream longer than a segment (64 MiB of compressed bytes at two
+/// threads), read from a pipe, is inflated on every core a segment at a
+/// time, cut at blocks found near each segment's end; a second member
+/// after it (as `cat a.gz b.gz`) starts where the first one's bytes end,
+/// in the middle of a segment. The output is what gzip -d gives; a
+/// stream cut short is an error, never short output with status 0.
+#[test]
+fn a_foreign_gzip_stream_from_a_pipe_is_inflated_a_segment_at_a_time() {
+    if !have("gzip") {
+        return;
+    }
+    let mut data = Vec::new();
+    for i in 0..220 {
+        data.extend(mixed(150_000, i));
+        data.extend(noise(350_000, i + 1));
+    }
+    let cut = data.len() - 3_000_000;
+    let mut gz = run_ok("gzip", &["-1", "-c"], &data[..cut]);
+    assert!(gz.len() > 66 << 20, "only {} compressed bytes", gz.len());
+    gz.extend(run_ok("gzip", &["-1", "-c"], &data[cut..]));
+    let out = cairn_pipe(&["unpack", "-T", "2", "-v", "-c"], &gz);
+    assert!(out.status.success());
+    assert!(
+        out.stdout == data,
+        "{} of {} bytes",
+        out.stdout.len(),
+        data.len()
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("a segment at a time"), "{log}");
+    let short = &gz[..gz.len() * 4 / 5];
+    let out = cairn_pipe(&["unpack", "-T", "2", "-c"], short);
+    assert!(!out.status.success(), "a stream cut short passed");
+}
+
 /// One big member written by gzip -6 (no sizes in it), read from a file, is
-/// inflated on several threads from guessed block starts; read from a pipe,
-/// on one. Both give what gzip -d gives, and damage in the middle of the
-/// file is an error naming gzip, not wrong output.
+/// inflated on several threads from guessed block starts; read from a pipe
+/// too (the whole stream fits one segment). Both give what gzip -d gives,
+/// and damage in the middle of the file is an error naming gzip, not wrong
+/// output.
 #[test]
 fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     if !have("gzip") {
@@ -646,6 +682,13 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
         assert!(log.contains("inflating in parallel"), "{log}");
     }
     let out = cairn_pipe(&["unpack", "-T", "2", "-v"], &gz);
+    assert!(out.status.success() && out.stdout == data);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("read from a pipe: inflating in parallel"),
+        "{log}"
+    );
+    let out = cairn_pipe(&["unpack", "-T", "1", "-v"], &gz);
     assert!(out.status.success() && out.stdout == data);
     assert!(String::from_utf8_lossy(&out.stderr).contains("on one core"));
     checkpoint_index(&dir, &file, &data, &gz[..gz.len() - 1]);

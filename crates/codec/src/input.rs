@@ -42,9 +42,15 @@ impl SharedBytes {
     /// Bytes in memory, shared the same way (tests, callers that hold the
     /// whole input).
     pub fn from_vec(v: Vec<u8>) -> Self {
+        Self::from_arc(Arc::new(v))
+    }
+
+    /// Bytes in memory that the caller keeps a handle on too (to take the
+    /// buffer back for reuse once every share is gone).
+    pub fn from_arc(v: Arc<Vec<u8>>) -> Self {
         let len = v.len();
         SharedBytes {
-            map: Arc::new(v),
+            map: v,
             start: 0,
             len,
         }
@@ -277,6 +283,18 @@ impl Input {
 
     /// Move exactly `n` bytes to the end of `dst` or fail as truncated.
     pub fn take(&mut self, n: usize, dst: &mut Vec<u8>, format: &'static str) -> Result<()> {
+        if self.read_up_to(dst, n)? < n {
+            return Err(CodecError::Truncated {
+                format,
+                offset: self.offset,
+            });
+        }
+        Ok(())
+    }
+
+    /// Move `n` bytes to the end of `dst`, fewer only where the input
+    /// ends; returns how many were moved.
+    pub fn read_up_to(&mut self, dst: &mut Vec<u8>, n: usize) -> Result<usize> {
         // What is buffered first, then the rest straight from the source
         // into `dst`: a whole frame or block run is copied once, not twice.
         let k = (self.end - self.pos).min(n);
@@ -284,7 +302,7 @@ impl Input {
         self.consume(k);
         let mut left = (n - k) as u64;
         if left == 0 {
-            return Ok(());
+            return Ok(n);
         }
         dst.reserve(left as usize);
         while left > 0 && !self.eof {
@@ -304,13 +322,7 @@ impl Input {
                 }
             }
         }
-        if left > 0 {
-            return Err(CodecError::Truncated {
-                format,
-                offset: self.offset,
-            });
-        }
-        Ok(())
+        Ok(n - left as usize)
     }
 
     /// Skip exactly `n` bytes or fail as truncated `format`.
@@ -367,6 +379,16 @@ fn map_file(file: &File, len: u64) -> Option<Arc<Mmap>> {
     // Frames are taken in order: read ahead, and let pages go behind.
     let _ = map.advise(memmap2::Advice::Sequential);
     Some(Arc::new(map))
+}
+
+impl crate::inflate::segmented::Source for Input {
+    fn read_up_to(&mut self, dst: &mut Vec<u8>, max: usize) -> Result<usize> {
+        Input::read_up_to(self, dst, max)
+    }
+
+    fn unread(&mut self, bytes: &[u8]) {
+        Input::unread(self, bytes)
+    }
 }
 
 #[cfg(test)]

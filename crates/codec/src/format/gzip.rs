@@ -7,22 +7,25 @@
 //! `BC` with a 2-byte length) to hop from member to member without
 //! inflating, and inflates the members on all cores with libdeflate.
 //! Members without a length (pigz, gzip, concatenations of those) are
-//! inflated on all cores too when the input is a file ([`crate::inflate`]:
-//! chunks decoded from guessed block starts, stitched in order), and in the
-//! splitter as a stream (zlib-rs through flate2) when it is a pipe or one
-//! thread is asked for; so are members whose extra field is malformed or
-//! whose length is not plausible: like gzip, cairn never refuses a member
-//! for its extra field.
+//! inflated on all cores too ([`crate::inflate`]: chunks decoded from
+//! guessed block starts, stitched in order): in place when the input is a
+//! file, a segment at a time when it is a pipe
+//! ([`crate::inflate::segmented`]). They are inflated in the splitter as a
+//! stream (zlib-rs) when one thread is asked for, when the member is short,
+//! or when a pipe's stream has no block to cut a segment at; so are members
+//! whose extra field is malformed or whose length is not plausible: like
+//! gzip, cairn never refuses a member for its extra field.
 //!
 //! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
 //! | member length u32le | raw deflate | crc32 | isize`.
 
 use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, DeflateCodec};
-use crate::buf::grow;
 use crate::error::{CodecError, Result};
 use crate::inflate::index::GzipIndex;
-use crate::inflate::ParallelInflate;
+use crate::inflate::segmented::{self, Opened, Segmented};
+use crate::inflate::zstream::ZInflate;
+use crate::inflate::{ParallelInflate, Resume, CHUNK};
 use crate::input::Input;
 use std::sync::{Arc, Mutex};
 
@@ -178,9 +181,37 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
 
 /// State of a member being inflated in the splitter.
 struct Streaming {
-    inflate: flate2::Decompress,
+    inflate: ZInflate,
     crc: crc32fast::Hasher,
     size: u64,
+}
+
+impl Streaming {
+    /// Inflate on from `from`: the input's next byte holds `from.bit`,
+    /// where a block starts (the member's first, or where a parallel
+    /// inflate stopped), after the output the rest of `from` describes.
+    fn resume(input: &mut Input, from: Resume) -> Result<Self> {
+        let off = input.offset();
+        input.need(1, NAME)?;
+        let (inflate, at) = ZInflate::starting_at(input.peek(), from.bit, &from.window)
+            .map_err(|reason| CodecError::corrupt(NAME, off, reason))?;
+        input.consume(at);
+        Ok(Streaming {
+            inflate,
+            crc: from.crc,
+            size: from.size,
+        })
+    }
+}
+
+/// What [`Splitter::start_parallel`] found.
+enum Parallel {
+    /// The member is being inflated in parallel, in place.
+    Mapped,
+    /// The input is not a file that maps (a pipe).
+    Pipe,
+    /// Not worth it, or one thread: why.
+    No(&'static str),
 }
 
 /// Finds member boundaries; inflates members that carry no length.
@@ -190,6 +221,8 @@ pub struct Splitter {
     /// The member being inflated in parallel, and the offset of its
     /// DEFLATE data (its key in the index).
     parallel: Option<(ParallelInflate, u64)>,
+    /// The same for a member read from a pipe, a segment at a time.
+    piped: Option<(Box<Segmented>, u64)>,
     threads: usize,
     members: u64,
     index: Option<Arc<Mutex<GzipIndex>>>,
@@ -213,6 +246,7 @@ impl Splitter {
             input,
             streaming: None,
             parallel: None,
+            piped: None,
             threads,
             members: 0,
             index: None,
@@ -234,19 +268,15 @@ impl Splitter {
 
     /// Start inflating the member whose body starts at the input's offset
     /// on the workers, when that is possible and worth it.
-    fn start_parallel(&mut self) -> bool {
+    fn start_parallel(&mut self) -> Parallel {
         if self.threads < 2 {
-            return false;
+            return Parallel::No("one thread");
         }
         let Some(rest) = self.input.mapped_rest() else {
-            tracing::debug!(
-                offset = self.input.offset(),
-                "gzip member without sizes read from a pipe: inflating on one core"
-            );
-            return false;
+            return Parallel::Pipe;
         };
         if rest.as_slice().len() < PARALLEL_MIN {
-            return false;
+            return Parallel::No("under two chunks");
         }
         let key = self.input.offset();
         let known = self.lock_index().and_then(|i| i.members.get(&key).cloned());
@@ -261,7 +291,60 @@ impl Splitter {
             None => ParallelInflate::new(rest, self.threads),
         };
         self.parallel = Some((p, key));
-        true
+        Parallel::Mapped
+    }
+
+    /// Start inflating the member whose body starts at the input's
+    /// offset, read from a pipe, a segment at a time; else on one core
+    /// from where the segments left it.
+    fn start_piped(&mut self) -> Result<()> {
+        let base = self.input.offset();
+        let opened = Segmented::start(&mut self.input, self.threads, CHUNK, PARALLEL_MIN)
+            .map_err(|e| super::at_offset(e, base))?;
+        match opened {
+            Opened::Parallel(s) => {
+                tracing::debug!(
+                    offset = base,
+                    threads = self.threads,
+                    segment = segmented::segment_bytes(self.threads, CHUNK),
+                    "gzip member without sizes read from a pipe: inflating in parallel, a segment at a time"
+                );
+                self.piped = Some((s, base));
+            }
+            Opened::OneCore(from) => {
+                tracing::debug!(
+                    offset = base,
+                    why = "under two chunks or nothing to cut at",
+                    "gzip member without sizes: inflating on one core"
+                );
+                self.streaming = Some(Streaming::resume(&mut self.input, from)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn piped_some(&mut self, unit: &mut Unit) -> Result<()> {
+        let Some((s, base)) = self.piped.as_mut() else {
+            return Ok(());
+        };
+        let base = *base;
+        unit.kind = UnitKind::Plain;
+        unit.offset = base;
+        let step = s
+            .next_piece(&mut self.input, &mut unit.data)
+            .map_err(|e| super::at_offset(e, base))?;
+        match step {
+            segmented::Step::Piece => Ok(()),
+            segmented::Step::End { crc, size } => {
+                self.piped = None;
+                self.check_trailer(crc, size)
+            }
+            segmented::Step::OneCore(from) => {
+                self.piped = None;
+                self.streaming = Some(Streaming::resume(&mut self.input, from)?);
+                self.stream_some(unit)
+            }
+        }
     }
 
     fn parallel_some(&mut self, unit: &mut Unit) -> Result<()> {
@@ -379,20 +462,17 @@ impl Splitter {
                     offset: self.input.offset(),
                 });
             }
-            let before_in = st.inflate.total_in();
             let before_len = unit.data.len();
-            let (_, tail) = grow(&mut unit.data, PLAIN_UNIT - before_len.min(PLAIN_UNIT));
-            let status = st
+            unit.data.reserve(PLAIN_UNIT - before_len.min(PLAIN_UNIT));
+            let step = st
                 .inflate
-                .decompress(self.input.peek(), tail, flate2::FlushDecompress::None)
-                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
-            let produced = (st.inflate.total_out() - st.size) as usize;
-            unit.data.truncate(before_len + produced);
+                .inflate(self.input.peek(), &mut unit.data, false)
+                .map_err(|reason| CodecError::corrupt(NAME, self.input.offset(), reason))?;
+            let (consumed, produced) = (step.consumed, step.produced);
             st.crc.update(&unit.data[before_len..]);
             st.size += produced as u64;
-            let consumed = (st.inflate.total_in() - before_in) as usize;
             self.input.consume(consumed);
-            if status == flate2::Status::StreamEnd {
+            if step.end {
                 let off = self.input.offset();
                 let st = self
                     .streaming
@@ -418,6 +498,10 @@ impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
         if self.parallel.is_some() {
             self.parallel_some(unit)?;
+            return Ok(true);
+        }
+        if self.piped.is_some() {
+            self.piped_some(unit)?;
             return Ok(true);
         }
         if self.streaming.is_some() {
@@ -451,16 +535,26 @@ impl super::Splitter for Splitter {
             }
         }
         self.input.consume(header.len);
-        if self.start_parallel() {
-            self.parallel_some(unit)?;
-            return Ok(true);
+        match self.start_parallel() {
+            Parallel::Mapped => {
+                self.parallel_some(unit)?;
+                return Ok(true);
+            }
+            Parallel::Pipe => self.start_piped()?,
+            Parallel::No(why) => {
+                tracing::debug!(
+                    offset = self.input.offset(),
+                    why,
+                    "gzip member without sizes: inflating on one core"
+                );
+                self.streaming = Some(Streaming::resume(&mut self.input, Resume::default())?)
+            }
         }
-        self.streaming = Some(Streaming {
-            inflate: flate2::Decompress::new(false),
-            crc: crc32fast::Hasher::new(),
-            size: 0,
-        });
-        self.stream_some(unit)?;
+        if self.piped.is_some() {
+            self.piped_some(unit)?;
+        } else {
+            self.stream_some(unit)?;
+        }
         Ok(true)
     }
 

@@ -34,6 +34,7 @@
 
 pub mod index;
 pub mod marker;
+pub mod segmented;
 mod whole;
 pub(crate) mod zstream;
 
@@ -106,6 +107,13 @@ struct Shared {
     indexed: Option<HashMap<usize, Checkpoint>>,
     /// Block searches run (each costs a scan of the chunk's bits).
     searches: AtomicUsize,
+    /// The crew's buffers.
+    pools: Arc<Pools>,
+}
+
+/// Buffers the workers and the reader hand back and forth, kept from one
+/// segment of a stream to the next (see [`Crew`]).
+struct Pools {
     /// Whole-chunk output buffers handed back by the reader, for reuse (no
     /// page faults on fresh memory); room for all of them.
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
@@ -118,6 +126,63 @@ struct Shared {
     /// pipeline's buffers it swapped them for), so a long streamed chunk
     /// does not fault in fresh pages for every piece.
     spare_pieces: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
+}
+
+/// The worker threads and their buffers: made once for a stream and, when
+/// it is inflated a segment at a time, shared by each segment's
+/// [`ParallelInflate`] in turn (two at once while one segment ends and the
+/// next begins). A task carries its segment's [`Shared`].
+pub struct Crew {
+    work: Option<Sender<(Arc<Shared>, Task)>>,
+    workers: Vec<JoinHandle<()>>,
+    pools: Arc<Pools>,
+    threads: usize,
+    chunk: usize,
+}
+
+impl Crew {
+    /// `threads` workers for chunks of `chunk` compressed bytes.
+    pub fn new(threads: usize, chunk: usize) -> Arc<Crew> {
+        let threads = threads.max(1);
+        let chunk = chunk.max(1);
+        let pools = Arc::new(Pools {
+            spare: bounded(threads + 2),
+            whole_left: AtomicUsize::new(threads + 2),
+            spare16: bounded(threads),
+            spare_pieces: bounded(threads * AHEAD),
+        });
+        // Room for the tasks of two segments' readers.
+        let (work, rx) = bounded::<(Arc<Shared>, Task)>(threads * 4);
+        let workers = (0..threads)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::spawn(move || {
+                    let mut w = Worker::new(chunk);
+                    for (shared, task) in rx {
+                        w.run(&shared, task);
+                    }
+                })
+            })
+            .collect();
+        Arc::new(Crew {
+            work: Some(work),
+            workers,
+            pools,
+            threads,
+            chunk,
+        })
+    }
+}
+
+impl Drop for Crew {
+    fn drop(&mut self) {
+        // Closing the channel ends each worker's loop once its task is
+        // done (a task whose reader has gone ends at its next send).
+        self.work = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
 }
 
 impl Shared {
@@ -167,10 +232,11 @@ impl Shared {
     /// in use (the chunk is then streamed: memory stays bounded, and no
     /// worker waits on the reader, which may wait on it).
     fn buffer(&self, capacity: usize) -> Option<Vec<u8>> {
-        let mut v = match self.spare.1.try_recv() {
+        let mut v = match self.pools.spare.1.try_recv() {
             Ok(v) => v,
             Err(_) => {
-                self.whole_left
+                self.pools
+                    .whole_left
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
                     .ok()?;
                 Vec::new()
@@ -226,11 +292,40 @@ enum End {
     Truncated(usize),
 }
 
+/// Where a stretch of a stream starts when the stream is inflated stretch
+/// by stretch (read from a pipe, [`ParallelInflate::segment`]): the bit in
+/// the stretch's first byte where a block starts, the output before it (the
+/// last 32 KiB, or fewer), and the CRC-32 and size of all output so far.
+#[derive(Clone, Debug, Default)]
+pub struct Resume {
+    /// The bit of the stretch's data where its first block starts.
+    pub bit: usize,
+    /// The last 32 KiB (or fewer) of output before it.
+    pub window: Vec<u8>,
+    /// CRC-32 of all output before it.
+    pub crc: crc32fast::Hasher,
+    /// Bytes of output before it.
+    pub size: u64,
+}
+
+/// Bytes a segment keeps after the block it is cut at (or a chunk's
+/// worth, when less), so that the block search's checks (that block and
+/// the next one decode) have their data.
+const CUT_MARGIN: usize = 1 << 20;
+
+/// Where a segment ends: the first block of its chunk `chunk`, at `bit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// The chunk whose first block the cut is.
+    pub chunk: usize,
+    /// The bit of the segment's data where that block starts.
+    pub bit: usize,
+}
+
 /// A member being inflated by the workers; the reader side.
 pub struct ParallelInflate {
     shared: Arc<Shared>,
-    work: Option<Sender<Task>>,
-    workers: Vec<JoinHandle<()>>,
+    crew: Arc<Crew>,
     /// Chunks handed out, in order: their first bit and their output.
     queue: VecDeque<(usize, Receiver<Piece>)>,
     /// Their bits and output offsets, in order of bit.
@@ -258,6 +353,25 @@ pub struct ParallelInflate {
     depth: usize,
     /// Most bytes handed out at once.
     piece: usize,
+    /// With more of the stream after `data` (a segment): the chunk whose
+    /// first block ends this segment, and that block's bit. No chunk from
+    /// it on is handed out; the output stops at the first block boundary
+    /// at or after the bit.
+    cut: Option<Cut>,
+    /// Made ahead of its output: the window before `data` is not known
+    /// yet ([`Self::begin`] gives it).
+    waiting: bool,
+}
+
+/// Where a segment's output starts ([`ParallelInflate::segment`]).
+pub enum SegmentStart {
+    /// At `bit`, after the output it describes.
+    Known(Resume),
+    /// At this bit, with the output before it not known yet: the segment
+    /// is made ahead, so the workers can begin on its chunks while the one
+    /// before it ends, and its first chunk is decoded as any other, with
+    /// markers. [`ParallelInflate::begin`] says what came before.
+    Ahead(usize),
 }
 
 impl ParallelInflate {
@@ -270,7 +384,45 @@ impl ParallelInflate {
     /// Like [`Self::new`] with chunks of `chunk` compressed bytes, handing
     /// out output in pieces of at most `piece` bytes.
     pub fn with_chunk(data: SharedBytes, threads: usize, chunk: usize, piece: usize) -> Self {
-        Self::start(data, threads, chunk, piece, None)
+        let crew = Crew::new(threads, chunk);
+        Self::start(data, crew, piece, None, Resume::default(), true, None)
+    }
+
+    /// Inflate a segment of a stream that is read stretch by stretch (from
+    /// a pipe) on `crew`, which chunks it: `data` starts where `start`
+    /// says. With a `cut` ([`find_cut`]: the stream goes on past `data`),
+    /// no chunk from the cut's on is handed out, [`Self::next_piece`] says
+    /// `false` at the first block boundary at or after the cut's bit, and
+    /// [`Self::resume`] says where the next segment starts.
+    pub fn segment(
+        data: SharedBytes,
+        crew: &Arc<Crew>,
+        start: SegmentStart,
+        cut: Option<Cut>,
+    ) -> Self {
+        let (from, known) = match start {
+            SegmentStart::Known(from) => (from, true),
+            SegmentStart::Ahead(bit) => (
+                Resume {
+                    bit,
+                    ..Resume::default()
+                },
+                false,
+            ),
+        };
+        Self::start(data, crew.clone(), PIECE, None, from, known, cut)
+    }
+
+    /// For a segment made [`SegmentStart::Ahead`]: the output reached it,
+    /// at `from` (its bit may be past the one it was made for, should the
+    /// segment before have ended past its cut).
+    pub fn begin(&mut self, from: Resume) {
+        self.pos = from.bit;
+        self.window = from.window;
+        self.window.reserve(marker::WINDOW);
+        self.crc = from.crc;
+        self.size = from.size;
+        self.waiting = false;
     }
 
     /// Like [`Self::new`], starting chunks at the checkpoints of `index`
@@ -288,18 +440,31 @@ impl ParallelInflate {
             tracing::debug!(chunk, "an index with chunks this small is not used");
             return Self::new(data, threads);
         }
-        Self::start(data, threads, chunk, PIECE, Some(index))
+        let crew = Crew::new(threads, chunk);
+        Self::start(
+            data,
+            crew,
+            PIECE,
+            Some(index),
+            Resume::default(),
+            true,
+            None,
+        )
     }
 
+    /// `known`: the window before `from.bit` is `from.window`; else chunk 0
+    /// starts with markers at `from.bit` and [`Self::begin`] follows.
     fn start(
         data: SharedBytes,
-        threads: usize,
-        chunk: usize,
+        crew: Arc<Crew>,
         piece: usize,
         index: Option<MemberIndex>,
+        from: Resume,
+        known_start: bool,
+        cut: Option<Cut>,
     ) -> Self {
-        let threads = threads.max(1);
-        let chunk_bits = chunk.max(1) * 8;
+        let threads = crew.threads;
+        let chunk_bits = crew.chunk * 8;
         let mut known = HashMap::new();
         let member_len = index.as_ref().map(|i| i.out_len);
         let indexed = index.is_some();
@@ -324,34 +489,28 @@ impl ParallelInflate {
         let mut known_bits: Vec<(usize, u64)> =
             known.values().map(|p| (p.bit as usize, p.out)).collect();
         known_bits.sort_unstable();
+        // The block a segment is cut at was found as its chunk's first, as
+        // was the one a segment made ahead starts at.
+        let ahead = (!known_start).then_some(Cut {
+            chunk: 0,
+            bit: from.bit,
+        });
+        let finds = cut
+            .into_iter()
+            .chain(ahead)
+            .map(|c| (c.chunk, Arc::new(OnceLock::from(Some(c.bit)))))
+            .collect();
         let shared = Arc::new(Shared {
             data,
             chunk_bits,
-            finds: Mutex::new(HashMap::new()),
+            finds: Mutex::new(finds),
             indexed: indexed.then_some(known),
             searches: AtomicUsize::new(0),
-            spare: bounded(threads + 2),
-            whole_left: AtomicUsize::new(threads + 2),
-            spare16: bounded(threads),
-            spare_pieces: bounded(threads * AHEAD),
+            pools: crew.pools.clone(),
         });
-        let (work, rx) = bounded::<Task>(threads * 2);
-        let workers = (0..threads)
-            .map(|_| {
-                let rx = rx.clone();
-                let shared = shared.clone();
-                std::thread::spawn(move || {
-                    let mut w = Worker::new(shared.chunk_bits / 8);
-                    for task in rx {
-                        w.run(&shared, task);
-                    }
-                })
-            })
-            .collect();
         let mut p = ParallelInflate {
             shared,
-            work: Some(work),
-            workers,
+            crew,
             queue: VecDeque::new(),
             known_bits,
             member_len,
@@ -360,14 +519,17 @@ impl ParallelInflate {
             current: None,
             draining: None,
             resolving: None,
-            pos: 0,
-            window: Vec::with_capacity(marker::WINDOW),
-            crc: crc32fast::Hasher::new(),
-            size: 0,
+            pos: from.bit,
+            window: from.window.clone(),
+            crc: from.crc,
+            size: from.size,
             end: None,
             depth: threads,
             piece: piece.max(1),
+            cut,
+            waiting: !known_start,
         };
+        p.window.reserve(marker::WINDOW);
         p.fill_queue();
         p
     }
@@ -386,6 +548,11 @@ impl ParallelInflate {
     /// [`Task::stop`]); with one, at its first checkpoint from `bound` on,
     /// exactly, the start of a chunk to come.
     fn next_known(&self, bound: usize) -> usize {
+        if let Some(c) = self.cut {
+            if bound >= c.chunk * self.shared.chunk_bits {
+                return c.bit;
+            }
+        }
         if self.known_bits.is_empty() {
             return bound;
         }
@@ -406,17 +573,22 @@ impl ParallelInflate {
 
     /// Hand out chunks until `depth` are waiting.
     fn fill_queue(&mut self) {
-        let Some(work) = &self.work else { return };
+        let Some(work) = &self.crew.work else { return };
         while self.queue.len() < self.depth {
             let from = self.next_chunk * self.shared.chunk_bits;
             if from >= self.bits() {
                 return;
             }
+            if self.cut.is_some_and(|c| self.next_chunk >= c.chunk) {
+                return;
+            }
             let (tx, rx) = bounded(AHEAD);
-            let start = if self.next_chunk == 0 {
+            let start = if self.next_chunk == 0 && !self.waiting {
+                // Handed out before any output: where the stream (or a
+                // segment of it) starts.
                 Start::Known {
-                    bit: 0,
-                    window: Vec::new(),
+                    bit: self.pos,
+                    window: self.window.clone(),
                     chunk: Some(0),
                     out_len: self.out_len_from(0, 0),
                 }
@@ -435,7 +607,7 @@ impl ParallelInflate {
                 stop: self.next_known(from + self.shared.chunk_bits),
                 tx,
             };
-            if work.send(task).is_err() {
+            if work.send((self.shared.clone(), task)).is_err() {
                 return;
             }
             self.queue.push_back((from, rx));
@@ -446,6 +618,13 @@ impl ParallelInflate {
     /// Decode the next piece of output into `out` (empty on entry);
     /// `false` once the final block has been read.
     pub fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        if self.waiting {
+            return Err(CodecError::corrupt(
+                NAME,
+                (self.pos / 8) as u64,
+                "internal: a segment read before the one before it ended",
+            ));
+        }
         loop {
             if let Some((b, at)) = &mut self.draining {
                 let n = (b.len() - *at).min(self.piece);
@@ -453,7 +632,7 @@ impl ParallelInflate {
                 *at += n;
                 if *at == b.len() {
                     if let Some((b, _)) = self.draining.take() {
-                        let _ = self.shared.spare.0.try_send(b);
+                        let _ = self.shared.pools.spare.0.try_send(b);
                     }
                 }
                 self.took(out);
@@ -466,14 +645,14 @@ impl ParallelInflate {
                 *at += n;
                 if *at == m.len() {
                     if let Some((m, _, _)) = self.resolving.take() {
-                        let _ = self.shared.spare16.0.try_send(m);
+                        let _ = self.shared.pools.spare16.0.try_send(m);
                     }
                 }
                 self.crc.update(out);
                 self.took(out);
                 return Ok(true);
             }
-            if self.end.is_some() {
+            if self.end.is_some() || self.cut_reached() {
                 return Ok(false);
             }
             let Some(rx) = &self.current else {
@@ -490,7 +669,7 @@ impl ParallelInflate {
                     self.crc.combine(&crc);
                     std::mem::swap(out, &mut b);
                     if b.capacity() >= PIECE {
-                        let _ = self.shared.spare_pieces.0.try_send(b);
+                        let _ = self.shared.pools.spare_pieces.0.try_send(b);
                     }
                     self.took(out);
                     return Ok(true);
@@ -504,6 +683,9 @@ impl ParallelInflate {
                 Piece::End(End::Boundary(bit)) => {
                     self.pos = bit;
                     self.current = None;
+                    if self.cut.is_some_and(|c| bit >= c.bit) {
+                        return Ok(false);
+                    }
                 }
                 Piece::End(End::Last(bit)) => {
                     self.pos = bit;
@@ -579,9 +761,10 @@ impl ParallelInflate {
         // Decode from `pos`, with the window known, up to where the next
         // handed-out chunk begins its search.
         tracing::trace!(pos = self.pos, "restarting from where the output stands");
-        let stop = match self.queue.front() {
-            Some((from, _)) => self.next_known(*from),
-            None => self.bits() + 1,
+        let stop = match (self.queue.front(), self.cut) {
+            (Some((from, _)), _) => self.next_known(*from),
+            (None, Some(c)) => c.bit,
+            (None, None) => self.bits() + 1,
         };
         // Where the output stands is a block boundary with its window: a
         // checkpoint for its chunk if that has none.
@@ -623,6 +806,29 @@ impl ParallelInflate {
         )
     }
 
+    /// Whether a segment has handed out every chunk before its cut to the
+    /// workers (the next segment can be made ahead from then on).
+    pub fn handed_out_all(&self) -> bool {
+        self.cut.is_some_and(|c| self.next_chunk >= c.chunk)
+    }
+
+    /// Whether a segment's output has reached its cut.
+    fn cut_reached(&self) -> bool {
+        self.end.is_none() && self.current.is_none() && self.cut.is_some_and(|c| self.pos >= c.bit)
+    }
+
+    /// Once [`Self::next_piece`] said `false` at a segment's cut (not at
+    /// the stream's end): where the next segment starts, as a bit of this
+    /// one's data, with the output so far.
+    pub fn resume(&self) -> Option<Resume> {
+        self.cut_reached().then(|| Resume {
+            bit: self.pos,
+            window: self.window.clone(),
+            crc: self.crc.clone(),
+            size: self.size,
+        })
+    }
+
     /// The checkpoints the output reached so far: an index for a later
     /// read of this stream ([`Self::with_index`]).
     pub fn checkpoints(&self) -> MemberIndex {
@@ -644,16 +850,12 @@ impl ParallelInflate {
 
 impl Drop for ParallelInflate {
     fn drop(&mut self) {
-        // Closing the channels makes every worker's next send fail and the
-        // pool's loop end.
-        self.work = None;
+        // Closing the chunks' channels makes every worker's next send for
+        // them fail; the crew ends with its last reader.
         self.draining = None;
         self.resolving = None;
         self.queue.clear();
         self.current = None;
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
     }
 }
 
@@ -720,7 +922,7 @@ impl Worker {
             if dec.window_known() {
                 tracing::trace!(first, pos, symbols = dec.out.len(), "window clean");
                 let window = dec.window();
-                let spare = shared.spare16.1.try_recv().unwrap_or_default();
+                let spare = shared.pools.spare16.1.try_recv().unwrap_or_default();
                 if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
                     self.finish(shared, Some((k, None)), pos, &window, stop, &tx);
                 }
@@ -746,7 +948,7 @@ impl Worker {
                 }
             }
         };
-        let spare = shared.spare16.1.try_recv().unwrap_or_default();
+        let spare = shared.pools.spare16.1.try_recv().unwrap_or_default();
         if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
             let _ = tx.send(Piece::End(end));
         }
@@ -829,11 +1031,37 @@ impl Worker {
             }
             _ => {
                 tracing::trace!(?outcome, bit, ?end, "whole inflate failed; streaming");
-                let _ = shared.spare.0.try_send(out);
+                let _ = shared.pools.spare.0.try_send(out);
                 None
             }
         }
     }
+}
+
+/// Where to cut a segment of a stream read stretch by stretch, when more
+/// of the stream follows `data`: the first block of the last chunk (of
+/// `chunk` bytes, counted from the start of `data`) that has one starting
+/// a margin ([`CUT_MARGIN`], or a chunk when that is less) before the end
+/// of `data`; `None` when no chunk after the first has one (the caller
+/// reads more, or inflates on one core). `first`: the bit where the
+/// segment's output starts.
+pub fn find_cut(data: &[u8], chunk: usize, first: usize) -> Option<Cut> {
+    let chunk = chunk.max(1);
+    let chunk_bits = chunk * 8;
+    let to = data.len().checked_sub(CUT_MARGIN.min(chunk))? * 8;
+    let mut dec = MarkerDecoder::default();
+    let mut k = to / chunk_bits;
+    while k > 0 {
+        let from = k * chunk_bits;
+        if from > first {
+            let end = to.min(from + chunk_bits);
+            if let Some((bit, _, _)) = marker::find_block(&mut dec, data, from, end) {
+                return Some(Cut { chunk: k, bit });
+            }
+        }
+        k -= 1;
+    }
+    None
 }
 
 /// Inflate from bit `bit` with `window` before it, with zlib-rs, sending
@@ -856,7 +1084,7 @@ fn inflate_known_inner(
     tx: &Sender<Piece>,
 ) -> std::result::Result<Option<End>, End> {
     let data = shared.data.as_slice();
-    let fresh = || match shared.spare_pieces.1.try_recv() {
+    let fresh = || match shared.pools.spare_pieces.1.try_recv() {
         Ok(mut v) => {
             v.clear();
             v.reserve(PIECE);
