@@ -12,8 +12,13 @@ every decoder is compared with the image once. Wall time, CPU time and peak
 RSS come from /usr/bin/time; the table gives medians and the ratio of each
 peer's time to cairn's.
 
+With `--source pipe`, every decoder reads the .gz from a pipe (`cat GZ |
+decoder`, the pipeline timed whole, cat's CPU included for all), as
+`curl | gunzip` or `tar -xz` from a pipe would; the index run is left out
+(an index belongs to a file).
+
   bench/gunzip.py --cairn target/release/cairn --image IMG [--runs 5]
-                  --out-dir bench/runs/DATE-gunzip
+                  [--source file|pipe] --out-dir bench/runs/DATE-gunzip
 """
 import argparse
 import csv
@@ -45,10 +50,15 @@ def decoders(cairn, threads, index):
     ]
 
 
-def timed(argv, src, dst):
-    """(wall s, cpu s, max RSS KiB) of argv SRC > DST."""
+def timed(argv, src, dst, pipe=False):
+    """(wall s, cpu s, max RSS KiB) of argv SRC > DST, or of cat SRC | argv
+    > DST with `pipe`."""
+    if pipe:
+        cmd = ["sh", "-c", 'src="$1"; shift; cat "$src" | "$@"', "sh", src, *argv]
+    else:
+        cmd = [*argv, src]
     with open(dst, "wb") as out:
-        p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *argv, src],
+        p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", *cmd],
                            stdout=out, stderr=subprocess.PIPE, check=True)
     wall, user, sys_, rss = p.stderr.decode().strip().splitlines()[-1].split()
     return float(wall), float(user) + float(sys_), int(rss)
@@ -62,7 +72,10 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--work", default=None, help="directory for the .gz and outputs")
+    ap.add_argument("--source", choices=("file", "pipe"), default="file",
+                    help="decoders read the .gz from the file, or from a pipe")
     a = ap.parse_args()
+    pipe = a.source == "pipe"
     os.makedirs(a.out_dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=a.work)
     try:
@@ -70,11 +83,12 @@ def main():
         with open(a.image, "rb") as src, open(gz, "wb") as out:
             subprocess.run(["gzip", "-6", "-c"], stdin=src, stdout=out, check=True)
         index = os.path.join(work, "image.gz.index")
-        decs = [d for d in decoders(a.cairn, a.threads, index) if shutil.which(d[1][0])]
+        decs = [d for d in decoders(a.cairn, a.threads, index) if shutil.which(d[1][0])
+                and not (pipe and "--index" in d[1])]
         outfile = os.path.join(work, "out")
         # Correctness first: every decoder's output is the image.
         for name, argv in decs:
-            timed(argv, gz, outfile)
+            timed(argv, gz, outfile, pipe)
             same = subprocess.run(["cmp", "-s", outfile, a.image]).returncode == 0
             print(f"{name}: output {'identical' if same else 'DIFFERS'}", flush=True)
             if not same:
@@ -84,7 +98,7 @@ def main():
             for sink in ("file", "null"):
                 for name, argv in decs:
                     dst = outfile if sink == "file" else "/dev/null"
-                    wall, cpu, rss = timed(argv, gz, dst)
+                    wall, cpu, rss = timed(argv, gz, dst, pipe)
                     rows.append(dict(round=r, sink=sink, decoder=name, wall_s=wall,
                                      cpu_s=cpu, rss_kib=rss))
                     print(f"round {r} {sink:4} {name:18} {wall:6.2f} s", flush=True)
@@ -95,6 +109,7 @@ def main():
         size = os.path.getsize(a.image)
         lines = [f"# gunzip of one gzip -6 member, {size / 1e6:.0f} MB image "
                  f"({os.path.getsize(gz) / 1e6:.0f} MB compressed), {a.threads} threads, "
+                 f"read from {'a pipe (cat GZ | decoder)' if pipe else 'the file'}, "
                  f"medians of {a.runs}", ""]
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, sink in zip(axes, ("file", "null")):
@@ -125,7 +140,8 @@ def main():
             ax.set_title(f"to {'a file' if sink == 'file' else '/dev/null'}")
             ax.set_ylabel("MB/s of output (median)")
             ax.tick_params(axis="x", rotation=30)
-        fig.suptitle(f"one gzip -6 member of an OS image, {a.threads} threads")
+        fig.suptitle(f"one gzip -6 member of an OS image, {a.threads} threads, "
+                     f"read from {'a pipe' if pipe else 'the file'}")
         fig.tight_layout()
         save(fig, a.out_dir, "gunzip.png")
         with open(os.path.join(a.out_dir, "summary.md"), "w") as f:
