@@ -2,12 +2,12 @@
 //!
 //! The extent list is cut into batches of about 8 MiB; workers read the
 //! records from the packs (so every target is read at once), check and
-//! decode them on all cores, and either write at the image offset
-//! themselves (files and devices: no waiting for order, holes skipped in a
-//! fresh file so it stays sparse; each run of bytes is written in one call,
-//! its whole blocks with `O_DIRECT` where the destination allows it) or
-//! hand the bytes to the calling thread, which writes them in order
-//! (streams).
+//! decode them on all cores, and either write at the image offset (files
+//! and devices: no waiting for order, holes skipped in a fresh file so it
+//! stays sparse; each run of bytes is written in one call, its whole
+//! blocks with `O_DIRECT` where the destination allows it, by one writer
+//! thread while the workers decode on: `WriteBehind`) or hand the bytes to
+//! the calling thread, which writes them in order (streams).
 
 use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
