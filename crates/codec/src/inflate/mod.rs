@@ -131,7 +131,7 @@ struct Pools {
 /// The worker threads and their buffers: made once for a stream and, when
 /// it is inflated a segment at a time, shared by each segment's
 /// [`ParallelInflate`] in turn (two at once while one segment ends and the
-/// next begins). A task carries its segment's [`Shared`].
+/// next begins). A task carries its segment's shared state.
 pub struct Crew {
     work: Option<Sender<(Arc<Shared>, Task)>>,
     workers: Vec<JoinHandle<()>>,
@@ -1041,7 +1041,7 @@ impl Worker {
 /// Where to cut a segment of a stream read stretch by stretch, when more
 /// of the stream follows `data`: the first block of the last chunk (of
 /// `chunk` bytes, counted from the start of `data`) that has one starting
-/// a margin ([`CUT_MARGIN`], or a chunk when that is less) before the end
+/// a margin (1 MiB, or a chunk when that is less) before the end
 /// of `data`; `None` when no chunk after the first has one (the caller
 /// reads more, or inflates on one core). `first`: the bit where the
 /// segment's output starts.
