@@ -27,7 +27,10 @@ impl Source for Slice<'_> {
     }
 
     fn unread(&mut self, bytes: &[u8]) {
-        assert!(self.data[..self.pos].ends_with(bytes), "put back what was not read");
+        assert!(
+            self.data[..self.pos].ends_with(bytes),
+            "put back what was not read"
+        );
         self.pos -= bytes.len();
     }
 }
