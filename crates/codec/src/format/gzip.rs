@@ -314,7 +314,7 @@ impl Splitter {
             Opened::OneCore(from) => {
                 tracing::debug!(
                     offset = base,
-                    why = "under two chunks or nothing to cut at",
+                    why = "under two chunks, a slow input, or nothing to cut at",
                     "gzip member without sizes: inflating on one core"
                 );
                 self.streaming = Some(Streaming::resume(&mut self.input, from)?);

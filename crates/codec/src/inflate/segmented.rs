@@ -20,6 +20,11 @@
 //! plus the inflate's buffers, whatever the stream's length; a segment's
 //! buffer is reused two segments later.
 //!
+//! Input that arrives slowly (the reads of one segment's bytes wait more
+//! than half a second in all: under about 128 MiB/s, what one core
+//! inflates) goes to one core too, from where the output stands, so that
+//! a live stream's output is not held back until whole segments are in.
+//!
 //! A stream in which no block can be cut at within [`MAX_GROWTH`]
 //! segments (long runs of stored or fixed-code blocks) is inflated on one
 //! core from where the output stands ([`Step::OneCore`]); so is one that
@@ -29,6 +34,7 @@ use super::{find_cut, Crew, Cut, ParallelInflate, Resume, SegmentStart};
 use crate::error::{CodecError, Result};
 use crate::input::SharedBytes;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What a segmented inflate reads from: a stream whose bytes can be put
 /// back.
@@ -47,6 +53,47 @@ pub const MAX_GROWTH: usize = 4;
 
 /// Bytes read ahead for the next segment per piece handed out.
 const READ_AHEAD: usize = 1 << 20;
+
+/// How long the reads of one segment's bytes may wait for input in all
+/// before the input counts as slow (a producer on a network link, a live
+/// log): then one core inflates what arrives as it arrives, instead of the
+/// output waiting for whole segments. 64 MiB in half a second of waiting is
+/// 128 MiB/s of compressed input, about what one core inflates; `cat` of a
+/// file in the page cache gives 64 MiB in a few tens of milliseconds.
+const SLOW: Duration = Duration::from_millis(500);
+
+/// How [`fill`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Filled {
+    Full,
+    Eof,
+    /// Not full, and the segment's reads have waited [`SLOW`].
+    Slow,
+}
+
+/// Read until `dst` holds `len` bytes or the source ends, a megabyte at a
+/// time, adding the time the reads take to `spent`; gives up once that
+/// passes [`SLOW`].
+fn fill(
+    src: &mut dyn Source,
+    dst: &mut Vec<u8>,
+    len: usize,
+    spent: &mut Duration,
+) -> Result<Filled> {
+    while dst.len() < len {
+        let want = READ_AHEAD.min(len - dst.len());
+        let started = Instant::now();
+        let got = src.read_up_to(dst, want)?;
+        *spent += started.elapsed();
+        if got < want {
+            return Ok(Filled::Eof);
+        }
+        if dst.len() < len && *spent > SLOW {
+            return Ok(Filled::Slow);
+        }
+    }
+    Ok(Filled::Full)
+}
 
 /// Bytes per segment for `threads` workers and chunks of `chunk` bytes:
 /// four chunks per worker, at least eight.
@@ -95,6 +142,9 @@ pub struct Segmented {
     /// A segment's buffer to read the one after next into (no page faults
     /// on fresh memory for every segment).
     spare: Option<Vec<u8>>,
+    /// The input has turned slow: the rest goes to one core at the next
+    /// segment.
+    slow: bool,
 }
 
 /// One segment.
@@ -113,6 +163,8 @@ struct Seg {
     next: Vec<u8>,
     /// The source has ended.
     eof: bool,
+    /// Time the reads into `next` have waited.
+    waited: Duration,
 }
 
 impl Seg {
@@ -151,7 +203,16 @@ impl Segmented {
     ) -> Result<Opened> {
         let segment = segment_bytes(threads, chunk);
         let mut data = Vec::with_capacity(segment);
-        let eof = src.read_up_to(&mut data, segment)? < segment;
+        let mut waited = Duration::ZERO;
+        let eof = match fill(src, &mut data, segment, &mut waited)? {
+            Filled::Full => false,
+            Filled::Eof => true,
+            Filled::Slow => {
+                tracing::debug!(bytes = data.len(), "gzip from a pipe: the input is slow");
+                src.unread(&data);
+                return Ok(Opened::OneCore(Resume::default()));
+            }
+        };
         if eof && data.len() < min_len {
             src.unread(&data);
             return Ok(Opened::OneCore(Resume::default()));
@@ -165,6 +226,7 @@ impl Segmented {
                 upcoming: None,
                 segments: 1,
                 spare: None,
+                slow: false,
             }))),
             Err(from) => Ok(Opened::OneCore(from)),
         }
@@ -215,15 +277,26 @@ impl Segmented {
             let mut data = std::mem::take(&mut self.cur.next);
             data.drain(..(from.bit / 8).min(data.len()));
             let base = base + (resume.bit / 8) as u64;
-            let mut eof = self.cur.eof;
-            if !eof && data.len() < self.segment {
-                let want = self.segment - data.len();
-                eof = src.read_up_to(&mut data, want)? < want;
-            }
             let from = Resume {
                 bit: from.bit % 8,
                 ..from
             };
+            let mut eof = self.cur.eof;
+            if !eof && !self.slow {
+                match fill(src, &mut data, self.segment, &mut self.cur.waited)? {
+                    Filled::Full => {}
+                    Filled::Eof => eof = true,
+                    Filled::Slow => self.slow = true,
+                }
+            }
+            if self.slow {
+                tracing::debug!(
+                    offset = base,
+                    "gzip from a pipe: the input is slow; one core from here"
+                );
+                src.unread(&data);
+                return Ok(Step::OneCore(from));
+            }
             match open(src, &self.crew, self.segment, data, base, eof, from)? {
                 Ok(seg) => self.cur = seg,
                 Err(from) => return Ok(Step::OneCore(from)),
@@ -244,7 +317,12 @@ impl Segmented {
             return Ok(());
         }
         let want = READ_AHEAD.min(self.segment - last.next.len());
+        let started = Instant::now();
         last.eof = src.read_up_to(&mut last.next, want)? < want;
+        last.waited += started.elapsed();
+        if last.waited > SLOW && !last.eof {
+            self.slow = true;
+        }
         Ok(())
     }
 
@@ -252,11 +330,22 @@ impl Segmented {
         let Some(cut) = self.cur.cut else {
             return Ok(());
         };
+        if self.slow {
+            return Ok(());
+        }
         let mut data = std::mem::take(&mut self.cur.next);
         let mut eof = self.cur.eof;
-        if !eof && data.len() < self.segment {
-            let want = self.segment - data.len();
-            eof = src.read_up_to(&mut data, want)? < want;
+        if !eof {
+            match fill(src, &mut data, self.segment, &mut self.cur.waited)? {
+                Filled::Full => {}
+                Filled::Eof => eof = true,
+                Filled::Slow => {
+                    // Left to the segment's end, which goes on on one core.
+                    self.cur.next = data;
+                    self.slow = true;
+                    return Ok(());
+                }
+            }
         }
         let first = cut.bit % 8;
         let up_cut = match eof {
@@ -332,8 +421,16 @@ fn open(
             src.unread(&data);
             return Ok(Err(from));
         }
-        let want = segment;
-        eof = src.read_up_to(&mut data, want)? < want;
+        let len = data.len() + segment;
+        let mut waited = Duration::ZERO;
+        match fill(src, &mut data, len, &mut waited)? {
+            Filled::Full => {}
+            Filled::Eof => eof = true,
+            Filled::Slow => {
+                src.unread(&data);
+                return Ok(Err(from));
+            }
+        }
     };
     let start = SegmentStart::Known(from);
     Ok(Ok(seg(crew, segment, data, base, eof, start, cut, None)))
@@ -369,6 +466,7 @@ fn seg(
         cut,
         next,
         eof,
+        waited: Duration::ZERO,
     }
 }
 
@@ -377,15 +475,24 @@ mod tests {
     use super::*;
     use crate::inflate::zstream::ZInflate;
     use crate::testutil::image_like;
+    use std::time::Duration;
 
     /// A stream in memory, read in the sizes asked for.
     struct Slice {
         data: Vec<u8>,
         pos: usize,
+        /// From this byte on, each read takes `SLOW_READ` (a producer that
+        /// slows down).
+        slow_from: usize,
     }
+
+    const SLOW_READ: Duration = Duration::from_millis(200);
 
     impl Source for Slice {
         fn read_up_to(&mut self, dst: &mut Vec<u8>, max: usize) -> Result<usize> {
+            if self.pos >= self.slow_from {
+                std::thread::sleep(SLOW_READ);
+            }
             let n = max.min(self.data.len() - self.pos);
             dst.extend_from_slice(&self.data[self.pos..self.pos + n]);
             self.pos += n;
@@ -413,9 +520,21 @@ mod tests {
     /// CRC, where the source stands after it, and whether one core took
     /// over.
     fn inflate(stream: &[u8], tail: &[u8], threads: usize, chunk: usize) -> Result<Outcome> {
+        inflate_slowing(stream, tail, threads, chunk, usize::MAX)
+    }
+
+    /// Like [`inflate`], with each read from byte `slow_from` on slow.
+    fn inflate_slowing(
+        stream: &[u8],
+        tail: &[u8],
+        threads: usize,
+        chunk: usize,
+        slow_from: usize,
+    ) -> Result<Outcome> {
         let mut src = Slice {
             data: [stream, tail].concat(),
             pos: 0,
+            slow_from,
         };
         let mut out = Vec::new();
         let mut piece = Vec::new();
@@ -563,6 +682,41 @@ mod tests {
         assert!(o.segments >= 1, "the compressible start went parallel");
     }
 
+    /// Input that arrives slowly (a network link, a live log) is inflated
+    /// on one core as it arrives, from the start or from the segment where
+    /// it turned slow, rather than held back until whole segments are in.
+    #[test]
+    fn a_slow_input_goes_to_one_core() {
+        // Compressible stretches with incompressible ones between them
+        // (short enough that every segment has blocks to cut at).
+        let mut data = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..64 {
+            data.extend(image_like(100_000, 41 + i));
+            data.extend((0..100_000).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }));
+        }
+        let stream = deflate(&data, 6);
+        // Segments of 4 MiB: reading one takes four reads.
+        let chunk = 512 << 10;
+        assert!(stream.len() > 3 * segment_bytes(2, chunk) / 2);
+        let o = inflate_slowing(&stream, b"", 2, chunk, 0).unwrap();
+        assert!(o.out == data && o.crc == crc(&data));
+        assert_eq!(
+            (o.segments, o.one_core),
+            (0, false),
+            "one core from the start"
+        );
+        let o = inflate_slowing(&stream, b"", 2, chunk, segment_bytes(2, chunk) + 1).unwrap();
+        assert!(o.out == data && o.crc == crc(&data));
+        assert_eq!(o.pos, stream.len());
+        assert!(o.one_core && o.segments >= 1, "parallel, then one core");
+    }
+
     #[test]
     fn a_short_stream_is_left_to_one_core_whole() {
         let data = image_like(100_000, 2);
@@ -570,6 +724,7 @@ mod tests {
         let mut src = Slice {
             data: stream.clone(),
             pos: 0,
+            slow_from: usize::MAX,
         };
         match Segmented::start(&mut src, 2, 64 << 10, 1 << 20).unwrap() {
             Opened::OneCore(r) => {
