@@ -24,7 +24,6 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use std::time::Instant;
@@ -723,7 +722,6 @@ struct WriteBehind {
     free: (Sender<AlignedBuf>, Receiver<AlignedBuf>),
     /// The first write that failed; nothing is written after it.
     failed: Mutex<Option<StoreError>>,
-    broken: AtomicBool,
 }
 
 /// `buf[at..at + len]`, a run, to be written at `offset` (`at` is
@@ -745,28 +743,30 @@ impl WriteBehind {
             jobs: unbounded(),
             free,
             failed: Mutex::new(None),
-            broken: AtomicBool::new(false),
         }
     }
 
     /// The writer's loop, until [`WriteBehind::close`].
     fn run(&self, direct: &File, buffered: &File) {
         while let Ok(Some(job)) = self.jobs.1.recv() {
-            if !self.broken.load(Ordering::Acquire) {
+            // Not held while writing: the workers' checks would wait.
+            if self.lock().is_none() {
                 let run = &job.buf.as_slice()[job.at..job.at + job.len];
                 if let Err(e) = write_run(buffered, Some(direct), run, job.offset) {
-                    let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
-                    failed.get_or_insert(e);
-                    self.broken.store(true, Ordering::Release);
+                    *self.lock() = Some(e);
                 }
             }
             let _ = self.free.0.send(job.buf);
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<StoreError>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// An error if a write has failed (the restore stops).
     fn check(&self, offset: u64) -> Result<()> {
-        if self.broken.load(Ordering::Acquire) {
+        if self.lock().is_some() {
             return Err(StoreError::Dest {
                 offset,
                 source: std::io::Error::other("an earlier direct write failed"),

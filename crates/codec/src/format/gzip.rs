@@ -311,15 +311,19 @@ impl Splitter {
                 );
                 self.piped = Some((s, base));
             }
-            Opened::OneCore(from) => {
-                tracing::debug!(
-                    offset = base,
-                    why = "under two chunks, a slow input, or nothing to cut at",
-                    "gzip member without sizes: inflating on one core"
-                );
-                self.streaming = Some(Streaming::resume(&mut self.input, from)?);
-            }
+            Opened::OneCore(from, why) => self.one_core(from, why)?,
         }
+        Ok(())
+    }
+
+    /// Inflate the rest of the member on one core from `from`, saying why.
+    fn one_core(&mut self, from: Resume, why: &'static str) -> Result<()> {
+        tracing::debug!(
+            offset = self.input.offset(),
+            why,
+            "gzip member without sizes: inflating on one core"
+        );
+        self.streaming = Some(Streaming::resume(&mut self.input, from)?);
         Ok(())
     }
 
@@ -339,9 +343,9 @@ impl Splitter {
                 self.piped = None;
                 self.check_trailer(crc, size)
             }
-            segmented::Step::OneCore(from) => {
+            segmented::Step::OneCore(from, why) => {
                 self.piped = None;
-                self.streaming = Some(Streaming::resume(&mut self.input, from)?);
+                self.one_core(from, why)?;
                 self.stream_some(unit)
             }
         }
@@ -541,14 +545,7 @@ impl super::Splitter for Splitter {
                 return Ok(true);
             }
             Parallel::Pipe => self.start_piped()?,
-            Parallel::No(why) => {
-                tracing::debug!(
-                    offset = self.input.offset(),
-                    why,
-                    "gzip member without sizes: inflating on one core"
-                );
-                self.streaming = Some(Streaming::resume(&mut self.input, Resume::default())?)
-            }
+            Parallel::No(why) => self.one_core(Resume::default(), why)?,
         }
         if self.piped.is_some() {
             self.piped_some(unit)?;

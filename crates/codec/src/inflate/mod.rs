@@ -520,7 +520,7 @@ impl ParallelInflate {
             draining: None,
             resolving: None,
             pos: from.bit,
-            window: from.window.clone(),
+            window: from.window,
             crc: from.crc,
             size: from.size,
             end: None,
@@ -683,9 +683,6 @@ impl ParallelInflate {
                 Piece::End(End::Boundary(bit)) => {
                     self.pos = bit;
                     self.current = None;
-                    if self.cut.is_some_and(|c| bit >= c.bit) {
-                        return Ok(false);
-                    }
                 }
                 Piece::End(End::Last(bit)) => {
                     self.pos = bit;

@@ -114,18 +114,26 @@ pub enum Step {
         /// Length of the whole output.
         size: u64,
     },
-    /// The rest is to be inflated on one core: the source's next byte holds
-    /// bit `bit` of `Resume`, where a block starts, after the output the
-    /// rest of `Resume` describes.
-    OneCore(Resume),
+    /// The rest is to be inflated on one core, for the reason given: the
+    /// source's next byte holds bit `bit` of `Resume`, where a block
+    /// starts, after the output the rest of `Resume` describes.
+    OneCore(Resume, &'static str),
 }
+
+/// Why a stream goes to one core: it ends within the caller's minimum.
+pub const SHORT: &str = "the stream is short";
+/// Why a stream goes to one core: its input arrives slowly.
+pub const SLOW_INPUT: &str = "the pipe is slow";
+/// Why a stream goes to one core: no block to cut a segment at.
+pub const NO_CUT: &str = "no block to cut a segment at";
 
 /// How [`Segmented::start`] went.
 pub enum Opened {
     /// Inflating in parallel.
     Parallel(Box<Segmented>),
-    /// Inflate on one core instead (everything read was put back).
-    OneCore(Resume),
+    /// Inflate on one core instead, for the reason given (everything read
+    /// was put back).
+    OneCore(Resume, &'static str),
 }
 
 /// A DEFLATE stream read from a [`Source`], inflated a segment at a time.
@@ -208,14 +216,13 @@ impl Segmented {
             Filled::Full => false,
             Filled::Eof => true,
             Filled::Slow => {
-                tracing::debug!(bytes = data.len(), "gzip from a pipe: the input is slow");
                 src.unread(&data);
-                return Ok(Opened::OneCore(Resume::default()));
+                return Ok(Opened::OneCore(Resume::default(), SLOW_INPUT));
             }
         };
         if eof && data.len() < min_len {
             src.unread(&data);
-            return Ok(Opened::OneCore(Resume::default()));
+            return Ok(Opened::OneCore(Resume::default(), SHORT));
         }
         let crew = Crew::new(threads, chunk);
         match open(src, &crew, segment, data, 0, eof, Resume::default())? {
@@ -228,7 +235,7 @@ impl Segmented {
                 spare: None,
                 slow: false,
             }))),
-            Err(from) => Ok(Opened::OneCore(from)),
+            Err((from, why)) => Ok(Opened::OneCore(from, why)),
         }
     }
 
@@ -290,16 +297,12 @@ impl Segmented {
                 }
             }
             if self.slow {
-                tracing::debug!(
-                    offset = base,
-                    "gzip from a pipe: the input is slow; one core from here"
-                );
                 src.unread(&data);
-                return Ok(Step::OneCore(from));
+                return Ok(Step::OneCore(from, SLOW_INPUT));
             }
             match open(src, &self.crew, self.segment, data, base, eof, from)? {
                 Ok(seg) => self.cur = seg,
-                Err(from) => return Ok(Step::OneCore(from)),
+                Err((from, why)) => return Ok(Step::OneCore(from, why)),
             }
         }
     }
@@ -404,7 +407,7 @@ fn open(
     base: u64,
     mut eof: bool,
     from: Resume,
-) -> Result<std::result::Result<Seg, Resume>> {
+) -> Result<std::result::Result<Seg, (Resume, &'static str)>> {
     let cut = loop {
         if eof {
             break None;
@@ -413,13 +416,8 @@ fn open(
             break Some(cut);
         }
         if data.len() >= MAX_GROWTH * segment {
-            tracing::debug!(
-                offset = base,
-                bytes = data.len(),
-                "gzip from a pipe: no block to cut a segment at; inflating the rest on one core"
-            );
             src.unread(&data);
-            return Ok(Err(from));
+            return Ok(Err((from, NO_CUT)));
         }
         let len = data.len() + segment;
         let mut waited = Duration::ZERO;
@@ -428,7 +426,7 @@ fn open(
             Filled::Eof => eof = true,
             Filled::Slow => {
                 src.unread(&data);
-                return Ok(Err(from));
+                return Ok(Err((from, SLOW_INPUT)));
             }
         }
     };
@@ -540,7 +538,7 @@ mod tests {
         let mut piece = Vec::new();
         let mut s = match Segmented::start(&mut src, threads, chunk, 0)? {
             Opened::Parallel(s) => s,
-            Opened::OneCore(r) => return one_core(&mut src, r, out, false, 0),
+            Opened::OneCore(r, _) => return one_core(&mut src, r, out, false, 0),
         };
         loop {
             match s.next_piece(&mut src, &mut piece)? {
@@ -558,7 +556,7 @@ mod tests {
                         segments: s.segments(),
                     });
                 }
-                Step::OneCore(r) => return one_core(&mut src, r, out, true, s.segments()),
+                Step::OneCore(r, _) => return one_core(&mut src, r, out, true, s.segments()),
             }
         }
     }
@@ -727,7 +725,8 @@ mod tests {
             slow_from: usize::MAX,
         };
         match Segmented::start(&mut src, 2, 64 << 10, 1 << 20).unwrap() {
-            Opened::OneCore(r) => {
+            Opened::OneCore(r, why) => {
+                assert_eq!(why, SHORT);
                 assert_eq!((r.bit, r.size), (0, 0));
                 assert_eq!(src.pos, 0, "everything read is put back");
             }
