@@ -48,6 +48,9 @@
 //!   ([`SparseFile`], on [`next_data`]/[`next_hole`]) and pass over
 //!   holes without reading them; any other `Read` simply has none.
 //!
+//! - **Pipes are grown to a megabyte** ([`grow_pipe`]) where cairn reads
+//!   or writes a stream through one.
+//!
 //! Written by hand: the crates that wrap block devices (e.g. for NBD
 //! servers) each bring their own server or runtime; this trait is the
 //! seam between cairn's own layers and needs nothing but `std`, libc and
@@ -58,6 +61,7 @@ mod error;
 mod fault;
 mod file;
 mod mem;
+mod pipe;
 mod readahead;
 mod sparse;
 
@@ -68,6 +72,7 @@ pub use fault::{
 };
 pub use file::{device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
 pub use mem::MemDev;
+pub use pipe::{grow_pipe, PIPE_BYTES};
 pub use readahead::{Engine, ReadAhead};
 pub use sparse::{is_zero, SparseFile, SparseRead};
 

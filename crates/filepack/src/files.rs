@@ -35,18 +35,11 @@ impl Source {
     }
 
     /// Open for reading; returns the reader and the size when known.
+    /// Standard input is a dup of fd 0: unbuffered, no lock.
     pub fn open(&self) -> Result<(File, Option<u64>)> {
         match self {
             Source::Stdin => {
-                // A dup of fd 0 as a File: unbuffered, no lock, no LineWriter.
-                let fd = std::io::stdin()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .map_err(|source| Error::Duplicate {
-                        stream: "stdin",
-                        source,
-                    })?;
-                let f = File::from(fd);
+                let f = std_file(std::io::stdin().as_fd(), "stdin")?;
                 let size = regular_size(&f);
                 Ok((f, size))
             }
@@ -91,14 +84,33 @@ pub fn is_special(path: &Path) -> bool {
 
 /// Open a special file (see [`is_special`]) for writing.
 pub fn open_special(path: &Path) -> Result<File> {
-    std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|source| Error::CreateOutput {
             action: "open",
             path: path.to_path_buf(),
             source,
-        })
+        })?;
+    cairn_blockdev::grow_pipe(&f);
+    Ok(f)
+}
+
+/// Standard output as a `File` of its own (a dup of fd 1): unbuffered, no
+/// lock, and no `LineWriter` looking for a newline in every write; a pipe
+/// behind it is grown ([`cairn_blockdev::grow_pipe`]).
+pub fn stdout_file() -> Result<File> {
+    std_file(std::io::stdout().as_fd(), "stdout")
+}
+
+/// A standard stream as a `File` of its own: a dup, its pipe grown.
+fn std_file(fd: std::os::fd::BorrowedFd<'_>, stream: &'static str) -> Result<File> {
+    let fd = fd
+        .try_clone_to_owned()
+        .map_err(|source| Error::Duplicate { stream, source })?;
+    let f = File::from(fd);
+    cairn_blockdev::grow_pipe(&f);
+    Ok(f)
 }
 
 /// Refuse, as gzip and zstd do, to write compressed data to a terminal
@@ -125,15 +137,7 @@ impl<'h> Sink<'h> {
         if binary {
             refuse_terminal_stdout(force)?;
         }
-        let out = std::io::stdout();
-        let fd = out
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| Error::Duplicate {
-                stream: "stdout",
-                source,
-            })?;
-        Ok(Sink::Stdout(File::from(fd)))
+        Ok(Sink::Stdout(stdout_file()?))
     }
 
     /// A named output: a new file, or a special file written in place.

@@ -47,8 +47,8 @@ mod naming;
 pub use engine::{pack, unpack, Operation, Run, Summary};
 pub use error::{Error, Result};
 pub use files::{
-    is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter,
-    PendingFile, Sink, Source,
+    is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, stdout_file,
+    HoleWriter, PendingFile, Sink, Source,
 };
 pub use naming::{format_of_name, packed_name, unpacked_name};
 
