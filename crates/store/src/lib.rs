@@ -25,9 +25,11 @@
 //!   codec, lengths and CRC-32C: packs can be walked without the index,
 //!   which is how an interrupted backup's packs are salvaged and reused,
 //!   and how `verify --read-data` works.
-//! - **32 bytes per chunk in memory.** The index is a sorted table of
-//!   160-bit id prefixes with their location (`index.rs`); on disk the full
-//!   ids are kept.
+//! - **33 bytes per chunk in memory.** The index is a sorted table of
+//!   160-bit id prefixes with their location (32 bytes a chunk), and a
+//!   table of where each run of ids with the same first bits starts (4
+//!   bytes per 4-8 chunks), so a lookup reads one or two cache lines
+//!   (`index.rs`); on disk the full ids are kept.
 //! - **Commit by creating the manifest.** Packs are fsync'd, then the
 //!   index file, then the manifest is created where no other writer has
 //!   taken its number: a snapshot exists whole or not at all (`meta.rs`,
