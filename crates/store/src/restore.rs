@@ -45,6 +45,7 @@ const REMOTE_BATCH: u64 = 128 << 20;
 const REMOTE_WORKERS_PER_CORE: usize = 2;
 /// Extents in a batch at most ([`REMOTE_BATCH`]es may have more).
 const MAX_BATCH_EXTENTS: usize = 4096;
+/// Zeros to write from (in the binary's read-only data).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// Where restored bytes go.
@@ -105,7 +106,11 @@ struct Work {
 
 #[derive(Default)]
 struct Out {
+    /// A stream's bytes, but for its runs of zeros:
     bytes: Vec<u8>,
+    /// (where in `bytes`, how many zeros) in order; written from [`ZEROS`]
+    /// instead of being filled in (161 MB of os2.img's 604).
+    zeros: Vec<(usize, u64)>,
     done: u64,
     stored: u64,
     damaged: Vec<Damaged>,
@@ -472,7 +477,7 @@ pub fn restore(
                                     write_zeros(f, off, len)?;
                                 }
                             }
-                            None => out.bytes.resize(out.bytes.len() + len as usize, 0),
+                            None => out.zeros.push((out.bytes.len(), len)),
                         }
                     }
                     Extent::Data { len, id } => {
@@ -520,12 +525,7 @@ pub fn restore(
             make_worker,
             |slot: &mut Slot<Work, Out>| {
                 if let Some(w) = stream.as_mut() {
-                    let at = report.size;
-                    w.write_all(&slot.output.bytes)
-                        .map_err(|e| StoreError::Dest {
-                            offset: at,
-                            source: e,
-                        })?;
+                    write_batch(w, &slot.output.bytes, &slot.output.zeros, report.size)?;
                 }
                 report.size += slot.output.done;
                 report.stored_read += slot.output.stored;
@@ -538,6 +538,7 @@ pub fn restore(
             |slot: &mut Slot<Work, Out>| {
                 slot.input.extents.clear();
                 slot.output.bytes.clear();
+                slot.output.zeros.clear();
                 slot.output.done = 0;
                 slot.output.stored = 0;
                 slot.output.damaged.clear();
@@ -816,6 +817,31 @@ fn merge_damaged(mut v: Vec<Damaged>) -> Vec<Damaged> {
     out
 }
 
+/// Write a stream's batch (`bytes` with `zeros` put in, see [`Out`])
+/// that starts at image offset `at`.
+fn write_batch(w: &mut dyn Write, bytes: &[u8], zeros: &[(usize, u64)], at: u64) -> Result<()> {
+    let mut done = 0;
+    let mut offset = at;
+    let mut put = |data: &[u8], offset: &mut u64| {
+        w.write_all(data).map_err(|e| StoreError::Dest {
+            offset: *offset,
+            source: e,
+        })?;
+        *offset += data.len() as u64;
+        Ok(())
+    };
+    for &(upto, mut len) in zeros {
+        put(&bytes[done..upto], &mut offset)?;
+        done = upto;
+        while len > 0 {
+            let n = len.min(ZEROS.len() as u64) as usize;
+            put(&ZEROS[..n], &mut offset)?;
+            len -= n as u64;
+        }
+    }
+    put(&bytes[done..], &mut offset)
+}
+
 fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {
     while len > 0 {
         let n = len.min(ZEROS.len() as u64) as usize;
@@ -909,6 +935,29 @@ mod tests {
 
     /// A direct write that fails stops the restore: the workers' next
     /// hand-over is refused, and the error is the write's, with its offset.
+    #[test]
+    fn a_streams_batch_has_its_zeros_put_back_where_they_were() {
+        let bytes: Vec<u8> = (1..=200u8).collect();
+        // Zeros first, twice at one place, in the middle, longer than the
+        // zero buffer, and last.
+        let big = ZEROS.len() as u64 * 2 + 3;
+        let zeros = [(0, 5), (10, 1), (10, 2), (100, big), (200, 7)];
+        let mut want = Vec::new();
+        let mut done = 0;
+        for &(at, n) in &zeros {
+            want.extend_from_slice(&bytes[done..at]);
+            want.resize(want.len() + n as usize, 0);
+            done = at;
+        }
+        let mut got = Vec::new();
+        write_batch(&mut got, &bytes, &zeros, 0).unwrap();
+        assert_eq!(got.len(), want.len());
+        assert!(got == want);
+        let mut plain = Vec::new();
+        write_batch(&mut plain, &bytes, &[], 0).unwrap();
+        assert_eq!(plain, bytes);
+    }
+
     #[test]
     fn a_failed_write_behind_is_the_restores_error() {
         let dir = tempfile::tempdir().unwrap();
