@@ -17,8 +17,13 @@ decoder`, the pipeline timed whole, cat's CPU included for all), as
 `curl | gunzip` or `tar -xz` from a pipe would; the index run is left out
 (an index belongs to a file).
 
+With `--also NAME=PATH` (repeatable), another cairn build's `unpack` runs
+in the same rounds, as `cairn unpack (NAME)`: a change paired against the
+build before it, with the peers beside both.
+
   bench/gunzip.py --cairn target/release/cairn --image IMG [--runs 5]
-                  [--source file|pipe] --out-dir bench/runs/DATE-gunzip
+                  [--source file|pipe] [--also NAME=PATH]...
+                  --out-dir bench/runs/DATE-gunzip
 """
 import argparse
 import csv
@@ -35,10 +40,11 @@ from plotting import plt, save  # noqa: E402
 RAPIDGZIP = os.environ.get("RAPIDGZIP", "/opt/cairn-venv/bin/rapidgzip")
 
 
-def decoders(cairn, threads, index):
+def decoders(cairn, threads, index, also=()):
     t = str(threads)
     return [
         ("cairn unpack", [cairn, "unpack", "-T", t, "-c"]),
+        *[(f"cairn unpack ({name})", [path, "unpack", "-T", t, "-c"]) for name, path in also],
         # The first run (the correctness pass) writes the index, every
         # counted run reads the file again with it.
         ("cairn --index (again)", [cairn, "unpack", "-T", t, "--index", index, "-c"]),
@@ -74,7 +80,10 @@ def main():
     ap.add_argument("--work", default=None, help="directory for the .gz and outputs")
     ap.add_argument("--source", choices=("file", "pipe"), default="file",
                     help="decoders read the .gz from the file, or from a pipe")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=PATH",
+                    help="another cairn build, timed in the same rounds")
     a = ap.parse_args()
+    also = [x.split("=", 1) for x in a.also]
     pipe = a.source == "pipe"
     os.makedirs(a.out_dir, exist_ok=True)
     work = tempfile.mkdtemp(dir=a.work)
@@ -83,7 +92,7 @@ def main():
         with open(a.image, "rb") as src, open(gz, "wb") as out:
             subprocess.run(["gzip", "-6", "-c"], stdin=src, stdout=out, check=True)
         index = os.path.join(work, "image.gz.index")
-        decs = [d for d in decoders(a.cairn, a.threads, index) if shutil.which(d[1][0])
+        decs = [d for d in decoders(a.cairn, a.threads, index, also) if shutil.which(d[1][0])
                 and not (pipe and "--index" in d[1])]
         outfile = os.path.join(work, "out")
         # Correctness first: every decoder's output is the image.

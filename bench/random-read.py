@@ -20,8 +20,14 @@ empty), then a steady phase of --steady seconds; IOPS, completion latency
 p50/p99/p99.9/max of each phase, and the server's peak RSS (VmHWM) at the
 end. Rounds run the servers in turn, in a rotated order each round.
 
+With --also NAME=BIN (repeatable), another cairn build serves too, as
+"cairn (NAME)" and "cairn-no-compact (NAME)": a change paired against the
+build before it in the same rounds. --servers keeps only the servers named
+(qemu-qcow2, the report's yardstick, is always kept).
+
 Usage: bench/random-read.py [--cairn BIN] [--image IMG] [--rounds 2]
                             [--cold 10] [--steady 30] [--out DIR]
+                            [--also NAME=BIN]... [--servers A,B,...]
 Results in bench/runs/<date>-random-read/: results.csv, report.md,
 random-read.png, commands.txt.
 """
@@ -84,6 +90,9 @@ def main():
     ap.add_argument("--cold", type=int, default=10)
     ap.add_argument("--steady", type=int, default=30)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=BIN",
+                    help="another cairn build, served in the same rounds")
+    ap.add_argument("--servers", default=None, help="comma list of servers to keep")
     a = ap.parse_args()
     for tool in ("fio", "qemu-img", "qemu-nbd"):
         if not shutil.which(tool):
@@ -113,6 +122,13 @@ def main():
             "cairn-compact-64M": [a.cairn, "serve", "--repo", repo, "--socket", sock,
                                   "--image-compact-cache", "64M"],
         }
+        for name, binary in (x.split("=", 1) for x in a.also):
+            servers[f"cairn ({name})"] = [binary, *servers["cairn"][1:]]
+            servers[f"cairn-no-compact ({name})"] = [binary, *servers["cairn-no-compact"][1:]]
+        if a.servers:
+            keep = set(a.servers.split(",")) | {"qemu-qcow2"}
+            servers = {k: v for k, v in servers.items()
+                       if k in keep or k.split(" (")[0] in keep and " (" in k}
         for cmd in servers.values():
             commands.append(" ".join(cmd))
         rows = []
