@@ -478,6 +478,7 @@ fn option_value(s: &str) -> String {
 }
 
 pub(crate) fn mount(a: &MountArgs) -> Result<()> {
+    crate::serve::map_big_allocations();
     let dir = mount_point(&a.dir)?;
     check_fuse()?;
     // From here SIGINT and SIGTERM only set a flag: one that arrives

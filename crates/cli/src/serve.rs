@@ -284,7 +284,26 @@ fn attach_cache(
     Ok(())
 }
 
+/// For a long-running server: every allocation of 1 MiB or more gets a
+/// mapping of its own, given back to the kernel when freed. glibc's default
+/// raises that threshold to the size of the first such block freed, after
+/// which a served image's decoded groups (2 MiB, decoded on one thread and
+/// evicted on another) come from per-thread arenas that keep what is freed:
+/// 520 MiB for a 255 MiB cache. The groups' own pool
+/// (`cairn_store::GroupBuffers`) keeps the fresh mappings (a page fault per
+/// 4 KiB) to the decodes it has no buffer for (docs/benchmarks.md, "Memory
+/// of a served image").
+pub(crate) fn map_big_allocations() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a tunable of the allocator (called before
+    // the server's threads start); memory already handed out is untouched.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
+    map_big_allocations();
     if a.workers == 0 || a.workers > 256 {
         bail!("--workers must be 1 to 256");
     }

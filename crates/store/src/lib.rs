@@ -112,7 +112,7 @@ pub use edit::{EditReport, ImageEditor, Span};
 pub use cairn_blockdev::{SparseFile, SparseRead};
 pub use diff::{diff, DiffReport};
 pub use index::{ChunkIndex, Location};
-pub use reader::{CompactGroup, Group, GroupScratch, PackReader};
+pub use reader::{CompactGroup, Group, GroupBuffers, GroupScratch, PackReader};
 pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
 pub use verify::{verify, Affected, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.

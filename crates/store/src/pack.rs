@@ -417,6 +417,22 @@ impl RecordDecoder {
         rec: &'s [u8],
         out: &mut Vec<u8>,
     ) -> Result<Record<'s>> {
+        let buf = std::mem::take(out);
+        let (r, data) = self.decode_with(path, offset, rec, |_| buf)?;
+        *out = data;
+        Ok(r)
+    }
+
+    /// [`RecordDecoder::decode`] into the buffer `buffer` gives for the
+    /// group's decoded length (its contents are replaced), returned with
+    /// the record.
+    pub fn decode_with<'s>(
+        &'s mut self,
+        path: &Path,
+        offset: u64,
+        rec: &'s [u8],
+        buffer: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Result<(Record<'s>, Vec<u8>)> {
         let RecordDecoder {
             codecs,
             crypt,
@@ -431,10 +447,11 @@ impl RecordDecoder {
                 format!("record is {len} bytes, the index says {}", rec.len()),
             ));
         }
-        out.clear();
         let raw_len = r.header.raw_len as usize;
+        let mut out = buffer(raw_len);
+        out.clear();
         codec_for(codecs, r.header.codec)
-            .decompress(r.stored, out, raw_len)
+            .decompress(r.stored, &mut out, raw_len)
             .map_err(|e| {
                 StoreError::corrupt(path, offset, format!("record does not decode: {e}"))
             })?;
@@ -445,7 +462,7 @@ impl RecordDecoder {
                 "decoded length differs from the header",
             ));
         }
-        Ok(r)
+        Ok((r, out))
     }
 
     /// Check that `data` (decoded from the record at `offset` in `path`)

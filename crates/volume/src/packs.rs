@@ -2,7 +2,9 @@
 //! [`PackReader`], with a pool of decoder buffers, and what a failed load
 //! tells its waiters ([`GroupError`]).
 
-use cairn_store::{GroupScratch, LoadedIndex, Location, PackReader, Repository, StoreError};
+use cairn_store::{
+    GroupBuffers, GroupScratch, LoadedIndex, Location, PackReader, Repository, StoreError,
+};
 use std::io;
 use std::sync::{Arc, Mutex};
 
@@ -51,7 +53,12 @@ pub(crate) struct Packs {
     index: Arc<LoadedIndex>,
     reader: PackReader,
     scratch: Mutex<Vec<GroupScratch>>,
+    /// Byte buffers of evicted groups, for the next decodes.
+    buffers: Arc<GroupBuffers>,
 }
+
+/// Free group buffers kept for reuse (about 2 MiB each for default groups).
+const SPARE_GROUP_BUFFERS: usize = 16;
 
 impl Packs {
     pub(crate) fn new(repo: Arc<Repository>, index: Arc<LoadedIndex>) -> Packs {
@@ -59,6 +66,7 @@ impl Packs {
             reader: PackReader::new(&repo, &index.index),
             index,
             scratch: Mutex::default(),
+            buffers: GroupBuffers::new(SPARE_GROUP_BUFFERS),
         }
     }
 
@@ -73,7 +81,7 @@ impl Packs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
-            .unwrap_or_else(|| self.reader.scratch());
+            .unwrap_or_else(|| self.reader.scratch(Some(self.buffers.clone())));
         let out = self.reader.load_group(loc, &mut s);
         self.scratch
             .lock()
