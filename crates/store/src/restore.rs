@@ -699,9 +699,14 @@ fn run_buffer() -> cairn_blockdev::AlignedBuf {
 }
 
 /// Buffers of whole blocks that may wait for the writer beyond the one
-/// each worker fills: two let the writer take one while a worker hands
-/// over the next.
-const WRITE_BEHIND_SPARE: usize = 2;
+/// each worker fills. Two let the writer take one while a worker hands
+/// over the next, but a direct write into new blocks of a file sometimes
+/// waits on ext4's allocation, and the workers then wait for a buffer:
+/// os2.img into a new file, paired in one run (`bench/restore-zstd.py
+/// --dest file`, 7 rounds, medians, `bench/runs/2026-11-27-restore-zstd-6`):
+/// 0.387 s with 2, 0.358 with 4, 0.348 with 6, 0.362 with 12. 48 MiB more
+/// memory while restoring into a file.
+const WRITE_BEHIND_SPARE: usize = 6;
 
 /// One thread that writes the workers' runs (as [`write_run`]: whole
 /// blocks with `O_DIRECT`, the partial ones at the ends through the page
