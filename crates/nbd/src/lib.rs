@@ -11,7 +11,7 @@
 //!   `base:allocation` metadata context (so clients such as `nbdcopy` and
 //!   `qemu-img convert` skip holes), and NBD_OPT_STARTTLS with X.509
 //!   certificates when the server is given them (optional or required;
-//!   see [`tls`]).
+//!   see `tls.rs`).
 //! - **Extended headers are offered** (NBD_OPT_EXTENDED_HEADERS, which
 //!   qemu 8.2+ and libnbd 1.18+ ask for): 32-byte requests with 64-bit
 //!   lengths, so trim, zeroing and block status can act on more than
