@@ -276,7 +276,7 @@ fn stdin_files_and_reports() {
     assert_eq!(stats["snapshots"], 3);
     // 32 bytes an entry, and a 4-byte bucket per 4-8 entries.
     let per_chunk = stats["index_heap_bytes_per_chunk"].as_f64().unwrap();
-    assert!((32.5..=33.0).contains(&per_chunk), "{per_chunk}");
+    assert!((32.0..34.0).contains(&per_chunk), "{per_chunk}");
     let targets = stats["targets"].as_array().unwrap();
     assert_eq!(targets.len(), 2);
     assert!(

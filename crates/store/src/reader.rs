@@ -226,22 +226,27 @@ pub struct GroupScratch {
 /// next decode of its size class. Measured on a served os2.img whose
 /// decoded cache churns (groups of a few bytes to 2.1 MB): a decode found a
 /// buffer for 43 % of its groups when any at most a sixteenth bigger would
-/// do, 75 % with classes of 64 KiB and 8 kept, 86 % with 16 kept.
+/// do, 75 % with classes of 64 KiB and 8 kept, 86 % with 16 (32 MiB).
 pub struct GroupBuffers {
     /// Oldest first.
     free: Mutex<Vec<Vec<u8>>>,
-    max: usize,
+    max_bytes: usize,
 }
 
-/// Group buffers are sized in multiples of this.
+/// Group buffers of this size or more are sized in multiples of
+/// [`GROUP_BUFFER_STEP`] and kept for reuse; smaller groups (the last of
+/// an image, `--group 0`) get buffers of their own size.
+pub const GROUP_BUFFER_MIN: usize = 1 << 20;
+/// The size class step of pooled group buffers.
 pub const GROUP_BUFFER_STEP: usize = 64 << 10;
 
 impl GroupBuffers {
-    /// A pool of at most `max` free buffers.
-    pub fn new(max: usize) -> Arc<GroupBuffers> {
+    /// A pool of free buffers of at most `max_bytes` in all (memory
+    /// besides what a cache holds).
+    pub fn new(max_bytes: usize) -> Arc<GroupBuffers> {
         Arc::new(GroupBuffers {
             free: Mutex::new(Vec::new()),
-            max,
+            max_bytes,
         })
     }
 
@@ -249,13 +254,17 @@ impl GroupBuffers {
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A buffer for `len` bytes: a free one of its size class, or a new
-    /// one of that size. Classes are multiples of [`GROUP_BUFFER_STEP`],
-    /// so groups of about one size share buffers, and a group is charged
-    /// at most a step more than it holds (a cache counts a group by its
-    /// buffer).
+    /// A buffer for `len` bytes: for a group of [`GROUP_BUFFER_MIN`] or
+    /// more, a free one of its size class, or a new one of that size;
+    /// classes are multiples of [`GROUP_BUFFER_STEP`], so groups of about
+    /// one size share buffers and a group is charged at most a step more
+    /// than it holds (a cache counts a group by its buffer). A smaller
+    /// group gets a buffer of exactly its size.
     fn take(&self, len: usize) -> Vec<u8> {
-        let size = len.max(1).next_multiple_of(GROUP_BUFFER_STEP);
+        if len < GROUP_BUFFER_MIN {
+            return Vec::with_capacity(len);
+        }
+        let size = len.next_multiple_of(GROUP_BUFFER_STEP);
         let mut free = self.lock();
         match free.iter().position(|v| v.capacity() == size) {
             Some(i) => free.remove(i),
@@ -263,18 +272,27 @@ impl GroupBuffers {
         }
     }
 
-    /// Keep `buf` for a later group; past `max` kept, the one kept longest
-    /// is freed (a size nobody asks for again leaves).
+    /// Keep `buf` for a later group if it is of a class; past `max_bytes`
+    /// kept, those kept longest are freed (a size nobody asks for again
+    /// leaves), after the lock is let go.
     fn give(&self, mut buf: Vec<u8>) {
-        if buf.capacity() % GROUP_BUFFER_STEP != 0 || self.max == 0 {
+        let cap = buf.capacity();
+        if cap < GROUP_BUFFER_MIN || cap % GROUP_BUFFER_STEP != 0 || cap > self.max_bytes {
             return;
         }
         buf.clear();
-        let mut free = self.lock();
-        if free.len() == self.max {
-            free.remove(0);
+        let mut freed = Vec::new();
+        {
+            let mut free = self.lock();
+            let mut held: usize = free.iter().map(Vec::capacity).sum();
+            while held + cap > self.max_bytes && !free.is_empty() {
+                let old = free.remove(0);
+                held -= old.capacity();
+                freed.push(old);
+            }
+            free.push(buf);
         }
-        free.push(buf);
+        drop(freed);
     }
 
     /// Buffers kept now, and their bytes.
@@ -536,36 +554,40 @@ mod tests {
 
     #[test]
     fn a_dropped_groups_buffer_goes_to_the_next_group_of_its_size_class() {
+        const MIN: usize = GROUP_BUFFER_MIN;
         const STEP: usize = GROUP_BUFFER_STEP;
-        let pool = GroupBuffers::new(2);
-        let mut g = group(pool.take(STEP + 1000), &[]);
-        assert_eq!(g.data.capacity(), 2 * STEP);
+        let pool = GroupBuffers::new(2 * MIN + 3 * STEP);
+        let mut g = group(pool.take(MIN + 1000), &[]);
+        assert_eq!(g.data.capacity(), MIN + STEP);
         g.recycle = Some(pool.clone());
         let at = g.data.as_ptr();
         drop(g);
-        assert_eq!(pool.held(), (1, 2 * STEP));
-        // Another class: a new buffer.
-        assert_eq!(pool.take(STEP).capacity(), STEP);
-        assert_eq!(pool.take(2 * STEP + 1).capacity(), 3 * STEP);
+        assert_eq!(pool.held(), (1, MIN + STEP));
+        // Another class: a new buffer; a small group: its own size, and
+        // not kept.
+        assert_eq!(pool.take(MIN + STEP + 1).capacity(), MIN + 2 * STEP);
+        let small = pool.take(5000);
+        assert_eq!(small.capacity(), 5000);
+        pool.give(small);
         assert_eq!(pool.held().0, 1);
         // The same class: the same buffer, empty.
-        let again = pool.take(2 * STEP - 5);
+        let again = pool.take(MIN + STEP - 5);
         assert_eq!(
             (again.as_ptr(), again.capacity(), again.len()),
-            (at, 2 * STEP, 0)
+            (at, MIN + STEP, 0)
         );
         assert_eq!(pool.held(), (0, 0));
-        // At most `max` are kept, the oldest leaves; a buffer not of a
+        // At most `max_bytes` are kept, the oldest leave; a buffer not of a
         // class is not kept.
-        for n in [1, 2, 3] {
-            pool.give(Vec::with_capacity(n * STEP));
+        for n in [0, 1, 2] {
+            pool.give(Vec::with_capacity(MIN + n * STEP));
         }
-        pool.give(Vec::with_capacity(STEP + 1));
-        assert_eq!(pool.held(), (2, 5 * STEP));
-        assert_eq!(pool.take(1).capacity(), STEP);
+        pool.give(Vec::with_capacity(MIN + 1));
+        assert_eq!(pool.held(), (2, 2 * MIN + 3 * STEP));
+        assert_eq!(pool.take(MIN).capacity(), MIN);
         // A group without a pool frees its buffer.
         drop(group(vec![0u8; 10], &[]));
-        assert_eq!(pool.held(), (2, 5 * STEP));
+        assert_eq!(pool.held(), (2, 2 * MIN + 3 * STEP));
     }
 
     #[test]

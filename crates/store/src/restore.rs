@@ -47,6 +47,9 @@ const REMOTE_WORKERS_PER_CORE: usize = 2;
 const MAX_BATCH_EXTENTS: usize = 4096;
 /// Zeros to write from (in the binary's read-only data).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+/// Zero runs of a stream shorter than this are filled into its batch; the
+/// longer ones are written from [`ZEROS`].
+const SHORT_ZEROS: u64 = ZEROS.len() as u64;
 
 /// Where restored bytes go.
 pub enum Destination<'a> {
@@ -477,6 +480,11 @@ pub fn restore(
                                     write_zeros(f, off, len)?;
                                 }
                             }
+                            // A short run is filled in: a write of its
+                            // own would cost more than the memset.
+                            None if len < SHORT_ZEROS => {
+                                out.bytes.resize(out.bytes.len() + len as usize, 0)
+                            }
                             None => out.zeros.push((out.bytes.len(), len)),
                         }
                     }
@@ -704,7 +712,7 @@ fn run_buffer() -> cairn_blockdev::AlignedBuf {
 /// waits on ext4's allocation, and the workers then wait for a buffer:
 /// os2.img into a new file, paired in one run (`bench/restore-zstd.py
 /// --dest file`, 7 rounds, medians, `bench/runs/2026-11-27-restore-zstd-6`):
-/// 0.387 s with 2, 0.358 with 4, 0.348 with 6, 0.362 with 12. 48 MiB more
+/// 0.387 s with 2, 0.358 with 4, 0.348 with 6, 0.362 with 12. 32 MiB more
 /// memory while restoring into a file.
 const WRITE_BEHIND_SPARE: usize = 6;
 

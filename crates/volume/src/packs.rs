@@ -57,8 +57,9 @@ pub(crate) struct Packs {
     buffers: Arc<GroupBuffers>,
 }
 
-/// Free group buffers kept for reuse (about 2 MiB each for default groups).
-const SPARE_GROUP_BUFFERS: usize = 16;
+/// Bytes of free group buffers kept for reuse (16 of the default 2 MiB
+/// groups), besides what the caches hold.
+const SPARE_GROUP_BYTES: usize = 32 << 20;
 
 impl Packs {
     pub(crate) fn new(repo: Arc<Repository>, index: Arc<LoadedIndex>) -> Packs {
@@ -66,7 +67,7 @@ impl Packs {
             reader: PackReader::new(&repo, &index.index),
             index,
             scratch: Mutex::default(),
-            buffers: GroupBuffers::new(SPARE_GROUP_BUFFERS),
+            buffers: GroupBuffers::new(SPARE_GROUP_BYTES),
         }
     }
 
