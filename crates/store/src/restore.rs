@@ -833,40 +833,38 @@ fn merge_damaged(mut v: Vec<Damaged>) -> Vec<Damaged> {
 /// Write a stream's batch (`bytes` with `zeros` put in, see [`Out`])
 /// that starts at image offset `at`.
 fn write_batch(w: &mut dyn Write, bytes: &[u8], zeros: &[(usize, u64)], at: u64) -> Result<()> {
-    let mut done = 0;
     let mut offset = at;
-    let mut put = |data: &[u8], offset: &mut u64| {
-        w.write_all(data).map_err(|e| StoreError::Dest {
-            offset: *offset,
-            source: e,
-        })?;
-        *offset += data.len() as u64;
+    let mut put = |data: &[u8]| {
+        w.write_all(data)
+            .map_err(|e| StoreError::Dest { offset, source: e })?;
+        offset += data.len() as u64;
         Ok(())
     };
-    for &(upto, mut len) in zeros {
-        put(&bytes[done..upto], &mut offset)?;
+    let mut done = 0;
+    for &(upto, len) in zeros {
+        put(&bytes[done..upto])?;
         done = upto;
-        while len > 0 {
-            let n = len.min(ZEROS.len() as u64) as usize;
-            put(&ZEROS[..n], &mut offset)?;
-            len -= n as u64;
-        }
+        zero_pieces(len).try_for_each(&mut put)?;
     }
-    put(&bytes[done..], &mut offset)
+    put(&bytes[done..])
 }
 
-fn write_zeros(f: &File, mut off: u64, mut len: u64) -> Result<()> {
-    while len > 0 {
-        let n = len.min(ZEROS.len() as u64) as usize;
-        f.write_all_at(&ZEROS[..n], off)
-            .map_err(|e| StoreError::Dest {
-                offset: off,
-                source: e,
-            })?;
-        off += n as u64;
-        len -= n as u64;
-    }
-    Ok(())
+/// `len` zeros as slices of [`ZEROS`].
+fn zero_pieces(len: u64) -> impl Iterator<Item = &'static [u8]> {
+    let step = ZEROS.len() as u64;
+    (0..len.div_ceil(step)).map(move |k| &ZEROS[..(len - k * step).min(step) as usize])
+}
+
+fn write_zeros(f: &File, off: u64, len: u64) -> Result<()> {
+    let mut at = off;
+    zero_pieces(len).try_for_each(|piece| {
+        f.write_all_at(piece, at).map_err(|e| StoreError::Dest {
+            offset: at,
+            source: e,
+        })?;
+        at += piece.len() as u64;
+        Ok(())
+    })
 }
 
 /// Name the image offset in a chunk error that lacks it.
