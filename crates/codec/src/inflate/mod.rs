@@ -59,8 +59,14 @@ pub const CHUNK: usize = 8 << 20;
 const PIECE: usize = 2 << 20;
 
 /// Marker-stage output at which a chunk gives up waiting for a clean window
-/// and leaves the rest to the sequential path (bounds its memory).
-const MARKER_CAP: usize = 32 << 20;
+/// and leaves the rest to a restart from where the output stands (which
+/// also bounds its memory). Where data copies the same old bytes from block
+/// to block, unknown bytes stay in the window for millions of symbols: a
+/// chunk of os2.img's `gzip -6` went 32 Mi symbols without a clean window
+/// and another needed 11 Mi. Measured on that file (`cairn unpack -T 2 -c`,
+/// 3 runs each, with the next chunk kept across a restart): 32 Mi 0.45 s,
+/// 16 Mi 0.41, 8 Mi 0.41, 4 Mi 0.42-0.46, 2 Mi 0.43.
+const MARKER_CAP: usize = 8 << 20;
 
 /// Output room a whole-chunk inflate is given, per compressed byte; a chunk
 /// that decodes to more (long zero runs) is streamed instead.
@@ -81,8 +87,8 @@ const AHEAD: usize = 8;
 
 /// Where a chunk's decoding starts.
 enum Start {
-    /// At this bit, with this window: chunk 0 (`chunk` set), or a restart
-    /// by the reader.
+    /// At this bit, with this window: chunk 0 (`chunk` set), an index's
+    /// checkpoint (the same), or a restart by the reader.
     Known {
         bit: usize,
         window: Vec<u8>,
@@ -143,6 +149,12 @@ pub struct Crew {
 impl Crew {
     /// `threads` workers for chunks of `chunk` compressed bytes.
     pub fn new(threads: usize, chunk: usize) -> Arc<Crew> {
+        Crew::with_marker_cap(threads, chunk, MARKER_CAP)
+    }
+
+    /// [`Crew::new`] whose workers give up on a clean window after
+    /// `marker_cap` symbols (tests reach the restart with small data).
+    fn with_marker_cap(threads: usize, chunk: usize, marker_cap: usize) -> Arc<Crew> {
         let threads = threads.max(1);
         let chunk = chunk.max(1);
         let pools = Arc::new(Pools {
@@ -158,6 +170,7 @@ impl Crew {
                 let rx = rx.clone();
                 std::thread::spawn(move || {
                     let mut w = Worker::new(chunk);
+                    w.marker_cap = marker_cap;
                     for (shared, task) in rx {
                         w.run(&shared, task);
                     }
@@ -253,6 +266,8 @@ impl Shared {
 /// A worker's reusable state.
 struct Worker {
     chunk_bytes: usize,
+    /// Marker-stage output at which the chunk is given up ([`MARKER_CAP`]).
+    marker_cap: usize,
     dec: MarkerDecoder,
     whole: Option<Whole>,
     rebased: Vec<u8>,
@@ -328,6 +343,14 @@ pub struct ParallelInflate {
     crew: Arc<Crew>,
     /// Chunks handed out, in order: their first bit and their output.
     queue: VecDeque<(usize, Receiver<Piece>)>,
+    /// A chunk taken from the queue whose output starts past where the
+    /// output stands (a restart fills the gap, then it is read): its first
+    /// bit, its output and the bit its output starts at.
+    peeked: Option<(usize, Receiver<Piece>, usize)>,
+    /// Restarts from where the output stood, and chunks kept across one
+    /// (read once the restart reached them).
+    restarts: usize,
+    kept_across: usize,
     /// Their bits and output offsets, in order of bit.
     known_bits: Vec<(usize, u64)>,
     /// The member's output length, from the index.
@@ -512,6 +535,9 @@ impl ParallelInflate {
             shared,
             crew,
             queue: VecDeque::new(),
+            peeked: None,
+            restarts: 0,
+            kept_across: 0,
             known_bits,
             member_len,
             reached: Vec::new(),
@@ -721,12 +747,24 @@ impl ParallelInflate {
     /// its own (the pool keeps working ahead).
     fn next_chunk_in_order(&mut self) -> Result<()> {
         self.fill_queue();
-        while let Some((from, rx)) = self.queue.pop_front() {
-            let start = match rx.recv() {
-                Ok(Piece::Start(s)) => s,
-                _ => return Err(self.lost()),
+        loop {
+            let (from, rx, start) = match self.peeked.take() {
+                Some((from, rx, s)) => {
+                    self.kept_across += usize::from(s == self.pos);
+                    (from, rx, Some(s))
+                }
+                None => {
+                    let Some((from, rx)) = self.queue.pop_front() else {
+                        break;
+                    };
+                    let start = match rx.recv() {
+                        Ok(Piece::Start(s)) => s,
+                        _ => return Err(self.lost()),
+                    };
+                    self.fill_queue();
+                    (from, rx, start)
+                }
             };
-            self.fill_queue();
             let k = from / self.shared.chunk_bits;
             match start {
                 Some(s) if s == self.pos => {
@@ -750,7 +788,11 @@ impl ParallelInflate {
                     self.current = Some(rx);
                     return Ok(());
                 }
-                Some(s) if s > self.pos => break,
+                // Kept: a restart decodes up to it, then it is read.
+                Some(s) if s > self.pos => {
+                    self.peeked = Some((from, rx, s));
+                    break;
+                }
                 // Found nothing, or a block the output has passed.
                 _ => continue,
             }
@@ -758,10 +800,12 @@ impl ParallelInflate {
         // Decode from `pos`, with the window known, up to where the next
         // handed-out chunk begins its search.
         tracing::trace!(pos = self.pos, "restarting from where the output stands");
-        let stop = match (self.queue.front(), self.cut) {
-            (Some((from, _)), _) => self.next_known(*from),
-            (None, Some(c)) => c.bit,
-            (None, None) => self.bits() + 1,
+        self.restarts += 1;
+        let stop = match (&self.peeked, self.queue.front(), self.cut) {
+            (Some((_, _, s)), _, _) => *s,
+            (None, Some((from, _)), _) => self.next_known(*from),
+            (None, None, Some(c)) => c.bit,
+            (None, None, None) => self.bits() + 1,
         };
         // Where the output stands is a block boundary with its window: a
         // checkpoint for its chunk if that has none.
@@ -852,6 +896,7 @@ impl Drop for ParallelInflate {
         self.draining = None;
         self.resolving = None;
         self.queue.clear();
+        self.peeked = None;
         self.current = None;
     }
 }
@@ -860,6 +905,7 @@ impl Worker {
     fn new(chunk_bytes: usize) -> Self {
         Worker {
             chunk_bytes,
+            marker_cap: MARKER_CAP,
             dec: MarkerDecoder::default(),
             whole: Whole::new(),
             rebased: Vec::new(),
@@ -925,7 +971,7 @@ impl Worker {
                 }
                 return;
             }
-            if dec.out.len() >= MARKER_CAP {
+            if dec.out.len() >= self.marker_cap {
                 tracing::trace!(first, pos, "markers did not clear; leaving the rest");
                 break End::Boundary(pos);
             }
@@ -955,7 +1001,9 @@ impl Worker {
     /// libdeflate when the chunk's end is known (the next chunk's first
     /// block), else (or when that fails) streamed by zlib-rs. `chunk`: the
     /// chunk's number and, from an index, its output length (`None` for a
-    /// restart, which is streamed).
+    /// restart, which is streamed: the reader takes its pieces as they
+    /// come; a restart inflated whole, tried, kept the reader waiting for
+    /// all of it).
     fn finish(
         &mut self,
         shared: &Shared,
@@ -1009,7 +1057,11 @@ impl Worker {
             .unwrap_or(0)
             .max(self.chunk_bytes.saturating_mul(WHOLE_RATIO))
             .min(WHOLE_MAX);
-        let mut out = shared.buffer(window.len() + guess)?;
+        // Room for a whole window whether or not this chunk has one (the
+        // first has none): buffers of one size are reused by any chunk,
+        // where a buffer a byte too small was dropped and a fresh one's
+        // pages faulted in again.
+        let mut out = shared.buffer(marker::WINDOW + guess)?;
         let outcome = whole.inflate(&self.rebased, &mut out);
         let done = match (outcome, end) {
             (Outcome::Done { used }, Some(e)) if used == self.rebased.len() => {
@@ -1287,6 +1339,51 @@ mod tests {
         let (used, crc, size) = p.finish();
         assert_eq!(size, out.len() as u64);
         Ok((out, used, crc))
+    }
+
+    /// Blocks of random bytes, each a copy of the one before it with a few
+    /// bytes changed: a chunk that starts inside copies bytes of the
+    /// window it does not know, and they stay unknown, copied from block
+    /// to block, long after the chunk's start.
+    fn unknown_for_long(len: usize) -> Vec<u8> {
+        let mut block = image_like(16 << 10, 7);
+        let mut v = Vec::with_capacity(len);
+        let mut x = 1u64;
+        while v.len() < len {
+            v.extend_from_slice(&block);
+            for _ in 0..4 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let at = (x >> 33) as usize % block.len();
+                block[at] = (x >> 20) as u8;
+            }
+        }
+        v.truncate(len);
+        v
+    }
+
+    #[test]
+    fn chunks_whose_window_never_clears_restart_and_keep_the_next_chunk() {
+        let mut data = image_like(1 << 20, 3);
+        data.extend(unknown_for_long(3 << 20));
+        data.extend(image_like(1 << 20, 4));
+        let stream = deflate(&data, 6);
+        for threads in [1, 2, 3] {
+            let crew = Crew::with_marker_cap(threads, 64 << 10, 30_000);
+            let mut p = ParallelInflate::start(
+                SharedBytes::from_vec(stream.clone()),
+                crew,
+                8192,
+                None,
+                Resume::default(),
+                true,
+                None,
+            );
+            let (out, used, _) = drain(&mut p).unwrap();
+            assert!(out == data, "threads {threads}");
+            assert_eq!(used, stream.len());
+            assert!(p.restarts > 0, "no chunk gave up its markers");
+            assert!(p.kept_across > 0, "every chunk after a restart was dropped");
+        }
     }
 
     #[test]
