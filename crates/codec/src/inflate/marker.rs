@@ -468,15 +468,34 @@ const HEAD_OK: [bool; 1 << 13] = {
     t
 };
 
-/// True when the block at `pos` is a non-final dynamic block: the only kind
-/// [`find_block`] looks for, and where a chunk's decoder stops.
-pub fn starts_dynamic(data: &[u8], pos: usize) -> bool {
-    Bits::new(data, pos).peek() & 7 == 0b100
+/// True when a block starting at `pos` is of a kind [`find_block`] looks
+/// for, and so where a chunk's decoder stops: a non-final dynamic block, or
+/// a non-final stored block at a byte boundary (what follows a stored
+/// block: the runs of them gzip writes for incompressible data).
+pub fn starts_block(data: &[u8], pos: usize) -> bool {
+    Bits::new(data, pos).peek() & 7 == 0b100 || stored_at(data, pos)
 }
 
-/// The first bit position in `from..to` where a non-final dynamic block
+/// True when `pos` is a byte boundary where a non-final stored block could
+/// start: its three header bits are zero and the lengths that follow (past
+/// the padding to the next byte) agree.
+fn stored_at(data: &[u8], pos: usize) -> bool {
+    if pos % 8 != 0 {
+        return false;
+    }
+    let at = pos / 8;
+    match data.get(at..at + 5) {
+        Some(h) => {
+            h[0] & 7 == 0 && u16::from_le_bytes([h[1], h[2]]) == !u16::from_le_bytes([h[3], h[4]])
+        }
+        None => false,
+    }
+}
+
+/// The first bit position in `from..to` where a non-final dynamic block,
+/// or a non-final stored block at a byte boundary ([`starts_block`]),
 /// starts whose header and whole first block decode without error and
-/// whose next block header is plausible. The decoder holds that block's
+/// whose next blocks decode too ([`CONFIRM_BLOCKS`]). The decoder holds that block's
 /// output on return. Wrong guesses are possible in principle (the checks
 /// make them very rare); the caller's stitching finds them.
 pub fn find_block(
@@ -488,6 +507,13 @@ pub fn find_block(
     let to = to.min(data.len() * 8);
     let mut pos = from;
     while pos < to {
+        // A stored block: only where a byte starts (after another stored
+        // block), and its lengths must agree.
+        if stored_at(data, pos) {
+            if let Some(found) = try_block(dec, data, pos) {
+                return Some(found);
+            }
+        }
         // Cheap filters before any table is built: three type bits and the
         // symbol counts (a table lookup, eight positions per load), then a
         // complete code-length code.
@@ -508,18 +534,22 @@ pub fn find_block(
             pos += 1;
             continue;
         }
-        dec.clear();
-        let mut bits = Bits::new(data, pos);
-        if let Ok(end) = dec.block(&mut bits) {
-            let next = bits.pos();
-            if end == BlockEnd::Last || next_block_decodes(dec, data, next) {
-                return Some((pos, end, next));
-            }
+        if let Some(found) = try_block(dec, data, pos) {
+            return Some(found);
         }
         pos += 1;
     }
     dec.clear();
     None
+}
+
+/// The block at `pos` and the ones after it decode ([`find_block`]).
+fn try_block(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> Option<(usize, BlockEnd, usize)> {
+    dec.clear();
+    let mut bits = Bits::new(data, pos);
+    let end = dec.block(&mut bits).ok()?;
+    let next = bits.pos();
+    (end == BlockEnd::Last || next_block_decodes(dec, data, next)).then_some((pos, end, next))
 }
 
 /// True when the code-length code whose HCLEN and lengths `bits` is at

@@ -14,14 +14,15 @@
 //! is inflated to the stream's end. Where that cannot be done (an output
 //! too big for the buffer, no buffer free in the pool, a wrong guess of the
 //! next start), zlib-rs streams it instead, from the same bit and window
-//! (`inflatePrime`, a dictionary), stopping at the first dynamic block at
-//! or after the next chunk's first bit.
+//! (`inflatePrime`, a dictionary), stopping at the first block of a kind
+//! the search finds ([`marker::starts_block`]: dynamic, or stored at a byte
+//! boundary) at or after the next chunk's first bit.
 //!
 //! The reader of the output (the splitter's thread) takes the chunks in
 //! order. A chunk whose start is where the one before ended is stitched
 //! on: its markers are replaced by the bytes of the 32 KiB before it, and
 //! its bytes pass through. A chunk that starts elsewhere (a false guess, a
-//! stretch with no dynamic block) is thrown away and its part decoded again
+//! stretch with no block the search finds) is thrown away and its part decoded again
 //! from where the output stands, with the window known. The CRC and size
 //! are checked over the whole member by the caller, so neither a guess nor
 //! damage can go unnoticed.
@@ -84,6 +85,18 @@ const NEAR: usize = (256 << 10) * 8;
 
 /// Pieces a chunk may have decoded ahead of the reader.
 const AHEAD: usize = 8;
+
+/// Chunks after its own in which a chunk's worker looks for where its
+/// output ends. In a stream with no block the search finds (only
+/// fixed-code blocks: zlib's `Z_FIXED`, some other encoders), one worker
+/// searched every chunk to the end of the stream, at about 40 MB/s.
+const END_LOOKAHEAD: usize = 2;
+
+/// Chunks in a row without a block found after which the reader stops
+/// waiting for the next one's search and decodes on from where the output
+/// stands (streamed up to the first block found after the next chunk's
+/// start, or the end): before, it waited on every chunk's search first.
+const BLOCKLESS_WAIT: usize = 2;
 
 /// Where a chunk's decoding starts.
 enum Start {
@@ -229,10 +242,12 @@ impl Shared {
         })
     }
 
-    /// Where chunk `k`'s output ends: the first block found after it.
+    /// Where chunk `k`'s output ends: the first block found in the
+    /// [`END_LOOKAHEAD`] chunks after it; `None` past them (the chunk is
+    /// then streamed up to the first block it meets).
     fn end_of(&self, k: usize, dec: &mut MarkerDecoder) -> Option<usize> {
         let mut j = k + 1;
-        while j * self.chunk_bits < self.bits() {
+        while j * self.chunk_bits < self.bits() && j <= k + END_LOOKAHEAD {
             if let Some(s) = self.find(j, dec) {
                 return Some(s);
             }
@@ -747,6 +762,7 @@ impl ParallelInflate {
     /// its own (the pool keeps working ahead).
     fn next_chunk_in_order(&mut self) -> Result<()> {
         self.fill_queue();
+        let mut blockless = 0;
         loop {
             let (from, rx, start) = match self.peeked.take() {
                 Some((from, rx, s)) => {
@@ -794,7 +810,18 @@ impl ParallelInflate {
                     break;
                 }
                 // Found nothing, or a block the output has passed.
-                _ => continue,
+                None => {
+                    blockless += 1;
+                    if blockless >= BLOCKLESS_WAIT {
+                        tracing::debug!(
+                            pos = self.pos,
+                            chunks = blockless,
+                            "no block found in chunks in a row: decoding on from the output"
+                        );
+                        break;
+                    }
+                }
+                Some(_) => blockless = 0,
             }
         }
         // Decode from `pos`, with the window known, up to where the next
@@ -959,7 +986,7 @@ impl Worker {
             if last {
                 break End::Last(pos);
             }
-            if pos > first && pos >= stop && marker::starts_dynamic(data, pos) {
+            if pos > first && pos >= stop && marker::starts_block(data, pos) {
                 break End::Boundary(pos);
             }
             if dec.window_known() {
@@ -1190,7 +1217,7 @@ fn inflate_known_inner(
         if block
             && step.at_block_end
             && here >= stop
-            && (here == stop || marker::starts_dynamic(data, here))
+            && (here == stop || marker::starts_block(data, here))
         {
             if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
                 return Ok(None);
@@ -1236,6 +1263,77 @@ mod tests {
             if step.at_block_end {
                 v.push((at * 8 - step.unused_bits as usize, total));
             }
+        }
+    }
+
+    /// Random bytes are stored blocks, one after another: each chunk starts
+    /// at one (a byte boundary, where the one before ended) and none is
+    /// decoded again. Before, the search knew only dynamic blocks, found
+    /// none, and one worker searched the whole stream (600 MB of such a
+    /// `gzip -6` took 17 s).
+    #[test]
+    fn incompressible_data_is_cut_at_its_stored_blocks() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<u8> = (0..3 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect();
+        let stream = deflate(&data, 6);
+        let mut dec = MarkerDecoder::default();
+        let (bit, _, _) = marker::find_block(&mut dec, &stream, 8 << 20, usize::MAX).unwrap();
+        assert_eq!(bit % 8, 0, "a stored block starts at a byte");
+        for (threads, chunk) in [(2, 100_000), (3, 1 << 20)] {
+            let mut p = ParallelInflate::with_chunk(
+                SharedBytes::from_vec(stream.clone()),
+                threads,
+                chunk,
+                65536,
+            );
+            let (out, used, _) = drain(&mut p).unwrap();
+            assert!(out == data, "threads {threads} chunk {chunk}");
+            assert_eq!(used, stream.len());
+            assert_eq!(p.restarts, 0, "threads {threads} chunk {chunk}");
+        }
+    }
+
+    /// zlib stops after the final block's end-of-block code too (with
+    /// `Z_BLOCK`), before it says the stream ended: that is no boundary.
+    /// Followed by bytes whose bits look like a dynamic block header, it
+    /// was taken for one, and a chunk ended in the trailer.
+    #[test]
+    fn no_block_boundary_is_reported_after_the_final_block() {
+        let data = image_like(1 << 20, 11);
+        for level in [1, 6, 9] {
+            let mut stream = deflate(&data, level);
+            let bits = stream.len() * 8;
+            stream.extend_from_slice(&[0x84; 8]);
+            let mut z = ZInflate::new().unwrap();
+            let mut out = Vec::with_capacity(data.len());
+            let mut at = 0;
+            let mut boundaries = 0;
+            loop {
+                out.reserve(1 << 16);
+                let step = z.inflate(&stream[at..], &mut out, true).unwrap();
+                at += step.consumed;
+                if step.end {
+                    break;
+                }
+                if step.at_block_end {
+                    // The final block takes 10 bits at least.
+                    let here = at * 8 - step.unused_bits as usize;
+                    assert!(
+                        here + 10 <= bits,
+                        "level {level}: a boundary at {here} of {bits}"
+                    );
+                    boundaries += 1;
+                }
+            }
+            assert!(out == data, "level {level}");
+            assert!(boundaries > 0, "level {level}: no boundary");
         }
     }
 
@@ -1302,7 +1400,15 @@ mod tests {
                 continue;
             };
             found += 1;
-            let off = b.iter().find(|x| x.0 == bit).expect("a true boundary").1;
+            // A stored block's three zero header bits may also be read a
+            // few bits early, in zero bits the block before ended with:
+            // the same block follows either way.
+            let off = b
+                .iter()
+                .find(|x| x.0 == bit)
+                .or_else(|| b.iter().find(|x| bit % 8 == 0 && x.0.abs_diff(bit) < 8))
+                .expect("a true boundary")
+                .1;
             let end = b
                 .iter()
                 .find(|x| x.0 == next)

@@ -652,32 +652,72 @@ mod tests {
         }
     }
 
+    /// `first` as stored blocks, then `rest` as fixed-code blocks of
+    /// literals (a stream as zlib's `Z_FIXED` or a simple encoder writes),
+    /// the last one final.
+    fn stored_then_fixed(first: &[u8], rest: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in first.chunks(60_000) {
+            // Each starts at a byte: the header's three zero bits, padding.
+            out.push(0);
+            let len = piece.len() as u16;
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&(!len).to_le_bytes());
+            out.extend_from_slice(piece);
+        }
+        let (mut acc, mut n) = (0u64, 0u32);
+        let mut put = |out: &mut Vec<u8>, value: u32, bits: u32| {
+            acc |= u64::from(value) << n;
+            n += bits;
+            while n >= 8 {
+                out.push(acc as u8);
+                acc >>= 8;
+                n -= 8;
+            }
+        };
+        // Huffman codes go out from their first (highest) bit.
+        let code = |c: u32, bits: u32| c.reverse_bits() >> (32 - bits);
+        let blocks: Vec<&[u8]> = rest.chunks(20_000).collect();
+        for (i, block) in blocks.iter().enumerate() {
+            put(&mut out, u32::from(i + 1 == blocks.len()), 1);
+            put(&mut out, 1, 2);
+            for &b in *block {
+                match b {
+                    0..=143 => put(&mut out, code(0x30 + u32::from(b), 8), 8),
+                    _ => put(&mut out, code(0x190 + u32::from(b) - 144, 9), 9),
+                }
+            }
+            put(&mut out, 0, 7);
+        }
+        put(&mut out, 0, 7);
+        out
+    }
+
     #[test]
     fn a_stream_with_no_block_to_cut_at_goes_on_on_one_core() {
-        // Random bytes are written as stored blocks, which the block search
-        // does not look for: after a compressible start, no segment can be
-        // cut.
-        let mut data = image_like(1 << 20, 5);
-        let mut noise = vec![0u8; 3 << 20];
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for b in noise.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
-        data.extend_from_slice(&noise);
-        data.extend(image_like(1 << 20, 6));
-        let stream = deflate(&data, 6);
+        // Fixed-code blocks have no header the block search can check:
+        // after a start of stored blocks (cut where one ends), no segment
+        // can be cut.
+        let first = image_like(1 << 20, 5);
+        let rest = image_like(3 << 20, 6);
+        let data = [first.as_slice(), rest.as_slice()].concat();
+        let stream = stored_then_fixed(&first, &rest);
+        let mut check = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::DeflateDecoder::new(&stream[..]),
+            &mut check,
+        )
+        .unwrap();
+        assert!(check == data, "the test's own encoder");
         let o = inflate(&stream, b"after", 2, 32 << 10).unwrap();
         assert!(o.out == data);
         assert_eq!(o.crc, crc(&data));
         assert_eq!(o.pos, stream.len());
         assert!(
             o.one_core,
-            "3 MiB of stored blocks is past 4 segments of 512 KiB"
+            "3 MiB of fixed-code blocks is past 4 segments of 512 KiB"
         );
-        assert!(o.segments >= 1, "the compressible start went parallel");
+        assert!(o.segments >= 1, "the stored start went parallel");
     }
 
     /// Input that arrives slowly (a network link, a live log) is inflated

@@ -29,9 +29,15 @@ pub struct Step {
     /// The stream's final block ended.
     pub end: bool,
     /// Stopped just after a block's end-of-block code (or a stored block's
-    /// data): the next block's header is next.
+    /// data): the next block's header is next. Not after the final block
+    /// (zlib stops there too with `Z_BLOCK`, before it says the stream
+    /// ended; zran.c skips it by the same flag): the bits after it are the
+    /// padding and the trailer, and taking them for a block header ended a
+    /// chunk there (a fixed-code stream failed to decode).
     pub at_block_end: bool,
-    /// Bits of the last consumed byte not used yet (when `at_block_end`).
+    /// Bits of the consumed input not used yet (when `at_block_end`): fewer
+    /// than 8 in zlib, but zlib-rs may hold several bytes' worth in its bit
+    /// buffer, and says how many in `data_type`'s low six bits.
     pub unused_bits: u32,
 }
 
@@ -129,8 +135,12 @@ impl ZInflate {
                     consumed,
                     produced,
                     end: rc == z::Z_STREAM_END,
-                    at_block_end: dt & 128 != 0,
-                    unused_bits: (dt & 7) as u32,
+                    at_block_end: dt & 128 != 0 && dt & 64 == 0,
+                    // Not `& 7` as zran.c does for zlib: zlib-rs counts up
+                    // to 63 buffered bits there (64 is the last-block flag),
+                    // and a count of 12 read as 4 put a block boundary a
+                    // byte off (a fixed-code stream failed to decode).
+                    unused_bits: (dt & 63) as u32,
                 })
             }
             _ => Err(self.message()),
