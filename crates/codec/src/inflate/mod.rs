@@ -1273,15 +1273,7 @@ mod tests {
     /// `gzip -6` took 17 s).
     #[test]
     fn incompressible_data_is_cut_at_its_stored_blocks() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let data: Vec<u8> = (0..3 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect();
+        let data = crate::testutil::noise(3 << 20, 9);
         let stream = deflate(&data, 6);
         let mut dec = MarkerDecoder::default();
         let (bit, _, _) = marker::find_block(&mut dec, &stream, 8 << 20, usize::MAX).unwrap();
