@@ -93,3 +93,44 @@ pub(crate) fn image_like(len: usize, seed: u64) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// `first` as stored blocks, then `rest` as fixed-code blocks of
+/// literals (a stream as zlib's `Z_FIXED` or a simple encoder writes),
+/// the last one final.
+pub(crate) fn stored_then_fixed(first: &[u8], rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in first.chunks(60_000) {
+        // Each starts at a byte: the header's three zero bits, padding.
+        out.push(0);
+        let len = piece.len() as u16;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(piece);
+    }
+    let (mut acc, mut n) = (0u64, 0u32);
+    let mut put = |out: &mut Vec<u8>, value: u32, bits: u32| {
+        acc |= u64::from(value) << n;
+        n += bits;
+        while n >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            n -= 8;
+        }
+    };
+    // Huffman codes go out from their first (highest) bit.
+    let code = |c: u32, bits: u32| c.reverse_bits() >> (32 - bits);
+    let blocks: Vec<&[u8]> = rest.chunks(20_000).collect();
+    for (i, block) in blocks.iter().enumerate() {
+        put(&mut out, u32::from(i + 1 == blocks.len()), 1);
+        put(&mut out, 1, 2);
+        for &b in *block {
+            match b {
+                0..=143 => put(&mut out, code(0x30 + u32::from(b), 8), 8),
+                _ => put(&mut out, code(0x190 + u32::from(b) - 144, 9), 9),
+            }
+        }
+        put(&mut out, 0, 7);
+    }
+    put(&mut out, 0, 7);
+    out
+}

@@ -470,32 +470,48 @@ const HEAD_OK: [bool; 1 << 13] = {
 
 /// True when a block starting at `pos` is of a kind [`find_block`] looks
 /// for, and so where a chunk's decoder stops: a non-final dynamic block, or
-/// a non-final stored block at a byte boundary (what follows a stored
-/// block: the runs of them gzip writes for incompressible data).
+/// a non-final stored block ([`stored_at`]: the runs of them gzip writes
+/// for data that does not compress).
 pub fn starts_block(data: &[u8], pos: usize) -> bool {
     Bits::new(data, pos).peek() & 7 == 0b100 || stored_at(data, pos)
 }
 
-/// True when `pos` is a byte boundary where a non-final stored block could
-/// start: its three header bits are zero and the lengths that follow (past
-/// the padding to the next byte) agree.
-fn stored_at(data: &[u8], pos: usize) -> bool {
-    if pos % 8 != 0 {
+/// Where in its byte a stored block is said to start ([`canonical`]).
+const STORED_PHASE: usize = 5;
+
+/// True when a non-final stored block can be read from `pos`: the bits from
+/// there to the next byte boundary are zero (the header's three, then the
+/// padding zlib writes as zeros) and the lengths that follow agree.
+///
+/// Where such a block really starts cannot be told from the bits: the
+/// block before may end in zero bits too. Reading from any of those places
+/// gives the same block, so one of them stands for all of them: the latest,
+/// three bits before the byte boundary ([`canonical`]). The search returns
+/// it, decoders report a boundary there as it, and a stretch whole-inflated
+/// up to it ends in an empty stored block (`whole::rebase`).
+pub fn stored_at(data: &[u8], pos: usize) -> bool {
+    let q = (pos + 3).div_ceil(8);
+    let Some(h) = data.get(q..q + 4) else {
         return false;
-    }
-    let at = pos / 8;
-    match data.get(at..at + 5) {
-        Some(h) => {
-            h[0] & 7 == 0 && u16::from_le_bytes([h[1], h[2]]) == !u16::from_le_bytes([h[3], h[4]])
-        }
-        None => false,
+    };
+    u16::from_le_bytes([h[0], h[1]]) == !u16::from_le_bytes([h[2], h[3]])
+        && (pos..q * 8).all(|b| data[b / 8] >> (b % 8) & 1 == 0)
+}
+
+/// The place that stands for block boundary `pos` ([`stored_at`]): the
+/// latest place its stored block could start at, or `pos` itself.
+pub fn canonical(data: &[u8], pos: usize) -> usize {
+    if stored_at(data, pos) {
+        (pos + 3).div_ceil(8) * 8 - 3
+    } else {
+        pos
     }
 }
 
 /// The first bit position in `from..to` where a non-final dynamic block,
-/// or a non-final stored block at a byte boundary ([`starts_block`]),
+/// or a non-final stored block (at its [`canonical`] place; [`starts_block`]),
 /// starts whose header and whole first block decode without error and
-/// whose next blocks decode too ([`CONFIRM_BLOCKS`]). The decoder holds that block's
+/// whose next blocks decode too (three of them). The decoder holds that block's
 /// output on return. Wrong guesses are possible in principle (the checks
 /// make them very rare); the caller's stitching finds them.
 pub fn find_block(
@@ -507,20 +523,34 @@ pub fn find_block(
     let to = to.min(data.len() * 8);
     let mut pos = from;
     while pos < to {
-        // A stored block: only where a byte starts (after another stored
-        // block), and its lengths must agree.
-        if stored_at(data, pos) {
-            if let Some(found) = try_block(dec, data, pos) {
-                return Some(found);
-            }
-        }
         // Cheap filters before any table is built: three type bits and the
         // symbol counts (a table lookup, eight positions per load), then a
         // complete code-length code.
-        let base = Bits::new(data, pos & !7).peek();
+        let byte = pos & !7;
+        let base = Bits::new(data, byte).peek();
         let mut o = pos & 7;
         while o < 8 && !HEAD_OK[((base >> o) & 0x1fff) as usize] {
             o += 1;
+        }
+        // A stored block, at its canonical place in this byte, before any
+        // dynamic candidate after that place.
+        if pos & 7 <= STORED_PHASE && o > STORED_PHASE && stored_at(data, byte + STORED_PHASE) {
+            pos = byte + STORED_PHASE;
+            if pos >= to {
+                break;
+            }
+            // Lengths that agree by chance are met every 64 KiB or so, and
+            // fixed-code blocks decode from almost any bits: a stored block
+            // counts only where one that can be checked, stored or
+            // dynamic, follows it (a stream of fixed-code blocks, zlib's
+            // Z_FIXED, had a false one in every chunk).
+            if let Some(found) = try_block(dec, data, pos) {
+                if found.1 == BlockEnd::Last || Bits::new(data, found.2).peek() & 6 != 2 {
+                    return Some(found);
+                }
+            }
+            pos += 1;
+            continue;
         }
         if o == 8 {
             pos = (pos & !7) + 8;

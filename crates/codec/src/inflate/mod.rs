@@ -92,6 +92,14 @@ const AHEAD: usize = 8;
 /// searched every chunk to the end of the stream, at about 40 MB/s.
 const END_LOOKAHEAD: usize = 2;
 
+/// How far into a chunk its first block is searched for: blocks zlib
+/// writes are far shorter (a stored one 64 KiB at most, a compressed one
+/// ends once 16-64 Ki symbols are buffered), and in a stream of fixed-code
+/// blocks, which the search cannot find, it took 0.2 s per 8 MiB chunk
+/// (40 MB/s). A chunk whose block is further in is decoded as part of the
+/// one before it.
+const SEARCH_SPAN: usize = 1 << 20;
+
 /// Chunks in a row without a block found after which the reader stops
 /// waiting for the next one's search and decodes on from where the output
 /// stands (streamed up to the first block found after the next chunk's
@@ -128,6 +136,12 @@ struct Shared {
     searches: AtomicUsize,
     /// The crew's buffers.
     pools: Arc<Pools>,
+    /// A segment's cut ([`Cut`]): any chunk stops at the first block
+    /// boundary at or after it, of any kind (the next segment goes on from
+    /// where the output stands), so that a cut the search got wrong is
+    /// passed at the next boundary, not run past into the end of the
+    /// segment's data.
+    cut_bit: Option<usize>,
 }
 
 /// Buffers the workers and the reader hand back and forth, kept from one
@@ -212,6 +226,11 @@ impl Drop for Crew {
 }
 
 impl Shared {
+    /// Block boundary `bit` is at or past the segment's cut.
+    fn past_cut(&self, bit: usize) -> bool {
+        self.cut_bit.is_some_and(|c| bit >= c)
+    }
+
     fn bits(&self) -> usize {
         self.data.as_slice().len() * 8
     }
@@ -237,8 +256,8 @@ impl Shared {
             }
             self.searches.fetch_add(1, Ordering::Relaxed);
             let from = k * self.chunk_bits;
-            marker::find_block(dec, self.data.as_slice(), from, from + self.chunk_bits)
-                .map(|(s, _, _)| s)
+            let span = self.chunk_bits.min(SEARCH_SPAN * 8);
+            marker::find_block(dec, self.data.as_slice(), from, from + span).map(|(s, _, _)| s)
         })
     }
 
@@ -533,6 +552,7 @@ impl ParallelInflate {
             chunk: 0,
             bit: from.bit,
         });
+        let cut_bit = cut.map(|c| c.bit);
         let finds = cut
             .into_iter()
             .chain(ahead)
@@ -545,6 +565,7 @@ impl ParallelInflate {
             indexed: indexed.then_some(known),
             searches: AtomicUsize::new(0),
             pools: crew.pools.clone(),
+            cut_bit,
         });
         let mut p = ParallelInflate {
             shared,
@@ -986,8 +1007,11 @@ impl Worker {
             if last {
                 break End::Last(pos);
             }
-            if pos > first && pos >= stop && marker::starts_block(data, pos) {
-                break End::Boundary(pos);
+            if pos > first {
+                let here = marker::canonical(data, pos);
+                if (here >= stop && marker::starts_block(data, pos)) || shared.past_cut(here) {
+                    break End::Boundary(here);
+                }
             }
             if dec.window_known() {
                 tracing::trace!(first, pos, symbols = dec.out.len(), "window clean");
@@ -1044,7 +1068,12 @@ impl Worker {
             // Up to the next chunk's first block; when no chunk after this
             // one has a block, to the stream's end.
             let end = shared.end_of(k, &mut self.dec);
-            if end.is_none_or(|e| e > bit) {
+            // With no end found, only a last chunk is inflated whole (the
+            // stream ends in it, or the attempt fails at the data's end);
+            // before, a chunk in a stream without blocks the search finds
+            // was inflated whole over two chunks' bytes, and failed.
+            let last = (k + 1) * shared.chunk_bits >= shared.bits();
+            if end.map_or(last, |e| e > bit) {
                 if let Some((out, skip, crc, end)) =
                     self.inflate_whole(shared, bit, end, window, out_len)
                 {
@@ -1214,15 +1243,16 @@ fn inflate_known_inner(
             return Ok(Some(End::Last(here)));
         }
         // A known boundary (an index's checkpoint) is stopped at exactly.
+        let place = marker::canonical(data, here);
         if block
             && step.at_block_end
-            && here >= stop
-            && (here == stop || marker::starts_block(data, here))
+            && ((place >= stop && (place == stop || marker::starts_block(data, here)))
+                || shared.past_cut(place))
         {
             if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
                 return Ok(None);
             }
-            return Ok(Some(End::Boundary(here)));
+            return Ok(Some(End::Boundary(place)));
         }
         if block && step.consumed == 0 && step.produced == 0 && at >= data.len() {
             return Err(End::Truncated(at * 8));
@@ -1277,7 +1307,8 @@ mod tests {
         let stream = deflate(&data, 6);
         let mut dec = MarkerDecoder::default();
         let (bit, _, _) = marker::find_block(&mut dec, &stream, 8 << 20, usize::MAX).unwrap();
-        assert_eq!(bit % 8, 0, "a stored block starts at a byte");
+        assert!(marker::stored_at(&stream, bit), "a stored block");
+        assert_eq!(bit % 8, 5, "at the place that stands for its start");
         for (threads, chunk) in [(2, 100_000), (3, 1 << 20)] {
             let mut p = ParallelInflate::with_chunk(
                 SharedBytes::from_vec(stream.clone()),
@@ -1289,6 +1320,26 @@ mod tests {
             assert!(out == data, "threads {threads} chunk {chunk}");
             assert_eq!(used, stream.len());
             assert_eq!(p.restarts, 0, "threads {threads} chunk {chunk}");
+        }
+    }
+
+    /// Fixed-code blocks (zlib's `Z_FIXED`, simple encoders), which the
+    /// block search cannot find, after stored ones, with bytes after the
+    /// stream that read as a dynamic block header: inflated whole and
+    /// right. Before, the boundary zlib reports after the final block was
+    /// taken for a block there and the stream was refused as corrupt.
+    #[test]
+    fn fixed_code_blocks_inflate_on_any_number_of_threads() {
+        let first = image_like(1 << 20, 21);
+        let rest = image_like(3 << 20, 22);
+        let data = [first.as_slice(), rest.as_slice()].concat();
+        let mut stream = crate::testutil::stored_then_fixed(&first, &rest);
+        let len = stream.len();
+        stream.extend_from_slice(&[0x84; 8]);
+        for (threads, chunk) in [(2, 64 << 10), (3, 300_000), (1, 1 << 20)] {
+            let (out, used, _) = parallel(&stream, threads, chunk).unwrap();
+            assert!(out == data, "threads {threads} chunk {chunk}");
+            assert_eq!(used, len);
         }
     }
 
@@ -1379,6 +1430,55 @@ mod tests {
         }
     }
 
+    /// Stored blocks after compressed ones: a stretch starts and ends at
+    /// the places that stand for their stored blocks (`marker::canonical`,
+    /// a few bits after the true boundary where the block before ended in
+    /// zero bits) and inflates to the same bytes.
+    #[test]
+    fn stretches_between_stored_blocks_inflate_from_the_places_that_stand_for_them() {
+        let mut data = Vec::new();
+        for k in 0..12 {
+            data.extend(image_like(100_000 + k * 7919, k as u64));
+            data.extend(crate::testutil::noise(70_000 + k * 101, k as u64));
+        }
+        let stream = deflate(&data, 6);
+        let b = boundaries(&stream);
+        let mut w = Whole::new().unwrap();
+        let mut buf = Vec::new();
+        let mut moved = 0;
+        for i in 0..b.len() - 2 {
+            let ((from, a), (to, z)) = (b[i], b[i + 2]);
+            let (from, to) = (
+                marker::canonical(&stream, from),
+                marker::canonical(&stream, to),
+            );
+            moved += usize::from(to != b[i + 2].0);
+            let window = &data[a.saturating_sub(marker::WINDOW)..a];
+            whole::rebase(&stream, from, Some(to), window, &mut buf);
+            let mut out = Vec::with_capacity(window.len() + z - a);
+            assert_eq!(
+                w.inflate(&buf, &mut out),
+                Outcome::Done { used: buf.len() },
+                "bits {from}..{to}"
+            );
+            assert!(out[window.len()..] == data[a..z], "bits {from}..{to}");
+            // zlib-rs, streamed from the same place, too.
+            let (mut zi, mut at) = ZInflate::starting_at(&stream, from, window).unwrap();
+            let mut got = Vec::with_capacity(z - a + (1 << 16));
+            while got.len() < z - a {
+                let step = zi.inflate(&stream[at..], &mut got, false).unwrap();
+                at += step.consumed;
+                assert!(step.consumed + step.produced > 0, "bits {from}..: stalled");
+                got.reserve(1 << 16);
+            }
+            assert!(got[..z - a] == data[a..z], "bits {from}..: streamed");
+        }
+        assert!(
+            moved > 0,
+            "no stored block's boundary moved: the test tests nothing"
+        );
+    }
+
     #[test]
     fn found_blocks_are_true_boundaries_and_their_markers_resolve() {
         let data = image_like(4 << 20, 3);
@@ -1392,13 +1492,11 @@ mod tests {
                 continue;
             };
             found += 1;
-            // A stored block's three zero header bits may also be read a
-            // few bits early, in zero bits the block before ended with:
-            // the same block follows either way.
+            // A stored block is found at the place that stands for its
+            // start (`marker::canonical`).
             let off = b
                 .iter()
-                .find(|x| x.0 == bit)
-                .or_else(|| b.iter().find(|x| bit % 8 == 0 && x.0.abs_diff(bit) < 8))
+                .find(|x| marker::canonical(&stream, x.0) == bit)
                 .expect("a true boundary")
                 .1;
             let end = b
@@ -1540,7 +1638,12 @@ mod tests {
     /// `stream` at its output offset, with the data before it as window.
     fn check_points(index: &MemberIndex, stream: &[u8], data: &[u8]) {
         assert_eq!(index.out_len, data.len() as u64);
-        let truth: HashMap<usize, usize> = boundaries(stream).into_iter().collect();
+        // (A stored block's boundary is kept at the place that stands for
+        // it: `marker::canonical`.)
+        let truth: HashMap<usize, usize> = boundaries(stream)
+            .into_iter()
+            .map(|(bit, out)| (marker::canonical(stream, bit), out))
+            .collect();
         for p in &index.points {
             assert_eq!(
                 truth.get(&(p.bit as usize)),

@@ -652,45 +652,53 @@ mod tests {
         }
     }
 
-    /// `first` as stored blocks, then `rest` as fixed-code blocks of
-    /// literals (a stream as zlib's `Z_FIXED` or a simple encoder writes),
-    /// the last one final.
-    fn stored_then_fixed(first: &[u8], rest: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for piece in first.chunks(60_000) {
-            // Each starts at a byte: the header's three zero bits, padding.
-            out.push(0);
-            let len = piece.len() as u16;
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(&(!len).to_le_bytes());
-            out.extend_from_slice(piece);
-        }
-        let (mut acc, mut n) = (0u64, 0u32);
-        let mut put = |out: &mut Vec<u8>, value: u32, bits: u32| {
-            acc |= u64::from(value) << n;
-            n += bits;
-            while n >= 8 {
-                out.push(acc as u8);
-                acc >>= 8;
-                n -= 8;
-            }
+    /// A cut the search got wrong (no block starts there) is passed at the
+    /// next block boundary, of whatever kind: before, the chunk went on
+    /// looking for a block of a kind the search finds and ran into the end
+    /// of the segment's data (a valid `.gz` from a pipe was refused as
+    /// truncated).
+    #[test]
+    fn a_wrong_cut_ends_the_segment_at_the_next_boundary() {
+        let first = image_like(1 << 20, 7);
+        let rest = image_like(2 << 20, 8);
+        let data = [first.as_slice(), rest.as_slice()].concat();
+        let stream = crate::testutil::stored_then_fixed(&first, &rest);
+        // Inside the fixed-code blocks, where no block the search finds
+        // starts; the segment holds 256 KiB after it.
+        let wrong = (stream.len() / 2) * 8 + 3;
+        let held = stream[..wrong / 8 + (256 << 10)].to_vec();
+        let chunk = 64 << 10;
+        let crew = Crew::new(2, chunk);
+        let cut = Cut {
+            chunk: wrong / 8 / chunk,
+            bit: wrong,
         };
-        // Huffman codes go out from their first (highest) bit.
-        let code = |c: u32, bits: u32| c.reverse_bits() >> (32 - bits);
-        let blocks: Vec<&[u8]> = rest.chunks(20_000).collect();
-        for (i, block) in blocks.iter().enumerate() {
-            put(&mut out, u32::from(i + 1 == blocks.len()), 1);
-            put(&mut out, 1, 2);
-            for &b in *block {
-                match b {
-                    0..=143 => put(&mut out, code(0x30 + u32::from(b), 8), 8),
-                    _ => put(&mut out, code(0x190 + u32::from(b) - 144, 9), 9),
-                }
-            }
-            put(&mut out, 0, 7);
+        let mut p = ParallelInflate::segment(
+            SharedBytes::from_vec(held),
+            &crew,
+            SegmentStart::Known(Resume::default()),
+            Some(cut),
+        );
+        let mut out = Vec::new();
+        let mut piece = Vec::new();
+        while p.next_piece(&mut piece).unwrap() {
+            out.extend_from_slice(&piece);
+            piece.clear();
         }
-        put(&mut out, 0, 7);
-        out
+        let r = p.resume().expect("the segment ended at its cut");
+        assert!(r.bit > wrong, "{} is not past the cut {wrong}", r.bit);
+        assert_eq!(r.size, out.len() as u64);
+        assert!(out == data[..out.len()]);
+        // The next block starts there: the rest follows from it.
+        let window = &out[out.len() - super::super::marker::WINDOW..];
+        let (mut z, mut at) = ZInflate::starting_at(&stream, r.bit, window).unwrap();
+        let mut tail = Vec::with_capacity(data.len() - out.len() + 1);
+        while tail.len() < data.len() - out.len() {
+            let step = z.inflate(&stream[at..], &mut tail, false).unwrap();
+            at += step.consumed;
+            assert!(step.consumed + step.produced > 0, "stalled");
+        }
+        assert!(tail == data[out.len()..]);
     }
 
     #[test]
@@ -701,7 +709,7 @@ mod tests {
         let first = image_like(1 << 20, 5);
         let rest = image_like(3 << 20, 6);
         let data = [first.as_slice(), rest.as_slice()].concat();
-        let stream = stored_then_fixed(&first, &rest);
+        let stream = crate::testutil::stored_then_fixed(&first, &rest);
         let mut check = Vec::new();
         std::io::Read::read_to_end(
             &mut flate2::read::DeflateDecoder::new(&stream[..]),

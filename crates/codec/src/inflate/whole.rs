@@ -142,7 +142,10 @@ const PAD: [(u8, u8); 8] = [
 /// stored block, empty blocks that bring the bit position to `from`'s
 /// place in its byte, the bytes of `data` holding bits `from..to` (so a
 /// stored block in them keeps its byte alignment), then an empty final
-/// block at `to`. `from` and `to` must be block boundaries; the output is
+/// block at `to` (where `to` stands for a stored block's start,
+/// [`super::marker::stored_at`]: an empty stored block read from wherever
+/// that block's header really is, then the final block). `from` and `to`
+/// must be block boundaries (or places that stand for them); the output is
 /// the window then the bytes of those blocks. With no `to`, all of `data`
 /// from `from` on is taken, for a stream that ends in it. Returns where
 /// `data`'s byte `from / 8` is in `buf`.
@@ -186,6 +189,18 @@ pub fn rebase(
         buf.truncate(buf.len() - 2);
         return base;
     };
+    if super::marker::stored_at(data, to) {
+        // The bits up to the byte boundary are the stored block's header
+        // and padding, wherever it starts; its lengths become those of an
+        // empty block, and the final block follows.
+        let q = (to + 3).div_ceil(8);
+        buf.truncate(base + (q - first));
+        buf.extend_from_slice(&[0, 0, 0xff, 0xff]);
+        let mut w = BitWriter { buf, acc: 0, n: 0 };
+        w.empty_fixed(true);
+        w.put(0, 7);
+        return base;
+    }
     // Clear the bits past `to`, then an empty final block there.
     let end = base * 8 + r + (to - from);
     let byte = end / 8;
