@@ -481,7 +481,11 @@ const STORED_PHASE: usize = 5;
 
 /// True when a non-final stored block can be read from `pos`: the bits from
 /// there to the next byte boundary are zero (the header's three, then the
-/// padding zlib writes as zeros) and the lengths that follow agree.
+/// padding zlib writes as zeros), the lengths that follow agree, and the
+/// block after it is not a fixed-code one. Lengths that agree by chance are
+/// met every 64 KiB or so, and fixed-code blocks decode from almost any
+/// bits, so such a "stored block" could not be checked (a stream of zlib's
+/// `Z_FIXED` had a false one in every chunk).
 ///
 /// Where such a block really starts cannot be told from the bits: the
 /// block before may end in zero bits too. Reading from any of those places
@@ -494,8 +498,10 @@ pub fn stored_at(data: &[u8], pos: usize) -> bool {
     let Some(h) = data.get(q..q + 4) else {
         return false;
     };
-    u16::from_le_bytes([h[0], h[1]]) == !u16::from_le_bytes([h[2], h[3]])
+    let len = u16::from_le_bytes([h[0], h[1]]);
+    len == !u16::from_le_bytes([h[2], h[3]])
         && (pos..q * 8).all(|b| data[b / 8] >> (b % 8) & 1 == 0)
+        && Bits::new(data, (q + 4 + usize::from(len)) * 8).peek() & 6 != 2
 }
 
 /// The place that stands for block boundary `pos` ([`stored_at`]): the
@@ -539,15 +545,8 @@ pub fn find_block(
             if pos >= to {
                 break;
             }
-            // Lengths that agree by chance are met every 64 KiB or so, and
-            // fixed-code blocks decode from almost any bits: a stored block
-            // counts only where one that can be checked, stored or
-            // dynamic, follows it (a stream of fixed-code blocks, zlib's
-            // Z_FIXED, had a false one in every chunk).
             if let Some(found) = try_block(dec, data, pos) {
-                if found.1 == BlockEnd::Last || Bits::new(data, found.2).peek() & 6 != 2 {
-                    return Some(found);
-                }
+                return Some(found);
             }
             pos += 1;
             continue;
