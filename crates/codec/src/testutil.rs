@@ -94,10 +94,30 @@ pub(crate) fn image_like(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// `first` as stored blocks, then `rest` as fixed-code blocks of
-/// literals (a stream as zlib's `Z_FIXED` or a simple encoder writes),
-/// the last one final.
-pub(crate) fn stored_then_fixed(first: &[u8], rest: &[u8]) -> Vec<u8> {
+/// Image-like data (`first_len` bytes, then `rest_len`) and a raw DEFLATE
+/// stream of it: the first part as stored blocks, the rest as fixed-code
+/// blocks of literals (a stream as zlib's `Z_FIXED` or a simple encoder
+/// writes), the last one final; checked against flate2 first.
+pub(crate) fn stored_then_fixed(
+    first_len: usize,
+    rest_len: usize,
+    seed: u64,
+) -> (Vec<u8>, Vec<u8>) {
+    let first = image_like(first_len, seed);
+    let rest = image_like(rest_len, seed + 1);
+    let stream = encode_stored_then_fixed(&first, &rest);
+    let data = [first, rest].concat();
+    let mut check = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::DeflateDecoder::new(&stream[..]),
+        &mut check,
+    )
+    .expect("the test's own encoder");
+    assert!(check == data, "the test's own encoder");
+    (data, stream)
+}
+
+fn encode_stored_then_fixed(first: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     for piece in first.chunks(60_000) {
         // Each starts at a byte: the header's three zero bits, padding.

@@ -468,15 +468,7 @@ const HEAD_OK: [bool; 1 << 13] = {
     t
 };
 
-/// True when a block starting at `pos` is of a kind [`find_block`] looks
-/// for, and so where a chunk's decoder stops: a non-final dynamic block, or
-/// a non-final stored block ([`stored_at`]: the runs of them gzip writes
-/// for data that does not compress).
-pub fn starts_block(data: &[u8], pos: usize) -> bool {
-    Bits::new(data, pos).peek() & 7 == 0b100 || stored_at(data, pos)
-}
-
-/// Where in its byte a stored block is said to start ([`canonical`]).
+/// Where in its byte a stored block is said to start ([`place`]).
 const STORED_PHASE: usize = 5;
 
 /// True when a non-final stored block can be read from `pos`: the bits from
@@ -490,7 +482,7 @@ const STORED_PHASE: usize = 5;
 /// Where such a block really starts cannot be told from the bits: the
 /// block before may end in zero bits too. Reading from any of those places
 /// gives the same block, so one of them stands for all of them: the latest,
-/// three bits before the byte boundary ([`canonical`]). The search returns
+/// three bits before the byte boundary ([`place`]). The search returns
 /// it, decoders report a boundary there as it, and a stretch whole-inflated
 /// up to it ends in an empty stored block (`whole::rebase`).
 pub fn stored_at(data: &[u8], pos: usize) -> bool {
@@ -504,18 +496,22 @@ pub fn stored_at(data: &[u8], pos: usize) -> bool {
         && Bits::new(data, (q + 4 + usize::from(len)) * 8).peek() & 6 != 2
 }
 
-/// The place that stands for block boundary `pos` ([`stored_at`]): the
-/// latest place its stored block could start at, or `pos` itself.
-pub fn canonical(data: &[u8], pos: usize) -> usize {
+/// For block boundary `pos`: the place that stands for it (the latest
+/// place its stored block could start at, [`stored_at`], or `pos` itself),
+/// and whether the block there is of a kind [`find_block`] looks for, and
+/// so where a chunk's decoder stops: a non-final stored block (the runs of
+/// them gzip writes for data that does not compress) or a non-final
+/// dynamic one.
+pub fn place(data: &[u8], pos: usize) -> (usize, bool) {
     if stored_at(data, pos) {
-        (pos + 3).div_ceil(8) * 8 - 3
+        ((pos + 3).div_ceil(8) * 8 - 3, true)
     } else {
-        pos
+        (pos, Bits::new(data, pos).peek() & 7 == 0b100)
     }
 }
 
 /// The first bit position in `from..to` where a non-final dynamic block,
-/// or a non-final stored block (at its [`canonical`] place; [`starts_block`]),
+/// or a non-final stored block (at the [`place`] that stands for it),
 /// starts whose header and whole first block decode without error and
 /// whose next blocks decode too (three of them). The decoder holds that block's
 /// output on return. Wrong guesses are possible in principle (the checks

@@ -15,8 +15,8 @@
 //! too big for the buffer, no buffer free in the pool, a wrong guess of the
 //! next start), zlib-rs streams it instead, from the same bit and window
 //! (`inflatePrime`, a dictionary), stopping at the first block of a kind
-//! the search finds ([`marker::starts_block`]: dynamic, or stored at a byte
-//! boundary) at or after the next chunk's first bit.
+//! the search finds ([`marker::place`]: dynamic, or stored) at or after the
+//! next chunk's first bit.
 //!
 //! The reader of the output (the splitter's thread) takes the chunks in
 //! order. A chunk whose start is where the one before ended is stitched
@@ -64,9 +64,11 @@ const PIECE: usize = 2 << 20;
 /// also bounds its memory). Where data copies the same old bytes from block
 /// to block, unknown bytes stay in the window for millions of symbols: a
 /// chunk of os2.img's `gzip -6` went 32 Mi symbols without a clean window
-/// and another needed 11 Mi. Measured on that file (`cairn unpack -T 2 -c`,
-/// 3 runs each, with the next chunk kept across a restart): 32 Mi 0.45 s,
-/// 16 Mi 0.41, 8 Mi 0.41, 4 Mi 0.42-0.46, 2 Mi 0.43.
+/// and another needed 11 Mi. Paired with 32 Mi (farm-bench, 7 pairs,
+/// `cairn unpack -T 2 -c F > /dev/null`): os2.img's `gzip -6` 0.438 s
+/// against 0.471, a 512 MiB memory dump's 0.448 against 0.530, peak RSS
+/// 351 against 462 MiB. Lower caps (4 Mi, 2 Mi) gave up on chunks that
+/// would have cleared (0.42-0.46 s, 3 runs each, an earlier build).
 const MARKER_CAP: usize = 8 << 20;
 
 /// Output room a whole-chunk inflate is given, per compressed byte; a chunk
@@ -196,8 +198,7 @@ impl Crew {
             .map(|_| {
                 let rx = rx.clone();
                 std::thread::spawn(move || {
-                    let mut w = Worker::new(chunk);
-                    w.marker_cap = marker_cap;
+                    let mut w = Worker::new(chunk, marker_cap);
                     for (shared, task) in rx {
                         w.run(&shared, task);
                     }
@@ -878,7 +879,9 @@ impl ParallelInflate {
             tx,
         };
         let shared = self.shared.clone();
-        std::thread::spawn(move || Worker::new(shared.chunk_bits / 8).run(&shared, task));
+        std::thread::spawn(move || {
+            Worker::new(shared.chunk_bits / 8, MARKER_CAP).run(&shared, task)
+        });
         match rx.recv() {
             Ok(Piece::Start(Some(_))) => {}
             _ => return Err(self.lost()),
@@ -950,10 +953,10 @@ impl Drop for ParallelInflate {
 }
 
 impl Worker {
-    fn new(chunk_bytes: usize) -> Self {
+    fn new(chunk_bytes: usize, marker_cap: usize) -> Self {
         Worker {
             chunk_bytes,
-            marker_cap: MARKER_CAP,
+            marker_cap,
             dec: MarkerDecoder::default(),
             whole: Whole::new(),
             rebased: Vec::new(),
@@ -1008,8 +1011,8 @@ impl Worker {
                 break End::Last(pos);
             }
             if pos > first {
-                let here = marker::canonical(data, pos);
-                if (here >= stop && marker::starts_block(data, pos)) || shared.past_cut(here) {
+                let (here, found_kind) = marker::place(data, pos);
+                if (here >= stop && found_kind) || shared.past_cut(here) {
                     break End::Boundary(here);
                 }
             }
@@ -1243,16 +1246,14 @@ fn inflate_known_inner(
             return Ok(Some(End::Last(here)));
         }
         // A known boundary (an index's checkpoint) is stopped at exactly.
-        let place = marker::canonical(data, here);
-        if block
-            && step.at_block_end
-            && ((place >= stop && (place == stop || marker::starts_block(data, here)))
-                || shared.past_cut(place))
-        {
-            if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
-                return Ok(None);
+        if block && step.at_block_end {
+            let (place, found_kind) = marker::place(data, here);
+            if (place >= stop && (place == stop || found_kind)) || shared.past_cut(place) {
+                if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
+                    return Ok(None);
+                }
+                return Ok(Some(End::Boundary(place)));
             }
-            return Ok(Some(End::Boundary(place)));
         }
         if block && step.consumed == 0 && step.produced == 0 && at >= data.len() {
             return Err(End::Truncated(at * 8));
@@ -1330,10 +1331,7 @@ mod tests {
     /// taken for a block there and the stream was refused as corrupt.
     #[test]
     fn fixed_code_blocks_inflate_on_any_number_of_threads() {
-        let first = image_like(1 << 20, 21);
-        let rest = image_like(3 << 20, 22);
-        let data = [first.as_slice(), rest.as_slice()].concat();
-        let mut stream = crate::testutil::stored_then_fixed(&first, &rest);
+        let (data, mut stream) = crate::testutil::stored_then_fixed(1 << 20, 3 << 20, 21);
         let len = stream.len();
         stream.extend_from_slice(&[0x84; 8]);
         for (threads, chunk) in [(2, 64 << 10), (3, 300_000), (1, 1 << 20)] {
@@ -1431,7 +1429,7 @@ mod tests {
     }
 
     /// Stored blocks after compressed ones: a stretch starts and ends at
-    /// the places that stand for their stored blocks (`marker::canonical`,
+    /// the places that stand for their stored blocks (`marker::place`,
     /// a few bits after the true boundary where the block before ended in
     /// zero bits) and inflates to the same bytes.
     #[test]
@@ -1448,10 +1446,7 @@ mod tests {
         let mut moved = 0;
         for i in 0..b.len() - 2 {
             let ((from, a), (to, z)) = (b[i], b[i + 2]);
-            let (from, to) = (
-                marker::canonical(&stream, from),
-                marker::canonical(&stream, to),
-            );
+            let (from, to) = (marker::place(&stream, from).0, marker::place(&stream, to).0);
             moved += usize::from(to != b[i + 2].0);
             let window = &data[a.saturating_sub(marker::WINDOW)..a];
             whole::rebase(&stream, from, Some(to), window, &mut buf);
@@ -1493,10 +1488,10 @@ mod tests {
             };
             found += 1;
             // A stored block is found at the place that stands for its
-            // start (`marker::canonical`).
+            // start (`marker::place`).
             let off = b
                 .iter()
-                .find(|x| marker::canonical(&stream, x.0) == bit)
+                .find(|x| marker::place(&stream, x.0).0 == bit)
                 .expect("a true boundary")
                 .1;
             let end = b
@@ -1639,10 +1634,10 @@ mod tests {
     fn check_points(index: &MemberIndex, stream: &[u8], data: &[u8]) {
         assert_eq!(index.out_len, data.len() as u64);
         // (A stored block's boundary is kept at the place that stands for
-        // it: `marker::canonical`.)
+        // it: `marker::place`.)
         let truth: HashMap<usize, usize> = boundaries(stream)
             .into_iter()
-            .map(|(bit, out)| (marker::canonical(stream, bit), out))
+            .map(|(bit, out)| (marker::place(stream, bit).0, out))
             .collect();
         for p in &index.points {
             assert_eq!(

@@ -659,10 +659,7 @@ mod tests {
     /// truncated).
     #[test]
     fn a_wrong_cut_ends_the_segment_at_the_next_boundary() {
-        let first = image_like(1 << 20, 7);
-        let rest = image_like(2 << 20, 8);
-        let data = [first.as_slice(), rest.as_slice()].concat();
-        let stream = crate::testutil::stored_then_fixed(&first, &rest);
+        let (data, stream) = crate::testutil::stored_then_fixed(1 << 20, 2 << 20, 7);
         // Inside the fixed-code blocks, where no block the search finds
         // starts; the segment holds 256 KiB after it.
         let wrong = (stream.len() / 2) * 8 + 3;
@@ -706,17 +703,7 @@ mod tests {
         // Fixed-code blocks have no header the block search can check:
         // after a start of stored blocks (cut where one ends), no segment
         // can be cut.
-        let first = image_like(1 << 20, 5);
-        let rest = image_like(3 << 20, 6);
-        let data = [first.as_slice(), rest.as_slice()].concat();
-        let stream = crate::testutil::stored_then_fixed(&first, &rest);
-        let mut check = Vec::new();
-        std::io::Read::read_to_end(
-            &mut flate2::read::DeflateDecoder::new(&stream[..]),
-            &mut check,
-        )
-        .unwrap();
-        assert!(check == data, "the test's own encoder");
+        let (data, stream) = crate::testutil::stored_then_fixed(1 << 20, 3 << 20, 5);
         let o = inflate(&stream, b"after", 2, 32 << 10).unwrap();
         assert!(o.out == data);
         assert_eq!(o.crc, crc(&data));
