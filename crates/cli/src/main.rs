@@ -133,17 +133,36 @@ enum Command {
 /// Options shared by pack and unpack.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct CommonArgs {
-    /// Worker threads (default and 0: number of cores; 1 = exactly one thread).
-    #[arg(short = 'T', long = "threads")]
+    /// Worker threads (default and 0: number of cores; 1 = exactly one
+    /// thread); pigz's -p.
+    #[arg(
+        short = 'T',
+        long = "threads",
+        visible_short_alias = 'p',
+        visible_alias = "processes"
+    )]
     pub threads: Option<usize>,
     /// Keep input files (default: remove them after success, like gzip and pigz).
-    #[arg(short = 'k', long = "keep")]
+    #[arg(short = 'k', long = "keep", overrides_with = "rm")]
     pub keep: bool,
+    /// Remove input files after success (the default, as gzip; zstd's flag).
+    #[arg(long = "rm", overrides_with = "keep")]
+    pub rm: bool,
+    /// Use suffix SUF instead of the format's (gzip's and pigz's -S): added
+    /// when packing; when unpacking, taken off a name that ends with it.
+    #[arg(short = 'S', long = "suffix", value_name = "SUF")]
+    pub suffix: Option<std::ffi::OsString>,
+    /// Take the files in directories, and in their subdirectories, as
+    /// gzip -r does (symbolic links are not followed; when packing, names
+    /// with the suffix already are skipped, when unpacking names without a
+    /// known one).
+    #[arg(short = 'r', long = "recursive")]
+    pub recursive: bool,
     /// Overwrite existing output files; write compressed data to a terminal.
     #[arg(short = 'f', long = "force")]
     pub force: bool,
     /// Write to standard output, keep input files.
-    #[arg(short = 'c', long = "stdout")]
+    #[arg(short = 'c', long = "stdout", visible_alias = "to-stdout")]
     pub stdout: bool,
     /// Write to this file (one input only).
     #[arg(short = 'o', long = "output", value_name = "OUT")]
@@ -155,6 +174,11 @@ pub(crate) struct CommonArgs {
     /// No progress bar.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
+    /// Store no file name or time when packing, restore none when
+    /// unpacking (gzip's -n): accepted because cairn does neither; the
+    /// output is the same either way.
+    #[arg(short = 'n', long = "no-name")]
+    pub no_name: bool,
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,
@@ -164,6 +188,8 @@ pub(crate) struct CommonArgs {
 }
 
 #[derive(Args, Debug)]
+// A flag given twice is given once, as gzip and zstd read it (`-d -d`).
+#[command(args_override_self = true)]
 pub(crate) struct PackArgs {
     /// Output format: gzip, zstd, lz4, snappy, lzop, bzip2, xz (default: the
     /// one named by the -o suffix, else gzip).
@@ -180,11 +206,16 @@ pub(crate) struct PackArgs {
     /// The format's highest level (gzip 12, zstd 22, xz 9, bzip2 9, lzop 9).
     #[arg(long = "best", overrides_with_all = ["level", "fast", "best"])]
     pub best: bool,
-    /// Input block size per worker task, e.g. 1M, 4MiB, 512K (binary units).
-    #[arg(short = 'b', long = "block", value_parser = parse_size)]
+    /// Input block size per worker task, e.g. 1M, 4MiB, 512K (binary units);
+    /// a bare number is KiB, as pigz's -b (-b 128 is 128 KiB).
+    #[arg(short = 'b', long = "block", value_parser = parse_block)]
     pub block: Option<usize>,
+    /// Compress blocks independently (pigz's -i): accepted because every
+    /// cairn block is independent already; the output is the same.
+    #[arg(short = 'i', long = "independent")]
+    pub independent: bool,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
-    #[arg(short = 'd', long = "decompress")]
+    #[arg(short = 'd', long = "decompress", visible_alias = "uncompress")]
     pub decompress: bool,
     #[command(flatten)]
     pub decode: DecodeArgs,
@@ -224,6 +255,7 @@ pub(crate) struct DecodeArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(args_override_self = true)]
 pub(crate) struct UnpackArgs {
     #[command(flatten)]
     pub decode: DecodeArgs,
@@ -255,6 +287,16 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .and_then(|unit| n.checked_mul(unit))
         .filter(|&b| b > 0)
         .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// A block size: as [`parse_size`], but a bare number is KiB, as pigz's
+/// `-b` reads it.
+pub(crate) fn parse_block(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return parse_size(&format!("{s}K"));
+    }
+    parse_size(s)
 }
 
 /// A size as [`parse_size`] reads it, or 0.
@@ -311,7 +353,10 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
                 continue;
             }
             value_shorts.extend(arg.get_short());
+            value_shorts.extend(arg.get_all_short_aliases().into_iter().flatten());
             value_longs.extend(arg.get_long().map(|l| format!("--{l}")));
+            let aliases = arg.get_all_aliases().into_iter().flatten();
+            value_longs.extend(aliases.map(|l| format!("--{l}")));
         }
     }
     let mut out = Vec::with_capacity(args.len() + 2);
@@ -515,6 +560,9 @@ mod tests {
             ("100B", 100),
         ] {
             assert_eq!(parse_size(text), Ok(bytes), "{text}");
+            if text.ends_with(|c: char| !c.is_ascii_digit()) {
+                assert_eq!(parse_block(text), Ok(bytes), "{text}");
+            }
         }
         for bad in [
             "0",
@@ -558,6 +606,15 @@ mod tests {
             (&["pack", "-o", "-9"], &["pack", "-o", "-9"]),
             (&["pack", "--level", "-5"], &["pack", "--level", "-5"]),
             (&["pack", "-b64M"], &["pack", "-b64M"]),
+            // pigz's -p and gzip's -S take values as -T does.
+            (&["pack", "-9p2"], &["pack", "--level=9", "-p2"]),
+            (
+                &["pack", "-p", "2", "-6"],
+                &["pack", "-p", "2", "--level=6"],
+            ),
+            (&["pack", "--processes", "3"], &["pack", "--processes", "3"]),
+            (&["pack", "-rS.z9"], &["pack", "-rS.z9"]),
+            (&["pack", "-9nr"], &["pack", "--level=9", "-nr"]),
             (&["pack", "--", "-3"], &["pack", "--", "-3"]),
             (&["unpack", "-9"], &["unpack", "-9"]),
             (&["restore", "-3"], &["restore", "-3"]),

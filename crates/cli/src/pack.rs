@@ -49,6 +49,8 @@ fn options(common: &CommonArgs) -> Options {
         keep: common.keep,
         force: common.force,
         threads: common.threads.unwrap_or(0),
+        suffix: common.suffix.clone(),
+        recursive: common.recursive,
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use std::path::{Path, PathBuf};
 
 #[test]
 fn file_in_place_like_gzip() {
@@ -854,4 +855,132 @@ fn v_prints_summaries_vv_and_rust_log_add_diagnostics() {
     assert!(err.contains("detected"), "{err}");
     let err = run(&["pack", "-vv", "-k", "-f", "a"], Some("off"));
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// A small tree for -r: files at two depths, a name with the gzip suffix
+/// already (plain text, which gzip -r leaves alone), and a symbolic link.
+fn tree_for_recursion(root: &std::path::Path) {
+    std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+    std::fs::write(root.join("a"), mixed(120_000, 71)).unwrap();
+    std::fs::write(root.join("sub/b"), mixed(5_000, 72)).unwrap();
+    std::fs::write(root.join("sub/deeper/c"), b"tiny\n").unwrap();
+    std::fs::write(root.join("sub/plain.gz"), b"not gzip at all\n").unwrap();
+    std::os::unix::fs::symlink("a", root.join("link")).unwrap();
+}
+
+#[test]
+fn recursion_names_and_skips_what_gzip_r_does() {
+    if !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    let (ours, theirs) = (dir.path().join("ours"), dir.path().join("theirs"));
+    tree_for_recursion(&ours);
+    tree_for_recursion(&theirs);
+    let before: Vec<(PathBuf, Vec<u8>)> = tree(&ours)
+        .into_iter()
+        .filter(|p| p != Path::new("link"))
+        .map(|p| (p.clone(), std::fs::read(ours.join(&p)).unwrap()))
+        .collect();
+    ok(run(&["pack", "-q", "-r", s(&ours)]));
+    // gzip -r complains of the link (exit 1) and does the rest.
+    let _ = tool("gzip", &["-r", s(&theirs)]);
+    assert_eq!(tree(&ours), tree(&theirs));
+    assert_eq!(
+        tree(&ours),
+        [
+            "a.gz",
+            "link",
+            "sub/b.gz",
+            "sub/deeper/c.gz",
+            "sub/plain.gz"
+        ]
+        .map(PathBuf::from)
+    );
+    // What gzip -r made, cairn unpacks, and what cairn made, gzip does;
+    // both fail on the .gz that is not gzip (cairn naming it) and do the
+    // rest.
+    let out = run(&["unpack", "-q", "-r", s(&theirs)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("plain.gz") && err.contains("1 of 4 inputs failed"),
+        "{err}"
+    );
+    let _ = tool("gzip", &["-d", "-r", s(&ours)]);
+    for root in [&ours, &theirs] {
+        for (name, bytes) in &before {
+            assert_eq!(&std::fs::read(root.join(name)).unwrap(), bytes, "{name:?}");
+        }
+    }
+    // Without -r a directory is one failed input, and says what -r does.
+    let out = run(&["pack", "-q", s(&ours)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-r"));
+}
+
+#[test]
+fn pigz_and_gzip_flags_are_taken() {
+    if !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    let a = dir.path().join("a");
+    let data = mixed(400_000, 73);
+    std::fs::write(&a, &data).unwrap();
+    // -S: gzip reads what cairn named, and the other way round.
+    ok(run(&["pack", "-q", "-k", "-S", ".z", s(&a)]));
+    let z = dir.path().join("a.z");
+    assert_eq!(ok(tool("gzip", &["-dc", "-S", ".z", s(&z)])).stdout, data);
+    std::fs::remove_file(&a).unwrap();
+    ok(tool("gzip", &["-d", "-S", ".z", s(&z)]));
+    assert_eq!(std::fs::read(&a).unwrap(), data);
+    ok(tool("gzip", &["-k", "-S", "_x", s(&a)]));
+    std::fs::remove_file(&a).unwrap();
+    ok(run(&[
+        "unpack",
+        "-q",
+        "-S",
+        "_x",
+        s(&dir.path().join("a_x")),
+    ]));
+    assert_eq!(std::fs::read(&a).unwrap(), data);
+    // A name with that suffix already is left alone, as gzip does.
+    let out = run(&["pack", "-q", "-k", "-S", "_x", s(&dir.path().join("a_x"))]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already has a _x suffix"));
+    let out = run(&["pack", "-q", "-S", "", s(&a)]);
+    assert!(!out.status.success() && a.exists());
+    // pigz's -p (also in a cluster) and -b in KiB; gzip's -n and pigz's
+    // -i change nothing in what cairn writes.
+    let plain = cairn_ok(&["pack", "-c", "-q"], &data);
+    for args in [
+        &["pack", "-p", "2", "-c", "-q"][..],
+        &["pack", "-6p2", "-c", "-q"],
+        &["pack", "--processes", "1", "-c", "-q"],
+        &["pack", "-n", "-i", "-c", "-q"],
+        &["pack", "--no-name", "--independent", "--to-stdout", "-q"],
+    ] {
+        assert!(cairn_ok(args, &data) == plain, "{args:?}");
+    }
+    assert!(
+        cairn_ok(&["pack", "-b", "128", "-c", "-q"], &data)
+            == cairn_ok(&["pack", "-b", "128K", "-c", "-q"], &data)
+    );
+    let out = cairn_pipe(&["pack", "-b", "64", "--json", "-o", "-"], &data);
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["block_size"], 65536);
+    // zstd's --rm after -k removes the input; -k after --rm keeps it.
+    ok(run(&["pack", "-q", "-f", "--rm", "-k", s(&a)]));
+    assert!(a.exists());
+    ok(run(&["pack", "-q", "-f", "-k", "--rm", s(&a)]));
+    assert!(!a.exists());
+    ok(run(&[
+        "pack",
+        "-d",
+        "-q",
+        "--uncompress",
+        s(&dir.path().join("a.gz")),
+    ]));
+    assert_eq!(std::fs::read(&a).unwrap(), data);
 }

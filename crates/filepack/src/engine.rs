@@ -117,11 +117,26 @@ pub(crate) fn plan(
     check_only: bool,
     name_output: impl Fn(&std::path::Path) -> Result<PathBuf>,
 ) -> Result<Vec<(String, Result<Plan>)>> {
-    let inputs: Vec<Source> = if opts.files.is_empty() {
-        vec![Source::Stdin]
-    } else {
-        opts.files.iter().map(|p| Source::from_arg(p)).collect()
-    };
+    if let Some(suffix) = &opts.suffix {
+        crate::naming::check_suffix(suffix)?;
+    }
+    // With -r, a directory's files whose output cannot be named are
+    // skipped quietly, as gzip -r does (named on their own, they fail).
+    let names_outputs = !check_only && opts.output.is_none() && !opts.stdout;
+    let wanted = |p: &Path| !names_outputs || name_output(p).is_ok();
+    let mut inputs: Vec<(String, Result<Source>)> = Vec::new();
+    if opts.files.is_empty() {
+        inputs.push((Source::Stdin.name(), Ok(Source::Stdin)));
+    }
+    for arg in &opts.files {
+        let source = Source::from_arg(arg);
+        match &source {
+            Source::File(p) if opts.recursive && std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
+                walk(p, &wanted, &mut inputs)
+            }
+            _ => inputs.push((source.name(), Ok(source))),
+        }
+    }
     if opts.output.is_some() && inputs.len() > 1 {
         return Err(Error::OneOutputManyInputs(inputs.len()));
     }
@@ -130,7 +145,11 @@ pub(crate) fn plan(
     }
     Ok(inputs
         .into_iter()
-        .map(|source| {
+        .map(|(name, source)| {
+            let source = match source {
+                Ok(source) => source,
+                Err(e) => return (name, Err(e)),
+            };
             let dest = match (&source, &opts.output) {
                 _ if check_only => Ok((Dest::Nowhere, false)),
                 (_, Some(out)) if out.as_os_str() == "-" => Ok((Dest::Stdout, false)),
@@ -140,7 +159,6 @@ pub(crate) fn plan(
                 (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
                 (Source::File(p), None) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
             };
-            let name = source.name();
             // Writing the output would destroy the input (`-f -o x x`).
             let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
                 (Source::File(src), Dest::File(out))
@@ -158,6 +176,40 @@ pub(crate) fn plan(
             (name, plan)
         })
         .collect())
+}
+
+/// The regular files under directory `dir` that `wanted` takes, in name
+/// order, depth first, as inputs; symbolic links and special files are
+/// skipped (gzip -r skips them too), a directory that cannot be read is
+/// an input that failed.
+fn walk(dir: &Path, wanted: &dyn Fn(&Path) -> bool, inputs: &mut Vec<(String, Result<Source>)>) {
+    let entries = std::fs::read_dir(dir).and_then(|rd| {
+        rd.map(|e| e.and_then(|e| Ok((e.path(), e.file_type()?))))
+            .collect::<std::io::Result<Vec<_>>>()
+    });
+    let mut entries = match entries {
+        Ok(entries) => entries,
+        Err(source) => {
+            let name = dir.display().to_string();
+            let error = Error::Open {
+                path: dir.to_path_buf(),
+                source,
+            };
+            inputs.push((name, Err(error)));
+            return;
+        }
+    };
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (path, kind) in entries {
+        if kind.is_dir() {
+            walk(&path, wanted, inputs);
+        } else if kind.is_file() && wanted(&path) {
+            let source = Source::File(path);
+            inputs.push((source.name(), Ok(source)));
+        } else {
+            tracing::debug!(path = %path.display(), "skipped by -r");
+        }
+    }
 }
 
 /// Whether any input whose output could be named satisfies `f`.
@@ -318,7 +370,8 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         return Err(Error::BlockTooLarge(block));
     }
     let threads = threads(opts.threads)?;
-    let plans = plan(opts, false, |p| packed_name(p, format, opts.force))?;
+    let suffix = opts.suffix.as_deref();
+    let plans = plan(opts, false, |p| packed_name(p, format, suffix, opts.force))?;
     let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
     if data_on_stdout {
         // Once for the run, not once per input.
@@ -345,7 +398,8 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
 pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Result<Run> {
     let threads = threads(opts.threads)?;
     let check_only = unpack.mode != UnpackMode::Write;
-    let plans = plan(opts, check_only, unpacked_name)?;
+    let suffix = opts.suffix.as_deref();
+    let plans = plan(opts, check_only, |p| unpacked_name(p, suffix))?;
     if unpack.gzip_index.is_some() && plans.len() != 1 {
         return Err(Error::IndexManyInputs(plans.len()));
     }
@@ -903,11 +957,13 @@ mod tests {
 
     /// (output, input removed) of each input, as planned.
     fn planned(o: &Options, check_only: bool) -> Vec<(Dest, bool)> {
-        plan(o, check_only, |p| packed_name(p, Format::Gzip, o.force))
-            .unwrap()
-            .into_iter()
-            .map(|(_, p)| p.map(|p| (p.dest, p.remove_input)).unwrap())
-            .collect()
+        plan(o, check_only, |p| {
+            packed_name(p, Format::Gzip, None, o.force)
+        })
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| p.map(|p| (p.dest, p.remove_input)).unwrap())
+        .collect()
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub enum Error {
         source: io::Error,
     },
     /// A directory was named as an input.
-    #[error("{}: is a directory", path.display())]
+    #[error("{}: is a directory (-r takes the files in it)", path.display())]
     IsDirectory {
         /// The input.
         path: PathBuf,
@@ -100,13 +100,16 @@ pub enum Error {
     /// Compressed data would be read from a terminal, without `force`.
     #[error("compressed data not read from a terminal; use -f to force, or redirect")]
     TerminalInput,
-    /// The input already has the suffix of the format it would be packed
-    /// in (`x.gz` into `x.gz.gz`), without `force`.
-    #[error("already has a {format} suffix; unchanged (-f packs it anyway)")]
+    /// The input already has the suffix it would be given (`x.gz` into
+    /// `x.gz.gz`), or its format's, without `force`.
+    #[error("already has a {suffix} suffix; unchanged (-f packs it anyway)")]
     AlreadySuffixed {
-        /// The format asked for.
-        format: Format,
+        /// The format's name, or the suffix `-S` gave.
+        suffix: String,
     },
+    /// A suffix (`-S`) that is empty or names a directory.
+    #[error("-S {0:?}: a suffix must be non-empty and have no '/'")]
+    BadSuffix(String),
     /// An input to unpack whose name has no known suffix, and no output
     /// was named.
     #[error("unknown suffix; use -c or -o to name the output")]

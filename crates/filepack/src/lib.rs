@@ -50,7 +50,7 @@ pub use files::{
     is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, stdout_file,
     HoleWriter, PendingFile, Sink, Source,
 };
-pub use naming::{format_of_name, packed_name, unpacked_name};
+pub use naming::{check_suffix, format_of_name, packed_name, unpacked_name};
 
 pub use cairn_codec::format::gzip_range::ByteRange;
 use cairn_codec::Format;
@@ -77,6 +77,15 @@ pub struct Options {
     pub force: bool,
     /// Worker threads; 0 is one per core (`-T0`).
     pub threads: usize,
+    /// The suffix to add when packing and take off when unpacking, in
+    /// place of the format's (`-S`, as gzip and pigz).
+    pub suffix: Option<std::ffi::OsString>,
+    /// Directories among the inputs stand for the files in them, and in
+    /// their subdirectories (`-r`, as gzip and pigz): in name order,
+    /// symbolic links not followed, and, where an output is named from
+    /// its input, only the files that name one (packing skips names that
+    /// have the suffix already; unpacking, names without a known one).
+    pub recursive: bool,
 }
 
 /// The level of a pack, as asked for.

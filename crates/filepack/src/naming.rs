@@ -1,10 +1,11 @@
 //! Output names, as gzip, pigz and zstd choose them: a suffix added when
 //! packing, the format's suffix taken off when unpacking (`x.tgz` gives
-//! `x.tar`). Names are bytes, so a file name that is not UTF-8 keeps them.
+//! `x.tar`), or the suffix `-S` names, as gzip and pigz take it. Names are
+//! bytes, so a file name that is not UTF-8 keeps them.
 
 use crate::{Error, Result};
 use cairn_codec::Format;
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
@@ -27,10 +28,8 @@ pub fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
     let with_tail =
         |stem: &[u8], tail: &[u8]| PathBuf::from(OsString::from_vec([stem, tail].concat()));
     for f in Format::ALL {
-        if let Some(stem) = name.strip_suffix(f.suffix().as_bytes()) {
-            if !stem.is_empty() && !stem.ends_with(b"/") {
-                return Some((f, with_tail(stem, b"")));
-            }
+        if let Some(stem) = strip_suffix(name, f.suffix().as_bytes()) {
+            return Some((f, with_tail(stem, b"")));
         }
         for suffix in tar_suffixes(f) {
             if let Some(stem) = name.strip_suffix(suffix.as_bytes()) {
@@ -41,19 +40,57 @@ pub fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
     None
 }
 
-/// The name `path` packs into: the format's suffix added. As gzip and
-/// pigz, a name that has that suffix already is refused unless `force`.
-pub fn packed_name(path: &Path, format: Format, force: bool) -> Result<PathBuf> {
-    if !force && format_of_name(path).is_some_and(|(f, _)| f == format) {
-        return Err(Error::AlreadySuffixed { format });
+/// `name` without its suffix `suffix`, if it has it and something is
+/// left of the file name (a bare suffix is a hidden file's whole name).
+fn strip_suffix<'a>(name: &'a [u8], suffix: &[u8]) -> Option<&'a [u8]> {
+    name.strip_suffix(suffix)
+        .filter(|stem| !stem.is_empty() && !stem.ends_with(b"/"))
+}
+
+/// Check a suffix given with `-S`: something, and no directory in it.
+pub fn check_suffix(suffix: &OsStr) -> Result<()> {
+    let bytes = suffix.as_bytes();
+    if bytes.is_empty() || bytes.contains(&b'/') {
+        return Err(Error::BadSuffix(suffix.to_string_lossy().into_owned()));
     }
-    let mut name = path.as_os_str().to_owned();
-    name.push(format.suffix());
+    Ok(())
+}
+
+/// The name `path` packs into: `suffix` (`-S`) added, else the format's.
+/// As gzip and pigz, a name that has that suffix already, or the format's
+/// own, is refused unless `force`.
+pub fn packed_name(
+    path: &Path,
+    format: Format,
+    suffix: Option<&OsStr>,
+    force: bool,
+) -> Result<PathBuf> {
+    let name = path.as_os_str();
+    let suffix = suffix.unwrap_or_else(|| OsStr::new(format.suffix()));
+    let has_suffix = strip_suffix(name.as_bytes(), suffix.as_bytes()).is_some()
+        || format_of_name(path).is_some_and(|(f, _)| f == format);
+    if !force && has_suffix {
+        return Err(Error::AlreadySuffixed {
+            suffix: format_of_name(path)
+                .filter(|&(f, _)| f == format)
+                .map_or_else(
+                    || suffix.to_string_lossy().into_owned(),
+                    |(f, _)| f.to_string(),
+                ),
+        });
+    }
+    let mut name = name.to_owned();
+    name.push(suffix);
     Ok(PathBuf::from(name))
 }
 
-/// The name `path` unpacks into: its format's suffix taken off.
-pub fn unpacked_name(path: &Path) -> Result<PathBuf> {
+/// The name `path` unpacks into: `suffix` (`-S`) taken off if it ends
+/// with it, else its format's suffix.
+pub fn unpacked_name(path: &Path, suffix: Option<&OsStr>) -> Result<PathBuf> {
+    let name = path.as_os_str().as_bytes();
+    if let Some(stem) = suffix.and_then(|s| strip_suffix(name, s.as_bytes())) {
+        return Ok(PathBuf::from(OsString::from_vec(stem.to_vec())));
+    }
     format_of_name(path)
         .map(|(_, out)| out)
         .ok_or(Error::UnknownSuffix)
@@ -82,12 +119,15 @@ mod tests {
         ] {
             let (f, stem) = format_of_name(Path::new(name)).unwrap();
             assert_eq!((f, stem.as_path()), (format, Path::new(out)), "{name}");
-            assert_eq!(unpacked_name(Path::new(name)).unwrap(), Path::new(out));
+            assert_eq!(
+                unpacked_name(Path::new(name), None).unwrap(),
+                Path::new(out)
+            );
         }
         for name in ["x", "x.gzip", ".gz", "dir/.zst", "x.tar"] {
             assert!(format_of_name(Path::new(name)).is_none(), "{name}");
             assert!(matches!(
-                unpacked_name(Path::new(name)),
+                unpacked_name(Path::new(name), None),
                 Err(Error::UnknownSuffix)
             ));
         }
@@ -97,25 +137,23 @@ mod tests {
     fn packing_adds_the_suffix_once_unless_forced() {
         let p = |s: &str| PathBuf::from(s);
         assert_eq!(
-            packed_name(&p("x"), Format::Gzip, false).unwrap(),
+            packed_name(&p("x"), Format::Gzip, None, false).unwrap(),
             p("x.gz")
         );
         assert_eq!(
-            packed_name(&p("x.gz"), Format::Zstd, false).unwrap(),
+            packed_name(&p("x.gz"), Format::Zstd, None, false).unwrap(),
             p("x.gz.zst")
         );
         assert!(matches!(
-            packed_name(&p("x.gz"), Format::Gzip, false),
-            Err(Error::AlreadySuffixed {
-                format: Format::Gzip
-            })
+            packed_name(&p("x.gz"), Format::Gzip, None, false),
+            Err(Error::AlreadySuffixed { ref suffix }) if suffix == "gzip"
         ));
         assert!(matches!(
-            packed_name(&p("x.tgz"), Format::Gzip, false),
+            packed_name(&p("x.tgz"), Format::Gzip, None, false),
             Err(Error::AlreadySuffixed { .. })
         ));
         assert_eq!(
-            packed_name(&p("x.gz"), Format::Gzip, true).unwrap(),
+            packed_name(&p("x.gz"), Format::Gzip, None, true).unwrap(),
             p("x.gz.gz")
         );
     }
@@ -123,9 +161,37 @@ mod tests {
     #[test]
     fn names_are_bytes() {
         let raw = PathBuf::from(OsString::from_vec(b"caf\xe9.gz".to_vec()));
-        let out = unpacked_name(&raw).unwrap();
+        let out = unpacked_name(&raw, None).unwrap();
         assert_eq!(out.as_os_str().as_bytes(), b"caf\xe9");
-        let packed = packed_name(&out, Format::Xz, false).unwrap();
+        let packed = packed_name(&out, Format::Xz, None, false).unwrap();
         assert_eq!(packed.as_os_str().as_bytes(), b"caf\xe9.xz");
+    }
+
+    #[test]
+    fn a_suffix_of_ones_own_is_added_and_taken_off() {
+        let p = |s: &str| PathBuf::from(s);
+        let z = Some(OsStr::new(".z"));
+        assert_eq!(
+            packed_name(&p("x"), Format::Gzip, z, false).unwrap(),
+            p("x.z")
+        );
+        // Its own suffix, or the format's, is there already (as gzip -S).
+        for name in ["x.z", "x.gz"] {
+            assert!(matches!(
+                packed_name(&p(name), Format::Gzip, z, false),
+                Err(Error::AlreadySuffixed { .. })
+            ));
+        }
+        assert_eq!(unpacked_name(&p("d/x.z"), z).unwrap(), p("d/x"));
+        // The known suffixes still come off; a bare suffix is a name.
+        assert_eq!(unpacked_name(&p("x.gz"), z).unwrap(), p("x"));
+        assert!(unpacked_name(&p("d/.z"), z).is_err());
+        for bad in ["", "a/b"] {
+            assert!(matches!(
+                check_suffix(OsStr::new(bad)),
+                Err(Error::BadSuffix(_))
+            ));
+        }
+        check_suffix(OsStr::new("_packed")).unwrap();
     }
 }
