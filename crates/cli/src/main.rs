@@ -235,7 +235,10 @@ pub(crate) struct DecodeArgs {
     pub list: bool,
     /// Accept zstd frames whose window is up to 2^N bytes (as `zstd -d
     /// --long=N`; default 27, 128 MiB, as zstd; at most 31). Such a frame
-    /// without a stated size is decoded in a window of that size.
+    /// without a stated size is decoded in a window of that size. When
+    /// packing zstd: long-distance matching over a window of 2^N bytes,
+    /// as `zstd --long=N`, within each block (blocks grow to the window,
+    /// up to 64 MiB, unless -b says).
     #[arg(long = "long", value_name = "N", value_parser = clap::value_parser!(u32).range(10..=31))]
     pub long: Option<u32>,
     /// A checkpoint index for one gzip input read from a file: if FILE

@@ -75,6 +75,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         format: args.format.as_deref().map(str::parse).transpose()?,
         level,
         block: args.block,
+        long: args.decode.long,
     };
     let common = &args.common;
     let run = cairn_filepack::pack(&options(common), &pack, &hooks(common))?;

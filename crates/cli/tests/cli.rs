@@ -984,3 +984,35 @@ fn pigz_and_gzip_flags_are_taken() {
     ]));
     assert_eq!(std::fs::read(&a).unwrap(), data);
 }
+
+#[test]
+fn zstd_long_finds_repeats_beyond_a_default_block() {
+    if !have("zstd") {
+        return;
+    }
+    // 6 MiB of random bytes twice: the repeat is 6 MiB back, beyond a
+    // default zstd block (4 MiB) and within --long=24's window.
+    let half = mixed(6 << 20, 74)
+        .iter()
+        .enumerate()
+        .map(|(i, b)| b ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes()[7])
+        .collect::<Vec<u8>>();
+    let data = [half.clone(), half].concat();
+    let plain = cairn_ok(&["pack", "-F", "zstd", "-c", "-q"], &data);
+    let out = cairn_pipe(&["pack", "-F", "zstd", "--long=24", "--json", "-c"], &data);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["block_size"], 16 << 20);
+    let long = out.stdout;
+    assert!(
+        long.len() * 10 < plain.len() * 6,
+        "--long {} against {}",
+        long.len(),
+        plain.len()
+    );
+    assert!(run_ok("zstd", &["-dc"], &long) == data);
+    // Other formats have no such mode, and say so.
+    let out = cairn_pipe(&["pack", "-F", "gzip", "--long=24", "-c"], &data[..1000]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("gzip has none"), "{}", stderr(&out));
+}

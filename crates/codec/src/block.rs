@@ -352,6 +352,8 @@ pub(crate) struct ZstdCodec {
     /// `.zst` files of `cairn pack`, as zstd writes them. Not for blocks
     /// (see [`BlockCodec`]).
     checksum: bool,
+    /// Long-distance matching with a window of 2^N bytes (`zstd --long`).
+    long: Option<u32>,
     cctx: Option<zstd::bulk::Compressor<'static>>,
     dctx: Option<zstd::bulk::Decompressor<'static>>,
 }
@@ -362,8 +364,18 @@ impl ZstdCodec {
         ZstdCodec {
             level,
             checksum: true,
+            long: None,
             cctx: None,
             dctx: None,
+        }
+    }
+
+    /// Checksummed frames compressed with long-distance matching over a
+    /// window of `2^window_log` bytes, as `zstd --long=N` does.
+    pub(crate) fn with_long(level: i32, window_log: u32) -> Self {
+        ZstdCodec {
+            long: Some(window_log),
+            ..ZstdCodec::new(level)
         }
     }
 
@@ -387,6 +399,13 @@ impl ZstdCodec {
             let mut c = zstd::bulk::Compressor::new(self.level).map_err(err)?;
             c.include_checksum(self.checksum).map_err(err)?;
             c.include_contentsize(true).map_err(err)?;
+            if let Some(window_log) = self.long {
+                use zstd::zstd_safe::CParameter;
+                c.set_parameter(CParameter::EnableLongDistanceMatching(true))
+                    .map_err(err)?;
+                c.set_parameter(CParameter::WindowLog(window_log))
+                    .map_err(err)?;
+            }
             self.cctx = Some(c);
         }
         let cctx = self.cctx.as_mut().ok_or_else(|| CodecError::Compress {

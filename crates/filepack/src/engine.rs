@@ -363,9 +363,26 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         (None, None) => Format::Gzip,
     };
     let level = pack.level.resolve(format)?;
-    let block = pack
-        .block
-        .unwrap_or_else(|| format.default_block_size(level));
+    if let (Some(n), false) = (pack.long, format == Format::Zstd) {
+        return Err(Error::LongNotZstd {
+            window_log: n,
+            format,
+        });
+    }
+    // zstd --long=N reaches back 2^N bytes; a block is as far back as its
+    // frame can reach, so by default blocks grow to the window (up to
+    // the block limit).
+    let block = pack.block.unwrap_or_else(|| {
+        let default = format.default_block_size(level);
+        match pack.long {
+            Some(n) => default.max(
+                1usize
+                    .checked_shl(n)
+                    .map_or(MAX_BLOCK, |w| w.min(MAX_BLOCK)),
+            ),
+            None => default,
+        }
+    });
     if block > MAX_BLOCK {
         return Err(Error::BlockTooLarge(block));
     }
@@ -381,10 +398,11 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         format,
         level,
         block,
+        long: pack.long,
         threads,
         force: opts.force,
     };
-    tracing::debug!(%format, level, block, threads, inputs = plans.len(), "pack");
+    tracing::debug!(%format, level, block, long = ?pack.long, threads, inputs = plans.len(), "pack");
     let (summaries, outcome) = run_all(plans, hooks, |plan| pack_one(plan, &settings, hooks));
     Ok(Run {
         summaries,
@@ -434,6 +452,7 @@ struct PackSettings {
     format: Format,
     level: i32,
     block: usize,
+    long: Option<u32>,
     threads: usize,
     force: bool,
 }
@@ -526,7 +545,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut sink = open_sink(&plan.dest, s.force, true, hooks)?;
     let progress = hooks.progress(crate::Operation::Pack, size);
     // Build one encoder now so a bad level fails before any output.
-    drop(format.encoder(level, block)?);
+    drop(format.encoder_with(level, block, s.long)?);
     let mut framer = format.framer(level);
     let mut head = Vec::new();
     framer.header(&mut head);
@@ -552,7 +571,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
             Ok(Fill::Item)
         },
         || {
-            let mut enc = format.encoder(level, block);
+            let mut enc = format.encoder_with(level, block, s.long);
             let mut zero: Option<ZeroBlock> = None;
             move |input: &mut Block, out: &mut Packed| -> Result<()> {
                 // The first encoder was built above: one failing now is a

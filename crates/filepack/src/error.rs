@@ -107,6 +107,14 @@ pub enum Error {
         /// The format's name, or the suffix `-S` gave.
         suffix: String,
     },
+    /// `--long` asked of a format other than zstd.
+    #[error("--long={window_log} is zstd's long-distance matching; {format} has none")]
+    LongNotZstd {
+        /// The window asked for (log2).
+        window_log: u32,
+        /// The format asked for.
+        format: Format,
+    },
     /// A suffix (`-S`) that is empty or names a directory.
     #[error("-S {0:?}: a suffix must be non-empty and have no '/'")]
     BadSuffix(String),

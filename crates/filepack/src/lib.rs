@@ -132,8 +132,12 @@ pub struct PackOptions {
     pub format: Option<Format>,
     /// The level.
     pub level: Level,
-    /// Input bytes per worker task; `None` is the format's default.
+    /// Input bytes per worker task; `None` is the format's default (or,
+    /// with `long`, the window up to [`MAX_BLOCK`]).
     pub block: Option<usize>,
+    /// zstd's long-distance matching over a window of `2^N` bytes (`zstd
+    /// --long=N`), within each block: blocks are frames of their own.
+    pub long: Option<u32>,
 }
 
 /// What an unpack does with the decoded data.

@@ -166,12 +166,42 @@ impl Format {
         }
     }
 
+    /// The smallest window (log2, at least zstd's 10) that holds a block of
+    /// `block_size` bytes.
+    pub fn window_log_for(block_size: usize) -> u32 {
+        block_size.max(1 << 10).next_power_of_two().trailing_zeros()
+    }
+
     /// A worker-side encoder at `level` for blocks of up to `block_size`.
     pub fn encoder(self, level: i32, block_size: usize) -> Result<Box<dyn BlockEncoder>> {
+        self.encoder_with(level, block_size, None)
+    }
+
+    /// As [`Format::encoder`], with zstd's long-distance matching over a
+    /// window of `2^N` bytes (`long`, as `zstd --long=N`), cut to the
+    /// block, which is as far back as a block's frame can reach. Other
+    /// formats have no such mode and refuse it.
+    pub fn encoder_with(
+        self,
+        level: i32,
+        block_size: usize,
+        long: Option<u32>,
+    ) -> Result<Box<dyn BlockEncoder>> {
         let level = self.clamp_level(level);
+        if let (Some(n), false) = (long, self == Format::Zstd) {
+            return Err(CodecError::Invalid(format!(
+                "--long={n} is zstd's long-distance matching; {self} has none"
+            )));
+        }
         Ok(match self {
             Format::Gzip => Box::new(gzip::Encoder::new(level)),
-            Format::Zstd => Box::new(zstd::Encoder::new(level)),
+            Format::Zstd => match long {
+                Some(n) => Box::new(zstd::Encoder::with_long(
+                    level,
+                    n.min(Format::window_log_for(block_size)),
+                )),
+                None => Box::new(zstd::Encoder::new(level)),
+            },
             Format::Lz4 => Box::new(lz4::Encoder::new()),
             Format::Snappy => Box::new(snappy::Encoder::default()),
             Format::Lzop => Box::new(lzop::Encoder::new(level)),
@@ -594,6 +624,21 @@ impl ContentChecker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_window_is_cut_to_the_block_and_other_formats_refuse_it() {
+        assert_eq!(Format::window_log_for(1), 10);
+        assert_eq!(Format::window_log_for(4 << 20), 22);
+        assert_eq!(Format::window_log_for((4 << 20) + 1), 23);
+        assert!(Format::Zstd.encoder_with(3, 1 << 20, Some(27)).is_ok());
+        for f in [Format::Gzip, Format::Xz, Format::Lz4] {
+            let e = f
+                .encoder_with(3, 1 << 20, Some(27))
+                .err()
+                .map(|e| e.to_string());
+            assert!(e.is_some_and(|e| e.contains("has none")), "{f}");
+        }
+    }
 
     pub(crate) fn sample(n: usize, seed: u32) -> Vec<u8> {
         let mut x = seed | 1;

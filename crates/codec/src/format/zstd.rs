@@ -38,6 +38,15 @@ impl Encoder {
             codec: ZstdCodec::new(level),
         }
     }
+
+    /// An encoder at zstd `level` with long-distance matching over a
+    /// window of `2^window_log` bytes (`zstd --long`). The window reaches
+    /// back only within a block: each block is a frame of its own.
+    pub fn with_long(level: i32, window_log: u32) -> Self {
+        Encoder {
+            codec: ZstdCodec::with_long(level, window_log),
+        }
+    }
 }
 
 impl super::BlockEncoder for Encoder {
