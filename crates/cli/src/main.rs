@@ -172,7 +172,7 @@ pub(crate) struct CommonArgs {
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// No progress bar.
-    #[arg(short = 'q', long = "quiet")]
+    #[arg(short = 'q', long = "quiet", visible_alias = "no-progress")]
     pub quiet: bool,
     /// Store no file name or time when packing, restore none when
     /// unpacking (gzip's -n): accepted because cairn does neither; the
@@ -200,23 +200,40 @@ pub(crate) struct PackArgs {
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
           overrides_with_all = ["level", "fast", "best"])]
     pub level: Option<i32>,
-    /// Level 1.
-    #[arg(long = "fast", overrides_with_all = ["level", "fast", "best"])]
-    pub fast: bool,
+    /// Level 1 (gzip's, pigz's); with a value, zstd's --fast=N, level -N.
+    #[arg(long = "fast", value_name = "N", num_args = 0..=1, require_equals = true,
+          value_parser = clap::value_parser!(u32).range(1..),
+          overrides_with_all = ["level", "fast", "best"])]
+    pub fast: Option<Option<u32>>,
+    /// Accepted for zstd's sake: levels up to 22 need no --ultra here.
+    #[arg(long = "ultra")]
+    pub ultra: bool,
     /// The format's highest level (gzip 12, zstd 22, xz 9, bzip2 9, lzop 9).
     #[arg(long = "best", overrides_with_all = ["level", "fast", "best"])]
     pub best: bool,
     /// Input block size per worker task, e.g. 1M, 4MiB, 512K (binary units);
     /// a bare number is KiB, as pigz's -b (-b 128 is 128 KiB).
-    #[arg(short = 'b', long = "block", value_parser = parse_block)]
+    #[arg(short = 'b', long = "block", value_parser = parse_block,
+          overrides_with = "block_bytes")]
     pub block: Option<usize>,
+    /// As -b, in bytes (zstd's -B: 4M, 65536).
+    #[arg(short = 'B', value_name = "SIZE", value_parser = parse_size, overrides_with = "block")]
+    pub block_bytes: Option<usize>,
     /// Compress blocks independently (pigz's -i): accepted because every
     /// cairn block is independent already; the output is the same.
     #[arg(short = 'i', long = "independent")]
     pub independent: bool,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
-    #[arg(short = 'd', long = "decompress", visible_alias = "uncompress")]
+    #[arg(
+        short = 'd',
+        long = "decompress",
+        visible_alias = "uncompress",
+        overrides_with = "compress"
+    )]
     pub decompress: bool,
+    /// Compress (the default; zstd's, xz's and bzip2's -z undoes a -d).
+    #[arg(short = 'z', long = "compress", overrides_with = "decompress")]
+    pub compress: bool,
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
@@ -352,7 +369,11 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
     let mut value_longs = Vec::new();
     if let Some(pack) = Cli::command().find_subcommand("pack") {
         for arg in pack.get_arguments() {
-            if arg.is_positional() || !arg.get_action().takes_values() {
+            // (A value after `=` only, as --fast=N, never takes the next.)
+            if arg.is_positional()
+                || !arg.get_action().takes_values()
+                || arg.is_require_equals_set()
+            {
                 continue;
             }
             value_shorts.extend(arg.get_short());
@@ -618,6 +639,8 @@ mod tests {
             (&["pack", "--processes", "3"], &["pack", "--processes", "3"]),
             (&["pack", "-rS.z9"], &["pack", "-rS.z9"]),
             (&["pack", "-9nr"], &["pack", "--level=9", "-nr"]),
+            (&["pack", "--fast", "-9"], &["pack", "--fast", "--level=9"]),
+            (&["pack", "-B4M", "-3"], &["pack", "-B4M", "--level=3"]),
             (&["pack", "--", "-3"], &["pack", "--", "-3"]),
             (&["unpack", "-9"], &["unpack", "-9"]),
             (&["restore", "-3"], &["restore", "-3"]),

@@ -66,15 +66,19 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     }
     let level = if args.best {
         Level::Best
-    } else if args.fast {
-        Level::Fast
+    } else if let Some(fast) = args.fast {
+        // zstd's --fast=N is level -N; a bare --fast is level 1.
+        // (A level past i32 is refused as the format's range says.)
+        fast.map_or(Level::Fast, |n| {
+            Level::Exactly(i32::try_from(n).map_or(i32::MIN, |n| -n))
+        })
     } else {
         args.level.map_or(Level::Default, Level::Exactly)
     };
     let pack = PackOptions {
         format: args.format.as_deref().map(str::parse).transpose()?,
         level,
-        block: args.block,
+        block: args.block.or(args.block_bytes),
         long: args.decode.long,
     };
     let common = &args.common;

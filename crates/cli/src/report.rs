@@ -86,7 +86,13 @@ pub fn summary_line(s: &Summary) -> String {
         s.seconds,
         s.mb_per_s,
         s.format,
-        s.level.map(|l| format!("-{l}, ")).unwrap_or_default(),
+        // A negative level as zstd's flag for it says it.
+        s.level
+            .map(|l| match l {
+                l if l < 0 => format!("--fast={}, ", l.unsigned_abs()),
+                l => format!("-{l}, "),
+            })
+            .unwrap_or_default(),
         s.threads
     )
 }

@@ -970,6 +970,33 @@ fn pigz_and_gzip_flags_are_taken() {
     let out = cairn_pipe(&["pack", "-b", "64", "--json", "-o", "-"], &data);
     let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
     assert_eq!(v["block_size"], 65536);
+    // zstd's --fast=N is level -N, -B a block in bytes, --ultra and
+    // --no-progress are taken, -z undoes -d.
+    let zstd = cairn_ok(&["pack", "-F", "zstd", "--level=-3", "-c", "-q"], &data);
+    let args = [
+        "pack",
+        "-F",
+        "zstd",
+        "--fast=3",
+        "--ultra",
+        "--no-progress",
+        "-d",
+        "-z",
+        "-c",
+    ];
+    assert!(cairn_ok(&args, &data) == zstd);
+    let out = cairn_pipe(
+        &["pack", "-F", "zstd", "-B", "65536", "--json", "-c"],
+        &data,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["block_size"], 65536);
+    let out = cairn_pipe(&["pack", "--fast=2", "-c"], &data);
+    assert!(
+        stderr(&out).contains("gzip has no level -2"),
+        "{}",
+        stderr(&out)
+    );
     // zstd's --rm after -k removes the input; -k after --rm keeps it.
     ok(run(&["pack", "-q", "-f", "--rm", "-k", s(&a)]));
     assert!(a.exists());

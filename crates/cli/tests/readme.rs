@@ -88,13 +88,18 @@ fn flags(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// Whether `help` lists `flag` (as `-x,` / `-x <` / `--name` ...).
+/// Whether `help` lists `flag` (as `-x,` / `-x <` / `--name` ..., or
+/// among an option's `[aliases: ...]`).
 fn lists(help: &str, flag: &str) -> bool {
     help.lines().any(|l| {
         let l = l.trim_start();
+        if let Some(aliases) = l.strip_prefix("[alias: ").or(l.strip_prefix("[aliases: ")) {
+            return aliases.trim_end_matches(']').split(", ").any(|a| a == flag);
+        }
         l.starts_with(&format!("{flag} "))
             || l.starts_with(&format!("{flag},"))
             || l.starts_with(&format!("{flag}="))
+            || l.starts_with(&format!("{flag}[="))
             || l == flag
             || l.contains(&format!(", {flag} "))
             || l.contains(&format!(", {flag}="))
