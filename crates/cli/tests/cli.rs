@@ -1043,3 +1043,30 @@ fn zstd_long_finds_repeats_beyond_a_default_block() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("gzip has none"), "{}", stderr(&out));
 }
+
+#[test]
+fn dcf_copies_what_is_in_no_format_as_zcat_f_does() {
+    if !have("gzip") || !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let p = |name: &str| dir.path().join(name);
+    let data = mixed(200_000, 75);
+    std::fs::write(p("log"), &data).unwrap();
+    std::fs::write(p("log.1"), b"plain, rotated\n").unwrap();
+    std::fs::write(p("empty"), b"").unwrap();
+    ok(run(&["pack", "-q", "-k", s(&p("log"))]));
+    let names = ["log.gz", "log.1", "empty", "log"].map(p);
+    let files: Vec<&str> = names.iter().map(|n| s(n)).collect();
+    let ours = ok(run(&[&["unpack", "-c", "-f", "-q"][..], &files].concat()));
+    let gzip = ok(tool("gzip", &[&["-dcf"][..], &files].concat()));
+    assert!(ours.stdout == gzip.stdout);
+    assert_eq!(ours.stdout.len(), 2 * data.len() + 15);
+    // zstd -dcf does the same; without -f it is an unknown format.
+    let zstd = ok(tool("zstd", &["-dcf", "-q", s(&p("log.1"))]));
+    let ours = ok(run(&["pack", "-dcf", s(&p("log.1"))]));
+    assert_eq!(ours.stdout, zstd.stdout);
+    let out = run(&["unpack", "-c", s(&p("log.1"))]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown format"));
+}

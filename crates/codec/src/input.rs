@@ -269,6 +269,26 @@ impl Input {
         Ok(&self.buf[self.pos..self.pos + n])
     }
 
+    /// Make `n` bytes available where a next stream (member, frame) may
+    /// start. Fewer than `n` are a cut stream if they could begin one
+    /// (`could_start` of what is there), else garbage after the last one
+    /// (`echo junk >> x.gz`), which is not a truncation.
+    pub fn need_start(
+        &mut self,
+        n: usize,
+        format: &'static str,
+        could_start: impl Fn(&[u8]) -> bool,
+    ) -> Result<&[u8]> {
+        let have = self.fill(n)?;
+        if have < n && !could_start(self.peek()) {
+            return Err(CodecError::TrailingGarbage {
+                format,
+                offset: self.offset(),
+            });
+        }
+        self.need(n, format)
+    }
+
     /// True when every byte has been consumed and the source is exhausted.
     pub fn at_end(&mut self) -> Result<bool> {
         Ok(self.fill(1)? == 0)
@@ -389,6 +409,11 @@ impl crate::inflate::segmented::Source for Input {
     fn unread(&mut self, bytes: &[u8]) {
         Input::unread(self, bytes)
     }
+}
+
+/// Whether `have` (maybe shorter) begins like `magic`.
+pub(crate) fn begins_like(have: &[u8], magic: &[u8]) -> bool {
+    magic.starts_with(&have[..have.len().min(magic.len())])
 }
 
 #[cfg(test)]

@@ -640,6 +640,43 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     ))
 }
 
+/// Copy an input in no known format to standard output unchanged (`-dcf`),
+/// `head` being what was read of it already.
+fn pass_through(
+    plan: &Plan,
+    head: &[u8],
+    mut reader: std::fs::File,
+    hooks: &dyn Hooks,
+    started: Instant,
+) -> Result<Summary> {
+    tracing::debug!(input = %plan.source.name(), "no known format: copied as it is (-dcf)");
+    let mut sink = open_sink(&plan.dest, true, false, hooks)?;
+    let out_name = sink.name();
+    let w = sink.writer();
+    w.write_all(head).map_err(write_error(&out_name))?;
+    let mut copied = head.len() as u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match Read::read(&mut reader, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(Error::Read {
+                    name: plan.source.name(),
+                    source,
+                })
+            }
+        };
+        w.write_all(&buf[..n]).map_err(write_error(&out_name))?;
+        copied += n as u64;
+    }
+    sink.commit()?;
+    let mut summary = Summary::unpacked(plan, out_name, Format::Gzip, 1, (copied, copied), started);
+    summary.format = "none".into();
+    Ok(summary)
+}
+
 fn unpack_one(
     plan: &Plan,
     threads: usize,
@@ -658,7 +695,14 @@ fn unpack_one(
             name: plan.source.name(),
             source,
         })?;
-    let format = Format::detect(&head).ok_or(CodecError::UnknownFormat)?;
+    let Some(format) = Format::detect(&head) else {
+        // gzip -dcf and zstd -dcf copy what is in no format they know
+        // (so `zcat -f` reads logs whether or not they are compressed).
+        if force && plan.dest == Dest::Stdout && opts.mode == UnpackMode::Write {
+            return pass_through(plan, &head, reader, hooks, started);
+        }
+        return Err(CodecError::UnknownFormat.into());
+    };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
     // The input may be read through a memory map (incompressible zstd
     // frames, by the seek table).

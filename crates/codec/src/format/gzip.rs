@@ -26,7 +26,7 @@ use crate::inflate::index::GzipIndex;
 use crate::inflate::segmented::{self, Opened, Segmented};
 use crate::inflate::zstream::ZInflate;
 use crate::inflate::{ParallelInflate, Resume, CHUNK};
-use crate::input::Input;
+use crate::input::{begins_like, Input};
 use std::sync::{Arc, Mutex};
 
 const NAME: &str = "gzip";
@@ -93,7 +93,7 @@ pub(crate) struct Header {
 /// Parse the member header at the start of `input`, filling as needed.
 pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
     let off = input.offset();
-    let head = input.need(10, NAME)?;
+    let head = input.need_start(10, NAME, |b| begins_like(b, b"\x1f\x8b"))?;
     if head[0] != 0x1f || head[1] != 0x8b {
         return Err(CodecError::TrailingGarbage {
             format: NAME,

@@ -13,7 +13,7 @@
 use super::{le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, Lz4Codec};
 use crate::error::{CodecError, Result};
-use crate::input::Input;
+use crate::input::{begins_like, Input};
 use crate::lz4_ffi::{self, xxh32};
 
 const NAME: &str = "lz4";
@@ -138,7 +138,10 @@ impl Splitter {
                 return Ok(None);
             }
             let off = self.input.offset();
-            let b = self.input.need(4, NAME)?;
+            let could_start = |b: &[u8]| {
+                begins_like(b, &MAGIC.to_le_bytes()) || super::zstd::could_start_frame(b)
+            };
+            let b = self.input.need_start(4, NAME, could_start)?;
             let magic = le32(b, 0);
             if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
                 let b = self.input.need(8, NAME)?;

@@ -12,7 +12,7 @@
 use super::{be32, in_stream, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
 use crate::block::{BlockCodec, LzoCodec};
 use crate::error::{CodecError, Result};
-use crate::input::Input;
+use crate::input::{begins_like, Input};
 
 const NAME: &str = "lzop";
 /// The lzop magic.
@@ -136,7 +136,9 @@ impl Splitter {
 
     fn parse_header(&mut self) -> Result<u32> {
         let off = self.input.offset();
-        let b = self.input.need(MAGIC.len() + 2, NAME)?;
+        let b = self
+            .input
+            .need_start(MAGIC.len() + 2, NAME, |b| begins_like(b, MAGIC))?;
         if &b[..MAGIC.len()] != MAGIC {
             return Err(CodecError::TrailingGarbage {
                 format: NAME,

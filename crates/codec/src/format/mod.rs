@@ -732,6 +732,24 @@ mod tests {
     }
 
     #[test]
+    fn garbage_shorter_than_a_header_is_called_garbage_not_a_cut() {
+        let data = sample(3000, 9);
+        for format in formats() {
+            let packed = encode_all(format, format.default_level(), 1000, &data).unwrap();
+            for junk in [&b"j"[..], b"junk\n", b"garbage!"] {
+                let bad = [&packed[..], junk].concat();
+                // Garbage (or, in snappy, a reserved chunk), never a cut.
+                let err = decode_all(&bad).err();
+                assert!(
+                    err.as_ref()
+                        .is_some_and(|e| !matches!(e, CodecError::Truncated { .. })),
+                    "{format} {junk:?}: {err:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn concatenated_streams_decode_to_the_concatenation() {
         for format in formats() {
             if format == Format::Snappy {

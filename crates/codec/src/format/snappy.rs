@@ -107,7 +107,10 @@ impl super::Splitter for Splitter {
                 break;
             }
             let off = self.input.offset();
-            let b = self.input.need(4, NAME)?;
+            // A chunk starts with its type; a reserved unskippable one
+            // is not the start of a cut chunk.
+            let could_start = |b: &[u8]| !matches!(b.first(), Some(0x02..=0x7f));
+            let b = self.input.need_start(4, NAME, could_start)?;
             let kind = b[0];
             let len = (le32(b, 0) >> 8) as usize;
             if !self.seen_ident && kind != IDENT {

@@ -12,7 +12,7 @@
 use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::ZstdCodec;
 use crate::error::{CodecError, Result};
-use crate::input::Input;
+use crate::input::{begins_like, Input};
 use zstd::stream::raw::{Decoder as RawDecoder, InBuffer, Operation, OutBuffer};
 
 const NAME: &str = "zstd";
@@ -24,6 +24,14 @@ const SEEKABLE_FOOTER_MAGIC: u32 = 0x8F92_EAB1;
 /// Is `head` (at least 4 bytes) the magic of a skippable frame?
 pub fn is_skippable_magic(head: &[u8]) -> bool {
     le32(head, 0) & 0xFFFF_FFF0 == 0x184D_2A50
+}
+
+/// Whether `have` (fewer than 4 bytes) could begin a frame or a skippable
+/// frame.
+pub(crate) fn could_start_frame(have: &[u8]) -> bool {
+    let skippable = |b: &[u8]| b.first().is_some_and(|b| b & 0xf0 == 0x50);
+    begins_like(have, &FRAME_MAGIC.to_le_bytes())
+        || (skippable(have) && begins_like(&have[1..], &[0x2a, 0x4d, 0x18]))
 }
 
 /// Compresses blocks into frames with content size and checksum.
@@ -429,14 +437,7 @@ impl super::Splitter for Splitter {
                 return Ok(false);
             }
             let off = self.input.offset();
-            let avail = self.input.fill(4)?;
-            if avail < 4 {
-                return Err(CodecError::Truncated {
-                    format: NAME,
-                    offset: off + avail as u64,
-                });
-            }
-            let magic = le32(self.input.peek(), 0);
+            let magic = le32(self.input.need_start(4, NAME, could_start_frame)?, 0);
             if is_skippable_magic(self.input.peek()) {
                 let b = self.input.need(8, NAME)?;
                 let size = le32(b, 4);
