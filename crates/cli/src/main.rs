@@ -355,6 +355,32 @@ pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> 
     Ok(cairn_filepack::ByteRange { start, end })
 }
 
+/// The `cairn pack` arguments a link named after a standard tool stands
+/// for: `gzip`, `pigz`, `gunzip`, `unpigz`, `zcat`, `zstd`, `zstdmt`,
+/// `unzstd` and `zstdcat`, each with that tool's defaults (zstd keeps its
+/// inputs unless `--rm`; zstdcat copies what is not zstd, as `zstd -dcf`).
+/// Any other name is `cairn` itself.
+fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
+    let name = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("cairn");
+    let prefix: &[&str] = match name {
+        "gzip" | "pigz" => &["pack"],
+        "gunzip" | "unpigz" => &["pack", "-d"],
+        "zcat" => &["pack", "-d", "-c"],
+        "zstd" | "zstdmt" => &["pack", "-F", "zstd", "-k"],
+        "unzstd" => &["pack", "-d", "-k"],
+        "zstdcat" => &["pack", "-d", "-c", "-f"],
+        _ => return args,
+    };
+    let rest = args.split_off(1);
+    args.extend(prefix.iter().map(OsString::from));
+    args.extend(rest);
+    args
+}
+
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,
 /// `-19`, and digits within a cluster of short flags (`-9c`, `-c9`, `-kv9`;
 /// the last run of digits wins, as in gzip). Only for `cairn pack`; the
@@ -446,7 +472,8 @@ fn main() -> ExitCode {
     // default action kills the process with SIGPIPE (status 141 in a shell).
     // Servers and socket clients ignore it again where they need EPIPE.
     signals::default_sigpipe();
-    let cli = match Cli::try_parse_from(rewrite_level_flags(std::env::args_os().collect())) {
+    let args = rewrite_level_flags(as_invoked(std::env::args_os().collect()));
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };

@@ -1070,3 +1070,48 @@ fn dcf_copies_what_is_in_no_format_as_zcat_f_does() {
     assert!(!out.status.success() && out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown format"));
 }
+
+#[test]
+fn links_named_after_the_tools_keep_their_defaults() {
+    let dir = tempdir();
+    let p = |name: &str| dir.path().join(name);
+    for tool in [
+        "gzip", "pigz", "gunzip", "zcat", "zstd", "unzstd", "zstdcat",
+    ] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p(tool)).unwrap();
+    }
+    let data = mixed(150_000, 76);
+    std::fs::write(p("x"), &data).unwrap();
+    let link = |tool: &str, args: &[&str]| {
+        let out = std::process::Command::new(p(tool))
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        ok(out)
+    };
+    // gzip and pigz remove the input; zcat writes to stdout.
+    link("pigz", &["-9", "x"]);
+    assert_eq!(
+        listing(dir.path())
+            .iter()
+            .filter(|n| n.starts_with('x'))
+            .collect::<Vec<_>>(),
+        ["x.gz"]
+    );
+    assert!(link("zcat", &["x.gz"]).stdout == data);
+    link("gunzip", &["x.gz"]);
+    // zstd and unzstd keep it unless --rm; zstdcat copies what is not zstd.
+    link("zstd", &["-q", "x"]);
+    assert!(p("x").exists() && p("x.zst").exists());
+    assert!(std::fs::read(p("x.zst"))
+        .unwrap()
+        .starts_with(&[0x28, 0xb5, 0x2f, 0xfd]));
+    std::fs::remove_file(p("x")).unwrap();
+    link("unzstd", &["-q", "x.zst"]);
+    assert!(p("x").exists() && p("x.zst").exists());
+    let cat = link("zstdcat", &["x.zst", "x"]).stdout;
+    assert!(cat == [&data[..], &data].concat());
+    link("zstd", &["-q", "-f", "--rm", "x"]);
+    assert!(!p("x").exists());
+}
