@@ -35,10 +35,12 @@ enum Command {
     /// Flags as in gzip, pigz and zstd: levels -1 .. -19 (also combined,
     /// -9c), --fast, --best or --level N; -d decompresses (so
     /// `tar -I 'cairn pack -F zstd'` creates and extracts), -t tests, -l lists.
+    #[command(version)]
     Pack(PackArgs),
     /// Decompress files or stdin in parallel; the format is detected by magic.
     ///
     /// -t tests (decodes, writes nothing), -l lists sizes and ratios.
+    #[command(version)]
     Unpack(UnpackArgs),
     /// Create a repository, its packs striped over one or more targets.
     Init(repo_cmd::InitArgs),
@@ -357,8 +359,9 @@ pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> 
 
 /// The `cairn pack` arguments a link named after a standard tool stands
 /// for: `gzip`, `pigz`, `gunzip`, `unpigz`, `zcat`, `zstd`, `zstdmt`,
-/// `unzstd` and `zstdcat`, each with that tool's defaults (zstd keeps its
-/// inputs unless `--rm`; zstdcat copies what is not zstd, as `zstd -dcf`).
+/// `unzstd`, `zstdcat`, `xz`, `unxz`, `xzcat`, `bzip2`, `bunzip2` and
+/// `bzcat`, each with that tool's defaults (zstd keeps its inputs unless
+/// `--rm`; zstdcat copies what is not zstd, as `zstd -dcf`).
 /// Any other name is `cairn` itself.
 fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     let name = args
@@ -373,6 +376,10 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "zstd" | "zstdmt" => &["pack", "-F", "zstd", "-k"],
         "unzstd" => &["pack", "-d", "-k"],
         "zstdcat" => &["pack", "-d", "-c", "-f"],
+        "xz" => &["pack", "-F", "xz"],
+        "bzip2" => &["pack", "-F", "bzip2"],
+        "unxz" | "bunzip2" => &["pack", "-d"],
+        "xzcat" | "bzcat" => &["pack", "-d", "-c"],
         _ => return args,
     };
     let rest = args.split_off(1);

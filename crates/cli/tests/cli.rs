@@ -1075,15 +1075,18 @@ fn dcf_copies_what_is_in_no_format_as_zcat_f_does() {
 fn links_named_after_the_tools_keep_their_defaults() {
     let dir = tempdir();
     let p = |name: &str| dir.path().join(name);
-    for tool in [
-        "gzip", "pigz", "gunzip", "zcat", "zstd", "unzstd", "zstdcat",
-    ] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p(tool)).unwrap();
+    let tools = [
+        "gzip", "pigz", "gunzip", "zcat", "zstd", "unzstd", "zstdcat", "xz", "xzcat", "bzip2",
+        "bunzip2",
+    ];
+    std::fs::create_dir(p("bin")).unwrap();
+    for tool in tools {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
     }
     let data = mixed(150_000, 76);
     std::fs::write(p("x"), &data).unwrap();
     let link = |tool: &str, args: &[&str]| {
-        let out = std::process::Command::new(p(tool))
+        let out = std::process::Command::new(p("bin").join(tool))
             .args(args)
             .current_dir(dir.path())
             .output()
@@ -1114,4 +1117,18 @@ fn links_named_after_the_tools_keep_their_defaults() {
     assert!(cat == [&data[..], &data].concat());
     link("zstd", &["-q", "-f", "--rm", "x"]);
     assert!(!p("x").exists());
+    // xz and bzip2 write their formats and remove the input, as they do.
+    link("unzstd", &["-q", "x.zst"]);
+    link("xz", &["-q", "-T0", "x"]);
+    assert!(!p("x").exists());
+    assert!(std::fs::read(p("x.xz")).unwrap().starts_with(b"\xfd7zXZ"));
+    assert!(link("xzcat", &["x.xz"]).stdout == data);
+    link("unzstd", &["-q", "-f", "x.zst"]);
+    link("bzip2", &["-q", "x"]);
+    assert!(std::fs::read(p("x.bz2")).unwrap().starts_with(b"BZh"));
+    link("bunzip2", &["-q", "x.bz2"]);
+    assert!(std::fs::read(p("x")).unwrap() == data);
+    // --version answers as the tools do, with cairn's.
+    let version = link("gzip", &["--version"]).stdout;
+    assert!(String::from_utf8_lossy(&version).contains(env!("CARGO_PKG_VERSION")));
 }
