@@ -382,7 +382,17 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "xzcat" | "bzcat" => &["pack", "-d", "-c"],
         _ => return args,
     };
-    let rest = args.split_off(1);
+    let pigz = matches!(name, "pigz" | "unpigz");
+    let mut rest = args.split_off(1);
+    // pigz's -z is zlib's format, which cairn does not write: refused by
+    // its long name rather than taken as zstd's and xz's -z (compress).
+    if pigz {
+        for a in rest.iter_mut().take_while(|a| *a != "--") {
+            if a == "-z" {
+                *a = OsString::from("--zlib");
+            }
+        }
+    }
     args.extend(prefix.iter().map(OsString::from));
     args.extend(rest);
     args

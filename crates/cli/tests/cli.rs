@@ -1128,6 +1128,14 @@ fn links_named_after_the_tools_keep_their_defaults() {
     assert!(std::fs::read(p("x.bz2")).unwrap().starts_with(b"BZh"));
     link("bunzip2", &["-q", "x.bz2"]);
     assert!(std::fs::read(p("x")).unwrap() == data);
+    // pigz's -z (zlib's format) is refused, not taken as zstd's -z.
+    let out = std::process::Command::new(p("bin").join("pigz"))
+        .args(["-z", "-c"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--zlib"));
     // --version answers as the tools do, with cairn's.
     let version = link("gzip", &["--version"]).stdout;
     assert!(String::from_utf8_lossy(&version).contains(env!("CARGO_PKG_VERSION")));
