@@ -166,6 +166,9 @@ pub(crate) fn plan(
                 {
                     Err(Error::OutputIsInput(out.clone()))
                 }
+                (Source::File(src), Dest::File(_)) if !opts.force => {
+                    links_allow(src, remove).map(|()| (dest, remove))
+                }
                 _ => Ok((dest, remove)),
             });
             let plan = dest.map(|(dest, remove_input)| Plan {
@@ -176,6 +179,25 @@ pub(crate) fn plan(
             (name, plan)
         })
         .collect())
+}
+
+/// As gzip and pigz, without `-f` an input that is a symbolic link is not
+/// packed or unpacked into a file (`-c` reads through it), and one with
+/// other hard links is not removed once done (`-k` keeps it): the other
+/// names would still show the old bytes. (An input that cannot be
+/// examined fails when it is opened.)
+fn links_allow(src: &Path, remove: bool) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(src) else {
+        return Ok(());
+    };
+    if meta.file_type().is_symlink() {
+        return Err(Error::SymlinkInput);
+    }
+    if remove && meta.is_file() && meta.nlink() > 1 {
+        return Err(Error::OtherLinks(meta.nlink() - 1));
+    }
+    Ok(())
 }
 
 /// The regular files under directory `dir` that `wanted` takes, in name
@@ -1063,6 +1085,55 @@ mod tests {
             ..opts(&[Path::new("-")])
         };
         assert_eq!(planned(&stdin_out, false), [(file("y.gz"), false)]);
+    }
+
+    #[test]
+    fn links_are_left_alone_without_force_as_gzip_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, other, link) = (
+            dir.path().join("f"),
+            dir.path().join("g"),
+            dir.path().join("l"),
+        );
+        std::fs::write(&file, b"x").unwrap();
+        std::fs::hard_link(&file, &other).unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let refused = |o: &Options| -> Vec<Option<String>> {
+            plan(o, false, |p| packed_name(p, Format::Gzip, None, o.force))
+                .unwrap()
+                .into_iter()
+                .map(|(_, p)| p.err().map(|e| e.to_string()))
+                .collect()
+        };
+        let both = opts(&[&file, &link]);
+        let errs = refused(&both);
+        assert!(
+            errs[0].as_ref().is_some_and(|e| e.contains("1 other link")),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1]
+                .as_ref()
+                .is_some_and(|e| e.contains("symbolic link")),
+            "{errs:?}"
+        );
+        // -k keeps the linked file; a symbolic link stays refused.
+        let keep = Options {
+            keep: true,
+            ..opts(&[&file, &link])
+        };
+        assert!(matches!(refused(&keep)[..], [None, Some(_)]));
+        // -c reads through both, -f takes both.
+        let stdout = Options {
+            stdout: true,
+            ..opts(&[&file, &link])
+        };
+        assert!(refused(&stdout).iter().all(Option::is_none));
+        let force = Options {
+            force: true,
+            ..opts(&[&file, &link])
+        };
+        assert!(refused(&force).iter().all(Option::is_none));
     }
 
     #[test]

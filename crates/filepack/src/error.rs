@@ -107,6 +107,13 @@ pub enum Error {
         /// The format's name, or the suffix `-S` gave.
         suffix: String,
     },
+    /// The input is a symbolic link and its output a file, without `force`.
+    #[error("is a symbolic link; unchanged (-f follows it, -c reads it)")]
+    SymlinkInput,
+    /// The input has other hard links and would be removed, without
+    /// `force`.
+    #[error("has {0} other link(s); unchanged (-k keeps the input, -f removes this name)")]
+    OtherLinks(u64),
     /// `--long` asked of a format other than zstd.
     #[error("--long={window_log} is zstd's long-distance matching; {format} has none")]
     LongNotZstd {
