@@ -144,6 +144,11 @@ struct Shared {
     /// passed at the next boundary, not run past into the end of the
     /// segment's data.
     cut_bit: Option<usize>,
+    /// The chunk the reader waits on: its first bit and the output's last
+    /// [`marker::WINDOW`] bytes before it. Its worker, if still decoding
+    /// with markers, then knows what they stand for and goes on with
+    /// libdeflate at its next block (see [`Worker::run`]).
+    reached: Mutex<Option<(usize, Arc<Vec<u8>>)>>,
 }
 
 /// Buffers the workers and the reader hand back and forth, kept from one
@@ -227,6 +232,16 @@ impl Drop for Crew {
 }
 
 impl Shared {
+    /// The window before the chunk starting at `first`, once the reader
+    /// has reached that chunk.
+    fn window_before(&self, first: usize) -> Option<Arc<Vec<u8>>> {
+        let reached = self.reached.lock().unwrap_or_else(|e| e.into_inner());
+        reached
+            .as_ref()
+            .filter(|(bit, _)| *bit == first)
+            .map(|(_, w)| w.clone())
+    }
+
     /// Block boundary `bit` is at or past the segment's cut.
     fn past_cut(&self, bit: usize) -> bool {
         self.cut_bit.is_some_and(|c| bit >= c)
@@ -567,6 +582,7 @@ impl ParallelInflate {
             searches: AtomicUsize::new(0),
             pools: crew.pools.clone(),
             cut_bit,
+            reached: Mutex::new(None),
         });
         let mut p = ParallelInflate {
             shared,
@@ -823,6 +839,14 @@ impl ParallelInflate {
                             window: self.window.clone(),
                         });
                     }
+                    // Its worker may still be waiting for a clean window:
+                    // this one is known now.
+                    *self
+                        .shared
+                        .reached
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) =
+                        Some((s, Arc::new(self.window.clone())));
                     self.current = Some(rx);
                     return Ok(());
                 }
@@ -1016,9 +1040,19 @@ impl Worker {
                     break End::Boundary(here);
                 }
             }
-            if dec.window_known() {
-                tracing::trace!(first, pos, symbols = dec.out.len(), "window clean");
-                let window = dec.window();
+            // The window is clean, or the reader has reached this chunk
+            // and its markers resolve now (a chunk whose unknown bytes are
+            // copied on for millions of symbols stops decoding them as
+            // soon as the output before it is known).
+            let resolved = match dec.window_known() {
+                true => Some(dec.window()),
+                false if pos > first => shared
+                    .window_before(first)
+                    .and_then(|before| resolved_window(&dec.out, &before)),
+                false => None,
+            };
+            if let Some(window) = resolved {
+                tracing::trace!(first, pos, symbols = dec.out.len(), "window known");
                 let spare = shared.pools.spare16.1.try_recv().unwrap_or_default();
                 if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
                     self.finish(shared, Some((k, None)), pos, &window, stop, &tx);
@@ -1144,6 +1178,18 @@ impl Worker {
             }
         }
     }
+}
+
+/// The last [`marker::WINDOW`] bytes of `before` followed by marker
+/// output `out`, resolved against `before`; `None` where a marker reaches
+/// before the stream's start (damage, which the reader reports).
+fn resolved_window(out: &[u16], before: &[u8]) -> Option<Vec<u8>> {
+    let tail = &out[out.len().saturating_sub(marker::WINDOW)..];
+    let mut window = Vec::with_capacity(marker::WINDOW);
+    let keep = (marker::WINDOW - tail.len()).min(before.len());
+    window.extend_from_slice(&before[before.len() - keep..]);
+    marker::resolve(tail, before, &mut window, 0).ok()?;
+    Some(window)
 }
 
 /// Where to cut a segment of a stream read stretch by stretch, when more
@@ -1532,6 +1578,24 @@ mod tests {
         Ok((out, used, crc))
     }
 
+    /// Inflate all of `stream` with `crew`, checking it gives `data` and
+    /// reads the stream to its end; the inflate, for its counters.
+    fn inflate_all_with(crew: Arc<Crew>, stream: &[u8], data: &[u8]) -> ParallelInflate {
+        let mut p = ParallelInflate::start(
+            SharedBytes::from_vec(stream.to_vec()),
+            crew,
+            8192,
+            None,
+            Resume::default(),
+            true,
+            None,
+        );
+        let (out, used, _) = drain(&mut p).unwrap();
+        assert!(out == data);
+        assert_eq!(used, stream.len());
+        p
+    }
+
     /// Blocks of random bytes, each a copy of the one before it with a few
     /// bytes changed: a chunk that starts inside copies bytes of the
     /// window it does not know, and they stay unknown, copied from block
@@ -1553,6 +1617,52 @@ mod tests {
     }
 
     #[test]
+    fn a_window_resolves_from_the_output_before_and_the_markers_after() {
+        use marker::{MARKER, WINDOW};
+        let before: Vec<u8> = (0..WINDOW + 100).map(|i| (i * 7 % 251) as u8).collect();
+        let window_of_before = &before[before.len() - WINDOW..];
+        // Markers name bytes of the 32 KiB before the chunk by place.
+        let out: Vec<u16> = (0..WINDOW + 10)
+            .map(|i| match i % 3 {
+                0 => (i % 256) as u16,
+                _ => MARKER + (i * 13 % WINDOW) as u16,
+            })
+            .collect();
+        let want: Vec<u8> = out
+            .iter()
+            .map(|&v| match v.checked_sub(MARKER) {
+                Some(m) => window_of_before[usize::from(m)],
+                None => v as u8,
+            })
+            .collect();
+        let w = resolved_window(&out, &before).unwrap();
+        assert!(w == want[want.len() - WINDOW..]);
+        // Less output than a window: the bytes before it make up the rest.
+        let short = resolved_window(&out[..100], &before).unwrap();
+        assert_eq!(short.len(), WINDOW);
+        assert!(short[..WINDOW - 100] == before[before.len() - (WINDOW - 100)..]);
+        assert!(short[WINDOW - 100..] == want[..100]);
+        // A marker into bytes before the stream's start is damage.
+        assert!(resolved_window(&out, &before[..1000]).is_none());
+    }
+
+    #[test]
+    fn a_chunk_whose_window_never_clears_resolves_once_the_reader_reaches_it() {
+        // The second chunk starts inside copies of copies of bytes it does
+        // not know; with no cap its worker decodes markers until the reader
+        // has the output before it (then goes on with libdeflate) or to its
+        // end, and the output is right either way, with no restart.
+        let mut data = image_like(256 << 10, 5);
+        data.extend(unknown_for_long(1 << 20));
+        let stream = deflate(&data, 6);
+        for threads in [1, 2] {
+            let crew = Crew::with_marker_cap(threads, stream.len() / 2 + 1, usize::MAX);
+            let p = inflate_all_with(crew, &stream, &data);
+            assert_eq!(p.restarts, 0);
+        }
+    }
+
+    #[test]
     fn chunks_whose_window_never_clears_restart_and_keep_the_next_chunk() {
         let mut data = image_like(1 << 20, 3);
         data.extend(unknown_for_long(3 << 20));
@@ -1560,18 +1670,7 @@ mod tests {
         let stream = deflate(&data, 6);
         for threads in [1, 2, 3] {
             let crew = Crew::with_marker_cap(threads, 64 << 10, 30_000);
-            let mut p = ParallelInflate::start(
-                SharedBytes::from_vec(stream.clone()),
-                crew,
-                8192,
-                None,
-                Resume::default(),
-                true,
-                None,
-            );
-            let (out, used, _) = drain(&mut p).unwrap();
-            assert!(out == data, "threads {threads}");
-            assert_eq!(used, stream.len());
+            let p = inflate_all_with(crew, &stream, &data);
             assert!(p.restarts > 0, "no chunk gave up its markers");
             assert!(p.kept_across > 0, "every chunk after a restart was dropped");
         }
