@@ -71,6 +71,10 @@ const PIECE: usize = 2 << 20;
 /// would have cleared (0.42-0.46 s, 3 runs each, an earlier build).
 const MARKER_CAP: usize = 8 << 20;
 
+/// Windows at chunk boundaries kept for the workers (see
+/// `Shared::windows`): a few chunks' worth, 32 KiB each.
+const WINDOWS_KEPT: usize = 8;
+
 /// Output room a whole-chunk inflate is given, per compressed byte; a chunk
 /// that decodes to more (long zero runs) is streamed instead.
 const WHOLE_RATIO: usize = 16;
@@ -144,11 +148,17 @@ struct Shared {
     /// passed at the next boundary, not run past into the end of the
     /// segment's data.
     cut_bit: Option<usize>,
-    /// The chunk the reader waits on: its first bit and the output's last
-    /// [`marker::WINDOW`] bytes before it. Its worker, if still decoding
-    /// with markers, then knows what they stand for and goes on with
-    /// libdeflate at its next block (see [`Worker::run`]).
-    reached: Mutex<Option<(usize, Arc<Vec<u8>>)>>,
+    /// Windows known at block boundaries: the bit and the output's last
+    /// [`marker::WINDOW`] bytes before it, published by a worker whose
+    /// chunk ended there inflated whole, and by the reader when it starts
+    /// waiting on a chunk. A worker still decoding markers from such a bit
+    /// then knows what they stand for and goes on with libdeflate at its
+    /// next block (see [`Worker::run`]). The last [`WINDOWS_KEPT`].
+    windows: Mutex<VecDeque<(usize, Arc<Vec<u8>>)>>,
+    /// The crew's `share_windows`.
+    share_windows: bool,
+    /// Chunks whose markers were resolved from a published window.
+    windows_used: AtomicUsize,
 }
 
 /// Buffers the workers and the reader hand back and forth, kept from one
@@ -178,17 +188,26 @@ pub struct Crew {
     pools: Arc<Pools>,
     threads: usize,
     chunk: usize,
+    /// Whether windows known at chunk boundaries are shared with the
+    /// workers (see `Shared::windows`); off only in tests of the restart.
+    share_windows: bool,
 }
 
 impl Crew {
     /// `threads` workers for chunks of `chunk` compressed bytes.
     pub fn new(threads: usize, chunk: usize) -> Arc<Crew> {
-        Crew::with_marker_cap(threads, chunk, MARKER_CAP)
+        Crew::with_marker_cap(threads, chunk, MARKER_CAP, true)
     }
 
     /// [`Crew::new`] whose workers give up on a clean window after
-    /// `marker_cap` symbols (tests reach the restart with small data).
-    fn with_marker_cap(threads: usize, chunk: usize, marker_cap: usize) -> Arc<Crew> {
+    /// `marker_cap` symbols, and are told windows at chunk boundaries only
+    /// if `share_windows` (tests reach the restart with small data).
+    fn with_marker_cap(
+        threads: usize,
+        chunk: usize,
+        marker_cap: usize,
+        share_windows: bool,
+    ) -> Arc<Crew> {
         let threads = threads.max(1);
         let chunk = chunk.max(1);
         let pools = Arc::new(Pools {
@@ -216,6 +235,7 @@ impl Crew {
             pools,
             threads,
             chunk,
+            share_windows,
         })
     }
 }
@@ -232,14 +252,29 @@ impl Drop for Crew {
 }
 
 impl Shared {
-    /// The window before the chunk starting at `first`, once the reader
-    /// has reached that chunk.
+    /// The window before block boundary `first`, once published.
     fn window_before(&self, first: usize) -> Option<Arc<Vec<u8>>> {
-        let reached = self.reached.lock().unwrap_or_else(|e| e.into_inner());
-        reached
-            .as_ref()
-            .filter(|(bit, _)| *bit == first)
+        let windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        windows
+            .iter()
+            .find(|(bit, _)| *bit == first)
             .map(|(_, w)| w.clone())
+    }
+
+    /// Publish `window`, the output's last [`marker::WINDOW`] bytes before
+    /// block boundary `bit`.
+    fn publish_window(&self, bit: usize, window: &[u8]) {
+        if !self.share_windows {
+            return;
+        }
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        if windows.iter().any(|(b, _)| *b == bit) {
+            return;
+        }
+        if windows.len() >= WINDOWS_KEPT {
+            windows.pop_front();
+        }
+        windows.push_back((bit, Arc::new(window.to_vec())));
     }
 
     /// Block boundary `bit` is at or past the segment's cut.
@@ -582,7 +617,9 @@ impl ParallelInflate {
             searches: AtomicUsize::new(0),
             pools: crew.pools.clone(),
             cut_bit,
-            reached: Mutex::new(None),
+            windows: Mutex::new(VecDeque::new()),
+            share_windows: crew.share_windows,
+            windows_used: AtomicUsize::new(0),
         });
         let mut p = ParallelInflate {
             shared,
@@ -841,12 +878,7 @@ impl ParallelInflate {
                     }
                     // Its worker may still be waiting for a clean window:
                     // this one is known now.
-                    *self
-                        .shared
-                        .reached
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) =
-                        Some((s, Arc::new(self.window.clone())));
+                    self.shared.publish_window(s, &self.window);
                     self.current = Some(rx);
                     return Ok(());
                 }
@@ -1040,15 +1072,22 @@ impl Worker {
                     break End::Boundary(here);
                 }
             }
-            // The window is clean, or the reader has reached this chunk
-            // and its markers resolve now (a chunk whose unknown bytes are
-            // copied on for millions of symbols stops decoding them as
-            // soon as the output before it is known).
+            // The window is clean, or the one before the chunk has been
+            // published (by the chunk before, or the reader) and its
+            // markers resolve now: a chunk whose unknown bytes are copied
+            // on for millions of symbols stops decoding them as soon as
+            // the output before it is known.
             let resolved = match dec.window_known() {
                 true => Some(dec.window()),
-                false if pos > first => shared
-                    .window_before(first)
-                    .and_then(|before| resolved_window(&dec.out, &before)),
+                false if pos > first => {
+                    let w = shared
+                        .window_before(first)
+                        .and_then(|before| resolved_window(&dec.out, &before));
+                    shared
+                        .windows_used
+                        .fetch_add(usize::from(w.is_some()), Ordering::Relaxed);
+                    w
+                }
                 false => None,
             };
             if let Some(window) = resolved {
@@ -1167,6 +1206,10 @@ impl Worker {
         };
         match done {
             Some(end) if out.len() >= window.len() => {
+                // The next chunk may still be decoding markers from here.
+                if let (End::Boundary(e), true) = (&end, out.len() >= marker::WINDOW) {
+                    shared.publish_window(*e, &out[out.len() - marker::WINDOW..]);
+                }
                 let mut crc = crc32fast::Hasher::new();
                 crc.update(&out[window.len()..]);
                 Some((out, window.len(), crc, end))
@@ -1656,7 +1699,7 @@ mod tests {
         data.extend(unknown_for_long(1 << 20));
         let stream = deflate(&data, 6);
         for threads in [1, 2] {
-            let crew = Crew::with_marker_cap(threads, stream.len() / 2 + 1, usize::MAX);
+            let crew = Crew::with_marker_cap(threads, stream.len() / 2 + 1, usize::MAX, true);
             let p = inflate_all_with(crew, &stream, &data);
             assert_eq!(p.restarts, 0);
         }
@@ -1669,11 +1712,18 @@ mod tests {
         data.extend(image_like(1 << 20, 4));
         let stream = deflate(&data, 6);
         for threads in [1, 2, 3] {
-            let crew = Crew::with_marker_cap(threads, 64 << 10, 30_000);
+            let crew = Crew::with_marker_cap(threads, 64 << 10, 30_000, false);
             let p = inflate_all_with(crew, &stream, &data);
             assert!(p.restarts > 0, "no chunk gave up its markers");
             assert!(p.kept_across > 0, "every chunk after a restart was dropped");
+            assert_eq!(p.shared.windows_used.load(Ordering::Relaxed), 0);
         }
+        // On one thread each chunk is done before the next starts: its
+        // window is published by then, and no chunk waits for a clean one.
+        let crew = Crew::with_marker_cap(1, 64 << 10, 30_000, true);
+        let p = inflate_all_with(crew, &stream, &data);
+        assert_eq!(p.restarts, 0);
+        assert!(p.shared.windows_used.load(Ordering::Relaxed) > 0);
     }
 
     #[test]
