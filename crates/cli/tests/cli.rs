@@ -446,6 +446,16 @@ fn format_follows_the_output_suffix() {
         .starts_with(b"\xfd7zXZ"));
 }
 
+/// `cairn pack ARGS --json -c` of `data`, which must succeed: the packed
+/// bytes and the summary printed on stderr.
+fn pack_with_summary(args: &[&str], data: &[u8]) -> (Vec<u8>, serde_json::Value) {
+    let args = [&["pack"][..], args, &["--json", "-c"]].concat();
+    let out = cairn_pipe(&args, data);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let summary = serde_json::from_slice(&out.stderr).unwrap();
+    (out.stdout, summary)
+}
+
 #[test]
 fn sizes_take_binary_units() {
     let data = mixed(300_000, 46);
@@ -456,9 +466,7 @@ fn sizes_take_binary_units() {
         ("1M", 1 << 20),
         ("1MiB", 1 << 20),
     ] {
-        let out = cairn_pipe(&["pack", "-b", size, "--json", "-o", "-"], &data);
-        assert!(out.status.success(), "{size}: {}", stderr(&out));
-        let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+        let (_, v) = pack_with_summary(&["-b", size], &data);
         assert_eq!(v["block_size"], bytes, "{size}");
     }
 }
@@ -967,8 +975,7 @@ fn pigz_and_gzip_flags_are_taken() {
         cairn_ok(&["pack", "-b", "128", "-c", "-q"], &data)
             == cairn_ok(&["pack", "-b", "128K", "-c", "-q"], &data)
     );
-    let out = cairn_pipe(&["pack", "-b", "64", "--json", "-o", "-"], &data);
-    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    let (_, v) = pack_with_summary(&["-b", "64"], &data);
     assert_eq!(v["block_size"], 65536);
     // zstd's --fast=N is level -N, -B a block in bytes, --ultra and
     // --no-progress are taken, -z undoes -d.
@@ -985,11 +992,7 @@ fn pigz_and_gzip_flags_are_taken() {
         "-c",
     ];
     assert!(cairn_ok(&args, &data) == zstd);
-    let out = cairn_pipe(
-        &["pack", "-F", "zstd", "-B", "65536", "--json", "-c"],
-        &data,
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    let (_, v) = pack_with_summary(&["-F", "zstd", "-B", "65536"], &data);
     assert_eq!(v["block_size"], 65536);
     let out = cairn_pipe(&["pack", "--fast=2", "-c"], &data);
     assert!(
@@ -1026,11 +1029,8 @@ fn zstd_long_finds_repeats_beyond_a_default_block() {
         .collect::<Vec<u8>>();
     let data = [half.clone(), half].concat();
     let plain = cairn_ok(&["pack", "-F", "zstd", "-c", "-q"], &data);
-    let out = cairn_pipe(&["pack", "-F", "zstd", "--long=24", "--json", "-c"], &data);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    let (long, v) = pack_with_summary(&["-F", "zstd", "--long=24"], &data);
     assert_eq!(v["block_size"], 16 << 20);
-    let long = out.stdout;
     assert!(
         long.len() * 10 < plain.len() * 6,
         "--long {} against {}",

@@ -314,7 +314,8 @@ fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Re
 
 /// The counts and settings of one finished input.
 struct Counts {
-    format: Format,
+    /// The format's name (`none` for an input copied as it is).
+    format: &'static str,
     level: Option<i32>,
     block_size: Option<usize>,
     threads: usize,
@@ -327,7 +328,7 @@ impl Summary {
     fn unpacked(
         plan: &Plan,
         output: String,
-        format: Format,
+        format: &'static str,
         threads: usize,
         bytes: (u64, u64),
         started: Instant,
@@ -353,7 +354,7 @@ impl Summary {
             operation: op,
             input: plan.source.name(),
             output,
-            format: c.format.name().to_string(),
+            format: c.format.to_string(),
             level: c.level,
             block_size: c.block_size,
             threads: c.threads,
@@ -385,12 +386,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         (None, None) => Format::Gzip,
     };
     let level = pack.level.resolve(format)?;
-    if let (Some(n), false) = (pack.long, format == Format::Zstd) {
-        return Err(Error::LongNotZstd {
-            window_log: n,
-            format,
-        });
-    }
+    format.check_long(pack.long)?;
     // zstd --long=N reaches back 2^N bytes; a block is as far back as its
     // frame can reach, so by default blocks grow to the window (up to
     // the block limit).
@@ -646,7 +642,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     bytes_out += tail.len() as u64;
     finish(plan, sink, input_meta.as_ref())?;
     let counts = Counts {
-        format,
+        format: format.name(),
         level: Some(level),
         block_size: Some(block),
         threads: s.threads,
@@ -694,9 +690,14 @@ fn pass_through(
         copied += n as u64;
     }
     sink.commit()?;
-    let mut summary = Summary::unpacked(plan, out_name, Format::Gzip, 1, (copied, copied), started);
-    summary.format = "none".into();
-    Ok(summary)
+    Ok(Summary::unpacked(
+        plan,
+        out_name,
+        "none",
+        1,
+        (copied, copied),
+        started,
+    ))
 }
 
 fn unpack_one(
@@ -797,7 +798,7 @@ fn unpack_one(
     Ok(Summary::unpacked(
         plan,
         out_name,
-        format,
+        format.name(),
         threads,
         (bytes_in, bytes_out),
         started,
@@ -883,7 +884,12 @@ fn range_one(
     sink.commit()?;
     let bytes = (stats.read_to, stats.written);
     Ok(Summary::unpacked(
-        plan, out_name, format, threads, bytes, started,
+        plan,
+        out_name,
+        format.name(),
+        threads,
+        bytes,
+        started,
     ))
 }
 

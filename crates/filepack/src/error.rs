@@ -114,14 +114,6 @@ pub enum Error {
     /// `force`.
     #[error("has {0} other link(s); unchanged (-k keeps the input, -f removes this name)")]
     OtherLinks(u64),
-    /// `--long` asked of a format other than zstd.
-    #[error("--long={window_log} is zstd's long-distance matching; {format} has none")]
-    LongNotZstd {
-        /// The window asked for (log2).
-        window_log: u32,
-        /// The format asked for.
-        format: Format,
-    },
     /// A suffix (`-S`) that is empty or names a directory.
     #[error("-S {0:?}: a suffix must be non-empty and have no '/'")]
     BadSuffix(String),

@@ -67,16 +67,13 @@ pub fn packed_name(
 ) -> Result<PathBuf> {
     let name = path.as_os_str();
     let suffix = suffix.unwrap_or_else(|| OsStr::new(format.suffix()));
-    let has_suffix = strip_suffix(name.as_bytes(), suffix.as_bytes()).is_some()
-        || format_of_name(path).is_some_and(|(f, _)| f == format);
-    if !force && has_suffix {
+    let formats_own = format_of_name(path).is_some_and(|(f, _)| f == format);
+    if !force && (formats_own || strip_suffix(name.as_bytes(), suffix.as_bytes()).is_some()) {
         return Err(Error::AlreadySuffixed {
-            suffix: format_of_name(path)
-                .filter(|&(f, _)| f == format)
-                .map_or_else(
-                    || suffix.to_string_lossy().into_owned(),
-                    |(f, _)| f.to_string(),
-                ),
+            suffix: match formats_own {
+                true => format.to_string(),
+                false => suffix.to_string_lossy().into_owned(),
+            },
         });
     }
     let mut name = name.to_owned();

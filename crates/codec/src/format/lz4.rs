@@ -139,7 +139,7 @@ impl Splitter {
             }
             let off = self.input.offset();
             let could_start = |b: &[u8]| {
-                begins_like(b, &MAGIC.to_le_bytes()) || super::zstd::could_start_frame(b)
+                begins_like(b, &MAGIC.to_le_bytes()) || super::zstd::could_start_skippable(b)
             };
             let b = self.input.need_start(4, NAME, could_start)?;
             let magic = le32(b, 0);

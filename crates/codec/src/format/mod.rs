@@ -172,6 +172,17 @@ impl Format {
         block_size.max(1 << 10).next_power_of_two().trailing_zeros()
     }
 
+    /// Refuse long-distance matching (`--long=N`) for a format that has
+    /// none: only zstd has it.
+    pub fn check_long(self, long: Option<u32>) -> Result<()> {
+        match long {
+            Some(n) if self != Format::Zstd => Err(CodecError::Invalid(format!(
+                "--long={n} is zstd's long-distance matching; {self} has none"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// A worker-side encoder at `level` for blocks of up to `block_size`.
     pub fn encoder(self, level: i32, block_size: usize) -> Result<Box<dyn BlockEncoder>> {
         self.encoder_with(level, block_size, None)
@@ -188,11 +199,7 @@ impl Format {
         long: Option<u32>,
     ) -> Result<Box<dyn BlockEncoder>> {
         let level = self.clamp_level(level);
-        if let (Some(n), false) = (long, self == Format::Zstd) {
-            return Err(CodecError::Invalid(format!(
-                "--long={n} is zstd's long-distance matching; {self} has none"
-            )));
-        }
+        self.check_long(long)?;
         Ok(match self {
             Format::Gzip => Box::new(gzip::Encoder::new(level)),
             Format::Zstd => match long {

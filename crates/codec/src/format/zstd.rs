@@ -26,12 +26,16 @@ pub fn is_skippable_magic(head: &[u8]) -> bool {
     le32(head, 0) & 0xFFFF_FFF0 == 0x184D_2A50
 }
 
+/// Whether `have` (fewer than 4 bytes) could begin a skippable frame
+/// (`0x184D2A5?`, the same in zstd and lz4 streams).
+pub(crate) fn could_start_skippable(have: &[u8]) -> bool {
+    have.first().is_some_and(|b| b & 0xf0 == 0x50) && begins_like(&have[1..], &[0x2a, 0x4d, 0x18])
+}
+
 /// Whether `have` (fewer than 4 bytes) could begin a frame or a skippable
 /// frame.
-pub(crate) fn could_start_frame(have: &[u8]) -> bool {
-    let skippable = |b: &[u8]| b.first().is_some_and(|b| b & 0xf0 == 0x50);
-    begins_like(have, &FRAME_MAGIC.to_le_bytes())
-        || (skippable(have) && begins_like(&have[1..], &[0x2a, 0x4d, 0x18]))
+fn could_start_frame(have: &[u8]) -> bool {
+    begins_like(have, &FRAME_MAGIC.to_le_bytes()) || could_start_skippable(have)
 }
 
 /// Compresses blocks into frames with content size and checksum.
