@@ -48,12 +48,28 @@ impl SharedBytes {
     /// Bytes in memory that the caller keeps a handle on too (to take the
     /// buffer back for reuse once every share is gone).
     pub fn from_arc(v: Arc<Vec<u8>>) -> Self {
-        let len = v.len();
+        Self::from_owner(v)
+    }
+
+    /// Bytes of any owner, shared: a buffer that goes back to its pool when
+    /// the last share is dropped, say.
+    pub fn from_owner(owner: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
+        let len = (*owner).as_ref().len();
         SharedBytes {
-            map: v,
+            map: owner,
             start: 0,
             len,
         }
+    }
+
+    /// `len` bytes from `offset` on, shared (`None` past the end).
+    pub fn slice(&self, offset: usize, len: usize) -> Option<SharedBytes> {
+        let mut s = self.from_offset(offset)?;
+        if len > s.len {
+            return None;
+        }
+        s.len = len;
+        Some(s)
     }
 }
 

@@ -768,13 +768,14 @@ fn unpack_one(
             }
         },
         |slot: &mut Slot<Unit, Vec<u8>>| {
-            checker.feed(format, slot.input.offset, slot.input.content, &slot.output)?;
+            let out = slot.input.decoded(&slot.output);
+            checker.feed(format, slot.input.offset, slot.input.content, out)?;
             match holes.as_mut() {
-                Some(h) => h.write(w, &slot.output),
-                None => w.write_all(&slot.output),
+                Some(h) => h.write(w, out),
+                None => w.write_all(out),
             }
             .map_err(write_error(&out_name))?;
-            bytes_out += slot.output.len() as u64;
+            bytes_out += out.len() as u64;
             progress.ratio(bytes_out, slot.input.offset);
             Ok(())
         },

@@ -335,7 +335,7 @@ impl Splitter {
         unit.kind = UnitKind::Plain;
         unit.offset = base;
         let step = s
-            .next_piece(&mut self.input, &mut unit.data)
+            .next_piece(&mut self.input, &mut unit.data, &mut unit.shared)
             .map_err(|e| super::at_offset(e, base))?;
         match step {
             segmented::Step::Piece => Ok(()),
@@ -358,7 +358,7 @@ impl Splitter {
         let base = *key;
         unit.kind = UnitKind::Plain;
         unit.offset = base;
-        if p.next_piece(&mut unit.data)
+        if p.next_piece_lent(&mut unit.data, &mut unit.shared)
             .map_err(|e| super::at_offset(e, base))?
         {
             return Ok(());

@@ -410,6 +410,16 @@ pub struct Unit {
 }
 
 impl Unit {
+    /// What decoding the unit into `out` gave: `out`, or a plain unit's
+    /// shared bytes, which [`UnitDecoder::decode`] does not copy (a whole
+    /// chunk's output lent by the parallel gunzip).
+    pub fn decoded<'a>(&'a self, out: &'a [u8]) -> &'a [u8] {
+        match (&self.kind, &self.shared) {
+            (UnitKind::Plain, Some(s)) if out.is_empty() => s.as_slice(),
+            _ => out,
+        }
+    }
+
     /// The unit's bytes: `shared` when set, else `data`.
     pub fn bytes(&self) -> &[u8] {
         match &self.shared {
@@ -440,16 +450,20 @@ pub trait Splitter: Send {
 
 /// Decodes units on a worker.
 pub trait UnitDecoder: Send {
-    /// Decode `unit`, appending the output to `out`. `Plain` units are moved.
+    /// Decode `unit`, appending the output to `out`. `Plain` units are
+    /// moved, or left where they are when their bytes are shared: read the
+    /// output with [`Unit::decoded`].
     fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()>;
 }
 
-/// Move a plain unit's bytes to `out` without copying when `out` is empty.
+/// Move a plain unit's bytes to `out` without copying when `out` is empty
+/// (shared bytes stay in the unit, see [`Unit::decoded`]).
 pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
-    if out.is_empty() {
-        std::mem::swap(&mut unit.data, out);
-    } else {
-        out.extend_from_slice(&unit.data);
+    match &unit.shared {
+        Some(_) if out.is_empty() => {}
+        Some(s) => out.extend_from_slice(s.as_slice()),
+        None if out.is_empty() => std::mem::swap(&mut unit.data, out),
+        None => out.extend_from_slice(&unit.data),
     }
 }
 
@@ -560,7 +574,8 @@ pub fn decode_input(format: Format, input: Input, limit: usize) -> Result<Vec<u8
         }
         piece.clear();
         dec.decode(&mut unit, &mut piece)?;
-        checker.feed(format, unit.offset, unit.content, &piece)?;
+        let piece = unit.decoded(&piece);
+        checker.feed(format, unit.offset, unit.content, piece)?;
         if out.len() + piece.len() > limit {
             return Err(CodecError::TooLarge {
                 format: format.name(),
@@ -570,7 +585,7 @@ pub fn decode_input(format: Format, input: Input, limit: usize) -> Result<Vec<u8
                 limit: limit as u64,
             });
         }
-        out.extend_from_slice(&piece);
+        out.extend_from_slice(piece);
     }
     Ok(out)
 }

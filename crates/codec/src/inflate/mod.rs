@@ -181,6 +181,26 @@ struct Pools {
     spare_pieces: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
 }
 
+/// A whole chunk's output buffer lent out in pieces: it goes back to the
+/// pool (warm, no page faults for the next chunk) when the last piece is
+/// dropped, by the writer, after the reader has moved on.
+struct Lent {
+    buf: Vec<u8>,
+    home: Sender<Vec<u8>>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let _ = self.home.try_send(std::mem::take(&mut self.buf));
+    }
+}
+
 /// The worker threads and their buffers: made once for a stream and, when
 /// it is inflated a segment at a time, shared by each segment's
 /// [`ParallelInflate`] in turn (two at once while one segment ends and the
@@ -451,7 +471,7 @@ pub struct ParallelInflate {
     /// The chunk being read.
     current: Option<Receiver<Piece>>,
     /// A whole chunk's output being handed out piece by piece, and how far.
-    draining: Option<(Vec<u8>, usize)>,
+    draining: Option<(SharedBytes, usize)>,
     /// The same for a chunk's output with markers, with the window before
     /// the chunk that they stand for.
     resolving: Option<(Vec<u16>, usize, marker::Resolver)>,
@@ -737,6 +757,24 @@ impl ParallelInflate {
     /// Decode the next piece of output into `out` (empty on entry);
     /// `false` once the final block has been read.
     pub fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let mut lent = None;
+        let more = self.next_piece_lent(out, &mut lent)?;
+        if let Some(bytes) = lent {
+            out.extend_from_slice(bytes.as_slice());
+        }
+        Ok(more)
+    }
+
+    /// [`Self::next_piece`], where a piece of a chunk inflated whole is
+    /// not copied: it is lent as a share of the chunk's buffer in `lent`
+    /// (`out` left empty), and the buffer goes back to the pool when the
+    /// last share is dropped. The reader's copy was a twentieth of a
+    /// decode's CPU.
+    pub fn next_piece_lent(
+        &mut self,
+        out: &mut Vec<u8>,
+        lent: &mut Option<SharedBytes>,
+    ) -> Result<bool> {
         if self.waiting {
             return Err(CodecError::corrupt(
                 NAME,
@@ -746,15 +784,18 @@ impl ParallelInflate {
         }
         loop {
             if let Some((b, at)) = &mut self.draining {
-                let n = (b.len() - *at).min(self.piece);
-                out.extend_from_slice(&b[*at..*at + n]);
+                let len = b.as_slice().len();
+                let n = (len - *at).min(self.piece);
+                let piece = b.slice(*at, n);
                 *at += n;
-                if *at == b.len() {
-                    if let Some((b, _)) = self.draining.take() {
-                        let _ = self.shared.pools.spare.0.try_send(b);
-                    }
+                if *at == len {
+                    self.draining = None;
                 }
-                self.took(out);
+                let Some(piece) = piece else {
+                    return Err(self.lost());
+                };
+                self.took(piece.as_slice());
+                *lent = Some(piece);
                 return Ok(true);
             }
             if let Some((m, at, resolver)) = &mut self.resolving {
@@ -794,9 +835,11 @@ impl ParallelInflate {
                     return Ok(true);
                 }
                 Piece::Whole(b, skip, crc) => {
-                    // Handed out in pieces the pipeline's buffers hold,
-                    // then back to the pool.
+                    // Lent out in pieces, back to the pool once the last
+                    // is dropped.
                     self.crc.combine(&crc);
+                    let home = self.shared.pools.spare.0.clone();
+                    let b = SharedBytes::from_owner(Arc::new(Lent { buf: b, home }));
                     self.draining = Some((b, skip));
                 }
                 Piece::End(End::Boundary(bit)) => {
@@ -1624,10 +1667,9 @@ mod tests {
         Ok((out, used, crc))
     }
 
-    /// Inflate all of `stream` with `crew`, checking it gives `data` and
-    /// reads the stream to its end; the inflate, for its counters.
-    fn inflate_all_with(crew: Arc<Crew>, stream: &[u8], data: &[u8]) -> ParallelInflate {
-        let mut p = ParallelInflate::start(
+    /// `stream` inflated from its start by `crew`, in pieces of 8 KiB.
+    fn started(crew: Arc<Crew>, stream: &[u8]) -> ParallelInflate {
+        ParallelInflate::start(
             SharedBytes::from_vec(stream.to_vec()),
             crew,
             8192,
@@ -1635,11 +1677,48 @@ mod tests {
             Resume::default(),
             true,
             None,
-        );
+        )
+    }
+
+    /// Inflate all of `stream` with `crew`, checking it gives `data` and
+    /// reads the stream to its end; the inflate, for its counters.
+    fn inflate_all_with(crew: Arc<Crew>, stream: &[u8], data: &[u8]) -> ParallelInflate {
+        let mut p = started(crew, stream);
         let (out, used, _) = drain(&mut p).unwrap();
         assert!(out == data);
         assert_eq!(used, stream.len());
         p
+    }
+
+    #[test]
+    fn lent_pieces_give_their_chunk_buffer_back_when_the_last_is_dropped() {
+        let data = image_like(4 << 20, 11);
+        let stream = deflate(&data, 6);
+        let crew = Crew::with_marker_cap(2, 256 << 10, MARKER_CAP, true);
+        let pools = crew.pools.clone();
+        let mut p = started(crew, &stream);
+        let (mut out, mut piece, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        loop {
+            let mut lent = None;
+            if !p.next_piece_lent(&mut piece, &mut lent).unwrap() {
+                break;
+            }
+            match lent {
+                Some(l) => {
+                    assert!(piece.is_empty(), "a piece both copied and lent");
+                    out.extend_from_slice(l.as_slice());
+                    held.push(l);
+                }
+                None => out.extend_from_slice(&piece),
+            }
+            piece.clear();
+        }
+        assert!(out == data);
+        assert!(!held.is_empty(), "no chunk's output was lent");
+        let made = 4 - pools.whole_left.load(Ordering::Acquire);
+        assert!(pools.spare.1.len() < made, "a buffer came back while lent");
+        drop(held);
+        assert_eq!(pools.spare.1.len(), made, "a lent buffer did not come back");
     }
 
     /// Blocks of random bytes, each a copy of the one before it with a few

@@ -244,14 +244,20 @@ impl Segmented {
         self.segments
     }
 
-    /// Append the next piece of output to `out` (empty on entry).
-    pub fn next_piece(&mut self, src: &mut dyn Source, out: &mut Vec<u8>) -> Result<Step> {
+    /// Append the next piece of output to `out` (empty on entry), or lend
+    /// it in `lent` ([`ParallelInflate::next_piece_lent`]).
+    pub fn next_piece(
+        &mut self,
+        src: &mut dyn Source,
+        out: &mut Vec<u8>,
+        lent: &mut Option<SharedBytes>,
+    ) -> Result<Step> {
         loop {
             let base = self.cur.base;
             let more = self
                 .cur
                 .p
-                .next_piece(out)
+                .next_piece_lent(out, lent)
                 .map_err(|e| crate::format::at_offset(e, base))?;
             if more {
                 self.prepare(src)?;
@@ -541,9 +547,11 @@ mod tests {
             Opened::OneCore(r, _) => return one_core(&mut src, r, out, false, 0),
         };
         loop {
-            match s.next_piece(&mut src, &mut piece)? {
+            let mut lent = None;
+            match s.next_piece(&mut src, &mut piece, &mut lent)? {
                 Step::Piece => {
                     out.extend_from_slice(&piece);
+                    out.extend_from_slice(lent.as_ref().map_or(&[], |l| l.as_slice()));
                     piece.clear();
                 }
                 Step::End { crc, size } => {
