@@ -208,8 +208,13 @@ pub struct MarkerDecoder {
     /// block search allocates nothing per candidate).
     cl: Table,
     lengths: Vec<u8>,
-    /// Output since the start; markers for window bytes.
-    pub out: Vec<u16>,
+    /// Output since the start, in `out[..len]`; markers for window bytes.
+    /// Past it, room that codes are stored into by index (see
+    /// [`Self::codes`]): values of no meaning, initialised once, kept when
+    /// the output is cleared or taken (zero-filling it for every block was
+    /// a fifth of the decoding of long matches).
+    out: Vec<u16>,
+    len: usize,
     /// Position in `out` after the last marker written, or 0.
     clean_from: usize,
     /// Output scanned for markers so far.
@@ -224,6 +229,7 @@ impl Default for MarkerDecoder {
             cl: Table::empty(),
             lengths: vec![0; 320],
             out: Vec::new(),
+            len: 0,
             clean_from: 0,
             scanned: 0,
         }
@@ -233,33 +239,51 @@ impl Default for MarkerDecoder {
 impl MarkerDecoder {
     /// Forget the output (a new start).
     pub fn clear(&mut self) {
-        self.out.clear();
+        self.len = 0;
         self.clean_from = 0;
         self.scanned = 0;
     }
 
-    /// The output so far, leaving `spare` (cleared) in its place.
-    pub fn take_out(&mut self, mut spare: Vec<u16>) -> Vec<u16> {
-        spare.clear();
-        self.clean_from = 0;
-        self.scanned = 0;
-        std::mem::replace(&mut self.out, spare)
+    /// The output so far.
+    pub fn output(&self) -> &[u16] {
+        &self.out[..self.len]
+    }
+
+    /// Cut the output back to its first `len` values.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Room for `n` values of output without growing.
+    pub fn reserve(&mut self, n: usize) {
+        if self.out.len() < self.len + n {
+            self.out.resize(self.len + n, 0);
+        }
+    }
+
+    /// The output so far, leaving `spare` in its place (what it holds
+    /// becomes room).
+    pub fn take_out(&mut self, spare: Vec<u16>) -> Vec<u16> {
+        let mut out = std::mem::replace(&mut self.out, spare);
+        out.truncate(self.len);
+        self.clear();
+        out
     }
 
     /// True when the last [`WINDOW`] values of the output are all bytes:
     /// what follows can be decoded knowing only this output.
     pub fn window_known(&mut self) -> bool {
-        let out = &self.out[self.scanned..];
+        let out = &self.out[self.scanned..self.len];
         if let Some(i) = out.iter().rposition(|&v| v >= MARKER) {
             self.clean_from = self.scanned + i + 1;
         }
-        self.scanned = self.out.len();
-        self.out.len() - self.clean_from >= WINDOW
+        self.scanned = self.len;
+        self.len - self.clean_from >= WINDOW
     }
 
     /// The last [`WINDOW`] bytes of the output, once [`Self::window_known`].
     pub fn window(&self) -> Vec<u8> {
-        self.out[self.out.len() - WINDOW..]
+        self.out[self.len - WINDOW..self.len]
             .iter()
             .map(|&v| v as u8)
             .collect()
@@ -369,17 +393,40 @@ impl MarkerDecoder {
             .data
             .get(at + 4..at + 4 + len as usize)
             .ok_or(Stop::OutOfData)?;
-        self.out.extend(body.iter().map(|&b| u16::from(b)));
+        self.reserve(body.len());
+        let room = &mut self.out[self.len..self.len + body.len()];
+        for (v, &b) in room.iter_mut().zip(body) {
+            *v = u16::from(b);
+        }
+        self.len += body.len();
         bits.pos += (4 + len as usize) * 8;
         Ok(())
     }
 
+    /// Decode a block's codes up to its end-of-block code, appending to
+    /// `out`.
     fn codes(&mut self, bits: &mut Bits) -> std::result::Result<(), Stop> {
+        let mut n = self.len;
+        let r = self.codes_in_room(bits, &mut n);
+        self.len = n;
+        r
+    }
+
+    /// [`Self::codes`] writing into room past the output: `out` is kept at
+    /// least [`ROOM`] values longer than the `n` decoded, so a symbol is
+    /// stored by index, not pushed, and a copy from 16 or more back moves
+    /// 16 values at a time, running past its end into the room (memmove
+    /// calls for the short copies of text were a third of this loop).
+    fn codes_in_room(&mut self, bits: &mut Bits, n: &mut usize) -> std::result::Result<(), Stop> {
         let lit_mask = (1u64 << self.lit.bits) - 1;
         let dist_mask = (1u64 << self.dist.bits) - 1;
+        let out = &mut self.out;
         loop {
             if bits.overrun() {
                 return Err(Stop::OutOfData);
+            }
+            if out.len() < *n + ROOM {
+                out.resize(*n + ROOM + GROW, 0);
             }
             // One load serves a whole symbol: a literal/length code (15
             // bits), its extra bits (5), a distance code (15) and its extra
@@ -393,11 +440,13 @@ impl MarkerDecoder {
             w >>= l;
             bits.pos += l as usize;
             if sym < 256 {
-                self.out.push(sym);
+                out[*n] = sym;
+                *n += 1;
                 // A second literal from the same load (15 more bits).
                 let e = self.lit.entries[(w & lit_mask) as usize];
                 if e != 0 && e >> 4 < 256 {
-                    self.out.push(e >> 4);
+                    out[*n] = e >> 4;
+                    *n += 1;
                     bits.pos += usize::from(e & 15);
                 }
                 continue;
@@ -424,7 +473,7 @@ impl MarkerDecoder {
             let dextra = u32::from(DIST_EXTRA[d]);
             let dist = DIST_BASE[d] as usize + (w & ((1 << dextra) - 1)) as usize;
             bits.pos += (extra + dl + dextra) as usize;
-            let have = self.out.len();
+            let have = *n;
             if dist > have + WINDOW {
                 return Err(Stop::Invalid("invalid distance too far back"));
             }
@@ -432,29 +481,63 @@ impl MarkerDecoder {
                 // From the window: markers, then maybe output.
                 let from_window = (dist - have).min(len);
                 let first = (WINDOW - (dist - have)) as u16 + MARKER;
-                self.out.extend((0..from_window as u16).map(|k| first + k));
-                for _ in from_window..len {
-                    let v = self.out[self.out.len() - dist];
-                    self.out.push(v);
+                for (k, v) in out[have..have + from_window].iter_mut().enumerate() {
+                    *v = first + k as u16;
                 }
-            } else if dist >= len {
-                let start = have - dist;
-                self.out.extend_from_within(start..start + len);
+                for i in have + from_window..have + len {
+                    out[i] = out[i - dist];
+                }
+            } else if dist >= COPY_STEP && len <= 2 * COPY_STEP {
+                // Short copies, most of text's: a step or two, each
+                // reading only values already final.
+                let mut at = have;
+                while at < have + len {
+                    let (done, room) = out.split_at_mut(at);
+                    room[..COPY_STEP].copy_from_slice(&done[at - dist..at - dist + COPY_STEP]);
+                    at += COPY_STEP;
+                }
+            } else if len <= 2 * COPY_STEP {
+                // Overlapping and short: the values repeat with period
+                // `dist`, so once a whole number of periods a step long or
+                // more is written, the rest is steps from that far back.
+                let back = COPY_STEP.div_ceil(dist) * dist;
+                let head = back.min(len);
+                for i in have..have + head {
+                    out[i] = out[i - dist];
+                }
+                let mut at = have + head;
+                while at < have + len {
+                    let (done, room) = out.split_at_mut(at);
+                    room[..COPY_STEP].copy_from_slice(&done[at - back..at - back + COPY_STEP]);
+                    at += COPY_STEP;
+                }
             } else {
-                // Overlapping: the pattern of `dist` values repeats. Copy it
-                // from its start in doubling runs, each a whole number of
-                // periods but the last.
+                // Long: in runs that double, each a whole number of periods
+                // of the repeating `dist` values but the last (one run when
+                // the copy does not overlap).
                 let start = have - dist;
                 let mut copied = 0;
                 while copied < len {
-                    let n = (len - copied).min(dist + copied);
-                    self.out.extend_from_within(start..start + n);
-                    copied += n;
+                    let m = (len - copied).min(dist + copied);
+                    let (done, room) = out.split_at_mut(have + copied);
+                    room[..m].copy_from_slice(&done[start..start + m]);
+                    copied += m;
                 }
             }
+            *n = have + len;
         }
     }
 }
+
+/// Values a copy moves at once in [`MarkerDecoder::codes`].
+const COPY_STEP: usize = 16;
+
+/// Room kept past the output while decoding codes: the longest copy, two
+/// literals, and a short copy's overrun.
+const ROOM: usize = 258 + 2 + COPY_STEP;
+
+/// Values the room grows by at once (each growth zero-fills them).
+const GROW: usize = 4 << 10;
 
 /// For the 13 bits a dynamic block header starts with (type, HLIT,
 /// HDIST): true when they could start a non-final dynamic block.
@@ -606,7 +689,7 @@ fn next_block_decodes(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool 
     if !next_header_plausible(dec, data, pos) {
         return false;
     }
-    let mark = dec.out.len();
+    let mark = dec.output().len();
     let mut bits = Bits::new(data, pos);
     let mut ok = true;
     for _ in 0..CONFIRM_BLOCKS {
@@ -619,7 +702,7 @@ fn next_block_decodes(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool 
             }
         }
     }
-    dec.out.truncate(mark);
+    dec.truncate(mark);
     ok
 }
 

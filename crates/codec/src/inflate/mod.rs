@@ -1105,7 +1105,7 @@ impl Worker {
         let dec = &mut self.dec;
         dec.clear();
         // Most chunks' first stage fits; growing past it copies.
-        dec.out.reserve(4 << 20);
+        dec.reserve(4 << 20);
         let mut pos = first;
         let mut last = false;
         let end = loop {
@@ -1128,7 +1128,7 @@ impl Worker {
                 false if pos > first => {
                     let w = shared
                         .window_before(first)
-                        .and_then(|before| resolved_window(&dec.out, &before));
+                        .and_then(|before| resolved_window(dec.output(), &before));
                     if w.is_some() {
                         shared.windows_used.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1137,18 +1137,18 @@ impl Worker {
                 false => None,
             };
             if let Some(window) = resolved {
-                tracing::trace!(first, pos, symbols = dec.out.len(), "window known");
+                tracing::trace!(first, pos, symbols = dec.output().len(), "window known");
                 let spare = shared.pools.spare16.1.try_recv().unwrap_or_default();
                 if tx.send(Piece::Markers(dec.take_out(spare))).is_ok() {
                     self.finish(shared, Some((k, None)), pos, &window, stop, &tx);
                 }
                 return;
             }
-            if dec.out.len() >= self.marker_cap {
+            if dec.output().len() >= self.marker_cap {
                 tracing::trace!(first, pos, "markers did not clear; leaving the rest");
                 break End::Boundary(pos);
             }
-            let mark = dec.out.len();
+            let mark = dec.output().len();
             let mut bits = Bits::new(data, pos);
             match dec.block(&mut bits) {
                 Ok(e) => {
@@ -1156,7 +1156,7 @@ impl Worker {
                     last = e == BlockEnd::Last;
                 }
                 Err(e) => {
-                    dec.out.truncate(mark);
+                    dec.truncate(mark);
                     break match e {
                         marker::Stop::OutOfData => End::Truncated(pos),
                         marker::Stop::Invalid(r) => End::Failed(pos, r),
@@ -1521,7 +1521,7 @@ mod tests {
         let mut bits = Bits::new(&stream, 0);
         while dec.block(&mut bits).unwrap() == BlockEnd::More {}
         let mut got = Vec::new();
-        marker::resolve(&dec.out, &[], &mut got, 0).unwrap();
+        marker::resolve(dec.output(), &[], &mut got, 0).unwrap();
         assert!(got == data);
     }
 
@@ -1636,7 +1636,7 @@ mod tests {
                 .unwrap_or(data.len());
             let mut got = Vec::new();
             let window = &data[off.saturating_sub(marker::WINDOW)..off];
-            marker::resolve(&dec.out, window, &mut got, 0).unwrap();
+            marker::resolve(dec.output(), window, &mut got, 0).unwrap();
             assert!(got == data[off..end]);
         }
         assert!(found >= 5);
@@ -1963,6 +1963,44 @@ mod tests {
             prop_assert!(out == data);
             prop_assert_eq!(used, stream.len());
             prop_assert_eq!(crc, crc32fast::hash(&data));
+        }
+
+        /// Every kind of copy the marker decoder moves in its own way
+        /// (short or long, overlapping at every period, reaching into the
+        /// window): decoded from the start, and from each later block with
+        /// the window before it, the markers resolve to the data.
+        #[test]
+        fn the_marker_decoder_copies_every_period_and_length(
+            runs in proptest::collection::vec((1usize..48, 1usize..700, any::<u8>()), 1..300),
+            level in 1u32..10,
+        ) {
+            let mut data = Vec::new();
+            for (period, len, seed) in runs {
+                let pattern: Vec<u8> = (0..period).map(|i| seed.wrapping_mul(i as u8 | 1) ^ i as u8).collect();
+                data.extend(pattern.iter().cycle().take(len));
+            }
+            let stream = deflate(&data, level);
+            let mut dec = MarkerDecoder::default();
+            let mut bits = Bits::new(&stream, 0);
+            let mut starts = vec![];
+            loop {
+                starts.push((bits.pos(), dec.output().len()));
+                if dec.block(&mut bits).unwrap() == BlockEnd::Last {
+                    break;
+                }
+            }
+            let mut got = Vec::new();
+            marker::resolve(dec.output(), &[], &mut got, 0).unwrap();
+            prop_assert!(got == data);
+            for &(bit, out) in &starts[1..] {
+                dec.clear();
+                let mut bits = Bits::new(&stream, bit);
+                while dec.block(&mut bits).unwrap() == BlockEnd::More {}
+                let window = &data[out.saturating_sub(marker::WINDOW)..out];
+                let mut got = Vec::new();
+                marker::resolve(dec.output(), window, &mut got, 0).unwrap();
+                prop_assert!(got == data[out..]);
+            }
         }
     }
 }
