@@ -38,7 +38,7 @@ impl Source for Slice<'_> {
 fuzz_target!(|data: &[u8]| {
     let mut dec = marker::MarkerDecoder::default();
     let mut bits = marker::Bits::new(data, 0);
-    while dec.out.len() < 1 << 24 {
+    while dec.output().len() < 1 << 24 {
         match dec.block(&mut bits) {
             Ok(marker::BlockEnd::More) => continue,
             _ => break,
@@ -53,8 +53,9 @@ fuzz_target!(|data: &[u8]| {
         let mut total = 0usize;
         while total < 1 << 26 {
             out.clear();
-            match s.next_piece(&mut src, &mut out) {
-                Ok(Step::Piece) => total += out.len() + 1,
+            let mut lent = None;
+            match s.next_piece(&mut src, &mut out, &mut lent) {
+                Ok(Step::Piece) => total += out.len() + lent.map_or(0, |l| l.as_slice().len()) + 1,
                 _ => break,
             }
         }
