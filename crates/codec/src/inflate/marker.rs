@@ -256,9 +256,7 @@ impl MarkerDecoder {
 
     /// Room for `n` values of output without growing.
     pub fn reserve(&mut self, n: usize) {
-        if self.out.len() < self.len + n {
-            self.out.resize(self.len + n, 0);
-        }
+        make_room(&mut self.out, self.len + n, 0);
     }
 
     /// The output so far, leaving `spare` in its place (what it holds
@@ -425,9 +423,7 @@ impl MarkerDecoder {
             if bits.overrun() {
                 return Err(Stop::OutOfData);
             }
-            if out.len() < *n + ROOM {
-                out.resize(*n + ROOM + GROW, 0);
-            }
+            make_room(out, *n + ROOM, GROW);
             // One load serves a whole symbol: a literal/length code (15
             // bits), its extra bits (5), a distance code (15) and its extra
             // bits (13) are at most 48 of the 56 or more a peek gives.
@@ -538,6 +534,14 @@ const ROOM: usize = 258 + 2 + COPY_STEP;
 
 /// Values the room grows by at once (each growth zero-fills them).
 const GROW: usize = 4 << 10;
+
+/// Make `out` at least `end` long, `more` past that if it must grow (the
+/// new values are zeros, written once: room, not output).
+fn make_room(out: &mut Vec<u16>, end: usize, more: usize) {
+    if out.len() < end {
+        out.resize(end + more, 0);
+    }
+}
 
 /// For the 13 bits a dynamic block header starts with (type, HLIT,
 /// HDIST): true when they could start a non-final dynamic block.
