@@ -29,8 +29,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 mod common;
-use cairn_store::internals::IndexFile;
-use cairn_store::Extent;
+use cairn_store::internals::{Layout, Place, RecordAt};
 use cairn_store::{ChunkId, Repository};
 use common::*;
 // Plain repositories: these tests read and damage records, index files
@@ -42,7 +41,7 @@ fn cairn_pipe(args: &[&str], input: &[u8]) -> Output {
     pipe(cairn().args(args), input)
 }
 use serde_json::Value;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -291,146 +290,36 @@ fn one_line_failure(out: &Output, what: &str) -> String {
 
 // ---------------------------------------------------------------- layout
 
-/// A place in an image where a chunk is used.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct Place {
-    image: String,
-    snap: u64,
-    offset: u64,
-    len: u64,
-}
-
-/// A record (a group of chunks compressed together) in a pack.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct Record {
-    pack: PathBuf,
-    offset: u64,
-    len: u64,
-}
-
 /// What the intact repository holds, read through the library.
-struct Layout {
-    /// Every chunk with the places that use it.
-    places: HashMap<ChunkId, Vec<Place>>,
-    /// The record holding each chunk.
-    records: HashMap<ChunkId, Record>,
-    /// The index file that names each pack.
-    index_of: HashMap<PathBuf, PathBuf>,
-}
-
 fn layout(root: &Path) -> Layout {
-    let repo = Repository::open(root).unwrap();
-    let loaded = repo.load_index().unwrap();
-    assert!(loaded.damaged.is_empty());
-    let mut places: HashMap<ChunkId, Vec<Place>> = HashMap::new();
-    let mut records = HashMap::new();
-    for (name, snaps) in repo.images().unwrap() {
-        for snap in snaps {
-            let m = repo.read_manifest(&name, snap).unwrap();
-            for (offset, e) in m.with_offsets() {
-                let Extent::Data { len, id } = *e else {
-                    continue;
-                };
-                places.entry(id).or_default().push(Place {
-                    image: name.clone(),
-                    snap,
-                    offset,
-                    len: u64::from(len),
-                });
-                let loc = loaded.index.get(&id).unwrap();
-                let pack = repo
-                    .pack_path(loaded.index.pack(loc.pack).unwrap())
-                    .unwrap();
-                records.insert(
-                    id,
-                    Record {
-                        pack,
-                        offset: u64::from(loc.offset),
-                        len: u64::from(loc.len),
-                    },
-                );
-            }
-        }
-    }
-    let mut index_of = HashMap::new();
-    for key in repo.index_files().unwrap() {
-        let path = repo.locate(&key);
-        let f = IndexFile::decode(&path, &fs::read(&path).unwrap()).unwrap();
-        for p in &f.packs {
-            index_of.insert(repo.pack_path(p).unwrap(), path.clone());
-        }
-    }
-    Layout {
-        places,
-        records,
-        index_of,
-    }
+    Layout::read(&Repository::open(root).unwrap()).unwrap()
 }
 
-impl Layout {
-    /// The chunk to damage: used by alpha@1 (past the insertion, so at
-    /// another offset in alpha@2) and alpha@2, not by beta.
-    fn shared_chunk(&self) -> ChunkId {
-        let mut ids: Vec<_> = self
-            .places
-            .iter()
-            .filter(|(_, places)| {
-                let in_snap = |n: &str, s: u64| places.iter().any(|p| p.image == n && p.snap == s);
-                in_snap("alpha", 1)
-                    && in_snap("alpha", 2)
-                    && !in_snap("beta", 1)
-                    && places
-                        .iter()
-                        .all(|p| p.image != "alpha" || p.offset > 200_000)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        ids.sort();
-        let id = *ids.first().expect("alpha@1 and alpha@2 share a chunk");
-        let rec = &self.records[&id];
-        assert!(
-            self.records_in(&rec.pack).len() > 2,
-            "alpha@1 should be stored in several records"
-        );
-        id
-    }
-
-    /// Places of all `chunks`.
-    fn places_of<'a>(&self, chunks: impl IntoIterator<Item = &'a ChunkId>) -> BTreeSet<Place> {
-        chunks
-            .into_iter()
-            .flat_map(|id| self.places[id].iter().cloned())
-            .collect()
-    }
-
-    /// Chunks whose record lies (partly) at or after `cut` in `pack`.
-    fn chunks_in(&self, pack: &Path, cut: u64) -> Vec<ChunkId> {
-        self.records
-            .iter()
-            .filter(|(_, r)| r.pack == pack && r.offset + r.len > cut)
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// Chunks held by record `rec`: a damaged record loses them all.
-    fn chunks_of(&self, rec: &Record) -> Vec<ChunkId> {
-        self.records
-            .iter()
-            .filter(|(_, r)| *r == rec)
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// The records of `pack`, in order.
-    fn records_in(&self, pack: &Path) -> Vec<Record> {
-        let set: BTreeSet<Record> = self
-            .records
-            .values()
-            .filter(|r| r.pack == pack)
-            .cloned()
-            .collect();
-        set.into_iter().collect()
-    }
+/// The chunk to damage: used by alpha@1 (past the insertion, so at
+/// another offset in alpha@2) and alpha@2, not by beta.
+fn shared_chunk(lay: &Layout) -> ChunkId {
+    let mut ids: Vec<_> = lay
+        .places
+        .iter()
+        .filter(|(_, places)| {
+            let in_snap = |n: &str, s: u64| places.iter().any(|p| p.image == n && p.snap == s);
+            in_snap("alpha", 1)
+                && in_snap("alpha", 2)
+                && !in_snap("beta", 1)
+                && places
+                    .iter()
+                    .all(|p| p.image != "alpha" || p.offset > 200_000)
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    ids.sort();
+    let id = *ids.first().expect("alpha@1 and alpha@2 share a chunk");
+    let rec = &lay.records[&id];
+    assert!(
+        lay.records_in(&rec.pack).len() > 2,
+        "alpha@1 should be stored in several records"
+    );
+    id
 }
 
 // ---------------------------------------------------------------- checks
@@ -606,7 +495,7 @@ fn check_damage(base: &Base, repo: &Path, e: &Expect) {
 
 /// Flip the middle byte of a record's stored bytes; returns the record's
 /// chunks (all lost: the group no longer passes its CRC).
-fn flip_stored_byte(lay: &Layout, rec: &Record) -> Vec<ChunkId> {
+fn flip_stored_byte(lay: &Layout, rec: &RecordAt) -> Vec<ChunkId> {
     // Record: 20 bytes (count u16 at 6, stored length u32 at 12), a
     // chunk table of 36 bytes per chunk, then the stored bytes.
     let pack = fs::read(&rec.pack).unwrap();
@@ -628,7 +517,7 @@ fn flipped_byte_in_stored_data() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let id = lay.shared_chunk();
+    let id = shared_chunk(&lay);
     let rec = &lay.records[&id];
     let lost = flip_stored_byte(&lay, rec);
     let places = lay.places_of(&lost);
@@ -682,7 +571,7 @@ fn flipped_byte_in_each_record_header_field() {
     ] {
         let (_d, repo) = copy(&base);
         let lay = layout(&repo);
-        let id = lay.shared_chunk();
+        let id = shared_chunk(&lay);
         let rec = &lay.records[&id];
         flip(&rec.pack, rec.offset + at);
         let pack_name = rec.pack.file_name().unwrap().to_str().unwrap().to_string();
@@ -706,7 +595,7 @@ fn flipped_byte_in_pack_header() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let id = lay.shared_chunk();
+    let id = shared_chunk(&lay);
     let pack = lay.records[&id].pack.clone();
     flip(&pack, 30); // the pack id
     let (out, v) = verify(&repo, true);
@@ -739,7 +628,7 @@ fn flipped_byte_in_index_file() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let id = lay.shared_chunk();
+    let id = shared_chunk(&lay);
     let pack = lay.records[&id].pack.clone();
     let idx = lay.index_of[&pack].clone();
     let len = fs::metadata(&idx).unwrap().len();
@@ -846,7 +735,7 @@ fn truncated_pack() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
     let records = lay.records_in(&pack);
     let rec = records[records.len() / 2].clone();
     // Cut inside a record in the middle: it and every later record are
@@ -880,7 +769,7 @@ fn deleted_pack() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
     fs::remove_file(&pack).unwrap();
     let name = pack.file_name().unwrap().to_str().unwrap().to_string();
     check_damage(
@@ -902,7 +791,7 @@ fn deleted_index_file() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
     fs::remove_file(&lay.index_of[&pack]).unwrap();
     check_damage(
         &base,
@@ -974,7 +863,7 @@ fn backup_after_a_lost_pack_stores_its_chunks_again() {
     let base = base();
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
     fs::remove_file(&pack).unwrap();
     // The same bytes again, the same way: the repository should heal.
     let out = cairn_pipe(
@@ -1015,7 +904,7 @@ fn salvage_keeps_intact_records_after_a_damaged_one() {
     for which in [0, 1] {
         let (_d, repo) = copy(&base);
         let lay = layout(&repo);
-        let pack = lay.records[&lay.shared_chunk()].pack.clone();
+        let pack = lay.records[&shared_chunk(&lay)].pack.clone();
         let records = lay.records_in(&pack);
         let was = fs::metadata(&pack).unwrap().len();
         let rec = &records[which];
@@ -1055,7 +944,7 @@ fn gc_loses_nothing_more_after_damage() {
     let (_d, repo) = copy(&base);
     let r = s(&repo);
     let lay = layout(&repo);
-    let rec = lay.records[&lay.shared_chunk()].clone();
+    let rec = lay.records[&shared_chunk(&lay)].clone();
     let lost = flip_stored_byte(&lay, &rec);
     let (out, _keep, dest) = restore(&repo, "alpha@2", &["--zero-damaged", "--json"]);
     failure(&out, "restore alpha@2 before gc");
@@ -1202,7 +1091,7 @@ fn newer_format_versions_are_refused() {
     // it says why its chunks are missing; gc refuses.
     let (_d, repo) = copy(&base);
     let lay = layout(&repo);
-    let pack = lay.records[&lay.shared_chunk()].pack.clone();
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
     let idx = lay.index_of[&pack].clone();
     reseal(&idx, 2);
     let (out, v) = verify(&repo, true);

@@ -77,6 +77,7 @@ mod error;
 mod gc;
 mod id;
 mod index;
+mod layout;
 mod manifest;
 mod meta;
 mod pack;
@@ -131,6 +132,7 @@ pub use s3::{S3Backend, S3Config};
 pub mod internals {
     pub use crate::crypt::{Crypt, KeyFile};
     pub use crate::index::IndexFile;
+    pub use crate::layout::{Layout, Place, RecordAt};
     pub use crate::meta::{open, seal, Kind};
     pub use crate::pack::{
         check_chunk, check_pack_header, encode_pack_header, scan_records, walk_records,

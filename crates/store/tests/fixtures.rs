@@ -24,6 +24,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
 use cairn_codec::CodecSpec;
+use cairn_store::internals::{Layout, Place};
 use cairn_store::Extent;
 use cairn_store::Problem;
 use cairn_store::{
@@ -107,8 +108,8 @@ fn write_fixture(dir: &Path) {
     }
 
     // One committed damaged file per kind, with what it reaches.
-    let lay = Layout::of(&repo_dir);
-    let pack = lay.pack_of("alpha", 1);
+    let lay = layout(&repo_dir);
+    let pack = pack_of(&lay, "alpha", 1);
     let records = lay.records_in(&pack);
     let rec = &records[records.len() / 2];
     let data = fs::read(&rec.pack).unwrap();
@@ -196,130 +197,20 @@ fn damaged_fixture(
 
 // ---------------------------------------------------------------- helpers
 
-/// A place in an image where a chunk is used (`len` 0: the snapshot as a
-/// whole, for a damaged manifest).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Place {
-    image: String,
-    snap: u64,
-    offset: u64,
-    len: u64,
-}
-
-/// A record (a group of chunks compressed together) in a pack.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Record {
-    pack: PathBuf,
-    offset: u64,
-    len: u64,
-}
-
 /// Where everything is, read from an intact repository.
-struct Layout {
-    places: BTreeMap<ChunkId, Vec<Place>>,
-    records: BTreeMap<ChunkId, Record>,
-    index_of: BTreeMap<PathBuf, PathBuf>,
+fn layout(root: &Path) -> Layout {
+    Layout::read(&Repository::open(root).unwrap()).unwrap()
 }
 
-impl Layout {
-    fn of(root: &Path) -> Layout {
-        let repo = Repository::open(root).unwrap();
-        let loaded = repo.load_index().unwrap();
-        assert!(loaded.damaged.is_empty());
-        let mut places: BTreeMap<ChunkId, Vec<Place>> = BTreeMap::new();
-        let mut records = BTreeMap::new();
-        for (name, snaps) in repo.images().unwrap() {
-            for snap in snaps {
-                let m = repo.read_manifest(&name, snap).unwrap();
-                for (offset, e) in m.with_offsets() {
-                    let Extent::Data { len, id } = *e else {
-                        continue;
-                    };
-                    places.entry(id).or_default().push(Place {
-                        image: name.clone(),
-                        snap,
-                        offset,
-                        len: u64::from(len),
-                    });
-                    let loc = loaded.index.get(&id).unwrap();
-                    let pack = repo
-                        .pack_path(loaded.index.pack(loc.pack).unwrap())
-                        .unwrap();
-                    records.insert(
-                        id,
-                        Record {
-                            pack,
-                            offset: u64::from(loc.offset),
-                            len: u64::from(loc.len),
-                        },
-                    );
-                }
-            }
-        }
-        let mut index_of = BTreeMap::new();
-        for key in repo.index_files().unwrap() {
-            let path = repo.locate(&key);
-            let f = cairn_store::internals::IndexFile::decode(&path, &fs::read(&path).unwrap())
-                .unwrap();
-            for p in &f.packs {
-                index_of.insert(repo.pack_path(p).unwrap(), path.clone());
-            }
-        }
-        Layout {
-            places,
-            records,
-            index_of,
-        }
-    }
-
-    fn places_of(&self, chunks: &[ChunkId]) -> BTreeSet<Place> {
-        chunks
-            .iter()
-            .flat_map(|id| self.places[id].iter().cloned())
-            .collect()
-    }
-
-    fn chunks_of(&self, rec: &Record) -> Vec<ChunkId> {
-        self.records
-            .iter()
-            .filter(|(_, r)| *r == rec)
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    /// Chunks whose record reaches past `cut` in `pack`.
-    fn chunks_in(&self, pack: &Path, cut: u64) -> Vec<ChunkId> {
-        self.records
-            .iter()
-            .filter(|(_, r)| r.pack == pack && r.offset + r.len > cut)
-            .map(|(id, _)| *id)
-            .collect()
-    }
-
-    fn records_in(&self, pack: &Path) -> Vec<Record> {
-        let set: BTreeSet<Record> = self
-            .records
-            .values()
-            .filter(|r| r.pack == pack)
-            .cloned()
-            .collect();
-        set.into_iter().collect()
-    }
-
-    fn packs(&self) -> BTreeSet<PathBuf> {
-        self.records.values().map(|r| r.pack.clone()).collect()
-    }
-
-    /// The pack holding the first chunk of `name@snap`.
-    fn pack_of(&self, name: &str, snap: u64) -> PathBuf {
-        let id = self
-            .places
-            .iter()
-            .find(|(_, ps)| ps.iter().any(|p| p.image == name && p.snap == snap))
-            .map(|(id, _)| *id)
-            .unwrap();
-        self.records[&id].pack.clone()
-    }
+/// The pack holding the first chunk of `name@snap`.
+fn pack_of(lay: &Layout, name: &str, snap: u64) -> PathBuf {
+    let id = lay
+        .places
+        .iter()
+        .find(|(_, ps)| ps.iter().any(|p| p.image == name && p.snap == snap))
+        .map(|(id, _)| *id)
+        .unwrap();
+    lay.records[&id].pack.clone()
 }
 
 /// Header length and stored length of the record at `at`, as the format
@@ -568,7 +459,7 @@ fn version_1_repository_restores_and_verifies_without_writing() {
         assert_eq!(&d[..8], b"CAIRNMET", "{}", f.display());
         assert_eq!(&d[12..16], &1u32.to_le_bytes(), "{}", f.display());
     }
-    let lay = Layout::of(&repo_dir);
+    let lay = layout(&repo_dir);
     for p in lay.packs() {
         let d = fs::read(&p).unwrap();
         assert_eq!(&d[..8], b"CAIRNPAK");
@@ -634,7 +525,7 @@ fn version_1_repository_restores_and_verifies_without_writing() {
 #[test]
 fn committed_damaged_files_are_found() {
     let dir = root().join("damaged");
-    let lay = Layout::of(&root().join("repo"));
+    let lay = layout(&root().join("repo"));
     let mut kinds = Vec::new();
     for e in fs::read_dir(&dir).unwrap() {
         kinds.push(e.unwrap().path());
@@ -684,7 +575,7 @@ fn committed_damaged_files_are_found() {
 #[test]
 fn generated_damage_of_every_kind_is_found() {
     let intact = root().join("repo");
-    let lay = Layout::of(&intact);
+    let lay = layout(&intact);
     let repo0 = Repository::open(&intact).unwrap();
     let mut cases = 0;
     let mut raw_records = 0;
@@ -854,7 +745,7 @@ fn newer_versions_are_refused_by_name() {
         .message
         .contains("newer than this cairn supports"));
 
-    let lay = Layout::of(&root().join("repo"));
+    let lay = layout(&root().join("repo"));
     let (_tmp, dir) = fresh_copy();
     let idx = lay.index_of.values().next().unwrap();
     reseal(&moved(idx, &dir), 2);
