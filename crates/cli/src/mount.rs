@@ -591,7 +591,87 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
         }
     }
     match worker.join() {
+        // fuser ends cleanly when its read says ENODEV; a worker thread
+        // that reads while the connection is torn down after an unmount
+        // (seen once a busy mount was detached and its last file closed)
+        // gets ECONNABORTED instead. Gone from the mount table, the mount
+        // ended as asked; still in it, the connection was aborted (through
+        // /sys/fs/fuse/connections), which is an error.
+        Ok(Err(e))
+            if e.raw_os_error() == Some(libc::ECONNABORTED)
+                && !std::fs::read_to_string("/proc/self/mountinfo")
+                    .is_ok_and(|table| mounted_in(&table, &dir)) =>
+        {
+            Ok(())
+        }
         Ok(r) => r.with_context(|| format!("the FUSE session on {}", dir.display())),
         Err(_) => bail!("the FUSE session on {} panicked", dir.display()),
+    }
+}
+
+/// Whether `/proc/self/mountinfo` text `table` has a FUSE mount on `dir`
+/// (its mount point is the fifth field, with space, tab, newline and
+/// backslash written as octal escapes; the type follows the " - ").
+fn mounted_in(table: &str, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let want = dir.as_os_str().as_bytes();
+    table.lines().any(|line| {
+        let mut fields = line.split(' ');
+        let point = fields.nth(4).map(unescape_octal);
+        let kind = line.split(" - ").nth(1).and_then(|t| t.split(' ').next());
+        point.as_deref() == Some(want) && kind.is_some_and(|k| k.starts_with("fuse"))
+    })
+}
+
+/// `\NNN` octal escapes (as the kernel writes mount points) undone.
+fn unescape_octal(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push(
+                    d.iter()
+                        .fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')),
+                );
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+97 22 0:52 / /tmp/a\\040b rw,nosuid,nodev,relatime shared:50 - fuse.cairn /tmp/repo ro,user_id=0
+98 22 0:53 / /tmp/plain rw,relatime shared:51 - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn a_fuse_mount_is_found_by_its_unescaped_point_and_nothing_else_is() {
+        assert!(mounted_in(TABLE, Path::new("/tmp/a b")));
+        // Not FUSE, not mounted, or only a prefix of a mount point.
+        assert!(!mounted_in(TABLE, Path::new("/tmp/plain")));
+        assert!(!mounted_in(TABLE, Path::new("/tmp/a")));
+        assert!(!mounted_in(TABLE, Path::new("/tmp/a\\040b")));
+        assert!(!mounted_in("", Path::new("/tmp/a b")));
+    }
+
+    #[test]
+    fn octal_escapes_are_undone_and_other_backslashes_kept() {
+        assert_eq!(unescape_octal("a\\040b\\011c\\012d\\134e"), b"a b\tc\nd\\e");
+        assert_eq!(unescape_octal("x\\09y\\"), b"x\\09y\\");
     }
 }
