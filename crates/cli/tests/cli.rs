@@ -745,6 +745,147 @@ fn a_symlink_at_the_destination_is_replaced_not_followed() {
     assert_eq!(out.permissions().mode() & 0o777, 0o644);
 }
 
+/// `mkfifo PATH`.
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+}
+
+#[test]
+fn a_device_or_fifo_at_a_named_output_is_refused_and_the_input_kept() {
+    // Where the output named from the input is a symlink to /dev/null or
+    // a FIFO, nothing is written through it and the input stays; with -f
+    // a regular file replaces it. Before, the data went into the device
+    // and the input was removed: lost.
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(200_000, 61);
+    for (input, output, make) in [
+        ("a", "a.gz", 0),
+        ("b", "b.gz", 1),
+        ("c", "c", 2), // unpack: c.gz into c, a symlink to /dev/null
+    ] {
+        let out_path = d.join(output);
+        match make {
+            1 => mkfifo(&out_path),
+            _ => std::os::unix::fs::symlink("/dev/null", &out_path).unwrap(),
+        }
+        let (verb, src) = match make {
+            2 => {
+                std::fs::write(d.join("c.gz"), cairn_ok(&["pack"], &data)).unwrap();
+                ("unpack", "c.gz")
+            }
+            _ => {
+                std::fs::write(d.join(input), &data).unwrap();
+                ("pack", input)
+            }
+        };
+        let before = std::fs::read(d.join(src)).unwrap();
+        let out = cairn().args([verb, src]).current_dir(d).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{verb} {src}: {}", stderr(&out));
+        assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
+        assert!(
+            std::fs::read(d.join(src)).unwrap() == before,
+            "{src} changed"
+        );
+        assert!(!std::fs::symlink_metadata(&out_path).unwrap().is_file());
+        // -f replaces the node with the output, and only then removes the input.
+        let out = cairn()
+            .args([verb, "-f", src])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{verb} -f {src}: {}", stderr(&out));
+        assert!(std::fs::symlink_metadata(&out_path).unwrap().is_file());
+        assert!(!d.join(src).exists());
+        let back = std::fs::read(&out_path).unwrap();
+        let back = if verb == "pack" {
+            cairn_ok(&["unpack"], &back)
+        } else {
+            back
+        };
+        assert!(back == data, "{output} holds other bytes");
+    }
+}
+
+#[test]
+fn a_fifo_input_is_read_only_as_a_stream_and_never_removed() {
+    let dir = tempdir();
+    let d = dir.path();
+    let fifo = d.join("f");
+    mkfifo(&fifo);
+    // Named from it: refused, as gzip does (its output would be f.gz),
+    // without opening it (which would wait for a writer: given 20 s).
+    let mut child = cairn()
+        .args(["pack", "-f", "f"])
+        .current_dir(d)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("cairn pack -f FIFO waited for a writer");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(listing(d), ["f"]);
+    // With -c, and into a file named with -o, it is read and kept.
+    let data = mixed(300_000, 62);
+    for args in [&["pack", "-c", "f"][..], &["pack", "-o", "out.gz", "f"]] {
+        let writer = {
+            let (fifo, data) = (fifo.clone(), data.clone());
+            std::thread::spawn(move || std::fs::write(fifo, data).unwrap())
+        };
+        let out = cairn().args(args).current_dir(d).output().unwrap();
+        writer.join().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let packed = match args[1] {
+            "-c" => out.stdout,
+            _ => std::fs::read(d.join("out.gz")).unwrap(),
+        };
+        assert!(cairn_ok(&["unpack"], &packed) == data, "{args:?}");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+    }
+}
+
+#[test]
+fn an_output_written_in_place_keeps_its_input() {
+    // `-o /dev/null` keeps nothing of the data: the input must stay.
+    let dir = tempdir();
+    let data = mixed(100_000, 63);
+    std::fs::write(dir.path().join("x"), &data).unwrap();
+    let out = cairn()
+        .args(["pack", "-o", "/dev/null", "x"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read(dir.path().join("x")).unwrap() == data);
+    std::fs::write(dir.path().join("x.gz"), cairn_ok(&["pack"], &data)).unwrap();
+    let out = cairn()
+        .args(["unpack", "-o", "/dev/null", "x.gz"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dir.path().join("x.gz").exists());
+}
+
 #[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();

@@ -3,7 +3,8 @@
 //! and an in-order writer.
 
 use crate::files::{
-    refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, PendingFile, Sink, Source,
+    is_special, refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, PendingFile, Sink,
+    Source,
 };
 use crate::naming::{format_of_name, packed_name, unpacked_name};
 use crate::{
@@ -99,6 +100,12 @@ pub(crate) struct Plan {
     pub(crate) source: Source,
     pub(crate) dest: Dest,
     pub(crate) remove_input: bool,
+    /// The output file was named with `-o`: a device or FIFO there is
+    /// written in place (`-o /dev/null`). An output named from its input
+    /// is always a new regular file: whatever is there (a symlink, a
+    /// device) is refused without `-f` and replaced with it, never
+    /// written through.
+    pub(crate) named: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -159,6 +166,20 @@ pub(crate) fn plan(
                 (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
                 (Source::File(p), None) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
             };
+            // A device, a FIFO or a socket is read as a stream, and never
+            // removed: to standard output or to a file named with -o
+            // (`-o disk.gz /dev/sdb`); an output named from it is refused,
+            // as gzip does.
+            let special = match &source {
+                Source::File(src) => is_special(src),
+                Source::Stdin => false,
+            };
+            let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
+                (Source::File(_), Dest::File(_)) if special && opts.output.is_none() => {
+                    Err(Error::NotRegular)
+                }
+                _ => Ok((dest, remove && !special)),
+            });
             // Writing the output would destroy the input (`-f -o x x`).
             let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
                 (Source::File(src), Dest::File(out))
@@ -175,6 +196,7 @@ pub(crate) fn plan(
                 source,
                 dest,
                 remove_input,
+                named: opts.output.is_some(),
             });
             (name, plan)
         })
@@ -281,10 +303,10 @@ fn run_all(
     (summaries, outcome)
 }
 
-fn open_sink<'h>(dest: &Dest, force: bool, binary: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
-    match dest {
+fn open_sink<'h>(plan: &Plan, force: bool, binary: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
+    match &plan.dest {
         Dest::Stdout => Sink::stdout(force, binary),
-        Dest::File(p) => Sink::file(p, force, hooks),
+        Dest::File(p) => Sink::file(p, force, plan.named, hooks),
         Dest::Nowhere => Sink::nowhere(),
     }
 }
@@ -302,8 +324,11 @@ fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Re
     if let Some(meta) = input_meta {
         sink.copy_metadata(meta);
     }
+    // An output written in place (`-o /dev/null`) keeps nothing: its
+    // input stays.
+    let kept = matches!(sink, Sink::File(_));
     sink.commit()?;
-    if let (Source::File(src), true) = (&plan.source, plan.remove_input) {
+    if let (Source::File(src), true) = (&plan.source, plan.remove_input && kept) {
         std::fs::remove_file(src).map_err(|source| Error::Remove {
             path: src.clone(),
             source,
@@ -560,7 +585,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     } else {
         Box::new(file)
     };
-    let mut sink = open_sink(&plan.dest, s.force, true, hooks)?;
+    let mut sink = open_sink(plan, s.force, true, hooks)?;
     let progress = hooks.progress(crate::Operation::Pack, size);
     // Build one encoder now so a bad level fails before any output.
     drop(format.encoder_with(level, block, s.long)?);
@@ -668,7 +693,7 @@ fn pass_through(
     started: Instant,
 ) -> Result<Summary> {
     tracing::debug!(input = %plan.source.name(), "no known format: copied as it is (-dcf)");
-    let mut sink = open_sink(&plan.dest, true, false, hooks)?;
+    let mut sink = open_sink(plan, true, false, hooks)?;
     let out_name = sink.name();
     let w = sink.writer();
     w.write_all(head).map_err(write_error(&out_name))?;
@@ -745,7 +770,7 @@ fn unpack_one(
             gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
         },
     );
-    let mut sink = open_sink(&plan.dest, force, false, hooks)?;
+    let mut sink = open_sink(plan, force, false, hooks)?;
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
     // Into a new file, zeros become holes.
@@ -876,7 +901,7 @@ fn range_one(
     let index = index
         .as_ref()
         .map(|i| i.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut sink = open_sink(&plan.dest, force, false, hooks)?;
+    let mut sink = open_sink(plan, force, false, hooks)?;
     let out_name = sink.name();
     let w = sink.writer();
     let stats = read_range(&data, index.as_deref(), range, threads, |b| {

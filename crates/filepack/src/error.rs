@@ -107,6 +107,10 @@ pub enum Error {
         /// The format's name, or the suffix `-S` gave.
         suffix: String,
     },
+    /// A device, FIFO or socket given as an input whose output would be
+    /// named from it (gzip refuses it too, even with `-f`).
+    #[error("not a regular file; unchanged (-c or -o reads it as a stream)")]
+    NotRegular,
     /// The input is a symbolic link and its output a file, without `force`.
     #[error("is a symbolic link; unchanged (-f follows it, -c reads it)")]
     SymlinkInput,

@@ -140,9 +140,17 @@ impl<'h> Sink<'h> {
         Ok(Sink::Stdout(stdout_file()?))
     }
 
-    /// A named output: a new file, or a special file written in place.
-    pub fn file(path: &Path, force: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
-        if is_special(path) {
+    /// An output file: a new regular file, renamed into place when
+    /// complete (over what is there only with `force`); with `in_place`
+    /// (an output the user named), a device or FIFO there (or behind a
+    /// symlink there) is written in place instead.
+    pub fn file(
+        path: &Path,
+        force: bool,
+        in_place: bool,
+        hooks: &'h dyn Hooks,
+    ) -> Result<Sink<'h>> {
+        if in_place && is_special(path) {
             return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
         }
         Ok(Sink::File(PendingFile::create(path, force, hooks)?))
