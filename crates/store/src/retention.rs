@@ -136,7 +136,9 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
             }
         }
         if let (Some(within), Some(newest)) = (policy.within, newest) {
-            if newest.saturating_sub(s.created) < within as i64 {
+            // In i128: a duration past i64::MAX seconds wrapped negative
+            // in i64 and kept nothing.
+            if i128::from(newest.saturating_sub(s.created)) < i128::from(within) {
                 reasons.push("within");
             }
         }
@@ -324,6 +326,18 @@ mod tests {
         // Newest is day 10 18:00; less than 48 h before it: day 8 18:00
         // is exactly 48 h (not kept), day 9 06:00 on.
         assert_eq!(kept(&p, &s), vec![17, 18, 19, 20]);
+    }
+
+    #[test]
+    fn within_longer_than_time_itself_keeps_everything() {
+        let s = twice_daily();
+        for within in ["292471208679y", "2562047788015216h"] {
+            let p = KeepPolicy {
+                within: Some(parse_duration(within).unwrap()),
+                ..Default::default()
+            };
+            assert_eq!(kept(&p, &s), (1..=20).collect::<Vec<_>>(), "{within}");
+        }
     }
 
     #[test]
