@@ -149,7 +149,8 @@ pub(crate) struct RestoreArgs {
     /// Worker threads reading and decompressing (default: number of cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
-    /// Overwrite an existing file; write to a terminal.
+    /// Overwrite an existing file or a block device (not one in use);
+    /// write to a terminal.
     #[arg(short = 'f', long)]
     pub force: bool,
     /// Where a chunk is damaged or missing, write zeros and list the
@@ -613,10 +614,26 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
                 &opts,
             )
         } else if is_device {
+            // As an existing file: replaced only with -f. O_EXCL on a block
+            // device fails (EBUSY) while it is mounted or held by another
+            // program, as mkfs finds out.
+            if !a.force {
+                bail!(
+                    "{} is a block device: restoring replaces what it holds; use -f to write it",
+                    a.dest.display()
+                );
+            }
             let dev = std::fs::OpenOptions::new()
                 .write(true)
+                .custom_flags(libc::O_EXCL)
                 .open(&a.dest)
-                .with_context(|| a.dest.display().to_string())?;
+                .map_err(|e| match e.raw_os_error() {
+                    Some(libc::EBUSY) => anyhow::anyhow!(
+                        "{}: the device is in use (mounted, or held by another program); not written",
+                        a.dest.display()
+                    ),
+                    _ => anyhow::Error::new(e).context(a.dest.display().to_string()),
+                })?;
             let size = cairn_blockdev::device_size(&dev)
                 .with_context(|| format!("{}: BLKGETSIZE64", a.dest.display()))?;
             if size < manifest.size {

@@ -94,9 +94,27 @@ fn block_devices_in_and_out() {
         );
         assert!(j["bytes_zero"].as_u64().unwrap() >= 1 << 19, "{j}");
     }
-    // To a block device: every byte written, holes included (the blank
-    // device is not zero).
-    ok(run(&["restore", "direct", &dst.0, "--repo", repo, "-q"]));
+    // To a block device: only with -f, as over an existing file, and
+    // not while another program holds it (as a mount does).
+    let out = run(&["restore", "direct", &dst.0, "--repo", repo, "-q"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use -f"));
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _held = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&dst.0)
+            .unwrap();
+        let out = run(&["restore", "direct", &dst.0, "--repo", repo, "-q", "-f"]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+    }
+    assert!(std::fs::read(d.join("blank.img")).unwrap() == vec![0xAAu8; data.len()]);
+    // Every byte written, holes included (the blank device is not zero).
+    ok(run(&[
+        "restore", "direct", &dst.0, "--repo", repo, "-q", "-f",
+    ]));
     drop(dst);
     assert!(std::fs::read(d.join("blank.img")).unwrap() == data);
     // A device smaller than the image is refused.
@@ -104,7 +122,7 @@ fn block_devices_in_and_out() {
     let Some(small) = Loop::attach(&d.join("small.img")) else {
         return;
     };
-    let out = run(&["restore", "dev", &small.0, "--repo", repo, "-q"]);
+    let out = run(&["restore", "dev", &small.0, "--repo", repo, "-q", "-f"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("device has"));
 }
