@@ -178,7 +178,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
                 "new_raw": st.new_raw,
             });
         }
-        println!("{v}");
+        outln!("{v}");
     } else {
         let mut line = status_line(&cache.display().to_string(), &status);
         if drain {
@@ -199,7 +199,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
                 st.commits
             ));
         }
-        println!("{line}");
+        outln!("{line}");
     }
     Ok(())
 }
@@ -211,16 +211,16 @@ fn inspect(cache: &Path, backing_size: u64, json: bool) -> Result<()> {
         .with_context(|| format!("cache {}", cache.display()))?;
     let name = cache.display().to_string();
     if json {
-        println!("{}", inspection_json(&name, &i));
+        outln!("{}", inspection_json(&name, &i));
     } else {
-        println!("{}", inspection_line(&name, &i));
+        outln!("{}", inspection_line(&name, &i));
         for n in &i.notes {
-            eprintln!("cairn: cache {name}: note: {n}");
+            errln!("cairn: cache {name}: note: {n}");
         }
     }
     if let Some(first) = i.damage.first() {
         for d in &i.damage[1..] {
-            eprintln!("cairn: cache {name}: damaged {d}");
+            errln!("cairn: cache {name}: damaged {d}");
         }
         bail!(
             "cache {name}: damaged {first} (serve and drain refuse it; --accept-loss goes on \
@@ -351,7 +351,7 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
     };
     let v = control_request(sock, &request)?;
     if t.json {
-        println!("{v}");
+        outln!("{v}");
         return Ok(());
     }
     for c in v["caches"]
@@ -360,7 +360,7 @@ fn ask_server(sock: &Path, drain: bool, t: &CacheTarget) -> Result<()> {
         .chain(v["images"].as_array())
         .flatten()
     {
-        println!(
+        outln!(
             "{}: {}",
             c["export"].as_str().unwrap_or("?"),
             c["line"].as_str().unwrap_or("")

@@ -73,7 +73,7 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
     let mb = repo.read_manifest(&nb, sb)?;
     let loaded = repo.load_index()?;
     for e in &loaded.damaged {
-        eprintln!("cairn: warning: {e}");
+        errln!("cairn: warning: {e}");
     }
     let (la, lb) = (format!("{na}@{sa}"), format!("{nb}@{sb}"));
     let out = std::io::stdout();
@@ -111,7 +111,7 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
         )?;
     }
     out.flush()?;
-    eprintln!(
+    errln!(
         "cairn: {la} -> {lb}: {} range(s), {} byte(s) differ ({}); sizes {} and {} ({} compared by reading, {} read from packs)",
         report.ranges,
         report.changed_bytes,
@@ -187,7 +187,7 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
         }));
     } else if !a.quiet {
         for c in &r.copied {
-            eprintln!(
+            errln!(
                 "cairn: copied {}@{} as {}@{}: {}, new {} stored as {}",
                 c.name,
                 c.from,
@@ -199,12 +199,15 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
             );
         }
         for s in &r.skipped {
-            eprintln!(
+            errln!(
                 "cairn: skipped {}@{}: the destination has it as {}@{}",
-                s.name, s.from, s.name, s.to
+                s.name,
+                s.from,
+                s.name,
+                s.to
             );
         }
-        eprintln!(
+        errln!(
             "cairn: {} snapshot(s) copied, {} skipped; {} chunk(s) new, {} stored, in {:.2} s",
             r.copied.len(),
             r.skipped.len(),

@@ -291,7 +291,7 @@ fn open_encrypted(r: &RepoArg) -> Result<cairn_store::Repository> {
 }
 
 fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 pub(crate) fn key(a: &KeyArgs) -> Result<()> {
@@ -300,7 +300,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             let repo = open_encrypted(repo)?;
             let (keys, damaged) = repo.key_list()?;
             for (id, why) in &damaged {
-                eprintln!("cairn: warning: key {id} cannot be used: {why}");
+                errln!("cairn: warning: key {id} cannot be used: {why}");
             }
             if *json {
                 let damaged: Vec<_> = damaged
@@ -311,15 +311,19 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
                     &json!({"repository": repo.location(), "keys": keys, "damaged": damaged}),
                 );
             } else {
-                println!(
+                outln!(
                     "  {:<32}  {:<19}  {:<20}  {:>8}  {:>5}",
-                    "id", "created", "user@host", "memory", "iter"
+                    "id",
+                    "created",
+                    "user@host",
+                    "memory",
+                    "iter"
                 );
                 for k in &keys {
                     let created = chrono::DateTime::from_timestamp(k.file.created, 0)
                         .map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
                         .unwrap_or_default();
-                    println!(
+                    outln!(
                         "{} {:<32}  {:<19}  {:<20}  {:>7}M  {:>5}",
                         if k.current { "*" } else { " " },
                         k.id,
@@ -337,7 +341,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             if n.json {
                 print_json(&json!({"repository": repo.location(), "added": id}));
             } else {
-                eprintln!("cairn: added key {id} to {}", repo.location());
+                errln!("cairn: added key {id} to {}", repo.location());
             }
         }
         KeyCommand::Remove { repo, id, json } => {
@@ -346,7 +350,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             if *json {
                 print_json(&json!({"repository": repo.location(), "removed": removed}));
             } else {
-                eprintln!("cairn: removed key {removed} from {}", repo.location());
+                errln!("cairn: removed key {removed} from {}", repo.location());
             }
         }
         KeyCommand::Passwd(n) => {
@@ -370,7 +374,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             if n.json {
                 print_json(&json!({"repository": repo.location(), "added": id, "removed": old}));
             } else {
-                eprintln!(
+                errln!(
                     "cairn: password changed for {} (key {id} replaces {old})",
                     repo.location()
                 );

@@ -4,6 +4,8 @@
 //! layers together, draws progress on a terminal and prints reports as
 //! text or JSON. It is the only crate that knows every layer.
 
+#[macro_use]
+mod out;
 mod cache_cmd;
 mod diff_copy;
 mod generate;
@@ -521,10 +523,16 @@ fn main() -> ExitCode {
         Command::Commit(args) => serve_repo::commit(&args),
         Command::Generate(args) => generate::generate(&args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cairn: {}", one_line(e.as_ref()));
+    // The work's own error first; else a report that could not be printed.
+    let unprinted = out::finish();
+    match (result, unprinted) {
+        (Ok(()), None) => ExitCode::SUCCESS,
+        (Err(e), _) => {
+            errln!("cairn: {}", one_line(e.as_ref()));
+            ExitCode::FAILURE
+        }
+        (Ok(()), Some(e)) => {
+            errln!("cairn: cannot write to standard output: {e}");
             ExitCode::FAILURE
         }
     }
@@ -592,7 +600,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         msg = format!("{} {}", msg, more.join(", "));
     }
     let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-    eprintln!("cairn: {msg} (see cairn --help)");
+    errln!("cairn: {msg} (see cairn --help)");
     ExitCode::from(2)
 }
 

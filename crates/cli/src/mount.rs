@@ -246,7 +246,7 @@ impl RepoFs {
             seen.clear();
         }
         if !seen.contains(&msg) {
-            eprintln!("cairn mount: {msg}");
+            errln!("cairn mount: {msg}");
             seen.insert(msg);
         }
     }
@@ -494,7 +494,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
                 created: s.created,
                 size: s.size,
             }),
-            Err(e) => eprintln!("cairn mount: left out an unreadable snapshot: {e}"),
+            Err(e) => errln!("cairn mount: left out an unreadable snapshot: {e}"),
         }
     }
     let images = {
@@ -554,7 +554,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
             r
         })
         .context("cannot start the FUSE session")?;
-    eprintln!(
+    errln!(
         "cairn mount: {} ({images} image(s), {count} snapshot(s)) on {}, read-only; \
          unmount with `fusermount -u {}` or Ctrl-C",
         repo.location(),
@@ -582,7 +582,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
             }
             detached = true;
             if e.raw_os_error() == Some(libc::EBUSY) {
-                eprintln!(
+                errln!(
                     "cairn mount: {} is busy: detached it; the open files are served until \
                      they are closed (signal again to stop now)",
                     dir.display()

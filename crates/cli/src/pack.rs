@@ -37,7 +37,7 @@ impl Hooks for EngineHooks {
         crate::signals::guard_mapped_input();
     }
     fn input_failed(&self, error: &Error) {
-        eprintln!("cairn: {}", crate::one_line(error));
+        errln!("cairn: {}", crate::one_line(error));
     }
 }
 
@@ -126,14 +126,14 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
     if common.json {
         let text = to_json(&run.summaries)?;
         if run.data_on_stdout {
-            eprintln!("{text}");
+            errln!("{text}");
         } else {
-            println!("{text}");
+            outln!("{text}");
         }
     }
     if common.verbose > 0 {
         for s in &run.summaries {
-            eprintln!("{}", summary_line(s));
+            errln!("{}", summary_line(s));
         }
     }
     Ok(run.outcome?)
@@ -163,17 +163,24 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
         })
         .collect();
     if common.json {
-        println!("{}", to_json(&listed)?);
+        outln!("{}", to_json(&listed)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<6} {:>15} {:>15} {:>6}  name",
-        "format", "compressed", "uncompressed", "ratio"
+        "format",
+        "compressed",
+        "uncompressed",
+        "ratio"
     );
     let line = |l: &Listed| {
-        println!(
+        outln!(
             "{:<6} {:>15} {:>15} {:>6.3}  {}",
-            l.format, l.compressed, l.uncompressed, l.ratio, l.name
+            l.format,
+            l.compressed,
+            l.uncompressed,
+            l.ratio,
+            l.name
         )
     };
     listed.iter().for_each(line);

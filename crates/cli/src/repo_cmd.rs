@@ -344,7 +344,7 @@ fn ratio_json(a: u64, b: u64) -> serde_json::Value {
 }
 
 pub(crate) fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
@@ -373,7 +373,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             "encryption": repo.encryption().unwrap_or("none"),
         }));
     } else {
-        eprintln!(
+        errln!(
             "cairn: created repository {} with {} target(s), {}",
             repo.location(),
             repo.target_count(),
@@ -532,12 +532,13 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         }));
     } else if !a.quiet {
         if r.salvaged.packs > 0 {
-            eprintln!(
+            errln!(
                 "cairn: reused {} chunk(s) from {} pack(s) of an interrupted run",
-                r.salvaged.chunks, r.salvaged.packs
+                r.salvaged.chunks,
+                r.salvaged.packs
             );
         }
-        eprintln!(
+        errln!(
             "cairn: {}@{}: {} in {:.2} s ({:.0} MB/s): new {} stored as {}, dedup {}, zero {}",
             r.name,
             r.snapshot,
@@ -556,13 +557,13 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
 /// What a writer repaired on its way in, said once on stderr.
 fn warn_writer_repairs(quarantined: &[PathBuf], lost: &[String]) {
     for q in quarantined {
-        eprintln!(
+        errln!(
             "cairn: warning: damaged index file set aside as {} (its packs were indexed again from their records)",
             q.display()
         );
     }
     for l in lost {
-        eprintln!("cairn: warning: {l}: its chunks are no longer used, and are stored again when backed up again (run `cairn verify` to see the snapshots that lost data)");
+        errln!("cairn: warning: {l}: its chunks are no longer used, and are stored again when backed up again (run `cairn verify` to see the snapshots that lost data)");
     }
 }
 
@@ -573,7 +574,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     let manifest = repo.read_manifest(&name, snap)?;
     let loaded = repo.load_index()?;
     for e in &loaded.damaged {
-        eprintln!("cairn: warning: {e}");
+        errln!("cairn: warning: {e}");
     }
     let to_stdout = a.dest.as_os_str() == "-";
     let bar = Progress::new("restore", Some(manifest.size), !a.quiet);
@@ -688,7 +689,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     bar.finish();
     let r = report?;
     for d in &r.damaged {
-        eprintln!(
+        errln!(
             "cairn: damaged: image offset {} length {} ({} chunk(s) from {}) written as zeros: {}",
             d.offset,
             d.len,
@@ -714,12 +715,12 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     if a.json {
         let text = serde_json::to_string_pretty(&summary).unwrap_or_default();
         if to_stdout {
-            eprintln!("{text}");
+            errln!("{text}");
         } else {
-            println!("{text}");
+            outln!("{text}");
         }
     } else if !a.quiet {
-        eprintln!(
+        errln!(
             "cairn: {name}@{snap}: {} restored in {:.2} s ({mbs:.0} MB/s)",
             HumanBytes(r.size),
             r.seconds
@@ -772,12 +773,20 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
             "unreadable": bad,
         }));
     } else {
-        println!(
+        outln!(
             "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7} {:>6}  TAGS",
-            "IMAGE", "SNAP", "CREATED (UTC)", "SIZE", "ZERO", "STORED", "DEDUP", "COMPR", "GROUP"
+            "IMAGE",
+            "SNAP",
+            "CREATED (UTC)",
+            "SIZE",
+            "ZERO",
+            "STORED",
+            "DEDUP",
+            "COMPR",
+            "GROUP"
         );
         for s in &rows {
-            println!(
+            outln!(
                 "{:<24} {:>5} {:>20} {:>11} {:>11} {:>11} {:>7} {:>7} {:>6}  {}",
                 s.name,
                 s.snapshot,
@@ -792,7 +801,7 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
             );
         }
         for e in &bad {
-            eprintln!("cairn: unreadable snapshot: {e}");
+            errln!("cairn: unreadable snapshot: {e}");
         }
     }
     if !bad.is_empty() {
@@ -860,24 +869,26 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
         }));
     } else {
         for p in &r.problems {
-            println!("{}: {}", p.kind, p.message);
+            outln!("{}: {}", p.kind, p.message);
             for x in p.affected.iter().take(20) {
-                println!(
+                outln!(
                     "    affects {}@{} at offset {}",
-                    x.image, x.snapshot, x.offset
+                    x.image,
+                    x.snapshot,
+                    x.offset
                 );
             }
             if p.affected.len() > 20 {
-                println!("    ... and {} more places", p.affected.len() - 20);
+                outln!("    ... and {} more places", p.affected.len() - 20);
             }
         }
         if !r.unindexed_packs.is_empty() {
-            println!(
+            outln!(
                 "note: {} pack(s) from an interrupted run are not indexed yet (the next backup reuses them, gc removes them)",
                 r.unindexed_packs.len()
             );
         }
-        println!(
+        outln!(
             "{}: {} image(s), {} snapshot(s), {} chunk(s) in {} pack(s){}",
             if r.problems.is_empty() {
                 "ok"
@@ -933,7 +944,7 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
         }));
     } else {
         for (n, s) in &removed {
-            eprintln!("cairn: removed {n}@{s} (run `cairn gc` to reclaim its space)");
+            errln!("cairn: removed {n}@{s} (run `cairn gc` to reclaim its space)");
         }
     }
     Ok(())
@@ -1012,16 +1023,16 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         for (n, v) in &report {
             let when = cairn_store::format_time(v.snapshot.created);
             if v.keep() {
-                println!(
+                outln!(
                     "keep   {n}@{} {when} ({})",
                     v.snapshot.snapshot,
                     v.reasons.join(", ")
                 );
             } else {
-                println!("forget {n}@{} {when}", v.snapshot.snapshot);
+                outln!("forget {n}@{} {when}", v.snapshot.snapshot);
             }
         }
-        eprintln!(
+        errln!(
             "cairn: {} {forgotten} of {} snapshots",
             if a.dry_run { "would forget" } else { "forgot" },
             report.len()
@@ -1068,7 +1079,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             "temporaries_removed": r.temporaries_removed,
         }));
     } else {
-        eprintln!(
+        errln!(
             "cairn: gc: {} -> {} chunks, {} pack(s) deleted, {} repacked into {}, {} -> {}{}",
             r.chunks_before,
             r.chunks_after,
@@ -1117,7 +1128,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     drop(loaded);
     let per_chunk_heap = ratio(s.index_entry_bytes, s.chunks);
     for e in s.unreadable_snapshots.iter().chain(&s.damaged_index_files) {
-        eprintln!("cairn: warning: {e}");
+        errln!("cairn: warning: {e}");
     }
     if a.json {
         print_json(&json!({
@@ -1145,30 +1156,30 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "sessions": running,
         }));
     } else {
-        println!("repository     {}", repo.location());
-        println!(
+        outln!("repository     {}", repo.location());
+        outln!(
             "encryption     {}",
             repo.encryption().unwrap_or("none (not encrypted)")
         );
-        println!("images         {} ({} snapshots)", s.images, s.snapshots);
-        println!(
+        outln!("images         {} ({} snapshots)", s.images, s.snapshots);
+        outln!(
             "logical        {} (of which zero {})",
             HumanBytes(s.logical_bytes),
             HumanBytes(s.zero_bytes)
         );
-        println!(
+        outln!(
             "chunks         {} holding {}",
             s.chunks,
             HumanBytes(s.unique_raw_bytes)
         );
-        println!(
+        outln!(
             "stored         {} in packs ({:.2}x overall)",
             HumanBytes(s.pack_bytes),
             ratio(s.logical_bytes, s.pack_bytes)
         );
-        println!("index          {per_chunk_heap:.1} bytes/chunk in memory (heap), {per_chunk_rss:.1} measured (RSS growth)");
+        outln!("index          {per_chunk_heap:.1} bytes/chunk in memory (heap), {per_chunk_rss:.1} measured (RSS growth)");
         for t in &s.targets {
-            println!(
+            outln!(
                 "target         {}  {} packs, {}",
                 t.path.display(),
                 t.packs,
@@ -1176,13 +1187,13 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             );
         }
         if s.unindexed_packs > 0 {
-            println!(
+            outln!(
                 "unindexed      {} pack(s) from an interrupted run",
                 s.unindexed_packs
             );
         }
         for r in &running {
-            println!(
+            outln!(
                 "running        {} (pid {} on {}, since {})",
                 r["what"].as_str().unwrap_or(""),
                 r["pid"],

@@ -392,7 +392,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     let read_only = exports.iter().all(|e| e.is_read_only());
     for addr in addrs.iter().filter(|a| !tls_required && !is_loopback(a)) {
-        eprintln!(
+        errln!(
             "cairn serve: warning: {addr} is reachable from other hosts and TLS is not \
              required: anyone who can connect reads{} the exports (--tls require)",
             if read_only { "" } else { " and writes" }
@@ -426,9 +426,9 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         },
     );
     for l in &listeners {
-        eprintln!("cairn serve: listening on {}", l.describe());
+        errln!("cairn serve: listening on {}", l.describe());
     }
-    eprintln!("cairn serve: exports: {}", names.join(", "));
+    errln!("cairn serve: exports: {}", names.join(", "));
     let control = match &a.control {
         Some(path) => {
             // The Listener owns the socket file (removed when it drops),
@@ -491,7 +491,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             )
         })?;
         if let Some(r) = report {
-            eprintln!(
+            errln!(
                 "cairn serve: committed image {} as snapshot {}",
                 img.name(),
                 r.snapshot
@@ -499,7 +499,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         }
     }
     if a.verbose {
-        eprintln!(
+        errln!(
             "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} cut at the stop deadline)",
             report.connections, report.protocol_errors, report.refused, report.cut_at_stop
         );
@@ -519,7 +519,7 @@ fn commit_loop(images: &[Arc<WritableVolume>], every: Duration, stop: &AtomicBoo
         }
         for img in images {
             if let Err(e) = img.commit() {
-                eprintln!(
+                errln!(
                     "cairn serve: commit of image {} failed (tried again in {} s): {e}",
                     img.name(),
                     every.as_secs()

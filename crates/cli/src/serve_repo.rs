@@ -264,18 +264,19 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         }]})
     };
     if a.json {
-        println!("{v}");
+        outln!("{v}");
         return Ok(());
     }
     for i in v["images"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
         let name = i["image"].as_str().unwrap_or("?");
         if i["committed"].as_bool() == Some(true) {
-            println!(
+            outln!(
                 "image {name}: committed as snapshot {} ({} bytes of new chunks)",
-                i["snapshot"], i["new_raw"]
+                i["snapshot"],
+                i["new_raw"]
             );
         } else {
-            println!("image {name}: nothing new since snapshot {}", i["snapshot"]);
+            outln!("image {name}: nothing new since snapshot {}", i["snapshot"]);
         }
     }
     Ok(())

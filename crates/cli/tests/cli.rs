@@ -887,6 +887,53 @@ fn an_output_written_in_place_keeps_its_input() {
 }
 
 #[test]
+fn a_report_that_cannot_be_printed_fails_in_one_line_without_a_panic() {
+    let dir = tempdir();
+    let d = dir.path();
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    std::fs::write(d.join("a"), mixed(50_000, 64)).unwrap();
+    std::fs::write(d.join("b.gz"), cairn_ok(&["pack"], &mixed(50_000, 65))).unwrap();
+    // Standard output full: the work is done, the report is not, and the
+    // run says so (a panic exits 101).
+    for args in [
+        &["unpack", "-l", "b.gz"][..],
+        &["pack", "--json", "-k", "a"],
+    ] {
+        let out = cairn()
+            .args(args)
+            .current_dir(d)
+            .stdout(full())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out).trim_end(),
+            "cairn: cannot write to standard output: No space left on device (os error 28)",
+            "{args:?}"
+        );
+    }
+    assert!(d.join("a.gz").exists(), "the pack was done");
+    // Standard error full: the status still tells.
+    for (args, code) in [
+        (&["pack", "-v", "-f", "a"][..], 0),
+        (&["unpack", "missing.gz"], 1),
+    ] {
+        let out = cairn()
+            .args(args)
+            .current_dir(d)
+            .stderr(full())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}");
+    }
+}
+
+#[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();
     let packed = cairn_ok(&["pack"], b"hello");
