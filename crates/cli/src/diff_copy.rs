@@ -76,8 +76,8 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
         errln!("cairn: warning: {e}");
     }
     let (la, lb) = (format!("{na}@{sa}"), format!("{nb}@{sb}"));
-    let out = std::io::stdout();
-    let mut out = std::io::BufWriter::new(out.lock());
+    // A File of its own, not std's stdout, which takes EBADF for success.
+    let mut out = std::io::BufWriter::new(cairn_filepack::stdout_file()?);
     // Ranges are printed as they are found: a diff never holds them all.
     if a.json {
         write!(

@@ -39,8 +39,11 @@ pub(crate) fn generate(args: &GenerateArgs) -> Result<()> {
                 .with_context(|| format!("write man pages into {}", dir.display()))?;
         }
         What::Completions { shell } => {
-            let mut out = std::io::stdout().lock();
-            clap_complete::generate(*shell, &mut cmd, "cairn", &mut out);
+            // Made whole, then printed as any report (a failed write is
+            // the run's error, not a panic).
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "cairn", &mut script);
+            out!("{}", String::from_utf8_lossy(&script));
         }
     }
     Ok(())

@@ -491,6 +491,7 @@ fn main() -> ExitCode {
     // default action kills the process with SIGPIPE (status 141 in a shell).
     // Servers and socket clients ignore it again where they need EPIPE.
     signals::default_sigpipe();
+    signals::fill_closed_std_streams();
     let args = rewrite_level_flags(as_invoked(std::env::args_os().collect()));
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,

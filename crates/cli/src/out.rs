@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::io::{self, Write};
+use std::os::fd::FromRawFd;
 use std::sync::Mutex;
 
 /// The first write to standard output that failed.
@@ -41,11 +42,23 @@ macro_rules! err {
     ($($t:tt)*) => { $crate::out::stderr(format_args!($($t)*)) };
 }
 
+/// Written straight to descriptor 1, not through `std::io::stdout()`,
+/// which takes EBADF (a closed stdout, see
+/// `signals::fill_closed_std_streams`) for success.
 pub fn stdout(args: fmt::Arguments<'_>) {
-    if let Err(e) = io::stdout().lock().write_fmt(args) {
+    let text = args.to_string();
+    // One writer at a time, so lines from threads do not interleave.
+    let _one = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    // SAFETY: descriptor 1 is open for the whole life of the process (the
+    // runtime and `fill_closed_std_streams` see to it), and ManuallyDrop
+    // never closes it.
+    let mut fd1 = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(1) });
+    if let Err(e) = fd1.write_all(text.as_bytes()) {
         keep(e);
     }
 }
+
+static LOCK: Mutex<()> = Mutex::new(());
 
 pub fn stderr(args: fmt::Arguments<'_>) {
     let _ = io::stderr().lock().write_fmt(args);
@@ -56,11 +69,8 @@ fn keep(e: io::Error) {
     failed.get_or_insert(e);
 }
 
-/// Flush standard output; the first write to it that failed, if any.
+/// The first write to standard output that failed, if any.
 pub fn finish() -> Option<io::Error> {
-    if let Err(e) = io::stdout().lock().flush() {
-        keep(e);
-    }
     FAILED.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 

@@ -130,6 +130,43 @@ pub fn default_sigpipe() {
     }
 }
 
+/// Standard streams the process was started without (`cairn ... >&-`)
+/// are reported when used, as gzip reports them (EBADF). Rust's runtime
+/// opens /dev/null read-write in their place before `main`, so output
+/// meant for a closed stdout vanished without a word; that stand-in (the
+/// null device, opened read-write, which a shell's `>/dev/null` or
+/// `</dev/null` never is) is replaced here by /dev/null opened the wrong
+/// way round: standard input for writing, the outputs for reading.
+pub fn fill_closed_std_streams() {
+    for (fd, flags) in [
+        (0, libc::O_WRONLY),
+        (1, libc::O_RDONLY),
+        (2, libc::O_RDONLY),
+    ] {
+        // SAFETY: `st` is a plain struct filled by fstat; F_GETFL only
+        // reads the descriptor's flags.
+        let stand_in = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0
+                && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+                && st.st_rdev == libc::makedev(1, 3)
+                && libc::fcntl(fd, libc::F_GETFL) & libc::O_ACCMODE == libc::O_RDWR
+        };
+        if !stand_in {
+            continue;
+        }
+        // SAFETY: the path is a NUL-terminated literal; `new` is ours, put
+        // in `fd`'s place by dup2 and then closed.
+        unsafe {
+            let new = libc::open(c"/dev/null".as_ptr(), flags);
+            if new >= 0 {
+                libc::dup2(new, fd);
+                libc::close(new);
+            }
+        }
+    }
+}
+
 /// A write to a closed pipe or socket returns EPIPE, for code that talks
 /// to a peer and must report that it went away.
 pub fn ignore_sigpipe() {

@@ -934,6 +934,32 @@ fn a_report_that_cannot_be_printed_fails_in_one_line_without_a_panic() {
 }
 
 #[test]
+fn a_closed_standard_output_is_an_error_not_a_silent_loss() {
+    let dir = tempdir();
+    let d = dir.path();
+    std::fs::write(d.join("b.gz"), cairn_ok(&["pack"], &mixed(50_000, 66))).unwrap();
+    for script in [
+        "exec \"$CAIRN\" unpack -c b.gz >&-",
+        "exec \"$CAIRN\" pack -c <b.gz >&-",
+        "exec \"$CAIRN\" unpack -l b.gz >&-",
+    ] {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{script}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("Bad file descriptor"),
+            "{script}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(d.join("b.gz").exists());
+}
+
+#[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();
     let packed = cairn_ok(&["pack"], b"hello");
