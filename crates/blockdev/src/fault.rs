@@ -1013,6 +1013,10 @@ impl BlockDev for FaultDev {
         self.inner.size()
     }
 
+    fn identity(&self) -> Option<crate::FileIdentity> {
+        self.inner.identity()
+    }
+
     fn caps(&self) -> Caps {
         let mut c = self.inner.caps();
         if self.rot.is_some() {

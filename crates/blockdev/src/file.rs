@@ -790,6 +790,14 @@ impl BlockDev for FileDev {
         self.size
     }
 
+    fn identity(&self) -> Option<crate::FileIdentity> {
+        self.file
+            .metadata()
+            .ok()
+            .as_ref()
+            .and_then(crate::FileIdentity::of)
+    }
+
     fn caps(&self) -> Caps {
         let writable = !self.read_only;
         let trim = writable && self.trim_ok.load(Ordering::Relaxed);

@@ -215,6 +215,39 @@ pub trait BlockDev: Send + Sync {
         check_range(self.size(), Op::Extents, offset, len)?;
         Ok(vec![Extent::data(len)])
     }
+
+    /// What this device stores its bytes in, when that is one file or
+    /// block device ([`FileIdentity`]): a layer that puts a second device
+    /// in front (a cache) refuses one that is this very file.
+    fn identity(&self) -> Option<FileIdentity> {
+        None
+    }
+}
+
+/// Which file or block device an open descriptor is: a regular file by
+/// its filesystem and inode, a block device by its device number (two
+/// nodes, or a symlink, for one disk are the same device).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileIdentity {
+    /// A regular file: `st_dev`, `st_ino`.
+    File(u64, u64),
+    /// A block device: `st_rdev`.
+    Device(u64),
+}
+
+impl FileIdentity {
+    /// The identity of what `meta` describes (other kinds have none).
+    pub fn of(meta: &std::fs::Metadata) -> Option<FileIdentity> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let kind = meta.file_type();
+        if kind.is_file() {
+            Some(FileIdentity::File(meta.dev(), meta.ino()))
+        } else if kind.is_block_device() {
+            Some(FileIdentity::Device(meta.rdev()))
+        } else {
+            None
+        }
+    }
 }
 
 /// Whether `offset..offset + len` lies inside a device of `size` bytes.

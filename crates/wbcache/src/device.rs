@@ -5,6 +5,7 @@
 //! without writing for a status, and detached (drained, then its
 //! superblock wiped, so the backing device stands alone).
 
+use crate::format::{self, WATERMARK_OFFSETS};
 use crate::{FormatOptions, Inspection, Place, Result, WbCache, WbConfig, WbError, WbStatus};
 use cairn_blockdev::{flock, BlockDev, BlockError, FileDev, FileOptions, Op};
 use std::fs::File;
@@ -51,13 +52,32 @@ fn open_dev(path: &Path, read_only: bool) -> Result<(FileDev, PathLock)> {
     Ok((dev, lock))
 }
 
-/// Whether the device holds no superblock (its first block is all zero).
+/// Whether the device holds no cache: its superblock block is all zero
+/// and neither watermark slot holds a watermark. A zeroed superblock in
+/// front of a watermark is damage, not a blank device (it used to be
+/// formatted over, and the flushed writes in its log lost); `detach`
+/// wipes the watermarks with the superblock.
 fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
-    let mut b = vec![0u8; 4096.min(dev.size() as usize)];
+    let mut b = vec![0u8; (WIPED as usize).min(dev.size() as usize)];
     dev.read_at(&mut b, 0)
         .map_err(|e| WbError::io(Place::Superblock, e))?;
-    Ok(b.iter().all(|&x| x == 0))
+    if !b[..b.len().min(4096)].iter().all(|&x| x == 0) {
+        return Ok(false);
+    }
+    let watermark = WATERMARK_OFFSETS
+        .iter()
+        .any(|&at| b.get(at as usize..).is_some_and(format::is_watermark));
+    if watermark {
+        return Err(WbError::BadSuperblock {
+            reason: "the superblock is zeroed but a watermark follows it: the cache is damaged \
+                     (its log is not formatted over)",
+        });
+    }
+    Ok(true)
 }
+
+/// Bytes `detach` zeroes: the superblock and both watermark slots.
+const WIPED: u64 = WATERMARK_OFFSETS[1] + 4096;
 
 impl WbCache {
     /// Open the cache device at `path` in front of `backing`, holding an
@@ -72,6 +92,9 @@ impl WbCache {
         format_blank: bool,
     ) -> Result<WbCache> {
         let (dev, lock) = open_dev(path, false)?;
+        if dev.identity().is_some() && dev.identity() == backing.identity() {
+            return Err(WbError::CacheIsBacking(path.to_path_buf()));
+        }
         if is_blank(&dev)? {
             if !format_blank {
                 return Err(WbError::Blank(path.to_path_buf()));
@@ -105,7 +128,7 @@ impl WbCache {
         r?;
         self.inner
             .cache
-            .write_at(&[0u8; 4096], 0, true)
+            .write_at(&[0u8; WIPED as usize], 0, true)
             .map_err(|e| WbError::io(Place::Superblock, e))?;
         Ok(status)
     }

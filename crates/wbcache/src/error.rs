@@ -113,8 +113,9 @@ pub enum WbError {
     Failed(Arc<WbError>),
     /// The log is damaged: writes that were flushed cannot be read back.
     #[error(
-        "damaged write-back cache: {damage}{}; refusing to start (--accept-loss opens it \
-         without what is lost)",
+        "damaged write-back cache: {damage}{}; refusing to start (accepting the loss opens \
+         it without what is lost: `cairn serve --cache-accept-loss`, `cairn cache drain \
+         --accept-loss`)",
         if *more > 0 { format!(" (and {more} more)") } else { String::new() }
     )]
     Damaged {
@@ -139,6 +140,10 @@ pub enum WbError {
     /// appending to one log would destroy it).
     #[error("the cache {0} is in use by another process")]
     InUse(std::path::PathBuf),
+    /// The cache device is the backing device itself (the same file or
+    /// disk): formatting it would overwrite the data it caches.
+    #[error("{0} is the backing device itself; a cache needs a device of its own")]
+    CacheIsBacking(std::path::PathBuf),
     /// The cache device holds no cache (its first block is all zero), and
     /// formatting it was not asked for.
     #[error("{0} is not a cairn cache (blank)")]

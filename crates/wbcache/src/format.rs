@@ -38,6 +38,11 @@ pub const DAMAGE_EVIDENT_VERSION: u32 = 3;
 const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
 const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
 const SG_MAGIC: &[u8; 8] = b"CAIRNSG\0";
+
+/// Whether `b` starts with a watermark's magic (of any cache).
+pub fn is_watermark(b: &[u8]) -> bool {
+    b.starts_with(WM_MAGIC)
+}
 const PL_MAGIC: &[u8; 8] = b"CAIRNPL\0";
 /// Bytes of the fixed part of a segment header.
 const HEADER_FIXED: usize = 64;

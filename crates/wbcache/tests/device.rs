@@ -2,7 +2,7 @@
 //! read-only status and detach (what `cairn serve` and `cairn cache` use).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use cairn_blockdev::{BlockDev, MemDev};
+use cairn_blockdev::{BlockDev, FileDev, FileOptions, MemDev};
 use cairn_wbcache::{WbCache, WbConfig, WbError, RING_OFFSET, SEGMENT_BYTES};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -100,4 +100,55 @@ fn a_missing_cache_file_is_one_clear_error() {
         .unwrap();
     assert!(matches!(e, WbError::Open { .. }), "{e}");
     assert!(e.to_string().contains("none"), "names the path: {e}");
+}
+
+#[test]
+fn a_cache_that_is_its_backing_file_is_refused_untouched() {
+    let (dir, _) = blank_cache("self");
+    let path = dir.join("self.img");
+    std::fs::write(&path, vec![0x5au8; 8 << 20]).unwrap();
+    let backing: Arc<dyn BlockDev> =
+        Arc::new(FileDev::open(&path, FileOptions::default()).unwrap());
+    let e = WbCache::open_path(&path, backing, cfg(), true)
+        .err()
+        .expect("refused");
+    assert!(matches!(e, WbError::CacheIsBacking(_)), "{e}");
+    assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0x5a));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_zeroed_superblock_before_a_watermark_is_damage_not_blank() {
+    let (dir, cache) = blank_cache("zeroed-sb");
+    let back = dir.join("back.img");
+    std::fs::write(&back, vec![0u8; BACKING as usize]).unwrap();
+    let open = || {
+        let backing: Arc<dyn BlockDev> =
+            Arc::new(FileDev::open(&back, FileOptions::default()).unwrap());
+        WbCache::open_path(&cache, backing, cfg(), true)
+    };
+    let wb = open().unwrap();
+    wb.write_at(&[7u8; 4096], 0, false).unwrap();
+    wb.sync().unwrap();
+    drop(wb);
+    // Zero the superblock only: the watermark after it says a cache was
+    // here, so it is damage, never formatted over.
+    let mut img = std::fs::read(&cache).unwrap();
+    let whole = img.clone();
+    img[..4096].fill(0);
+    std::fs::write(&cache, &img).unwrap();
+    let e = open().err().expect("refused");
+    assert!(matches!(e, WbError::BadSuperblock { .. }), "{e}");
+    assert!(std::fs::read(&cache).unwrap() == img, "left as it was");
+    // Put back, detached, it is blank: formatted on the next use, and
+    // what was written is on the backing file.
+    std::fs::write(&cache, &whole).unwrap();
+    open().unwrap().detach().unwrap();
+    let wb = open().unwrap();
+    let mut b = [0u8; 4096];
+    wb.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [7u8; 4096]);
+    assert_eq!(std::fs::read(&back).unwrap()[..4096], [7u8; 4096]);
+    drop(wb);
+    std::fs::remove_dir_all(dir).unwrap();
 }
