@@ -1393,8 +1393,12 @@ impl BlockDev for WbCache {
     }
 
     fn block_sizes(&self) -> BlockSizes {
+        // Any write works (a partial block is merged); 512 is a hint, and
+        // one a device whose size is no multiple of it must not give:
+        // clients round the size to it (qemu aborts on the last request).
+        let minimum = if self.inner.size % 512 == 0 { 512 } else { 1 };
         BlockSizes {
-            minimum: 512,
+            minimum,
             preferred: 4096,
             ..BlockSizes::default()
         }

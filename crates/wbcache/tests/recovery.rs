@@ -344,6 +344,30 @@ fn bad_superblocks_are_refused_clearly() {
 }
 
 #[test]
+fn a_size_no_multiple_of_512_takes_any_request_up_to_its_last_byte() {
+    // Clients round an export's size to its minimum block size: a
+    // minimum of 512 on a 10000000-byte device made qemu read past the
+    // end and abort. Such a device says 1, and its last bytes write,
+    // read and write back exactly.
+    let size = 10_000_000u64;
+    let cache = Arc::new(MemDev::new((RING_OFFSET + 4 * SEGMENT_BYTES) as usize));
+    let backing = Arc::new(MemDev::new(size as usize));
+    WbCache::format(&*cache, size, &FormatOptions::default()).unwrap();
+    let wb = WbCache::open(cache.clone(), backing.clone(), lazy()).unwrap();
+    assert_eq!(wb.block_sizes().minimum, 1);
+    let tail: Vec<u8> = (0..333u32).map(|i| i as u8 ^ 0x5a).collect();
+    wb.write_at(&tail, size - 333, false).unwrap();
+    let mut back = vec![0u8; 333];
+    wb.read_at(&mut back, size - 333).unwrap();
+    assert_eq!(back, tail);
+    wb.drain().unwrap();
+    let mut on_backing = vec![0u8; 333];
+    backing.read_at(&mut on_backing, size - 333).unwrap();
+    assert_eq!(on_backing, tail);
+    wb.close().unwrap();
+}
+
+#[test]
 fn reads_and_writes_beyond_the_end_are_out_of_range() {
     let (cache, backing) = devs(2);
     let wb = open(&cache, &backing);
