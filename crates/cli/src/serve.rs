@@ -252,6 +252,39 @@ fn parse_file_spec(spec: &str) -> Result<FileSpec> {
 /// A write-back cache in use: its path, the cache, its lock, the export.
 type Cached = (PathBuf, Arc<WbCache>, String);
 
+/// A writable repository image, and the write-back cache in front of it if
+/// any. A commit drains the cache into the image first: a snapshot holds
+/// every write acknowledged before it, those still in the cache's log too
+/// (they were left out, and a later serve with the cache put them back
+/// over newer snapshots).
+#[derive(Clone)]
+struct Writable {
+    vol: Arc<WritableVolume>,
+    cache: Option<Arc<WbCache>>,
+}
+
+impl Writable {
+    fn name(&self) -> &str {
+        self.vol.name()
+    }
+
+    /// Write everything the cache holds back into the image.
+    fn drain(&self) -> Result<()> {
+        if let Some(wb) = &self.cache {
+            wb.drain()
+                .with_context(|| format!("drain the cache of image {}", self.name()))?;
+        }
+        Ok(())
+    }
+
+    fn commit(&self) -> Result<Option<cairn_store::EditReport>> {
+        self.drain()?;
+        self.vol
+            .commit()
+            .with_context(|| format!("commit of image {}", self.name()))
+    }
+}
+
 /// Put the write-back cache at `cache` in front of `export`.
 fn attach_cache(
     a: &ServeArgs,
@@ -315,7 +348,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     let mut exports: Vec<Export> = Vec::new();
     let mut caches: Vec<Cached> = Vec::new();
-    let mut writable: Vec<Arc<WritableVolume>> = Vec::new();
+    let mut writable: Vec<Writable> = Vec::new();
     let mut served_images: Vec<(String, Arc<cairn_volume::Volume>)> = Vec::new();
     for spec in &a.files {
         let f = parse_file_spec(spec)?;
@@ -356,13 +389,24 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             a.chunk_cache as u64,
             &mut exports,
         )?;
-        writable = opened.writable;
         served_images = opened.read_only;
+        let mut cache_of = std::collections::HashMap::new();
         for (i, c) in opened.cached {
             let e = &mut exports[i];
             let name = e.name.clone();
             attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
+            if let Some((_, wb, _)) = caches.last() {
+                cache_of.insert(name, wb.clone());
+            }
         }
+        writable = opened
+            .writable
+            .into_iter()
+            .map(|(export, vol)| Writable {
+                cache: cache_of.remove(&export),
+                vol,
+            })
+            .collect();
     } else if !a.images.is_empty() {
         bail!("--image needs --repo (or CAIRN_REPO)");
     }
@@ -448,7 +492,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 })
                 .collect();
             for w in &writable {
-                let w = w.clone();
+                let w = w.vol.clone();
                 stats.push((w.name().to_string(), Box::new(move || w.volume_stats())));
             }
             Some(std::thread::spawn(move || {
@@ -471,8 +515,19 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     let report = report?;
     // The server flushed every writable export (cached writes are durable
-    // in their log); stop the caches' threads.
+    // in their log). A writable image's cache is drained into it, so the
+    // last commit holds every write; a file's cache keeps its log, as a
+    // cache device does. Then the caches' threads stop.
     drop(server);
+    for w in &writable {
+        w.drain().with_context(|| {
+            format!(
+                "the writes still in the cache stay there for the next serve of image {}",
+                w.name()
+            )
+        })?;
+    }
+    let writable: Vec<Arc<WritableVolume>> = writable.into_iter().map(|w| w.vol).collect();
     for (path, wb, _) in caches {
         // The server and the control thread are gone, so this is the last
         // reference; were it not, the cache's Drop would flush and stop it.
@@ -510,7 +565,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
 /// Commit every writable image each `every` until `stop`; a failed
 /// commit is reported and tried again next time (the writes stay in the
 /// overlay).
-fn commit_loop(images: &[Arc<WritableVolume>], every: Duration, stop: &AtomicBool) {
+fn commit_loop(images: &[Writable], every: Duration, stop: &AtomicBool) {
     let mut next = std::time::Instant::now() + every;
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
@@ -520,7 +575,7 @@ fn commit_loop(images: &[Arc<WritableVolume>], every: Duration, stop: &AtomicBoo
         for img in images {
             if let Err(e) = img.commit() {
                 errln!(
-                    "cairn serve: commit of image {} failed (tried again in {} s): {e}",
+                    "cairn serve: {} failed (tried again in {} s): {e:#}",
                     img.name(),
                     every.as_secs()
                 );
@@ -531,11 +586,8 @@ fn commit_loop(images: &[Arc<WritableVolume>], every: Duration, stop: &AtomicBoo
 }
 
 /// The reply to a `commit [NAME]` request: the images committed.
-fn commit_request(
-    images: &[Arc<WritableVolume>],
-    name: Option<&str>,
-) -> Result<serde_json::Value, String> {
-    let chosen: Vec<&Arc<WritableVolume>> = images
+fn commit_request(images: &[Writable], name: Option<&str>) -> Result<serde_json::Value, String> {
+    let chosen: Vec<&Writable> = images
         .iter()
         .filter(|i| name.is_none_or(|n| i.name() == n))
         .collect();
@@ -547,13 +599,11 @@ fn commit_request(
     }
     let mut out = Vec::new();
     for img in chosen {
-        let report = img
-            .commit()
-            .map_err(|e| format!("commit of image {}: {e}", img.name()))?;
+        let report = img.commit().map_err(|e| format!("{e:#}"))?;
         out.push(serde_json::json!({
             "image": img.name(),
             "committed": report.is_some(),
-            "snapshot": img.snapshot(),
+            "snapshot": img.vol.snapshot(),
             "new_raw": report.map_or(0, |r| r.new_raw),
         }));
     }
@@ -569,7 +619,7 @@ type ImageStats = Box<dyn Fn() -> cairn_volume::VolumeStats + Send>;
 fn control_loop(
     listener: Listener,
     caches: Vec<(String, String, Arc<WbCache>)>,
-    images: Vec<Arc<WritableVolume>>,
+    images: Vec<Writable>,
     stats: &[(String, ImageStats)],
     stop: &AtomicBool,
 ) {

@@ -111,8 +111,8 @@ pub(crate) fn open_writable(
 pub(crate) struct Opened {
     /// The writable exports that want a cache: export number and cache.
     pub cached: Vec<(usize, PathBuf)>,
-    /// Every writable image, to commit.
-    pub writable: Vec<Arc<WritableVolume>>,
+    /// Every writable image with its export name, to commit.
+    pub writable: Vec<(String, Arc<WritableVolume>)>,
     /// Every read-only image with its export name, for its cache figures.
     pub read_only: Vec<(String, Arc<Volume>)>,
 }
@@ -156,7 +156,7 @@ pub(crate) fn add_images(
     for s in specs {
         if s.writable {
             let vol = open_writable(&repo, &s.spec, opts, s.overlay.as_deref())?;
-            opened.writable.push(vol.clone());
+            opened.writable.push((s.spec.clone(), vol.clone()));
             let description = format!(
                 "{} (writable from snapshot {}) of {}",
                 vol.name(),

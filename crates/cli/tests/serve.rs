@@ -933,6 +933,75 @@ fn writable_image_flushes_durably_and_commits_on_request_and_at_stop() {
     ok(run(&["verify", "--read-data", "--repo", s(&repo)]));
 }
 
+/// A writable image with a write-back cache in front: a commit (on
+/// request, and at the clean stop) holds the writes still in the cache's
+/// log. They were left out, and a later serve with the cache put them
+/// back over the newer snapshots.
+#[test]
+fn a_cached_writable_image_commits_what_its_cache_holds() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const M: usize = 1 << 20;
+    let img = noise(4 * M, 42);
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let ctl = d.join("ctl.sock");
+    let cache = d.join("cache.dev");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(16 * M as u64)
+        .unwrap();
+    let spec = format!("img,cache={}", s(&cache));
+    // Writes stay in the cache's log: no idle writeback, none bypassed.
+    let start = || {
+        Serve::start(&[
+            "--repo",
+            s(&repo),
+            "--image",
+            &spec,
+            "--socket",
+            s(&d.join("s.sock")),
+            "--control",
+            s(&ctl),
+            "--commit-every",
+            "0",
+            "--cache-bypass-below-us",
+            "0",
+            "--cache-idle-ms",
+            "3600000",
+        ])
+    };
+    let qemu = |srv: &Serve, cmds: &[&str]| {
+        let out = qemu_io_with(&["-t", "writeback"], &srv.uri("img"), cmds);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let restore = |spec: &str| ok(run(&["restore", spec, "-", "--repo", s(&repo), "-q"])).stdout;
+    let srv = start();
+    qemu(&srv, &["write -P 0x58 1M 64k", "flush"]);
+    let mut v2 = img.clone();
+    v2[M..M + 64 * 1024].fill(0x58);
+    let c = json(&ok(run(&["commit", "--control", s(&ctl), "img", "--json"])));
+    assert_eq!(c["images"][0]["snapshot"], 2, "{c}");
+    assert_same(&restore("img@2"), &v2, "a commit holds the cached write");
+    qemu(&srv, &["write -P 0x59 2M 64k", "flush"]);
+    let (st, _) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
+    let mut v3 = v2.clone();
+    v3[2 * M..2 * M + 64 * 1024].fill(0x59);
+    assert_same(&restore("img"), &v3, "the stop commits the cached write");
+    // Served again with its cache, the image reads as committed.
+    let srv = start();
+    qemu(&srv, &["read -P 0x58 1M 64k", "read -P 0x59 2M 64k"]);
+    let (st, _) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
+}
+
 /// A served writable image whose chunks hold zero pages (holes inside
 /// chunks since zero runs are left out): qemu-img reads it whole through
 /// block status after writes next to and over the holes, and the commit
