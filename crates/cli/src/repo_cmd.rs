@@ -737,17 +737,23 @@ pub(crate) fn ls(a: &ListArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let mut rows = Vec::new();
     let mut bad = Vec::new();
+    let mut named = false;
     for item in cairn_store::list_snapshots(&repo)? {
         match item {
-            Ok(s)
-                if a.name.as_ref().is_none_or(|n| *n == s.name)
-                    && cairn_store::tags_match(&s.tags, &groups) =>
-            {
-                rows.push(s)
+            Ok(s) if a.name.as_ref().is_none_or(|n| *n == s.name) => {
+                named = true;
+                if cairn_store::tags_match(&s.tags, &groups) {
+                    rows.push(s)
+                }
             }
             Ok(_) => {}
             Err(e) => bad.push(e),
         }
+    }
+    // A name no snapshot has is an error, as in restore and rm (an
+    // unreadable snapshot might have been it: then the table says so).
+    if let (Some(n), false, true) = (&a.name, named, bad.is_empty()) {
+        bail!("no image named {n:?} in {}", repo.location());
     }
     if a.json {
         print_json(&json!({
@@ -977,7 +983,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     } else {
         for n in &a.images {
             if !all.iter().any(|(m, _)| m == n) {
-                bail!("no image named {n:?}");
+                bail!("no image named {n:?} in {}", repo.location());
             }
         }
         a.images.clone()

@@ -218,6 +218,13 @@ fn tags_round_trip_through_backup_ls_and_forget() {
         "bad tag",
     );
     assert_eq!(ls(&repo, pw, &[]).len(), 3);
+    // An image no snapshot has is an error, as in restore; one whose
+    // snapshots the tags leave out is an empty list.
+    fails_with(
+        &go(&mut with(pw), &["ls", "-r", &repo, "nope"]),
+        "no image named \"nope\"",
+    );
+    assert!(ls(&repo, pw, &["vm", "--tag", "absent"]).is_empty());
 }
 
 /// `data` with the bytes of `ranges` inverted (every byte differs).
