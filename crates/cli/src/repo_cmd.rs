@@ -992,7 +992,10 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     for name in &names {
         let mut dated = Vec::new();
         for snap in repo.snapshots(name)? {
-            let m = repo.read_manifest(name, snap)?;
+            // Gone since it was listed: another forget or rm took it.
+            let Some(m) = repo.read_manifest_if_present(name, snap)? else {
+                continue;
+            };
             // With --tag, the policy sees only the snapshots that match:
             // the others are neither kept by it nor forgotten.
             if !m.has_tags(&groups) {
@@ -1006,7 +1009,13 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         for v in apply(&policy, &dated) {
             if !v.keep() {
                 if let Some(lock) = &lock {
-                    repo.remove_snapshot(lock, name, v.snapshot.snapshot)?;
+                    // Another forget run at once may have removed it first:
+                    // forgotten either way.
+                    match repo.remove_snapshot(lock, name, v.snapshot.snapshot) {
+                        Err(cairn_store::StoreError::Io { source, .. })
+                            if source.kind() == std::io::ErrorKind::NotFound => {}
+                        r => r?,
+                    }
                 }
             }
             report.push((name.clone(), v));

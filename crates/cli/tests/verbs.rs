@@ -227,6 +227,43 @@ fn tags_round_trip_through_backup_ls_and_forget() {
     assert!(ls(&repo, pw, &["vm", "--tag", "absent"]).is_empty());
 }
 
+#[test]
+fn forget_runs_at_once_both_succeed() {
+    // Two forget runs over the same snapshots: one removes what the
+    // other meant to, which is forgotten either way (it was "entity not
+    // found" and status 1).
+    let dir = tempdir();
+    let d = dir.path();
+    let img = d.join("img");
+    std::fs::write(&img, mixed(64 << 10, 9)).unwrap();
+    for round in 0..3 {
+        let repo = init(d, &format!("r{round}"), None);
+        for i in 0..12 {
+            let t = format!("2026-03-{:02}T06:00:00Z", i + 1);
+            backup(&repo, None, &img, "vm", &["--time", &t]);
+        }
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                with(None)
+                    .args(["forget", "-r", &repo, "--keep-last", "1"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for run in runs {
+            let out = run.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert_eq!(ids(&ls(&repo, None, &[])), snaps(&[("vm", 12)]));
+    }
+}
+
 /// `data` with the bytes of `ranges` inverted (every byte differs).
 fn changed(data: &[u8], ranges: &[(usize, usize)]) -> Vec<u8> {
     let mut v = data.to_vec();
