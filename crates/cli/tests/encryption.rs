@@ -525,10 +525,16 @@ fn a_planted_key_file_locks_nobody_out() {
         "00000000000000000000000000000000"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used"));
+    // verify says so too (it said "ok").
+    let out = run(&mut cairn(), &["verify", "--json", "--repo", s(&repo)]);
+    assert!(!out.status.success());
+    let v = json(&out);
+    assert_eq!(v["problems"][0]["kind"], "key", "{v}");
     ok(run(
         &mut cairn(),
         &["key", "remove", "0000", "--repo", s(&repo)],
     ));
+    ok(run(&mut cairn(), &["verify", "--repo", s(&repo)]));
     let err = fails_with(
         &run(
             plain().env("CAIRN_PASSWORD", "not it"),

@@ -47,8 +47,8 @@ pub struct Affected {
 /// One thing that is wrong.
 #[derive(Debug, Clone)]
 pub struct Problem {
-    /// What kind: `index`, `manifest`, `pack`, `garbage`, `missing-chunk`,
-    /// `damaged-chunk`.
+    /// What kind: `index`, `key`, `manifest`, `pack`, `garbage`,
+    /// `missing-chunk`, `damaged-chunk`.
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -90,6 +90,21 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         report.problems.push(Problem {
             kind: "index",
             message: format!("{e} (the chunks it lists count as missing)"),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
+
+    // Every key file (of an encrypted repository) sound: a damaged one
+    // locks out whoever holds its password, though this one opens.
+    let (_, damaged_keys) = repo.key_list()?;
+    for (id, why) in damaged_keys {
+        report.problems.push(Problem {
+            kind: "key",
+            message: format!(
+                "key {id}: {why} (its password no longer opens the repository; `cairn key \
+                 add` with another key, then `cairn key remove {id}`)"
+            ),
             chunk: None,
             affected: Vec::new(),
         });
