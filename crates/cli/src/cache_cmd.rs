@@ -107,22 +107,36 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         accept_loss: t.accept_loss,
         ..WbConfig::default()
     };
+    let open_repo = || -> Result<Arc<cairn_store::Repository>> {
+        let Some(repo) = &t.repo else {
+            bail!("--image needs --repo (or CAIRN_REPO)");
+        };
+        Ok(Arc::new(cairn_store::Repository::open_location_with(
+            crate::repo_cmd::location(repo)?,
+            0,
+            &t.password,
+        )?))
+    };
     let mut image = None;
     let mut backing: Arc<dyn BlockDev> = match (&t.backing, &t.image) {
         (Some(path), None) => Arc::new(
             FileDev::open(path, FileOptions::default())
                 .with_context(|| format!("cannot open the backing file {}", path.display()))?,
         ),
-        (None, Some(name)) => {
-            let Some(repo) = &t.repo else {
-                bail!("--image needs --repo (or CAIRN_REPO)");
+        (None, Some(name)) if !drain => {
+            // Status reads the cache only: the image's size is its latest
+            // snapshot's (opening it writable, as before, made an overlay
+            // for it, and with it a later serve's refusal).
+            let repo = open_repo()?;
+            let snaps = repo.snapshots(name)?;
+            let Some(&last) = snaps.last() else {
+                bail!("no image named {name:?} in {}", repo.location());
             };
+            return inspect(cache, repo.read_manifest(name, last)?.size, t.json);
+        }
+        (None, Some(name)) => {
             let opts = crate::serve_repo::volume_options(64 << 20, 0, None);
-            let repo = Arc::new(cairn_store::Repository::open_location_with(
-                crate::repo_cmd::location(repo)?,
-                0,
-                &t.password,
-            )?);
+            let repo = open_repo()?;
             let vol = crate::serve_repo::open_writable(&repo, name, &opts, None)?;
             image = Some(vol.clone());
             vol

@@ -1000,6 +1000,46 @@ fn a_cached_writable_image_commits_what_its_cache_holds() {
     qemu(&srv, &["read -P 0x58 1M 64k", "read -P 0x59 2M 64k"]);
     let (st, _) = srv.stop(Duration::from_secs(20));
     assert!(st.success(), "{st:?}");
+    // `cache status` of the image only reads: it made an overlay in the
+    // default place, which refused a later writable serve there once a
+    // snapshot was committed through another overlay.
+    let status = ok(run(&[
+        "cache",
+        "status",
+        "--repo",
+        s(&repo),
+        "--image",
+        "img",
+        "--cache",
+        s(&cache),
+    ]));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("0 dirty"),
+        "{status:?}"
+    );
+    let spec2 = format!("img,rw,overlay={}", s(&d.join("ov2")));
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--image",
+        &spec2,
+        "--socket",
+        s(&d.join("s2.sock")),
+    ]);
+    qemu(&srv, &["write -P 0x5a 3M 4k", "flush"]);
+    let (st, _) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--image",
+        "img,rw",
+        "--socket",
+        s(&d.join("s3.sock")),
+    ]);
+    qemu(&srv, &["read -P 0x5a 3M 4k"]);
+    let (st, _) = srv.stop(Duration::from_secs(20));
+    assert!(st.success(), "{st:?}");
 }
 
 /// A served writable image whose chunks hold zero pages (holes inside
