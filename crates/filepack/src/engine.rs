@@ -1000,12 +1000,15 @@ fn open_index(
     Ok((Arc::new(Mutex::new(index)), existed))
 }
 
-/// Write the index if decoding added to it (whole under a temporary
-/// name, synced, then renamed over `path`, which it replaces only if
-/// `existed`: then it was read as an index).
+/// Write the index if decoding added to it, or if there was none: an
+/// input decoded on one core (too short to cut) adds nothing, and its
+/// index, with no checkpoint, still says so to a range read (which then
+/// inflates from the member's start). Whole under a temporary name,
+/// synced, then renamed over `path`, which it replaces only if `existed`
+/// (then it was read as an index).
 fn save_index(path: &Path, index: &Mutex<GzipIndex>, existed: bool) -> Result<()> {
     let index = index.lock().unwrap_or_else(|p| p.into_inner());
-    if !index.changed {
+    if existed && !index.changed {
         return Ok(());
     }
     let named = |e: Error| Error::Index {
