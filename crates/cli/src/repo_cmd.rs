@@ -505,7 +505,13 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     };
     let r = cairn_store::backup(&repo, &lock, source.as_mut(), &opts);
     bar.finish();
-    let r = r?;
+    // A read error names the offset only: say what was read.
+    let r = r.map_err(|e| match e {
+        cairn_store::StoreError::Source { .. } => {
+            anyhow::Error::new(e).context(format!("backup of {}", a.source.display()))
+        }
+        e => e.into(),
+    })?;
     let t = &r.totals;
     warn_writer_repairs(&r.quarantined, &r.lost_packs);
     let mbs = t.bytes_in as f64 / 1e6 / r.seconds.max(1e-9);
@@ -687,7 +693,13 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         }
     };
     bar.finish();
-    let r = report?;
+    // A write error names the offset only: say where it went.
+    let r = report.map_err(|e| match e {
+        cairn_store::StoreError::Dest { .. } => {
+            anyhow::Error::new(e).context(format!("restore to {}", a.dest.display()))
+        }
+        e => e.into(),
+    })?;
     for d in &r.damaged {
         errln!(
             "cairn: damaged: image offset {} length {} ({} chunk(s) from {}) written as zeros: {}",

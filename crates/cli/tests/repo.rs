@@ -474,6 +474,33 @@ fn one_line_failure(out: &Output) -> String {
 /// Regression: `cairn init` with a target it cannot create left the
 /// repository directory half made (index/, snapshots/, no config).
 #[test]
+fn a_restore_that_cannot_write_names_its_destination() {
+    // The store's error names the image offset; the line says where the
+    // bytes were going (it did not).
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    std::fs::write(d.join("img"), image(3 << 20)).unwrap();
+    ok(run(&[
+        "backup",
+        s(&d.join("img")),
+        "--repo",
+        repo,
+        "--name",
+        "img",
+        "-q",
+    ]));
+    let out = run(&["restore", "img", "/dev/full", "--repo", repo, "-q"]);
+    let line = one_line_failure(&out);
+    assert!(
+        line.contains("restore to /dev/full") && line.contains("No space left"),
+        "{line}"
+    );
+}
+
+#[test]
 fn failed_init_leaves_nothing_behind() {
     let dir = tempdir();
     let d = dir.path();
