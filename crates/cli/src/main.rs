@@ -204,7 +204,8 @@ pub(crate) struct PackArgs {
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
           overrides_with_all = ["level", "fast", "best"])]
     pub level: Option<i32>,
-    /// Level 1 (gzip's, pigz's); with a value, zstd's --fast=N, level -N.
+    /// Level 1 (gzip's, pigz's; for zstd -1, as its bare --fast); with a
+    /// value, zstd's --fast=N, level -N.
     #[arg(long = "fast", value_name = "N", num_args = 0..=1, require_equals = true,
           value_parser = clap::value_parser!(u32).range(1..),
           overrides_with_all = ["level", "fast", "best"])]
@@ -259,8 +260,16 @@ pub(crate) struct DecodeArgs {
     /// without a stated size is decoded in a window of that size. When
     /// packing zstd: long-distance matching over a window of 2^N bytes,
     /// as `zstd --long=N`, within each block (blocks grow to the window,
-    /// up to 64 MiB, unless -b says).
-    #[arg(long = "long", value_name = "N", value_parser = clap::value_parser!(u32).range(10..=31))]
+    /// up to 64 MiB, unless -b says). A bare `--long` is `--long=27`, as
+    /// in zstd.
+    #[arg(
+        long = "long",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(10..=31),
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "27"
+    )]
     pub long: Option<u32>,
     /// A checkpoint index for one gzip input read from a file: if FILE
     /// exists, every core starts at a block boundary it lists (the second

@@ -1000,6 +1000,28 @@ fn an_index_is_written_for_a_gzip_too_short_to_cut() {
 }
 
 #[test]
+fn zstd_bare_long_and_fast_mean_what_they_mean_to_zstd() {
+    // `zstd --long` is --long=27, and `zstd --fast` is --fast=1 (level
+    // -1); a bare --long was refused, a bare --fast gave level 1.
+    let data = mixed(400_000, 68);
+    let (_, j) = pack_with_summary(&["-F", "zstd", "--fast"], &data);
+    assert_eq!(j["level"], -1, "{j}");
+    let (_, j) = pack_with_summary(&["-F", "gzip", "--fast"], &data);
+    assert_eq!(j["level"], 1, "{j}");
+    let (packed, _) = pack_with_summary(&["-F", "zstd", "--long"], &data);
+    assert!(cairn_ok(&["unpack", "--long"], &packed) == data);
+    if have("zstd") {
+        let dir = tempdir();
+        std::fs::write(dir.path().join("x.zst"), &packed).unwrap();
+        let out = tool(
+            "zstd",
+            &["-d", "--long=27", "-c", s(&dir.path().join("x.zst"))],
+        );
+        assert!(out.status.success() && out.stdout == data);
+    }
+}
+
+#[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();
     let packed = cairn_ok(&["pack"], b"hello");

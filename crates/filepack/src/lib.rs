@@ -94,7 +94,7 @@ pub enum Level {
     /// The format's default.
     #[default]
     Default,
-    /// Level 1 (`--fast`).
+    /// Level 1 (`--fast`; for zstd -1, its `--fast=1`).
     Fast,
     /// The format's highest (`--best`).
     Best,
@@ -108,6 +108,8 @@ impl Level {
         let (lo, hi) = format.level_range();
         let level = match self {
             Level::Default => format.default_level(),
+            // zstd's bare --fast is --fast=1, level -1; gzip's is level 1.
+            Level::Fast if format == Format::Zstd => -1,
             Level::Fast => 1,
             Level::Best => hi,
             Level::Exactly(n) => n,
