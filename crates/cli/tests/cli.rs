@@ -1022,6 +1022,52 @@ fn zstd_bare_long_and_fast_mean_what_they_mean_to_zstd() {
 }
 
 #[test]
+fn gunzip_takes_the_names_gzip_takes() {
+    // gzip -d takes .gz -gz .z -z _z in any case, and `gunzip x` finds
+    // x.gz; cairn said "unknown suffix" or "No such file".
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(30_000, 69);
+    let packed = cairn_ok(&["pack"], &data);
+    for (name, out) in [
+        ("a.GZ", "a"),
+        ("b-gz", "b"),
+        ("c.z", "c"),
+        ("d_z", "d"),
+        ("e-Z", "e"),
+        ("f.taz", "f.tar"),
+    ] {
+        std::fs::write(d.join(name), &packed).unwrap();
+        let o = cairn()
+            .args(["unpack", name])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        assert!(std::fs::read(d.join(out)).unwrap() == data, "{name}");
+        assert!(!d.join(name).exists(), "{name} kept");
+    }
+    std::fs::write(d.join("g.gz"), &packed).unwrap();
+    let o = cairn()
+        .args(["unpack", "g"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(d.join("g")).unwrap() == data);
+    // An existing name is never replaced by a guess.
+    std::fs::write(d.join("h"), b"plain").unwrap();
+    std::fs::write(d.join("h.gz"), &packed).unwrap();
+    let o = cairn()
+        .args(["unpack", "h"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(d.join("h.gz").exists());
+}
+
+#[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();
     let packed = cairn_ok(&["pack"], b"hello");

@@ -6,7 +6,7 @@ use crate::files::{
     is_special, refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, PendingFile, Sink,
     Source,
 };
-use crate::naming::{format_of_name, packed_name, unpacked_name};
+use crate::naming::{format_of_name, gzip_input_of, packed_name, unpacked_name};
 use crate::{
     Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
@@ -460,6 +460,19 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     let threads = threads(opts.threads)?;
     let check_only = unpack.mode != UnpackMode::Write;
     let suffix = opts.suffix.as_deref();
+    // `gunzip x` for x.gz, as gzip finds it.
+    let found: Vec<PathBuf> = opts
+        .files
+        .iter()
+        .map(|f| match (f.as_os_str() == "-", suffix) {
+            (false, None) => gzip_input_of(f).unwrap_or_else(|| f.clone()),
+            _ => f.clone(),
+        })
+        .collect();
+    let opts = &Options {
+        files: found,
+        ..opts.clone()
+    };
     let plans = plan(opts, check_only, |p| unpacked_name(p, suffix))?;
     if unpack.gzip_index.is_some() && plans.len() != 1 {
         return Err(Error::IndexManyInputs(plans.len()));
@@ -1195,7 +1208,9 @@ mod tests {
     #[test]
     fn levels_a_format_lacks_are_refused() {
         assert_eq!(Level::Best.resolve(Format::Gzip).unwrap(), 12);
-        assert_eq!(Level::Fast.resolve(Format::Zstd).unwrap(), 1);
+        // zstd's bare --fast is its --fast=1.
+        assert_eq!(Level::Fast.resolve(Format::Zstd).unwrap(), -1);
+        assert_eq!(Level::Fast.resolve(Format::Gzip).unwrap(), 1);
         assert_eq!(Level::Exactly(-5).resolve(Format::Zstd).unwrap(), -5);
         let e = Level::Exactly(9).resolve(Format::Lz4).unwrap_err();
         assert!(e.to_string().contains("lz4 has no level 9"), "{e}");

@@ -20,6 +20,17 @@ fn tar_suffixes(format: Format) -> &'static [&'static str] {
     }
 }
 
+/// The suffixes gzip also takes off when it decompresses, in any case
+/// (`x.GZ`, `x-gz`, `x.z`, `x_z`), with what stands in their place.
+const GZIP_OTHER_SUFFIXES: [(&str, &str); 6] = [
+    (".gz", ""),
+    ("-gz", ""),
+    (".z", ""),
+    ("-z", ""),
+    ("_z", ""),
+    (".taz", ".tar"),
+];
+
 /// The format a file name's suffix stands for, and the name without it
 /// (`x.tgz` stands for `x.tar`). A bare suffix (`.gz`, `dir/.gz`) is a
 /// hidden file's whole name, not a suffix.
@@ -27,6 +38,13 @@ pub fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
     let name = path.as_os_str().as_bytes();
     let with_tail =
         |stem: &[u8], tail: &[u8]| PathBuf::from(OsString::from_vec([stem, tail].concat()));
+    let lower = name.to_ascii_lowercase();
+    for (suffix, tail) in GZIP_OTHER_SUFFIXES {
+        if strip_suffix(&lower, suffix.as_bytes()).is_some() {
+            let stem = &name[..name.len() - suffix.len()];
+            return Some((Format::Gzip, with_tail(stem, tail.as_bytes())));
+        }
+    }
     for f in Format::ALL {
         if let Some(stem) = strip_suffix(name, f.suffix().as_bytes()) {
             return Some((f, with_tail(stem, b"")));
@@ -81,6 +99,20 @@ pub fn packed_name(
     Ok(PathBuf::from(name))
 }
 
+/// For `gunzip NAME` where NAME is not there: the first of NAME.gz,
+/// NAME-gz, NAME.z, NAME-z, NAME_z that is, as gzip looks for them.
+pub fn gzip_input_of(path: &Path) -> Option<PathBuf> {
+    if path.symlink_metadata().is_ok() || format_of_name(path).is_some() {
+        return None;
+    }
+    [".gz", "-gz", ".z", "-z", "_z"].iter().find_map(|suffix| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let p = PathBuf::from(name);
+        p.symlink_metadata().is_ok().then_some(p)
+    })
+}
+
 /// The name `path` unpacks into: `suffix` (`-S`) taken off if it ends
 /// with it, else its format's suffix.
 pub fn unpacked_name(path: &Path, suffix: Option<&OsStr>) -> Result<PathBuf> {
@@ -113,6 +145,13 @@ mod tests {
             ("x.lzo", Format::Lzop, "x"),
             ("x.bz2", Format::Bzip2, "x"),
             ("x.xz", Format::Xz, "x"),
+            // gzip's others, in any case.
+            ("x.GZ", Format::Gzip, "x"),
+            ("x-gz", Format::Gzip, "x"),
+            ("x.z", Format::Gzip, "x"),
+            ("x_Z", Format::Gzip, "x"),
+            ("x-z", Format::Gzip, "x"),
+            ("x.TAZ", Format::Gzip, "x.tar"),
         ] {
             let (f, stem) = format_of_name(Path::new(name)).unwrap();
             assert_eq!((f, stem.as_path()), (format, Path::new(out)), "{name}");
