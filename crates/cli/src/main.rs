@@ -200,7 +200,8 @@ pub(crate) struct PackArgs {
     #[arg(short = 'F', long = "format")]
     pub format: Option<String>,
     /// Compression level; the format's range (gzip 1-12, zstd -50-22, xz 0-9,
-    /// bzip2 1-9, lzop 1-9, lz4 and snappy 1 only). -1 .. -19 work too.
+    /// bzip2 1-9, lzop 1-9, lz4 1-12 (3 on: LZ4 HC), snappy 1 only). -1 ..
+    /// -19 work too.
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
           overrides_with_all = ["level", "fast", "best"])]
     pub level: Option<i32>,

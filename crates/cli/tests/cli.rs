@@ -144,7 +144,7 @@ fn levels_pigz_style_and_errors() {
         &["pack", "-b", "12Q"],
         &["unpack", "/nonexistent/file.gz"],
         // Levels a format lacks are refused, not replaced by another.
-        &["pack", "-F", "lz4", "-9"],
+        &["pack", "-F", "lz4", "--level", "13"],
         &["pack", "-F", "snappy", "-3"],
         &["pack", "-F", "xz", "-12"],
         &["pack", "-F", "bzip2", "--level", "0"],
@@ -157,9 +157,37 @@ fn levels_pigz_style_and_errors() {
         assert_eq!(err.lines().count(), 1, "{bad:?}: {err}");
         assert!(!err.contains("panicked"), "{bad:?}: {err}");
     }
-    let out = cairn_pipe(&["pack", "-F", "lz4", "-9"], &data);
+    let out = cairn_pipe(&["pack", "-F", "snappy", "-3"], &data);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("lz4 has no level 9"), "{err}");
+    assert!(err.contains("snappy has no level 3"), "{err}");
+}
+
+#[test]
+fn lz4_levels_are_the_lz4_tools() {
+    // 1-2 the fast coder, 3-12 LZ4 HC, --best 12, as `lz4` has them; -9
+    // was refused. Each decodes with lz4 itself.
+    let data = mixed(1_500_000, 70);
+    let (fast, j) = pack_with_summary(&["-F", "lz4", "-1"], &data);
+    assert_eq!(j["level"], 1, "{j}");
+    let (hc, j) = pack_with_summary(&["-F", "lz4", "-9"], &data);
+    assert_eq!(j["level"], 9, "{j}");
+    let (_, j) = pack_with_summary(&["-F", "lz4", "--best"], &data);
+    assert_eq!(j["level"], 12, "{j}");
+    assert!(
+        hc.len() < fast.len(),
+        "HC {} >= fast {}",
+        hc.len(),
+        fast.len()
+    );
+    for packed in [&fast, &hc] {
+        assert!(cairn_ok(&["unpack"], packed) == data);
+        if have("lz4") {
+            let dir = tempdir();
+            std::fs::write(dir.path().join("x.lz4"), packed).unwrap();
+            let out = tool("lz4", &["-d", "-c", s(&dir.path().join("x.lz4"))]);
+            assert!(out.status.success() && out.stdout == data);
+        }
+    }
 }
 
 #[test]

@@ -216,6 +216,15 @@ pub(crate) struct Lz4Codec {
     state: crate::lz4_ffi::Compressor,
 }
 
+impl Lz4Codec {
+    /// A codec compressing at `level` (1-2 fast, 3-12 LZ4 HC).
+    pub(crate) fn with_level(level: i32) -> Self {
+        Lz4Codec {
+            state: crate::lz4_ffi::Compressor::with_level(level),
+        }
+    }
+}
+
 impl BlockCodec for Lz4Codec {
     fn kind(&self) -> CodecKind {
         CodecKind::Lz4

@@ -27,6 +27,15 @@ extern "C" {
         dst_capacity: c_int,
         acceleration: c_int,
     ) -> c_int;
+    fn LZ4_sizeofStateHC() -> c_int;
+    fn LZ4_compress_HC_extStateHC(
+        state: *mut c_void,
+        src: *const c_char,
+        dst: *mut c_char,
+        src_size: c_int,
+        dst_capacity: c_int,
+        compression_level: c_int,
+    ) -> c_int;
     fn LZ4_decompress_safe_usingDict(
         src: *const c_char,
         dst: *mut c_char,
@@ -58,19 +67,39 @@ pub fn bound(n: usize) -> usize {
     n + n / 255 + 16
 }
 
+/// Levels from which the high-compression coder (LZ4 HC) is used, as the
+/// `lz4` tool uses it (LZ4HC_CLEVEL_MIN); below, the fast one.
+pub const HC_FROM: i32 = 3;
+
+/// Highest LZ4 HC level (LZ4HC_CLEVEL_MAX), `lz4 --best`.
+pub const MAX_LEVEL: i32 = 12;
+
 /// An LZ4 compression state, allocated once and reused for every block.
 pub struct Compressor {
     state: Vec<u64>,
+    level: i32,
 }
 
 impl Compressor {
-    /// A fresh state.
+    /// A fresh state for level 1 (the fast coder).
     pub fn new() -> Self {
-        // SAFETY: a pure function returning a constant size.
-        let size = unsafe { LZ4_sizeofState() };
-        let words = usize::try_from(size).unwrap_or(1 << 14) / 8 + 1;
+        Compressor::with_level(1)
+    }
+
+    /// A fresh state for `level` (1-2 the fast coder, 3-12 LZ4 HC).
+    pub fn with_level(level: i32) -> Self {
+        let level = level.clamp(1, MAX_LEVEL);
+        // SAFETY: pure functions returning a constant size.
+        let size = unsafe {
+            match level >= HC_FROM {
+                true => LZ4_sizeofStateHC(),
+                false => LZ4_sizeofState(),
+            }
+        };
+        let words = usize::try_from(size).unwrap_or(1 << 18) / 8 + 1;
         Compressor {
             state: vec![0u64; words],
+            level,
         }
     }
 
@@ -83,19 +112,32 @@ impl Compressor {
         let cap = bound(src.len());
         let dst_cap = c_int::try_from(cap).ok()?;
         let state = self.state.as_mut_ptr().cast::<c_void>();
+        let level = self.level;
         let write = |d: *mut u8, _: usize| {
             // SAFETY: `state` is LZ4_sizeofState() bytes, 8-aligned as
             // LZ4 requires; `src` is valid for `src_len` bytes, `d` for
             // `cap` bytes.
             let n = unsafe {
-                LZ4_compress_fast_extState(
-                    state,
-                    src.as_ptr().cast(),
-                    d.cast(),
-                    src_len,
-                    dst_cap,
-                    1,
-                )
+                match level >= HC_FROM {
+                    // SAFETY: as above, with `state` LZ4_sizeofStateHC()
+                    // bytes (made for this level in `with_level`).
+                    true => LZ4_compress_HC_extStateHC(
+                        state,
+                        src.as_ptr().cast(),
+                        d.cast(),
+                        src_len,
+                        dst_cap,
+                        level,
+                    ),
+                    false => LZ4_compress_fast_extState(
+                        state,
+                        src.as_ptr().cast(),
+                        d.cast(),
+                        src_len,
+                        dst_cap,
+                        1,
+                    ),
+                }
             };
             usize::try_from(n).ok().filter(|&n| n > 0 || src.is_empty())
         };
@@ -253,6 +295,40 @@ mod tests {
             decompress_prefix_append(cut, &mut out, data.len(), data.len()),
             Some(data.len())
         );
+    }
+
+    #[test]
+    fn every_level_round_trips_and_hc_compresses_more() {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| ((i / 7) % 61) as u8 ^ (i % 13 == 0) as u8)
+            .collect();
+        let mut sizes = Vec::new();
+        for level in [1, 2, HC_FROM, 9, MAX_LEVEL] {
+            let mut c = Compressor::with_level(level);
+            for _ in 0..2 {
+                // The state is reused for a second block.
+                let mut out = Vec::new();
+                let n = c.compress_append(&data, &mut out).unwrap();
+                assert_eq!(n, out.len());
+                let mut back = Vec::new();
+                assert_eq!(
+                    decompress_append(&out, &mut back, data.len(), &[]),
+                    Some(data.len()),
+                    "level {level}"
+                );
+                assert!(back == data, "level {level}");
+                sizes.push((level, n));
+            }
+        }
+        let at = |l: i32| {
+            sizes
+                .iter()
+                .find(|(x, _)| *x == l)
+                .map(|(_, n)| *n)
+                .unwrap()
+        };
+        assert!(at(9) < at(1), "{sizes:?}");
+        assert!(at(MAX_LEVEL) <= at(9), "{sizes:?}");
     }
 
     #[test]

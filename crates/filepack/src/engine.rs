@@ -1212,8 +1212,9 @@ mod tests {
         assert_eq!(Level::Fast.resolve(Format::Zstd).unwrap(), -1);
         assert_eq!(Level::Fast.resolve(Format::Gzip).unwrap(), 1);
         assert_eq!(Level::Exactly(-5).resolve(Format::Zstd).unwrap(), -5);
-        let e = Level::Exactly(9).resolve(Format::Lz4).unwrap_err();
-        assert!(e.to_string().contains("lz4 has no level 9"), "{e}");
+        let e = Level::Exactly(13).resolve(Format::Lz4).unwrap_err();
+        assert!(e.to_string().contains("lz4 has no level 13"), "{e}");
+        assert_eq!(Level::Best.resolve(Format::Lz4).unwrap(), 12);
         let e = Level::Exactly(10).resolve(Format::Xz).unwrap_err();
         assert!(e.to_string().contains("its levels are 0..=9"), "{e}");
     }

@@ -34,17 +34,18 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// A new encoder (LZ4 has one level here).
-    pub fn new() -> Self {
+    /// A new encoder at `level`: 1-2 the fast coder, 3-12 LZ4 HC, as the
+    /// `lz4` tool has them (its default is 1, `--best` 12).
+    pub fn new(level: i32) -> Self {
         Encoder {
-            codec: Lz4Codec::default(),
+            codec: Lz4Codec::with_level(level),
         }
     }
 }
 
 impl Default for Encoder {
     fn default() -> Self {
-        Encoder::new()
+        Encoder::new(1)
     }
 }
 

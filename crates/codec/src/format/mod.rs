@@ -99,7 +99,8 @@ impl Format {
         match self {
             Format::Gzip => (1, 12),
             Format::Zstd => (-50, 22),
-            Format::Lz4 | Format::Snappy => (1, 1),
+            Format::Lz4 => (1, crate::lz4_ffi::MAX_LEVEL),
+            Format::Snappy => (1, 1),
             Format::Lzop => (1, 9),
             Format::Bzip2 => (1, 9),
             Format::Xz => (0, 9),
@@ -209,7 +210,7 @@ impl Format {
                 )),
                 None => Box::new(zstd::Encoder::new(level)),
             },
-            Format::Lz4 => Box::new(lz4::Encoder::new()),
+            Format::Lz4 => Box::new(lz4::Encoder::new(level)),
             Format::Snappy => Box::new(snappy::Encoder::default()),
             Format::Lzop => Box::new(lzop::Encoder::new(level)),
             Format::Bzip2 => Box::new(bzip2::Encoder::new(level)),
