@@ -109,11 +109,16 @@ impl BlockError {
 
 impl fmt::Display for BlockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} of {} bytes at offset {}: ",
-            self.op, self.len, self.offset
-        )?;
+        // An open has no range: "open: ..." (it said "open of 0 bytes at
+        // offset 0").
+        match self.op {
+            Op::Open => write!(f, "{}: ", self.op)?,
+            _ => write!(
+                f,
+                "{} of {} bytes at offset {}: ",
+                self.op, self.len, self.offset
+            )?,
+        }
         match &self.kind {
             ErrorKind::OutOfRange => f.write_str("beyond the end of the device"),
             ErrorKind::ReadOnly => f.write_str("the device is read-only"),
@@ -136,3 +141,25 @@ impl std::error::Error for BlockError {
 
 /// Result of a block operation.
 pub type Result<T> = std::result::Result<T, BlockError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_error_names_no_range_and_others_do() {
+        let e = crate::FileDev::open(
+            std::path::Path::new("/nonexistent/x.img"),
+            crate::FileOptions::default(),
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(e.starts_with("open: /nonexistent/x.img: "), "{e}");
+        let e = BlockError::new(Op::Read, 4096, 512, ErrorKind::OutOfRange).to_string();
+        assert_eq!(
+            e,
+            "read of 512 bytes at offset 4096: beyond the end of the device"
+        );
+    }
+}
