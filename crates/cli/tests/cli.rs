@@ -1275,6 +1275,16 @@ fn recursion_names_and_skips_what_gzip_r_does() {
     let out = run(&["pack", "-q", s(&ours)]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("-r"));
+    // A symbolic link to a directory named on the command line is not
+    // followed, as gzip -r leaves it (it packed the tree behind it).
+    let via = dir.path().join("via");
+    std::os::unix::fs::symlink(&ours, &via).unwrap();
+    let out = run(&["pack", "-q", "-r", s(&via)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symbolic link"));
+    for (name, bytes) in &before {
+        assert_eq!(&std::fs::read(ours.join(name)).unwrap(), bytes, "{name:?}");
+    }
 }
 
 #[test]

@@ -137,7 +137,18 @@ pub(crate) fn plan(
     }
     for arg in &opts.files {
         let source = Source::from_arg(arg);
+        let link = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
         match &source {
+            // As gzip -r, a symbolic link to a directory is not followed
+            // (without -f): it would leave the tree named.
+            Source::File(p)
+                if opts.recursive
+                    && std::fs::metadata(p).is_ok_and(|m| m.is_dir())
+                    && link(p)
+                    && !opts.force =>
+            {
+                inputs.push((source.name(), Err(Error::SymlinkInput)))
+            }
             Source::File(p) if opts.recursive && std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
                 walk(p, &wanted, &mut inputs)
             }
