@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 use std::sync::Once;
 
 static PENDING: AtomicPtr<c_char> = AtomicPtr::new(ptr::null_mut());
@@ -133,26 +133,19 @@ pub fn default_sigpipe() {
 /// Standard streams the process was started without (`cairn ... >&-`)
 /// are reported when used, as gzip reports them (EBADF). Rust's runtime
 /// opens /dev/null read-write in their place before `main`, so output
-/// meant for a closed stdout vanished without a word; that stand-in (the
-/// null device, opened read-write, which a shell's `>/dev/null` or
-/// `</dev/null` never is) is replaced here by /dev/null opened the wrong
-/// way round: standard input for writing, the outputs for reading.
+/// meant for a closed stdout vanished without a word. Which ones were
+/// closed is seen before that, in [`CLOSED_AT_START`]'s constructor;
+/// each gets /dev/null opened the wrong way round instead: standard input
+/// for writing, the outputs for reading. (A /dev/null the caller opened,
+/// read-write or not, as Python's `subprocess.DEVNULL` is, stays.)
 pub fn fill_closed_std_streams() {
+    let closed = CLOSED.load(Ordering::Relaxed);
     for (fd, flags) in [
         (0, libc::O_WRONLY),
         (1, libc::O_RDONLY),
         (2, libc::O_RDONLY),
     ] {
-        // SAFETY: `st` is a plain struct filled by fstat; F_GETFL only
-        // reads the descriptor's flags.
-        let stand_in = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(fd, &mut st) == 0
-                && st.st_mode & libc::S_IFMT == libc::S_IFCHR
-                && st.st_rdev == libc::makedev(1, 3)
-                && libc::fcntl(fd, libc::F_GETFL) & libc::O_ACCMODE == libc::O_RDWR
-        };
-        if !stand_in {
+        if closed & (1 << fd) == 0 {
             continue;
         }
         // SAFETY: the path is a NUL-terminated literal; `new` is ours, put
@@ -166,6 +159,27 @@ pub fn fill_closed_std_streams() {
         }
     }
 }
+
+/// Bit `fd` set: standard stream `fd` was closed when the process began.
+static CLOSED: AtomicU8 = AtomicU8::new(0);
+
+/// Runs before Rust's runtime fills closed standard streams with
+/// /dev/null (the loader calls the executable's `.init_array` entries
+/// before `main`, which starts the runtime).
+extern "C" fn note_closed_std_streams() {
+    let mut closed = 0u8;
+    for fd in 0..3 {
+        // SAFETY: F_GETFD only asks about a descriptor number.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+            closed |= 1 << fd;
+        }
+    }
+    CLOSED.store(closed, Ordering::Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static CLOSED_AT_START: extern "C" fn() = note_closed_std_streams;
 
 /// A write to a closed pipe or socket returns EPIPE, for code that talks
 /// to a peer and must report that it went away.

@@ -985,6 +985,20 @@ fn a_closed_standard_output_is_an_error_not_a_silent_loss() {
         );
     }
     assert!(d.join("b.gz").exists());
+    // A /dev/null opened read-write by the caller (as Python's
+    // subprocess.DEVNULL is) is an output like any other.
+    for script in [
+        "exec \"$CAIRN\" unpack -c b.gz 1<>/dev/null",
+        "exec \"$CAIRN\" unpack -l b.gz 1<>/dev/null",
+    ] {
+        let out = std::process::Command::new("sh")
+            .args(["-c", script])
+            .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {}", stderr(&out));
+    }
 }
 
 #[test]
