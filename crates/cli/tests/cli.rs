@@ -966,17 +966,20 @@ fn a_closed_standard_output_is_an_error_not_a_silent_loss() {
     let dir = tempdir();
     let d = dir.path();
     std::fs::write(d.join("b.gz"), cairn_ok(&["pack"], &mixed(50_000, 66))).unwrap();
+    let sh = |script: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
     for script in [
         "exec \"$CAIRN\" unpack -c b.gz >&-",
         "exec \"$CAIRN\" pack -c <b.gz >&-",
         "exec \"$CAIRN\" unpack -l b.gz >&-",
     ] {
-        let out = std::process::Command::new("sh")
-            .args(["-c", script])
-            .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
-            .current_dir(d)
-            .output()
-            .unwrap();
+        let out = sh(script);
         assert_eq!(out.status.code(), Some(1), "{script}: {}", stderr(&out));
         assert!(
             stderr(&out).contains("Bad file descriptor"),
@@ -991,12 +994,7 @@ fn a_closed_standard_output_is_an_error_not_a_silent_loss() {
         "exec \"$CAIRN\" unpack -c b.gz 1<>/dev/null",
         "exec \"$CAIRN\" unpack -l b.gz 1<>/dev/null",
     ] {
-        let out = std::process::Command::new("sh")
-            .args(["-c", script])
-            .env("CAIRN", env!("CARGO_BIN_EXE_cairn"))
-            .current_dir(d)
-            .output()
-            .unwrap();
+        let out = sh(script);
         assert!(out.status.success(), "{script}: {}", stderr(&out));
     }
 }
