@@ -70,7 +70,8 @@ fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
     if watermark {
         return Err(WbError::BadSuperblock {
             reason: "the superblock is zeroed but a watermark follows it: the cache is damaged \
-                     (its log is not formatted over)",
+                     and its log is not formatted over (a cache detached by a cairn before \
+                     2026-11-28 left its watermarks: zero its first 12 KiB to use it anew)",
         });
     }
     Ok(true)
