@@ -290,10 +290,6 @@ fn open_encrypted(r: &RepoArg) -> Result<cairn_store::Repository> {
     Ok(repo)
 }
 
-fn print_json(v: &serde_json::Value) {
-    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
-}
-
 pub(crate) fn key(a: &KeyArgs) -> Result<()> {
     match &a.command {
         KeyCommand::List { repo, json } => {
@@ -307,7 +303,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
                     .iter()
                     .map(|(id, why)| json!({"id": id, "error": why}))
                     .collect();
-                print_json(
+                crate::repo_cmd::print_json(
                     &json!({"repository": repo.location(), "keys": keys, "damaged": damaged}),
                 );
             } else {
@@ -339,7 +335,7 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             let repo = open_encrypted(&n.repo)?;
             let id = repo.add_key(&n.new_password()?, n.kdf.params())?;
             if n.json {
-                print_json(&json!({"repository": repo.location(), "added": id}));
+                crate::repo_cmd::print_json(&json!({"repository": repo.location(), "added": id}));
             } else {
                 errln!("cairn: added key {id} to {}", repo.location());
             }
@@ -348,7 +344,9 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
             let repo = open_encrypted(repo)?;
             let removed = repo.remove_key(id)?;
             if *json {
-                print_json(&json!({"repository": repo.location(), "removed": removed}));
+                crate::repo_cmd::print_json(
+                    &json!({"repository": repo.location(), "removed": removed}),
+                );
             } else {
                 errln!("cairn: removed key {removed} from {}", repo.location());
             }
@@ -372,7 +370,9 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
                     .context("the new key does not open the repository; the old one is kept")?;
             reopened.remove_key(&old)?;
             if n.json {
-                print_json(&json!({"repository": repo.location(), "added": id, "removed": old}));
+                crate::repo_cmd::print_json(
+                    &json!({"repository": repo.location(), "added": id, "removed": old}),
+                );
             } else {
                 errln!(
                     "cairn: password changed for {} (key {id} replaces {old})",

@@ -285,13 +285,13 @@ impl Writable {
     }
 }
 
-/// Put the write-back cache at `cache` in front of `export`.
+/// Put the write-back cache at `cache` in front of `export`; returns it.
 fn attach_cache(
     a: &ServeArgs,
     export: &mut Export,
     cache: &std::path::Path,
     caches: &mut Vec<Cached>,
-) -> Result<()> {
+) -> Result<Arc<WbCache>> {
     if caches.iter().any(|(p, _, _)| p == cache) {
         bail!("cache {} is given twice", cache.display());
     }
@@ -313,8 +313,8 @@ fn attach_cache(
     export
         .description
         .push_str(&format!(", cached on {}", cache.display()));
-    export.dev = wb;
-    Ok(())
+    export.dev = wb.clone();
+    Ok(wb)
 }
 
 /// For a long-running server: every allocation of 1 MiB or more gets a
@@ -394,10 +394,9 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         for (i, c) in opened.cached {
             let e = &mut exports[i];
             let name = e.name.clone();
-            attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
-            if let Some((_, wb, _)) = caches.last() {
-                cache_of.insert(name, wb.clone());
-            }
+            let wb =
+                attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
+            cache_of.insert(name, wb);
         }
         writable = opened
             .writable

@@ -811,7 +811,7 @@ fn a_device_or_fifo_at_a_named_output_is_refused_and_the_input_kept() {
             }
         };
         let before = std::fs::read(d.join(src)).unwrap();
-        let out = cairn().args([verb, src]).current_dir(d).output().unwrap();
+        let out = run_in(d, &[verb, src]);
         assert_eq!(out.status.code(), Some(1), "{verb} {src}: {}", stderr(&out));
         assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
         assert!(
@@ -820,11 +820,7 @@ fn a_device_or_fifo_at_a_named_output_is_refused_and_the_input_kept() {
         );
         assert!(!std::fs::symlink_metadata(&out_path).unwrap().is_file());
         // -f replaces the node with the output, and only then removes the input.
-        let out = cairn()
-            .args([verb, "-f", src])
-            .current_dir(d)
-            .output()
-            .unwrap();
+        let out = run_in(d, &[verb, "-f", src]);
         assert!(out.status.success(), "{verb} -f {src}: {}", stderr(&out));
         assert!(std::fs::symlink_metadata(&out_path).unwrap().is_file());
         assert!(!d.join(src).exists());
@@ -875,7 +871,7 @@ fn a_fifo_input_is_read_only_as_a_stream_and_never_removed() {
             let (fifo, data) = (fifo.clone(), data.clone());
             std::thread::spawn(move || std::fs::write(fifo, data).unwrap())
         };
-        let out = cairn().args(args).current_dir(d).output().unwrap();
+        let out = run_in(d, args);
         writer.join().unwrap();
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
         let packed = match args[1] {
@@ -1015,15 +1011,12 @@ fn an_index_is_written_for_a_gzip_too_short_to_cut() {
     let gz = tool("gzip", &["-6", "-c", s(&d.join("s"))]).stdout;
     std::fs::write(d.join("s.gz"), gz).unwrap();
     let idx = d.join("s.gzx");
-    let out = cairn()
-        .args(["unpack", "-t", "--index", s(&idx), "s.gz"])
-        .current_dir(d)
-        .output()
-        .unwrap();
+    let out = run_in(d, &["unpack", "-t", "--index", s(&idx), "s.gz"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(idx.exists(), "no index written");
-    let out = cairn()
-        .args([
+    let out = run_in(
+        d,
+        &[
             "unpack",
             "--index",
             s(&idx),
@@ -1031,10 +1024,8 @@ fn an_index_is_written_for_a_gzip_too_short_to_cut() {
             "500000+10",
             "-c",
             "s.gz",
-        ])
-        .current_dir(d)
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(out.stdout == data[500_000..500_010]);
 }
@@ -1078,31 +1069,19 @@ fn gunzip_takes_the_names_gzip_takes() {
         ("f.taz", "f.tar"),
     ] {
         std::fs::write(d.join(name), &packed).unwrap();
-        let o = cairn()
-            .args(["unpack", name])
-            .current_dir(d)
-            .output()
-            .unwrap();
+        let o = run_in(d, &["unpack", name]);
         assert!(o.status.success(), "{name}: {}", stderr(&o));
         assert!(std::fs::read(d.join(out)).unwrap() == data, "{name}");
         assert!(!d.join(name).exists(), "{name} kept");
     }
     std::fs::write(d.join("g.gz"), &packed).unwrap();
-    let o = cairn()
-        .args(["unpack", "g"])
-        .current_dir(d)
-        .output()
-        .unwrap();
+    let o = run_in(d, &["unpack", "g"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(std::fs::read(d.join("g")).unwrap() == data);
     // An existing name is never replaced by a guess.
     std::fs::write(d.join("h"), b"plain").unwrap();
     std::fs::write(d.join("h.gz"), &packed).unwrap();
-    let o = cairn()
-        .args(["unpack", "h"])
-        .current_dir(d)
-        .output()
-        .unwrap();
+    let o = run_in(d, &["unpack", "h"]);
     assert!(!o.status.success());
     assert!(d.join("h.gz").exists());
 }

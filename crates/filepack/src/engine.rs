@@ -137,20 +137,15 @@ pub(crate) fn plan(
     }
     for arg in &opts.files {
         let source = Source::from_arg(arg);
-        let link = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
         match &source {
-            // As gzip -r, a symbolic link to a directory is not followed
-            // (without -f): it would leave the tree named.
-            Source::File(p)
-                if opts.recursive
-                    && std::fs::metadata(p).is_ok_and(|m| m.is_dir())
-                    && link(p)
-                    && !opts.force =>
-            {
-                inputs.push((source.name(), Err(Error::SymlinkInput)))
-            }
             Source::File(p) if opts.recursive && std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
-                walk(p, &wanted, &mut inputs)
+                // As gzip -r, a symbolic link to a directory is not
+                // followed (without -f): it would leave the tree named.
+                let link = std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
+                match link && !opts.force {
+                    true => inputs.push((source.name(), Err(Error::SymlinkInput))),
+                    false => walk(p, &wanted, &mut inputs),
+                }
             }
             _ => inputs.push((source.name(), Ok(source))),
         }
@@ -185,24 +180,24 @@ pub(crate) fn plan(
                 Source::File(src) => is_special(src),
                 Source::Stdin => false,
             };
-            let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
-                (Source::File(_), Dest::File(_)) if special && opts.output.is_none() => {
-                    Err(Error::NotRegular)
-                }
-                _ => Ok((dest, remove && !special)),
-            });
-            // Writing the output would destroy the input (`-f -o x x`).
-            let dest = dest.and_then(|(dest, remove)| match (&source, &dest) {
-                (Source::File(src), Dest::File(out))
-                    if std::fs::metadata(src).is_ok_and(|m| m.is_file()) && same_file(src, out) =>
-                {
-                    Err(Error::OutputIsInput(out.clone()))
-                }
-                (Source::File(src), Dest::File(_)) if !opts.force => {
-                    links_allow(src, remove).map(|()| (dest, remove))
-                }
-                _ => Ok((dest, remove)),
-            });
+            let dest = dest.and_then(
+                |(dest, remove)| match (&source, &dest, remove && !special) {
+                    (Source::File(_), Dest::File(_), _) if special && opts.output.is_none() => {
+                        Err(Error::NotRegular)
+                    }
+                    // Writing the output would destroy the input (`-f -o x x`).
+                    (Source::File(src), Dest::File(out), _)
+                        if std::fs::metadata(src).is_ok_and(|m| m.is_file())
+                            && same_file(src, out) =>
+                    {
+                        Err(Error::OutputIsInput(out.clone()))
+                    }
+                    (Source::File(src), Dest::File(_), remove) if !opts.force => {
+                        links_allow(src, remove).map(|()| (dest, remove))
+                    }
+                    (_, _, remove) => Ok((dest, remove)),
+                },
+            );
             let plan = dest.map(|(dest, remove_input)| Plan {
                 source,
                 dest,

@@ -98,9 +98,7 @@ impl Layout {
         }
         Ok(layout)
     }
-}
 
-impl Layout {
     /// Every place that uses any of `chunks`.
     pub fn places_of<'a>(&self, chunks: impl IntoIterator<Item = &'a ChunkId>) -> BTreeSet<Place> {
         chunks

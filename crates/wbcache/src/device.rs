@@ -93,7 +93,8 @@ impl WbCache {
         format_blank: bool,
     ) -> Result<WbCache> {
         let (dev, lock) = open_dev(path, false)?;
-        if dev.identity().is_some() && dev.identity() == backing.identity() {
+        let id = dev.identity();
+        if id.is_some() && id == backing.identity() {
             return Err(WbError::CacheIsBacking(path.to_path_buf()));
         }
         if is_blank(&dev)? {

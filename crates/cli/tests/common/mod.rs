@@ -57,6 +57,16 @@ pub fn run(args: &[&str]) -> Output {
         .expect("run cairn")
 }
 
+/// Run cairn in directory `dir` (names relative to it).
+pub fn run_in(dir: &Path, args: &[&str]) -> Output {
+    cairn()
+        .env_remove("CAIRN_REPO")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run cairn")
+}
+
 /// `out`, asserting success (with both streams in the message).
 pub fn ok(out: Output) -> Output {
     assert!(
