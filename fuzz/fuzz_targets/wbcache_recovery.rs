@@ -1,13 +1,16 @@
 //! Recovery of the write-back log on hostile cache contents: the fuzz
-//! input becomes a watermark slot and the first segment (header and data
-//! blocks) of a freshly formatted cache, with the magic, cache id,
-//! segment id and CRC fixed up so that the entry parser and replay are
-//! reached. Inspecting and opening must fail cleanly (a damaged log is
+//! input becomes a watermark slot, a flush mark slot (its magic, cache id
+//! and CRC fixed up, so that any claims are read) and the first segment
+//! (header and data blocks) of a freshly formatted cache, with the magic,
+//! cache id, segment id and CRC fixed up so that the entry parser and
+//! replay are reached. Inspecting and opening must fail cleanly (a damaged log is
 //! refused) or give a cache whose reads and drain work; never a panic or
 //! a hang.
 #![no_main]
 use cairn_blockdev::{BlockDev, MemDev};
-use cairn_wbcache::format::{BLOCK_SIZE, RING_OFFSET, SEGMENT_BYTES, WATERMARK_OFFSETS};
+use cairn_wbcache::format::{
+    BLOCK_SIZE, MARK_OFFSETS, RING_OFFSET, SEGMENT_BYTES, WATERMARK_OFFSETS,
+};
 use cairn_wbcache::{FormatOptions, WbCache, WbConfig};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
@@ -29,6 +32,14 @@ fuzz_target!(|data: &[u8]| {
     // A watermark slot as given (its CRC is not fixed: both outcomes are
     // legal).
     let _ = cache.write_at(wm, WATERMARK_OFFSETS[0], false);
+    let (mark, seg) = seg.split_at(seg.len().min(64));
+    let mut mk = mark.to_vec();
+    mk.resize(64, 0);
+    mk[0..8].copy_from_slice(b"CAIRNFM\0");
+    mk[8..24].copy_from_slice(&ID);
+    let crc = crc32c::crc32c(&mk[..56]);
+    mk[56..60].copy_from_slice(&crc.to_le_bytes());
+    let _ = cache.write_at(&mk, MARK_OFFSETS[1], false);
     // Segment 1: the input, then magic, cache id, id 1 and the CRC.
     let mut img = seg.to_vec();
     img.resize(img.len().max(bs), 0);

@@ -255,6 +255,7 @@ fn inspection_json(cache: &str, i: &Inspection) -> serde_json::Value {
         "dirty_bytes": i.dirty_blocks * 4096,
         "dirty_segments": i.dirty_segments,
         "plog_records": i.plog_records,
+        "flush_marked_id": i.marked_id,
         "stale_headers": i.stale_headers,
         "damage": i.damage.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
         "notes": i.notes,
@@ -299,6 +300,8 @@ pub(crate) fn status_json(cache: &str, s: &WbStatus) -> serde_json::Value {
         "writeback_batches": s.writeback_batches,
         "plog_records": s.plog_records,
         "bypassed_blocks": s.bypassed_blocks,
+        "flush_marks": s.flush_marks,
+        "flush_marked_id": s.marked_id,
     })
 }
 

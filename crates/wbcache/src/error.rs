@@ -18,6 +18,13 @@ pub enum Place {
         /// Sequence number being written (0 when reading).
         seq: u64,
     },
+    /// A flush mark slot (0 = A, 1 = B) with the sequence number written.
+    FlushMark {
+        /// Slot index.
+        slot: usize,
+        /// Sequence number being written (0 when reading).
+        seq: u64,
+    },
     /// A segment on the cache device.
     Segment {
         /// Segment id.
@@ -51,6 +58,13 @@ impl fmt::Display for Place {
                 write!(
                     f,
                     "watermark slot {} (sequence {seq})",
+                    ["A", "B"][*slot & 1]
+                )
+            }
+            Place::FlushMark { slot, seq } => {
+                write!(
+                    f,
+                    "flush mark slot {} (sequence {seq})",
                     ["A", "B"][*slot & 1]
                 )
             }

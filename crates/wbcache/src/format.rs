@@ -20,6 +20,8 @@ pub const RING_OFFSET: u64 = 1 << 20;
 pub const PLOG_OFFSET: u64 = 64 << 10;
 /// Byte offsets of watermark slots A and B.
 pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
+/// Byte offsets of flush mark slots A and B (format version 4).
+pub const MARK_OFFSETS: [u64; 2] = [12288, 16384];
 /// The format version this crate writes and the newest it reads. Version
 /// 2 added the persistent log; a version 1 cache (no plog records, the
 /// region unused) is read as one with an empty plog. The bump keeps a
@@ -29,15 +31,22 @@ pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
 /// durable when it was sealed, and `format` writes a first watermark, so
 /// a cache with no readable watermark is damaged. Versions 1 and 2 (no
 /// such record: a damaged segment there still reads as the end of the
-/// log) are read.
-pub const FORMAT_VERSION: u32 = 3;
+/// log) are read. Version 4 added the flush mark: a record, written
+/// shortly after each completed FLUSH, of the segments and plog records
+/// that FLUSH made durable, so that damage to the last ones (which no
+/// later segment vouches for) is not read as a torn tail. Versions 1-3
+/// (no mark) are read, and written to without one.
+pub const FORMAT_VERSION: u32 = 4;
 /// The first version whose segment headers record the durable id and
 /// whose `format` writes a watermark.
 pub const DAMAGE_EVIDENT_VERSION: u32 = 3;
+/// The first version with flush marks.
+pub const MARKED_VERSION: u32 = 4;
 
 const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
 const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
 const SG_MAGIC: &[u8; 8] = b"CAIRNSG\0";
+const MK_MAGIC: &[u8; 8] = b"CAIRNFM\0";
 
 /// Whether `b` starts with a watermark's magic (of any cache).
 pub fn is_watermark(b: &[u8]) -> bool {
@@ -144,6 +153,11 @@ impl Superblock {
     }
 }
 
+/// The highest sequence number a watermark or flush mark slot may hold:
+/// one above it is never reached by counting (2^62 writes), so it is
+/// damage, and the next write's sequence number cannot overflow.
+pub const MAX_SEQ: u64 = 1 << 62;
+
 /// A watermark slot's contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Watermark {
@@ -177,12 +191,62 @@ impl Watermark {
         if b.len() < 44 || &b[0..8] != WM_MAGIC || &b[8..24] != cache_id {
             return None;
         }
-        if crc32c::crc32c(&b[0..40]) != le_u32(b, 40) {
+        if crc32c::crc32c(&b[0..40]) != le_u32(b, 40) || le_u64(b, 24) > MAX_SEQ {
             return None;
         }
         Some(Watermark {
             seq: le_u64(b, 24),
             clean_id: le_u64(b, 32),
+        })
+    }
+}
+
+/// A flush mark slot's contents (format version 4): what completed
+/// FLUSHes had made durable when it was written. Slots alternate like the
+/// watermark's (odd sequence numbers in A).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct FlushMark {
+    pub seq: u64,
+    /// Every segment up to this id was written and a cache flush followed.
+    pub durable_id: u64,
+    /// Plog records `1..=plog_seq` of segment `plog_segment` were written
+    /// and flushed (0, 0: none claimed).
+    pub plog_segment: u64,
+    pub plog_seq: u64,
+}
+
+impl FlushMark {
+    /// The claims of the mark, without its sequence number.
+    pub fn claims(&self) -> (u64, u64, u64) {
+        (self.durable_id, self.plog_segment, self.plog_seq)
+    }
+
+    pub fn encode(&self, cache_id: &[u8; 16]) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK_SIZE as usize];
+        b[0..8].copy_from_slice(MK_MAGIC);
+        b[8..24].copy_from_slice(cache_id);
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.durable_id.to_le_bytes());
+        b[40..48].copy_from_slice(&self.plog_segment.to_le_bytes());
+        b[48..56].copy_from_slice(&self.plog_seq.to_le_bytes());
+        let crc = crc32c::crc32c(&b[0..56]);
+        b[56..60].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The mark in `b`, if it is valid and belongs to `cache_id`.
+    pub fn decode(b: &[u8], cache_id: &[u8; 16]) -> Option<FlushMark> {
+        if b.len() < 60 || &b[0..8] != MK_MAGIC || &b[8..24] != cache_id {
+            return None;
+        }
+        if crc32c::crc32c(&b[0..56]) != le_u32(b, 56) || le_u64(b, 24) > MAX_SEQ {
+            return None;
+        }
+        Some(FlushMark {
+            seq: le_u64(b, 24),
+            durable_id: le_u64(b, 32),
+            plog_segment: le_u64(b, 40),
+            plog_seq: le_u64(b, 48),
         })
     }
 }
@@ -529,6 +593,42 @@ mod tests {
         assert!(PlogHeader::decode(&seg[..4096], &id, 100).is_none());
         assert!(PlogHeader::decode(&[0u8; 4096], &id, 100).is_none());
         assert!(PLOG_OFFSET >= WATERMARK_OFFSETS[1] + BLOCK_SIZE);
+    }
+
+    #[test]
+    fn flush_marks_round_trip_and_are_checked() {
+        let id = [3u8; 16];
+        let m = FlushMark {
+            seq: 5,
+            durable_id: 12,
+            plog_segment: 13,
+            plog_seq: 4,
+        };
+        let b = m.encode(&id);
+        assert_eq!(FlushMark::decode(&b, &id), Some(m));
+        assert_eq!(FlushMark::decode(&b, &[4u8; 16]), None);
+        for at in [24, 33, 41, 49, 57] {
+            let mut bad = b.clone();
+            bad[at] ^= 1;
+            assert_eq!(FlushMark::decode(&bad, &id), None, "byte {at}");
+        }
+        // A watermark is not a mark, and the slots lie between the
+        // watermarks and the plog.
+        let w = Watermark {
+            seq: 5,
+            clean_id: 12,
+        };
+        assert_eq!(FlushMark::decode(&w.encode(&id), &id), None);
+        // A sequence number no count reaches is not taken.
+        let huge = FlushMark { seq: u64::MAX, ..m };
+        assert_eq!(FlushMark::decode(&huge.encode(&id), &id), None);
+        let huge = Watermark {
+            seq: MAX_SEQ + 1,
+            clean_id: 1,
+        };
+        assert_eq!(Watermark::decode(&huge.encode(&id), &id), None);
+        assert!(MARK_OFFSETS[0] >= WATERMARK_OFFSETS[1] + BLOCK_SIZE);
+        assert!(MARK_OFFSETS[1] + BLOCK_SIZE <= PLOG_OFFSET);
     }
 
     #[test]

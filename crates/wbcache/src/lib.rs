@@ -169,7 +169,7 @@ use writeback::BatchProgress;
 use cairn_blockdev::{
     check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, Op, ZeroFlags,
 };
-use format::{Entry, Superblock, Watermark};
+use format::{Entry, FlushMark, Superblock, Watermark};
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -263,6 +263,14 @@ pub struct WbConfig {
     /// (zero: only when full or flushed). Sealing a part-filled segment
     /// spends a whole ring slot, so it is seconds, not milliseconds.
     pub flush_deadline: Duration,
+    /// Write the flush mark (format version 4) this long after a FLUSH
+    /// completes, for everything FLUSHes made durable by then: one small
+    /// write and cache flush per period at most, off the FLUSH's path.
+    /// Until it is written, damage to the segments or plog records of the
+    /// last FLUSHes (which no later segment vouches for) would read as a
+    /// torn tail. 50 ms: under a load that flushes continuously, 20 marks
+    /// a second.
+    pub mark_delay: Duration,
     /// Open a cache whose log is damaged (flushed writes unreadable; see
     /// [`Damage`]) anyway, dropping the log from the damage on. Without
     /// it, such a cache is refused with [`WbError::Damaged`].
@@ -281,6 +289,7 @@ impl Default for WbConfig {
             idle_writeback: Duration::from_secs(1),
             max_sealed_in_ram: 2,
             plog: false,
+            mark_delay: Duration::from_millis(50),
             accept_loss: false,
         }
     }
@@ -304,6 +313,9 @@ pub struct Inspection {
     pub dirty_blocks: u64,
     /// Plog records of the open segment.
     pub plog_records: u64,
+    /// What the newest flush mark says was flushed: segments up to this
+    /// id (0 when the version has no marks).
+    pub marked_id: u64,
     /// Headers of stale segments and plog records an open would erase.
     pub stale_headers: usize,
     /// Damage: flushed writes that cannot be read (empty when healthy).
@@ -342,6 +354,11 @@ pub struct WbStatus {
     /// Blocks written straight to the backing device (sequential cutoff,
     /// or a backing device faster than [`WbConfig::bypass_below`]).
     pub bypassed_blocks: u64,
+    /// Flush marks written (format version 4).
+    pub flush_marks: u64,
+    /// What the newest flush mark written says was flushed: segments up
+    /// to this id (0 when the version has no marks).
+    pub marked_id: u64,
 }
 
 #[derive(Default)]
@@ -353,6 +370,7 @@ struct Counters {
     writeback_batches: u64,
     plog_records: u64,
     bypassed_blocks: u64,
+    flush_marks: u64,
 }
 
 struct State {
@@ -375,6 +393,13 @@ struct State {
     plog_seg: u64,
     plog_seq: u64,
     plog_pos: u64,
+    /// The last plog record written and flushed: (segment id, seq).
+    plog_durable: (u64, u64),
+    /// The sequence number and claims of the last flush mark written.
+    mark_seq: u64,
+    marked: (u64, u64, u64),
+    /// When the flusher writes the next flush mark (None: not due).
+    mark_due: Option<Instant>,
     /// Someone is writing a plog record or flushing the cache device for
     /// a FLUSH.
     flushing: bool,
@@ -421,6 +446,11 @@ struct Inner {
     cache_id: [u8; 16],
     segment_count: u64,
     size: u64,
+    /// The format has flush marks (version 4 on).
+    marks: bool,
+    /// Held while a flush mark is written (the flusher, close, and
+    /// [`WbCache::write_flush_mark`]), so that sequence numbers go up.
+    mark_lock: Mutex<()>,
     state: Mutex<State>,
     /// The flusher waits here for a sealed segment (notify_one: one waiter).
     flusher_cv: Condvar,
@@ -543,23 +573,41 @@ impl WbCache {
             backing_size,
             created: now_secs(),
         };
-        // Slot A holds a first watermark (sequence 1, nothing written
-        // back), slot B nothing: from format version 3 on, a cache with no
-        // readable watermark is damaged, not new.
-        let first = Watermark {
+        // Slot A of the watermark and of the flush mark hold sequence 1
+        // (nothing written back, nothing flushed), slot B zeroes: a cache
+        // with no readable watermark (from version 3 on) or flush mark
+        // (version 4) is damaged, not new.
+        let first_wm = Watermark {
             seq: 1,
             clean_id: 0,
-        };
+        }
+        .encode(&sb.cache_id);
+        let first_mark = FlushMark {
+            seq: 1,
+            ..FlushMark::default()
+        }
+        .encode(&sb.cache_id);
         let zero = vec![0u8; BU];
-        for (slot, off) in format::WATERMARK_OFFSETS.iter().enumerate() {
-            let b = if slot == Watermark::slot(first.seq) {
-                first.encode(&sb.cache_id)
-            } else {
-                zero.clone()
-            };
-            cache
-                .write_at(&b, *off, false)
-                .map_err(|e| WbError::io(Place::Watermark { slot, seq: 0 }, e))?;
+        let watermark = |slot| Place::Watermark { slot, seq: 0 };
+        let mark = |slot| Place::FlushMark { slot, seq: 0 };
+        for (first, offsets, place) in [
+            (
+                &first_wm,
+                format::WATERMARK_OFFSETS,
+                &watermark as &dyn Fn(usize) -> Place,
+            ),
+            (&first_mark, format::MARK_OFFSETS, &mark),
+        ] {
+            for (slot, off) in offsets.iter().enumerate() {
+                let b = if slot == Watermark::slot(1) {
+                    first
+                } else {
+                    &zero
+                };
+                cache
+                    .write_at(b, *off, false)
+                    .map_err(|e| WbError::io(place(slot), e))?;
+            }
         }
         // An empty persistent log (zeroes read as no record).
         cache
@@ -606,10 +654,40 @@ impl WbCache {
             open,
             plog_seq,
             plog_pos,
+            mark,
             ..
         } = scan;
         let cid = sb.cache_id;
         let count = sb.segment_count;
+        let marks = sb.version >= format::MARKED_VERSION;
+        // What recovery accepted is what is durable now: say so in both
+        // mark slots before anything new is written, so that no older
+        // claim (of segments dropped with an accepted loss) outlives it.
+        let plog_durable = if plog_seq > 0 {
+            (last + 1, plog_seq)
+        } else {
+            (0, 0)
+        };
+        let mut mark_seq = 0;
+        if marks {
+            cache
+                .flush()
+                .map_err(|e| WbError::io(Place::CacheFlush, e))?;
+            let seq0 = mark.map_or(0, |m| m.seq);
+            for seq in [seq0 + 1, seq0 + 2] {
+                let m = FlushMark {
+                    seq,
+                    durable_id: last,
+                    plog_segment: plog_durable.0,
+                    plog_seq: plog_durable.1,
+                };
+                recovery::put_mark(&*cache, &cid, &m, false)?;
+            }
+            cache
+                .flush()
+                .map_err(|e| WbError::io(Place::CacheFlush, e))?;
+            mark_seq = seq0 + 2;
+        }
         // Blocks replayed from the plog into the open segment wait for the
         // flush deadline like new ones.
         let open_since = (!open.entries.is_empty()).then(Instant::now);
@@ -628,6 +706,10 @@ impl WbCache {
             plog_seg: if plog_seq > 0 { last + 1 } else { 0 },
             plog_seq,
             plog_pos,
+            plog_durable,
+            mark_seq,
+            marked: (last, plog_durable.0, plog_durable.1),
+            mark_due: None,
             flushing: false,
             seg_writing: false,
             drain_to: 0,
@@ -651,6 +733,8 @@ impl WbCache {
             cache_id: cid,
             segment_count: count,
             size,
+            marks,
+            mark_lock: Mutex::new(()),
             state: Mutex::new(state),
             flusher_cv: Condvar::new(),
             wb_cv: Condvar::new(),
@@ -710,6 +794,7 @@ impl WbCache {
             dirty_segments: scan.last - scan.wm.clean_id,
             dirty_blocks: scan.index.values().filter(|l| l.dirty != 0).count() as u64,
             plog_records: scan.plog_seq,
+            marked_id: scan.mark.map_or(0, |m| m.durable_id),
             stale_headers: scan.stale.len(),
             damage: scan.damage,
             notes: scan.notes,
@@ -733,6 +818,8 @@ impl WbCache {
             writeback_batches: st.counters.writeback_batches,
             plog_records: st.counters.plog_records,
             bypassed_blocks: st.counters.bypassed_blocks,
+            marked_id: st.marked.0,
+            flush_marks: st.counters.flush_marks,
         }
     }
 
@@ -767,11 +854,19 @@ impl WbCache {
         }
     }
 
-    /// Flush and stop the background threads (does not write back).
+    /// Flush, stop the background threads and write the flush mark (does
+    /// not write back).
     pub fn close(mut self) -> Result<()> {
         let r = self.inner.flush_seal();
         self.shutdown();
-        r
+        r?;
+        self.inner.write_mark()
+    }
+
+    /// Write the flush mark now for what FLUSHes made durable, instead of
+    /// [`WbConfig::mark_delay`] after the last one (close does this too).
+    pub fn write_flush_mark(&self) -> Result<()> {
+        self.inner.write_mark()
     }
 
     /// Stop the background threads without flushing the open segment or
@@ -797,8 +892,11 @@ impl Drop for WbCache {
     fn drop(&mut self) {
         if !self.threads.is_empty() {
             // Best effort: a caller who cares about the error calls close().
-            let _ = self.inner.flush_seal();
+            let flushed = self.inner.flush_seal();
             self.shutdown();
+            if flushed.is_ok() {
+                let _ = self.inner.write_mark();
+            }
         }
     }
 }
@@ -1263,7 +1361,10 @@ impl Inner {
                 st = lock(&self.state);
                 st.flushing = false;
                 match r {
-                    Ok(()) => st.durable_id = st.durable_id.max(w),
+                    Ok(()) => {
+                        st.durable_id = st.durable_id.max(w);
+                        self.want_mark(&mut st);
+                    }
                     Err(e) => self.fail(&mut st, WbError::io(Place::CacheFlush, e)),
                 }
                 self.notify_done(&st);
@@ -1288,8 +1389,73 @@ impl Inner {
                 continue;
             }
             st.flusher_waiting = true;
-            st = self.flusher_cv.wait(st).unwrap_or_else(|p| p.into_inner());
+            match st.mark_due {
+                Some(due) => {
+                    let now = Instant::now();
+                    if now >= due {
+                        st.flusher_waiting = false;
+                        drop(st);
+                        // A failure is recorded in the state.
+                        let _ = self.write_mark();
+                        st = lock(&self.state);
+                        continue;
+                    }
+                    st = self
+                        .flusher_cv
+                        .wait_timeout(st, due - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                None => st = self.flusher_cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+            }
             st.flusher_waiting = false;
+        }
+    }
+
+    /// A FLUSH made more durable: have the flusher write the flush mark
+    /// [`WbConfig::mark_delay`] from now, unless it is due already.
+    fn want_mark(&self, st: &mut State) {
+        if self.marks && st.mark_due.is_none() {
+            st.mark_due = Some(Instant::now() + self.cfg.mark_delay);
+            self.kick_flusher(st);
+        }
+    }
+
+    /// Write a flush mark claiming what is durable now (nothing if the
+    /// last mark claimed it already), with FUA. A failure fails the cache.
+    fn write_mark(&self) -> Result<()> {
+        if !self.marks {
+            return Ok(());
+        }
+        let _one = lock(&self.mark_lock);
+        let m = {
+            let mut st = lock(&self.state);
+            st.mark_due = None;
+            Self::failed(&st)?;
+            let claims = (st.durable_id, st.plog_durable.0, st.plog_durable.1);
+            if claims == st.marked {
+                return Ok(());
+            }
+            FlushMark {
+                seq: st.mark_seq + 1,
+                durable_id: claims.0,
+                plog_segment: claims.1,
+                plog_seq: claims.2,
+            }
+        };
+        let r = recovery::put_mark(&*self.cache, &self.cache_id, &m, true);
+        let mut st = lock(&self.state);
+        match r {
+            Ok(()) => {
+                st.mark_seq = m.seq;
+                st.marked = m.claims();
+                st.counters.flush_marks += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(&mut st, e);
+                Self::failed(&st)
+            }
         }
     }
 

@@ -147,9 +147,11 @@ impl Inner {
             Ok(()) => {
                 st.durable_id = st.durable_id.max(written);
                 st.synced_gen = st.synced_gen.max(gen);
-                if rec.is_some() {
+                if let Some(rec) = &rec {
                     st.counters.plog_records += 1;
+                    st.plog_durable = (rec.seg, rec.seq);
                 }
+                self.want_mark(&mut st);
             }
             Err(e) => self.fail(&mut st, e),
         }

@@ -23,8 +23,8 @@
 use super::{Loc, Meta, OpenSeg, Written, B, BU};
 use crate::error::{Place, Result, WbError};
 use crate::format::{
-    self, segment_offset, segment_slot, PlogHeader, SegmentHeader, Superblock, Watermark,
-    PLOG_OFFSET, RING_OFFSET,
+    self, segment_offset, segment_slot, FlushMark, PlogHeader, SegmentHeader, Superblock,
+    Watermark, PLOG_OFFSET, RING_OFFSET,
 };
 use cairn_blockdev::BlockDev;
 use rustc_hash::FxHashMap as HashMap;
@@ -59,6 +59,9 @@ pub(crate) struct Scan {
     pub plog_seq: u64,
     /// Where the next plog record goes.
     pub plog_pos: u64,
+    /// The newest flush mark (None: a version before marks, or neither
+    /// slot readable).
+    pub mark: Option<FlushMark>,
     /// Offsets of headers to zero before anything is written: stale
     /// segments past the log, stale plog records past the accepted ones.
     pub stale: Vec<(u64, Place)>,
@@ -127,6 +130,32 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
         )),
         _ => {}
     }
+
+    // The flush mark (version 4): the valid slot with the highest
+    // sequence number says what completed FLUSHes made durable.
+    let mut mark = None;
+    if sb.version >= format::MARKED_VERSION {
+        for (slot, off) in format::MARK_OFFSETS.iter().enumerate() {
+            let mut b = vec![0u8; BU];
+            cache
+                .read_at(&mut b, *off)
+                .map_err(|e| WbError::io(Place::FlushMark { slot, seq: 0 }, e))?;
+            if let Some(m) = FlushMark::decode(&b, &cid) {
+                if mark.is_none_or(|best: FlushMark| m.seq > best.seq) {
+                    mark = Some(m);
+                }
+            }
+        }
+        if mark.is_none() {
+            damage.push(Damage {
+                place: Place::FlushMark { slot: 0, seq: 0 },
+                what: "neither flush mark slot is readable: which writes were flushed is \
+                       unknown"
+                    .into(),
+            });
+        }
+    }
+    let marked = mark.unwrap_or_default();
 
     // The log: the segments after the watermark, up to the first failure.
     let blocks = backing_size.div_ceil(B);
@@ -207,7 +236,9 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
         // would be reached: every slot past the log is.
         stale.push((off, place));
     }
-    if let Some((m, slot)) = proof {
+    // Segments a flush mark claims durable must be there.
+    let marked_lost = marked.durable_id >= first_missing;
+    if proof.is_some() || marked_lost {
         let place = Place::Segment {
             id: first_missing,
             slot: first_slot,
@@ -224,10 +255,16 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
                  lost, and writes flushed to segments after {} would be lost",
                 wm.clean_id
             )
-        } else {
+        } else if let Some((m, slot)) = proof {
             format!(
                 "unreadable, but segment {m} (slot {slot}), written after it was flushed, is \
-                 intact: writes flushed to segments {first_missing}..{m} would be lost"
+                 intact: writes flushed to segments {first_missing}..={m} would be lost"
+            )
+        } else {
+            format!(
+                "unreadable, but the flush mark (sequence {}) says segments up to {} were \
+                 flushed: writes flushed to segments {first_missing}..={} would be lost",
+                marked.seq, marked.durable_id, marked.durable_id
             )
         };
         damage.push(Damage { place, what });
@@ -238,7 +275,32 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
     let mut open = OpenSeg::with_buf(last + 1, super::segment_buf(&mut Vec::new()));
     let plog = scan_plog(cache, &cid, blocks, &mut open, &mut index)?;
     stale.extend(plog.stale);
-    damage.extend(plog.damage);
+    // Intact records after the first failed one, or a flush mark claiming
+    // records past it, prove the failed one had been flushed.
+    let mut lost_to = plog.later_intact.unwrap_or(0);
+    if marked.plog_segment == open.id {
+        lost_to = lost_to.max(marked.plog_seq);
+    }
+    if lost_to > plog.seq {
+        let because = match plog.later_intact {
+            Some(later) => format!("record {later} after it is intact"),
+            None => format!(
+                "the flush mark (sequence {}) says records up to {} were flushed",
+                marked.seq, marked.plog_seq
+            ),
+        };
+        damage.push(Damage {
+            place: Place::Plog {
+                segment: open.id,
+                seq: plog.seq + 1,
+            },
+            what: format!(
+                "unreadable, but {because}: writes flushed in records {}..={lost_to} would be \
+                 lost",
+                plog.seq + 1
+            ),
+        });
+    }
 
     Ok(Scan {
         sb,
@@ -249,6 +311,7 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
         open,
         plog_seq: plog.seq,
         plog_pos: plog.pos,
+        mark,
         stale,
         damage,
         notes,
@@ -287,7 +350,10 @@ struct PlogScan {
     seq: u64,
     pos: u64,
     stale: Vec<(u64, Place)>,
-    damage: Vec<Damage>,
+    /// The highest sequence number of an intact record of the open
+    /// segment after the first failed one (records are flushed one by
+    /// one, so the failed one had been flushed: damage).
+    later_intact: Option<u64>,
 }
 
 /// Replay the plog records of segment `open.id` (seq 1, 2, ... up to the
@@ -339,28 +405,16 @@ fn scan_plog(
         pos = end;
     }
     let mut stale = Vec::new();
-    let mut damage = Vec::new();
+    let mut later_intact: Option<u64> = None;
     let mut p = pos;
     while p + BU <= region.len() {
         let segment = PlogHeader::peek_segment(&region[p..p + BU], cid);
         if segment.is_some_and(|s| s >= open.id) {
-            if damage.is_empty() && segment == Some(open.id) {
+            if segment == Some(open.id) {
                 if let Some(h) = PlogHeader::decode(&region[p..p + BU], cid, blocks) {
                     let end = p + (1 + h.data_blocks()) * BU;
                     if h.seq > seq + 1 && end <= region.len() && h.check_crc(&region[p + BU..end]) {
-                        damage.push(Damage {
-                            place: Place::Plog {
-                                segment: open.id,
-                                seq: seq + 1,
-                            },
-                            what: format!(
-                                "unreadable, but record {} after it is intact: writes \
-                                 flushed in records {}..{} would be lost",
-                                h.seq,
-                                seq + 1,
-                                h.seq
-                            ),
-                        });
+                        later_intact = later_intact.max(Some(h.seq));
                     }
                 }
             }
@@ -378,8 +432,22 @@ fn scan_plog(
         seq,
         pos: PLOG_OFFSET + pos as u64,
         stale,
-        damage,
+        later_intact,
     })
+}
+
+/// Write flush mark `m` to its slot (odd sequence numbers in A), with FUA
+/// if `fua`.
+pub(crate) fn put_mark(
+    cache: &dyn BlockDev,
+    cid: &[u8; 16],
+    m: &FlushMark,
+    fua: bool,
+) -> Result<()> {
+    let slot = Watermark::slot(m.seq);
+    cache
+        .write_at(&m.encode(cid), format::MARK_OFFSETS[slot], fua)
+        .map_err(|e| WbError::io(Place::FlushMark { slot, seq: m.seq }, e))
 }
 
 /// Zero the headers of stale segments and plog records, then flush: the

@@ -108,6 +108,8 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         bypass_below: Duration::from_secs(1),
         // Short, so that the writeback thread also seals segments.
         flush_deadline: Duration::from_millis(3),
+        // Flush marks written while everything else runs.
+        mark_delay: Duration::from_millis(1),
         accept_loss: false,
     }
 }
@@ -157,6 +159,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         seq_cutoff: 0,
         bypass_below: Duration::ZERO,
         flush_deadline: Duration::ZERO,
+        mark_delay: Duration::from_millis(50),
         accept_loss: false,
     };
     let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();

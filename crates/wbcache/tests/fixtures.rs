@@ -28,6 +28,8 @@ fn cfg(plog: bool) -> WbConfig {
     WbConfig {
         idle_writeback: Duration::from_secs(3600),
         dirty_high: 1.0,
+        // Flush marks only where `build` asks for one.
+        mark_delay: Duration::from_secs(3600),
         plog,
         ..WbConfig::default()
     }
@@ -65,8 +67,9 @@ fn model(writes: usize) -> Vec<u8> {
     m
 }
 
-/// A cache image with every group written and flushed.
-fn build(plog: bool) -> Vec<u8> {
+/// A cache image with every group written and flushed; the flush mark
+/// written after the last FLUSH if `marked` (else the crash came first).
+fn build(plog: bool, marked: bool) -> Vec<u8> {
     // Eight slots for at most five segments: the ring never gets near
     // full, so nothing is written back and the image alone holds the data.
     let cache = Arc::new(MemDev::new((RING_OFFSET + 8 * SEGMENT_BYTES) as usize));
@@ -82,40 +85,59 @@ fn build(plog: bool) -> Vec<u8> {
         }
         wb.flush().unwrap();
     }
+    if marked {
+        wb.write_flush_mark().unwrap();
+    }
     wb.crash();
     cache.contents()
 }
 
 /// (file name, image) of every fixture today's code writes (format
-/// version 3). The version 1 and 2 fixtures were made by earlier code and
+/// version 4). The version 1-3 fixtures were made by earlier code and
 /// are kept as they are.
 fn fixtures() -> Vec<(&'static str, Vec<u8>)> {
-    let seg = build(false);
-    let plog = build(true);
+    let seg = build(false, true);
+    let plog = build(true, true);
+    let seg_unmarked = build(false, false);
+    let plog_unmarked = build(true, false);
     // A byte of segment 2's data; segment 3, sealed after segment 2 was
     // flushed, says so: damage, not a torn tail.
     let mut damaged_segment = seg.clone();
     damaged_segment[(RING_OFFSET + SEGMENT_BYTES + 5 * 4096 + 17) as usize] ^= 0x40;
-    // A byte of the last segment (5): nothing after it, a torn tail.
-    let mut torn_tail = seg.clone();
-    torn_tail[(RING_OFFSET + 4 * SEGMENT_BYTES + 4096 + 9) as usize] ^= 0x40;
+    // A byte of the last segment (5), nothing after it: damage where the
+    // flush mark says it was flushed, a torn tail where the crash came
+    // before the mark.
+    let last_segment = (RING_OFFSET + 4 * SEGMENT_BYTES + 4096 + 9) as usize;
+    let mut damaged_last = seg.clone();
+    damaged_last[last_segment] ^= 0x40;
+    let mut torn_tail = seg_unmarked.clone();
+    torn_tail[last_segment] ^= 0x40;
     // The second plog record damaged, the third intact after it: damage.
     let mut damaged_record = plog.clone();
     let records = plog_record_offsets(&plog);
     damaged_record[records[1] + 4096 + 3] ^= 0x01;
-    // The last record damaged: a torn tail.
-    let mut torn_record = plog.clone();
-    torn_record[records[records.len() - 1] + 4096 + 3] ^= 0x01;
+    // The last record damaged: damage or a torn tail, as for segments.
+    let last_record = records[records.len() - 1] + 4096 + 3;
+    let mut damaged_last_record = plog.clone();
+    damaged_last_record[last_record] ^= 0x01;
+    let mut torn_record = plog_unmarked.clone();
+    torn_record[last_record] ^= 0x01;
+    // Both flush mark slots unreadable.
+    let mut no_mark = seg.clone();
+    no_mark[12288..20480].fill(0);
     let mut bad_sb = seg.clone();
     bad_sb[30] ^= 0xff;
     vec![
-        ("v3-segments.img", seg),
-        ("v3-plog.img", plog),
-        ("v3-damaged-segment.img", damaged_segment),
-        ("v3-torn-tail-segment.img", torn_tail),
-        ("v3-damaged-plog-record.img", damaged_record),
-        ("v3-torn-tail-plog-record.img", torn_record),
-        ("v3-bad-superblock.img", bad_sb),
+        ("v4-segments.img", seg),
+        ("v4-plog.img", plog),
+        ("v4-damaged-segment.img", damaged_segment),
+        ("v4-damaged-last-segment.img", damaged_last),
+        ("v4-torn-tail-segment.img", torn_tail),
+        ("v4-damaged-plog-record.img", damaged_record),
+        ("v4-damaged-last-plog-record.img", damaged_last_record),
+        ("v4-torn-tail-plog-record.img", torn_record),
+        ("v4-no-flush-mark.img", no_mark),
+        ("v4-bad-superblock.img", bad_sb),
     ]
 }
 
@@ -196,6 +218,18 @@ fn every_fixture_opens_as_documented() {
         ("v3-torn-tail-segment.img", 310, false),
         ("v3-damaged-plog-record.img", 300, true),
         ("v3-torn-tail-plog-record.img", 310, false),
+        ("v4-segments.img", 315, false),
+        ("v4-plog.img", 315, false),
+        ("v4-damaged-segment.img", 252, true),
+        // The new case of version 4: the last FLUSH's segment or record
+        // damaged, vouched for by the flush mark only.
+        ("v4-damaged-last-segment.img", 310, true),
+        ("v4-torn-tail-segment.img", 310, false),
+        ("v4-damaged-plog-record.img", 300, true),
+        ("v4-damaged-last-plog-record.img", 310, true),
+        ("v4-torn-tail-plog-record.img", 310, false),
+        // Nothing lost, but what was flushed cannot be told.
+        ("v4-no-flush-mark.img", 315, true),
     ] {
         for plog in [false, true] {
             match open_fixture(name, plog, false) {
@@ -212,7 +246,11 @@ fn every_fixture_opens_as_documented() {
             }
         }
     }
-    for name in ["v2-bad-superblock.img", "v3-bad-superblock.img"] {
+    for name in [
+        "v2-bad-superblock.img",
+        "v3-bad-superblock.img",
+        "v4-bad-superblock.img",
+    ] {
         let e = WbCache::open(load(name), Arc::new(MemDev::new(BACKING)), cfg(false))
             .err()
             .unwrap();

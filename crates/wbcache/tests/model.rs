@@ -103,6 +103,8 @@ fn config() -> WbConfig {
         // ones (the model must not tell).
         bypass_below: Duration::from_secs(1),
         flush_deadline: Duration::ZERO,
+        // A mark right after every FLUSH (races with the writers).
+        mark_delay: Duration::ZERO,
         accept_loss: false,
     }
 }

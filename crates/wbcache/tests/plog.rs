@@ -189,12 +189,21 @@ fn flushed_writes_survive_crashes_and_reopens() {
 /// Six flushed single-block writes (lba i gets block(i + 1)): records 1..=6
 /// of segment 1, each a header and one data block.
 fn six_records() -> (Arc<MemDev>, Arc<MemDev>) {
+    six_records_marked(false)
+}
+
+/// Six records, each flushed; the flush mark written after the last one
+/// if `marked` (else the crash came before it).
+fn six_records_marked(marked: bool) -> (Arc<MemDev>, Arc<MemDev>) {
     let (cache, backing) = devs(4);
     let wb = open(&cache, &backing);
     for lba in 0..6u64 {
         wb.write_at(&block(lba as u8 + 1), lba * 4096, false)
             .unwrap();
         wb.flush().unwrap();
+    }
+    if marked {
+        wb.write_flush_mark().unwrap();
     }
     let st = wb.status();
     assert_eq!((st.plog_records, st.last_written_id), (6, 0), "{st:?}");
@@ -223,6 +232,32 @@ fn a_damaged_newest_record_ends_the_replay_there() {
 }
 
 #[test]
+fn a_damaged_newest_record_the_flush_mark_vouches_for_is_damage() {
+    let (cache, backing) = six_records_marked(true);
+    flip(&cache, record_at(6) + 4096 + 100);
+    let e = WbCache::open(cache.clone(), backing.clone(), plog())
+        .err()
+        .expect("a damaged plog was opened");
+    assert!(matches!(e, WbError::Damaged { .. }), "{e}");
+    assert!(e.to_string().contains("flush mark"), "{e}");
+    assert!(e.to_string().contains("records 6..=6"), "{e}");
+    let accept = WbConfig {
+        accept_loss: true,
+        ..plog()
+    };
+    let wb = WbCache::open(cache.clone(), backing.clone(), accept).unwrap();
+    assert_eq!(wb.status().open_blocks, 5);
+    assert_eq!(read_block(&wb, 5), vec![0; 4096]);
+    wb.crash();
+    // The open that accepted the loss marked what it kept (records 1..=5
+    // of the plog): no damage now.
+    let wb = open(&cache, &backing);
+    assert_eq!(wb.status().open_blocks, 5);
+    assert_eq!(read_block(&wb, 4), block(5));
+    wb.close().unwrap();
+}
+
+#[test]
 fn a_damaged_older_record_is_refused_and_with_accept_loss_ends_the_replay() {
     let (cache, backing) = six_records();
     flip(&cache, record_at(3) + 4096 + 7);
@@ -233,6 +268,8 @@ fn a_damaged_older_record_is_refused_and_with_accept_loss_ends_the_replay() {
         .expect("a damaged plog was opened");
     assert!(matches!(e, WbError::Damaged { .. }), "{e}");
     assert!(e.to_string().contains("record 3"), "{e}");
+    // Every record after it is lost too, not only those up to record 4.
+    assert!(e.to_string().contains("records 3..=6"), "{e}");
     let wb = WbCache::open(
         cache.clone(),
         backing.clone(),

@@ -156,6 +156,75 @@ fn damaged_older_segment_is_refused_and_with_accept_loss_ends_the_log() {
     wb.close().unwrap();
 }
 
+/// Found from outside (2026-11-28): one FLUSH after a burst covers many
+/// segments, all sealed before it, so none vouches for another; with no
+/// segment sealed after it, damage to the first read as a torn tail and
+/// every flushed write of the burst vanished. The flush mark, written by
+/// the flusher shortly after the FLUSH, says they were flushed.
+#[test]
+fn damage_in_the_last_flush_is_refused_once_the_flusher_marked_it() {
+    let (cache, backing) = devs(8);
+    let cfg = WbConfig {
+        mark_delay: Duration::from_millis(1),
+        ..lazy()
+    };
+    let wb = WbCache::open(cache.clone(), backing.clone(), cfg).unwrap();
+    for lba in 0..3 * 252 + 10 {
+        wb.write_at(&block(7), lba * 4096, false).unwrap();
+    }
+    wb.flush().unwrap();
+    let last = wb.status().last_written_id;
+    assert_eq!(last, 4);
+    let start = std::time::Instant::now();
+    while wb.status().marked_id < last {
+        assert!(start.elapsed() < Duration::from_secs(10), "no flush mark");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(wb.status().flush_marks >= 1);
+    wb.crash();
+    flip(&cache, segment_offset(1, 8) + 4096 * 9 + 3);
+    let e = WbCache::open(cache.clone(), backing.clone(), lazy())
+        .err()
+        .expect("a damaged log was opened");
+    assert!(matches!(e, WbError::Damaged { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("segment 1 (slot 0)"), "{msg}");
+    assert!(msg.contains("segments 1..=4"), "{msg}");
+    let inspected = WbCache::inspect(&*cache, BACKING).unwrap();
+    assert_eq!((inspected.damage.len(), inspected.marked_id), (1, 4));
+    // Accepting the loss drops the whole burst and says so in the mark:
+    // the next open finds nothing missing.
+    let accept = WbConfig {
+        accept_loss: true,
+        ..lazy()
+    };
+    let wb = WbCache::open(cache.clone(), backing.clone(), accept).unwrap();
+    assert_eq!(wb.status().last_written_id, 0);
+    assert_eq!(read_block(&wb, 300), vec![0; 4096]);
+    wb.crash();
+    let wb = open(&cache, &backing);
+    assert_eq!(wb.status().marked_id, 0);
+    wb.close().unwrap();
+}
+
+/// The same damage before the mark was written (a crash right after the
+/// FLUSH) is a torn tail: nothing said those segments were durable.
+#[test]
+fn damage_in_the_last_flush_before_its_mark_is_a_torn_tail() {
+    let (cache, backing) = devs(8);
+    let wb = open(&cache, &backing);
+    for lba in 0..3 * 252 + 10 {
+        wb.write_at(&block(7), lba * 4096, false).unwrap();
+    }
+    wb.flush().unwrap();
+    assert_eq!(wb.status().marked_id, 0);
+    wb.crash();
+    flip(&cache, segment_offset(1, 8) + 4096 * 9 + 3);
+    let wb = open(&cache, &backing);
+    assert_eq!(wb.status().last_written_id, 0);
+    wb.close().unwrap();
+}
+
 #[test]
 fn torn_segment_write_then_crash_gives_the_last_flush() {
     for sectors in [1, 8, 9, 100, 400] {
@@ -310,8 +379,8 @@ fn bad_superblocks_are_refused_clearly() {
         matches!(
             e,
             WbError::UnsupportedVersion {
-                found: 4,
-                supported: 3
+                found: 5,
+                supported: 4
             }
         ),
         "{e}"

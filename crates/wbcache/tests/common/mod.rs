@@ -23,6 +23,9 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         // The cache itself, never around it (MemDev backings are fast).
         bypass_below: Duration::ZERO,
         flush_deadline: Duration::ZERO,
+        // Flush marks at open, close and when asked only, so that tests
+        // of a crash after a FLUSH know whether its mark was written.
+        mark_delay: Duration::from_secs(3600),
         accept_loss: false,
     }
 }
