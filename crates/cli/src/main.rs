@@ -54,6 +54,17 @@ enum Command {
     Ls(repo_cmd::ListArgs),
     /// Check the repository; name every image and offset a problem affects.
     Verify(repo_cmd::VerifyArgs),
+    /// Drop damaged chunks from the index, so the next backup stores them again.
+    ///
+    /// Reads and checks every stored chunk (as `verify --read-data`), then
+    /// takes out of the index every chunk whose pack is gone or whose
+    /// record fails its checks, so that no backup deduplicates against it
+    /// any more. Snapshots that use a dropped chunk are listed: they
+    /// cannot be restored whole until a backup of the same data stores
+    /// those chunks again (which heals them), or they are forgotten. Runs
+    /// alone; a pack that cannot be read stops it without dropping
+    /// anything. -n says what would be dropped.
+    Repair(repo_cmd::RepairArgs),
     /// Remove a snapshot, or every snapshot of an image (--all).
     Rm(repo_cmd::RmArgs),
     /// Forget snapshots by a keep policy (restic's --keep-* rules).
@@ -521,6 +532,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => repo_cmd::restore(&args),
         Command::Ls(args) => repo_cmd::ls(&args),
         Command::Verify(args) => repo_cmd::verify(&args),
+        Command::Repair(args) => repo_cmd::repair(&args),
         Command::Rm(args) => repo_cmd::rm(&args),
         Command::Forget(args) => repo_cmd::forget(&args),
         Command::Diff(args) => diff_copy::diff(&args),

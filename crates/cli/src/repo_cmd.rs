@@ -198,6 +198,24 @@ pub(crate) struct VerifyArgs {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct RepairArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Only check and say what would be dropped.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Threads reading packs (default: number of cores).
+    #[arg(short = 'T', long = "threads")]
+    pub threads: Option<usize>,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct RmArgs {
     /// NAME@SNAPSHOT removes one snapshot; NAME removes an image's only
     /// snapshot, or all of them with --all.
@@ -876,30 +894,10 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
             "packs": r.packs,
             "bytes_read": r.bytes_read,
             "unindexed_packs": r.unindexed_packs,
-            "problems": r.problems.iter().map(|p| json!({
-                "kind": p.kind,
-                "message": p.message,
-                "chunk": p.chunk.map(|c| c.to_string()),
-                "affected": p.affected.iter().map(|x| json!({
-                    "image": x.image, "snapshot": x.snapshot, "offset": x.offset,
-                })).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
+            "problems": problems_json(&r.problems),
         }));
     } else {
-        for p in &r.problems {
-            outln!("{}: {}", p.kind, p.message);
-            for x in p.affected.iter().take(20) {
-                outln!(
-                    "    affects {}@{} at offset {}",
-                    x.image,
-                    x.snapshot,
-                    x.offset
-                );
-            }
-            if p.affected.len() > 20 {
-                outln!("    ... and {} more places", p.affected.len() - 20);
-            }
-        }
+        print_problems(&r.problems);
         if !r.unindexed_packs.is_empty() {
             outln!(
                 "note: {} pack(s) from an interrupted run are not indexed yet (the next backup reuses them, gc removes them)",
@@ -926,6 +924,109 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
     }
     if !r.problems.is_empty() {
         bail!("verify found {} problem(s)", r.problems.len());
+    }
+    Ok(())
+}
+
+/// Verify's problems as JSON.
+fn problems_json(problems: &[cairn_store::Problem]) -> serde_json::Value {
+    json!(problems
+        .iter()
+        .map(|p| json!({
+            "kind": p.kind,
+            "message": p.message,
+            "chunk": p.chunk.map(|c| c.to_string()),
+            "affected": p.affected.iter().map(|x| json!({
+                "image": x.image, "snapshot": x.snapshot, "offset": x.offset,
+            })).collect::<Vec<_>>(),
+        }))
+        .collect::<Vec<_>>())
+}
+
+/// Verify's problems, a line each and the places they affect.
+fn print_problems(problems: &[cairn_store::Problem]) {
+    for p in problems {
+        outln!("{}: {}", p.kind, p.message);
+        for x in p.affected.iter().take(20) {
+            outln!(
+                "    affects {}@{} at offset {}",
+                x.image,
+                x.snapshot,
+                x.offset
+            );
+        }
+        if p.affected.len() > 20 {
+            outln!("    ... and {} more places", p.affected.len() - 20);
+        }
+    }
+}
+
+pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let lock = repo.session("cairn repair")?;
+    let bar = Progress::new("repair", None, !a.quiet);
+    let progress = |done: u64, _total: u64| bar.read_to(done);
+    let r = cairn_store::repair(
+        &repo,
+        &lock,
+        &cairn_store::RepairOptions {
+            dry_run: a.dry_run,
+            threads: threads(a.threads),
+            progress: Some(&progress),
+        },
+    );
+    bar.finish();
+    let r = r?;
+    // What the check found that repair does not mend (a damaged index
+    // file or manifest, a key): still problems.
+    let left: Vec<&cairn_store::Problem> = r
+        .found
+        .problems
+        .iter()
+        .filter(|p| !matches!(p.kind, "damaged-chunk" | "pack"))
+        .collect();
+    let snapshots: Vec<String> = r.affected.iter().map(|(n, s)| format!("{n}@{s}")).collect();
+    if a.json {
+        print_json(&json!({
+            "dry_run": a.dry_run,
+            "dropped_entries": r.dropped,
+            "affected_snapshots": snapshots,
+            "found": problems_json(&r.found.problems),
+            "bytes_read": r.found.bytes_read,
+            "packs_deleted": r.gc.as_ref().map(|g| g.packs_deleted),
+            "other_problems": left.len(),
+        }));
+    } else {
+        print_problems(&r.found.problems);
+        if r.dropped == 0 {
+            outln!(
+                "repair: no damaged chunk found ({} read and checked)",
+                HumanBytes(r.found.bytes_read)
+            );
+        } else {
+            outln!(
+                "repair: {} {} damaged chunk(s) from the index{}",
+                if a.dry_run { "would drop" } else { "dropped" },
+                r.dropped,
+                r.gc.as_ref().map_or(String::new(), |g| format!(
+                    ", {} pack(s) deleted",
+                    g.packs_deleted
+                ))
+            );
+            if !snapshots.is_empty() {
+                outln!(
+                    "repair: {} snapshot(s) use them and cannot be restored whole: {}; back up                      the same data again to store those chunks anew (that heals them), or                      forget them",
+                    snapshots.len(),
+                    snapshots.join(", ")
+                );
+            }
+        }
+    }
+    if !left.is_empty() {
+        bail!(
+            "{} problem(s) that repair does not mend are left (see above)",
+            left.len()
+        );
     }
     Ok(())
 }
@@ -1087,7 +1188,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
         &lock,
         &GcOptions {
             repack_below: a.repack_below,
-            progress: None,
+            ..GcOptions::default()
         },
     )?;
     warn_writer_repairs(&r.quarantined, &r.lost_packs);

@@ -1638,3 +1638,93 @@ fn full_disk_under_the_whole_repository() {
         }
     }
 }
+
+/// Found from outside (2026-11-28): a backup deduplicated against a
+/// damaged record and wrote a snapshot that could not be restored, with
+/// status 0, and nothing took the record out of use. `repair` drops it
+/// from the index; the next backup of the same data stores the chunks
+/// again, which heals every snapshot that uses them.
+#[test]
+fn repair_drops_damaged_chunks_and_a_backup_heals_the_snapshots() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = shared_chunk(&lay);
+    let lost = flip_stored_byte(&lay, &lay.records[&id]);
+    let a1 = &base.snaps[0].data;
+    let backup = |what: &str| {
+        json(ok(&backup_json(&repo, "alpha", a1)))["snapshot"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}"))
+    };
+    // The damage goes unnoticed by a backup: alpha@3 uses the damaged
+    // chunks too.
+    assert_eq!(backup("backup over the damage"), 3);
+    let damaged = |v: &Value| -> BTreeSet<(String, u64)> {
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| p["affected"].as_array().unwrap().clone())
+            .map(|a| {
+                (
+                    a["image"].as_str().unwrap().to_string(),
+                    a["snapshot"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (_, v) = verify(&repo, true);
+    let want: BTreeSet<(String, u64)> = [1, 2, 3].map(|n| ("alpha".to_string(), n)).into();
+    assert_eq!(damaged(&v), want, "{v}");
+
+    // -n drops nothing.
+    let out = run(&["repair", "--repo", s(&repo), "-n", "--json", "-q"]);
+    let j = json(ok(&out));
+    assert_eq!(j["dropped_entries"], lost.len() as u64, "{j}");
+    assert_eq!(
+        j["affected_snapshots"],
+        serde_json::json!(["alpha@1", "alpha@2", "alpha@3"])
+    );
+    let (_, again) = verify(&repo, true);
+    assert_eq!(
+        again["problems"], v["problems"],
+        "a dry run changed something"
+    );
+
+    let out = run(&["repair", "--repo", s(&repo), "--json", "-q"]);
+    let j = json(ok(&out));
+    assert_eq!(j["dropped_entries"], lost.len() as u64, "{j}");
+    // Now the chunks are missing, not damaged: nothing dedups against them.
+    let (out, v) = verify(&repo, true);
+    assert!(!out.status.success());
+    let kinds: BTreeSet<&str> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, BTreeSet::from(["missing-chunk"]), "{v}");
+    assert_eq!(damaged(&v), want, "{v}");
+    let (out, _dir, dest) = restore(&repo, "beta@1", &[]);
+    ok(&out);
+    assert!(fs::read(&dest).unwrap() == base.snaps[2].data);
+
+    // The same data backed up again stores the chunks anew: every
+    // snapshot restores byte for byte.
+    assert_eq!(backup("backup after the repair"), 4);
+    assert_sound(&repo, "after repair and a new backup");
+    for (spec, data) in [
+        ("alpha@1", a1),
+        ("alpha@2", &base.snaps[1].data),
+        ("alpha@3", a1),
+        ("alpha@4", a1),
+    ] {
+        restores_to(&repo, spec, data);
+    }
+    let out = run(&["repair", "--repo", s(&repo)]);
+    assert!(
+        String::from_utf8_lossy(&ok(&out).stdout).contains("no damaged chunk"),
+        "{out:?}"
+    );
+}

@@ -39,6 +39,10 @@ pub struct GcOptions<'a> {
     pub repack_below: f64,
     /// Called with a short description of each step.
     pub progress: Option<&'a (dyn Fn(&str) + Sync)>,
+    /// Index entries (pack, record offset, slice) known damaged
+    /// ([`crate::repair`]): their chunks count as dead, so the new index
+    /// leaves them out and the next backup stores them again.
+    pub drop_records: HashSet<(PackId, u32, u32)>,
 }
 
 impl Default for GcOptions<'_> {
@@ -46,6 +50,7 @@ impl Default for GcOptions<'_> {
         GcOptions {
             repack_below: 0.5,
             progress: None,
+            drop_records: HashSet::new(),
         }
     }
 }
@@ -81,6 +86,9 @@ pub struct GcReport {
     pub packs_kept: u64,
     /// Temporary files that killed writers left (an hour old or more).
     pub temporaries_removed: u64,
+    /// Index entries left out because their record is damaged
+    /// ([`GcOptions::drop_records`]).
+    pub dropped: u64,
 }
 
 fn bit(v: &[u64], i: usize) -> bool {
@@ -111,6 +119,22 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     report.chunks_before = index.len() as u64;
 
     say("marking");
+    // Entries of damaged records are never marked: they leave the index.
+    let mut dropped = vec![0u64; index.len().div_ceil(64)];
+    if !opts.drop_records.is_empty() {
+        for i in 0..index.len() {
+            let Some(loc) = index.location_at(i) else {
+                continue;
+            };
+            if index
+                .pack(loc.pack)
+                .is_some_and(|p| opts.drop_records.contains(&(p.id, loc.offset, loc.slice)))
+            {
+                set(&mut dropped, i);
+                report.dropped += 1;
+            }
+        }
+    }
     let mut live = vec![0u64; index.len().div_ceil(64)];
     for (name, snaps) in repo.images()? {
         for snap in snaps {
@@ -121,7 +145,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
             })?;
             for e in &m.extents {
                 if let Extent::Data { id, .. } = e {
-                    if let Some(i) = index.position(id) {
+                    if let Some(i) = index.position(id).filter(|&i| !bit(&dropped, i)) {
                         set(&mut live, i);
                     }
                 }

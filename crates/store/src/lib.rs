@@ -82,6 +82,7 @@ mod manifest;
 mod meta;
 mod pack;
 mod reader;
+mod repair;
 mod repo;
 mod restore;
 mod retention;
@@ -118,6 +119,7 @@ pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
 pub use verify::{verify, Affected, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.
 pub use gc::{gc, Collected, GcOptions, GcReport};
+pub use repair::{repair, RepairOptions, RepairReport};
 // Errors.
 pub use error::{Result, StoreError};
 // Durability: what the store does after creating or removing names.

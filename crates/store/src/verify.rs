@@ -9,7 +9,7 @@
 //! offsets it affects.
 
 use crate::error::Result;
-use crate::id::{ChunkId, PREFIX_LEN};
+use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
 use crate::pack;
@@ -76,6 +76,14 @@ pub struct VerifyReport {
     /// Packs on disk that no index names (left by an interrupted backup
     /// or gc: reused by the next backup, removed by gc). Not a problem.
     pub unindexed_packs: Vec<PathBuf>,
+    /// Records the index names that are certainly damaged or gone (a
+    /// missing or short pack, a bad pack header, a record that fails its
+    /// CRC, does not decode or holds a chunk that does not hash to its
+    /// id): what `repair` drops from the index. (pack, record offset).
+    pub damaged_records: Vec<(PackId, u32, u32)>,
+    /// Packs that could not be read (an I/O or network error): their
+    /// records are neither known sound nor known damaged.
+    pub unread_packs: usize,
 }
 
 /// Verify the repository.
@@ -144,6 +152,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     }
     let reader = PackReader::new(repo, index);
     let mut readable = Vec::new();
+    let mut damaged_records: HashSet<(PackId, u32, u32)> = HashSet::new();
     for (n, info) in index.packs().iter().enumerate() {
         let path = reader.path(n as u32)?;
         let problem = match on_disk.get(&info.id) {
@@ -163,6 +172,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         > on_disk.get(&info.id).map_or(0, |f| f.len)
                     {
                         bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
+                        damaged_records.insert((info.id, loc.offset, loc.slice));
                     }
                 }
                 report.problems.push(Problem {
@@ -181,6 +191,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let done = AtomicU64::new(0);
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
+        let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         std::thread::scope(|s| {
             // (A remote store is kept busy by several packs in flight.)
@@ -265,6 +276,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 if let Ok(mut v) = found.lock() {
                                     v.push((*prefix, id, why));
                                 }
+                                if let Ok(mut v) = found_records.lock() {
+                                    v.push((index.packs()[*n].id, loc.offset, loc.slice));
+                                }
                             }
                         }
                         let d = done.fetch_add(*len, Ordering::Relaxed) + len;
@@ -276,7 +290,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             }
         });
         report.bytes_read = done.load(Ordering::Relaxed);
-        for msg in io_errors.into_inner().unwrap_or_default() {
+        damaged_records.extend(found_records.into_inner().unwrap_or_default());
+        let io_errors = io_errors.into_inner().unwrap_or_default();
+        report.unread_packs = io_errors.len();
+        for msg in io_errors {
             report.problems.push(Problem {
                 kind: "pack",
                 message: msg,
@@ -355,6 +372,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             affected,
         });
     }
+    report.damaged_records = damaged_records.into_iter().collect();
+    report.damaged_records.sort_unstable();
     let mut damaged: Vec<_> = bad.into_iter().collect();
     damaged.sort_by_key(|d| d.0);
     for (prefix, (id, kind, why)) in damaged {

@@ -1,0 +1,132 @@
+//! `repair`: take out of the index what `verify --read-data` finds
+//! damaged, so that nothing deduplicates against it any more and the next
+//! backup of the same data stores it again.
+//!
+//! A damaged record stays in the index until something reads it: a backup
+//! that meets one of its chunks again references it (deduplication reads
+//! nothing), and writes a snapshot that cannot be restored. restic's
+//! `repair packs` + `repair index` and borg's `check --repair` answer this
+//! the same way: drop what is damaged, let the next backup supply it
+//! again. Here: every index entry whose record is gone (a missing or
+//! short pack, a bad pack header), fails its CRC, does not decode, or
+//! holds a chunk that does not hash to its id, is dropped through
+//! [`crate::gc`] (which writes the new index files and deletes what is
+//! then dead, under its crash protocol). Snapshots that use a dropped
+//! chunk stay: `verify` names them (missing chunks) until a backup stores
+//! those chunks again, which heals them, or until they are forgotten.
+//!
+//! Only what was read and found damaged is dropped: a pack that could not
+//! be read (an I/O or network error) stops the repair. It runs alone (no
+//! other cairn command on the repository), so no backup deduplicates
+//! against a chunk between the check and the drop.
+
+use crate::error::{Result, StoreError};
+use crate::gc::{gc, GcOptions, GcReport};
+use crate::repo::{Repository, Session};
+use crate::verify::{verify, VerifyOptions, VerifyReport};
+use std::collections::{BTreeSet, HashSet};
+
+/// How to repair.
+pub struct RepairOptions<'a> {
+    /// Only find and report what would be dropped.
+    pub dry_run: bool,
+    /// Threads reading packs.
+    pub threads: usize,
+    /// Called with (bytes checked, bytes to check) while reading packs.
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+/// What repair found and did.
+#[derive(Debug, Clone)]
+pub struct RepairReport {
+    /// The check before the repair (`verify --read-data`).
+    pub found: VerifyReport,
+    /// Index entries dropped (with `dry_run`: that would be dropped).
+    pub dropped: u64,
+    /// Snapshots (image, number) that use a dropped chunk: they read as
+    /// missing chunks until a backup stores those chunks again.
+    pub affected: Vec<(String, u64)>,
+    /// The index rewrite (None with `dry_run` or nothing to drop).
+    pub gc: Option<GcReport>,
+}
+
+/// Drop the damaged records [`verify`] finds from the index.
+pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Result<RepairReport> {
+    if repo.others_running(session)? {
+        return Err(StoreError::Invalid(
+            "another cairn command is using the repository (see `cairn stats`); repair runs \
+             alone"
+                .into(),
+        ));
+    }
+    let found = verify(
+        repo,
+        &VerifyOptions {
+            read_data: true,
+            threads: opts.threads,
+            progress: opts.progress,
+        },
+    )?;
+    if found.unread_packs > 0 {
+        return Err(StoreError::Invalid(format!(
+            "{} pack(s) could not be read, so what they hold is not known to be damaged; \
+             repair drops nothing until every pack can be read (run it again)",
+            found.unread_packs
+        )));
+    }
+    let drop: HashSet<(crate::id::PackId, u32, u32)> =
+        found.damaged_records.iter().copied().collect();
+    let affected: Vec<(String, u64)> = found
+        .problems
+        .iter()
+        .filter(|p| p.kind == "damaged-chunk")
+        .flat_map(|p| p.affected.iter().map(|a| (a.image.clone(), a.snapshot)))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut report = RepairReport {
+        dropped: drop.len() as u64,
+        affected,
+        found,
+        gc: None,
+    };
+    if drop.is_empty() || opts.dry_run {
+        return Ok(report);
+    }
+    // No repacking: a damaged pack's sound records stay where they are
+    // (copying records is gc's business), only the index changes, and
+    // packs left with nothing live go.
+    let g = gc(
+        repo,
+        session,
+        &GcOptions {
+            repack_below: 0.0,
+            progress: None,
+            drop_records: drop.clone(),
+        },
+    )?;
+    report.dropped = g.dropped;
+    report.gc = Some(g);
+    // gc keeps a pack a snapshot still needs and indexes its sound records
+    // again: a record whose CRC holds but whose chunk does not hash to its
+    // id would come back. Say so rather than claim it is gone.
+    let loaded = repo.load_index()?;
+    let index = &loaded.index;
+    let still = index
+        .locations()
+        .filter(|(_, loc)| {
+            index
+                .pack(loc.pack)
+                .is_some_and(|p| drop.contains(&(p.id, loc.offset, loc.slice)))
+        })
+        .count();
+    if still > 0 {
+        return Err(StoreError::Invalid(format!(
+            "{still} damaged index entr{} still indexed after the repair (a record that passes \
+             its CRC but holds a chunk that does not hash to its id, indexed again for a \
+             snapshot that uses it); `cairn forget` the affected snapshots, then repair again",
+            if still == 1 { "y is" } else { "ies are" }
+        )));
+    }
+    Ok(report)
+}
