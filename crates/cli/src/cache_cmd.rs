@@ -138,6 +138,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
             let opts = crate::serve_repo::volume_options(64 << 20, 0, None);
             let repo = open_repo()?;
             let vol = crate::serve_repo::open_writable(&repo, name, &opts, None)?;
+            crate::serve_repo::check_cache_binding(&vol, Some(cache))?;
             image = Some(vol.clone());
             vol
         }
@@ -167,8 +168,10 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         status
     };
     if let Some(img) = &image {
-        // Everything the cache held is in the image's overlay: make it
-        // the image's next snapshot.
+        // Everything the cache held is in the image's overlay: it no
+        // longer needs the cache; make it the image's next snapshot.
+        img.unbind_cache()
+            .with_context(|| format!("image {}", img.name()))?;
         img.close().with_context(|| {
             format!(
                 "commit image {}: its writes stay in {} for the next serve or `cairn commit`",

@@ -396,6 +396,15 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             let name = e.name.clone();
             let wb =
                 attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
+            // Before the cache takes a write: the overlay names it, so no
+            // one opens the image without it while it may hold writes.
+            if let Some((_, vol)) = opened.writable.iter().find(|(n, _)| *n == name) {
+                vol.bind_cache(&cairn_volume::CacheBinding {
+                    cache_id: wb.cache_id(),
+                    path: std::path::absolute(&c).unwrap_or_else(|_| c.clone()),
+                })
+                .with_context(|| format!("--image {name}"))?;
+            }
             cache_of.insert(name, wb);
         }
         writable = opened
@@ -526,7 +535,10 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             )
         })?;
     }
-    let writable: Vec<Arc<WritableVolume>> = writable.into_iter().map(|w| w.vol).collect();
+    let writable: Vec<(Arc<WritableVolume>, bool)> = writable
+        .into_iter()
+        .map(|w| (w.vol, w.cache.is_some()))
+        .collect();
     for (path, wb, _) in caches {
         // The server and the control thread are gone, so this is the last
         // reference; were it not, the cache's Drop would flush and stop it.
@@ -535,8 +547,13 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
                 .with_context(|| format!("close the cache {}", path.display()))?;
         }
     }
-    // Every write is in the images now: the session's last commit.
-    for img in &writable {
+    // Every write is in the images now: their overlays no longer need
+    // the caches, and the session's last commit.
+    for (img, cached) in &writable {
+        if *cached {
+            img.unbind_cache()
+                .with_context(|| format!("image {}", img.name()))?;
+        }
         let report = img.close().with_context(|| {
             format!(
                 "commit image {}: its flushed writes stay in {} for the next serve or `cairn commit`",

@@ -106,6 +106,50 @@ pub(crate) fn open_writable(
     Ok(Arc::new(vol))
 }
 
+/// Refuse an image whose overlay is bound to a write-back cache other
+/// than `cache` (or to any, when `cache` is None): that cache may hold
+/// writes not yet in the image (a server with it in front died), which a
+/// commit would leave out and a later serve with the cache would put over
+/// newer writes.
+pub(crate) fn check_cache_binding(vol: &WritableVolume, cache: Option<&Path>) -> Result<()> {
+    let Some(b) = vol
+        .cache_binding()
+        .with_context(|| format!("image {}", vol.name()))?
+    else {
+        return Ok(());
+    };
+    let name = vol.name();
+    let drain = format!(
+        "`cairn cache drain --repo REPO --image {name} --cache {}` writes them back and \
+         commits",
+        b.path.display()
+    );
+    match cache {
+        Some(c) => {
+            let id = cairn_wbcache::WbCache::id_at(c)
+                .with_context(|| format!("cache {}", c.display()))?;
+            if id == Some(b.cache_id) {
+                return Ok(());
+            }
+            bail!(
+                "image {name}: its overlay is bound to the write-back cache {} (id {}), not to \
+                 {}: that cache may hold writes not yet in the image; serve the image with it, \
+                 or {drain}",
+                b.path.display(),
+                b.id_hex(),
+                c.display()
+            )
+        }
+        None => bail!(
+            "image {name}: its overlay is bound to the write-back cache {} (id {}), which may \
+             hold writes not yet in the image (its server stopped without writing them back): \
+             {drain}; or serve the image with that cache",
+            b.path.display(),
+            b.id_hex()
+        ),
+    }
+}
+
 /// What [`add_images`] opened beside the exports.
 #[derive(Default)]
 pub(crate) struct Opened {
@@ -156,6 +200,7 @@ pub(crate) fn add_images(
     for s in specs {
         if s.writable {
             let vol = open_writable(&repo, &s.spec, opts, s.overlay.as_deref())?;
+            check_cache_binding(&vol, s.cache.as_deref())?;
             opened.writable.push((s.spec.clone(), vol.clone()));
             let description = format!(
                 "{} (writable from snapshot {}) of {}",
@@ -246,6 +291,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         }
         let opts = volume_options(64 << 20, 0, None);
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
+        check_cache_binding(&vol, None)?;
         let bar = crate::report::Progress::new("commit", None, !a.quiet);
         let report = vol
             .close_with(&|done, total| {

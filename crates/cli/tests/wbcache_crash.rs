@@ -167,6 +167,24 @@ fn offline(d: &Path, backing: Backing, args: &[&str]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
+/// Run qemu-io's commands `cmds` on the NBD export at `uri`, checking it
+/// succeeded.
+fn qemu_io_ok(uri: &str, cmds: &[&str]) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", uri]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c.output().unwrap();
+    // (A read whose pattern differs says so and still exits 0.)
+    assert!(
+        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("Pattern"),
+        "qemu-io {cmds:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Run cairn with `args`; its stdout, after checking it succeeded.
 fn run_ok(args: &[&str]) -> Vec<u8> {
     let out = cairn().args(args).output().unwrap();
@@ -585,27 +603,17 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
     let mut server = serve(&[]).stderr(Stdio::null()).spawn().unwrap();
     wait_for(&[&sock]);
     let uri = format!("nbd+unix:///d?socket={}", d.join("s.sock").display());
-    let qemu_io = |cmds: &[&str]| {
-        let mut c = Command::new("qemu-io");
-        c.args(["-f", "raw", &uri]);
-        for cmd in cmds {
-            c.args(["-c", cmd]);
-        }
-        c.output().unwrap()
-    };
     // Three flushes: segments 1, 2 and 3 in the log.
-    let out = qemu_io(&[
-        "write -P 0x11 0 64k",
-        "flush",
-        "write -P 0x22 1M 64k",
-        "flush",
-        "write -P 0x33 2M 64k",
-        "flush",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0x11 0 64k",
+            "flush",
+            "write -P 0x22 1M 64k",
+            "flush",
+            "write -P 0x33 2M 64k",
+            "flush",
+        ],
     );
     server.kill().unwrap();
     server.wait().unwrap();
@@ -675,12 +683,9 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
         .spawn()
         .unwrap();
     wait_for(&[&sock]);
-    let out = qemu_io(&["read -P 0x11 0 64k", "read -P 0 1M 64k", "read -P 0 2M 64k"]);
-    assert!(
-        out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("Pattern"),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    qemu_io_ok(
+        &uri,
+        &["read -P 0x11 0 64k", "read -P 0 1M 64k", "read -P 0 2M 64k"],
     );
     // SAFETY: kill(2) on our own child.
     unsafe {
@@ -693,4 +698,113 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Found from outside (2026-11-28): after `cairn serve --image d,cache=C`
+/// was killed, `cairn commit` of the image committed its overlay without
+/// the flushed writes still in the cache's log (the snapshot lacked
+/// them), and a serve without the cache took writes the cache would later
+/// put older blocks over. The overlay is bound to its cache now: both are
+/// refused, and `cairn cache drain` with that cache writes them back and
+/// commits.
+#[test]
+fn a_killed_cached_image_is_committed_only_through_its_cache() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let repo_s = repo.to_str().unwrap();
+    let image: Vec<u8> = (0..8u32 << 20)
+        .map(|i| b"image data "[i as usize % 11])
+        .collect();
+    std::fs::write(d.join("back.raw"), &image).unwrap();
+    run_ok(&["init", repo_s]);
+    run_ok(&[
+        "backup",
+        d.join("back.raw").to_str().unwrap(),
+        "--repo",
+        repo_s,
+        "--name",
+        "d",
+    ]);
+    std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
+    std::fs::write(d.join("other.dev"), vec![0u8; 9 << 20]).unwrap();
+    let sock = d.join("s.sock");
+    let serve = |extra: &[&str]| {
+        let _ = std::fs::remove_file(&sock);
+        let mut cmd = cairn();
+        cmd.args(["serve", "--repo", repo_s, "--socket"])
+            .arg(&sock)
+            // Every write stays in the cache until the kill.
+            .args(["--cache-bypass-below-us", "0", "--cache-idle-ms", "600000"])
+            .args(extra);
+        cmd
+    };
+    let spec = format!("d,cache={}", d.join("cache.dev").display());
+    let mut server = serve(&["--image", &spec])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&[&sock]);
+    let uri = format!("nbd+unix:///d?socket={}", sock.display());
+    qemu_io_ok(&uri, &["write -P 0x5a 0 64k", "flush"]);
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    let refused = |mut cmd: Command, what: &str, says: &str| {
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was not refused");
+        assert!(err.contains(says), "{what}: {err}");
+    };
+    let mut commit = cairn();
+    commit.args(["commit", "--repo", repo_s, "d"]);
+    refused(
+        commit,
+        "commit without the cache",
+        "bound to the write-back cache",
+    );
+    refused(
+        serve(&["--image", "d,rw"]),
+        "serve without the cache",
+        "cache drain",
+    );
+    let other = format!("d,cache={}", d.join("other.dev").display());
+    refused(
+        serve(&["--image", &other]),
+        "serve with another cache",
+        "not to",
+    );
+    // Nothing was committed meanwhile.
+    assert!(run_ok(&["restore", "d", "-", "--repo", repo_s]) == image);
+
+    let out = cairn()
+        .args([
+            "cache", "drain", "--repo", repo_s, "--image", "d", "--cache",
+        ])
+        .arg(d.join("cache.dev"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut want = image.clone();
+    want[..64 << 10].fill(0x5a);
+    assert!(run_ok(&["restore", "d", "-", "--repo", repo_s]) == want);
+    // Written back and committed: the image stands alone again.
+    let mut server = serve(&["--image", "d,rw"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&[&sock]);
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

@@ -96,6 +96,7 @@
 //! needs the in-flight state tied to it.
 
 mod ahead;
+mod binding;
 mod cache;
 mod map;
 mod overlay;
@@ -103,6 +104,7 @@ mod packs;
 mod writable;
 
 use ahead::{Job, Pool, Streams};
+pub use binding::CacheBinding;
 use cache::{key, Cache, Loaded, Slot};
 use cairn_blockdev::{
     check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, ErrorKind, Extent, Op,

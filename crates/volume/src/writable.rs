@@ -593,6 +593,25 @@ impl WritableVolume {
         Ok(Some(report))
     }
 
+    /// The write-back cache the overlay is bound to, if any: while one is,
+    /// writes may be in that cache's log and not yet here, so the image
+    /// must be opened with that cache in front (see [`crate::CacheBinding`]).
+    pub fn cache_binding(&self) -> cairn_store::Result<Option<crate::CacheBinding>> {
+        crate::binding::read(&self.dir)
+    }
+
+    /// Bind the overlay to the cache `b` (durable before it returns): call
+    /// before the cache takes writes.
+    pub fn bind_cache(&self, b: &crate::CacheBinding) -> cairn_store::Result<()> {
+        crate::binding::write(&self.dir, b)
+    }
+
+    /// Remove the binding: call once the cache is written back whole and
+    /// closed.
+    pub fn unbind_cache(&self) -> cairn_store::Result<()> {
+        crate::binding::remove(&self.dir)
+    }
+
     /// Commit what is left, and remove the overlay when nothing is: the
     /// end of a session. Writes after this are not committed.
     pub fn close(&self) -> cairn_store::Result<Option<EditReport>> {

@@ -81,6 +81,27 @@ fn is_blank(dev: &dyn BlockDev) -> Result<bool> {
 const WIPED: u64 = WATERMARK_OFFSETS[1] + 4096;
 
 impl WbCache {
+    /// The cache id of the cache device at `path` (None: blank), read
+    /// from its superblock: nothing written, no lock taken (the superblock
+    /// is written once, by `format`).
+    pub fn id_at(path: &Path) -> Result<Option<[u8; 16]>> {
+        let opts = FileOptions {
+            read_only: true,
+            ..FileOptions::default()
+        };
+        let dev = FileDev::open(path, opts).map_err(|e| WbError::Open {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        if is_blank(&dev)? {
+            return Ok(None);
+        }
+        let mut b = vec![0u8; format::BLOCK_SIZE as usize];
+        dev.read_at(&mut b, 0)
+            .map_err(|e| WbError::io(Place::Superblock, e))?;
+        Ok(Some(format::Superblock::decode(&b)?.cache_id))
+    }
+
     /// Open the cache device at `path` in front of `backing`, holding an
     /// exclusive lock on it until the cache is closed or dropped. A blank
     /// device is formatted when `format_blank`, refused otherwise

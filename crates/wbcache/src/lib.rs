@@ -801,6 +801,11 @@ impl WbCache {
         })
     }
 
+    /// The cache id (random, from `format`; in every segment header).
+    pub fn cache_id(&self) -> [u8; 16] {
+        self.inner.cache_id
+    }
+
     /// Counters and positions of the log.
     pub fn status(&self) -> WbStatus {
         let st = lock(&self.inner.state);
