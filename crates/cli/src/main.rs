@@ -506,6 +506,27 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// Variables that stand for options (clap's `env`): one set to the empty
+/// string counts as not set, as restic's do (`CAIRN_PASSWORD_FILE= cairn
+/// ...` was "a value is required for --password-file").
+const OPTION_VARIABLES: [&str; 6] = [
+    "CAIRN_REPO",
+    "CAIRN_PASSWORD_FILE",
+    "CAIRN_PASSWORD_COMMAND",
+    "CAIRN_FROM_PASSWORD_FILE",
+    "CAIRN_FROM_PASSWORD_COMMAND",
+    "CAIRN_NEW_PASSWORD_FILE",
+];
+
+fn unset_empty_option_variables() {
+    for name in OPTION_VARIABLES {
+        if std::env::var_os(name).is_some_and(|v| v.is_empty()) {
+            // Before any thread starts (main's first steps).
+            std::env::remove_var(name);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Rust starts with SIGPIPE ignored, so a write to a closed pipe returns
     // EPIPE and `println!` panics. Like coreutils, end quietly instead: the
@@ -513,6 +534,7 @@ fn main() -> ExitCode {
     // Servers and socket clients ignore it again where they need EPIPE.
     signals::default_sigpipe();
     signals::fill_closed_std_streams();
+    unset_empty_option_variables();
     let args = rewrite_level_flags(as_invoked(std::env::args_os().collect()));
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -642,6 +664,25 @@ pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every variable an option is read from is in [`OPTION_VARIABLES`].
+    #[test]
+    fn every_option_variable_is_unset_when_empty() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = std::collections::BTreeSet::new();
+        for e in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{e}")) {
+            let path = e.unwrap_or_else(|e| panic!("{e}")).path();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for part in text.split("env = \"CAIRN_").skip(1) {
+                if let Some(name) = part.split('"').next() {
+                    found.insert(format!("CAIRN_{name}"));
+                }
+            }
+        }
+        let listed: std::collections::BTreeSet<String> =
+            OPTION_VARIABLES.iter().map(|s| s.to_string()).collect();
+        assert_eq!(found, listed);
+    }
 
     #[test]
     fn sizes() {

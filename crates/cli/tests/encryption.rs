@@ -215,6 +215,21 @@ fn wrong_missing_and_every_source_of_password() {
         plain().env("CAIRN_PASSWORD_COMMAND", format!("echo '{PASSWORD}'")),
         &ls,
     ));
+    // A variable set to nothing counts as not set (as restic's do): the
+    // next source is taken, not "a value is required".
+    ok(run(
+        cairn()
+            .env("CAIRN_PASSWORD_FILE", "")
+            .env("CAIRN_PASSWORD_COMMAND", ""),
+        &ls,
+    ));
+    let out = run(cairn().env("CAIRN_REPO", ""), &["ls"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("required arguments were not provided: --repo"),
+        "{err}"
+    );
     fails_with(
         &run(
             &mut plain(),
