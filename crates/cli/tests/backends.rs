@@ -456,6 +456,33 @@ fn every_verb_on_s3() {
     every_verb(&Store::s3(&server, "verbs"));
 }
 
+/// Found from outside (2026-11-28): every command on an S3 repository
+/// failed when the local cache directory could not be made; restic warns
+/// and goes on, and so does cairn now.
+#[test]
+fn s3_without_a_usable_cache_directory_warns_and_goes_on() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let s = Store::s3(&server, "nocache");
+    ok(s.run(&["init", &s.loc]));
+    let data = image(1 << 20, 31);
+    s.backup("a", &data);
+    // Below a regular file: no directory can be made there (as root too).
+    let file = s.file("not-a-dir", b"x");
+    let out = s
+        .cmd()
+        .env("CAIRN_CACHE_DIR", file.join("cache"))
+        .args(["restore", "a", "-", "-q", "--repo", &s.loc])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout == data);
+    assert!(err.contains("cannot use the local cache"), "{err}");
+}
+
 #[test]
 fn writers_side_by_side_on_s3() {
     let Some(server) = SeaweedFs::start_or_skip() else {

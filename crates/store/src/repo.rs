@@ -872,15 +872,26 @@ impl Repository {
         let Some(dir) = cache_dir(location) else {
             return Ok(Some(s3));
         };
-        let cached = crate::cache::CachedBackend::new(
-            s3,
+        let cached = match crate::cache::CachedBackend::new(
+            s3.clone(),
             &dir,
             if pack_cache > 0 {
                 pack_cache
             } else {
                 crate::cache::DEFAULT_CACHE_BYTES
             },
-        )?;
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                // As restic does: the cache only saves requests.
+                tracing::warn!(
+                    "cannot use the local cache ({e}); going on without it: every index file \
+                     and manifest comes from the bucket (set CAIRN_CACHE_DIR to a writable \
+                     directory)"
+                );
+                return Ok(Some(s3));
+            }
+        };
         Ok(Some(Arc::new(if pack_cache > 0 {
             cached
         } else {
