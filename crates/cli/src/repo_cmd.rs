@@ -62,6 +62,11 @@ pub(crate) struct InitArgs {
     /// Seal packs at this size (1M to 2G; default 32M; binary units: 32M = 32MiB).
     #[arg(long, value_parser = crate::parse_size)]
     pub pack_size: Option<usize>,
+    /// Keep this much space allocated in REPO (file `reserve`), so that
+    /// rm, forget and gc can still free space once backups fill the disk
+    /// (they release it; gc refills it). 0: none. Not for s3://.
+    #[arg(long, value_parser = crate::parse_size_or_zero, default_value = "16M")]
+    pub reserve: usize,
     /// Encrypt packs, index and snapshots (aes-256-gcm, the default,
     /// with a password), or not (none).
     #[arg(long, default_value = "aes-256-gcm", value_parser = ["aes-256-gcm", "none"])]
@@ -381,6 +386,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             targets: a.targets.clone(),
             pack_size: a.pack_size.map(|s| s as u64),
             encryption,
+            reserve: a.reserve as u64,
         },
     )?;
     if a.json {
@@ -963,7 +969,7 @@ fn print_problems(problems: &[cairn_store::Problem]) {
 
 pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let lock = repo.session("cairn repair")?;
+    let lock = session_freeing(&repo, "cairn repair")?;
     let bar = Progress::new("repair", None, !a.quiet);
     let progress = |done: u64, _total: u64| bar.read_to(done);
     let r = cairn_store::repair(
@@ -1033,7 +1039,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
 
 pub(crate) fn rm(a: &RmArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let lock = repo.session("cairn rm")?;
+    let lock = session_freeing(&repo, "cairn rm")?;
     let removed: Vec<(String, u64)> = if a.image.contains('@') {
         vec![repo.resolve(&a.image)?]
     } else {
@@ -1088,7 +1094,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     let lock = if a.dry_run {
         None
     } else {
-        Some(repo.session("cairn forget")?)
+        Some(session_freeing(&repo, "cairn forget")?)
     };
     let all = repo.images()?;
     let names: Vec<String> = if a.images.is_empty() {
@@ -1177,23 +1183,75 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
     Ok(())
 }
 
+/// Say that the reserve was released for this command.
+fn note_released(repo: &Repository, bytes: u64) {
+    if bytes > 0 {
+        errln!(
+            "cairn: the disk of {} is full: released the repository's reserve ({}) so that \
+             this command can free space (gc refills it)",
+            repo.location(),
+            HumanBytes(bytes)
+        );
+    }
+}
+
+/// A session for a command that frees space, registered on a full disk
+/// by releasing the reserve.
+fn session_freeing(repo: &Repository, what: &str) -> Result<cairn_store::Session> {
+    let (session, released) = repo.session_freeing(what)?;
+    note_released(repo, released);
+    Ok(session)
+}
+
+/// Run `op` (gc's work: crash-safe, so safe to run again); if it fails
+/// on a full disk, release the reserve and run it once more.
+fn on_a_full_disk_release_the_reserve<T>(
+    repo: &Repository,
+    op: impl Fn() -> cairn_store::Result<T>,
+) -> Result<T> {
+    match op() {
+        Err(e) if e.is_no_space() => {
+            let released = repo.release_reserve()?;
+            if released == 0 {
+                return Err(e.into());
+            }
+            note_released(repo, released);
+            Ok(op()?)
+        }
+        r => Ok(r?),
+    }
+}
+
 pub(crate) fn gc(a: &GcArgs) -> Result<()> {
     if !(0.0..=1.0).contains(&a.repack_below) {
         bail!("--repack-below must be between 0 and 1");
     }
     let repo = open_repo(&a.repo)?;
-    let lock = repo.session("cairn gc")?;
-    let r = cairn_store::gc(
-        &repo,
-        &lock,
-        &GcOptions {
-            repack_below: a.repack_below,
-            ..GcOptions::default()
-        },
-    )?;
+    let lock = session_freeing(&repo, "cairn gc")?;
+    let r = on_a_full_disk_release_the_reserve(&repo, || {
+        cairn_store::gc(
+            &repo,
+            &lock,
+            &GcOptions {
+                repack_below: a.repack_below,
+                ..GcOptions::default()
+            },
+        )
+    })?;
+    if !repo.refill_reserve()? {
+        errln!(
+            "cairn: warning: the disk of {} has no room yet to refill the repository's reserve; \
+             free space (forget snapshots), then run gc again",
+            repo.location()
+        );
+    }
     warn_writer_repairs(&r.quarantined, &r.lost_packs);
+    for d in &r.damaged {
+        errln!("cairn: warning: {d} (its pack is kept as it is; `cairn repair` drops it)");
+    }
     if a.json {
         print_json(&json!({
+            "damaged_records": r.damaged,
             "chunks_before": r.chunks_before,
             "chunks_after": r.chunks_after,
             "packs_deleted": r.packs_deleted,

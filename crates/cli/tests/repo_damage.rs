@@ -1567,6 +1567,49 @@ fn full_disk_under_a_restore() {
     assert_sound(&base.repo, "after a failed restore");
 }
 
+/// Found from outside (2026-11-28): once a backup filled the disk under
+/// the whole repository, gc could not write what it writes before it
+/// deletes, and nothing freed space. The reserve `init` keeps is released
+/// for rm and gc, which then free the space, and gc refills it.
+#[test]
+fn gc_frees_a_full_disk_through_the_reserve() {
+    let dir = tempdir();
+    let mnt = dir.path().join("small-disk");
+    let Some(disk) = Tmpfs::mount(&mnt, "4m") else {
+        return;
+    };
+    let repo = mnt.join("repo");
+    ok(&run(&[
+        "init",
+        s(&repo),
+        "--encryption",
+        "none",
+        "--reserve",
+        "256K",
+    ]));
+    let reserve = || fs::metadata(repo.join("reserve")).unwrap().len();
+    assert_eq!(reserve(), 256 << 10);
+    let first = noise(1_500_000, 41);
+    ok(&backup_json(&repo, "first", &first));
+    let big = noise(8_000_000, 42);
+    let line = one_line_failure(&backup_json(&repo, "big", &big), "backup onto a full disk");
+    assert!(line.contains("No space left on device"), "{line}");
+    assert!(disk.free().0 < 4, "the disk should be full");
+    assert_eq!(reserve(), 256 << 10, "a backup must not touch the reserve");
+
+    ok(&run(&["rm", "first", "--repo", s(&repo)]));
+    let out = run(&["gc", "--repo", s(&repo)]);
+    let err = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
+    assert!(err.contains("released the repository's reserve"), "{err}");
+    // Space is free again, and the reserve is whole.
+    assert!(disk.free().0 > 100, "gc freed nothing");
+    assert_eq!(reserve(), 256 << 10);
+    assert_sound(&repo, "after gc on a full disk");
+    let second = noise(1_000_000, 43);
+    ok(&backup_json(&repo, "second", &second));
+    restores_to(&repo, "second", &second);
+}
+
 #[test]
 fn full_disk_under_the_whole_repository() {
     let dir = tempdir();
@@ -1576,7 +1619,15 @@ fn full_disk_under_the_whole_repository() {
     };
     let repo = mnt.join("repo");
     let filler = mnt.join("filler");
-    ok(&run(&["init", s(&repo), "--encryption", "none"]));
+    // No reserve: the space left is counted to the block below.
+    ok(&run(&[
+        "init",
+        s(&repo),
+        "--encryption",
+        "none",
+        "--reserve",
+        "0",
+    ]));
     let first = image(600_000, 11);
     ok(&backup_json(&repo, "first", &first));
 
@@ -1677,6 +1728,19 @@ fn repair_drops_damaged_chunks_and_a_backup_heals_the_snapshots() {
     let (_, v) = verify(&repo, true);
     let want: BTreeSet<(String, u64)> = [1, 2, 3].map(|n| ("alpha".to_string(), n)).into();
     assert_eq!(damaged(&v), want, "{v}");
+
+    // gc copies live records out of sparse packs (all of them, here): it
+    // keeps the damaged record's pack as it is, and says so.
+    let out = run(&["gc", "--repo", s(&repo), "--repack-below", "1", "--json"]);
+    let err = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
+    let pack_name = lay.records[&id].pack.file_name().unwrap().to_str().unwrap();
+    assert!(
+        err.contains("is damaged") && err.contains(pack_name),
+        "{err}"
+    );
+    assert!(!json(&out)["damaged_records"].as_array().unwrap().is_empty());
+    let (_, after_gc) = verify(&repo, true);
+    assert_eq!(damaged(&after_gc), want, "{after_gc}");
 
     // -n drops nothing.
     let out = run(&["repair", "--repo", s(&repo), "-n", "--json", "-q"]);

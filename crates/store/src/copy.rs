@@ -338,6 +338,7 @@ mod tests {
                     },
                 )
             }),
+            reserve: 0,
         };
         Repository::init_with(&dir.join(name), &opts).unwrap()
     }

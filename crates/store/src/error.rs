@@ -156,6 +156,20 @@ impl<T> IoContext<T> for io::Result<T> {
 }
 
 impl StoreError {
+    /// Whether the error is a full disk (ENOSPC), here or in a cause.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. }
+            | StoreError::Source { source, .. }
+            | StoreError::Dest { source, .. } => {
+                source.raw_os_error() == Some(libc::ENOSPC)
+                    || source.kind() == io::ErrorKind::StorageFull
+            }
+            StoreError::InImage { source, .. } => source.is_no_space(),
+            _ => false,
+        }
+    }
+
     /// A `Corrupt` error.
     pub(crate) fn corrupt(
         path: impl Into<PathBuf>,

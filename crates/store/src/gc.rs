@@ -89,6 +89,9 @@ pub struct GcReport {
     /// Index entries left out because their record is damaged
     /// ([`GcOptions::drop_records`]).
     pub dropped: u64,
+    /// Damaged live records met while repacking (their packs were kept
+    /// as they are): one line each, naming the pack and offset.
+    pub damaged: Vec<String>,
 }
 
 fn bit(v: &[u64], i: usize) -> bool {
@@ -228,6 +231,10 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         for (offset, locs) in &by_record {
             let (s, e) = (*offset as usize, *offset as usize + locs[0].len as usize);
             let Some(rec) = data.get(s..e) else {
+                report.damaged.push(format!(
+                    "{}: live record at offset {offset} runs past the end of the pack",
+                    reader.path(n as u32)?.display()
+                ));
                 sound = false;
                 break;
             };
@@ -236,7 +243,11 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                 .filter(|(_, len)| *len == rec.len());
             let Some((r, _)) = parsed else {
                 // A damaged live record: keep the pack as it is, so that
-                // nothing is lost that is not already lost.
+                // nothing is lost that is not already lost; and say so.
+                report.damaged.push(format!(
+                    "{}: live record at offset {offset} is damaged",
+                    reader.path(n as u32)?.display()
+                ));
                 sound = false;
                 break;
             };

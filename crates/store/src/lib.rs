@@ -84,6 +84,7 @@ mod pack;
 mod reader;
 mod repair;
 mod repo;
+mod reserve;
 mod restore;
 mod retention;
 mod s3;
@@ -120,6 +121,7 @@ pub use verify::{verify, Affected, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.
 pub use gc::{gc, Collected, GcOptions, GcReport};
 pub use repair::{repair, RepairOptions, RepairReport};
+pub use reserve::DEFAULT_RESERVE;
 // Errors.
 pub use error::{Result, StoreError};
 // Durability: what the store does after creating or removing names.

@@ -128,6 +128,9 @@ pub struct InitOptions {
     /// Encrypt, with a first key wrapped under this password at this
     /// cost; `None`: a plain repository.
     pub encryption: Option<(Password, KdfParams)>,
+    /// Bytes kept allocated in the repository's root so that `gc` can
+    /// run on a full disk (0: none; see [`crate::DEFAULT_RESERVE`]).
+    pub reserve: u64,
 }
 
 /// A key file's id and contents.
@@ -590,6 +593,7 @@ impl Repository {
                 targets: targets.to_vec(),
                 pack_size,
                 encryption: None,
+                reserve: 0,
             },
         )
     }
@@ -669,6 +673,10 @@ impl Repository {
             marker.write(&LocalDir::new(&dir))?;
             made.file(dir.join(MARKER));
             meta::sync_dir(&packs)?;
+        }
+        if opts.reserve > 0 {
+            made.file(root.join(crate::reserve::RESERVE_FILE));
+            crate::reserve::create(&root, opts.reserve)?;
         }
         let local = LocalDir::new(&root);
         if let Some(key) = Self::write_first_key(&local, id, opts)? {
@@ -847,6 +855,7 @@ impl Repository {
                 targets: targets.to_vec(),
                 pack_size,
                 encryption: None,
+                reserve: 0,
             },
         )
     }
@@ -1317,6 +1326,51 @@ impl Repository {
     /// Size at which packs are sealed.
     pub fn pack_size(&self) -> u64 {
         self.pack_size
+    }
+
+    // ---- the reserve (local repositories) ----
+
+    /// The reserve's size and the bytes it holds now; None: no reserve
+    /// (made without one, or in an object store).
+    pub fn reserve(&self) -> Result<Option<(u64, u64)>> {
+        match self.local_root() {
+            Some(root) => crate::reserve::read(root),
+            None => Ok(None),
+        }
+    }
+
+    /// Give the reserve's space back to the disk, for a command that
+    /// frees space on a full disk; the bytes released (0: none).
+    pub fn release_reserve(&self) -> Result<u64> {
+        match self.local_root() {
+            Some(root) => crate::reserve::release(root),
+            None => Ok(0),
+        }
+    }
+
+    /// Fill a released reserve again; `false` when the disk has no room
+    /// for it yet.
+    pub fn refill_reserve(&self) -> Result<bool> {
+        match self.local_root() {
+            Some(root) => crate::reserve::refill(root),
+            None => Ok(true),
+        }
+    }
+
+    /// [`Repository::session`] for a command that frees space (rm,
+    /// forget, gc, repair): on a full disk the reserve is released to
+    /// register it. The bytes released come back with the session.
+    pub fn session_freeing(&self, what: &str) -> Result<(Session, u64)> {
+        match self.session(what) {
+            Err(e) if e.is_no_space() => {
+                let released = self.release_reserve()?;
+                if released == 0 {
+                    return Err(e);
+                }
+                Ok((self.session(what)?, released))
+            }
+            other => other.map(|s| (s, 0)),
+        }
     }
 
     // ---- sessions ----

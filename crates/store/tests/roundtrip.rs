@@ -850,8 +850,11 @@ fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
                 parallelism: 1,
             },
         )),
+        // And a reserve beside the packs of two targets.
+        reserve: 1 << 20,
     };
     let r = Repository::init_with(&dir.path().join("repo"), &opts).unwrap();
+    assert_eq!(r.reserve().unwrap(), Some((1 << 20, 1 << 20)));
     let mut g = Lcg(5);
     let a = image(6 << 20, 3);
     let mut b = a[..1 << 20].to_vec();
