@@ -276,9 +276,22 @@ impl ChunkIndex {
     }
 
     /// [`ChunkIndex::seal`], keeping of two entries for the same chunk one
-    /// that `good` accepts (a record that is on disk) if there is one.
+    /// that `good` accepts (a record that is on disk) if there is one,
+    /// else the one in the pack numbered first (added first: the index
+    /// files come before the packs salvage finds). The choice must not be
+    /// left to the sort: a gc killed while repacking leaves copies of live
+    /// records in packs that salvage indexes, and keeping some entries
+    /// of each pack left both packs part live, their duplicates kept for
+    /// as long as neither fell below gc's repack threshold (found from
+    /// outside, 2026-11-28). Keeping the first pack's makes the copies
+    /// dead, and the next gc deletes them whole.
     pub fn seal_preferring(&mut self, mut good: impl FnMut(Location) -> bool) {
-        self.entries.sort_unstable_by_key(|e| e.prefix);
+        self.entries.sort_unstable_by(|a, b| {
+            a.prefix.cmp(&b.prefix).then_with(|| {
+                let (x, y) = (a.location(), b.location());
+                (x.pack, x.offset, x.slice).cmp(&(y.pack, y.offset, y.slice))
+            })
+        });
         self.entries.dedup_by(|later, kept| {
             if later.prefix != kept.prefix {
                 return false;
@@ -451,6 +464,50 @@ mod tests {
             })
             .collect();
         IndexFile { packs, entries }
+    }
+
+    /// Of two entries for one chunk, the one in the pack added first is
+    /// kept, whatever the order the sort meets them in: every chunk of a
+    /// pack that duplicates an earlier one is dropped, so that pack is
+    /// dead whole.
+    #[test]
+    fn duplicates_keep_the_pack_added_first() {
+        let f = sample(2000);
+        // The same chunks again in a pack added later, at lower offsets.
+        let copy = IndexFile {
+            packs: vec![PackInfo {
+                id: PackId::random(),
+                target: 0,
+                len: 500,
+            }],
+            entries: f
+                .entries
+                .iter()
+                .map(|(id, l)| {
+                    (
+                        *id,
+                        Location {
+                            pack: 0,
+                            offset: 1,
+                            ..*l
+                        },
+                    )
+                })
+                .collect(),
+        };
+        for order in [[&f, &copy], [&copy, &f]] {
+            let mut idx = ChunkIndex::default();
+            for file in order {
+                idx.add_file(file).unwrap();
+            }
+            idx.seal();
+            assert_eq!(idx.len(), 2000);
+            let first: Vec<PackId> = order[0].packs.iter().map(|p| p.id).collect();
+            for (id, _) in &f.entries {
+                let l = idx.get(id).unwrap();
+                assert!(first.contains(&idx.pack(l.pack).unwrap().id));
+            }
+        }
     }
 
     #[test]
