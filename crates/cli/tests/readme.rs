@@ -15,8 +15,8 @@ use common::cairn;
 use std::collections::{BTreeMap, BTreeSet};
 
 const VERBS: &[&str] = &[
-    "pack", "unpack", "init", "backup", "restore", "ls", "verify", "rm", "forget", "gc", "stats",
-    "serve", "cache", "mount", "key", "diff", "copy",
+    "pack", "unpack", "init", "backup", "restore", "ls", "verify", "repair", "rm", "forget", "gc",
+    "stats", "serve", "cache", "mount", "key", "diff", "copy",
 ];
 
 fn readme() -> String {

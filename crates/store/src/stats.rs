@@ -88,7 +88,8 @@ pub struct RepoStats {
     pub zero_bytes: u64,
     /// Distinct chunks in the index.
     pub chunks: u64,
-    /// Uncompressed bytes the chunks hold, as recorded by the backups that stored them.
+    /// Uncompressed bytes of the distinct chunks the snapshots use (each
+    /// chunk once, whichever snapshots share it).
     pub unique_raw_bytes: u64,
     /// Index files.
     pub index_files: u64,
@@ -120,10 +121,33 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
         s.snapshots += 1;
         s.logical_bytes += snap.size;
         s.zero_bytes += snap.stats.zero_bytes;
-        s.unique_raw_bytes += snap.stats.new_raw;
     }
     s.images = repo.images()?.len() as u64;
     let loaded = repo.load_index()?;
+    // The chunks the snapshots use, each once (one bit per index entry).
+    // Summing what each backup stored new went wrong once the snapshot
+    // that stored a chunk was removed and another still used it.
+    let index = &loaded.index;
+    let mut seen = vec![0u64; index.len().div_ceil(64)];
+    for (name, snaps) in repo.images()? {
+        for snap in snaps {
+            // Unreadable ones are listed above.
+            let Ok(m) = repo.read_manifest(&name, snap) else {
+                continue;
+            };
+            for e in &m.extents {
+                let crate::manifest::Extent::Data { id, len } = e else {
+                    continue;
+                };
+                if let Some(i) = index.position(id) {
+                    if seen[i / 64] >> (i % 64) & 1 == 0 {
+                        seen[i / 64] |= 1 << (i % 64);
+                        s.unique_raw_bytes += u64::from(*len);
+                    }
+                }
+            }
+        }
+    }
     s.chunks = loaded.index.len() as u64;
     s.damaged_index_files = loaded.damaged.iter().map(|e| e.to_string()).collect();
     s.index_entry_bytes = loaded.index.entry_bytes() as u64;
