@@ -1238,12 +1238,14 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             },
         )
     })?;
-    if !repo.refill_reserve()? {
-        errln!(
+    match repo.refill_reserve() {
+        Ok(true) => {}
+        Ok(false) => errln!(
             "cairn: warning: the disk of {} has no room yet to refill the repository's reserve; \
              free space (forget snapshots), then run gc again",
             repo.location()
-        );
+        ),
+        Err(e) => errln!("cairn: warning: the repository's reserve: {e}"),
     }
     warn_writer_repairs(&r.quarantined, &r.lost_packs);
     for d in &r.damaged {

@@ -1339,6 +1339,15 @@ impl Repository {
         }
     }
 
+    /// Check the reserve's header, and with `contents` that it holds
+    /// only zeros.
+    pub fn check_reserve(&self, contents: bool) -> Result<()> {
+        match self.local_root() {
+            Some(root) => crate::reserve::check(root, contents),
+            None => Ok(()),
+        }
+    }
+
     /// Give the reserve's space back to the disk, for a command that
     /// frees space on a full disk; the bytes released (0: none).
     pub fn release_reserve(&self) -> Result<u64> {

@@ -65,6 +65,40 @@ pub(crate) fn read(root: &Path) -> Result<Option<(u64, u64)>> {
     Ok(Some((size, len)))
 }
 
+/// Check the reserve: its header, and with `contents` that the rest is
+/// zeros (a byte that is not is damage the disk did: the file holds no
+/// data, but what changed it may change files that do).
+pub(crate) fn check(root: &Path, contents: bool) -> Result<()> {
+    let Some((_, len)) = read(root)? else {
+        return Ok(());
+    };
+    if !contents {
+        return Ok(());
+    }
+    let path = root.join(RESERVE_FILE);
+    let mut f = File::open(&path).ctx(&path, "open")?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = std::io::Read::read(&mut f, &mut buf).ctx(&path, "read")?;
+        if n == 0 {
+            break;
+        }
+        let from = if at == 0 { HEADER.min(n) } else { 0 };
+        if let Some(i) = buf[from..n].iter().position(|&b| b != 0) {
+            return Err(StoreError::Corrupt {
+                path,
+                offset: at + (from + i) as u64,
+                reason: "the reserve holds a byte that is not zero (it holds no data; the \
+                         disk changed it)"
+                    .into(),
+            });
+        }
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// Append zeros to `f` from `from` up to `to` bytes.
 fn fill(f: &mut File, from: u64, to: u64) -> std::io::Result<()> {
     let zeros = vec![0u8; 1 << 20];
@@ -167,8 +201,16 @@ mod tests {
         assert_eq!(release(root).unwrap(), 0);
         assert!(refill(root).unwrap());
         assert_eq!(read(root).unwrap(), Some((3 << 20, 3 << 20)));
-        // A damaged header is an error, not a reserve of any size.
+        check(root, true).unwrap();
         let path = root.join(RESERVE_FILE);
+        let mut b = fs::read(&path).unwrap();
+        b[2 << 20] = 1;
+        fs::write(&path, &b).unwrap();
+        check(root, false).unwrap();
+        assert!(check(root, true).is_err());
+        b[2 << 20] = 0;
+        fs::write(&path, &b).unwrap();
+        // A damaged header is an error, not a reserve of any size.
         let mut b = fs::read(&path).unwrap();
         b[17] ^= 1;
         fs::write(&path, &b).unwrap();

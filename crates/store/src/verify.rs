@@ -48,7 +48,7 @@ pub struct Affected {
 #[derive(Debug, Clone)]
 pub struct Problem {
     /// What kind: `index`, `key`, `manifest`, `pack`, `garbage`,
-    /// `missing-chunk`, `damaged-chunk`.
+    /// `reserve`, `missing-chunk`, `damaged-chunk`.
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -126,6 +126,19 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             kind: "garbage",
             message: format!(
                 "{e} (backup and gc refuse to run while it is there; removing it loses nothing)"
+            ),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
+
+    // The reserve (no data, but damage there is damage the disk did).
+    if let Err(e) = repo.check_reserve(opts.read_data) {
+        report.problems.push(Problem {
+            kind: "reserve",
+            message: format!(
+                "{e} (no snapshot is affected; removing the file loses nothing, and `cairn \
+                 init --reserve` made it: gc no longer has it on a full disk then)"
             ),
             chunk: None,
             affected: Vec::new(),
