@@ -224,7 +224,13 @@ impl RepoFs {
     }
 
     /// The snapshot's volume, opened now if this is its first use.
-    fn volume(&self, snap: &Snap) -> Result<Arc<Volume>, String> {
+    /// The snapshot's volume, opened on first use; the error to give the
+    /// kernel and the line to report when it cannot be opened: ENOENT for
+    /// a snapshot removed (`cairn rm`, `forget`) after the mount started
+    /// and before its file was first opened (one opened before stays
+    /// readable: the volume holds its manifest, and the mount's session
+    /// keeps gc from deleting its packs), EIO for anything else.
+    fn volume(&self, snap: &Snap) -> Result<Arc<Volume>, (Errno, String)> {
         if let Some(v) = snap.volume.get() {
             return Ok(v.clone());
         }
@@ -232,10 +238,23 @@ impl RepoFs {
         if let Some(v) = snap.volume.get() {
             return Ok(v.clone());
         }
-        let v = self
-            .view
-            .volume(&snap.spec, &self.opts)
-            .map_err(|e| format!("cannot open {}: {}", snap.spec, crate::one_line(&e)))?;
+        let v = self.view.volume(&snap.spec, &self.opts).map_err(|e| {
+            let removed = matches!(
+                self.view.repository().resolve(&snap.spec),
+                Err(cairn_store::StoreError::NotFound(_))
+            );
+            if removed {
+                (
+                    Errno::ENOENT,
+                    format!("{} was removed after the mount started", snap.spec),
+                )
+            } else {
+                (
+                    Errno::EIO,
+                    format!("cannot open {}: {}", snap.spec, crate::one_line(&e)),
+                )
+            }
+        })?;
         Ok(snap.volume.get_or_init(|| Arc::new(v)).clone())
     }
 
@@ -306,9 +325,9 @@ impl Filesystem for RepoFs {
         match self.volume(snap) {
             // The bytes never change: pages cached by an earlier open stay good.
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(msg) => {
+            Err((errno, msg)) => {
                 self.report(msg);
-                reply.error(Errno::EIO)
+                reply.error(errno)
             }
         }
     }
@@ -332,9 +351,9 @@ impl Filesystem for RepoFs {
         };
         let vol = match self.volume(snap) {
             Ok(v) => v,
-            Err(msg) => {
+            Err((errno, msg)) => {
                 self.report(msg);
-                return reply.error(Errno::EIO);
+                return reply.error(errno);
             }
         };
         let len = (size as u64).min(n.size.saturating_sub(offset)) as usize;

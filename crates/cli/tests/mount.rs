@@ -434,6 +434,44 @@ fn sigterm_unmounts_and_exits_zero() {
     ok(run(&["gc", "--repo", s(&repo)]));
 }
 
+/// Found from outside (2026-11-28): a snapshot removed while mounted
+/// read as EIO, as if damaged. One opened before the removal reads on (and
+/// gc, beside the mount, deletes nothing it uses); one first opened after
+/// it is gone (ENOENT), and the mount says why.
+#[test]
+fn snapshots_removed_while_mounted() {
+    let Some(fusermount) = fuse_ready() else {
+        return;
+    };
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(2 << 20, 83);
+    let (repo, mnt) = repo_of(d, "a", &data);
+    let second = d.join("second");
+    std::fs::write(&second, mixed(2 << 20, 84)).unwrap();
+    backup(&repo, &second, "a");
+    let mut m = Mounted::start(&repo, &mnt, fusermount);
+    let mut open = std::fs::File::open(mnt.join("a/1")).unwrap();
+    ok(run(&["rm", "a@1", "--repo", s(&repo)]));
+    ok(run(&["rm", "a@2", "--repo", s(&repo)]));
+    ok(run(&["gc", "--repo", s(&repo)]));
+    let mut got = Vec::new();
+    open.read_to_end(&mut got).unwrap();
+    assert!(
+        got == data,
+        "an open snapshot read differently after rm and gc"
+    );
+    let e = std::fs::read(mnt.join("a/2")).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    let said = m.stderr_when(|t| t.contains("was removed"));
+    assert!(
+        said.contains("a@2 was removed after the mount started"),
+        "{said}"
+    );
+    drop(open);
+    m.unmount();
+}
+
 #[test]
 fn sigterm_with_a_file_open_detaches_and_serves_it_until_closed() {
     let Some(fusermount) = fuse_ready() else {
