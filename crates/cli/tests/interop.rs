@@ -217,6 +217,10 @@ fn lz4_both_ways() {
     peer_to_cairn("lz4", &["-c", "-q", "-BD", "-B4"], &data);
     peer_to_cairn("lz4", &["-c", "-q", "-9", "--content-size", "-BX"], &data);
     peer_to_cairn("lz4", &["-c", "-q", "--no-frame-crc"], &data);
+    // Legacy frames (kernels, initramfs): 8 MiB blocks, so more than one.
+    let big = mixed(20 << 20, 17);
+    peer_to_cairn("lz4", &["-c", "-q", "-l"], &big);
+    peer_to_cairn("lz4", &["-c", "-q", "-l", "-9"], &data);
 }
 
 #[test]

@@ -9,6 +9,12 @@
 //! parallel, so cairn leaves it out of what it writes and relies on the
 //! block checksums; it verifies the content checksum of frames that have
 //! one on the writing side, in order.
+//!
+//! Legacy frames (`lz4 -l`, what Linux kernels and initramfs images
+//! use) are read too: magic `0x184C2102`, then blocks of a 4-byte
+//! compressed size and an LZ4 block of at most 8 MiB decoded, all
+//! independent, with no checksum and no end mark: a legacy frame ends at
+//! the end of the input or where the next 4 bytes are a frame magic.
 
 use super::{le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, Lz4Codec};
@@ -21,6 +27,10 @@ const NAME: &str = "lz4";
 pub const MAGIC: u32 = 0x184D_2204;
 /// Largest block the frame format allows (the "4 MB" block size id 7).
 pub const MAX_BLOCK: usize = 4 << 20;
+/// Magic of a legacy frame (`lz4 -l`).
+pub const LEGACY_MAGIC: u32 = 0x184C_2102;
+/// Decoded size of a legacy frame's blocks (the last may be shorter).
+const LEGACY_BLOCK: usize = 8 << 20;
 const FLG_INDEP: u8 = 0x20;
 const FLG_BLOCK_CHECKSUM: u8 = 0x10;
 const FLG_CONTENT_SIZE: u8 = 0x08;
@@ -99,6 +109,8 @@ impl super::Framer for Framer {
 struct FrameFlags {
     flg: u8,
     max_block: usize,
+    /// A legacy frame: no checksums, no end mark.
+    legacy: bool,
 }
 
 /// Group independent blocks into units of about this many decoded bytes.
@@ -140,7 +152,9 @@ impl Splitter {
             }
             let off = self.input.offset();
             let could_start = |b: &[u8]| {
-                begins_like(b, &MAGIC.to_le_bytes()) || super::zstd::could_start_skippable(b)
+                begins_like(b, &MAGIC.to_le_bytes())
+                    || begins_like(b, &LEGACY_MAGIC.to_le_bytes())
+                    || super::zstd::could_start_skippable(b)
             };
             let b = self.input.need_start(4, NAME, could_start)?;
             let magic = le32(b, 0);
@@ -151,6 +165,17 @@ impl Splitter {
                 self.input.skip(u64::from(size), NAME)?;
                 self.frames += 1;
                 continue;
+            }
+            if magic == LEGACY_MAGIC {
+                self.input.consume(4);
+                self.frames += 1;
+                self.started = false;
+                self.dict.clear();
+                return Ok(Some(FrameFlags {
+                    flg: FLG_INDEP,
+                    max_block: LEGACY_BLOCK,
+                    legacy: true,
+                }));
             }
             if magic != MAGIC {
                 return Err(if self.frames == 0 {
@@ -214,7 +239,11 @@ impl Splitter {
             self.frames += 1;
             self.started = false;
             self.dict.clear();
-            return Ok(Some(FrameFlags { flg, max_block }));
+            return Ok(Some(FrameFlags {
+                flg,
+                max_block,
+                legacy: false,
+            }));
         }
     }
 
@@ -226,6 +255,27 @@ impl Splitter {
         end: &mut Option<u32>,
     ) -> Result<Option<(u32, usize)>> {
         let off = self.input.offset();
+        if ff.legacy {
+            // No end mark: the input ends, or another frame begins.
+            if self.input.at_end()? {
+                return Ok(None);
+            }
+            let word = le32(self.input.need(4, NAME)?, 0);
+            if word == MAGIC || word == LEGACY_MAGIC || word & 0xFFFF_FFF0 == 0x184D_2A50 {
+                return Ok(None);
+            }
+            let size = word as usize;
+            if size > lz4_ffi::bound(LEGACY_BLOCK) {
+                return Err(CodecError::TooLarge {
+                    format: NAME,
+                    what: "legacy block size field",
+                    offset: off,
+                    size: size as u64,
+                    limit: lz4_ffi::bound(LEGACY_BLOCK) as u64,
+                });
+            }
+            return Ok(Some((word, size)));
+        }
         let word = le32(self.input.need(4, NAME)?, 0);
         if word == 0 {
             self.input.consume(4);
@@ -391,5 +441,74 @@ impl super::UnitDecoder for Decoder {
             i += 4 + size + if sums { 4 } else { 0 };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{decode_all, encode_all, Format};
+    use crate::testutil::noise;
+
+    /// A legacy frame as `lz4 -l` writes it: the magic, then each 8 MiB
+    /// of `data` as a size and an LZ4 block.
+    fn legacy(data: &[u8]) -> Vec<u8> {
+        let mut c = lz4_ffi::Compressor::new();
+        let mut out = LEGACY_MAGIC.to_le_bytes().to_vec();
+        for block in data.chunks(LEGACY_BLOCK) {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            let n = c.compress_append(block, &mut out).unwrap();
+            out[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+        }
+        out
+    }
+
+    fn text(len: usize) -> Vec<u8> {
+        let mut v: Vec<u8> = b"legacy lz4 frames hold 8 MiB blocks; "
+            .iter()
+            .copied()
+            .cycle()
+            .take(len)
+            .collect();
+        v[len / 2..len / 2 + 100_000].copy_from_slice(&noise(100_000, 3));
+        v
+    }
+
+    #[test]
+    fn legacy_frames_are_read_alone_concatenated_and_before_a_modern_one() {
+        let a = text(19 << 20);
+        let b = text(1 << 20);
+        assert_eq!(Format::detect(&legacy(&a)), Some(Format::Lz4));
+        assert!(decode_all(&legacy(&a)).unwrap() == a);
+        // An empty legacy frame (`lz4 -l` of nothing) is the magic alone.
+        assert!(decode_all(&legacy(&[])).unwrap().is_empty());
+        let mut two = legacy(&a);
+        two.extend_from_slice(&legacy(&b));
+        let modern = encode_all(Format::Lz4, 1, 1 << 20, &b).unwrap();
+        two.extend_from_slice(&modern);
+        let mut want = a.clone();
+        want.extend_from_slice(&b);
+        want.extend_from_slice(&b);
+        assert!(decode_all(&two).unwrap() == want);
+    }
+
+    #[test]
+    fn damaged_legacy_frames_are_errors() {
+        let a = text(9 << 20);
+        let good = legacy(&a);
+        // Cut inside a block.
+        let e = decode_all(&good[..good.len() - 100]).unwrap_err();
+        assert!(matches!(e, CodecError::Truncated { .. }), "{e}");
+        // A block size no 8 MiB block can have.
+        let mut big = good.clone();
+        big[4..8].copy_from_slice(&(lz4_ffi::bound(LEGACY_BLOCK) as u32 + 1).to_le_bytes());
+        let e = decode_all(&big).unwrap_err();
+        assert!(matches!(e, CodecError::TooLarge { .. }), "{e}");
+        // A flipped byte in a block: invalid, or decoded to other bytes
+        // (legacy frames have no checksum: lz4 itself cannot tell either).
+        let mut flipped = good.clone();
+        flipped[20] ^= 0xff;
+        assert!(decode_all(&flipped).map_or(true, |d| d != a));
     }
 }

@@ -152,7 +152,9 @@ impl Format {
             || (head.len() >= 4 && zstd::is_skippable_magic(head))
         {
             Some(Format::Zstd)
-        } else if head.starts_with(&lz4::MAGIC.to_le_bytes()) {
+        } else if head.starts_with(&lz4::MAGIC.to_le_bytes())
+            || head.starts_with(&lz4::LEGACY_MAGIC.to_le_bytes())
+        {
             Some(Format::Lz4)
         } else if head.starts_with(snappy::STREAM_ID) {
             Some(Format::Snappy)
