@@ -506,6 +506,20 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// The work is done but something was said about it (gzip's warnings,
+/// as trailing garbage): exit status 2, as gzip's, and nothing more to
+/// print.
+#[derive(Debug)]
+pub(crate) struct Warned;
+
+impl std::fmt::Display for Warned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("finished with warnings")
+    }
+}
+
+impl std::error::Error for Warned {}
+
 /// Variables that stand for options (clap's `env`): one set to the empty
 /// string counts as not set, as restic's do (`CAIRN_PASSWORD_FILE= cairn
 /// ...` was "a value is required for --password-file").
@@ -572,6 +586,8 @@ fn main() -> ExitCode {
     let unprinted = out::finish();
     match (result, unprinted) {
         (Ok(()), None) => ExitCode::SUCCESS,
+        // Warnings were printed (or silenced by -q) where they arose.
+        (Err(e), None) if e.is::<Warned>() => ExitCode::from(2),
         (Err(e), _) => {
             errln!("cairn: {}", one_line(e.as_ref()));
             ExitCode::FAILURE

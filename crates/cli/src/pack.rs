@@ -136,7 +136,21 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
             errln!("{}", summary_line(s));
         }
     }
-    Ok(run.outcome?)
+    run.outcome?;
+    // gzip's warnings: said unless -q, and the exit status is 2.
+    let mut warned = false;
+    for s in &run.summaries {
+        for w in &s.warnings {
+            warned = true;
+            if !common.quiet {
+                errln!("cairn: {}: {w}", s.input);
+            }
+        }
+    }
+    if warned {
+        return Err(crate::Warned.into());
+    }
+    Ok(())
 }
 
 /// One input as `-l` lists it.

@@ -71,6 +71,10 @@ pub struct Summary {
     pub seconds: f64,
     /// Uncompressed megabytes (10^6) per second.
     pub mb_per_s: f64,
+    /// What went wrong without costing the output (gzip's warnings, which
+    /// make its exit status 2): empty when nothing did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// What a run did: a summary per input that succeeded, and the outcome.
@@ -402,6 +406,7 @@ impl Summary {
             } else {
                 0.0
             },
+            warnings: Vec::new(),
         }
     }
 }
@@ -829,7 +834,19 @@ fn unpack_one(
         },
     );
     progress.finish();
-    result?;
+    // Bytes after the last gzip member that start no other: gzip says
+    // "decompression OK, trailing garbage ignored" and exits 2, keeping
+    // the output (errors travel in order: every member before them was
+    // written and checked). Other formats' tools refuse, and so does cairn.
+    let mut warnings = Vec::new();
+    match result {
+        Err(Error::Codec(CodecError::TrailingGarbage { offset, .. })) if format == Format::Gzip => {
+            warnings.push(format!(
+                "decompression OK, trailing garbage ignored (from offset {offset})"
+            ));
+        }
+        other => other?,
+    }
     if let Some(h) = holes {
         h.finish(sink.writer()).map_err(write_error(&out_name))?;
     }
@@ -840,14 +857,16 @@ fn unpack_one(
         save_index(path, &index, existed)?;
     }
     finish(plan, sink, input_meta.as_ref())?;
-    Ok(Summary::unpacked(
+    let mut summary = Summary::unpacked(
         plan,
         out_name,
         format.name(),
         threads,
         (bytes_in, bytes_out),
         started,
-    ))
+    );
+    summary.warnings = warnings;
+    Ok(summary)
 }
 
 /// Why `--range` cannot be read as asked, before anything is opened.
