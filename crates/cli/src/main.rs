@@ -197,6 +197,13 @@ pub(crate) struct CommonArgs {
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,
+    /// Make each output file durable (fsync it and its directory) before
+    /// removing its input (gzip's --synchronous).
+    #[arg(long = "synchronous")]
+    pub synchronous: bool,
+    /// One thread (zstd's --single-thread): as -T1.
+    #[arg(long = "single-thread", conflicts_with = "threads")]
+    pub single_thread: bool,
     /// Files to process; none or "-" means standard input.
     #[arg(value_name = "FILES")]
     pub files: Vec<std::path::PathBuf>,
@@ -240,6 +247,22 @@ pub(crate) struct PackArgs {
     /// cairn block is independent already; the output is the same.
     #[arg(short = 'i', long = "independent")]
     pub independent: bool,
+    /// Add an integrity checksum to each zstd frame (zstd's -C, --check):
+    /// accepted because cairn's .zst frames always carry one (XXH64);
+    /// the output is the same.
+    #[arg(short = 'C', long = "check")]
+    pub check: bool,
+    /// Write each zstd frame's decompressed size in its header (zstd's
+    /// --content-size): accepted because cairn always does; the output is
+    /// the same.
+    #[arg(long = "content-size")]
+    pub content_size: bool,
+    /// bzip2's -s, --small: packing bzip2 without a level, 200k blocks
+    /// (level 2), as bzip2; unpacking, accepted (bzip2's slower decoder
+    /// that needs less memory: cairn's decoder is the one it has, and the
+    /// output is the same).
+    #[arg(short = 's', long = "small")]
+    pub small: bool,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
     #[arg(
         short = 'd',

@@ -48,9 +48,14 @@ fn options(common: &CommonArgs) -> Options {
         stdout: common.stdout,
         keep: common.keep,
         force: common.force,
-        threads: common.threads.unwrap_or(0),
+        threads: if common.single_thread {
+            1
+        } else {
+            common.threads.unwrap_or(0)
+        },
         suffix: common.suffix.clone(),
         recursive: common.recursive,
+        synchronous: common.synchronous,
     }
 }
 
@@ -75,8 +80,14 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     } else {
         args.level.map_or(Level::Default, Level::Exactly)
     };
+    let format = args.format.as_deref().map(str::parse).transpose()?;
+    // bzip2's -s packs in 200k blocks (level 2) unless a level is given.
+    let level = match (level, format) {
+        (Level::Default, Some(cairn_codec::Format::Bzip2)) if args.small => Level::Exactly(2),
+        (level, _) => level,
+    };
     let pack = PackOptions {
-        format: args.format.as_deref().map(str::parse).transpose()?,
+        format,
         level,
         block: args.block.or(args.block_bytes),
         long: args.decode.long,

@@ -1479,6 +1479,30 @@ fn links_named_after_the_tools_keep_their_defaults() {
     assert!(std::fs::read(p("x.bz2")).unwrap().starts_with(b"BZh"));
     link("bunzip2", &["-q", "x.bz2"]);
     assert!(std::fs::read(p("x")).unwrap() == data);
+    // Flags the tools take that change nothing here, or little: zstd's
+    // -C/--check/--content-size (cairn's frames always have both) and
+    // --single-thread (-T1); gzip's --synchronous (the output is synced
+    // before the input goes); bzip2's -s (200k blocks, level 2, packing;
+    // accepted unpacking).
+    let plain = link("zstd", &["-q", "-c", "x"]).stdout;
+    for flags in [
+        &["-C"][..],
+        &["--check"],
+        &["--content-size"],
+        &["--single-thread"],
+    ] {
+        let out = link("zstd", &[&["-q", "-c"][..], flags, &["x"]].concat()).stdout;
+        assert!(out == plain, "zstd {flags:?}");
+    }
+    link("gzip", &["--synchronous", "x"]);
+    assert!(!p("x").exists());
+    link("gunzip", &["--synchronous", "x.gz"]);
+    assert!(std::fs::read(p("x")).unwrap() == data);
+    let small = link("bzip2", &["-s", "-c", "x"]).stdout;
+    assert!(small == link("bzip2", &["-2", "-c", "x"]).stdout);
+    assert!(small.starts_with(b"BZh2"));
+    std::fs::write(p("s.bz2"), &small).unwrap();
+    assert!(link("bunzip2", &["-s", "-c", "s.bz2"]).stdout == data);
     // pigz's -z (zlib's format) is refused, not taken as zstd's -z.
     let out = std::process::Command::new(p("bin").join("pigz"))
         .args(["-z", "-c"])

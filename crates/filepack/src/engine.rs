@@ -110,6 +110,8 @@ pub(crate) struct Plan {
     /// device) is refused without `-f` and replaced with it, never
     /// written through.
     pub(crate) named: bool,
+    /// Make the output durable before the input goes (`--synchronous`).
+    pub(crate) synchronous: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -207,6 +209,7 @@ pub(crate) fn plan(
                 dest,
                 remove_input,
                 named: opts.output.is_some(),
+                synchronous: opts.synchronous,
             });
             (name, plan)
         })
@@ -337,7 +340,11 @@ fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Re
     // An output written in place (`-o /dev/null`) keeps nothing: its
     // input stays.
     let kept = matches!(sink, Sink::File(_));
-    sink.commit()?;
+    if plan.synchronous {
+        sink.commit_durable()?;
+    } else {
+        sink.commit()?;
+    }
     if let (Source::File(src), true) = (&plan.source, plan.remove_input && kept) {
         std::fs::remove_file(src).map_err(|source| Error::Remove {
             path: src.clone(),

@@ -194,6 +194,31 @@ impl<'h> Sink<'h> {
         }
     }
 
+    /// [`Sink::commit`], and durable: a file is synced before its rename
+    /// and its directory after.
+    pub fn commit_durable(self) -> Result<()> {
+        match self {
+            Sink::File(p) => {
+                let dir = p
+                    .path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf();
+                p.commit_durable()?;
+                File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|source| Error::Commit {
+                        action: "fsync the directory of".into(),
+                        path: dir,
+                        source,
+                    })
+            }
+            // Standard output, a device or a FIFO: nothing to make durable.
+            other => other.commit(),
+        }
+    }
+
     /// Make the output final: flush, and for files rename into place.
     pub fn commit(self) -> Result<()> {
         match self {

@@ -86,6 +86,10 @@ pub struct Options {
     /// its input, only the files that name one (packing skips names that
     /// have the suffix already; unpacking, names without a known one).
     pub recursive: bool,
+    /// Make each output file durable (fsync it and its directory) before
+    /// its input is removed (gzip's `--synchronous`): a crash right after
+    /// then cannot lose both.
+    pub synchronous: bool,
 }
 
 /// The level of a pack, as asked for.
