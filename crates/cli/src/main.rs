@@ -320,6 +320,10 @@ pub(crate) struct DecodeArgs {
     /// inflated whole.
     #[arg(long = "range", value_name = "RANGE", value_parser = parse_range)]
     pub range: Option<cairn_filepack::ByteRange>,
+    /// -l prints gzip's table (set when cairn runs as gzip, gunzip, zcat,
+    /// pigz or unpigz).
+    #[arg(long = "list-as-gzip", hide = true)]
+    pub list_as_gzip: bool,
 }
 
 #[derive(Args, Debug)]
@@ -429,6 +433,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         _ => return args,
     };
     let pigz = matches!(name, "pigz" | "unpigz");
+    let gzip_family = matches!(name, "gzip" | "pigz" | "gunzip" | "unpigz" | "zcat");
     let mut rest = args.split_off(1);
     // pigz's -z is zlib's format, which cairn does not write: refused by
     // its long name rather than taken as zstd's and xz's -z (compress).
@@ -440,6 +445,10 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         }
     }
     args.extend(prefix.iter().map(OsString::from));
+    // `gzip -l` prints gzip's table, which scripts parse.
+    if gzip_family {
+        args.push(OsString::from("--list-as-gzip"));
+    }
     args.extend(rest);
     args
 }

@@ -118,7 +118,11 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {
-        list(common, &run.summaries)?;
+        if decode.list_as_gzip && !common.json {
+            list_as_gzip(common, &run.summaries);
+        } else {
+            list(common, &run.summaries)?;
+        }
         return Ok(run.outcome?);
     }
     emit(common, run)
@@ -173,6 +177,37 @@ struct Listed<'a> {
     /// Compressed size over uncompressed size, as in every summary.
     ratio: f64,
     name: &'a str,
+}
+
+/// `-l` as gzip prints it (cairn run as gzip, gunzip, zcat or pigz), for
+/// the scripts that read its columns: compressed and uncompressed bytes,
+/// the space saved and the name without its suffix, a totals line for
+/// several inputs, no header with -q. The uncompressed size is what the
+/// input decodes to (gzip takes the last member's length field, wrong for
+/// several members and past 4 GiB).
+fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
+    if !common.quiet {
+        outln!("         compressed        uncompressed  ratio uncompressed_name");
+    }
+    let line = |compressed: u64, uncompressed: u64, name: &str| {
+        let saved = if uncompressed == 0 {
+            0.0
+        } else {
+            100.0 * (1.0 - compressed as f64 / uncompressed as f64)
+        };
+        outln!("{compressed:>19} {uncompressed:>19} {saved:>5.1}% {name}");
+    };
+    for s in summaries {
+        let input = std::path::Path::new(&s.input);
+        let name = cairn_filepack::unpacked_name(input, common.suffix.as_deref())
+            .map_or_else(|_| s.input.clone(), |p| p.display().to_string());
+        line(s.bytes_in, s.bytes_out, &name);
+    }
+    if summaries.len() > 1 {
+        let compressed = summaries.iter().map(|s| s.bytes_in).sum();
+        let uncompressed = summaries.iter().map(|s| s.bytes_out).sum();
+        line(compressed, uncompressed, "(totals)");
+    }
 }
 
 /// `-l`: a line per input, as `gzip -l` and `zstd -l` print, or JSON.

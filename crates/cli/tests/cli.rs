@@ -1503,6 +1503,35 @@ fn links_named_after_the_tools_keep_their_defaults() {
     assert!(small.starts_with(b"BZh2"));
     std::fs::write(p("s.bz2"), &small).unwrap();
     assert!(link("bunzip2", &["-s", "-c", "s.bz2"]).stdout == data);
+    // gzip -l prints gzip's table (scripts read its columns), the same
+    // bytes as gzip's for a file gzip wrote; cairn's own -l elsewhere.
+    if have("gzip") {
+        let gz = std::process::Command::new("gzip")
+            .args(["-c", "x"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        std::fs::write(p("y.gz"), &gz.stdout).unwrap();
+        std::fs::copy(p("y.gz"), p("z.gz")).unwrap();
+        for args in [
+            &["-l", "y.gz"][..],
+            &["-l", "y.gz", "z.gz"],
+            &["-lq", "y.gz"],
+        ] {
+            let theirs = std::process::Command::new("gzip")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&link("gzip", args).stdout),
+                String::from_utf8_lossy(&theirs.stdout),
+                "gzip {args:?}"
+            );
+        }
+        let ours = link("zcat", &["-l", "y.gz"]).stdout;
+        assert!(String::from_utf8_lossy(&ours).contains("uncompressed_name"));
+    }
     // pigz's -z (zlib's format) is refused, not taken as zstd's -z.
     let out = std::process::Command::new(p("bin").join("pigz"))
         .args(["-z", "-c"])
