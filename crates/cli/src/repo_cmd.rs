@@ -989,8 +989,17 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         .found
         .problems
         .iter()
-        .filter(|p| !matches!(p.kind, "damaged-chunk" | "pack"))
+        .filter(|p| !matches!(p.kind, "damaged-chunk" | "pack" | "missing-chunk"))
         .collect();
+    // Chunks no longer in the index (dropped by an earlier repair, or in
+    // packs lost before): nothing to drop, a backup of the same data
+    // stores them again.
+    let missing = r
+        .found
+        .problems
+        .iter()
+        .filter(|p| p.kind == "missing-chunk")
+        .count();
     let snapshots: Vec<String> = r.affected.iter().map(|(n, s)| format!("{n}@{s}")).collect();
     if a.json {
         print_json(&json!({
@@ -999,11 +1008,19 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "affected_snapshots": snapshots,
             "found": problems_json(&r.found.problems),
             "bytes_read": r.found.bytes_read,
-            "packs_deleted": r.gc.as_ref().map(|g| g.packs_deleted),
+            "packs_removed": r.gc.as_ref().map_or(0, |g| g.packs_deleted + g.packs_repacked),
+            "missing_chunks": missing,
             "other_problems": left.len(),
         }));
     } else {
         print_problems(&r.found.problems);
+        if missing > 0 {
+            outln!(
+                "repair: {missing} chunk(s) snapshots use are not stored (dropped as damaged, \
+                 or lost with their pack): back up the same data again to store them, or \
+                 forget the snapshots listed above"
+            );
+        }
         if r.dropped == 0 {
             outln!(
                 "repair: no damaged chunk found ({} read and checked)",
@@ -1015,13 +1032,15 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                 if a.dry_run { "would drop" } else { "dropped" },
                 r.dropped,
                 r.gc.as_ref().map_or(String::new(), |g| format!(
-                    ", {} pack(s) deleted",
-                    g.packs_deleted
+                    ", {} damaged pack(s) removed (their sound records copied out first)",
+                    g.packs_deleted + g.packs_repacked
                 ))
             );
             if !snapshots.is_empty() {
                 outln!(
-                    "repair: {} snapshot(s) use them and cannot be restored whole: {}; back up                      the same data again to store those chunks anew (that heals them), or                      forget them",
+                    "repair: {} snapshot(s) use them and cannot be restored whole: {}; back up \
+                     the same data again to store those chunks anew (that heals them), or \
+                     forget them",
                     snapshots.len(),
                     snapshots.join(", ")
                 );
@@ -1033,6 +1052,10 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "{} problem(s) that repair does not mend are left (see above)",
             left.len()
         );
+    }
+    // -n is a check: damage found is a failure, as verify's.
+    if a.dry_run && r.dropped > 0 {
+        bail!("{} damaged chunk(s) would be dropped", r.dropped);
     }
     Ok(())
 }
@@ -1211,7 +1234,7 @@ fn on_a_full_disk_release_the_reserve<T>(
 ) -> Result<T> {
     match op() {
         Err(e) if e.is_no_space() => {
-            let released = repo.release_reserve()?;
+            let released = repo.release_reserve().unwrap_or(0);
             if released == 0 {
                 return Err(e.into());
             }
@@ -1228,6 +1251,9 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
     }
     let repo = open_repo(&a.repo)?;
     let lock = session_freeing(&repo, "cairn gc")?;
+    // On a nearly full disk the reserve goes first, so that gc's work does
+    // not fail midway (a second run would report only what was left).
+    note_released(&repo, repo.release_reserve_if_short()?);
     let r = on_a_full_disk_release_the_reserve(&repo, || {
         cairn_store::gc(
             &repo,
@@ -1332,7 +1358,9 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "index_files": s.index_files,
             "unindexed_packs": s.unindexed_packs,
             "dedup_ratio": ratio_json(s.logical_bytes - s.zero_bytes.min(s.logical_bytes), s.unique_raw_bytes),
-            "compression_ratio": ratio_json(s.unique_raw_bytes, s.pack_bytes),
+            "compression_ratio": ratio_json(s.unique_raw_bytes, s.live_stored_bytes),
+            "live_stored_bytes": s.live_stored_bytes,
+            "reclaimable_bytes": s.pack_bytes.saturating_sub(s.live_stored_bytes),
             "total_ratio": ratio_json(s.logical_bytes, s.pack_bytes),
             "index_heap_bytes_per_chunk": per_chunk_heap,
             "index_rss_bytes_per_chunk": per_chunk_rss,
@@ -1361,9 +1389,10 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             HumanBytes(s.unique_raw_bytes)
         );
         outln!(
-            "stored         {} in packs ({:.2}x overall)",
+            "stored         {} in packs ({:.2}x overall); {} in use, the rest gc can reclaim",
             HumanBytes(s.pack_bytes),
-            ratio(s.logical_bytes, s.pack_bytes)
+            ratio(s.logical_bytes, s.pack_bytes),
+            HumanBytes(s.live_stored_bytes)
         );
         outln!("index          {per_chunk_heap:.1} bytes/chunk in memory (heap), {per_chunk_rss:.1} measured (RSS growth)");
         for t in &s.targets {

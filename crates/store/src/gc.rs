@@ -177,24 +177,47 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let files = repo.pack_files()?;
     report.bytes_before = files.iter().map(|f| f.len).sum();
     let on_disk: HashMap<_, _> = files.iter().map(|f| (f.id, f.len)).collect();
+    // Packs that lost records (cut short, or damaged ones dropped): their
+    // live records move out whatever the threshold, so the index no
+    // longer names a pack that verify reports as cut, and the damaged
+    // bytes go with the pack.
+    let mut damaged = vec![false; index.packs().len()];
+    for (n, p) in index.packs().iter().enumerate() {
+        damaged[n] = on_disk.get(&p.id).is_some_and(|&len| len < p.len);
+    }
+    for i in 0..index.len() {
+        if bit(&dropped, i) {
+            if let Some(loc) = index.location_at(i) {
+                damaged[loc.pack as usize] = true;
+            }
+        }
+    }
     let mut dead = Vec::new();
     let mut sparse = Vec::new();
     for (n, p) in index.packs().iter().enumerate() {
         let size = on_disk.get(&p.id).copied().unwrap_or(p.len).max(1);
+        // Only the records count: a pack all live is not "below 1".
+        let records = size.saturating_sub(crate::pack::PACK_HEADER_LEN as u64);
         if live_bytes[n] == 0 {
             dead.push(n);
-        } else if (live_bytes[n] as f64) < opts.repack_below * size as f64 {
+        } else if damaged[n]
+            || (live_bytes[n] < records && (live_bytes[n] as f64) < opts.repack_below * size as f64)
+        {
             sparse.push(n);
         }
     }
     // Only the files loaded: one a concurrent writer wrote since is none
     // of gc's business.
     let old_files = w.files;
+    // (Entries of cut or missing packs are not in `index` any more, but
+    // in the index files still: those are written anew.)
     if dead.is_empty()
         && sparse.is_empty()
         && dead_entries == 0
         && old_files.len() <= 8
         && report.salvaged.empty.is_empty()
+        && report.lost_packs.is_empty()
+        && opts.drop_records.is_empty()
     {
         report.chunks_after = report.chunks_before;
         report.bytes_after = report.bytes_before;
@@ -218,7 +241,10 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let reader = PackReader::new(repo, &index);
     for &n in &sparse {
         let info = index.packs()[n];
-        let data = reader.read_pack(n as u32, info.len)?;
+        // A cut pack is read as far as it goes (its records past the cut
+        // are not in `index`).
+        let len = on_disk.get(&info.id).map_or(info.len, |&l| l.min(info.len));
+        let data = reader.read_pack(n as u32, len)?;
         // Live chunks by record: a record is copied once, whole, and
         // keeps its dead chunks (they cost space until the record dies).
         let mut by_record: BTreeMap<u32, Vec<Location>> = BTreeMap::new();
@@ -384,7 +410,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
             .backend()
             .sweep(folder, std::time::Duration::from_secs(3600))?;
     }
-    let collected = collect_trash(repo, session)?;
+    let collected = collect_trash(repo, session, &opts.drop_records)?;
     report.packs_kept += collected.packs_kept;
     report.deferred |= repo.trash_lists()?.iter().any(|t| t.key == trash.key);
     report.bytes_after = repo.pack_files()?.iter().map(|f| f.len).sum::<u64>();
@@ -416,7 +442,11 @@ pub struct Collected {
 /// recorded has ended (the protocol in this module's doc). Chunks a
 /// snapshot uses that would be left without any copy keep their packs:
 /// those are taken off the list and indexed again from their records.
-pub(crate) fn collect_trash(repo: &Repository, session: &Session) -> Result<Collected> {
+pub(crate) fn collect_trash(
+    repo: &Repository,
+    session: &Session,
+    dropped: &HashSet<(PackId, u32, u32)>,
+) -> Result<Collected> {
     let mut out = Collected::default();
     let mut ready = Vec::new();
     for t in repo.trash_lists()? {
@@ -467,14 +497,24 @@ pub(crate) fn collect_trash(repo: &Repository, session: &Session) -> Result<Coll
                 }
             }
             old.seal();
-            let mut keep: HashSet<(u16, PackId)> = HashSet::new();
-            for id in &missing {
-                if let Some(p) = old.get(id).and_then(|loc| old.pack(loc.pack)) {
-                    keep.insert((p.target, p.id));
-                }
-            }
             let stored: HashMap<PackId, PackFile> =
                 repo.pack_files()?.into_iter().map(|p| (p.id, p)).collect();
+            // Not for a record that is gone (past the end of its pack) or
+            // that repair dropped as damaged: it cannot be used again.
+            let mut keep: HashSet<(u16, PackId)> = HashSet::new();
+            for id in &missing {
+                let Some(loc) = old.get(id) else { continue };
+                let Some(p) = old.pack(loc.pack) else {
+                    continue;
+                };
+                let on_disk = stored.get(&p.id).map_or(0, |f| f.len);
+                if dropped.contains(&(p.id, loc.offset, loc.slice))
+                    || u64::from(loc.offset) + u64::from(loc.len) > on_disk
+                {
+                    continue;
+                }
+                keep.insert((p.target, p.id));
+            }
             let mut found = IndexFile::default();
             let mut ignored = Salvaged::default();
             for (target, id) in &keep {

@@ -105,7 +105,9 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
             drop_records: drop.clone(),
         },
     )?;
-    report.dropped = g.dropped;
+    // (`g.dropped` counts the entries gc still had in memory: those of a
+    // cut or missing pack were left out when the index was loaded, and go
+    // with the index files now. The check below says all went.)
     report.gc = Some(g);
     // gc keeps a pack a snapshot still needs and indexes its sound records
     // again: a record whose CRC holds but whose chunk does not hash to its

@@ -1357,6 +1357,22 @@ impl Repository {
         }
     }
 
+    /// Release the reserve now if the disk has less free space than the
+    /// reserve holds (gc on a nearly full disk: released before its work,
+    /// not after a failure midway). The bytes released (0: none).
+    pub fn release_reserve_if_short(&self) -> Result<u64> {
+        let Some(root) = self.local_root() else {
+            return Ok(0);
+        };
+        let Ok(Some((size, _))) = crate::reserve::read(root) else {
+            return Ok(0);
+        };
+        match crate::reserve::free_space(root) {
+            Some(free) if free < size => crate::reserve::release(root),
+            _ => Ok(0),
+        }
+    }
+
     /// Fill a released reserve again; `false` when the disk has no room
     /// for it yet.
     pub fn refill_reserve(&self) -> Result<bool> {
@@ -1372,7 +1388,9 @@ impl Repository {
     pub fn session_freeing(&self, what: &str) -> Result<(Session, u64)> {
         match self.session(what) {
             Err(e) if e.is_no_space() => {
-                let released = self.release_reserve()?;
+                // (A reserve that cannot be released leaves the full disk's
+                // error as it was.)
+                let released = self.release_reserve().unwrap_or(0);
                 if released == 0 {
                     return Err(e);
                 }
@@ -1993,7 +2011,7 @@ impl Repository {
     /// short, so that nothing new is deduplicated against chunks that
     /// cannot be read.
     pub fn writer_index(&self, session: &Session) -> Result<WriterIndex> {
-        let collected = crate::gc::collect_trash(self, session)?;
+        let collected = crate::gc::collect_trash(self, session, &HashSet::new())?;
         // What a gc put on a trash list is invisible to writers: nothing
         // new may come to depend on a doomed pack. The live chunks of
         // those index files are in the files gc wrote.

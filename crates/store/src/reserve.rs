@@ -59,7 +59,7 @@ pub(crate) fn read(root: &Path) -> Result<Option<(u64, u64)>> {
         return Err(StoreError::Corrupt {
             path,
             offset: 0,
-            reason: "not a reserve header (remove the file: it holds no data)".into(),
+            reason: "not a reserve header".into(),
         });
     }
     Ok(Some((size, len)))
@@ -89,14 +89,30 @@ pub(crate) fn check(root: &Path, contents: bool) -> Result<()> {
             return Err(StoreError::Corrupt {
                 path,
                 offset: at + (from + i) as u64,
-                reason: "the reserve holds a byte that is not zero (it holds no data; the \
-                         disk changed it)"
-                    .into(),
+                reason: "the reserve holds a byte that is not zero (the disk changed it)".into(),
             });
         }
         at += n as u64;
     }
     Ok(())
+}
+
+/// Bytes free for an unprivileged writer on the file system of `root`.
+pub(crate) fn free_space(root: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable
+    // memory of the struct's size; statvfs writes it only on success.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // (u64 on 64-bit Linux, narrower elsewhere.)
+    #[allow(clippy::useless_conversion)]
+    Some(u64::from(st.f_bavail) * u64::from(st.f_frsize))
 }
 
 /// Append zeros to `f` from `from` up to `to` bytes.
@@ -114,6 +130,19 @@ fn fill(f: &mut File, from: u64, to: u64) -> std::io::Result<()> {
 /// Make a reserve of `size` bytes in `root` (init). A disk without room
 /// for it is an error that says how to ask for less.
 pub(crate) fn create(root: &Path, size: u64) -> Result<()> {
+    match write_whole(root, size)? {
+        true => Ok(()),
+        false => Err(StoreError::Invalid(format!(
+            "{}: no room for the repository's reserve of {size} bytes (space kept so that \
+             gc can run on a full disk); give init a smaller --reserve, or 0 for none",
+            root.display()
+        ))),
+    }
+}
+
+/// Write a whole reserve of `size` bytes through a temporary file;
+/// `Ok(false)` when the disk has no room (nothing is left behind).
+fn write_whole(root: &Path, size: u64) -> Result<bool> {
     let size = size.max(HEADER as u64);
     let tmp = root.join(format!(".{RESERVE_FILE}.tmp"));
     let made = (|| {
@@ -124,17 +153,14 @@ pub(crate) fn create(root: &Path, size: u64) -> Result<()> {
     if let Err(e) = made {
         let _ = fs::remove_file(&tmp);
         if e.raw_os_error() == Some(libc::ENOSPC) {
-            return Err(StoreError::Invalid(format!(
-                "{}: no room for the repository's reserve of {size} bytes (space kept so that \
-                 gc can run on a full disk); give init a smaller --reserve, or 0 for none",
-                root.display()
-            )));
+            return Ok(false);
         }
         return Err(e).ctx(&tmp, "write");
     }
     let path = root.join(RESERVE_FILE);
     fs::rename(&tmp, &path).ctx(&path, "rename into place")?;
-    sync_dir(root)
+    sync_dir(root)?;
+    Ok(true)
 }
 
 /// Give the reserve's space back to the disk (truncate it to its
@@ -160,11 +186,29 @@ pub(crate) fn release(root: &Path) -> Result<u64> {
 /// disk has no room for it (it stays released), `Ok(true)` when it is
 /// whole (or the repository has none).
 pub(crate) fn refill(root: &Path) -> Result<bool> {
-    let Some((size, len)) = read(root)? else {
-        return Ok(true);
+    let (size, len) = match read(root) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(true),
+        // A damaged header: the file holds no data, so it is written anew
+        // (at its length, or the default when that is gone too).
+        Err(StoreError::Corrupt { .. }) => {
+            let path = root.join(RESERVE_FILE);
+            let len = fs::metadata(&path).ctx(&path, "stat")?.len();
+            let size = if len > HEADER as u64 {
+                len
+            } else {
+                DEFAULT_RESERVE
+            };
+            return write_whole(root, size);
+        }
+        Err(e) => return Err(e),
     };
     if len >= size {
-        return Ok(true);
+        // Whole: rewritten only if the disk changed a byte of it.
+        return match check(root, true) {
+            Err(StoreError::Corrupt { .. }) => write_whole(root, size),
+            other => other.map(|()| true),
+        };
     }
     let path = root.join(RESERVE_FILE);
     let mut f = OpenOptions::new()
@@ -202,6 +246,8 @@ mod tests {
         assert!(refill(root).unwrap());
         assert_eq!(read(root).unwrap(), Some((3 << 20, 3 << 20)));
         check(root, true).unwrap();
+        assert!(free_space(root).is_some_and(|f| f > 0));
+        assert_eq!(free_space(&root.join("missing")), None);
         let path = root.join(RESERVE_FILE);
         let mut b = fs::read(&path).unwrap();
         b[2 << 20] = 1;
@@ -210,10 +256,13 @@ mod tests {
         assert!(check(root, true).is_err());
         b[2 << 20] = 0;
         fs::write(&path, &b).unwrap();
-        // A damaged header is an error, not a reserve of any size.
+        // A damaged header is an error, not a reserve of any size; gc's
+        // refill writes it anew.
         let mut b = fs::read(&path).unwrap();
         b[17] ^= 1;
         fs::write(&path, &b).unwrap();
         assert!(read(root).is_err());
+        assert!(refill(root).unwrap());
+        assert_eq!(read(root).unwrap(), Some((3 << 20, 3 << 20)));
     }
 }

@@ -91,6 +91,10 @@ pub struct RepoStats {
     /// Uncompressed bytes of the distinct chunks the snapshots use (each
     /// chunk once, whichever snapshots share it).
     pub unique_raw_bytes: u64,
+    /// Stored (compressed) bytes of the records holding those chunks:
+    /// what the snapshots take in the packs; the rest of the pack bytes
+    /// is what gc can reclaim, headers aside.
+    pub live_stored_bytes: u64,
     /// Index files.
     pub index_files: u64,
     /// Bytes of pack files on all targets.
@@ -129,6 +133,7 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     // that stored a chunk was removed and another still used it.
     let index = &loaded.index;
     let mut seen = vec![0u64; index.len().div_ceil(64)];
+    let mut records = std::collections::HashSet::new();
     for (name, snaps) in repo.images()? {
         for snap in snaps {
             // Unreadable ones are listed above.
@@ -143,6 +148,11 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
                     if seen[i / 64] >> (i % 64) & 1 == 0 {
                         seen[i / 64] |= 1 << (i % 64);
                         s.unique_raw_bytes += u64::from(*len);
+                        if let Some(loc) = index.location_at(i) {
+                            if records.insert((loc.pack, loc.offset)) {
+                                s.live_stored_bytes += u64::from(loc.len);
+                            }
+                        }
                     }
                 }
             }

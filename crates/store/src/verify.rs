@@ -137,8 +137,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         report.problems.push(Problem {
             kind: "reserve",
             message: format!(
-                "{e} (no snapshot is affected; removing the file loses nothing, and `cairn \
-                 init --reserve` made it: gc no longer has it on a full disk then)"
+                "{e}; the reserve holds no data, so no snapshot is affected, and gc writes it \
+                 anew"
             ),
             chunk: None,
             affected: Vec::new(),
