@@ -21,7 +21,13 @@
 //!    every chunk a snapshot uses that would be left without a copy is
 //!    found, and its pack kept and indexed again. A session that began
 //!    after the list never uses what it names (writers load the index
-//!    without it).
+//!    without it). A record that is gone (past the end of a cut pack) or
+//!    that `repair` dropped as damaged is no reason to keep its pack.
+//!
+//! A pack cut short (its records past the cut are not in the loaded
+//! index) or holding entries `repair` drops is repacked whatever its live
+//! share: its sound live records are copied out and the pack goes, so
+//! the index never keeps naming a pack that verify reports as cut.
 
 use crate::backend::{Key, Liveness};
 use crate::error::{Result, StoreError};
