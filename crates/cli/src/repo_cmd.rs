@@ -534,6 +534,12 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         cairn_store::StoreError::Source { .. } => {
             anyhow::Error::new(e).context(format!("backup of {}", a.source.display()))
         }
+        // The repository stays sound; say what frees space.
+        e if e.is_no_space() => anyhow::Error::new(e).context(format!(
+            "the disk of {} is full (the repository is sound; `cairn forget` or `cairn rm`, \
+             then `cairn gc`, free space)",
+            repo.location()
+        )),
         e => e.into(),
     })?;
     let t = &r.totals;

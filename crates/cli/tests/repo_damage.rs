@@ -1594,6 +1594,7 @@ fn gc_frees_a_full_disk_through_the_reserve() {
     let big = noise(8_000_000, 42);
     let line = one_line_failure(&backup_json(&repo, "big", &big), "backup onto a full disk");
     assert!(line.contains("No space left on device"), "{line}");
+    assert!(line.contains("is full (the repository is sound"), "{line}");
     assert!(disk.free().0 < 4, "the disk should be full");
     assert_eq!(reserve(), 256 << 10, "a backup must not touch the reserve");
 
