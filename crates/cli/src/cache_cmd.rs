@@ -48,6 +48,10 @@ pub(crate) struct CacheTarget {
     /// The repository of --image, also from $CAIRN_REPO.
     #[arg(long = "repo", env = "CAIRN_REPO", value_name = "REPO")]
     pub repo: Option<PathBuf>,
+    /// The overlay of --image, if `serve` had it elsewhere than the default
+    /// place (`--image NAME,overlay=DIR`).
+    #[arg(long = "overlay", value_name = "DIR", requires = "image")]
+    pub overlay: Option<PathBuf>,
     #[command(flatten)]
     pub password: crate::key_cmd::PasswordArgs,
     /// Ask a running `cairn serve --control SOCK` instead (status, drain).
@@ -74,6 +78,32 @@ pub(crate) struct CacheTarget {
 /// Put the cache at `cache` in front of `backing`, locked while it is
 /// open. A blank cache device is formatted when `format_blank`, refused
 /// otherwise.
+/// What a cache in front of the file or device at `path` is in front of
+/// (its device and inode, or device number: the same after a rename).
+pub(crate) fn file_owner(path: &Path) -> Option<cairn_wbcache::Owner> {
+    let meta = std::fs::metadata(path).ok()?;
+    let key = match cairn_blockdev::FileIdentity::of(&meta)? {
+        cairn_blockdev::FileIdentity::File(dev, ino) => format!("file:{dev}:{ino}"),
+        cairn_blockdev::FileIdentity::Device(rdev) => format!("device:{rdev}"),
+    };
+    let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Some(cairn_wbcache::Owner {
+        key,
+        description: format!("the file {}", shown.display()),
+    })
+}
+
+/// What a cache in front of the writable image `vol` is in front of: the
+/// image through its overlay (another overlay is another image).
+pub(crate) fn image_owner(vol: &cairn_volume::WritableVolume) -> cairn_wbcache::Owner {
+    let dir = std::fs::canonicalize(vol.overlay_dir())
+        .unwrap_or_else(|_| vol.overlay_dir().to_path_buf());
+    cairn_wbcache::Owner {
+        key: format!("image:{}:{}", vol.name(), dir.display()),
+        description: format!("image {} (overlay {})", vol.name(), dir.display()),
+    }
+}
+
 pub(crate) fn open_cached(
     backing: Arc<dyn BlockDev>,
     cache: &Path,
@@ -118,11 +148,15 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         )?))
     };
     let mut image = None;
+    let owner;
     let mut backing: Arc<dyn BlockDev> = match (&t.backing, &t.image) {
-        (Some(path), None) => Arc::new(
-            FileDev::open(path, FileOptions::default())
-                .with_context(|| format!("cannot open the backing file {}", path.display()))?,
-        ),
+        (Some(path), None) => {
+            owner = file_owner(path);
+            Arc::new(
+                FileDev::open(path, FileOptions::default())
+                    .with_context(|| format!("cannot open the backing file {}", path.display()))?,
+            )
+        }
         (None, Some(name)) if !drain => {
             // Status reads the cache only: the image's size is its latest
             // snapshot's (opening it writable, as before, made an overlay
@@ -137,8 +171,9 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         (None, Some(name)) => {
             let opts = crate::serve_repo::volume_options(64 << 20, 0, None);
             let repo = open_repo()?;
-            let vol = crate::serve_repo::open_writable(&repo, name, &opts, None)?;
-            crate::serve_repo::check_cache_binding(&vol, Some(cache))?;
+            let vol = crate::serve_repo::open_writable(&repo, name, &opts, t.overlay.as_deref())?;
+            crate::serve_repo::check_cache_binding(&repo, &vol, Some(cache), true)?;
+            owner = Some(image_owner(&vol));
             image = Some(vol.clone());
             vol
         }
@@ -157,7 +192,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         return inspect(cache, backing.size(), t.json);
     }
     let started = std::time::Instant::now();
-    let wb = open_cached(backing, cache, cfg, false)?;
+    let wb = open_cached(backing, cache, WbConfig { owner, ..cfg }, false)?;
     let status = if detach {
         wb.detach()
             .with_context(|| format!("detach the cache {}", cache.display()))?
@@ -259,6 +294,7 @@ fn inspection_json(cache: &str, i: &Inspection) -> serde_json::Value {
         "dirty_segments": i.dirty_segments,
         "plog_records": i.plog_records,
         "flush_marked_id": i.marked_id,
+        "owner": i.owner.as_ref().map(|o| o.description.clone()),
         "stale_headers": i.stale_headers,
         "damage": i.damage.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
         "notes": i.notes,
@@ -268,15 +304,19 @@ fn inspection_json(cache: &str, i: &Inspection) -> serde_json::Value {
 fn inspection_line(cache: &str, i: &Inspection) -> String {
     format!(
         "{cache}: format {}, {} segments, log up to segment {}, written back up to {}; {} dirty \
-         blocks ({} MiB) in {} segments and {} plog records; {}",
+         blocks ({:.1} MiB) in {} segments and {} plog records{}; {}",
         i.version,
         i.segment_count,
         i.last_id,
         i.clean_id,
         i.dirty_blocks,
-        (i.dirty_blocks * 4096) >> 20,
+        (i.dirty_blocks * 4096) as f64 / f64::from(1 << 20),
         i.dirty_segments,
         i.plog_records,
+        i.owner.as_ref().map_or(String::new(), |o| format!(
+            "; in front of {}",
+            o.description
+        )),
         if i.damage.is_empty() {
             "no damage".to_string()
         } else {

@@ -69,6 +69,9 @@ const MAX_REPORTED: usize = 1024;
 struct Snap {
     /// `NAME@N`, as [`RepoView::volume`] takes it.
     spec: String,
+    /// Its creation time when the mount started: a snapshot removed and
+    /// its number given to a new one reads as removed, not as the new one.
+    created: i64,
     /// Opened on the first `open`, then kept for the mount's life.
     volume: OnceLock<Arc<Volume>>,
     /// Held while opening, so two first opens do not both open it.
@@ -156,6 +159,7 @@ impl RepoFs {
                     kind: Kind::File {
                         snap: Snap {
                             spec: format!("{}@{}", s.name, s.snapshot),
+                            created: s.created,
                             volume: OnceLock::new(),
                             opening: Mutex::new(()),
                         },
@@ -238,16 +242,27 @@ impl RepoFs {
         if let Some(v) = snap.volume.get() {
             return Ok(v.clone());
         }
+        let removed = |why: &str| {
+            (
+                Errno::ENOENT,
+                format!("{} was removed after the mount started{why}", snap.spec),
+            )
+        };
+        let repo = self.view.repository();
+        if let Ok((name, n)) = repo.resolve(&snap.spec) {
+            if let Ok(Some(m)) = repo.read_manifest_if_present(&name, n) {
+                if m.created != snap.created {
+                    return Err(removed(" (its number is another snapshot's now)"));
+                }
+            }
+        }
         let v = self.view.volume(&snap.spec, &self.opts).map_err(|e| {
-            let removed = matches!(
-                self.view.repository().resolve(&snap.spec),
+            let gone = matches!(
+                repo.resolve(&snap.spec),
                 Err(cairn_store::StoreError::NotFound(_))
             );
-            if removed {
-                (
-                    Errno::ENOENT,
-                    format!("{} was removed after the mount started", snap.spec),
-                )
+            if gone {
+                removed("")
             } else {
                 (
                     Errno::EIO,

@@ -290,6 +290,7 @@ fn attach_cache(
     a: &ServeArgs,
     export: &mut Export,
     cache: &std::path::Path,
+    owner: Option<cairn_wbcache::Owner>,
     caches: &mut Vec<Cached>,
 ) -> Result<Arc<WbCache>> {
     if caches.iter().any(|(p, _, _)| p == cache) {
@@ -305,6 +306,7 @@ fn attach_cache(
         bypass_below: std::time::Duration::from_micros(a.cache_bypass_below_us),
         flush_deadline: std::time::Duration::from_millis(a.cache_flush_deadline_ms),
         accept_loss: a.cache_accept_loss,
+        owner,
         ..WbConfig::default()
     };
     let wb = crate::cache_cmd::open_cached(export.dev.clone(), cache, cfg, true)?;
@@ -369,7 +371,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             if f.opts.read_only {
                 bail!("--file {spec}: a cache needs a writable file: drop `ro`");
             }
-            attach_cache(a, &mut export, c, &mut caches)
+            let owner = crate::cache_cmd::file_owner(&f.path);
+            attach_cache(a, &mut export, c, owner, &mut caches)
                 .with_context(|| format!("--file {spec}"))?;
         }
         exports.push(export);
@@ -394,11 +397,17 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         for (i, c) in opened.cached {
             let e = &mut exports[i];
             let name = e.name.clone();
-            let wb =
-                attach_cache(a, e, &c, &mut caches).with_context(|| format!("--image {name}"))?;
+            let vol = opened
+                .writable
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone());
+            let owner = vol.as_deref().map(crate::cache_cmd::image_owner);
+            let wb = attach_cache(a, e, &c, owner, &mut caches)
+                .with_context(|| format!("--image {name}"))?;
             // Before the cache takes a write: the overlay names it, so no
             // one opens the image without it while it may hold writes.
-            if let Some((_, vol)) = opened.writable.iter().find(|(n, _)| *n == name) {
+            if let Some(vol) = vol {
                 vol.bind_cache(&cairn_volume::CacheBinding {
                     cache_id: wb.cache_id(),
                     path: std::path::absolute(&c).unwrap_or_else(|_| c.clone()),

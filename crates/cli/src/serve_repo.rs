@@ -111,17 +111,32 @@ pub(crate) fn open_writable(
 /// writes not yet in the image (a server with it in front died), which a
 /// commit would leave out and a later serve with the cache would put over
 /// newer writes.
-pub(crate) fn check_cache_binding(vol: &WritableVolume, cache: Option<&Path>) -> Result<()> {
-    let Some(b) = vol
-        .cache_binding()
-        .with_context(|| format!("image {}", vol.name()))?
-    else {
-        return Ok(());
+///
+/// A drain (`draining`) goes on past a damaged binding: the cache's own
+/// owner block refuses it in front of an image it holds no writes for,
+/// and once drained the binding is removed.
+pub(crate) fn check_cache_binding(
+    repo: &Repository,
+    vol: &WritableVolume,
+    cache: Option<&Path>,
+    draining: bool,
+) -> Result<()> {
+    let b = match vol.cache_binding() {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(()),
+        Err(_) if draining && cache.is_some() => return Ok(()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("image {}", vol.name()))),
     };
     let name = vol.name();
+    // The overlay option only where the overlay is not in its default place.
+    let overlay = match overlay_dir(repo, name) {
+        Ok(d) if d == vol.overlay_dir() => String::new(),
+        _ => format!(" --overlay {}", vol.overlay_dir().display()),
+    };
     let drain = format!(
-        "`cairn cache drain --repo REPO --image {name} --cache {}` writes them back and \
+        "`cairn cache drain --repo {} --image {name}{overlay} --cache {}` writes them back and \
          commits",
+        repo.location(),
         b.path.display()
     );
     match cache {
@@ -200,7 +215,7 @@ pub(crate) fn add_images(
     for s in specs {
         if s.writable {
             let vol = open_writable(&repo, &s.spec, opts, s.overlay.as_deref())?;
-            check_cache_binding(&vol, s.cache.as_deref())?;
+            check_cache_binding(&repo, &vol, s.cache.as_deref(), false)?;
             opened.writable.push((s.spec.clone(), vol.clone()));
             let description = format!(
                 "{} (writable from snapshot {}) of {}",
@@ -291,7 +306,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         }
         let opts = volume_options(64 << 20, 0, None);
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
-        check_cache_binding(&vol, None)?;
+        check_cache_binding(&repo, &vol, None, false)?;
         let bar = crate::report::Progress::new("commit", None, !a.quiet);
         let report = vol
             .close_with(&|done, total| {

@@ -470,6 +470,43 @@ fn snapshots_removed_while_mounted() {
     );
     drop(open);
     m.unmount();
+    // A number given to a new snapshot after the mount started is not
+    // the new one's file: the mount's a@1 is gone (its bytes were once
+    // read as the new a@1's, or as "damaged").
+    let fresh = d.join("fresh");
+    std::fs::write(&fresh, mixed(1 << 20, 85)).unwrap();
+    ok(run(&[
+        "backup",
+        s(&fresh),
+        "--repo",
+        s(&repo),
+        "--name",
+        "a",
+        "--time",
+        "@1000000000",
+        "-q",
+    ]));
+    let mut m = Mounted::start(&repo, &mnt, fusermount);
+    ok(run(&["rm", "a", "--all", "--repo", s(&repo)]));
+    ok(run(&[
+        "backup",
+        s(&second),
+        "--repo",
+        s(&repo),
+        "--name",
+        "a",
+        "--time",
+        "@1000000100",
+        "-q",
+    ]));
+    let e = std::fs::read(mnt.join("a/1")).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    let said = m.stderr_when(|t| t.contains("another snapshot's"));
+    assert!(
+        said.contains("a@1 was removed after the mount started"),
+        "{said}"
+    );
+    m.unmount();
 }
 
 #[test]

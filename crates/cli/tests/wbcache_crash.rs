@@ -721,14 +721,16 @@ fn a_killed_cached_image_is_committed_only_through_its_cache() {
         .collect();
     std::fs::write(d.join("back.raw"), &image).unwrap();
     run_ok(&["init", repo_s]);
-    run_ok(&[
-        "backup",
-        d.join("back.raw").to_str().unwrap(),
-        "--repo",
-        repo_s,
-        "--name",
-        "d",
-    ]);
+    for name in ["d", "e"] {
+        run_ok(&[
+            "backup",
+            d.join("back.raw").to_str().unwrap(),
+            "--repo",
+            repo_s,
+            "--name",
+            name,
+        ]);
+    }
     std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
     std::fs::write(d.join("other.dev"), vec![0u8; 9 << 20]).unwrap();
     let sock = d.join("s.sock");
@@ -779,6 +781,27 @@ fn a_killed_cached_image_is_committed_only_through_its_cache() {
         "serve with another cache",
         "not to",
     );
+    // Nor does the cache go in front of anything else while it holds
+    // them: another image, or a file (it knows its owner).
+    let in_front_of_e = format!("e,cache={}", d.join("cache.dev").display());
+    refused(
+        serve(&["--image", &in_front_of_e]),
+        "the cache in front of another image",
+        "not yet written back to image d",
+    );
+    std::fs::write(d.join("plain.raw"), &image).unwrap();
+    let mut detach = cairn();
+    detach
+        .args(["cache", "detach", "--cache"])
+        .arg(d.join("cache.dev"))
+        .arg("--backing")
+        .arg(d.join("plain.raw"));
+    refused(
+        detach,
+        "the cache detached onto a file",
+        "not yet written back to image d",
+    );
+    assert!(std::fs::read(d.join("plain.raw")).unwrap() == image);
     // Nothing was committed meanwhile.
     assert!(run_ok(&["restore", "d", "-", "--repo", repo_s]) == image);
 

@@ -52,8 +52,10 @@ impl CacheBinding {
     fn decode(file: &Path, b: &[u8]) -> cairn_store::Result<CacheBinding> {
         let bad = |why: &str| {
             StoreError::Invalid(format!(
-                "{}: damaged cache binding ({why}); it names the write-back cache that may hold \
-                 writes not yet in this overlay",
+                "{}: damaged cache binding ({why}); it named the write-back cache that may hold \
+                 writes not yet in this overlay (`cairn cache status --cache C` shows what a \
+                 cache is in front of): drain that cache with `cairn cache drain --image`, then \
+                 remove this file, or remove it to give those writes up",
                 file.display()
             ))
         };

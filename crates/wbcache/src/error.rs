@@ -25,6 +25,8 @@ pub enum Place {
         /// Sequence number being written (0 when reading).
         seq: u64,
     },
+    /// The owner block (format version 4).
+    Owner,
     /// A segment on the cache device.
     Segment {
         /// Segment id.
@@ -68,6 +70,7 @@ impl fmt::Display for Place {
                     ["A", "B"][*slot & 1]
                 )
             }
+            Place::Owner => f.write_str("owner block"),
             Place::Segment { id, slot } => write!(f, "segment {id} (slot {slot})"),
             Place::Plog { segment, seq } => {
                 write!(f, "persistent log record {seq} of segment {segment}")
@@ -158,6 +161,18 @@ pub enum WbError {
     /// disk): formatting it would overwrite the data it caches.
     #[error("{0} is the backing device itself; a cache needs a device of its own")]
     CacheIsBacking(std::path::PathBuf),
+    /// The cache holds writes not yet written back to another backing
+    /// device or image than the one it is opened in front of.
+    #[error(
+        "the cache holds writes not yet written back to {owner}; it is not in front of {given}: \
+         drain it in front of {owner} first"
+    )]
+    OtherOwner {
+        /// What the cache was in front of.
+        owner: String,
+        /// What it was opened in front of now.
+        given: String,
+    },
     /// The cache device holds no cache (its first block is all zero), and
     /// formatting it was not asked for.
     #[error("{0} is not a cairn cache (blank)")]

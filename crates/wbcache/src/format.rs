@@ -22,6 +22,8 @@ pub const PLOG_OFFSET: u64 = 64 << 10;
 pub const WATERMARK_OFFSETS: [u64; 2] = [4096, 8192];
 /// Byte offsets of flush mark slots A and B (format version 4).
 pub const MARK_OFFSETS: [u64; 2] = [12288, 16384];
+/// Byte offset of the owner block (format version 4).
+pub const OWNER_OFFSET: u64 = 20480;
 /// The format version this crate writes and the newest it reads. Version
 /// 2 added the persistent log; a version 1 cache (no plog records, the
 /// region unused) is read as one with an empty plog. The bump keeps a
@@ -47,6 +49,7 @@ const SB_MAGIC: &[u8; 8] = b"CAIRNWB\0";
 const WM_MAGIC: &[u8; 8] = b"CAIRNWM\0";
 const SG_MAGIC: &[u8; 8] = b"CAIRNSG\0";
 const MK_MAGIC: &[u8; 8] = b"CAIRNFM\0";
+const OW_MAGIC: &[u8; 8] = b"CAIRNOW\0";
 
 /// Whether `b` starts with a watermark's magic (of any cache).
 pub fn is_watermark(b: &[u8]) -> bool {
@@ -247,6 +250,57 @@ impl FlushMark {
             durable_id: le_u64(b, 32),
             plog_segment: le_u64(b, 40),
             plog_seq: le_u64(b, 48),
+        })
+    }
+}
+
+/// What the cache is in front of (format version 4): a key compared
+/// between opens, and a description for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Compared: the same backing gives the same key (a file's device
+    /// and inode; an image's repository, name and overlay).
+    pub key: String,
+    /// Shown: what a user recognises (a path, an image name).
+    pub description: String,
+}
+
+impl Owner {
+    /// Longest key plus description an owner block holds.
+    pub const MAX_TEXT: usize = BLOCK_SIZE as usize - 36;
+
+    pub(crate) fn encode(&self, cache_id: &[u8; 16]) -> Vec<u8> {
+        let mut key = self.key.as_bytes();
+        key = &key[..key.len().min(Self::MAX_TEXT / 2)];
+        let mut desc = self.description.as_bytes();
+        desc = &desc[..desc.len().min(Self::MAX_TEXT - key.len())];
+        let mut b = vec![0u8; BLOCK_SIZE as usize];
+        b[0..8].copy_from_slice(OW_MAGIC);
+        b[8..24].copy_from_slice(cache_id);
+        b[24..26].copy_from_slice(&(key.len() as u16).to_le_bytes());
+        b[26..28].copy_from_slice(&(desc.len() as u16).to_le_bytes());
+        b[28..28 + key.len()].copy_from_slice(key);
+        b[28 + key.len()..28 + key.len() + desc.len()].copy_from_slice(desc);
+        let end = 28 + key.len() + desc.len();
+        let crc = crc32c::crc32c(&b[..end]);
+        b[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// The owner in `b`, if it is valid and belongs to `cache_id`.
+    pub(crate) fn decode(b: &[u8], cache_id: &[u8; 16]) -> Option<Owner> {
+        if b.len() < 32 || &b[0..8] != OW_MAGIC || &b[8..24] != cache_id {
+            return None;
+        }
+        let klen = usize::from(u16::from_le_bytes([b[24], b[25]]));
+        let dlen = usize::from(u16::from_le_bytes([b[26], b[27]]));
+        let end = 28 + klen + dlen;
+        if end + 4 > b.len() || crc32c::crc32c(&b[..end]) != le_u32(b, end) {
+            return None;
+        }
+        Some(Owner {
+            key: String::from_utf8_lossy(&b[28..28 + klen]).into_owned(),
+            description: String::from_utf8_lossy(&b[28 + klen..end]).into_owned(),
         })
     }
 }
@@ -593,6 +647,34 @@ mod tests {
         assert!(PlogHeader::decode(&seg[..4096], &id, 100).is_none());
         assert!(PlogHeader::decode(&[0u8; 4096], &id, 100).is_none());
         assert!(PLOG_OFFSET >= WATERMARK_OFFSETS[1] + BLOCK_SIZE);
+    }
+
+    #[test]
+    fn owners_round_trip_and_are_checked() {
+        let id = [5u8; 16];
+        let o = Owner {
+            key: "file:1:2".into(),
+            description: "the file /x/back.img".into(),
+        };
+        let b = o.encode(&id);
+        assert_eq!(Owner::decode(&b, &id), Some(o.clone()));
+        assert_eq!(Owner::decode(&b, &[6u8; 16]), None);
+        for at in [9, 25, 30, 40, 58] {
+            let mut bad = b.clone();
+            bad[at] ^= 1;
+            assert_eq!(Owner::decode(&bad, &id), None, "byte {at}");
+        }
+        // Too long a text is cut, never past the block.
+        let long = Owner {
+            key: "k".repeat(5000),
+            description: "d".repeat(5000),
+        };
+        let b = long.encode(&id);
+        assert_eq!(b.len(), 4096);
+        let back = Owner::decode(&b, &id).unwrap();
+        assert!(back.key.len() + back.description.len() <= Owner::MAX_TEXT);
+        const { assert!(OWNER_OFFSET >= MARK_OFFSETS[1] + BLOCK_SIZE) };
+        const { assert!(OWNER_OFFSET + BLOCK_SIZE <= PLOG_OFFSET) };
     }
 
     #[test]

@@ -157,7 +157,7 @@ mod writeback;
 
 pub use error::{Place, Result, WbError};
 pub use format::{
-    segment_offset, segment_slot, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, PLOG_OFFSET,
+    segment_offset, segment_slot, Owner, BLOCK_SIZE, DATA_BLOCKS, FORMAT_VERSION, PLOG_OFFSET,
     RING_OFFSET, SECTOR_SIZE, SEGMENT_BYTES,
 };
 pub use recovery::Damage;
@@ -271,6 +271,11 @@ pub struct WbConfig {
     /// torn tail. 50 ms: under a load that flushes continuously, 20 marks
     /// a second.
     pub mark_delay: Duration,
+    /// What the cache is opened in front of (format version 4): a cache
+    /// holding writes not yet written back refuses another owner than the
+    /// one recorded ([`WbError::OtherOwner`]), whatever the backing's size
+    /// says; a clean one records the new owner. None: not checked.
+    pub owner: Option<Owner>,
     /// Open a cache whose log is damaged (flushed writes unreadable; see
     /// [`Damage`]) anyway, dropping the log from the damage on. Without
     /// it, such a cache is refused with [`WbError::Damaged`].
@@ -290,6 +295,7 @@ impl Default for WbConfig {
             max_sealed_in_ram: 2,
             plog: false,
             mark_delay: Duration::from_millis(50),
+            owner: None,
             accept_loss: false,
         }
     }
@@ -316,6 +322,8 @@ pub struct Inspection {
     /// What the newest flush mark says was flushed: segments up to this
     /// id (0 when the version has no marks).
     pub marked_id: u64,
+    /// What the cache was last opened in front of (version 4).
+    pub owner: Option<Owner>,
     /// Headers of stale segments and plog records an open would erase.
     pub stale_headers: usize,
     /// Damage: flushed writes that cannot be read (empty when healthy).
@@ -644,7 +652,35 @@ impl WbCache {
                 });
             }
         }
+        // A cache holding writes for another owner is refused before
+        // anything is written.
+        let owner_to_write = if scan.sb.version >= format::MARKED_VERSION {
+            match &cfg.owner {
+                Some(given) => {
+                    let stored = recovery::read_owner(&*cache, &scan.sb.cache_id)?;
+                    let dirty = scan.last > scan.wm.clean_id || scan.plog_seq > 0;
+                    match stored {
+                        Some(s) if s.key == given.key => None,
+                        Some(s) if dirty => {
+                            return Err(WbError::OtherOwner {
+                                owner: s.description,
+                                given: given.description.clone(),
+                            })
+                        }
+                        _ => Some(given.clone()),
+                    }
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
         recovery::erase_stale(&*cache, &scan.stale)?;
+        if let Some(o) = &owner_to_write {
+            cache
+                .write_at(&o.encode(&scan.sb.cache_id), format::OWNER_OFFSET, true)
+                .map_err(|e| WbError::io(Place::Owner, e))?;
+        }
         let recovery::Scan {
             sb,
             wm,
@@ -795,6 +831,7 @@ impl WbCache {
             dirty_blocks: scan.index.values().filter(|l| l.dirty != 0).count() as u64,
             plog_records: scan.plog_seq,
             marked_id: scan.mark.map_or(0, |m| m.durable_id),
+            owner: recovery::read_owner(cache, &scan.sb.cache_id)?,
             stale_headers: scan.stale.len(),
             damage: scan.damage,
             notes: scan.notes,

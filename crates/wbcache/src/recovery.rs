@@ -135,24 +135,33 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
     // sequence number says what completed FLUSHes made durable.
     let mut mark = None;
     if sb.version >= format::MARKED_VERSION {
+        let mut readable = [false; 2];
         for (slot, off) in format::MARK_OFFSETS.iter().enumerate() {
             let mut b = vec![0u8; BU];
             cache
                 .read_at(&mut b, *off)
                 .map_err(|e| WbError::io(Place::FlushMark { slot, seq: 0 }, e))?;
             if let Some(m) = FlushMark::decode(&b, &cid) {
+                readable[slot] = true;
                 if mark.is_none_or(|best: FlushMark| m.seq > best.seq) {
                     mark = Some(m);
                 }
             }
         }
-        if mark.is_none() {
-            damage.push(Damage {
+        match (mark, readable) {
+            (None, _) => damage.push(Damage {
                 place: Place::FlushMark { slot: 0, seq: 0 },
-                what: "neither flush mark slot is readable: which writes were flushed is \
-                       unknown"
+                what: "neither flush mark slot (A nor B) is readable: which writes were \
+                       flushed is unknown"
                     .into(),
-            });
+            }),
+            (Some(m), [true, false] | [false, true]) if m.seq > 1 => notes.push(format!(
+                "flush mark slot {} unreadable (a torn write, or damage); sequence {} in the \
+                 other is used",
+                if readable[0] { "B" } else { "A" },
+                m.seq
+            )),
+            _ => {}
         }
     }
     let marked = mark.unwrap_or_default();
@@ -238,7 +247,8 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
     }
     // Segments a flush mark claims durable must be there.
     let marked_lost = marked.durable_id >= first_missing;
-    if proof.is_some() || marked_lost {
+    let segments_lost = proof.is_some() || marked_lost;
+    if segments_lost {
         let place = Place::Segment {
             id: first_missing,
             slot: first_slot,
@@ -258,12 +268,14 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
         } else if let Some((m, slot)) = proof {
             format!(
                 "unreadable, but segment {m} (slot {slot}), written after it was flushed, is \
-                 intact: writes flushed to segments {first_missing}..={m} would be lost"
+                 intact: writes flushed to segments {first_missing}..={m}, and every write \
+                 flushed after them, would be lost"
             )
         } else {
             format!(
                 "unreadable, but the flush mark (sequence {}) says segments up to {} were \
-                 flushed: writes flushed to segments {first_missing}..={} would be lost",
+                 flushed: writes flushed to segments {first_missing}..={}, and every write \
+                 flushed after them, would be lost",
                 marked.seq, marked.durable_id, marked.durable_id
             )
         };
@@ -281,7 +293,11 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
     if marked.plog_segment == open.id {
         lost_to = lost_to.max(marked.plog_seq);
     }
-    if lost_to > plog.seq {
+    // With segments lost, the log ends before the segment the plog holds
+    // records of: what is in the region then are leftovers of an earlier
+    // segment id, not damage (and the plog's own records go with the
+    // segments, as the message above says).
+    if !segments_lost && lost_to > plog.seq {
         let because = match plog.later_intact {
             Some(later) => format!("record {later} after it is intact"),
             None => format!(
@@ -448,6 +464,15 @@ pub(crate) fn put_mark(
     cache
         .write_at(&m.encode(cid), format::MARK_OFFSETS[slot], fua)
         .map_err(|e| WbError::io(Place::FlushMark { slot, seq: m.seq }, e))
+}
+
+/// The owner block (None: none written, or not this cache's).
+pub(crate) fn read_owner(cache: &dyn BlockDev, cid: &[u8; 16]) -> Result<Option<format::Owner>> {
+    let mut b = vec![0u8; BU];
+    cache
+        .read_at(&mut b, format::OWNER_OFFSET)
+        .map_err(|e| WbError::io(Place::Owner, e))?;
+    Ok(format::Owner::decode(&b, cid))
 }
 
 /// Zero the headers of stale segments and plog records, then flush: the

@@ -110,6 +110,7 @@ fn cfg(plog: bool, dirty_high: f64, idle_ms: u64, batch: usize) -> WbConfig {
         flush_deadline: Duration::from_millis(3),
         // Flush marks written while everything else runs.
         mark_delay: Duration::from_millis(1),
+        owner: None,
         accept_loss: false,
     }
 }
@@ -160,6 +161,7 @@ fn idle_writeback_waits_for_quiet_then_runs() {
         bypass_below: Duration::ZERO,
         flush_deadline: Duration::ZERO,
         mark_delay: Duration::from_millis(50),
+        owner: None,
         accept_loss: false,
     };
     let wb = WbCache::open(cache, backing.clone(), cfg).unwrap();

@@ -105,6 +105,7 @@ fn config() -> WbConfig {
         flush_deadline: Duration::ZERO,
         // A mark right after every FLUSH (races with the writers).
         mark_delay: Duration::ZERO,
+        owner: None,
         accept_loss: false,
     }
 }

@@ -597,3 +597,38 @@ fn a_plog_restart_never_overwrites_records_of_a_segment_not_yet_durable() {
         wb.crash();
     }
 }
+
+/// Found from outside (2026-11-28): with segment 1 damaged, the scan read
+/// the plog's leftovers of segment 1 (its record 1 overwritten by segment
+/// 2's) as damaged records of segment 1, and named them first; the loss
+/// that mattered (segment 1, and the plog's record of segment 2 after
+/// it) is what the damage must say.
+#[test]
+fn a_damaged_segment_before_the_plog_names_the_segment_only() {
+    let (cache, backing) = devs(4);
+    let wb = open(&cache, &backing);
+    // Records 1..8 of segment 1, then enough blocks to seal it and two
+    // more: segment 2's record 1 (3 blocks) overwrites records 1 and 2
+    // of segment 1 and leaves 3..8 behind.
+    for i in 0..8u64 {
+        wb.write_at(&block(1), i * 4096, false).unwrap();
+        wb.flush().unwrap();
+    }
+    for i in 0..246u64 {
+        wb.write_at(&block(2), (100 + i) * 4096, false).unwrap();
+    }
+    wb.flush().unwrap();
+    assert_eq!(wb.status().last_written_id, 1);
+    wb.write_flush_mark().unwrap();
+    wb.crash();
+    flip(&cache, RING_OFFSET + 4096 * 9 + 5);
+    let inspected = WbCache::inspect(&*cache, BACKING).unwrap();
+    assert_eq!(inspected.damage.len(), 1, "{:?}", inspected.damage);
+    let what = inspected.damage[0].to_string();
+    assert!(what.contains("segment 1"), "{what}");
+    assert!(!what.contains("record"), "{what}");
+    let e = WbCache::open(cache.clone(), backing.clone(), plog())
+        .err()
+        .unwrap();
+    assert!(matches!(e, WbError::Damaged { .. }), "{e}");
+}

@@ -225,6 +225,51 @@ fn damage_in_the_last_flush_before_its_mark_is_a_torn_tail() {
     wb.close().unwrap();
 }
 
+/// Found from outside (2026-11-28): a cache holding flushed writes for
+/// one image was opened in front of another (or a plain file) and put
+/// them there. The owner block says what the cache is in front of: a
+/// cache with writes not yet written back refuses another owner; a clean
+/// one takes it.
+#[test]
+fn a_cache_holding_writes_refuses_another_owner() {
+    let (cache, backing) = devs(8);
+    let owner = |k: &str| {
+        Some(cairn_wbcache::Owner {
+            key: k.into(),
+            description: format!("backing {k}"),
+        })
+    };
+    let cfg = |k: &str| WbConfig {
+        owner: owner(k),
+        ..lazy()
+    };
+    let wb = WbCache::open(cache.clone(), backing.clone(), cfg("a")).unwrap();
+    wb.write_at(&block(3), 0, false).unwrap();
+    wb.flush().unwrap();
+    wb.crash();
+    let e = WbCache::open(cache.clone(), backing.clone(), cfg("b"))
+        .err()
+        .expect("a dirty cache took another owner");
+    assert!(matches!(e, WbError::OtherOwner { .. }), "{e}");
+    assert!(e.to_string().contains("backing a"), "{e}");
+    // Its own owner, or an opener that names none, reads the writes.
+    let wb = WbCache::open(cache.clone(), backing.clone(), cfg("a")).unwrap();
+    assert_eq!(read_block(&wb, 0), block(3));
+    assert_eq!(
+        WbCache::inspect(&*cache, BACKING).unwrap().owner,
+        owner("a")
+    );
+    wb.drain().unwrap();
+    wb.close().unwrap();
+    // Clean: the new owner is taken and recorded.
+    let wb = WbCache::open(cache.clone(), backing.clone(), cfg("b")).unwrap();
+    wb.close().unwrap();
+    assert_eq!(
+        WbCache::inspect(&*cache, BACKING).unwrap().owner,
+        owner("b")
+    );
+}
+
 #[test]
 fn torn_segment_write_then_crash_gives_the_last_flush() {
     for sectors in [1, 8, 9, 100, 400] {

@@ -26,6 +26,7 @@ pub fn lazy_config(plog: bool) -> WbConfig {
         // Flush marks at open, close and when asked only, so that tests
         // of a crash after a FLUSH know whether its mark was written.
         mark_delay: Duration::from_secs(3600),
+        owner: None,
         accept_loss: false,
     }
 }
