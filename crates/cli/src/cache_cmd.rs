@@ -110,6 +110,15 @@ pub(crate) fn open_cached(
     cfg: WbConfig,
     format_blank: bool,
 ) -> Result<WbCache> {
+    // What accepting the loss gives up is said, one line each, as
+    // dm-writeboost logs it (the open drops it without a word).
+    if cfg.accept_loss {
+        if let Ok(i) = WbCache::inspect_path(cache, backing.size()) {
+            for d in &i.damage {
+                errln!("cairn: cache {}: accepting the loss: {d}", cache.display());
+            }
+        }
+    }
     WbCache::open_path(cache, backing, cfg, format_blank)
         .with_context(|| format!("cache {}", cache.display()))
 }

@@ -668,7 +668,7 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
     // Accepting the loss: segment 1 stays, segments 2 and 3 are gone.
     let sock = d.join("s.sock");
     let _ = std::fs::remove_file(&sock);
-    let mut server = cairn()
+    let server = cairn()
         .args(["serve", "--cache-accept-loss", "--socket"])
         .arg(&sock)
         .arg("--file")
@@ -679,7 +679,7 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for(&[&sock]);
@@ -691,7 +691,11 @@ fn a_damaged_log_is_named_by_status_and_refused_by_serve() {
     unsafe {
         libc::kill(server.id() as i32, libc::SIGTERM);
     }
-    assert!(server.wait().unwrap().success());
+    let out = server.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // What was given up is said.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("accepting the loss: segment 2"), "{err}");
     let out = offline(d, Backing::File, &["status"]);
     assert!(
         out.status.success(),
