@@ -1,6 +1,7 @@
 //! Recovery of the write-back log on hostile cache contents: the fuzz
-//! input becomes a watermark slot, a flush mark slot (its magic, cache id
-//! and CRC fixed up, so that any claims are read) and the first segment
+//! input becomes a watermark slot, a flush mark slot and the owner block
+//! (their magic, cache id and CRC fixed up, so that any claims, lengths
+//! and owners are read) and the first segment
 //! (header and data blocks) of a freshly formatted cache, with the magic,
 //! cache id, segment id and CRC fixed up so that the entry parser and
 //! replay are reached. Inspecting and opening must fail cleanly (a damaged log is
@@ -9,9 +10,9 @@
 #![no_main]
 use cairn_blockdev::{BlockDev, MemDev};
 use cairn_wbcache::format::{
-    BLOCK_SIZE, MARK_OFFSETS, RING_OFFSET, SEGMENT_BYTES, WATERMARK_OFFSETS,
+    BLOCK_SIZE, MARK_OFFSETS, OWNER_OFFSET, RING_OFFSET, SEGMENT_BYTES, WATERMARK_OFFSETS,
 };
-use cairn_wbcache::{FormatOptions, WbCache, WbConfig};
+use cairn_wbcache::{FormatOptions, Owner, WbCache, WbConfig};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
 
@@ -40,6 +41,19 @@ fuzz_target!(|data: &[u8]| {
     let crc = crc32c::crc32c(&mk[..56]);
     mk[56..60].copy_from_slice(&crc.to_le_bytes());
     let _ = cache.write_at(&mk, MARK_OFFSETS[1], false);
+    // The owner block: lengths as given (clamped to the block), CRC over
+    // what they cover.
+    let (own, seg) = seg.split_at(seg.len().min(64));
+    let mut ow = vec![0u8; bs];
+    ow[..own.len()].copy_from_slice(own);
+    ow[0..8].copy_from_slice(b"CAIRNOW\0");
+    ow[8..24].copy_from_slice(&ID);
+    let k = usize::from(u16::from_le_bytes([ow[24], ow[25]])).min(bs / 2);
+    let d = usize::from(u16::from_le_bytes([ow[26], ow[27]])).min(bs - 36 - k);
+    let end = 28 + k + d;
+    let crc = crc32c::crc32c(&ow[..end]);
+    ow[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+    let _ = cache.write_at(&ow, OWNER_OFFSET, false);
     // Segment 1: the input, then magic, cache id, id 1 and the CRC.
     let mut img = seg.to_vec();
     img.resize(img.len().max(bs), 0);
@@ -62,6 +76,10 @@ fuzz_target!(|data: &[u8]| {
     let backing = Arc::new(MemDev::new(BACKING));
     let cfg = WbConfig {
         idle_writeback: std::time::Duration::from_secs(3600),
+        owner: Some(Owner {
+            key: "fuzz".into(),
+            description: "the fuzzer's backing".into(),
+        }),
         ..WbConfig::default()
     };
     if let Ok(wb) = WbCache::open(Arc::new(cache), backing, cfg) {
