@@ -249,13 +249,6 @@ impl RepoFs {
             )
         };
         let repo = self.view.repository();
-        if let Ok((name, n)) = repo.resolve(&snap.spec) {
-            if let Ok(Some(m)) = repo.read_manifest_if_present(&name, n) {
-                if m.created != snap.created {
-                    return Err(removed(" (its number is another snapshot's now)"));
-                }
-            }
-        }
         let v = self.view.volume(&snap.spec, &self.opts).map_err(|e| {
             let gone = matches!(
                 repo.resolve(&snap.spec),
@@ -270,6 +263,9 @@ impl RepoFs {
                 )
             }
         })?;
+        if v.created() != snap.created {
+            return Err(removed(" (its number is another snapshot's now)"));
+        }
         Ok(snap.volume.get_or_init(|| Arc::new(v)).clone())
     }
 

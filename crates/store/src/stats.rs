@@ -111,54 +111,53 @@ pub struct RepoStats {
     pub damaged_index_files: Vec<String>,
 }
 
-/// Compute the totals (loads the index).
+/// Compute the totals (loads the index; reads each manifest once).
 pub fn stats(repo: &Repository) -> Result<RepoStats> {
     let mut s = RepoStats::default();
-    for item in list(repo)? {
-        let snap = match item {
-            Ok(snap) => snap,
-            Err(e) => {
-                s.unreadable_snapshots.push(e);
-                continue;
-            }
-        };
-        s.snapshots += 1;
-        s.logical_bytes += snap.size;
-        s.zero_bytes += snap.stats.zero_bytes;
-    }
-    s.images = repo.images()?.len() as u64;
     let loaded = repo.load_index()?;
-    // The chunks the snapshots use, each once (one bit per index entry).
-    // Summing what each backup stored new went wrong once the snapshot
-    // that stored a chunk was removed and another still used it.
     let index = &loaded.index;
+    s.chunks = index.len() as u64;
+    // The chunks the snapshots use, each once (one bit per index entry),
+    // and the records holding them. Summing what each backup stored new
+    // went wrong once the snapshot that stored a chunk was removed and
+    // another still used it.
     let mut seen = vec![0u64; index.len().div_ceil(64)];
     let mut records = std::collections::HashSet::new();
-    for (name, snaps) in repo.images()? {
-        for snap in snaps {
-            // Unreadable ones are listed above.
-            let Ok(m) = repo.read_manifest(&name, snap) else {
-                continue;
+    let images = repo.images()?;
+    s.images = images.len() as u64;
+    for (name, snaps) in &images {
+        for &snap in snaps {
+            let m = match repo.read_manifest_if_present(name, snap) {
+                // Removed while listing.
+                Ok(None) => continue,
+                Ok(Some(m)) => m,
+                Err(e) => {
+                    s.unreadable_snapshots.push(format!("{name}@{snap}: {e}"));
+                    continue;
+                }
             };
+            s.snapshots += 1;
+            s.logical_bytes += m.size;
+            s.zero_bytes += m.stats.zero_bytes;
             for e in &m.extents {
                 let crate::manifest::Extent::Data { id, len } = e else {
                     continue;
                 };
-                if let Some(i) = index.position(id) {
-                    if seen[i / 64] >> (i % 64) & 1 == 0 {
-                        seen[i / 64] |= 1 << (i % 64);
-                        s.unique_raw_bytes += u64::from(*len);
-                        if let Some(loc) = index.location_at(i) {
-                            if records.insert((loc.pack, loc.offset)) {
-                                s.live_stored_bytes += u64::from(loc.len);
-                            }
+                let Some(i) = index.position(id) else {
+                    continue;
+                };
+                if seen[i / 64] >> (i % 64) & 1 == 0 {
+                    seen[i / 64] |= 1 << (i % 64);
+                    s.unique_raw_bytes += u64::from(*len);
+                    if let Some(loc) = index.location_at(i) {
+                        if records.insert((loc.pack, loc.offset)) {
+                            s.live_stored_bytes += u64::from(loc.len);
                         }
                     }
                 }
             }
         }
     }
-    s.chunks = loaded.index.len() as u64;
     s.damaged_index_files = loaded.damaged.iter().map(|e| e.to_string()).collect();
     s.index_entry_bytes = loaded.index.entry_bytes() as u64;
     s.index_files = repo.index_files()?.len() as u64;

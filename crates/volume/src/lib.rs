@@ -349,6 +349,7 @@ pub struct Volume {
     pool: Option<Pool>,
     name: String,
     snapshot: u64,
+    created: i64,
     size: u64,
     map: ExtentMap,
     packs: Arc<packs::Packs>,
@@ -373,6 +374,7 @@ impl Volume {
         let manifest = repo.read_manifest(&name, snapshot)?;
         let map = ExtentMap::build(&manifest, &view.index.index)?;
         let size = manifest.size;
+        let created = manifest.created;
         drop(manifest);
         let packs = Arc::new(packs::Packs::new(repo.clone(), view.index.clone()));
         let cache = Arc::new(Tiers::new(opts.cache_bytes, opts.compact_bytes));
@@ -383,6 +385,7 @@ impl Volume {
             pool,
             name,
             snapshot,
+            created,
             size,
             map,
             packs,
@@ -401,6 +404,11 @@ impl Volume {
     /// The snapshot number.
     pub fn snapshot(&self) -> u64 {
         self.snapshot
+    }
+
+    /// When the snapshot was made (its manifest's time, Unix seconds).
+    pub fn created(&self) -> i64 {
+        self.created
     }
 
     /// Extents (chunks and holes) in the image.

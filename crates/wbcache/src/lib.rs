@@ -544,6 +544,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A new cache's pair of slots at `offsets`: `first` (sequence 1) in slot
+/// A, zeroes in slot B.
+fn write_first_slots(
+    cache: &dyn BlockDev,
+    offsets: [u64; 2],
+    first: &[u8],
+    place: impl Fn(usize) -> Place,
+) -> Result<()> {
+    let zero = vec![0u8; BU];
+    for (slot, off) in offsets.iter().enumerate() {
+        let b = if slot == Watermark::slot(1) {
+            first
+        } else {
+            &zero
+        };
+        cache
+            .write_at(b, *off, false)
+            .map_err(|e| WbError::io(place(slot), e))?;
+    }
+    Ok(())
+}
+
 /// What a write puts into a block.
 #[derive(Clone, Copy)]
 enum Fill<'a> {
@@ -595,28 +617,12 @@ impl WbCache {
             ..FlushMark::default()
         }
         .encode(&sb.cache_id);
-        let zero = vec![0u8; BU];
-        let watermark = |slot| Place::Watermark { slot, seq: 0 };
-        let mark = |slot| Place::FlushMark { slot, seq: 0 };
-        for (first, offsets, place) in [
-            (
-                &first_wm,
-                format::WATERMARK_OFFSETS,
-                &watermark as &dyn Fn(usize) -> Place,
-            ),
-            (&first_mark, format::MARK_OFFSETS, &mark),
-        ] {
-            for (slot, off) in offsets.iter().enumerate() {
-                let b = if slot == Watermark::slot(1) {
-                    first
-                } else {
-                    &zero
-                };
-                cache
-                    .write_at(b, *off, false)
-                    .map_err(|e| WbError::io(place(slot), e))?;
-            }
-        }
+        write_first_slots(cache, format::WATERMARK_OFFSETS, &first_wm, |slot| {
+            Place::Watermark { slot, seq: 0 }
+        })?;
+        write_first_slots(cache, format::MARK_OFFSETS, &first_mark, |slot| {
+            Place::FlushMark { slot, seq: 0 }
+        })?;
         // An empty persistent log (zeroes read as no record).
         cache
             .write_at(
@@ -654,26 +660,9 @@ impl WbCache {
         }
         // A cache holding writes for another owner is refused before
         // anything is written.
-        let owner_to_write = if scan.sb.version >= format::MARKED_VERSION {
-            match &cfg.owner {
-                Some(given) => {
-                    let stored = recovery::read_owner(&*cache, &scan.sb.cache_id)?;
-                    let dirty = scan.last > scan.wm.clean_id || scan.plog_seq > 0;
-                    match stored {
-                        Some(s) if s.key == given.key => None,
-                        Some(s) if dirty => {
-                            return Err(WbError::OtherOwner {
-                                owner: s.description,
-                                given: given.description.clone(),
-                            })
-                        }
-                        _ => Some(given.clone()),
-                    }
-                }
-                None => None,
-            }
-        } else {
-            None
+        let owner_to_write = match &cfg.owner {
+            Some(given) => recovery::owner_to_write(&*cache, &scan, given)?,
+            None => None,
         };
         recovery::erase_stale(&*cache, &scan.stale)?;
         if let Some(o) = &owner_to_write {

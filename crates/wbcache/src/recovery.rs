@@ -475,6 +475,29 @@ pub(crate) fn read_owner(cache: &dyn BlockDev, cid: &[u8; 16]) -> Result<Option<
     Ok(format::Owner::decode(&b, cid))
 }
 
+/// The owner to record for an opener that names `given`: None when it is
+/// recorded already (or the version has no owner block);
+/// [`WbError::OtherOwner`] when the cache holds writes not yet written
+/// back (segments after the watermark, or plog records) for another.
+pub(crate) fn owner_to_write(
+    cache: &dyn BlockDev,
+    scan: &Scan,
+    given: &format::Owner,
+) -> Result<Option<format::Owner>> {
+    if scan.sb.version < format::MARKED_VERSION {
+        return Ok(None);
+    }
+    let dirty = scan.last > scan.wm.clean_id || scan.plog_seq > 0;
+    match read_owner(cache, &scan.sb.cache_id)? {
+        Some(s) if s.key == given.key => Ok(None),
+        Some(s) if dirty => Err(WbError::OtherOwner {
+            owner: s.description,
+            given: given.description.clone(),
+        }),
+        _ => Ok(Some(given.clone())),
+    }
+}
+
 /// Zero the headers of stale segments and plog records, then flush: the
 /// only writes recovery makes. Repeating it is harmless.
 pub(crate) fn erase_stale(cache: &dyn BlockDev, stale: &[(u64, Place)]) -> Result<()> {
