@@ -247,11 +247,27 @@ pub(crate) struct PackArgs {
     /// cairn block is independent already; the output is the same.
     #[arg(short = 'i', long = "independent")]
     pub independent: bool,
-    /// Add an integrity checksum to each zstd frame (zstd's -C, --check):
-    /// accepted because cairn's .zst frames always carry one (XXH64);
-    /// the output is the same.
-    #[arg(short = 'C', long = "check")]
-    pub check: bool,
+    /// The check the stream carries: a bare -C/--check is zstd's (XXH64
+    /// in every frame, as cairn always writes); --check=CHECK is xz's
+    /// (none, crc32, crc64 (the default) or sha256; `xz -C CHECK` through
+    /// the xz link); --check=none is also zstd's --no-check.
+    #[arg(short = 'C', long = "check", value_name = "CHECK", num_args = 0..=1,
+          require_equals = true, overrides_with = "no_check")]
+    pub check: Option<Option<cairn_codec::IntegrityCheck>>,
+    /// zstd frames without XXH64 of their content (zstd's --no-check;
+    /// for xz, as --check=none).
+    #[arg(long = "no-check", overrides_with = "check")]
+    pub no_check: bool,
+    /// xz's extreme presets (xz's -e, -9e): slower, sometimes a little
+    /// smaller.
+    #[arg(short = 'e', long = "extreme")]
+    pub extreme: bool,
+    /// Cut blocks where the content says, not every -b bytes (gzip's,
+    /// pigz's and zstd's --rsyncable; any format): a change to the input
+    /// changes only the compressed bytes around it, so rsync sends little
+    /// and a deduplicating backup stores little of the next version.
+    #[arg(long = "rsyncable")]
+    pub rsyncable: bool,
     /// Write each zstd frame's decompressed size in its header (zstd's
     /// --content-size): accepted because cairn always does; the output is
     /// the same.
@@ -418,7 +434,9 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .and_then(|n| n.to_str())
-        .unwrap_or("cairn");
+        .unwrap_or("cairn")
+        .to_string();
+    let name = name.as_str();
     let prefix: &[&str] = match name {
         "gzip" | "pigz" => &["pack"],
         "gunzip" | "unpigz" => &["pack", "-d"],
@@ -444,6 +462,11 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
             }
         }
     }
+    // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
+    // none: given as --check=CHECK, which cairn reads either way.
+    if matches!(name, "xz" | "unxz" | "xzcat") {
+        rest = xz_check_values(rest);
+    }
     args.extend(prefix.iter().map(OsString::from));
     // `gzip -l` prints gzip's table, which scripts parse.
     if gzip_family {
@@ -451,6 +474,57 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     args.extend(rest);
     args
+}
+
+/// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`
+/// (up to a `--`; the last flag of a cluster may be `-C`, as `-kC crc32`).
+fn xz_check_values(args: Vec<OsString>) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        let Some(s) = a.to_str() else {
+            out.push(a);
+            continue;
+        };
+        if s == "--" {
+            out.push(a);
+            out.extend(args);
+            break;
+        }
+        if s == "--check" {
+            match args.next() {
+                Some(v) => {
+                    let mut c = OsString::from("--check=");
+                    c.push(v);
+                    out.push(c);
+                }
+                None => out.push(a),
+            }
+            continue;
+        }
+        let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
+        match cluster.and_then(|c| c.split_once('C')) {
+            Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                if !flags.is_empty() {
+                    out.push(format!("-{flags}").into());
+                }
+                let value = match value {
+                    "" => args.next(),
+                    v => Some(OsString::from(v)),
+                };
+                match value {
+                    Some(v) => {
+                        let mut c = OsString::from("--check=");
+                        c.push(v);
+                        out.push(c);
+                    }
+                    None => out.push("-C".into()),
+                }
+            }
+            _ => out.push(a),
+        }
+    }
+    out
 }
 
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,

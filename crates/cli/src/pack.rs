@@ -90,7 +90,16 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         format,
         level,
         block: args.block.or(args.block_bytes),
-        long: args.decode.long,
+        encode: cairn_codec::EncodeOptions {
+            long: args.decode.long,
+            extreme: args.extreme,
+            check: match args.check {
+                _ if args.no_check => cairn_codec::IntegrityCheck::None,
+                Some(Some(c)) => c,
+                _ => cairn_codec::IntegrityCheck::Default,
+            },
+        },
+        rsyncable: args.rsyncable,
     };
     let common = &args.common;
     let run = cairn_filepack::pack(&options(common), &pack, &hooks(common))?;
@@ -151,7 +160,15 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
             errln!("{}", summary_line(s));
         }
     }
-    run.outcome?;
+    // An input left alone (no known suffix, an output in the way...) is
+    // said as an error is, with gzip's exit status 2 when that is all.
+    match run.outcome {
+        Err(e) if e.is_warning() => {
+            errln!("cairn: {}", crate::one_line(&e));
+            return Err(crate::Warned.into());
+        }
+        outcome => outcome?,
+    }
     // gzip's warnings: said unless -q, and the exit status is 2.
     let mut warned = false;
     for s in &run.summaries {

@@ -708,3 +708,160 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gzip"), "{err}");
 }
+
+/// The check named on the "Check:" line of `xz -lv FILE`.
+fn xz_check_of(file: &Path) -> String {
+    let out = ok(tool("xz", &["-lv", s(file)]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Check:")
+                .map(|c| c.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no check in xz -lv:\n{text}"))
+}
+
+#[test]
+fn xz_checks_and_extreme_presets_as_xz_writes_them() {
+    let dir = tempdir();
+    let data = mixed(SIZE, 12);
+    let file = dir.path().join("x.xz");
+    for (check, xz_says) in [
+        ("none", "None"),
+        ("crc32", "CRC32"),
+        ("crc64", "CRC64"),
+        ("sha256", "SHA-256"),
+    ] {
+        let arg = format!("--check={check}");
+        let packed = cairn_ok(&["pack", "-F", "xz", "-b", "1M", "-q", &arg], &data);
+        assert!(cairn_ok(&["unpack"], &packed) == data, "{check}");
+        if have("xz") {
+            std::fs::write(&file, &packed).unwrap();
+            assert_eq!(xz_check_of(&file), xz_says);
+            assert!(run_ok("xz", &["-dc"], &packed) == data, "{check}");
+        }
+    }
+    // A flipped byte inside a block is found by its check.
+    let mut packed = cairn_ok(&["pack", "-F", "xz", "-q", "--check=sha256"], &data);
+    let at = packed.len() / 2;
+    packed[at] ^= 0x40;
+    assert!(!cairn_pipe(&["unpack", "-c"], &packed).status.success());
+    // xz -C CHECK and -9e through the xz link; -e changes the output.
+    let bin = dir.path().join("xz");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let via_link = |args: &[&str]| pipe(std::process::Command::new(&bin).args(args), &data);
+    let extreme = ok(via_link(&["-9e", "-C", "crc32", "-c"])).stdout;
+    let plain = ok(via_link(&["-9", "-Ccrc32", "-c"])).stdout;
+    assert!(extreme != plain);
+    for packed in [&extreme, &plain] {
+        assert!(cairn_ok(&["unpack"], packed) == data);
+        if have("xz") {
+            std::fs::write(&file, packed).unwrap();
+            assert_eq!(xz_check_of(&file), "CRC32");
+        }
+    }
+    // What a format lacks is refused with one line.
+    for args in [
+        &["pack", "-F", "gzip", "-e"][..],
+        &["pack", "-F", "gzip", "--no-check"],
+        &["pack", "-F", "zstd", "--check=sha256"],
+        &["pack", "-F", "xz", "--check=md5"],
+    ] {
+        let out = cairn_pipe(args, &data[..1000]);
+        assert!(!out.status.success() && out.stdout.is_empty(), "{args:?}");
+        assert_eq!(
+            out.stderr.iter().filter(|&&b| b == b'\n').count(),
+            1,
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn zstd_frames_without_checksums() {
+    let dir = tempdir();
+    let data = mixed(SIZE, 13);
+    let packed = cairn_ok(
+        &["pack", "-F", "zstd", "-b", "1M", "-q", "--no-check"],
+        &data,
+    );
+    let with = cairn_ok(&["pack", "-F", "zstd", "-b", "1M", "-q"], &data);
+    // Three frames of 1 MiB: 4 bytes of checksum and 4 of seek table each.
+    assert_eq!(with.len() - packed.len(), 3 * 8);
+    assert!(cairn_ok(&["unpack"], &packed) == data);
+    assert!(cairn_ok(&["unpack", "-T", "2"], &packed) == data);
+    if have("zstd") {
+        let file = dir.path().join("x.zst");
+        std::fs::write(&file, &packed).unwrap();
+        let out = ok(tool("zstd", &["-lv", s(&file)]));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.contains("Check: None"), "{text}");
+        assert!(run_ok("zstd", &["-dc"], &packed) == data);
+    }
+}
+
+/// Of `b`, the share of bytes in 32-byte windows also found in `a`
+/// (what rsync would not need to send).
+fn shared(a: &[u8], b: &[u8]) -> f64 {
+    const W: usize = 32;
+    let seen: std::collections::HashSet<&[u8]> = a.windows(W).collect();
+    let (mut covered, mut i) = (0, 0);
+    while i + W <= b.len() {
+        if seen.contains(&b[i..i + W]) {
+            covered += W;
+            i += W;
+        } else {
+            i += 1;
+        }
+    }
+    covered as f64 / b.len() as f64
+}
+
+#[test]
+fn rsyncable_output_changes_only_around_a_change() {
+    // Text-like lines: every block compresses, so blocks cut elsewhere
+    // share no bytes (random stretches would be stored as they are).
+    let mut x = 14u64;
+    let mut data = Vec::new();
+    while data.len() < 4_000_000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let line = format!(
+            "{} page {} of block {}\n",
+            data.len() % 9973,
+            x >> 54,
+            x >> 60
+        );
+        data.extend_from_slice(line.as_bytes());
+    }
+    let mut changed = data[..1_000_000].to_vec();
+    changed.extend_from_slice(b"a few bytes inserted in the middle");
+    changed.extend_from_slice(&data[1_000_000..]);
+    for (format, peer) in [
+        ("gzip", "gzip"),
+        ("xz", "xz"),
+        ("bzip2", "bzip2"),
+        ("zstd", "zstd"),
+    ] {
+        let pack = |input: &[u8], rsyncable: bool| {
+            let mut args = vec!["pack", "-F", format, "-b", "256K", "-q", "-T", "2"];
+            if rsyncable {
+                args.push("--rsyncable");
+            }
+            cairn_ok(&args, input)
+        };
+        let (a, b) = (pack(&data, true), pack(&changed, true));
+        assert!(cairn_ok(&["unpack"], &b) == changed, "{format}");
+        if have(peer) {
+            assert!(run_ok(peer, &["-dc"], &b) == changed, "{peer}");
+        }
+        let with = shared(&a, &b);
+        let without = shared(&pack(&data, false), &pack(&changed, false));
+        assert!(
+            with > 0.8 && with - without > 0.3,
+            "{format}: {with:.3} against {without:.3}"
+        );
+    }
+}

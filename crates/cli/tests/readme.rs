@@ -103,6 +103,7 @@ fn lists(help: &str, flag: &str) -> bool {
             || l == flag
             || l.contains(&format!(", {flag} "))
             || l.contains(&format!(", {flag}="))
+            || l.contains(&format!(", {flag}[="))
             || l.ends_with(&format!(", {flag}"))
     })
 }

@@ -379,13 +379,20 @@ impl ZstdCodec {
         }
     }
 
-    /// Checksummed frames compressed with long-distance matching over a
-    /// window of `2^window_log` bytes, as `zstd --long=N` does.
-    pub(crate) fn with_long(level: i32, window_log: u32) -> Self {
+    /// Frames for a `.zst` file: with long-distance matching over a
+    /// window of `2^N` bytes if `long` says, as `zstd --long=N` does, and
+    /// with a checksum unless `checksum` is false (`zstd --no-check`).
+    pub(crate) fn for_files(level: i32, long: Option<u32>, checksum: bool) -> Self {
         ZstdCodec {
-            long: Some(window_log),
+            long,
+            checksum,
             ..ZstdCodec::new(level)
         }
+    }
+
+    /// Whether frames carry a checksum.
+    pub(crate) fn checksum(&self) -> bool {
+        self.checksum
     }
 
     /// Frames without a checksum, one ignored where present: blocks, whose
@@ -536,10 +543,18 @@ pub(crate) struct XzCodec {
     pub(crate) level: i32,
 }
 
-/// A raw LZMA2 encoder of preset `level` whose dictionary is no larger than
-/// `max_dict` (a dictionary bigger than the block buys nothing).
-pub(crate) fn lzma2_options(level: i32, max_dict: usize) -> Result<liblzma::stream::LzmaOptions> {
-    let preset = u32::try_from(level.clamp(0, 9)).unwrap_or(6);
+/// A raw LZMA2 encoder of preset `level` (its extreme variant if
+/// `extreme`, as `xz -e`) whose dictionary is no larger than `max_dict` (a
+/// dictionary bigger than the block buys nothing).
+pub(crate) fn lzma2_options(
+    level: i32,
+    extreme: bool,
+    max_dict: usize,
+) -> Result<liblzma::stream::LzmaOptions> {
+    let mut preset = u32::try_from(level.clamp(0, 9)).unwrap_or(6);
+    if extreme {
+        preset |= liblzma::stream::PRESET_EXTREME;
+    }
     let mut opts =
         liblzma::stream::LzmaOptions::new_preset(preset).map_err(|e| CodecError::Compress {
             codec: "xz",
@@ -618,7 +633,7 @@ impl BlockCodec for XzCodec {
         CodecKind::Xz
     }
     fn compress(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
-        let opts = lzma2_options(self.level, src.len())?;
+        let opts = lzma2_options(self.level, false, src.len())?;
         let mut filters = liblzma::stream::Filters::new();
         filters.lzma2(&opts);
         let mut enc = liblzma::stream::Stream::new_raw_encoder(&filters).map_err(|e| {
@@ -631,7 +646,7 @@ impl BlockCodec for XzCodec {
         lzma_run(&mut enc, src, dst, usize::MAX, "xz")
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
-        let opts = lzma2_options(self.level, raw_len)?;
+        let opts = lzma2_options(self.level, false, raw_len)?;
         let mut filters = liblzma::stream::Filters::new();
         filters.lzma2(&opts);
         let mut dec = liblzma::stream::Stream::new_raw_decoder(&filters)

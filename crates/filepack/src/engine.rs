@@ -176,7 +176,14 @@ pub(crate) fn plan(
                 (Source::Stdin, Some(out)) => Ok((Dest::File(out.clone()), false)),
                 (Source::Stdin, None) => Ok((Dest::Stdout, false)),
                 (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
-                (Source::File(p), None) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
+                // A missing input is that, not a name without a suffix.
+                (Source::File(p), None) => match std::fs::symlink_metadata(p) {
+                    Err(source) => Err(Error::Open {
+                        path: p.clone(),
+                        source,
+                    }),
+                    Ok(_) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
+                },
             };
             // A device, a FIFO or a socket is read as a stream, and never
             // removed: to standard output or to a file named with -o
@@ -309,6 +316,7 @@ fn run_all(
         // One input: its own error is the run's.
         _ if total == 1 => Err(failed.remove(0).1),
         _ => Err(Error::Failed {
+            warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
             failed: failed.into_iter().map(|(name, _)| name).collect(),
             total,
         }),
@@ -429,13 +437,13 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         (None, None) => Format::Gzip,
     };
     let level = pack.level.resolve(format)?;
-    format.check_long(pack.long)?;
+    format.check_options(&pack.encode)?;
     // zstd --long=N reaches back 2^N bytes; a block is as far back as its
     // frame can reach, so by default blocks grow to the window (up to
     // the block limit).
     let block = pack.block.unwrap_or_else(|| {
         let default = format.default_block_size(level);
-        match pack.long {
+        match pack.encode.long {
             Some(n) => default.max(
                 1usize
                     .checked_shl(n)
@@ -459,11 +467,13 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         format,
         level,
         block,
-        long: pack.long,
+        encode: pack.encode,
+        rsyncable: pack.rsyncable,
         threads,
         force: opts.force,
     };
-    tracing::debug!(%format, level, block, long = ?pack.long, threads, inputs = plans.len(), "pack");
+    tracing::debug!(%format, level, block, encode = ?pack.encode, rsyncable = pack.rsyncable,
+        threads, inputs = plans.len(), "pack");
     let (summaries, outcome) = run_all(plans, hooks, |plan| pack_one(plan, &settings, hooks));
     Ok(Run {
         summaries,
@@ -526,7 +536,8 @@ struct PackSettings {
     format: Format,
     level: i32,
     block: usize,
-    long: Option<u32>,
+    encode: cairn_codec::EncodeOptions,
+    rsyncable: bool,
     threads: usize,
     force: bool,
 }
@@ -578,6 +589,63 @@ fn fill_block(r: &mut dyn SparseRead, b: &mut Block, want: usize) -> std::io::Re
     Ok(b.len)
 }
 
+/// Where `--rsyncable` cuts an input into blocks: FastCDC cut points
+/// (the `fastcdc` crate, as the repository's chunker) between a quarter
+/// and four times the block size on average, within the crate's limits.
+/// A cut depends only on the bytes since the previous cut, never on how
+/// reads fell, so the same content is cut the same way wherever it lies.
+struct ContentCuts {
+    /// Read and not yet handed out: at most `max` bytes.
+    carry: Vec<u8>,
+    min: u32,
+    avg: u32,
+    max: u32,
+    eof: bool,
+}
+
+impl ContentCuts {
+    fn new(block: usize) -> Self {
+        use fastcdc::v2020::{AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MINIMUM_MAX, MINIMUM_MIN};
+        let avg = u32::try_from(block)
+            .unwrap_or(u32::MAX)
+            .clamp(AVERAGE_MIN, AVERAGE_MAX);
+        ContentCuts {
+            carry: Vec::new(),
+            min: (avg / 4).clamp(MINIMUM_MIN, MINIMUM_MAX),
+            avg,
+            max: avg.saturating_mul(4).min(MAXIMUM_MAX),
+            eof: false,
+        }
+    }
+
+    /// Fill `b` with the next block: up to the first cut point of what
+    /// is read ahead (everything left, at the end of the input).
+    fn fill(&mut self, r: &mut dyn SparseRead, b: &mut Block) -> std::io::Result<usize> {
+        let max = self.max as usize;
+        while !self.eof && self.carry.len() < max {
+            let have = self.carry.len();
+            self.carry.resize(max, 0);
+            let got = r.read(&mut self.carry[have..]);
+            self.carry.truncate(have + *got.as_ref().unwrap_or(&0));
+            match got {
+                Ok(0) => self.eof = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let cut = fastcdc::v2020::FastCDC::new(&self.carry, self.min, self.avg, self.max)
+            .next()
+            .map_or(self.carry.len(), |c| c.length);
+        b.data.clear();
+        b.data.extend_from_slice(&self.carry[..cut]);
+        b.len = cut;
+        b.zeros = 0;
+        self.carry.drain(..cut);
+        Ok(cut)
+    }
+}
+
 /// A worker's encoding of an all-zero block. Blocks are encoded
 /// independently of each other, so a zero block of one length always
 /// encodes to the same bytes: holes and zeroed free space of a disk image
@@ -619,8 +687,8 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut sink = open_sink(plan, s.force, true, hooks)?;
     let progress = hooks.progress(crate::Operation::Pack, size);
     // Build one encoder now so a bad level fails before any output.
-    drop(format.encoder_with(level, block, s.long)?);
-    let mut framer = format.framer(level);
+    drop(format.encoder_with(level, block, &s.encode)?);
+    let mut framer = format.framer(level, &s.encode);
     let mut head = Vec::new();
     framer.header(&mut head);
     let out_name = sink.name();
@@ -630,10 +698,15 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut bytes_in = 0u64;
     let mut first = true;
     let mut read_total = 0u64;
+    let mut cuts = s.rsyncable.then(|| ContentCuts::new(block));
     let result = cairn_pipeline::run(
         Config::new(s.threads),
         |input: &mut Block| {
-            let n = fill_block(reader.as_mut(), input, block).map_err(read_error)?;
+            let n = match cuts.as_mut() {
+                Some(c) => c.fill(reader.as_mut(), input),
+                None => fill_block(reader.as_mut(), input, block),
+            }
+            .map_err(read_error)?;
             // An empty input still gets one (empty) block: every format's
             // tools expect at least a header and most a member or frame.
             if n == 0 && !first {
@@ -645,7 +718,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
             Ok(Fill::Item)
         },
         || {
-            let mut enc = format.encoder_with(level, block, s.long);
+            let mut enc = format.encoder_with(level, block, &s.encode);
             let mut zero: Option<ZeroBlock> = None;
             move |input: &mut Block, out: &mut Packed| -> Result<()> {
                 // The first encoder was built above: one failing now is a
@@ -1297,7 +1370,9 @@ mod tests {
         assert_eq!(reported.len(), 2, "{reported:?}");
         assert!(reported[1].contains("unknown suffix"), "{reported:?}");
         match run.outcome {
-            Err(Error::Failed { failed, total: 4 }) => {
+            Err(Error::Failed {
+                failed, total: 4, ..
+            }) => {
                 assert_eq!(
                     failed,
                     [inputs[1], inputs[2]].map(|p| p.display().to_string())

@@ -187,7 +187,28 @@ pub enum Error {
         failed: Vec<String>,
         /// How many inputs the run had.
         total: usize,
+        /// Every failure was one gzip only warns of ([`Error::is_warning`]).
+        warnings_only: bool,
     },
+}
+
+impl Error {
+    /// An input gzip leaves alone with a warning and exit status 2 rather
+    /// than an error and 1: a name with no known suffix to take off, an
+    /// output that exists, an input that is not a regular file or has
+    /// other links. (A name with the suffix already is 0 in gzip, 1 in
+    /// pigz: an error here, as pigz.)
+    pub fn is_warning(&self) -> bool {
+        match self {
+            Error::Input { source, .. } => source.is_warning(),
+            Error::Failed { warnings_only, .. } => *warnings_only,
+            Error::UnknownSuffix
+            | Error::Exists { .. }
+            | Error::NotRegular
+            | Error::OtherLinks(_) => true,
+            _ => false,
+        }
+    }
 }
 
 fn level_range(lo: i32, hi: i32, format: Format) -> String {

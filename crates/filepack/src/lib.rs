@@ -141,9 +141,16 @@ pub struct PackOptions {
     /// Input bytes per worker task; `None` is the format's default (or,
     /// with `long`, the window up to [`MAX_BLOCK`]).
     pub block: Option<usize>,
-    /// zstd's long-distance matching over a window of `2^N` bytes (`zstd
-    /// --long=N`), within each block: blocks are frames of their own.
-    pub long: Option<u32>,
+    /// What the encoder is asked beyond format and level: zstd's
+    /// long-distance matching over a window of `2^N` bytes (`zstd
+    /// --long=N`), within each block, blocks being frames of their own;
+    /// xz's extreme presets; the check the stream carries.
+    pub encode: cairn_codec::EncodeOptions,
+    /// Cut blocks where the content says, not every `block` bytes
+    /// (`--rsyncable`): a change to the input changes only the blocks
+    /// around it, so the compressed stream after them is the same bytes
+    /// again, for rsync and for deduplicating backups.
+    pub rsyncable: bool,
 }
 
 /// What an unpack does with the decoded data.

@@ -37,6 +37,64 @@ pub const MAX_UNIT: usize = 64 << 20;
 /// Size of the plain units a sequential (fallback) decode hands out.
 pub const PLAIN_UNIT: usize = 1 << 20;
 
+/// What an encoder may be asked beyond format and level (each refused by
+/// a format that lacks it, see [`Format::check_options`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// zstd's long-distance matching over a window of `2^N` bytes.
+    pub long: Option<u32>,
+    /// xz's extreme presets (`xz -e`): slower, sometimes smaller.
+    pub extreme: bool,
+    /// The integrity check each block or frame carries.
+    pub check: IntegrityCheck,
+}
+
+/// The integrity check a stream carries (`xz --check=`, `zstd
+/// --no-check`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IntegrityCheck {
+    /// The format's own: gzip's CRC-32, zstd's XXH64, xz's CRC64...
+    #[default]
+    Default,
+    /// None at all (xz and zstd only).
+    None,
+    /// CRC-32 (xz).
+    Crc32,
+    /// CRC-64 (xz; its default).
+    Crc64,
+    /// SHA-256 (xz).
+    Sha256,
+}
+
+impl fmt::Display for IntegrityCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IntegrityCheck::Default => "default",
+            IntegrityCheck::None => "none",
+            IntegrityCheck::Crc32 => "crc32",
+            IntegrityCheck::Crc64 => "crc64",
+            IntegrityCheck::Sha256 => "sha256",
+        })
+    }
+}
+
+impl FromStr for IntegrityCheck {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "none" => IntegrityCheck::None,
+            "crc32" => IntegrityCheck::Crc32,
+            "crc64" => IntegrityCheck::Crc64,
+            "sha256" => IntegrityCheck::Sha256,
+            _ => {
+                return Err(format!(
+                    "unsupported check {s:?}: none, crc32, crc64 or sha256"
+                ))
+            }
+        })
+    }
+}
+
 /// The stream formats cairn writes and reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
@@ -175,62 +233,98 @@ impl Format {
         block_size.max(1 << 10).next_power_of_two().trailing_zeros()
     }
 
-    /// Refuse long-distance matching (`--long=N`) for a format that has
-    /// none: only zstd has it.
-    pub fn check_long(self, long: Option<u32>) -> Result<()> {
-        match long {
-            Some(n) if self != Format::Zstd => Err(CodecError::Invalid(format!(
+    /// Refuse what `opts` asks of a format that lacks it: long-distance
+    /// matching (`--long=N`) but for zstd, xz's extreme presets (`-e`)
+    /// but for xz, and a check other than the format's own (xz: none,
+    /// CRC32, CRC64 or SHA-256; zstd: XXH64 or none; the others always
+    /// carry theirs).
+    pub fn check_options(self, opts: &EncodeOptions) -> Result<()> {
+        if let Some(n) = opts.long.filter(|_| self != Format::Zstd) {
+            return Err(CodecError::Invalid(format!(
                 "--long={n} is zstd's long-distance matching; {self} has none"
-            ))),
-            _ => Ok(()),
+            )));
         }
+        if opts.extreme && self != Format::Xz {
+            return Err(CodecError::Invalid(format!(
+                "-e (--extreme) is xz's; {self} has no extreme presets"
+            )));
+        }
+        let fits = match self {
+            Format::Xz => true,
+            Format::Zstd => matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None),
+            _ => opts.check == IntegrityCheck::Default,
+        };
+        if !fits {
+            let has = match self {
+                Format::Zstd => "XXH64 or none",
+                Format::Gzip => "always CRC-32",
+                Format::Bzip2 => "always CRC-32",
+                Format::Lz4 => "always XXH32",
+                Format::Lzop => "always Adler-32",
+                Format::Snappy => "always CRC-32C",
+                Format::Xz => "",
+            };
+            return Err(CodecError::Invalid(format!(
+                "{self} cannot carry the check {}: its check is {has}",
+                opts.check
+            )));
+        }
+        Ok(())
     }
 
     /// A worker-side encoder at `level` for blocks of up to `block_size`.
     pub fn encoder(self, level: i32, block_size: usize) -> Result<Box<dyn BlockEncoder>> {
-        self.encoder_with(level, block_size, None)
+        self.encoder_with(level, block_size, &EncodeOptions::default())
     }
 
-    /// As [`Format::encoder`], with zstd's long-distance matching over a
-    /// window of `2^N` bytes (`long`, as `zstd --long=N`), cut to the
-    /// block, which is as far back as a block's frame can reach. Other
-    /// formats have no such mode and refuse it.
+    /// As [`Format::encoder`], with what `opts` asks (refused, by
+    /// [`Format::check_options`], where the format lacks it): zstd's
+    /// long-distance matching over a window of `2^N` bytes (as `zstd
+    /// --long=N`), cut to the block, which is as far back as a block's
+    /// frame can reach; xz's extreme presets; the check each block
+    /// carries.
     pub fn encoder_with(
         self,
         level: i32,
         block_size: usize,
-        long: Option<u32>,
+        opts: &EncodeOptions,
     ) -> Result<Box<dyn BlockEncoder>> {
         let level = self.clamp_level(level);
-        self.check_long(long)?;
+        self.check_options(opts)?;
+        let checksum = opts.check != IntegrityCheck::None;
         Ok(match self {
             Format::Gzip => Box::new(gzip::Encoder::new(level)),
-            Format::Zstd => match long {
-                Some(n) => Box::new(zstd::Encoder::with_long(
-                    level,
-                    n.min(Format::window_log_for(block_size)),
-                )),
-                None => Box::new(zstd::Encoder::new(level)),
-            },
+            Format::Zstd => Box::new(zstd::Encoder::with(
+                level,
+                opts.long.map(|n| n.min(Format::window_log_for(block_size))),
+                checksum,
+            )),
             Format::Lz4 => Box::new(lz4::Encoder::new(level)),
             Format::Snappy => Box::new(snappy::Encoder::default()),
             Format::Lzop => Box::new(lzop::Encoder::new(level)),
             Format::Bzip2 => Box::new(bzip2::Encoder::new(level)),
-            Format::Xz => Box::new(xz::Encoder::new(level, block_size)?),
+            Format::Xz => Box::new(xz::Encoder::with(
+                level,
+                block_size,
+                opts.extreme,
+                xz::check_id(opts.check),
+            )?),
         })
     }
 
-    /// The writer-side framer.
-    pub fn framer(self, level: i32) -> Box<dyn Framer> {
+    /// The writer-side framer, for blocks from [`Format::encoder_with`]
+    /// given the same `opts`.
+    pub fn framer(self, level: i32, opts: &EncodeOptions) -> Box<dyn Framer> {
         let level = self.clamp_level(level);
+        let checksum = opts.check != IntegrityCheck::None;
         match self {
             Format::Gzip => Box::new(NoFraming),
-            Format::Zstd => Box::new(zstd::SeekTable::default()),
+            Format::Zstd => Box::new(zstd::SeekTable::new(checksum)),
             Format::Lz4 => Box::new(lz4::Framer),
             Format::Snappy => Box::new(snappy::Framer),
             Format::Lzop => Box::new(lzop::Framer::new(level)),
             Format::Bzip2 => Box::new(NoFraming),
-            Format::Xz => Box::new(xz::Framer::default()),
+            Format::Xz => Box::new(xz::Framer::new(xz::check_id(opts.check))),
         }
     }
 
@@ -533,7 +627,7 @@ pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
 pub fn encode_all(format: Format, level: i32, block_size: usize, data: &[u8]) -> Result<Vec<u8>> {
     let block_size = block_size.max(1);
     let mut enc = format.encoder(level, block_size)?;
-    let mut framer = format.framer(level);
+    let mut framer = format.framer(level, &EncodeOptions::default());
     let mut out = Vec::new();
     framer.header(&mut out);
     let mut chunks: Vec<&[u8]> = data.chunks(block_size).collect();
@@ -655,10 +749,14 @@ mod tests {
         assert_eq!(Format::window_log_for(1), 10);
         assert_eq!(Format::window_log_for(4 << 20), 22);
         assert_eq!(Format::window_log_for((4 << 20) + 1), 23);
-        assert!(Format::Zstd.encoder_with(3, 1 << 20, Some(27)).is_ok());
+        let long = EncodeOptions {
+            long: Some(27),
+            ..EncodeOptions::default()
+        };
+        assert!(Format::Zstd.encoder_with(3, 1 << 20, &long).is_ok());
         for f in [Format::Gzip, Format::Xz, Format::Lz4] {
             let e = f
-                .encoder_with(3, 1 << 20, Some(27))
+                .encoder_with(3, 1 << 20, &long)
                 .err()
                 .map(|e| e.to_string());
             assert!(e.is_some_and(|e| e.contains("has none")), "{f}");

@@ -47,7 +47,9 @@
 //! | zero padding to 4 | crc32`; footer `crc32 | index size/4-1 u32le |
 //! 00 check | 59 5A`.
 
-use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use super::{
+    at_offset, le32, pass_plain, BlockMeta, IntegrityCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
+};
 use crate::block::{lzma2_block_dict, lzma2_dict_size, lzma2_options};
 use crate::error::{CodecError, Result};
 use crate::input::Input;
@@ -203,21 +205,53 @@ fn prop_of_dict(dict: u32) -> u8 {
     (0..40).find(|&p| dict_of_prop(p) >= dict).unwrap_or(40)
 }
 
-/// The stream flags cairn writes: check type CRC64.
-const STREAM_FLAGS: [u8; 2] = [0, CHECK_CRC64];
+/// The check type id of `check` (xz's default, CRC64, for the format's
+/// own).
+pub fn check_id(check: IntegrityCheck) -> u8 {
+    match check {
+        IntegrityCheck::None => CHECK_NONE,
+        IntegrityCheck::Crc32 => CHECK_CRC32,
+        IntegrityCheck::Default | IntegrityCheck::Crc64 => CHECK_CRC64,
+        IntegrityCheck::Sha256 => CHECK_SHA256,
+    }
+}
+
+/// Append the check of type `id` (one of the four xz defines) over `src`.
+fn put_check(id: u8, src: &[u8], out: &mut Vec<u8>) {
+    match id {
+        CHECK_CRC32 => out.extend_from_slice(&crc32fast::hash(src).to_le_bytes()),
+        CHECK_CRC64 => out.extend_from_slice(&CRC64.checksum(src).to_le_bytes()),
+        CHECK_SHA256 => out.extend_from_slice(&sha2::Sha256::digest(src)),
+        _ => {}
+    }
+}
 
 /// Compresses blocks into self-sizing xz blocks.
 pub struct Encoder {
     level: i32,
+    extreme: bool,
+    /// The check type every block carries.
+    check: u8,
 }
 
 impl Encoder {
     /// An encoder at xz preset `level` (0-9) for blocks of up to
-    /// `block_size` bytes.
+    /// `block_size` bytes, with CRC64 checks.
     pub fn new(level: i32, block_size: usize) -> Result<Self> {
+        Encoder::with(level, block_size, false, CHECK_CRC64)
+    }
+
+    /// As [`Encoder::new`], at the extreme variant of the preset if
+    /// `extreme` (`xz -e`), each block with the check of type `check` (see
+    /// [`check_id`]).
+    pub fn with(level: i32, block_size: usize, extreme: bool, check: u8) -> Result<Self> {
         // Fail now, not on the first block, if liblzma refuses the preset.
-        lzma2_options(level, block_size)?;
-        Ok(Encoder { level })
+        lzma2_options(level, extreme, block_size)?;
+        Ok(Encoder {
+            level,
+            extreme,
+            check,
+        })
     }
 }
 
@@ -248,7 +282,7 @@ impl super::BlockEncoder for Encoder {
             codec: NAME,
             reason: e.to_string(),
         };
-        let opts = lzma2_options(self.level, src.len())?;
+        let opts = lzma2_options(self.level, self.extreme, src.len())?;
         let prop = prop_of_dict(lzma2_block_dict(self.level, src.len()));
         let mut filters = Filters::new();
         filters.lzma2(&opts);
@@ -264,27 +298,46 @@ impl super::BlockEncoder for Encoder {
         while (out.len() - start) % 4 != 0 {
             out.push(0);
         }
-        out.extend_from_slice(&CRC64.checksum(src).to_le_bytes());
+        let before_check = out.len();
+        put_check(self.check, src, out);
+        let check_len = (out.len() - before_check) as u64;
         Ok(BlockMeta {
             raw_len: src.len() as u64,
-            packed_len: header.len() as u64 + packed + 8,
+            packed_len: header.len() as u64 + packed + check_len,
             check: 0,
         })
     }
 }
 
 /// Writes the stream header, and the index and footer from the blocks.
-#[derive(Default)]
 pub struct Framer {
     /// (unpadded size, uncompressed size) per block.
     records: Vec<(u64, u64)>,
+    /// The stream flags: the blocks' check type.
+    flags: [u8; 2],
+}
+
+impl Default for Framer {
+    fn default() -> Self {
+        Framer::new(CHECK_CRC64)
+    }
+}
+
+impl Framer {
+    /// A framer for blocks that carry checks of type `check`.
+    pub fn new(check: u8) -> Self {
+        Framer {
+            records: Vec::new(),
+            flags: [0, check],
+        }
+    }
 }
 
 impl super::Framer for Framer {
     fn header(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(HEADER_MAGIC);
-        out.extend_from_slice(&STREAM_FLAGS);
-        out.extend_from_slice(&crc32fast::hash(&STREAM_FLAGS).to_le_bytes());
+        out.extend_from_slice(&self.flags);
+        out.extend_from_slice(&crc32fast::hash(&self.flags).to_le_bytes());
     }
 
     fn block(&mut self, meta: &BlockMeta) {
@@ -315,7 +368,7 @@ impl super::Framer for Framer {
         out.extend_from_slice(&index);
         let mut tail = [0u8; 6];
         tail[..4].copy_from_slice(&backward.to_le_bytes());
-        tail[4..].copy_from_slice(&STREAM_FLAGS);
+        tail[4..].copy_from_slice(&self.flags);
         out.extend_from_slice(&crc32fast::hash(&tail).to_le_bytes());
         out.extend_from_slice(&tail);
         out.extend_from_slice(FOOTER_MAGIC);

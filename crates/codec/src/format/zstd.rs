@@ -46,17 +46,17 @@ pub struct Encoder {
 impl Encoder {
     /// An encoder at zstd `level`.
     pub fn new(level: i32) -> Self {
-        Encoder {
-            codec: ZstdCodec::new(level),
-        }
+        Encoder::with(level, None, true)
     }
 
-    /// An encoder at zstd `level` with long-distance matching over a
-    /// window of `2^window_log` bytes (`zstd --long`). The window reaches
-    /// back only within a block: each block is a frame of its own.
-    pub fn with_long(level: i32, window_log: u32) -> Self {
+    /// An encoder at zstd `level`, with long-distance matching over a
+    /// window of `2^window_log` bytes (`zstd --long`) if `long` says, and
+    /// frames with or without XXH64 of their content (`zstd --no-check`).
+    /// The window reaches back only within a block: each block is a frame
+    /// of its own.
+    pub fn with(level: i32, long: Option<u32>, checksum: bool) -> Self {
         Encoder {
-            codec: ZstdCodec::with_long(level, window_log),
+            codec: ZstdCodec::for_files(level, long, checksum),
         }
     }
 }
@@ -68,7 +68,7 @@ impl super::BlockEncoder for Encoder {
         let len = out.len() - start;
         // The frame ends with the low 32 bits of XXH64 of the content,
         // which is what the seek table stores: no second hash pass.
-        let check = if len >= 4 {
+        let check = if len >= 4 && self.codec.checksum() {
             le32(out, out.len() - 4)
         } else {
             0
@@ -82,9 +82,27 @@ impl super::BlockEncoder for Encoder {
 }
 
 /// Collects frame sizes and writes the seek table.
-#[derive(Default)]
 pub struct SeekTable {
     entries: Vec<(u32, u32, u32)>,
+    /// Entries carry each frame's checksum (the frames have one).
+    checksum: bool,
+}
+
+impl Default for SeekTable {
+    fn default() -> Self {
+        SeekTable::new(true)
+    }
+}
+
+impl SeekTable {
+    /// A seek table whose entries carry the frames' checksums, or, for
+    /// frames without one, do not.
+    pub fn new(checksum: bool) -> Self {
+        SeekTable {
+            entries: Vec::new(),
+            checksum,
+        }
+    }
 }
 
 impl super::Framer for SeekTable {
@@ -98,7 +116,8 @@ impl super::Framer for SeekTable {
     }
     fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
         let n = self.entries.len();
-        let body = n * 12 + 9;
+        let entry = if self.checksum { 12 } else { 8 };
+        let body = n * entry + 9;
         let size = u32::try_from(body).map_err(|_| {
             CodecError::Invalid(format!("zstd: {n} frames overflow the seek table"))
         })?;
@@ -107,10 +126,12 @@ impl super::Framer for SeekTable {
         for (c, d, x) in &self.entries {
             out.extend_from_slice(&c.to_le_bytes());
             out.extend_from_slice(&d.to_le_bytes());
-            out.extend_from_slice(&x.to_le_bytes());
+            if self.checksum {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
         }
         out.extend_from_slice(&(n as u32).to_le_bytes());
-        out.push(0x80);
+        out.push(if self.checksum { 0x80 } else { 0 });
         out.extend_from_slice(&SEEKABLE_FOOTER_MAGIC.to_le_bytes());
         Ok(())
     }
