@@ -421,12 +421,14 @@ impl WriteBackend for LocalDir {
         for key in keys {
             let path = self.locate(key);
             match std::fs::remove_file(&path) {
-                Ok(()) => {}
+                // Only a directory that lost a name needs its sync.
+                Ok(()) => {
+                    if let Some(d) = path.parent() {
+                        dirs.insert(d.to_path_buf());
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).ctx(&path, "remove"),
-            }
-            if let Some(d) = path.parent() {
-                dirs.insert(d.to_path_buf());
             }
         }
         for d in dirs {

@@ -32,7 +32,7 @@
 use crate::backend::{Key, Liveness};
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId};
-use crate::index::{ChunkIndex, IndexFile, Location, PackInfo};
+use crate::index::{IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
 use crate::pack::{open_record, PackWriter};
 use crate::reader::PackReader;
@@ -456,13 +456,24 @@ pub(crate) fn collect_trash(
     let mut out = Collected::default();
     let mut ready = Vec::new();
     for t in repo.trash_lists()? {
-        let mut waiting = false;
-        for s in &t.garbage.sessions {
-            if s != session.id() && repo.session_liveness(s)? == Liveness::Live {
-                waiting = true;
-                break;
+        let waiting = match &t.garbage.recording {
+            None => {
+                let mut live = false;
+                for s in &t.garbage.sessions {
+                    if s != session.id() && repo.session_liveness(s)? == Liveness::Live {
+                        live = true;
+                        break;
+                    }
+                }
+                live
             }
-        }
+            // Its gc is listing the sessions to wait for.
+            Some(w) if repo.session_liveness(w)? == Liveness::Live => true,
+            // Its gc died before it recorded them: any session running
+            // then may use what it names, so wait until none but this one
+            // runs.
+            Some(_) => repo.others_running(session)?,
+        };
         if waiting {
             out.lists_waiting += 1;
         } else {
@@ -483,7 +494,11 @@ pub(crate) fn collect_trash(
         }
     }
     for mut t in ready {
-        let after = repo.load_index_without(&t.garbage)?.index;
+        // A copy in a pack that any list will delete is no copy: another
+        // gc's list may delete it (it cannot know this list counts on it).
+        let doomed = repo.all_trash()?;
+        let doomed_packs = doomed.pack_set();
+        let after = repo.load_index_without(&doomed)?.index;
         let mut missing: HashSet<ChunkId> = HashSet::new();
         for m in &manifests {
             for e in &m.extents {
@@ -495,32 +510,64 @@ pub(crate) fn collect_trash(
             }
         }
         if !missing.is_empty() {
-            // Where the old index files put them.
-            let mut old = ChunkIndex::default();
-            for name in &t.garbage.index_files {
-                if let Some(f) = repo.read_index_file(&Key::new(format!("index/{name}")))? {
-                    old.add_file(&f)?;
-                }
-            }
-            old.seal();
             let stored: HashMap<PackId, PackFile> =
                 repo.pack_files()?.into_iter().map(|p| (p.id, p)).collect();
-            // Not for a record that is gone (past the end of its pack) or
-            // that repair dropped as damaged: it cannot be used again.
-            let mut keep: HashSet<(u16, PackId)> = HashSet::new();
-            for id in &missing {
-                let Some(loc) = old.get(id) else { continue };
-                let Some(p) = old.pack(loc.pack) else {
+            let mine = t.garbage.pack_set();
+            // Every copy of each, wherever an index file (this list's old
+            // ones, if still there, and every other) puts it; not a record
+            // that is gone (past the end of its pack) or that repair
+            // dropped as damaged: it cannot be used again.
+            let mut copies: HashMap<ChunkId, Vec<(u16, PackId)>> = HashMap::new();
+            let mut keys = repo.index_files()?;
+            for name in &t.garbage.index_files {
+                let key = Key::new(format!("index/{name}"));
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
+            for key in &keys {
+                let Some(f) = repo.read_index_file(key)? else {
                     continue;
                 };
-                let on_disk = stored.get(&p.id).map_or(0, |f| f.len);
-                if dropped.contains(&(p.id, loc.offset, loc.slice))
-                    || u64::from(loc.offset) + u64::from(loc.len) > on_disk
-                {
-                    continue;
+                for (id, loc) in &f.entries {
+                    if !missing.contains(id) {
+                        continue;
+                    }
+                    let Some(p) = f.packs.get(loc.pack as usize) else {
+                        continue;
+                    };
+                    let on_disk = stored
+                        .get(&p.id)
+                        .filter(|s| s.target == p.target)
+                        .map_or(0, |f| f.len);
+                    if dropped.contains(&(p.id, loc.offset, loc.slice))
+                        || u64::from(loc.offset) + u64::from(loc.len) > on_disk
+                    {
+                        continue;
+                    }
+                    copies.entry(*id).or_default().push((p.target, p.id));
                 }
-                keep.insert((p.target, p.id));
             }
+            // One copy kept per chunk: in a pack of this list (taken off
+            // it), else in a pack no list names (its index entry was on
+            // this list's files: indexed again). A chunk whose copies are
+            // all on other lists is theirs to keep: each list keeps one
+            // of its own, so two lists at once never both delete theirs.
+            let mut keep: HashSet<(u16, PackId)> = HashSet::new();
+            for c in copies.values() {
+                let pick = c
+                    .iter()
+                    .find(|p| mine.contains(p))
+                    .or_else(|| c.iter().find(|p| !doomed_packs.contains(p)));
+                keep.extend(pick.copied());
+            }
+            tracing::debug!(
+                list = t.key.as_str(),
+                missing = missing.len(),
+                found = copies.len(),
+                keep = keep.len(),
+                "trash list: chunks in use kept"
+            );
             let mut found = IndexFile::default();
             let mut ignored = Salvaged::default();
             for (target, id) in &keep {
@@ -546,6 +593,8 @@ pub(crate) fn collect_trash(
             out.packs_kept += (before - t.garbage.packs.len()) as u64;
         }
         let packs: Vec<(u16, PackId)> = t.garbage.pack_set().into_iter().collect();
+        tracing::debug!(list = t.key.as_str(), index_files = ?t.garbage.index_files,
+            packs = packs.len(), "trash list worked off");
         repo.delete_objects(&t.garbage.index_files, &packs)?;
         t.garbage = Garbage::default();
         repo.rewrite_trash(&t)?;

@@ -251,7 +251,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// Version of trash lists written by this build: version 1 was the one
 /// `garbage` object (no creation time, no sessions), read as a trash
 /// list that waits for no session.
-pub const TRASH_VERSION: u32 = 2;
+pub const TRASH_VERSION: u32 = 3;
 
 /// What a gc superseded, to delete once nothing can still need it: a
 /// trash list (`trash/<hex>`, or `garbage` from version 1).
@@ -268,6 +268,12 @@ pub struct Garbage {
     /// deleted only once all of them have ended.
     #[serde(default)]
     pub sessions: Vec<String>,
+    /// Version 3: the session of the gc that wrote it, while that gc is
+    /// still listing the sessions (the list's first write); absent once
+    /// they are recorded. A list read in between must not be taken for
+    /// one that waits for no session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<String>,
 }
 
 impl Garbage {
@@ -1953,7 +1959,9 @@ impl Repository {
             let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
             self.seal_meta(Kind::Garbage, TRASH_VERSION, &body)
         };
+        g.recording = Some(session.id().to_string());
         self.root.put(&key, &seal(&g)?)?;
+        g.recording = None;
         g.sessions = self
             .sessions()?
             .into_iter()
@@ -2243,7 +2251,8 @@ mod tests {
     use super::*;
 
     /// Every version of the trash list decodes: version 1 (`garbage`, no
-    /// sessions) and version 2 (`trash/<hex>`). `CAIRN_BLESS=1` writes them
+    /// sessions), version 2 (`trash/<hex>`) and version 3 (`recording`
+    /// while its gc lists the sessions). `CAIRN_BLESS=1` writes them
     /// anew (only for a deliberate change, which must come with a new
     /// version).
     #[test]
@@ -2265,10 +2274,21 @@ mod tests {
                 packs: packs.clone(),
                 created: 1_795_600_000,
                 sessions: vec!["fedcba9876543210fedcba9876543210".into()],
+                recording: None,
             };
             fs::write(
                 dir.join("repo/trash/ffeeddccbbaa99887766554433221100"),
                 seal(Kind::Garbage, 2, &serde_json::to_vec(&v2).unwrap()),
+            )
+            .unwrap();
+            let v3 = Garbage {
+                recording: Some("0123456789abcdef0123456789abcdef".into()),
+                sessions: Vec::new(),
+                ..v2
+            };
+            fs::write(
+                dir.join("repo/trash/ffeeddccbbaa99887766554433221101"),
+                seal(Kind::Garbage, 3, &serde_json::to_vec(&v3).unwrap()),
             )
             .unwrap();
         }
@@ -2290,12 +2310,16 @@ mod tests {
             key_id: None,
         };
         let lists = repo.trash_lists().unwrap();
-        assert_eq!(lists.len(), 2);
+        assert_eq!(lists.len(), 3);
         assert_eq!(lists[0].key.as_str(), "garbage");
         assert_eq!(lists[0].garbage.sessions, Vec::<String>::new());
         assert_eq!(lists[0].garbage.created, 0);
         assert_eq!(lists[1].garbage.created, 1_795_600_000);
         assert_eq!(lists[1].garbage.sessions.len(), 1);
+        assert_eq!(lists[1].garbage.recording, None);
+        // Version 3, as first written: its writer still lists sessions.
+        assert_eq!(lists[2].garbage.sessions.len(), 0);
+        assert!(lists[2].garbage.recording.is_some());
         for l in &lists {
             assert_eq!(l.garbage.packs, packs);
             assert_eq!(l.garbage.index_files, files);
@@ -2327,5 +2351,43 @@ mod tests {
         assert_eq!(v2.target, 1);
         assert_eq!(v2.home, Some(PathBuf::from("/srv/cairn/repo")));
         assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");
+    }
+
+    /// Regression (outside QA: two gcs and a backup lost a snapshot's
+    /// chunks): a trash list read between its first write and the one
+    /// that records the sessions to wait for was taken for a list that
+    /// waits for none, and worked off under a running backup. Such a list
+    /// waits for its gc; if that gc died, for every other session.
+    #[test]
+    fn a_trash_list_still_recording_its_sessions_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repository::init(&dir.path().join("r"), &[], None).unwrap();
+        let me = r.session("collector").unwrap();
+        let gc = r.session("gc").unwrap();
+        let backup = r.session("backup").unwrap();
+        let g = Garbage {
+            packs: vec![(0, PackId::random().to_string())],
+            recording: Some(gc.id().to_string()),
+            ..Garbage::default()
+        };
+        let key = Key::new(format!("trash/{}", PackId::random()));
+        let body = serde_json::to_vec(&g).unwrap();
+        r.root
+            .put(
+                &key,
+                &r.seal_meta(Kind::Garbage, TRASH_VERSION, &body).unwrap(),
+            )
+            .unwrap();
+        let waiting = || {
+            let c = crate::gc::collect_trash(&r, &me, &HashSet::new()).unwrap();
+            (c.lists_waiting, c.lists_done)
+        };
+        // Its gc is listing the sessions: it waits.
+        assert_eq!(waiting(), (1, 0));
+        // Its gc died before recording them: it waits for the backup too.
+        drop(gc);
+        assert_eq!(waiting(), (1, 0));
+        drop(backup);
+        assert_eq!(waiting(), (0, 1));
     }
 }

@@ -905,3 +905,73 @@ fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
     assert_eq!(enc_ids.len(), plain_ids.len());
     assert!(enc_ids.iter().zip(&plain_ids).all(|(x, y)| x != y));
 }
+
+/// Regression (outside QA): two gcs at once and a backup begun before
+/// them. Both gcs loaded the same index and put the same dead packs on
+/// two lists, both waiting for the backup, which deduplicated against
+/// chunks in them. The first list collected kept one such pack (a chunk
+/// of the new snapshot had no other copy) and indexed it again; the
+/// second then counted that copy, deleted the pack, and the snapshot
+/// lost its data.
+#[test]
+fn two_gcs_at_once_keep_what_a_backup_begun_before_them_uses() {
+    use cairn_store::{gc, verify, GcOptions, VerifyOptions};
+    let (_d, r) = repo(1);
+    let v1 = image(6 << 20, 31);
+    let mut v2 = v1.clone();
+    v2[(2 << 20)..(4 << 20)].copy_from_slice(&image(2 << 20, 32));
+    store(&r, "g", &v1, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    store(&r, "g", &v2, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    let mut again = r.read_manifest("g", 1).unwrap();
+    {
+        let s = r.session("rm").unwrap();
+        r.remove_snapshot(&s, "g", 1).unwrap();
+    }
+    // A backup of v1 begins: registered, its index loaded (v1's chunks
+    // still in it).
+    let backup = r.session("backup").unwrap();
+    let loaded = r.writer_index(&backup).unwrap();
+    assert!(again.extents.iter().all(|e| match e {
+        cairn_store::Extent::Data { id, .. } => loaded.index.contains(id),
+        _ => true,
+    }));
+    // Two gcs at once: the second loads the index while the first marks,
+    // before either writes its list.
+    let second = || {
+        let s = r.session("gc 2").unwrap();
+        let rep = gc(&r, &s, &GcOptions::default()).unwrap();
+        assert!(rep.deferred, "{rep:?}");
+    };
+    let once = std::sync::Once::new();
+    let progress = |what: &str| {
+        if what == "marking" {
+            once.call_once(second);
+        }
+    };
+    let s = r.session("gc 1").unwrap();
+    let opts = GcOptions {
+        progress: Some(&progress),
+        ..GcOptions::default()
+    };
+    let rep = gc(&r, &s, &opts).unwrap();
+    assert!(rep.deferred, "{rep:?}");
+    drop(s);
+    let root = r.local_root().unwrap().to_path_buf();
+    assert_eq!(std::fs::read_dir(root.join("trash")).unwrap().count(), 2);
+    // The backup deduplicates against v1's chunks and commits.
+    r.commit_manifest(&backup, &mut again).unwrap();
+    drop(backup);
+    // The next writer collects both lists.
+    let s = r.session("gc 3").unwrap();
+    gc(&r, &s, &GcOptions::default()).unwrap();
+    drop(s);
+    assert!(load(&r, "g@3", 1) == v1);
+    assert!(load(&r, "g@2", 1) == v2);
+    let opts = VerifyOptions {
+        read_data: true,
+        threads: 1,
+        progress: None,
+    };
+    let problems = verify(&r, &opts).unwrap().problems;
+    assert!(problems.is_empty(), "{problems:?}");
+}
