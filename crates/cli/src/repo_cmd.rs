@@ -1137,12 +1137,20 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         a.images.clone()
     };
     let mut report = Vec::new();
+    let mut unreadable = Vec::new();
     for name in &names {
         let mut dated = Vec::new();
         for snap in repo.snapshots(name)? {
-            // Gone since it was listed: another forget or rm took it.
-            let Some(m) = repo.read_manifest_if_present(name, snap)? else {
-                continue;
+            // Gone since it was listed: another forget or rm took it. One
+            // that cannot be read is kept, out of the policy's count (its
+            // time is unknown), and said; the others are still sorted.
+            let m = match repo.read_manifest_if_present(name, snap) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e) => {
+                    unreadable.push(format!("{name}@{snap}: {e}"));
+                    continue;
+                }
             };
             // With --tag, the policy sees only the snapshots that match:
             // the others are neither kept by it nor forgotten.
@@ -1181,6 +1189,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
                 "reasons": v.reasons,
             })).collect::<Vec<_>>(),
             "forgotten": forgotten,
+            "unreadable": unreadable,
         }));
     } else {
         for (n, v) in &report {
@@ -1201,6 +1210,9 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
             report.len()
         );
     }
+    for u in &unreadable {
+        errln!("cairn: unreadable snapshot kept: {u}");
+    }
     drop(lock);
     if a.prune && !a.dry_run && forgotten > 0 {
         gc(&GcArgs {
@@ -1208,6 +1220,12 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
             repack_below: 0.5,
             json: false,
         })?;
+    }
+    if !unreadable.is_empty() {
+        bail!(
+            "{} snapshot(s) could not be read and were kept; run `cairn verify`",
+            unreadable.len()
+        );
     }
     Ok(())
 }

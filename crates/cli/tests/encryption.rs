@@ -559,3 +559,86 @@ fn a_planted_key_file_locks_nobody_out() {
     );
     assert!(!err.contains("damaged"), "{err}");
 }
+
+/// Regression (outside QA): in an encrypted repository an image's name
+/// is inside its manifests, and one damaged manifest (an image's only
+/// snapshot) stopped `ls`, `verify`, `stats` and `forget` for every
+/// image. Now the image is listed as `#DIR`, reported where it is, left
+/// out of the policy (kept), and `rm` can remove it.
+#[test]
+fn a_damaged_manifest_stops_no_report_of_the_other_images() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("r");
+    ok(run(&mut cairn(), &["init", s(&repo), "--reserve", "0"]));
+    let img = d.join("img");
+    std::fs::write(&img, mixed(300_000, 5)).unwrap();
+    for name in ["a", "b"] {
+        ok(run(
+            &mut cairn(),
+            &["backup", s(&img), "--repo", s(&repo), "--name", name, "-q"],
+        ));
+    }
+    let manifests: Vec<PathBuf> = files(&repo.join("snapshots"));
+    assert_eq!(manifests.len(), 2);
+    let bad = &manifests[0];
+    let mut bytes = std::fs::read(bad).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xff;
+    std::fs::write(bad, &bytes).unwrap();
+    let dir_name = bad.parent().unwrap().file_name().unwrap().to_str().unwrap();
+    let unnamed = format!("#{dir_name}@1");
+    let args = |verb: &[&str]| {
+        let mut v: Vec<String> = verb.iter().map(|a| a.to_string()).collect();
+        v.extend(["--repo".into(), s(&repo).into(), "--json".into()]);
+        v
+    };
+    let json_of = |verb: &[&str]| {
+        let a = args(verb);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = run(&mut cairn(), &a);
+        assert_eq!(out.status.code(), Some(1), "{verb:?}");
+        json(&out)
+    };
+    let ls = json_of(&["ls"]);
+    assert_eq!(ls["snapshots"].as_array().unwrap().len(), 1, "{ls}");
+    assert!(
+        ls["unreadable"][0].as_str().unwrap().contains(&unnamed),
+        "{ls}"
+    );
+    let v = json_of(&["verify"]);
+    assert_eq!(v["ok"], false, "{v}");
+    assert!(v.to_string().contains(&unnamed), "{v}");
+    let st = json_of(&["stats"]);
+    assert_eq!(st["images"], 2, "{st}");
+    let f = json_of(&["forget", "--keep-last", "1", "-n"]);
+    assert_eq!(f["snapshots"].as_array().unwrap().len(), 1, "{f}");
+    assert!(
+        f["unreadable"][0].as_str().unwrap().contains(&unnamed),
+        "{f}"
+    );
+    // gc refuses while a manifest cannot be read (it could not mark).
+    assert!(!run(&mut cairn(), &["gc", "--repo", s(&repo)])
+        .status
+        .success());
+    ok(run(&mut cairn(), &["rm", &unnamed, "--repo", s(&repo)]));
+    let v = json(&ok(run(
+        &mut cairn(),
+        &["verify", "--repo", s(&repo), "--json"],
+    )));
+    assert_eq!(v["ok"], true, "{v}");
+    // A name no backup can take.
+    let out = run(
+        &mut cairn(),
+        &[
+            "backup",
+            s(&img),
+            "--repo",
+            s(&repo),
+            "--name",
+            &unnamed[..33],
+            "-q",
+        ],
+    );
+    assert!(!out.status.success());
+}

@@ -566,6 +566,17 @@ pub(crate) fn now_secs() -> i64 {
         .unwrap_or(0)
 }
 
+/// How an encrypted repository lists an image none of whose manifests
+/// can be read (its name is inside them): `#` and its directory, a name
+/// no backup can take ([`validate_name`] refuses `#`).
+pub const UNNAMED: char = '#';
+
+/// The directory of an image listed as unnamed (`#` and 32 hex digits).
+fn unnamed_dir(name: &str) -> Option<&str> {
+    name.strip_prefix(UNNAMED)
+        .filter(|d| PackId::from_hex(d).is_some())
+}
+
 /// Check an image name: 1 to 128 of `A-Z a-z 0-9 . _ + -`, not starting
 /// with a dot.
 pub fn validate_name(name: &str) -> Result<()> {
@@ -1538,6 +1549,7 @@ impl Repository {
     /// keyed hash of it.
     fn image_dir(&self, name: &str) -> String {
         match &self.crypt {
+            Some(_) if unnamed_dir(name).is_some() => unnamed_dir(name).unwrap_or_default().into(),
             Some(c) => c.name_tag(name),
             None => name.to_string(),
         }
@@ -1573,27 +1585,32 @@ impl Repository {
                 continue;
             }
             // The latest manifest names the image (one removed since the
-            // listing: the one before it).
+            // listing, or damaged: the one before it). With none readable,
+            // the image is named `#DIR`, so that every snapshot of it is
+            // reported (and can be removed) while the others are listed.
             let mut name = None;
+            let mut present = false;
             for &n in v.iter().rev() {
                 let key = Key::new(format!("snapshots/{dir}/{n:010}.snap"));
                 let Some(data) = self.root.get(&key)? else {
                     continue;
                 };
+                present = true;
                 let path = self.root.locate(&key);
-                let m = Manifest::decode_with(&path, &data, self.crypt.as_deref())?;
-                if self.image_dir(&m.name) != dir {
-                    return Err(StoreError::corrupt(
-                        &path,
-                        24,
-                        format!("manifest of image {} is in another image's place", m.name),
-                    ));
+                match Manifest::decode_with(&path, &data, self.crypt.as_deref()) {
+                    Ok(m) if self.image_dir(&m.name) == dir => {
+                        name = Some(m.name);
+                        break;
+                    }
+                    // Damaged, or in another image's place: reading it
+                    // by this name reports it.
+                    _ => continue,
                 }
-                name = Some(m.name);
-                break;
             }
-            if let Some(name) = name {
-                out.push((name, v));
+            match name {
+                Some(name) => out.push((name, v)),
+                None if present => out.push((format!("{UNNAMED}{dir}"), v)),
+                None => {}
             }
         }
         out.sort();
@@ -1633,7 +1650,9 @@ impl Repository {
             Some((n, s)) => (n, Some(s)),
             None => (spec, None),
         };
-        validate_name(name)?;
+        if self.crypt.is_none() || unnamed_dir(name).is_none() {
+            validate_name(name)?;
+        }
         let snaps = self.snapshots(name)?;
         let Some(&latest) = snaps.last() else {
             return Err(StoreError::NotFound(format!(
