@@ -29,6 +29,12 @@ pub struct FileOptions {
     /// unaligned ones go through aligned bounce buffers, with a
     /// read-modify-write of partly written blocks.
     pub direct: bool,
+    /// Hold a `flock` on the file while the device lives, as qemu-nbd
+    /// locks its images: exclusive when writable, shared when read-only,
+    /// so a file cannot be written by two exports, nor written while
+    /// another reads it, nor exported while it is a write-back cache in
+    /// use. Taken at once or refused ([`std::io::ErrorKind::WouldBlock`]).
+    pub lock: bool,
 }
 
 /// What the path is.
@@ -226,6 +232,20 @@ impl FileDev {
             oo.custom_flags(libc::O_DIRECT);
         }
         let file = oo.open(path).map_err(|e| path_error(path, e))?;
+        if opts.lock {
+            let mode = if opts.read_only {
+                libc::LOCK_SH
+            } else {
+                libc::LOCK_EX
+            };
+            if !flock(&file, mode | libc::LOCK_NB).map_err(|e| path_error(path, e))? {
+                let busy = std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    "in use by another process or export (writable, or a write-back cache)",
+                );
+                return Err(path_error(path, busy));
+            }
+        }
         // And look again at what was opened.
         let meta = file.metadata().map_err(|e| path_error(path, e))?;
         let kind = Self::check_type(path, &meta.file_type())?;
@@ -1036,6 +1056,7 @@ mod tests {
             FileOptions {
                 read_only: false,
                 direct: false,
+                lock: false,
             },
         )
         .unwrap();

@@ -24,7 +24,11 @@ fn tmpdir() -> tempfile::TempDir {
 }
 
 fn opts(direct: bool, read_only: bool) -> FileOptions {
-    FileOptions { read_only, direct }
+    FileOptions {
+        read_only,
+        direct,
+        lock: false,
+    }
 }
 
 /// Open, or None (with a note) when O_DIRECT is refused by the filesystem

@@ -162,8 +162,16 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         (Some(path), None) => {
             owner = file_owner(path);
             Arc::new(
-                FileDev::open(path, FileOptions::default())
-                    .with_context(|| format!("cannot open the backing file {}", path.display()))?,
+                // Locked as a writable export locks it: not drained into
+                // while a server writes it.
+                FileDev::open(
+                    path,
+                    FileOptions {
+                        lock: true,
+                        ..FileOptions::default()
+                    },
+                )
+                .with_context(|| format!("cannot open the backing file {}", path.display()))?,
             )
         }
         (None, Some(name)) if !drain => {

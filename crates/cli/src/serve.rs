@@ -208,7 +208,11 @@ struct FileSpec {
 fn parse_file_spec(spec: &str) -> Result<FileSpec> {
     let mut parts = spec.split(',');
     let first = parts.next().unwrap_or_default();
-    let mut opts = FileOptions::default();
+    // Locked while served, as qemu-nbd locks its images.
+    let mut opts = FileOptions {
+        lock: true,
+        ..FileOptions::default()
+    };
     let mut cache = None;
     let mut hdd = false;
     for p in parts {

@@ -2131,7 +2131,7 @@ fn bad_arguments_fail_with_one_line() {
     serve_fails(
         &[
             "--file",
-            &format!("a={f}"),
+            &format!("a={f},ro"),
             "--file",
             &format!("a={f},ro"),
             "--socket",
@@ -2606,4 +2606,70 @@ fn extended_headers_keep_the_memory_bounds() {
     assert!(took < Duration::from_secs(5), "took {took:?} to stop");
     assert_same(&std::fs::read(&w).unwrap()[..data.len()], &data, "w.raw");
     drop(held);
+}
+
+/// Regression (outside QA): nothing kept a second process from writing
+/// the file a server serves through a write-back cache, or the cache
+/// itself: a second export of the backing file read stale data and its
+/// writes would be overwritten by the writeback, and an export of the
+/// cache file wrote over a log of flushed writes. Exports are locked as
+/// qemu-nbd locks its images: writable ones exclusively, read-only ones
+/// shared.
+#[test]
+fn an_exported_file_and_its_cache_are_locked() {
+    let dir = tempdir();
+    let d = dir.path();
+    let backing = d.join("b.img");
+    let file = std::fs::File::create(&backing).unwrap();
+    file.set_len(8 << 20).unwrap();
+    for c in ["c.cache", "c2.cache"] {
+        std::fs::File::create(d.join(c))
+            .unwrap()
+            .set_len(4 << 20)
+            .unwrap();
+    }
+    let server = Serve::start(&[
+        "--file",
+        &format!("d={},cache={}", s(&backing), s(&d.join("c.cache"))),
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    let refused = |spec: String| {
+        let out = run(&["serve", "--file", &spec, "--socket", s(&d.join("t.sock"))]);
+        assert_eq!(out.status.code(), Some(1), "{spec}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(err.contains("in use"), "{spec}: {err}");
+    };
+    refused(format!("d={}", s(&backing)));
+    refused(format!("d={},ro", s(&backing)));
+    refused(format!("d={}", s(&d.join("c.cache"))));
+    refused(format!(
+        "d={},cache={}",
+        s(&backing),
+        s(&d.join("c2.cache"))
+    ));
+    drop(server);
+    // Read-only exports share: the same file twice, in one server.
+    let ro = format!("a={},ro", s(&backing));
+    let ro2 = format!("b={},ro", s(&backing));
+    let server = Serve::start(&[
+        "--file",
+        &ro,
+        "--file",
+        &ro2,
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    drop(server);
+    // Writable, the same file twice is refused.
+    let out = run(&[
+        "serve",
+        "--file",
+        &format!("d={}", s(&backing)),
+        "--file",
+        &format!("e={}", s(&backing)),
+        "--socket",
+        s(&d.join("t.sock")),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
 }
