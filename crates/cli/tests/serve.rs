@@ -277,9 +277,22 @@ fn attach<S: Read + Write>(s: &mut S, name: &str) -> (u64, u16) {
 }
 
 fn request(s: &mut impl Write, cmd: u16, handle: u64, offset: u64, len: u32, data: &[u8]) {
+    request_flagged(s, 0, cmd, handle, offset, len, data)
+}
+
+/// [`request`] with command flags.
+fn request_flagged(
+    s: &mut impl Write,
+    flags: u16,
+    cmd: u16,
+    handle: u64,
+    offset: u64,
+    len: u32,
+    data: &[u8],
+) {
     let mut m = Vec::with_capacity(28 + data.len());
     m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    m.extend_from_slice(&0u16.to_be_bytes());
+    m.extend_from_slice(&flags.to_be_bytes());
     m.extend_from_slice(&cmd.to_be_bytes());
     m.extend_from_slice(&handle.to_be_bytes());
     m.extend_from_slice(&offset.to_be_bytes());
@@ -1518,6 +1531,10 @@ fn garbage_clients_do_not_hurt_others() {
         request(&mut u, CMD_READ, 1, size - 10, 4096, &[]);
         let (err, h) = simple_reply(&mut u);
         assert!(err != 0 && h == 1, "read past the end: error {err}");
+        // A flag the protocol does not define: EINVAL, as qemu-nbd and
+        // nbdkit answer (it was served).
+        request_flagged(&mut u, 0x4000, CMD_READ, 3, 0, 4096, &[]);
+        assert_eq!(simple_reply(&mut u), (22, 3), "unknown flag");
         request(&mut u, CMD_READ, 2, 0, 4096, &[]);
         let (err, h) = simple_reply(&mut u);
         assert_eq!((err, h), (0, 2));

@@ -149,6 +149,8 @@ pub mod cflag {
     /// Extended headers only: the length is that of a payload that
     /// follows the header, not the range the command acts on.
     pub const PAYLOAD_LEN: u16 = 1 << 5;
+    /// Every flag the protocol defines: any other is refused (EINVAL).
+    pub const KNOWN: u16 = FUA | NO_HOLE | DF | REQ_ONE | FAST_ZERO | PAYLOAD_LEN;
 }
 
 /// Structured reply chunk types.

@@ -488,6 +488,10 @@ fn check<R, W>(sh: &Shared<R, W>, req: &Request, discarded: bool) -> Result<(), 
     if req.flags & cflag::FAST_ZERO != 0 && req.kind != cmd::WRITE_ZEROES {
         return Err(err::EINVAL);
     }
+    // A flag the protocol does not define, as qemu-nbd and nbdkit answer.
+    if req.flags & !cflag::KNOWN != 0 {
+        return Err(err::EINVAL);
+    }
     let ranged = matches!(
         req.kind,
         cmd::READ | cmd::WRITE | cmd::TRIM | cmd::CACHE | cmd::WRITE_ZEROES | cmd::BLOCK_STATUS
