@@ -425,8 +425,8 @@ pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> 
 
 /// The `cairn pack` arguments a link named after a standard tool stands
 /// for: `gzip`, `pigz`, `gunzip`, `unpigz`, `zcat`, `zstd`, `zstdmt`,
-/// `unzstd`, `zstdcat`, `xz`, `unxz`, `xzcat`, `bzip2`, `bunzip2` and
-/// `bzcat`, each with that tool's defaults (zstd keeps its inputs unless
+/// `unzstd`, `zstdcat`, `xz`, `unxz`, `xzcat`, `bzip2`, `bunzip2`,
+/// `bzcat`, `lz4`, `unlz4` and `lz4cat`, each with that tool's defaults (zstd keeps its inputs unless
 /// `--rm`; zstdcat copies what is not zstd, as `zstd -dcf`).
 /// Any other name is `cairn` itself.
 fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
@@ -448,6 +448,9 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "bzip2" => &["pack", "-F", "bzip2"],
         "unxz" | "bunzip2" => &["pack", "-d"],
         "xzcat" | "bzcat" => &["pack", "-d", "-c"],
+        "lz4" => &["pack", "-F", "lz4", "-k"],
+        "unlz4" => &["pack", "-d", "-k"],
+        "lz4cat" => &["pack", "-d", "-c"],
         _ => return args,
     };
     let pigz = matches!(name, "pigz" | "unpigz");
@@ -462,6 +465,11 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
             }
         }
     }
+    if matches!(name, "lz4" | "unlz4" | "lz4cat") {
+        use std::io::IsTerminal;
+        // (lz4cat writes to stdout anyway.)
+        rest = lz4_arguments(rest, name == "lz4cat" || std::io::stdout().is_terminal());
+    }
     // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
     // none: given as --check=CHECK, which cairn reads either way.
     if matches!(name, "xz" | "unxz" | "xzcat") {
@@ -474,6 +482,67 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     args.extend(rest);
     args
+}
+
+/// The lz4 tool's arguments as cairn's: without `-m` (or `-r`), a second
+/// name is the output (`lz4 IN OUT`, `lz4 -d IN.lz4 OUT`), and one name
+/// with standard output not a terminal writes to it, with lz4's warning;
+/// `-B4`..`-B7` are blocks of 64K..4M, `-BD` and `-BX` are taken (cairn's
+/// blocks are independent, its frames checked as a whole); `-l` (the
+/// legacy format, which cairn reads but does not write) is refused.
+fn lz4_arguments(args: Vec<OsString>, stdout_is_terminal: bool) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut names = Vec::new();
+    let (mut multiple, mut to_stdout, mut rest) = (false, false, false);
+    for a in args {
+        let Some(s) = a.to_str().filter(|_| !rest) else {
+            names.push(a);
+            continue;
+        };
+        match s {
+            "--" => rest = true,
+            "-m" | "--multiple" | "-r" => multiple = true,
+            "-l" => out.push("--lz4-legacy-format-is-not-written".into()),
+            "-BD" | "-BX" | "--no-frame-crc" | "--favor-decSpeed" | "--sparse" => {}
+            "-B4" => out.extend(["-b".into(), "64K".into()]),
+            "-B5" => out.extend(["-b".into(), "256K".into()]),
+            "-B6" => out.extend(["-b".into(), "1M".into()]),
+            "-B7" => out.extend(["-b".into(), "4M".into()]),
+            "-" => names.push(a),
+            f if f.starts_with('-') => {
+                // -c in a cluster (-dc, -9c) writes to stdout.
+                to_stdout |= f == "--stdout"
+                    || f == "--to-stdout"
+                    || (!f.starts_with("--") && f.contains('c'));
+                out.push(a);
+            }
+            _ => names.push(a),
+        }
+    }
+    if !multiple && !to_stdout {
+        match names.len() {
+            2 => {
+                let output = names.pop().unwrap_or_default();
+                if output == "-" {
+                    out.push("-c".into());
+                } else {
+                    out.push("-o".into());
+                    out.push(output);
+                }
+            }
+            1 if names[0] != "-" && !stdout_is_terminal => {
+                errln!(
+                    "Warning : using stdout as default output. Do not rely on this behavior: \
+                     use explicit `-c` instead ! "
+                );
+                out.push("-c".into());
+            }
+            _ => {}
+        }
+    }
+    out.push("--".into());
+    out.extend(names);
+    out
 }
 
 /// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`

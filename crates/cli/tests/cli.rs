@@ -1573,3 +1573,51 @@ fn links_named_after_the_tools_keep_their_defaults() {
     let version = link("gzip", &["--version"]).stdout;
     assert!(String::from_utf8_lossy(&version).contains(env!("CARGO_PKG_VERSION")));
 }
+
+/// The lz4 links (outside QA: `lz4`, `unlz4` and `lz4cat` ran `cairn`
+/// itself, so `tar --lz4` could not use them) with the lz4 tool's rules:
+/// the input kept, a second name the output, one name to a standard
+/// output that is not a terminal written there (with lz4's warning),
+/// `-m` for several inputs, `-B4`..`-B7` block sizes.
+#[test]
+fn lz4_links_take_the_lz4_tools_arguments() {
+    let dir = tempdir();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::create_dir(p("bin")).unwrap();
+    for tool in ["lz4", "unlz4", "lz4cat"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+    }
+    let data = mixed(300_000, 77);
+    std::fs::write(p("x"), &data).unwrap();
+    std::fs::write(p("y"), &data[..1000]).unwrap();
+    let link = |tool: &str, args: &[&str]| {
+        std::process::Command::new(p("bin").join(tool))
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    // One name, stdout a pipe: written there, input kept, lz4's warning.
+    let out = ok(link("lz4", &["-B4", "x"]));
+    assert!(p("x").exists() && !p("x.lz4").exists());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("using stdout as default output"));
+    assert!(cairn_ok(&["unpack"], &out.stdout) == data);
+    if have("lz4") {
+        assert!(run_ok("lz4", &["-dc"], &out.stdout) == data);
+    }
+    // Two names: the second is the output, both ways.
+    ok(link("lz4", &["-9", "x", "out.lz4"]));
+    assert!(p("x").exists() && p("out.lz4").exists());
+    ok(link("unlz4", &["out.lz4", "back"]));
+    assert!(std::fs::read(p("back")).unwrap() == data);
+    ok(link("lz4", &["-d", "-f", "out.lz4", "back"]));
+    assert!(std::fs::read(p("back")).unwrap() == data);
+    assert!(ok(link("lz4cat", &["out.lz4"])).stdout == data);
+    // -m: every name an input, each to NAME.lz4.
+    ok(link("lz4", &["-m", "x", "y"]));
+    assert!(p("x.lz4").exists() && p("y.lz4").exists() && p("x").exists());
+    // The legacy format is not written: refused, not listed.
+    let out = link("lz4", &["-l", "x", "legacy.lz4"]);
+    assert!(!out.status.success() && !p("legacy.lz4").exists());
+}

@@ -1206,8 +1206,12 @@ mod tests {
 
     #[test]
     fn inputs_are_removed_only_when_written_to_a_file_of_their_own() {
-        let x = Path::new("x");
+        // An input must exist for its output to be named.
+        let dir = tempfile::tempdir().unwrap();
+        let x = &dir.path().join("x");
+        std::fs::write(x, b"x").unwrap();
         let file = |s: &str| Dest::File(PathBuf::from(s));
+        let file = |s: &str| file(dir.path().join(s).to_str().unwrap_or_default());
         assert_eq!(planned(&opts(&[x]), false), [(file("x.gz"), true)]);
         let keep = Options {
             keep: true,
@@ -1220,7 +1224,7 @@ mod tests {
         };
         assert_eq!(planned(&stdout, false), [(Dest::Stdout, false)]);
         let out = Options {
-            output: Some("y.gz".into()),
+            output: Some(dir.path().join("y.gz")),
             ..opts(&[x])
         };
         assert_eq!(planned(&out, false), [(file("y.gz"), true)]);
@@ -1234,7 +1238,7 @@ mod tests {
         // Stdin is never removed, and goes to stdout unless -o says.
         assert_eq!(planned(&opts(&[]), false), [(Dest::Stdout, false)]);
         let stdin_out = Options {
-            output: Some("y.gz".into()),
+            output: Some(dir.path().join("y.gz")),
             ..opts(&[Path::new("-")])
         };
         assert_eq!(planned(&stdin_out, false), [(file("y.gz"), false)]);
