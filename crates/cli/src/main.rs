@@ -476,12 +476,51 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         rest = xz_check_values(rest);
     }
     args.extend(prefix.iter().map(OsString::from));
+    // The tool's variables of default options, before the command line's
+    // (which win): gzip's and pigz's GZIP (and PIGZ), xz's XZ_DEFAULTS and
+    // XZ_OPT, bzip2's BZIP2 and BZIP, zstd's ZSTD_CLEVEL and ZSTD_NBTHREADS.
+    args.extend(tool_variables(name));
     // `gzip -l` prints gzip's table, which scripts parse.
     if gzip_family {
         args.push(OsString::from("--list-as-gzip"));
     }
     args.extend(rest);
     args
+}
+
+/// The options the variables of tool `name` hold (see [`as_invoked`]),
+/// split at white space; a zstd variable that is not a number is said
+/// and left out, as zstd does.
+fn tool_variables(name: &str) -> Vec<OsString> {
+    let words = |var: &str| -> Vec<OsString> {
+        std::env::var(var)
+            .map(|v| v.split_whitespace().map(OsString::from).collect())
+            .unwrap_or_default()
+    };
+    let number = |var: &str, flag: &str| -> Vec<OsString> {
+        match std::env::var(var) {
+            Ok(v) if v.trim().parse::<i32>().is_ok() => {
+                vec![format!("{flag}={}", v.trim()).into()]
+            }
+            Ok(v) if !v.is_empty() => {
+                errln!("cairn: {var}={v:?} is not a number: ignored");
+                Vec::new()
+            }
+            _ => Vec::new(),
+        }
+    };
+    match name {
+        "gzip" | "gunzip" | "zcat" => words("GZIP"),
+        "pigz" | "unpigz" => [words("GZIP"), words("PIGZ")].concat(),
+        "xz" | "unxz" | "xzcat" => [words("XZ_DEFAULTS"), words("XZ_OPT")].concat(),
+        "bzip2" | "bunzip2" | "bzcat" => [words("BZIP2"), words("BZIP")].concat(),
+        "zstd" | "zstdmt" | "unzstd" | "zstdcat" => [
+            number("ZSTD_CLEVEL", "--level"),
+            number("ZSTD_NBTHREADS", "--threads"),
+        ]
+        .concat(),
+        _ => Vec::new(),
+    }
 }
 
 /// The lz4 tool's arguments as cairn's: without `-m` (or `-r`), a second

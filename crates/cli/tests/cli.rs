@@ -1621,3 +1621,71 @@ fn lz4_links_take_the_lz4_tools_arguments() {
     let out = link("lz4", &["-l", "x", "legacy.lz4"]);
     assert!(!out.status.success() && !p("legacy.lz4").exists());
 }
+
+/// The tools' variables of default options, through the links (outside
+/// QA: `XZ_OPT=-9 tar cJf` and `ZSTD_CLEVEL=19 tar --zstd` quietly got
+/// the default level): before the command line's options, which win.
+#[test]
+fn links_read_the_tools_option_variables() {
+    let dir = tempdir();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::create_dir(p("bin")).unwrap();
+    for tool in ["gzip", "pigz", "xz", "zstd", "bzip2"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+    }
+    let data = mixed(400_000, 78);
+    let packed = |tool: &str, vars: &[(&str, &str)], args: &[&str]| {
+        let mut c = std::process::Command::new(p("bin").join(tool));
+        c.args(args).arg("-c");
+        for v in [
+            "GZIP",
+            "PIGZ",
+            "XZ_OPT",
+            "XZ_DEFAULTS",
+            "BZIP2",
+            "BZIP",
+            "ZSTD_CLEVEL",
+        ] {
+            c.env_remove(v);
+        }
+        c.envs(vars.iter().copied());
+        let out = ok(pipe(&mut c, &data));
+        assert!(
+            cairn_ok(&["unpack"], &out.stdout) == data,
+            "{tool} {vars:?}"
+        );
+        out.stdout.len()
+    };
+    let level = |tool: &str, l: &str| packed(tool, &[], &[l]);
+    for (tool, var, fast, slow) in [
+        ("gzip", "GZIP", "-1", "-9"),
+        ("pigz", "PIGZ", "-1", "-9"),
+        ("xz", "XZ_OPT", "-0", "-6"),
+        ("bzip2", "BZIP2", "-1", "-9"),
+    ] {
+        assert_eq!(
+            packed(tool, &[(var, fast)], &[]),
+            level(tool, fast),
+            "{var}"
+        );
+        // The command line wins.
+        assert_eq!(
+            packed(tool, &[(var, fast)], &[slow]),
+            level(tool, slow),
+            "{var}"
+        );
+    }
+    assert_eq!(
+        packed("zstd", &[("ZSTD_CLEVEL", "19")], &[]),
+        level("zstd", "-19")
+    );
+    assert_eq!(
+        packed("zstd", &[("ZSTD_CLEVEL", "19")], &["-1"]),
+        level("zstd", "-1")
+    );
+    // Not a number: said and left out, as zstd does.
+    assert_eq!(
+        packed("zstd", &[("ZSTD_CLEVEL", "fast")], &[]),
+        packed("zstd", &[], &[])
+    );
+}
