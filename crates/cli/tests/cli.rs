@@ -1689,3 +1689,35 @@ fn links_read_the_tools_option_variables() {
         packed("zstd", &[], &[])
     );
 }
+
+/// As gzip (outside QA: cairn packed it and its output kept the bit): a
+/// set-user-ID, set-group-ID or sticky file is left alone without -f,
+/// a warning (exit status 2); -c reads it, -f packs it.
+#[test]
+fn set_id_files_are_left_alone_without_force() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    for (i, mode) in [0o4750, 0o2750, 0o1644].into_iter().enumerate() {
+        let name = format!("f{i}");
+        let f = dir.path().join(&name);
+        std::fs::write(&f, b"set-id bits").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = run_in(dir.path(), &["pack", &name]);
+        assert_eq!(out.status.code(), Some(2), "{mode:o}: {}", stderr(&out));
+        assert!(f.exists() && !dir.path().join(format!("{name}.gz")).exists());
+        if have("gzip") {
+            let peer = std::process::Command::new("gzip")
+                .arg(&name)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert_eq!(peer.status.code(), Some(2), "gzip {mode:o}");
+            assert!(f.exists());
+        }
+        assert!(!ok(run_in(dir.path(), &["pack", "-c", &name]))
+            .stdout
+            .is_empty());
+        ok(run_in(dir.path(), &["pack", "-f", &name]));
+        assert!(!f.exists() && dir.path().join(format!("{name}.gz")).exists());
+    }
+}

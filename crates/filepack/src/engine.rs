@@ -224,9 +224,10 @@ pub(crate) fn plan(
 }
 
 /// As gzip and pigz, without `-f` an input that is a symbolic link is not
-/// packed or unpacked into a file (`-c` reads through it), and one with
+/// packed or unpacked into a file (`-c` reads through it), one with
 /// other hard links is not removed once done (`-k` keeps it): the other
-/// names would still show the old bytes. (An input that cannot be
+/// names would still show the old bytes, and one with a set-ID or sticky
+/// bit is not written to a file that would carry it. (An input that cannot be
 /// examined fails when it is opened.)
 fn links_allow(src: &Path, remove: bool) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
@@ -238,6 +239,18 @@ fn links_allow(src: &Path, remove: bool) -> Result<()> {
     }
     if remove && meta.is_file() && meta.nlink() > 1 {
         return Err(Error::OtherLinks(meta.nlink() - 1));
+    }
+    // As gzip: a file whose mode would carry set-user-ID, set-group-ID or
+    // the sticky bit to its output is left alone without -f.
+    let mode = meta.mode();
+    for (bit, what) in [
+        (libc::S_ISUID, "is set-user-ID on execution"),
+        (libc::S_ISGID, "is set-group-ID on execution"),
+        (libc::S_ISVTX, "has the sticky bit set"),
+    ] {
+        if meta.is_file() && mode & bit != 0 {
+            return Err(Error::SpecialMode(what));
+        }
     }
     Ok(())
 }
