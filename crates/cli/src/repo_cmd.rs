@@ -912,7 +912,7 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
         print_problems(&r.problems);
         if !r.unindexed_packs.is_empty() {
             outln!(
-                "note: {} pack(s) from an interrupted run are not indexed yet (the next backup reuses them, gc removes them)",
+                "note: {} pack(s) no index file names (left by an interrupted run, or their index file was lost): the next backup, gc or repair run alone indexes them again from their records",
                 r.unindexed_packs.len()
             );
         }
@@ -1017,8 +1017,18 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "packs_removed": r.gc.as_ref().map_or(0, |g| g.packs_deleted + g.packs_repacked),
             "missing_chunks": missing,
             "other_problems": left.len(),
+            "reindexed_packs": r.salvaged.as_ref().map_or(0, |s| s.packs),
+            "reindexed_chunks": r.salvaged.as_ref().map_or(0, |s| s.chunks),
         }));
     } else {
+        if let Some(s) = r.salvaged.as_ref().filter(|s| s.packs > 0) {
+            outln!(
+                "repair: indexed {} pack(s) again ({} chunks) that no index file named (a lost \
+                 or damaged index file, or an interrupted run)",
+                s.packs,
+                s.chunks
+            );
+        }
         print_problems(&r.found.problems);
         if missing > 0 {
             outln!(
@@ -1062,6 +1072,9 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     // -n is a check: damage found is a failure, as verify's.
     if a.dry_run && r.dropped > 0 {
         bail!("{} damaged chunk(s) would be dropped", r.dropped);
+    }
+    if a.dry_run && missing > 0 {
+        bail!("{missing} chunk(s) snapshots use are not in the index");
     }
     Ok(())
 }

@@ -15,6 +15,11 @@
 //! chunk stay: `verify` names them (missing chunks) until a backup stores
 //! those chunks again, which heals them, or until they are forgotten.
 //!
+//! Before the check, packs that no index file names (its index file
+//! lost or damaged, or a backup killed before writing one) are indexed
+//! again from their records, as every writer does when it runs alone:
+//! their chunks are not missing, only unnamed.
+//!
 //! Only what was read and found damaged is dropped: a pack that could not
 //! be read (an I/O or network error) stops the repair. It runs alone (no
 //! other cairn command on the repository), so no backup deduplicates
@@ -48,6 +53,9 @@ pub struct RepairReport {
     pub affected: Vec<(String, u64)>,
     /// The index rewrite (None with `dry_run` or nothing to drop).
     pub gc: Option<GcReport>,
+    /// Packs no index file named, indexed again from their records
+    /// before the check (None with `dry_run`).
+    pub salvaged: Option<crate::repo::Salvaged>,
 }
 
 /// Drop the damaged records [`verify`] finds from the index.
@@ -59,6 +67,16 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
                 .into(),
         ));
     }
+    // First what gc and every writer do before they load the index: take
+    // in packs no index file names (a lost or damaged index file, a
+    // killed backup) from their records, and set aside damaged index
+    // files once those packs are indexed again. A check (`dry_run`)
+    // writes nothing: verify names them.
+    let salvaged = if opts.dry_run {
+        None
+    } else {
+        Some(repo.writer_index(session)?.salvaged)
+    };
     let found = verify(
         repo,
         &VerifyOptions {
@@ -89,6 +107,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         affected,
         found,
         gc: None,
+        salvaged,
     };
     if drop.is_empty() || opts.dry_run {
         return Ok(report);
