@@ -353,8 +353,14 @@ fn input_metadata(source: &Source, file: &std::fs::File) -> Option<std::fs::Meta
     }
 }
 
-/// Make the output final, then remove the input if the plan says so.
-fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Result<()> {
+/// Make the output final, then remove the input if the plan says so
+/// (and `keep_input` does not).
+fn finish(
+    plan: &Plan,
+    sink: Sink,
+    input_meta: Option<&std::fs::Metadata>,
+    keep_input: bool,
+) -> Result<()> {
     if let Some(meta) = input_meta {
         sink.copy_metadata(meta);
     }
@@ -366,7 +372,7 @@ fn finish(plan: &Plan, sink: Sink, input_meta: Option<&std::fs::Metadata>) -> Re
     } else {
         sink.commit()?;
     }
-    if let (Source::File(src), true) = (&plan.source, plan.remove_input && kept) {
+    if let (Source::File(src), true) = (&plan.source, plan.remove_input && kept && !keep_input) {
         std::fs::remove_file(src).map_err(|source| Error::Remove {
             path: src.clone(),
             source,
@@ -782,7 +788,11 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
         .write_all(&tail)
         .map_err(write_error(&out_name))?;
     bytes_out += tail.len() as u64;
-    finish(plan, sink, input_meta.as_ref())?;
+    // A file written to while it was read was packed as neither its old
+    // bytes nor its new ones: said (gzip's "file size changed while
+    // zipping"), and the input kept.
+    let changed = changed_while_read(plan, input_meta.as_ref(), bytes_in);
+    finish(plan, sink, input_meta.as_ref(), changed)?;
     let counts = Counts {
         format: format.name(),
         level: Some(level),
@@ -791,13 +801,33 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
         bytes_in,
         bytes_out,
     };
-    Ok(Summary::new(
-        Operation::Pack,
-        plan,
-        out_name,
-        counts,
-        started,
-    ))
+    let mut summary = Summary::new(Operation::Pack, plan, out_name, counts, started);
+    if changed {
+        summary
+            .warnings
+            .push("file changed while it was packed; the input is kept".into());
+    }
+    Ok(summary)
+}
+
+/// Whether the regular file `plan` read changed while it was packed:
+/// its size or modification time now differ from `before`, or it was
+/// not `read` bytes long.
+fn changed_while_read(plan: &Plan, before: Option<&std::fs::Metadata>, read: u64) -> bool {
+    let (Source::File(path), Some(before)) = (&plan.source, before) else {
+        return false;
+    };
+    if !before.is_file() {
+        return false;
+    }
+    match std::fs::metadata(path) {
+        Ok(now) => {
+            now.len() != before.len()
+                || read != before.len()
+                || now.modified().ok() != before.modified().ok()
+        }
+        Err(_) => true,
+    }
 }
 
 /// Copy an input in no known format to standard output unchanged (`-dcf`),
@@ -949,7 +979,7 @@ fn unpack_one(
     if let Some((path, (index, existed))) = gzip_index {
         save_index(path, &index, existed)?;
     }
-    finish(plan, sink, input_meta.as_ref())?;
+    finish(plan, sink, input_meta.as_ref(), false)?;
     let mut summary = Summary::unpacked(
         plan,
         out_name,
@@ -1215,6 +1245,36 @@ mod tests {
         .into_iter()
         .map(|(_, p)| p.map(|p| (p.dest, p.remove_input)).unwrap())
         .collect()
+    }
+
+    /// Outside QA: a file truncated while it was packed gave a silent
+    /// exit 0 and a stream of neither version; now a warning, input kept.
+    #[test]
+    fn a_file_that_changes_while_packed_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, vec![7u8; 10_000]).unwrap();
+        let plan = Plan {
+            source: Source::File(f.clone()),
+            dest: Dest::Stdout,
+            remove_input: true,
+            named: false,
+            synchronous: false,
+        };
+        let before = std::fs::metadata(&f).unwrap();
+        assert!(!changed_while_read(&plan, Some(&before), 10_000));
+        // Read short (cut while read, then grown back).
+        assert!(changed_while_read(&plan, Some(&before), 4_096));
+        std::fs::write(&f, vec![7u8; 5_000]).unwrap();
+        assert!(changed_while_read(&plan, Some(&before), 10_000));
+        std::fs::remove_file(&f).unwrap();
+        assert!(changed_while_read(&plan, Some(&before), 10_000));
+        // Standard input has no size to compare.
+        let stdin = Plan {
+            source: Source::Stdin,
+            ..plan
+        };
+        assert!(!changed_while_read(&stdin, None, 1));
     }
 
     #[test]
