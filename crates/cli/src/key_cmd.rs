@@ -303,6 +303,20 @@ pub(crate) fn key(a: &KeyArgs) -> Result<()> {
                     .iter()
                     .map(|(id, why)| json!({"id": id, "error": why}))
                     .collect();
+                // Not the sealed master key and its salt: all an attacker
+                // needs to guess the password offline, and a report ends
+                // up in logs (restic's shows none either).
+                let keys: Vec<serde_json::Value> = keys
+                    .iter()
+                    .map(|k| {
+                        let mut v = json!(k);
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("master");
+                            o.remove("salt");
+                        }
+                        v
+                    })
+                    .collect();
                 crate::repo_cmd::print_json(
                     &json!({"repository": repo.location(), "keys": keys, "damaged": damaged}),
                 );

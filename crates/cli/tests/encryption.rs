@@ -642,3 +642,48 @@ fn a_damaged_manifest_stops_no_report_of_the_other_images() {
     );
     assert!(!out.status.success());
 }
+
+/// Outside QA: with umask 022 every repository file was 0644 (the key
+/// files too: the sealed master key and its salt, all an attacker needs
+/// to guess the password offline). As restic: files 0600, directories
+/// 0700, whatever the umask lets through besides.
+#[test]
+fn repository_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    let repo = dir.path().join("r");
+    ok(run(&mut cairn(), &["init", s(&repo)]));
+    let img = dir.path().join("img");
+    std::fs::write(&img, mixed(200_000, 9)).unwrap();
+    ok(run(
+        &mut cairn(),
+        &["backup", s(&img), "--repo", s(&repo), "--name", "a", "-q"],
+    ));
+    let mut open = Vec::new();
+    let mut dirs = vec![repo.clone()];
+    while let Some(d) = dirs.pop() {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        if mode & 0o077 != 0 {
+            open.push((d.clone(), mode));
+        }
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if std::fs::metadata(&p).unwrap().permissions().mode() & 0o077 != 0 {
+                open.push((
+                    p.clone(),
+                    std::fs::metadata(&p).unwrap().permissions().mode(),
+                ));
+            }
+        }
+    }
+    assert!(open.is_empty(), "{open:?}");
+    // key list --json shows no sealed key or salt.
+    let keys = json(&ok(run(
+        &mut cairn(),
+        &["key", "list", "--repo", s(&repo), "--json"],
+    )));
+    assert!(keys["keys"][0]["id"].is_string(), "{keys}");
+    assert!(keys["keys"][0].get("master").is_none() && keys["keys"][0].get("salt").is_none());
+}

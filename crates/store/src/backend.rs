@@ -227,7 +227,16 @@ impl LocalDir {
             }
             missing.push(up);
         }
-        std::fs::create_dir_all(dir).ctx(dir, "create directory")?;
+        // Private, as restic makes a repository: images and keys are not
+        // every local user's to read.
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .ctx(dir, "create directory")?;
+        }
         for d in missing {
             if let Some(up) = d.parent() {
                 meta::sync_dir(up)?;
@@ -255,10 +264,12 @@ impl LocalDir {
         self.make_parent(path)?;
         let tmp = Self::temporary(path);
         let written = (|| {
+            use std::os::unix::fs::OpenOptionsExt;
             let mut f = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&tmp)
                 .ctx(&tmp, "create")?;
             f.write_all(data).ctx(&tmp, "write")?;

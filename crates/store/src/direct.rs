@@ -99,9 +99,12 @@ impl Direct {
 impl FileWriter {
     /// Create `path`, which must not exist (its directory must).
     pub(crate) fn create(path: &Path) -> Result<FileWriter> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Private, as every repository file (see `LocalDir`).
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
             .ctx(path, "create")?;
         let direct = Direct::open(&file);

@@ -2234,7 +2234,9 @@ impl Made {
             }
         }
         for d in missing.into_iter().rev() {
-            match fs::create_dir(&d) {
+            // Private (0700), as restic makes a repository.
+            use std::os::unix::fs::DirBuilderExt;
+            match fs::DirBuilder::new().mode(0o700).create(&d) {
                 Ok(()) => self.paths.push((d, true)),
                 // Made by someone else meanwhile: not ours to remove.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}

@@ -146,7 +146,13 @@ fn write_whole(root: &Path, size: u64) -> Result<bool> {
     let size = size.max(HEADER as u64);
     let tmp = root.join(format!(".{RESERVE_FILE}.tmp"));
     let made = (|| {
-        let mut f = File::create(&tmp)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(&header(size))?;
         fill(&mut f, HEADER as u64, size)
     })();
