@@ -9,7 +9,11 @@
 //! - `within D` keeps every snapshot taken less than D before the image's
 //!   newest snapshot (not before now: a repository that stopped getting
 //!   backups does not empty itself);
-//! - a snapshot is kept if any rule keeps it; the others are forgotten.
+//! - a snapshot is kept if any rule keeps it; the others are forgotten;
+//! - the image's latest snapshot (the highest number: what `NAME`
+//!   restores) is always kept, also when its time is older than others'
+//!   (`backup --time`, a clock set back), where restic would sort it by
+//!   its time.
 //!
 //! Periods are calendar periods in UTC (restic uses the machine's local
 //! time zone; UTC gives every machine of a site the same answer).
@@ -106,6 +110,11 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
     // Newest first; the higher number first among equal times.
     sorted.sort_by_key(|s| std::cmp::Reverse((s.created, s.snapshot)));
     let newest = sorted.first().map(|s| s.created);
+    // The highest number is what `NAME` restores and a writable image
+    // starts from: never forgotten by a policy, even when an older time
+    // was given to it (`backup --time`) or the clock went back. (Any
+    // rule keeps the newest by time, which it is otherwise.)
+    let latest = sorted.iter().map(|s| s.snapshot).max();
     let buckets: [(&'static str, Option<u32>); 5] = [
         ("hourly", policy.hourly),
         ("daily", policy.daily),
@@ -141,6 +150,9 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
             if i128::from(newest.saturating_sub(s.created)) < i128::from(within) {
                 reasons.push("within");
             }
+        }
+        if reasons.is_empty() && Some(s.snapshot) == latest {
+            reasons.push("latest");
         }
         out.push(Verdict {
             snapshot: s,
@@ -251,6 +263,24 @@ mod tests {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// Outside QA: `backup --time` gave the latest snapshot an older time,
+    /// and `--keep-last 1` forgot what `restore NAME` restores. The
+    /// latest (highest number) is always kept.
+    #[test]
+    fn the_latest_snapshot_is_kept_whatever_its_time() {
+        let s = snaps(&["2026-03-02T00:00:00Z", "2020-01-01T00:00:00Z"]);
+        let last = KeepPolicy {
+            last: Some(1),
+            ..KeepPolicy::default()
+        };
+        assert_eq!(kept(&last, &s), [1, 2]);
+        let v = apply(&last, &s);
+        assert_eq!(v[1].reasons, ["latest"]);
+        // In time order, nothing changes.
+        let s = snaps(&["2020-01-01T00:00:00Z", "2026-03-02T00:00:00Z"]);
+        assert_eq!(kept(&last, &s), [2]);
     }
 
     /// Two snapshots a day for ten days, 06:00 and 18:00.
