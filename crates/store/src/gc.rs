@@ -147,11 +147,17 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let mut live = vec![0u64; index.len().div_ceil(64)];
     for (name, snaps) in repo.images()? {
         for snap in snaps {
-            let m = repo.read_manifest(&name, snap).map_err(|e| {
-                StoreError::Invalid(format!(
-                    "gc refuses to run: {e}; remove the snapshot or repair it first"
-                ))
-            })?;
+            // One removed since the listing (a forget or rm running
+            // beside) uses nothing any more.
+            let m = match repo.read_manifest_if_present(&name, snap) {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e) => {
+                    return Err(StoreError::Invalid(format!(
+                        "gc refuses to run: {e}; remove the snapshot or repair it first"
+                    )))
+                }
+            };
             for e in &m.extents {
                 if let Extent::Data { id, .. } = e {
                     if let Some(i) = index.position(id).filter(|&i| !bit(&dropped, i)) {
@@ -592,6 +598,27 @@ pub(crate) fn collect_trash(
             });
             out.packs_kept += (before - t.garbage.packs.len()) as u64;
         }
+        // A pack an index file outside every list still names stays: a
+        // gc beside this one kept it (its view differed) and wrote an
+        // index file naming it. Deleting it left that file naming a
+        // missing pack (verify's false alarm, with warnings on every
+        // command) until the next gc; that gc collects it instead.
+        let outside = Garbage {
+            index_files: doomed.index_files.clone(),
+            ..Garbage::default()
+        };
+        let named: HashSet<(u16, PackId)> = repo
+            .load_index_without(&outside)?
+            .index
+            .packs()
+            .iter()
+            .map(|p| (p.target, p.id))
+            .collect();
+        let before = t.garbage.packs.len();
+        t.garbage
+            .packs
+            .retain(|(tg, id)| PackId::from_hex(id).is_none_or(|id| !named.contains(&(*tg, id))));
+        out.packs_kept += (before - t.garbage.packs.len()) as u64;
         let packs: Vec<(u16, PackId)> = t.garbage.pack_set().into_iter().collect();
         tracing::debug!(list = t.key.as_str(), index_files = ?t.garbage.index_files,
             packs = packs.len(), "trash list worked off");
