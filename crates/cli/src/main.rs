@@ -465,21 +465,35 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
             }
         }
     }
-    if matches!(name, "lz4" | "unlz4" | "lz4cat") {
-        use std::io::IsTerminal;
-        // (lz4cat writes to stdout anyway.)
-        rest = lz4_arguments(rest, name == "lz4cat" || std::io::stdout().is_terminal());
-    }
-    // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
-    // none: given as --check=CHECK, which cairn reads either way.
-    if matches!(name, "xz" | "unxz" | "xzcat") {
-        rest = xz_check_values(rest);
-    }
-    args.extend(prefix.iter().map(OsString::from));
     // The tool's variables of default options, before the command line's
     // (which win): gzip's and pigz's GZIP (and PIGZ), xz's XZ_DEFAULTS and
     // XZ_OPT, bzip2's BZIP2 and BZIP, zstd's ZSTD_CLEVEL and ZSTD_NBTHREADS.
-    args.extend(tool_variables(name));
+    let mut from_env = match tool_variables(name) {
+        Ok(v) => v,
+        Err(e) => {
+            errln!("cairn: {e}");
+            std::process::exit(1);
+        }
+    };
+    if matches!(name, "lz4" | "unlz4" | "lz4cat") {
+        use std::io::IsTerminal;
+        rest = match lz4_arguments(rest, std::io::stdout().is_terminal(), name == "lz4cat") {
+            Ok(v) => v,
+            Err(e) => {
+                errln!("cairn: {e}");
+                std::process::exit(1);
+            }
+        };
+    }
+    // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
+    // none: given as --check=CHECK, which cairn reads either way (in the
+    // variables too: `XZ_OPT=-Cnone`).
+    if matches!(name, "xz" | "unxz" | "xzcat") {
+        rest = xz_check_values(rest);
+        from_env = xz_check_values(from_env);
+    }
+    args.extend(prefix.iter().map(OsString::from));
+    args.extend(from_env);
     // `gzip -l` prints gzip's table, which scripts parse.
     if gzip_family {
         args.push(OsString::from("--list-as-gzip"));
@@ -488,10 +502,32 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     args
 }
 
+/// Options gzip takes from its GZIP variable (gzip 1.10 on refuses the
+/// others there, as `-f`, `-c`, `-d`: one would overwrite files unseen).
+const GZIP_VARIABLE_OPTIONS: [&str; 16] = [
+    "-1",
+    "-2",
+    "-3",
+    "-4",
+    "-5",
+    "-6",
+    "-7",
+    "-8",
+    "-9",
+    "--fast",
+    "--best",
+    "--rsyncable",
+    "--synchronous",
+    "-n",
+    "--no-name",
+    "-q",
+];
+
 /// The options the variables of tool `name` hold (see [`as_invoked`]),
 /// split at white space; a zstd variable that is not a number is said
-/// and left out, as zstd does.
-fn tool_variables(name: &str) -> Vec<OsString> {
+/// and left out, as zstd does; GZIP (not pigz's) holds only what gzip
+/// takes there ([`GZIP_VARIABLE_OPTIONS`]), else it is an error, as gzip.
+fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
     let words = |var: &str| -> Vec<OsString> {
         std::env::var(var)
             .map(|v| v.split_whitespace().map(OsString::from).collect())
@@ -509,8 +545,22 @@ fn tool_variables(name: &str) -> Vec<OsString> {
             _ => Vec::new(),
         }
     };
-    match name {
-        "gzip" | "gunzip" | "zcat" => words("GZIP"),
+    Ok(match name {
+        "gzip" | "gunzip" | "zcat" => {
+            let w = words("GZIP");
+            if let Some(bad) = w
+                .iter()
+                .find(|o| !GZIP_VARIABLE_OPTIONS.iter().any(|a| *o == *a))
+            {
+                return Err(format!(
+                    "GZIP={:?}: {} is not taken from the GZIP variable (gzip takes only levels, \
+                     -n, -q, --rsyncable and --synchronous there)",
+                    std::env::var("GZIP").unwrap_or_default(),
+                    bad.to_string_lossy()
+                ));
+            }
+            w
+        }
         "pigz" | "unpigz" => [words("GZIP"), words("PIGZ")].concat(),
         "xz" | "unxz" | "xzcat" => [words("XZ_DEFAULTS"), words("XZ_OPT")].concat(),
         "bzip2" | "bunzip2" | "bzcat" => [words("BZIP2"), words("BZIP")].concat(),
@@ -520,7 +570,7 @@ fn tool_variables(name: &str) -> Vec<OsString> {
         ]
         .concat(),
         _ => Vec::new(),
-    }
+    })
 }
 
 /// The lz4 tool's arguments as cairn's: without `-m` (or `-r`), a second
@@ -529,10 +579,15 @@ fn tool_variables(name: &str) -> Vec<OsString> {
 /// `-B4`..`-B7` are blocks of 64K..4M, `-BD` and `-BX` are taken (cairn's
 /// blocks are independent, its frames checked as a whole); `-l` (the
 /// legacy format, which cairn reads but does not write) is refused.
-fn lz4_arguments(args: Vec<OsString>, stdout_is_terminal: bool) -> Vec<OsString> {
+fn lz4_arguments(
+    args: Vec<OsString>,
+    stdout_is_terminal: bool,
+    cat: bool,
+) -> Result<Vec<OsString>, String> {
     let mut out = Vec::with_capacity(args.len() + 2);
     let mut names = Vec::new();
-    let (mut multiple, mut to_stdout, mut rest) = (false, false, false);
+    // lz4cat writes to stdout anyway; -t and --list write nothing.
+    let (mut multiple, mut to_stdout, mut rest) = (false, cat, false);
     for a in args {
         let Some(s) = a.to_str().filter(|_| !rest) else {
             names.push(a);
@@ -541,22 +596,37 @@ fn lz4_arguments(args: Vec<OsString>, stdout_is_terminal: bool) -> Vec<OsString>
         match s {
             "--" => rest = true,
             "-m" | "--multiple" | "-r" => multiple = true,
-            "-l" => out.push("--lz4-legacy-format-is-not-written".into()),
+            "-l" => return Err("lz4 -l: the legacy format is read, not written".into()),
             "-BD" | "-BX" | "--no-frame-crc" | "--favor-decSpeed" | "--sparse" => {}
             "-B4" => out.extend(["-b".into(), "64K".into()]),
             "-B5" => out.extend(["-b".into(), "256K".into()]),
             "-B6" => out.extend(["-b".into(), "1M".into()]),
             "-B7" => out.extend(["-b".into(), "4M".into()]),
+            b if b.starts_with("-B") => return Err(format!("lz4 {b}: incorrect parameters")),
             "-" => names.push(a),
-            f if f.starts_with('-') => {
-                // -c in a cluster (-dc, -9c) writes to stdout.
-                to_stdout |= f == "--stdout"
-                    || f == "--to-stdout"
-                    || (!f.starts_with("--") && f.contains('c'));
+            "--test" | "--list" | "--stdout" | "--to-stdout" => {
+                to_stdout = true;
                 out.push(a);
+            }
+            f if f.starts_with("--") => out.push(a),
+            f if f.starts_with('-') => {
+                // A cluster: -m in it is lz4's (several inputs); -c
+                // writes to stdout and -t writes nothing.
+                multiple |= f.contains('m');
+                to_stdout |= f.contains('c') || f.contains('t');
+                let rest: String = f.chars().filter(|&c| c != 'm').collect();
+                if rest != "-" {
+                    out.push(rest.into());
+                }
             }
             _ => names.push(a),
         }
+    }
+    if !multiple && names.len() > 2 {
+        return Err(format!(
+            "lz4: {} names: one input and one output, or -m for several inputs",
+            names.len()
+        ));
     }
     if !multiple && !to_stdout {
         match names.len() {
@@ -581,7 +651,7 @@ fn lz4_arguments(args: Vec<OsString>, stdout_is_terminal: bool) -> Vec<OsString>
     }
     out.push("--".into());
     out.extend(names);
-    out
+    Ok(out)
 }
 
 /// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`

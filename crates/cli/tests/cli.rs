@@ -1617,6 +1617,18 @@ fn lz4_links_take_the_lz4_tools_arguments() {
     // -m: every name an input, each to NAME.lz4.
     ok(link("lz4", &["-m", "x", "y"]));
     assert!(p("x.lz4").exists() && p("y.lz4").exists() && p("x").exists());
+    // lz4cat of two, -m in a cluster, -t writes nothing.
+    let both = ok(link("lz4cat", &["x.lz4", "y.lz4"])).stdout;
+    assert!(both == [&data[..], &data[..1000]].concat());
+    std::fs::remove_file(p("y")).unwrap();
+    ok(link("lz4", &["-dmf", "x.lz4", "y.lz4"]));
+    assert!(std::fs::read(p("y")).unwrap() == data[..1000]);
+    let t = ok(link("lz4", &["-t", "x.lz4"]));
+    assert!(t.stdout.is_empty() && !String::from_utf8_lossy(&t.stderr).contains("stdout"));
+    // Three names without -m, and block sizes lz4 lacks: refused.
+    assert_eq!(link("lz4", &["x", "y", "z"]).status.code(), Some(1));
+    assert!(!p("z").exists());
+    assert_eq!(link("lz4", &["-B8", "x", "b8.lz4"]).status.code(), Some(1));
     // The legacy format is not written: refused, not listed.
     let out = link("lz4", &["-l", "x", "legacy.lz4"]);
     assert!(!out.status.success() && !p("legacy.lz4").exists());
@@ -1688,6 +1700,20 @@ fn links_read_the_tools_option_variables() {
         packed("zstd", &[("ZSTD_CLEVEL", "fast")], &[]),
         packed("zstd", &[], &[])
     );
+    // xz's -C CHECK in XZ_OPT, every form (QA: -Cnone was -C -n -o ne).
+    for opt in ["-Cnone", "-C none", "--check none", "--check=none"] {
+        assert_eq!(
+            packed("xz", &[("XZ_OPT", opt)], &[]),
+            packed("xz", &[], &["--check=none"]),
+            "{opt}"
+        );
+    }
+    // GZIP holds only what gzip takes there: -f would overwrite unseen.
+    let mut c = std::process::Command::new(p("bin").join("gzip"));
+    c.env("GZIP", "-f").arg("-c");
+    let out = pipe(&mut c, &data);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
 }
 
 /// As gzip (outside QA: cairn packed it and its output kept the bit): a
