@@ -468,22 +468,18 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     // The tool's variables of default options, before the command line's
     // (which win): gzip's and pigz's GZIP (and PIGZ), xz's XZ_DEFAULTS and
     // XZ_OPT, bzip2's BZIP2 and BZIP, zstd's ZSTD_CLEVEL and ZSTD_NBTHREADS.
-    let mut from_env = match tool_variables(name) {
-        Ok(v) => v,
-        Err(e) => {
+    // Arguments a tool would refuse: one line and status 1, as the tool.
+    let or_exit = |r: Result<Vec<OsString>, String>| {
+        r.unwrap_or_else(|e| {
             errln!("cairn: {e}");
-            std::process::exit(1);
-        }
+            std::process::exit(1)
+        })
     };
+    let mut from_env = or_exit(tool_variables(name));
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
         use std::io::IsTerminal;
-        rest = match lz4_arguments(rest, std::io::stdout().is_terminal(), name == "lz4cat") {
-            Ok(v) => v,
-            Err(e) => {
-                errln!("cairn: {e}");
-                std::process::exit(1);
-            }
-        };
+        let cat = name == "lz4cat";
+        rest = or_exit(lz4_arguments(rest, std::io::stdout().is_terminal(), cat));
     }
     // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
     // none: given as --check=CHECK, which cairn reads either way (in the

@@ -603,17 +603,10 @@ pub(crate) fn collect_trash(
         // index file naming it. Deleting it left that file naming a
         // missing pack (verify's false alarm, with warnings on every
         // command) until the next gc; that gc collects it instead.
-        let outside = Garbage {
-            index_files: doomed.index_files.clone(),
-            ..Garbage::default()
-        };
-        let named: HashSet<(u16, PackId)> = repo
-            .load_index_without(&outside)?
-            .index
-            .packs()
-            .iter()
-            .map(|p| (p.target, p.id))
-            .collect();
+        // (`after` was loaded from exactly those files; its pack table
+        // keeps every pack they name, entries in doomed packs or not.)
+        let named: HashSet<(u16, PackId)> =
+            after.packs().iter().map(|p| (p.target, p.id)).collect();
         let before = t.garbage.packs.len();
         t.garbage
             .packs

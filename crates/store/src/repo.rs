@@ -1548,10 +1548,10 @@ impl Repository {
     /// under `locks/`): the name itself, or in an encrypted repository a
     /// keyed hash of it.
     fn image_dir(&self, name: &str) -> String {
-        match &self.crypt {
-            Some(_) if unnamed_dir(name).is_some() => unnamed_dir(name).unwrap_or_default().into(),
-            Some(c) => c.name_tag(name),
-            None => name.to_string(),
+        match (&self.crypt, unnamed_dir(name)) {
+            (Some(_), Some(dir)) => dir.to_string(),
+            (Some(c), None) => c.name_tag(name),
+            (None, _) => name.to_string(),
         }
     }
 
