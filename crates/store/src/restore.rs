@@ -7,7 +7,9 @@
 //! stays sparse; each run of bytes is written in one call, its whole
 //! blocks with `O_DIRECT` where the destination allows it, by one writer
 //! thread while the workers decode on: `WriteBehind`) or hand the bytes to
-//! the calling thread, which writes them in order (streams).
+//! the calling thread, which writes them in order (streams). A stream's
+//! batch is not copied together: it holds on to the decoded groups its
+//! chunks lie in and is written from them with `writev` (see [`Piece`]).
 
 use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
@@ -21,10 +23,11 @@ use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::collections::HashMap;
 use std::fs::File;
+use std::io::IoSlice;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use std::time::Instant;
 
@@ -47,9 +50,15 @@ const REMOTE_WORKERS_PER_CORE: usize = 2;
 const MAX_BATCH_EXTENTS: usize = 4096;
 /// Zeros to write from (in the binary's read-only data).
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-/// Zero runs of a stream shorter than this are filled into its batch; the
-/// longer ones are written from [`ZEROS`].
-const SHORT_ZEROS: u64 = ZEROS.len() as u64;
+/// A stream's batch holds on to at most this many bytes of decoded groups
+/// (and [`MAX_PINS`] groups); the chunks of any further group are copied
+/// into it. A batch whose chunks lie together holds a few groups; one of
+/// chunks deduplicated against many others' groups would otherwise keep
+/// them all.
+const PIN_LIMIT: usize = 4 * BATCH as usize;
+const MAX_PINS: usize = 64;
+/// Slices handed to one `writev` at most (Linux's `IOV_MAX`).
+const MAX_IOV: usize = 1024;
 
 /// Where restored bytes go.
 pub enum Destination<'a> {
@@ -107,16 +116,100 @@ struct Work {
     extents: Vec<(u64, Extent)>,
 }
 
+/// A stretch of a stream's batch, in order.
+enum Piece {
+    /// Bytes of a decoded group, which the batch holds on to until it is
+    /// written: not copied (profiled: the copy of every chunk into its
+    /// batch and the fresh pages it filled were an eighth of a restore's
+    /// CPU).
+    Group {
+        data: Arc<Vec<u8>>,
+        start: usize,
+        len: usize,
+    },
+    /// Bytes copied into [`Out::bytes`], from `start`.
+    Copied { start: usize, len: usize },
+    /// Zeros, written from [`ZEROS`] (161 MB of os2.img's 604).
+    Zeros(u64),
+}
+
 #[derive(Default)]
 struct Out {
-    /// A stream's bytes, but for its runs of zeros:
+    /// A stream's batch: its pieces, in order.
+    pieces: Vec<Piece>,
+    /// Chunks of groups past [`PIN_LIMIT`] or [`MAX_PINS`].
     bytes: Vec<u8>,
-    /// (where in `bytes`, how many zeros) in order; written from [`ZEROS`]
-    /// instead of being filled in (161 MB of os2.img's 604).
-    zeros: Vec<(usize, u64)>,
+    /// The groups the pieces hold (their addresses, only compared) and
+    /// their bytes.
+    pins: Vec<usize>,
+    pinned: usize,
     done: u64,
     stored: u64,
     damaged: Vec<Damaged>,
+}
+
+impl Out {
+    /// Append `len` bytes of `group` from `start`.
+    fn push_group(&mut self, group: &Arc<Vec<u8>>, start: usize, len: usize) {
+        if let Some(Piece::Group {
+            data,
+            start: s,
+            len: l,
+        }) = self.pieces.last_mut()
+        {
+            if Arc::ptr_eq(data, group) && *s + *l == start {
+                *l += len;
+                return;
+            }
+        }
+        let addr = Arc::as_ptr(group) as usize;
+        if !self.pins.contains(&addr) {
+            if self.pins.len() >= MAX_PINS || self.pinned + group.len() > PIN_LIMIT {
+                self.push_copy(&group[start..start + len]);
+                return;
+            }
+            self.pins.push(addr);
+            self.pinned += group.len();
+        }
+        self.pieces.push(Piece::Group {
+            data: Arc::clone(group),
+            start,
+            len,
+        });
+    }
+
+    fn push_copy(&mut self, data: &[u8]) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(data);
+        if let Some(Piece::Copied { start, len }) = self.pieces.last_mut() {
+            if *start + *len == at {
+                *len += data.len();
+                return;
+            }
+        }
+        self.pieces.push(Piece::Copied {
+            start: at,
+            len: data.len(),
+        });
+    }
+
+    fn push_zeros(&mut self, n: u64) {
+        if let Some(Piece::Zeros(z)) = self.pieces.last_mut() {
+            *z += n;
+        } else {
+            self.pieces.push(Piece::Zeros(n));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.pieces.clear();
+        self.bytes.clear();
+        self.pins.clear();
+        self.pinned = 0;
+        self.done = 0;
+        self.stored = 0;
+        self.damaged.clear();
+    }
 }
 
 /// Decoded groups a worker keeps. An image backed up after another one
@@ -130,12 +223,48 @@ struct Out {
 /// RSS), 198 MB keeping 64.
 const KEPT_GROUPS: usize = 8;
 
+/// Buffers of decoded groups that stream batches held and let go of last,
+/// for workers to decode into again: a fresh buffer per group cost a page
+/// fault per 4 KiB (a restore of os2.img took 21k faults, 11k with these
+/// kept).
+#[derive(Default)]
+struct Spares(Mutex<Vec<Vec<u8>>>);
+
+impl Spares {
+    /// Buffers kept at most.
+    const MAX: usize = 32;
+
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Take back the groups of `pieces` no one else holds.
+    fn give_back(&self, pieces: &mut Vec<Piece>) {
+        let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for piece in pieces.drain(..) {
+            if let Piece::Group { data, .. } = piece {
+                if let Ok(buf) = Arc::try_unwrap(data) {
+                    if spare.len() < Self::MAX {
+                        spare.push(buf);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A decoded group: its record (pack, offset), the pack's path, its bytes
-/// and when it was last used.
+/// (shared with the stream batches that hold on to them; a slot whose
+/// bytes are still held decodes its next group into a fresh buffer) and
+/// when it was last used.
 struct Kept {
     key: (u32, u32),
     path: PathBuf,
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
     used: u64,
 }
 
@@ -169,6 +298,8 @@ pub(crate) struct Fetcher<'a> {
     /// kept for the next).
     used_spans: usize,
     fetched: HashMap<(u32, u32), (usize, usize)>,
+    /// Where a slot whose buffer a batch still holds takes another.
+    spares: Option<&'a Spares>,
 }
 
 impl<'a> Fetcher<'a> {
@@ -183,6 +314,7 @@ impl<'a> Fetcher<'a> {
             spans: Vec::new(),
             used_spans: 0,
             fetched: HashMap::new(),
+            spares: None,
         }
     }
 
@@ -260,7 +392,7 @@ impl<'a> Fetcher<'a> {
             self.kept.push(Kept {
                 key,
                 path: PathBuf::new(),
-                data: Vec::new(),
+                data: Arc::default(),
                 used: 0,
             });
             self.kept.len() - 1
@@ -286,8 +418,13 @@ impl<'a> Fetcher<'a> {
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);
+        let mut buf = match Arc::try_unwrap(std::mem::take(&mut k.data)) {
+            Ok(buf) => buf,
+            Err(_) => self.spares.map(Spares::take).unwrap_or_default(),
+        };
         self.dec
-            .decode(&path, u64::from(loc.offset), raw, &mut k.data)?;
+            .decode(&path, u64::from(loc.offset), raw, &mut buf)?;
+        k.data = Arc::new(buf);
         k.key = key;
         k.path = path;
         k.used = self.clock;
@@ -309,6 +446,25 @@ impl<'a> Fetcher<'a> {
     /// checked against its id, where it lies in its decoded group (valid
     /// until the next call), and the stored bytes read for it.
     pub fn chunk(&mut self, id: &ChunkId, len: u32, offset: u64) -> Result<(&[u8], u64)> {
+        let (group, start, read) = self.checked(id, len, offset)?;
+        Ok((&group.data[start..start + len as usize], read))
+    }
+
+    /// As [`Fetcher::chunk`]: the decoded group chunk `id` lies in (shared:
+    /// held on to, it stays as it is) and where in it.
+    fn shared_chunk(
+        &mut self,
+        id: &ChunkId,
+        len: u32,
+        offset: u64,
+    ) -> Result<(&Arc<Vec<u8>>, usize, u64)> {
+        let (group, start, read) = self.checked(id, len, offset)?;
+        Ok((&group.data, start, read))
+    }
+
+    /// The kept group chunk `id` is in, checked against its id, the
+    /// chunk's start in it and the stored bytes read for it.
+    fn checked(&mut self, id: &ChunkId, len: u32, offset: u64) -> Result<(&Kept, usize, u64)> {
         let loc = self
             .index
             .get(id)
@@ -328,7 +484,7 @@ impl<'a> Fetcher<'a> {
             });
         };
         check_chunk(files.crypt(), &group.path, u64::from(loc.offset), id, data)?;
-        Ok((data, read))
+        Ok((group, s, read))
     }
 }
 
@@ -457,9 +613,12 @@ pub fn restore(
         .map(|_| WriteBehind::new(WRITE_BEHIND_SPARE));
     // A remote store is read in spans of neighbouring records.
     let spans = remote;
+    let spares = Spares::default();
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
-        // What a damaged chunk is restored as, with --zero-damaged.
+        fetcher.spares = Some(&spares);
+        // What a damaged chunk is written as into a file, with
+        // --zero-damaged.
         let mut zeros = Vec::new();
         let mut run = positional.map(|f| Run::new(f, direct.as_ref(), behind.as_ref()));
         move |w: &mut Work, out: &mut Out| -> Result<()> {
@@ -480,38 +639,48 @@ pub fn restore(
                                     write_zeros(f, off, len)?;
                                 }
                             }
-                            // A short run is filled in: a write of its
-                            // own would cost more than the memset.
-                            None if len < SHORT_ZEROS => {
-                                out.bytes.resize(out.bytes.len() + len as usize, 0)
-                            }
-                            None => out.zeros.push((out.bytes.len(), len)),
+                            None => out.push_zeros(len),
                         }
                     }
                     Extent::Data { len, id } => {
                         out.done += u64::from(len);
                         // The chunk goes from its decoded group straight
-                        // to the file's run or the stream's batch.
-                        let data = match fetcher.chunk(&id, len, off) {
-                            Ok((data, stored)) => {
-                                out.stored += stored;
-                                data
+                        // to the file's run, or into the stream's batch
+                        // by reference.
+                        let damaged = |err: StoreError, out: &mut Out| {
+                            if !opts.zero_damaged {
+                                return Err(with_image_offset(err, off));
                             }
-                            Err(err) if opts.zero_damaged => {
-                                out.damaged.push(Damaged {
-                                    offset: off,
-                                    len: u64::from(len),
-                                    chunks: vec![id],
-                                    reason: err.to_string(),
-                                });
-                                zeros.resize(len as usize, 0);
-                                &zeros[..len as usize]
-                            }
-                            Err(err) => return Err(with_image_offset(err, off)),
+                            out.damaged.push(Damaged {
+                                offset: off,
+                                len: u64::from(len),
+                                chunks: vec![id],
+                                reason: err.to_string(),
+                            });
+                            Ok(())
                         };
                         match run.as_mut() {
-                            Some(run) => run.push(off, data)?,
-                            None => out.bytes.extend_from_slice(data),
+                            Some(run) => match fetcher.chunk(&id, len, off) {
+                                Ok((data, stored)) => {
+                                    out.stored += stored;
+                                    run.push(off, data)?;
+                                }
+                                Err(err) => {
+                                    damaged(err, out)?;
+                                    zeros.resize(len as usize, 0);
+                                    run.push(off, &zeros[..len as usize])?;
+                                }
+                            },
+                            None => match fetcher.shared_chunk(&id, len, off) {
+                                Ok((group, start, stored)) => {
+                                    out.stored += stored;
+                                    out.push_group(group, start, len as usize);
+                                }
+                                Err(err) => {
+                                    damaged(err, out)?;
+                                    out.push_zeros(u64::from(len));
+                                }
+                            },
                         }
                     }
                 }
@@ -533,7 +702,7 @@ pub fn restore(
             make_worker,
             |slot: &mut Slot<Work, Out>| {
                 if let Some(w) = stream.as_mut() {
-                    write_batch(w, &slot.output.bytes, &slot.output.zeros, report.size)?;
+                    write_batch(w, &slot.output, report.size)?;
                 }
                 report.size += slot.output.done;
                 report.stored_read += slot.output.stored;
@@ -545,11 +714,8 @@ pub fn restore(
             },
             |slot: &mut Slot<Work, Out>| {
                 slot.input.extents.clear();
-                slot.output.bytes.clear();
-                slot.output.zeros.clear();
-                slot.output.done = 0;
-                slot.output.stored = 0;
-                slot.output.damaged.clear();
+                spares.give_back(&mut slot.output.pieces);
+                slot.output.clear();
             },
         );
         // Every run is handed over once the workers are done.
@@ -830,23 +996,61 @@ fn merge_damaged(mut v: Vec<Damaged>) -> Vec<Damaged> {
     out
 }
 
-/// Write a stream's batch (`bytes` with `zeros` put in, see [`Out`])
-/// that starts at image offset `at`.
-fn write_batch(w: &mut dyn Write, bytes: &[u8], zeros: &[(usize, u64)], at: u64) -> Result<()> {
+/// Write a stream's batch that starts at image offset `at`: its pieces,
+/// [`MAX_IOV`] slices per `writev`.
+fn write_batch(w: &mut dyn Write, out: &Out, at: u64) -> Result<()> {
     let mut offset = at;
-    let mut put = |data: &[u8]| {
-        w.write_all(data)
-            .map_err(|e| StoreError::Dest { offset, source: e })?;
-        offset += data.len() as u64;
-        Ok(())
-    };
-    let mut done = 0;
-    for &(upto, len) in zeros {
-        put(&bytes[done..upto])?;
-        done = upto;
-        zero_pieces(len).try_for_each(&mut put)?;
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(out.pieces.len().min(MAX_IOV));
+    for piece in &out.pieces {
+        match piece {
+            Piece::Group { data, start, len } => {
+                slices.push(IoSlice::new(&data[*start..*start + *len]))
+            }
+            Piece::Copied { start, len } => {
+                slices.push(IoSlice::new(&out.bytes[*start..*start + *len]))
+            }
+            Piece::Zeros(n) => {
+                for z in zero_pieces(*n) {
+                    if slices.len() == MAX_IOV {
+                        write_slices(w, &mut slices, &mut offset)?;
+                    }
+                    slices.push(IoSlice::new(z));
+                }
+            }
+        }
+        if slices.len() == MAX_IOV {
+            write_slices(w, &mut slices, &mut offset)?;
+        }
     }
-    put(&bytes[done..])
+    write_slices(w, &mut slices, &mut offset)
+}
+
+/// Write all of `slices` (emptied), counting `offset` on.
+fn write_slices(w: &mut dyn Write, slices: &mut Vec<IoSlice<'_>>, offset: &mut u64) -> Result<()> {
+    let mut left = &mut slices[..];
+    while !left.is_empty() {
+        match w.write_vectored(left) {
+            Ok(0) => {
+                return Err(StoreError::Dest {
+                    offset: *offset,
+                    source: std::io::ErrorKind::WriteZero.into(),
+                })
+            }
+            Ok(n) => {
+                *offset += n as u64;
+                IoSlice::advance_slices(&mut left, n);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(StoreError::Dest {
+                    offset: *offset,
+                    source: e,
+                })
+            }
+        }
+    }
+    slices.clear();
+    Ok(())
 }
 
 /// `len` zeros as slices of [`ZEROS`].
@@ -944,31 +1148,88 @@ mod tests {
         }
     }
 
-    /// A direct write that fails stops the restore: the workers' next
-    /// hand-over is refused, and the error is the write's, with its offset.
+    /// A stream's batch is written as its pieces say: groups' bytes,
+    /// copies and zeros, in order.
     #[test]
     fn a_streams_batch_has_its_zeros_put_back_where_they_were() {
-        let bytes: Vec<u8> = (1..=200u8).collect();
-        // Zeros first, twice at one place, in the middle, longer than the
-        // zero buffer, and last.
-        let big = ZEROS.len() as u64 * 2 + 3;
-        let zeros = [(0, 5), (10, 1), (10, 2), (100, big), (200, 7)];
+        let group = Arc::new((1..=200u8).collect::<Vec<u8>>());
+        let mut out = Out::default();
         let mut want = Vec::new();
-        let mut done = 0;
-        for &(at, n) in &zeros {
-            want.extend_from_slice(&bytes[done..at]);
-            want.resize(want.len() + n as usize, 0);
-            done = at;
+        // Zeros first, twice in a row, longer than the zero buffer, and
+        // last; pieces of one group in and out of order.
+        let big = ZEROS.len() as u64 * 2 + 3;
+        for (zeros, start, len) in [
+            (5, 0, 10),
+            (1, 10, 90),
+            (2, 100, 3),
+            (big, 50, 100),
+            (7, 0, 0),
+        ] {
+            out.push_zeros(zeros);
+            want.resize(want.len() + zeros as usize, 0);
+            out.push_group(&group, start, len);
+            want.extend_from_slice(&group[start..start + len]);
         }
+        // One group held however many of its chunks the batch takes.
+        assert_eq!(out.pins.len(), 1);
         let mut got = Vec::new();
-        write_batch(&mut got, &bytes, &zeros, 0).unwrap();
+        write_batch(&mut got, &out, 0).unwrap();
         assert_eq!(got.len(), want.len());
         assert!(got == want);
-        let mut plain = Vec::new();
-        write_batch(&mut plain, &bytes, &[], 0).unwrap();
-        assert_eq!(plain, bytes);
+        // A writer that takes a few bytes per call gets all of them.
+        let mut slow = Trickle(Vec::new());
+        write_batch(&mut slow, &out, 0).unwrap();
+        assert!(slow.0 == want);
     }
 
+    /// A writer that takes at most 7 bytes per call, of one slice.
+    struct Trickle(Vec<u8>);
+
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let n = b.len().min(7);
+            self.0.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Past its limits a batch copies the chunks of further groups instead
+    /// of holding them; the bytes written are the same, and more slices
+    /// than one `writev` takes go out in several.
+    #[test]
+    fn a_batch_holds_few_groups_and_copies_the_rest() {
+        let groups: Vec<Arc<Vec<u8>>> = (0..3 * MAX_PINS)
+            .map(|g| Arc::new((0..5000u32).map(|i| (i * 7 + g as u32) as u8).collect()))
+            .collect();
+        let mut out = Out::default();
+        let mut want = Vec::new();
+        for (k, g) in groups.iter().enumerate() {
+            for piece in 0..4 {
+                // Out of order within the group: pieces that do not merge.
+                let start = (3 - piece) * 1000 + k % 7;
+                out.push_group(g, start, 999);
+                want.extend_from_slice(&g[start..start + 999]);
+                out.push_zeros(1 + (k % 3) as u64);
+                want.resize(want.len() + 1 + k % 3, 0);
+            }
+        }
+        assert_eq!(out.pins.len(), MAX_PINS);
+        assert!(out.pinned <= PIN_LIMIT);
+        assert_eq!(out.bytes.len(), (3 * MAX_PINS - MAX_PINS) * 4 * 999);
+        assert!(out.pieces.len() > MAX_IOV);
+        let mut got = Vec::new();
+        write_batch(&mut got, &out, 0).unwrap();
+        assert!(got == want);
+        // Letting go of the batch leaves the groups to their owner alone.
+        out.clear();
+        assert!(groups.iter().all(|g| Arc::strong_count(g) == 1));
+    }
+
+    /// A direct write that fails stops the restore: the workers' next
+    /// hand-over is refused, and the error is the write's, with its offset.
     #[test]
     fn a_failed_write_behind_is_the_restores_error() {
         let dir = tempfile::tempdir().unwrap();
