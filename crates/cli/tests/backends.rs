@@ -536,6 +536,62 @@ fn s3_server_stopped_mid_backup() {
     assert!(s.restore("second") == again);
 }
 
+/// A backup into a bucket killed with SIGKILL leaves its session and its
+/// image's lock behind, refreshed no more: they are leases, taken for dead
+/// only 15 minutes on. Left by a process of this machine that is gone,
+/// they are seen dead at once: `stats` lists no running command, the
+/// image takes a backup again, `repair` (which runs alone) runs, and a
+/// writable serve killed too leaves no lock on its image.
+#[test]
+fn s3_backup_killed_on_this_machine_holds_nothing() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let s = Store::s3(&server, "killed");
+    ok(s.run(&["init", &s.loc]));
+    let running = |s: &Store| {
+        json(&ok(s.verb("stats", &["--json"])))["sessions"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    let mut child = s
+        .cmd()
+        .args(["backup", "-", "--repo", &s.loc, "--name", "vm", "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&image(4 << 20, 31)).unwrap();
+    // Running: its session is in the bucket.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running(&s) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the backup never showed as running"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(stdin);
+    assert_eq!(running(&s), 0, "a killed backup still counts as running");
+    let data = image(3 << 20, 32);
+    s.backup("vm", &data);
+    assert!(s.restore("vm") == data);
+    ok(s.verb("repair", &["-q"]));
+    // A writable serve killed the same way leaves the image's lock: the
+    // next writable serve takes it over.
+    let mut srv = Served::start(&s, &["--image", "vm,rw"]);
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    drop(srv);
+    let srv = Served::start(&s, &["--image", "vm,rw"]);
+    drop(srv);
+    assert_eq!(running(&s), 0);
+}
+
 /// An object flipped or deleted in the bucket: `verify --read-data`
 /// finds it and names the images it damages.
 #[test]

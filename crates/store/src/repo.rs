@@ -389,6 +389,43 @@ pub struct SessionInfo {
     pub host: String,
     /// When it began (Unix seconds).
     pub started: i64,
+    /// What tells the process apart on `host` (absent in sessions of
+    /// older versions): see [`SessionInfo::ended_here`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<ProcessMark>,
+}
+
+/// A process as its machine knows it: the boot, the pid namespace and the
+/// process's start time (clock ticks after boot), so that a pid used again
+/// is not taken for the process that held it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessMark {
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot: String,
+    /// The inode of `/proc/self/ns/pid`.
+    pub pid_ns: u64,
+    /// Field 22 of `/proc/PID/stat`.
+    pub start_ticks: u64,
+}
+
+impl ProcessMark {
+    /// Process `pid`'s mark, seen from this process; `None` where `/proc`
+    /// does not say (no such process, or no `/proc`).
+    fn of(pid: u32) -> Option<ProcessMark> {
+        use std::os::unix::fs::MetadataExt;
+        let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+        let pid_ns = fs::metadata("/proc/self/ns/pid").ok()?.ino();
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command, in parentheses (which may hold anything), the
+        // fields from the third on: the start time is the 22nd.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let start_ticks = rest.split_whitespace().nth(19)?.parse().ok()?;
+        Some(ProcessMark {
+            boot: boot.trim().to_string(),
+            pid_ns,
+            start_ticks,
+        })
+    }
 }
 
 impl SessionInfo {
@@ -399,8 +436,31 @@ impl SessionInfo {
             pid: std::process::id(),
             host: hostname(),
             started: now_secs(),
+            process: ProcessMark::of(std::process::id()),
         };
         serde_json::to_vec(&info).map_err(|e| StoreError::Invalid(e.to_string()))
+    }
+
+    /// True when the process that wrote this ran on this machine, since
+    /// its last boot, in this pid namespace, and is gone (no process has
+    /// its pid, or one started at another time has). A bucket's sessions
+    /// and locks are leases, taken for dead only 15 minutes after their
+    /// holder stops refreshing them; one killed on this machine is seen at
+    /// once (restic does the same with its locks' host and pid).
+    pub fn ended_here(&self) -> bool {
+        let Some(mark) = &self.process else {
+            return false;
+        };
+        if self.host != hostname() {
+            return false;
+        }
+        let Some(here) = ProcessMark::of(std::process::id()) else {
+            return false;
+        };
+        if here.boot != mark.boot || here.pid_ns != mark.pid_ns {
+            return false;
+        }
+        ProcessMark::of(self.pid).is_none_or(|now| now.start_ticks != mark.start_ticks)
     }
 }
 
@@ -1447,7 +1507,10 @@ impl Repository {
             if PackId::from_hex(id).is_none() {
                 continue;
             }
-            let live = self.root.liveness(&l.key)?;
+            let mut live = self.root.liveness(&l.key)?;
+            if live == Liveness::Live && self.held_by_ended(&l.key)? {
+                live = Liveness::Dead;
+            }
             if live == Liveness::Dead {
                 self.root.delete(std::slice::from_ref(&l.key))?;
             }
@@ -1479,7 +1542,25 @@ impl Repository {
         if PackId::from_hex(id).is_none() {
             return Ok(Liveness::Gone);
         }
-        self.root.liveness(&Key::new(format!("sessions/{id}")))
+        let key = Key::new(format!("sessions/{id}"));
+        match self.root.liveness(&key)? {
+            Liveness::Live if self.held_by_ended(&key)? => Ok(Liveness::Dead),
+            live => Ok(live),
+        }
+    }
+
+    /// Whether the held object `key` of a bucket was left by a process of
+    /// this machine that is gone ([`SessionInfo::ended_here`]). A local
+    /// directory's holds are locks the kernel drops: never.
+    fn held_by_ended(&self, key: &Key) -> Result<bool> {
+        if self.local_root().is_some() {
+            return Ok(false);
+        }
+        Ok(self
+            .root
+            .get(key)?
+            .and_then(|body| self.read_info(&body))
+            .is_some_and(|i| i.ended_here()))
     }
 
     /// Whether a session other than `me` is running.
@@ -1496,7 +1577,15 @@ impl Repository {
         validate_name(name)?;
         let body = self.info_body(what)?;
         let key = Key::new(format!("locks/{}", self.image_dir(name)));
-        match self.root.hold(&key, &body) {
+        let mut held = self.root.hold(&key, &body);
+        if matches!(held, Err(StoreError::Locked { .. })) && self.held_by_ended(&key)? {
+            // Left by a writer of this machine that was killed: taken
+            // over, as a lock whose lease ran out is.
+            tracing::info!(image = name, "taking over the lock of an ended writer");
+            self.root.delete(std::slice::from_ref(&key))?;
+            held = self.root.hold(&key, &body);
+        }
+        match held {
             Ok(h) => Ok(ImageLock { _held: h }),
             Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
                 path: PathBuf::from(format!("{}: image {name}", self.location)),
@@ -2270,6 +2359,75 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
     use super::*;
+
+    /// A session of a process of this machine is ended once the process
+    /// is gone, not while it runs; one of another host, boot or pid
+    /// namespace, or of an older version (no mark), is never taken for
+    /// ended here; a pid used again by a later process is not the holder.
+    #[test]
+    fn a_session_is_ended_here_only_when_its_process_is_gone() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let info = SessionInfo {
+            what: "test".into(),
+            pid: child.id(),
+            host: hostname(),
+            started: now_secs(),
+            process: ProcessMark::of(child.id()),
+        };
+        assert!(info.process.is_some(), "no mark read from /proc");
+        assert!(!info.ended_here(), "a running process taken for ended");
+        let me = serde_json::from_slice::<SessionInfo>(&SessionInfo::now("me").unwrap()).unwrap();
+        assert!(!me.ended_here());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(info.ended_here(), "a killed process still counted");
+        // Not decidable here: kept for the lease to decide.
+        let elsewhere = SessionInfo {
+            host: format!("{}-other", hostname()),
+            ..info.clone()
+        };
+        assert!(!elsewhere.ended_here());
+        let mark = info.process.clone().unwrap();
+        for other in [
+            ProcessMark {
+                boot: "another boot".into(),
+                ..mark.clone()
+            },
+            ProcessMark {
+                pid_ns: mark.pid_ns + 1,
+                ..mark.clone()
+            },
+        ] {
+            let i = SessionInfo {
+                process: Some(other),
+                ..info.clone()
+            };
+            assert!(!i.ended_here());
+        }
+        let old = SessionInfo {
+            process: None,
+            ..info.clone()
+        };
+        assert!(!old.ended_here());
+        // This very process, recorded with another start time: its pid
+        // was used again.
+        let reused = SessionInfo {
+            pid: std::process::id(),
+            process: Some(ProcessMark {
+                start_ticks: me.process.unwrap().start_ticks + 1,
+                ..mark
+            }),
+            ..info
+        };
+        assert!(reused.ended_here());
+        // Bodies of older versions still read.
+        let v1: SessionInfo =
+            serde_json::from_str(r#"{"what":"w","pid":1,"host":"h","started":5}"#).unwrap();
+        assert!(v1.process.is_none());
+    }
 
     /// Every version of the trash list decodes: version 1 (`garbage`, no
     /// sessions), version 2 (`trash/<hex>`) and version 3 (`recording`
