@@ -75,9 +75,6 @@ pub(crate) struct CacheTarget {
     pub json: bool,
 }
 
-/// Put the cache at `cache` in front of `backing`, locked while it is
-/// open. A blank cache device is formatted when `format_blank`, refused
-/// otherwise.
 /// What a cache in front of the file or device at `path` is in front of
 /// (its device and inode, or device number: the same after a rename).
 pub(crate) fn file_owner(path: &Path) -> Option<cairn_wbcache::Owner> {
@@ -104,6 +101,9 @@ pub(crate) fn image_owner(vol: &cairn_volume::WritableVolume) -> cairn_wbcache::
     }
 }
 
+/// Put the cache at `cache` in front of `backing`, locked while it is
+/// open. A blank cache device is formatted when `format_blank`, refused
+/// otherwise.
 pub(crate) fn open_cached(
     backing: Arc<dyn BlockDev>,
     cache: &Path,
@@ -209,6 +209,12 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         return inspect(cache, backing.size(), t.json);
     }
     let started = std::time::Instant::now();
+    // A file bound to another cache with dirty blocks is not drained into.
+    let bound = owner.as_ref().zip(t.backing.as_deref());
+    if let Some((o, path)) = bound {
+        crate::cache_bind::check(path, &o.key, backing.size(), Some(cache))?;
+    }
+    let key = owner.as_ref().map(|o| o.key.clone());
     let wb = open_cached(backing, cache, WbConfig { owner, ..cfg }, false)?;
     let status = if detach {
         wb.detach()
@@ -219,6 +225,15 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         wb.close().context("close the cache")?;
         status
     };
+    if let (Some(key), Some(path)) = (&key, &t.backing) {
+        // Detached, the file stands alone; drained, the cache is still
+        // in front of it (clean).
+        if detach {
+            crate::cache_bind::unbind(key);
+        } else {
+            crate::cache_bind::bind(key, path, cache);
+        }
+    }
     if let Some(img) = &image {
         // Everything the cache held is in the image's overlay: it no
         // longer needs the cache; make it the image's next snapshot.

@@ -6,6 +6,7 @@
 
 #[macro_use]
 mod out;
+mod cache_bind;
 mod cache_cmd;
 mod diff_copy;
 mod generate;

@@ -503,6 +503,11 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
         .clamp(1, 256);
     let direct = a.direct.then_some((a.read_block, depth));
     let (mut source, size, label) = open_source(&a.source, direct)?;
+    let named = a.source.as_os_str() != "-";
+    if let (true, Some(o), Some(size)) = (named, crate::cache_cmd::file_owner(&a.source), size) {
+        // Not what a write-back cache in front of it still holds.
+        crate::cache_bind::check(&a.source, &o.key, size, None)?;
+    }
     let lock = repo.session(&format!("cairn backup {}", a.name))?;
     let bar = Progress::new("backup", size, !a.quiet);
     let progress = |p: &BackupProgress| {

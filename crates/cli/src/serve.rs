@@ -371,13 +371,20 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             dev,
             read_only: f.opts.read_only,
         };
+        let owner = crate::cache_cmd::file_owner(&f.path);
+        if let Some(o) = &owner {
+            crate::cache_bind::check(&f.path, &o.key, export.dev.size(), f.cache.as_deref())
+                .with_context(|| format!("--file {spec}"))?;
+        }
         if let Some(c) = &f.cache {
             if f.opts.read_only {
                 bail!("--file {spec}: a cache needs a writable file: drop `ro`");
             }
-            let owner = crate::cache_cmd::file_owner(&f.path);
-            attach_cache(a, &mut export, c, owner, &mut caches)
+            attach_cache(a, &mut export, c, owner.clone(), &mut caches)
                 .with_context(|| format!("--file {spec}"))?;
+            if let Some(o) = &owner {
+                crate::cache_bind::bind(&o.key, &f.path, c);
+            }
         }
         exports.push(export);
     }

@@ -835,3 +835,153 @@ fn a_killed_cached_image_is_committed_only_through_its_cache() {
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+/// Run `cmd` for at most `secs` seconds: its output, or `None` if it still
+/// ran (it is killed then).
+fn run_briefly(cmd: &mut Command, secs: u64) -> Option<std::process::Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(secs) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Found from outside (2026-11-28): a server with blocks in its write-back
+/// cache was killed; `serve --file` of the backing file without the cache
+/// then served the old blocks, and the cache, opened again later, wrote
+/// its blocks over what was written meanwhile. Now the file is recorded as
+/// bound to its cache: served without it, served with another cache, or
+/// backed up, it is refused in one line naming the cache while the cache
+/// holds dirty blocks; with the cache it serves the new blocks; once
+/// drained it is used alone again.
+#[test]
+fn a_file_whose_cache_holds_its_writes_is_not_used_without_it() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let back = d.join("back.raw");
+    std::fs::write(&back, vec![0u8; (BLOCKS * 4096) as usize]).unwrap();
+    std::fs::write(d.join("cache.dev"), vec![0u8; 9 << 20]).unwrap();
+    std::fs::write(d.join("other.dev"), vec![0u8; 9 << 20]).unwrap();
+    let sock = d.join("s.sock");
+    let serve = |spec: String| {
+        let _ = std::fs::remove_file(&sock);
+        let mut c = cairn();
+        c.args([
+            "serve",
+            "--cache-idle-ms",
+            "3600000",
+            "--cache-dirty-high",
+            "1",
+            "--socket",
+        ])
+        .arg(&sock)
+        .arg("--file")
+        .arg(spec);
+        c
+    };
+    let cached = format!(
+        "d={},cache={}",
+        back.display(),
+        d.join("cache.dev").display()
+    );
+    let uri = format!("nbd+unix:///d?socket={}", sock.display());
+    let mut server = serve(cached.clone())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&[&sock]);
+    qemu_io_ok(&uri, &["write -P 0x5a 64k 64k", "flush"]);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(
+        std::fs::read(&back).unwrap().iter().all(|&b| b == 0),
+        "the write reached the file: nothing left in the cache to test"
+    );
+
+    let refused = |what: &str, cmd: &mut Command| {
+        let out = run_briefly(cmd, 20).unwrap_or_else(|| panic!("{what}: ran on (not refused)"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: succeeded");
+        assert!(
+            err.contains("cache.dev")
+                && err.contains("not yet written back")
+                && err.lines().count() == 1,
+            "{what}: {err}"
+        );
+    };
+    refused("plain serve", &mut serve(format!("d={}", back.display())));
+    refused(
+        "serve with another cache",
+        &mut serve(format!(
+            "d={},cache={}",
+            back.display(),
+            d.join("other.dev").display()
+        )),
+    );
+    let repo = d.join("repo");
+    run_ok(&["init", repo.to_str().unwrap()]);
+    refused(
+        "backup",
+        cairn().args([
+            "backup",
+            back.to_str().unwrap(),
+            "--name",
+            "d",
+            "-q",
+            "--repo",
+            repo.to_str().unwrap(),
+        ]),
+    );
+
+    // With its cache the file is served with the write in it.
+    let mut server = serve(cached)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&[&sock]);
+    qemu_io_ok(&uri, &["read -P 0x5a 64k 64k"]);
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    // Drained, the file stands for itself.
+    let out = offline(d, Backing::File, &["drain"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&back).unwrap()[64 << 10..128 << 10]
+        .iter()
+        .all(|&b| b == 0x5a));
+    run_ok(&[
+        "backup",
+        back.to_str().unwrap(),
+        "--name",
+        "d",
+        "-q",
+        "--repo",
+        repo.to_str().unwrap(),
+    ]);
+    assert!(
+        run_briefly(&mut serve(format!("d={}", back.display())), 3).is_none(),
+        "a plain serve of the drained file did not run"
+    );
+}

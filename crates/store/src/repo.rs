@@ -531,13 +531,20 @@ pub fn cache_dir(location: &str) -> Option<PathBuf> {
     Some(user_dir("CAIRN_CACHE_DIR", "XDG_CACHE_HOME", ".cache/cairn")?.join(&h[..32]))
 }
 
+/// Where cairn keeps local state that must last: `$CAIRN_STATE_DIR`, else
+/// `$XDG_STATE_HOME/cairn`, else `~/.local/state/cairn`; `None` when none
+/// of those is set.
+pub fn state_root() -> Option<PathBuf> {
+    user_dir("CAIRN_STATE_DIR", "XDG_STATE_HOME", ".local/state/cairn")
+}
+
 /// Where cairn keeps local state that must last (the overlays of writable
 /// images) for the repository with id `id`: `$CAIRN_STATE_DIR`, else
 /// `$XDG_STATE_HOME/cairn`, else `~/.local/state/cairn`, in a folder named
 /// by the id (the same whichever path or URL reaches the repository);
 /// `None` when none of those is set.
 pub fn state_dir(id: RepoId) -> Option<PathBuf> {
-    Some(user_dir("CAIRN_STATE_DIR", "XDG_STATE_HOME", ".local/state/cairn")?.join(id.to_string()))
+    Some(state_root()?.join(id.to_string()))
 }
 
 /// The user running cairn, for key files.
