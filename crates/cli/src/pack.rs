@@ -165,7 +165,8 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
     match run.outcome {
         Err(e) if e.is_warning() => {
             errln!("cairn: {}", crate::one_line(&e));
-            return Err(crate::Warned.into());
+            let status = crate::Tool::invoked().warning_status(Some(&e));
+            return Err(crate::Warned(status).into());
         }
         outcome => outcome?,
     }
@@ -180,7 +181,7 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
         }
     }
     if warned {
-        return Err(crate::Warned.into());
+        return Err(crate::Warned(crate::Tool::invoked().warning_status(None)).into());
     }
     Ok(())
 }

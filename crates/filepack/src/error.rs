@@ -199,8 +199,8 @@ pub enum Error {
 impl Error {
     /// An input gzip leaves alone with a warning and exit status 2 rather
     /// than an error and 1: a name with no known suffix to take off, an
-    /// output that exists, an input that is not a regular file or has
-    /// other links. (A name with the suffix already is 0 in gzip, 1 in
+    /// output that exists, an input that is a directory (without `-r`),
+    /// is not a regular file or has other links. (A name with the suffix already is 0 in gzip, 1 in
     /// pigz: an error here, as pigz.)
     pub fn is_warning(&self) -> bool {
         match self {
@@ -208,6 +208,7 @@ impl Error {
             Error::Failed { warnings_only, .. } => *warnings_only,
             Error::UnknownSuffix
             | Error::Exists { .. }
+            | Error::IsDirectory { .. }
             | Error::NotRegular
             | Error::SpecialMode(_)
             | Error::OtherLinks(_) => true,
