@@ -167,7 +167,7 @@ use segment::{segment_buf, Loc, Meta, OpenSeg, Sealed, Written};
 use writeback::BatchProgress;
 
 use cairn_blockdev::{
-    check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, Op, ZeroFlags,
+    check_range, read_only, BlockDev, BlockError, BlockSizes, Caps, Extent, Op, ZeroFlags,
 };
 use format::{Entry, FlushMark, Superblock, Watermark};
 use rustc_hash::FxHashMap as HashMap;
@@ -179,6 +179,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const B: u64 = BLOCK_SIZE;
 const BU: usize = BLOCK_SIZE as usize;
+/// Bytes one block-status request looks at, at most (a device may report
+/// less than asked): the cache's index is searched block by block.
+const EXTENTS_SCAN: u64 = 64 << 20;
 /// Stripes of the per-block read-modify-write lock.
 const STRIPES: usize = 256;
 /// Buffers of written segments kept for reuse by open segments.
@@ -1583,7 +1586,7 @@ impl BlockDev for WbCache {
             trim: true,
             zeroes: true,
             fast_zero: true,
-            extents: false,
+            extents: self.inner.backing.caps().extents,
             multi_conn: true,
             rotational: false,
         }
@@ -1633,6 +1636,60 @@ impl BlockDev for WbCache {
         self.after_write(r, fua, Op::Trim, offset, len)
     }
 
+    /// The backing's allocation where the cache holds none of the blocks;
+    /// data where it holds them (zero where they were zeroed or trimmed):
+    /// a sparse file behind a cache is still copied as sparse by nbdcopy
+    /// or `qemu-img convert`, not byte by byte.
+    fn extents(&self, offset: u64, len: u64) -> cairn_blockdev::Result<Vec<Extent>> {
+        check_range(self.inner.size, Op::Extents, offset, len)?;
+        let end = offset + len.min(EXTENTS_SCAN);
+        if offset == end {
+            return Ok(Vec::new());
+        }
+        // The cached blocks of the range, in order, and whether each
+        // reads as zeros.
+        let (first, last) = (offset / B, (end - 1) / B);
+        let mut cached: Vec<(u64, bool)> = {
+            let st = lock(&self.inner.state);
+            if (st.index.len() as u64) < last - first + 1 {
+                st.index
+                    .iter()
+                    .filter(|(lba, _)| (first..=last).contains(*lba))
+                    .map(|(lba, loc)| (*lba, loc.data.is_none()))
+                    .collect()
+            } else {
+                (first..=last)
+                    .filter_map(|lba| st.index.get(&lba).map(|loc| (lba, loc.data.is_none())))
+                    .collect()
+            }
+        };
+        cached.sort_unstable();
+        let backing = &*self.inner.backing;
+        let mut out: Vec<Extent> = Vec::new();
+        let mut pos = offset;
+        for (lba, zero) in cached {
+            let (bs, be) = ((lba * B).max(offset), ((lba + 1) * B).min(end));
+            // Uncached: as the backing has it, which may say less than
+            // asked (then so does this reply).
+            if pos < bs && !backing_extents(backing, pos, bs, &mut out)? {
+                return Ok(out);
+            }
+            push_extent(
+                &mut out,
+                Extent {
+                    len: be - bs,
+                    hole: false,
+                    zero,
+                },
+            );
+            pos = be;
+        }
+        if pos < end {
+            backing_extents(backing, pos, end, &mut out)?;
+        }
+        Ok(out)
+    }
+
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> cairn_blockdev::Result<()> {
         self.writable(Op::WriteZeroes, offset, len)?;
         let r = self.inner.write(
@@ -1644,6 +1701,37 @@ impl BlockDev for WbCache {
         );
         self.after_write(r, flags.fua, Op::WriteZeroes, offset, len)
     }
+}
+
+/// Append `e` to `out`, merged with the last extent if of the same kind.
+fn push_extent(out: &mut Vec<Extent>, e: Extent) {
+    match out.last_mut() {
+        Some(l) if l.hole == e.hole && l.zero == e.zero => l.len += e.len,
+        _ => out.push(e),
+    }
+}
+
+/// Append the allocation of `from..to` on `dev` to `out`; false when the
+/// device reported less than all of it.
+fn backing_extents(
+    dev: &dyn BlockDev,
+    from: u64,
+    to: u64,
+    out: &mut Vec<Extent>,
+) -> cairn_blockdev::Result<bool> {
+    let mut covered = from;
+    for e in dev.extents(from, to - from)? {
+        let n = e.len.min(to - covered);
+        if n == 0 {
+            break;
+        }
+        push_extent(out, Extent { len: n, ..e });
+        covered += n;
+        if covered == to {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

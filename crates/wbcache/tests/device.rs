@@ -152,3 +152,84 @@ fn a_zeroed_superblock_before_a_watermark_is_damage_not_blank() {
     drop(wb);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Block status through the cache (outside QA: it reported the whole
+/// export as data, so nbdcopy copied every byte of a sparse file): the
+/// backing's holes where the cache holds none of the blocks; data where
+/// it holds written blocks, zero where it holds zeroed ones; and after
+/// the drain, the backing's own allocation.
+#[test]
+fn block_status_shows_the_backings_holes_and_the_cached_blocks() {
+    let (dir, path) = blank_cache("extents");
+    let file = dir.join("backing.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(BACKING)
+        .unwrap();
+    let backing: Arc<dyn BlockDev> =
+        Arc::new(FileDev::open(&file, FileOptions::default()).unwrap());
+    // Data on the backing itself at 1 MiB (64 KiB).
+    backing.write_at(&[9u8; 65536], 1 << 20, false).unwrap();
+    if backing.extents(0, BACKING).unwrap().len() < 3 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the CI machine's temporary directory reports no holes"
+        );
+        eprintln!(
+            "skipping: the filesystem of {} reports no holes",
+            file.display()
+        );
+        return;
+    }
+    let wb = WbCache::open_path(&path, backing.clone(), cfg(), true).unwrap();
+    assert!(wb.caps().extents);
+    wb.write_at(&[7u8; 8192], 8192, false).unwrap();
+    wb.write_zeroes(3 << 20, 4096, cairn_blockdev::ZeroFlags::default())
+        .unwrap();
+    // Kinds of each 4 KiB block, as reported over the whole device.
+    let kinds = |dev: &dyn BlockDev| -> Vec<char> {
+        let mut v = Vec::new();
+        let mut pos = 0;
+        while pos < BACKING {
+            let ex = dev.extents(pos, BACKING - pos).unwrap();
+            assert!(!ex.is_empty() && ex.iter().all(|e| e.len > 0), "{ex:?}");
+            for e in ex {
+                let c = match (e.hole, e.zero) {
+                    (true, _) => 'h',
+                    (false, true) => 'z',
+                    _ => 'd',
+                };
+                v.extend(std::iter::repeat_n(c, (e.len / 4096) as usize));
+                pos += e.len;
+            }
+        }
+        v
+    };
+    let got = kinds(&wb);
+    let mut want = vec!['h'; (BACKING / 4096) as usize];
+    want[2..4].fill('d');
+    want[256..272].fill('d');
+    want[768] = 'z';
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "{:?}",
+        got.iter()
+            .enumerate()
+            .filter(|(i, c)| want[*i] != **c)
+            .take(8)
+            .collect::<Vec<_>>()
+    );
+    // A range starting inside a cached block, and one that is all hole.
+    let ex = wb.extents(8192 + 100, 10_000).unwrap();
+    assert_eq!((ex[0].len, ex[0].hole), (8192 - 100, false), "{ex:?}");
+    assert!(wb.extents(2 << 20, 4096).unwrap()[0].hole);
+    // Drained: what the backing says.
+    wb.drain().unwrap();
+    let drained = kinds(&wb);
+    assert!(drained[2..4].iter().all(|&c| c == 'd'), "{drained:?}");
+    assert!(drained[256..272].iter().all(|&c| c == 'd'));
+    assert!(drained[1000] == 'h');
+    wb.close().unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
