@@ -25,6 +25,17 @@ pub(crate) enum CacheCommand {
     /// Drain, then wipe the cache's superblock: the backing file stands
     /// alone and the cache device can be reused.
     Detach(CacheTarget),
+    /// Forget which cache a file or device is bound to, once that cache
+    /// holds nothing for it or is lost for good (refused while the cache
+    /// is there and holds its blocks).
+    Unbind(UnbindArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct UnbindArgs {
+    /// The backing file or device.
+    #[arg(long = "backing", value_name = "BACKING")]
+    pub backing: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -81,13 +92,61 @@ pub(crate) fn file_owner(path: &Path) -> Option<cairn_wbcache::Owner> {
     let meta = std::fs::metadata(path).ok()?;
     let key = match cairn_blockdev::FileIdentity::of(&meta)? {
         cairn_blockdev::FileIdentity::File(dev, ino) => format!("file:{dev}:{ino}"),
-        cairn_blockdev::FileIdentity::Device(rdev) => format!("device:{rdev}"),
+        cairn_blockdev::FileIdentity::Device(rdev) => device_key(rdev),
     };
     let shown = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    Some(cairn_wbcache::Owner {
-        key,
-        description: format!("the file {}", shown.display()),
-    })
+    let description = match key.split_once('@') {
+        // What the device number stands for now, to tell two apart.
+        Some((base, _)) => format!("the device {} ({base})", shown.display()),
+        None => format!("the file {}", shown.display()),
+    };
+    Some(cairn_wbcache::Owner { key, description })
+}
+
+/// A block device's key: what it stands for, where the kernel says (a
+/// loop device: its backing file, as that file's own key; a device-mapper
+/// device: its uuid; a disk or partition: the disk's WWID or serial and
+/// the partition's number), then `@device:RDEV`. The number alone, which
+/// another disk may have after a reboot or `losetup -d`, only where none
+/// of those is known (outside QA: a cache drained into a loop device
+/// number that had been given to another file wrote that file).
+fn device_key(rdev: u64) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let stable = if let Some(file) = read(&sys.join("loop/backing_file")) {
+        std::fs::metadata(&file)
+            .ok()
+            .map(|m| format!("file:{}:{}", m.dev(), m.ino()))
+    } else if let Some(uuid) = read(&sys.join("dm/uuid")) {
+        Some(format!("device:dm:{uuid}"))
+    } else {
+        // A partition's directory is inside its disk's.
+        let part = read(&sys.join("partition"));
+        let disk = if part.is_some() {
+            sys.join("..")
+        } else {
+            sys.clone()
+        };
+        ["device/wwid", "wwid", "device/serial", "serial"]
+            .iter()
+            .find_map(|p| read(&disk.join(p)))
+            .map(|id| match &part {
+                Some(n) => format!("device:id:{id}:{n}"),
+                None => format!("device:id:{id}"),
+            })
+    };
+    match stable {
+        Some(s) => format!("{s}@device:{rdev}"),
+        None => format!("device:{rdev}"),
+    }
 }
 
 /// What a cache in front of the writable image `vol` is in front of: the
@@ -125,6 +184,21 @@ pub(crate) fn open_cached(
 
 pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     let (t, drain, detach) = match &a.command {
+        CacheCommand::Unbind(u) => {
+            let path = &u.backing;
+            let Some(owner) = file_owner(path) else {
+                bail!("{}: not a file or block device", path.display());
+            };
+            let read_only = FileOptions {
+                read_only: true,
+                ..FileOptions::default()
+            };
+            let size = FileDev::open(path, read_only)
+                .with_context(|| format!("cannot open {}", path.display()))?
+                .size();
+            outln!("cairn: {}", crate::cache_bind::release(path, &owner, size)?);
+            return Ok(());
+        }
         CacheCommand::Status(t) => (t, false, false),
         CacheCommand::Drain(t) => (t, true, false),
         CacheCommand::Detach(t) => (t, true, true),
@@ -212,10 +286,11 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
     // A file bound to another cache with dirty blocks is not drained into.
     let bound = owner.as_ref().zip(t.backing.as_deref());
     if let Some((o, path)) = bound {
-        crate::cache_bind::check(path, &o.key, backing.size(), Some(cache))?;
+        crate::cache_bind::check(path, o, backing.size(), Some(cache))?;
     }
-    let key = owner.as_ref().map(|o| o.key.clone());
+    let bound = owner.clone();
     let wb = open_cached(backing, cache, WbConfig { owner, ..cfg }, false)?;
+    let cache_id = wb.cache_id();
     let status = if detach {
         wb.detach()
             .with_context(|| format!("detach the cache {}", cache.display()))?
@@ -225,13 +300,13 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
         wb.close().context("close the cache")?;
         status
     };
-    if let (Some(key), Some(path)) = (&key, &t.backing) {
+    if let (Some(o), Some(path)) = (&bound, &t.backing) {
         // Detached, the file stands alone; drained, the cache is still
         // in front of it (clean).
         if detach {
-            crate::cache_bind::unbind(key);
+            crate::cache_bind::unbind(o);
         } else {
-            crate::cache_bind::bind(key, path, cache);
+            crate::cache_bind::bind(o, path, cache, cache_id);
         }
     }
     if let Some(img) = &image {

@@ -506,7 +506,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let named = a.source.as_os_str() != "-";
     if let (true, Some(o), Some(size)) = (named, crate::cache_cmd::file_owner(&a.source), size) {
         // Not what a write-back cache in front of it still holds.
-        crate::cache_bind::check(&a.source, &o.key, size, None)?;
+        crate::cache_bind::check(&a.source, &o, size, None)?;
     }
     let lock = repo.session(&format!("cairn backup {}", a.name))?;
     let bar = Progress::new("backup", size, !a.quiet);

@@ -373,17 +373,17 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         };
         let owner = crate::cache_cmd::file_owner(&f.path);
         if let Some(o) = &owner {
-            crate::cache_bind::check(&f.path, &o.key, export.dev.size(), f.cache.as_deref())
+            crate::cache_bind::check(&f.path, o, export.dev.size(), f.cache.as_deref())
                 .with_context(|| format!("--file {spec}"))?;
         }
         if let Some(c) = &f.cache {
             if f.opts.read_only {
                 bail!("--file {spec}: a cache needs a writable file: drop `ro`");
             }
-            attach_cache(a, &mut export, c, owner.clone(), &mut caches)
+            let wb = attach_cache(a, &mut export, c, owner.clone(), &mut caches)
                 .with_context(|| format!("--file {spec}"))?;
             if let Some(o) = &owner {
-                crate::cache_bind::bind(&o.key, &f.path, c);
+                crate::cache_bind::bind(o, &f.path, c, wb.cache_id());
             }
         }
         exports.push(export);

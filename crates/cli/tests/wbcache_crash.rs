@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{cairn, have, tempdir};
+use common::{cairn, have, ok, state_dir, tempdir};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -949,7 +949,71 @@ fn a_file_whose_cache_holds_its_writes_is_not_used_without_it() {
         ]),
     );
 
-    // With its cache the file is served with the write in it.
+    // Second QA round: a cache moved away, or a blank file or another
+    // cache in its place, is no proof its blocks are gone: refused too,
+    // naming `cache unbind`; which refuses while the cache holds them.
+    let unbind = || {
+        cairn()
+            .args(["cache", "unbind", "--backing"])
+            .arg(&back)
+            .output()
+            .unwrap()
+    };
+    let cache = d.join("cache.dev");
+    std::fs::rename(&cache, d.join("moved.dev")).unwrap();
+    let gone = |what: &str, cmd: &mut Command, says: &str| {
+        let out = run_briefly(cmd, 20).unwrap_or_else(|| panic!("{what}: ran on"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says) && err.contains("cache unbind"),
+            "{what}: {err}"
+        );
+    };
+    gone(
+        "cache moved",
+        &mut serve(format!("d={}", back.display())),
+        "not there",
+    );
+    std::fs::write(&cache, vec![0u8; 9 << 20]).unwrap();
+    gone(
+        "a blank file in its place",
+        &mut serve(format!("d={}", back.display())),
+        "blank",
+    );
+    gone(
+        "a blank file in its place, as the cache",
+        &mut serve(format!("d={},cache={}", back.display(), cache.display())),
+        "blank",
+    );
+    std::fs::rename(d.join("moved.dev"), &cache).unwrap();
+    let unbound = unbind();
+    assert!(
+        !unbound.status.success(),
+        "unbind of a dirty cache's file succeeded"
+    );
+    // A damaged record: plain use refused, the cache itself still serves.
+    let records: Vec<_> = std::fs::read_dir(state_dir().join("wbcache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let record = records
+        .iter()
+        .find(|r| {
+            std::fs::read_to_string(r)
+                .unwrap()
+                .contains(back.to_str().unwrap())
+        })
+        .unwrap()
+        .clone();
+    std::fs::write(&record, b"garbage").unwrap();
+    gone(
+        "damaged record",
+        &mut serve(format!("d={}", back.display())),
+        "not a cache binding",
+    );
+
+    // With its cache the file is served with the write in it (and its
+    // record written anew).
     let mut server = serve(cached)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -983,5 +1047,11 @@ fn a_file_whose_cache_holds_its_writes_is_not_used_without_it() {
     assert!(
         run_briefly(&mut serve(format!("d={}", back.display())), 3).is_none(),
         "a plain serve of the drained file did not run"
+    );
+    // Written back, the binding can go.
+    let unbound = unbind();
+    assert!(
+        String::from_utf8_lossy(&ok(unbound).stdout).contains("no longer bound"),
+        "unbind of a drained cache's file"
     );
 }

@@ -269,6 +269,27 @@ impl Owner {
     /// Longest key plus description an owner block holds.
     pub const MAX_TEXT: usize = BLOCK_SIZE as usize - 36;
 
+    /// The part of the key that names the backing: before an `@`, what
+    /// follows being where it was found (a block device's number, which
+    /// may name another disk after a reboot or `losetup -d`).
+    pub fn base_key(&self) -> &str {
+        self.key.split_once('@').map_or(&self.key, |(base, _)| base)
+    }
+
+    /// Whether `self` (recorded in a cache) and `given` (named now) are
+    /// the same backing: the same base key; or `self` is a block device
+    /// recorded by number alone (before stable names), and `given` is
+    /// found at that number.
+    pub fn same_backing(&self, given: &Owner) -> bool {
+        self.base_key() == given.base_key()
+            || (!self.key.contains('@')
+                && self.key.starts_with("device:")
+                && given
+                    .key
+                    .split_once('@')
+                    .is_some_and(|(_, at)| at == self.key))
+    }
+
     pub(crate) fn encode(&self, cache_id: &[u8; 16]) -> Vec<u8> {
         let mut key = self.key.as_bytes();
         key = &key[..key.len().min(Self::MAX_TEXT / 2)];
@@ -665,6 +686,18 @@ mod tests {
             assert_eq!(Owner::decode(&bad, &id), None, "byte {at}");
         }
         // Too long a text is cut, never past the block.
+        // The base key names the backing; a device number recorded alone
+        // (older caches) matches a device found at that number.
+        let at = |key: &str| Owner {
+            key: key.into(),
+            description: String::new(),
+        };
+        assert!(at("file:1:2@device:7").same_backing(&at("file:1:2")));
+        assert!(at("file:1:2").same_backing(&at("file:1:2@device:9")));
+        assert!(!at("file:1:2@device:7").same_backing(&at("file:1:3@device:7")));
+        assert!(at("device:7").same_backing(&at("device:dm:x@device:7")));
+        assert!(!at("device:7").same_backing(&at("device:dm:x@device:8")));
+        assert!(!at("device:dm:y@device:7").same_backing(&at("device:dm:x@device:7")));
         let long = Owner {
             key: "k".repeat(5000),
             description: "d".repeat(5000),

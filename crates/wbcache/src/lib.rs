@@ -327,6 +327,8 @@ pub struct Inspection {
     pub marked_id: u64,
     /// What the cache was last opened in front of (version 4).
     pub owner: Option<Owner>,
+    /// The cache's id (random, from `format`).
+    pub cache_id: [u8; 16],
     /// Headers of stale segments and plog records an open would erase.
     pub stale_headers: usize,
     /// Damage: flushed writes that cannot be read (empty when healthy).
@@ -824,6 +826,7 @@ impl WbCache {
             plog_records: scan.plog_seq,
             marked_id: scan.mark.map_or(0, |m| m.durable_id),
             owner: recovery::read_owner(cache, &scan.sb.cache_id)?,
+            cache_id: scan.sb.cache_id,
             stale_headers: scan.stale.len(),
             damage: scan.damage,
             notes: scan.notes,

@@ -489,7 +489,7 @@ pub(crate) fn owner_to_write(
     }
     let dirty = scan.last > scan.wm.clean_id || scan.plog_seq > 0;
     match read_owner(cache, &scan.sb.cache_id)? {
-        Some(s) if s.key == given.key => Ok(None),
+        Some(s) if s.same_backing(given) => Ok(None),
         Some(s) if dirty => Err(WbError::OtherOwner {
             owner: s.description,
             given: given.description.clone(),
