@@ -573,10 +573,18 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // A pack or more in the bucket (packs close at 32 MiB).
+    stdin.write_all(&image(40 << 20, 33)).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
     child.kill().unwrap();
     child.wait().unwrap();
     drop(stdin);
     assert_eq!(running(&s), 0, "a killed backup still counts as running");
+    // What it wrote is taken in by gc and, used by no snapshot, deleted.
+    ok(s.verb("gc", &[]));
+    let st = json(&ok(s.verb("stats", &["--json"])));
+    assert_eq!(st["unindexed_packs"], 0, "{st}");
+    assert_eq!(st["pack_bytes"], 0, "{st}");
     let data = image(3 << 20, 32);
     s.backup("vm", &data);
     assert!(s.restore("vm") == data);
