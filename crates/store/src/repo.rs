@@ -1601,7 +1601,10 @@ impl Repository {
                     .map(|i| {
                         format!(
                             "{}, pid {} on {}, since {}",
-                            i.what, i.pid, i.host, i.started
+                            i.what,
+                            i.pid,
+                            i.host,
+                            crate::retention::format_time(i.started)
                         )
                     })
                     .unwrap_or(holder),
