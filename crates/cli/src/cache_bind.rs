@@ -9,7 +9,8 @@
 //! their overlay; a file or device has it here: one entry per backing, in
 //! `wbcache/` under the state directory (`$CAIRN_STATE_DIR`, else
 //! `$XDG_STATE_HOME/cairn`, else `~/.local/state/cairn`), named by a hash
-//! of the backing's identity (device and inode, or device number). See
+//! of the backing's identity (a file's device and inode; a block device's
+//! backing file, dm uuid or WWID, see `cache_cmd::file_owner`). See
 //! docs/format/wbcache.md, "Bindings".
 //!
 //! Plain use of a file or device (`serve --file` without `cache=`,

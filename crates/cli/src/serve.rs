@@ -380,6 +380,16 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             if f.opts.read_only {
                 bail!("--file {spec}: a cache needs a writable file: drop `ro`");
             }
+            // (Else the export's own lock answers "in use", which it is
+            // not.)
+            let id = |p: &std::path::Path| {
+                std::fs::metadata(p)
+                    .ok()
+                    .and_then(|m| cairn_blockdev::FileIdentity::of(&m))
+            };
+            if id(c).is_some() && id(c) == id(&f.path) {
+                bail!("--file {spec}: the cache is the exported file itself");
+            }
             let wb = attach_cache(a, &mut export, c, owner.clone(), &mut caches)
                 .with_context(|| format!("--file {spec}"))?;
             if let Some(o) = &owner {

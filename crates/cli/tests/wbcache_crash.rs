@@ -899,6 +899,10 @@ fn a_file_whose_cache_holds_its_writes_is_not_used_without_it() {
         d.join("cache.dev").display()
     );
     let uri = format!("nbd+unix:///d?socket={}", sock.display());
+    // A file as its own cache is named so, not "in use" (QA).
+    let own = run_briefly(&mut serve(format!("d={0},cache={0}", back.display())), 20)
+        .expect("a file as its own cache was served");
+    assert!(String::from_utf8_lossy(&own.stderr).contains("itself"));
     let mut server = serve(cached.clone())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
