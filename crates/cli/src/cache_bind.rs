@@ -84,9 +84,10 @@ fn born(path: &Path) -> Option<String> {
 /// The entry of `key` at `at`, unless it is of a file that is gone (its
 /// inode now another file's, `path`): that one is removed.
 fn entry_of(at: &Path, key: &str, path: &Path) -> Result<Option<Entry>> {
+    let now = born(path);
     match read(at)? {
         Some(e) if e.key != key => Ok(None),
-        Some(e) if e.born.is_some() && born(path).is_some() && e.born != born(path) => {
+        Some(e) if e.born.is_some() && now.is_some() && e.born != now => {
             let _ = std::fs::remove_file(at);
             Ok(None)
         }

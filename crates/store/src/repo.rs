@@ -451,10 +451,15 @@ impl SessionInfo {
         let Some(mark) = &self.process else {
             return false;
         };
-        if self.host != hostname() {
+        // This process's own mark and host, read once: a listing asks
+        // for every session it finds.
+        static HERE: std::sync::OnceLock<(String, Option<ProcessMark>)> =
+            std::sync::OnceLock::new();
+        let (host, here) = HERE.get_or_init(|| (hostname(), ProcessMark::of(std::process::id())));
+        if self.host != *host {
             return false;
         }
-        let Some(here) = ProcessMark::of(std::process::id()) else {
+        let Some(here) = here else {
             return false;
         };
         if here.boot != mark.boot || here.pid_ns != mark.pid_ns {
