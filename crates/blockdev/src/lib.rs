@@ -49,7 +49,10 @@
 //!   holes without reading them; any other `Read` simply has none.
 //!
 //! - **Pipes are grown to a megabyte** ([`grow_pipe`]) where cairn reads
-//!   or writes a stream through one.
+//!   or writes a stream through one, and **handed frozen buffers by
+//!   reference** ([`splice_all`], `vmsplice`) where cairn streams a restore
+//!   into one: written once into a mapping of their own on huge pages,
+//!   then read-only for good ([`SpliceBuf`], [`SpliceBytes`]).
 //!
 //! Written by hand: the crates that wrap block devices (e.g. for NBD
 //! servers) each bring their own server or runtime; this trait is the
@@ -64,6 +67,7 @@ mod mem;
 mod pipe;
 mod readahead;
 mod sparse;
+mod splice;
 
 pub use direct::{reopen_direct, write_blocks_at, DirectReader, DIRECT_ALIGN};
 pub use error::{BlockError, ErrorKind, Op, Result};
@@ -75,6 +79,7 @@ pub use mem::MemDev;
 pub use pipe::{grow_pipe, PIPE_BYTES};
 pub use readahead::{Engine, ReadAhead};
 pub use sparse::{is_zero, SparseFile, SparseRead};
+pub use splice::{splice_all, splice_pays, SpliceBuf, SpliceBytes, Spliced};
 
 /// Which operations of a [`BlockDev`] are real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

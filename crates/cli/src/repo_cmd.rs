@@ -608,6 +608,17 @@ fn warn_writer_repairs(quarantined: &[PathBuf], lost: &[String]) {
     }
 }
 
+/// Where a restore streams into `out`: a pipe is handed the decoded
+/// groups by reference where that pays (huge pages), anything else is
+/// written.
+fn stream_destination(out: &mut std::fs::File) -> Destination<'_> {
+    if cairn_blockdev::splice_pays(out) {
+        Destination::Pipe(out)
+    } else {
+        Destination::Stream(out)
+    }
+}
+
 pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let _session = repo.session("cairn restore")?;
@@ -637,7 +648,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             &repo,
             &loaded.index,
             &manifest,
-            Destination::Stream(&mut raw),
+            stream_destination(&mut raw),
             &opts,
         )
     } else {
@@ -652,7 +663,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
                 &repo,
                 &loaded.index,
                 &manifest,
-                Destination::Stream(&mut out),
+                stream_destination(&mut out),
                 &opts,
             )
         } else if is_device {

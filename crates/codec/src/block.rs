@@ -191,6 +191,17 @@ pub trait BlockCodec: Send {
     /// Decompress `src`, which must expand to exactly `raw_len` bytes,
     /// appending them to `dst`.
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()>;
+    /// Decompress `src`, which must expand to exactly `dst.len()` bytes,
+    /// into `dst` (memory the caller made, such as a buffer to be handed
+    /// to a pipe). The codecs a repository is written with by default
+    /// decode in place; the others decode aside and copy.
+    fn decompress_into(&mut self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        let mut out = Vec::with_capacity(dst.len());
+        self.decompress(src, &mut out, dst.len())?;
+        check_len(self.kind().name(), out.len(), dst.len())?;
+        dst.copy_from_slice(&out);
+        Ok(())
+    }
 }
 
 struct NoneCodec;
@@ -206,6 +217,11 @@ impl BlockCodec for NoneCodec {
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
         check_len("none", src.len(), raw_len)?;
         dst.extend_from_slice(src);
+        Ok(())
+    }
+    fn decompress_into(&mut self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        check_len("none", src.len(), dst.len())?;
+        dst.copy_from_slice(src);
         Ok(())
     }
 }
@@ -242,6 +258,11 @@ impl BlockCodec for Lz4Codec {
         let n = crate::lz4_ffi::decompress_append(src, dst, raw_len, &[])
             .ok_or_else(|| CodecError::corrupt("lz4", 0, "invalid LZ4 block"))?;
         check_len("lz4", n, raw_len)
+    }
+    fn decompress_into(&mut self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        let n = crate::lz4_ffi::decompress_into(src, dst)
+            .ok_or_else(|| CodecError::corrupt("lz4", 0, "invalid LZ4 block"))?;
+        check_len("lz4", n, dst.len())
     }
 }
 
@@ -440,6 +461,15 @@ impl ZstdCodec {
         dst: &mut Vec<u8>,
         raw_len: usize,
     ) -> Result<()> {
+        let dctx = self.dctx()?;
+        let corrupt = |e: std::io::Error| CodecError::corrupt("zstd", 0, e.to_string());
+        let n =
+            append_to(dst, raw_len, |buf| dctx.decompress_to_buffer(src, buf)).map_err(corrupt)?;
+        check_len("zstd", n, raw_len)
+    }
+
+    /// The decompression context, made on first use.
+    fn dctx(&mut self) -> Result<&mut zstd::bulk::Decompressor<'static>> {
         if self.dctx.is_none() {
             let err = |e: std::io::Error| CodecError::corrupt("zstd", 0, e.to_string());
             let mut d = zstd::bulk::Decompressor::new().map_err(err)?;
@@ -449,14 +479,9 @@ impl ZstdCodec {
             }
             self.dctx = Some(d);
         }
-        let dctx = self
-            .dctx
+        self.dctx
             .as_mut()
-            .ok_or_else(|| CodecError::corrupt("zstd", 0, "no context"))?;
-        let corrupt = |e: std::io::Error| CodecError::corrupt("zstd", 0, e.to_string());
-        let n =
-            append_to(dst, raw_len, |buf| dctx.decompress_to_buffer(src, buf)).map_err(corrupt)?;
-        check_len("zstd", n, raw_len)
+            .ok_or_else(|| CodecError::corrupt("zstd", 0, "no context"))
     }
 }
 
@@ -469,6 +494,13 @@ impl BlockCodec for ZstdCodec {
     }
     fn decompress(&mut self, src: &[u8], dst: &mut Vec<u8>, raw_len: usize) -> Result<()> {
         self.decompress_frame(src, dst, raw_len)
+    }
+    fn decompress_into(&mut self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        let n = self
+            .dctx()?
+            .decompress_to_buffer(src, dst)
+            .map_err(|e| CodecError::corrupt("zstd", 0, e.to_string()))?;
+        check_len("zstd", n, dst.len())
     }
 }
 
@@ -691,6 +723,20 @@ mod tests {
                     let mut out = vec![1u8];
                     c.decompress(&packed[3..], &mut out, n).unwrap();
                     assert_eq!(&out[1..], &src[..], "{spec} n={n}");
+                    // In place, into exactly the decoded length; a wrong
+                    // length is damage, not a short or an overrun copy.
+                    let mut into = vec![0u8; n];
+                    c.decompress_into(&packed[3..], &mut into).unwrap();
+                    assert!(into == src, "{spec} n={n} in place");
+                    for wrong in [n + 1, n.saturating_sub(1)] {
+                        if wrong != n {
+                            let mut into = vec![0u8; wrong];
+                            assert!(
+                                c.decompress_into(&packed[3..], &mut into).is_err(),
+                                "{spec} n={n} into {wrong}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -181,6 +181,26 @@ pub fn decompress_append(src: &[u8], dst: &mut Vec<u8>, cap: usize, dict: &[u8])
     unsafe { append_raw(dst, cap, write) }
 }
 
+/// Decompress one independent block into `dst`, which it must not
+/// overflow; returns the decoded length, `None` on damage.
+pub fn decompress_into(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    let src_len = c_int::try_from(src.len()).ok()?;
+    let dst_cap = c_int::try_from(dst.len()).ok()?;
+    // SAFETY: the `_safe` decoder reads at most `src_len` bytes of `src`
+    // and writes at most `dst_cap` bytes of `dst`, both valid for the call.
+    let n = unsafe {
+        LZ4_decompress_safe_usingDict(
+            src.as_ptr().cast(),
+            dst.as_mut_ptr().cast(),
+            src_len,
+            dst_cap,
+            std::ptr::null(),
+            0,
+        )
+    };
+    usize::try_from(n).ok()
+}
+
 /// Decompress at least the first `want` bytes of one independent block
 /// (all of it if it is shorter) and at most `cap`, appending to `dst`;
 /// returns how many were decoded, `None` on damage. LZ4 stops soon after

@@ -433,6 +433,49 @@ impl RecordDecoder {
         rec: &'s [u8],
         buffer: impl FnOnce(usize) -> Vec<u8>,
     ) -> Result<(Record<'s>, Vec<u8>)> {
+        let (r, codec) = self.open(path, offset, rec)?;
+        let raw_len = r.header.raw_len as usize;
+        let mut out = buffer(raw_len);
+        out.clear();
+        codec
+            .decompress(r.stored, &mut out, raw_len)
+            .map_err(|e| undecodable(path, offset, e))?;
+        if out.len() != raw_len {
+            return Err(StoreError::corrupt(
+                path,
+                offset,
+                "decoded length differs from the header",
+            ));
+        }
+        Ok((r, out))
+    }
+
+    /// [`RecordDecoder::decode`] into memory `buffer` makes for the
+    /// group's decoded length (a buffer to be handed to a pipe), decoded
+    /// in place.
+    pub fn decode_into<'s, B: AsMut<[u8]>>(
+        &'s mut self,
+        path: &Path,
+        offset: u64,
+        rec: &'s [u8],
+        buffer: impl FnOnce(usize) -> Result<B>,
+    ) -> Result<(Record<'s>, B)> {
+        let (r, codec) = self.open(path, offset, rec)?;
+        let mut out = buffer(r.header.raw_len as usize)?;
+        codec
+            .decompress_into(r.stored, out.as_mut())
+            .map_err(|e| undecodable(path, offset, e))?;
+        Ok((r, out))
+    }
+
+    /// The checked (and decrypted) record that is exactly `rec`, and the
+    /// codec that decodes it.
+    fn open<'s>(
+        &'s mut self,
+        path: &Path,
+        offset: u64,
+        rec: &'s [u8],
+    ) -> Result<(Record<'s>, &'s mut dyn BlockCodec)> {
         let RecordDecoder {
             codecs,
             crypt,
@@ -447,22 +490,8 @@ impl RecordDecoder {
                 format!("record is {len} bytes, the index says {}", rec.len()),
             ));
         }
-        let raw_len = r.header.raw_len as usize;
-        let mut out = buffer(raw_len);
-        out.clear();
-        codec_for(codecs, r.header.codec)
-            .decompress(r.stored, &mut out, raw_len)
-            .map_err(|e| {
-                StoreError::corrupt(path, offset, format!("record does not decode: {e}"))
-            })?;
-        if out.len() != raw_len {
-            return Err(StoreError::corrupt(
-                path,
-                offset,
-                "decoded length differs from the header",
-            ));
-        }
-        Ok((r, out))
+        let codec = codec_for(codecs, r.header.codec);
+        Ok((r, codec))
     }
 
     /// Check that `data` (decoded from the record at `offset` in `path`)
@@ -470,6 +499,11 @@ impl RecordDecoder {
     pub fn check_chunk(&self, path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Result<()> {
         check_chunk(self.crypt(), path, offset, id, data)
     }
+}
+
+/// A record whose stored bytes the codec refuses.
+fn undecodable(path: &Path, offset: u64, e: impl std::fmt::Display) -> StoreError {
+    StoreError::corrupt(path, offset, format!("record does not decode: {e}"))
 }
 
 /// Check that `data` (decoded from the record at `offset` in `path`) is

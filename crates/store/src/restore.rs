@@ -9,7 +9,10 @@
 //! thread while the workers decode on: `WriteBehind`) or hand the bytes to
 //! the calling thread, which writes them in order (streams). A stream's
 //! batch is not copied together: it holds on to the decoded groups its
-//! chunks lie in and is written from them with `writev` (see [`Piece`]).
+//! chunks lie in and is written from them with `writev` (see [`Piece`]);
+//! into a pipe, where huge pages make it pay, the groups are decoded into
+//! buffers of their own that are frozen and handed to the pipe by
+//! reference (`vmsplice`: no copy into the pipe, see [`GroupBuf`]).
 
 use crate::error::{Result, StoreError};
 use crate::id::ChunkId;
@@ -18,7 +21,10 @@ use crate::manifest::{Extent, Manifest};
 use crate::pack::{check_chunk, RecordDecoder};
 use crate::reader::PackReader;
 use crate::repo::Repository;
-use cairn_blockdev::{reopen_direct, write_blocks_at, AlignedBuf, DIRECT_ALIGN};
+use cairn_blockdev::{
+    reopen_direct, splice_all, write_blocks_at, AlignedBuf, SpliceBuf, SpliceBytes, Spliced,
+    DIRECT_ALIGN,
+};
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::collections::HashMap;
@@ -72,6 +78,10 @@ pub enum Destination<'a> {
     },
     /// A stream written in order.
     Stream(&'a mut dyn Write),
+    /// A pipe, written in order and handed the decoded groups by
+    /// reference (see [`cairn_blockdev::splice_all`]); for a pipe where
+    /// [`cairn_blockdev::splice_pays`] says so (else a `Stream`).
+    Pipe(&'a File),
 }
 
 /// How to restore.
@@ -116,6 +126,32 @@ struct Work {
     extents: Vec<(u64, Extent)>,
 }
 
+/// A decoded group's bytes: a buffer that is reused once no batch holds
+/// it, or (restoring into a pipe) frozen memory handed to the pipe by
+/// reference, never written again: each group decoded into a pipe gets a
+/// fresh buffer (on huge pages, a page fault per 2 MiB).
+enum GroupBuf {
+    Heap(Vec<u8>),
+    Frozen(SpliceBytes),
+}
+
+impl Default for GroupBuf {
+    fn default() -> Self {
+        GroupBuf::Heap(Vec::new())
+    }
+}
+
+impl std::ops::Deref for GroupBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            GroupBuf::Heap(v) => v,
+            GroupBuf::Frozen(b) => b,
+        }
+    }
+}
+
 /// A stretch of a stream's batch, in order.
 enum Piece {
     /// Bytes of a decoded group, which the batch holds on to until it is
@@ -123,7 +159,7 @@ enum Piece {
     /// batch and the fresh pages it filled were an eighth of a restore's
     /// CPU).
     Group {
-        data: Arc<Vec<u8>>,
+        data: Arc<GroupBuf>,
         start: usize,
         len: usize,
     },
@@ -150,7 +186,7 @@ struct Out {
 
 impl Out {
     /// Append `len` bytes of `group` from `start`.
-    fn push_group(&mut self, group: &Arc<Vec<u8>>, start: usize, len: usize) {
+    fn push_group(&mut self, group: &Arc<GroupBuf>, start: usize, len: usize) {
         if let Some(Piece::Group {
             data,
             start: s,
@@ -247,7 +283,7 @@ impl Spares {
         let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for piece in pieces.drain(..) {
             if let Piece::Group { data, .. } = piece {
-                if let Ok(buf) = Arc::try_unwrap(data) {
+                if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(data) {
                     if spare.len() < Self::MAX {
                         spare.push(buf);
                     }
@@ -264,7 +300,7 @@ impl Spares {
 struct Kept {
     key: (u32, u32),
     path: PathBuf,
-    data: Arc<Vec<u8>>,
+    data: Arc<GroupBuf>,
     used: u64,
 }
 
@@ -300,6 +336,8 @@ pub(crate) struct Fetcher<'a> {
     fetched: HashMap<(u32, u32), (usize, usize)>,
     /// Where a slot whose buffer a batch still holds takes another.
     spares: Option<&'a Spares>,
+    /// Decode into frozen buffers, for a pipe (see [`GroupBuf`]).
+    frozen: bool,
 }
 
 impl<'a> Fetcher<'a> {
@@ -315,6 +353,7 @@ impl<'a> Fetcher<'a> {
             used_spans: 0,
             fetched: HashMap::new(),
             spares: None,
+            frozen: false,
         }
     }
 
@@ -418,13 +457,28 @@ impl<'a> Fetcher<'a> {
         let k = &mut self.kept[slot];
         // Until decoded, the slot holds nothing a later lookup could hit.
         k.key = (u32::MAX, u32::MAX);
-        let mut buf = match Arc::try_unwrap(std::mem::take(&mut k.data)) {
-            Ok(buf) => buf,
-            Err(_) => self.spares.map(Spares::take).unwrap_or_default(),
-        };
-        self.dec
-            .decode(&path, u64::from(loc.offset), raw, &mut buf)?;
-        k.data = Arc::new(buf);
+        let old = Arc::try_unwrap(std::mem::take(&mut k.data));
+        let at = u64::from(loc.offset);
+        k.data = Arc::new(if self.frozen {
+            // Never reused: a pipe may still hold the old one's pages.
+            drop(old);
+            let map = |source| StoreError::Io {
+                path: path.clone(),
+                what: "map a buffer for the pipe",
+                source,
+            };
+            let (_, buf) = self
+                .dec
+                .decode_into(&path, at, raw, |n| SpliceBuf::new(n).map_err(map))?;
+            GroupBuf::Frozen(buf.freeze().map_err(map)?)
+        } else {
+            let mut buf = match old {
+                Ok(GroupBuf::Heap(buf)) => buf,
+                _ => self.spares.map(Spares::take).unwrap_or_default(),
+            };
+            self.dec.decode(&path, at, raw, &mut buf)?;
+            GroupBuf::Heap(buf)
+        });
         k.key = key;
         k.path = path;
         k.used = self.clock;
@@ -457,7 +511,7 @@ impl<'a> Fetcher<'a> {
         id: &ChunkId,
         len: u32,
         offset: u64,
-    ) -> Result<(&Arc<Vec<u8>>, usize, u64)> {
+    ) -> Result<(&Arc<GroupBuf>, usize, u64)> {
         let (group, start, read) = self.checked(id, len, offset)?;
         Ok((&group.data, start, read))
     }
@@ -498,9 +552,19 @@ pub fn restore(
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let files = PackReader::new(repo, index);
-    let (positional, zeroed, mut stream) = match dest {
-        Destination::At { file, zeroed } => (Some(file), zeroed, None),
-        Destination::Stream(w) => (None, false, Some(w)),
+    let mut pipe_writer;
+    let (positional, zeroed, mut stream, pipe) = match dest {
+        Destination::At { file, zeroed } => (Some(file), zeroed, None, None),
+        Destination::Stream(w) => (None, false, Some(w), None),
+        Destination::Pipe(p) => {
+            pipe_writer = p;
+            (
+                None,
+                false,
+                Some(&mut pipe_writer as &mut dyn Write),
+                Some(p),
+            )
+        }
     };
     let mut extents = manifest.with_offsets().peekable();
     // A hole longer than a batch is cut into batch-sized pieces so that a
@@ -617,6 +681,7 @@ pub fn restore(
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         fetcher.spares = Some(&spares);
+        fetcher.frozen = pipe.is_some();
         // What a damaged chunk is written as into a file, with
         // --zero-damaged.
         let mut zeros = Vec::new();
@@ -701,8 +766,10 @@ pub fn restore(
             source,
             make_worker,
             |slot: &mut Slot<Work, Out>| {
-                if let Some(w) = stream.as_mut() {
-                    write_batch(w, &slot.output, report.size)?;
+                match (pipe, stream.as_mut()) {
+                    (Some(p), _) => splice_batch(p, &slot.output, report.size)?,
+                    (None, Some(w)) => write_batch(w, &slot.output, report.size)?,
+                    (None, None) => {}
                 }
                 report.size += slot.output.done;
                 report.stored_read += slot.output.stored;
@@ -1025,6 +1092,51 @@ fn write_batch(w: &mut dyn Write, out: &Out, at: u64) -> Result<()> {
     write_slices(w, &mut slices, &mut offset)
 }
 
+/// Hand a batch that starts at image offset `at` to pipe `pipe`: the
+/// frozen groups and zeros by reference, what was copied into the batch
+/// (and any group not frozen) written.
+fn splice_batch(pipe: &File, out: &Out, at: u64) -> Result<()> {
+    let mut offset = at;
+    let mut parts: Vec<Spliced<'_>> = Vec::new();
+    let flush = |parts: &mut Vec<Spliced<'_>>, offset: &mut u64| {
+        let r = splice_all(pipe, parts, offset);
+        parts.clear();
+        r.map_err(|source| StoreError::Dest {
+            offset: *offset,
+            source,
+        })
+    };
+    let mut w = pipe;
+    for piece in &out.pieces {
+        let bytes = match piece {
+            Piece::Group { data, start, len } => match &**data {
+                GroupBuf::Frozen(b) => {
+                    parts.push(b.range(*start, *len));
+                    continue;
+                }
+                GroupBuf::Heap(v) => &v[*start..*start + *len],
+            },
+            Piece::Zeros(n) => {
+                if let Some(zeros) = Spliced::zeros(*n) {
+                    parts.extend(zeros);
+                    continue;
+                }
+                flush(&mut parts, &mut offset)?;
+                let mut slices = zero_pieces(*n).map(IoSlice::new).collect();
+                write_slices(&mut w, &mut slices, &mut offset)?;
+                continue;
+            }
+            Piece::Copied { start, len } => &out.bytes[*start..*start + *len],
+        };
+        if bytes.is_empty() {
+            continue;
+        }
+        flush(&mut parts, &mut offset)?;
+        write_slices(&mut w, &mut vec![IoSlice::new(bytes)], &mut offset)?;
+    }
+    flush(&mut parts, &mut offset)
+}
+
 /// Write all of `slices` (emptied), counting `offset` on.
 fn write_slices(w: &mut dyn Write, slices: &mut Vec<IoSlice<'_>>, offset: &mut u64) -> Result<()> {
     let mut left = &mut slices[..];
@@ -1148,11 +1260,42 @@ mod tests {
         }
     }
 
+    /// A group as a reusable buffer and as frozen memory for a pipe.
+    fn both_kinds(bytes: &[u8]) -> [Arc<GroupBuf>; 2] {
+        let mut b = SpliceBuf::new(bytes.len()).unwrap();
+        b.as_mut_slice().copy_from_slice(bytes);
+        [
+            Arc::new(GroupBuf::Heap(bytes.to_vec())),
+            Arc::new(GroupBuf::Frozen(b.freeze().unwrap())),
+        ]
+    }
+
+    /// What a reader of a pipe gets of `out` handed over by `splice_batch`.
+    fn spliced(out: &Out) -> Vec<u8> {
+        let (rd, wr) = rustix::pipe::pipe().unwrap();
+        let mut rd = File::from(rd);
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            std::io::Read::read_to_end(&mut rd, &mut got).unwrap();
+            got
+        });
+        let wr = File::from(wr);
+        splice_batch(&wr, out, 0).unwrap();
+        drop(wr);
+        reader.join().unwrap()
+    }
+
     /// A stream's batch is written as its pieces say: groups' bytes,
-    /// copies and zeros, in order.
+    /// copies and zeros, in order; into a pipe too, whether its groups
+    /// are frozen (spliced) or not (written).
     #[test]
     fn a_streams_batch_has_its_zeros_put_back_where_they_were() {
-        let group = Arc::new((1..=200u8).collect::<Vec<u8>>());
+        for group in both_kinds(&(1..=200u8).collect::<Vec<u8>>()) {
+            batch_of_one_group(&group);
+        }
+    }
+
+    fn batch_of_one_group(group: &Arc<GroupBuf>) {
         let mut out = Out::default();
         let mut want = Vec::new();
         // Zeros first, twice in a row, longer than the zero buffer, and
@@ -1167,7 +1310,7 @@ mod tests {
         ] {
             out.push_zeros(zeros);
             want.resize(want.len() + zeros as usize, 0);
-            out.push_group(&group, start, len);
+            out.push_group(group, start, len);
             want.extend_from_slice(&group[start..start + len]);
         }
         // One group held however many of its chunks the batch takes.
@@ -1180,6 +1323,7 @@ mod tests {
         let mut slow = Trickle(Vec::new());
         write_batch(&mut slow, &out, 0).unwrap();
         assert!(slow.0 == want);
+        assert!(spliced(&out) == want);
     }
 
     /// A writer that takes at most 7 bytes per call, of one slice.
@@ -1201,8 +1345,16 @@ mod tests {
     /// than one `writev` takes go out in several.
     #[test]
     fn a_batch_holds_few_groups_and_copies_the_rest() {
-        let groups: Vec<Arc<Vec<u8>>> = (0..3 * MAX_PINS)
-            .map(|g| Arc::new((0..5000u32).map(|i| (i * 7 + g as u32) as u8).collect()))
+        let groups: Vec<Arc<GroupBuf>> = (0..3 * MAX_PINS)
+            .map(|g| {
+                let bytes: Vec<u8> = (0..5000u32).map(|i| (i * 7 + g as u32) as u8).collect();
+                let [heap, frozen] = both_kinds(&bytes);
+                if g % 2 == 0 {
+                    heap
+                } else {
+                    frozen
+                }
+            })
             .collect();
         let mut out = Out::default();
         let mut want = Vec::new();
@@ -1223,6 +1375,9 @@ mod tests {
         let mut got = Vec::new();
         write_batch(&mut got, &out, 0).unwrap();
         assert!(got == want);
+        // Into a pipe: frozen groups spliced, the others and the copies
+        // written, in order.
+        assert!(spliced(&out) == want);
         // Letting go of the batch leaves the groups to their owner alone.
         out.clear();
         assert!(groups.iter().all(|g| Arc::strong_count(g) == 1));

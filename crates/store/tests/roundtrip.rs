@@ -113,7 +113,28 @@ fn load(r: &Repository, name: &str, threads: usize) -> Vec<u8> {
     std::io::Read::read_to_end(&mut &f, &mut again).unwrap();
     assert_eq!(again.len(), out.len());
     assert!(again == out, "positional and stream restores differ");
+    // And into a pipe, handed the groups by reference.
+    assert!(
+        through_pipe(r, &m, &opts) == out,
+        "pipe and stream restores differ"
+    );
     out
+}
+
+/// Restore `m` into a pipe as a `Destination::Pipe` (the groups spliced)
+/// and what a reader of the pipe got.
+fn through_pipe(r: &Repository, m: &cairn_store::Manifest, opts: &RestoreOptions) -> Vec<u8> {
+    let idx = r.load_index().unwrap();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
+    let (mut rd, wr) = (std::fs::File::from(rd), std::fs::File::from(wr));
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut rd, &mut got).unwrap();
+        got
+    });
+    restore(r, &idx.index, m, Destination::Pipe(&wr), opts).unwrap();
+    drop(wr);
+    reader.join().unwrap()
 }
 
 #[test]
@@ -311,6 +332,69 @@ fn a_restore_reads_each_group_once() {
         let got = restore(&r, &idx.index, &m, Destination::Stream(&mut out), &opts).unwrap();
         assert!(out == data);
         assert_eq!(got.stored_read, stored, "{threads} threads");
+    }
+}
+
+/// A reader that splices the restore's pipe on into another pipe (as `pv`
+/// or a socket does) holds references to the pages the restore handed
+/// over after they have left its pipe: they must still hold the image
+/// when finally read, whatever the restore decoded since.
+#[test]
+fn a_pipe_spliced_on_still_reads_the_image() {
+    let (_d, r) = repo(1);
+    let mut g = Lcg(29);
+    let data: Vec<u8> = (0..24 << 20)
+        .map(|i| if i % 5 == 0 { 0 } else { g.next() as u8 % 7 })
+        .collect();
+    store(&r, "img", &data, cairn_store::DEFAULT_CHUNKER, "zstd:1", 1);
+    let m = r.read_manifest("img", 1).unwrap();
+    let idx = r.load_index().unwrap();
+    for threads in [1, 2] {
+        let (a_rd, a_wr) = rustix::pipe::pipe().unwrap();
+        let (b_rd, b_wr) = rustix::pipe::pipe().unwrap();
+        // The second pipe holds as much as it may: pages wait there while
+        // the restore goes on.
+        let _ = rustix::pipe::fcntl_setpipe_size(&b_wr, 1 << 20);
+        let mover = std::thread::spawn(move || loop {
+            let n = rustix::pipe::splice(
+                &a_rd,
+                None,
+                &b_wr,
+                None,
+                1 << 20,
+                rustix::pipe::SpliceFlags::MOVE,
+            )
+            .unwrap();
+            if n == 0 {
+                break;
+            }
+        });
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut rd = std::fs::File::from(b_rd);
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                // Slowly, so the second pipe stays full.
+                std::thread::sleep(std::time::Duration::from_micros(50));
+                let n = std::io::Read::read(&mut rd, &mut buf).unwrap();
+                if n == 0 {
+                    break got;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        });
+        let wr = std::fs::File::from(a_wr);
+        let opts = RestoreOptions {
+            threads,
+            zero_damaged: false,
+            progress: None,
+        };
+        restore(&r, &idx.index, &m, Destination::Pipe(&wr), &opts).unwrap();
+        drop(wr);
+        mover.join().unwrap();
+        let got = reader.join().unwrap();
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "{threads} threads: the spliced pages changed");
     }
 }
 
