@@ -17,6 +17,8 @@ use std::path::Path;
 pub(crate) struct EngineHooks {
     /// Draw a progress bar (on stderr, and only if it is a terminal).
     pub progress: bool,
+    /// Say no notes (`-q`).
+    pub quiet: bool,
 }
 
 impl Hooks for EngineHooks {
@@ -39,6 +41,11 @@ impl Hooks for EngineHooks {
     fn input_failed(&self, error: &Error) {
         errln!("cairn: {}", crate::one_line(error));
     }
+    fn note(&self, input: &Path, message: &str) {
+        if !self.quiet {
+            errln!("cairn: {}: {message}", input.display());
+        }
+    }
 }
 
 fn options(common: &CommonArgs) -> Options {
@@ -56,12 +63,15 @@ fn options(common: &CommonArgs) -> Options {
         suffix: common.suffix.clone(),
         recursive: common.recursive,
         synchronous: common.synchronous,
+        // bzip2 unpacks a name it cannot guess from into NAME.out.
+        unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
     }
 }
 
 fn hooks(common: &CommonArgs) -> EngineHooks {
     EngineHooks {
         progress: !common.quiet && !common.json,
+        quiet: common.quiet,
     }
 }
 

@@ -716,7 +716,10 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             let pending = PendingFile::create(
                 &a.dest,
                 a.force,
-                &crate::pack::EngineHooks { progress: false },
+                &crate::pack::EngineHooks {
+                    progress: false,
+                    quiet: true,
+                },
             )?;
             pending
                 .file()

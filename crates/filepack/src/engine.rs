@@ -520,7 +520,20 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
         files: found,
         ..opts.clone()
     };
-    let plans = plan(opts, check_only, |p| unpacked_name(p, suffix))?;
+    let out_fallback = opts.unknown_suffix_out && !opts.recursive;
+    let plans = plan(opts, check_only, |p| match unpacked_name(p, suffix) {
+        Err(Error::UnknownSuffix) if out_fallback => {
+            let mut out = p.as_os_str().to_owned();
+            out.push(".out");
+            let out = PathBuf::from(out);
+            hooks.note(
+                p,
+                &format!("can't guess original name -- using {}", out.display()),
+            );
+            Ok(out)
+        }
+        named => named,
+    })?;
     if unpack.gzip_index.is_some() && plans.len() != 1 {
         return Err(Error::IndexManyInputs(plans.len()));
     }

@@ -90,6 +90,10 @@ pub struct Options {
     /// its input is removed (gzip's `--synchronous`): a crash right after
     /// then cannot lose both.
     pub synchronous: bool,
+    /// Unpacking, an input whose name has no known suffix unpacks into
+    /// NAME.out, said through [`Hooks::note`], as bzip2 does (gzip, xz
+    /// and zstd leave it alone). Not with `-r`.
+    pub unknown_suffix_out: bool,
 }
 
 /// The level of a pack, as asked for.
@@ -218,6 +222,9 @@ pub trait Hooks: Sync {
     /// An input of a run of several failed; the run goes on. (With one
     /// input, its error is the run's outcome and is not reported here.)
     fn input_failed(&self, _error: &Error) {}
+    /// Something to say about input `input` that changes nothing in the
+    /// outcome (bzip2's "using NAME.out").
+    fn note(&self, _input: &Path, _message: &str) {}
 }
 
 /// Hooks that do nothing: for tests and callers that show nothing.
