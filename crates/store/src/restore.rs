@@ -283,13 +283,52 @@ impl Spares {
         let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for piece in pieces.drain(..) {
             if let Piece::Group { data, .. } = piece {
-                if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(data) {
-                    if spare.len() < Self::MAX {
-                        spare.push(buf);
-                    }
-                }
+                Self::keep(&mut spare, data);
             }
         }
+    }
+
+    /// Take back `group` if no one else holds it.
+    fn give(&self, group: Arc<GroupBuf>) {
+        Self::keep(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()), group);
+    }
+
+    fn keep(spare: &mut Vec<Vec<u8>>, group: Arc<GroupBuf>) {
+        if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(group) {
+            if spare.len() < Self::MAX && buf.capacity() > 0 {
+                spare.push(buf);
+            }
+        }
+    }
+}
+
+/// The groups the workers of a restore have decoded, for one another: a
+/// chunk deduplicated within an image lies in a group that the other
+/// worker may have decoded (os2.img, two workers: 6 % of the records were
+/// read and decoded by both). Held weakly: a group lives as long as a
+/// worker keeps it or a batch holds it, and is decoded again after.
+#[derive(Default)]
+struct Decoded(Mutex<HashMap<(u32, u32), SharedGroup>>);
+
+/// A group one worker decoded, and its pack's path.
+type SharedGroup = (std::sync::Weak<GroupBuf>, PathBuf);
+
+impl Decoded {
+    /// Entries past which the dead ones are dropped.
+    const PRUNE: usize = 256;
+
+    fn get(&self, key: (u32, u32)) -> Option<(Arc<GroupBuf>, PathBuf)> {
+        let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (group, path) = map.get(&key)?;
+        Some((group.upgrade()?, path.clone()))
+    }
+
+    fn put(&self, key: (u32, u32), group: &Arc<GroupBuf>, path: &std::path::Path) {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= Self::PRUNE {
+            map.retain(|_, (g, _)| g.strong_count() > 0);
+        }
+        map.insert(key, (Arc::downgrade(group), path.to_path_buf()));
     }
 }
 
@@ -336,6 +375,8 @@ pub(crate) struct Fetcher<'a> {
     fetched: HashMap<(u32, u32), (usize, usize)>,
     /// Where a slot whose buffer a batch still holds takes another.
     spares: Option<&'a Spares>,
+    /// The groups the other workers decoded.
+    decoded: Option<&'a Decoded>,
     /// Decode into frozen buffers, for a pipe (see [`GroupBuf`]).
     frozen: bool,
 }
@@ -353,6 +394,7 @@ impl<'a> Fetcher<'a> {
             used_spans: 0,
             fetched: HashMap::new(),
             spares: None,
+            decoded: None,
             frozen: false,
         }
     }
@@ -440,6 +482,17 @@ impl<'a> Fetcher<'a> {
                 .min_by_key(|&i| self.kept[i].used)
                 .unwrap_or(0)
         };
+        if let Some((data, path)) = self.decoded.and_then(|d| d.get(key)) {
+            let k = &mut self.kept[slot];
+            let old = std::mem::replace(&mut k.data, data);
+            if let Some(spares) = self.spares {
+                spares.give(old);
+            }
+            k.key = key;
+            k.path = path;
+            k.used = self.clock;
+            return Ok((&self.kept[slot], 0));
+        }
         let prefetched = self.fetched.contains_key(&key);
         let (path, raw): (PathBuf, &[u8]) = match self.fetched.get(&key) {
             Some(&(n, at)) => {
@@ -482,6 +535,9 @@ impl<'a> Fetcher<'a> {
         k.key = key;
         k.path = path;
         k.used = self.clock;
+        if let Some(d) = self.decoded {
+            d.put(key, &k.data, &k.path);
+        }
         // (What was prefetched was counted when it was read.)
         let read = if prefetched { 0 } else { u64::from(loc.len) };
         Ok((&self.kept[slot], read))
@@ -678,9 +734,11 @@ pub fn restore(
     // A remote store is read in spans of neighbouring records.
     let spans = remote;
     let spares = Spares::default();
+    let decoded = Decoded::default();
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         fetcher.spares = Some(&spares);
+        fetcher.decoded = Some(&decoded);
         fetcher.frozen = pipe.is_some();
         // What a damaged chunk is written as into a file, with
         // --zero-damaged.
@@ -1381,6 +1439,60 @@ mod tests {
         // Letting go of the batch leaves the groups to their owner alone.
         out.clear();
         assert!(groups.iter().all(|g| Arc::strong_count(g) == 1));
+    }
+
+    /// A worker needing a group another worker holds takes it, reading
+    /// nothing; once no one holds it, it is read and decoded again.
+    #[test]
+    fn workers_share_the_groups_they_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repository::init(&dir.path().join("repo"), &[], None).unwrap();
+        let mut x = 7u64;
+        let data: Vec<u8> = (0..3 << 20)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 59) as u8
+            })
+            .collect();
+        let lock = r.session("test").unwrap();
+        let opts = crate::BackupOptions {
+            name: "img".into(),
+            codec: "lz4".parse().unwrap(),
+            chunker: crate::ChunkerSpec::Fixed(65536),
+            threads: 1,
+            group_size: 1 << 20,
+            source: "test".into(),
+            progress: None,
+            time: None,
+            tags: Vec::new(),
+        };
+        crate::backup(&r, &lock, &mut std::io::Cursor::new(data.clone()), &opts).unwrap();
+        let m = r.read_manifest("img", 1).unwrap();
+        let index = r.load_index().unwrap().index;
+        let files = PackReader::new(&r, &index);
+        let (spares, decoded) = (Spares::default(), Decoded::default());
+        let worker = || {
+            let mut f = Fetcher::new(&files, &index);
+            f.spares = Some(&spares);
+            f.decoded = Some(&decoded);
+            f
+        };
+        let (mut a, mut b) = (worker(), worker());
+        let (off, &Extent::Data { id, len }) = m.with_offsets().next().unwrap() else {
+            panic!("the image starts with data");
+        };
+        let (got, read) = a.chunk(&id, len, off).unwrap();
+        assert!(got == &data[..len as usize] && read > 0);
+        let (got, read) = b.chunk(&id, len, off).unwrap();
+        assert!(got == &data[..len as usize]);
+        assert_eq!(read, 0, "the other worker's group is taken, not read");
+        // Neither holds it any more: read again.
+        drop((a, b));
+        let mut c = worker();
+        let (_, read) = c.chunk(&id, len, off).unwrap();
+        assert!(read > 0);
     }
 
     /// A direct write that fails stops the restore: the workers' next
