@@ -478,6 +478,63 @@ fn one_line_failure(out: &Output) -> String {
     err
 }
 
+/// Outside QA: with standard output a pipe's read end (`cmd >&0` in a
+/// pipeline), the restore handed its buffers to `vmsplice`, which on a
+/// descriptor open for reading reads the pipe: it waited for the pipe's
+/// writers to go. It fails at once with the write's EBADF.
+#[test]
+fn a_restore_to_a_pipes_read_end_fails_at_once() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    std::fs::write(d.join("img"), image(3 << 20)).unwrap();
+    ok(run(&[
+        "backup",
+        s(&d.join("img")),
+        "--repo",
+        repo,
+        "--name",
+        "img",
+        "-q",
+    ]));
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) returns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both are fresh descriptors of this process, owned once.
+    let (read_end, write_end) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    let mut child = cairn()
+        .args(["restore", "img", "-", "--repo", repo, "-q"])
+        .stdout(std::process::Stdio::from(read_end))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The pipe keeps a writer (this test) all along.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the restore waited on its own output");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(write_end);
+    let out = child.wait_with_output().unwrap();
+    assert!(!status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Bad file descriptor"), "{err}");
+}
+
 /// Regression: `cairn init` with a target it cannot create left the
 /// repository directory half made (index/, snapshots/, no config).
 #[test]

@@ -450,22 +450,37 @@ impl RecordDecoder {
         Ok((r, out))
     }
 
-    /// [`RecordDecoder::decode`] into memory `buffer` makes for the
-    /// group's decoded length (a buffer to be handed to a pipe), decoded
-    /// in place.
-    pub fn decode_into<'s, B: AsMut<[u8]>>(
-        &'s mut self,
+    /// [`RecordDecoder::decode`] in place into memory `buffer` makes for
+    /// the group's decoded length (a buffer to be handed to a pipe), or,
+    /// where it makes none (`None`), into `otherwise` as `decode` does.
+    pub fn decode_into<B: AsMut<[u8]>>(
+        &mut self,
         path: &Path,
         offset: u64,
-        rec: &'s [u8],
-        buffer: impl FnOnce(usize) -> Result<B>,
-    ) -> Result<(Record<'s>, B)> {
+        rec: &[u8],
+        buffer: impl FnOnce(usize) -> Result<Option<B>>,
+        otherwise: &mut Vec<u8>,
+    ) -> Result<Option<B>> {
         let (r, codec) = self.open(path, offset, rec)?;
-        let mut out = buffer(r.header.raw_len as usize)?;
+        let raw_len = r.header.raw_len as usize;
+        let Some(mut out) = buffer(raw_len)? else {
+            otherwise.clear();
+            codec
+                .decompress(r.stored, otherwise, raw_len)
+                .map_err(|e| undecodable(path, offset, e))?;
+            if otherwise.len() != raw_len {
+                return Err(StoreError::corrupt(
+                    path,
+                    offset,
+                    "decoded length differs from the header",
+                ));
+            }
+            return Ok(None);
+        };
         codec
             .decompress_into(r.stored, out.as_mut())
             .map_err(|e| undecodable(path, offset, e))?;
-        Ok((r, out))
+        Ok(Some(out))
     }
 
     /// The checked (and decrypted) record that is exactly `rec`, and the

@@ -271,34 +271,41 @@ impl Spares {
     const MAX: usize = 32;
 
     fn take(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default()
+        self.lock().pop().unwrap_or_default()
     }
 
     /// Take back the groups of `pieces` no one else holds.
     fn give_back(&self, pieces: &mut Vec<Piece>) {
-        let mut spare = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.lock();
         for piece in pieces.drain(..) {
             if let Piece::Group { data, .. } = piece {
-                Self::keep(&mut spare, data);
+                if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(data) {
+                    Self::keep(&mut spare, buf);
+                }
             }
         }
     }
 
     /// Take back `group` if no one else holds it.
     fn give(&self, group: Arc<GroupBuf>) {
-        Self::keep(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()), group);
+        if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(group) {
+            self.put(buf);
+        }
     }
 
-    fn keep(spare: &mut Vec<Vec<u8>>, group: Arc<GroupBuf>) {
-        if let Ok(GroupBuf::Heap(buf)) = Arc::try_unwrap(group) {
-            if spare.len() < Self::MAX && buf.capacity() > 0 {
-                spare.push(buf);
-            }
+    /// Take back `buf`.
+    fn put(&self, buf: Vec<u8>) {
+        Self::keep(&mut self.lock(), buf);
+    }
+
+    fn keep(spare: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
+        if spare.len() < Self::MAX && buf.capacity() > 0 {
+            spare.push(buf);
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -512,23 +519,34 @@ impl<'a> Fetcher<'a> {
         k.key = (u32::MAX, u32::MAX);
         let old = Arc::try_unwrap(std::mem::take(&mut k.data));
         let at = u64::from(loc.offset);
+        // A frozen buffer is never reused (a pipe may still hold its
+        // pages); a buffer that may be is reused or taken from the spares.
+        let mut buf = match old {
+            Ok(GroupBuf::Heap(buf)) => buf,
+            _ => self.spares.map(Spares::take).unwrap_or_default(),
+        };
         k.data = Arc::new(if self.frozen {
-            // Never reused: a pipe may still hold the old one's pages.
-            drop(old);
             let map = |source| StoreError::Io {
                 path: path.clone(),
                 what: "map a buffer for the pipe",
                 source,
             };
-            let (_, buf) = self
-                .dec
-                .decode_into(&path, at, raw, |n| SpliceBuf::new(n).map_err(map))?;
-            GroupBuf::Frozen(buf.freeze().map_err(map)?)
-        } else {
-            let mut buf = match old {
-                Ok(GroupBuf::Heap(buf)) => buf,
-                _ => self.spares.map(Spares::take).unwrap_or_default(),
+            // Groups too small for a huge page are written: a mapping of
+            // their own would cost more than the copy it saves.
+            let frozen = |n: usize| match SpliceBuf::pays(n) {
+                true => SpliceBuf::new(n).map(Some).map_err(map),
+                false => Ok(None),
             };
+            match self.dec.decode_into(&path, at, raw, frozen, &mut buf)? {
+                Some(b) => {
+                    if let Some(spares) = self.spares {
+                        spares.put(buf);
+                    }
+                    GroupBuf::Frozen(b.freeze().map_err(map)?)
+                }
+                None => GroupBuf::Heap(buf),
+            }
+        } else {
             self.dec.decode(&path, at, raw, &mut buf)?;
             GroupBuf::Heap(buf)
         });
@@ -1152,11 +1170,15 @@ fn write_batch(w: &mut dyn Write, out: &Out, at: u64) -> Result<()> {
 
 /// Hand a batch that starts at image offset `at` to pipe `pipe`: the
 /// frozen groups and zeros by reference, what was copied into the batch
-/// (and any group not frozen) written.
+/// (and the groups not frozen) written, each run of either kind in as few
+/// calls as it takes.
 fn splice_batch(pipe: &File, out: &Out, at: u64) -> Result<()> {
     let mut offset = at;
     let mut parts: Vec<Spliced<'_>> = Vec::new();
-    let flush = |parts: &mut Vec<Spliced<'_>>, offset: &mut u64| {
+    let mut slices: Vec<IoSlice<'_>> = Vec::new();
+    let mut w = pipe;
+    // Hand over what is gathered of the other kind first.
+    let splice = |parts: &mut Vec<Spliced<'_>>, offset: &mut u64| {
         let r = splice_all(pipe, parts, offset);
         parts.clear();
         r.map_err(|source| StoreError::Dest {
@@ -1164,11 +1186,11 @@ fn splice_batch(pipe: &File, out: &Out, at: u64) -> Result<()> {
             source,
         })
     };
-    let mut w = pipe;
     for piece in &out.pieces {
         let bytes = match piece {
             Piece::Group { data, start, len } => match &**data {
                 GroupBuf::Frozen(b) => {
+                    write_slices(&mut w, &mut slices, &mut offset)?;
                     parts.push(b.range(*start, *len));
                     continue;
                 }
@@ -1176,12 +1198,17 @@ fn splice_batch(pipe: &File, out: &Out, at: u64) -> Result<()> {
             },
             Piece::Zeros(n) => {
                 if let Some(zeros) = Spliced::zeros(*n) {
+                    write_slices(&mut w, &mut slices, &mut offset)?;
                     parts.extend(zeros);
                     continue;
                 }
-                flush(&mut parts, &mut offset)?;
-                let mut slices = zero_pieces(*n).map(IoSlice::new).collect();
-                write_slices(&mut w, &mut slices, &mut offset)?;
+                splice(&mut parts, &mut offset)?;
+                for z in zero_pieces(*n) {
+                    if slices.len() == MAX_IOV {
+                        write_slices(&mut w, &mut slices, &mut offset)?;
+                    }
+                    slices.push(IoSlice::new(z));
+                }
                 continue;
             }
             Piece::Copied { start, len } => &out.bytes[*start..*start + *len],
@@ -1189,10 +1216,14 @@ fn splice_batch(pipe: &File, out: &Out, at: u64) -> Result<()> {
         if bytes.is_empty() {
             continue;
         }
-        flush(&mut parts, &mut offset)?;
-        write_slices(&mut w, &mut vec![IoSlice::new(bytes)], &mut offset)?;
+        splice(&mut parts, &mut offset)?;
+        if slices.len() == MAX_IOV {
+            write_slices(&mut w, &mut slices, &mut offset)?;
+        }
+        slices.push(IoSlice::new(bytes));
     }
-    flush(&mut parts, &mut offset)
+    write_slices(&mut w, &mut slices, &mut offset)?;
+    splice(&mut parts, &mut offset)
 }
 
 /// Write all of `slices` (emptied), counting `offset` on.
