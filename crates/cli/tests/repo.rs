@@ -471,6 +471,25 @@ fn deep_listing(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
 }
 
 /// The one line of a failed command's stderr.
+/// A repository in `d`/repo holding `img`, 3 MiB (in two groups); its
+/// path.
+fn repo_with_img(d: &Path) -> String {
+    let repo = d.join("repo");
+    let repo = repo.to_str().unwrap();
+    ok(run(&["init", repo]));
+    std::fs::write(d.join("img"), image(3 << 20)).unwrap();
+    ok(run(&[
+        "backup",
+        s(&d.join("img")),
+        "--repo",
+        repo,
+        "--name",
+        "img",
+        "-q",
+    ]));
+    repo.to_string()
+}
+
 fn one_line_failure(out: &Output) -> String {
     assert!(!out.status.success(), "should have failed");
     let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
@@ -485,20 +504,8 @@ fn one_line_failure(out: &Output) -> String {
 #[test]
 fn a_restore_to_a_pipes_read_end_fails_at_once() {
     let dir = tempdir();
-    let d = dir.path();
-    let repo = d.join("repo");
-    let repo = repo.to_str().unwrap();
-    ok(run(&["init", repo]));
-    std::fs::write(d.join("img"), image(3 << 20)).unwrap();
-    ok(run(&[
-        "backup",
-        s(&d.join("img")),
-        "--repo",
-        repo,
-        "--name",
-        "img",
-        "-q",
-    ]));
+    let repo = repo_with_img(dir.path());
+    let repo = repo.as_str();
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe(2) returns.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -542,20 +549,8 @@ fn a_restore_that_cannot_write_names_its_destination() {
     // The store's error names the image offset; the line says where the
     // bytes were going (it did not).
     let dir = tempdir();
-    let d = dir.path();
-    let repo = d.join("repo");
-    let repo = repo.to_str().unwrap();
-    ok(run(&["init", repo]));
-    std::fs::write(d.join("img"), image(3 << 20)).unwrap();
-    ok(run(&[
-        "backup",
-        s(&d.join("img")),
-        "--repo",
-        repo,
-        "--name",
-        "img",
-        "-q",
-    ]));
+    let repo = repo_with_img(dir.path());
+    let repo = repo.as_str();
     let out = run(&["restore", "img", "/dev/full", "--repo", repo, "-q"]);
     let line = one_line_failure(&out);
     assert!(

@@ -440,13 +440,7 @@ impl RecordDecoder {
         codec
             .decompress(r.stored, &mut out, raw_len)
             .map_err(|e| undecodable(path, offset, e))?;
-        if out.len() != raw_len {
-            return Err(StoreError::corrupt(
-                path,
-                offset,
-                "decoded length differs from the header",
-            ));
-        }
+        decoded_len(path, offset, out.len(), raw_len)?;
         Ok((r, out))
     }
 
@@ -468,13 +462,7 @@ impl RecordDecoder {
             codec
                 .decompress(r.stored, otherwise, raw_len)
                 .map_err(|e| undecodable(path, offset, e))?;
-            if otherwise.len() != raw_len {
-                return Err(StoreError::corrupt(
-                    path,
-                    offset,
-                    "decoded length differs from the header",
-                ));
-            }
+            decoded_len(path, offset, otherwise.len(), raw_len)?;
             return Ok(None);
         };
         codec
@@ -513,6 +501,19 @@ impl RecordDecoder {
     /// is chunk `id`.
     pub fn check_chunk(&self, path: &Path, offset: u64, id: &ChunkId, data: &[u8]) -> Result<()> {
         check_chunk(self.crypt(), path, offset, id, data)
+    }
+}
+
+/// Check that a record decoded to the length its header says.
+fn decoded_len(path: &Path, offset: u64, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(StoreError::corrupt(
+            path,
+            offset,
+            "decoded length differs from the header",
+        ))
     }
 }
 
