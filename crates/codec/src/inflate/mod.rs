@@ -367,6 +367,7 @@ impl Shared {
         v.clear();
         if v.capacity() < capacity {
             v = Vec::with_capacity(capacity);
+            crate::buf::advise_huge_pages(&v);
         }
         Some(v)
     }
