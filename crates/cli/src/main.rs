@@ -455,6 +455,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         _ => return args,
     };
     let _ = INVOKED_AS.set(Tool::of(name));
+    let _ = INVOKED_NAME.set(name.to_string());
     let pigz = matches!(name, "pigz" | "unpigz");
     let gzip_family = matches!(name, "gzip" | "pigz" | "gunzip" | "unpigz" | "zcat");
     let mut rest = args.split_off(1);
@@ -473,7 +474,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     // Arguments a tool would refuse: one line and status 1, as the tool.
     let or_exit = |r: Result<Vec<OsString>, String>| {
         r.unwrap_or_else(|e| {
-            errln!("cairn: {e}");
+            errln!("{}: {e}", prog());
             std::process::exit(1)
         })
     };
@@ -537,7 +538,7 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
                 vec![format!("{flag}={}", v.trim()).into()]
             }
             Ok(v) if !v.is_empty() => {
-                errln!("cairn: {var}={v:?} is not a number: ignored");
+                errln!("{}: {var}={v:?} is not a number: ignored", prog());
                 Vec::new()
             }
             _ => Vec::new(),
@@ -838,6 +839,14 @@ impl Tool {
 
 /// The tool cairn runs as, when it runs under one's name (a link).
 static INVOKED_AS: std::sync::OnceLock<Tool> = std::sync::OnceLock::new();
+/// The name of that link (`gunzip`, `xz`...).
+static INVOKED_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The name messages begin with: the link's (`gzip: x: not in gzip
+/// format`, as gzip says it), else `cairn`.
+pub(crate) fn prog() -> &'static str {
+    INVOKED_NAME.get().map_or("cairn", String::as_str)
+}
 
 /// Whether cairn runs under a tool's name: usage errors are then status 1,
 /// as each of those tools gives, not clap's 2.
@@ -930,11 +939,11 @@ fn main() -> ExitCode {
             ExitCode::from(e.downcast_ref::<Warned>().map_or(2, |w| w.0))
         }
         (Err(e), _) => {
-            errln!("cairn: {}", one_line(e.as_ref()));
+            errln!("{}: {}", prog(), one_line(e.as_ref()));
             ExitCode::FAILURE
         }
         (Ok(()), Some(e)) => {
-            errln!("cairn: cannot write to standard output: {e}");
+            errln!("{}: cannot write to standard output: {e}", prog());
             ExitCode::FAILURE
         }
     }
@@ -1002,7 +1011,7 @@ fn usage_error(e: clap::Error) -> ExitCode {
         msg = format!("{} {}", msg, more.join(", "));
     }
     let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-    errln!("cairn: {msg} (see cairn --help)");
+    errln!("{0}: {msg} (see {0} --help)", prog());
     ExitCode::from(if invoked_as_link() { 1 } else { 2 })
 }
 

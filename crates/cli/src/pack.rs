@@ -39,11 +39,11 @@ impl Hooks for EngineHooks {
         crate::signals::guard_mapped_input();
     }
     fn input_failed(&self, error: &Error) {
-        errln!("cairn: {}", crate::one_line(error));
+        errln!("{}: {}", crate::prog(), crate::one_line(error));
     }
     fn note(&self, input: &Path, message: &str) {
         if !self.quiet {
-            errln!("cairn: {}: {message}", input.display());
+            errln!("{}: {}: {message}", crate::prog(), input.display());
         }
     }
 }
@@ -174,7 +174,7 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
     // said as an error is, with gzip's exit status 2 when that is all.
     match run.outcome {
         Err(e) if e.is_warning() => {
-            errln!("cairn: {}", crate::one_line(&e));
+            errln!("{}: {}", crate::prog(), crate::one_line(&e));
             let status = crate::Tool::invoked().warning_status(Some(&e));
             return Err(crate::Warned(status).into());
         }
@@ -186,7 +186,7 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
         for w in &s.warnings {
             warned = true;
             if !common.quiet {
-                errln!("cairn: {}: {w}", s.input);
+                errln!("{}: {}: {w}", crate::prog(), s.input);
             }
         }
     }

@@ -1484,6 +1484,18 @@ fn links_named_after_the_tools_keep_their_defaults() {
     );
     assert!(link("zcat", &["x.gz"]).stdout == data);
     link("gunzip", &["x.gz"]);
+    // What a link says begins with its name, as the tool's does.
+    let said = std::process::Command::new(p("bin").join("gunzip"))
+        .arg("no-such.gz")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!said.status.success());
+    let err = String::from_utf8_lossy(&said.stderr);
+    assert!(
+        err.starts_with("gunzip: ") && err.contains("no-such.gz"),
+        "{err}"
+    );
     // zstd and unzstd keep it unless --rm; zstdcat copies what is not zstd.
     link("zstd", &["-q", "x"]);
     assert!(p("x").exists() && p("x.zst").exists());
