@@ -41,8 +41,7 @@ const ZERO_RUN: usize = 1 << 20;
 
 /// Whether handing a pipe frozen buffers pays here: `f` is a pipe and the
 /// kernel gives transparent huge pages on request (`enabled` is `always`
-/// or `madvise`, not `never`). `CAIRN_NO_SPLICE` in the environment turns
-/// it off (to compare, or where a sandbox refuses `vmsplice`).
+/// or `madvise`, not `never`).
 pub fn splice_pays(f: &File) -> bool {
     let Ok(stat) = rustix::fs::fstat(f.as_fd()) else {
         return false;
@@ -58,9 +57,6 @@ pub fn splice_pays(f: &File) -> bool {
         mode == rustix::fs::OFlags::WRONLY || mode == rustix::fs::OFlags::RDWR
     });
     if !writable {
-        return false;
-    }
-    if std::env::var_os("CAIRN_NO_SPLICE").is_some() {
         return false;
     }
     static HUGE_PAGES: OnceLock<bool> = OnceLock::new();

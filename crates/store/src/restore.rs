@@ -626,19 +626,12 @@ pub fn restore(
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let files = PackReader::new(repo, index);
-    let mut pipe_writer;
+    // (A pipe is handed its batches by `splice_batch`, with nothing kept
+    // back to flush.)
     let (positional, zeroed, mut stream, pipe) = match dest {
         Destination::At { file, zeroed } => (Some(file), zeroed, None, None),
         Destination::Stream(w) => (None, false, Some(w), None),
-        Destination::Pipe(p) => {
-            pipe_writer = p;
-            (
-                None,
-                false,
-                Some(&mut pipe_writer as &mut dyn Write),
-                Some(p),
-            )
-        }
+        Destination::Pipe(p) => (None, false, None, Some(p)),
     };
     let mut extents = manifest.with_offsets().peekable();
     // A hole longer than a batch is cut into batch-sized pieces so that a
