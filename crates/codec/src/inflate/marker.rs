@@ -661,7 +661,11 @@ fn try_block(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> Option<(usize,
     let mut bits = Bits::new(data, pos);
     let end = dec.block(&mut bits).ok()?;
     let next = bits.pos();
-    (end == BlockEnd::Last || next_block_decodes(dec, data, next)).then_some((pos, end, next))
+    let ok = match end {
+        BlockEnd::Last => member_may_end(data, next),
+        BlockEnd::More => next_block_decodes(dec, data, next),
+    };
+    ok.then_some((pos, end, next))
 }
 
 /// True when the code-length code whose HCLEN and lengths `bits` is at
@@ -699,7 +703,11 @@ fn next_block_decodes(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool 
     for _ in 0..CONFIRM_BLOCKS {
         match dec.block(&mut bits) {
             Ok(BlockEnd::More) => continue,
-            Ok(BlockEnd::Last) | Err(Stop::OutOfData) => break,
+            Ok(BlockEnd::Last) => {
+                ok = member_may_end(data, bits.pos());
+                break;
+            }
+            Err(Stop::OutOfData) => break,
             Err(Stop::Invalid(_)) => {
                 ok = false;
                 break;
@@ -708,6 +716,22 @@ fn next_block_decodes(dec: &mut MarkerDecoder, data: &[u8], pos: usize) -> bool 
     }
     dec.truncate(mark);
     ok
+}
+
+/// True when a gzip member could end with a final block that ends at bit
+/// `end`: the member's 8-byte trailer follows, then the data's end or the
+/// next member's magic (or the data ends too soon to tell). A candidate
+/// whose blocks reach a final one anywhere else is the DEFLATE stream of a
+/// file stored whole in the member (a `.gz`, a zip entry in a tar), whose
+/// blocks all decode: an inner stream of two to four blocks passed every
+/// other check (test `a_deflate_stream_stored_inside_is_no_block_start`).
+fn member_may_end(data: &[u8], end: usize) -> bool {
+    const TRAILER: usize = 8;
+    let rest = &data[end.div_ceil(8).min(data.len())..];
+    match rest.get(TRAILER..) {
+        None | Some([]) => true,
+        Some(next) => next.starts_with(&[0x1f, 0x8b][..next.len().min(2)]),
+    }
 }
 
 /// A next block header that could be real: not the reserved type, a

@@ -1404,7 +1404,7 @@ mod tests {
     use super::*;
     use crate::testutil::image_like;
     use proptest::prelude::*;
-    use std::io::Write;
+    use std::io::{Read, Write};
 
     fn deflate(data: &[u8], level: u32) -> Vec<u8> {
         let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(level));
@@ -1457,6 +1457,63 @@ mod tests {
             assert!(out == data, "threads {threads} chunk {chunk}");
             assert_eq!(used, stream.len());
             assert_eq!(p.restarts, 0, "threads {threads} chunk {chunk}");
+        }
+    }
+
+    /// A compressed file stored whole in a member (a `.gz` in a tar): its
+    /// DEFLATE stream lies in the member's stored blocks, and its blocks
+    /// decode, the last one final. The search takes none of them for a
+    /// block of the member: the final block is followed by neither the
+    /// member's end nor another member. Before, a stream of two to four
+    /// blocks passed every check.
+    #[test]
+    fn a_deflate_stream_stored_inside_is_no_block_start() {
+        let inner = deflate(&image_like(160 << 10, 3), 6);
+        let blocks = boundaries(&inner).len() + 1;
+        assert!(
+            (2..=4).contains(&blocks) && inner.len() < 60 << 10,
+            "{blocks} blocks, {} bytes",
+            inner.len()
+        );
+        // Stored blocks of 64 KiB, as an encoder writes for data that does
+        // not compress, the inner stream inside the second.
+        let mut payload = crate::testutil::noise(256 << 10, 1);
+        let inner_in = 65535 + 1000;
+        payload[inner_in..inner_in + inner.len()].copy_from_slice(&inner);
+        let mut member = Vec::new();
+        let mut starts = Vec::new();
+        let pieces: Vec<&[u8]> = payload.chunks(65535).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            starts.push(member.len() * 8);
+            member.push(u8::from(i + 1 == pieces.len()));
+            let len = piece.len() as u16;
+            member.extend_from_slice(&len.to_le_bytes());
+            member.extend_from_slice(&(!len).to_le_bytes());
+            member.extend_from_slice(piece);
+        }
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(&member[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert!(out == payload, "the member is valid DEFLATE");
+        let inner_at = 65535 + 5 + 5 + 1000;
+        assert_eq!(member[inner_at..inner_at + inner.len()], inner[..]);
+        let real: Vec<usize> = starts
+            .iter()
+            .map(|&b| marker::place(&member, b).0)
+            .collect();
+        member.extend_from_slice(&[0; 8]); // the trailer
+        member.extend_from_slice(b"tar padding");
+        let mut dec = MarkerDecoder::default();
+        let mut from = inner_at * 8;
+        while let Some((bit, _, _)) =
+            marker::find_block(&mut dec, &member, from, (inner_at + inner.len()) * 8)
+        {
+            assert!(
+                real.contains(&bit),
+                "bit {bit} is no block of the member: {real:?}"
+            );
+            from = bit + 1;
         }
     }
 
