@@ -1839,3 +1839,47 @@ fn links_exit_with_the_statuses_of_their_tools() {
         }
     }
 }
+
+/// `cairn pack -c` killed while it writes to a pipe leaves the members it
+/// wrote, and a prefix of gzip members is a valid gzip file: gzip takes
+/// it whole. cairn refuses it, from the end member it lacks.
+#[test]
+fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
+    use std::io::Read;
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(8 << 20, 71);
+    std::fs::write(d.join("in"), &data).unwrap();
+    let mut child = cairn()
+        .args(["pack", "-c", "-b", "256K", "in"])
+        .current_dir(d)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    // Read member by member (each says its length at bytes 16-19): the
+    // start member and three blocks, then kill the writer.
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let at = got.len();
+        got.resize(at + 20, 0);
+        out.read_exact(&mut got[at..]).unwrap();
+        let len = u32::from_le_bytes(got[at + 16..at + 20].try_into().unwrap()) as usize;
+        got.resize(at + len, 0);
+        out.read_exact(&mut got[at + 20..]).unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(d.join("cut.gz"), &got).unwrap();
+    let gzip = tool("gzip", &["-t", s(&d.join("cut.gz"))]);
+    assert!(gzip.status.success(), "gzip takes the cut file as whole");
+    for args in [&["unpack", "-t", "cut.gz"][..], &["unpack", "-c", "cut.gz"]] {
+        let out = cairn().args(args).current_dir(d).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = stderr(&out);
+        assert!(err.contains("without the end member"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    let whole = cairn_ok(&["pack", "-c"], &data);
+    assert!(cairn_ok(&["unpack", "-c"], &whole) == data);
+}

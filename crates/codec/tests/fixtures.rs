@@ -2,7 +2,11 @@
 //!
 //! - `tests/fixtures/streams-v1/sample.*`: small files written by cairn's
 //!   first stream layout, one per format. Every later cairn must still read
-//!   them to the same bytes (readers never drop a layout they once wrote).
+//!   them to the same bytes (readers never drop a layout they once wrote);
+//!   they are never written again.
+//! - `tests/fixtures/streams-v2/sample.gz`: gzip's second layout (start and
+//!   end members, docs/format/streams.md), and `cut.gz`, the same cut
+//!   after a member as a killed writer leaves it, which must be refused.
 //! - `tests/fixtures/sizes.tsv`: the compressed size of a fixed corpus for
 //!   every format and level, so that a ratio regression (or gain) shows up
 //!   as a diff in review, as zstd does with its results table.
@@ -49,16 +53,56 @@ fn version_1_streams_still_decode() {
     let data = corpus();
     for format in Format::ALL {
         let path = dir.join(format!("sample{}", format.suffix()));
-        if bless() {
-            std::fs::create_dir_all(&dir).unwrap();
-            let packed = encode_all(format, format.default_level(), 64 << 10, &data).unwrap();
-            std::fs::write(&path, packed).unwrap();
-        }
         let packed = std::fs::read(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
         let back = decode_all(&packed).unwrap_or_else(|e| panic!("{format}: {e}"));
         assert!(back == data, "{format}: fixture decodes to other bytes");
     }
+}
+
+/// gzip's second layout: the sample decodes; cut after any member but the
+/// end member, it is refused as truncated, where the first layout's
+/// members made a valid shorter file.
+#[test]
+fn version_2_gzip_decodes_and_its_cut_is_refused() {
+    let dir = root().join("streams-v2");
+    let (path, cut) = (dir.join("sample.gz"), dir.join("cut.gz"));
+    let data = corpus();
+    if bless() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let packed = encode_all(Format::Gzip, 6, 64 << 10, &data).unwrap();
+        // After the start member and two data members.
+        let mut at = 0;
+        for _ in 0..3 {
+            at += u32::from_le_bytes(packed[at + 16..at + 20].try_into().unwrap()) as usize;
+        }
+        std::fs::write(&path, &packed).unwrap();
+        std::fs::write(&cut, &packed[..at]).unwrap();
+    }
+    let packed = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
+    assert!(decode_all(&packed).unwrap() == data);
+    let cut = std::fs::read(&cut).unwrap();
+    let e = decode_all(&cut).unwrap_err().to_string();
+    assert!(e.contains("without the end member"), "{e}");
+    assert!(
+        gunzip(&cut).is_some_and(|out| data.starts_with(&out) && out.len() < data.len()),
+        "gzip itself takes the cut file as whole (why the end member is there)"
+    );
+}
+
+/// `gzip -dc` of `data`, where gzip is installed (`None` when it fails).
+fn gunzip(data: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    child.stdin.take()?.write_all(data).ok()?;
+    let out = child.wait_with_output().ok()?;
+    out.status.success().then_some(out.stdout)
 }
 
 #[test]

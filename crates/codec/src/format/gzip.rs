@@ -18,6 +18,15 @@
 //!
 //! Member layout: `1f 8b 08 04 | mtime 0 | xfl | os 3 | xlen 8 | 'C' 'N' 4 0
 //! | member length u32le | raw deflate | crc32 | isize`.
+//!
+//! Since layout 2 ([`Framer`]) the members stand between an empty start
+//! member (subfield `CS`) and an empty end member (subfield `CE`, the
+//! stream's total length). Any prefix of a multi-member file that ends
+//! between members is itself a valid gzip file, so a writer killed there
+//! (`cairn pack -c` to a pipe) left a file that `gzip -t` and cairn took
+//! as whole; cairn now refuses a stream that has begun with a start
+//! member and ends without its end member, as htslib warns of a BGZF file
+//! without its end-of-file block.
 
 use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, DeflateCodec};
@@ -82,12 +91,123 @@ impl super::BlockEncoder for Encoder {
     }
 }
 
+/// Subfield of the start member: the layout version, u16le.
+const START_ID: [u8; 2] = *b"CS";
+/// Subfield of the end member: the stream's decoded length, u64le.
+const END_ID: [u8; 2] = *b"CE";
+/// The layout the start member names.
+const LAYOUT: u16 = 2;
+
+/// Writes layout 2's start and end members around the blocks (see the
+/// module's doc).
+#[derive(Default)]
+pub struct Framer {
+    total: u64,
+}
+
+/// An empty member (no data: a final fixed block of no symbols) whose
+/// FEXTRA holds its own length (`CN`) and the subfield `id` with `data`.
+fn empty_member(id: [u8; 2], data: &[u8], out: &mut Vec<u8>) {
+    let xlen = 8 + 4 + data.len();
+    let len = 10 + 2 + xlen + 2 + TRAILER_LEN;
+    out.extend_from_slice(&[0x1f, 0x8b, 8, FEXTRA, 0, 0, 0, 0, 0, 3]);
+    out.extend_from_slice(&(xlen as u16).to_le_bytes());
+    out.extend_from_slice(&[b'C', b'N', 4, 0]);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&id);
+    out.extend_from_slice(&(data.len() as u16).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&[3, 0]);
+    out.extend_from_slice(&[0; TRAILER_LEN]);
+}
+
+impl super::Framer for Framer {
+    fn header(&mut self, out: &mut Vec<u8>) {
+        empty_member(START_ID, &LAYOUT.to_le_bytes(), out);
+    }
+
+    fn block(&mut self, meta: &BlockMeta) {
+        self.total += meta.raw_len;
+    }
+
+    fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        empty_member(END_ID, &self.total.to_le_bytes(), out);
+        Ok(())
+    }
+}
+
+/// What a member says of the stream around it (layout 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// The start member: an end member must follow the stream's members.
+    Start,
+    /// The end member, with the stream's decoded length.
+    End(u64),
+}
+
+/// The start and end members a reader has met (layout 2): a stream that
+/// began with a start member must end with its end member, which must
+/// give the length its members decoded to.
+#[derive(Default)]
+pub(crate) struct Marks {
+    /// The open stream's start member: its offset, and the output's length
+    /// there.
+    open: Option<(u64, u64)>,
+}
+
+impl Marks {
+    /// A start or end member at `off`, with `out` bytes of output so far.
+    pub(crate) fn see(&mut self, off: u64, mark: Mark, out: u64) -> Result<()> {
+        match (mark, self.open) {
+            (Mark::Start, None) => self.open = Some((off, out)),
+            (Mark::End(total), Some((_, from))) if out - from == total => self.open = None,
+            (Mark::Start, Some((start, _))) => {
+                let why = format!(
+                    "a new stream starts before the one started at offset {start} ended: \
+                     its end member is missing (truncated, then appended to?)"
+                );
+                return Err(CodecError::corrupt(NAME, off, why));
+            }
+            (Mark::End(total), Some((start, from))) => {
+                let why = format!(
+                    "the end member says the stream started at offset {start} holds {total} \
+                     bytes, its members hold {}",
+                    out - from
+                );
+                return Err(CodecError::corrupt(NAME, off, why));
+            }
+            (Mark::End(_), None) => {
+                let why = "an end member without the start member before it";
+                return Err(CodecError::corrupt(NAME, off, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// The input ends at `off`: the open stream, if any, was cut short.
+    pub(crate) fn ended(&self, off: u64) -> Result<()> {
+        match self.open {
+            Some((start, _)) => Err(CodecError::corrupt(
+                NAME,
+                off,
+                format!(
+                    "the input ends without the end member of the stream started at offset \
+                     {start}: truncated (the writer stopped?)"
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Parsed fixed part of a member header.
 pub(crate) struct Header {
     /// Bytes of header (through FHCRC).
     pub(crate) len: usize,
     /// Total member length, when a size subfield says so.
     pub(crate) member_len: Option<usize>,
+    /// A start or end member's subfield.
+    pub(crate) mark: Option<Mark>,
 }
 
 /// Parse the member header at the start of `input`, filling as needed.
@@ -118,6 +238,7 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
     let _ = FTEXT;
     let mut len = 10;
     let mut member_len = None;
+    let mut mark = None;
     if flags & FEXTRA != 0 {
         let b = input.need(len + 2, NAME)?;
         let xlen = usize::from(u16::from_le_bytes([b[len], b[len + 1]]));
@@ -131,6 +252,12 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
             let data = extra.get(i + 4..i + 4 + sl);
             match (s1, s2, data) {
                 (b'C', b'N', Some(d)) if sl == 4 => member_len = Some(le32(d, 0) as usize),
+                (b'C', b'S', Some(_)) => mark = Some(Mark::Start),
+                (b'C', b'E', Some(d)) if sl == 8 => {
+                    let mut total = [0; 8];
+                    total.copy_from_slice(d);
+                    mark = Some(Mark::End(u64::from_le_bytes(total)));
+                }
                 (b'B', b'C', Some(d)) if sl == 2 => {
                     member_len = Some(usize::from(u16::from_le_bytes([d[0], d[1]])) + 1)
                 }
@@ -187,7 +314,11 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         }
         len += 2;
     }
-    Ok(Header { len, member_len })
+    Ok(Header {
+        len,
+        member_len,
+        mark,
+    })
 }
 
 /// State of a member being inflated in the splitter.
@@ -237,6 +368,10 @@ pub struct Splitter {
     threads: usize,
     members: u64,
     index: Option<Arc<Mutex<GzipIndex>>>,
+    /// Bytes the members taken so far decode to.
+    out_total: u64,
+    /// Start and end members seen.
+    marks: Marks,
 }
 
 /// Smallest member body (bytes left in the file) worth inflating in
@@ -261,6 +396,8 @@ impl Splitter {
             threads,
             members: 0,
             index: None,
+            out_total: 0,
+            marks: Marks::default(),
         }
     }
 
@@ -415,7 +552,13 @@ impl Splitter {
             ));
         }
         self.input.consume(TRAILER_LEN);
+        self.decoded(size);
         Ok(())
+    }
+
+    /// Count a member's decoded bytes.
+    fn decoded(&mut self, size: u64) {
+        self.out_total += size;
     }
 
     /// Take the member at `off` whole as a unit for the workers, trusting
@@ -471,6 +614,7 @@ impl Splitter {
         unit.offset = off;
         unit.kind = UnitKind::Packed(header.len as u32);
         unit.raw_len = isize;
+        self.decoded(isize as u64);
         Ok(true)
     }
 
@@ -541,6 +685,7 @@ impl super::Splitter for Splitter {
                     offset: 0,
                 });
             }
+            self.marks.ended(self.input.offset())?;
             return Ok(false);
         }
         let off = self.input.offset();
@@ -549,12 +694,16 @@ impl super::Splitter for Splitter {
         if self.members > 0 && self.input.peek().first() == Some(&0) {
             let avail = self.input.fill(1 << 16)?;
             if self.input.peek()[..avail].iter().all(|&b| b == 0) && avail < (1 << 16) {
+                self.marks.ended(self.input.offset())?;
                 self.input.consume(avail);
                 return Ok(false);
             }
         }
         let header = parse_header(&mut self.input)?;
         self.members += 1;
+        if let Some(mark) = header.mark {
+            self.marks.see(off, mark, self.out_total)?;
+        }
         if let Some(len) = header.member_len {
             if self.take_sized_member(off, &header, len, unit)? {
                 return Ok(true);
@@ -734,6 +883,73 @@ mod tests {
                     "{what} + more"
                 );
             }
+        }
+    }
+
+    /// The members of a layout-2 stream: start, data..., end.
+    fn members(stream: &[u8]) -> Vec<&[u8]> {
+        let mut v = Vec::new();
+        let mut at = 0;
+        while at < stream.len() {
+            let len = le32(stream, at + 16) as usize;
+            v.push(&stream[at..at + len]);
+            at += len;
+        }
+        v
+    }
+
+    /// Layout 2 is refused wherever its start and end members do not pair
+    /// up, and read wherever they do: alone, two streams concatenated (as
+    /// `cat a.gz b.gz`), after a layout-1 or foreign member, with zero
+    /// padding after it.
+    #[test]
+    fn start_and_end_members_pair_up() {
+        let data: Vec<u8> = (0..200_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 11) as u8)
+            .collect();
+        let a = crate::encode_all(crate::Format::Gzip, 6, 50_000, &data).unwrap();
+        let m = members(&a);
+        assert_eq!(m.len(), 6, "start, four blocks, end");
+        let join = |parts: &[&[u8]]| parts.concat();
+        let decode = |s: &[u8]| crate::decode_all(s).map_err(|e| e.to_string());
+        let twice = [&data[..], &data[..]].concat();
+        assert_eq!(decode(&a).unwrap(), data);
+        assert_eq!(decode(&join(&[&a, &a])).unwrap(), twice);
+        let foreign = member(&data, b"", false);
+        assert_eq!(decode(&join(&[&foreign, &a])).unwrap(), twice);
+        assert_eq!(decode(&join(&[&a, &foreign])).unwrap(), twice);
+        assert_eq!(decode(&join(&[&a, &[0; 100]])).unwrap(), data);
+        let refused = [
+            (
+                "cut before the end",
+                join(&m[..5]),
+                "without the end member",
+            ),
+            (
+                "cut, then padded",
+                join(&[&join(&m[..5]), &[0; 100][..]]),
+                "without the end member",
+            ),
+            (
+                "cut after the start",
+                join(&m[..1]),
+                "without the end member",
+            ),
+            (
+                "cut, then another stream",
+                join(&[&join(&m[..3]), &a]),
+                "a new stream starts",
+            ),
+            (
+                "a member lost",
+                join(&[m[0], m[1], m[3], m[4], m[5]]),
+                "its members hold 150000",
+            ),
+            ("no start", join(&m[1..]), "without the start member"),
+        ];
+        for (what, stream, says) in refused {
+            let e = decode(&stream).expect_err(what);
+            assert!(e.contains(says), "{what}: {e}");
         }
     }
 }

@@ -32,7 +32,7 @@
 //! whole read compares every window with the output and cannot be fooled
 //! that way). docs/format/gzip-index.md says so too.
 
-use super::gzip::{parse_header, PARALLEL_MIN, TRAILER_LEN};
+use super::gzip::{parse_header, Marks, PARALLEL_MIN, TRAILER_LEN};
 use super::{at_offset, le32};
 use crate::error::{CodecError, Result};
 use crate::inflate::index::{Checkpoint, GzipIndex, MemberIndex};
@@ -124,6 +124,7 @@ fn walk<E: From<CodecError>>(
     let buf = data.as_slice();
     // The member at `off` decodes to output offset `pos`.
     let (mut off, mut pos) = (0usize, 0u64);
+    let mut marks = Marks::default();
     while !range.done(pos) && off < buf.len() {
         if buf[off] == 0 {
             // Zero padding after the last member, as gzip allows.
@@ -133,7 +134,7 @@ fn walk<E: From<CodecError>>(
                     offset: (off + z) as u64,
                 }
                 .into()),
-                None => Ok(()),
+                None => Ok(marks.ended(off as u64)?),
             };
         }
         let rest = data.from_offset(off).ok_or(CodecError::Truncated {
@@ -142,6 +143,9 @@ fn walk<E: From<CodecError>>(
         })?;
         let mut input = Input::with_buffer(Box::new(std::io::Cursor::new(rest)), 4096);
         let header = parse_header(&mut input).map_err(|e| at_offset(e, off as u64))?;
+        if let Some(mark) = header.mark {
+            marks.see(off as u64, mark, pos)?;
+        }
         let body = off + header.len;
         let member = index.and_then(|i| i.members.get(&(body as u64)));
         let (bit, out, window) = match member {
@@ -202,6 +206,9 @@ fn walk<E: From<CodecError>>(
         }
         pos += len;
         off = t + TRAILER_LEN;
+    }
+    if !range.done(pos) {
+        marks.ended(off as u64)?;
     }
     Ok(())
 }
@@ -489,6 +496,28 @@ mod tests {
         *bad.last_mut().unwrap() = 1;
         let err = read(&bad, None, 2_000_000, None).unwrap_err();
         assert!(matches!(err, CodecError::TrailingGarbage { .. }), "{err}");
+    }
+
+    /// A layout-2 file cut after a member: a range that reaches past the
+    /// cut is refused, one before it is read.
+    #[test]
+    fn a_range_past_a_cut_is_refused() {
+        let data = image_like(1 << 20, 5);
+        let gz = crate::encode_all(crate::Format::Gzip, 6, 100_000, &data).unwrap();
+        let (out, _) = read(&gz, None, 0, None).unwrap();
+        assert!(out == data);
+        // The start member and three blocks.
+        let mut cut = 0;
+        for _ in 0..4 {
+            cut += le32(&gz, cut + 16) as usize;
+        }
+        let gz = &gz[..cut];
+        let (out, _) = read(gz, None, 1000, Some(250_000)).unwrap();
+        assert!(out == data[1000..250_000]);
+        for end in [None, Some(350_000)] {
+            let err = read(gz, None, 1000, end).unwrap_err().to_string();
+            assert!(err.contains("without the end member"), "{end:?}: {err}");
+        }
     }
 
     #[test]

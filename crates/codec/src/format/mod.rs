@@ -318,7 +318,7 @@ impl Format {
         let level = self.clamp_level(level);
         let checksum = opts.check != IntegrityCheck::None;
         match self {
-            Format::Gzip => Box::new(NoFraming),
+            Format::Gzip => Box::new(gzip::Framer::default()),
             Format::Zstd => Box::new(zstd::SeekTable::new(checksum)),
             Format::Lz4 => Box::new(lz4::Framer),
             Format::Snappy => Box::new(snappy::Framer),
@@ -422,7 +422,7 @@ pub trait Framer: Send {
     fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()>;
 }
 
-/// Framing for formats that need none (gzip members, bzip2 streams).
+/// Framing for formats that need none (bzip2 streams).
 struct NoFraming;
 
 impl Framer for NoFraming {
