@@ -1840,9 +1840,10 @@ fn links_exit_with_the_statuses_of_their_tools() {
     }
 }
 
-/// `cairn pack -c` killed while it writes to a pipe leaves the members it
-/// wrote, and a prefix of gzip members is a valid gzip file: gzip takes
-/// it whole. cairn refuses it, from the end member it lacks.
+/// `cairn pack -c` killed while it writes to a pipe leaves the members or
+/// frames it wrote, and a prefix of gzip members or zstd frames is a valid
+/// file: gzip and zstd take it whole. cairn refuses it, from the end
+/// member or seek table it lacks.
 #[test]
 fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
     use std::io::Read;
@@ -1850,36 +1851,59 @@ fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
     let d = dir.path();
     let data = mixed(8 << 20, 71);
     std::fs::write(d.join("in"), &data).unwrap();
-    let mut child = cairn()
-        .args(["pack", "-c", "-b", "256K", "in"])
-        .current_dir(d)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    // Read member by member (each says its length at bytes 16-19): the
-    // start member and three blocks, then kill the writer.
-    let mut got = Vec::new();
-    for _ in 0..4 {
-        let at = got.len();
-        got.resize(at + 20, 0);
-        out.read_exact(&mut got[at..]).unwrap();
-        let len = u32::from_le_bytes(got[at + 16..at + 20].try_into().unwrap()) as usize;
-        got.resize(at + len, 0);
-        out.read_exact(&mut got[at + 20..]).unwrap();
+    for (format, tool_name, cut, says) in [
+        ("gzip", "gzip", "cut.gz", "without the end member"),
+        ("zstd", "zstd", "cut.zst", "without the seek table"),
+    ] {
+        let args = ["pack", "-c", "-F", format, "-b", "256K", "in"];
+        // Where each member or frame ends, from the whole output (the
+        // same bytes every run): gzip members say their length at bytes
+        // 16-19, zstd's seek table lists its frames.
+        let whole = cairn().args(args).current_dir(d).output().unwrap().stdout;
+        let le32 = |at: usize| u32::from_le_bytes(whole[at..at + 4].try_into().unwrap()) as usize;
+        let mut ends = vec![];
+        let mut at = 0;
+        if format == "gzip" {
+            while at < whole.len() {
+                at += le32(at + 16);
+                ends.push(at);
+            }
+        } else {
+            let count = le32(whole.len() - 9);
+            let first = whole.len() - 9 - 12 * count;
+            for i in 0..count {
+                at += le32(first + 12 * i);
+                ends.push(at);
+            }
+        }
+        // Its first four pieces (gzip: the start member and three blocks;
+        // zstd: an empty frame, the start frame, two blocks), then the
+        // writer is killed.
+        let keep = ends[3];
+        let mut child = cairn()
+            .args(args)
+            .current_dir(d)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut got = vec![0; keep];
+        child.stdout.take().unwrap().read_exact(&mut got).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(got[..] == whole[..keep], "{format}: the same bytes");
+        std::fs::write(d.join(cut), &got).unwrap();
+        let peer = tool(tool_name, &["-t", s(&d.join(cut))]);
+        assert!(
+            peer.status.success(),
+            "{tool_name} takes the cut file as whole"
+        );
+        for args in [&["unpack", "-t", cut][..], &["unpack", "-c", cut]] {
+            let out = cairn().args(args).current_dir(d).output().unwrap();
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let err = stderr(&out);
+            assert!(err.contains(says), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
+        assert!(cairn_ok(&["unpack", "-c"], &whole) == data, "{format}");
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    std::fs::write(d.join("cut.gz"), &got).unwrap();
-    let gzip = tool("gzip", &["-t", s(&d.join("cut.gz"))]);
-    assert!(gzip.status.success(), "gzip takes the cut file as whole");
-    for args in [&["unpack", "-t", "cut.gz"][..], &["unpack", "-c", "cut.gz"]] {
-        let out = cairn().args(args).current_dir(d).output().unwrap();
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
-        let err = stderr(&out);
-        assert!(err.contains("without the end member"), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    }
-    let whole = cairn_ok(&["pack", "-c"], &data);
-    assert!(cairn_ok(&["unpack", "-c"], &whole) == data);
 }

@@ -143,7 +143,8 @@ fn huge_declared_sizes_are_refused_before_allocating() {
     // field): nothing is allocated for it, the member is inflated as a
     // stream and the file decodes, as with gzip.
     let (data, mut gz) = packed("gzip");
-    gz[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    // The first data member, after the start member (36 bytes).
+    gz[36 + 16..36 + 20].copy_from_slice(&u32::MAX.to_le_bytes());
     let out = cairn_pipe(&["unpack"], &gz);
     assert!(
         out.status.success() && out.stdout == data,
@@ -167,9 +168,12 @@ fn huge_declared_sizes_are_refused_before_allocating() {
         &["pack", "-F", "zstd", "-b", "1M", "-q"],
         &mixed(400_000, 22),
     );
-    let fhd = zs[4];
+    // The first data frame, after the empty frame (13 bytes) and the
+    // start frame (16).
+    let f = 13 + 16;
+    let fhd = zs[f + 4];
     assert_eq!(fhd >> 6, 2, "cairn frames record a 4-byte content size");
-    zs[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+    zs[f + 6..f + 10].copy_from_slice(&u32::MAX.to_le_bytes());
     let out = cairn_pipe(&["unpack"], &zs);
     assert_clean_failure(&out, "zstd", "huge frame");
 }

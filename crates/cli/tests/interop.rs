@@ -144,7 +144,17 @@ fn zstd_seek_table_is_the_public_seekable_format() {
     let n = packed.len();
     assert_eq!(&packed[n - 4..], &0x8F92_EAB1u32.to_le_bytes());
     let frames = u32::from_le_bytes(packed[n - 9..n - 5].try_into().unwrap());
-    assert_eq!(frames, 10);
+    assert_eq!(
+        frames, 12,
+        "ten frames after an empty one and the start frame"
+    );
+    // An empty frame (a frame's magic first, as GNU tar looks for), then
+    // the start frame, a skippable one: the table's first entries.
+    assert_eq!(&packed[..4], &[0x28, 0xb5, 0x2f, 0xfd]);
+    assert_eq!(&packed[13..21], &[0x5c, 0x2a, 0x4d, 0x18, 8, 0, 0, 0]);
+    let first = n - 9 - 12 * frames as usize;
+    assert_eq!(&packed[first..first + 8], &[13, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&packed[first + 12..first + 20], &[16, 0, 0, 0, 0, 0, 0, 0]);
     assert_eq!(packed[n - 5], 0x80, "checksums present");
 }
 
@@ -787,8 +797,9 @@ fn zstd_frames_without_checksums() {
         &data,
     );
     let with = cairn_ok(&["pack", "-F", "zstd", "-b", "1M", "-q"], &data);
-    // Three frames of 1 MiB: 4 bytes of checksum and 4 of seek table each.
-    assert_eq!(with.len() - packed.len(), 3 * 8);
+    // Three frames of 1 MiB: 4 bytes of checksum and 4 of seek table each;
+    // the empty frame the same, the start frame 4 of seek table.
+    assert_eq!(with.len() - packed.len(), 4 * 8 + 4);
     assert!(cairn_ok(&["unpack"], &packed) == data);
     assert!(cairn_ok(&["unpack", "-T", "2"], &packed) == data);
     if have("zstd") {

@@ -4,9 +4,11 @@
 //!   first stream layout, one per format. Every later cairn must still read
 //!   them to the same bytes (readers never drop a layout they once wrote);
 //!   they are never written again.
-//! - `tests/fixtures/streams-v2/sample.gz`: gzip's second layout (start and
-//!   end members, docs/format/streams.md), and `cut.gz`, the same cut
-//!   after a member as a killed writer leaves it, which must be refused.
+//! - `tests/fixtures/streams-v2/sample.{gz,zst,sz}`: the second layout of
+//!   gzip (start and end members), zstd (a start frame) and snappy (start
+//!   and end chunks), see
+//!   docs/format/streams.md, and `cut.*`, the same cut where a member or
+//!   frame ends, as a killed writer leaves it, which must be refused.
 //! - `tests/fixtures/sizes.tsv`: the compressed size of a fixed corpus for
 //!   every format and level, so that a ratio regression (or gain) shows up
 //!   as a diff in review, as zstd does with its results table.
@@ -60,41 +62,69 @@ fn version_1_streams_still_decode() {
     }
 }
 
-/// gzip's second layout: the sample decodes; cut after any member but the
-/// end member, it is refused as truncated, where the first layout's
-/// members made a valid shorter file.
+/// The second layout of gzip and zstd: the sample decodes; cut after its
+/// first three pieces (gzip: the start member and two blocks; zstd: an
+/// empty frame, the start frame and a block; snappy: the identifier, the
+/// start chunk and a block's first chunk), it is refused as truncated,
+/// where the first layout made a valid shorter file (which gzip and zstd
+/// still take).
 #[test]
-fn version_2_gzip_decodes_and_its_cut_is_refused() {
+fn version_2_streams_decode_and_their_cut_is_refused() {
     let dir = root().join("streams-v2");
-    let (path, cut) = (dir.join("sample.gz"), dir.join("cut.gz"));
     let data = corpus();
-    if bless() {
-        std::fs::create_dir_all(&dir).unwrap();
-        let packed = encode_all(Format::Gzip, 6, 64 << 10, &data).unwrap();
-        // After the start member and two data members.
-        let mut at = 0;
-        for _ in 0..3 {
-            at += u32::from_le_bytes(packed[at + 16..at + 20].try_into().unwrap()) as usize;
+    for (format, says) in [
+        (Format::Gzip, "without the end member"),
+        (Format::Zstd, "without the seek table"),
+        (Format::Snappy, "without the end chunk"),
+    ] {
+        let path = dir.join(format!("sample{}", format.suffix()));
+        let cut = dir.join(format!("cut{}", format.suffix()));
+        if bless() {
+            std::fs::create_dir_all(&dir).unwrap();
+            let packed = encode_all(format, format.default_level(), 64 << 10, &data).unwrap();
+            // The first three pieces: gzip members say their length
+            // at bytes 16-19; zstd's seek table lists the frames' sizes.
+            let at = match format {
+                Format::Gzip => (0..3).fold(0, |at, _| at + le32(&packed, at + 16)),
+                // Chunks: type, then a 3-byte length.
+                Format::Snappy => (0..3).fold(0, |at, _| at + 4 + (le32(&packed, at) >> 8)),
+                _ => {
+                    let count = le32(&packed, packed.len() - 9);
+                    let first = packed.len() - 9 - 12 * count;
+                    (0..3).map(|i| le32(&packed, first + 12 * i)).sum()
+                }
+            };
+            std::fs::write(&path, &packed).unwrap();
+            std::fs::write(&cut, &packed[..at]).unwrap();
         }
-        std::fs::write(&path, &packed).unwrap();
-        std::fs::write(&cut, &packed[..at]).unwrap();
+        let packed = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
+        assert!(decode_all(&packed).unwrap() == data, "{format}");
+        let cut = std::fs::read(&cut).unwrap();
+        let e = decode_all(&cut).unwrap_err().to_string();
+        assert!(e.contains(says), "{format}: {e}");
+        let tool = match format {
+            Format::Gzip => "gzip",
+            Format::Zstd => "zstd",
+            _ => continue,
+        };
+        assert!(
+            decode_with(tool, &cut)
+                .is_some_and(|out| data.starts_with(&out) && out.len() < data.len()),
+            "{tool} takes the cut file as whole (why the end piece is there)"
+        );
     }
-    let packed = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with CAIRN_BLESS=1)", path.display()));
-    assert!(decode_all(&packed).unwrap() == data);
-    let cut = std::fs::read(&cut).unwrap();
-    let e = decode_all(&cut).unwrap_err().to_string();
-    assert!(e.contains("without the end member"), "{e}");
-    assert!(
-        gunzip(&cut).is_some_and(|out| data.starts_with(&out) && out.len() < data.len()),
-        "gzip itself takes the cut file as whole (why the end member is there)"
-    );
 }
 
-/// `gzip -dc` of `data`, where gzip is installed (`None` when it fails).
-fn gunzip(data: &[u8]) -> Option<Vec<u8>> {
+/// Bytes 0-3 after `at`, little-endian.
+fn le32(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize
+}
+
+/// `TOOL -dc` of `data` (`None` when it fails or is not installed).
+fn decode_with(tool: &str, data: &[u8]) -> Option<Vec<u8>> {
     use std::io::Write;
-    let mut child = std::process::Command::new("gzip")
+    let mut child = std::process::Command::new(tool)
         .arg("-dc")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -28,7 +28,9 @@
 //! member and ends without its end member, as htslib warns of a BGZF file
 //! without its end-of-file block.
 
-use super::{in_stream, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use super::{
+    in_stream, le32, pass_plain, BlockMeta, Mark, Marks, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
+};
 use crate::block::{BlockCodec, DeflateCodec};
 use crate::error::{CodecError, Result};
 use crate::inflate::index::GzipIndex;
@@ -97,6 +99,14 @@ const START_ID: [u8; 2] = *b"CS";
 const END_ID: [u8; 2] = *b"CE";
 /// The layout the start member names.
 const LAYOUT: u16 = 2;
+/// How a reader names gzip's start and end members.
+pub(crate) const GZIP_MARKS: super::MarkNames = super::MarkNames {
+    format: NAME,
+    start: "start member",
+    end: "end member",
+    pieces: "members",
+    end_alone_ok: false,
+};
 
 /// Writes layout 2's start and end members around the blocks (see the
 /// module's doc).
@@ -133,70 +143,6 @@ impl super::Framer for Framer {
     fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
         empty_member(END_ID, &self.total.to_le_bytes(), out);
         Ok(())
-    }
-}
-
-/// What a member says of the stream around it (layout 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mark {
-    /// The start member: an end member must follow the stream's members.
-    Start,
-    /// The end member, with the stream's decoded length.
-    End(u64),
-}
-
-/// The start and end members a reader has met (layout 2): a stream that
-/// began with a start member must end with its end member, which must
-/// give the length its members decoded to.
-#[derive(Default)]
-pub(crate) struct Marks {
-    /// The open stream's start member: its offset, and the output's length
-    /// there.
-    open: Option<(u64, u64)>,
-}
-
-impl Marks {
-    /// A start or end member at `off`, with `out` bytes of output so far.
-    pub(crate) fn see(&mut self, off: u64, mark: Mark, out: u64) -> Result<()> {
-        match (mark, self.open) {
-            (Mark::Start, None) => self.open = Some((off, out)),
-            (Mark::End(total), Some((_, from))) if out - from == total => self.open = None,
-            (Mark::Start, Some((start, _))) => {
-                let why = format!(
-                    "a new stream starts before the one started at offset {start} ended: \
-                     its end member is missing (truncated, then appended to?)"
-                );
-                return Err(CodecError::corrupt(NAME, off, why));
-            }
-            (Mark::End(total), Some((start, from))) => {
-                let why = format!(
-                    "the end member says the stream started at offset {start} holds {total} \
-                     bytes, its members hold {}",
-                    out - from
-                );
-                return Err(CodecError::corrupt(NAME, off, why));
-            }
-            (Mark::End(_), None) => {
-                let why = "an end member without the start member before it";
-                return Err(CodecError::corrupt(NAME, off, why));
-            }
-        }
-        Ok(())
-    }
-
-    /// The input ends at `off`: the open stream, if any, was cut short.
-    pub(crate) fn ended(&self, off: u64) -> Result<()> {
-        match self.open {
-            Some((start, _)) => Err(CodecError::corrupt(
-                NAME,
-                off,
-                format!(
-                    "the input ends without the end member of the stream started at offset \
-                     {start}: truncated (the writer stopped?)"
-                ),
-            )),
-            None => Ok(()),
-        }
     }
 }
 
@@ -397,7 +343,7 @@ impl Splitter {
             members: 0,
             index: None,
             out_total: 0,
-            marks: Marks::default(),
+            marks: Marks::new(GZIP_MARKS),
         }
     }
 

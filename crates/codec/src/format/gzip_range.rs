@@ -32,7 +32,8 @@
 //! whole read compares every window with the output and cannot be fooled
 //! that way). docs/format/gzip-index.md says so too.
 
-use super::gzip::{parse_header, Marks, PARALLEL_MIN, TRAILER_LEN};
+use super::gzip::{parse_header, GZIP_MARKS, PARALLEL_MIN, TRAILER_LEN};
+use super::Marks;
 use super::{at_offset, le32};
 use crate::error::{CodecError, Result};
 use crate::inflate::index::{Checkpoint, GzipIndex, MemberIndex};
@@ -124,7 +125,7 @@ fn walk<E: From<CodecError>>(
     let buf = data.as_slice();
     // The member at `off` decodes to output offset `pos`.
     let (mut off, mut pos) = (0usize, 0u64);
-    let mut marks = Marks::default();
+    let mut marks = Marks::new(GZIP_MARKS);
     while !range.done(pos) && off < buf.len() {
         if buf[off] == 0 {
             // Zero padding after the last member, as gzip allows.

@@ -321,7 +321,7 @@ impl Format {
             Format::Gzip => Box::new(gzip::Framer::default()),
             Format::Zstd => Box::new(zstd::SeekTable::new(checksum)),
             Format::Lz4 => Box::new(lz4::Framer),
-            Format::Snappy => Box::new(snappy::Framer),
+            Format::Snappy => Box::new(snappy::Framer::default()),
             Format::Lzop => Box::new(lzop::Framer::new(level)),
             Format::Bzip2 => Box::new(NoFraming),
             Format::Xz => Box::new(xz::Framer::new(xz::check_id(opts.check))),
@@ -420,6 +420,93 @@ pub trait Framer: Send {
     fn block(&mut self, meta: &BlockMeta);
     /// Bytes after the last block.
     fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()>;
+}
+
+/// What a start or end piece of a stream says (gzip's start and end
+/// members, zstd's start frame and seek table): the reader checks that
+/// they pair up ([`Marks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mark {
+    /// A start piece: the stream's end piece must follow its data.
+    Start,
+    /// An end piece, with the bytes the stream's data decodes to.
+    End(u64),
+}
+
+/// How a format's reader names its start and end pieces.
+#[derive(Clone, Copy)]
+pub(crate) struct MarkNames {
+    pub(crate) format: &'static str,
+    pub(crate) start: &'static str,
+    pub(crate) end: &'static str,
+    pub(crate) pieces: &'static str,
+    /// An end piece with no start piece before it is a stream of an
+    /// earlier layout or another writer (zstd's seek table), not damage.
+    pub(crate) end_alone_ok: bool,
+}
+
+/// The start and end pieces a reader has met: a stream that began with
+/// a start piece must end with its end piece, which must give the length
+/// the stream's data decoded to. Without it, a file cut where one piece
+/// ends (a killed writer) would read as whole, as every prefix of a
+/// multi-member gzip or multi-frame zstd file does.
+pub(crate) struct Marks {
+    names: MarkNames,
+    /// The open stream's start piece: its offset, and the output's length
+    /// there.
+    open: Option<(u64, u64)>,
+}
+
+impl Marks {
+    pub(crate) fn new(names: MarkNames) -> Self {
+        Marks { names, open: None }
+    }
+
+    /// A start or end piece at `off`, with `out` bytes of output so far.
+    pub(crate) fn see(&mut self, off: u64, mark: Mark, out: u64) -> Result<()> {
+        let n = self.names;
+        let why = match (mark, self.open) {
+            (Mark::Start, None) => {
+                self.open = Some((off, out));
+                return Ok(());
+            }
+            (Mark::End(total), Some((_, from))) if out - from == total => {
+                self.open = None;
+                return Ok(());
+            }
+            (Mark::End(_), None) if n.end_alone_ok => return Ok(()),
+            (Mark::Start, Some((start, _))) => format!(
+                "a new stream starts before the one started at offset {start} ended: its {} \
+                 is missing (cut short, then appended to?)",
+                n.end
+            ),
+            (Mark::End(total), Some((start, from))) => format!(
+                "the {} says the stream started at offset {start} holds {total} bytes, its \
+                 {} hold {}",
+                n.end,
+                n.pieces,
+                out - from
+            ),
+            (Mark::End(_), None) => format!("a {} without the {} before it", n.end, n.start),
+        };
+        Err(CodecError::corrupt(n.format, off, why))
+    }
+
+    /// The input ends at `off`: the open stream, if any, was cut short.
+    pub(crate) fn ended(&self, off: u64) -> Result<()> {
+        match self.open {
+            Some((start, _)) => Err(CodecError::corrupt(
+                self.names.format,
+                off,
+                format!(
+                    "the input ends without the {} of the stream started at offset {start}: \
+                     truncated (the writer stopped?)",
+                    self.names.end
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Framing for formats that need none (bzip2 streams).

@@ -3,8 +3,17 @@
 //! with a masked CRC-32C of its uncompressed bytes. Every chunk decodes on
 //! its own, so cairn cuts a stream into runs of chunks and decodes the runs
 //! in parallel.
+//!
+//! Layout 2 adds two reserved skippable chunks (type `0xca`), which every
+//! reader skips: a start chunk after the stream identifier (`CAIRNS`, the
+//! layout u16le) and an end chunk after the last data chunk (`CAIRNE`, the
+//! decoded length u64le). The framing has no end of its own, so a writer
+//! killed between chunks left a stream that read as whole; cairn refuses a
+//! stream that began with a start chunk and lacks its end chunk.
 
-use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
+use super::{
+    at_offset, le32, pass_plain, BlockMeta, Mark, MarkNames, Marks, Unit, UnitKind, MAX_UNIT,
+};
 use crate::block::{BlockCodec, SnappyCodec};
 use crate::error::{CodecError, Result};
 use crate::input::Input;
@@ -19,6 +28,36 @@ const PADDING: u8 = 0xfe;
 const IDENT: u8 = 0xff;
 /// Group chunks into units of about this many decoded bytes.
 const UNIT_TARGET: usize = 4 << 20;
+/// Type of layout 2's start and end chunks (reserved skippable).
+const MARK: u8 = 0xca;
+/// The start chunk's body: who wrote it, and the layout.
+const START_BODY: [u8; 8] = *b"CAIRNS\x02\x00";
+/// The end chunk's body begins so; the decoded length follows, u64le.
+const END_TAG: &[u8; 6] = b"CAIRNE";
+/// How a reader names snappy's start and end chunks.
+const SNAPPY_MARKS: MarkNames = MarkNames {
+    format: NAME,
+    start: "start chunk",
+    end: "end chunk",
+    pieces: "chunks",
+    end_alone_ok: false,
+};
+
+/// Append a chunk of type [`MARK`] holding `body`.
+fn mark_chunk(body: &[u8], out: &mut Vec<u8>) {
+    out.push(MARK);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes()[..3]);
+    out.extend_from_slice(body);
+}
+
+/// What the body of a chunk of type [`MARK`] says, if it is cairn's.
+fn mark_of(body: &[u8]) -> Option<Mark> {
+    if body.len() == START_BODY.len() && body.starts_with(&START_BODY[..6]) {
+        return Some(Mark::Start);
+    }
+    let total = body.strip_prefix(END_TAG)?;
+    Some(Mark::End(u64::from_le_bytes(total.try_into().ok()?)))
+}
 
 /// The CRC-32C of `data`, masked as the framing format requires.
 pub fn masked_crc(data: &[u8]) -> u32 {
@@ -62,15 +101,22 @@ impl super::BlockEncoder for Encoder {
     }
 }
 
-/// Writes the stream identifier.
-pub struct Framer;
+/// Writes the stream identifier and layout 2's start and end chunks.
+#[derive(Default)]
+pub struct Framer {
+    total: u64,
+}
 
 impl super::Framer for Framer {
     fn header(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(STREAM_ID);
+        mark_chunk(&START_BODY, out);
     }
-    fn block(&mut self, _meta: &BlockMeta) {}
-    fn trailer(&mut self, _out: &mut Vec<u8>) -> Result<()> {
+    fn block(&mut self, meta: &BlockMeta) {
+        self.total += meta.raw_len;
+    }
+    fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
+        mark_chunk(&[&END_TAG[..], &self.total.to_le_bytes()].concat(), out);
         Ok(())
     }
 }
@@ -79,6 +125,10 @@ impl super::Framer for Framer {
 pub struct Splitter {
     input: Input,
     seen_ident: bool,
+    /// Bytes the chunks taken so far decode to.
+    out_total: u64,
+    /// Start and end chunks seen.
+    marks: Marks,
 }
 
 impl Splitter {
@@ -87,6 +137,8 @@ impl Splitter {
         Splitter {
             input,
             seen_ident: false,
+            out_total: 0,
+            marks: Marks::new(SNAPPY_MARKS),
         }
     }
 }
@@ -104,6 +156,7 @@ impl super::Splitter for Splitter {
                         offset: 0,
                     });
                 }
+                self.marks.ended(self.input.offset())?;
                 break;
             }
             let off = self.input.offset();
@@ -140,8 +193,17 @@ impl super::Splitter for Splitter {
                             format!("stored chunk of {} bytes exceeds 65536", len - 4),
                         ));
                     }
+                    let at = unit.data.len();
                     self.input.take(4 + len, &mut unit.data, NAME)?;
                     raw += CHUNK_RAW;
+                    // The decoded length (the decoder checks it against
+                    // the data): a stored chunk's body, a compressed one's
+                    // leading varint.
+                    let body = &unit.data[at + 8..];
+                    self.out_total += match kind {
+                        COMPRESSED => snap::raw::decompress_len(body).unwrap_or(0),
+                        _ => body.len(),
+                    } as u64;
                 }
                 0x02..=0x7f => {
                     return Err(CodecError::corrupt(
@@ -151,10 +213,16 @@ impl super::Splitter for Splitter {
                     ))
                 }
                 _ => {
-                    // Padding (0xfe) and reserved skippable chunks.
+                    // Padding (0xfe) and reserved skippable chunks, among
+                    // them layout 2's start and end chunks.
                     let _ = PADDING;
-                    let mut skip = Vec::new();
-                    self.input.take(4 + len, &mut skip, NAME)?;
+                    let b = self.input.need(4 + len, NAME)?;
+                    if kind == MARK {
+                        if let Some(mark) = mark_of(&b[4..4 + len]) {
+                            self.marks.see(off, mark, self.out_total)?;
+                        }
+                    }
+                    self.input.consume(4 + len);
                 }
             }
         }
@@ -216,5 +284,61 @@ impl super::UnitDecoder for Decoder {
             i += 4 + len;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+    use crate::{decode_all, encode_all, Format};
+
+    /// Where each chunk of `stream` ends.
+    fn chunk_ends(stream: &[u8]) -> Vec<usize> {
+        let (mut at, mut ends) = (0, Vec::new());
+        while at < stream.len() {
+            at += 4 + (le32(stream, at) >> 8) as usize;
+            ends.push(at);
+        }
+        ends
+    }
+
+    /// Layout 2's start and end chunks pair up: a stream cut after any
+    /// chunk before its end chunk is refused; two streams concatenated,
+    /// and streams without the chunks (layout 1, other writers) before or
+    /// after, read as ever; an end chunk that states another length, or
+    /// none before it, is refused.
+    #[test]
+    fn start_and_end_chunks_pair_up() {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 10) as u8)
+            .collect();
+        let packed = encode_all(Format::Snappy, 0, 100_000, &data).unwrap();
+        let ends = chunk_ends(&packed);
+        assert_eq!(
+            packed[ends[0]], MARK,
+            "the start chunk after the identifier"
+        );
+        assert_eq!(packed[ends[ends.len() - 2]], MARK, "the end chunk last");
+        assert!(decode_all(&packed).unwrap() == data);
+        for &end in &ends[1..ends.len() - 1] {
+            let e = decode_all(&packed[..end]).unwrap_err().to_string();
+            assert!(e.contains("without the end chunk"), "cut at {end}: {e}");
+        }
+        let twice = [&data[..], &data[..]].concat();
+        assert!(decode_all(&[&packed[..], &packed[..]].concat()).unwrap() == twice);
+        let (start, end) = (ends[0]..ends[1], ends[ends.len() - 2]);
+        let layout1 = [&packed[..start.start], &packed[start.end..end]].concat();
+        assert!(decode_all(&layout1).unwrap() == data);
+        assert!(decode_all(&[&layout1[..], &packed[..]].concat()).unwrap() == twice);
+        assert!(decode_all(&[&packed[..], &layout1[..]].concat()).unwrap() == twice);
+        let mut lying = packed.clone();
+        lying[end + 4 + END_TAG.len()] ^= 1;
+        let e = decode_all(&lying).unwrap_err().to_string();
+        assert!(e.contains("the end chunk says"), "{e}");
+        let no_start = [&packed[..start.start], &packed[start.end..]].concat();
+        let e = decode_all(&no_start).unwrap_err().to_string();
+        assert!(e.contains("without the start chunk"), "{e}");
     }
 }

@@ -8,8 +8,21 @@
 //! Seek table: skippable frame `5E 2A 4D 18 | size u32le | per frame:
 //! compressed u32le, decompressed u32le, xxh64-low32 u32le | frame count
 //! u32le | descriptor 0x80 | B1 EA 92 8F`.
+//!
+//! Layout 2 begins with an empty frame (the 13 bytes `zstd` writes for no
+//! input, so that the file still begins with a frame's magic: GNU tar and
+//! `file` tell zstd by it) and a start frame (a skippable frame `5C 2A 4D
+//! 18 | 8 | "CAIRNZ" | layout u16le`), both listed in the seek table: a
+//! stream with a start frame must end with its seek table, whose
+//! decompressed sizes must add up to what its frames decoded to. Every
+//! prefix of a multi-frame file that ends between frames is a valid zstd
+//! file, so a writer killed there left a file that `zstd -t` and cairn
+//! took as whole; cairn now refuses it.
 
-use super::{at_offset, le32, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
+use super::{
+    at_offset, le32, pass_plain, BlockMeta, Mark, MarkNames, Marks, Unit, UnitKind, MAX_UNIT,
+    PLAIN_UNIT,
+};
 use crate::block::ZstdCodec;
 use crate::error::{CodecError, Result};
 use crate::input::{begins_like, Input};
@@ -20,6 +33,31 @@ const NAME: &str = "zstd";
 pub const FRAME_MAGIC: u32 = 0xFD2F_B528;
 const SEEK_TABLE_MAGIC: u32 = 0x184D_2A5E;
 const SEEKABLE_FOOTER_MAGIC: u32 = 0x8F92_EAB1;
+/// Magic of layout 2's start frame (a skippable frame).
+const START_MAGIC: u32 = 0x184D_2A5C;
+/// The start frame's content: who wrote it, and the layout.
+const START_BODY: [u8; 8] = *b"CAIRNZ\x02\x00";
+/// The start frame, whole.
+const START_FRAME_LEN: u32 = 16;
+/// The low 32 bits of XXH64 of no bytes: the checksum in the seek table
+/// of the empty frame and the start frame (they decode to nothing).
+const XXH64_EMPTY_LOW: u32 = 0x51D8_E999;
+/// The frame `zstd` writes for no input (single segment, content size 0,
+/// one empty raw block, the checksum): layout 2's first frame. Without
+/// the checksum (`--no-check`, FHD `0x20`), its first 9 bytes.
+const EMPTY_FRAME: [u8; 13] = [
+    0x28, 0xb5, 0x2f, 0xfd, 0x24, 0x00, 0x01, 0x00, 0x00, 0x99, 0xe9, 0xd8, 0x51,
+];
+/// Largest seek table read to check a stream's length (12 bytes a frame).
+const MAX_TABLE: u32 = 64 << 20;
+/// How a reader names zstd's start frame and seek table.
+const ZSTD_MARKS: MarkNames = MarkNames {
+    format: NAME,
+    start: "start frame",
+    end: "seek table",
+    pieces: "frames",
+    end_alone_ok: true,
+};
 
 /// Is `head` (at least 4 bytes) the magic of a skippable frame?
 pub fn is_skippable_magic(head: &[u8]) -> bool {
@@ -106,7 +144,20 @@ impl SeekTable {
 }
 
 impl super::Framer for SeekTable {
-    fn header(&mut self, _out: &mut Vec<u8>) {}
+    fn header(&mut self, out: &mut Vec<u8>) {
+        // The same check as the data frames (`zstd -l` shows the first's).
+        let empty = if self.checksum {
+            EMPTY_FRAME.to_vec()
+        } else {
+            [&EMPTY_FRAME[..4], &[0x20], &EMPTY_FRAME[5..9]].concat()
+        };
+        out.extend_from_slice(&empty);
+        self.entries.push((empty.len() as u32, 0, XXH64_EMPTY_LOW));
+        out.extend_from_slice(&START_MAGIC.to_le_bytes());
+        out.extend_from_slice(&(START_FRAME_LEN - 8).to_le_bytes());
+        out.extend_from_slice(&START_BODY);
+        self.entries.push((START_FRAME_LEN, 0, XXH64_EMPTY_LOW));
+    }
     fn block(&mut self, meta: &BlockMeta) {
         self.entries.push((
             meta.packed_len as u32,
@@ -307,6 +358,38 @@ pub struct Splitter {
     table_read: bool,
     /// Largest window (log2) of a frame decoded as a stream.
     window_log_max: u32,
+    /// Bytes the frames taken so far decode to.
+    out_total: u64,
+    /// Start frames and seek tables seen.
+    marks: Marks,
+}
+
+/// What the skippable frame `frame` (whole) says of the stream around it:
+/// layout 2's start frame, or a seek table with the sum of its frames'
+/// decompressed sizes; `None` for any other (or malformed) one.
+fn mark_of(frame: &[u8]) -> Option<Mark> {
+    match le32(frame, 0) {
+        START_MAGIC => frame[8..]
+            .starts_with(&START_BODY[..6])
+            .then_some(Mark::Start),
+        SEEK_TABLE_MAGIC if frame.len() >= 17 => {
+            let foot = &frame[frame.len() - 9..];
+            if le32(foot, 5) != SEEKABLE_FOOTER_MAGIC || foot[4] & 0x7F != 0 {
+                return None;
+            }
+            let entry = if foot[4] & 0x80 != 0 { 12 } else { 8 };
+            let entries = &frame[8..frame.len() - 9];
+            if entries.len() != le32(foot, 0) as usize * entry {
+                return None;
+            }
+            let total = entries
+                .chunks_exact(entry)
+                .map(|e| u64::from(le32(e, 4)))
+                .sum();
+            Some(Mark::End(total))
+        }
+        _ => None,
+    }
 }
 
 impl Splitter {
@@ -324,6 +407,8 @@ impl Splitter {
             table: None,
             table_read: false,
             window_log_max,
+            out_total: 0,
+            marks: Marks::new(ZSTD_MARKS),
         }
     }
 
@@ -350,6 +435,18 @@ impl Splitter {
             return Ok(false);
         };
         let off = self.input.offset();
+        if raw == 0 && packed == START_FRAME_LEN {
+            // The start frame, which decodes to nothing: no unit.
+            let b = self.input.need(packed as usize, NAME)?;
+            if le32(b, 4) == packed - 8 && mark_of(b) == Some(Mark::Start) {
+                self.marks.see(off, Mark::Start, self.out_total)?;
+                self.input.consume(packed as usize);
+                self.frames += 1;
+                return self.frame_by_table(unit);
+            }
+            self.table = None;
+            return Ok(false);
+        }
         unit.data.clear();
         // Frames that are mostly stored blocks (incompressible data) are
         // decoded in place from a map of the file: their decoding is a copy,
@@ -370,6 +467,7 @@ impl Splitter {
             return Ok(false);
         }
         self.frames += 1;
+        self.out_total += u64::from(raw);
         unit.offset = off;
         unit.raw_len = raw as usize;
         unit.kind = UnitKind::Packed(0);
@@ -435,6 +533,24 @@ impl Splitter {
             }
         }
         unit.data.truncate(produced);
+        self.out_total += produced as u64;
+        Ok(())
+    }
+
+    /// Skip the skippable frame at the input's start (at `off`), taking
+    /// note of a start frame or a seek table.
+    fn skippable(&mut self, off: u64) -> Result<()> {
+        let size = le32(self.input.need(8, NAME)?, 4);
+        if size > MAX_TABLE {
+            self.input.consume(8);
+            return self.input.skip(u64::from(size), NAME);
+        }
+        let whole = 8 + size as usize;
+        let mark = mark_of(self.input.need(whole, NAME)?);
+        if let Some(mark) = mark {
+            self.marks.see(off, mark, self.out_total)?;
+        }
+        self.input.consume(whole);
         Ok(())
     }
 }
@@ -459,15 +575,13 @@ impl super::Splitter for Splitter {
                         offset: 0,
                     });
                 }
+                self.marks.ended(self.input.offset())?;
                 return Ok(false);
             }
             let off = self.input.offset();
             let magic = le32(self.input.need_start(4, NAME, could_start_frame)?, 0);
             if is_skippable_magic(self.input.peek()) {
-                let b = self.input.need(8, NAME)?;
-                let size = le32(b, 4);
-                self.input.consume(8);
-                self.input.skip(u64::from(size), NAME)?;
+                self.skippable(off)?;
                 self.frames += 1;
                 continue;
             }
@@ -485,6 +599,7 @@ impl super::Splitter for Splitter {
                     unit.raw_len = size as usize;
                     unit.kind = UnitKind::Packed(0);
                     self.take_frame(&fh, unit)?;
+                    self.out_total += size;
                     return Ok(true);
                 }
                 _ => {
@@ -628,24 +743,28 @@ mod tests {
         let (data, packed) = sample();
         // Two frame sizes swapped: the sum still matches the file.
         let size = |i| le32(&packed, entry_at(&packed, i));
-        let i = (1..).find(|&i| size(i) != size(i + 1)).unwrap();
+        // Past the empty frame (entry 0) and the start frame (entry 1).
+        let i = (2..).find(|&i| size(i) != size(i + 1)).unwrap();
         let mut swapped = packed.clone();
         let (a, b) = (entry_at(&packed, i), entry_at(&packed, i + 1));
         swapped[a..a + 4].copy_from_slice(&packed[b..b + 4]);
         swapped[b..b + 4].copy_from_slice(&packed[a..a + 4]);
         let (out, by_table) = split_and_decode(&swapped).unwrap();
         assert_eq!(out, data);
+        // Entry 1 is the start frame, which makes no unit.
+        let u = i - 1;
         assert!(
-            by_table[..i].iter().all(|t| *t) && !by_table[i],
+            by_table[..u].iter().all(|t| *t) && !by_table[u],
             "{by_table:?}"
         );
-        // A wrong decoded size.
+        // A wrong decoded size: the table is not used to cut, and as the
+        // end of a layout-2 stream it says another length than its frames
+        // decode to, which is refused; zstd skips the table and reads on.
         let mut wrong = packed.clone();
-        let d = entry_at(&packed, 0) + 4;
+        let d = entry_at(&packed, 1) + 4;
         wrong[d] ^= 1;
-        let (out, by_table) = split_and_decode(&wrong).unwrap();
-        assert_eq!(out, data);
-        assert!(by_table.iter().all(|t| !t));
+        let e = split_and_decode(&wrong).unwrap_err().to_string();
+        assert!(e.contains("the seek table says"), "{e}");
     }
 
     #[test]
@@ -704,5 +823,54 @@ mod tests {
         let (data, packed) = sample();
         let out = decode_input(Format::Zstd, file_input(&packed), usize::MAX).unwrap();
         assert_eq!(out, data);
+    }
+
+    /// Layout 2's start frame and seek table pair up: a stream cut after
+    /// any frame is refused, from a file (cut by its table: none) and from
+    /// a pipe; two streams concatenated, and frames without a start frame
+    /// (layout 1, other writers) before or after, read as ever.
+    #[test]
+    fn the_start_frame_and_seek_table_pair_up() {
+        let (data, packed) = sample();
+        let count = le32(&packed, packed.len() - 9) as usize;
+        let table_at = entry_at(&packed, 0) - 8;
+        let ends: Vec<usize> = (0..count)
+            .scan(0, |at, i| {
+                *at += le32(&packed, entry_at(&packed, i)) as usize;
+                Some(*at)
+            })
+            .collect();
+        assert_eq!(ends[count - 1], table_at);
+        let decode = |b: &[u8]| -> std::result::Result<Vec<u8>, String> {
+            let piped = crate::decode_all(b).map_err(|e| e.to_string());
+            let file = split_and_decode(b)
+                .map(|(out, _)| out)
+                .map_err(|e| e.to_string());
+            assert_eq!(piped, file, "a pipe and a file read alike");
+            piped
+        };
+        // Cut after the empty frame: an empty file, as before the start
+        // frame was written (both are written in one call).
+        assert_eq!(decode(&packed[..ends[0]]).unwrap(), b"");
+        for &end in &ends[1..] {
+            let e = decode(&packed[..end]).unwrap_err();
+            assert!(e.contains("without the seek table"), "cut at {end}: {e}");
+        }
+        let twice = [&data[..], &data[..]].concat();
+        assert_eq!(decode(&[&packed[..], &packed[..]].concat()).unwrap(), twice);
+        // Without the start frame (whose table, not adding up now, is not
+        // used to cut): as layout 1 was read.
+        let start = ends[0]..ends[1];
+        assert_eq!(start.len(), START_FRAME_LEN as usize);
+        let layout1 = &[&packed[..start.start], &packed[start.end..]].concat();
+        assert_eq!(decode(layout1).unwrap(), data);
+        assert_eq!(decode(&[layout1, &packed[..]].concat()).unwrap(), twice);
+        assert_eq!(decode(&[&packed[..], layout1].concat()).unwrap(), twice);
+        assert!(
+            packed.starts_with(&FRAME_MAGIC.to_le_bytes()),
+            "a frame first"
+        );
+        let e = decode(&[&packed[..ends[2]], &packed[..]].concat()).unwrap_err();
+        assert!(e.contains("a new stream starts"), "{e}");
     }
 }
