@@ -1852,8 +1852,8 @@ fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
     let data = mixed(8 << 20, 71);
     std::fs::write(d.join("in"), &data).unwrap();
     for (format, tool_name, cut, says) in [
-        ("gzip", "gzip", "cut.gz", "without the end member"),
-        ("zstd", "zstd", "cut.zst", "without the seek table"),
+        ("gzip", "gzip", "cut.gz", "without its end member"),
+        ("zstd", "zstd", "cut.zst", "without its seek table"),
     ] {
         let args = ["pack", "-c", "-F", format, "-b", "256K", "in"];
         // Where each member or frame ends, from the whole output (the
@@ -1905,5 +1905,18 @@ fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
             assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         }
         assert!(cairn_ok(&["unpack", "-c"], &whole) == data, "{format}");
+        // With bytes after the cut that are no member or frame, too (gzip
+        // only warns of "trailing garbage"): refused, the input kept, no
+        // output file left.
+        let name = format!("g.{}", &cut[4..]);
+        std::fs::write(d.join(&name), [&got[..], b"hello garbage"].concat()).unwrap();
+        let out = cairn()
+            .args(["unpack", &name])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+        assert!(d.join(&name).exists() && !d.join("g").exists());
     }
 }

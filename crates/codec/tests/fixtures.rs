@@ -73,9 +73,9 @@ fn version_2_streams_decode_and_their_cut_is_refused() {
     let dir = root().join("streams-v2");
     let data = corpus();
     for (format, says) in [
-        (Format::Gzip, "without the end member"),
-        (Format::Zstd, "without the seek table"),
-        (Format::Snappy, "without the end chunk"),
+        (Format::Gzip, "without its end member"),
+        (Format::Zstd, "without its seek table"),
+        (Format::Snappy, "without its end chunk"),
     ] {
         let path = dir.join(format!("sample{}", format.suffix()));
         let cut = dir.join(format!("cut{}", format.suffix()));

@@ -198,7 +198,7 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
             let data = extra.get(i + 4..i + 4 + sl);
             match (s1, s2, data) {
                 (b'C', b'N', Some(d)) if sl == 4 => member_len = Some(le32(d, 0) as usize),
-                (b'C', b'S', Some(_)) => mark = Some(Mark::Start),
+                (b'C', b'S', Some(_)) if sl == 2 => mark = Some(Mark::Start),
                 (b'C', b'E', Some(d)) if sl == 8 => {
                     let mut total = [0; 8];
                     total.copy_from_slice(d);
@@ -645,7 +645,7 @@ impl super::Splitter for Splitter {
                 return Ok(false);
             }
         }
-        let header = parse_header(&mut self.input)?;
+        let header = parse_header(&mut self.input).map_err(|e| self.marks.cut(e))?;
         self.members += 1;
         if let Some(mark) = header.mark {
             self.marks.see(off, mark, self.out_total)?;
@@ -869,17 +869,17 @@ mod tests {
             (
                 "cut before the end",
                 join(&m[..5]),
-                "without the end member",
+                "without its end member",
             ),
             (
                 "cut, then padded",
                 join(&[&join(&m[..5]), &[0; 100][..]]),
-                "without the end member",
+                "without its end member",
             ),
             (
                 "cut after the start",
                 join(&m[..1]),
-                "without the end member",
+                "without its end member",
             ),
             (
                 "cut, then another stream",
@@ -891,7 +891,29 @@ mod tests {
                 join(&[m[0], m[1], m[3], m[4], m[5]]),
                 "its members hold 150000",
             ),
-            ("no start", join(&m[1..]), "without the start member"),
+            ("no start", join(&m[1..]), "has no start member"),
+            // What follows a cut is no member: not "trailing garbage",
+            // which gzip only warns of (outside QA: a cut stream read
+            // with exit 2 and the input removed).
+            (
+                "cut, then garbage",
+                join(&[&join(&m[..5]), b"hello garbage"]),
+                "without its end member",
+            ),
+            (
+                "cut, padded, then a stream",
+                join(&[&join(&m[..5]), &[0; 512][..], &a]),
+                "without its end member",
+            ),
+            (
+                "a member's magic damaged",
+                {
+                    let mut b = a.clone();
+                    b[m[0].len() + m[1].len()] ^= 1;
+                    b
+                },
+                "without its end member",
+            ),
         ];
         for (what, stream, says) in refused {
             let e = decode(&stream).expect_err(what);

@@ -130,11 +130,12 @@ fn walk<E: From<CodecError>>(
         if buf[off] == 0 {
             // Zero padding after the last member, as gzip allows.
             return match buf[off..].iter().position(|&b| b != 0) {
-                Some(z) => Err(CodecError::TrailingGarbage {
-                    format: NAME,
-                    offset: (off + z) as u64,
-                }
-                .into()),
+                Some(z) => Err(marks
+                    .cut(CodecError::TrailingGarbage {
+                        format: NAME,
+                        offset: (off + z) as u64,
+                    })
+                    .into()),
                 None => Ok(marks.ended(off as u64)?),
             };
         }
@@ -143,7 +144,7 @@ fn walk<E: From<CodecError>>(
             offset: off as u64,
         })?;
         let mut input = Input::with_buffer(Box::new(std::io::Cursor::new(rest)), 4096);
-        let header = parse_header(&mut input).map_err(|e| at_offset(e, off as u64))?;
+        let header = parse_header(&mut input).map_err(|e| marks.cut(at_offset(e, off as u64)))?;
         if let Some(mark) = header.mark {
             marks.see(off as u64, mark, pos)?;
         }
@@ -515,9 +516,22 @@ mod tests {
         let gz = &gz[..cut];
         let (out, _) = read(gz, None, 1000, Some(250_000)).unwrap();
         assert!(out == data[1000..250_000]);
+        // Garbage after the cut: the stream's end is missing. After a
+        // whole stream: trailing garbage, at its offset (it said 0).
+        let err = read(&[gz, b"garbage"].concat(), None, 0, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("without its end member"), "{err}");
+        let whole = crate::encode_all(crate::Format::Gzip, 6, 100_000, &data).unwrap();
+        match read(&[&whole[..], b"garbage"].concat(), None, 0, None) {
+            Err(CodecError::TrailingGarbage { offset, .. }) => {
+                assert_eq!(offset, whole.len() as u64)
+            }
+            other => panic!("{other:?}"),
+        }
         for end in [None, Some(350_000)] {
             let err = read(gz, None, 1000, end).unwrap_err().to_string();
-            assert!(err.contains("without the end member"), "{end:?}: {err}");
+            assert!(err.contains("without its end member"), "{end:?}: {err}");
         }
     }
 

@@ -487,9 +487,24 @@ impl Marks {
                 n.pieces,
                 out - from
             ),
-            (Mark::End(_), None) => format!("a {} without the {} before it", n.end, n.start),
+            (Mark::End(_), None) => format!("the {} has no {} before it", n.end, n.start),
         };
         Err(CodecError::corrupt(n.format, off, why))
+    }
+
+    /// `e`, an error met where the next piece was expected, as the reader
+    /// reports it: bytes that are no piece inside an open stream (a cut
+    /// stream followed by other data, a piece's damaged magic) are no
+    /// "trailing garbage after the end", which gzip only warns of, but a
+    /// stream without its end.
+    pub(crate) fn cut(&self, e: CodecError) -> CodecError {
+        match e {
+            CodecError::TrailingGarbage { offset, .. } => match self.ended(offset) {
+                Err(cut) => cut,
+                Ok(()) => e,
+            },
+            e => e,
+        }
     }
 
     /// The input ends at `off`: the open stream, if any, was cut short.
@@ -499,8 +514,8 @@ impl Marks {
                 self.names.format,
                 off,
                 format!(
-                    "the input ends without the {} of the stream started at offset {start}: \
-                     truncated (the writer stopped?)",
+                    "the stream started at offset {start} ends without its {}: truncated (a \
+                     writer stopped?) or damaged",
                     self.names.end
                 ),
             )),
@@ -656,7 +671,8 @@ pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
     map_offset(e, |offset| base + offset)
 }
 
-/// Apply `f` to the offset of a `Corrupt` or `Truncated` error.
+/// Apply `f` to the offset of a `Corrupt`, `Truncated` or
+/// `TrailingGarbage` error.
 pub(crate) fn map_offset(e: CodecError, f: impl FnOnce(u64) -> u64) -> CodecError {
     match e {
         CodecError::Corrupt {
@@ -669,6 +685,10 @@ pub(crate) fn map_offset(e: CodecError, f: impl FnOnce(u64) -> u64) -> CodecErro
             reason,
         },
         CodecError::Truncated { format, offset } => CodecError::Truncated {
+            format,
+            offset: f(offset),
+        },
+        CodecError::TrailingGarbage { format, offset } => CodecError::TrailingGarbage {
             format,
             offset: f(offset),
         },

@@ -129,6 +129,9 @@ pub struct Splitter {
     out_total: u64,
     /// Start and end chunks seen.
     marks: Marks,
+    /// An error met after the whole chunks handed out last, for the next
+    /// call.
+    failed: Option<CodecError>,
 }
 
 impl Splitter {
@@ -139,16 +142,42 @@ impl Splitter {
             seen_ident: false,
             out_total: 0,
             marks: Marks::new(SNAPPY_MARKS),
+            failed: None,
         }
     }
 }
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         unit.offset = self.input.offset();
         unit.kind = UnitKind::Packed(0);
         let mut raw = 0usize;
-        while raw < UNIT_TARGET && unit.data.len() < MAX_UNIT - CHUNK_RAW * 2 {
+        match self.fill(unit, &mut raw) {
+            Ok(()) => {}
+            // The whole chunks before the failure are handed out first, as
+            // gzip and zstd hand out every whole member or frame (a cut
+            // stream's good part was held back, up to a unit of 4 MiB).
+            Err(e) if !unit.data.is_empty() => self.failed = Some(e),
+            Err(e) => return Err(e),
+        }
+        unit.raw_len = raw;
+        Ok(!unit.data.is_empty())
+    }
+
+    fn offset(&self) -> u64 {
+        self.input.offset()
+    }
+}
+
+impl Splitter {
+    /// Add whole chunks to `unit` up to about [`UNIT_TARGET`] decoded bytes
+    /// (`raw`, counted in whole chunks) or the end of the input; on an
+    /// error, `unit` holds the whole chunks before it.
+    fn fill(&mut self, unit: &mut Unit, raw: &mut usize) -> Result<()> {
+        while *raw < UNIT_TARGET && unit.data.len() < MAX_UNIT - CHUNK_RAW * 2 {
             if self.input.at_end()? {
                 if !self.seen_ident {
                     return Err(CodecError::Truncated {
@@ -163,7 +192,10 @@ impl super::Splitter for Splitter {
             // A chunk starts with its type; a reserved unskippable one
             // is not the start of a cut chunk.
             let could_start = |b: &[u8]| !matches!(b.first(), Some(0x02..=0x7f));
-            let b = self.input.need_start(4, NAME, could_start)?;
+            let b = match self.input.need_start(4, NAME, could_start) {
+                Ok(b) => b,
+                Err(e) => return Err(self.marks.cut(e)),
+            };
             let kind = b[0];
             let len = (le32(b, 0) >> 8) as usize;
             if !self.seen_ident && kind != IDENT {
@@ -194,8 +226,11 @@ impl super::Splitter for Splitter {
                         ));
                     }
                     let at = unit.data.len();
-                    self.input.take(4 + len, &mut unit.data, NAME)?;
-                    raw += CHUNK_RAW;
+                    if let Err(e) = self.input.take(4 + len, &mut unit.data, NAME) {
+                        unit.data.truncate(at);
+                        return Err(e);
+                    }
+                    *raw += CHUNK_RAW;
                     // The decoded length (the decoder checks it against
                     // the data): a stored chunk's body, a compressed one's
                     // leading varint.
@@ -226,12 +261,7 @@ impl super::Splitter for Splitter {
                 }
             }
         }
-        unit.raw_len = raw;
-        Ok(!unit.data.is_empty())
-    }
-
-    fn offset(&self) -> u64 {
-        self.input.offset()
+        Ok(())
     }
 }
 
@@ -304,6 +334,42 @@ mod tests {
         ends
     }
 
+    /// A cut stream's whole chunks are handed out before the error, as
+    /// gzip's members and zstd's frames are: all of them when only the end
+    /// chunk is missing (before, a unit's worth, up to 4 MiB, was held
+    /// back).
+    #[test]
+    fn a_cut_stream_gives_its_whole_chunks_first() {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 10) as u8)
+            .collect();
+        let packed = encode_all(Format::Snappy, 0, 100_000, &data).unwrap();
+        let ends = chunk_ends(&packed);
+        // Blocks of 100 000 bytes are chunks of 65 536 and 34 464: after
+        // the identifier and the start chunk, chunk ends 2-4 are the first
+        // block and the second block's first chunk.
+        for (cut, whole) in [(ends.len() - 2, data.len()), (4, 100_000 + CHUNK_RAW)] {
+            let input = crate::input::Input::new(Box::new(std::io::Cursor::new(
+                packed[..ends[cut]].to_vec(),
+            )));
+            let mut s = Splitter::new(input);
+            let (mut dec, mut out, mut unit) = (Decoder::default(), Vec::new(), Unit::default());
+            let e = loop {
+                unit.clear();
+                match super::super::Splitter::next_unit(&mut s, &mut unit) {
+                    Ok(true) => {
+                        super::super::UnitDecoder::decode(&mut dec, &mut unit, &mut out).unwrap()
+                    }
+                    Ok(false) => panic!("a cut stream ended cleanly"),
+                    Err(e) => break e.to_string(),
+                }
+            };
+            assert!(e.contains("without its end chunk"), "{e}");
+            assert_eq!(out.len(), whole, "cut at chunk {cut}");
+            assert!(data.starts_with(&out));
+        }
+    }
+
     /// Layout 2's start and end chunks pair up: a stream cut after any
     /// chunk before its end chunk is refused; two streams concatenated,
     /// and streams without the chunks (layout 1, other writers) before or
@@ -324,7 +390,7 @@ mod tests {
         assert!(decode_all(&packed).unwrap() == data);
         for &end in &ends[1..ends.len() - 1] {
             let e = decode_all(&packed[..end]).unwrap_err().to_string();
-            assert!(e.contains("without the end chunk"), "cut at {end}: {e}");
+            assert!(e.contains("without its end chunk"), "cut at {end}: {e}");
         }
         let twice = [&data[..], &data[..]].concat();
         assert!(decode_all(&[&packed[..], &packed[..]].concat()).unwrap() == twice);
@@ -337,8 +403,13 @@ mod tests {
         lying[end + 4 + END_TAG.len()] ^= 1;
         let e = decode_all(&lying).unwrap_err().to_string();
         assert!(e.contains("the end chunk says"), "{e}");
+        // Bytes that are no chunk after a cut: the stream's end is missing.
+        let e = decode_all(&[&packed[..ends[3]], b"XY"].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("without its end chunk"), "{e}");
         let no_start = [&packed[..start.start], &packed[start.end..]].concat();
         let e = decode_all(&no_start).unwrap_err().to_string();
-        assert!(e.contains("without the start chunk"), "{e}");
+        assert!(e.contains("has no start chunk"), "{e}");
     }
 }

@@ -579,17 +579,20 @@ impl super::Splitter for Splitter {
                 return Ok(false);
             }
             let off = self.input.offset();
-            let magic = le32(self.input.need_start(4, NAME, could_start_frame)?, 0);
+            let magic = match self.input.need_start(4, NAME, could_start_frame) {
+                Ok(b) => le32(b, 0),
+                Err(e) => return Err(self.marks.cut(e)),
+            };
             if is_skippable_magic(self.input.peek()) {
                 self.skippable(off)?;
                 self.frames += 1;
                 continue;
             }
             if magic != FRAME_MAGIC {
-                return Err(CodecError::TrailingGarbage {
+                return Err(self.marks.cut(CodecError::TrailingGarbage {
                     format: NAME,
                     offset: off,
-                });
+                }));
             }
             self.frames += 1;
             let fh = parse_frame_header(&mut self.input)?;
@@ -854,7 +857,7 @@ mod tests {
         assert_eq!(decode(&packed[..ends[0]]).unwrap(), b"");
         for &end in &ends[1..] {
             let e = decode(&packed[..end]).unwrap_err();
-            assert!(e.contains("without the seek table"), "cut at {end}: {e}");
+            assert!(e.contains("without its seek table"), "cut at {end}: {e}");
         }
         let twice = [&data[..], &data[..]].concat();
         assert_eq!(decode(&[&packed[..], &packed[..]].concat()).unwrap(), twice);
@@ -872,5 +875,8 @@ mod tests {
         );
         let e = decode(&[&packed[..ends[2]], &packed[..]].concat()).unwrap_err();
         assert!(e.contains("a new stream starts"), "{e}");
+        // Bytes that are no frame after a cut: the stream's end is missing.
+        let e = decode(&[&packed[..ends[2]], b"garbage!"].concat()).unwrap_err();
+        assert!(e.contains("without its seek table"), "{e}");
     }
 }
