@@ -540,8 +540,11 @@ impl Splitter {
     /// Skip the skippable frame at the input's start (at `off`), taking
     /// note of a start frame or a seek table.
     fn skippable(&mut self, off: u64) -> Result<()> {
-        let size = le32(self.input.need(8, NAME)?, 4);
-        if size > MAX_TABLE {
+        let head = self.input.need(8, NAME)?;
+        let (magic, size) = (le32(head, 0), le32(head, 4));
+        // Only the two frames cairn reads are held whole; any other
+        // writer's skippable frame is skipped unread, as before.
+        if size > MAX_TABLE || (magic != START_MAGIC && magic != SEEK_TABLE_MAGIC) {
             self.input.consume(8);
             return self.input.skip(u64::from(size), NAME);
         }
