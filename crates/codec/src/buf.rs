@@ -9,35 +9,6 @@
 use crate::error::{CodecError, Result};
 use std::fmt;
 
-/// A huge page (x86-64, arm64 with 4 KiB pages).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Ask for transparent huge pages under the whole huge pages of `v`'s
-/// capacity (advice only; where they are off, nothing changes). A buffer
-/// of tens of MiB that is filled once per chunk took a page fault per 4
-/// KiB the first time round: parallel gunzip of os2.img's `gzip -6` (604
-/// MB, 2 workers) took 55 k faults and 0.76-0.78 CPU-s, 25 k and
-/// 0.68-0.69 with this advice on its whole-chunk buffers (`perf stat -r
-/// 7`, alternating).
-pub(crate) fn advise_huge_pages<T>(v: &Vec<T>) {
-    let start = v.as_ptr() as usize;
-    let end = start + v.capacity() * std::mem::size_of::<T>();
-    let first = start.next_multiple_of(HUGE_PAGE);
-    let last = end / HUGE_PAGE * HUGE_PAGE;
-    if last > first {
-        // SAFETY: the range lies within `v`'s allocation, and
-        // MADV_HUGEPAGE only changes how its pages are backed, never their
-        // contents or whether they may be accessed.
-        unsafe {
-            libc::madvise(
-                first as *mut libc::c_void,
-                last - first,
-                libc::MADV_HUGEPAGE,
-            )
-        };
-    }
-}
-
 /// Grows `dst` by `extra` zeroed bytes and returns the new tail.
 ///
 /// Zeroing costs a memset per block; the codecs write every byte of the tail
@@ -130,44 +101,4 @@ pub(crate) fn check_len(codec: &'static str, got: usize, want: usize) -> Result<
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
-    use super::*;
-
-    /// The kernel takes the advice: the mapping under the buffer's whole
-    /// huge pages may have them (where they are not turned off).
-    #[test]
-    fn a_big_buffer_is_eligible_for_huge_pages() {
-        let v: Vec<u8> = Vec::with_capacity(16 << 20);
-        advise_huge_pages(&v);
-        let inside = (v.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-        let mut in_it = false;
-        let mut eligible = None;
-        for line in smaps.lines() {
-            let head = line.split_whitespace().next().unwrap_or("");
-            if let Some((lo, hi)) = head.split_once('-') {
-                if let (Ok(lo), Ok(hi)) =
-                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
-                {
-                    in_it = lo <= inside && inside < hi;
-                    continue;
-                }
-            }
-            if in_it {
-                if let Some(flag) = line.strip_prefix("THPeligible:") {
-                    eligible = Some(flag.trim() == "1");
-                }
-            }
-        }
-        let enabled = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .is_ok_and(|s| !s.contains("[never]"));
-        assert_eq!(eligible, Some(enabled));
-        // Advice on a buffer with no whole huge page is no advice.
-        advise_huge_pages(&Vec::<u8>::with_capacity(100));
-        advise_huge_pages(&Vec::<u16>::new());
-    }
 }

@@ -254,6 +254,14 @@ impl MarkerDecoder {
         self.len = self.len.min(len);
     }
 
+    /// Capacity for `n` values of output, untouched until used.
+    pub fn reserve_capacity(&mut self, n: usize) {
+        let want = self.len + n;
+        if self.out.capacity() < want {
+            self.out.reserve(want - self.out.len());
+        }
+    }
+
     /// Room for `n` values of output without growing.
     pub fn reserve(&mut self, n: usize) {
         make_room(&mut self.out, self.len + n, 0);

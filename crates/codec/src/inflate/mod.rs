@@ -236,7 +236,10 @@ impl Crew {
         let pools = Arc::new(Pools {
             spare: bounded(threads + 2),
             whole_left: AtomicUsize::new(threads + 2),
-            spare16: bounded(threads),
+            // Each worker's decoder holds one, and each chunk queued or
+            // being resolved: none handed back is dropped, so none is
+            // made again (its pages faulted in afresh).
+            spare16: bounded(2 * threads + 2),
             spare_pieces: bounded(threads * AHEAD),
         });
         // Room for the tasks of two segments' readers.
@@ -353,6 +356,15 @@ impl Shared {
     /// A buffer of the pool for a whole chunk; `None` when all of them are
     /// in use (the chunk is then streamed: memory stays bounded, and no
     /// worker waits on the reader, which may wait on it).
+    ///
+    /// No huge pages are asked for (`MADV_HUGEPAGE`; an earlier build did):
+    /// they cut page faults when memory is warm, but a run that starts
+    /// after a few idle seconds finds the machine's free memory handed
+    /// back to the host, and faulting it in 2 MiB at a time cost more
+    /// system time than 4 KiB pages (os2.img's `gzip -6`, `cairn unpack -c
+    /// -T 2`, 3 s apart, alternating, 5 each: 0.48-0.61 s, 0.22-0.39 s of
+    /// system time with the advice, 0.42-0.45 s, 0.12-0.18 s, one outlier
+    /// of 0.73 s, without).
     fn buffer(&self, capacity: usize) -> Option<Vec<u8>> {
         let mut v = match self.pools.spare.1.try_recv() {
             Ok(v) => v,
@@ -367,7 +379,6 @@ impl Shared {
         v.clear();
         if v.capacity() < capacity {
             v = Vec::with_capacity(capacity);
-            crate::buf::advise_huge_pages(&v);
         }
         Some(v)
     }
@@ -1105,8 +1116,10 @@ impl Worker {
         }
         let dec = &mut self.dec;
         dec.clear();
-        // Most chunks' first stage fits; growing past it copies.
-        dec.reserve(4 << 20);
+        // Most chunks' first stage fits; growing past it copies. Capacity
+        // only: a decoder that zeroed the whole room faulted in 8 MiB of
+        // fresh pages per chunk, most of them never written.
+        dec.reserve_capacity(4 << 20);
         let mut pos = first;
         let mut last = false;
         let end = loop {
