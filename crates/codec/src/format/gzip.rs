@@ -72,9 +72,8 @@ impl super::BlockEncoder for Encoder {
             9.. => 2,
             _ => 0,
         };
-        out.extend_from_slice(&[
-            0x1f, 0x8b, 8, FEXTRA, 0, 0, 0, 0, xfl, 3, 8, 0, b'C', b'N', 4, 0, 0, 0, 0, 0,
-        ]);
+        // The member's length is known once it is compressed.
+        member_head(xfl, 8, 0, out);
         self.deflate.compress(src, out)?;
         let crc = crc32fast::hash(src);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -84,7 +83,7 @@ impl super::BlockEncoder for Encoder {
             codec: NAME,
             reason: format!("member of {member_len} bytes does not fit the length field"),
         })?;
-        out[start + 16..start + 20].copy_from_slice(&len32.to_le_bytes());
+        out[start + CN_AT..start + CN_AT + 4].copy_from_slice(&len32.to_le_bytes());
         Ok(BlockMeta {
             raw_len: src.len() as u64,
             packed_len: member_len as u64,
@@ -115,15 +114,26 @@ pub struct Framer {
     total: u64,
 }
 
+/// Where in a member [`member_head`] puts the member's length.
+const CN_AT: usize = 16;
+
+/// The header every member cairn writes starts with: gzip's 10 bytes
+/// (extra flags `xfl`, OS Unix), FEXTRA's length `xlen`, and the subfield
+/// `CN` with the member's length `len` (its first subfield, at
+/// [`CN_AT`]).
+fn member_head(xfl: u8, xlen: u16, len: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[0x1f, 0x8b, 8, FEXTRA, 0, 0, 0, 0, xfl, 3]);
+    out.extend_from_slice(&xlen.to_le_bytes());
+    out.extend_from_slice(&[b'C', b'N', 4, 0]);
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
 /// An empty member (no data: a final fixed block of no symbols) whose
 /// FEXTRA holds its own length (`CN`) and the subfield `id` with `data`.
 fn empty_member(id: [u8; 2], data: &[u8], out: &mut Vec<u8>) {
     let xlen = 8 + 4 + data.len();
     let len = 10 + 2 + xlen + 2 + TRAILER_LEN;
-    out.extend_from_slice(&[0x1f, 0x8b, 8, FEXTRA, 0, 0, 0, 0, 0, 3]);
-    out.extend_from_slice(&(xlen as u16).to_le_bytes());
-    out.extend_from_slice(&[b'C', b'N', 4, 0]);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
+    member_head(0, xlen as u16, len as u32, out);
     out.extend_from_slice(&id);
     out.extend_from_slice(&(data.len() as u16).to_le_bytes());
     out.extend_from_slice(data);
@@ -314,8 +324,6 @@ pub struct Splitter {
     threads: usize,
     members: u64,
     index: Option<Arc<Mutex<GzipIndex>>>,
-    /// Bytes the members taken so far decode to.
-    out_total: u64,
     /// Start and end members seen.
     marks: Marks,
 }
@@ -342,7 +350,6 @@ impl Splitter {
             threads,
             members: 0,
             index: None,
-            out_total: 0,
             marks: Marks::new(GZIP_MARKS),
         }
     }
@@ -504,7 +511,7 @@ impl Splitter {
 
     /// Count a member's decoded bytes.
     fn decoded(&mut self, size: u64) {
-        self.out_total += size;
+        self.marks.decoded(size);
     }
 
     /// Take the member at `off` whole as a unit for the workers, trusting
@@ -648,7 +655,7 @@ impl super::Splitter for Splitter {
         let header = parse_header(&mut self.input).map_err(|e| self.marks.cut(e))?;
         self.members += 1;
         if let Some(mark) = header.mark {
-            self.marks.see(off, mark, self.out_total)?;
+            self.marks.see(off, mark)?;
         }
         if let Some(len) = header.member_len {
             if self.take_sized_member(off, &header, len, unit)? {

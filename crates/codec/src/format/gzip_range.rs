@@ -146,7 +146,7 @@ fn walk<E: From<CodecError>>(
         let mut input = Input::with_buffer(Box::new(std::io::Cursor::new(rest)), 4096);
         let header = parse_header(&mut input).map_err(|e| marks.cut(at_offset(e, off as u64)))?;
         if let Some(mark) = header.mark {
-            marks.see(off as u64, mark, pos)?;
+            marks.see(off as u64, mark)?;
         }
         let body = off + header.len;
         let member = index.and_then(|i| i.members.get(&(body as u64)));
@@ -207,6 +207,7 @@ fn walk<E: From<CodecError>>(
             return Err(CodecError::corrupt(NAME, body as u64, why).into());
         }
         pos += len;
+        marks.decoded(len);
         off = t + TRAILER_LEN;
     }
     if !range.done(pos) {

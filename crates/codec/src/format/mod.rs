@@ -455,16 +455,27 @@ pub(crate) struct Marks {
     /// The open stream's start piece: its offset, and the output's length
     /// there.
     open: Option<(u64, u64)>,
+    /// Bytes of output so far (told by [`Marks::decoded`]).
+    out: u64,
 }
 
 impl Marks {
     pub(crate) fn new(names: MarkNames) -> Self {
-        Marks { names, open: None }
+        Marks {
+            names,
+            open: None,
+            out: 0,
+        }
     }
 
-    /// A start or end piece at `off`, with `out` bytes of output so far.
-    pub(crate) fn see(&mut self, off: u64, mark: Mark, out: u64) -> Result<()> {
-        let n = self.names;
+    /// The pieces read since the last call decode to `n` more bytes.
+    pub(crate) fn decoded(&mut self, n: u64) {
+        self.out += n;
+    }
+
+    /// A start or end piece at `off`.
+    pub(crate) fn see(&mut self, off: u64, mark: Mark) -> Result<()> {
+        let (n, out) = (self.names, self.out);
         let why = match (mark, self.open) {
             (Mark::Start, None) => {
                 self.open = Some((off, out));

@@ -125,8 +125,6 @@ impl super::Framer for Framer {
 pub struct Splitter {
     input: Input,
     seen_ident: bool,
-    /// Bytes the chunks taken so far decode to.
-    out_total: u64,
     /// Start and end chunks seen.
     marks: Marks,
     /// An error met after the whole chunks handed out last, for the next
@@ -140,7 +138,6 @@ impl Splitter {
         Splitter {
             input,
             seen_ident: false,
-            out_total: 0,
             marks: Marks::new(SNAPPY_MARKS),
             failed: None,
         }
@@ -235,10 +232,10 @@ impl Splitter {
                     // the data): a stored chunk's body, a compressed one's
                     // leading varint.
                     let body = &unit.data[at + 8..];
-                    self.out_total += match kind {
+                    self.marks.decoded(match kind {
                         COMPRESSED => snap::raw::decompress_len(body).unwrap_or(0),
                         _ => body.len(),
-                    } as u64;
+                    } as u64);
                 }
                 0x02..=0x7f => {
                     return Err(CodecError::corrupt(
@@ -254,7 +251,7 @@ impl Splitter {
                     let b = self.input.need(4 + len, NAME)?;
                     if kind == MARK {
                         if let Some(mark) = mark_of(&b[4..4 + len]) {
-                            self.marks.see(off, mark, self.out_total)?;
+                            self.marks.see(off, mark)?;
                         }
                     }
                     self.input.consume(4 + len);

@@ -358,8 +358,6 @@ pub struct Splitter {
     table_read: bool,
     /// Largest window (log2) of a frame decoded as a stream.
     window_log_max: u32,
-    /// Bytes the frames taken so far decode to.
-    out_total: u64,
     /// Start frames and seek tables seen.
     marks: Marks,
 }
@@ -407,7 +405,6 @@ impl Splitter {
             table: None,
             table_read: false,
             window_log_max,
-            out_total: 0,
             marks: Marks::new(ZSTD_MARKS),
         }
     }
@@ -439,7 +436,7 @@ impl Splitter {
             // The start frame, which decodes to nothing: no unit.
             let b = self.input.need(packed as usize, NAME)?;
             if le32(b, 4) == packed - 8 && mark_of(b) == Some(Mark::Start) {
-                self.marks.see(off, Mark::Start, self.out_total)?;
+                self.marks.see(off, Mark::Start)?;
                 self.input.consume(packed as usize);
                 self.frames += 1;
                 return self.frame_by_table(unit);
@@ -467,7 +464,7 @@ impl Splitter {
             return Ok(false);
         }
         self.frames += 1;
-        self.out_total += u64::from(raw);
+        self.marks.decoded(u64::from(raw));
         unit.offset = off;
         unit.raw_len = raw as usize;
         unit.kind = UnitKind::Packed(0);
@@ -533,7 +530,7 @@ impl Splitter {
             }
         }
         unit.data.truncate(produced);
-        self.out_total += produced as u64;
+        self.marks.decoded(produced as u64);
         Ok(())
     }
 
@@ -551,7 +548,7 @@ impl Splitter {
         let whole = 8 + size as usize;
         let mark = mark_of(self.input.need(whole, NAME)?);
         if let Some(mark) = mark {
-            self.marks.see(off, mark, self.out_total)?;
+            self.marks.see(off, mark)?;
         }
         self.input.consume(whole);
         Ok(())
@@ -605,7 +602,7 @@ impl super::Splitter for Splitter {
                     unit.raw_len = size as usize;
                     unit.kind = UnitKind::Packed(0);
                     self.take_frame(&fh, unit)?;
-                    self.out_total += size;
+                    self.marks.decoded(size);
                     return Ok(true);
                 }
                 _ => {
