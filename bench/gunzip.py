@@ -17,12 +17,19 @@ decoder`, the pipeline timed whole, cat's CPU included for all), as
 `curl | gunzip` or `tar -xz` from a pipe would; the index run is left out
 (an index belongs to a file).
 
+With `--pause S`, each timed run starts S seconds after the one before:
+on a virtual machine whose guest hands its free memory back to the host
+(virtio-balloon free page reporting, as here), memory a run touches
+afresh is then cold, as for a command run once, and a decoder pays for
+its peak memory (back to back, the pages the last run freed are still
+backed and cost little).
+
 With `--also NAME=PATH` (repeatable), another cairn build's `unpack` runs
 in the same rounds, as `cairn unpack (NAME)`: a change paired against the
 build before it, with the peers beside both.
 
   bench/gunzip.py --cairn target/release/cairn --image IMG [--runs 5]
-                  [--source file|pipe] [--also NAME=PATH]...
+                  [--source file|pipe] [--also NAME=PATH]... [--pause S]
                   --out-dir bench/runs/DATE-gunzip
 """
 import argparse
@@ -33,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from plotting import plt, save  # noqa: E402
@@ -80,6 +88,8 @@ def main():
     ap.add_argument("--work", default=None, help="directory for the .gz and outputs")
     ap.add_argument("--source", choices=("file", "pipe"), default="file",
                     help="decoders read the .gz from the file, or from a pipe")
+    ap.add_argument("--pause", type=float, default=0,
+                    help="seconds of idle before each timed run (cold memory)")
     ap.add_argument("--also", action="append", default=[], metavar="NAME=PATH",
                     help="another cairn build, timed in the same rounds")
     a = ap.parse_args()
@@ -107,6 +117,7 @@ def main():
             for sink in ("file", "null"):
                 for name, argv in decs:
                     dst = outfile if sink == "file" else "/dev/null"
+                    time.sleep(a.pause)
                     wall, cpu, rss = timed(argv, gz, dst, pipe)
                     rows.append(dict(round=r, sink=sink, decoder=name, wall_s=wall,
                                      cpu_s=cpu, rss_kib=rss))
@@ -119,6 +130,7 @@ def main():
         lines = [f"# gunzip of one gzip -6 member, {size / 1e6:.0f} MB image "
                  f"({os.path.getsize(gz) / 1e6:.0f} MB compressed), {a.threads} threads, "
                  f"read from {'a pipe (cat GZ | decoder)' if pipe else 'the file'}, "
+                 f"{f'{a.pause:g} s idle before each run, ' if a.pause else ''}"
                  f"medians of {a.runs}", ""]
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for ax, sink in zip(axes, ("file", "null")):

@@ -21,6 +21,10 @@ Needs: zstd, a release build of cairn. Output: bench/runs/<UTC date>-restore-zst
 
 Usage: bench/restore-zstd.py [--image bench/data/os2.img] [--rounds 7]
                              [--dest null,pipe,file] [--build NAME=PATH]...
+                             [--pause S]
+
+With `--pause S`, every timed command starts S seconds after the one
+before, so that memory it touches afresh is cold (see bench/gunzip.py).
 """
 import argparse
 import csv
@@ -49,6 +53,8 @@ def main():
     ap.add_argument("--dest", default="null,pipe,file")
     ap.add_argument("--build", action="append", metavar="NAME=PATH",
                     help="a cairn build (repeat); default: target/release/cairn")
+    ap.add_argument("--pause", type=float, default=0,
+                    help="seconds of idle before each timed command (cold memory)")
     ap.add_argument("--tmpfs", default="/dev/shm/cairn-restore-zstd")
     ap.add_argument("--work", default=os.path.join(ROOT, "bench/work/restore-zstd"))
     a = ap.parse_args()
@@ -80,7 +86,9 @@ def main():
             for rnd in range(a.rounds):
                 order = builds if rnd % 2 == 0 else builds[::-1]
                 for name, binary in order:
+                    time.sleep(a.pause)
                     z = timed(zstd_cmd[dest])
+                    time.sleep(a.pause)
                     c = timed(cairn_cmd(binary, dest))
                     commands.update([zstd_cmd[dest], cairn_cmd(binary, dest)])
                     rows.append({"dest": dest, "round": rnd, "build": name, "zstd_s": round(z, 3),
@@ -97,7 +105,8 @@ def main():
     with open(os.path.join(out, "commands.txt"), "w") as f:
         f.write("\n".join(sorted(commands)) + "\n")
     lines = [f"Restore of {os.path.basename(a.image)} against `zstd -d -T1`, {a.rounds} rounds, "
-             "each cairn run divided by the zstd run just before it.", "",
+             "each cairn run divided by the zstd run just before it"
+             + (f", {a.pause:g} s idle before each command." if a.pause else "."), "",
              "| destination | build | cairn s (median) | zstd -d s (median) | zstd ÷ cairn, median (range) |",
              "|---|---|--:|--:|--:|"]
     for dest in a.dest.split(","):
