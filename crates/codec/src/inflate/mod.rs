@@ -1530,6 +1530,82 @@ mod tests {
         }
     }
 
+    /// A long DEFLATE stream inside a run of stored blocks (a `.gz` in a
+    /// tar, which the outer gzip stored: its bytes do not compress), with
+    /// its first blocks inside one stored block: each of them decodes, so
+    /// the checks after a candidate pass, but no place inside a run of
+    /// stored blocks is a block start. In a tar of /usr, such starts had
+    /// the chunk before decoded again on one core.
+    #[test]
+    fn a_long_deflate_stream_inside_stored_blocks_is_no_block_start() {
+        // Flushed every 16 KiB, as pigz writes: small blocks.
+        let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::new(6));
+        for piece in image_like(1 << 20, 5).chunks(16 << 10) {
+            e.write_all(piece).unwrap();
+            e.flush().unwrap();
+        }
+        let inner = e.finish().unwrap();
+        let inner_blocks = boundaries(&inner);
+        assert!(
+            inner_blocks.len() > 8 && inner_blocks[4].0 / 8 < 40_000,
+            "{} blocks, the fifth at bit {}",
+            inner_blocks.len(),
+            inner_blocks.get(4).map_or(0, |b| b.0)
+        );
+        // Stored blocks of 16 KiB (zlib's for data that does not
+        // compress), then of 64 KiB, the inner stream from inside the
+        // fifth on.
+        let mut payload = crate::testutil::noise(6 * 65535, 2);
+        let inner_in = 4 * 16384 + 100;
+        let n = inner.len().min(payload.len() - inner_in);
+        payload[inner_in..inner_in + n].copy_from_slice(&inner[..n]);
+        let mut member = Vec::new();
+        let mut starts = Vec::new();
+        let (small, big) = payload.split_at(4 * 16384 + 60_000);
+        let pieces: Vec<&[u8]> = small.chunks(16384).chain(big.chunks(65535)).collect();
+        let mut in_member = Vec::new();
+        for (i, piece) in pieces.iter().enumerate() {
+            starts.push(member.len() * 8);
+            member.push(u8::from(i + 1 == pieces.len()));
+            let len = piece.len() as u16;
+            member.extend_from_slice(&len.to_le_bytes());
+            member.extend_from_slice(&(!len).to_le_bytes());
+            in_member.push(member.len());
+            member.extend_from_slice(piece);
+        }
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(&member[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert!(out == payload, "the member is valid DEFLATE");
+        // The inner stream's first bytes, where the fifth stored block's
+        // data starts plus 100.
+        let inner_at = in_member[4] + 100;
+        assert_eq!(member[inner_at..inner_at + 1000], inner[..1000]);
+        let real: Vec<usize> = starts
+            .iter()
+            .map(|&b| marker::place(&member, b).0)
+            .collect();
+        member.extend_from_slice(&[0; 8]); // the trailer
+        let mut dec = MarkerDecoder::default();
+        let mut from = in_member[3] * 8;
+        let mut found = 0;
+        while let Some((bit, _, _)) = marker::find_block(&mut dec, &member, from, member.len() * 8)
+        {
+            assert!(
+                real.contains(&bit),
+                "bit {bit} (byte {}) is no block of the member: {real:?}",
+                bit / 8
+            );
+            found += 1;
+            from = bit + 1;
+        }
+        assert!(
+            found >= 2,
+            "the stored blocks after the inner stream's start are found"
+        );
+    }
+
     /// Fixed-code blocks (zlib's `Z_FIXED`, simple encoders), which the
     /// block search cannot find, after stored ones, with bytes after the
     /// stream that read as a dynamic block header: inflated whole and
