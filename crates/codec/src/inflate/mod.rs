@@ -1479,6 +1479,32 @@ mod tests {
     /// block of the member: the final block is followed by neither the
     /// member's end nor another member. Before, a stream of two to four
     /// blocks passed every check.
+    /// A DEFLATE stream of one stored block per piece (the last final),
+    /// checked to decode to `payload`: the stream, the [`marker::place`]
+    /// of each block, and where each block's data starts.
+    fn stored_blocks(pieces: Vec<&[u8]>, payload: &[u8]) -> (Vec<u8>, Vec<usize>, Vec<usize>) {
+        let (mut member, mut starts, mut data_at) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, piece) in pieces.iter().enumerate() {
+            starts.push(member.len() * 8);
+            member.push(u8::from(i + 1 == pieces.len()));
+            let len = piece.len() as u16;
+            member.extend_from_slice(&len.to_le_bytes());
+            member.extend_from_slice(&(!len).to_le_bytes());
+            data_at.push(member.len());
+            member.extend_from_slice(piece);
+        }
+        let mut out = Vec::new();
+        flate2::read::DeflateDecoder::new(&member[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        assert!(out == payload, "the member is valid DEFLATE");
+        let real = starts
+            .iter()
+            .map(|&b| marker::place(&member, b).0)
+            .collect();
+        (member, real, data_at)
+    }
+
     #[test]
     fn a_deflate_stream_stored_inside_is_no_block_start() {
         let inner = deflate(&image_like(160 << 10, 3), 6);
@@ -1493,28 +1519,9 @@ mod tests {
         let mut payload = crate::testutil::noise(256 << 10, 1);
         let inner_in = 65535 + 1000;
         payload[inner_in..inner_in + inner.len()].copy_from_slice(&inner);
-        let mut member = Vec::new();
-        let mut starts = Vec::new();
-        let pieces: Vec<&[u8]> = payload.chunks(65535).collect();
-        for (i, piece) in pieces.iter().enumerate() {
-            starts.push(member.len() * 8);
-            member.push(u8::from(i + 1 == pieces.len()));
-            let len = piece.len() as u16;
-            member.extend_from_slice(&len.to_le_bytes());
-            member.extend_from_slice(&(!len).to_le_bytes());
-            member.extend_from_slice(piece);
-        }
-        let mut out = Vec::new();
-        flate2::read::DeflateDecoder::new(&member[..])
-            .read_to_end(&mut out)
-            .unwrap();
-        assert!(out == payload, "the member is valid DEFLATE");
+        let (mut member, real, _) = stored_blocks(payload.chunks(65535).collect(), &payload);
         let inner_at = 65535 + 5 + 5 + 1000;
         assert_eq!(member[inner_at..inner_at + inner.len()], inner[..]);
-        let real: Vec<usize> = starts
-            .iter()
-            .map(|&b| marker::place(&member, b).0)
-            .collect();
         member.extend_from_slice(&[0; 8]); // the trailer
         member.extend_from_slice(b"tar padding");
         let mut dec = MarkerDecoder::default();
@@ -1559,33 +1566,13 @@ mod tests {
         let inner_in = 4 * 16384 + 100;
         let n = inner.len().min(payload.len() - inner_in);
         payload[inner_in..inner_in + n].copy_from_slice(&inner[..n]);
-        let mut member = Vec::new();
-        let mut starts = Vec::new();
         let (small, big) = payload.split_at(4 * 16384 + 60_000);
-        let pieces: Vec<&[u8]> = small.chunks(16384).chain(big.chunks(65535)).collect();
-        let mut in_member = Vec::new();
-        for (i, piece) in pieces.iter().enumerate() {
-            starts.push(member.len() * 8);
-            member.push(u8::from(i + 1 == pieces.len()));
-            let len = piece.len() as u16;
-            member.extend_from_slice(&len.to_le_bytes());
-            member.extend_from_slice(&(!len).to_le_bytes());
-            in_member.push(member.len());
-            member.extend_from_slice(piece);
-        }
-        let mut out = Vec::new();
-        flate2::read::DeflateDecoder::new(&member[..])
-            .read_to_end(&mut out)
-            .unwrap();
-        assert!(out == payload, "the member is valid DEFLATE");
+        let pieces = small.chunks(16384).chain(big.chunks(65535)).collect();
+        let (mut member, real, in_member) = stored_blocks(pieces, &payload);
         // The inner stream's first bytes, where the fifth stored block's
         // data starts plus 100.
         let inner_at = in_member[4] + 100;
         assert_eq!(member[inner_at..inner_at + 1000], inner[..1000]);
-        let real: Vec<usize> = starts
-            .iter()
-            .map(|&b| marker::place(&member, b).0)
-            .collect();
         member.extend_from_slice(&[0; 8]); // the trailer
         let mut dec = MarkerDecoder::default();
         let mut from = in_member[3] * 8;
