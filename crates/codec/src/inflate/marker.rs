@@ -693,7 +693,7 @@ fn stored_starts_at(data: &[u8], e: usize) -> bool {
 /// Lengths that agree by chance (one place in 65 536), twice in a row at
 /// the right distance, are rare enough that a real block start is almost
 /// never taken for one (and then the next is found instead).
-fn inside_stored_run(data: &[u8], pos: usize) -> bool {
+pub(crate) fn inside_stored_run(data: &[u8], pos: usize) -> bool {
     let p = pos / 8;
     let lo = p.saturating_sub(STORED_MAX + 4);
     (lo..p.saturating_sub(3)).rev().any(|q| {
