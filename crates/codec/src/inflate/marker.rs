@@ -97,19 +97,66 @@ impl<'a> Bits<'a> {
     }
 }
 
-/// A canonical Huffman code as one lookup table indexed by the next
-/// `bits` bits of the stream; an entry is `symbol << 4 | length`, 0 for a
-/// bit pattern that is no code (an incomplete code).
+/// A canonical Huffman code as a lookup table indexed by the next `bits`
+/// bits of the stream (at most [`TABLE_BITS`]); an entry is `symbol << 4
+/// | length`, 0 for a bit pattern that is no code (an incomplete code),
+/// [`LONGER`] for the first bits of codes longer than the table, which
+/// [`Table::long`] decodes a bit at a time.
 pub struct Table {
     entries: Vec<u16>,
     bits: u32,
+    /// Codes of each length.
+    count: [u16; 16],
+    /// The symbols in canonical order (by length, then value).
+    sorted: Vec<u16>,
 }
+
+/// Most bits a [`Table`] is indexed by. A table of a code's longest
+/// length (up to 15 bits: 64 KiB of entries, filled for every block)
+/// missed the first-level cache; codes longer than 11 bits are the rare
+/// symbols.
+const TABLE_BITS: u32 = 11;
+
+/// A table entry for the first bits of codes longer than the table.
+const LONGER: u16 = 1 << 4;
 
 impl Table {
     fn empty() -> Self {
         Table {
             entries: Vec::new(),
             bits: 0,
+            count: [0; 16],
+            sorted: Vec::new(),
+        }
+    }
+
+    /// The symbol and length of a code longer than the table, from the
+    /// stream's next bits `w`, canonical decoding a bit at a time.
+    #[cold]
+    fn long(&self, w: u64) -> Option<(u16, u32)> {
+        let (mut code, mut first, mut index) = (0u32, 0u32, 0u32);
+        for len in 1..16 {
+            code |= ((w >> (len - 1)) & 1) as u32;
+            let count = u32::from(self.count[len]);
+            if code < first + count {
+                return Some((self.sorted[(index + code - first) as usize], len as u32));
+            }
+            index += count;
+            first = (first + count) << 1;
+            code <<= 1;
+        }
+        None
+    }
+
+    /// The symbol and length of the code at the start of `w` (the next
+    /// bits of the stream); `None` for a pattern that is no code.
+    #[inline(always)]
+    fn lookup(&self, w: u64) -> Option<(u16, u32)> {
+        let e = self.entries[(w & ((1 << self.bits) - 1)) as usize];
+        match e & 15 {
+            0 if e == LONGER => self.long(w),
+            0 => None,
+            l => Some((e >> 4, u32::from(l))),
         }
     }
 
@@ -128,6 +175,7 @@ impl Table {
                 return None;
             }
             self.bits = 1;
+            self.count = count;
             self.entries.clear();
             self.entries.resize(2, 0);
             return Some(());
@@ -148,18 +196,32 @@ impl Table {
             code = (code + count[l - 1]) << 1;
             next[l] = code;
         }
-        self.bits = max as u32;
-        let size = 1usize << max;
+        self.bits = (max as u32).min(TABLE_BITS);
+        let size = 1usize << self.bits;
         self.entries.clear();
         self.entries.resize(size, 0);
+        self.count = count;
+        let mut offs = [0usize; 16];
+        for l in 1..15 {
+            offs[l + 1] = offs[l] + usize::from(count[l]);
+        }
+        self.sorted.clear();
+        self.sorted.resize(lengths.len(), 0);
         for (sym, &l) in lengths.iter().enumerate() {
             if l == 0 {
                 continue;
             }
             let l = l as usize;
+            self.sorted[offs[l]] = sym as u16;
+            offs[l] += 1;
             let c = next[l];
             next[l] += 1;
             let rev = (c.reverse_bits() >> (16 - l)) as usize;
+            if l > size.trailing_zeros() as usize {
+                // The table holds this code's first bits only.
+                self.entries[rev & (size - 1)] = LONGER;
+                continue;
+            }
             let entry = ((sym as u16) << 4) | l as u16;
             let mut i = rev;
             while i < size {
@@ -173,12 +235,9 @@ impl Table {
     /// Decode one symbol; `None` for a pattern that is no code.
     #[inline]
     fn decode(&self, bits: &mut Bits) -> Option<u16> {
-        let e = self.entries[(bits.peek() as usize) & ((1 << self.bits) - 1)];
-        if e == 0 {
-            return None;
-        }
-        bits.pos += (e & 15) as usize;
-        Some(e >> 4)
+        let (sym, l) = self.lookup(bits.peek())?;
+        bits.pos += l as usize;
+        Some(sym)
     }
 }
 
@@ -425,7 +484,6 @@ impl MarkerDecoder {
     /// calls for the short copies of text were a third of this loop).
     fn codes_in_room(&mut self, bits: &mut Bits, n: &mut usize) -> std::result::Result<(), Stop> {
         let lit_mask = (1u64 << self.lit.bits) - 1;
-        let dist_mask = (1u64 << self.dist.bits) - 1;
         let out = &mut self.out;
         loop {
             if bits.overrun() {
@@ -436,11 +494,9 @@ impl MarkerDecoder {
             // bits), its extra bits (5), a distance code (15) and its extra
             // bits (13) are at most 48 of the 56 or more a peek gives.
             let mut w = bits.peek();
-            let e = self.lit.entries[(w & lit_mask) as usize];
-            if e == 0 {
+            let Some((sym, l)) = self.lit.lookup(w) else {
                 return Err(Stop::Invalid("invalid literal/length code"));
-            }
-            let (sym, l) = (e >> 4, u32::from(e & 15));
+            };
             w >>= l;
             bits.pos += l as usize;
             if sym < 256 {
@@ -448,7 +504,7 @@ impl MarkerDecoder {
                 *n += 1;
                 // A second literal from the same load (15 more bits).
                 let e = self.lit.entries[(w & lit_mask) as usize];
-                if e != 0 && e >> 4 < 256 {
+                if e & 15 != 0 && e >> 4 < 256 {
                     out[*n] = e >> 4;
                     *n += 1;
                     bits.pos += usize::from(e & 15);
@@ -465,11 +521,10 @@ impl MarkerDecoder {
             let extra = u32::from(LEN_EXTRA[s]);
             let len = LEN_BASE[s] as usize + (w & ((1 << extra) - 1)) as usize;
             w >>= extra;
-            let e = self.dist.entries[(w & dist_mask) as usize];
-            if e == 0 {
+            let Some((d, dl)) = self.dist.lookup(w) else {
                 return Err(Stop::Invalid("invalid distance code"));
-            }
-            let (d, dl) = ((e >> 4) as usize, u32::from(e & 15));
+            };
+            let d = usize::from(d);
             if d >= DIST_BASE.len() {
                 return Err(Stop::Invalid("invalid distance code"));
             }
@@ -860,4 +915,51 @@ impl Resolver {
 /// [`Resolver`]).
 pub fn resolve(out: &[u16], window: &[u8], dst: &mut Vec<u8>, at: u64) -> Result<()> {
     Resolver::new(window).resolve(out, dst, at)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+    use super::*;
+
+    /// Every code of a complete code with lengths 1 to 15 (longer than the
+    /// table, so decoded a bit at a time), written LSB first as DEFLATE
+    /// does, decodes to its symbol and length; a table of one short code
+    /// decodes too.
+    #[test]
+    fn codes_longer_than_the_table_decode() {
+        // Lengths 1, 2, ..., 14, 15, 15: complete (Kraft sum 1).
+        let mut lengths: Vec<u8> = (1..=15).collect();
+        lengths.push(15);
+        // Symbols in an order other than by length.
+        lengths.reverse();
+        let mut t = Table::empty();
+        t.build(&lengths, true, false).unwrap();
+        assert_eq!(t.bits, TABLE_BITS);
+        let mut next = [0u16; 16];
+        let mut count = [0u16; 16];
+        for &l in &lengths {
+            count[l as usize] += 1;
+        }
+        let mut code = 0u16;
+        for l in 1..16 {
+            code = (code + count[l - 1]) << 1;
+            next[l] = code;
+        }
+        for (sym, &l) in lengths.iter().enumerate() {
+            let c = next[l as usize];
+            next[l as usize] += 1;
+            // The code's bits in stream order, then ones after it.
+            let rev = u64::from(c.reverse_bits() >> (16 - l));
+            let w = rev | (u64::MAX << l);
+            assert_eq!(
+                t.lookup(w),
+                Some((sym as u16, u32::from(l))),
+                "symbol {sym}"
+            );
+        }
+        t.build(&[0, 1, 0], false, false).unwrap();
+        assert_eq!(t.lookup(0), Some((1, 1)));
+        assert_eq!(t.lookup(1), None, "the other one-bit pattern is no code");
+    }
 }
