@@ -98,10 +98,10 @@ impl<'a> Bits<'a> {
 }
 
 /// A canonical Huffman code as a lookup table indexed by the next `bits`
-/// bits of the stream (at most [`TABLE_BITS`]); an entry is `symbol << 4
-/// | length`, 0 for a bit pattern that is no code (an incomplete code),
-/// [`LONGER`] for the first bits of codes longer than the table, which
-/// [`Table::long`] decodes a bit at a time.
+/// bits of the stream (at most `TABLE_BITS`); an entry is `symbol << 4 |
+/// length`, 0 for a bit pattern that is no code (an incomplete code),
+/// `LONGER` for the first bits of codes longer than the table, which
+/// `Table::long` decodes a bit at a time.
 pub struct Table {
     entries: Vec<u16>,
     bits: u32,
