@@ -505,13 +505,8 @@ impl Splitter {
             ));
         }
         self.input.consume(TRAILER_LEN);
-        self.decoded(size);
-        Ok(())
-    }
-
-    /// Count a member's decoded bytes.
-    fn decoded(&mut self, size: u64) {
         self.marks.decoded(size);
+        Ok(())
     }
 
     /// Take the member at `off` whole as a unit for the workers, trusting
@@ -567,7 +562,7 @@ impl Splitter {
         unit.offset = off;
         unit.kind = UnitKind::Packed(header.len as u32);
         unit.raw_len = isize;
-        self.decoded(isize as u64);
+        self.marks.decoded(isize as u64);
         Ok(true)
     }
 

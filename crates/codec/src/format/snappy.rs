@@ -321,6 +321,17 @@ mod tests {
     use super::*;
     use crate::{decode_all, encode_all, Format};
 
+    /// 300 000 bytes, cairn's snappy of them in blocks of 100 000, and
+    /// where each of its chunks ends.
+    fn sample() -> (Vec<u8>, Vec<u8>, Vec<usize>) {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 10) as u8)
+            .collect();
+        let packed = encode_all(Format::Snappy, 0, 100_000, &data).unwrap();
+        let ends = chunk_ends(&packed);
+        (data, packed, ends)
+    }
+
     /// Where each chunk of `stream` ends.
     fn chunk_ends(stream: &[u8]) -> Vec<usize> {
         let (mut at, mut ends) = (0, Vec::new());
@@ -337,11 +348,7 @@ mod tests {
     /// back).
     #[test]
     fn a_cut_stream_gives_its_whole_chunks_first() {
-        let data: Vec<u8> = (0..300_000u32)
-            .map(|i| (i % 251) as u8 ^ (i >> 10) as u8)
-            .collect();
-        let packed = encode_all(Format::Snappy, 0, 100_000, &data).unwrap();
-        let ends = chunk_ends(&packed);
+        let (data, packed, ends) = sample();
         // Blocks of 100 000 bytes are chunks of 65 536 and 34 464: after
         // the identifier and the start chunk, chunk ends 2-4 are the first
         // block and the second block's first chunk.
@@ -374,11 +381,7 @@ mod tests {
     /// none before it, is refused.
     #[test]
     fn start_and_end_chunks_pair_up() {
-        let data: Vec<u8> = (0..300_000u32)
-            .map(|i| (i % 251) as u8 ^ (i >> 10) as u8)
-            .collect();
-        let packed = encode_all(Format::Snappy, 0, 100_000, &data).unwrap();
-        let ends = chunk_ends(&packed);
+        let (data, packed, ends) = sample();
         assert_eq!(
             packed[ends[0]], MARK,
             "the start chunk after the identifier"
