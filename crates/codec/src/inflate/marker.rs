@@ -9,8 +9,9 @@
 //! written here from RFC 1951.
 //!
 //! Speed matters less than in the library inflaters: a chunk is decoded
-//! here only until the last 32 KiB of its output hold no marker, and from
-//! there zlib-rs takes over with that output as its dictionary.
+//! here only until the last 32 KiB of its output hold no marker (or the
+//! window before the chunk becomes known), and from there libdeflate
+//! inflates the rest of the chunk with that output as its window.
 
 use crate::error::{CodecError, Result};
 
