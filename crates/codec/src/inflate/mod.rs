@@ -993,8 +993,9 @@ impl ParallelInflate {
         // Inflated whole up to the next chunk's first block: where markers
         // never clear (log lines, each copying from the ones before), every
         // chunk's rest is a restart, and libdeflate took a log's `gzip -6`
-        // (527 MB) in 0.40-0.45 s against 0.57-0.79 s streamed by zlib-rs
-        // (2 threads, 4 runs each, 3 s apart). A restart to the stream's
+        // (`bench/datasets/make-log`, 527 MB) in 0.39-0.47 s against
+        // 0.56-0.58 s streamed by zlib-rs (2 threads, 3 runs each, 3 s
+        // apart, alternating). A restart to the stream's
         // end is still streamed: os2.img's last one, 115 MB of mostly
         // zeros into fresh memory whole, gave 0.51-0.59 s against
         // 0.49-0.57 s.
@@ -1216,9 +1217,11 @@ impl Worker {
     /// libdeflate when the chunk's end is known (the next chunk's first
     /// block), else (or when that fails) streamed by zlib-rs. `chunk`: the
     /// chunk's number and, from an index, its output length (`None` for a
-    /// restart, which is streamed: the reader takes its pieces as they
-    /// come; a restart inflated whole, tried, kept the reader waiting for
-    /// all of it).
+    /// restart, which is streamed here: the reader takes its pieces as
+    /// they come. A restart that knows the block it ends at, near, was
+    /// inflated whole before this, in [`Worker::run`]; one to the
+    /// stream's end, inflated whole, kept the reader waiting for all of
+    /// it).
     fn finish(
         &mut self,
         shared: &Shared,
