@@ -329,6 +329,15 @@ pub(crate) struct DecodeArgs {
     /// once the input has decoded with every CRC right.
     #[arg(long = "index", value_name = "FILE")]
     pub index: Option<std::path::PathBuf>,
+    /// Most memory decoding may take, as zstd's -M (sizes take K, M, G):
+    /// a one-member gzip decoded in parallel runs on as many workers, with
+    /// as many whole-chunk buffers, as fit (-v says how many; one worker
+    /// means one core, in a few MiB), and a zstd frame whose window is
+    /// larger is refused unless --long says otherwise. Default: half the
+    /// memory cairn may use (the machine's, or its control group's limit
+    /// when lower), and zstd's 128 MiB window.
+    #[arg(short = 'M', long = "memory", value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<usize>,
     /// Write only bytes START up to END of one gzip input's decoded output
     /// (START..END, START.. or START+LENGTH; sizes take K, M, G, T), to -c
     /// or -o. With --index, a member is inflated from the checkpoint before

@@ -129,11 +129,14 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     } else {
         UnpackMode::Write
     };
+    let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
         mode,
-        zstd_window_log_max: decode.long,
+        // As zstd: -M bounds the window too, --long sets it outright.
+        zstd_window_log_max: decode.long.or(memory.map(window_log_within)),
         gzip_index: decode.index.clone(),
         range: decode.range,
+        memory,
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {
@@ -289,4 +292,10 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The largest zstd window log that fits `memory` bytes (zstd's `-M`),
+/// within what a frame may declare (2^10 to 2^31).
+fn window_log_within(memory: u64) -> u32 {
+    memory.max(1).ilog2().clamp(10, 31)
 }

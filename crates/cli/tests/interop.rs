@@ -178,6 +178,32 @@ fn zstd_long_windows_need_long_as_with_zstd() {
     assert!(cairn_ok(&["unpack", "--long=31", "-q"], &packed) == data);
 }
 
+/// `-M SIZE` bounds the window as zstd's `--memory` does: a frame of
+/// `zstd --long=28` (a 256 MiB window) is refused under 256 MiB and read
+/// at it, by both; the error says which flag raises the limit.
+#[test]
+fn zstd_memory_limits_the_window_as_with_zstd() {
+    if !have("zstd") {
+        return;
+    }
+    let data = mixed(1_000_000, 18);
+    let packed = run_ok("zstd", &["--long=28", "-c", "-q"], &data);
+    let zstd = |memory: &str| {
+        pipe(
+            std::process::Command::new("zstd").args(["-dc", "-q", memory]),
+            &packed,
+        )
+    };
+    assert!(!zstd("--memory=200MB").status.success());
+    assert!(zstd("--memory=256MB").stdout == data);
+    let out = cairn_pipe(&["unpack", "-q", "-M", "200M"], &packed);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("-M"), "{err}");
+    assert!(cairn_ok(&["unpack", "-q", "-M", "256MiB"], &packed) == data);
+    // --long says the window outright, whatever -M says.
+    assert!(cairn_ok(&["unpack", "-q", "-M", "1M", "--long=28"], &packed) == data);
+}
+
 /// A cairn .zst named on the command line is a regular file: its frames
 /// are cut by the seek table. The output must not depend on that, nor on
 /// a damaged table, which zstd ignores.

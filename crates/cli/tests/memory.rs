@@ -83,6 +83,70 @@ fn peak_rss_is_bounded_on_a_4_gib_stream() {
     }
 }
 
+/// One gzip member decoded in parallel from a file, under `-M`: the
+/// workers and their whole-chunk buffers fit the limit, whose peak RSS
+/// stays under it (beside the mapped input); a limit with room for one
+/// worker only decodes on one core, and `-v` says why. Output as gzip's.
+#[test]
+fn parallel_gunzip_fits_its_buffers_to_the_memory_limit() {
+    if !have("/usr/bin/time") || !have("gzip") {
+        return;
+    }
+    // Text, noise and zero runs: each 8 MiB chunk decodes to about 90
+    // MiB, the size of the whole-chunk buffers four threads would fill
+    // (unbounded, the peak here was about 380 MiB).
+    let mut data = Vec::new();
+    for i in 0..48 {
+        data.extend(common::mixed(2 << 20, i));
+        data.extend(common::noise(512 << 10, i));
+        data.extend(std::iter::repeat_n(0u8, 4 << 20));
+    }
+    let gz = common::run_ok("gzip", &["-6", "-c"], &data);
+    assert!(gz.len() > 16 << 20, "only {} compressed bytes", gz.len());
+    let dir = common::tempdir();
+    let file = dir.path().join("big.gz");
+    std::fs::write(&file, &gz).unwrap();
+    let bin = env!("CARGO_BIN_EXE_cairn");
+    let rss = dir.path().join("rss");
+    let unpack = |memory: &str| {
+        let out = ok(Command::new("/usr/bin/time")
+            .args(["-f", "%M", "-o", s(&rss), bin, "unpack", "-T", "4", "-v"])
+            .args(["-M", memory, "-c", s(&file)])
+            .output()
+            .unwrap());
+        assert!(out.stdout == data, "-M {memory}: output differs");
+        (
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            peak_kib(&rss),
+        )
+    };
+    let limit_kib: u64 = 200 << 10;
+    let (log, kib) = unpack("200M");
+    assert!(log.contains("inflating in parallel"), "{log}");
+    let input_kib = gz.len() as u64 / 1024;
+    eprintln!("-M 200M: peak {kib} KiB, limit {limit_kib} KiB, mapped input {input_kib} KiB");
+    assert!(
+        kib < limit_kib + input_kib,
+        "peak RSS {kib} KiB over -M 200M"
+    );
+    // Without a limit that binds, the same decode takes more than it.
+    let (_, big) = unpack("64G");
+    eprintln!("-M 64G: peak {big} KiB");
+    assert!(
+        big > limit_kib + input_kib,
+        "the test's data fits any limit"
+    );
+    let (log, kib) = unpack("100M");
+    assert!(
+        log.contains("on one core") && log.contains("memory limit"),
+        "{log}"
+    );
+    assert!(
+        kib < (100 << 10) + input_kib,
+        "one core: peak RSS {kib} KiB"
+    );
+}
+
 /// A commit of a writable image's overlay streams: `cairn commit` of
 /// 512 MiB of flushed random writes (every chunk of the image changed)
 /// peaks far below what it commits, since the store is given one span

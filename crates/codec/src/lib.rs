@@ -45,6 +45,7 @@ pub mod format;
 pub mod inflate;
 pub mod input;
 pub mod lz4_ffi;
+pub mod memlimit;
 pub mod probe;
 #[cfg(test)]
 mod testutil;

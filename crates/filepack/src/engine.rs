@@ -928,6 +928,7 @@ fn unpack_one(
                 .unwrap_or(DecodeOptions::default().zstd_window_log_max),
             threads,
             gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
+            memory: opts.memory,
         },
     );
     let mut sink = open_sink(plan, force, false, hooks)?;

@@ -177,6 +177,9 @@ pub struct UnpackOptions {
     /// The largest zstd window accepted, as a power of two (`--long=N`);
     /// `None` is the codec's default (zstd's own, 2^27).
     pub zstd_window_log_max: Option<u32>,
+    /// Most bytes the decoders' buffers may take (`-M`); `None`: the
+    /// codec's default share of the memory this process may use.
+    pub memory: Option<u64>,
     /// A checkpoint index for one gzip input read from a file (`--index
     /// FILE`): used if the file exists, else written once the input has
     /// been decoded and its CRCs checked, so the next read of that input

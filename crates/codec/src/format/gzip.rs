@@ -36,7 +36,7 @@ use crate::error::{CodecError, Result};
 use crate::inflate::index::GzipIndex;
 use crate::inflate::segmented::{self, Opened, Segmented};
 use crate::inflate::zstream::ZInflate;
-use crate::inflate::{ParallelInflate, Resume, CHUNK};
+use crate::inflate::{ParallelInflate, Resume, Workers, CHUNK};
 use crate::input::{begins_like, Input};
 use std::sync::{Arc, Mutex};
 
@@ -322,11 +322,17 @@ pub struct Splitter {
     /// The same for a member read from a pipe, a segment at a time.
     piped: Option<(Box<Segmented>, u64)>,
     threads: usize,
+    /// Most bytes the parallel inflater's buffers may take.
+    budget: Option<u64>,
     members: u64,
     index: Option<Arc<Mutex<GzipIndex>>>,
     /// Start and end members seen.
     marks: Marks,
 }
+
+/// Why a member is inflated on one core when the memory budget
+/// ([`crate::DecodeOptions::memory`]) leaves room for one worker only.
+const MEMORY: &str = "the memory limit leaves room for one worker (unpack -M raises it)";
 
 /// Smallest member body (bytes left in the file) worth inflating in
 /// parallel: two chunks.
@@ -348,10 +354,19 @@ impl Splitter {
             parallel: None,
             piped: None,
             threads,
+            budget: None,
             members: 0,
             index: None,
             marks: Marks::new(GZIP_MARKS),
         }
+    }
+
+    /// Fit the parallel inflater's buffers to `budget` bytes
+    /// ([`crate::DecodeOptions::memory`]; `None`: the default share of the
+    /// memory this process may use).
+    pub fn with_memory(mut self, budget: Option<u64>) -> Self {
+        self.budget = budget.or_else(crate::memlimit::default_budget);
+        self
     }
 
     /// Use and extend a checkpoint index ([`crate::DecodeOptions::gzip_index`]).
@@ -379,17 +394,23 @@ impl Splitter {
         if rest.as_slice().len() < PARALLEL_MIN {
             return Parallel::No("under two chunks");
         }
+        let workers = Workers::within(self.threads, self.budget);
+        if workers.threads < 2 {
+            return Parallel::No(MEMORY);
+        }
         let key = self.input.offset();
         let known = self.lock_index().and_then(|i| i.members.get(&key).cloned());
         tracing::debug!(
             offset = key,
-            threads = self.threads,
+            threads = workers.threads,
+            whole_buffers = workers.whole_buffers,
+            budget = self.budget,
             checkpoints = known.as_ref().map(|m| m.points.len()),
             "gzip member without sizes: inflating in parallel"
         );
         let p = match known {
-            Some(m) => ParallelInflate::with_index(rest, self.threads, m),
-            None => ParallelInflate::new(rest, self.threads),
+            Some(m) => ParallelInflate::with_index(rest, workers, m),
+            None => ParallelInflate::new(rest, workers),
         };
         self.parallel = Some((p, key));
         Parallel::Mapped
@@ -400,14 +421,19 @@ impl Splitter {
     /// from where the segments left it.
     fn start_piped(&mut self) -> Result<()> {
         let base = self.input.offset();
-        let opened = Segmented::start(&mut self.input, self.threads, CHUNK, PARALLEL_MIN)
+        let workers = Workers::within_piped(self.threads, self.budget);
+        if workers.threads < 2 {
+            return self.one_core(Resume::default(), MEMORY);
+        }
+        let opened = Segmented::start(&mut self.input, workers, CHUNK, PARALLEL_MIN)
             .map_err(|e| super::at_offset(e, base))?;
         match opened {
             Opened::Parallel(s) => {
                 tracing::debug!(
                     offset = base,
-                    threads = self.threads,
-                    segment = segmented::segment_bytes(self.threads, CHUNK),
+                    threads = workers.threads,
+                    whole_buffers = workers.whole_buffers,
+                    segment = segmented::segment_bytes(workers.threads, CHUNK),
                     "gzip member without sizes read from a pipe: inflating in parallel, a segment at a time"
                 );
                 self.piped = Some((s, base));

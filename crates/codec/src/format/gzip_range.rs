@@ -39,7 +39,7 @@ use crate::error::{CodecError, Result};
 use crate::inflate::index::{Checkpoint, GzipIndex, MemberIndex};
 use crate::inflate::marker::{self, MarkerDecoder};
 use crate::inflate::zstream::ZInflate;
-use crate::inflate::ParallelInflate;
+use crate::inflate::{ParallelInflate, Workers};
 use crate::input::{Input, SharedBytes};
 
 const NAME: &str = "gzip";
@@ -254,9 +254,10 @@ fn inflate_parallel<E: From<CodecError>>(
         format: NAME,
         offset: body as u64,
     })?;
+    let workers = Workers::within(threads, crate::memlimit::default_budget());
     let mut p = match member {
-        Some(m) => ParallelInflate::with_index(rest, threads, m.clone()),
-        None => ParallelInflate::new(rest, threads),
+        Some(m) => ParallelInflate::with_index(rest, workers, m.clone()),
+        None => ParallelInflate::new(rest, workers),
     };
     let mut here = pos;
     let mut piece = Vec::new();

@@ -338,7 +338,8 @@ impl Format {
         match self {
             Format::Gzip => Box::new(
                 gzip::Splitter::with_threads(input, opts.threads)
-                    .with_index(opts.gzip_index.clone()),
+                    .with_index(opts.gzip_index.clone())
+                    .with_memory(opts.memory),
             ),
             Format::Zstd => Box::new(zstd::Splitter::with_window_log_max(
                 input,
@@ -588,6 +589,11 @@ pub struct DecodeOptions {
     /// their chunks at its checkpoints, and members not in it are added
     /// once their CRC has been checked (`changed` is then set).
     pub gzip_index: Option<Arc<Mutex<GzipIndex>>>,
+    /// Most bytes a decoder's buffers may take (`unpack -M`): a gzip
+    /// member inflated in parallel runs on as many workers, with as many
+    /// whole-chunk buffers, as fit. `None`: half of the memory this
+    /// process may use ([`crate::memlimit::default_budget`]).
+    pub memory: Option<u64>,
 }
 
 impl Default for DecodeOptions {
@@ -596,6 +602,7 @@ impl Default for DecodeOptions {
             zstd_window_log_max: 27,
             threads: 1,
             gzip_index: None,
+            memory: None,
         }
     }
 }

@@ -610,7 +610,7 @@ impl super::Splitter for Splitter {
                     if let Some(window) = fh.window.filter(|&w| w > limit) {
                         return Err(CodecError::TooLarge {
                             format: NAME,
-                            what: "frame window (unpack --long=N raises the limit to 2^N)",
+                            what: "frame window (unpack --long=N or -M SIZE raises the limit)",
                             offset: off,
                             size: window,
                             limit,

@@ -116,6 +116,90 @@ const SEARCH_SPAN: usize = 1 << 20;
 /// start, or the end): before, it waited on every chunk's search first.
 const BLOCKLESS_WAIT: usize = 2;
 
+/// The workers a stream is inflated on and the whole-chunk buffers they
+/// may hold at once: one per worker and two more (the reader's, and a
+/// finished chunk's) unless a memory budget allows fewer
+/// ([`Workers::within`]). A chunk that finds no buffer free is streamed
+/// through small pieces instead, more slowly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workers {
+    /// Worker threads (at least one).
+    pub threads: usize,
+    /// Whole-chunk output buffers.
+    pub whole_buffers: usize,
+}
+
+impl From<usize> for Workers {
+    fn from(threads: usize) -> Self {
+        let threads = threads.max(1);
+        Workers {
+            threads,
+            whole_buffers: threads + 2,
+        }
+    }
+}
+
+/// Bytes of one whole-chunk buffer.
+const WHOLE_BYTES: u64 = (marker::WINDOW + CHUNK * WHOLE_RATIO) as u64;
+
+/// The other buffers a crew may hold: for each worker, two marker-stage
+/// outputs (the pool holds two per worker and two more), its pieces ahead
+/// of the reader and its rebased copy of the compressed bytes; beside
+/// them, two more marker outputs and a restart's rebased copy.
+const PER_WORKER_BYTES: u64 = (2 * MARKER_CAP * 2 + AHEAD * PIECE + 2 * CHUNK) as u64;
+const FIXED_BYTES: u64 = (2 * MARKER_CAP * 2 + 2 * CHUNK) as u64;
+
+impl Workers {
+    /// The most memory these workers' buffers can take (with chunks of
+    /// [`CHUNK`] bytes).
+    pub fn peak_bytes(&self) -> u64 {
+        FIXED_BYTES
+            + self.threads as u64 * PER_WORKER_BYTES
+            + self.whole_buffers as u64 * WHOLE_BYTES
+    }
+
+    /// At most `threads` workers and their whole-chunk buffers, as many as
+    /// fit in `budget` bytes: first fewer whole-chunk buffers (their chunks
+    /// are streamed), then fewer workers. One worker means the stream is
+    /// better inflated on one core, in a few MiB. No budget: no bound.
+    pub fn within(threads: usize, budget: Option<u64>) -> Workers {
+        let full = Workers::from(threads);
+        let Some(budget) = budget else {
+            return full;
+        };
+        let mut threads = full.threads;
+        while threads > 1 && FIXED_BYTES + threads as u64 * PER_WORKER_BYTES > budget {
+            threads -= 1;
+        }
+        let left = budget.saturating_sub(FIXED_BYTES + threads as u64 * PER_WORKER_BYTES);
+        let whole_buffers = usize::try_from(left / WHOLE_BYTES)
+            .unwrap_or(usize::MAX)
+            .min(threads + 2);
+        Workers {
+            threads,
+            whole_buffers,
+        }
+    }
+
+    /// [`Self::within`] for a stream read from a pipe, whose segments
+    /// ([`segmented::segment_bytes`]: the one read, the one being read
+    /// ahead, a spare) take memory of their own beside the crew's.
+    pub fn within_piped(threads: usize, budget: Option<u64>) -> Workers {
+        let Some(budget) = budget else {
+            return Workers::from(threads);
+        };
+        let mut threads = threads.max(1);
+        loop {
+            let segments = 3 * segmented::segment_bytes(threads, CHUNK) as u64;
+            let w = Workers::within(threads, Some(budget.saturating_sub(segments)));
+            if threads == 1 || (w.threads == threads && segments < budget) {
+                return w;
+            }
+            threads -= 1;
+        }
+    }
+}
+
 /// Where a chunk's decoding starts.
 enum Start {
     /// At this bit, with this window: chunk 0 (`chunk` set), an index's
@@ -223,25 +307,26 @@ pub struct Crew {
 }
 
 impl Crew {
-    /// `threads` workers for chunks of `chunk` compressed bytes.
-    pub fn new(threads: usize, chunk: usize) -> Arc<Crew> {
-        Crew::with_marker_cap(threads, chunk, MARKER_CAP, true)
+    /// Workers for chunks of `chunk` compressed bytes.
+    pub fn new(workers: impl Into<Workers>, chunk: usize) -> Arc<Crew> {
+        Crew::with_marker_cap(workers, chunk, MARKER_CAP, true)
     }
 
     /// [`Crew::new`] whose workers give up on a clean window after
     /// `marker_cap` symbols, and are told windows at chunk boundaries only
     /// if `share_windows` (tests reach the restart with small data).
     fn with_marker_cap(
-        threads: usize,
+        workers: impl Into<Workers>,
         chunk: usize,
         marker_cap: usize,
         share_windows: bool,
     ) -> Arc<Crew> {
-        let threads = threads.max(1);
+        let workers = workers.into();
+        let threads = workers.threads.max(1);
         let chunk = chunk.max(1);
         let pools = Arc::new(Pools {
-            spare: bounded(threads + 2),
-            whole_left: AtomicUsize::new(threads + 2),
+            spare: bounded(workers.whole_buffers.max(1)),
+            whole_left: AtomicUsize::new(workers.whole_buffers),
             // Each worker's decoder holds one, and each chunk queued or
             // being resolved: none handed back is dropped, so none is
             // made again (its pages faulted in afresh).
@@ -527,14 +612,19 @@ pub enum SegmentStart {
 impl ParallelInflate {
     /// Inflate the raw DEFLATE stream at the start of `data` on `threads`
     /// workers.
-    pub fn new(data: SharedBytes, threads: usize) -> Self {
-        Self::with_chunk(data, threads, CHUNK, PIECE)
+    pub fn new(data: SharedBytes, workers: impl Into<Workers>) -> Self {
+        Self::with_chunk(data, workers, CHUNK, PIECE)
     }
 
     /// Like [`Self::new`] with chunks of `chunk` compressed bytes, handing
     /// out output in pieces of at most `piece` bytes.
-    pub fn with_chunk(data: SharedBytes, threads: usize, chunk: usize, piece: usize) -> Self {
-        let crew = Crew::new(threads, chunk);
+    pub fn with_chunk(
+        data: SharedBytes,
+        workers: impl Into<Workers>,
+        chunk: usize,
+        piece: usize,
+    ) -> Self {
+        let crew = Crew::new(workers, chunk);
         Self::start(data, crew, piece, None, Resume::default(), true, None)
     }
 
@@ -584,13 +674,14 @@ impl ParallelInflate {
     /// output stands.
     /// An index whose chunks are so small that the stream would have
     /// more than [`MAX_INDEXED_CHUNKS`] (not one cairn wrote) is not used.
-    pub fn with_index(data: SharedBytes, threads: usize, index: MemberIndex) -> Self {
+    pub fn with_index(data: SharedBytes, workers: impl Into<Workers>, index: MemberIndex) -> Self {
+        let workers = workers.into();
         let chunk = usize::try_from(index.chunk_bits / 8).unwrap_or(0);
         if chunk == 0 || chunk > WHOLE_MAX || data.as_slice().len() / chunk > MAX_INDEXED_CHUNKS {
             tracing::debug!(chunk, "an index with chunks this small is not used");
-            return Self::new(data, threads);
+            return Self::new(data, workers);
         }
-        let crew = Crew::new(threads, chunk);
+        let crew = Crew::new(workers, chunk);
         Self::start(
             data,
             crew,
@@ -2010,6 +2101,88 @@ mod tests {
                 whole > 0,
                 "threads {threads}: no restart was inflated whole"
             );
+        }
+    }
+
+    #[test]
+    fn workers_fit_a_memory_budget_buffers_first_then_threads() {
+        assert_eq!(Workers::within(4, None), Workers::from(4));
+        assert_eq!(
+            Workers::from(0),
+            Workers {
+                threads: 1,
+                whole_buffers: 3
+            }
+        );
+        let full = Workers::from(4);
+        assert_eq!(Workers::within(4, Some(full.peak_bytes())), full);
+        // A byte less: one whole-chunk buffer fewer, all four workers.
+        let less = Workers::within(4, Some(full.peak_bytes() - 1));
+        assert_eq!(
+            less,
+            Workers {
+                threads: 4,
+                whole_buffers: 5
+            }
+        );
+        assert!(less.peak_bytes() < full.peak_bytes());
+        for budget in [
+            0u64,
+            1 << 20,
+            100 << 20,
+            300 << 20,
+            700 << 20,
+            2 << 30,
+            64 << 30,
+        ] {
+            for threads in [1, 2, 3, 8, 64] {
+                let w = Workers::within(threads, Some(budget));
+                assert!(w.threads >= 1 && w.threads <= threads.max(1));
+                assert!(w.whole_buffers <= w.threads + 2);
+                // Fits, unless even one worker without buffers does not.
+                assert!(
+                    w.peak_bytes() <= budget
+                        || w == Workers {
+                            threads: 1,
+                            whole_buffers: 0
+                        },
+                    "{threads} threads, budget {budget}: {w:?}"
+                );
+                let p = Workers::within_piped(threads, Some(budget));
+                assert!(p.threads <= w.threads, "{p:?} {w:?}");
+            }
+        }
+        // Buffers go before workers: a budget that holds two workers but
+        // not one whole-chunk buffer keeps both, streaming.
+        let two = Workers {
+            threads: 2,
+            whole_buffers: 0,
+        };
+        assert_eq!(Workers::within(2, Some(two.peak_bytes())), two);
+        assert_eq!(Workers::within(2, Some(two.peak_bytes() - 1)).threads, 1);
+    }
+
+    #[test]
+    fn fewer_or_no_whole_chunk_buffers_stream_chunks_to_the_same_output() {
+        let data = image_like(3 << 20, 21);
+        let stream = deflate(&data, 6);
+        for whole_buffers in [0, 1, 2] {
+            let workers = Workers {
+                threads: 2,
+                whole_buffers,
+            };
+            let crew = Crew::with_marker_cap(workers, 64 << 10, MARKER_CAP, true);
+            let pools = crew.pools.clone();
+            let p = inflate_all_with(crew, &stream, &data);
+            drop(p);
+            // Every buffer made came back to the pool once the reader and
+            // its pieces were gone; none was made past the bound.
+            let made = whole_buffers - pools.whole_left.load(Ordering::Acquire);
+            assert_eq!(pools.spare.1.len(), made, "{whole_buffers} allowed");
+            match whole_buffers {
+                0 => assert_eq!(made, 0),
+                _ => assert!(made > 0, "no chunk inflated whole with {whole_buffers}"),
+            }
         }
     }
 

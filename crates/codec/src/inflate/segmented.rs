@@ -30,7 +30,7 @@
 //! core from where the output stands ([`Step::OneCore`]); so is one that
 //! ends within its first segment below the caller's minimum.
 
-use super::{find_cut, Crew, Cut, ParallelInflate, Resume, SegmentStart};
+use super::{find_cut, Crew, Cut, ParallelInflate, Resume, SegmentStart, Workers};
 use crate::error::{CodecError, Result};
 use crate::input::SharedBytes;
 use std::sync::Arc;
@@ -205,11 +205,12 @@ impl Segmented {
     /// one core.
     pub fn start(
         src: &mut dyn Source,
-        threads: usize,
+        workers: impl Into<Workers>,
         chunk: usize,
         min_len: usize,
     ) -> Result<Opened> {
-        let segment = segment_bytes(threads, chunk);
+        let workers = workers.into();
+        let segment = segment_bytes(workers.threads, chunk);
         let mut data = Vec::with_capacity(segment);
         let mut waited = Duration::ZERO;
         let eof = match fill(src, &mut data, segment, &mut waited)? {
@@ -224,7 +225,7 @@ impl Segmented {
             src.unread(&data);
             return Ok(Opened::OneCore(Resume::default(), SHORT));
         }
-        let crew = Crew::new(threads, chunk);
+        let crew = Crew::new(workers, chunk);
         match open(src, &crew, segment, data, 0, eof, Resume::default())? {
             Ok(cur) => Ok(Opened::Parallel(Box::new(Segmented {
                 crew,
