@@ -145,6 +145,25 @@ fn parallel_gunzip_fits_its_buffers_to_the_memory_limit() {
         kib < (100 << 10) + input_kib,
         "one core: peak RSS {kib} KiB"
     );
+    // A range read far into the member is held to the same limit.
+    for (memory, parallel) in [("100M", "parallel=0"), ("64G", "parallel=1")] {
+        let out = ok(run(&[
+            "unpack",
+            "-v",
+            "-M",
+            memory,
+            "--range",
+            "200M+1M",
+            "-c",
+            s(&file),
+        ]));
+        assert!(
+            out.stdout == data[200 << 20..201 << 20],
+            "-M {memory}: range"
+        );
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains(parallel), "-M {memory}: {log}");
+    }
 }
 
 /// A commit of a writable image's overlay streams: `cairn commit` of

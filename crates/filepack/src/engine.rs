@@ -1079,7 +1079,9 @@ fn range_one(
     let mut sink = open_sink(plan, force, false, hooks)?;
     let out_name = sink.name();
     let w = sink.writer();
-    let stats = read_range(&data, index.as_deref(), range, threads, |b| {
+    let budget = opts.memory.or_else(cairn_codec::memlimit::default_budget);
+    let workers = cairn_codec::inflate::Workers::within(threads, budget);
+    let stats = read_range(&data, index.as_deref(), range, workers, |b| {
         w.write_all(b).map_err(write_error(&out_name))
     })?;
     sink.commit()?;

@@ -88,17 +88,18 @@ pub struct RangeStats {
 
 /// Write the bytes of `range` of the decoded output of the gzip file
 /// `data` to `sink`, using `index` where it has the member; a long member
-/// inflated from its start is inflated on `threads` threads. A range past
-/// the end of the output writes what there is.
+/// inflated from its start is inflated on `workers` (a thread count, or
+/// workers fitted to a memory budget). A range past the end of the output
+/// writes what there is.
 pub fn read_range<E: From<CodecError>>(
     data: &SharedBytes,
     index: Option<&GzipIndex>,
     range: ByteRange,
-    threads: usize,
+    workers: impl Into<Workers>,
     sink: impl FnMut(&[u8]) -> Result<(), E>,
 ) -> Result<RangeStats, E> {
     let mut st = RangeStats::default();
-    let r = walk(data, index, range, threads, sink, &mut st);
+    let r = walk(data, index, range, workers.into(), sink, &mut st);
     tracing::debug!(
         start = range.start,
         end = range.end,
@@ -118,7 +119,7 @@ fn walk<E: From<CodecError>>(
     data: &SharedBytes,
     index: Option<&GzipIndex>,
     range: ByteRange,
-    threads: usize,
+    workers: Workers,
     mut sink: impl FnMut(&[u8]) -> Result<(), E>,
     st: &mut RangeStats,
 ) -> Result<(), E> {
@@ -167,8 +168,13 @@ fn walk<E: From<CodecError>>(
         let far = |to: u64| to.saturating_sub(pos) >= PARALLEL_OUTPUT;
         let long = range.end.is_none_or(far) || far(range.start);
         let sized = header.member_len.is_some();
-        let end = if bit == 0 && threads > 1 && long && !sized && buf.len() - body >= PARALLEL_MIN {
-            let at = (data, body, member, threads);
+        let end = if bit == 0
+            && workers.threads > 1
+            && long
+            && !sized
+            && buf.len() - body >= PARALLEL_MIN
+        {
+            let at = (data, body, member, workers);
             st.parallel += 1;
             inflate_parallel(at, pos, range, st, &mut sink)?
         } else {
@@ -238,23 +244,22 @@ fn emit<E>(
 }
 
 /// Inflate the long member whose DEFLATE data starts at `body` of `data`
-/// from its start on `threads` threads, as a whole read does (from the
+/// from its start on `workers`, as a whole read does (from the
 /// index's checkpoints when `member` has them), writing what falls in
 /// `range` of the output from `pos` on; `None` when the range was written
 /// before the member's end.
 fn inflate_parallel<E: From<CodecError>>(
-    at: (&SharedBytes, usize, Option<&MemberIndex>, usize),
+    at: (&SharedBytes, usize, Option<&MemberIndex>, Workers),
     pos: u64,
     range: ByteRange,
     st: &mut RangeStats,
     sink: &mut impl FnMut(&[u8]) -> Result<(), E>,
 ) -> Result<Option<MemberEnd>, E> {
-    let (data, body, member, threads) = at;
+    let (data, body, member, workers) = at;
     let rest = data.from_offset(body).ok_or(CodecError::Truncated {
         format: NAME,
         offset: body as u64,
     })?;
-    let workers = Workers::within(threads, crate::memlimit::default_budget());
     let mut p = match member {
         Some(m) => ParallelInflate::with_index(rest, workers, m.clone()),
         None => ParallelInflate::new(rest, workers),
