@@ -8,7 +8,7 @@
 //! control group os2.img's `gzip -6` then decodes on two workers with two
 //! whole-chunk buffers (a quarter would have left none: every chunk
 //! streamed, 0.68-0.72 s in another run): 0.47-0.55 s against 0.45-0.51 s with
-//! no limit, peak RSS 312-326 MiB (151 MiB of it the input, mapped).
+//! no limit, peak RSS 312-326 MiB (147 MiB of it the input, mapped).
 //!
 //! Why hand-written: reading `/proc/self/cgroup` and one file of the
 //! memory controller is a few lines; the crates that do it bring a whole
@@ -46,6 +46,12 @@ fn read_limit() -> Option<u64> {
 /// says nothing.
 pub fn default_budget() -> Option<u64> {
     limit().map(|l| l / DEFAULT_SHARE)
+}
+
+/// The budget a decode runs under: the one `given` (`unpack -M`), else
+/// [`default_budget`].
+pub fn budget(given: Option<u64>) -> Option<u64> {
+    given.or_else(default_budget)
 }
 
 fn physical() -> Option<u64> {
@@ -163,5 +169,7 @@ mod tests {
         let l = limit().expect("physical memory is readable on Linux");
         assert!(l >= 64 << 20, "{l}");
         assert_eq!(default_budget(), Some(l / DEFAULT_SHARE));
+        assert_eq!(budget(None), default_budget());
+        assert_eq!(budget(Some(5)), Some(5));
     }
 }

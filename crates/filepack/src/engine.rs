@@ -1079,7 +1079,7 @@ fn range_one(
     let mut sink = open_sink(plan, force, false, hooks)?;
     let out_name = sink.name();
     let w = sink.writer();
-    let budget = opts.memory.or_else(cairn_codec::memlimit::default_budget);
+    let budget = cairn_codec::memlimit::budget(opts.memory);
     let workers = cairn_codec::inflate::Workers::within(threads, budget);
     let stats = read_range(&data, index.as_deref(), range, workers, |b| {
         w.write_all(b).map_err(write_error(&out_name))

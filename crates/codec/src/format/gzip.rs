@@ -365,7 +365,7 @@ impl Splitter {
     /// ([`crate::DecodeOptions::memory`]; `None`: the default share of the
     /// memory this process may use).
     pub fn with_memory(mut self, budget: Option<u64>) -> Self {
-        self.budget = budget.or_else(crate::memlimit::default_budget);
+        self.budget = crate::memlimit::budget(budget);
         self
     }
 
