@@ -78,7 +78,7 @@ impl cairn_filepack::Progress for Progress {
 /// The one-line summary `-v` prints for an input.
 pub fn summary_line(s: &Summary) -> String {
     format!(
-        "{}: {} -> {} bytes ({:.2}% of the original) in {:.3} s, {:.1} MB/s, {} {}{} threads",
+        "{}: {} -> {} bytes ({:.2}% of the original) in {:.3} s, {:.1} MB/s, {} {}{} thread{}",
         s.input,
         s.bytes_in,
         s.bytes_out,
@@ -93,6 +93,7 @@ pub fn summary_line(s: &Summary) -> String {
                 l => format!("-{l}, "),
             })
             .unwrap_or_default(),
-        s.threads
+        s.threads,
+        if s.threads == 1 { "" } else { "s" }
     )
 }

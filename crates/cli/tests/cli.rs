@@ -414,14 +414,22 @@ fn threads_zero_means_every_core() {
     let data = mixed(300_000, 44);
     let cores = std::thread::available_parallelism().unwrap().get();
     for args in [
-        &["pack", "-T0", "--json", "-o", "-"][..],
-        &["pack", "-T", "0", "--json", "-o", "-"],
+        &["pack", "-T0", "-B", "4K", "--json", "-o", "-"][..],
+        &["pack", "-T", "0", "-B", "4K", "--json", "-o", "-"],
     ] {
         let out = cairn_pipe(args, &data);
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
         let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
-        assert_eq!(v["threads"], cores, "{args:?}");
+        // 74 blocks: a worker for each core, up to one per block.
+        assert_eq!(v["threads"], cores.min(74), "{args:?}");
     }
+    // One block keeps one worker busy, and the summary says one.
+    let out = cairn_pipe(&["pack", "-T", "2", "--json", "-o", "-"], &data[..1000]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["threads"], 1);
+    let out = cairn_pipe(&["unpack", "-T", "2", "--json", "-c"], &out.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(v["threads"], 1);
 }
 
 #[test]

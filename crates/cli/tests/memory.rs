@@ -123,6 +123,8 @@ fn parallel_gunzip_fits_its_buffers_to_the_memory_limit() {
     let limit_kib: u64 = 200 << 10;
     let (log, kib) = unpack("200M");
     assert!(log.contains("inflating in parallel"), "{log}");
+    // The summary line counts the cores the decode used.
+    assert!(!log.contains("gzip 1 thread"), "{log}");
     let input_kib = gz.len() as u64 / 1024;
     eprintln!("-M 200M: peak {kib} KiB, limit {limit_kib} KiB, mapped input {input_kib} KiB");
     assert!(
@@ -138,7 +140,9 @@ fn parallel_gunzip_fits_its_buffers_to_the_memory_limit() {
     );
     let (log, kib) = unpack("100M");
     assert!(
-        log.contains("on one core") && log.contains("memory limit"),
+        log.contains("on one core")
+            && log.contains("memory limit")
+            && log.contains("gzip 1 thread\n"),
         "{log}"
     );
     assert!(

@@ -13,7 +13,7 @@ use crate::{
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
 use cairn_codec::{
-    BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, GzipIndex, Input, Unit,
+    BlockMeta, CodecError, ContentChecker, DecodeOptions, Format, GzipIndex, Input, Unit, UnitKind,
 };
 use cairn_pipeline::{Config, Fill, Slot};
 use serde::Serialize;
@@ -59,7 +59,9 @@ pub struct Summary {
     /// The block size, for a pack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<usize>,
-    /// Worker threads.
+    /// Threads: a pack's workers (at most one per block); for an unpack,
+    /// the cores its decoding used (one for a single zstd frame or a gzip
+    /// member inflated on one core).
     pub threads: usize,
     /// Bytes read.
     pub bytes_in: u64,
@@ -730,6 +732,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut bytes_in = 0u64;
     let mut first = true;
     let mut read_total = 0u64;
+    let mut blocks = 0usize;
     let mut cuts = s.rsyncable.then(|| ContentCuts::new(block));
     let result = cairn_pipeline::run(
         Config::new(s.threads),
@@ -745,6 +748,7 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
                 return Ok(Fill::End);
             }
             first = false;
+            blocks += 1;
             read_total += n as u64;
             progress.read_to(read_total);
             Ok(Fill::Item)
@@ -810,7 +814,8 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
         format: format.name(),
         level: Some(level),
         block_size: Some(block),
-        threads: s.threads,
+        // A worker per block at most: a small input uses one.
+        threads: s.threads.min(blocks).max(1),
         bytes_in,
         bytes_out,
     };
@@ -939,11 +944,17 @@ fn unpack_one(
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
+    // Units the splitter decoded itself, and units with output the
+    // workers decoded.
+    let (mut plain, mut coded) = (0usize, 0usize);
     let result = cairn_pipeline::run(
         Config::new(threads),
         |unit: &mut Unit| {
             let more = splitter.next_unit(unit)?;
             progress.read_to(splitter.offset());
+            if more && unit.kind == UnitKind::Plain {
+                plain += 1;
+            }
             Ok(if more { Fill::Item } else { Fill::End })
         },
         || {
@@ -955,6 +966,10 @@ fn unpack_one(
         },
         |slot: &mut Slot<Unit, Vec<u8>>| {
             let out = slot.input.decoded(&slot.output);
+            // Not the empty members that mark a stream's ends.
+            if slot.input.kind != UnitKind::Plain && !out.is_empty() {
+                coded += 1;
+            }
             checker.feed(format, slot.input.offset, slot.input.content, out)?;
             match holes.as_mut() {
                 Some(h) => h.write(w, out),
@@ -994,11 +1009,17 @@ fn unpack_one(
         save_index(path, &index, existed)?;
     }
     finish(plan, sink, input_meta.as_ref(), false)?;
+    // The cores the decoding used, not the pool's size: a single zstd
+    // frame, or a gzip member inflated on one core, says one.
+    let used = coded
+        .min(threads)
+        .max(if plain > 0 { splitter.cores() } else { 0 })
+        .max(1);
     let mut summary = Summary::unpacked(
         plan,
         out_name,
         format.name(),
-        threads,
+        used,
         (bytes_in, bytes_out),
         started,
     );

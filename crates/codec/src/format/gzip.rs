@@ -322,6 +322,9 @@ pub struct Splitter {
     /// The same for a member read from a pipe, a segment at a time.
     piped: Option<(Box<Segmented>, u64)>,
     threads: usize,
+    /// Most cores a member inflated here has used (see
+    /// [`super::Splitter::cores`]).
+    cores: usize,
     /// Most bytes the parallel inflater's buffers may take.
     budget: Option<u64>,
     members: u64,
@@ -354,6 +357,7 @@ impl Splitter {
             parallel: None,
             piped: None,
             threads,
+            cores: 1,
             budget: None,
             members: 0,
             index: None,
@@ -413,6 +417,7 @@ impl Splitter {
             None => ParallelInflate::new(rest, workers),
         };
         self.parallel = Some((p, key));
+        self.cores = self.cores.max(workers.threads);
         Parallel::Mapped
     }
 
@@ -437,6 +442,7 @@ impl Splitter {
                     "gzip member without sizes read from a pipe: inflating in parallel, a segment at a time"
                 );
                 self.piped = Some((s, base));
+                self.cores = self.cores.max(workers.threads);
             }
             Opened::OneCore(from, why) => self.one_core(from, why)?,
         }
@@ -702,6 +708,10 @@ impl super::Splitter for Splitter {
 
     fn offset(&self) -> u64 {
         self.input.offset()
+    }
+
+    fn cores(&self) -> usize {
+        self.cores
     }
 }
 

@@ -663,6 +663,12 @@ pub trait Splitter: Send {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool>;
     /// Compressed bytes consumed so far.
     fn offset(&self) -> u64;
+    /// Cores the splitter's own decoding has used so far, for the units it
+    /// hands out decoded ([`UnitKind::Plain`]): one, its own thread, unless
+    /// it decodes in parallel itself (a gzip member without sizes).
+    fn cores(&self) -> usize {
+        1
+    }
 }
 
 /// Decodes units on a worker.
