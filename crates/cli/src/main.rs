@@ -332,8 +332,9 @@ pub(crate) struct DecodeArgs {
     /// Most memory decoding may take, as zstd's -M (sizes take K, M, G):
     /// a one-member gzip decoded in parallel runs on as many workers, with
     /// as many whole-chunk buffers, as fit (-v says how many; one worker
-    /// means one core, in about 16 MiB), and a zstd frame whose window is
-    /// larger is refused unless --long says otherwise. Default: half the
+    /// means one core, in about 16 MiB), a zstd frame whose window is
+    /// larger is refused unless --long says otherwise, and so is an xz
+    /// block whose dictionary is (as xz --memlimit). Default: half the
     /// memory cairn may use (the machine's, or its control group's limit
     /// when lower), and zstd's 128 MiB window.
     #[arg(short = 'M', long = "memory", value_name = "SIZE", value_parser = parse_size)]

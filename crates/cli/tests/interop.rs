@@ -178,6 +178,38 @@ fn zstd_long_windows_need_long_as_with_zstd() {
     assert!(cairn_ok(&["unpack", "--long=31", "-q"], &packed) == data);
 }
 
+/// `packed`, written by `tool`, is refused by `tool -dc` under the
+/// memory limit `tool_under` and read at `tool_at`, and likewise by
+/// `cairn unpack -M` under `under` and at `at`; cairn's refusal names -M
+/// and the size the stream needs.
+fn refused_under_the_limit_as_by(
+    tool: &str,
+    packed: &[u8],
+    data: &[u8],
+    [tool_under, tool_at]: [&str; 2],
+    [under, at]: [&str; 2],
+    needs: &str,
+) {
+    let peer = |memory: &str| {
+        pipe(
+            std::process::Command::new(tool).args(["-dc", "-q", memory]),
+            packed,
+        )
+    };
+    assert!(!peer(tool_under).status.success(), "{tool} {tool_under}");
+    assert!(peer(tool_at).stdout == data, "{tool} {tool_at}");
+    let out = cairn_pipe(&["unpack", "-q", "-M", under], packed);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("-M") && err.contains(needs),
+        "-M {under}: {err}"
+    );
+    assert!(
+        cairn_ok(&["unpack", "-q", "-M", at], packed) == data,
+        "-M {at}"
+    );
+}
+
 /// `-M SIZE` bounds the window as zstd's `--memory` does: a frame of
 /// `zstd --long=28` (a 256 MiB window) is refused under 256 MiB and read
 /// at it, by both; the error says which flag raises the limit.
@@ -188,20 +220,40 @@ fn zstd_memory_limits_the_window_as_with_zstd() {
     }
     let data = mixed(1_000_000, 18);
     let packed = run_ok("zstd", &["--long=28", "-c", "-q"], &data);
-    let zstd = |memory: &str| {
-        pipe(
-            std::process::Command::new("zstd").args(["-dc", "-q", memory]),
-            &packed,
-        )
-    };
-    assert!(!zstd("--memory=200MB").status.success());
-    assert!(zstd("--memory=256MB").stdout == data);
-    let out = cairn_pipe(&["unpack", "-q", "-M", "200M"], &packed);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("-M"), "{err}");
-    assert!(cairn_ok(&["unpack", "-q", "-M", "256MiB"], &packed) == data);
+    refused_under_the_limit_as_by(
+        "zstd",
+        &packed,
+        &data,
+        ["--memory=200MB", "--memory=256MB"],
+        ["200M", "256MiB"],
+        "268435456",
+    );
     // --long says the window outright, whatever -M says.
     assert!(cairn_ok(&["unpack", "-q", "-M", "1M", "--long=28"], &packed) == data);
+}
+
+/// `xz -9` (a 64 MiB dictionary) is refused under it by `unpack -M` as by
+/// `xz --memlimit`, and read at it; a block that states its size needs no
+/// more dictionary than that size (xz -T2 writes sizes).
+#[test]
+fn xz_memory_limits_the_dictionary_as_with_xz() {
+    if !have("xz") {
+        return;
+    }
+    let data = mixed(1_000_000, 19);
+    let packed = run_ok("xz", &["-9", "-T1", "-c"], &data);
+    refused_under_the_limit_as_by(
+        "xz",
+        &packed,
+        &data,
+        ["--memlimit=32MiB", "--memlimit=80MiB"],
+        ["32M", "64MiB"],
+        "67108864",
+    );
+    let sized = run_ok("xz", &["-9", "-T2", "--block-size=1MiB", "-c"], &data);
+    assert!(cairn_ok(&["unpack", "-q", "-M", "2M"], &sized) == data);
+    let out = cairn_pipe(&["unpack", "-q", "-M", "512K"], &sized);
+    assert!(!out.status.success(), "a 1 MB block in 512 KiB");
 }
 
 /// A cairn .zst named on the command line is a regular file: its frames

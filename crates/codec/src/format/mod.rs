@@ -349,7 +349,7 @@ impl Format {
             Format::Snappy => Box::new(snappy::Splitter::new(input)),
             Format::Lzop => Box::new(lzop::Splitter::new(input)),
             Format::Bzip2 => Box::new(bzip2::Splitter::new(input)),
-            Format::Xz => Box::new(xz::Splitter::new(input)),
+            Format::Xz => Box::new(xz::Splitter::new(input).with_memory(opts.memory)),
         }
     }
 
@@ -591,7 +591,9 @@ pub struct DecodeOptions {
     pub gzip_index: Option<Arc<Mutex<GzipIndex>>>,
     /// Most bytes a decoder's buffers may take (`unpack -M`): a gzip
     /// member inflated in parallel runs on as many workers, with as many
-    /// whole-chunk buffers, as fit. `None`: half of the memory this
+    /// whole-chunk buffers, as fit; an xz block whose LZMA2 dictionary is
+    /// bigger is refused (zstd's window has its own limit,
+    /// `zstd_window_log_max`, which `-M` sets). `None`: half of the memory this
     /// process may use ([`crate::memlimit::default_budget`]).
     pub memory: Option<u64>,
 }

@@ -452,6 +452,34 @@ fn parse_block_header(h: &[u8]) -> std::result::Result<BlockHeader, (u64, String
     })
 }
 
+/// The dictionary an LZMA2 filter with properties `props` decodes in:
+/// the one it declares, capped at the block's size when it states one.
+fn lzma2_dict(props: &[u8], max_out: Option<u64>) -> std::result::Result<u32, String> {
+    let [p] = props[..] else {
+        return Err(format!("LZMA2 properties of {} bytes", props.len()));
+    };
+    if p > 40 {
+        return Err(format!("invalid LZMA2 dictionary property {p}"));
+    }
+    let dict = dict_of_prop(p);
+    Ok(match max_out {
+        Some(max) => dict.min(u32::try_from(max.max(4096)).unwrap_or(u32::MAX)),
+        None => dict,
+    })
+}
+
+/// The dictionary a block's filter chain decodes in (what its memory
+/// grows with; the other filters keep a few KiB), 0 without LZMA2.
+fn block_dict(chain: &[(u64, Vec<u8>)], max_out: Option<u64>) -> std::result::Result<u64, String> {
+    let mut dict = 0;
+    for (id, props) in chain {
+        if *id == FILTER_LZMA2 {
+            dict = u64::from(lzma2_dict(props, max_out)?);
+        }
+    }
+    Ok(dict)
+}
+
 /// A raw decoder for a block's filter chain. `max_out`, when the block
 /// states its size, caps the LZMA2 dictionary: no match reaches further
 /// back than the block's start, so a bigger one is wasted memory.
@@ -472,18 +500,8 @@ fn raw_decoder(
             0x0a => f.arm64_properties(props).map(drop),
             0x0b => f.riscv_properties(props).map(drop),
             FILTER_LZMA2 => {
-                let [p] = props[..] else {
-                    return Err(format!("LZMA2 properties of {} bytes", props.len()));
-                };
-                if p > 40 {
-                    return Err(format!("invalid LZMA2 dictionary property {p}"));
-                }
-                let mut dict = dict_of_prop(p);
-                if let Some(max) = max_out {
-                    dict = dict.min(u32::try_from(max.max(4096)).unwrap_or(u32::MAX));
-                }
                 let mut opts = LzmaOptions::new_preset(0).map_err(|e| e.to_string())?;
-                opts.dict_size(dict);
+                opts.dict_size(lzma2_dict(props, max_out)?);
                 f.lzma2(&opts);
                 Ok(())
             }
@@ -529,6 +547,8 @@ pub struct Splitter {
     flags: [u8; 2],
     /// (unpadded size, uncompressed size) of the current stream's blocks.
     records: Vec<(u64, u64)>,
+    /// Largest LZMA2 dictionary a block may need ([`crate::DecodeOptions::memory`]).
+    budget: Option<u64>,
 }
 
 impl Splitter {
@@ -540,7 +560,16 @@ impl Splitter {
             streams: 0,
             flags: [0; 2],
             records: Vec::new(),
+            budget: None,
         }
+    }
+
+    /// Refuse a block whose dictionary is over `budget` bytes (`None`:
+    /// the default share of the memory this process may use), as
+    /// `xz --memlimit-decompress` refuses one.
+    pub fn with_memory(mut self, budget: Option<u64>) -> Self {
+        self.budget = crate::memlimit::budget(budget);
+        self
     }
 
     /// Skip stream padding after a stream; `false` at a clean end.
@@ -740,6 +769,19 @@ impl Splitter {
         let h = self.input.need(len, NAME)?;
         let bh =
             parse_block_header(h).map_err(|(at, why)| CodecError::corrupt(NAME, off + at, why))?;
+        if let Some(limit) = self.budget {
+            let need = block_dict(&bh.filters, bh.uncompressed)
+                .map_err(|why| CodecError::corrupt(NAME, off, why))?;
+            if need > limit {
+                return Err(CodecError::TooLarge {
+                    format: NAME,
+                    what: "block's LZMA2 dictionary (unpack -M SIZE raises the limit)",
+                    offset: off,
+                    size: need,
+                    limit,
+                });
+            }
+        }
         let check = self.check_id();
         let check_len = check_size(check) as u64;
         let header_len = bh.len as u64;
@@ -1147,6 +1189,18 @@ mod tests {
             .iter()
             .filter(|k| matches!(k, UnitKind::Packed(_)))
             .count()
+    }
+
+    #[test]
+    fn a_block_needs_its_dictionary_capped_at_its_size() {
+        let lzma2 = |p: u8| vec![(FILTER_LZMA2, vec![p])];
+        // Property 28 is xz -9's 64 MiB; 40 is 4 GiB - 1.
+        assert_eq!(block_dict(&lzma2(28), None), Ok(64 << 20));
+        assert_eq!(block_dict(&lzma2(28), Some(1 << 20)), Ok(1 << 20));
+        assert_eq!(block_dict(&lzma2(28), Some(10)), Ok(4096));
+        assert_eq!(block_dict(&lzma2(40), None), Ok(u64::from(u32::MAX)));
+        assert!(block_dict(&lzma2(41), None).is_err());
+        assert_eq!(block_dict(&[(0x03, vec![0])], None), Ok(0));
     }
 
     #[test]
