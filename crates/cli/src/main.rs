@@ -219,13 +219,13 @@ pub(crate) struct PackArgs {
     #[arg(short = 'F', long = "format")]
     pub format: Option<String>,
     /// Compression level; the format's range (gzip 1-12, zstd -50-22, xz 0-9,
-    /// bzip2 1-9, lzop 1-9, lz4 1-12 (3 on: LZ4 HC), snappy 1 only). -1 ..
-    /// -19 work too.
+    /// bzip2 1-9, lzop 1-9, lz4 -65536-12 (3 on: LZ4 HC; -N as lz4
+    /// --fast=N), snappy 1 only). -1 .. -19 work too.
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
           overrides_with_all = ["level", "fast", "best"])]
     pub level: Option<i32>,
-    /// Level 1 (gzip's, pigz's; for zstd -1, as its bare --fast); with a
-    /// value, zstd's --fast=N, level -N.
+    /// Level 1 (gzip's, pigz's; for zstd and lz4 -1, as their bare
+    /// --fast); with a value, zstd's and lz4's --fast=N, level -N.
     #[arg(long = "fast", value_name = "N", num_args = 0..=1, require_equals = true,
           value_parser = clap::value_parser!(u32).range(1..),
           overrides_with_all = ["level", "fast", "best"])]

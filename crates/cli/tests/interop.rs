@@ -311,6 +311,33 @@ fn lz4_both_ways() {
     peer_to_cairn("lz4", &["-c", "-q", "-l", "-9"], &data);
 }
 
+/// `--fast` and `--fast=N` accelerate LZ4's fast coder as the `lz4` tool
+/// does: the same compressed sizes within a few bytes of framing, read by
+/// `lz4 -d`, and fewer bytes saved as N grows.
+#[test]
+fn lz4_fast_levels_as_the_lz4_tool() {
+    if !have("lz4") {
+        return;
+    }
+    let data = mixed(4 << 20, 21);
+    let mut last = 0;
+    for fast in ["--fast", "--fast=2", "--fast=20", "--fast=65536"] {
+        let packed = cairn_ok(&["pack", "-F", "lz4", "-T", "1", "-q", fast], &data);
+        let theirs = run_ok("lz4", &["-c", "-q", fast], &data);
+        assert!(
+            packed.len().abs_diff(theirs.len()) <= 64,
+            "{fast}: cairn {} bytes, lz4 {}",
+            packed.len(),
+            theirs.len()
+        );
+        assert!(packed.len() > last, "{fast}: {} bytes", packed.len());
+        last = packed.len();
+        assert!(run_ok("lz4", &["-dc"], &packed) == data, "{fast}");
+    }
+    let out = cairn_pipe(&["pack", "-F", "lz4", "--fast=65537"], &data);
+    assert!(!out.status.success(), "acceleration past LZ4's maximum");
+}
+
 #[test]
 fn lzop_both_ways() {
     cairn_to_peer("lzop", None, "lzop", &["-dc"]);

@@ -74,6 +74,12 @@ pub const HC_FROM: i32 = 3;
 /// Highest LZ4 HC level (LZ4HC_CLEVEL_MAX), `lz4 --best`.
 pub const MAX_LEVEL: i32 = 12;
 
+/// Lowest level: `lz4 --fast=65536`. A level -N below 1 is the fast coder
+/// with acceleration N + 1, as the `lz4` tool's frames have it (its bare
+/// `--fast` is -1, acceleration 2); LZ4 caps acceleration at 65537
+/// (LZ4_ACCELERATION_MAX).
+pub const MIN_LEVEL: i32 = -65536;
+
 /// An LZ4 compression state, allocated once and reused for every block.
 pub struct Compressor {
     state: Vec<u64>,
@@ -86,9 +92,10 @@ impl Compressor {
         Compressor::with_level(1)
     }
 
-    /// A fresh state for `level` (1-2 the fast coder, 3-12 LZ4 HC).
+    /// A fresh state for `level` (up to 2 the fast coder, below 0 with
+    /// acceleration -`level` + 1 ([`MIN_LEVEL`]); 3-12 LZ4 HC).
     pub fn with_level(level: i32) -> Self {
-        let level = level.clamp(1, MAX_LEVEL);
+        let level = level.clamp(MIN_LEVEL, MAX_LEVEL);
         // SAFETY: pure functions returning a constant size.
         let size = unsafe {
             match level >= HC_FROM {
@@ -113,6 +120,7 @@ impl Compressor {
         let dst_cap = c_int::try_from(cap).ok()?;
         let state = self.state.as_mut_ptr().cast::<c_void>();
         let level = self.level;
+        let acceleration = if level < 0 { 1 - level } else { 1 };
         let write = |d: *mut u8, _: usize| {
             // SAFETY: `state` is LZ4_sizeofState() bytes, 8-aligned as
             // LZ4 requires; `src` is valid for `src_len` bytes, `d` for
@@ -135,7 +143,7 @@ impl Compressor {
                         d.cast(),
                         src_len,
                         dst_cap,
-                        1,
+                        acceleration,
                     ),
                 }
             };

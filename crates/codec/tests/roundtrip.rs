@@ -82,10 +82,10 @@ proptest! {
     ) {
         let (lo, hi) = format.level_range();
         let input = data(seed, 20_000, 40);
-        let levels: Vec<i32> = if format == Format::Zstd {
-            vec![-5, -1, 1, 3, 9, 19]
-        } else {
-            (lo..=hi).collect()
+        let levels: Vec<i32> = match format {
+            Format::Zstd => vec![-5, -1, 1, 3, 9, 19],
+            Format::Lz4 => [lo, -100, -1].into_iter().chain(1..=hi).collect(),
+            _ => (lo..=hi).collect(),
         };
         for level in levels {
             let packed = encode_all(format, level, 8192, &input).unwrap();

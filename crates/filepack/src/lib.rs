@@ -116,8 +116,9 @@ impl Level {
         let (lo, hi) = format.level_range();
         let level = match self {
             Level::Default => format.default_level(),
-            // zstd's bare --fast is --fast=1, level -1; gzip's is level 1.
-            Level::Fast if format == Format::Zstd => -1,
+            // zstd's and lz4's bare --fast is --fast=1, level -1; gzip's
+            // is level 1.
+            Level::Fast if matches!(format, Format::Zstd | Format::Lz4) => -1,
             Level::Fast => 1,
             Level::Best => hi,
             Level::Exactly(n) => n,

@@ -45,7 +45,8 @@ pub struct Encoder {
 
 impl Encoder {
     /// A new encoder at `level`: 1-2 the fast coder, 3-12 LZ4 HC, as the
-    /// `lz4` tool has them (its default is 1, `--best` 12).
+    /// `lz4` tool has them (its default is 1, `--best` 12); -N is its
+    /// `--fast=N`, the fast coder with acceleration N + 1.
     pub fn new(level: i32) -> Self {
         Encoder {
             codec: Lz4Codec::with_level(level),

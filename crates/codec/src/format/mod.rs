@@ -157,7 +157,7 @@ impl Format {
         match self {
             Format::Gzip => (1, 12),
             Format::Zstd => (-50, 22),
-            Format::Lz4 => (1, crate::lz4_ffi::MAX_LEVEL),
+            Format::Lz4 => (crate::lz4_ffi::MIN_LEVEL, crate::lz4_ffi::MAX_LEVEL),
             Format::Snappy => (1, 1),
             Format::Lzop => (1, 9),
             Format::Bzip2 => (1, 9),
