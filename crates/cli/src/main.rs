@@ -190,11 +190,17 @@ pub(crate) struct CommonArgs {
     /// No progress bar.
     #[arg(short = 'q', long = "quiet", visible_alias = "no-progress")]
     pub quiet: bool,
-    /// Store no file name or time when packing, restore none when
-    /// unpacking (gzip's -n): accepted because cairn does neither; the
-    /// output is the same either way.
-    #[arg(short = 'n', long = "no-name")]
+    /// Store no file name or time when packing (gzip's and lzop's -n; by
+    /// default a gzip or lzop header keeps the input's base name and
+    /// modification time, as gzip and lzop write them); when unpacking,
+    /// restore none (the default).
+    #[arg(short = 'n', long = "no-name", overrides_with = "name")]
     pub no_name: bool,
+    /// Unpacking a gzip file, name the output after the name its header
+    /// keeps (in the input's directory) and give it the time kept there
+    /// (gzip's -N); packing, keep both in the header (the default).
+    #[arg(short = 'N', long = "name", overrides_with = "no_name")]
+    pub name: bool,
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,

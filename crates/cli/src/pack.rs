@@ -65,6 +65,11 @@ fn options(common: &CommonArgs) -> Options {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
+        name: match (common.name, common.no_name) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
     }
 }
 

@@ -444,7 +444,8 @@ fn sparse_files_pack_as_their_bytes_and_unpack_sparse() {
     ];
     for (format, tool) in peers {
         for threads in ["1", "2"] {
-            let args = ["pack", "-F", format, "-T", threads, "-b", "1M", "-q", "-c"];
+            // -n: no name or time in the header, as from stdin.
+            let args = ["pack", "-F", format, "-T", threads, "-b", "1M", "-q", "-c", "-n"];
             let mut by_name = args.to_vec();
             by_name.push(src.to_str().unwrap());
             let packed = cairn_ok(&by_name, b"");
@@ -980,4 +981,71 @@ fn rsyncable_output_changes_only_around_a_change() {
             "{format}: {with:.3} against {without:.3}"
         );
     }
+}
+
+/// The input's name and time in the header, as gzip and lzop keep them:
+/// `gunzip -N` and `lzop -dN` restore them from cairn's output, `cairn
+/// unpack -N` from gzip's; `-n` keeps neither; a kept name is only ever
+/// a name in the input's directory.
+#[test]
+fn names_and_times_kept_in_headers_as_gzip_and_lzop_keep_them() {
+    if !have("gzip") || !have("lzop") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let d = tempdir();
+    let dir = d.path();
+    let data = mixed(300_000, 23);
+    let orig = dir.join("orig.txt");
+    let stamp = 1_577_934_245; // 2020-01-02 03:04:05 UTC
+    let set_time = |p: &Path| {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(stamp);
+        f.set_modified(t).unwrap();
+    };
+    std::fs::write(&orig, &data).unwrap();
+    set_time(&orig);
+    let mtime = |p: &Path| std::fs::metadata(p).unwrap().mtime() as u64;
+    // cairn's .gz and .lzo under other names: the tools restore the kept one.
+    ok(run_in(dir, &["pack", "-k", "orig.txt"]));
+    ok(run_in(dir, &["pack", "-k", "-F", "lzop", "orig.txt"]));
+    std::fs::rename(dir.join("orig.txt.gz"), dir.join("other.gz")).unwrap();
+    std::fs::rename(dir.join("orig.txt.lzo"), dir.join("other.lzo")).unwrap();
+    std::fs::remove_file(&orig).unwrap();
+    let gunzip = tool("gzip", &["-dN", s(&dir.join("other.gz"))]);
+    assert!(gunzip.status.success(), "{gunzip:?}");
+    assert!(std::fs::read(&orig).unwrap() == data && mtime(&orig) == stamp);
+    std::fs::remove_file(&orig).unwrap();
+    let to = format!("-p{}", s(dir));
+    let lzop = tool("lzop", &["-dN", &to, s(&dir.join("other.lzo"))]);
+    assert!(lzop.status.success(), "{lzop:?}");
+    assert!(std::fs::read(&orig).unwrap() == data && mtime(&orig) == stamp);
+    // gzip's .gz under another name: cairn unpack -N restores name and time.
+    let gz = tool("gzip", &["-c", s(&orig)]).stdout;
+    std::fs::remove_file(&orig).unwrap();
+    std::fs::write(dir.join("x.gz"), &gz).unwrap();
+    ok(run_in(dir, &["unpack", "-N", "x.gz"]));
+    assert!(!dir.join("x.gz").exists() && !dir.join("x").exists());
+    assert!(std::fs::read(&orig).unwrap() == data && mtime(&orig) == stamp);
+    // Without -N the name comes from the file's, and -c writes no file.
+    std::fs::write(dir.join("x.gz"), &gz).unwrap();
+    ok(run_in(dir, &["unpack", "-k", "x.gz"]));
+    assert!(std::fs::read(dir.join("x")).unwrap() == data);
+    assert!(ok(run_in(dir, &["unpack", "-N", "-c", "x.gz"])).stdout == data);
+    // -n: no name, no time (the header as from standard input).
+    let bare = ok(run_in(dir, &["pack", "-n", "-c", "orig.txt"])).stdout;
+    assert!(bare == cairn_ok(&["pack", "-c"], &data));
+    // A kept name with a path or dots: its last part, in the input's
+    // directory; "..": the name from the file's.
+    for (kept, expect) in [(&b"../../evil"[..], "evil"), (b"..", "y")] {
+        let mut hostile = vec![0x1f, 0x8b, 8, 8, 0, 0, 0, 0, 0, 3];
+        hostile.extend_from_slice(kept);
+        hostile.push(0);
+        hostile.extend_from_slice(&run_ok("gzip", &["-c", "-n"], &data)[10..]);
+        std::fs::write(dir.join("y.gz"), &hostile).unwrap();
+        ok(run_in(dir, &["unpack", "-N", "y.gz"]));
+        assert!(std::fs::read(dir.join(expect)).unwrap() == data, "{expect}");
+        std::fs::remove_file(dir.join(expect)).unwrap();
+    }
+    assert!(!dir.parent().unwrap().join("evil").exists());
 }

@@ -54,7 +54,7 @@ pub use block::{BlockCodec, CodecKind, CodecSpec};
 pub use error::{CodecError, Result};
 pub use format::{
     decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, DecodeOptions,
-    EncodeOptions, Format, Framer, IntegrityCheck, Splitter, Unit, UnitDecoder, UnitKind,
+    EncodeOptions, Format, Framer, IntegrityCheck, Origin, Splitter, Unit, UnitDecoder, UnitKind,
 };
 pub use inflate::index::{GzipIndex, IndexError as GzipIndexError};
 pub use input::Input;

@@ -492,6 +492,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         rsyncable: pack.rsyncable,
         threads,
         force: opts.force,
+        keep_origin: opts.name != Some(false),
     };
     tracing::debug!(%format, level, block, encode = ?pack.encode, rsyncable = pack.rsyncable,
         threads, inputs = plans.len(), "pack");
@@ -556,7 +557,14 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
         });
     }
     let (summaries, outcome) = run_all(plans, hooks, |plan| {
-        unpack_one(plan, threads, opts.force, unpack, hooks)
+        unpack_one(
+            plan,
+            threads,
+            opts.force,
+            opts.name == Some(true),
+            unpack,
+            hooks,
+        )
     });
     Ok(Run {
         summaries,
@@ -574,6 +582,9 @@ struct PackSettings {
     rsyncable: bool,
     threads: usize,
     force: bool,
+    /// Keep each input file's name and time in headers that hold them
+    /// (not with `-n`).
+    keep_origin: bool,
 }
 
 /// What a pack worker hands the writer: the encoded bytes and their meta.
@@ -723,6 +734,11 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     // Build one encoder now so a bad level fails before any output.
     drop(format.encoder_with(level, block, &s.encode)?);
     let mut framer = format.framer(level, &s.encode);
+    if let (true, Source::File(path), Some(meta)) = (s.keep_origin, &plan.source, &input_meta) {
+        if meta.is_file() {
+            framer.origin(&origin_of(path, meta));
+        }
+    }
     let mut head = Vec::new();
     framer.header(&mut head);
     let out_name = sink.name();
@@ -828,6 +844,52 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     Ok(summary)
 }
 
+/// What gzip and lzop keep of a file they pack: its base name and its
+/// modification time in seconds (0, none, when it does not fit 32 bits).
+fn origin_of(path: &Path, meta: &std::fs::Metadata) -> cairn_codec::Origin {
+    use std::os::unix::ffi::OsStrExt;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| u32::try_from(d.as_secs()).ok())
+        .unwrap_or(0);
+    cairn_codec::Origin {
+        name: path
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .unwrap_or_default(),
+        mtime,
+    }
+}
+
+/// The output `gunzip -N` writes for `plan`, whose gzip stream starts
+/// with `head`: named after the name its first member keeps (its last
+/// path component, in the input's directory), when the output is named
+/// from the input; and the time that member keeps, when it keeps one.
+fn restored_origin(plan: &Plan, head: &[u8]) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(origin) = cairn_codec::format::gzip::origin(head) else {
+        return (None, None);
+    };
+    let mtime = (origin.mtime != 0)
+        .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(origin.mtime)));
+    let kept = origin
+        .name
+        .rsplit(|&b| b == b'/')
+        .next()
+        .unwrap_or_default();
+    let path = match (&plan.source, &plan.dest) {
+        (Source::File(src), Dest::File(_))
+            if !plan.named && !matches!(kept, b"" | b"." | b"..") =>
+        {
+            Some(src.with_file_name(std::ffi::OsStr::from_bytes(kept)))
+        }
+        _ => None,
+    };
+    (path, mtime)
+}
+
 /// Whether the regular file `plan` read changed while it was packed:
 /// its size or modification time now differ from `before`, or it was
 /// not `read` bytes long.
@@ -894,15 +956,18 @@ fn unpack_one(
     plan: &Plan,
     threads: usize,
     force: bool,
+    restore_name: bool,
     opts: &UnpackOptions,
     hooks: &dyn Hooks,
 ) -> Result<Summary> {
     let started = Instant::now();
     let (mut reader, size) = plan.source.open()?;
     let input_meta = input_metadata(&plan.source, &reader);
+    // With -N, enough for a gzip header that keeps a long name.
+    let head_len = if restore_name { 64 << 10 } else { 16 };
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
-        .take(16)
+        .take(head_len)
         .read_to_end(&mut head)
         .map_err(|source| Error::Read {
             name: plan.source.name(),
@@ -917,6 +982,25 @@ fn unpack_one(
         return Err(CodecError::UnknownFormat.into());
     };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
+    let (renamed, restored_mtime) = match restore_name && format == Format::Gzip {
+        true => restored_origin(plan, &head),
+        false => (None, None),
+    };
+    let renamed_plan;
+    let plan = match renamed {
+        Some(out) => {
+            tracing::debug!(output = %out.display(), "the name the gzip header keeps (-N)");
+            renamed_plan = Plan {
+                source: plan.source.clone(),
+                dest: Dest::File(out),
+                remove_input: plan.remove_input,
+                named: false,
+                synchronous: plan.synchronous,
+            };
+            &renamed_plan
+        }
+        None => plan,
+    };
     // The input may be read through a memory map (incompressible zstd
     // frames, by the seek table).
     hooks.input_mapped();
@@ -1008,7 +1092,13 @@ fn unpack_one(
     if let Some((path, (index, existed))) = gzip_index {
         save_index(path, &index, existed)?;
     }
-    finish(plan, sink, input_meta.as_ref(), false)?;
+    if let Some(meta) = &input_meta {
+        sink.copy_metadata(meta);
+    }
+    if let Some(mtime) = restored_mtime {
+        sink.set_modified(mtime);
+    }
+    finish(plan, sink, None, false)?;
     // The cores the decoding used, not the pool's size: a single zstd
     // frame, or a gzip member inflated on one core, says one.
     let used = coded

@@ -9,6 +9,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 /// An input: a named file or standard input.
+#[derive(Clone)]
 pub enum Source {
     /// Standard input.
     Stdin,
@@ -168,6 +169,15 @@ impl<'h> Sink<'h> {
     pub fn copy_metadata(&self, from: &std::fs::Metadata) {
         if let Sink::File(p) = self {
             copy_metadata(from, &p.file);
+        }
+    }
+
+    /// Give a new output file the modification time `mtime` (gzip -N's
+    /// restored time), after [`Sink::copy_metadata`]; others are left as
+    /// they are. A failure is ignored, as for the copied times.
+    pub fn set_modified(&self, mtime: std::time::SystemTime) {
+        if let Sink::File(p) = self {
+            let _ = p.file.set_modified(mtime);
         }
     }
 

@@ -94,6 +94,14 @@ pub struct Options {
     /// NAME.out, said through [`Hooks::note`], as bzip2 does (gzip, xz
     /// and zstd leave it alone). Not with `-r`.
     pub unknown_suffix_out: bool,
+    /// gzip's `-N` (`Some(true)`) and `-n` (`Some(false)`). Packing, the
+    /// input file's base name and modification time go into the header
+    /// of formats that keep them (gzip, lzop) unless `-n`; unpacking a
+    /// gzip file, `-N` names the output after the name its first member
+    /// keeps, in the input's directory, and gives it that member's time.
+    /// `None` is each direction's default, as gzip's: kept when packing,
+    /// not restored when unpacking.
+    pub name: Option<bool>,
 }
 
 /// The level of a pack, as asked for.

@@ -112,6 +112,9 @@ pub(crate) const GZIP_MARKS: super::MarkNames = super::MarkNames {
 #[derive(Default)]
 pub struct Framer {
     total: u64,
+    /// The input's name and time, kept in the start member as gzip keeps
+    /// them (FNAME, MTIME).
+    origin: Option<super::Origin>,
 }
 
 /// Where in a member [`member_head`] puts the member's length.
@@ -142,8 +145,27 @@ fn empty_member(id: [u8; 2], data: &[u8], out: &mut Vec<u8>) {
 }
 
 impl super::Framer for Framer {
+    fn origin(&mut self, origin: &super::Origin) {
+        self.origin = Some(origin.clone());
+    }
+
     fn header(&mut self, out: &mut Vec<u8>) {
+        let start = out.len();
         empty_member(START_ID, &LAYOUT.to_le_bytes(), out);
+        let Some(origin) = &self.origin else {
+            return;
+        };
+        // FNAME after FEXTRA, and the member's length (CN) grown by it.
+        let name_at = out.len() - 2 - TRAILER_LEN;
+        let mut name: Vec<u8> = origin.name.iter().copied().filter(|&b| b != 0).collect();
+        if !name.is_empty() {
+            name.push(0);
+            out.splice(name_at..name_at, name.iter().copied());
+            out[start + 3] |= FNAME;
+        }
+        out[start + 4..start + 8].copy_from_slice(&origin.mtime.to_le_bytes());
+        let len = (out.len() - start) as u32;
+        out[start + CN_AT..start + CN_AT + 4].copy_from_slice(&len.to_le_bytes());
     }
 
     fn block(&mut self, meta: &BlockMeta) {
@@ -164,6 +186,8 @@ pub(crate) struct Header {
     pub(crate) member_len: Option<usize>,
     /// A start or end member's subfield.
     pub(crate) mark: Option<Mark>,
+    /// FNAME's bytes (without the NUL), and MTIME.
+    pub(crate) origin: super::Origin,
 }
 
 /// Parse the member header at the start of `input`, filling as needed.
@@ -184,6 +208,10 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         ));
     }
     let flags = head[3];
+    let mut origin = super::Origin {
+        name: Vec::new(),
+        mtime: u32::from_le_bytes([head[4], head[5], head[6], head[7]]),
+    };
     if flags & 0xe0 != 0 {
         return Err(CodecError::corrupt(
             NAME,
@@ -235,6 +263,9 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
                 }
                 let b = input.peek();
                 if let Some(z) = b[len..].iter().position(|&c| c == 0) {
+                    if flag == FNAME {
+                        origin.name = b[len..len + z].to_vec();
+                    }
                     len += z + 1;
                     break;
                 }
@@ -274,7 +305,16 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         len,
         member_len,
         mark,
+        origin,
     })
+}
+
+/// The name and time the first member of a gzip stream keeps (FNAME and
+/// MTIME, as `gunzip -N` restores them), from `prefix`, the stream's first
+/// bytes; `None` when they hold no whole member header.
+pub fn origin(prefix: &[u8]) -> Option<super::Origin> {
+    let mut input = Input::new(Box::new(std::io::Cursor::new(prefix.to_vec())));
+    parse_header(&mut input).ok().map(|h| h.origin)
 }
 
 /// State of a member being inflated in the splitter.

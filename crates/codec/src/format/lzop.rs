@@ -6,8 +6,9 @@
 //!
 //! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940,
 //! method (1 = LZO1X-1 at levels 1-6, 3 = LZO1X-999 at 7-9), level, flags
-//! (Adler-32 of the data, Unix; lzop's defaults), mode 0644, mtime 0, empty
-//! name, Adler-32 of the header.
+//! (Adler-32 of the data, Unix; lzop's defaults), mode 0644, the input's
+//! modification time and name as lzop keeps them (none from standard
+//! input or with `-n`), Adler-32 of the header.
 
 use super::{be32, in_stream, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
 use crate::block::{BlockCodec, LzoCodec};
@@ -81,16 +82,25 @@ impl super::BlockEncoder for Encoder {
 /// Writes the lzop header and the end mark.
 pub struct Framer {
     level: i32,
+    /// The input's name (at most 255 bytes, as lzop's field) and time.
+    origin: super::Origin,
 }
 
 impl Framer {
     /// A framer recording `level` in the header.
     pub fn new(level: i32) -> Self {
-        Framer { level }
+        Framer {
+            level,
+            origin: super::Origin::default(),
+        }
     }
 }
 
 impl super::Framer for Framer {
+    fn origin(&mut self, origin: &super::Origin) {
+        self.origin = origin.clone();
+    }
+
     fn header(&mut self, out: &mut Vec<u8>) {
         out.extend_from_slice(MAGIC);
         let h = out.len();
@@ -104,9 +114,12 @@ impl super::Framer for Framer {
         out.push(self.level.clamp(1, 9) as u8);
         out.extend_from_slice(&(F_ADLER32_D | F_OS_UNIX).to_be_bytes());
         out.extend_from_slice(&0o100644u32.to_be_bytes());
+        // The time's low 32 bits, then its high ones (none here).
+        out.extend_from_slice(&self.origin.mtime.to_be_bytes());
         out.extend_from_slice(&0u32.to_be_bytes());
-        out.extend_from_slice(&0u32.to_be_bytes());
-        out.push(0);
+        let name = &self.origin.name[..self.origin.name.len().min(255)];
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
         let sum = adler(&out[h..]);
         out.extend_from_slice(&sum.to_be_bytes());
     }

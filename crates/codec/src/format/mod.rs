@@ -37,6 +37,16 @@ pub const MAX_UNIT: usize = 64 << 20;
 /// Size of the plain units a sequential (fallback) decode hands out.
 pub const PLAIN_UNIT: usize = 1 << 20;
 
+/// The name and modification time of what a stream was packed from, as
+/// gzip's FNAME and MTIME (and lzop's) keep them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The file's base name, as stored (no NUL; empty: none).
+    pub name: Vec<u8>,
+    /// Seconds since the Unix epoch (0: none, as gzip reads it).
+    pub mtime: u32,
+}
+
 /// What an encoder may be asked beyond format and level (each refused by
 /// a format that lacks it, see [`Format::check_options`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -415,6 +425,10 @@ pub trait BlockEncoder: Send {
 
 /// Stream header and trailer, on the writing side, in block order.
 pub trait Framer: Send {
+    /// The input's name and modification time, for a format whose header
+    /// keeps them (gzip, lzop): given before [`Framer::header`], as gzip
+    /// and lzop keep them unless `-n`. Others ignore it.
+    fn origin(&mut self, _origin: &Origin) {}
     /// Bytes before the first block.
     fn header(&mut self, out: &mut Vec<u8>);
     /// Note a block just written.
