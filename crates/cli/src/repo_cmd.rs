@@ -1015,7 +1015,12 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         .found
         .problems
         .iter()
-        .filter(|p| !matches!(p.kind, "damaged-chunk" | "pack" | "missing-chunk"))
+        .filter(|p| {
+            !matches!(
+                p.kind,
+                "damaged-chunk" | "pack" | "missing-chunk" | "pack-header"
+            )
+        })
         .collect();
     // Chunks no longer in the index (dropped by an earlier repair, or in
     // packs lost before): nothing to drop, a backup of the same data
@@ -1031,6 +1036,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         print_json(&json!({
             "dry_run": a.dry_run,
             "dropped_entries": r.dropped,
+            "rewritten_packs": r.rewritten,
             "affected_snapshots": snapshots,
             "found": problems_json(&r.found.problems),
             "bytes_read": r.found.bytes_read,
@@ -1062,6 +1068,18 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                 "repair: {missing} chunk(s) snapshots use are not stored (dropped as damaged, \
                  or lost with their pack): back up the same data again to store them, or \
                  forget the snapshots listed above"
+            );
+        }
+        if r.rewritten > 0 {
+            outln!(
+                "repair: {} {} pack(s) whose header is damaged (their sound records copied \
+                 into new packs)",
+                if a.dry_run {
+                    "would rewrite"
+                } else {
+                    "rewrote"
+                },
+                r.rewritten
             );
         }
         if r.dropped == 0 {
@@ -1102,6 +1120,28 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     }
     if a.dry_run && missing > 0 {
         bail!("{missing} chunk(s) snapshots use are not in the index");
+    }
+    if a.dry_run && r.rewritten > 0 {
+        bail!("{} pack header(s) are damaged", r.rewritten);
+    }
+    // The index is sound again, but snapshots that use what was dropped
+    // or lost are not whole: a script's `repair && ...` must not take the
+    // repository for healthy (verify fails the same way).
+    if !snapshots.is_empty() || missing > 0 {
+        bail!(
+            "the repository is consistent again, but {} cannot be restored whole until the \
+             same data is backed up again or {} forgotten",
+            if snapshots.is_empty() {
+                format!("snapshots using {missing} missing chunk(s)")
+            } else {
+                format!("{} snapshot(s)", snapshots.len())
+            },
+            if snapshots.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        );
     }
     Ok(())
 }

@@ -445,7 +445,9 @@ fn sparse_files_pack_as_their_bytes_and_unpack_sparse() {
     for (format, tool) in peers {
         for threads in ["1", "2"] {
             // -n: no name or time in the header, as from stdin.
-            let args = ["pack", "-F", format, "-T", threads, "-b", "1M", "-q", "-c", "-n"];
+            let args = [
+                "pack", "-F", format, "-T", threads, "-b", "1M", "-q", "-c", "-n",
+            ];
             let mut by_name = args.to_vec();
             by_name.push(src.to_str().unwrap());
             let packed = cairn_ok(&by_name, b"");

@@ -49,6 +49,10 @@ pub struct GcOptions<'a> {
     /// ([`crate::repair`]): their chunks count as dead, so the new index
     /// leaves them out and the next backup stores them again.
     pub drop_records: HashSet<(PackId, u32, u32)>,
+    /// Packs to repack whatever their live share: those whose header is
+    /// damaged ([`crate::repair`]), their sound records copied into new
+    /// packs.
+    pub rewrite_packs: HashSet<PackId>,
 }
 
 impl Default for GcOptions<'_> {
@@ -57,6 +61,7 @@ impl Default for GcOptions<'_> {
             repack_below: 0.5,
             progress: None,
             drop_records: HashSet::new(),
+            rewrite_packs: HashSet::new(),
         }
     }
 }
@@ -195,7 +200,8 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     // bytes go with the pack.
     let mut damaged = vec![false; index.packs().len()];
     for (n, p) in index.packs().iter().enumerate() {
-        damaged[n] = on_disk.get(&p.id).is_some_and(|&len| len < p.len);
+        damaged[n] = on_disk.get(&p.id).is_some_and(|&len| len < p.len)
+            || opts.rewrite_packs.contains(&p.id);
     }
     for i in 0..index.len() {
         if bit(&dropped, i) {
@@ -230,6 +236,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         && report.salvaged.empty.is_empty()
         && report.lost_packs.is_empty()
         && opts.drop_records.is_empty()
+        && opts.rewrite_packs.is_empty()
     {
         report.chunks_after = report.chunks_before;
         report.bytes_after = report.bytes_before;

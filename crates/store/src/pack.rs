@@ -91,6 +91,20 @@ pub fn encode_pack_header(repo: RepoId, pack: PackId, sealed: bool) -> [u8; PACK
     h
 }
 
+/// Whether a pack header is damaged (cut short, or failing its CRC), as
+/// opposed to sound but not this repository's: none of its fields can be
+/// trusted then, but the records after it carry their own checks (a
+/// CRC-32C or an AEAD tag each, and chunk ids hashed on reading), so they
+/// are read and checked on their own.
+pub fn header_damaged(data: &[u8]) -> bool {
+    let Some(h) = data.get(..PACK_HEADER_LEN) else {
+        return true;
+    };
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&h[60..64]);
+    crc32c::crc32c(&h[..60]) != u32::from_le_bytes(word)
+}
+
 /// Check a pack header (of a repository whose records are `sealed` or
 /// not); returns the pack id it names.
 pub fn check_pack_header(path: &Path, data: &[u8], repo: RepoId, sealed: bool) -> Result<PackId> {

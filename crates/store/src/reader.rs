@@ -17,7 +17,7 @@ use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, RepoId, PREFIX_LEN};
 use crate::index::{ChunkIndex, Location};
-use crate::pack::{check_pack_header, RecordDecoder, PACK_HEADER_LEN};
+use crate::pack::{check_pack_header, header_damaged, RecordDecoder, PACK_HEADER_LEN};
 use crate::repo::Repository;
 use cairn_codec::lz4_ffi::{self, Compressor};
 use std::path::PathBuf;
@@ -186,7 +186,18 @@ impl PackReader {
         if !p.checked.load(Ordering::Acquire) {
             let mut header = [0u8; PACK_HEADER_LEN];
             b.read_at(&p.key, 0, &mut header)?;
-            check_pack_header(&b.locate(&p.key), &header, self.repo, self.sealed)?;
+            let path = b.locate(&p.key);
+            if let Err(e) = check_pack_header(&path, &header, self.repo, self.sealed) {
+                // A damaged header holds no data: the records go on being
+                // read, each checked on its own. Said once per pack.
+                if !header_damaged(&header) {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    "{e}: its records are read and checked on their own (`cairn repair` \
+                     rewrites the pack)"
+                );
+            }
             p.checked.store(true, Ordering::Release);
         }
         // Every byte is overwritten by the read: only a grown tail is

@@ -8,12 +8,17 @@
 //! `repair packs` + `repair index` and borg's `check --repair` answer this
 //! the same way: drop what is damaged, let the next backup supply it
 //! again. Here: every index entry whose record is gone (a missing or
-//! short pack, a bad pack header), fails its CRC, does not decode, or
+//! short pack, a pack of another repository), fails its CRC, does not decode, or
 //! holds a chunk that does not hash to its id, is dropped through
 //! [`crate::gc`] (which writes the new index files and deletes what is
 //! then dead, under its crash protocol). Snapshots that use a dropped
 //! chunk stay: `verify` names them (missing chunks) until a backup stores
 //! those chunks again, which heals them, or until they are forgotten.
+//!
+//! A pack whose header is damaged loses nothing: its header holds no
+//! data, and its records carry their own checks. verify checks them as
+//! any others and names the header; repair has gc copy the sound ones
+//! into new packs (only those that fail their own checks are dropped).
 //!
 //! Before the check, packs that no index file names (its index file
 //! lost or damaged, or a backup killed before writing one) are indexed
@@ -48,6 +53,9 @@ pub struct RepairReport {
     pub found: VerifyReport,
     /// Index entries dropped (with `dry_run`: that would be dropped).
     pub dropped: u64,
+    /// Packs whose header is damaged, their sound records copied into
+    /// new packs and the old ones removed (with `dry_run`: that would be).
+    pub rewritten: u64,
     /// Snapshots (image, number) that use a dropped chunk: they read as
     /// missing chunks until a backup stores those chunks again.
     pub affected: Vec<(String, u64)>,
@@ -102,19 +110,22 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    let rewrite: HashSet<crate::id::PackId> = found.damaged_headers.iter().copied().collect();
     let mut report = RepairReport {
         dropped: drop.len() as u64,
+        rewritten: rewrite.len() as u64,
         affected,
         found,
         gc: None,
         salvaged,
     };
-    if drop.is_empty() || opts.dry_run {
+    if (drop.is_empty() && rewrite.is_empty()) || opts.dry_run {
         return Ok(report);
     }
-    // No repacking: a damaged pack's sound records stay where they are
-    // (copying records is gc's business), only the index changes, and
-    // packs left with nothing live go.
+    // No repacking but of packs whose header is damaged (their sound
+    // records copied into new packs): a pack's sound records stay where
+    // they are, only the index changes, and packs left with nothing live
+    // go.
     let g = gc(
         repo,
         session,
@@ -122,6 +133,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
             repack_below: 0.0,
             progress: None,
             drop_records: drop.clone(),
+            rewrite_packs: rewrite,
         },
     )?;
     // (`g.dropped` counts the entries gc still had in memory: those of a

@@ -84,6 +84,9 @@ pub struct VerifyReport {
     /// Packs that could not be read (an I/O or network error): their
     /// records are neither known sound nor known damaged.
     pub unread_packs: usize,
+    /// Packs whose header is damaged (a problem of its own): their
+    /// records were checked on their own, and `repair` rewrites them.
+    pub damaged_headers: Vec<PackId>,
 }
 
 /// Verify the repository.
@@ -205,6 +208,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
+        let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         std::thread::scope(|s| {
             // (A remote store is kept busy by several packs in flight.)
@@ -232,8 +236,15 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 continue;
                             }
                         };
-                        let header_err =
+                        let mut header_err =
                             pack::check_pack_header(path, &data, repo.id(), repo.sealed()).err();
+                        // A damaged header is a problem of its own; the
+                        // records after it are checked as any others.
+                        if let Some(e) = header_err.take_if(|_| pack::header_damaged(&data)) {
+                            if let Ok(mut v) = bad_headers.lock() {
+                                v.push((index.packs()[*n].id, e.to_string()));
+                            }
+                        }
                         // Entries sorted by record, so each record is decoded once.
                         let mut entries = by_pack[*n].clone();
                         entries.sort_unstable_by_key(|(_, l)| (l.offset, l.slice));
@@ -304,6 +315,18 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         });
         report.bytes_read = done.load(Ordering::Relaxed);
         damaged_records.extend(found_records.into_inner().unwrap_or_default());
+        for (id, why) in bad_headers.into_inner().unwrap_or_default() {
+            report.problems.push(Problem {
+                kind: "pack-header",
+                message: format!(
+                    "{why} (its records were checked on their own; `cairn repair` rewrites the \
+                     pack)"
+                ),
+                chunk: None,
+                affected: Vec::new(),
+            });
+            report.damaged_headers.push(id);
+        }
         let io_errors = io_errors.into_inner().unwrap_or_default();
         report.unread_packs = io_errors.len();
         for msg in io_errors {
