@@ -507,6 +507,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         rest = xz_check_values(rest);
         from_env = xz_check_values(from_env);
     }
+    let from_env = or_exit(no_files_from_variables(name, prefix, from_env));
     args.extend(prefix.iter().map(OsString::from));
     args.extend(from_env);
     // `gzip -l` prints gzip's table, which scripts parse.
@@ -517,31 +518,94 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     args
 }
 
-/// Options gzip takes from its GZIP variable (gzip 1.10 on refuses the
-/// others there, as `-f`, `-c`, `-d`: one would overwrite files unseen).
-const GZIP_VARIABLE_OPTIONS: [&str; 16] = [
-    "-1",
-    "-2",
-    "-3",
-    "-4",
-    "-5",
-    "-6",
-    "-7",
-    "-8",
-    "-9",
+/// Words of a tool's variables that would be read as input files (`XZ_OPT
+/// ="-9 notes"`): never taken as files, since a run would then pack and
+/// remove a file the command line never named. As the tools: gzip and pigz
+/// refuse them, xz ignores them (said here); bzip2 would pack the file, so
+/// they are refused. Found by parsing `prefix` and the variables' words
+/// alone, as the whole command line is parsed.
+fn no_files_from_variables(
+    name: &str,
+    prefix: &[&str],
+    mut from_env: Vec<OsString>,
+) -> Result<Vec<OsString>, String> {
+    if from_env.is_empty() {
+        return Ok(from_env);
+    }
+    let alone = std::iter::once(OsString::from("cairn"))
+        .chain(prefix.iter().map(OsString::from))
+        .chain(from_env.iter().cloned());
+    let files = match Cli::try_parse_from(rewrite_level_flags(alone.collect())) {
+        Ok(Cli {
+            command: Command::Pack(p),
+        }) => p.common.files,
+        _ => return Ok(from_env),
+    };
+    let Some(first) = files.first() else {
+        return Ok(from_env);
+    };
+    let word = first.display();
+    match name {
+        "xz" | "unxz" | "xzcat" => {
+            for f in &files {
+                if let Some(at) = from_env.iter().rposition(|w| w == f.as_os_str()) {
+                    from_env.remove(at);
+                }
+                errln!(
+                    "{}: {} in XZ_DEFAULTS or XZ_OPT is not an option: ignored, as xz does",
+                    prog(),
+                    f.display()
+                );
+            }
+            Ok(from_env)
+        }
+        "pigz" | "unpigz" => Err(format!(
+            "cannot provide files in the GZIP or PIGZ variable ({word}), as pigz says"
+        )),
+        "gzip" | "gunzip" | "zcat" => {
+            Err(format!("{word}: non-option in GZIP environment variable"))
+        }
+        _ => Err(format!(
+            "{word} in a variable of default options is not an option: refused (it would be \
+             packed and removed as an input)"
+        )),
+    }
+}
+
+/// Long options gzip takes from its GZIP variable (gzip 1.12 refuses the
+/// others there, as `--force`, `--stdout`: one would overwrite files
+/// unseen); short ones are levels, `-n`, `-N`, `-q` and `-v`, also
+/// combined (`-9N`).
+const GZIP_VARIABLE_OPTIONS: [&str; 7] = [
     "--fast",
     "--best",
     "--rsyncable",
-    "--synchronous",
-    "-n",
     "--no-name",
-    "-q",
+    "--name",
+    "--quiet",
+    "--verbose",
 ];
+
+/// Whether gzip takes `word` from its GZIP variable.
+fn gzip_variable_option(word: &std::ffi::OsStr) -> bool {
+    let Some(w) = word.to_str() else {
+        return false;
+    };
+    match w.strip_prefix('-') {
+        Some(short) if !short.starts_with('-') => {
+            !short.is_empty()
+                && short
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || "nNqv".contains(c))
+        }
+        _ => GZIP_VARIABLE_OPTIONS.contains(&w),
+    }
+}
 
 /// The options the variables of tool `name` hold (see [`as_invoked`]),
 /// split at white space; a zstd variable that is not a number is said
 /// and left out, as zstd does; GZIP (not pigz's) holds only what gzip
-/// takes there ([`GZIP_VARIABLE_OPTIONS`]), else it is an error, as gzip.
+/// takes there ([`gzip_variable_option`]), else it is an error, as gzip.
 fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
     let words = |var: &str| -> Vec<OsString> {
         std::env::var(var)
@@ -563,14 +627,15 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
     Ok(match name {
         "gzip" | "gunzip" | "zcat" => {
             let w = words("GZIP");
+            // (A word that is no option at all is refused as a file name,
+            // by `no_files_from_variables`.)
             if let Some(bad) = w
                 .iter()
-                .find(|o| !GZIP_VARIABLE_OPTIONS.iter().any(|a| *o == *a))
+                .find(|o| o.to_string_lossy().starts_with('-') && !gzip_variable_option(o))
             {
                 return Err(format!(
-                    "GZIP={:?}: {} is not taken from the GZIP variable (gzip takes only levels, \
-                     -n, -q, --rsyncable and --synchronous there)",
-                    std::env::var("GZIP").unwrap_or_default(),
+                    "{}: option not valid in GZIP environment variable (gzip takes levels, \
+                     -n, -N, -q, -v and --rsyncable there)",
                     bad.to_string_lossy()
                 ));
             }

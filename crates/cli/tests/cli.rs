@@ -1729,12 +1729,40 @@ fn links_read_the_tools_option_variables() {
             "{opt}"
         );
     }
-    // GZIP holds only what gzip takes there: -f would overwrite unseen.
+    // GZIP holds only what gzip takes there: -f would overwrite unseen;
+    // levels with -n, -N, -q and -v are taken, also combined, as gzip.
     let mut c = std::process::Command::new(p("bin").join("gzip"));
     c.env("GZIP", "-f").arg("-c");
     let out = pipe(&mut c, &data);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
+    for opt in ["-9N", "-v", "-N -q", "--verbose --name"] {
+        packed("gzip", &[("GZIP", opt)], &[]);
+    }
+    // A word that is no option is never taken as an input file (found
+    // outside: `XZ_OPT='-9 victim' xz f` packed and removed victim).
+    // xz ignores it, as xz; gzip, pigz and bzip2 refuse it.
+    std::fs::write(p("victim"), b"precious").unwrap();
+    for (tool, var) in [
+        ("xz", "XZ_OPT"),
+        ("gzip", "GZIP"),
+        ("pigz", "PIGZ"),
+        ("bzip2", "BZIP2"),
+    ] {
+        std::fs::write(p("f"), &data).unwrap();
+        let out = std::process::Command::new(p("bin").join(tool))
+            .env(var, "-9 victim")
+            .arg("f")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), tool == "xz", "{tool}: {out:?}");
+        assert!(stderr(&out).contains("victim"), "{tool}: {out:?}");
+        assert_eq!(std::fs::read(p("victim")).unwrap(), b"precious", "{tool}");
+        for packed in ["victim.xz", "victim.gz", "victim.bz2", "f.xz"] {
+            let _ = std::fs::remove_file(p(packed));
+        }
+    }
 }
 
 /// As gzip (outside QA: cairn packed it and its output kept the bit): a

@@ -609,8 +609,9 @@ fn flipped_byte_in_pack_header() {
         let name = pack.file_name().unwrap().to_str().unwrap();
         let problems = v["problems"].as_array().unwrap();
         assert!(
-            problems.iter().any(|p| p["kind"] == "pack-header"
-                && p["message"].as_str().unwrap().contains(name)),
+            problems.iter().any(
+                |p| p["kind"] == "pack-header" && p["message"].as_str().unwrap().contains(name)
+            ),
             "{at}: {v}"
         );
         assert!(affected(&v).is_empty(), "{at}: no data is lost, {v}");
