@@ -1018,7 +1018,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         .filter(|p| {
             !matches!(
                 p.kind,
-                "damaged-chunk" | "pack" | "missing-chunk" | "pack-header"
+                "damaged-chunk" | "pack" | "missing-chunk" | "pack-header" | "garbage"
             )
         })
         .collect();
@@ -1037,6 +1037,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "dry_run": a.dry_run,
             "dropped_entries": r.dropped,
             "rewritten_packs": r.rewritten,
+            "trash_lists_removed": r.trash_removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "affected_snapshots": snapshots,
             "found": problems_json(&r.found.problems),
             "bytes_read": r.found.bytes_read,
@@ -1047,6 +1048,12 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "reindexed_chunks": r.salvaged.as_ref().map_or(0, |s| s.chunks),
         }));
     } else {
+        for p in &r.trash_removed {
+            outln!(
+                "repair: removed the damaged trash list {} (it named only objects to delete)",
+                p.display()
+            );
+        }
         if let Some(s) = r.salvaged.as_ref().filter(|s| s.packs > 0) {
             outln!(
                 "repair: indexed {} pack(s) again ({} chunks) that no index file named (a lost \
@@ -1123,6 +1130,9 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     }
     if a.dry_run && r.rewritten > 0 {
         bail!("{} pack header(s) are damaged", r.rewritten);
+    }
+    if a.dry_run && r.found.problems.iter().any(|p| p.kind == "garbage") {
+        bail!("a trash list is damaged (repair without -n removes it, losing nothing)");
     }
     // The index is sound again, but snapshots that use what was dropped
     // or lost are not whole: a script's `repair && ...` must not take the

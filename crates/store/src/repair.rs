@@ -51,6 +51,9 @@ pub struct RepairOptions<'a> {
 pub struct RepairReport {
     /// The check before the repair (`verify --read-data`).
     pub found: VerifyReport,
+    /// Trash lists removed because they failed their checks (a list
+    /// names only objects to delete: nothing is lost).
+    pub trash_removed: Vec<std::path::PathBuf>,
     /// Index entries dropped (with `dry_run`: that would be dropped).
     pub dropped: u64,
     /// Packs whose header is damaged, their sound records copied into
@@ -80,6 +83,13 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     // killed backup) from their records, and set aside damaged index
     // files once those packs are indexed again. A check (`dry_run`)
     // writes nothing: verify names them.
+    // A damaged trash list stops every writer; it names only objects to
+    // delete, so it goes first (nothing is lost).
+    let trash_removed = if opts.dry_run {
+        Vec::new()
+    } else {
+        repo.remove_damaged_trash_lists()?
+    };
     let salvaged = if opts.dry_run {
         None
     } else {
@@ -112,6 +122,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .collect();
     let rewrite: HashSet<crate::id::PackId> = found.damaged_headers.iter().copied().collect();
     let mut report = RepairReport {
+        trash_removed,
         dropped: drop.len() as u64,
         rewritten: rewrite.len() as u64,
         affected,

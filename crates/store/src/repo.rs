@@ -2038,6 +2038,49 @@ impl Repository {
     /// that is not an index file or a pack of a target is refused rather
     /// than acted on.
     pub(crate) fn trash_lists(&self) -> Result<Vec<TrashList>> {
+        let mut out = Vec::new();
+        for key in self.trash_keys()? {
+            let Some(data) = self.root.get(&key)? else {
+                continue;
+            };
+            let path = self.root.locate(&key);
+            let g = check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())
+                .map_err(|e| {
+                    StoreError::Invalid(format!(
+                        "{e} (backup and gc refuse to run while it is there; it only names \
+                         objects to delete, so `cairn repair` removes it, losing nothing)"
+                    ))
+                })?;
+            out.push(TrashList { key, garbage: g });
+        }
+        Ok(out)
+    }
+
+    /// Remove every trash list that fails its checks (`repair`): such a
+    /// list names only objects to delete, so without it they stay (packs
+    /// no index names are taken in again by the next writer, old index
+    /// files are read beside the new): nothing is lost, space is kept
+    /// until the next gc. Returns the removed lists' paths.
+    pub(crate) fn remove_damaged_trash_lists(&self) -> Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for key in self.trash_keys()? {
+            let Some(data) = self.root.get(&key)? else {
+                continue;
+            };
+            let path = self.root.locate(&key);
+            if check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())
+                .is_err()
+            {
+                self.root.delete(&[key])?;
+                removed.push(path);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The keys of the trash lists there may be: the old single list
+    /// first, then gc's lists in name order.
+    fn trash_keys(&self) -> Result<Vec<Key>> {
         let mut keys: Vec<Key> = self
             .root
             .list("trash/")?
@@ -2052,16 +2095,7 @@ impl Repository {
             .collect();
         keys.sort();
         keys.insert(0, Key::new("garbage"));
-        let mut out = Vec::new();
-        for key in keys {
-            let Some(data) = self.root.get(&key)? else {
-                continue;
-            };
-            let path = self.root.locate(&key);
-            let g = check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())?;
-            out.push(TrashList { key, garbage: g });
-        }
-        Ok(out)
+        Ok(keys)
     }
 
     /// Everything on every trash list, as one list.

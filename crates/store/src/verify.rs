@@ -127,9 +127,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     if let Err(e) = repo.trash_lists() {
         report.problems.push(Problem {
             kind: "garbage",
-            message: format!(
-                "{e} (backup and gc refuse to run while it is there; removing it loses nothing)"
-            ),
+            message: e.to_string(),
             chunk: None,
             affected: Vec::new(),
         });

@@ -702,6 +702,47 @@ fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
     assert_eq!(p.len(), 1, "{p:?}");
     assert_eq!(p[0].0, "garbage");
     assert!(p[0].1.contains("checksum"), "{p:?}");
+    // Writers refuse to run past it, and say what mends it; repair (alone
+    // on the repository) removes it, and nothing is lost.
+    {
+        let lock = r.session("test").unwrap();
+        let e = r.writer_index(&lock).err().unwrap().to_string();
+        assert!(e.contains("cairn repair"), "{e}");
+    }
+    drop(other);
+    {
+        let lock = r.session("repair").unwrap();
+        let rep = cairn_store::repair(
+            &r,
+            &lock,
+            &cairn_store::RepairOptions {
+                dry_run: false,
+                threads: 1,
+                progress: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(rep.trash_removed, vec![trash.clone()]);
+    }
+    assert!(!trash.exists());
+    assert_eq!(problems(), vec![]);
+    assert!(load(&r, "b", 1) == b);
+    // Again a deferred list, for the checks below.
+    let other = r.session("a reader").unwrap();
+    {
+        let lock = r.session("test").unwrap();
+        r.remove_snapshot(&lock, "b", 1).unwrap();
+        store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+        let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
+        assert!(rep.deferred, "{rep:?}");
+    }
+    let lists: Vec<_> = std::fs::read_dir(root.join("trash"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:?}");
+    let trash = lists[0].clone();
+    let sound = std::fs::read(&trash).unwrap();
 
     // Names that are not index files or packs: refused, not acted on.
     let config = std::fs::read(root.join("config")).unwrap();
