@@ -2039,19 +2039,14 @@ impl Repository {
     /// than acted on.
     pub(crate) fn trash_lists(&self) -> Result<Vec<TrashList>> {
         let mut out = Vec::new();
-        for key in self.trash_keys()? {
-            let Some(data) = self.root.get(&key)? else {
-                continue;
-            };
-            let path = self.root.locate(&key);
-            let g = check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())
-                .map_err(|e| {
-                    StoreError::Invalid(format!(
-                        "{e} (backup and gc refuse to run while it is there; it only names \
-                         objects to delete, so `cairn repair` removes it, losing nothing)"
-                    ))
-                })?;
-            out.push(TrashList { key, garbage: g });
+        for (key, _, checked) in self.read_trash_lists()? {
+            let garbage = checked.map_err(|e| {
+                StoreError::Invalid(format!(
+                    "{e} (backup and gc refuse to run while it is there; it only names \
+                     objects to delete, so `cairn repair` removes it, losing nothing)"
+                ))
+            })?;
+            out.push(TrashList { key, garbage });
         }
         Ok(out)
     }
@@ -2063,19 +2058,29 @@ impl Repository {
     /// until the next gc. Returns the removed lists' paths.
     pub(crate) fn remove_damaged_trash_lists(&self) -> Result<Vec<PathBuf>> {
         let mut removed = Vec::new();
-        for key in self.trash_keys()? {
-            let Some(data) = self.root.get(&key)? else {
-                continue;
-            };
-            let path = self.root.locate(&key);
-            if check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref())
-                .is_err()
-            {
+        for (key, path, checked) in self.read_trash_lists()? {
+            if checked.is_err() {
                 self.root.delete(&[key])?;
                 removed.push(path);
             }
         }
         Ok(removed)
+    }
+
+    /// Every trash list there is, with its path and what its checks say.
+    #[allow(clippy::type_complexity)]
+    fn read_trash_lists(&self) -> Result<Vec<(Key, PathBuf, Result<Garbage>)>> {
+        let mut out = Vec::new();
+        for key in self.trash_keys()? {
+            let Some(data) = self.root.get(&key)? else {
+                continue;
+            };
+            let path = self.root.locate(&key);
+            let checked =
+                check_trash_list_with(&path, &data, self.targets.len(), self.crypt.as_deref());
+            out.push((key, path, checked));
+        }
+        Ok(out)
     }
 
     /// The keys of the trash lists there may be: the old single list

@@ -661,20 +661,24 @@ fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
     let b = image(3 << 20, 6);
     store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
     let root = r.local_root().unwrap().to_path_buf();
+    // Snapshot `image`@1 removed and collected while another session
+    // runs: gc leaves its deletions on a trash list, the only one.
+    let deferred_list = |image: &str| {
+        {
+            let lock = r.session("test").unwrap();
+            r.remove_snapshot(&lock, image, 1).unwrap();
+            let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
+            assert!(rep.deferred, "{rep:?}");
+        }
+        let lists: Vec<_> = std::fs::read_dir(root.join("trash"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(lists.len(), 1, "{lists:?}");
+        lists[0].clone()
+    };
     let other = r.session("a reader").unwrap();
-    {
-        let lock = r.session("test").unwrap();
-        r.remove_snapshot(&lock, "a", 1).unwrap();
-        // Another session runs: gc leaves its deletions on a trash list.
-        let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
-        assert!(rep.deferred, "{rep:?}");
-    }
-    let lists: Vec<_> = std::fs::read_dir(root.join("trash"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(lists.len(), 1, "{lists:?}");
-    let trash = lists[0].clone();
+    let trash = deferred_list("a");
     let sound = std::fs::read(&trash).unwrap();
     let opts = VerifyOptions {
         read_data: true,
@@ -727,21 +731,11 @@ fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
     assert!(!trash.exists());
     assert_eq!(problems(), vec![]);
     assert!(load(&r, "b", 1) == b);
-    // Again a deferred list, for the checks below.
+    // Again a deferred list (b stored again first, as b@2), for the
+    // checks below.
+    store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
     let other = r.session("a reader").unwrap();
-    {
-        let lock = r.session("test").unwrap();
-        r.remove_snapshot(&lock, "b", 1).unwrap();
-        store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
-        let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
-        assert!(rep.deferred, "{rep:?}");
-    }
-    let lists: Vec<_> = std::fs::read_dir(root.join("trash"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(lists.len(), 1, "{lists:?}");
-    let trash = lists[0].clone();
+    let trash = deferred_list("b");
     let sound = std::fs::read(&trash).unwrap();
 
     // Names that are not index files or packs: refused, not acted on.
