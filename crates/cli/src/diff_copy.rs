@@ -142,6 +142,17 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
     if same {
         bail!("--from and --repo are the same repository ({from})");
     }
+    // The same id elsewhere: a copy of the repository (`cp -a`), whose
+    // snapshots are the destination's own (same origin, same numbers);
+    // copy skips them and brings what only the copy holds.
+    let clone = src.id() == dest.id();
+    if clone && !a.quiet && !a.json {
+        errln!(
+            "cairn: --from {from} is a copy of this repository (id {}): \
+             copying only the snapshots it alone holds",
+            dest.id()
+        );
+    }
     let session = dest.session("cairn copy")?;
     let bar = Progress::new("copy", Some(0), !a.quiet && !a.json);
     let progress = |p: &CopyProgress| {
@@ -172,6 +183,7 @@ pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
             "to": dest.location(),
             "snapshots_copied": r.copied.len(),
             "snapshots_skipped": r.skipped.len(),
+            "same_repository_id": clone,
             "copied": r.copied.iter().map(|c| json!({
                 "name": c.name, "from": c.from, "to": c.to, "size": c.size,
                 "new_chunks": c.new_chunks, "new_raw_bytes": c.new_raw,

@@ -94,8 +94,12 @@ enum Command {
     /// the destination's id (keyed if encrypted) with the source
     /// snapshot's codec, sealed with the destination's key. A copy
     /// records its origin (`copy of <source id> NAME@N (<source>)`), and a
-    /// snapshot the destination has a copy of is skipped, so running copy
-    /// again copies only what is new. The source's password comes from
+    /// source snapshot the destination already holds is skipped: a copy
+    /// of it, the original it was copied from, another copy of that
+    /// original (same origin, name, creation time and size), so copying
+    /// again, or both ways, copies only what is new. --from may be a copy
+    /// of --repo (`cp -a`, the same repository id): what both hold is
+    /// skipped; the same repository is refused. The source's password comes from
     /// --from-password-file, --from-password-command, their CAIRN_FROM_*
     /// variables or CAIRN_FROM_PASSWORD; the destination's as for any
     /// --repo.

@@ -585,6 +585,135 @@ fn copy_from_plain_to_encrypted_and_back() {
     assert_eq!(counts(&r), (0, 1), "{r}");
 }
 
+/// (name, snapshot) of every snapshot in `repo`, sorted.
+fn held(repo: &str, pw: Option<&str>) -> Vec<(String, u64)> {
+    let mut v = ids(&ls(repo, pw, &[]));
+    v.sort();
+    v
+}
+
+/// A sync both ways, round after round, between a plain and an encrypted
+/// repository, and copies from a `cp -a` copy of one: every snapshot is
+/// in each repository once (a copy used to bring a repository's own
+/// snapshots back as new ones, doubling them each round), the skipped
+/// ones are counted in the JSON and the text, and what is held restores
+/// byte for byte.
+#[test]
+fn copy_both_ways_and_from_a_clone_brings_each_snapshot_once() {
+    let dir = tempdir();
+    let d = dir.path();
+    let ra = init(d, "ra", None);
+    let rb = init(d, "rb", Some(PASSWORD));
+    let (apw, bpw) = (None, Some(PASSWORD));
+    let files: Vec<_> = [mixed(1 << 20, 21), mixed(700_000, 22), mixed(900_000, 23)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| {
+            let p = d.join(format!("img{i}"));
+            std::fs::write(&p, &data).unwrap();
+            (p, data)
+        })
+        .collect();
+    backup(&ra, apw, &files[0].0, "s", &[]);
+    backup(&rb, bpw, &files[1].0, "t", &[]);
+    // ra -> rb: rb's password is CAIRN_PASSWORD; rb -> ra: it is the
+    // source's.
+    let a_to_b = || copy_json(bpw, &["--from", &ra, "-r", &rb]);
+    let b_to_a = || {
+        json(&ok(go(
+            with(apw).env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &["copy", "--from", &rb, "-r", &ra, "--json"],
+        )))
+    };
+    assert_eq!(counts(&a_to_b()), (1, 0));
+    let r = b_to_a();
+    assert_eq!(counts(&r), (1, 1), "{r}");
+    assert_eq!(r["skipped"][0]["name"], "s");
+    assert_eq!(
+        (
+            r["skipped"][0]["from"].as_u64(),
+            r["skipped"][0]["to"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let both = snaps(&[("s", 1), ("t", 1)]);
+    for round in 0..4 {
+        let r = a_to_b();
+        assert_eq!(counts(&r), (0, 2), "round {round}: {r}");
+        assert_eq!(r["new_chunks"], 0);
+        let r = b_to_a();
+        assert_eq!(counts(&r), (0, 2), "round {round}: {r}");
+        assert_eq!(
+            (held(&ra, apw), held(&rb, bpw)),
+            (both.clone(), both.clone())
+        );
+    }
+    // The text says so too.
+    let out = ok(go(
+        &mut with(bpw),
+        &["copy", "--from", &ra, "-r", &rb, "-q"],
+    ));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ok(go(&mut with(bpw), &["copy", "--from", &ra, "-r", &rb]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("skipped s@1: the destination has it as s@1"),
+        "{err}"
+    );
+    assert!(err.contains("0 snapshot(s) copied, 2 skipped"), "{err}");
+
+    // A copy of ra (`cp -a`: the same id) brings nothing ra holds, and
+    // what it alone holds once; its new snapshot then travels like any.
+    let rc = s(&d.join("rc")).to_string();
+    let cp = Command::new("cp").args(["-a", &ra, &rc]).status().unwrap();
+    assert!(cp.success());
+    let out = ok(go(&mut with(apw), &["copy", "--from", &rc, "-r", &ra]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a copy of this repository"), "{err}");
+    assert!(err.contains("0 snapshot(s) copied, 2 skipped"), "{err}");
+    let r = copy_json(apw, &["--from", &rc, "-r", &ra]);
+    assert_eq!(counts(&r), (0, 2), "{r}");
+    assert_eq!(r["same_repository_id"], true);
+    backup(&rc, apw, &files[2].0, "s", &[]);
+    let r = copy_json(apw, &["--from", &rc, "-r", &ra]);
+    assert_eq!(counts(&r), (1, 2), "{r}");
+    assert_eq!(
+        (
+            r["copied"][0]["from"].as_u64(),
+            r["copied"][0]["to"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    // ra's s@2 is rc's own s@2 under the same number: back to rc, nothing.
+    assert_eq!(counts(&copy_json(apw, &["--from", &ra, "-r", &rc])), (0, 3));
+    assert_eq!(counts(&a_to_b()), (1, 2));
+    for _ in 0..2 {
+        assert_eq!(counts(&b_to_a()), (0, 3));
+        assert_eq!(counts(&a_to_b()), (0, 3));
+        assert_eq!(counts(&copy_json(apw, &["--from", &rc, "-r", &ra])), (0, 3));
+    }
+    let three = snaps(&[("s", 1), ("s", 2), ("t", 1)]);
+    assert_eq!(held(&ra, apw), three);
+    assert_eq!(held(&rb, bpw), three);
+    assert_eq!(held(&rc, apw), three);
+    // Byte for byte, in each (rb's s@1 and s@2 are ra's, in order).
+    let want = [
+        ("s@1", &files[0].1),
+        ("t@1", &files[1].1),
+        ("s@2", &files[2].1),
+    ];
+    for (repo, pw) in [(&ra, apw), (&rb, bpw), (&rc, apw)] {
+        for (spec, data) in want {
+            assert!(restored(repo, pw, spec) == *data, "{repo} {spec}");
+        }
+        verify_clean(repo, pw);
+    }
+}
+
 #[test]
 fn errors_are_one_line_and_exit_1() {
     let dir = tempdir();

@@ -16,21 +16,33 @@
 //! snapshot number is the destination's next.
 //!
 //! A copied snapshot records where it came from in its `source`:
-//! `copy of <source repository id> NAME@N (<the original source>)`. A
-//! source snapshot is skipped when the destination has a snapshot of
-//! NAME with that origin, the same creation time and the same size (a
-//! number reused after an `rm` in the source is not taken for the old
-//! snapshot).
+//! `copy of <source repository id> NAME@N (<the source's source>)`, so a
+//! copy of a copy nests one in the other and the innermost `copy of`
+//! names the original. That is a snapshot's identity ([`Identity`]): its
+//! *origin* (the repository id and number of the original, read from that
+//! chain; for a snapshot that is no copy, its own repository's id and
+//! number), its name, its creation time and its size. A source snapshot
+//! is skipped when the destination holds one of the same identity: a copy
+//! of it, the original it is a copy of (a two-way sync), another copy of
+//! the same original, or the same snapshot in a clone of the repository
+//! (`cp -a`: the same id). The time and size guard against a number
+//! reused after an `rm`; the name is part of it as everywhere in cairn (a
+//! copy keeps its name, so the same data under another name is another
+//! snapshot, copied again at the cost of no new chunk). Tags are not:
+//! they are labels, and a snapshot retagged after a copy is not copied
+//! again.
 
 use crate::backup::{backup_batches, check_options, BackupOptions, Batch, Progress};
 use crate::chunker::ChunkerSpec;
 use crate::error::{Result, StoreError};
+use crate::id::RepoId;
 use crate::manifest::{Extent, Manifest};
 use crate::reader::PackReader;
 use crate::repo::{validate_name, Repository, Session};
 use crate::restore::{with_image_offset, Fetcher};
 use cairn_codec::CodecSpec;
 use cairn_pipeline::Fill;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Bytes of chunks gathered per batch (a chunk may take it past).
@@ -116,25 +128,75 @@ pub struct CopyReport {
 
 /// The `source` a copy of `m` (snapshot of the repository `src`) records.
 pub fn origin(src: &Repository, m: &Manifest) -> String {
-    format!("{} ({})", origin_prefix(src, &m.name, m.snapshot), m.source)
+    format!(
+        "copy of {} {}@{} ({})",
+        src.id(),
+        m.name,
+        m.snapshot,
+        m.source
+    )
 }
 
-fn origin_prefix(src: &Repository, name: &str, snapshot: u64) -> String {
-    format!("copy of {} {name}@{snapshot}", src.id())
+/// What makes a snapshot the same snapshot in every repository it was
+/// copied to (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The repository the original was made in.
+    pub repository: RepoId,
+    /// The original's number there.
+    pub snapshot: u64,
+    /// Image name.
+    pub name: String,
+    /// Creation time (Unix seconds).
+    pub created: i64,
+    /// Image size.
+    pub size: u64,
 }
 
-/// The destination's copy of `m` (of `src`), if it has one.
-fn copy_in(dest: &Repository, src: &Repository, m: &Manifest) -> Result<Option<u64>> {
-    let prefix = format!("{} (", origin_prefix(src, &m.name, m.snapshot));
-    for n in dest.snapshots(&m.name)? {
-        let Some(d) = dest.read_manifest_if_present(&m.name, n)? else {
-            continue;
-        };
-        if d.source.starts_with(&prefix) && d.created == m.created && d.size == m.size {
-            return Ok(Some(n));
-        }
+/// The identity of snapshot `m` of the repository whose id is `repo`.
+pub fn identity(repo: RepoId, m: &Manifest) -> Identity {
+    let (mut repository, mut snapshot) = (repo, m.snapshot);
+    let mut source = m.source.as_str();
+    while let Some((id, n, inner)) = copied_from(source, &m.name) {
+        (repository, snapshot) = (id, n);
+        source = inner;
     }
-    Ok(None)
+    Identity {
+        repository,
+        snapshot,
+        name: m.name.clone(),
+        created: m.created,
+        size: m.size,
+    }
+}
+
+/// A `source` that [`origin`] wrote for a copy of a snapshot of `name`:
+/// the source repository's id, the snapshot's number there and its own
+/// source. The closing parenthesis may be missing: a source is cut at
+/// 65535 bytes when written (a chain of some hundreds of copies), and
+/// the origin is at its start.
+fn copied_from<'a>(source: &'a str, name: &str) -> Option<(RepoId, u64, &'a str)> {
+    let rest = source.strip_prefix("copy of ")?;
+    let id = RepoId::from_hex(rest.get(..32)?)?;
+    let rest = rest
+        .get(32..)?
+        .strip_prefix(' ')?
+        .strip_prefix(name)?
+        .strip_prefix('@')?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    let n = rest[..digits].parse().ok()?;
+    let inner = rest[digits..].strip_prefix(" (")?;
+    Some((id, n, inner.strip_suffix(')').unwrap_or(inner)))
+}
+
+/// Where a snapshot of a given identity is, or will be, in the
+/// destination.
+#[derive(Clone, Copy)]
+enum Held {
+    /// It has it as this number.
+    At(u64),
+    /// This entry of the copy's list of snapshots to copy brings it.
+    Coming(usize),
 }
 
 /// Copy the snapshots of `opts.names` (every image if none) from `src`
@@ -160,23 +222,47 @@ pub fn copy(
             )));
         }
     }
-    let mut todo = Vec::new();
-    let mut report = CopyReport::default();
+    let mut sources = Vec::new();
     for (name, snaps) in &images {
         if !opts.names.is_empty() && !opts.names.contains(name) {
             continue;
         }
         for &n in snaps {
-            let Some(m) = src.read_manifest_if_present(name, n)? else {
-                continue;
-            };
-            match copy_in(dest, src, &m)? {
-                Some(to) => report.skipped.push(Skipped {
-                    name: name.clone(),
-                    from: n,
-                    to,
-                }),
-                None => todo.push(m),
+            if let Some(m) = src.read_manifest_if_present(name, n)? {
+                sources.push(m);
+            }
+        }
+    }
+    // What the destination holds of those images, each identity at its
+    // first snapshot.
+    let mut held: HashMap<Identity, Held> = HashMap::new();
+    let mut names: Vec<&str> = sources.iter().map(|m| m.name.as_str()).collect();
+    names.dedup();
+    for name in names {
+        for n in dest.snapshots(name)? {
+            if let Some(d) = dest.read_manifest_if_present(name, n)? {
+                held.entry(identity(dest.id(), &d)).or_insert(Held::At(n));
+            }
+        }
+    }
+    let mut todo: Vec<Manifest> = Vec::new();
+    let mut report = CopyReport::default();
+    // Skipped because an earlier snapshot of this copy brings them (the
+    // source holds one snapshot twice): (entry of `report.skipped`, entry
+    // of `todo`), whose number is known once it is copied.
+    let mut pending = Vec::new();
+    for m in sources {
+        let id = identity(src.id(), &m);
+        let (name, from) = (m.name.clone(), m.snapshot);
+        match held.get(&id) {
+            Some(&Held::At(to)) => report.skipped.push(Skipped { name, from, to }),
+            Some(&Held::Coming(i)) => {
+                pending.push((report.skipped.len(), i));
+                report.skipped.push(Skipped { name, from, to: 0 });
+            }
+            None => {
+                held.insert(id, Held::Coming(todo.len()));
+                todo.push(m);
             }
         }
     }
@@ -247,6 +333,11 @@ pub fn copy(
         totals.new_raw += c.new_raw;
         totals.new_stored += c.new_stored;
         report.copied.push(c);
+    }
+    for (s, c) in pending {
+        if let (Some(c), Some(s)) = (report.copied.get(c), report.skipped.get_mut(s)) {
+            s.to = c.to;
+        }
     }
     let copied = &report.copied;
     report.new_chunks = copied.iter().map(|c| c.new_chunks).sum();
@@ -498,6 +589,141 @@ mod tests {
             assert_eq!((r.copied.len(), r.skipped.len()), (0, 3));
             assert_eq!(dest.pack_files().unwrap().len(), packs);
         }
+    }
+
+    #[test]
+    fn the_origin_is_read_through_a_chain_of_copies() {
+        let (a, b) = (RepoId([1; 16]), RepoId([2; 16]));
+        let mut m = crate::manifest::Manifest {
+            name: "vm".into(),
+            snapshot: 7,
+            created: 1_700_000_000,
+            size: 10,
+            chunker: "fixed:4096".into(),
+            codec: "zstd:3".into(),
+            source: "/dev/sda (x)".into(),
+            stats: Default::default(),
+            extents: vec![Extent::Hole { len: 10 }],
+            tags: Vec::new(),
+            group: Some(0),
+        };
+        let own = identity(b, &m);
+        assert_eq!((own.repository, own.snapshot), (b, 7));
+        // b's vm@7 copied from a's vm@3, itself a copy of b's vm@2.
+        let chain = format!("copy of {a} vm@3 (copy of {b} vm@2 (/dev/sda (x)))");
+        assert_eq!(
+            copied_from(&chain, "vm").map(|(r, n, _)| (r, n)),
+            Some((a, 3))
+        );
+        m.source = chain.clone();
+        let id = identity(b, &m);
+        assert_eq!((id.repository, id.snapshot), (b, 2));
+        assert_eq!(
+            (id.name.as_str(), id.created, id.size),
+            ("vm", m.created, 10)
+        );
+        // Cut at the end (a source longer than a str16): the same origin.
+        m.source = chain[..chain.len() - 12].to_string();
+        assert_eq!(identity(b, &m), id);
+        // Not a copy's source: another name, a bad id, no number, no
+        // parenthesis; the snapshot is its own origin.
+        for s in [
+            format!("copy of {a} db@3 (x)"),
+            format!("copy of {}z vm@3 (x)", &a.to_string()[..31]),
+            format!("copy of {a} vm@ (x)"),
+            format!("copy of {a} vm@3 x"),
+            "copy of".to_string(),
+            String::new(),
+        ] {
+            m.source = s.clone();
+            let id = identity(b, &m);
+            assert_eq!((id.repository, id.snapshot), (b, 7), "{s:?}");
+        }
+    }
+
+    /// Copies both ways, round after round, and along a ring of three,
+    /// leave every repository with one snapshot per original.
+    #[test]
+    fn syncing_both_ways_copies_each_snapshot_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ra = repo(d, "ra", Some("one"));
+        let rb = repo(d, "rb", None);
+        let rc = repo(d, "rc", Some("two"));
+        let one = image(3 << 20, 3);
+        let two = image(2 << 20, 4);
+        put(&ra, "s", &one, &[], 1_700_000_000);
+        put(&rb, "s", &two, &[], 1_700_000_500);
+        put(&rb, "t", &two, &[], 1_700_000_600);
+        let count = |r: &Repository| (r.snapshots("s").unwrap(), r.snapshots("t").unwrap());
+        let first = run(&ra, &rb, &[]);
+        assert_eq!((first.copied.len(), first.skipped.len()), (1, 0));
+        let back = run(&rb, &ra, &[]);
+        // rb's s@1 (its own) and t@1 come over; ra's s@1 does not come back.
+        assert_eq!(back.copied.len(), 2, "{back:?}");
+        assert_eq!(
+            back.skipped,
+            vec![Skipped {
+                name: "s".into(),
+                from: 2,
+                to: 1
+            }]
+        );
+        let third = run(&ra, &rc, &[]);
+        assert_eq!((third.copied.len(), third.skipped.len()), (3, 0));
+        for _ in 0..3 {
+            for (x, y) in [(&ra, &rb), (&rb, &ra), (&rc, &rb), (&rb, &rc), (&rc, &ra)] {
+                let r = run(x, y, &[]);
+                assert_eq!((r.copied.len(), r.skipped.len()), (0, 3), "{r:?}");
+            }
+        }
+        for r in [&ra, &rb, &rc] {
+            assert_eq!(count(r), (vec![1, 2], vec![1]));
+        }
+        // Each holds both images' data, once.
+        let s_of = |r: &Repository, data: &[u8]| {
+            r.snapshots("s")
+                .unwrap()
+                .into_iter()
+                .filter(|&n| load(r, "s", n) == data)
+                .count()
+        };
+        for r in [&ra, &rb, &rc] {
+            assert_eq!((s_of(r, &one), s_of(r, &two)), (1, 1));
+            assert!(load(r, "t", 1) == two);
+        }
+    }
+
+    /// A source that holds one snapshot twice (made by a copy before it
+    /// knew the way back) brings it once; the second is skipped as the
+    /// destination's copy of the first.
+    #[test]
+    fn a_snapshot_held_twice_by_the_source_is_copied_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ra = repo(d, "ra", None);
+        let rd = repo(d, "rd", Some("x"));
+        let data = image(2 << 20, 5);
+        put(&ra, "s", &data, &[], 1_700_000_000);
+        let mut twice = ra.read_manifest("s", 1).unwrap();
+        twice.source = format!("copy of {} s@1 ({})", RepoId([9; 16]), origin(&ra, &twice));
+        let lock = ra.session("t").unwrap();
+        assert_eq!(ra.commit_manifest(&lock, &mut twice).unwrap(), 2);
+        drop(lock);
+        let r = run(&ra, &rd, &[]);
+        assert_eq!(r.copied.len(), 1);
+        assert_eq!(
+            r.skipped,
+            vec![Skipped {
+                name: "s".into(),
+                from: 2,
+                to: r.copied[0].to
+            }]
+        );
+        assert_eq!(rd.snapshots("s").unwrap(), vec![1]);
+        assert!(load(&rd, "s", 1) == data);
+        let r = run(&ra, &rd, &[]);
+        assert_eq!((r.copied.len(), r.skipped.len()), (0, 2));
     }
 
     #[test]
