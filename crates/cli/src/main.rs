@@ -273,6 +273,16 @@ pub(crate) struct PackArgs {
     /// smaller.
     #[arg(short = 'e', long = "extreme")]
     pub extreme: bool,
+    /// lz4's legacy frame format (lz4 -l, which the lz4 link takes): 8
+    /// MiB blocks without checksums, as Linux kernel images and initramfs
+    /// archives are packed (-F lz4 only).
+    #[arg(long = "legacy")]
+    pub legacy: bool,
+    /// lz4's --favor-decSpeed: LZ4 HC at levels 10-12 prefers matches
+    /// that decode faster, a little bigger (-F lz4 only; as lz4, not in
+    /// legacy frames, whose blocks lz4 writes without it).
+    #[arg(long = "favor-decSpeed")]
+    pub favor_dec_speed: bool,
     /// Cut blocks where the content says, not every -b bytes (gzip's,
     /// pigz's and zstd's --rsyncable; any format): a change to the input
     /// changes only the compressed bytes around it, so rsync sends little
@@ -661,8 +671,11 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
 /// name is the output (`lz4 IN OUT`, `lz4 -d IN.lz4 OUT`), and one name
 /// with standard output not a terminal writes to it, with lz4's warning;
 /// `-B4`..`-B7` are blocks of 64K..4M, `-BD` and `-BX` are taken (cairn's
-/// blocks are independent, its frames checked as a whole); `-l` (the
-/// legacy format, which cairn reads but does not write) is refused.
+/// blocks are independent, its frames checked as a whole); `-l` writes
+/// the legacy format (`--legacy`; its blocks are 8 MiB whatever `-B`
+/// says, as lz4 has them); the names `stdin` and `stdout` are standard
+/// input (as an input) and output (as the output), as lz4 reads them
+/// (`lz4 -l -12 stdin stdout`, as Linux's build runs it).
 fn lz4_arguments(
     args: Vec<OsString>,
     stdout_is_terminal: bool,
@@ -672,6 +685,8 @@ fn lz4_arguments(
     let mut names = Vec::new();
     // lz4cat writes to stdout anyway; -t and --list write nothing.
     let (mut multiple, mut to_stdout, mut rest) = (false, cat, false);
+    // -B's block size, dropped for a legacy frame (always 8 MiB blocks).
+    let (mut legacy, mut block) = (false, None);
     for a in args {
         let Some(s) = a.to_str().filter(|_| !rest) else {
             names.push(a);
@@ -680,12 +695,11 @@ fn lz4_arguments(
         match s {
             "--" => rest = true,
             "-m" | "--multiple" | "-r" => multiple = true,
-            "-l" => return Err("lz4 -l: the legacy format is read, not written".into()),
-            "-BD" | "-BX" | "--no-frame-crc" | "--favor-decSpeed" | "--sparse" => {}
-            "-B4" => out.extend(["-b".into(), "64K".into()]),
-            "-B5" => out.extend(["-b".into(), "256K".into()]),
-            "-B6" => out.extend(["-b".into(), "1M".into()]),
-            "-B7" => out.extend(["-b".into(), "4M".into()]),
+            "-BD" | "-BX" | "--no-frame-crc" | "--sparse" => {}
+            "-B4" => block = Some("64K"),
+            "-B5" => block = Some("256K"),
+            "-B6" => block = Some("1M"),
+            "-B7" => block = Some("4M"),
             b if b.starts_with("-B") => return Err(format!("lz4 {b}: incorrect parameters")),
             "-" => names.push(a),
             "--test" | "--list" | "--stdout" | "--to-stdout" => {
@@ -696,14 +710,36 @@ fn lz4_arguments(
             f if f.starts_with('-') => {
                 // A cluster: -m in it is lz4's (several inputs); -c
                 // writes to stdout and -t writes nothing.
+                // -l (legacy frames) is lz4's too: it has no -l of
+                // its own for --list.
                 multiple |= f.contains('m');
                 to_stdout |= f.contains('c') || f.contains('t');
-                let rest: String = f.chars().filter(|&c| c != 'm').collect();
+                legacy |= f.contains('l');
+                let rest: String = f.chars().filter(|&c| c != 'm' && c != 'l').collect();
                 if rest != "-" {
                     out.push(rest.into());
                 }
             }
             _ => names.push(a),
+        }
+    }
+    if legacy {
+        out.push("--legacy".into());
+    } else if let Some(b) = block {
+        out.extend(["-b".into(), b.into()]);
+    }
+    // lz4's own names of standard input and output: `stdin` as an input
+    // (any of -m's), `stdout` as the output (the second name); `-`
+    // stands for both below.
+    let output_at = (!multiple && names.len() == 2).then_some(1);
+    for (i, n) in names.iter_mut().enumerate() {
+        let special = if Some(i) == output_at {
+            "stdout"
+        } else {
+            "stdin"
+        };
+        if *n == special {
+            *n = OsString::from("-");
         }
     }
     if !multiple && names.len() > 2 {
@@ -1217,6 +1253,38 @@ mod tests {
             let mut expect = vec!["cairn"];
             expect.extend(want);
             assert_eq!(rewritten(&full), expect, "{args:?}");
+        }
+    }
+
+    fn lz4_args(args: &[&str]) -> Vec<String> {
+        let args = args.iter().map(OsString::from).collect();
+        lz4_arguments(args, false, false)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn lz4_legacy_and_its_names_of_standard_input_and_output() {
+        for (args, want) in [
+            // Linux's arm64 Image.lz4 rule and Android's mkbootimg.
+            (
+                &["-l", "-12", "--favor-decSpeed", "stdin", "stdout"][..],
+                &["-12", "--favor-decSpeed", "--legacy", "-c", "--", "-"][..],
+            ),
+            (
+                &["-l9", "-B4", "x", "y"],
+                &["-9", "--legacy", "-o", "y", "--", "x"],
+            ),
+            (&["-B4", "x", "y"], &["-b", "64K", "-o", "y", "--", "x"]),
+            (&["stdin"], &["--", "-"]),
+            // `stdin` as the output and `stdout` as the input are files.
+            (&["stdout", "stdin"], &["-o", "stdin", "--", "stdout"]),
+            (&["-d", "stdin", "stdout"], &["-d", "-c", "--", "-"]),
+            (&["-m", "stdin", "x"], &["--", "-", "x"]),
+        ] {
+            assert_eq!(lz4_args(args), want, "{args:?}");
         }
     }
 }

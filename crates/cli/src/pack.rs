@@ -113,6 +113,8 @@ pub fn pack(args: &PackArgs) -> Result<()> {
                 Some(Some(c)) => c,
                 _ => cairn_codec::IntegrityCheck::Default,
             },
+            legacy: args.legacy,
+            favor_dec_speed: args.favor_dec_speed,
         },
         rsyncable: args.rsyncable,
     };

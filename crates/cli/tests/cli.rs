@@ -1650,9 +1650,39 @@ fn lz4_links_take_the_lz4_tools_arguments() {
     assert_eq!(link("lz4", &["x", "y", "z"]).status.code(), Some(1));
     assert!(!p("z").exists());
     assert_eq!(link("lz4", &["-B8", "x", "b8.lz4"]).status.code(), Some(1));
-    // The legacy format is not written: refused, not listed.
-    let out = link("lz4", &["-l", "x", "legacy.lz4"]);
-    assert!(!out.status.success() && !p("legacy.lz4").exists());
+    // -l writes the legacy format (outside QA it was refused, so Linux's
+    // `lz4 -l -12 --favor-decSpeed stdin stdout` failed), not -l's list.
+    let out = ok(link("lz4", &["-l", "-B4", "x", "legacy.lz4"]));
+    assert!(out.stdout.is_empty());
+    let legacy = std::fs::read(p("legacy.lz4")).unwrap();
+    assert_eq!(legacy[..4], 0x184C_2102u32.to_le_bytes());
+    assert!(cairn_ok(&["unpack"], &legacy) == data);
+    // In a cluster too.
+    ok(link("lz4", &["-fl9", "x", "legacy.lz4"]));
+    assert_eq!(std::fs::read(p("legacy.lz4")).unwrap()[..4], legacy[..4]);
+    // `stdin` and `stdout` are lz4's names of standard input and output
+    // through the link (a file of that name is not read), and a file's
+    // names to `cairn pack`.
+    std::fs::write(p("stdin"), b"the file named stdin").unwrap();
+    let run = |args: &[&str]| {
+        let mut c = std::process::Command::new(p("bin").join("lz4"));
+        c.args(args).current_dir(dir.path());
+        ok(pipe(&mut c, &data)).stdout
+    };
+    for args in [
+        &["stdin", "stdout"][..],
+        &["-l", "stdin", "stdout"],
+        &["stdin"],
+    ] {
+        let out = run(args);
+        assert!(cairn_ok(&["unpack"], &out) == data, "{args:?}");
+        assert!(!p("stdout").exists(), "{args:?}");
+    }
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    c.args(["pack", "-F", "lz4", "-k", "-c", "stdin"])
+        .current_dir(dir.path());
+    let own = ok(pipe(&mut c, &data)).stdout;
+    assert_eq!(cairn_ok(&["unpack"], &own), b"the file named stdin");
 }
 
 /// The tools' variables of default options, through the links (outside

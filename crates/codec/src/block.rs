@@ -239,6 +239,14 @@ impl Lz4Codec {
             state: crate::lz4_ffi::Compressor::with_level(level),
         }
     }
+
+    /// A codec at `level` whose LZ4 HC favors decompression speed (`lz4
+    /// --favor-decSpeed`; a change from level 10 on).
+    pub(crate) fn favoring_decompression_speed(level: i32) -> Self {
+        Lz4Codec {
+            state: crate::lz4_ffi::Compressor::favoring_decompression_speed(level),
+        }
+    }
 }
 
 impl BlockCodec for Lz4Codec {

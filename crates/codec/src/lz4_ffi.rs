@@ -36,6 +36,16 @@ extern "C" {
         dst_capacity: c_int,
         compression_level: c_int,
     ) -> c_int;
+    fn LZ4_initStreamHC(buffer: *mut c_void, size: usize) -> *mut c_void;
+    fn LZ4_favorDecompressionSpeed(stream: *mut c_void, favor: c_int);
+    fn LZ4_compress_HC_extStateHC_fastReset(
+        state: *mut c_void,
+        src: *const c_char,
+        dst: *mut c_char,
+        src_size: c_int,
+        dst_capacity: c_int,
+        compression_level: c_int,
+    ) -> c_int;
     fn LZ4_decompress_safe_usingDict(
         src: *const c_char,
         dst: *mut c_char,
@@ -80,10 +90,17 @@ pub const MAX_LEVEL: i32 = 12;
 /// (LZ4_ACCELERATION_MAX).
 pub const MIN_LEVEL: i32 = -65536;
 
+/// LZ4 HC levels from which the optimal parser runs (LZ4HC_CLEVEL_OPT_MIN),
+/// the only ones that favoring decompression speed changes.
+pub const OPT_FROM: i32 = 10;
+
 /// An LZ4 compression state, allocated once and reused for every block.
 pub struct Compressor {
     state: Vec<u64>,
     level: i32,
+    /// LZ4 HC's favorDecSpeed (`lz4 --favor-decSpeed`): fewer, longer
+    /// matches, so blocks decode faster and are a little bigger.
+    favor_dec_speed: bool,
 }
 
 impl Compressor {
@@ -107,7 +124,18 @@ impl Compressor {
         Compressor {
             state: vec![0u64; words],
             level,
+            favor_dec_speed: false,
         }
+    }
+
+    /// As [`Compressor::with_level`], with LZ4 HC's favorDecSpeed (as
+    /// `lz4 --favor-decSpeed` sets it on frames): its optimal parser
+    /// (levels [`OPT_FROM`] up) prefers what decodes faster; the other
+    /// levels are unchanged, as in LZ4.
+    pub fn favoring_decompression_speed(level: i32) -> Self {
+        let mut c = Compressor::with_level(level);
+        c.favor_dec_speed = true;
+        c
     }
 
     /// Compress `src`, appending to `dst`; returns the compressed length,
@@ -118,9 +146,39 @@ impl Compressor {
             .filter(|_| src.len() <= MAX_INPUT)?;
         let cap = bound(src.len());
         let dst_cap = c_int::try_from(cap).ok()?;
+        let state_bytes = self.state.len() * 8;
         let state = self.state.as_mut_ptr().cast::<c_void>();
         let level = self.level;
         let acceleration = if level < 0 { 1 - level } else { 1 };
+        if self.favor_dec_speed && level >= HC_FROM {
+            let write = |d: *mut u8, _: usize| {
+                // SAFETY: `state` is `state_bytes` (at least
+                // LZ4_sizeofStateHC()) bytes, 8-aligned as LZ4 requires,
+                // and owned by `self`. LZ4_initStreamHC makes it a clean
+                // HC state (null only if too small or misaligned, which
+                // it is not), favorDecSpeed is set on it, and the
+                // fast-reset compression keeps that flag on a clean state;
+                // `src` is valid for `src_len` bytes, `d` for `cap` bytes.
+                let n = unsafe {
+                    if LZ4_initStreamHC(state, state_bytes).is_null() {
+                        return None;
+                    }
+                    LZ4_favorDecompressionSpeed(state, 1);
+                    LZ4_compress_HC_extStateHC_fastReset(
+                        state,
+                        src.as_ptr().cast(),
+                        d.cast(),
+                        src_len,
+                        dst_cap,
+                        level,
+                    )
+                };
+                usize::try_from(n).ok().filter(|&n| n > 0 || src.is_empty())
+            };
+            // SAFETY (append_raw's contract): LZ4 writes only within
+            // `dst_capacity` = `cap` bytes and returns how many it wrote.
+            return unsafe { append_raw(dst, cap, write) };
+        }
         let write = |d: *mut u8, _: usize| {
             // SAFETY: `state` is LZ4_sizeofState() bytes, 8-aligned as
             // LZ4 requires; `src` is valid for `src_len` bytes, `d` for

@@ -463,7 +463,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
     // frame can reach, so by default blocks grow to the window (up to
     // the block limit).
     let block = pack.block.unwrap_or_else(|| {
-        let default = format.default_block_size(level);
+        let default = format.default_block_size_with(level, &pack.encode);
         match pack.encode.long {
             Some(n) => default.max(
                 1usize

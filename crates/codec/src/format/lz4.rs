@@ -11,10 +11,14 @@
 //! one on the writing side, in order.
 //!
 //! Legacy frames (`lz4 -l`, what Linux kernels and initramfs images
-//! use) are read too: magic `0x184C2102`, then blocks of a 4-byte
-//! compressed size and an LZ4 block of at most 8 MiB decoded, all
+//! use) are read and written too: magic `0x184C2102`, then blocks of a
+//! 4-byte compressed size and an LZ4 block of at most 8 MiB decoded, all
 //! independent, with no checksum and no end mark: a legacy frame ends at
 //! the end of the input or where the next 4 bytes are a frame magic.
+//! Written ([`Encoder::with`], [`LegacyFramer`]), every block but the
+//! last holds 8 MiB, as `lz4 -l` cuts them, and a block is always
+//! compressed (the format has no stored blocks), so it may be a little
+//! bigger than its input.
 
 use super::{le32, pass_plain, BlockMeta, ContentCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, Lz4Codec};
@@ -29,8 +33,9 @@ pub const MAGIC: u32 = 0x184D_2204;
 pub const MAX_BLOCK: usize = 4 << 20;
 /// Magic of a legacy frame (`lz4 -l`).
 pub const LEGACY_MAGIC: u32 = 0x184C_2102;
-/// Decoded size of a legacy frame's blocks (the last may be shorter).
-const LEGACY_BLOCK: usize = 8 << 20;
+/// Decoded size of a legacy frame's blocks (the last may be shorter):
+/// lz4's LEGACY_BLOCKSIZE.
+pub const LEGACY_BLOCK: usize = 8 << 20;
 const FLG_INDEP: u8 = 0x20;
 const FLG_BLOCK_CHECKSUM: u8 = 0x10;
 const FLG_CONTENT_SIZE: u8 = 0x08;
@@ -38,9 +43,12 @@ const FLG_CONTENT_CHECKSUM: u8 = 0x04;
 const FLG_DICT_ID: u8 = 0x01;
 const UNCOMPRESSED_BIT: u32 = 0x8000_0000;
 
-/// Compresses input into whole LZ4 blocks of at most 4 MiB.
+/// Compresses input into whole LZ4 blocks of at most 4 MiB (of a frame)
+/// or 8 MiB (of a legacy frame).
 pub struct Encoder {
     codec: Lz4Codec,
+    /// Blocks of a legacy frame (`lz4 -l`).
+    legacy: bool,
 }
 
 impl Encoder {
@@ -48,9 +56,49 @@ impl Encoder {
     /// `lz4` tool has them (its default is 1, `--best` 12); -N is its
     /// `--fast=N`, the fast coder with acceleration N + 1.
     pub fn new(level: i32) -> Self {
-        Encoder {
-            codec: Lz4Codec::with_level(level),
+        Encoder::with(level, false, false)
+    }
+
+    /// As [`Encoder::new`], writing a legacy frame's blocks if `legacy`
+    /// (`lz4 -l`), and with LZ4 HC favoring decompression speed if
+    /// `favor_dec_speed` (`lz4 --favor-decSpeed`, which changes levels 10
+    /// to 12). Both as the `lz4` tool (1.10) does them: a legacy frame's
+    /// blocks are `LZ4_compress_fast` with acceleration N for `--fast=N`
+    /// (lz4 1.9 takes 1 whatever N), `LZ4_compress_HC` from level 3, and
+    /// never favor decompression speed (lz4 sets that on frames only).
+    pub fn with(level: i32, legacy: bool, favor_dec_speed: bool) -> Self {
+        let codec = if legacy {
+            // Level -N is acceleration N + 1 in the compressor; lz4 -l
+            // accelerates --fast=N by N.
+            Lz4Codec::with_level(if level < 0 { level + 1 } else { level })
+        } else if favor_dec_speed {
+            Lz4Codec::favoring_decompression_speed(level)
+        } else {
+            Lz4Codec::with_level(level)
+        };
+        Encoder { codec, legacy }
+    }
+
+    /// A legacy frame's blocks: each 8 MiB piece of `src` as its
+    /// compressed size and the LZ4 block, compressed even where that is
+    /// bigger (a legacy frame has no stored blocks).
+    fn encode_legacy(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
+        let start = out.len();
+        for piece in src.chunks(LEGACY_BLOCK) {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            self.codec.compress(piece, out)?;
+            let clen = u32::try_from(out.len() - at - 4).map_err(|_| CodecError::Compress {
+                codec: NAME,
+                reason: "a legacy block over 4 GiB".into(),
+            })?;
+            out[at..at + 4].copy_from_slice(&clen.to_le_bytes());
         }
+        Ok(BlockMeta {
+            raw_len: src.len() as u64,
+            packed_len: (out.len() - start) as u64,
+            check: 0,
+        })
     }
 }
 
@@ -62,6 +110,9 @@ impl Default for Encoder {
 
 impl super::BlockEncoder for Encoder {
     fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
+        if self.legacy {
+            return self.encode_legacy(src, out);
+        }
         let start = out.len();
         for piece in src.chunks(MAX_BLOCK) {
             let at = out.len();
@@ -101,6 +152,19 @@ impl super::Framer for Framer {
     fn block(&mut self, _meta: &BlockMeta) {}
     fn trailer(&mut self, out: &mut Vec<u8>) -> Result<()> {
         out.extend_from_slice(&[0; 4]);
+        Ok(())
+    }
+}
+
+/// Writes a legacy frame's magic (`lz4 -l`); the frame has no end mark.
+pub struct LegacyFramer;
+
+impl super::Framer for LegacyFramer {
+    fn header(&mut self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&LEGACY_MAGIC.to_le_bytes());
+    }
+    fn block(&mut self, _meta: &BlockMeta) {}
+    fn trailer(&mut self, _out: &mut Vec<u8>) -> Result<()> {
         Ok(())
     }
 }
@@ -448,7 +512,7 @@ impl super::UnitDecoder for Decoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::{decode_all, encode_all, Format};
+    use crate::format::{decode_all, encode_all, EncodeOptions, Format};
     use crate::testutil::noise;
 
     /// A legacy frame as `lz4 -l` writes it: the magic, then each 8 MiB
@@ -492,6 +556,120 @@ mod tests {
         want.extend_from_slice(&b);
         want.extend_from_slice(&b);
         assert!(decode_all(&two).unwrap() == want);
+    }
+
+    /// `data` as cairn writes it with `opts`, cut into pipeline blocks of
+    /// `block` bytes (the last shorter; none empty unless `data` is).
+    fn write(level: i32, block: usize, opts: &EncodeOptions, data: &[u8]) -> Vec<u8> {
+        let mut enc = Format::Lz4.encoder_with(level, block, opts).unwrap();
+        let mut framer = Format::Lz4.framer(level, opts);
+        let mut out = Vec::new();
+        framer.header(&mut out);
+        let mut blocks: Vec<&[u8]> = data.chunks(block).collect();
+        if blocks.is_empty() {
+            blocks.push(&[]);
+        }
+        for b in blocks {
+            let meta = enc.encode(b, &mut out).unwrap();
+            framer.block(&meta);
+        }
+        framer.trailer(&mut out).unwrap();
+        out
+    }
+
+    const LEGACY: EncodeOptions = EncodeOptions {
+        long: None,
+        extreme: false,
+        check: crate::format::IntegrityCheck::Default,
+        legacy: true,
+        favor_dec_speed: false,
+    };
+
+    #[test]
+    fn legacy_frames_are_written_as_lz4_l_writes_them() {
+        let a = text(19 << 20);
+        // 8 MiB pipeline blocks (the default for legacy frames): the very
+        // bytes of `lz4 -l`'s layout, 8 MiB blocks and a shorter last.
+        assert_eq!(
+            Format::Lz4.default_block_size_with(1, &LEGACY),
+            LEGACY_BLOCK
+        );
+        let ours = write(1, LEGACY_BLOCK, &LEGACY, &a);
+        assert!(ours == legacy(&a));
+        // A bigger pipeline block is cut into 8 MiB ones all the same.
+        assert!(write(1, 24 << 20, &LEGACY, &a) == ours);
+        // Nothing: the magic alone, as lz4 -l writes it.
+        assert_eq!(
+            write(1, LEGACY_BLOCK, &LEGACY, &[]),
+            LEGACY_MAGIC.to_le_bytes()
+        );
+        // Smaller blocks and HC levels read back; HC is smaller.
+        for level in [-5, 1, 3, 9, 12] {
+            let packed = write(level, 3 << 20, &LEGACY, &a);
+            assert_eq!(packed[..4], LEGACY_MAGIC.to_le_bytes());
+            assert!(decode_all(&packed).unwrap() == a, "level {level}");
+            if level >= 9 {
+                assert!(packed.len() < ours.len(), "level {level}");
+            }
+        }
+        // Incompressible data is still a compressed block (legacy frames
+        // have no stored ones), a little bigger than its input.
+        let n = noise(1 << 20, 9);
+        let packed = write(1, LEGACY_BLOCK, &LEGACY, &n);
+        let size = le32(&packed, 4) as usize;
+        assert!(size > n.len() && size <= lz4_ffi::bound(n.len()), "{size}");
+        assert_eq!(packed.len(), 8 + size);
+        assert!(decode_all(&packed).unwrap() == n);
+        // favorDecSpeed is a frame's option, as in lz4: legacy blocks are
+        // written without it.
+        let favored = EncodeOptions {
+            favor_dec_speed: true,
+            ..LEGACY
+        };
+        assert!(write(12, LEGACY_BLOCK, &favored, &a) == write(12, LEGACY_BLOCK, &LEGACY, &a));
+    }
+
+    #[test]
+    fn favoring_decompression_speed_changes_hc_frames_from_level_10() {
+        // Words of varied lengths: matches that the optimal parser may
+        // trade for faster decoding.
+        let a = crate::testutil::image_like(6 << 20, 5);
+        let favored = EncodeOptions {
+            favor_dec_speed: true,
+            ..EncodeOptions::default()
+        };
+        let plain = EncodeOptions::default();
+        for level in [1, 9] {
+            assert!(
+                write(level, MAX_BLOCK, &favored, &a) == write(level, MAX_BLOCK, &plain, &a),
+                "level {level}"
+            );
+        }
+        for level in [10, 12] {
+            let f = write(level, MAX_BLOCK, &favored, &a);
+            let p = write(level, MAX_BLOCK, &plain, &a);
+            // Another parse (usually a little bigger, not always).
+            assert!(f != p, "level {level}");
+            assert!(decode_all(&f).unwrap() == a, "level {level}");
+        }
+    }
+
+    #[test]
+    fn legacy_and_favor_dec_speed_are_lz4s_alone() {
+        for f in [Format::Gzip, Format::Zstd, Format::Xz, Format::Snappy] {
+            assert!(f.check_options(&LEGACY).is_err(), "{f}");
+            let favored = EncodeOptions {
+                favor_dec_speed: true,
+                ..EncodeOptions::default()
+            };
+            assert!(f.check_options(&favored).is_err(), "{f}");
+        }
+        assert!(Format::Lz4.check_options(&LEGACY).is_ok());
+        let crc = EncodeOptions {
+            check: crate::format::IntegrityCheck::Crc32,
+            ..LEGACY
+        };
+        assert!(Format::Lz4.check_options(&crc).is_err());
     }
 
     #[test]

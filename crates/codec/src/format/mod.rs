@@ -57,6 +57,13 @@ pub struct EncodeOptions {
     pub extreme: bool,
     /// The integrity check each block or frame carries.
     pub check: IntegrityCheck,
+    /// lz4's legacy frame format (`lz4 -l`): 8 MiB blocks, no checksums,
+    /// what Linux kernel images and initramfs archives are packed in.
+    pub legacy: bool,
+    /// lz4's `--favor-decSpeed`: LZ4 HC's optimal parser (levels 10-12)
+    /// prefers matches that decode faster, as lz4 sets it on frames (a
+    /// legacy frame's blocks are written without it, as by lz4).
+    pub favor_dec_speed: bool,
 }
 
 /// The integrity check a stream carries (`xz --check=`, `zstd
@@ -193,6 +200,17 @@ impl Format {
         level.clamp(lo, hi)
     }
 
+    /// Input block size used when none is given, for what `opts` asks: as
+    /// [`Format::default_block_size`], and for lz4's legacy frames their
+    /// 8 MiB blocks, so that every block but the last is full, as `lz4
+    /// -l` writes them.
+    pub fn default_block_size_with(self, level: i32, opts: &EncodeOptions) -> usize {
+        match self {
+            Format::Lz4 if opts.legacy => lz4::LEGACY_BLOCK,
+            _ => self.default_block_size(level),
+        }
+    }
+
     /// Input block size used when none is given: big enough that per-block
     /// overhead and lost cross-block matches cost well under 1%, small
     /// enough that several blocks per thread stay in flight.
@@ -247,8 +265,19 @@ impl Format {
     /// matching (`--long=N`) but for zstd, xz's extreme presets (`-e`)
     /// but for xz, and a check other than the format's own (xz: none,
     /// CRC32, CRC64 or SHA-256; zstd: XXH64 or none; the others always
-    /// carry theirs).
+    /// carry theirs), lz4's legacy frames and favoring decompression
+    /// speed but for lz4.
     pub fn check_options(self, opts: &EncodeOptions) -> Result<()> {
+        if opts.legacy && self != Format::Lz4 {
+            return Err(CodecError::Invalid(format!(
+                "--legacy is lz4's legacy frame format (lz4 -l); {self} has none"
+            )));
+        }
+        if opts.favor_dec_speed && self != Format::Lz4 {
+            return Err(CodecError::Invalid(format!(
+                "--favor-decSpeed is lz4's (LZ4 HC); {self} has no such option"
+            )));
+        }
         if let Some(n) = opts.long.filter(|_| self != Format::Zstd) {
             return Err(CodecError::Invalid(format!(
                 "--long={n} is zstd's long-distance matching; {self} has none"
@@ -262,10 +291,15 @@ impl Format {
         let fits = match self {
             Format::Xz => true,
             Format::Zstd => matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None),
+            // A legacy frame carries none anyway.
+            Format::Lz4 if opts.legacy => {
+                matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None)
+            }
             _ => opts.check == IntegrityCheck::Default,
         };
         if !fits {
             let has = match self {
+                Format::Lz4 if opts.legacy => "none (a legacy frame has no checksums)",
                 Format::Zstd => "XXH64 or none",
                 Format::Gzip => "always CRC-32",
                 Format::Bzip2 => "always CRC-32",
@@ -309,7 +343,7 @@ impl Format {
                 opts.long.map(|n| n.min(Format::window_log_for(block_size))),
                 checksum,
             )),
-            Format::Lz4 => Box::new(lz4::Encoder::new(level)),
+            Format::Lz4 => Box::new(lz4::Encoder::with(level, opts.legacy, opts.favor_dec_speed)),
             Format::Snappy => Box::new(snappy::Encoder::default()),
             Format::Lzop => Box::new(lzop::Encoder::new(level)),
             Format::Bzip2 => Box::new(bzip2::Encoder::new(level)),
@@ -330,6 +364,7 @@ impl Format {
         match self {
             Format::Gzip => Box::new(gzip::Framer::default()),
             Format::Zstd => Box::new(zstd::SeekTable::new(checksum)),
+            Format::Lz4 if opts.legacy => Box::new(lz4::LegacyFramer),
             Format::Lz4 => Box::new(lz4::Framer),
             Format::Snappy => Box::new(snappy::Framer::default()),
             Format::Lzop => Box::new(lzop::Framer::new(level)),
