@@ -1293,6 +1293,23 @@ fn recursion_names_and_skips_what_gzip_r_does() {
         err.contains("plain.gz") && err.contains("1 of 4 inputs failed"),
         "{err}"
     );
+    // -rt and -rl take only the names with a known suffix, as gzip's: a
+    // tree of packed and plain files tests sound (found outside: every
+    // plain file failed as "unknown format").
+    let mixed_tree = dir.path().join("mixed");
+    std::fs::create_dir(&mixed_tree).unwrap();
+    std::fs::write(mixed_tree.join("plain"), b"not packed").unwrap();
+    std::fs::write(
+        mixed_tree.join("p.gz"),
+        cairn_ok(&["pack", "-c"], b"packed"),
+    )
+    .unwrap();
+    for flag in ["-t", "-l"] {
+        let out = run(&["unpack", "-q", "-r", flag, s(&mixed_tree)]);
+        assert!(out.status.success(), "{flag}: {}", stderr(&out));
+        let peer = tool("gzip", &["-r", flag, s(&mixed_tree)]);
+        assert!(peer.status.success(), "gzip -r {flag}");
+    }
     let _ = tool("gzip", &["-d", "-r", s(&ours)]);
     for root in [&ours, &theirs] {
         for (name, bytes) in &before {

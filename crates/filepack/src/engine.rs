@@ -136,8 +136,9 @@ pub(crate) fn plan(
         crate::naming::check_suffix(suffix)?;
     }
     // With -r, a directory's files whose output cannot be named are
-    // skipped quietly, as gzip -r does (named on their own, they fail).
-    let names_outputs = !check_only && opts.output.is_none() && !opts.stdout;
+    // skipped quietly, as gzip -r does (named on their own, they fail);
+    // so are they by `gzip -rt` and `-rl` (files of no known suffix).
+    let names_outputs = check_only || (opts.output.is_none() && !opts.stdout);
     let wanted = |p: &Path| !names_outputs || name_output(p).is_ok();
     let mut inputs: Vec<(String, Result<Source>)> = Vec::new();
     if opts.files.is_empty() {
