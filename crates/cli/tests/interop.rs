@@ -230,6 +230,20 @@ fn zstd_memory_limits_the_window_as_with_zstd() {
     );
     // --long says the window outright, whatever -M says.
     assert!(cairn_ok(&["unpack", "-q", "-M", "1M", "--long=28"], &packed) == data);
+    // A frame that states its size (a single segment: its window is that
+    // size) is held to the limit too.
+    let d = tempdir();
+    let file = d.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    let sized = run_ok("zstd", &["-c", "-q", s(&file)], b"");
+    refused_under_the_limit_as_by(
+        "zstd",
+        &sized,
+        &data,
+        ["--memory=1KB", "--memory=2MB"],
+        ["1K", "2M"],
+        "1000000",
+    );
 }
 
 /// `xz -9` (a 64 MiB dictionary) is refused under it by `unpack -M` as by

@@ -596,6 +596,19 @@ impl super::Splitter for Splitter {
             }
             self.frames += 1;
             let fh = parse_frame_header(&mut self.input)?;
+            // A frame of any size whose window is over the limit is refused,
+            // as zstd refuses it (found outside: a frame of stated size went
+            // to the workers unchecked, so `-M 1K` let a 1.9 MiB window by).
+            let limit = 1u64 << self.window_log_max;
+            if let Some(window) = fh.window.filter(|&w| w > limit) {
+                return Err(CodecError::TooLarge {
+                    format: NAME,
+                    what: "frame window (unpack --long=N or -M SIZE raises the limit)",
+                    offset: off,
+                    size: window,
+                    limit,
+                });
+            }
             match fh.content_size {
                 Some(size) if size <= MAX_UNIT as u64 => {
                     unit.offset = off;
@@ -606,16 +619,6 @@ impl super::Splitter for Splitter {
                     return Ok(true);
                 }
                 _ => {
-                    let limit = 1u64 << self.window_log_max;
-                    if let Some(window) = fh.window.filter(|&w| w > limit) {
-                        return Err(CodecError::TooLarge {
-                            format: NAME,
-                            what: "frame window (unpack --long=N or -M SIZE raises the limit)",
-                            offset: off,
-                            size: window,
-                            limit,
-                        });
-                    }
                     let mut dec = RawDecoder::new().map_err(|e| {
                         CodecError::corrupt(NAME, off, format!("decoder setup: {e}"))
                     })?;
