@@ -970,8 +970,9 @@ pub(crate) fn prog() -> &'static str {
 }
 
 /// Whether cairn runs under a tool's name: usage errors are then status 1,
-/// as each of those tools gives, not clap's 2.
-fn invoked_as_link() -> bool {
+/// as each of those tools gives, not clap's 2; and no progress bar is
+/// drawn, as none of those tools draws one by default.
+pub(crate) fn invoked_as_link() -> bool {
     INVOKED_AS.get().is_some()
 }
 

@@ -75,7 +75,10 @@ fn options(common: &CommonArgs) -> Options {
 
 fn hooks(common: &CommonArgs) -> EngineHooks {
     EngineHooks {
-        progress: !common.quiet && !common.json,
+        // Under a tool's name, none (the tools draw none by default, and
+        // a bar between the output lines a terminal shows was found to
+        // erase them).
+        progress: !common.quiet && !common.json && !crate::invoked_as_link(),
         quiet: common.quiet,
     }
 }

@@ -703,6 +703,13 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
     let (status, tty) = on_terminal(dir.path(), "\"$CAIRN\" pack -q -f -F xz -9 -T1 -c a >a.xz");
     assert_eq!(status, 0);
     assert!(tty.is_empty(), "-q drew on the terminal: {tty:?}");
+    // Under a tool's name, none, as the tool (found outside: `zcat big.gz
+    // | grep` on a terminal had the bar erase the lines grep printed).
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), dir.path().join("xz")).unwrap();
+    let (status, tty) = on_terminal(dir.path(), "./xz -9 -T1 -c a >b.xz");
+    assert_eq!(status, 0);
+    assert!(tty.is_empty(), "the xz link drew on the terminal: {tty:?}");
+    assert!(std::fs::read(dir.path().join("b.xz")).unwrap().len() > 1000);
 }
 
 /// The calls that change a file's metadata by path (or by fd).
