@@ -1018,7 +1018,12 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         .filter(|p| {
             !matches!(
                 p.kind,
-                "damaged-chunk" | "pack" | "missing-chunk" | "pack-header" | "garbage"
+                "damaged-chunk"
+                    | "pack"
+                    | "missing-chunk"
+                    | "pack-header"
+                    | "pack-tail"
+                    | "garbage"
             )
         })
         .collect();
@@ -1079,8 +1084,8 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         }
         if r.rewritten > 0 {
             outln!(
-                "repair: {} {} pack(s) whose header is damaged (their sound records copied \
-                 into new packs)",
+                "repair: {} {} pack(s) whose header is damaged or that have bytes past their \
+                 end (their sound records copied into new packs)",
                 if a.dry_run {
                     "would rewrite"
                 } else {
@@ -1129,7 +1134,10 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         bail!("{missing} chunk(s) snapshots use are not in the index");
     }
     if a.dry_run && r.rewritten > 0 {
-        bail!("{} pack header(s) are damaged", r.rewritten);
+        bail!(
+            "{} pack(s) have a damaged header or bytes past their end",
+            r.rewritten
+        );
     }
     if a.dry_run && r.found.problems.iter().any(|p| p.kind == "garbage") {
         bail!("a trash list is damaged (repair without -n removes it, losing nothing)");

@@ -636,6 +636,41 @@ fn flipped_byte_in_pack_header() {
     }
 }
 
+/// Bytes appended to a sealed pack (none of cairn's: a sealed pack never
+/// grows): verify names the pack and no lost place, restore is whole, and
+/// repair rewrites the pack (found outside: verify said ok).
+#[test]
+fn bytes_appended_to_a_pack() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
+    let mut f = fs::OpenOptions::new().append(true).open(&pack).unwrap();
+    std::io::Write::write_all(&mut f, &image(5000, 9)).unwrap();
+    drop(f);
+    for read_data in [false, true] {
+        let (out, v) = verify(&repo, read_data);
+        assert_eq!(out.status.code(), Some(1), "{v}");
+        let problems = v["problems"].as_array().unwrap();
+        assert!(
+            problems.iter().any(|p| p["kind"] == "pack-tail"),
+            "{read_data}: {v}"
+        );
+        assert!(affected(&v).is_empty(), "{v}");
+    }
+    for sn in &base.snaps {
+        restores_to(&repo, &sn.spec(), &sn.data);
+    }
+    let fixed = run(&["repair", "--repo", s(&repo), "--json"]);
+    ok(&fixed);
+    assert_eq!(json(&fixed)["rewritten_packs"], 1);
+    assert!(!pack.exists());
+    assert_sound(&repo, "after repair of an overlong pack");
+    for sn in &base.snaps {
+        restores_to(&repo, &sn.spec(), &sn.data);
+    }
+}
+
 #[test]
 fn flipped_byte_in_index_file() {
     let base = base();

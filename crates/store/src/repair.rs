@@ -56,8 +56,9 @@ pub struct RepairReport {
     pub trash_removed: Vec<std::path::PathBuf>,
     /// Index entries dropped (with `dry_run`: that would be dropped).
     pub dropped: u64,
-    /// Packs whose header is damaged, their sound records copied into
-    /// new packs and the old ones removed (with `dry_run`: that would be).
+    /// Packs whose header is damaged, or with bytes past their sealed
+    /// end, their sound records copied into new packs and the old ones
+    /// removed (with `dry_run`: that would be).
     pub rewritten: u64,
     /// Snapshots (image, number) that use a dropped chunk: they read as
     /// missing chunks until a backup stores those chunks again.
@@ -120,7 +121,12 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let rewrite: HashSet<crate::id::PackId> = found.damaged_headers.iter().copied().collect();
+    let rewrite: HashSet<crate::id::PackId> = found
+        .damaged_headers
+        .iter()
+        .chain(&found.overlong_packs)
+        .copied()
+        .collect();
     let mut report = RepairReport {
         trash_removed,
         dropped: drop.len() as u64,

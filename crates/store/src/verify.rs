@@ -87,6 +87,10 @@ pub struct VerifyReport {
     /// Packs whose header is damaged (a problem of its own): their
     /// records were checked on their own, and `repair` rewrites them.
     pub damaged_headers: Vec<PackId>,
+    /// Packs longer than they were sealed (bytes appended by something
+    /// else: a problem of its own, no record lost): `repair` rewrites
+    /// them.
+    pub overlong_packs: Vec<PackId>,
 }
 
 /// Verify the repository.
@@ -196,7 +200,29 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                     affected: Vec::new(),
                 });
             }
-            None => readable.push((n, path, info.len)),
+            None => {
+                // Bytes past the sealed end: nothing cairn wrote (a sealed
+                // pack never grows), its records unaffected; repair copies
+                // them into a new pack.
+                if let Some(f) = on_disk.get(&info.id).filter(|f| f.len > info.len) {
+                    report.problems.push(Problem {
+                        kind: "pack-tail",
+                        message: format!(
+                            "pack {} is {} bytes, it was sealed at {}: the {} bytes past its \
+                             end are none of cairn's (its records are unaffected; `cairn \
+                             repair` rewrites the pack)",
+                            path.display(),
+                            f.len,
+                            info.len,
+                            f.len - info.len
+                        ),
+                        chunk: None,
+                        affected: Vec::new(),
+                    });
+                    report.overlong_packs.push(info.id);
+                }
+                readable.push((n, path, info.len))
+            }
         }
     }
 
