@@ -747,7 +747,12 @@ impl super::Splitter for Splitter {
     }
 
     fn offset(&self) -> u64 {
-        self.input.offset()
+        // A member inflated in parallel is consumed from the input once it
+        // ends: until then, how far its output has come.
+        match &self.parallel {
+            Some((p, key)) => key + p.input_read(),
+            None => self.input.offset(),
+        }
     }
 
     fn cores(&self) -> usize {

@@ -866,6 +866,13 @@ impl ParallelInflate {
         }
     }
 
+    /// Bytes of the data the output read so far was inflated from (to
+    /// the bit where it ends, rounded down): how far a reader has come,
+    /// for progress.
+    pub fn input_read(&self) -> u64 {
+        (self.pos / 8) as u64
+    }
+
     /// Decode the next piece of output into `out` (empty on entry);
     /// `false` once the final block has been read.
     pub fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool> {
@@ -1570,6 +1577,32 @@ mod tests {
                 v.push((at * 8 - step.unused_bits as usize, total));
             }
         }
+    }
+
+    /// How far the output has come in the input (a progress bar's
+    /// measure): it grows chunk by chunk while pieces are read, never
+    /// past the stream, and ends at its end. (A gzip member inflated in
+    /// parallel was shown at its header's offset until it ended.)
+    #[test]
+    fn input_read_grows_with_the_output() {
+        let data = crate::testutil::image_like(3 << 20, 4);
+        let stream = deflate(&data, 6);
+        let mut p =
+            ParallelInflate::with_chunk(SharedBytes::from_vec(stream.clone()), 2, 100_000, 65536);
+        let (mut piece, mut seen) = (Vec::new(), Vec::new());
+        while p.next_piece(&mut piece).unwrap() {
+            piece.clear();
+            seen.push(p.input_read());
+        }
+        assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+        let distinct = seen.iter().collect::<std::collections::BTreeSet<_>>().len();
+        assert!(distinct > 3, "{distinct} steps: {seen:?}");
+        assert!(p.input_read() <= stream.len() as u64);
+        assert!(
+            p.input_read() + 1 >= stream.len() as u64,
+            "{}",
+            p.input_read()
+        );
     }
 
     /// Random bytes are stored blocks, one after another: each chunk starts
