@@ -546,14 +546,20 @@ fn no_files_from_variables(
     if from_env.is_empty() {
         return Ok(from_env);
     }
-    let alone = std::iter::once(OsString::from("cairn"))
-        .chain(prefix.iter().map(OsString::from))
-        .chain(from_env.iter().cloned());
-    let files = match Cli::try_parse_from(rewrite_level_flags(alone.collect())) {
-        Ok(Cli {
-            command: Command::Pack(p),
-        }) => p.common.files,
-        _ => return Ok(from_env),
+    // The files `words` hold, parsed as the command line is.
+    let files_of = |words: &[OsString]| {
+        let alone = std::iter::once(OsString::from("cairn"))
+            .chain(prefix.iter().map(OsString::from))
+            .chain(words.iter().cloned());
+        match Cli::try_parse_from(rewrite_level_flags(alone.collect())) {
+            Ok(Cli {
+                command: Command::Pack(p),
+            }) => Some(p.common.files),
+            _ => None,
+        }
+    };
+    let Some(files) = files_of(&from_env) else {
+        return Ok(from_env);
     };
     let Some(first) = files.first() else {
         return Ok(from_env);
@@ -561,8 +567,19 @@ fn no_files_from_variables(
     let word = first.display();
     match name {
         "xz" | "unxz" | "xzcat" => {
-            for f in &files {
-                if let Some(at) = from_env.iter().rposition(|w| w == f.as_os_str()) {
+            for (k, f) in files.iter().enumerate() {
+                // The word that is this file, not an option's value of the
+                // same text (`XZ_OPT="2 -T 2"`): the one whose removal
+                // leaves the rest parsing to the other files.
+                let rest = &files[k + 1..];
+                let at = (0..from_env.len())
+                    .filter(|&i| from_env[i] == f.as_os_str())
+                    .find(|&i| {
+                        let mut w = from_env.clone();
+                        w.remove(i);
+                        files_of(&w).as_deref() == Some(rest)
+                    });
+                if let Some(at) = at {
                     from_env.remove(at);
                 }
                 errln!(

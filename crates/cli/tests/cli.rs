@@ -1817,6 +1817,17 @@ fn links_read_the_tools_option_variables() {
             let _ = std::fs::remove_file(p(packed));
         }
     }
+    // The stray word, not an option's value of the same text (review).
+    std::fs::write(p("2"), b"precious").unwrap();
+    let out = std::process::Command::new(p("bin").join("xz"))
+        .env("XZ_OPT", "2 -T 2")
+        .args(["-k", "f"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read(p("2")).unwrap(), b"precious");
+    assert!(!p("2.xz").exists() && p("f.xz").exists());
 }
 
 /// As gzip (outside QA: cairn packed it and its output kept the bit): a

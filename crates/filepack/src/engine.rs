@@ -880,11 +880,16 @@ fn restored_origin(plan: &Plan, head: &[u8]) -> (Option<PathBuf>, Option<std::ti
         .rsplit(|&b| b == b'/')
         .next()
         .unwrap_or_default();
+    let name = std::ffi::OsStr::from_bytes(kept);
     let path = match (&plan.source, &plan.dest) {
+        // Never the input's own name: the output would replace the input,
+        // which is then removed.
         (Source::File(src), Dest::File(_))
-            if !plan.named && !matches!(kept, b"" | b"." | b"..") =>
+            if !plan.named
+                && !matches!(kept, b"" | b"." | b"..")
+                && src.file_name() != Some(name) =>
         {
-            Some(src.with_file_name(std::ffi::OsStr::from_bytes(kept)))
+            Some(src.with_file_name(name))
         }
         _ => None,
     };
@@ -965,7 +970,10 @@ fn unpack_one(
     let (mut reader, size) = plan.source.open()?;
     let input_meta = input_metadata(&plan.source, &reader);
     // With -N, enough for a gzip header that keeps a long name.
-    let head_len = if restore_name { 64 << 10 } else { 16 };
+    let head_len = match (&plan.source, restore_name) {
+        (Source::File(_), true) => 64 << 10,
+        _ => 16,
+    };
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
         .take(head_len)

@@ -151,6 +151,40 @@ pub struct Identity {
     pub created: i64,
     /// Image size.
     pub size: u64,
+    /// Between a repository and a clone of it (the same id, so the same
+    /// chunk ids), a digest of the snapshot's extents: each side numbers
+    /// its own new snapshots, so two different ones may share id,
+    /// number, name, second and size (one cron job backing up one disk
+    /// to both). `None` across repositories, whose chunk ids differ.
+    pub content: Option<[u8; 32]>,
+}
+
+/// A digest of `m`'s extents (chunk ids, lengths, holes).
+fn extents_digest(m: &Manifest) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for e in &m.extents {
+        match e {
+            crate::manifest::Extent::Data { len, id } => {
+                h.update(&[0]);
+                h.update(&len.to_le_bytes());
+                h.update(&id.0);
+            }
+            crate::manifest::Extent::Hole { len } => {
+                h.update(&[1]);
+                h.update(&len.to_le_bytes());
+            }
+        }
+    }
+    *h.finalize().as_bytes()
+}
+
+/// [`identity`], with the extents' digest when `clone` (the two
+/// repositories share an id).
+fn identity_between(repo: RepoId, m: &Manifest, clone: bool) -> Identity {
+    Identity {
+        content: clone.then(|| extents_digest(m)),
+        ..identity(repo, m)
+    }
 }
 
 /// The identity of snapshot `m` of the repository whose id is `repo`.
@@ -167,6 +201,7 @@ pub fn identity(repo: RepoId, m: &Manifest) -> Identity {
         name: m.name.clone(),
         created: m.created,
         size: m.size,
+        content: None,
     }
 }
 
@@ -236,12 +271,14 @@ pub fn copy(
     // What the destination holds of those images, each identity at its
     // first snapshot.
     let mut held: HashMap<Identity, Held> = HashMap::new();
+    let clone = src.id() == dest.id();
     let mut names: Vec<&str> = sources.iter().map(|m| m.name.as_str()).collect();
     names.dedup();
     for name in names {
         for n in dest.snapshots(name)? {
             if let Some(d) = dest.read_manifest_if_present(name, n)? {
-                held.entry(identity(dest.id(), &d)).or_insert(Held::At(n));
+                held.entry(identity_between(dest.id(), &d, clone))
+                    .or_insert(Held::At(n));
             }
         }
     }
@@ -252,7 +289,7 @@ pub fn copy(
     // of `todo`), whose number is known once it is copied.
     let mut pending = Vec::new();
     for m in sources {
-        let id = identity(src.id(), &m);
+        let id = identity_between(src.id(), &m, clone);
         let (name, from) = (m.name.clone(), m.snapshot);
         match held.get(&id) {
             Some(&Held::At(to)) => report.skipped.push(Skipped { name, from, to }),
@@ -589,6 +626,44 @@ mod tests {
             assert_eq!((r.copied.len(), r.skipped.len()), (0, 3));
             assert_eq!(dest.pack_files().unwrap().len(), packs);
         }
+    }
+
+    /// A repository and its clone number their new snapshots alike:
+    /// two different ones sharing number, name, second and size are told
+    /// apart by their extents (found in review: the source's was skipped
+    /// and its data never copied); across repositories the extents are
+    /// not compared (their chunk ids differ).
+    #[test]
+    fn a_clones_snapshots_of_the_same_number_and_second_differ_by_content() {
+        let r = RepoId([3; 16]);
+        let m = |id: u8| crate::manifest::Manifest {
+            name: "disk".into(),
+            snapshot: 3,
+            created: 1_700_000_000,
+            size: 10,
+            chunker: "fixed:4096".into(),
+            codec: "zstd:3".into(),
+            source: "/dev/sda".into(),
+            stats: Default::default(),
+            extents: vec![Extent::Data {
+                len: 10,
+                id: crate::id::ChunkId([id; 32]),
+            }],
+            tags: Vec::new(),
+            group: Some(0),
+        };
+        assert_ne!(
+            identity_between(r, &m(1), true),
+            identity_between(r, &m(2), true)
+        );
+        assert_eq!(
+            identity_between(r, &m(1), true),
+            identity_between(r, &m(1), true)
+        );
+        assert_eq!(
+            identity_between(r, &m(1), false),
+            identity_between(r, &m(2), false)
+        );
     }
 
     #[test]
