@@ -150,44 +150,25 @@ impl Compressor {
         let state = self.state.as_mut_ptr().cast::<c_void>();
         let level = self.level;
         let acceleration = if level < 0 { 1 - level } else { 1 };
-        if self.favor_dec_speed && level >= HC_FROM {
-            let write = |d: *mut u8, _: usize| {
-                // SAFETY: `state` is `state_bytes` (at least
-                // LZ4_sizeofStateHC()) bytes, 8-aligned as LZ4 requires,
-                // and owned by `self`. LZ4_initStreamHC makes it a clean
-                // HC state (null only if too small or misaligned, which
-                // it is not), favorDecSpeed is set on it, and the
-                // fast-reset compression keeps that flag on a clean state;
-                // `src` is valid for `src_len` bytes, `d` for `cap` bytes.
-                let n = unsafe {
+        let favor = self.favor_dec_speed && level >= HC_FROM;
+        let write = |d: *mut u8, _: usize| {
+            // SAFETY: `state` is `state_bytes` bytes (LZ4_sizeofState(),
+            // or LZ4_sizeofStateHC() for an HC level, as made in
+            // `with_level`), 8-aligned as LZ4 requires, owned by `self`;
+            // `src` is valid for `src_len` bytes, `d` for `cap` bytes.
+            let n = unsafe {
+                if favor {
+                    // LZ4_initStreamHC makes the state a clean HC state
+                    // (null only if too small or misaligned, which it is
+                    // not), favorDecSpeed is set on it, and the fast-reset
+                    // compression keeps that flag on a clean state.
                     if LZ4_initStreamHC(state, state_bytes).is_null() {
                         return None;
                     }
                     LZ4_favorDecompressionSpeed(state, 1);
-                    LZ4_compress_HC_extStateHC_fastReset(
-                        state,
-                        src.as_ptr().cast(),
-                        d.cast(),
-                        src_len,
-                        dst_cap,
-                        level,
-                    )
-                };
-                usize::try_from(n).ok().filter(|&n| n > 0 || src.is_empty())
-            };
-            // SAFETY (append_raw's contract): LZ4 writes only within
-            // `dst_capacity` = `cap` bytes and returns how many it wrote.
-            return unsafe { append_raw(dst, cap, write) };
-        }
-        let write = |d: *mut u8, _: usize| {
-            // SAFETY: `state` is LZ4_sizeofState() bytes, 8-aligned as
-            // LZ4 requires; `src` is valid for `src_len` bytes, `d` for
-            // `cap` bytes.
-            let n = unsafe {
-                match level >= HC_FROM {
-                    // SAFETY: as above, with `state` LZ4_sizeofStateHC()
-                    // bytes (made for this level in `with_level`).
-                    true => LZ4_compress_HC_extStateHC(
+                }
+                match (favor, level >= HC_FROM) {
+                    (true, _) => LZ4_compress_HC_extStateHC_fastReset(
                         state,
                         src.as_ptr().cast(),
                         d.cast(),
@@ -195,7 +176,15 @@ impl Compressor {
                         dst_cap,
                         level,
                     ),
-                    false => LZ4_compress_fast_extState(
+                    (false, true) => LZ4_compress_HC_extStateHC(
+                        state,
+                        src.as_ptr().cast(),
+                        d.cast(),
+                        src_len,
+                        dst_cap,
+                        level,
+                    ),
+                    (false, false) => LZ4_compress_fast_extState(
                         state,
                         src.as_ptr().cast(),
                         d.cast(),
