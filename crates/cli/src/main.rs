@@ -104,7 +104,8 @@ enum Command {
     /// variables or CAIRN_FROM_PASSWORD; the destination's as for any
     /// --repo.
     Copy(diff_copy::CopyArgs),
-    /// Reclaim chunks no snapshot uses; repack half-empty packs.
+    /// Reclaim chunks no snapshot uses; repack half-empty packs, dropping
+    /// the dead chunks of their records.
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
     Stats(repo_cmd::StatsArgs),

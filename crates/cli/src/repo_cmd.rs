@@ -283,7 +283,10 @@ pub(crate) struct ForgetArgs {
 pub(crate) struct GcArgs {
     #[command(flatten)]
     pub repo: RepoArg,
-    /// Repack packs whose live data is below this fraction.
+    /// Repack packs whose live data is below this fraction of their size
+    /// (a record's live data: its share of live chunks). Records of a
+    /// repacked pack that hold dead chunks are compressed again without
+    /// them, with the codec and level the newest snapshot used.
     #[arg(long, default_value_t = 0.5)]
     pub repack_below: f64,
     /// Print as JSON.
@@ -1410,6 +1413,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             "chunks_after": r.chunks_after,
             "packs_deleted": r.packs_deleted,
             "packs_repacked": r.packs_repacked,
+            "chunks_rewritten": r.chunks_rewritten,
             "packs_written": r.packs_written,
             "bytes_before": r.bytes_before,
             "bytes_after": r.bytes_after,
@@ -1420,12 +1424,20 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
         }));
     } else {
         errln!(
-            "cairn: gc: {} -> {} chunks, {} pack(s) deleted, {} repacked into {}, {} -> {}{}",
+            "cairn: gc: {} -> {} chunks, {} pack(s) deleted, {} repacked into {}{}, {} -> {}{}",
             r.chunks_before,
             r.chunks_after,
             r.packs_deleted,
             r.packs_repacked,
             r.packs_written,
+            if r.chunks_rewritten > 0 {
+                format!(
+                    " ({} chunk(s) compressed again apart from dead ones)",
+                    r.chunks_rewritten
+                )
+            } else {
+                String::new()
+            },
             HumanBytes(r.bytes_before),
             HumanBytes(r.bytes_after),
             if r.deferred {

@@ -30,13 +30,15 @@
 //! the index never keeps naming a pack that verify reports as cut.
 
 use crate::backend::{Key, Liveness};
+use crate::backup::{group_for_packs, DEFAULT_GROUP_SIZE};
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId};
-use crate::index::{IndexFile, Location, PackInfo};
+use crate::index::{ChunkIndex, IndexFile, Location, PackInfo};
 use crate::manifest::Extent;
-use crate::pack::{open_record, PackWriter};
+use crate::pack::{encode_record, open_record, PackWriter, RecordDecoder, MAX_GROUP_RAW};
 use crate::reader::PackReader;
 use crate::repo::{Garbage, PackFile, Repository, Salvaged, Session};
+use cairn_codec::{BlockCodec, CodecKind, CodecSpec, Probe};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// How to collect.
@@ -83,6 +85,10 @@ pub struct GcReport {
     pub packs_deleted: u64,
     /// Packs whose live chunks were copied into new packs.
     pub packs_repacked: u64,
+    /// Live chunks of repacked records that also held dead ones, compressed
+    /// again into new records without those (the rest of a repacked pack's
+    /// records are copied as they are).
+    pub chunks_rewritten: u64,
     /// New packs written.
     pub packs_written: u64,
     /// Bytes of pack files before.
@@ -111,6 +117,35 @@ fn bit(v: &[u64], i: usize) -> bool {
 
 fn set(v: &mut [u64], i: usize) {
     v[i / 64] |= 1 << (i % 64);
+}
+
+/// Stored bytes per pack of what the live entries (`live(i)` for index
+/// position `i`) take: each record's length times the share of its
+/// chunks that are live. The index holds no chunk's length (manifests
+/// do, of live chunks only), so the share is counted in chunks, which
+/// content-defined chunking makes of like sizes. A record with a live
+/// chunk counts at least one byte, so a pack is dead only when none is
+/// live.
+pub(crate) fn live_bytes_per_pack(index: &ChunkIndex, live: impl Fn(usize) -> bool) -> Vec<u64> {
+    // (length, entries, live entries) per record.
+    let mut records: HashMap<(u32, u32), (u32, u32, u32)> = HashMap::new();
+    for i in 0..index.len() {
+        let Some(loc) = index.location_at(i) else {
+            continue;
+        };
+        let r = records
+            .entry((loc.pack, loc.offset))
+            .or_insert((loc.len, 0, 0));
+        r.1 += 1;
+        r.2 += u32::from(live(i));
+    }
+    let mut bytes = vec![0u64; index.packs().len()];
+    for ((pack, _), (len, all, live)) in records {
+        if live > 0 {
+            bytes[pack as usize] += (u64::from(len) * u64::from(live) / u64::from(all)).max(1);
+        }
+    }
+    bytes
 }
 
 /// Collect garbage.
@@ -150,6 +185,10 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         }
     }
     let mut live = vec![0u64; index.len().div_ceil(64)];
+    // How the live chunks were stored: the newest snapshot's codec spec
+    // of each kind and the largest group, for records gc rewrites.
+    let mut specs: HashMap<CodecKind, (i64, CodecSpec)> = HashMap::new();
+    let mut group: Option<usize> = None;
     for (name, snaps) in repo.images()? {
         for snap in snaps {
             // One removed since the listing (a forget or rm running
@@ -163,6 +202,14 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                     )))
                 }
             };
+            if let Ok(spec) = m.codec.parse::<CodecSpec>() {
+                let newest = specs.entry(spec.kind()).or_insert((m.created, spec));
+                if m.created >= newest.0 {
+                    *newest = (m.created, spec);
+                }
+            }
+            let g = m.group.map_or(DEFAULT_GROUP_SIZE, |g| g as usize);
+            group = Some(group.map_or(g, |was: usize| was.max(g)));
             for e in &m.extents {
                 if let Extent::Data { id, .. } = e {
                     if let Some(i) = index.position(id).filter(|&i| !bit(&dropped, i)) {
@@ -173,24 +220,13 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         }
     }
 
-    // Live bytes per pack (a record counts once, whatever number of its
-    // chunks are live), and the files as they are on disk.
+    // Live bytes per pack (each record's share of live chunks), and the
+    // files as they are on disk.
     let npacks = index.packs().len();
-    let mut live_bytes = vec![0u64; npacks];
-    let mut dead_entries = 0u64;
-    let mut live_records = std::collections::HashSet::new();
-    for i in 0..index.len() {
-        let Some(loc) = index.location_at(i) else {
-            continue;
-        };
-        if bit(&live, i) {
-            if live_records.insert((loc.pack, loc.offset)) {
-                live_bytes[loc.pack as usize] += u64::from(loc.len);
-            }
-        } else {
-            dead_entries += 1;
-        }
-    }
+    let live_bytes = live_bytes_per_pack(&index, |i| bit(&live, i));
+    let dead_entries = (0..index.len())
+        .filter(|&i| !bit(&live, i) && index.location_at(i).is_some())
+        .count() as u64;
     let files = repo.pack_files()?;
     report.bytes_before = files.iter().map(|f| f.len).sum();
     let on_disk: HashMap<_, _> = files.iter().map(|f| (f.id, f.len)).collect();
@@ -243,9 +279,11 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         return Ok(report);
     }
 
-    // Repack: copy live records of sparse packs, verbatim.
+    // Repack: copy the live records of sparse packs; a record whose
+    // chunks are all live is copied verbatim, one with dead chunks is
+    // decoded and its live chunks (each checked against its id) are
+    // compressed again into new records, so that the dead ones go.
     say("repacking");
-    let mut moved = IndexFile::default();
     let mut repacked = vec![false; npacks];
     let mut by_pack: HashMap<u32, Vec<(usize, Location)>> = HashMap::new();
     for i in 0..index.len() {
@@ -255,102 +293,93 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
             }
         }
     }
-    let mut writer: Option<(PackWriter, u16)> = None;
-    let mut target = 0usize;
+    let group = group_for_packs(group.unwrap_or(DEFAULT_GROUP_SIZE), repo.pack_size());
+    let mut out = Repacker::new(repo, &specs, group);
     let reader = PackReader::new(repo, &index);
+    let mut decoder = RecordDecoder::new(repo.crypt().cloned());
+    let mut plain = Vec::new();
+    let mut decoded = Vec::new();
     for &n in &sparse {
         let info = index.packs()[n];
+        let path = reader.path(n as u32)?;
         // A cut pack is read as far as it goes (its records past the cut
         // are not in `index`).
         let len = on_disk.get(&info.id).map_or(info.len, |&l| l.min(info.len));
         let data = reader.read_pack(n as u32, len)?;
-        // Live chunks by record: a record is copied once, whole, and
-        // keeps its dead chunks (they cost space until the record dies).
         let mut by_record: BTreeMap<u32, Vec<Location>> = BTreeMap::new();
         for (_, loc) in by_pack.get(&(n as u32)).map(|v| &v[..]).unwrap_or(&[]) {
             by_record.entry(loc.offset).or_default().push(*loc);
         }
-        let mut records = Vec::new();
-        let mut sound = true;
-        let mut plain = Vec::new();
+        // Every live record is checked before anything is written.
+        let mut whole = Vec::new();
+        let mut loose = Vec::new();
+        let mut damage = None;
         for (offset, locs) in &by_record {
             let (s, e) = (*offset as usize, *offset as usize + locs[0].len as usize);
             let Some(rec) = data.get(s..e) else {
-                report.damaged.push(format!(
+                damage = Some(format!(
                     "{}: live record at offset {offset} runs past the end of the pack",
-                    reader.path(n as u32)?.display()
+                    path.display()
                 ));
-                sound = false;
                 break;
             };
-            let parsed = open_record(rec, repo.crypt().map(|c| &**c), &mut plain)
+            let Some((r, _)) = open_record(rec, repo.crypt().map(|c| &**c), &mut plain)
                 .ok()
-                .filter(|(_, len)| *len == rec.len());
-            let Some((r, _)) = parsed else {
-                // A damaged live record: keep the pack as it is, so that
-                // nothing is lost that is not already lost; and say so.
-                report.damaged.push(format!(
+                .filter(|(_, len)| *len == rec.len())
+            else {
+                damage = Some(format!(
                     "{}: live record at offset {offset} is damaged",
-                    reader.path(n as u32)?.display()
+                    path.display()
                 ));
-                sound = false;
                 break;
             };
-            let ids: Vec<(ChunkId, u32)> = r
-                .chunks()
-                .filter(|(_, slice, _)| locs.iter().any(|l| l.slice == *slice))
-                .map(|(id, slice, _)| (id, slice))
-                .collect();
-            records.push((rec, ids));
+            let kind = r.header.codec;
+            let chunks: Vec<(ChunkId, u32, u32)> = r.chunks().collect();
+            let is_live = |slice: u32| locs.iter().any(|l| l.slice == slice);
+            if chunks.iter().all(|c| is_live(c.1)) {
+                let ids = chunks.iter().map(|&(id, slice, _)| (id, slice)).collect();
+                whole.push((rec, ids));
+                continue;
+            }
+            let at = u64::from(*offset);
+            if let Err(e) = decoder.decode(&path, at, rec, &mut decoded) {
+                damage = Some(format!("{e}"));
+                break;
+            }
+            for &(id, slice, len) in chunks.iter().filter(|c| is_live(c.1)) {
+                let bytes = decoded.get(slice as usize..(slice + len) as usize);
+                match bytes.map(|b| decoder.check_chunk(&path, at, &id, b)) {
+                    Some(Ok(())) => loose.push((kind, id, bytes.unwrap_or_default().to_vec())),
+                    Some(Err(e)) => damage = Some(format!("{e}")),
+                    None => {
+                        damage = Some(format!(
+                            "{}: live record at offset {offset}: chunk {id} lies past the group",
+                            path.display()
+                        ))
+                    }
+                }
+            }
+            if damage.is_some() {
+                break;
+            }
         }
-        if !sound {
+        if let Some(d) = damage {
+            // A damaged live record: keep the pack as it is, so that
+            // nothing is lost that is not already lost; and say so.
+            report.damaged.push(d);
             continue;
         }
-        for (rec, ids) in records {
-            // Sealed before a record that would take it past the pack size
-            // (as a backup does), so repacked packs keep the size too.
-            if writer.as_ref().is_some_and(|(w, _)| {
-                !w.is_empty() && w.len() + rec.len() as u64 > repo.pack_size()
-            }) {
-                if let Some(w) = writer.take() {
-                    finish(w, &mut moved)?;
-                }
-            }
-            let (w, _) = match &mut writer {
-                Some(w) => w,
-                None => {
-                    let t = (target % repo.target_count()) as u16;
-                    target += 1;
-                    writer.insert((
-                        PackWriter::create(&**repo.target(t)?, repo.id(), repo.sealed())?,
-                        t,
-                    ))
-                }
-            };
-            let at = w.append(rec)?;
-            for (id, slice) in ids {
-                moved.entries.push((
-                    id,
-                    Location {
-                        pack: moved.packs.len() as u32,
-                        offset: at as u32,
-                        len: rec.len() as u32,
-                        slice,
-                    },
-                ));
-            }
-            if w.len() >= repo.pack_size() {
-                if let Some(w) = writer.take() {
-                    finish(w, &mut moved)?;
-                }
-            }
+        for (rec, ids) in whole {
+            out.put(rec, ids)?;
+        }
+        for (kind, id, bytes) in loose {
+            out.put_chunk(kind, id, &bytes)?;
+            report.chunks_rewritten += 1;
         }
         repacked[n] = true;
         report.packs_repacked += 1;
     }
-    if let Some(w) = writer.take() {
-        finish(w, &mut moved)?;
-    }
+    let moved = out.finish()?;
     report.packs_written = moved.packs.len() as u64;
 
     // New index: live entries in kept packs, read back from the old files
@@ -630,8 +659,182 @@ pub(crate) fn collect_trash(
     Ok(out)
 }
 
-fn finish((w, target): (PackWriter, u16), moved: &mut IndexFile) -> Result<()> {
-    let (id, len) = w.finish()?;
-    moved.packs.push(PackInfo { id, target, len });
-    Ok(())
+/// Writes gc's new packs: records copied as they are, and chunks of
+/// records with dead ones, grouped again by codec kind and compressed.
+struct Repacker<'a> {
+    repo: &'a Repository,
+    specs: &'a HashMap<CodecKind, (i64, CodecSpec)>,
+    /// Raw bytes per new group (0: each chunk alone).
+    group: usize,
+    writer: Option<(PackWriter, u16)>,
+    /// Packs opened so far, for spreading them over the targets.
+    opened: usize,
+    /// The new packs and their entries.
+    moved: IndexFile,
+    /// Chunks waiting to be grouped, per codec kind.
+    pending: Vec<Waiting>,
+    codecs: Vec<(CodecKind, Box<dyn BlockCodec>)>,
+    probe: Probe,
+    record: Vec<u8>,
+}
+
+/// Chunks waiting to be grouped into a record of codec kind `kind`: their
+/// ids and lengths, and their bytes one after another.
+struct Waiting {
+    kind: CodecKind,
+    table: Vec<(ChunkId, u32)>,
+    raw: Vec<u8>,
+}
+
+impl<'a> Repacker<'a> {
+    fn new(
+        repo: &'a Repository,
+        specs: &'a HashMap<CodecKind, (i64, CodecSpec)>,
+        group: usize,
+    ) -> Repacker<'a> {
+        Repacker {
+            repo,
+            specs,
+            group,
+            writer: None,
+            opened: 0,
+            moved: IndexFile::default(),
+            pending: Vec::new(),
+            codecs: Vec::new(),
+            probe: Probe::new(),
+            record: Vec::new(),
+        }
+    }
+
+    /// Append the record `rec` holding the chunks `ids` (id and offset in
+    /// its group) to the open pack, sealed first if the record would take
+    /// it past the pack size (as a backup does).
+    fn put(&mut self, rec: &[u8], ids: Vec<(ChunkId, u32)>) -> Result<()> {
+        let repo = self.repo;
+        if self
+            .writer
+            .as_ref()
+            .is_some_and(|(w, _)| !w.is_empty() && w.len() + rec.len() as u64 > repo.pack_size())
+        {
+            self.seal()?;
+        }
+        let (w, _) = match &mut self.writer {
+            Some(w) => w,
+            None => {
+                let t = (self.opened % repo.target_count()) as u16;
+                self.opened += 1;
+                self.writer.insert((
+                    PackWriter::create(&**repo.target(t)?, repo.id(), repo.sealed())?,
+                    t,
+                ))
+            }
+        };
+        let at = w.append(rec)?;
+        let pack = self.moved.packs.len() as u32;
+        for (id, slice) in ids {
+            self.moved.entries.push((
+                id,
+                Location {
+                    pack,
+                    offset: at as u32,
+                    len: rec.len() as u32,
+                    slice,
+                },
+            ));
+        }
+        if w.len() >= repo.pack_size() {
+            self.seal()?;
+        }
+        Ok(())
+    }
+
+    /// Add chunk `id` (`bytes`), last stored with a codec of `kind`, to
+    /// the group of its kind, writing the group first if it is full.
+    fn put_chunk(&mut self, kind: CodecKind, id: ChunkId, bytes: &[u8]) -> Result<()> {
+        let i = match self.pending.iter().position(|p| p.kind == kind) {
+            Some(i) => i,
+            None => {
+                self.pending.push(Waiting {
+                    kind,
+                    table: Vec::new(),
+                    raw: Vec::new(),
+                });
+                self.pending.len() - 1
+            }
+        };
+        let w = &self.pending[i];
+        if !w.table.is_empty()
+            && (w.raw.len() + bytes.len() > self.group.min(MAX_GROUP_RAW)
+                || w.table.len() == usize::from(u16::MAX))
+        {
+            self.write_group(i)?;
+        }
+        let w = &mut self.pending[i];
+        w.table.push((id, bytes.len() as u32));
+        w.raw.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// Compress and append the waiting group `i`.
+    fn write_group(&mut self, i: usize) -> Result<()> {
+        let w = &mut self.pending[i];
+        let (kind, table, raw) = (
+            w.kind,
+            std::mem::take(&mut w.table),
+            std::mem::take(&mut w.raw),
+        );
+        if table.is_empty() {
+            return Ok(());
+        }
+        let c = match self.codecs.iter().position(|c| c.0 == kind) {
+            Some(c) => c,
+            None => {
+                let spec = self
+                    .specs
+                    .get(&kind)
+                    .map_or_else(|| CodecSpec::default_for(kind), |s| s.1);
+                self.codecs.push((kind, spec.build()));
+                self.codecs.len() - 1
+            }
+        };
+        let mut record = std::mem::take(&mut self.record);
+        record.clear();
+        encode_record(
+            &mut record,
+            &table,
+            &raw,
+            self.codecs[c].1.as_mut(),
+            &mut self.probe,
+            self.repo.crypt().map(|c| &**c),
+        )?;
+        let mut slice = 0u32;
+        let ids = table
+            .iter()
+            .map(|&(id, len)| {
+                slice += len;
+                (id, slice - len)
+            })
+            .collect();
+        self.put(&record, ids)?;
+        self.record = record;
+        Ok(())
+    }
+
+    fn seal(&mut self) -> Result<()> {
+        if let Some((w, target)) = self.writer.take() {
+            let (id, len) = w.finish()?;
+            self.moved.packs.push(PackInfo { id, target, len });
+        }
+        Ok(())
+    }
+
+    /// Write the waiting groups, seal the last pack, and give back the
+    /// new packs and their entries.
+    fn finish(mut self) -> Result<IndexFile> {
+        for i in 0..self.pending.len() {
+            self.write_group(i)?;
+        }
+        self.seal()?;
+        Ok(self.moved)
+    }
 }

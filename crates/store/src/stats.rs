@@ -91,9 +91,11 @@ pub struct RepoStats {
     /// Uncompressed bytes of the distinct chunks the snapshots use (each
     /// chunk once, whichever snapshots share it).
     pub unique_raw_bytes: u64,
-    /// Stored (compressed) bytes of the records holding those chunks:
-    /// what the snapshots take in the packs; the rest of the pack bytes
-    /// is what gc can reclaim, headers aside.
+    /// Stored (compressed) bytes those chunks take: each record holding
+    /// one counts by its share of used chunks (in chunks, not bytes: the
+    /// index holds no chunk's length). The rest of the pack bytes is what
+    /// gc can reclaim, headers aside (it reclaims a pack once under
+    /// `--repack-below` of it is used).
     pub live_stored_bytes: u64,
     /// Index files.
     pub index_files: u64,
@@ -122,7 +124,6 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
     // went wrong once the snapshot that stored a chunk was removed and
     // another still used it.
     let mut seen = vec![0u64; index.len().div_ceil(64)];
-    let mut records = std::collections::HashSet::new();
     let images = repo.images()?;
     s.images = images.len() as u64;
     for (name, snaps) in &images {
@@ -149,15 +150,14 @@ pub fn stats(repo: &Repository) -> Result<RepoStats> {
                 if seen[i / 64] >> (i % 64) & 1 == 0 {
                     seen[i / 64] |= 1 << (i % 64);
                     s.unique_raw_bytes += u64::from(*len);
-                    if let Some(loc) = index.location_at(i) {
-                        if records.insert((loc.pack, loc.offset)) {
-                            s.live_stored_bytes += u64::from(loc.len);
-                        }
-                    }
                 }
             }
         }
     }
+    s.live_stored_bytes =
+        crate::gc::live_bytes_per_pack(index, |i| seen[i / 64] >> (i % 64) & 1 == 1)
+            .iter()
+            .sum();
     s.damaged_index_files = loaded.damaged.iter().map(|e| e.to_string()).collect();
     s.index_entry_bytes = loaded.index.entry_bytes() as u64;
     s.index_files = repo.index_files()?.len() as u64;

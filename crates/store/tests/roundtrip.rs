@@ -83,6 +83,17 @@ fn store(
     backup(r, &lock, &mut Cursor::new(data.to_vec()), &opts).unwrap()
 }
 
+/// `verify --read-data` of `r` finds no problem.
+fn verify_clean(r: &Repository) {
+    let opts = cairn_store::VerifyOptions {
+        read_data: true,
+        threads: 2,
+        progress: None,
+    };
+    let v = cairn_store::verify(r, &opts).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+}
+
 fn load(r: &Repository, name: &str, threads: usize) -> Vec<u8> {
     let (n, s) = r.resolve(name).unwrap();
     let m = r.read_manifest(&n, s).unwrap();
@@ -641,6 +652,86 @@ fn gc_repacks_packs_of_grouped_records() {
     assert!(load(&r, "b", 1) == b);
 }
 
+/// Regression (user audit): gc kept a record whole as long as one of its
+/// chunks was live, so the dead chunks that share a 2 MiB group with live
+/// ones were never reclaimed, and `stats` counted them as in use. A
+/// record with dead chunks is now compressed again without them.
+#[test]
+fn gc_reclaims_dead_chunks_inside_records() {
+    for encrypted in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let init = |at: &str| {
+            let opts = cairn_store::InitOptions {
+                targets: vec![dir.path().join(format!("{at}-t0"))],
+                pack_size: Some(4 << 20),
+                encryption: encrypted.then(|| {
+                    (
+                        cairn_store::Password::new("pw"),
+                        cairn_store::KdfParams {
+                            memory_kib: 1024,
+                            iterations: 1,
+                            parallelism: 1,
+                        },
+                    )
+                }),
+                reserve: 0,
+            };
+            Repository::init_with(&dir.path().join(at), &opts).unwrap()
+        };
+        let r = init("repo");
+        // b keeps 256 KiB of every MiB of a: every group of a keeps some
+        // chunks live and loses the rest.
+        let a = image(24 << 20, 11);
+        let b: Vec<u8> = a
+            .chunks(1 << 20)
+            .flat_map(|c| c[..c.len().min(256 << 10)].to_vec())
+            .collect();
+        // (One thread: `store` groups chunks into records then.)
+        store(&r, "a", &a, cairn_store::DEFAULT_CHUNKER, "zstd:3", 1);
+        store(&r, "b", &b, cairn_store::DEFAULT_CHUNKER, "zstd:3", 1);
+        let alone = init("alone");
+        store(&alone, "b", &b, cairn_store::DEFAULT_CHUNKER, "zstd:3", 1);
+        let b_alone = cairn_store::stats(&alone).unwrap().pack_bytes;
+
+        let lock = r.session("test").unwrap();
+        r.remove_snapshot(&lock, "a", 1).unwrap();
+        let before = cairn_store::stats(&r).unwrap();
+        // What stats calls in use is b's share, not every record b touches.
+        assert!(
+            before.live_stored_bytes < b_alone * 3 / 2,
+            "{} in use, b alone {b_alone}",
+            before.live_stored_bytes
+        );
+        let rep = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
+        assert!(rep.chunks_rewritten > 0, "{rep:?}");
+        assert!(rep.damaged.is_empty(), "{rep:?}");
+        // What is left is about what b alone takes (its chunks are cut
+        // where a's were, so some groups differ), not a's 24 MiB.
+        let after = cairn_store::stats(&r).unwrap();
+        assert_eq!(after.pack_bytes, rep.bytes_after);
+        assert!(
+            rep.bytes_after < b_alone * 5 / 4 + (1 << 20),
+            "encrypted {encrypted}: {} left, b alone {b_alone}, before {}: {rep:?}",
+            rep.bytes_after,
+            rep.bytes_before
+        );
+        // A second gc finds nothing more to do.
+        let again = cairn_store::gc(&r, &lock, &cairn_store::GcOptions::default()).unwrap();
+        assert_eq!(
+            (
+                again.packs_repacked,
+                again.chunks_rewritten,
+                again.packs_deleted
+            ),
+            (0, 0, 0),
+            "{again:?}"
+        );
+        drop(lock);
+        assert!(load(&r, "b", 2) == b);
+        verify_clean(&r);
+    }
+}
+
 /// Regression: `verify` did not read the garbage list, so a damaged list
 /// (which stops every writer) went unreported. And the collection of a
 /// trash list keeps the packs of chunks a snapshot uses (one committed
@@ -996,16 +1087,7 @@ fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
     assert_eq!(again.totals.new_chunks, 0, "{again:?}");
     assert!(load(&r, "b", 1) == b);
     assert!(load(&r, "c", 2) == b);
-    let v = cairn_store::verify(
-        &r,
-        &cairn_store::VerifyOptions {
-            read_data: true,
-            threads: 2,
-            progress: None,
-        },
-    )
-    .unwrap();
-    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    verify_clean(&r);
     // The same bytes in a plain repository have other (unkeyed) ids.
     let (_d, plain) = repo(1);
     store(&plain, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
