@@ -14,6 +14,7 @@ use cairn_store::{
 use clap::Args;
 use indicatif::HumanBytes;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -374,6 +375,8 @@ pub(crate) fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
+    // Refused places are refused before a password is asked for.
+    Repository::check_init_location(location(&a.repo)?)?;
     let encryption = match a.encryption.as_str() {
         "none" => {
             if a.password.password_file.is_some() || a.password.password_command.is_some() {
@@ -978,9 +981,23 @@ fn problems_json(problems: &[cairn_store::Problem]) -> serde_json::Value {
         .collect::<Vec<_>>())
 }
 
-/// Verify's problems, a line each and the places they affect.
+/// Problems of one kind printed whole; the rest are counted (a lost
+/// index file makes one problem per chunk it listed: thousands).
+const PROBLEMS_SHOWN: usize = 20;
+
+/// Verify's problems, a line each and the places they affect; past
+/// [`PROBLEMS_SHOWN`] of a kind, a count, and then how many places each
+/// snapshot has damaged (`--json` lists every problem).
 fn print_problems(problems: &[cairn_store::Problem]) {
+    let mut shown: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut hidden: BTreeMap<&str, usize> = BTreeMap::new();
     for p in problems {
+        let n = shown.entry(p.kind).or_default();
+        if *n == PROBLEMS_SHOWN {
+            *hidden.entry(p.kind).or_default() += 1;
+            continue;
+        }
+        *n += 1;
         outln!("{}: {}", p.kind, p.message);
         for x in p.affected.iter().take(20) {
             outln!(
@@ -993,6 +1010,19 @@ fn print_problems(problems: &[cairn_store::Problem]) {
         if p.affected.len() > 20 {
             outln!("    ... and {} more places", p.affected.len() - 20);
         }
+    }
+    if hidden.is_empty() {
+        return;
+    }
+    for (kind, n) in &hidden {
+        outln!("{kind}: ... and {n} more (`--json` lists every one)");
+    }
+    let mut places: BTreeMap<(&str, u64), usize> = BTreeMap::new();
+    for x in problems.iter().flat_map(|p| &p.affected) {
+        *places.entry((&x.image, x.snapshot)).or_default() += 1;
+    }
+    for ((image, snapshot), n) in places {
+        outln!("{image}@{snapshot}: {n} place(s) affected in all");
     }
 }
 
@@ -1424,10 +1454,11 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
         }));
     } else {
         errln!(
-            "cairn: gc: {} -> {} chunks, {} pack(s) deleted, {} repacked into {}{}, {} -> {}{}",
+            "cairn: gc: {} -> {} chunks, {} pack(s) {}, {} repacked into {}{}, {} -> {}{}",
             r.chunks_before,
             r.chunks_after,
             r.packs_deleted,
+            if r.deferred { "to delete" } else { "deleted" },
             r.packs_repacked,
             r.packs_written,
             if r.chunks_rewritten > 0 {

@@ -195,6 +195,11 @@ fn wrong_missing_and_every_source_of_password() {
         "needs a password",
     );
     assert!(!d.join("new").join("config").exists());
+    // A place init refuses is refused before a password is asked for.
+    fails_with(
+        &run(&mut plain(), &["init", s(&repo)]),
+        "already exists and is not empty",
+    );
 
     let file = d.join("pw");
     std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();

@@ -696,6 +696,18 @@ fn flipped_byte_in_index_file() {
             restore_names: "is missing from the repository".into(),
         },
     );
+    // The text lists 20 problems of a kind and counts the rest (a lost
+    // index file of a big image made thousands of lines).
+    let out = run(&["verify", "--repo", s(&repo)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let listed = text
+        .lines()
+        .filter(|l| l.starts_with("missing-chunk: chunk"))
+        .count();
+    assert_eq!(listed, lost.len().min(20), "{text}");
+    assert!(lost.len() > 20, "{} lost: make the test lose more", lost.len());
+    let more = format!("missing-chunk: ... and {} more", lost.len() - 20);
+    assert!(text.contains(&more), "{text}");
     // Restore says why the chunk is missing: the damaged index file.
     let (out, _dir, _) = restore(&repo, "alpha@1", &[]);
     let err = String::from_utf8_lossy(&out.stderr);

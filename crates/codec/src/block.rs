@@ -61,7 +61,9 @@ impl CodecKind {
     /// Accepted levels, inclusive.
     pub fn level_range(self) -> (i32, i32) {
         match self {
-            CodecKind::None | CodecKind::Lz4 | CodecKind::Snappy => (0, 1),
+            CodecKind::None | CodecKind::Snappy => (0, 1),
+            // 0 and 1 the fast coder, 3-12 LZ4 HC (as `lz4 -3`..`-12`).
+            CodecKind::Lz4 => (0, 12),
             CodecKind::Lzo => (1, 9),
             CodecKind::Zstd => (-50, 22),
             CodecKind::Deflate => (0, 12),
@@ -139,7 +141,7 @@ impl CodecSpec {
     pub fn build(self) -> Box<dyn BlockCodec> {
         match self.kind {
             CodecKind::None => Box::new(NoneCodec),
-            CodecKind::Lz4 => Box::new(Lz4Codec::default()),
+            CodecKind::Lz4 => Box::new(Lz4Codec::with_level(self.level.max(1))),
             CodecKind::Snappy => Box::new(SnappyCodec::default()),
             CodecKind::Lzo => Box::new(LzoCodec::new(self.level)),
             CodecKind::Zstd => Box::new(ZstdCodec::for_blocks(self.level)),

@@ -355,7 +355,12 @@ pub fn copy(
         check_options(&bopts)?;
         let fetcher = Fetcher::new(&files, &index);
         let spans = files.reads_per_core() > 1;
-        let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts)?;
+        let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts).map_err(|e| {
+            StoreError::InSnapshot {
+                snapshot: format!("{}@{}", m.name, m.snapshot),
+                source: Box::new(e),
+            }
+        })?;
         let t = r.totals;
         let c = Copied {
             name: m.name.clone(),
@@ -533,6 +538,34 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    /// A copy that fails on damage in the source names the snapshot it
+    /// was copying (user audit: the error named only the pack and offset).
+    #[test]
+    fn a_copy_stopped_by_damage_names_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dest) = (
+            repo(dir.path(), "src", None),
+            repo(dir.path(), "dest", None),
+        );
+        put(&src, "a", &image(3 << 20, 41), &[], 1_700_000_000);
+        for f in src.pack_files().unwrap() {
+            let mut bytes = std::fs::read(&f.path).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x55;
+            std::fs::write(&f.path, bytes).unwrap();
+        }
+        let lock = dest.session("test copy").unwrap();
+        let opts = CopyOptions {
+            names: Vec::new(),
+            threads: 2,
+            group_size: 64 << 10,
+            progress: None,
+        };
+        let err = copy(&src, &dest, &lock, &opts).unwrap_err().to_string();
+        assert!(err.starts_with("a@1: "), "{err}");
+        assert!(dest.images().unwrap().is_empty(), "nothing committed");
     }
 
     fn lengths(m: &Manifest) -> Vec<(bool, u64)> {

@@ -119,6 +119,15 @@ pub enum StoreError {
         #[source]
         source: Box<StoreError>,
     },
+    /// An error while copying a snapshot, naming it (`NAME@N`).
+    #[error("{snapshot}: {source}")]
+    InSnapshot {
+        /// The snapshot.
+        snapshot: String,
+        /// What went wrong.
+        #[source]
+        source: Box<StoreError>,
+    },
     /// The operation was cancelled (a writer thread stopped).
     #[error("{0}")]
     Aborted(String),
@@ -165,7 +174,9 @@ impl StoreError {
                 source.raw_os_error() == Some(libc::ENOSPC)
                     || source.kind() == io::ErrorKind::StorageFull
             }
-            StoreError::InImage { source, .. } => source.is_no_space(),
+            StoreError::InImage { source, .. } | StoreError::InSnapshot { source, .. } => {
+                source.is_no_space()
+            }
             _ => false,
         }
     }

@@ -697,6 +697,29 @@ impl Repository {
         result
     }
 
+    /// A repository can be made at `root`: it is missing or an empty
+    /// directory.
+    fn check_new_root(root: &Path) -> Result<()> {
+        if root.exists() {
+            let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
+            if entries.next().is_some() {
+                return Err(StoreError::AlreadyExists(root.to_path_buf()));
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`Repository::init_location_with`] would refuse at `location`
+    /// before it writes anything, checked without a password (so `init`
+    /// does not ask for one to then refuse the place): a local directory
+    /// that is not empty. An object store is checked by the init itself.
+    pub fn check_init_location(location: &str) -> Result<()> {
+        if location.starts_with("s3://") {
+            return Ok(());
+        }
+        Self::check_new_root(Path::new(location))
+    }
+
     fn check_pack_size(pack_size: Option<u64>) -> Result<u64> {
         let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
         if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
@@ -710,12 +733,7 @@ impl Repository {
     fn init_recording(root: &Path, opts: &InitOptions, made: &mut Made) -> Result<Repository> {
         let targets = &opts.targets;
         let pack_size = Self::check_pack_size(opts.pack_size)?;
-        if root.exists() {
-            let mut entries = fs::read_dir(root).ctx(root, "read directory")?;
-            if entries.next().is_some() {
-                return Err(StoreError::AlreadyExists(root.to_path_buf()));
-            }
-        }
+        Self::check_new_root(root)?;
         made.dir_all(root)?;
         let root = fs::canonicalize(root).ctx(root, "resolve path")?;
         for sub in ["index", "snapshots"] {

@@ -167,11 +167,13 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
 pub fn parse_duration(s: &str) -> Result<u64> {
     let bad = || {
         StoreError::Invalid(format!(
-            "bad duration {s:?}: use numbers with y, m, d or h, as 1y6m or 14d or 36h"
+            "bad duration {s:?}: use numbers with y, m, d or h, each at most once, as 1y6m or 14d or 36h"
         ))
     };
     let mut total: u64 = 0;
     let mut num = String::new();
+    // Each unit at most once (`1y1y` is a typo, not two years).
+    let mut seen = 0u8;
     for c in s.trim().chars() {
         if c.is_ascii_digit() {
             num.push(c);
@@ -179,13 +181,17 @@ pub fn parse_duration(s: &str) -> Result<u64> {
         }
         let n: u64 = num.parse().map_err(|_| bad())?;
         num.clear();
-        let unit = match c {
-            'y' => 365 * 86400,
-            'm' => 30 * 86400,
-            'd' => 86400,
-            'h' => 3600,
+        let (order, unit) = match c {
+            'y' => (1, 365 * 86400),
+            'm' => (2, 30 * 86400),
+            'd' => (3, 86400),
+            'h' => (4, 3600),
             _ => return Err(bad()),
         };
+        if seen & 1 << order != 0 {
+            return Err(bad());
+        }
+        seen |= 1 << order;
         total = n
             .checked_mul(unit)
             .and_then(|v| total.checked_add(v))
@@ -497,7 +503,16 @@ mod tests {
             (365 + 60 + 3) * 86400 + 4 * 3600
         );
         assert_eq!(parse_duration("36h").unwrap(), 36 * 3600);
-        for bad in ["", "5", "3x", "d", "99999999999999999999y"] {
+        assert_eq!(parse_duration("2h1d").unwrap(), 26 * 3600);
+        for bad in [
+            "",
+            "5",
+            "3x",
+            "d",
+            "99999999999999999999y",
+            "1y1y",
+            "1d2h3d",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert_eq!(at("2026-01-01T00:00:00Z"), 1_767_225_600);
