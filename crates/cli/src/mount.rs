@@ -3,14 +3,19 @@
 //! its newest (a second name of the same file, a hard link), each a
 //! regular file of the image's logical size.
 //!
-//! The tree is made once, from the snapshots there are when the mount
-//! starts. Reads go through the same read path as `cairn serve` for
-//! repository images: one [`RepoView`] (its reader's session keeps `gc`
-//! from deleting packs under the mount, and the index is loaded once), and
-//! per snapshot a [`Volume`] opened on the first `open` of its file and
-//! kept, with its cache of decoded groups and its readahead. The kernel's
-//! requests are served by several threads, each with its own `/dev/fuse`
-//! descriptor.
+//! The tree is made from the snapshots there are when the mount starts,
+//! and listed again when a directory is looked at `--refresh` seconds
+//! or more after the last listing: new snapshots appear (and `latest`
+//! moves to the newest), removed ones leave their directory. Only the
+//! names are listed again; a new snapshot's manifest is read once. Reads
+//! go through the same read path as `cairn serve` for repository images:
+//! a [`RepoView`] (its reader's session keeps `gc` from deleting packs
+//! under the mount; its index is loaded once, and again, in a new view,
+//! after a listing that found new snapshots), and per snapshot a
+//! [`Volume`] opened from the newest view on the first `open` of its file
+//! and kept, with its view, its cache of decoded groups and its
+//! readahead. The kernel's requests are served by several threads, each
+//! with its own `/dev/fuse` descriptor.
 //!
 //! fuser mounts in pure Rust: as root with `mount(2)` on `/dev/fuse`,
 //! otherwise through the setuid `fusermount3` (or `fusermount`); no
@@ -31,8 +36,8 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Args, Debug)]
 pub(crate) struct MountArgs {
@@ -55,11 +60,20 @@ pub(crate) struct MountArgs {
     /// --image-cache (0: off).
     #[arg(long = "image-compact-cache", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "1G")]
     pub compact_cache: usize,
+    /// List the snapshots again when a directory is read this many
+    /// seconds or more after the last listing, so that new backups
+    /// appear and removed snapshots go (0: never; the tree of the mount's
+    /// start).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub refresh: u64,
 }
 
-/// The tree and its attributes do not change while mounted: the kernel
-/// may keep them this long.
-const TTL: Duration = Duration::from_secs(3600);
+/// How long the kernel may keep entries and attributes: a file's bytes
+/// never change, but a directory's entries and `latest` do when the
+/// snapshots are listed again.
+const TTL: Duration = Duration::from_secs(1);
+/// With `--refresh 0` nothing changes while mounted.
+const TTL_STATIC: Duration = Duration::from_secs(3600);
 /// Reported as st_blksize: `cat`, `cp` and friends read this much a call.
 const BLKSIZE: u32 = 1 << 20;
 /// Distinct problems remembered (so as not to repeat them) at most.
@@ -67,13 +81,17 @@ const MAX_REPORTED: usize = 1024;
 
 /// One snapshot, as a file.
 struct Snap {
+    /// Image name and snapshot number.
+    key: (String, u64),
     /// `NAME@N`, as [`RepoView::volume`] takes it.
     spec: String,
-    /// Its creation time when the mount started: a snapshot removed and
-    /// its number given to a new one reads as removed, not as the new one.
+    /// Its creation time when it was listed: a snapshot removed and its
+    /// number given to a new one reads as removed, not as the new one
+    /// (which the next listing shows as a new file).
     created: i64,
-    /// Opened on the first `open`, then kept for the mount's life.
-    volume: OnceLock<Arc<Volume>>,
+    /// Opened on the first `open`, then kept for the mount's life, with
+    /// the view it was opened from (whose session keeps its packs).
+    volume: OnceLock<(Arc<RepoView>, Arc<Volume>)>,
     /// Held while opening, so two first opens do not both open it.
     opening: Mutex<()>,
 }
@@ -86,7 +104,7 @@ enum Kind {
         by_name: HashMap<OsString, u64>,
     },
     File {
-        snap: Snap,
+        snap: Arc<Snap>,
         /// 2 for the newest snapshot (also `latest`), else 1.
         links: u32,
     },
@@ -99,12 +117,32 @@ struct Node {
     kind: Kind,
 }
 
-/// The mounted filesystem.
-struct RepoFs {
-    view: Arc<RepoView>,
-    opts: VolumeOptions,
+/// The directories and files, as last listed. Inodes are never reused:
+/// a removed snapshot's node stays (an open file of it reads on), out of
+/// its directory.
+struct Tree {
     /// Inode `i` is `nodes[i - 1]`; the root is inode 1.
     nodes: Vec<Node>,
+    /// Each image's directory.
+    images: HashMap<String, u64>,
+    /// Each snapshot's file, by image name and number.
+    files: HashMap<(String, u64), u64>,
+    /// When the snapshots were last listed.
+    listed: Instant,
+}
+
+/// The mounted filesystem.
+struct RepoFs {
+    /// The newest view: snapshots are opened from it.
+    view: RwLock<Arc<RepoView>>,
+    opts: VolumeOptions,
+    tree: RwLock<Tree>,
+    /// List again this long after the last listing (`None`: never).
+    refresh: Option<Duration>,
+    /// Held by the one thread listing again.
+    listing: Mutex<()>,
+    /// Snapshots whose number is another snapshot's now: listed again.
+    renumbered: Mutex<Vec<(String, u64)>>,
     uid: u32,
     gid: u32,
     /// Problems reported so far: a damaged chunk that the kernel's
@@ -134,73 +172,103 @@ fn dir(parent: u64, time: SystemTime, entries: Vec<(OsString, u64)>) -> Node {
     }
 }
 
-impl RepoFs {
-    /// The tree of `snaps` (sorted by name, then number).
-    fn new(view: Arc<RepoView>, opts: VolumeOptions, snaps: Vec<Listed>) -> RepoFs {
-        let newest = snaps.iter().map(|s| s.created).max().unwrap_or(0);
-        // Root first; its entries are filled in once the images are.
-        let mut nodes = vec![dir(1, unix_time(newest), Vec::new())];
-        let mut images = Vec::new();
-        let mut rest = snaps.as_slice();
-        while let Some(first) = rest.first() {
-            let n = rest.iter().take_while(|s| s.name == first.name).count();
-            let (group, tail) = rest.split_at(n);
-            rest = tail;
-            let dir_ino = nodes.len() as u64 + 1;
-            nodes.push(dir(1, unix_time(0), Vec::new()));
-            let mut entries = Vec::new();
-            for (i, s) in group.iter().enumerate() {
-                let ino = nodes.len() as u64 + 1;
-                let latest = i + 1 == group.len();
-                nodes.push(Node {
-                    parent: dir_ino,
-                    size: s.size,
-                    time: unix_time(s.created),
-                    kind: Kind::File {
-                        snap: Snap {
-                            spec: format!("{}@{}", s.name, s.snapshot),
-                            created: s.created,
-                            volume: OnceLock::new(),
-                            opening: Mutex::new(()),
-                        },
-                        links: if latest { 2 } else { 1 },
-                    },
-                });
-                entries.push((OsString::from(s.snapshot.to_string()), ino));
-                if latest {
-                    entries.push((OsString::from("latest"), ino));
+impl Tree {
+    fn empty() -> Tree {
+        Tree {
+            nodes: vec![dir(1, unix_time(0), Vec::new())],
+            images: HashMap::new(),
+            files: HashMap::new(),
+            listed: Instant::now(),
+        }
+    }
+
+    fn node(&self, ino: u64) -> Option<&Node> {
+        self.nodes.get(usize::try_from(ino).ok()?.checked_sub(1)?)
+    }
+
+    fn push(&mut self, n: Node) -> u64 {
+        self.nodes.push(n);
+        self.nodes.len() as u64
+    }
+
+    /// Make the tree what `now` lists (each image's snapshot numbers, by
+    /// name), taking the files of snapshots it did not have from `new`
+    /// (a snapshot in neither was unreadable: left out).
+    fn update(&mut self, now: &[(String, Vec<u64>)], new: Vec<Listed>) {
+        for l in new {
+            let key = (l.name.clone(), l.snapshot);
+            let snap = Snap {
+                spec: format!("{}@{}", l.name, l.snapshot),
+                key: key.clone(),
+                created: l.created,
+                volume: OnceLock::new(),
+                opening: Mutex::new(()),
+            };
+            let ino = self.push(Node {
+                parent: 0,
+                size: l.size,
+                time: unix_time(l.created),
+                kind: Kind::File {
+                    snap: Arc::new(snap),
+                    links: 1,
+                },
+            });
+            self.files.insert(key, ino);
+        }
+        let mut root = Vec::new();
+        let mut newest = 0;
+        for (name, numbers) in now {
+            let files: Vec<(u64, u64)> = numbers
+                .iter()
+                .filter_map(|&n| Some((n, *self.files.get(&(name.clone(), n))?)))
+                .collect();
+            let Some(&(_, latest)) = files.last() else {
+                continue;
+            };
+            let dir_ino = match self.images.get(name) {
+                Some(&i) => i,
+                None => {
+                    let i = self.push(dir(1, unix_time(0), Vec::new()));
+                    self.images.insert(name.clone(), i);
+                    i
                 }
+            };
+            let mut entries = Vec::new();
+            let mut time = 0;
+            for &(n, ino) in &files {
+                let node = &mut self.nodes[ino as usize - 1];
+                node.parent = dir_ino;
+                if let Kind::File { snap, links } = &mut node.kind {
+                    *links = if ino == latest { 2 } else { 1 };
+                    time = time.max(snap.created);
+                }
+                entries.push((OsString::from(n.to_string()), ino));
             }
-            let time = group.iter().map(|s| s.created).max().unwrap_or(0);
-            nodes[dir_ino as usize - 1] = dir(1, unix_time(time), entries);
-            images.push((OsString::from(&first.name), dir_ino));
+            entries.push((OsString::from("latest"), latest));
+            newest = newest.max(time);
+            self.nodes[dir_ino as usize - 1] = dir(1, unix_time(time), entries);
+            root.push((OsString::from(name), dir_ino));
         }
-        nodes[0] = dir(1, unix_time(newest), images);
-        // SAFETY: geteuid and getegid have no preconditions.
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        RepoFs {
-            view,
-            opts,
-            nodes,
-            uid,
-            gid,
-            reported: Mutex::new(HashSet::new()),
-        }
+        self.nodes[0] = dir(1, unix_time(newest), root);
+        // A snapshot gone is forgotten: its number given to a new one
+        // later is a new file (its node stays, for a file still open).
+        let listed: HashSet<(&str, u64)> = now
+            .iter()
+            .flat_map(|(name, numbers)| numbers.iter().map(move |&n| (name.as_str(), n)))
+            .collect();
+        self.files
+            .retain(|(name, n), _| listed.contains(&(name.as_str(), *n)));
+        self.listed = Instant::now();
     }
 
-    fn node(&self, ino: INodeNo) -> Option<&Node> {
-        self.nodes.get(usize::try_from(ino.0).ok()?.checked_sub(1)?)
-    }
-
-    fn attr(&self, ino: u64, n: &Node) -> FileAttr {
+    fn attr(&self, ino: u64, n: &Node, uid: u32, gid: u32) -> FileAttr {
         let (kind, perm, nlink) = match &n.kind {
             Kind::Dir { entries, .. } => {
                 // ".", the entry in the parent, and each subdirectory's "..".
                 let subdirs = entries
                     .iter()
                     .filter(|(_, i)| {
-                        self.nodes
-                            .get(*i as usize - 1)
+                        self.node(*i)
                             .is_some_and(|c| matches!(c.kind, Kind::Dir { .. }))
                     })
                     .count();
@@ -219,14 +287,134 @@ impl RepoFs {
             kind,
             perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
             blksize: BLKSIZE,
             flags: 0,
         }
     }
+}
 
+/// Each image's snapshot numbers, sorted, by name.
+fn numbers(repo: &cairn_store::Repository) -> Result<Vec<(String, Vec<u64>)>> {
+    let mut now = repo.images()?;
+    for (_, n) in &mut now {
+        n.sort_unstable();
+    }
+    now.sort();
+    Ok(now)
+}
+
+impl RepoFs {
+    /// The tree of `snaps`, listed as `now`.
+    fn new(
+        view: Arc<RepoView>,
+        opts: VolumeOptions,
+        now: &[(String, Vec<u64>)],
+        snaps: Vec<Listed>,
+        refresh: Option<Duration>,
+    ) -> RepoFs {
+        let mut tree = Tree::empty();
+        tree.update(now, snaps);
+        // SAFETY: geteuid and getegid have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        RepoFs {
+            view: RwLock::new(view),
+            opts,
+            tree: RwLock::new(tree),
+            refresh,
+            listing: Mutex::new(()),
+            renumbered: Mutex::new(Vec::new()),
+            uid,
+            gid,
+            reported: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn tree(&self) -> std::sync::RwLockReadGuard<'_, Tree> {
+        self.tree.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ttl(&self) -> &'static Duration {
+        if self.refresh.is_some() {
+            &TTL
+        } else {
+            &TTL_STATIC
+        }
+    }
+
+    /// List the snapshots again if the last listing is `--refresh` old
+    /// (by one thread; the others go on with the tree as it is). A
+    /// listing that fails is reported and leaves the tree as it was.
+    fn refresh_if_due(&self) {
+        let Some(every) = self.refresh else {
+            return;
+        };
+        if self.tree().listed.elapsed() < every {
+            return;
+        }
+        let Ok(_one) = self.listing.try_lock() else {
+            return;
+        };
+        if let Err(e) = self.list_again() {
+            self.report(format!(
+                "cannot list the snapshots again (the tree stays as it was): {}",
+                crate::one_line(e.as_ref())
+            ));
+            // Not again before the next period.
+            self.tree.write().unwrap_or_else(|e| e.into_inner()).listed = Instant::now();
+        }
+    }
+
+    fn list_again(&self) -> Result<()> {
+        let repo = self
+            .view
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .repository()
+            .clone();
+        let renumbered =
+            std::mem::take(&mut *self.renumbered.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = numbers(&repo)?;
+        let mut new = Vec::new();
+        {
+            let tree = self.tree();
+            for (name, snaps) in &now {
+                for &n in snaps {
+                    let key = (name.clone(), n);
+                    if tree.files.contains_key(&key) && !renumbered.contains(&key) {
+                        continue;
+                    }
+                    match repo.read_manifest_if_present(name, n) {
+                        Ok(Some(m)) => new.push(Listed {
+                            name: name.clone(),
+                            snapshot: n,
+                            created: m.created,
+                            size: m.size,
+                        }),
+                        Ok(None) => {}
+                        Err(e) => self.report(format!(
+                            "left out an unreadable snapshot: {name}@{n}: {}",
+                            crate::one_line(&e)
+                        )),
+                    }
+                }
+            }
+        }
+        if !new.is_empty() {
+            // The new snapshots' chunks are in index files written before
+            // their manifests: an index loaded now has them.
+            let view = RepoView::open(repo.clone())
+                .with_context(|| format!("cannot read the repository {}", repo.location()))?;
+            *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(view);
+        }
+        self.tree
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .update(&now, new);
+        Ok(())
+    }
     /// The snapshot's volume, opened now if this is its first use.
     /// The snapshot's volume, opened on first use; the error to give the
     /// kernel and the line to report when it cannot be opened: ENOENT for
@@ -235,21 +423,22 @@ impl RepoFs {
     /// readable: the volume holds its manifest, and the mount's session
     /// keeps gc from deleting its packs), EIO for anything else.
     fn volume(&self, snap: &Snap) -> Result<Arc<Volume>, (Errno, String)> {
-        if let Some(v) = snap.volume.get() {
+        if let Some((_, v)) = snap.volume.get() {
             return Ok(v.clone());
         }
         let _guard = snap.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = snap.volume.get() {
+        if let Some((_, v)) = snap.volume.get() {
             return Ok(v.clone());
         }
+        let view = self.view.read().unwrap_or_else(|e| e.into_inner()).clone();
         let removed = |why: &str| {
             (
                 Errno::ENOENT,
                 format!("{} was removed after the mount started{why}", snap.spec),
             )
         };
-        let repo = self.view.repository();
-        let v = self.view.volume(&snap.spec, &self.opts).map_err(|e| {
+        let repo = view.repository();
+        let v = view.volume(&snap.spec, &self.opts).map_err(|e| {
             let gone = matches!(
                 repo.resolve(&snap.spec),
                 Err(cairn_store::StoreError::NotFound(_))
@@ -264,9 +453,24 @@ impl RepoFs {
             }
         })?;
         if v.created() != snap.created {
+            self.renumbered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(snap.key.clone());
             return Err(removed(" (its number is another snapshot's now)"));
         }
-        Ok(snap.volume.get_or_init(|| Arc::new(v)).clone())
+        Ok(snap.volume.get_or_init(|| (view, Arc::new(v))).1.clone())
+    }
+
+    /// The snapshot of file `ino` and its size (the tree's lock is not
+    /// held while it is opened or read).
+    fn file(&self, ino: INodeNo) -> Result<(Arc<Snap>, u64), Errno> {
+        let tree = self.tree();
+        let n = tree.node(ino.0).ok_or(Errno::ENOENT)?;
+        match &n.kind {
+            Kind::File { snap, .. } => Ok((snap.clone(), n.size)),
+            Kind::Dir { .. } => Err(Errno::EISDIR),
+        }
     }
 
     /// One line on stderr, unless it was said already.
@@ -300,40 +504,45 @@ impl Filesystem for RepoFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.refresh_if_due();
+        let tree = self.tree();
         let Some(Node {
             kind: Kind::Dir { by_name, .. },
             ..
-        }) = self.node(parent)
+        }) = tree.node(parent.0)
         else {
             return reply.error(Errno::ENOTDIR);
         };
         match by_name
             .get(name)
-            .and_then(|&ino| Some((ino, self.node(INodeNo(ino))?)))
+            .and_then(|&ino| Some((ino, tree.node(ino)?)))
         {
-            Some((ino, n)) => reply.entry(&TTL, &self.attr(ino, n), Generation(0)),
+            Some((ino, n)) => reply.entry(
+                self.ttl(),
+                &tree.attr(ino, n, self.uid, self.gid),
+                Generation(0),
+            ),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.node(ino) {
-            Some(n) => reply.attr(&TTL, &self.attr(ino.0, n)),
+        let tree = self.tree();
+        match tree.node(ino.0) {
+            Some(n) => reply.attr(self.ttl(), &tree.attr(ino.0, n, self.uid, self.gid)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let Some(n) = self.node(ino) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let Kind::File { snap, .. } = &n.kind else {
-            return reply.error(Errno::EISDIR);
+        let (snap, _) = match self.file(ino) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
         };
         if flags.acc_mode() != OpenAccMode::O_RDONLY {
             return reply.error(Errno::EROFS);
         }
-        match self.volume(snap) {
+        match self.volume(&snap) {
             // The bytes never change: pages cached by an earlier open stay good.
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err((errno, msg)) => {
@@ -354,20 +563,18 @@ impl Filesystem for RepoFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(n) = self.node(ino) else {
-            return reply.error(Errno::ENOENT);
+        let (snap, file_size) = match self.file(ino) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
         };
-        let Kind::File { snap, .. } = &n.kind else {
-            return reply.error(Errno::EISDIR);
-        };
-        let vol = match self.volume(snap) {
+        let vol = match self.volume(&snap) {
             Ok(v) => v,
             Err((errno, msg)) => {
                 self.report(msg);
                 return reply.error(errno);
             }
         };
-        let len = (size as u64).min(n.size.saturating_sub(offset)) as usize;
+        let len = (size as u64).min(file_size.saturating_sub(offset)) as usize;
         if len == 0 {
             return reply.data(&[]);
         }
@@ -400,7 +607,12 @@ impl Filesystem for RepoFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(n) = self.node(ino) else {
+        // Listed again only when a listing starts, not in its middle.
+        if offset == 0 {
+            self.refresh_if_due();
+        }
+        let tree = self.tree();
+        let Some(n) = tree.node(ino.0) else {
             return reply.error(Errno::ENOENT);
         };
         let Kind::Dir { entries, .. } = &n.kind else {
@@ -411,7 +623,7 @@ impl Filesystem for RepoFs {
             (OsString::from(".."), n.parent),
         ];
         for (i, (name, child)) in dots.iter().chain(entries).enumerate().skip(offset as usize) {
-            let kind = match self.node(INodeNo(*child)).map(|c| &c.kind) {
+            let kind = match tree.node(*child).map(|c| &c.kind) {
                 Some(Kind::File { .. }) => FileType::RegularFile,
                 _ => FileType::Directory,
             };
@@ -423,8 +635,9 @@ impl Filesystem for RepoFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let bytes: u64 = self.nodes.iter().map(|n| n.size).sum();
-        let files = self.nodes.len() as u64;
+        let tree = self.tree();
+        let bytes: u64 = tree.nodes.iter().map(|n| n.size).sum();
+        let files = tree.nodes.len() as u64;
         reply.statfs(bytes.div_ceil(4096), 0, 0, files, 0, 4096, 255, 4096);
     }
 }
@@ -515,6 +728,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     // while the mount is being made must not leave it behind, unserved.
     let stop = crate::signals::stop_flag();
     let repo = Arc::new(open_repo(&a.repo)?);
+    let now = numbers(&repo)?;
     let mut snaps = Vec::new();
     for item in cairn_store::list_snapshots(&repo)? {
         match item {
@@ -541,7 +755,9 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     let fs = RepoFs::new(
         view,
         crate::serve_repo::volume_options(a.cache, a.compact_cache, None),
+        &now,
         snaps,
+        (a.refresh > 0).then(|| Duration::from_secs(a.refresh)),
     );
     let mut config = Config::default();
     config.mount_options = vec![

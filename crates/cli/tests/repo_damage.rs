@@ -705,7 +705,11 @@ fn flipped_byte_in_index_file() {
         .filter(|l| l.starts_with("missing-chunk: chunk"))
         .count();
     assert_eq!(listed, lost.len().min(20), "{text}");
-    assert!(lost.len() > 20, "{} lost: make the test lose more", lost.len());
+    assert!(
+        lost.len() > 20,
+        "{} lost: make the test lose more",
+        lost.len()
+    );
     let more = format!("missing-chunk: ... and {} more", lost.len() - 20);
     assert!(text.contains(&more), "{text}");
     // Restore says why the chunk is missing: the damaged index file.
