@@ -192,6 +192,12 @@ pub(crate) struct VerifyArgs {
     /// Read every stored chunk, check and decode it.
     #[arg(long)]
     pub read_data: bool,
+    /// Read and check only some packs, as restic's check: N/M (part N of
+    /// M, by pack id: runs of 1/M..M/M read every pack once), P% (that
+    /// share of the packs, at random), or a size (500M, 2G: packs at
+    /// random up to it). Implies --read-data.
+    #[arg(long, value_name = "SUBSET", value_parser = parse_subset)]
+    pub read_data_subset: Option<cairn_store::DataSubset>,
     /// Threads reading packs (default: number of cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
@@ -909,14 +915,44 @@ fn utc(secs: i64) -> String {
     )
 }
 
+/// `--read-data-subset`: `N/M`, `P%` or a size.
+fn parse_subset(s: &str) -> Result<cairn_store::DataSubset, String> {
+    use cairn_store::DataSubset;
+    if let Some((n, m)) = s.split_once('/') {
+        let (n, of) = (n.trim().parse::<u32>(), m.trim().parse::<u32>());
+        return match (n, of) {
+            (Ok(n), Ok(of)) if n >= 1 && n <= of => Ok(DataSubset::Part { n, of }),
+            _ => Err(format!(
+                "{s:?}: N/M takes whole numbers with 1 <= N <= M, as 2/5"
+            )),
+        };
+    }
+    if let Some(p) = s.strip_suffix('%') {
+        return match p.trim().parse::<f64>() {
+            Ok(p) if p > 0.0 && p <= 100.0 => Ok(DataSubset::Fraction(p / 100.0)),
+            _ => Err(format!(
+                "{s:?}: P% takes a number over 0 and at most 100, as 10%"
+            )),
+        };
+    }
+    match crate::parse_size(s) {
+        Ok(n) if n > 0 => Ok(DataSubset::Bytes(n as u64)),
+        _ => Err(format!(
+            "{s:?}: give N/M (a part, as 2/5), P% (a share, as 10%) or a size (as 500M)"
+        )),
+    }
+}
+
 pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
-    let bar = Progress::new("verify", None, !a.quiet && a.read_data);
+    let read_data = a.read_data || a.read_data_subset.is_some();
+    let bar = Progress::new("verify", None, !a.quiet && read_data);
     let progress = |done: u64, _total: u64| bar.read_to(done);
     let r = cairn_store::verify(
         &repo,
         &VerifyOptions {
-            read_data: a.read_data,
+            read_data,
+            subset: a.read_data_subset.unwrap_or_default(),
             threads: threads(a.threads),
             progress: Some(&progress),
         },
@@ -931,6 +967,7 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
             "chunks": r.chunks,
             "packs": r.packs,
             "bytes_read": r.bytes_read,
+            "packs_read": r.packs_read,
             "unindexed_packs": r.unindexed_packs,
             "problems": problems_json(&r.problems),
         }));
@@ -953,7 +990,13 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
             r.snapshots,
             r.chunks,
             r.packs,
-            if a.read_data {
+            if a.read_data_subset.is_some() {
+                format!(
+                    ", {} of them ({}) read and checked",
+                    r.packs_read,
+                    HumanBytes(r.bytes_read)
+                )
+            } else if read_data {
                 format!(", {} read and checked", HumanBytes(r.bytes_read))
             } else {
                 String::new()

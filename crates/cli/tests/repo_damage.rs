@@ -555,6 +555,56 @@ fn flipped_byte_in_stored_data() {
     assert_eq!(listing(dir.path()), vec!["keep.img".to_string()]);
 }
 
+/// `--read-data-subset N/M`: the parts of one M read every pack once
+/// between them, so the damage is found by exactly one of them; `P%` and
+/// a size read at least one pack.
+#[test]
+fn read_data_subsets_cover_every_pack_once() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let id = shared_chunk(&lay);
+    flip_stored_byte(&lay, &lay.records[&id]);
+    let packs = json(&run(&["verify", "--repo", s(&repo), "--json"]))["packs"]
+        .as_u64()
+        .unwrap();
+    let (mut read, mut failed) = (0, 0);
+    for part in ["1/3", "2/3", "3/3"] {
+        let out = run(&[
+            "verify",
+            "--repo",
+            s(&repo),
+            "--read-data-subset",
+            part,
+            "--json",
+        ]);
+        let v = json(&out);
+        read += v["packs_read"].as_u64().unwrap();
+        if !out.status.success() {
+            failed += 1;
+            assert_eq!(v["problems"][0]["kind"], "damaged-chunk", "{v}");
+        }
+    }
+    assert_eq!((read, failed), (packs, 1));
+    for subset in ["1%", "1K"] {
+        let out = run(&[
+            "verify",
+            "--repo",
+            s(&repo),
+            "--read-data-subset",
+            subset,
+            "--json",
+        ]);
+        assert!(json(&out)["packs_read"].as_u64().unwrap() >= 1, "{subset}");
+    }
+    // A usage error (exit 2, as clap's), one line.
+    let out = run(&["verify", "--repo", s(&repo), "--read-data-subset", "0/3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("1 <= N <= M"), "{err}");
+}
+
 #[test]
 fn flipped_byte_in_each_record_header_field() {
     let base = base();

@@ -636,6 +636,7 @@ mod tests {
                     read_data: true,
                     threads: 2,
                     progress: None,
+                    ..Default::default()
                 },
             )
             .unwrap();

@@ -85,7 +85,7 @@ random_id!(
 /// 16 random bytes from the operating system; if it has none to give
 /// (no getrandom, no /dev/urandom), a hash of the time, the process id and
 /// a counter, which is unique enough for names inside one repository.
-fn random16() -> [u8; 16] {
+pub(crate) fn random16() -> [u8; 16] {
     let mut out = [0u8; 16];
     if getrandom::fill(&mut out).is_ok() {
         return out;

@@ -118,7 +118,7 @@ pub use diff::{diff, DiffReport};
 pub use index::{ChunkIndex, Location};
 pub use reader::{CompactGroup, Group, GroupBuffers, GroupScratch, PackReader};
 pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
-pub use verify::{verify, Affected, Problem, VerifyOptions, VerifyReport};
+pub use verify::{verify, Affected, DataSubset, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.
 pub use gc::{gc, Collected, GcOptions, GcReport};
 pub use repair::{repair, RepairOptions, RepairReport};

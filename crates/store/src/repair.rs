@@ -102,6 +102,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
             read_data: true,
             threads: opts.threads,
             progress: opts.progress,
+            ..Default::default()
         },
     )?;
     if found.unread_packs > 0 {

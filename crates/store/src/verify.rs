@@ -5,8 +5,8 @@
 //! a manifest names is in the index, every pack the index names exists
 //! with at least its sealed length, and the trash lists are sound. With `read_data`: every record the
 //! index names is read, its CRC checked, decoded and hashed against its id
-//! (all packs in parallel). Each problem lists the images, snapshots and
-//! offsets it affects.
+//! (all packs in parallel, or a subset of them: [`DataSubset`]). Each
+//! problem lists the images, snapshots and offsets it affects.
 
 use crate::error::Result;
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
@@ -24,13 +24,98 @@ use std::sync::Mutex;
 type Decoded = std::result::Result<Vec<(ChunkId, u32, u32)>, String>;
 
 /// How to verify.
+#[derive(Default)]
 pub struct VerifyOptions<'a> {
-    /// Read and check every stored chunk.
+    /// Read and check every stored chunk (of the packs `subset` picks).
     pub read_data: bool,
+    /// With `read_data`, which packs are read.
+    pub subset: DataSubset,
     /// Threads reading packs.
     pub threads: usize,
     /// Called with (bytes checked, bytes to check) while reading packs.
     pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+/// Which packs `verify` reads, as restic's `check --read-data-subset`:
+/// a big remote repository is read a part at a time (each part in its
+/// own run), or a sample of it each time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum DataSubset {
+    /// Every pack.
+    #[default]
+    All,
+    /// Part `n` of `of` (1-based): the packs whose id, read as a number,
+    /// is `n - 1` modulo `of`. The parts 1..=`of` together are every pack,
+    /// each once, whatever the order of the runs.
+    Part {
+        /// Which part.
+        n: u32,
+        /// Of how many.
+        of: u32,
+    },
+    /// This share of the packs (0 to 1, at least one pack), chosen at
+    /// random anew on each run.
+    Fraction(f64),
+    /// Packs chosen at random until this many bytes are chosen (the
+    /// last one may go past it).
+    Bytes(u64),
+}
+
+impl DataSubset {
+    /// The packs of `packs` (index number, path, length) it picks, in
+    /// their order; `id(n)` is pack `n`'s id.
+    fn pick<T>(
+        self,
+        packs: Vec<(usize, T, u64)>,
+        id: impl Fn(usize) -> PackId,
+    ) -> Vec<(usize, T, u64)> {
+        let random_order = |mut packs: Vec<(usize, T, u64)>| {
+            let seed = crate::id::random16();
+            let mut keyed: Vec<(u64, (usize, T, u64))> = packs
+                .drain(..)
+                .map(|p| {
+                    let mut h = blake3::Hasher::new();
+                    h.update(&seed);
+                    h.update(&id(p.0).0);
+                    let mut k = [0u8; 8];
+                    k.copy_from_slice(&h.finalize().as_bytes()[..8]);
+                    (u64::from_le_bytes(k), p)
+                })
+                .collect();
+            keyed.sort_unstable_by_key(|(k, _)| *k);
+            keyed.into_iter().map(|(_, p)| p).collect::<Vec<_>>()
+        };
+        let mut picked = match self {
+            DataSubset::All => return packs,
+            DataSubset::Part { n, of } => packs
+                .into_iter()
+                .filter(|p| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(&id(p.0).0[..8]);
+                    u64::from_be_bytes(b) % u64::from(of.max(1)) == u64::from(n.saturating_sub(1))
+                })
+                .collect(),
+            DataSubset::Fraction(f) => {
+                let want = ((packs.len() as f64 * f.clamp(0.0, 1.0)).ceil() as usize).max(1);
+                let mut v = random_order(packs);
+                v.truncate(want);
+                v
+            }
+            DataSubset::Bytes(limit) => {
+                let mut total = 0u64;
+                random_order(packs)
+                    .into_iter()
+                    .take_while(|p| {
+                        let under = total < limit;
+                        total += p.2;
+                        under
+                    })
+                    .collect()
+            }
+        };
+        picked.sort_unstable_by_key(|p| p.0);
+        picked
+    }
 }
 
 /// A place in an image.
@@ -71,6 +156,8 @@ pub struct VerifyReport {
     pub packs: usize,
     /// Bytes of packs read (with `read_data`).
     pub bytes_read: u64,
+    /// Packs read (with `read_data`: all of them, or the subset's).
+    pub packs_read: usize,
     /// Everything wrong; empty when the repository is sound.
     pub problems: Vec<Problem>,
     /// Packs on disk that no index names (left by an interrupted backup
@@ -227,6 +314,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     }
 
     if opts.read_data {
+        let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
+        report.packs_read = readable.len();
         let total: u64 = readable.iter().map(|r| r.2).sum();
         let done = AtomicU64::new(0);
         let next = AtomicUsize::new(0);
@@ -463,4 +552,36 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         });
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsets_pick_parts_shares_and_sizes() {
+        let ids: Vec<PackId> = (0..100).map(|_| PackId::random()).collect();
+        let packs = || -> Vec<(usize, (), u64)> { (0..100).map(|n| (n, (), 10)).collect() };
+        let id = |n: usize| ids[n];
+        assert_eq!(DataSubset::All.pick(packs(), id).len(), 100);
+        // The parts of 7 are every pack, each once.
+        let mut seen = vec![0; 100];
+        for n in 1..=7 {
+            for p in (DataSubset::Part { n, of: 7 }).pick(packs(), id) {
+                seen[p.0] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&c| c == 1), "{seen:?}");
+        // A share rounds up, and is never nothing; picks are in order.
+        let some = DataSubset::Fraction(0.125).pick(packs(), id);
+        assert_eq!(some.len(), 13);
+        assert!(some.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(DataSubset::Fraction(0.0001).pick(packs(), id).len(), 1);
+        // A size: packs until it is reached (the last may pass it).
+        assert_eq!(DataSubset::Bytes(35).pick(packs(), id).len(), 4);
+        assert_eq!(DataSubset::Bytes(1).pick(packs(), id).len(), 1);
+        assert!(DataSubset::Part { n: 1, of: 1 }
+            .pick(Vec::<(usize, (), u64)>::new(), id)
+            .is_empty());
+    }
 }

@@ -329,6 +329,7 @@ fn verify_all(repo: &Repository) -> cairn_store::VerifyReport {
             read_data: true,
             threads: 2,
             progress: None,
+            ..Default::default()
         },
     )
     .unwrap()

@@ -89,6 +89,7 @@ fn verify_clean(r: &Repository) {
         read_data: true,
         threads: 2,
         progress: None,
+        ..Default::default()
     };
     let v = cairn_store::verify(r, &opts).unwrap();
     assert!(v.problems.is_empty(), "{:?}", v.problems);
@@ -775,6 +776,7 @@ fn verify_checks_the_trash_and_collection_keeps_what_snapshots_use() {
         read_data: true,
         threads: 2,
         progress: None,
+        ..Default::default()
     };
     let problems = || {
         verify(&r, &opts)
@@ -1172,6 +1174,7 @@ fn two_gcs_at_once_keep_what_a_backup_begun_before_them_uses() {
         read_data: true,
         threads: 1,
         progress: None,
+        ..Default::default()
     };
     let problems = verify(&r, &opts).unwrap().problems;
     assert!(problems.is_empty(), "{problems:?}");
@@ -1230,6 +1233,7 @@ fn gcs_with_different_views_leave_no_index_file_naming_a_deleted_pack() {
                 read_data: true,
                 threads: 1,
                 progress: None,
+                ..Default::default()
             },
         )
         .unwrap()

@@ -191,6 +191,7 @@ fn verify_clean(repo: &Arc<Repository>) {
             read_data: true,
             threads: 2,
             progress: None,
+            ..Default::default()
         },
     )
     .unwrap();
