@@ -16,6 +16,7 @@ fn tar_suffixes(format: Format) -> &'static [&'static str] {
         Format::Zstd => &[".tzst"],
         Format::Bzip2 => &[".tbz2", ".tbz"],
         Format::Xz => &[".txz"],
+        Format::Lzma => &[".tlz"],
         _ => &[],
     }
 }
