@@ -46,7 +46,7 @@ pub fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
             return Some((Format::Gzip, with_tail(stem, tail.as_bytes())));
         }
     }
-    for f in Format::ALL {
+    for f in Format::EVERY {
         if let Some(stem) = strip_suffix(name, f.suffix().as_bytes()) {
             return Some((f, with_tail(stem, b"")));
         }

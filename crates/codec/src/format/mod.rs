@@ -140,8 +140,9 @@ pub enum Format {
 }
 
 impl Format {
-    /// Every format.
-    pub const ALL: [Format; 8] = [
+    /// Every format written in independent blocks (all but `.lzma`, one
+    /// stream: see [`Format::EVERY`]).
+    pub const ALL: [Format; 7] = [
         Format::Gzip,
         Format::Zstd,
         Format::Lz4,
@@ -149,8 +150,18 @@ impl Format {
         Format::Lzop,
         Format::Bzip2,
         Format::Xz,
-        Format::Lzma,
     ];
+
+    /// Every format cairn reads and writes: [`Format::ALL`] and `.lzma`.
+    pub const EVERY: [Format; 8] = {
+        let mut every = [Format::Lzma; 8];
+        let mut i = 0;
+        while i < Format::ALL.len() {
+            every[i] = Format::ALL[i];
+            i += 1;
+        }
+        every
+    };
 
     /// Name on the command line and in messages.
     pub fn name(self) -> &'static str {
@@ -499,14 +510,15 @@ impl FromStr for Format {
             "bz2" => "bzip2",
             "lzo" => "lzop",
             "sz" => "snappy",
+            "alone" => "lzma",
             other => other,
         };
-        Format::ALL
+        Format::EVERY
             .into_iter()
             .find(|f| f.name() == alias)
             .ok_or_else(|| {
                 CodecError::Invalid(format!(
-                    "unknown format {s:?} (expected gzip, zstd, lz4, snappy, lzop, bzip2 or xz)"
+                    "unknown format {s:?} (expected gzip, zstd, lz4, snappy, lzop, bzip2, xz or lzma)"
                 ))
             })
     }
