@@ -1542,6 +1542,93 @@ mod tests {
         }
     }
 
+    fn xz_args(env: &[&str], args: &[&str]) -> Result<(Vec<String>, Vec<String>), String> {
+        let words = |a: &[&str]| a.iter().map(OsString::from).collect();
+        let strings = |v: Vec<OsString>| -> Vec<String> {
+            v.into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect()
+        };
+        xz_arguments(words(env), words(args)).map(|(e, r)| (strings(e), strings(r)))
+    }
+
+    #[test]
+    fn xz_options_as_cairn_flags() {
+        let chain = |s: &str| format!("--filters={s}");
+        for (env, args, want_env, want) in [
+            (
+                &[][..],
+                &["--check=crc32", "--x86", "--lzma2=dict=32MiB", "f"][..],
+                vec![chain("x86 lzma2:dict=33554432")],
+                &["--check=crc32", "f"][..],
+            ),
+            // A preset after the filters clears them; one before does not.
+            (&[], &["--x86", "--lzma2", "-9e"], vec![], &["-9e"]),
+            (
+                &[],
+                &["-T2", "--arm", "--lzma2"],
+                vec![chain("arm lzma2:dict=8388608")],
+                &["-T2"],
+            ),
+            (
+                &["--delta=dist=2"],
+                &["--lzma2=dict=1MiB"],
+                vec![chain("delta:dist=2 lzma2:dict=1048576")],
+                &[],
+            ),
+            (
+                &[],
+                &["--format=lzma", "-F", "auto"],
+                vec![],
+                &["-F", "lzma", "--xz-format=lzma", "-F", "xz"],
+            ),
+            (
+                &[],
+                &["--block-size=1MiB", "-M", "0"],
+                vec![],
+                &[
+                    "-B",
+                    "1048576",
+                    "--memlimit-compress=18446744073709551615",
+                    "--memory=18446744073709551615",
+                ],
+            ),
+            (
+                &[],
+                &["--memlimit-decompress=2KiB", "--no-adjust"],
+                vec![],
+                &["--memory=2048"],
+            ),
+            (&[], &["--", "--x86"], vec![], &["--", "--x86"]),
+        ] {
+            let (e, r) = xz_args(env, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let mut env_want: Vec<String> = env
+                .iter()
+                .filter(|w| !w.starts_with("--delta"))
+                .map(|s| s.to_string())
+                .collect();
+            env_want.extend(want_env);
+            assert_eq!(
+                (e, r),
+                (
+                    env_want,
+                    want.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+                ),
+                "{args:?}"
+            );
+        }
+        for bad in [
+            &["--format=raw"][..],
+            &["--x86"],
+            &["--lzma2=dict=1"],
+            &["-M", "200%"],
+            &["--block-size=1XB"],
+            &["--x86", "--x86", "--x86", "--x86", "--lzma2"],
+        ] {
+            assert!(xz_args(&[], bad).is_err(), "{bad:?}");
+        }
+    }
+
     fn lz4_args(args: &[&str]) -> Vec<String> {
         let args = args.iter().map(OsString::from).collect();
         lz4_arguments(args, false, false)
