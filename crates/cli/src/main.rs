@@ -206,6 +206,10 @@ pub(crate) struct CommonArgs {
     /// (gzip's -N); packing, keep both in the header (the default).
     #[arg(short = 'N', long = "name", overrides_with = "no_name")]
     pub name: bool,
+    /// Warnings do not change the exit status (xz's -Q, --no-warn): 0
+    /// where it would be 2.
+    #[arg(short = 'Q', long = "no-warn")]
+    pub no_warn: bool,
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,
@@ -301,6 +305,21 @@ pub(crate) struct PackArgs {
     /// output is the same).
     #[arg(short = 's', long = "small")]
     pub small: bool,
+    /// xz's custom filter chain, in place of the level's preset (-F xz,
+    /// and LZMA1 alone for -F lzma): filters separated by spaces, each
+    /// NAME or NAME:OPTIONS, as xz 5.6's --filters ("x86 lzma2:dict=32MiB";
+    /// BCJ filters x86, arm, armthumb, arm64, powerpc, ia64, sparc, riscv
+    /// with start=N, delta with dist=N, lzma1 or lzma2 last with preset,
+    /// dict, lc, lp, pb, mode, nice, mf, depth). Through the xz link,
+    /// xz's --x86, --lzma2=OPTS... build it.
+    #[arg(long = "filters", value_name = "CHAIN",
+          value_parser = |s: &str| cairn_codec::format::xz_filters::FilterChain::parse(s))]
+    pub filters: Option<cairn_codec::format::xz_filters::FilterChain>,
+    /// Most memory compressing may take (xz's --memlimit-compress): fewer
+    /// threads are used where the settings need more on each (as
+    /// liblzma counts it); refused if one thread needs more.
+    #[arg(long = "memlimit-compress", value_name = "SIZE", value_parser = parse_size)]
+    pub memlimit_compress: Option<usize>,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
     #[arg(
         short = 'd',
@@ -368,6 +387,22 @@ pub(crate) struct DecodeArgs {
     /// inflated whole.
     #[arg(long = "range", value_name = "RANGE", value_parser = parse_range)]
     pub range: Option<cairn_filepack::ByteRange>,
+    /// xz and .lzma: decode only the first stream and ignore whatever
+    /// follows it (xz's --single-stream).
+    #[arg(long = "single-stream")]
+    pub single_stream: bool,
+    /// xz: do not verify the blocks' checks (xz's --ignore-check; the
+    /// headers' and index's CRC32s still are).
+    #[arg(long = "ignore-check")]
+    pub ignore_check: bool,
+    /// Write runs of zeros as bytes, not holes, into a new output file
+    /// (xz's --no-sparse).
+    #[arg(long = "no-sparse")]
+    pub no_sparse: bool,
+    /// Decoding through the xz link with --format=xz or lzma: an input
+    /// in another format is refused, as xz refuses it.
+    #[arg(long = "xz-format", hide = true)]
+    pub xz_format: Option<String>,
     /// -l prints gzip's table (set when cairn runs as gzip, gunzip, zcat,
     /// pigz or unpigz).
     #[arg(long = "list-as-gzip", hide = true)]
@@ -477,6 +512,10 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "unzstd" => &["pack", "-d", "-k"],
         "zstdcat" => &["pack", "-d", "-c", "-f"],
         "xz" => &["pack", "-F", "xz"],
+        // xz-utils' names for xz --format=lzma.
+        "lzma" => &["pack", "-F", "lzma", "--xz-format=lzma"],
+        "unlzma" => &["pack", "-d", "--xz-format=lzma"],
+        "lzcat" => &["pack", "-d", "-c", "--xz-format=lzma"],
         "bzip2" => &["pack", "-F", "bzip2"],
         "unxz" | "bunzip2" => &["pack", "-d"],
         "xzcat" | "bzcat" => &["pack", "-d", "-c"],
@@ -518,9 +557,13 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     // xz's -C CHECK (and --check CHECK) take a value where zstd's -C has
     // none: given as --check=CHECK, which cairn reads either way (in the
     // variables too: `XZ_OPT=-Cnone`).
-    if matches!(name, "xz" | "unxz" | "xzcat") {
+    if Tool::of(name) == Tool::Xz {
         rest = xz_check_values(rest);
         from_env = xz_check_values(from_env);
+        (from_env, rest) = xz_arguments(from_env, rest).unwrap_or_else(|e| {
+            errln!("{}: {e}", prog());
+            std::process::exit(1)
+        });
     }
     let from_env = or_exit(no_files_from_variables(name, prefix, from_env));
     args.extend(prefix.iter().map(OsString::from));
@@ -567,7 +610,7 @@ fn no_files_from_variables(
     };
     let word = first.display();
     match name {
-        "xz" | "unxz" | "xzcat" => {
+        "xz" | "unxz" | "xzcat" | "lzma" | "unlzma" | "lzcat" => {
             for (k, f) in files.iter().enumerate() {
                 // The word that is this file, not an option's value of the
                 // same text (`XZ_OPT="2 -T 2"`): the one whose removal
@@ -674,7 +717,9 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
             w
         }
         "pigz" | "unpigz" => [words("GZIP"), words("PIGZ")].concat(),
-        "xz" | "unxz" | "xzcat" => [words("XZ_DEFAULTS"), words("XZ_OPT")].concat(),
+        "xz" | "unxz" | "xzcat" | "lzma" | "unlzma" | "lzcat" => {
+            [words("XZ_DEFAULTS"), words("XZ_OPT")].concat()
+        }
         "bzip2" | "bunzip2" | "bzcat" => [words("BZIP2"), words("BZIP")].concat(),
         "zstd" | "zstdmt" | "unzstd" | "zstdcat" => [
             number("ZSTD_CLEVEL", "--level"),
@@ -790,6 +835,228 @@ fn lz4_arguments(
     out.push("--".into());
     out.extend(names);
     Ok(out)
+}
+
+/// A size as xz reads one (`--memlimit=`, `--block-size=`): bytes, with
+/// a binary suffix (k, kB, Ki, KiB, K, KB, and so for M and G), or a
+/// percentage of the machine's memory (`50%`).
+fn xz_size(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s}: invalid size (a number with KiB, MiB or GiB, or N%)");
+    if let Some(p) = s.strip_suffix('%') {
+        let p: u64 = p
+            .parse()
+            .ok()
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| format!("{s}: a percentage must be from 1 to 100"))?;
+        let ram = cairn_codec::memlimit::physical()
+            .ok_or_else(|| format!("{s}: the machine's memory cannot be read for a percentage"))?;
+        return Ok(ram / 100 * p);
+    }
+    cairn_codec::format::xz_filters::xz_number(s).ok_or_else(bad)
+}
+
+/// xz's options that cairn's flags spell otherwise, as those flags:
+/// filter options (`--x86[=start=N]`, `--arm`, `--armthumb`, `--arm64`,
+/// `--powerpc`, `--ia64`, `--sparc`, `--riscv`, `--delta[=dist=N]`,
+/// `--lzma1=`, `--lzma2=`, in order, cleared by a later preset as xz
+/// clears them) become one `--filters=CHAIN`; `--format=` (auto, xz,
+/// lzma, alone) `-F` (and `--xz-format`, which a decode holds to);
+/// memory limits (`-M`, `--memlimit`, `--memlimit-compress`,
+/// `--memlimit-decompress`, `--memlimit-mt-decompress`, 0 for none, N%
+/// of the memory) `--memlimit-compress` and `--memory`; `--block-size`
+/// `-B`; `--no-adjust` goes (cairn never adjusts what changes the
+/// output: it uses fewer threads or refuses). The variables' words
+/// `env` come first, as xz reads them; both lists come back rewritten,
+/// the chain at the end of the variables' (before the command line's
+/// other words).
+fn xz_arguments(
+    env: Vec<OsString>,
+    rest: Vec<OsString>,
+) -> Result<(Vec<OsString>, Vec<OsString>), String> {
+    use cairn_codec::format::xz_filters::{Filter, FilterChain};
+    let mut chain: Vec<Filter> = Vec::new();
+    let mut out = [Vec::new(), Vec::new()];
+    for (list, words) in [env, rest].into_iter().enumerate() {
+        let out = &mut out[list];
+        let mut words = words.into_iter();
+        while let Some(w) = words.next() {
+            let Some(s) = w.to_str().map(str::to_string) else {
+                out.push(w);
+                continue;
+            };
+            if s == "--" {
+                out.push(w);
+                out.extend(words.by_ref());
+                break;
+            }
+            let words = &mut words;
+            let mem = |v: &str| -> Result<Option<u64>, String> {
+                xz_size(v).map(|n| (n > 0).then_some(n))
+            };
+            // Short -F and -M, alone (`-F lzma`) or with their value (`-Flzma`).
+            let short = |c: char| {
+                s.strip_prefix('-')
+                    .and_then(|r| r.strip_prefix(c))
+                    .filter(|_| !s.starts_with("--"))
+                    .map(str::to_string)
+            };
+            let (format, memlimit) = if let Some(v) = short('F') {
+                (Some(v), None)
+            } else if let Some(v) = short('M') {
+                (None, Some(v))
+            } else {
+                (None, None)
+            };
+            let format = match format {
+                Some(v) if v.is_empty() => Some(next_value(words, "-F")?),
+                Some(v) => Some(v),
+                None => long_value(&s, "--format", words).transpose()?,
+            };
+            if let Some(f) = format {
+                let f = match f.as_str() {
+                    "auto" => None,
+                    "xz" => Some("xz"),
+                    "lzma" | "alone" => Some("lzma"),
+                    "raw" => {
+                        return Err("--format=raw: raw streams (no header, the filter chain \
+                                    given on the command line) are not supported: use \
+                                    --format=xz or --format=lzma"
+                            .into())
+                    }
+                    "lzip" => {
+                        return Err("--format=lzip: cairn reads and writes no .lz files".into())
+                    }
+                    other => return Err(format!("{other}: unknown file format type")),
+                };
+                out.extend(["-F".into(), f.unwrap_or("xz").into()]);
+                if let Some(f) = f {
+                    out.push(format!("--xz-format={f}").into());
+                }
+                continue;
+            }
+            let memlimit = match memlimit {
+                Some(v) if v.is_empty() => Some(next_value(words, "-M")?),
+                Some(v) => Some(v),
+                None => long_value(&s, "--memlimit", words).transpose()?,
+            };
+            let (compress, decompress) = if let Some(v) = memlimit {
+                (Some(mem(&v)?), Some(mem(&v)?))
+            } else if let Some(v) = long_value(&s, "--memlimit-compress", words) {
+                (Some(mem(&v?)?), None)
+            } else if let Some(v) = long_value(&s, "--memlimit-decompress", words)
+                .or_else(|| long_value(&s, "--memlimit-mt-decompress", words))
+            {
+                (None, Some(mem(&v?)?))
+            } else {
+                (None, None)
+            };
+            if compress.is_some() || decompress.is_some() {
+                // 0: no limit (xz's default when compressing and decoding).
+                if let Some(c) = compress {
+                    out.push(match c {
+                        Some(n) => format!("--memlimit-compress={n}").into(),
+                        None => format!("--memlimit-compress={}", usize::MAX).into(),
+                    });
+                }
+                if let Some(d) = decompress {
+                    out.push(
+                        format!("--memory={}", d.unwrap_or(u64::MAX).min(usize::MAX as u64)).into(),
+                    );
+                }
+                continue;
+            }
+            if let Some(v) = long_value(&s, "--block-size", words) {
+                let n = xz_size(&v?)?;
+                out.extend(["-B".into(), n.to_string().into()]);
+                continue;
+            }
+            if let Some(v) = long_value(&s, "--filters", words) {
+                chain = FilterChain::parse(&v?)
+                    .map_err(|e| format!("--filters: {e}"))?
+                    .filters()
+                    .copied()
+                    .collect();
+                continue;
+            }
+            if s == "--no-adjust" {
+                continue;
+            }
+            if let Some(long) = s.strip_prefix("--") {
+                let (name, opts) = match long.split_once('=') {
+                    Some((n, o)) => (n, Some(o)),
+                    None => (long, None),
+                };
+                if let Some(f) = Filter::from_option(name, opts) {
+                    chain.push(f?);
+                    if chain.len() > cairn_codec::format::xz_filters::MAX_FILTERS {
+                        return Err("the maximum number of filters is four".into());
+                    }
+                    continue;
+                }
+                if matches!(long, "fast" | "best") {
+                    chain.clear();
+                }
+            } else if xz_preset_in(&s) {
+                // A preset after filter options replaces the chain, as in xz.
+                chain.clear();
+            }
+            out.push(w);
+        }
+    }
+    if !chain.is_empty() {
+        let c = FilterChain::new(&chain)?;
+        out[0].push(format!("--filters={}", chain_words(&c)).into());
+    }
+    let [env, rest] = out;
+    Ok((env, rest))
+}
+
+/// The next word, the value of option `name`.
+fn next_value(words: &mut dyn Iterator<Item = OsString>, name: &str) -> Result<String, String> {
+    words
+        .next()
+        .and_then(|n| n.into_string().ok())
+        .ok_or_else(|| format!("option {name} requires an argument"))
+}
+
+/// The value of long option `long` if `s` is it: after `=`, or the next
+/// word.
+fn long_value(
+    s: &str,
+    long: &str,
+    words: &mut dyn Iterator<Item = OsString>,
+) -> Option<Result<String, String>> {
+    let v = s.strip_prefix(long)?;
+    if let Some(v) = v.strip_prefix('=') {
+        return Some(Ok(v.to_string()));
+    }
+    v.is_empty().then(|| next_value(words, long))
+}
+
+/// A chain as `--filters` reads it back.
+fn chain_words(c: &cairn_codec::format::xz_filters::FilterChain) -> String {
+    c.to_string()
+        .split(' ')
+        .map(|w| w.trim_start_matches('-').replacen('=', ":", 1))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether short-option cluster `s` holds a preset digit (`-9`, `-9e`,
+/// `-kv6`) before any option that takes a value (`-T0` is no preset).
+fn xz_preset_in(s: &str) -> bool {
+    let Some(cluster) = s.strip_prefix('-').filter(|c| !c.starts_with('-')) else {
+        return false;
+    };
+    for c in cluster.chars() {
+        if "CFMST".contains(c) {
+            return false;
+        }
+        if c.is_ascii_digit() {
+            return true;
+        }
+    }
+    false
 }
 
 /// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`
@@ -944,7 +1211,7 @@ impl Tool {
     fn of(name: &str) -> Tool {
         match name {
             "zstd" | "zstdmt" | "unzstd" | "zstdcat" => Tool::Zstd,
-            "xz" | "unxz" | "xzcat" => Tool::Xz,
+            "xz" | "unxz" | "xzcat" | "lzma" | "unlzma" | "lzcat" => Tool::Xz,
             "bzip2" | "bunzip2" | "bzcat" => Tool::Bzip2,
             "lz4" | "unlz4" | "lz4cat" => Tool::Lz4,
             _ => Tool::Gzip,
@@ -1272,6 +1539,93 @@ mod tests {
             let mut expect = vec!["cairn"];
             expect.extend(want);
             assert_eq!(rewritten(&full), expect, "{args:?}");
+        }
+    }
+
+    fn xz_args(env: &[&str], args: &[&str]) -> Result<(Vec<String>, Vec<String>), String> {
+        let words = |a: &[&str]| a.iter().map(OsString::from).collect();
+        let strings = |v: Vec<OsString>| -> Vec<String> {
+            v.into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect()
+        };
+        xz_arguments(words(env), words(args)).map(|(e, r)| (strings(e), strings(r)))
+    }
+
+    #[test]
+    fn xz_options_as_cairn_flags() {
+        let chain = |s: &str| format!("--filters={s}");
+        for (env, args, want_env, want) in [
+            (
+                &[][..],
+                &["--check=crc32", "--x86", "--lzma2=dict=32MiB", "f"][..],
+                vec![chain("x86 lzma2:dict=33554432")],
+                &["--check=crc32", "f"][..],
+            ),
+            // A preset after the filters clears them; one before does not.
+            (&[], &["--x86", "--lzma2", "-9e"], vec![], &["-9e"]),
+            (
+                &[],
+                &["-T2", "--arm", "--lzma2"],
+                vec![chain("arm lzma2:dict=8388608")],
+                &["-T2"],
+            ),
+            (
+                &["--delta=dist=2"],
+                &["--lzma2=dict=1MiB"],
+                vec![chain("delta:dist=2 lzma2:dict=1048576")],
+                &[],
+            ),
+            (
+                &[],
+                &["--format=lzma", "-F", "auto"],
+                vec![],
+                &["-F", "lzma", "--xz-format=lzma", "-F", "xz"],
+            ),
+            (
+                &[],
+                &["--block-size=1MiB", "-M", "0"],
+                vec![],
+                &[
+                    "-B",
+                    "1048576",
+                    "--memlimit-compress=18446744073709551615",
+                    "--memory=18446744073709551615",
+                ],
+            ),
+            (
+                &[],
+                &["--memlimit-decompress=2KiB", "--no-adjust"],
+                vec![],
+                &["--memory=2048"],
+            ),
+            (&[], &["--", "--x86"], vec![], &["--", "--x86"]),
+        ] {
+            let (e, r) = xz_args(env, args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let mut env_want: Vec<String> = env
+                .iter()
+                .filter(|w| !w.starts_with("--delta"))
+                .map(|s| s.to_string())
+                .collect();
+            env_want.extend(want_env);
+            assert_eq!(
+                (e, r),
+                (
+                    env_want,
+                    want.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+                ),
+                "{args:?}"
+            );
+        }
+        for bad in [
+            &["--format=raw"][..],
+            &["--x86"],
+            &["--lzma2=dict=1"],
+            &["-M", "200%"],
+            &["--block-size=1XB"],
+            &["--x86", "--x86", "--x86", "--x86", "--lzma2"],
+        ] {
+            assert!(xz_args(&[], bad).is_err(), "{bad:?}");
         }
     }
 

@@ -118,8 +118,10 @@ pub fn pack(args: &PackArgs) -> Result<()> {
             },
             legacy: args.legacy,
             favor_dec_speed: args.favor_dec_speed,
+            filters: args.filters,
         },
         rsyncable: args.rsyncable,
+        memlimit: args.memlimit_compress.map(|m| m as u64),
     };
     let common = &args.common;
     let run = cairn_filepack::pack(&options(common), &pack, &hooks(common))?;
@@ -147,6 +149,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         gzip_index: decode.index.clone(),
         range: decode.range,
         memory,
+        single_stream: decode.single_stream,
+        ignore_check: decode.ignore_check,
+        no_sparse: decode.no_sparse,
+        format: decode.xz_format.as_deref().map(str::parse).transpose()?,
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {
@@ -189,7 +195,7 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
         Err(e) if e.is_warning() => {
             errln!("{}: {}", crate::prog(), crate::one_line(&e));
             let status = crate::Tool::invoked().warning_status(Some(&e));
-            return Err(crate::Warned(status).into());
+            return warned(common, status);
         }
         outcome => outcome?,
     }
@@ -204,9 +210,18 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
         }
     }
     if warned {
-        return Err(crate::Warned(crate::Tool::invoked().warning_status(None)).into());
+        return self::warned(common, crate::Tool::invoked().warning_status(None));
     }
     Ok(())
+}
+
+/// The end of a run that warned with exit status `status`: none with
+/// -Q (xz's --no-warn) where the status is a warning's 2.
+fn warned(common: &CommonArgs, status: u8) -> Result<()> {
+    if common.no_warn && status == 2 {
+        return Ok(());
+    }
+    Err(crate::Warned(status).into())
 }
 
 /// One input as `-l` lists it.

@@ -1193,3 +1193,339 @@ fn names_and_times_kept_in_headers_as_gzip_and_lzop_keep_them() {
     }
     assert!(!dir.parent().unwrap().join("evil").exists());
 }
+
+/// A link to cairn named `name` in `dir`, run with `args` on `input`.
+fn link_run(dir: &Path, name: &str, args: &[&str], input: &[u8]) -> Output {
+    let bin = dir.join(name);
+    if !bin.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    }
+    pipe(std::process::Command::new(&bin).args(args), input)
+}
+
+/// The filters column of `xz --robot -lvv FILE`'s first block.
+fn xz_block_filters(file: &Path) -> String {
+    let out = ok(tool("xz", &["--robot", "-lvv", s(file)]));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| l.starts_with("block\t"))
+        .and_then(|l| l.split('\t').nth(15))
+        .unwrap_or_else(|| panic!("no block in xz -lvv:\n{text}"))
+        .to_string()
+}
+
+/// Linux's scripts/xz_wrap.sh and every BCJ filter, --delta and the
+/// LZMA2 options through the xz link: what cairn writes `xz -d` reads
+/// byte-identical, with the chain in its block headers; what xz writes
+/// with them cairn reads; on 1 thread and 2.
+#[test]
+fn xz_filter_chains_as_xz_takes_them() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(SIZE, 21);
+    let file = dir.path().join("f.xz");
+    for (args, filters) in [
+        (
+            &["--check=crc32", "--x86", "--lzma2=dict=32MiB"][..],
+            "--x86 --lzma2=dict=1MiB",
+        ),
+        (&["--arm", "--lzma2=dict=1MiB"], "--arm --lzma2=dict=1MiB"),
+        (
+            &["--arm64=start=4096", "--lzma2=preset=9e,lc=1,lp=3,pb=0"],
+            "--arm64=start=4KiB --lzma2=dict=1MiB",
+        ),
+        (
+            &["--armthumb", "--lzma2=mode=fast,mf=hc4,nice=32,depth=4"],
+            "--armthumb --lzma2=dict=1MiB",
+        ),
+        (
+            &["--powerpc", "--lzma2=preset=1"],
+            "--powerpc --lzma2=dict=1MiB",
+        ),
+        (
+            &["--ia64", "--lzma2=dict=512KiB"],
+            "--ia64 --lzma2=dict=512KiB",
+        ),
+        (&["--sparc", "--lzma2"], "--sparc --lzma2=dict=1MiB"),
+        (
+            &["--delta=dist=4", "--x86", "--lzma2=preset=1"],
+            "--delta=dist=4 --x86 --lzma2=dict=1MiB",
+        ),
+        // A preset after the filters replaces them, as in xz.
+        (&["--x86", "--lzma2=dict=1MiB", "-1"], "--lzma2=dict=1MiB"),
+    ] {
+        for threads in ["-T1", "-T2"] {
+            let mut all = vec!["-c", threads, "--block-size=1MiB"];
+            all.extend_from_slice(args);
+            let out = link_run(dir.path(), "xz", &all, &data);
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                run_ok("xz", &["-dc"], &out.stdout) == data,
+                "xz -d misread {args:?}"
+            );
+            std::fs::write(&file, &out.stdout).unwrap();
+            assert_eq!(xz_block_filters(&file), filters, "{args:?}");
+        }
+        let mut all = vec!["-c", "-T2", "--block-size=1MiB"];
+        all.extend_from_slice(args);
+        let theirs = run_ok("xz", &all, &data);
+        for threads in ["1", "2"] {
+            assert!(
+                cairn_ok(&["unpack", "-T", threads, "-q"], &theirs) == data,
+                "{args:?}"
+            );
+        }
+        let single = run_ok("xz", &["-c", args[args.len() - 1]], &data);
+        assert!(cairn_ok(&["unpack", "-q"], &single) == data, "{args:?}");
+    }
+    // XZ_OPT holds options as the command line does.
+    let bin = dir.path().join("xz");
+    let out = pipe(
+        std::process::Command::new(&bin)
+            .args(["-c"])
+            .env("XZ_OPT", "--x86 --lzma2=dict=2MiB"),
+        &data,
+    );
+    std::fs::write(&file, ok(out).stdout).unwrap();
+    assert_eq!(xz_block_filters(&file), "--x86 --lzma2=dict=2MiB");
+    // cairn's own --filters, in liblzma's syntax.
+    let packed = cairn_ok(
+        &["pack", "-F", "xz", "-q", "--filters=arm64 lzma2:dict=1MiB"],
+        &data,
+    );
+    assert!(run_ok("xz", &["-dc"], &packed) == data);
+    // Refused with one line: a chain for another format, LZMA1 in .xz, a
+    // chain not ending with LZMA, bad options, --format=raw.
+    for (name, args) in [
+        (
+            "cairn",
+            &["pack", "-F", "gzip", "--filters=x86 lzma2", "-c"][..],
+        ),
+        ("xz", &["--lzma1", "-c"]),
+        ("xz", &["--x86", "-c"]),
+        ("xz", &["--lzma2=dict=1MiB", "--x86", "-c"]),
+        ("xz", &["--delta=dist=300", "--lzma2", "-c"]),
+        ("xz", &["--lzma2=lc=4,lp=1", "-c"]),
+        ("xz", &["--format=raw", "-c"]),
+        ("xz", &["--format=lzip", "-c"]),
+        ("gzip", &["--x86", "-c"]),
+    ] {
+        let out = if name == "cairn" {
+            cairn_pipe(args, &data[..1000])
+        } else {
+            link_run(dir.path(), name, args, &data[..1000])
+        };
+        assert!(
+            !out.status.success() && out.stdout.is_empty(),
+            "{name} {args:?}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{name} {args:?}: {err}");
+    }
+}
+
+/// .lzma (LZMA_Alone) both ways: xz --format=lzma's files read by the xz
+/// link, unxz, xzcat, lzcat and `cairn unpack` (found by their header);
+/// what `xz --format=lzma`, `lzma` and --lzma1= write through cairn read
+/// by xz; concatenated streams refused unless --single-stream.
+#[test]
+fn lzma_alone_files_both_ways() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(SIZE, 22);
+    for level in ["-0", "-6", "-9e"] {
+        let theirs = run_ok("xz", &["-c", "--format=lzma", level], &data);
+        assert!(cairn_ok(&["unpack", "-q"], &theirs) == data, "{level}");
+        for (name, args) in [
+            ("xz", &["-dc"][..]),
+            ("unxz", &["-c"]),
+            ("xzcat", &[]),
+            ("lzcat", &[]),
+            ("unlzma", &["-c"]),
+            ("xz", &["-dc", "--format=lzma"]),
+        ] {
+            let out = ok(link_run(dir.path(), name, args, &theirs));
+            assert!(out.stdout == data, "{name} {args:?} {level}");
+        }
+    }
+    for (name, args) in [
+        ("xz", &["-c", "--format=lzma"][..]),
+        ("xz", &["-c", "-Falone", "-3e"]),
+        (
+            "xz",
+            &["-c", "--format=lzma", "--lzma1=dict=1MiB,lc=0,lp=2,pb=0"],
+        ),
+        ("lzma", &["-c"]),
+    ] {
+        let ours = ok(link_run(dir.path(), name, args, &data)).stdout;
+        assert!(
+            run_ok("xz", &["-dc", "--format=lzma"], &ours) == data,
+            "{name} {args:?}"
+        );
+    }
+    // A file: the .lzma suffix, added and taken off.
+    let file = dir.path().join("f");
+    std::fs::write(&file, &data).unwrap();
+    ok(link_run(
+        dir.path(),
+        "xz",
+        &["--format=lzma", s(&file)],
+        &[],
+    ));
+    let packed = dir.path().join("f.lzma");
+    assert!(run_ok("xz", &["-dc", s(&packed)], &[]) == data);
+    ok(link_run(dir.path(), "unxz", &[s(&packed)], &[]));
+    assert!(std::fs::read(&file).unwrap() == data);
+    // Two streams: xz refuses the second, unless --single-stream.
+    let one = run_ok("xz", &["-c", "--format=lzma", "-1"], &data[..100_000]);
+    let two = [one.clone(), one].concat();
+    let out = link_run(dir.path(), "xz", &["-dc"], &two);
+    assert!(!out.status.success());
+    let out = ok(link_run(
+        dir.path(),
+        "xz",
+        &["-dc", "--single-stream"],
+        &two,
+    ));
+    assert!(out.stdout == data[..100_000]);
+    // --format=xz (and unlzma's lzma) hold a decode to that format.
+    let xz_file = run_ok("xz", &["-c"], &data[..1000]);
+    assert!(!link_run(dir.path(), "unlzma", &["-c"], &xz_file)
+        .status
+        .success());
+    let lzma_file = run_ok("xz", &["-c", "--format=lzma"], &data[..1000]);
+    assert!(
+        !link_run(dir.path(), "xz", &["-dc", "--format=xz"], &lzma_file)
+            .status
+            .success()
+    );
+}
+
+/// Limits and stream options through the xz link, beside xz: -M and the
+/// --memlimit options (xz's sizes, %, 0), --block-size, --single-stream
+/// on .xz, --ignore-check, --no-sparse, -Q.
+#[test]
+fn xz_limits_and_stream_options_as_xz_takes_them() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(SIZE, 23);
+    // --block-size: xz -lv counts the blocks.
+    let out = ok(link_run(
+        dir.path(),
+        "xz",
+        &["-c", "-T2", "--block-size=512KiB"],
+        &data,
+    ));
+    let file = dir.path().join("b.xz");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let listed = ok(tool("xz", &["--robot", "-lv", s(&file)]));
+    let blocks = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter(|l| l.starts_with("block\t"))
+        .count();
+    assert_eq!(blocks, SIZE.div_ceil(512 << 10));
+    // Limits: sizes, percentages and 0 (none) are taken; a dictionary
+    // over the decoding limit is refused, as by xz.
+    let packed = run_ok("xz", &["-c", "-6"], &data);
+    for args in [
+        &["-dc", "-M", "50%"][..],
+        &["-dc", "-M0"],
+        &["-dc", "--memlimit=1GiB"],
+        &["-dc", "--memlimit-decompress=64MiB"],
+        &["-dc", "--memlimit-mt-decompress=64MiB"],
+    ] {
+        let out = ok(link_run(dir.path(), "xz", args, &packed));
+        assert!(out.stdout == data, "{args:?}");
+    }
+    let args = ["-dc", "--memlimit-decompress=1MiB"];
+    assert!(!link_run(dir.path(), "xz", &args, &packed).status.success());
+    assert!(
+        !tool_pipe("xz", &args, &packed).status.success(),
+        "xz took {args:?}"
+    );
+    // Compressing: fewer threads fit, the output is the same.
+    let wide = ok(link_run(dir.path(), "xz", &["-c", "-T2", "-6"], &data)).stdout;
+    let narrow = ok(link_run(
+        dir.path(),
+        "xz",
+        &[
+            "-c",
+            "-T2",
+            "-6",
+            "--memlimit-compress=250MiB",
+            "--no-adjust",
+        ],
+        &data,
+    ))
+    .stdout;
+    assert!(wide == narrow);
+    let out = link_run(
+        dir.path(),
+        "xz",
+        &["-c", "-9", "--memlimit-compress=10MiB"],
+        &data,
+    );
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+    // --single-stream on .xz: the rest is ignored, garbage included.
+    let mut two = run_ok("xz", &["-c"], &data[..5000]);
+    two.extend(run_ok("xz", &["-c"], &data[5000..9000]));
+    two.extend_from_slice(b"garbage");
+    let args = ["-dc", "--single-stream"];
+    let theirs = run_ok("xz", &args, &two);
+    assert!(ok(link_run(dir.path(), "xz", &args, &two)).stdout == theirs);
+    assert!(theirs == data[..5000]);
+    // --ignore-check: a damaged check is not verified.
+    let mut damaged = run_ok("xz", &["-c", "-T1", "--check=crc32"], &data[..5000]);
+    // The check: before the index (12 bytes for one block) and footer.
+    let at = damaged.len() - 12 - 12 - 4;
+    damaged[at] ^= 1;
+    assert!(!link_run(dir.path(), "xz", &["-dc"], &damaged)
+        .status
+        .success());
+    let theirs = run_ok("xz", &["-dc", "--ignore-check"], &damaged);
+    let ours = ok(link_run(
+        dir.path(),
+        "xz",
+        &["-dc", "--ignore-check"],
+        &damaged,
+    ))
+    .stdout;
+    assert!(ours == theirs && ours == data[..5000]);
+    // --no-sparse: zeros written as bytes, not holes.
+    let zeros = vec![0u8; 8 << 20];
+    let zfile = dir.path().join("z");
+    std::fs::write(&zfile, &zeros).unwrap();
+    ok(link_run(dir.path(), "xz", &[s(&zfile)], &[]));
+    ok(link_run(
+        dir.path(),
+        "xz",
+        &["-dk", "--no-sparse", s(&dir.path().join("z.xz"))],
+        &[],
+    ));
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&zfile).unwrap();
+    assert!(meta.blocks() * 512 >= meta.len(), "--no-sparse wrote holes");
+    // -Q: a warning's exit status 2 becomes 0.
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, b"text").unwrap();
+    let out = link_run(dir.path(), "xz", &["-d", s(&plain)], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = link_run(dir.path(), "xz", &["-dQ", s(&plain)], &[]);
+    assert_eq!(out.status.code(), Some(0));
+}
+
+/// `tool args` with `input` on its standard input.
+fn tool_pipe(name: &str, args: &[&str], input: &[u8]) -> Output {
+    pipe(std::process::Command::new(name).args(args), input)
+}

@@ -49,7 +49,7 @@ pub enum CodecError {
         offset: u64,
     },
     /// The input does not start with the magic of any known format.
-    #[error("unknown format: the input does not start with the magic of gzip, zstd, lz4, lzop, bzip2, xz or snappy")]
+    #[error("unknown format: the input does not start with the magic of gzip, zstd, lz4, lzop, bzip2, xz or snappy, nor a .lzma header")]
     UnknownFormat,
     /// A codec library refused to compress.
     #[error("{codec}: compression failed: {reason}")]

@@ -54,7 +54,8 @@ pub fn budget(given: Option<u64>) -> Option<u64> {
     given.or_else(default_budget)
 }
 
-fn physical() -> Option<u64> {
+/// The machine's physical memory, as xz reads it for a limit in percent.
+pub fn physical() -> Option<u64> {
     // SAFETY: sysconf reads a system constant; no memory is passed.
     let (pages, size) = unsafe {
         (

@@ -477,7 +477,32 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
     if block > MAX_BLOCK {
         return Err(Error::BlockTooLarge(block));
     }
-    let threads = threads(opts.threads)?;
+    let mut threads = threads(opts.threads)?;
+    if let Some(limit) = pack.memlimit {
+        if !matches!(format, Format::Xz | Format::Lzma) {
+            return Err(CodecError::Invalid(format!(
+                "--memlimit-compress is xz's; {format} has no such limit"
+            ))
+            .into());
+        }
+        let within = cairn_codec::format::xz::threads_within(
+            limit,
+            level,
+            pack.encode.extreme,
+            pack.encode.filters.as_ref(),
+            block,
+            if format.is_one_stream() { 1 } else { threads },
+        )?;
+        if within < threads {
+            tracing::debug!(
+                threads,
+                within,
+                limit,
+                "fewer threads, for --memlimit-compress"
+            );
+            threads = within;
+        }
+    }
     let suffix = opts.suffix.as_deref();
     let plans = plan(opts, false, |p| packed_name(p, format, suffix, opts.force))?;
     let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
@@ -733,7 +758,12 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut sink = open_sink(plan, s.force, true, hooks)?;
     let progress = hooks.progress(crate::Operation::Pack, size);
     // Build one encoder now so a bad level fails before any output.
-    drop(format.encoder_with(level, block, &s.encode)?);
+    let mut one_stream = None;
+    if format.is_one_stream() {
+        one_stream = Some(format.lzma_encoder(level, &s.encode)?);
+    } else {
+        drop(format.encoder_with(level, block, &s.encode)?);
+    }
     let mut framer = format.framer(level, &s.encode);
     if let (true, Source::File(path), Some(meta)) = (s.keep_origin, &plan.source, &input_meta) {
         if meta.is_file() {
@@ -751,69 +781,98 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
     let mut read_total = 0u64;
     let mut blocks = 0usize;
     let mut cuts = s.rsyncable.then(|| ContentCuts::new(block));
-    let result = cairn_pipeline::run(
-        Config::new(s.threads),
-        |input: &mut Block| {
-            let n = match cuts.as_mut() {
-                Some(c) => c.fill(reader.as_mut(), input),
-                None => fill_block(reader.as_mut(), input, block),
+    let result = if let Some(mut enc) = one_stream {
+        // One stream through one encoder, read a block at a time.
+        let mut input = Block::default();
+        let mut out = Vec::new();
+        loop {
+            let n = fill_block(reader.as_mut(), &mut input, block).map_err(read_error)?;
+            if n == 0 {
+                enc.finish(&mut out)?;
+            } else if input.zeros > 0 {
+                // A hole, skipped rather than read.
+                input.data.clear();
+                input.data.resize(n, 0);
+                enc.write(&input.data, &mut out)?;
+            } else {
+                enc.write(&input.data[..n], &mut out)?;
             }
-            .map_err(read_error)?;
-            // An empty input still gets one (empty) block: every format's
-            // tools expect at least a header and most a member or frame.
-            if n == 0 && !first {
-                return Ok(Fill::End);
-            }
-            first = false;
+            w.write_all(&out).map_err(write_error(&out_name))?;
             blocks += 1;
-            read_total += n as u64;
-            progress.read_to(read_total);
-            Ok(Fill::Item)
-        },
-        || {
-            let mut enc = format.encoder_with(level, block, &s.encode);
-            let mut zero: Option<ZeroBlock> = None;
-            move |input: &mut Block, out: &mut Packed| -> Result<()> {
-                // The first encoder was built above: one failing now is a
-                // library refusing the same parameters a second time.
-                let enc = enc
-                    .as_mut()
-                    .map_err(|e| CodecError::Invalid(e.to_string()))?;
-                let len = input.raw_len();
-                let data = &input.data[..input.len];
-                if len == 0 || (input.zeros == 0 && !is_zero(data)) {
-                    out.meta = enc.encode(data, &mut out.bytes)?;
-                    return Ok(());
-                }
-                let z = match zero.take() {
-                    Some(z) if z.len == len => z,
-                    _ => {
-                        let mut bytes = Vec::new();
-                        let meta = enc.encode(&vec![0u8; len], &mut bytes)?;
-                        ZeroBlock { len, bytes, meta }
-                    }
-                };
-                out.bytes.extend_from_slice(&z.bytes);
-                out.meta = z.meta;
-                zero = Some(z);
-                Ok(())
-            }
-        },
-        |slot: &mut Slot<Block, Packed>| {
-            w.write_all(&slot.output.bytes)
-                .map_err(write_error(&out_name))?;
-            framer.block(&slot.output.meta);
-            bytes_in += slot.input.raw_len() as u64;
-            bytes_out += slot.output.bytes.len() as u64;
+            bytes_in += n as u64;
+            bytes_out += out.len() as u64;
+            out.clear();
+            progress.read_to(bytes_in);
             progress.ratio(bytes_in, bytes_out);
-            Ok(())
-        },
-        |slot| {
-            slot.input.len = 0;
-            slot.input.zeros = 0;
-            slot.output.bytes.clear();
-        },
-    );
+            if n == 0 {
+                break Ok(());
+            }
+        }
+    } else {
+        cairn_pipeline::run(
+            Config::new(s.threads),
+            |input: &mut Block| {
+                let n = match cuts.as_mut() {
+                    Some(c) => c.fill(reader.as_mut(), input),
+                    None => fill_block(reader.as_mut(), input, block),
+                }
+                .map_err(read_error)?;
+                // An empty input still gets one (empty) block: every format's
+                // tools expect at least a header and most a member or frame.
+                if n == 0 && !first {
+                    return Ok(Fill::End);
+                }
+                first = false;
+                blocks += 1;
+                read_total += n as u64;
+                progress.read_to(read_total);
+                Ok(Fill::Item)
+            },
+            || {
+                let mut enc = format.encoder_with(level, block, &s.encode);
+                let mut zero: Option<ZeroBlock> = None;
+                move |input: &mut Block, out: &mut Packed| -> Result<()> {
+                    // The first encoder was built above: one failing now is a
+                    // library refusing the same parameters a second time.
+                    let enc = enc
+                        .as_mut()
+                        .map_err(|e| CodecError::Invalid(e.to_string()))?;
+                    let len = input.raw_len();
+                    let data = &input.data[..input.len];
+                    if len == 0 || (input.zeros == 0 && !is_zero(data)) {
+                        out.meta = enc.encode(data, &mut out.bytes)?;
+                        return Ok(());
+                    }
+                    let z = match zero.take() {
+                        Some(z) if z.len == len => z,
+                        _ => {
+                            let mut bytes = Vec::new();
+                            let meta = enc.encode(&vec![0u8; len], &mut bytes)?;
+                            ZeroBlock { len, bytes, meta }
+                        }
+                    };
+                    out.bytes.extend_from_slice(&z.bytes);
+                    out.meta = z.meta;
+                    zero = Some(z);
+                    Ok(())
+                }
+            },
+            |slot: &mut Slot<Block, Packed>| {
+                w.write_all(&slot.output.bytes)
+                    .map_err(write_error(&out_name))?;
+                framer.block(&slot.output.meta);
+                bytes_in += slot.input.raw_len() as u64;
+                bytes_out += slot.output.bytes.len() as u64;
+                progress.ratio(bytes_in, bytes_out);
+                Ok(())
+            },
+            |slot| {
+                slot.input.len = 0;
+                slot.input.zeros = 0;
+                slot.output.bytes.clear();
+            },
+        )
+    };
     progress.finish();
     result?;
     let mut tail = Vec::new();
@@ -990,6 +1049,9 @@ fn unpack_one(
         }
         return Err(CodecError::UnknownFormat.into());
     };
+    if opts.format.is_some_and(|f| f != format) {
+        return Err(CodecError::UnknownFormat.into());
+    }
     tracing::debug!(input = %plan.source.name(), %format, "detected");
     let (renamed, restored_mtime) = match restore_name && format == Format::Gzip {
         true => restored_origin(plan, &head),
@@ -1027,13 +1089,15 @@ fn unpack_one(
             threads,
             gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
             memory: opts.memory,
+            single_stream: opts.single_stream,
+            ignore_check: opts.ignore_check,
         },
     );
     let mut sink = open_sink(plan, force, false, hooks)?;
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
     // Into a new file, zeros become holes.
-    let mut holes = sink.is_new_file().then(HoleWriter::default);
+    let mut holes = (sink.is_new_file() && !opts.no_sparse).then(HoleWriter::default);
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;

@@ -164,6 +164,9 @@ pub struct PackOptions {
     /// around it, so the compressed stream after them is the same bytes
     /// again, for rsync and for deduplicating backups.
     pub rsyncable: bool,
+    /// Most memory compressing may take (`xz --memlimit-compress`), xz
+    /// and `.lzma` only: fewer threads where each needs more.
+    pub memlimit: Option<u64>,
 }
 
 /// What an unpack does with the decoded data.
@@ -200,6 +203,16 @@ pub struct UnpackOptions {
     /// before the range where it has one
     /// ([`cairn_codec::format::gzip_range`]).
     pub range: Option<ByteRange>,
+    /// xz and `.lzma`: decode only the first stream, ignoring whatever
+    /// follows it (`xz --single-stream`).
+    pub single_stream: bool,
+    /// xz: verify no block's check (`xz --ignore-check`).
+    pub ignore_check: bool,
+    /// Write runs of zeros into a new output file as bytes, not holes
+    /// (`xz --no-sparse`; by default they become holes).
+    pub no_sparse: bool,
+    /// Refuse an input in any other format (`xz -d --format=lzma`).
+    pub format: Option<Format>,
 }
 
 /// Progress of one input, for a caller that draws it. Called from the

@@ -16,6 +16,7 @@ fn tar_suffixes(format: Format) -> &'static [&'static str] {
         Format::Zstd => &[".tzst"],
         Format::Bzip2 => &[".tbz2", ".tbz"],
         Format::Xz => &[".txz"],
+        Format::Lzma => &[".tlz"],
         _ => &[],
     }
 }
@@ -45,7 +46,7 @@ pub fn format_of_name(path: &Path) -> Option<(Format, PathBuf)> {
             return Some((Format::Gzip, with_tail(stem, tail.as_bytes())));
         }
     }
-    for f in Format::ALL {
+    for f in Format::EVERY {
         if let Some(stem) = strip_suffix(name, f.suffix().as_bytes()) {
             return Some((f, with_tail(stem, b"")));
         }

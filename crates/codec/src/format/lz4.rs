@@ -583,6 +583,7 @@ mod tests {
         check: crate::format::IntegrityCheck::Default,
         legacy: true,
         favor_dec_speed: false,
+        filters: None,
     };
 
     #[test]

@@ -25,9 +25,11 @@ pub mod bzip2;
 pub mod gzip;
 pub mod gzip_range;
 pub mod lz4;
+pub mod lzma;
 pub mod lzop;
 pub mod snappy;
 pub mod xz;
+pub mod xz_filters;
 pub mod zstd;
 
 /// Largest unit a splitter hands to a worker, compressed or decoded. It
@@ -64,6 +66,9 @@ pub struct EncodeOptions {
     /// prefers matches that decode faster, as lz4 sets it on frames (a
     /// legacy frame's blocks are written without it, as by lz4).
     pub favor_dec_speed: bool,
+    /// xz's custom filter chain (`xz --x86 --lzma2=dict=32MiB`): each
+    /// block goes through it instead of the level's preset.
+    pub filters: Option<xz_filters::FilterChain>,
 }
 
 /// The integrity check a stream carries (`xz --check=`, `zstd
@@ -129,10 +134,14 @@ pub enum Format {
     Bzip2,
     /// xz with one block per input block and the index.
     Xz,
+    /// The legacy `.lzma` format (LZMA_Alone): one LZMA1 stream, written
+    /// and read on one core.
+    Lzma,
 }
 
 impl Format {
-    /// Every format.
+    /// Every format written in independent blocks (all but `.lzma`, one
+    /// stream: see [`Format::EVERY`]).
     pub const ALL: [Format; 7] = [
         Format::Gzip,
         Format::Zstd,
@@ -142,6 +151,17 @@ impl Format {
         Format::Bzip2,
         Format::Xz,
     ];
+
+    /// Every format cairn reads and writes: [`Format::ALL`] and `.lzma`.
+    pub const EVERY: [Format; 8] = {
+        let mut every = [Format::Lzma; 8];
+        let mut i = 0;
+        while i < Format::ALL.len() {
+            every[i] = Format::ALL[i];
+            i += 1;
+        }
+        every
+    };
 
     /// Name on the command line and in messages.
     pub fn name(self) -> &'static str {
@@ -153,6 +173,7 @@ impl Format {
             Format::Lzop => "lzop",
             Format::Bzip2 => "bzip2",
             Format::Xz => "xz",
+            Format::Lzma => "lzma",
         }
     }
 
@@ -166,6 +187,7 @@ impl Format {
             Format::Lzop => ".lzo",
             Format::Bzip2 => ".bz2",
             Format::Xz => ".xz",
+            Format::Lzma => ".lzma",
         }
     }
 
@@ -178,7 +200,7 @@ impl Format {
             Format::Snappy => (1, 1),
             Format::Lzop => (1, 9),
             Format::Bzip2 => (1, 9),
-            Format::Xz => (0, 9),
+            Format::Xz | Format::Lzma => (0, 9),
         }
     }
 
@@ -190,7 +212,7 @@ impl Format {
             Format::Lz4 | Format::Snappy => 1,
             Format::Lzop => 3,
             Format::Bzip2 => 9,
-            Format::Xz => 6,
+            Format::Xz | Format::Lzma => 6,
         }
     }
 
@@ -207,6 +229,9 @@ impl Format {
     pub fn default_block_size_with(self, level: i32, opts: &EncodeOptions) -> usize {
         match self {
             Format::Lz4 if opts.legacy => lz4::LEGACY_BLOCK,
+            Format::Xz if opts.filters.is_some() => opts
+                .filters
+                .map_or(xz::block_size(level), |c| xz::chain_block_size(&c)),
             _ => self.default_block_size(level),
         }
     }
@@ -227,10 +252,12 @@ impl Format {
             Format::Lz4 | Format::Snappy | Format::Lzop => 4 << 20,
             Format::Bzip2 => bzip2::block_size(level),
             Format::Xz => xz::block_size(level),
+            // Read in units of this size, packed as one stream.
+            Format::Lzma => 1 << 20,
         }
     }
 
-    /// The format whose magic `head` starts with. Needs up to 9 bytes.
+    /// The format whose magic `head` starts with. Needs up to 13 bytes.
     pub fn detect(head: &[u8]) -> Option<Format> {
         if head.starts_with(&[0x1f, 0x8b]) {
             Some(Format::Gzip)
@@ -250,6 +277,10 @@ impl Format {
             Some(Format::Bzip2)
         } else if head.starts_with(xz::HEADER_MAGIC) {
             Some(Format::Xz)
+        } else if lzma::is_header(head) {
+            // No magic: a header that makes sense, as liblzma's automatic
+            // decoder takes one (13 bytes).
+            Some(Format::Lzma)
         } else {
             None
         }
@@ -283,13 +314,27 @@ impl Format {
                 "--long={n} is zstd's long-distance matching; {self} has none"
             )));
         }
-        if opts.extreme && self != Format::Xz {
+        if let Some(chain) = opts.filters {
+            match self {
+                Format::Xz => chain.for_xz()?,
+                Format::Lzma => {
+                    chain.for_lzma()?;
+                }
+                _ => {
+                    return Err(CodecError::Invalid(format!(
+                        "a filter chain ({chain}) is xz's; {self} has none"
+                    )))
+                }
+            }
+        }
+        if opts.extreme && !matches!(self, Format::Xz | Format::Lzma) {
             return Err(CodecError::Invalid(format!(
                 "-e (--extreme) is xz's; {self} has no extreme presets"
             )));
         }
         let fits = match self {
-            Format::Xz => true,
+            // xz takes a check for .lzma and writes none, as here.
+            Format::Xz | Format::Lzma => true,
             Format::Zstd => matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None),
             // A legacy frame carries none anyway.
             Format::Lz4 if opts.legacy => {
@@ -306,7 +351,7 @@ impl Format {
                 Format::Lz4 => "always XXH32",
                 Format::Lzop => "always Adler-32",
                 Format::Snappy => "always CRC-32C",
-                Format::Xz => "",
+                Format::Xz | Format::Lzma => "",
             };
             return Err(CodecError::Invalid(format!(
                 "{self} cannot carry the check {}: its check is {has}",
@@ -352,8 +397,34 @@ impl Format {
                 block_size,
                 opts.extreme,
                 xz::check_id(opts.check),
+                opts.filters,
             )?),
+            Format::Lzma => {
+                return Err(CodecError::Invalid(
+                    "the .lzma format is one stream: written by Format::lzma_encoder".into(),
+                ))
+            }
         })
+    }
+
+    /// Whether the format is written as one stream on one core
+    /// ([`Format::lzma_encoder`]), not as independent blocks.
+    pub fn is_one_stream(self) -> bool {
+        self == Format::Lzma
+    }
+
+    /// The encoder of a `.lzma` stream at `level` (0-9, `-e` in `opts`),
+    /// or with the LZMA1 options of `opts`' filter chain.
+    pub fn lzma_encoder(self, level: i32, opts: &EncodeOptions) -> Result<lzma::StreamEncoder> {
+        self.check_options(opts)?;
+        let l = match opts.filters {
+            Some(chain) => chain.for_lzma()?,
+            None => xz_filters::Lzma::preset(
+                u32::try_from(self.clamp_level(level).clamp(0, 9)).unwrap_or(6),
+                opts.extreme,
+            ),
+        };
+        lzma::StreamEncoder::new(&l.options(u32::MAX)?)
     }
 
     /// The writer-side framer, for blocks from [`Format::encoder_with`]
@@ -368,7 +439,7 @@ impl Format {
             Format::Lz4 => Box::new(lz4::Framer),
             Format::Snappy => Box::new(snappy::Framer::default()),
             Format::Lzop => Box::new(lzop::Framer::new(level)),
-            Format::Bzip2 => Box::new(NoFraming),
+            Format::Bzip2 | Format::Lzma => Box::new(NoFraming),
             Format::Xz => Box::new(xz::Framer::new(xz::check_id(opts.check))),
         }
     }
@@ -394,7 +465,17 @@ impl Format {
             Format::Snappy => Box::new(snappy::Splitter::new(input)),
             Format::Lzop => Box::new(lzop::Splitter::new(input)),
             Format::Bzip2 => Box::new(bzip2::Splitter::new(input)),
-            Format::Xz => Box::new(xz::Splitter::new(input).with_memory(opts.memory)),
+            Format::Xz => Box::new(
+                xz::Splitter::new(input)
+                    .with_memory(opts.memory)
+                    .single_stream(opts.single_stream)
+                    .ignore_check(opts.ignore_check),
+            ),
+            Format::Lzma => Box::new(
+                lzma::Splitter::new(input)
+                    .with_memory(opts.memory)
+                    .single_stream(opts.single_stream),
+            ),
         }
     }
 
@@ -408,6 +489,7 @@ impl Format {
             Format::Lzop => Box::new(lzop::Decoder::default()),
             Format::Bzip2 => Box::new(bzip2::Decoder::default()),
             Format::Xz => Box::new(xz::Decoder),
+            Format::Lzma => Box::new(lzma::Decoder),
         }
     }
 }
@@ -428,14 +510,15 @@ impl FromStr for Format {
             "bz2" => "bzip2",
             "lzo" => "lzop",
             "sz" => "snappy",
+            "alone" => "lzma",
             other => other,
         };
-        Format::ALL
+        Format::EVERY
             .into_iter()
             .find(|f| f.name() == alias)
             .ok_or_else(|| {
                 CodecError::Invalid(format!(
-                    "unknown format {s:?} (expected gzip, zstd, lz4, snappy, lzop, bzip2 or xz)"
+                    "unknown format {s:?} (expected gzip, zstd, lz4, snappy, lzop, bzip2, xz or lzma)"
                 ))
             })
     }
@@ -645,6 +728,11 @@ pub struct DecodeOptions {
     /// `zstd_window_log_max`, which `-M` sets). `None`: half of the memory this
     /// process may use ([`crate::memlimit::default_budget`]).
     pub memory: Option<u64>,
+    /// xz and `.lzma`: decode the first stream only and ignore whatever
+    /// follows it (`xz --single-stream`).
+    pub single_stream: bool,
+    /// xz: do not verify the blocks' checks (`xz --ignore-check`).
+    pub ignore_check: bool,
 }
 
 impl Default for DecodeOptions {
@@ -654,6 +742,8 @@ impl Default for DecodeOptions {
             threads: 1,
             gzip_index: None,
             memory: None,
+            single_stream: false,
+            ignore_check: false,
         }
     }
 }

@@ -47,6 +47,7 @@
 //! | zero padding to 4 | crc32`; footer `crc32 | index size/4-1 u32le |
 //! 00 check | 59 5A`.
 
+pub use super::xz_filters::FilterChain;
 use super::{
     at_offset, le32, pass_plain, BlockMeta, IntegrityCheck, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
 };
@@ -232,39 +233,157 @@ pub struct Encoder {
     extreme: bool,
     /// The check type every block carries.
     check: u8,
+    /// A custom filter chain (`xz --x86 --lzma2=...`), in place of the
+    /// preset's LZMA2 alone.
+    chain: Option<FilterChain>,
 }
 
 impl Encoder {
     /// An encoder at xz preset `level` (0-9) for blocks of up to
     /// `block_size` bytes, with CRC64 checks.
     pub fn new(level: i32, block_size: usize) -> Result<Self> {
-        Encoder::with(level, block_size, false, CHECK_CRC64)
+        Encoder::with(level, block_size, false, CHECK_CRC64, None)
     }
 
     /// As [`Encoder::new`], at the extreme variant of the preset if
     /// `extreme` (`xz -e`), each block with the check of type `check` (see
-    /// [`check_id`]).
-    pub fn with(level: i32, block_size: usize, extreme: bool, check: u8) -> Result<Self> {
-        // Fail now, not on the first block, if liblzma refuses the preset.
-        lzma2_options(level, extreme, block_size)?;
+    /// [`check_id`]); with `chain`, each block goes through that filter
+    /// chain instead of the preset (which it then ignores).
+    pub fn with(
+        level: i32,
+        block_size: usize,
+        extreme: bool,
+        check: u8,
+        chain: Option<FilterChain>,
+    ) -> Result<Self> {
+        // Fail now, not on the first block, if liblzma refuses the preset
+        // or the chain.
+        match &chain {
+            Some(c) => {
+                c.for_xz()?;
+                let cap = u32::try_from(block_size.max(4096)).unwrap_or(u32::MAX);
+                Stream::new_raw_encoder(&c.build(cap)?)
+                    .map_err(|e| CodecError::Invalid(format!("filter chain {c}: {e}")))?;
+            }
+            None => {
+                lzma2_options(level, extreme, block_size)?;
+            }
+        }
         Ok(Encoder {
             level,
             extreme,
             check,
+            chain,
         })
+    }
+
+    /// The liblzma chain for a block of `len` bytes, the filter flags of
+    /// the block header before LZMA2's, and LZMA2's property byte.
+    fn filters_for(&self, len: usize) -> Result<(Filters, Vec<u8>, u8)> {
+        let cap = len.max(4096);
+        let mut before = Vec::new();
+        let (filters, dict) = match &self.chain {
+            Some(c) => {
+                let dict = c
+                    .lzma()
+                    .0
+                    .dict_size()
+                    .min(u32::try_from(cap).unwrap_or(u32::MAX));
+                c.header_flags(&mut before);
+                (c.build(dict)?, dict)
+            }
+            None => {
+                let mut f = Filters::new();
+                f.lzma2(&lzma2_options(self.level, self.extreme, len)?);
+                (f, lzma2_block_dict(self.level, len))
+            }
+        };
+        Ok((filters, before, prop_of_dict(dict)))
     }
 }
 
-/// A block header with both sizes and one LZMA2 filter of property `prop`.
-fn block_header(compressed: u64, uncompressed: u64, prop: u8) -> Vec<u8> {
-    let mut h = vec![0, FLAG_COMPRESSED | FLAG_UNCOMPRESSED];
+/// The default input block of a chain: three LZMA2 dictionaries, at
+/// least 1 MiB, as `xz -T` picks it, at most what one unit holds.
+pub fn chain_block_size(chain: &FilterChain) -> usize {
+    (3 * chain.lzma().0.dict_size() as usize).clamp(1 << 20, MAX_BLOCK)
+}
+
+/// The most threads, up to `threads`, that compress blocks of `block`
+/// bytes at `level` (or through `chain`) within `limit` bytes, as xz's
+/// `--memlimit-compress` counts them (liblzma's estimate for its threaded
+/// encoder: each thread's encoder and buffers). An error names the need
+/// of one thread when even that is over.
+pub fn threads_within(
+    limit: u64,
+    level: i32,
+    extreme: bool,
+    chain: Option<&FilterChain>,
+    block: usize,
+    threads: usize,
+) -> Result<usize> {
+    let usage = |n: usize| -> Result<u64> {
+        let mut b = liblzma::stream::MtStreamBuilder::new();
+        b.threads(u32::try_from(n).unwrap_or(u32::MAX))
+            .block_size(block as u64);
+        match chain {
+            Some(c) => {
+                // The same options as LZMA2 (a .lzma stream's LZMA1 needs
+                // what LZMA2 does).
+                let (l, _) = c.lzma();
+                let mut f = Filters::new();
+                f.lzma2(&l.options(u32::MAX)?);
+                b.filters(f);
+            }
+            None => {
+                let extreme = if extreme {
+                    liblzma::stream::PRESET_EXTREME
+                } else {
+                    0
+                };
+                b.preset(u32::try_from(level.clamp(0, 9)).unwrap_or(6) | extreme);
+            }
+        }
+        Ok(b.memusage())
+    };
+    let mut fits = 0;
+    for n in 1..=threads.max(1) {
+        if usage(n)? > limit {
+            break;
+        }
+        fits = n;
+    }
+    if fits == 0 {
+        return Err(CodecError::Invalid(format!(
+            "--memlimit-compress={limit}: one thread needs {} MiB with these settings (a \
+             lower level or a smaller dict= fits)",
+            usage(1)?.div_ceil(1 << 20)
+        )));
+    }
+    Ok(fits)
+}
+
+/// A block header with both sizes, the filter flags `before` (of
+/// `filters - 1` filters, see [`FilterChain::header_flags`]) and an LZMA2
+/// filter of property `prop`.
+fn block_header(
+    compressed: u64,
+    uncompressed: u64,
+    before: &[u8],
+    filters: usize,
+    prop: u8,
+) -> Vec<u8> {
+    let mut h = vec![
+        0,
+        FLAG_COMPRESSED | FLAG_UNCOMPRESSED | (filters.saturating_sub(1) & 3) as u8,
+    ];
     put_vli(&mut h, compressed);
     put_vli(&mut h, uncompressed);
+    h.extend_from_slice(before);
     h.extend_from_slice(&[FILTER_LZMA2 as u8, 1, prop]);
     while h.len() % 4 != 0 {
         h.push(0);
     }
-    // At most 2 + 9 + 9 + 3 rounded up, plus the CRC: 28 bytes.
+    // At most 2 + 9 + 9 + 3 * 6 + 3 rounded up, plus the CRC: 48 bytes.
     h[0] = (h.len() / 4) as u8;
     let crc = crc32fast::hash(&h);
     h.extend_from_slice(&crc.to_le_bytes());
@@ -282,16 +401,14 @@ impl super::BlockEncoder for Encoder {
             codec: NAME,
             reason: e.to_string(),
         };
-        let opts = lzma2_options(self.level, self.extreme, src.len())?;
-        let prop = prop_of_dict(lzma2_block_dict(self.level, src.len()));
-        let mut filters = Filters::new();
-        filters.lzma2(&opts);
+        let (filters, before, prop) = self.filters_for(src.len())?;
+        let count = self.chain.map_or(1, |c| c.len());
         let mut enc = Stream::new_raw_encoder(&filters).map_err(compress_err)?;
         let start = out.len();
         out.reserve(src.len() + src.len() / 64 + 1024);
         crate::block::lzma_run(&mut enc, src, out, usize::MAX, NAME)?;
         let packed = (out.len() - start) as u64;
-        let header = block_header(packed, src.len() as u64, prop);
+        let header = block_header(packed, src.len() as u64, &before, count, prop);
         // The header holds the compressed size, known only now: move the
         // data up behind it (a memmove, cheap next to LZMA2).
         out.splice(start..start, header.iter().copied());
@@ -549,7 +666,14 @@ pub struct Splitter {
     records: Vec<(u64, u64)>,
     /// Largest LZMA2 dictionary a block may need ([`crate::DecodeOptions::memory`]).
     budget: Option<u64>,
+    /// Stop after the first stream (`xz --single-stream`).
+    single_stream: bool,
+    /// Verify no block check (`xz --ignore-check`).
+    ignore_check: bool,
 }
+
+/// In a packed unit's kind, beside the check type: do not verify it.
+const IGNORE_CHECK: u32 = 0x100;
 
 impl Splitter {
     /// A splitter over `input`.
@@ -561,7 +685,23 @@ impl Splitter {
             flags: [0; 2],
             records: Vec::new(),
             budget: None,
+            single_stream: false,
+            ignore_check: false,
         }
+    }
+
+    /// Decode the first stream only, and ignore whatever follows it
+    /// (`xz --single-stream`).
+    pub fn single_stream(mut self, single: bool) -> Self {
+        self.single_stream = single;
+        self
+    }
+
+    /// Verify no block's check (`xz --ignore-check`); the index and the
+    /// headers' CRC32s still are.
+    pub fn ignore_check(mut self, ignore: bool) -> Self {
+        self.ignore_check = ignore;
+        self
     }
 
     /// Refuse a block whose dictionary is over `budget` bytes (`None`:
@@ -791,7 +931,8 @@ impl Splitter {
             if total <= MAX_UNIT as u64 && u <= MAX_UNIT as u64 {
                 unit.offset = off;
                 unit.raw_len = u as usize;
-                unit.kind = UnitKind::Packed(u32::from(check));
+                let ignore = if self.ignore_check { IGNORE_CHECK } else { 0 };
+                unit.kind = UnitKind::Packed(u32::from(check) | ignore);
                 self.input.take(total as usize, &mut unit.data, NAME)?;
                 self.records.push((unpadded, u));
                 return Ok(true);
@@ -799,7 +940,8 @@ impl Splitter {
         }
         let dec = raw_decoder(&bh.filters, bh.uncompressed)
             .map_err(|why| CodecError::corrupt(NAME, off, why))?;
-        let check = Check::new(check).ok_or_else(|| {
+        let verified = if self.ignore_check { CHECK_NONE } else { check };
+        let check = Check::new(verified).ok_or_else(|| {
             CodecError::corrupt(NAME, off, format!("unsupported check type {check:#x}"))
         })?;
         self.input.consume(bh.len);
@@ -938,6 +1080,9 @@ impl super::Splitter for Splitter {
         loop {
             match self.state {
                 State::Start => {
+                    if self.streams > 0 && self.single_stream {
+                        return Ok(false);
+                    }
                     if self.streams == 0 {
                         if self.input.at_end()? {
                             return Err(CodecError::Truncated {
@@ -978,7 +1123,8 @@ pub struct Decoder;
 impl Decoder {
     /// Decode one whole block (header to check) of check type `check`;
     /// errors carry offsets within the block.
-    fn block(data: &[u8], check: u8, raw_len: usize, out: &mut Vec<u8>) -> Result<()> {
+    fn block(data: &[u8], kind: u32, raw_len: usize, out: &mut Vec<u8>) -> Result<()> {
+        let check = u8::try_from(kind & 0xff).unwrap_or(u8::MAX);
         let len = (usize::from(*data.first().unwrap_or(&0)) + 1) * 4;
         let h = data.get(..len).ok_or(CodecError::Truncated {
             format: NAME,
@@ -1016,7 +1162,12 @@ impl Decoder {
                 "non-zero block padding",
             ));
         }
-        let mut hash = Check::new(check).ok_or_else(|| {
+        let verified = if kind & IGNORE_CHECK != 0 {
+            CHECK_NONE
+        } else {
+            check
+        };
+        let mut hash = Check::new(verified).ok_or_else(|| {
             CodecError::corrupt(NAME, 0, format!("unsupported check type {check:#x}"))
         })?;
         let mut dec =
@@ -1086,7 +1237,6 @@ impl super::UnitDecoder for Decoder {
             pass_plain(unit, out);
             return Ok(());
         };
-        let check = u8::try_from(check).unwrap_or(u8::MAX);
         Decoder::block(&unit.data, check, unit.raw_len, out).map_err(|e| at_offset(e, unit.offset))
     }
 }
@@ -1486,7 +1636,7 @@ mod tests {
         // from the data, without allocating what they say.
         for (c, u) in [(comp, 1u64 << 40), (1 << 40, data.len() as u64)] {
             let mut bad = packed[..12].to_vec();
-            bad.extend(block_header(c, u, prop));
+            bad.extend(block_header(c, u, &[], 1, prop));
             bad.extend_from_slice(&packed[12 + old_len..]);
             match split(&bad) {
                 Err(CodecError::Corrupt { offset: 12, .. }) => {}
