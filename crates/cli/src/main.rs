@@ -70,6 +70,9 @@ enum Command {
     Rm(repo_cmd::RmArgs),
     /// Forget snapshots by a keep policy (restic's --keep-* rules).
     Forget(repo_cmd::ForgetArgs),
+    /// Add, remove or set the tags of snapshots (forget --keep-tag and
+    /// --tag select by them).
+    Tag(repo_cmd::TagArgs),
     /// The byte ranges where two snapshots differ (of one image or two).
     ///
     /// `cairn diff NAME@A NAME@B` prints one `OFFSET LENGTH` line per
@@ -1326,6 +1329,7 @@ fn main() -> ExitCode {
         Command::Repair(args) => repo_cmd::repair(&args),
         Command::Rm(args) => repo_cmd::rm(&args),
         Command::Forget(args) => repo_cmd::forget(&args),
+        Command::Tag(args) => repo_cmd::tag(&args),
         Command::Diff(args) => diff_copy::diff(&args),
         Command::Copy(args) => diff_copy::copy(&args),
         Command::Gc(args) => repo_cmd::gc(&args),

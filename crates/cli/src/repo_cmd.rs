@@ -43,12 +43,16 @@ pub(crate) struct TagFilter {
 impl TagFilter {
     /// The groups of tags: a snapshot matches if it has all of one.
     pub(crate) fn groups(&self) -> Result<Vec<Vec<String>>> {
-        Ok(self
-            .tag
-            .iter()
-            .map(|v| cairn_store::parse_tags(&[v]))
-            .collect::<Result<_, _>>()?)
+        tag_groups(&self.tag)
     }
+}
+
+/// Repeated `T[,T...]` values: one list of tags each.
+fn tag_groups(values: &[String]) -> Result<Vec<Vec<String>>> {
+    Ok(values
+        .iter()
+        .map(|v| cairn_store::parse_tags(&[v]))
+        .collect::<Result<_, _>>()?)
 }
 
 #[derive(Args, Debug)]
@@ -244,6 +248,31 @@ pub(crate) struct RmArgs {
 }
 
 #[derive(Args, Debug)]
+pub(crate) struct TagArgs {
+    /// Snapshots: NAME@SNAPSHOT, NAME@latest, or NAME (its latest; every
+    /// snapshot of it with --all).
+    #[arg(value_name = "NAME[@SNAPSHOT]", required = true)]
+    pub snapshots: Vec<String>,
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Add the tags T (a,b or repeated).
+    #[arg(long, value_name = "T[,T...]")]
+    pub add: Vec<String>,
+    /// Remove the tags T.
+    #[arg(long, value_name = "T[,T...]")]
+    pub remove: Vec<String>,
+    /// Replace the tags with T (`--set ''`: no tags).
+    #[arg(long, value_name = "T[,T...]", conflicts_with_all = ["add", "remove"])]
+    pub set: Option<Vec<String>>,
+    /// Every snapshot of each NAME given without @.
+    #[arg(long)]
+    pub all: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub(crate) struct ForgetArgs {
     /// Images to apply the policy to (default: every image); each image's
     /// snapshots are a group of their own.
@@ -273,6 +302,10 @@ pub(crate) struct ForgetArgs {
     /// newest (1y6m, 14d, 36h).
     #[arg(long, value_name = "DURATION")]
     pub keep_within: Option<String>,
+    /// Keep every snapshot that has all the tags of T (a,b: both);
+    /// repeated, any of them (`cairn tag` sets tags after a backup).
+    #[arg(long = "keep-tag", value_name = "T[,T...]")]
+    pub keep_tag: Vec<String>,
     #[command(flatten)]
     pub tags: TagFilter,
     /// Say what would be forgotten, change nothing.
@@ -1240,6 +1273,74 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     Ok(())
 }
 
+pub(crate) fn tag(a: &TagArgs) -> Result<()> {
+    let tags = |v: &[String]| -> Result<Vec<String>> {
+        let given: Vec<&String> = v.iter().filter(|t| !t.is_empty()).collect();
+        Ok(cairn_store::parse_tags(&given)?)
+    };
+    let (add, remove) = (tags(&a.add)?, tags(&a.remove)?);
+    let set = a.set.as_deref().map(tags).transpose()?;
+    if set.is_none() && add.is_empty() && remove.is_empty() {
+        bail!("give --add, --remove or --set");
+    }
+    let repo = open_repo(&a.repo)?;
+    let lock = repo.session("cairn tag")?;
+    let mut targets: Vec<(String, u64)> = Vec::new();
+    for spec in &a.snapshots {
+        if a.all && !spec.contains('@') {
+            cairn_store::validate_name(spec)?;
+            let snaps = repo.snapshots(spec)?;
+            if snaps.is_empty() {
+                bail!("no image named {spec:?} in {}", repo.location());
+            }
+            targets.extend(snaps.into_iter().map(|n| (spec.clone(), n)));
+        } else {
+            targets.push(repo.resolve(spec)?);
+        }
+    }
+    targets.dedup();
+    let mut done = Vec::new();
+    for (name, snap) in targets {
+        let (before, after) = repo
+            .retag(&lock, &name, snap, |t| {
+                if let Some(set) = &set {
+                    t.clone_from(set);
+                }
+                t.retain(|x| !remove.contains(x));
+                for x in &add {
+                    if !t.contains(x) {
+                        t.push(x.clone());
+                    }
+                }
+            })
+            .with_context(|| format!("{name}@{snap}"))?;
+        done.push((name, snap, before, after));
+    }
+    if a.json {
+        print_json(&json!({
+            "snapshots": done.iter().map(|(n, s, b, t)| json!({
+                "name": n, "snapshot": s, "tags": t, "before": b, "changed": b != t,
+            })).collect::<Vec<_>>(),
+        }));
+    } else {
+        for (n, s, b, t) in &done {
+            let list = |v: &[String]| {
+                if v.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    v.join(",")
+                }
+            };
+            if b == t {
+                errln!("cairn: {n}@{s}: tags {} (unchanged)", list(t));
+            } else {
+                errln!("cairn: {n}@{s}: tags {} (were {})", list(t), list(b));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn rm(a: &RmArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
     let lock = session_freeing(&repo, "cairn rm")?;
@@ -1292,6 +1393,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         monthly: a.keep_monthly,
         yearly: a.keep_yearly,
         within: a.keep_within.as_deref().map(parse_duration).transpose()?,
+        tags: tag_groups(&a.keep_tag)?,
     };
     if policy.is_empty() {
         bail!("no --keep-* rule given: that would forget every snapshot (use cairn rm NAME --all for that)");
@@ -1338,6 +1440,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
             dated.push(Dated {
                 snapshot: snap,
                 created: m.created,
+                tags: m.tags,
             });
         }
         for v in apply(&policy, &dated) {

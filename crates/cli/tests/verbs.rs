@@ -227,6 +227,92 @@ fn tags_round_trip_through_backup_ls_and_forget() {
     assert!(ls(&repo, pw, &["vm", "--tag", "absent"]).is_empty());
 }
 
+/// `cairn tag` changes the tags of committed snapshots (restic's tag),
+/// in an encrypted repository (the manifest is sealed again), and
+/// `forget --keep-tag` keeps what carries them.
+#[test]
+fn tag_changes_tags_and_forget_keep_tag_keeps_them() {
+    let dir = tempdir();
+    let repo = init(dir.path(), "r", Some(PASSWORD));
+    let pw = Some(PASSWORD);
+    let img = dir.path().join("img");
+    std::fs::write(&img, mixed(300_000, 2)).unwrap();
+    for t in ["@1000000", "@2000000", "@3000000", "@4000000"] {
+        backup(&repo, pw, &img, "vm", &["--time", t, "--tag", "daily"]);
+    }
+    let tags_of = |n: u64| -> Vec<String> {
+        ls(&repo, pw, &[])
+            .iter()
+            .find(|r| r["snapshot"] == n)
+            .unwrap()["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect()
+    };
+    let tag = |args: &[&str]| -> Value {
+        let mut a = vec!["tag", "-r", &repo, "--json"];
+        a.extend(args);
+        json(&ok(go(&mut with(pw), &a)))
+    };
+    let v = tag(&["vm@1", "vm@2", "--add", "keep,audit"]);
+    assert_eq!(v["snapshots"][0]["changed"], true, "{v}");
+    assert_eq!(tags_of(1), ["daily", "keep", "audit"]);
+    tag(&["vm@2", "--remove", "audit,daily"]);
+    assert_eq!(tags_of(2), ["keep"]);
+    // NAME is its latest; --set replaces; --set '' clears.
+    tag(&["vm", "--set", "x,y"]);
+    assert_eq!(tags_of(4), ["x", "y"]);
+    let v = tag(&["vm", "--set", ""]);
+    assert_eq!(v["snapshots"][0]["before"], serde_json::json!(["x", "y"]));
+    assert!(tags_of(4).is_empty());
+    let v = tag(&["vm", "--all", "--add", "daily"]);
+    let changed: Vec<bool> = v["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["changed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(changed, [false, true, false, true], "{v}");
+    // The snapshots read as before: only the tags changed.
+    let out = ok(go(
+        &mut with(pw),
+        &["restore", "vm@1", "-", "-r", &repo, "-q"],
+    ));
+    assert!(out.stdout == mixed(300_000, 2));
+
+    fails_with(&go(&mut with(pw), &["tag", "vm", "-r", &repo]), "--add");
+    fails_with(
+        &go(&mut with(pw), &["tag", "vm@9", "-r", &repo, "--add", "a"]),
+        "has no snapshot 9",
+    );
+    fails_with(
+        &go(&mut with(pw), &["tag", "vm", "-r", &repo, "--add", "a b"]),
+        "bad tag",
+    );
+
+    // --keep-tag keep: vm@1 and vm@2 carry it; --keep-last 1 keeps vm@4.
+    let out = json(&ok(go(
+        &mut with(pw),
+        &[
+            "forget",
+            "-r",
+            &repo,
+            "--keep-tag",
+            "keep",
+            "--keep-last",
+            "1",
+            "--json",
+        ],
+    )));
+    assert_eq!(out["forgotten"], 1, "{out}");
+    assert_eq!(
+        ids(&ls(&repo, pw, &[])),
+        snaps(&[("vm", 1), ("vm", 2), ("vm", 4)])
+    );
+}
+
 #[test]
 fn forget_runs_at_once_both_succeed() {
     // Two forget runs over the same snapshots: one removes what the

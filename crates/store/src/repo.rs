@@ -1856,6 +1856,36 @@ impl Repository {
         }
     }
 
+    /// Change the tags of snapshot `name@snapshot` with `change`, and
+    /// write its manifest again, whole, in place of the old one (one
+    /// `put`: a reader sees the old tags or the new ones, never a torn
+    /// file). Returns the tags before and after; nothing is written when
+    /// they are the same. Two changes of one snapshot's tags at once: the
+    /// last one written wins. A snapshot removed between the read and the
+    /// write is written again (its chunks are safe: gc waits for this
+    /// session before it deletes, and then reads the manifests).
+    pub fn retag(
+        &self,
+        session: &Session,
+        name: &str,
+        snapshot: u64,
+        change: impl FnOnce(&mut Vec<String>),
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        session.check()?;
+        let mut m = self.read_manifest(name, snapshot)?;
+        let before = m.tags.clone();
+        change(&mut m.tags);
+        for t in &m.tags {
+            crate::manifest::validate_tag(t)?;
+        }
+        if m.tags != before {
+            let key = self.manifest_key(name, snapshot);
+            self.root
+                .put(&key, &m.encode_with(self.crypt.as_deref())?)?;
+        }
+        Ok((before, m.tags))
+    }
+
     /// Remove a snapshot (its chunks stay until `gc`).
     pub fn remove_snapshot(&self, _session: &Session, name: &str, snapshot: u64) -> Result<()> {
         let key = self.manifest_key(name, snapshot);

@@ -39,6 +39,9 @@ pub struct KeepPolicy {
     pub yearly: Option<u32>,
     /// Every snapshot less than this many seconds older than the newest.
     pub within: Option<u64>,
+    /// Every snapshot that has all the tags of one of these lists
+    /// (restic's `--keep-tag`).
+    pub tags: Vec<Vec<String>>,
 }
 
 impl KeepPolicy {
@@ -56,6 +59,7 @@ impl KeepPolicy {
         .iter()
         .all(|n| n.unwrap_or(0) == 0)
             && self.within.is_none()
+            && self.tags.is_empty()
     }
 }
 
@@ -66,6 +70,8 @@ pub struct Dated {
     pub snapshot: u64,
     /// When it was taken (Unix seconds).
     pub created: i64,
+    /// Its tags.
+    pub tags: Vec<String>,
 }
 
 /// A snapshot's verdict and the rules that keep it (empty: forgotten).
@@ -73,7 +79,9 @@ pub struct Dated {
 pub struct Verdict {
     /// The snapshot.
     pub snapshot: Dated,
-    /// `last`, `hourly`, ... or `within`, for each rule that keeps it.
+    /// `last`, `hourly`, ..., `within` or `tag`, for each rule that keeps
+    /// it (`latest` for the image's highest number, kept whatever the
+    /// rules).
     pub reasons: Vec<&'static str>,
 }
 
@@ -150,6 +158,9 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
             if i128::from(newest.saturating_sub(s.created)) < i128::from(within) {
                 reasons.push("within");
             }
+        }
+        if !policy.tags.is_empty() && crate::manifest::tags_match(&s.tags, &policy.tags) {
+            reasons.push("tag");
         }
         if reasons.is_empty() && Some(s.snapshot) == latest {
             reasons.push("latest");
@@ -257,6 +268,7 @@ mod tests {
             .map(|(i, t)| Dated {
                 snapshot: i as u64 + 1,
                 created: at(t),
+                tags: Vec::new(),
             })
             .collect()
     }
@@ -269,6 +281,40 @@ mod tests {
             .collect();
         v.sort_unstable();
         v
+    }
+
+    /// `--keep-tag`: a snapshot with every tag of one list is kept, as
+    /// restic's; it still counts for the other rules.
+    #[test]
+    fn tagged_snapshots_are_kept() {
+        let mut s = snaps(&[
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-01-03T00:00:00Z",
+            "2026-01-04T00:00:00Z",
+        ]);
+        s[0].tags = vec!["keep".into(), "db".into()];
+        s[1].tags = vec!["keep".into()];
+        s[2].tags = vec!["db".into()];
+        let p = |tags: &[&[&str]]| KeepPolicy {
+            tags: tags
+                .iter()
+                .map(|g| g.iter().map(|t| t.to_string()).collect())
+                .collect(),
+            ..Default::default()
+        };
+        assert!(!p(&[&["keep"]]).is_empty());
+        assert_eq!(kept(&p(&[&["keep"]]), &s), [1, 2, 4]);
+        assert_eq!(kept(&p(&[&["keep", "db"]]), &s), [1, 4]);
+        assert_eq!(kept(&p(&[&["keep", "db"], &["db"]]), &s), [1, 3, 4]);
+        assert_eq!(kept(&p(&[&["none"]]), &s), [4]);
+        let both = KeepPolicy {
+            last: Some(1),
+            ..p(&[&["db"]])
+        };
+        let v = apply(&both, &s);
+        assert_eq!(v[0].reasons, ["last"]);
+        assert_eq!(v[1].reasons, ["tag"]);
     }
 
     /// Outside QA: `backup --time` gave the latest snapshot an older time,
@@ -415,6 +461,7 @@ mod tests {
             .map(|d| Dated {
                 snapshot: d as u64 + 1,
                 created: start + d * 86_400,
+                tags: Vec::new(),
             })
             .collect();
         let p = KeepPolicy {
