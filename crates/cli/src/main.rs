@@ -192,9 +192,16 @@ pub(crate) struct CommonArgs {
     /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// No progress bar.
-    #[arg(short = 'q', long = "quiet", visible_alias = "no-progress")]
+    /// No progress bar, no notes.
+    #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
+    /// Draw the progress bar, also under a tool's name and when stderr
+    /// is no terminal (zstd's --progress).
+    #[arg(long = "progress", overrides_with = "no_progress")]
+    pub progress: bool,
+    /// No progress bar, notes still said (zstd's --no-progress).
+    #[arg(long = "no-progress", overrides_with = "progress")]
+    pub no_progress: bool,
     /// Store no file name or time when packing (gzip's and lzop's -n; by
     /// default a gzip or lzop header keeps the input's base name and
     /// modification time, as gzip and lzop write them); when unpacking,
@@ -206,6 +213,15 @@ pub(crate) struct CommonArgs {
     /// (gzip's -N); packing, keep both in the header (the default).
     #[arg(short = 'N', long = "name", overrides_with = "no_name")]
     pub name: bool,
+    /// Packing, keep the input's modification time in the gzip or lzop
+    /// header even with -n; unpacking a gzip file, give the output the
+    /// time kept there (pigz's -M).
+    #[arg(long = "time", overrides_with = "no_time")]
+    pub time: bool,
+    /// Packing, keep no modification time in the header (the name still);
+    /// unpacking, restore none even with -N (pigz's -m).
+    #[arg(long = "no-time", overrides_with = "time")]
+    pub no_time: bool,
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,
@@ -301,6 +317,9 @@ pub(crate) struct PackArgs {
     /// output is the same).
     #[arg(short = 's', long = "small")]
     pub small: bool,
+    /// Print cairn's license and exit (pigz's -L).
+    #[arg(long = "license")]
+    pub license: bool,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
     #[arg(
         short = 'd',
@@ -368,6 +387,15 @@ pub(crate) struct DecodeArgs {
     /// inflated whole.
     #[arg(long = "range", value_name = "RANGE", value_parser = parse_range)]
     pub range: Option<cairn_filepack::ByteRange>,
+    /// Leave holes for runs of zeros in the output also when it is
+    /// standard output redirected to a file (zstd's and lz4's --sparse;
+    /// a new output file gets them anyway).
+    #[arg(long = "sparse", overrides_with = "no_sparse")]
+    pub sparse: bool,
+    /// Write every zero of the output, leave no holes (zstd's and lz4's
+    /// --no-sparse).
+    #[arg(long = "no-sparse", overrides_with = "sparse")]
+    pub no_sparse: bool,
     /// -l prints gzip's table (set when cairn runs as gzip, gunzip, zcat,
     /// pigz or unpigz).
     #[arg(long = "list-as-gzip", hide = true)]
@@ -490,15 +518,6 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     let pigz = matches!(name, "pigz" | "unpigz");
     let gzip_family = matches!(name, "gzip" | "pigz" | "gunzip" | "unpigz" | "zcat");
     let mut rest = args.split_off(1);
-    // pigz's -z is zlib's format, which cairn does not write: refused by
-    // its long name rather than taken as zstd's and xz's -z (compress).
-    if pigz {
-        for a in rest.iter_mut().take_while(|a| *a != "--") {
-            if a == "-z" {
-                *a = OsString::from("--zlib");
-            }
-        }
-    }
     // The tool's variables of default options, before the command line's
     // (which win): gzip's and pigz's GZIP (and PIGZ), xz's XZ_DEFAULTS and
     // XZ_OPT, bzip2's BZIP2 and BZIP, zstd's ZSTD_CLEVEL and ZSTD_NBTHREADS.
@@ -509,6 +528,12 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
             std::process::exit(1)
         })
     };
+    if pigz {
+        rest = or_exit(pigz_arguments(rest));
+    }
+    if Tool::of(name) == Tool::Zstd {
+        rest = or_exit(refuse_adapt(rest));
+    }
     let mut from_env = or_exit(tool_variables(name));
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
         use std::io::IsTerminal;
@@ -531,6 +556,86 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     args.extend(rest);
     args
+}
+
+/// pigz's short options that cairn spells otherwise: `-m` (`--no-time`),
+/// `-M` (`--time`, not zstd's memory limit), `-R` (`--rsyncable`), `-L`
+/// (`--license`) and `-z` (zlib's format, which cairn does not write:
+/// refused by its long name rather than taken as zstd's and xz's -z),
+/// alone or in a cluster (`-9m`); `-H`/`--huffman` and `-U`/`--rle` are
+/// refused (libdeflate, cairn's deflate encoder, has no such strategies).
+fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // pigz's short options that take a value: the rest of the cluster.
+    const VALUE_SHORTS: &str = "bpSIJCA";
+    let refuse = |what: &str| {
+        Err(format!(
+            "{what}: not supported (libdeflate, cairn's deflate encoder, has no such strategy)"
+        ))
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        let Some(s) = a.to_str() else {
+            out.push(a);
+            continue;
+        };
+        match s {
+            "--" => {
+                out.push(a);
+                out.extend(args);
+                break;
+            }
+            "--huffman" => return refuse("--huffman (Huffman-only deflate, -H)"),
+            "--rle" => return refuse("--rle (run-length deflate, -U)"),
+            _ => {}
+        }
+        let Some(cluster) = s
+            .strip_prefix('-')
+            .filter(|c| !c.is_empty() && !c.starts_with('-'))
+        else {
+            out.push(a);
+            continue;
+        };
+        let mut kept = String::from("-");
+        let mut longs = Vec::new();
+        for (i, c) in cluster.char_indices() {
+            match c {
+                'm' => longs.push("--no-time"),
+                'M' => longs.push("--time"),
+                'R' => longs.push("--rsyncable"),
+                'L' => longs.push("--license"),
+                'z' => longs.push("--zlib"),
+                'H' => return refuse("-H (Huffman-only deflate, --huffman)"),
+                'U' => return refuse("-U (run-length deflate, --rle)"),
+                c if VALUE_SHORTS.contains(c) => {
+                    kept.push_str(&cluster[i..]);
+                    break;
+                }
+                c => kept.push(c),
+            }
+        }
+        if kept.len() > 1 {
+            out.push(kept.into());
+        }
+        out.extend(longs.into_iter().map(OsString::from));
+    }
+    Ok(out)
+}
+
+/// zstd's `--adapt` (a level that follows the speed of the output) is
+/// refused: cairn's blocks are packed in parallel at one level.
+fn refuse_adapt(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    let adapt = args
+        .iter()
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.to_str())
+        .find(|a| *a == "--adapt" || a.starts_with("--adapt="));
+    match adapt {
+        Some(a) => Err(format!(
+            "{a}: not supported (cairn packs every block at the one level given; choose a level)"
+        )),
+        None => Ok(args),
+    }
 }
 
 /// Words of a tool's variables that would be read as input files (`XZ_OPT
@@ -956,10 +1061,54 @@ impl Tool {
         INVOKED_AS.get().copied().unwrap_or(Tool::Gzip)
     }
 
+    /// The tool cairn runs as when run through a link, else `None`.
+    pub(crate) fn link() -> Option<Tool> {
+        INVOKED_AS.get().copied()
+    }
+
+    /// The formats the tool decodes, when cairn runs under its name
+    /// (`None`, every format, as `cairn unpack`): gzip, bzip2, xz and lz4
+    /// their own; zstd its own, gzip, xz and lz4, as Debian's zstd is
+    /// built to (`zstd -d x.gz`).
+    pub(crate) fn formats_of_link() -> Option<Vec<cairn_codec::Format>> {
+        use cairn_codec::Format;
+        Some(match Tool::link()? {
+            Tool::Gzip => vec![Format::Gzip],
+            Tool::Zstd => vec![Format::Zstd, Format::Gzip, Format::Xz, Format::Lz4],
+            Tool::Xz => vec![Format::Xz],
+            Tool::Bzip2 => vec![Format::Bzip2],
+            Tool::Lz4 => vec![Format::Lz4],
+        })
+    }
+
+    /// The exit status of a failed run: bzip2's 2 for data it cannot
+    /// decode (damaged, cut short, not bzip2) and 1 for the rest; lz4's
+    /// 44 for an input in no format it reads ("Unrecognized header"), 68
+    /// for one cut short ("Unfinished stream") and 66 for damage
+    /// ("Decompression error"); 1 otherwise (measured with Debian 12's
+    /// tools).
+    pub(crate) fn error_status(self, error: &anyhow::Error) -> u8 {
+        let Some(e) = error.downcast_ref::<cairn_filepack::Error>() else {
+            return 1;
+        };
+        match self {
+            Tool::Bzip2 if e.is_data_error() => 2,
+            Tool::Lz4 if e.is_unknown_format() => 44,
+            Tool::Lz4 => match e.codec() {
+                Some(cairn_codec::CodecError::Truncated { .. }) => 68,
+                Some(_) if e.is_data_error() => 66,
+                _ => 1,
+            },
+            _ => 1,
+        }
+    }
+
     /// The exit status for an input left alone where gzip only warns
-    /// (`error`: why, when one input was): gzip's and xz's warnings are 2,
-    /// but an output in the way is an error (1) for xz; zstd, bzip2 and
-    /// lz4 have no warning status (measured with Debian 12's tools).
+    /// (`error`: why, when one input was; `None`: a warning about data
+    /// decoded, as trailing garbage): gzip's and xz's warnings are 2, but
+    /// an output in the way is an error (1) for xz; bzip2's trailing
+    /// garbage is 0; zstd, bzip2 and lz4 have no warning status otherwise
+    /// (measured with Debian 12's tools).
     pub(crate) fn warning_status(self, error: Option<&cairn_filepack::Error>) -> u8 {
         use cairn_filepack::Error;
         // (One input's error, inside the input's name.)
@@ -969,6 +1118,8 @@ impl Tool {
         };
         match self {
             Tool::Gzip => 2,
+            // bzip2 warns of trailing garbage and exits 0.
+            Tool::Bzip2 if error.is_none() => 0,
             Tool::Xz if matches!(error, Some(Error::Exists { .. })) => 1,
             Tool::Xz => 2,
             Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => 1,
@@ -1080,7 +1231,7 @@ fn main() -> ExitCode {
         }
         (Err(e), _) => {
             errln!("{}: {}", prog(), one_line(e.as_ref()));
-            ExitCode::FAILURE
+            ExitCode::from(Tool::invoked().error_status(&e))
         }
         (Ok(()), Some(e)) => {
             errln!("{}: cannot write to standard output: {e}", prog());
@@ -1129,6 +1280,12 @@ fn init_logging(verbosity: u8) {
 /// line, like every other error of cairn, with exit code 2.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayVersion {
+        if let Some(line) = link_version() {
+            outln!("{line}");
+            return ExitCode::SUCCESS;
+        }
+    }
     if matches!(
         e.kind(),
         ErrorKind::DisplayHelp
@@ -1153,6 +1310,20 @@ fn usage_error(e: clap::Error) -> ExitCode {
     let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
     errln!("{0}: {msg} (see {0} --help)", prog());
     ExitCode::from(if invoked_as_link() { 1 } else { 2 })
+}
+
+/// `--version` under a tool's name: the link's name first and cairn's
+/// version after the last space, as GNU's first line (`gzip (cairn)
+/// 0.1.0`, as `xz (XZ Utils) 5.4.1`), and for zstd and lz4 in their
+/// stars (`*** zstd (cairn) v0.1.0 ***`), so that a script that reads
+/// the tool's name or version where the tool prints it still finds them.
+fn link_version() -> Option<String> {
+    let name = INVOKED_NAME.get()?;
+    let version = env!("CARGO_PKG_VERSION");
+    Some(match Tool::link()? {
+        Tool::Zstd | Tool::Lz4 => format!("*** {name} (cairn) v{version} ***"),
+        _ => format!("{name} (cairn) {version}"),
+    })
 }
 
 /// The error and its causes on one line.

@@ -6,7 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    Error, Hooks, Level, Operation, Options, PackOptions, Run, Summary, UnpackMode, UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Operation, Options, PackOptions, Run, Summary, UnpackMode,
+    UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -17,6 +18,8 @@ use std::path::Path;
 pub(crate) struct EngineHooks {
     /// Draw a progress bar (on stderr, and only if it is a terminal).
     pub progress: bool,
+    /// Draw it even where stderr is no terminal (`--progress`).
+    pub force_progress: bool,
     /// Say no notes (`-q`).
     pub quiet: bool,
 }
@@ -27,7 +30,12 @@ impl Hooks for EngineHooks {
         operation: Operation,
         total: Option<u64>,
     ) -> Box<dyn cairn_filepack::Progress + '_> {
-        Box::new(Progress::new(operation.as_str(), total, self.progress))
+        Box::new(Progress::with_force(
+            operation.as_str(),
+            total,
+            self.progress,
+            self.force_progress,
+        ))
     }
     fn temp_created(&self, path: &Path) {
         crate::signals::register(path);
@@ -65,11 +73,17 @@ fn options(common: &CommonArgs) -> Options {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
-        name: match (common.name, common.no_name) {
-            (true, _) => Some(true),
-            (_, true) => Some(false),
-            _ => None,
-        },
+        name: flag_pair(common.name, common.no_name),
+        time: flag_pair(common.time, common.no_time),
+    }
+}
+
+/// A flag and its negation (`--sparse`, `--no-sparse`): which was given.
+fn flag_pair(yes: bool, no: bool) -> Option<bool> {
+    match (yes, no) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
     }
 }
 
@@ -78,12 +92,22 @@ fn hooks(common: &CommonArgs) -> EngineHooks {
         // Under a tool's name, none (the tools draw none by default, and
         // a bar between the output lines a terminal shows was found to
         // erase them).
-        progress: !common.quiet && !common.json && !crate::invoked_as_link(),
+        progress: common.progress
+            || !common.quiet && !common.no_progress && !common.json && !crate::invoked_as_link(),
+        force_progress: common.progress,
         quiet: common.quiet,
     }
 }
 
 pub fn pack(args: &PackArgs) -> Result<()> {
+    if args.license {
+        outln!(
+            "cairn {}\nLicensed under the GNU General Public License, version 2 or later.\n\
+             No warranty is provided or implied.",
+            env!("CARGO_PKG_VERSION")
+        );
+        return Ok(());
+    }
     if args.decompress || args.decode.test || args.decode.list {
         return unpack_files(&args.decode, &args.common);
     }
@@ -104,10 +128,18 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         (Level::Default, Some(cairn_codec::Format::Bzip2)) if args.small => Level::Exactly(2),
         (level, _) => level,
     };
+    let level = zstd_level_as_zstd(level, args.ultra);
     let pack = PackOptions {
         format,
         level,
-        block: args.block.or(args.block_bytes),
+        // zstd raises a job size below its least (ZSTDMT_JOBSIZE_MIN) to
+        // it: so does the zstd link (`cairn pack -B` takes any size).
+        block: args.block.or(args.block_bytes.map(|b| {
+            match crate::Tool::link() == Some(crate::Tool::Zstd) {
+                true => b.max(ZSTD_JOB_SIZE_MIN),
+                false => b,
+            }
+        })),
         encode: cairn_codec::EncodeOptions {
             long: args.decode.long,
             extreme: args.extreme,
@@ -124,6 +156,24 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     let common = &args.common;
     let run = cairn_filepack::pack(&options(common), &pack, &hooks(common))?;
     emit(common, run)
+}
+
+/// The least job size zstd takes (`-B`; ZSTDMT_JOBSIZE_MIN): a smaller
+/// one is raised to it, as `zstd -B1` is `zstd -B512K`.
+const ZSTD_JOB_SIZE_MIN: usize = 512 << 10;
+
+/// Under the zstd link, a level above zstd's highest is lowered to it with
+/// zstd's warning: 19, or 22 with `--ultra` (`ZSTD_CLEVEL=100`, `zstd
+/// -20`). cairn itself refuses a level a format lacks.
+fn zstd_level_as_zstd(level: Level, ultra: bool) -> Level {
+    let highest = if ultra { 22 } else { 19 };
+    match level {
+        Level::Exactly(n) if n > highest && crate::Tool::link() == Some(crate::Tool::Zstd) => {
+            errln!("Warning : compression level higher than max, reduced to {highest} ");
+            Level::Exactly(highest)
+        }
+        level => level,
+    }
 }
 
 pub fn unpack(args: &UnpackArgs) -> Result<()> {
@@ -147,6 +197,15 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         gzip_index: decode.index.clone(),
         range: decode.range,
         memory,
+        formats: crate::Tool::formats_of_link(),
+        sparse: flag_pair(decode.sparse, decode.no_sparse),
+        // gzip -tf passes what gzip -dcf would copy (not pigz -tf).
+        force_test_passes_unknown: matches!(crate::prog(), "gzip" | "gunzip" | "zcat"),
+        empty: match crate::Tool::link() {
+            Some(crate::Tool::Zstd | crate::Tool::Bzip2) => EmptyInput::Truncated,
+            Some(crate::Tool::Lz4) => EmptyInput::Nothing,
+            _ => EmptyInput::Unknown,
+        },
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {
@@ -230,25 +289,80 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
     if !common.quiet {
         outln!("         compressed        uncompressed  ratio uncompressed_name");
     }
-    let line = |compressed: u64, uncompressed: u64, name: &str| {
-        let saved = if uncompressed == 0 {
+    // gzip's ratio leaves out a one-member file's header and trailer (of
+    // the last file listed, in the totals).
+    let line = |compressed: u64, uncompressed: u64, framing: u64, name: &str| {
+        let saved = uncompressed as f64 - compressed.saturating_sub(framing) as f64;
+        let ratio = if uncompressed == 0 {
             0.0
         } else {
-            100.0 * (1.0 - compressed as f64 / uncompressed as f64)
+            100.0 * saved / uncompressed as f64
         };
-        outln!("{compressed:>19} {uncompressed:>19} {saved:>5.1}% {name}");
+        outln!("{compressed:>19} {uncompressed:>19} {ratio:>5.1}% {name}");
     };
+    let mut framing = 0;
     for s in summaries {
         let input = std::path::Path::new(&s.input);
-        let name = cairn_filepack::unpacked_name(input, common.suffix.as_deref())
-            .map_or_else(|_| s.input.clone(), |p| p.display().to_string());
-        line(s.bytes_in, s.bytes_out, &name);
+        // Standard input is listed as gzip names it.
+        let name = if s.input == "(stdin)" {
+            "stdout".to_string()
+        } else {
+            cairn_filepack::unpacked_name(input, common.suffix.as_deref())
+                .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
+        };
+        framing = one_member_framing(input, s.bytes_out).unwrap_or(0);
+        line(s.bytes_in, s.bytes_out, framing, &name);
     }
     if summaries.len() > 1 {
         let compressed = summaries.iter().map(|s| s.bytes_in).sum();
         let uncompressed = summaries.iter().map(|s| s.bytes_out).sum();
-        line(compressed, uncompressed, "(totals)");
+        line(compressed, uncompressed, framing, "(totals)");
     }
+}
+
+/// The bytes of a one-member gzip file that are not deflate data: its
+/// header and 8-byte trailer, as `gzip -l` leaves them out of the ratio.
+/// `None` for a file of several members (whose last member's length
+/// field is not the whole decoded length), or that cannot be read.
+fn one_member_framing(path: &Path, decoded: u64) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = Vec::new();
+    Read::by_ref(&mut f)
+        .take(64 << 10)
+        .read_to_end(&mut head)
+        .ok()?;
+    let mut isize = [0u8; 4];
+    f.seek(SeekFrom::End(-4)).ok()?;
+    f.read_exact(&mut isize).ok()?;
+    if u64::from(u32::from_le_bytes(isize)) != decoded % (1 << 32) {
+        return None;
+    }
+    gzip_header_len(&head).map(|h| h as u64 + 8)
+}
+
+/// The length of the gzip header `head` starts with (RFC 1952: fixed 10
+/// bytes, then the extra field, name, comment and header CRC its flags
+/// say), if `head` holds all of it.
+fn gzip_header_len(head: &[u8]) -> Option<usize> {
+    let flags = *head.get(3)?;
+    if head.get(..3)? != [0x1f, 0x8b, 8] {
+        return None;
+    }
+    let mut at = 10;
+    if flags & 4 != 0 {
+        let xlen = u16::from_le_bytes([*head.get(at)?, *head.get(at + 1)?]);
+        at += 2 + usize::from(xlen);
+    }
+    for flag in [8, 16] {
+        if flags & flag != 0 {
+            at += head.get(at..)?.iter().position(|&b| b == 0)? + 1;
+        }
+    }
+    if flags & 2 != 0 {
+        at += 2;
+    }
+    (at <= head.len()).then_some(at)
 }
 
 /// `-l`: a line per input, as `gzip -l` and `zstd -l` print, or JSON.
@@ -308,4 +422,26 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
 /// within what a frame may declare (2^10 to 2^31).
 fn window_log_within(memory: u64) -> u32 {
     memory.max(1).ilog2().clamp(10, 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gzip_header_lengths() {
+        let fixed = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
+        assert_eq!(gzip_header_len(&fixed), Some(10));
+        let mut named = fixed.to_vec();
+        named[3] = 8;
+        named.extend_from_slice(b"a\0");
+        assert_eq!(gzip_header_len(&named), Some(12));
+        let mut extra = fixed.to_vec();
+        extra[3] = 4 | 2;
+        extra.extend_from_slice(&[3, 0, 1, 2, 3, 0xaa, 0xbb]);
+        assert_eq!(gzip_header_len(&extra), Some(17));
+        // Cut short, or no gzip at all.
+        assert_eq!(gzip_header_len(&named[..11]), None);
+        assert_eq!(gzip_header_len(b"BZh91AY&SY"), None);
+    }
 }
