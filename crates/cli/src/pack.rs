@@ -189,6 +189,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     } else {
         UnpackMode::Write
     };
+    // `zstd -l` reads the frames' headers, as zstd does.
+    if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Zstd) {
+        return list_as_zstd(&common.files);
+    }
     let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
         mode,
@@ -418,6 +422,182 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
     Ok(())
 }
 
+/// What `zstd -l` counts in a file: frames, skippable frames among them,
+/// whether a frame carries a checksum, the content sizes the headers
+/// state (`None` if a frame states none), and the file's length.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct ZstdFrames {
+    frames: u64,
+    skips: u64,
+    check: bool,
+    content: Option<u64>,
+    size: u64,
+}
+
+impl ZstdFrames {
+    fn add(&mut self, other: &ZstdFrames) {
+        self.frames += other.frames;
+        self.skips += other.skips;
+        self.check |= other.check;
+        self.content = self.content.zip(other.content).map(|(a, b)| a + b);
+        self.size += other.size;
+    }
+}
+
+/// Walk the zstd frames of `r` (`size` bytes) by their headers and block
+/// headers, as `zstd -l` does; `None` if it is not zstd frames throughout.
+fn zstd_frames(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Option<ZstdFrames> {
+    use std::io::SeekFrom;
+    let mut n = ZstdFrames {
+        content: Some(0),
+        size,
+        ..ZstdFrames::default()
+    };
+    let mut at = 0u64;
+    let read = |r: &mut _, len: usize| -> Option<Vec<u8>> {
+        let mut b = vec![0; len];
+        std::io::Read::read_exact(r, &mut b).ok()?;
+        Some(b)
+    };
+    let le = |b: &[u8]| b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x));
+    while at < size {
+        let magic = le(&read(r, 4)?);
+        if magic & !0xf == 0x184D_2A50 {
+            let len = le(&read(r, 4)?);
+            at = r.seek(SeekFrom::Current(i64::try_from(len).ok()?)).ok()?;
+            n.frames += 1;
+            n.skips += 1;
+            continue;
+        }
+        if magic != 0xFD2F_B528 {
+            return None;
+        }
+        let fhd = read(r, 1)?[0];
+        let single = fhd & 0x20 != 0;
+        let dict_len = [0, 1, 2, 4][usize::from(fhd & 3)];
+        let fcs_len = match fhd >> 6 {
+            0 => usize::from(single),
+            1 => 2,
+            2 => 4,
+            _ => 8,
+        };
+        let rest = read(r, usize::from(!single) + dict_len + fcs_len)?;
+        let fcs = &rest[rest.len() - fcs_len..];
+        n.content = match fcs_len {
+            0 => None,
+            2 => n.content.map(|c| c + le(fcs) + 256),
+            _ => n.content.map(|c| c + le(fcs)),
+        };
+        loop {
+            let head = le(&read(r, 3)?);
+            let len = match (head >> 1) & 3 {
+                0 | 2 => head >> 3,
+                1 => 1,
+                _ => return None,
+            };
+            r.seek(SeekFrom::Current(i64::try_from(len).ok()?)).ok()?;
+            if head & 1 != 0 {
+                break;
+            }
+        }
+        if fhd & 4 != 0 {
+            r.seek(SeekFrom::Current(4)).ok()?;
+            n.check = true;
+        }
+        at = r.stream_position().ok()?;
+        n.frames += 1;
+    }
+    (at == size).then_some(n)
+}
+
+/// A size as zstd prints it (UTIL_makeHumanReadableSize): the largest
+/// binary unit it reaches, 0 to 3 decimals as the value is large or small.
+fn zstd_human(size: u64) -> String {
+    let units = [" B", " KiB", " MiB", " GiB", " TiB", " PiB", " EiB"];
+    let step = (size.max(1).ilog2() / 10).min(6) as usize;
+    let value = size as f64 / (1u64 << (10 * step)) as f64;
+    let precision = if value >= 100.0 || value as u64 == size {
+        0
+    } else if value >= 10.0 {
+        1
+    } else if value > 1.0 {
+        2
+    } else {
+        3
+    };
+    format!("{value:>6.precision$}{:>4}", units[step])
+}
+
+/// One line of `zstd -l`'s table.
+fn zstd_list_line(f: &ZstdFrames, name: &str) -> String {
+    let check = if f.check { "XXH64" } else { "None" };
+    let compressed = zstd_human(f.size);
+    match f.content {
+        Some(content) => {
+            let ratio = if f.size == 0 {
+                0.0
+            } else {
+                content as f64 / f.size as f64
+            };
+            let content = format!("{:>12}", zstd_human(content));
+            format!(
+                "{:>6}  {:>5}  {compressed}  {content}  {ratio:5.3}  {check:>5}  {name}",
+                f.frames, f.skips
+            )
+        }
+        None => format!(
+            "{:>6}  {:>5}  {compressed}                       {check:>5}  {name}",
+            f.frames, f.skips
+        ),
+    }
+}
+
+/// `zstd -l` as zstd prints it: frames and skippable frames, sizes as
+/// the headers state them, ratio (uncompressed over compressed) and
+/// check, from the frame and block headers of each file (not standard
+/// input, which zstd refuses too); totals for several files.
+fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
+    if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") {
+        anyhow::bail!("--list does not support reading from standard input");
+    }
+    outln!("Frames  Skips  Compressed  Uncompressed  Ratio  Check  Filename");
+    let mut total = ZstdFrames {
+        content: Some(0),
+        ..ZstdFrames::default()
+    };
+    let mut failed = 0;
+    for path in files {
+        let walked = std::fs::File::open(path).ok().and_then(|f| {
+            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+            zstd_frames(&mut std::io::BufReader::new(f), size)
+        });
+        match walked {
+            Some(f) => {
+                outln!("{}", zstd_list_line(&f, &path.display().to_string()));
+                total.add(&f);
+            }
+            // (On stdout, as zstd prints it.)
+            None => {
+                outln!(
+                    "File {:?} not compressed by zstd ",
+                    path.display().to_string()
+                );
+                failed += 1;
+            }
+        }
+    }
+    // Totals of the files listed, once several were named.
+    if files.len() > 1 {
+        outln!("----------------------------------------------------------------- ");
+        let listed = files.len() - failed;
+        outln!("{}", zstd_list_line(&total, &format!("{listed} files")));
+    }
+    if failed > 0 {
+        return Err(crate::Warned(1).into());
+    }
+    Ok(())
+}
+
 /// The largest zstd window log that fits `memory` bytes (zstd's `-M`),
 /// within what a frame may declare (2^10 to 2^31).
 fn window_log_within(memory: u64) -> u32 {
@@ -427,6 +607,48 @@ fn window_log_within(memory: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zstd_sizes_as_zstd_prints_them() {
+        for (size, text) in [
+            (13, "    13   B"),
+            (0, "     0   B"),
+            (26672, "  26.0 KiB"),
+            (108_894, "   106 KiB"),
+            (4_090_000, "  3.90 MiB"),
+            // (1.0 is not above 1: three decimals, as zstd's.)
+            (1024, " 1.000 KiB"),
+        ] {
+            assert_eq!(zstd_human(size), text, "{size}");
+        }
+    }
+
+    #[test]
+    fn zstd_frames_are_walked_and_garbage_refused() {
+        let data = vec![7u8; 100_000];
+        // A stream states no content size; a buffer compressed whole does.
+        let streamed = zstd::encode_all(&data[..], 3).unwrap_or_default();
+        let size = streamed.len() as u64;
+        let f = zstd_frames(&mut std::io::Cursor::new(streamed), size);
+        assert_eq!(f.map(|f| (f.frames, f.content)), Some((1, None)));
+        let mut packed = zstd::bulk::compress(&data, 3).unwrap_or_default();
+        let size = packed.len() as u64;
+        let mut c = std::io::Cursor::new(packed.clone());
+        let f = zstd_frames(&mut c, size);
+        assert_eq!(
+            f.map(|f| (f.frames, f.skips, f.content)),
+            Some((1, 0, Some(100_000)))
+        );
+        // A skippable frame after it.
+        packed.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 2, 0, 0, 0, 9, 9]);
+        let size = packed.len() as u64;
+        let f = zstd_frames(&mut std::io::Cursor::new(packed.clone()), size);
+        assert_eq!(f.map(|f| (f.frames, f.skips)), Some((2, 1)));
+        packed.push(0);
+        let size = packed.len() as u64;
+        assert!(zstd_frames(&mut std::io::Cursor::new(packed), size).is_none());
+        assert!(zstd_frames(&mut std::io::Cursor::new(b"BZh9".to_vec()), 4).is_none());
+    }
 
     #[test]
     fn gzip_header_lengths() {

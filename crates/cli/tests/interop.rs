@@ -1534,3 +1534,43 @@ fn gzip_list_as_gzip() {
     }
     same_as("gzip", &["-l"], &[], &one);
 }
+
+/// `zstd -l` through the link prints zstd's table: frames, skippable
+/// frames, sizes, ratio (uncompressed over compressed), check; totals for
+/// several files; a file of another format named on stdout, status 1.
+#[test]
+fn zstd_list_as_zstd() {
+    if !have("zstd") || !have("gzip") {
+        return;
+    }
+    let data = mixed(1_500_000, 86);
+    let by_zstd = run_ok("zstd", &["-c", "-q"], &data);
+    let streamed = run_ok(
+        "zstd",
+        &["-c", "-q", "--no-content-size", "--no-check"],
+        &data,
+    );
+    let by_cairn = cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &data);
+    let gz = run_ok("gzip", &["-c"], &data);
+    let files: [(&str, &[u8]); 4] = [
+        ("z.zst", &by_zstd),
+        ("s.zst", &streamed),
+        ("c.zst", &by_cairn),
+        ("x.gz", &gz),
+    ];
+    for args in [
+        &["-l", "z.zst"][..],
+        &["-l", "s.zst"],
+        &["-l", "c.zst"],
+        &["-l", "z.zst", "c.zst"],
+        &["-l", "z.zst", "x.gz"],
+    ] {
+        let (peer, link) = beside("zstd", args, &files, b"");
+        assert_eq!(link.status.code(), peer.status.code(), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&link.stdout),
+            String::from_utf8_lossy(&peer.stdout),
+            "{args:?}"
+        );
+    }
+}
