@@ -245,7 +245,7 @@ pub(crate) struct PackArgs {
     /// one named by the -o suffix, else gzip).
     #[arg(short = 'F', long = "format")]
     pub format: Option<String>,
-    /// Compression level; the format's range (gzip 1-12, zstd -50-22, xz 0-9,
+    /// Compression level; the format's range (gzip 0-12, zstd -50-22, xz 0-9,
     /// bzip2 1-9, lzop 1-9, lz4 -65536-12 (3 on: LZ4 HC; -N as lz4
     /// --fast=N), snappy 1 only). -1 .. -19 work too.
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
@@ -532,7 +532,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         rest = or_exit(pigz_arguments(rest));
     }
     if Tool::of(name) == Tool::Zstd {
-        rest = or_exit(refuse_adapt(rest));
+        rest = or_exit(refuse_zstd_options(rest));
     }
     let mut from_env = or_exit(tool_variables(name));
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
@@ -622,20 +622,43 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     Ok(out)
 }
 
-/// zstd's `--adapt` (a level that follows the speed of the output) is
-/// refused: cairn's blocks are packed in parallel at one level.
-fn refuse_adapt(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
-    let adapt = args
+/// zstd's options cairn refuses in one line rather than take and ignore:
+/// `--adapt` (a level that follows the speed of the output: cairn's
+/// blocks are packed in parallel at one level) and `-D DICT` (dictionary
+/// frames: not written or read by cairn).
+fn refuse_zstd_options(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // The word after -o (or a cluster ending in it) is its value.
+    let mut value_next = false;
+    for a in args
         .iter()
         .take_while(|a| *a != "--")
         .filter_map(|a| a.to_str())
-        .find(|a| *a == "--adapt" || a.starts_with("--adapt="));
-    match adapt {
-        Some(a) => Err(format!(
-            "{a}: not supported (cairn packs every block at the one level given; choose a level)"
-        )),
-        None => Ok(args),
+    {
+        if std::mem::replace(&mut value_next, false) {
+            continue;
+        }
+        value_next = a.starts_with('-') && !a.starts_with("--") && a.ends_with('o');
+        if a == "--adapt" || a.starts_with("--adapt=") {
+            return Err(format!(
+                "{a}: not supported (cairn packs every block at the one level given; choose a level)"
+            ));
+        }
+        // -D alone or ending a cluster of flags (`-kD dict`), or with its
+        // value (`-Ddict`).
+        // (Not a value: flags before it take none, as -o, -T, -B, -M do.)
+        let short = a.strip_prefix('-').filter(|c| !c.starts_with('-'));
+        let dict = short
+            .and_then(|c| c.split_once('D'))
+            .is_some_and(|(before, _)| before.chars().all(|f| f.is_ascii_lowercase() && f != 'o'));
+        if dict {
+            return Err(
+                "-D DICT: dictionaries are not supported by cairn (frames with or for a \
+                 dictionary are neither written nor read)"
+                    .to_string(),
+            );
+        }
     }
+    Ok(args)
 }
 
 /// Words of a tool's variables that would be read as input files (`XZ_OPT
@@ -1443,6 +1466,29 @@ mod tests {
             let mut expect = vec!["cairn"];
             expect.extend(want);
             assert_eq!(rewritten(&full), expect, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn zstd_options_refused_in_one_line() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        for refused in [
+            &["--adapt"][..],
+            &["--adapt=min=1", "f"],
+            &["-D", "dict", "f"],
+            &["-kD", "dict"],
+            &["-Ddict"],
+        ] {
+            assert!(refuse_zstd_options(args(refused)).is_err(), "{refused:?}");
+        }
+        for taken in [
+            &["-o", "-Dx"][..],
+            &["-oDIR"],
+            &["-T2", "f"],
+            &["--", "-D"],
+            &["-d", "--long=31"],
+        ] {
+            assert!(refuse_zstd_options(args(taken)).is_ok(), "{taken:?}");
         }
     }
 

@@ -1402,6 +1402,15 @@ fn zstd_link_options_as_zstd() {
     let (peer, link) = beside("zstd", &["--adapt", "-c"], &[], &data[..1000]);
     assert!(peer.status.success() && link.status.code() == Some(1));
     assert_eq!(String::from_utf8_lossy(&link.stderr).lines().count(), 1);
+    // -D DICT: refused in one line naming it, never taken and ignored.
+    let dict: [(&str, &[u8]); 1] = [("dict", b"not a trained dictionary")];
+    let (_, link) = beside("zstd", &["-D", "dict", "-c"], &dict, &data[..1000]);
+    let err = String::from_utf8_lossy(&link.stderr);
+    assert!(
+        link.status.code() == Some(1) && link.stdout.is_empty(),
+        "{err}"
+    );
+    assert!(err.lines().count() == 1 && err.contains("-D"), "{err}");
     for args in [&["--progress", "-c"][..], &["--no-progress", "-c"]] {
         let (peer, link) = beside("zstd", args, &[], &data[..1000]);
         assert!(peer.status.success() && link.status.success(), "{args:?}");
