@@ -817,7 +817,8 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
 /// name is the output (`lz4 IN OUT`, `lz4 -d IN.lz4 OUT`), and one name
 /// with standard output not a terminal writes to it, with lz4's warning;
 /// `-B4`..`-B7` are blocks of 64K..4M, `-BD` and `-BX` are taken (cairn's
-/// blocks are independent, its frames checked as a whole); `-l` writes
+/// blocks are independent, its frames checked as a whole), `--sparse` and
+/// `--no-sparse` are cairn's; `-l` writes
 /// the legacy format (`--legacy`; its blocks are 8 MiB whatever `-B`
 /// says, as lz4 has them); the names `stdin` and `stdout` are standard
 /// input (as an input) and output (as the output), as lz4 reads them
@@ -841,7 +842,7 @@ fn lz4_arguments(
         match s {
             "--" => rest = true,
             "-m" | "--multiple" | "-r" => multiple = true,
-            "-BD" | "-BX" | "--no-frame-crc" | "--sparse" => {}
+            "-BD" | "-BX" | "--no-frame-crc" => {}
             "-B4" => block = Some("64K"),
             "-B5" => block = Some("256K"),
             "-B6" => block = Some("1M"),

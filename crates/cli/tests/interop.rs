@@ -1583,3 +1583,31 @@ fn zstd_list_as_zstd() {
         );
     }
 }
+
+/// lz4's --sparse and --no-sparse through the lz4 link, as zstd's.
+#[test]
+fn lz4_link_sparse_as_lz4() {
+    if !have("lz4") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let packed = run_ok("lz4", &["-c", "-q"], &vec![0u8; 6 << 20]);
+    let dir = tempdir();
+    let bin = dir.path().join("lz4");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    std::fs::write(dir.path().join("z.lz4"), &packed).unwrap();
+    for (args, sparse) in [
+        (&["-d", "-f", "z.lz4", "z"][..], true),
+        (&["-d", "-f", "--no-sparse", "z.lz4", "z"], false),
+    ] {
+        let status = std::process::Command::new(&bin)
+            .args(args)
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{args:?}");
+        let meta = std::fs::metadata(dir.path().join("z")).unwrap();
+        assert_eq!(meta.len(), 6 << 20);
+        assert_eq!(meta.blocks() * 512 < (1 << 20), sparse, "{args:?}");
+    }
+}
