@@ -612,19 +612,8 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             "{what}: not supported (libdeflate, cairn's deflate encoder, has no such strategy)"
         ))
     };
-    let mut out = Vec::with_capacity(args.len());
-    let mut args = args.into_iter();
-    while let Some(a) = args.next() {
-        let Some(s) = a.to_str() else {
-            out.push(a);
-            continue;
-        };
+    rewrite_words(args, |s, _, out| {
         match s {
-            "--" => {
-                out.push(a);
-                out.extend(args);
-                break;
-            }
             "--huffman" => return refuse("--huffman (Huffman-only deflate, -H)"),
             "--rle" => return refuse("--rle (run-length deflate, -U)"),
             _ => {}
@@ -633,8 +622,8 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             .strip_prefix('-')
             .filter(|c| !c.is_empty() && !c.starts_with('-'))
         else {
-            out.push(a);
-            continue;
+            out.push(s.into());
+            return Ok(());
         };
         let mut kept = String::from("-");
         let mut longs = Vec::new();
@@ -658,6 +647,31 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             out.push(kept.into());
         }
         out.extend(longs.into_iter().map(OsString::from));
+        Ok(())
+    })
+}
+
+/// A tool's arguments rewritten word by word, as the links' option
+/// translations do: `each` pushes to `out` what stands for word `s`,
+/// taking an option's value from `rest` (the words after it) where it
+/// has one; a word that is not UTF-8, a `--` and every word after it
+/// (names, never options) pass unchanged.
+fn rewrite_words<E>(
+    args: Vec<OsString>,
+    mut each: impl FnMut(&str, &mut std::vec::IntoIter<OsString>, &mut Vec<OsString>) -> Result<(), E>,
+) -> Result<Vec<OsString>, E> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = args.into_iter();
+    while let Some(a) = rest.next() {
+        match a.to_str() {
+            Some("--") => {
+                out.push(a);
+                out.extend(rest);
+                break;
+            }
+            Some(s) => each(s, &mut rest, &mut out)?,
+            None => out.push(a),
+        }
     }
     Ok(out)
 }
@@ -1002,137 +1016,124 @@ fn xz_arguments(
 ) -> Result<(Vec<OsString>, Vec<OsString>), String> {
     use cairn_codec::format::xz_filters::{Filter, FilterChain};
     let mut chain: Vec<Filter> = Vec::new();
-    let mut out = [Vec::new(), Vec::new()];
-    for (list, words) in [env, rest].into_iter().enumerate() {
-        let out = &mut out[list];
-        let mut words = words.into_iter();
-        while let Some(w) = words.next() {
-            let Some(s) = w.to_str().map(str::to_string) else {
-                out.push(w);
-                continue;
-            };
-            if s == "--" {
-                out.push(w);
-                out.extend(words.by_ref());
-                break;
-            }
-            let words = &mut words;
-            let mem = |v: &str| -> Result<Option<u64>, String> {
-                xz_size(v).map(|n| (n > 0).then_some(n))
-            };
-            // Short -F and -M, alone (`-F lzma`) or with their value (`-Flzma`).
-            let short = |c: char| {
-                s.strip_prefix('-')
-                    .and_then(|r| r.strip_prefix(c))
-                    .filter(|_| !s.starts_with("--"))
-                    .map(str::to_string)
-            };
-            let (format, memlimit) = if let Some(v) = short('F') {
-                (Some(v), None)
-            } else if let Some(v) = short('M') {
-                (None, Some(v))
-            } else {
-                (None, None)
-            };
-            let format = match format {
-                Some(v) if v.is_empty() => Some(next_value(words, "-F")?),
-                Some(v) => Some(v),
-                None => long_value(&s, "--format", words).transpose()?,
-            };
-            if let Some(f) = format {
-                let f = match f.as_str() {
-                    "auto" => None,
-                    "xz" => Some("xz"),
-                    "lzma" | "alone" => Some("lzma"),
-                    "raw" => {
-                        return Err("--format=raw: raw streams (no header, the filter chain \
-                                    given on the command line) are not supported: use \
-                                    --format=xz or --format=lzma"
-                            .into())
-                    }
-                    "lzip" => {
-                        return Err("--format=lzip: cairn reads and writes no .lz files".into())
-                    }
-                    other => return Err(format!("{other}: unknown file format type")),
-                };
-                out.extend(["-F".into(), f.unwrap_or("xz").into()]);
-                out.push(format!("--xz-format={}", f.unwrap_or("auto")).into());
-                continue;
-            }
-            let memlimit = match memlimit {
-                Some(v) if v.is_empty() => Some(next_value(words, "-M")?),
-                Some(v) => Some(v),
-                None => long_value(&s, "--memlimit", words).transpose()?,
-            };
-            let (compress, decompress) = if let Some(v) = memlimit {
-                (Some(mem(&v)?), Some(mem(&v)?))
-            } else if let Some(v) = long_value(&s, "--memlimit-compress", words) {
-                (Some(mem(&v?)?), None)
-            } else if let Some(v) = long_value(&s, "--memlimit-decompress", words)
-                .or_else(|| long_value(&s, "--memlimit-mt-decompress", words))
-            {
-                (None, Some(mem(&v?)?))
-            } else {
-                (None, None)
-            };
-            if compress.is_some() || decompress.is_some() {
-                // 0: no limit (xz's default when compressing and decoding).
-                if let Some(c) = compress {
-                    out.push(match c {
-                        Some(n) => format!("--memlimit-compress={n}").into(),
-                        None => format!("--memlimit-compress={}", usize::MAX).into(),
-                    });
+    let mut each = |s: &str,
+                    words: &mut std::vec::IntoIter<OsString>,
+                    out: &mut Vec<OsString>|
+     -> Result<(), String> {
+        let mem =
+            |v: &str| -> Result<Option<u64>, String> { xz_size(v).map(|n| (n > 0).then_some(n)) };
+        // Short -F and -M, alone (`-F lzma`) or with their value (`-Flzma`).
+        let short = |c: char| {
+            s.strip_prefix('-')
+                .and_then(|r| r.strip_prefix(c))
+                .filter(|_| !s.starts_with("--"))
+                .map(str::to_string)
+        };
+        let (format, memlimit) = if let Some(v) = short('F') {
+            (Some(v), None)
+        } else if let Some(v) = short('M') {
+            (None, Some(v))
+        } else {
+            (None, None)
+        };
+        let format = match format {
+            Some(v) if v.is_empty() => Some(next_value(words, "-F")?),
+            Some(v) => Some(v),
+            None => long_value(s, "--format", words).transpose()?,
+        };
+        if let Some(f) = format {
+            let f = match f.as_str() {
+                "auto" => None,
+                "xz" => Some("xz"),
+                "lzma" | "alone" => Some("lzma"),
+                "raw" => {
+                    return Err("--format=raw: raw streams (no header, the filter chain \
+                                given on the command line) are not supported: use \
+                                --format=xz or --format=lzma"
+                        .into())
                 }
-                if let Some(d) = decompress {
-                    out.push(
-                        format!("--memory={}", d.unwrap_or(u64::MAX).min(usize::MAX as u64)).into(),
-                    );
+                "lzip" => return Err("--format=lzip: cairn reads and writes no .lz files".into()),
+                other => return Err(format!("{other}: unknown file format type")),
+            };
+            out.extend(["-F".into(), f.unwrap_or("xz").into()]);
+            out.push(format!("--xz-format={}", f.unwrap_or("auto")).into());
+            return Ok(());
+        }
+        let memlimit = match memlimit {
+            Some(v) if v.is_empty() => Some(next_value(words, "-M")?),
+            Some(v) => Some(v),
+            None => long_value(s, "--memlimit", words).transpose()?,
+        };
+        let (compress, decompress) = if let Some(v) = memlimit {
+            (Some(mem(&v)?), Some(mem(&v)?))
+        } else if let Some(v) = long_value(s, "--memlimit-compress", words) {
+            (Some(mem(&v?)?), None)
+        } else if let Some(v) = long_value(s, "--memlimit-decompress", words)
+            .or_else(|| long_value(s, "--memlimit-mt-decompress", words))
+        {
+            (None, Some(mem(&v?)?))
+        } else {
+            (None, None)
+        };
+        if compress.is_some() || decompress.is_some() {
+            // 0: no limit (xz's default when compressing and decoding).
+            if let Some(c) = compress {
+                out.push(match c {
+                    Some(n) => format!("--memlimit-compress={n}").into(),
+                    None => format!("--memlimit-compress={}", usize::MAX).into(),
+                });
+            }
+            if let Some(d) = decompress {
+                out.push(
+                    format!("--memory={}", d.unwrap_or(u64::MAX).min(usize::MAX as u64)).into(),
+                );
+            }
+            return Ok(());
+        }
+        if let Some(v) = long_value(s, "--block-size", words) {
+            let n = xz_size(&v?)?;
+            out.extend(["-B".into(), n.to_string().into()]);
+            return Ok(());
+        }
+        if let Some(v) = long_value(s, "--filters", words) {
+            chain = FilterChain::parse(&v?)
+                .map_err(|e| format!("--filters: {e}"))?
+                .filters()
+                .copied()
+                .collect();
+            return Ok(());
+        }
+        if s == "--no-adjust" {
+            return Ok(());
+        }
+        if let Some(long) = s.strip_prefix("--") {
+            let (name, opts) = match long.split_once('=') {
+                Some((n, o)) => (n, Some(o)),
+                None => (long, None),
+            };
+            if let Some(f) = Filter::from_option(name, opts) {
+                chain.push(f?);
+                if chain.len() > cairn_codec::format::xz_filters::MAX_FILTERS {
+                    return Err("the maximum number of filters is four".into());
                 }
-                continue;
+                return Ok(());
             }
-            if let Some(v) = long_value(&s, "--block-size", words) {
-                let n = xz_size(&v?)?;
-                out.extend(["-B".into(), n.to_string().into()]);
-                continue;
-            }
-            if let Some(v) = long_value(&s, "--filters", words) {
-                chain = FilterChain::parse(&v?)
-                    .map_err(|e| format!("--filters: {e}"))?
-                    .filters()
-                    .copied()
-                    .collect();
-                continue;
-            }
-            if s == "--no-adjust" {
-                continue;
-            }
-            if let Some(long) = s.strip_prefix("--") {
-                let (name, opts) = match long.split_once('=') {
-                    Some((n, o)) => (n, Some(o)),
-                    None => (long, None),
-                };
-                if let Some(f) = Filter::from_option(name, opts) {
-                    chain.push(f?);
-                    if chain.len() > cairn_codec::format::xz_filters::MAX_FILTERS {
-                        return Err("the maximum number of filters is four".into());
-                    }
-                    continue;
-                }
-                if matches!(long, "fast" | "best") {
-                    chain.clear();
-                }
-            } else if xz_preset_in(&s) {
-                // A preset after filter options replaces the chain, as in xz.
+            if matches!(long, "fast" | "best") {
                 chain.clear();
             }
-            out.push(w);
+        } else if xz_preset_in(s) {
+            // A preset after filter options replaces the chain, as in xz.
+            chain.clear();
         }
-    }
+        out.push(s.into());
+        Ok(())
+    };
+    let mut env = rewrite_words(env, &mut each)?;
+    let rest = rewrite_words(rest, &mut each)?;
     if !chain.is_empty() {
         let c = FilterChain::new(&chain)?;
-        out[0].push(format!("--filters={}", chain_words(&c)).into());
+        env.push(format!("--filters={}", chain_words(&c)).into());
     }
-    let [env, rest] = out;
     Ok((env, rest))
 }
 
@@ -1187,52 +1188,39 @@ fn xz_preset_in(s: &str) -> bool {
 /// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`
 /// (up to a `--`; the last flag of a cluster may be `-C`, as `-kC crc32`).
 fn xz_check_values(args: Vec<OsString>) -> Vec<OsString> {
-    let mut out = Vec::with_capacity(args.len());
-    let mut args = args.into_iter();
-    while let Some(a) = args.next() {
-        let Some(s) = a.to_str() else {
-            out.push(a);
-            continue;
-        };
-        if s == "--" {
-            out.push(a);
-            out.extend(args);
-            break;
-        }
-        if s == "--check" {
-            match args.next() {
-                Some(v) => {
-                    let mut c = OsString::from("--check=");
-                    c.push(v);
-                    out.push(c);
-                }
-                None => out.push(a),
+    let check_of = |c: OsString| {
+        let mut check = OsString::from("--check=");
+        check.push(c);
+        check
+    };
+    let rewritten = rewrite_words(
+        args,
+        |s, rest, out| -> Result<(), std::convert::Infallible> {
+            if s == "--check" {
+                out.push(rest.next().map_or_else(|| s.into(), check_of));
+                return Ok(());
             }
-            continue;
-        }
-        let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
-        match cluster.and_then(|c| c.split_once('C')) {
-            Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
-                if !flags.is_empty() {
-                    out.push(format!("-{flags}").into());
-                }
-                let value = match value {
-                    "" => args.next(),
-                    v => Some(OsString::from(v)),
-                };
-                match value {
-                    Some(v) => {
-                        let mut c = OsString::from("--check=");
-                        c.push(v);
-                        out.push(c);
+            let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
+            match cluster.and_then(|c| c.split_once('C')) {
+                Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                    if !flags.is_empty() {
+                        out.push(format!("-{flags}").into());
                     }
-                    None => out.push("-C".into()),
+                    let value = match value {
+                        "" => rest.next(),
+                        v => Some(OsString::from(v)),
+                    };
+                    out.push(value.map_or_else(|| "-C".into(), check_of));
                 }
+                _ => out.push(s.into()),
             }
-            _ => out.push(a),
-        }
+            Ok(())
+        },
+    );
+    match rewritten {
+        Ok(words) => words,
+        Err(never) => match never {},
     }
-    out
 }
 
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,
