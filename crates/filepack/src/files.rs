@@ -450,6 +450,10 @@ mod tests {
             w.finish(&mut f).unwrap();
             let meta = f.metadata().unwrap();
             assert_eq!(meta.len(), bytes.len() as u64, "piece {piece}");
+            // finish leaves the offset at the end, for what follows.
+            let at = std::io::Seek::stream_position(&mut f).unwrap();
+            assert_eq!(at, bytes.len() as u64, "piece {piece}: offset");
+            std::io::Seek::rewind(&mut f).unwrap();
             let mut back = Vec::new();
             std::io::Read::read_to_end(&mut &f, &mut back).unwrap();
             assert!(back == bytes, "piece {piece}: bytes differ");
