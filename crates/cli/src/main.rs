@@ -195,9 +195,16 @@ pub(crate) struct CommonArgs {
     /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// No progress bar.
-    #[arg(short = 'q', long = "quiet", visible_alias = "no-progress")]
+    /// No progress bar, no notes.
+    #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
+    /// Draw the progress bar, also under a tool's name and when stderr
+    /// is no terminal (zstd's --progress).
+    #[arg(long = "progress", overrides_with = "no_progress")]
+    pub progress: bool,
+    /// No progress bar, notes still said (zstd's --no-progress).
+    #[arg(long = "no-progress", overrides_with = "progress")]
+    pub no_progress: bool,
     /// Store no file name or time when packing (gzip's and lzop's -n; by
     /// default a gzip or lzop header keeps the input's base name and
     /// modification time, as gzip and lzop write them); when unpacking,
@@ -213,6 +220,15 @@ pub(crate) struct CommonArgs {
     /// where it would be 2.
     #[arg(short = 'Q', long = "no-warn")]
     pub no_warn: bool,
+    /// Packing, keep the input's modification time in the gzip or lzop
+    /// header even with -n; unpacking a gzip file, give the output the
+    /// time kept there (pigz's -M).
+    #[arg(long = "time", overrides_with = "no_time")]
+    pub time: bool,
+    /// Packing, keep no modification time in the header (the name still);
+    /// unpacking, restore none even with -N (pigz's -m).
+    #[arg(long = "no-time", overrides_with = "time")]
+    pub no_time: bool,
     /// Print a JSON summary (on stdout, or on stderr when data goes to stdout).
     #[arg(long = "json")]
     pub json: bool,
@@ -236,7 +252,7 @@ pub(crate) struct PackArgs {
     /// one named by the -o suffix, else gzip).
     #[arg(short = 'F', long = "format")]
     pub format: Option<String>,
-    /// Compression level; the format's range (gzip 1-12, zstd -50-22, xz 0-9,
+    /// Compression level; the format's range (gzip 0-12, zstd -50-22, xz 0-9,
     /// bzip2 1-9, lzop 1-9, lz4 -65536-12 (3 on: LZ4 HC; -N as lz4
     /// --fast=N), snappy 1 only). -1 .. -19 work too.
     #[arg(long = "level", value_name = "N", allow_negative_numbers = true,
@@ -323,6 +339,9 @@ pub(crate) struct PackArgs {
     /// liblzma counts it); refused if one thread needs more.
     #[arg(long = "memlimit-compress", value_name = "SIZE", value_parser = parse_size)]
     pub memlimit_compress: Option<usize>,
+    /// Print cairn's license and exit (pigz's -L).
+    #[arg(long = "license")]
+    pub license: bool,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
     #[arg(
         short = 'd',
@@ -398,14 +417,20 @@ pub(crate) struct DecodeArgs {
     /// headers' and index's CRC32s still are).
     #[arg(long = "ignore-check")]
     pub ignore_check: bool,
-    /// Write runs of zeros as bytes, not holes, into a new output file
-    /// (xz's --no-sparse).
-    #[arg(long = "no-sparse")]
+    /// Leave holes for runs of zeros in the output also when it is
+    /// standard output redirected to a file (zstd's and lz4's --sparse;
+    /// a new output file gets them anyway).
+    #[arg(long = "sparse", overrides_with = "no_sparse")]
+    pub sparse: bool,
+    /// Write every zero of the output, leave no holes (zstd's, lz4's and
+    /// xz's --no-sparse).
+    #[arg(long = "no-sparse", overrides_with = "sparse")]
     pub no_sparse: bool,
-    /// Decoding through the xz link with --format=xz or lzma: an input
-    /// in another format is refused, as xz refuses it.
-    #[arg(long = "xz-format", hide = true)]
-    pub xz_format: Option<String>,
+    /// Decoding through the xz link with --format=xz or lzma (and as
+    /// unlzma and lzcat): an input in the other format is refused, as xz
+    /// refuses it; auto (xz's default) reads both. The last one given wins.
+    #[arg(long = "xz-format", hide = true, value_enum)]
+    pub xz_format: Option<XzFormat>,
     /// -l prints gzip's table (set when cairn runs as gzip, gunzip, zcat,
     /// pigz or unpigz).
     #[arg(long = "list-as-gzip", hide = true)]
@@ -532,15 +557,6 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     let pigz = matches!(name, "pigz" | "unpigz");
     let gzip_family = matches!(name, "gzip" | "pigz" | "gunzip" | "unpigz" | "zcat");
     let mut rest = args.split_off(1);
-    // pigz's -z is zlib's format, which cairn does not write: refused by
-    // its long name rather than taken as zstd's and xz's -z (compress).
-    if pigz {
-        for a in rest.iter_mut().take_while(|a| *a != "--") {
-            if a == "-z" {
-                *a = OsString::from("--zlib");
-            }
-        }
-    }
     // The tool's variables of default options, before the command line's
     // (which win): gzip's and pigz's GZIP (and PIGZ), xz's XZ_DEFAULTS and
     // XZ_OPT, bzip2's BZIP2 and BZIP, zstd's ZSTD_CLEVEL and ZSTD_NBTHREADS.
@@ -551,6 +567,12 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
             std::process::exit(1)
         })
     };
+    if pigz {
+        rest = or_exit(pigz_arguments(rest));
+    }
+    if Tool::of(name) == Tool::Zstd {
+        rest = or_exit(refuse_zstd_options(rest));
+    }
     let mut from_env = or_exit(tool_variables(name));
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
         use std::io::IsTerminal;
@@ -577,6 +599,123 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     args.extend(rest);
     args
+}
+
+/// pigz's short options that cairn spells otherwise: `-m` (`--no-time`),
+/// `-M` (`--time`, not zstd's memory limit), `-R` (`--rsyncable`), `-L`
+/// (`--license`) and `-z` (zlib's format, which cairn does not write:
+/// refused by its long name rather than taken as zstd's and xz's -z),
+/// alone or in a cluster (`-9m`); `-H`/`--huffman` and `-U`/`--rle` are
+/// refused (libdeflate, cairn's deflate encoder, has no such strategies).
+fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // pigz's short options that take a value: the rest of the cluster.
+    const VALUE_SHORTS: &str = "bpSIJCA";
+    let refuse = |what: &str| {
+        Err(format!(
+            "{what}: not supported (libdeflate, cairn's deflate encoder, has no such strategy)"
+        ))
+    };
+    rewrite_words(args, |s, _, out| {
+        match s {
+            "--huffman" => return refuse("--huffman (Huffman-only deflate, -H)"),
+            "--rle" => return refuse("--rle (run-length deflate, -U)"),
+            _ => {}
+        }
+        let Some(cluster) = s
+            .strip_prefix('-')
+            .filter(|c| !c.is_empty() && !c.starts_with('-'))
+        else {
+            out.push(s.into());
+            return Ok(());
+        };
+        let mut kept = String::from("-");
+        let mut longs = Vec::new();
+        for (i, c) in cluster.char_indices() {
+            match c {
+                'm' => longs.push("--no-time"),
+                'M' => longs.push("--time"),
+                'R' => longs.push("--rsyncable"),
+                'L' => longs.push("--license"),
+                'z' => longs.push("--zlib"),
+                'H' => return refuse("-H (Huffman-only deflate, --huffman)"),
+                'U' => return refuse("-U (run-length deflate, --rle)"),
+                c if VALUE_SHORTS.contains(c) => {
+                    kept.push_str(&cluster[i..]);
+                    break;
+                }
+                c => kept.push(c),
+            }
+        }
+        if kept.len() > 1 {
+            out.push(kept.into());
+        }
+        out.extend(longs.into_iter().map(OsString::from));
+        Ok(())
+    })
+}
+
+/// A tool's arguments rewritten word by word, as the links' option
+/// translations do: `each` pushes to `out` what stands for word `s`,
+/// taking an option's value from `rest` (the words after it) where it
+/// has one; a word that is not UTF-8, a `--` and every word after it
+/// (names, never options) pass unchanged.
+fn rewrite_words<E>(
+    args: Vec<OsString>,
+    mut each: impl FnMut(&str, &mut std::vec::IntoIter<OsString>, &mut Vec<OsString>) -> Result<(), E>,
+) -> Result<Vec<OsString>, E> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut rest = args.into_iter();
+    while let Some(a) = rest.next() {
+        match a.to_str() {
+            Some("--") => {
+                out.push(a);
+                out.extend(rest);
+                break;
+            }
+            Some(s) => each(s, &mut rest, &mut out)?,
+            None => out.push(a),
+        }
+    }
+    Ok(out)
+}
+
+/// zstd's options cairn refuses in one line rather than take and ignore:
+/// `--adapt` (a level that follows the speed of the output: cairn's
+/// blocks are packed in parallel at one level) and `-D DICT` (dictionary
+/// frames: not written or read by cairn).
+fn refuse_zstd_options(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // The word after -o (or a cluster ending in it) is its value.
+    let mut value_next = false;
+    for a in args
+        .iter()
+        .take_while(|a| *a != "--")
+        .filter_map(|a| a.to_str())
+    {
+        if std::mem::replace(&mut value_next, false) {
+            continue;
+        }
+        value_next = a.starts_with('-') && !a.starts_with("--") && a.ends_with('o');
+        if a == "--adapt" || a.starts_with("--adapt=") {
+            return Err(format!(
+                "{a}: not supported (cairn packs every block at the one level given; choose a level)"
+            ));
+        }
+        // -D alone or ending a cluster of flags (`-kD dict`), or with its
+        // value (`-Ddict`).
+        // (Not a value: flags before it take none, as -o, -T, -B, -M do.)
+        let short = a.strip_prefix('-').filter(|c| !c.starts_with('-'));
+        let dict = short
+            .and_then(|c| c.split_once('D'))
+            .is_some_and(|(before, _)| before.chars().all(|f| f.is_ascii_lowercase() && f != 'o'));
+        if dict {
+            return Err(
+                "-D DICT: dictionaries are not supported by cairn (frames with or for a \
+                 dictionary are neither written nor read)"
+                    .to_string(),
+            );
+        }
+    }
+    Ok(args)
 }
 
 /// Words of a tool's variables that would be read as input files (`XZ_OPT
@@ -737,7 +876,8 @@ fn tool_variables(name: &str) -> Result<Vec<OsString>, String> {
 /// name is the output (`lz4 IN OUT`, `lz4 -d IN.lz4 OUT`), and one name
 /// with standard output not a terminal writes to it, with lz4's warning;
 /// `-B4`..`-B7` are blocks of 64K..4M, `-BD` and `-BX` are taken (cairn's
-/// blocks are independent, its frames checked as a whole); `-l` writes
+/// blocks are independent, its frames checked as a whole), `--sparse` and
+/// `--no-sparse` are cairn's; `-l` writes
 /// the legacy format (`--legacy`; its blocks are 8 MiB whatever `-B`
 /// says, as lz4 has them); the names `stdin` and `stdout` are standard
 /// input (as an input) and output (as the output), as lz4 reads them
@@ -761,7 +901,7 @@ fn lz4_arguments(
         match s {
             "--" => rest = true,
             "-m" | "--multiple" | "-r" => multiple = true,
-            "-BD" | "-BX" | "--no-frame-crc" | "--sparse" => {}
+            "-BD" | "-BX" | "--no-frame-crc" => {}
             "-B4" => block = Some("64K"),
             "-B5" => block = Some("256K"),
             "-B6" => block = Some("1M"),
@@ -863,7 +1003,8 @@ fn xz_size(s: &str) -> Result<u64, String> {
 /// `--powerpc`, `--ia64`, `--sparc`, `--riscv`, `--delta[=dist=N]`,
 /// `--lzma1=`, `--lzma2=`, in order, cleared by a later preset as xz
 /// clears them) become one `--filters=CHAIN`; `--format=` (auto, xz,
-/// lzma, alone) `-F` (and `--xz-format`, which a decode holds to);
+/// lzma, alone) `-F` and `--xz-format` (which a decode holds to: auto
+/// reads xz and .lzma, the last given wins, as in xz);
 /// memory limits (`-M`, `--memlimit`, `--memlimit-compress`,
 /// `--memlimit-decompress`, `--memlimit-mt-decompress`, 0 for none, N%
 /// of the memory) `--memlimit-compress` and `--memory`; `--block-size`
@@ -878,139 +1019,124 @@ fn xz_arguments(
 ) -> Result<(Vec<OsString>, Vec<OsString>), String> {
     use cairn_codec::format::xz_filters::{Filter, FilterChain};
     let mut chain: Vec<Filter> = Vec::new();
-    let mut out = [Vec::new(), Vec::new()];
-    for (list, words) in [env, rest].into_iter().enumerate() {
-        let out = &mut out[list];
-        let mut words = words.into_iter();
-        while let Some(w) = words.next() {
-            let Some(s) = w.to_str().map(str::to_string) else {
-                out.push(w);
-                continue;
-            };
-            if s == "--" {
-                out.push(w);
-                out.extend(words.by_ref());
-                break;
-            }
-            let words = &mut words;
-            let mem = |v: &str| -> Result<Option<u64>, String> {
-                xz_size(v).map(|n| (n > 0).then_some(n))
-            };
-            // Short -F and -M, alone (`-F lzma`) or with their value (`-Flzma`).
-            let short = |c: char| {
-                s.strip_prefix('-')
-                    .and_then(|r| r.strip_prefix(c))
-                    .filter(|_| !s.starts_with("--"))
-                    .map(str::to_string)
-            };
-            let (format, memlimit) = if let Some(v) = short('F') {
-                (Some(v), None)
-            } else if let Some(v) = short('M') {
-                (None, Some(v))
-            } else {
-                (None, None)
-            };
-            let format = match format {
-                Some(v) if v.is_empty() => Some(next_value(words, "-F")?),
-                Some(v) => Some(v),
-                None => long_value(&s, "--format", words).transpose()?,
-            };
-            if let Some(f) = format {
-                let f = match f.as_str() {
-                    "auto" => None,
-                    "xz" => Some("xz"),
-                    "lzma" | "alone" => Some("lzma"),
-                    "raw" => {
-                        return Err("--format=raw: raw streams (no header, the filter chain \
-                                    given on the command line) are not supported: use \
-                                    --format=xz or --format=lzma"
-                            .into())
-                    }
-                    "lzip" => {
-                        return Err("--format=lzip: cairn reads and writes no .lz files".into())
-                    }
-                    other => return Err(format!("{other}: unknown file format type")),
-                };
-                out.extend(["-F".into(), f.unwrap_or("xz").into()]);
-                if let Some(f) = f {
-                    out.push(format!("--xz-format={f}").into());
+    let mut each = |s: &str,
+                    words: &mut std::vec::IntoIter<OsString>,
+                    out: &mut Vec<OsString>|
+     -> Result<(), String> {
+        let mem =
+            |v: &str| -> Result<Option<u64>, String> { xz_size(v).map(|n| (n > 0).then_some(n)) };
+        // Short -F and -M, alone (`-F lzma`) or with their value (`-Flzma`).
+        let short = |c: char| {
+            s.strip_prefix('-')
+                .and_then(|r| r.strip_prefix(c))
+                .filter(|_| !s.starts_with("--"))
+                .map(str::to_string)
+        };
+        let (format, memlimit) = if let Some(v) = short('F') {
+            (Some(v), None)
+        } else if let Some(v) = short('M') {
+            (None, Some(v))
+        } else {
+            (None, None)
+        };
+        let format = match format {
+            Some(v) if v.is_empty() => Some(next_value(words, "-F")?),
+            Some(v) => Some(v),
+            None => long_value(s, "--format", words).transpose()?,
+        };
+        if let Some(f) = format {
+            let f = match f.as_str() {
+                "auto" => None,
+                "xz" => Some("xz"),
+                "lzma" | "alone" => Some("lzma"),
+                "raw" => {
+                    return Err("--format=raw: raw streams (no header, the filter chain \
+                                given on the command line) are not supported: use \
+                                --format=xz or --format=lzma"
+                        .into())
                 }
-                continue;
-            }
-            let memlimit = match memlimit {
-                Some(v) if v.is_empty() => Some(next_value(words, "-M")?),
-                Some(v) => Some(v),
-                None => long_value(&s, "--memlimit", words).transpose()?,
+                "lzip" => return Err("--format=lzip: cairn reads and writes no .lz files".into()),
+                other => return Err(format!("{other}: unknown file format type")),
             };
-            let (compress, decompress) = if let Some(v) = memlimit {
-                (Some(mem(&v)?), Some(mem(&v)?))
-            } else if let Some(v) = long_value(&s, "--memlimit-compress", words) {
-                (Some(mem(&v?)?), None)
-            } else if let Some(v) = long_value(&s, "--memlimit-decompress", words)
-                .or_else(|| long_value(&s, "--memlimit-mt-decompress", words))
-            {
-                (None, Some(mem(&v?)?))
-            } else {
-                (None, None)
+            out.extend(["-F".into(), f.unwrap_or("xz").into()]);
+            out.push(format!("--xz-format={}", f.unwrap_or("auto")).into());
+            return Ok(());
+        }
+        let memlimit = match memlimit {
+            Some(v) if v.is_empty() => Some(next_value(words, "-M")?),
+            Some(v) => Some(v),
+            None => long_value(s, "--memlimit", words).transpose()?,
+        };
+        let (compress, decompress) = if let Some(v) = memlimit {
+            (Some(mem(&v)?), Some(mem(&v)?))
+        } else if let Some(v) = long_value(s, "--memlimit-compress", words) {
+            (Some(mem(&v?)?), None)
+        } else if let Some(v) = long_value(s, "--memlimit-decompress", words)
+            .or_else(|| long_value(s, "--memlimit-mt-decompress", words))
+        {
+            (None, Some(mem(&v?)?))
+        } else {
+            (None, None)
+        };
+        if compress.is_some() || decompress.is_some() {
+            // 0: no limit (xz's default when compressing and decoding).
+            if let Some(c) = compress {
+                out.push(match c {
+                    Some(n) => format!("--memlimit-compress={n}").into(),
+                    None => format!("--memlimit-compress={}", usize::MAX).into(),
+                });
+            }
+            if let Some(d) = decompress {
+                out.push(
+                    format!("--memory={}", d.unwrap_or(u64::MAX).min(usize::MAX as u64)).into(),
+                );
+            }
+            return Ok(());
+        }
+        if let Some(v) = long_value(s, "--block-size", words) {
+            let n = xz_size(&v?)?;
+            out.extend(["-B".into(), n.to_string().into()]);
+            return Ok(());
+        }
+        if let Some(v) = long_value(s, "--filters", words) {
+            chain = FilterChain::parse(&v?)
+                .map_err(|e| format!("--filters: {e}"))?
+                .filters()
+                .copied()
+                .collect();
+            return Ok(());
+        }
+        if s == "--no-adjust" {
+            return Ok(());
+        }
+        if let Some(long) = s.strip_prefix("--") {
+            let (name, opts) = match long.split_once('=') {
+                Some((n, o)) => (n, Some(o)),
+                None => (long, None),
             };
-            if compress.is_some() || decompress.is_some() {
-                // 0: no limit (xz's default when compressing and decoding).
-                if let Some(c) = compress {
-                    out.push(match c {
-                        Some(n) => format!("--memlimit-compress={n}").into(),
-                        None => format!("--memlimit-compress={}", usize::MAX).into(),
-                    });
+            if let Some(f) = Filter::from_option(name, opts) {
+                chain.push(f?);
+                if chain.len() > cairn_codec::format::xz_filters::MAX_FILTERS {
+                    return Err("the maximum number of filters is four".into());
                 }
-                if let Some(d) = decompress {
-                    out.push(
-                        format!("--memory={}", d.unwrap_or(u64::MAX).min(usize::MAX as u64)).into(),
-                    );
-                }
-                continue;
+                return Ok(());
             }
-            if let Some(v) = long_value(&s, "--block-size", words) {
-                let n = xz_size(&v?)?;
-                out.extend(["-B".into(), n.to_string().into()]);
-                continue;
-            }
-            if let Some(v) = long_value(&s, "--filters", words) {
-                chain = FilterChain::parse(&v?)
-                    .map_err(|e| format!("--filters: {e}"))?
-                    .filters()
-                    .copied()
-                    .collect();
-                continue;
-            }
-            if s == "--no-adjust" {
-                continue;
-            }
-            if let Some(long) = s.strip_prefix("--") {
-                let (name, opts) = match long.split_once('=') {
-                    Some((n, o)) => (n, Some(o)),
-                    None => (long, None),
-                };
-                if let Some(f) = Filter::from_option(name, opts) {
-                    chain.push(f?);
-                    if chain.len() > cairn_codec::format::xz_filters::MAX_FILTERS {
-                        return Err("the maximum number of filters is four".into());
-                    }
-                    continue;
-                }
-                if matches!(long, "fast" | "best") {
-                    chain.clear();
-                }
-            } else if xz_preset_in(&s) {
-                // A preset after filter options replaces the chain, as in xz.
+            if matches!(long, "fast" | "best") {
                 chain.clear();
             }
-            out.push(w);
+        } else if xz_preset_in(s) {
+            // A preset after filter options replaces the chain, as in xz.
+            chain.clear();
         }
-    }
+        out.push(s.into());
+        Ok(())
+    };
+    let mut env = rewrite_words(env, &mut each)?;
+    let rest = rewrite_words(rest, &mut each)?;
     if !chain.is_empty() {
         let c = FilterChain::new(&chain)?;
-        out[0].push(format!("--filters={}", chain_words(&c)).into());
+        env.push(format!("--filters={}", chain_words(&c)).into());
     }
-    let [env, rest] = out;
     Ok((env, rest))
 }
 
@@ -1065,52 +1191,39 @@ fn xz_preset_in(s: &str) -> bool {
 /// xz's `-C CHECK`, `-CCHECK` and `--check CHECK` as `--check=CHECK`
 /// (up to a `--`; the last flag of a cluster may be `-C`, as `-kC crc32`).
 fn xz_check_values(args: Vec<OsString>) -> Vec<OsString> {
-    let mut out = Vec::with_capacity(args.len());
-    let mut args = args.into_iter();
-    while let Some(a) = args.next() {
-        let Some(s) = a.to_str() else {
-            out.push(a);
-            continue;
-        };
-        if s == "--" {
-            out.push(a);
-            out.extend(args);
-            break;
-        }
-        if s == "--check" {
-            match args.next() {
-                Some(v) => {
-                    let mut c = OsString::from("--check=");
-                    c.push(v);
-                    out.push(c);
-                }
-                None => out.push(a),
+    let check_of = |c: OsString| {
+        let mut check = OsString::from("--check=");
+        check.push(c);
+        check
+    };
+    let rewritten = rewrite_words(
+        args,
+        |s, rest, out| -> Result<(), std::convert::Infallible> {
+            if s == "--check" {
+                out.push(rest.next().map_or_else(|| s.into(), check_of));
+                return Ok(());
             }
-            continue;
-        }
-        let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
-        match cluster.and_then(|c| c.split_once('C')) {
-            Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
-                if !flags.is_empty() {
-                    out.push(format!("-{flags}").into());
-                }
-                let value = match value {
-                    "" => args.next(),
-                    v => Some(OsString::from(v)),
-                };
-                match value {
-                    Some(v) => {
-                        let mut c = OsString::from("--check=");
-                        c.push(v);
-                        out.push(c);
+            let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
+            match cluster.and_then(|c| c.split_once('C')) {
+                Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                    if !flags.is_empty() {
+                        out.push(format!("-{flags}").into());
                     }
-                    None => out.push("-C".into()),
+                    let value = match value {
+                        "" => rest.next(),
+                        v => Some(OsString::from(v)),
+                    };
+                    out.push(value.map_or_else(|| "-C".into(), check_of));
                 }
+                _ => out.push(s.into()),
             }
-            _ => out.push(a),
-        }
+            Ok(())
+        },
+    );
+    match rewritten {
+        Ok(words) => words,
+        Err(never) => match never {},
     }
-    out
 }
 
 /// Turn pigz-style levels into `--level=N` before clap sees them: `-9`,
@@ -1198,6 +1311,31 @@ fn rewrite_level_flags(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// xz's `--format` when decoding (`--xz-format`): the formats an xz
+/// decoder reads. xz, unxz and xzcat start at auto; lzma, unlzma and
+/// lzcat at lzma, as xz-utils sets it by the name it runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum XzFormat {
+    /// xz and .lzma (`--format=auto`).
+    Auto,
+    /// xz alone (`--format=xz`).
+    Xz,
+    /// .lzma alone (`--format=lzma` or `alone`).
+    Lzma,
+}
+
+impl XzFormat {
+    /// The formats read.
+    pub(crate) fn formats(self) -> Vec<cairn_codec::Format> {
+        use cairn_codec::Format;
+        match self {
+            XzFormat::Auto => vec![Format::Xz, Format::Lzma],
+            XzFormat::Xz => vec![Format::Xz],
+            XzFormat::Lzma => vec![Format::Lzma],
+        }
+    }
+}
+
 /// The tool cairn stands in for, by the name it was run as: its exit
 /// statuses are that tool's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1226,10 +1364,62 @@ impl Tool {
         INVOKED_AS.get().copied().unwrap_or(Tool::Gzip)
     }
 
+    /// The tool cairn runs as when run through a link, else `None`.
+    pub(crate) fn link() -> Option<Tool> {
+        INVOKED_AS.get().copied()
+    }
+
+    /// The formats the tool decodes, when cairn runs under its name
+    /// (`None`, every format, as `cairn unpack`): gzip, bzip2 and lz4
+    /// their own; xz its own and .lzma (xz's --format=auto; unlzma and
+    /// lzcat hold to .lzma by their `--xz-format`, see [`XzFormat`]);
+    /// zstd its own, gzip, xz, .lzma and lz4, as Debian's zstd is built
+    /// to (`zstd -d x.gz`).
+    pub(crate) fn formats_of_link() -> Option<Vec<cairn_codec::Format>> {
+        use cairn_codec::Format;
+        Some(match Tool::link()? {
+            Tool::Gzip => vec![Format::Gzip],
+            Tool::Zstd => vec![
+                Format::Zstd,
+                Format::Gzip,
+                Format::Xz,
+                Format::Lzma,
+                Format::Lz4,
+            ],
+            Tool::Xz => XzFormat::Auto.formats(),
+            Tool::Bzip2 => vec![Format::Bzip2],
+            Tool::Lz4 => vec![Format::Lz4],
+        })
+    }
+
+    /// The exit status of a failed run: bzip2's 2 for data it cannot
+    /// decode (damaged, cut short, not bzip2) and 1 for the rest; lz4's
+    /// 44 for an input in no format it reads ("Unrecognized header"), 68
+    /// for one cut short ("Unfinished stream") and 66 for damage
+    /// ("Decompression error"); 1 otherwise (measured with Debian 12's
+    /// tools).
+    pub(crate) fn error_status(self, error: &anyhow::Error) -> u8 {
+        let Some(e) = error.downcast_ref::<cairn_filepack::Error>() else {
+            return 1;
+        };
+        match self {
+            Tool::Bzip2 if e.is_data_error() => 2,
+            Tool::Lz4 if e.is_unknown_format() => 44,
+            Tool::Lz4 => match e.codec() {
+                Some(cairn_codec::CodecError::Truncated { .. }) => 68,
+                Some(_) if e.is_data_error() => 66,
+                _ => 1,
+            },
+            _ => 1,
+        }
+    }
+
     /// The exit status for an input left alone where gzip only warns
-    /// (`error`: why, when one input was): gzip's and xz's warnings are 2,
-    /// but an output in the way is an error (1) for xz; zstd, bzip2 and
-    /// lz4 have no warning status (measured with Debian 12's tools).
+    /// (`error`: why, when one input was; `None`: a warning about data
+    /// decoded, as trailing garbage): gzip's and xz's warnings are 2, but
+    /// an output in the way is an error (1) for xz; bzip2's trailing
+    /// garbage is 0; zstd, bzip2 and lz4 have no warning status otherwise
+    /// (measured with Debian 12's tools).
     pub(crate) fn warning_status(self, error: Option<&cairn_filepack::Error>) -> u8 {
         use cairn_filepack::Error;
         // (One input's error, inside the input's name.)
@@ -1239,6 +1429,8 @@ impl Tool {
         };
         match self {
             Tool::Gzip => 2,
+            // bzip2 warns of trailing garbage and exits 0.
+            Tool::Bzip2 if error.is_none() => 0,
             Tool::Xz if matches!(error, Some(Error::Exists { .. })) => 1,
             Tool::Xz => 2,
             Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => 1,
@@ -1351,7 +1543,7 @@ fn main() -> ExitCode {
         }
         (Err(e), _) => {
             errln!("{}: {}", prog(), one_line(e.as_ref()));
-            ExitCode::FAILURE
+            ExitCode::from(Tool::invoked().error_status(&e))
         }
         (Ok(()), Some(e)) => {
             errln!("{}: cannot write to standard output: {e}", prog());
@@ -1400,6 +1592,12 @@ fn init_logging(verbosity: u8) {
 /// line, like every other error of cairn, with exit code 2.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayVersion {
+        if let Some(line) = link_version() {
+            outln!("{line}");
+            return ExitCode::SUCCESS;
+        }
+    }
     if matches!(
         e.kind(),
         ErrorKind::DisplayHelp
@@ -1424,6 +1622,20 @@ fn usage_error(e: clap::Error) -> ExitCode {
     let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
     errln!("{0}: {msg} (see {0} --help)", prog());
     ExitCode::from(if invoked_as_link() { 1 } else { 2 })
+}
+
+/// `--version` under a tool's name: the link's name first and cairn's
+/// version after the last space, as GNU's first line (`gzip (cairn)
+/// 0.1.0`, as `xz (XZ Utils) 5.4.1`), and for zstd and lz4 in their
+/// stars (`*** zstd (cairn) v0.1.0 ***`), so that a script that reads
+/// the tool's name or version where the tool prints it still finds them.
+fn link_version() -> Option<String> {
+    let name = INVOKED_NAME.get()?;
+    let version = env!("CARGO_PKG_VERSION");
+    Some(match Tool::link()? {
+        Tool::Zstd | Tool::Lz4 => format!("*** {name} (cairn) v{version} ***"),
+        _ => format!("{name} (cairn) {version}"),
+    })
 }
 
 /// The error and its causes on one line.
@@ -1584,7 +1796,14 @@ mod tests {
                 &[],
                 &["--format=lzma", "-F", "auto"],
                 vec![],
-                &["-F", "lzma", "--xz-format=lzma", "-F", "xz"],
+                &[
+                    "-F",
+                    "lzma",
+                    "--xz-format=lzma",
+                    "-F",
+                    "xz",
+                    "--xz-format=auto",
+                ],
             ),
             (
                 &[],
@@ -1630,6 +1849,29 @@ mod tests {
             &["--x86", "--x86", "--x86", "--x86", "--lzma2"],
         ] {
             assert!(xz_args(&[], bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn zstd_options_refused_in_one_line() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        for refused in [
+            &["--adapt"][..],
+            &["--adapt=min=1", "f"],
+            &["-D", "dict", "f"],
+            &["-kD", "dict"],
+            &["-Ddict"],
+        ] {
+            assert!(refuse_zstd_options(args(refused)).is_err(), "{refused:?}");
+        }
+        for taken in [
+            &["-o", "-Dx"][..],
+            &["-oDIR"],
+            &["-T2", "f"],
+            &["--", "-D"],
+            &["-d", "--long=31"],
+        ] {
+            assert!(refuse_zstd_options(args(taken)).is_ok(), "{taken:?}");
         }
     }
 

@@ -6,7 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    Error, Hooks, Level, Operation, Options, PackOptions, Run, Summary, UnpackMode, UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Operation, Options, PackOptions, Run, Summary, UnpackMode,
+    UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -17,6 +18,8 @@ use std::path::Path;
 pub(crate) struct EngineHooks {
     /// Draw a progress bar (on stderr, and only if it is a terminal).
     pub progress: bool,
+    /// Draw it even where stderr is no terminal (`--progress`).
+    pub force_progress: bool,
     /// Say no notes (`-q`).
     pub quiet: bool,
 }
@@ -27,7 +30,12 @@ impl Hooks for EngineHooks {
         operation: Operation,
         total: Option<u64>,
     ) -> Box<dyn cairn_filepack::Progress + '_> {
-        Box::new(Progress::new(operation.as_str(), total, self.progress))
+        Box::new(Progress::with_force(
+            operation.as_str(),
+            total,
+            self.progress,
+            self.force_progress,
+        ))
     }
     fn temp_created(&self, path: &Path) {
         crate::signals::register(path);
@@ -65,11 +73,17 @@ fn options(common: &CommonArgs) -> Options {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
-        name: match (common.name, common.no_name) {
-            (true, _) => Some(true),
-            (_, true) => Some(false),
-            _ => None,
-        },
+        name: flag_pair(common.name, common.no_name),
+        time: flag_pair(common.time, common.no_time),
+    }
+}
+
+/// A flag and its negation (`--sparse`, `--no-sparse`): which was given.
+fn flag_pair(yes: bool, no: bool) -> Option<bool> {
+    match (yes, no) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
     }
 }
 
@@ -78,12 +92,22 @@ fn hooks(common: &CommonArgs) -> EngineHooks {
         // Under a tool's name, none (the tools draw none by default, and
         // a bar between the output lines a terminal shows was found to
         // erase them).
-        progress: !common.quiet && !common.json && !crate::invoked_as_link(),
+        progress: common.progress
+            || !common.quiet && !common.no_progress && !common.json && !crate::invoked_as_link(),
+        force_progress: common.progress,
         quiet: common.quiet,
     }
 }
 
 pub fn pack(args: &PackArgs) -> Result<()> {
+    if args.license {
+        outln!(
+            "cairn {}\nLicensed under the GNU General Public License, version 2 or later.\n\
+             No warranty is provided or implied.",
+            env!("CARGO_PKG_VERSION")
+        );
+        return Ok(());
+    }
     if args.decompress || args.decode.test || args.decode.list {
         return unpack_files(&args.decode, &args.common);
     }
@@ -104,10 +128,18 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         (Level::Default, Some(cairn_codec::Format::Bzip2)) if args.small => Level::Exactly(2),
         (level, _) => level,
     };
+    let level = zstd_level_as_zstd(level, args.ultra);
     let pack = PackOptions {
         format,
         level,
-        block: args.block.or(args.block_bytes),
+        // zstd raises a job size below its least (ZSTDMT_JOBSIZE_MIN) to
+        // it: so does the zstd link (`cairn pack -B` takes any size).
+        block: args.block.or(args.block_bytes.map(|b| {
+            match crate::Tool::link() == Some(crate::Tool::Zstd) {
+                true => b.max(ZSTD_JOB_SIZE_MIN),
+                false => b,
+            }
+        })),
         encode: cairn_codec::EncodeOptions {
             long: args.decode.long,
             extreme: args.extreme,
@@ -128,6 +160,24 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     emit(common, run)
 }
 
+/// The least job size zstd takes (`-B`; ZSTDMT_JOBSIZE_MIN): a smaller
+/// one is raised to it, as `zstd -B1` is `zstd -B512K`.
+const ZSTD_JOB_SIZE_MIN: usize = 512 << 10;
+
+/// Under the zstd link, a level above zstd's highest is lowered to it with
+/// zstd's warning: 19, or 22 with `--ultra` (`ZSTD_CLEVEL=100`, `zstd
+/// -20`). cairn itself refuses a level a format lacks.
+fn zstd_level_as_zstd(level: Level, ultra: bool) -> Level {
+    let highest = if ultra { 22 } else { 19 };
+    match level {
+        Level::Exactly(n) if n > highest && crate::Tool::link() == Some(crate::Tool::Zstd) => {
+            errln!("Warning : compression level higher than max, reduced to {highest} ");
+            Level::Exactly(highest)
+        }
+        level => level,
+    }
+}
+
 pub fn unpack(args: &UnpackArgs) -> Result<()> {
     unpack_files(&args.decode, &args.common)
 }
@@ -141,6 +191,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     } else {
         UnpackMode::Write
     };
+    // `zstd -l` reads the frames' headers, as zstd does.
+    if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Zstd) {
+        return list_as_zstd(&common.files);
+    }
     let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
         mode,
@@ -151,8 +205,20 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         memory,
         single_stream: decode.single_stream,
         ignore_check: decode.ignore_check,
-        no_sparse: decode.no_sparse,
-        format: decode.xz_format.as_deref().map(str::parse).transpose()?,
+        // xz's --format (and unlzma's and lzcat's .lzma) narrows the xz
+        // link's formats, xz and .lzma; any other link reads its tool's.
+        formats: match decode.xz_format {
+            Some(f) => Some(f.formats()),
+            None => crate::Tool::formats_of_link(),
+        },
+        sparse: flag_pair(decode.sparse, decode.no_sparse),
+        // gzip -tf passes what gzip -dcf would copy (not pigz -tf).
+        force_test_passes_unknown: matches!(crate::prog(), "gzip" | "gunzip" | "zcat"),
+        empty: match crate::Tool::link() {
+            Some(crate::Tool::Zstd | crate::Tool::Bzip2) => EmptyInput::Truncated,
+            Some(crate::Tool::Lz4) => EmptyInput::Nothing,
+            _ => EmptyInput::Unknown,
+        },
     };
     let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
     if mode == UnpackMode::List {
@@ -245,25 +311,80 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
     if !common.quiet {
         outln!("         compressed        uncompressed  ratio uncompressed_name");
     }
-    let line = |compressed: u64, uncompressed: u64, name: &str| {
-        let saved = if uncompressed == 0 {
+    // gzip's ratio leaves out a one-member file's header and trailer (of
+    // the last file listed, in the totals).
+    let line = |compressed: u64, uncompressed: u64, framing: u64, name: &str| {
+        let saved = uncompressed as f64 - compressed.saturating_sub(framing) as f64;
+        let ratio = if uncompressed == 0 {
             0.0
         } else {
-            100.0 * (1.0 - compressed as f64 / uncompressed as f64)
+            100.0 * saved / uncompressed as f64
         };
-        outln!("{compressed:>19} {uncompressed:>19} {saved:>5.1}% {name}");
+        outln!("{compressed:>19} {uncompressed:>19} {ratio:>5.1}% {name}");
     };
+    let mut framing = 0;
     for s in summaries {
         let input = std::path::Path::new(&s.input);
-        let name = cairn_filepack::unpacked_name(input, common.suffix.as_deref())
-            .map_or_else(|_| s.input.clone(), |p| p.display().to_string());
-        line(s.bytes_in, s.bytes_out, &name);
+        // Standard input is listed as gzip names it.
+        let name = if s.input == "(stdin)" {
+            "stdout".to_string()
+        } else {
+            cairn_filepack::unpacked_name(input, common.suffix.as_deref())
+                .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
+        };
+        framing = one_member_framing(input, s.bytes_out).unwrap_or(0);
+        line(s.bytes_in, s.bytes_out, framing, &name);
     }
     if summaries.len() > 1 {
         let compressed = summaries.iter().map(|s| s.bytes_in).sum();
         let uncompressed = summaries.iter().map(|s| s.bytes_out).sum();
-        line(compressed, uncompressed, "(totals)");
+        line(compressed, uncompressed, framing, "(totals)");
     }
+}
+
+/// The bytes of a one-member gzip file that are not deflate data: its
+/// header and 8-byte trailer, as `gzip -l` leaves them out of the ratio.
+/// `None` for a file of several members (whose last member's length
+/// field is not the whole decoded length), or that cannot be read.
+fn one_member_framing(path: &Path, decoded: u64) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut head = Vec::new();
+    Read::by_ref(&mut f)
+        .take(64 << 10)
+        .read_to_end(&mut head)
+        .ok()?;
+    let mut isize = [0u8; 4];
+    f.seek(SeekFrom::End(-4)).ok()?;
+    f.read_exact(&mut isize).ok()?;
+    if u64::from(u32::from_le_bytes(isize)) != decoded % (1 << 32) {
+        return None;
+    }
+    gzip_header_len(&head).map(|h| h as u64 + 8)
+}
+
+/// The length of the gzip header `head` starts with (RFC 1952: fixed 10
+/// bytes, then the extra field, name, comment and header CRC its flags
+/// say), if `head` holds all of it.
+fn gzip_header_len(head: &[u8]) -> Option<usize> {
+    let flags = *head.get(3)?;
+    if head.get(..3)? != [0x1f, 0x8b, 8] {
+        return None;
+    }
+    let mut at = 10;
+    if flags & 4 != 0 {
+        let xlen = u16::from_le_bytes([*head.get(at)?, *head.get(at + 1)?]);
+        at += 2 + usize::from(xlen);
+    }
+    for flag in [8, 16] {
+        if flags & flag != 0 {
+            at += head.get(at..)?.iter().position(|&b| b == 0)? + 1;
+        }
+    }
+    if flags & 2 != 0 {
+        at += 2;
+    }
+    (at <= head.len()).then_some(at)
 }
 
 /// `-l`: a line per input, as `gzip -l` and `zstd -l` print, or JSON.
@@ -319,8 +440,248 @@ fn list(common: &CommonArgs, summaries: &[Summary]) -> Result<()> {
     Ok(())
 }
 
+/// What `zstd -l` counts in a file: frames, skippable frames among them,
+/// whether a frame carries a checksum, the content sizes the headers
+/// state (`None` if a frame states none), and the file's length.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct ZstdFrames {
+    frames: u64,
+    skips: u64,
+    check: bool,
+    content: Option<u64>,
+    size: u64,
+}
+
+impl ZstdFrames {
+    fn add(&mut self, other: &ZstdFrames) {
+        self.frames += other.frames;
+        self.skips += other.skips;
+        self.check |= other.check;
+        self.content = self.content.zip(other.content).map(|(a, b)| a + b);
+        self.size += other.size;
+    }
+}
+
+/// Walk the zstd frames of `r` (`size` bytes) by their headers and block
+/// headers, as `zstd -l` does; `None` if it is not zstd frames throughout.
+fn zstd_frames(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Option<ZstdFrames> {
+    use std::io::SeekFrom;
+    let mut n = ZstdFrames {
+        content: Some(0),
+        size,
+        ..ZstdFrames::default()
+    };
+    let mut at = 0u64;
+    let read = |r: &mut _, len: usize| -> Option<Vec<u8>> {
+        let mut b = vec![0; len];
+        std::io::Read::read_exact(r, &mut b).ok()?;
+        Some(b)
+    };
+    let le = |b: &[u8]| b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x));
+    while at < size {
+        let magic = le(&read(r, 4)?);
+        if magic & !0xf == 0x184D_2A50 {
+            let len = le(&read(r, 4)?);
+            at = r.seek(SeekFrom::Current(i64::try_from(len).ok()?)).ok()?;
+            n.frames += 1;
+            n.skips += 1;
+            continue;
+        }
+        if magic != 0xFD2F_B528 {
+            return None;
+        }
+        let fhd = read(r, 1)?[0];
+        let single = fhd & 0x20 != 0;
+        let dict_len = [0, 1, 2, 4][usize::from(fhd & 3)];
+        let fcs_len = match fhd >> 6 {
+            0 => usize::from(single),
+            1 => 2,
+            2 => 4,
+            _ => 8,
+        };
+        let rest = read(r, usize::from(!single) + dict_len + fcs_len)?;
+        let fcs = &rest[rest.len() - fcs_len..];
+        n.content = match fcs_len {
+            0 => None,
+            2 => n.content.map(|c| c + le(fcs) + 256),
+            _ => n.content.map(|c| c + le(fcs)),
+        };
+        loop {
+            let head = le(&read(r, 3)?);
+            let len = match (head >> 1) & 3 {
+                0 | 2 => head >> 3,
+                1 => 1,
+                _ => return None,
+            };
+            r.seek(SeekFrom::Current(i64::try_from(len).ok()?)).ok()?;
+            if head & 1 != 0 {
+                break;
+            }
+        }
+        if fhd & 4 != 0 {
+            r.seek(SeekFrom::Current(4)).ok()?;
+            n.check = true;
+        }
+        at = r.stream_position().ok()?;
+        n.frames += 1;
+    }
+    (at == size).then_some(n)
+}
+
+/// A size as zstd prints it (UTIL_makeHumanReadableSize): the largest
+/// binary unit it reaches, 0 to 3 decimals as the value is large or small.
+fn zstd_human(size: u64) -> String {
+    let units = [" B", " KiB", " MiB", " GiB", " TiB", " PiB", " EiB"];
+    let step = (size.max(1).ilog2() / 10).min(6) as usize;
+    let value = size as f64 / (1u64 << (10 * step)) as f64;
+    let precision = if value >= 100.0 || value as u64 == size {
+        0
+    } else if value >= 10.0 {
+        1
+    } else if value > 1.0 {
+        2
+    } else {
+        3
+    };
+    format!("{value:>6.precision$}{:>4}", units[step])
+}
+
+/// One line of `zstd -l`'s table.
+fn zstd_list_line(f: &ZstdFrames, name: &str) -> String {
+    let check = if f.check { "XXH64" } else { "None" };
+    let compressed = zstd_human(f.size);
+    match f.content {
+        Some(content) => {
+            let ratio = if f.size == 0 {
+                0.0
+            } else {
+                content as f64 / f.size as f64
+            };
+            let content = format!("{:>12}", zstd_human(content));
+            format!(
+                "{:>6}  {:>5}  {compressed}  {content}  {ratio:5.3}  {check:>5}  {name}",
+                f.frames, f.skips
+            )
+        }
+        None => format!(
+            "{:>6}  {:>5}  {compressed}                       {check:>5}  {name}",
+            f.frames, f.skips
+        ),
+    }
+}
+
+/// `zstd -l` as zstd prints it: frames and skippable frames, sizes as
+/// the headers state them, ratio (uncompressed over compressed) and
+/// check, from the frame and block headers of each file (not standard
+/// input, which zstd refuses too); totals for several files.
+fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
+    if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") {
+        anyhow::bail!("--list does not support reading from standard input");
+    }
+    outln!("Frames  Skips  Compressed  Uncompressed  Ratio  Check  Filename");
+    let mut total = ZstdFrames {
+        content: Some(0),
+        ..ZstdFrames::default()
+    };
+    let mut failed = 0;
+    for path in files {
+        let walked = std::fs::File::open(path).ok().and_then(|f| {
+            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+            zstd_frames(&mut std::io::BufReader::new(f), size)
+        });
+        match walked {
+            Some(f) => {
+                outln!("{}", zstd_list_line(&f, &path.display().to_string()));
+                total.add(&f);
+            }
+            // (On stdout, as zstd prints it.)
+            None => {
+                outln!(
+                    "File {:?} not compressed by zstd ",
+                    path.display().to_string()
+                );
+                failed += 1;
+            }
+        }
+    }
+    // Totals of the files listed, once several were named.
+    if files.len() > 1 {
+        outln!("----------------------------------------------------------------- ");
+        let listed = files.len() - failed;
+        outln!("{}", zstd_list_line(&total, &format!("{listed} files")));
+    }
+    if failed > 0 {
+        return Err(crate::Warned(1).into());
+    }
+    Ok(())
+}
+
 /// The largest zstd window log that fits `memory` bytes (zstd's `-M`),
 /// within what a frame may declare (2^10 to 2^31).
 fn window_log_within(memory: u64) -> u32 {
     memory.max(1).ilog2().clamp(10, 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zstd_sizes_as_zstd_prints_them() {
+        for (size, text) in [
+            (13, "    13   B"),
+            (0, "     0   B"),
+            (26672, "  26.0 KiB"),
+            (108_894, "   106 KiB"),
+            (4_090_000, "  3.90 MiB"),
+            // (1.0 is not above 1: three decimals, as zstd's.)
+            (1024, " 1.000 KiB"),
+        ] {
+            assert_eq!(zstd_human(size), text, "{size}");
+        }
+    }
+
+    #[test]
+    fn zstd_frames_are_walked_and_garbage_refused() {
+        let data = vec![7u8; 100_000];
+        // A stream states no content size; a buffer compressed whole does.
+        let streamed = zstd::encode_all(&data[..], 3).unwrap_or_default();
+        let size = streamed.len() as u64;
+        let f = zstd_frames(&mut std::io::Cursor::new(streamed), size);
+        assert_eq!(f.map(|f| (f.frames, f.content)), Some((1, None)));
+        let mut packed = zstd::bulk::compress(&data, 3).unwrap_or_default();
+        let size = packed.len() as u64;
+        let mut c = std::io::Cursor::new(packed.clone());
+        let f = zstd_frames(&mut c, size);
+        assert_eq!(
+            f.map(|f| (f.frames, f.skips, f.content)),
+            Some((1, 0, Some(100_000)))
+        );
+        // A skippable frame after it.
+        packed.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 2, 0, 0, 0, 9, 9]);
+        let size = packed.len() as u64;
+        let f = zstd_frames(&mut std::io::Cursor::new(packed.clone()), size);
+        assert_eq!(f.map(|f| (f.frames, f.skips)), Some((2, 1)));
+        packed.push(0);
+        let size = packed.len() as u64;
+        assert!(zstd_frames(&mut std::io::Cursor::new(packed), size).is_none());
+        assert!(zstd_frames(&mut std::io::Cursor::new(b"BZh9".to_vec()), 4).is_none());
+    }
+
+    #[test]
+    fn gzip_header_lengths() {
+        let fixed = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
+        assert_eq!(gzip_header_len(&fixed), Some(10));
+        let mut named = fixed.to_vec();
+        named[3] = 8;
+        named.extend_from_slice(b"a\0");
+        assert_eq!(gzip_header_len(&named), Some(12));
+        let mut extra = fixed.to_vec();
+        extra[3] = 4 | 2;
+        extra.extend_from_slice(&[3, 0, 1, 2, 3, 0xaa, 0xbb]);
+        assert_eq!(gzip_header_len(&extra), Some(17));
+        // Cut short, or no gzip at all.
+        assert_eq!(gzip_header_len(&named[..11]), None);
+        assert_eq!(gzip_header_len(b"BZh91AY&SY"), None);
+    }
 }

@@ -764,6 +764,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
                 a.force,
                 &crate::pack::EngineHooks {
                     progress: false,
+                    force_progress: false,
                     quiet: true,
                 },
             )?;

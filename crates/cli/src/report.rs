@@ -5,6 +5,43 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::Duration;
 
+/// Standard error that is no terminal, drawn on as zstd's `--progress`
+/// draws there: the line rewritten after a carriage return.
+#[derive(Debug)]
+struct PlainStderr;
+
+impl indicatif::TermLike for PlainStderr {
+    fn width(&self) -> u16 {
+        80
+    }
+    fn move_cursor_up(&self, _n: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_down(&self, _n: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_right(&self, _n: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_left(&self, _n: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.write_str(s)
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        use std::io::Write;
+        write!(std::io::stderr(), "\r{s}")
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        std::io::stderr().flush()
+    }
+}
+
 /// A progress bar on stderr, drawn only when stderr is a terminal.
 pub struct Progress {
     bar: ProgressBar,
@@ -12,11 +49,19 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(label: &str, total: Option<u64>, enabled: bool) -> Progress {
-        let enabled = enabled && std::io::stderr().is_terminal();
-        let bar = match total {
-            Some(n) => ProgressBar::with_draw_target(Some(n), ProgressDrawTarget::stderr()),
-            None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+        Progress::with_force(label, total, enabled, false)
+    }
+
+    /// As [`Progress::new`]; `force` draws it even where stderr is no
+    /// terminal (zstd's `--progress`), a line rewritten after `\r`.
+    pub fn with_force(label: &str, total: Option<u64>, enabled: bool, force: bool) -> Progress {
+        let enabled = force || enabled && std::io::stderr().is_terminal();
+        let target = if force && !std::io::stderr().is_terminal() {
+            ProgressDrawTarget::term_like(Box::new(PlainStderr))
+        } else {
+            ProgressDrawTarget::stderr()
         };
+        let bar = ProgressBar::with_draw_target(total, target);
         if !enabled {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }

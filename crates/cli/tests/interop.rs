@@ -1529,3 +1529,446 @@ fn xz_limits_and_stream_options_as_xz_takes_them() {
 fn tool_pipe(name: &str, args: &[&str], input: &[u8]) -> Output {
     pipe(std::process::Command::new(name).args(args), input)
 }
+
+/// `tool ARGS` and cairn's link of the same name, each run in a directory
+/// of its own holding `files`, with `stdin`: (the tool's output, the link's).
+fn beside(tool: &str, args: &[&str], files: &[(&str, &[u8])], stdin: &[u8]) -> (Output, Output) {
+    let dir = tempdir();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), bin.join(tool)).unwrap();
+    let run = |exe: &Path, side: &str| {
+        let d = dir.path().join(side);
+        std::fs::create_dir(&d).unwrap();
+        for (name, bytes) in files {
+            std::fs::write(d.join(name), bytes).unwrap();
+        }
+        pipe(
+            std::process::Command::new(exe).args(args).current_dir(&d),
+            stdin,
+        )
+    };
+    (run(Path::new(tool), "peer"), run(&bin.join(tool), "link"))
+}
+
+/// As [`beside`], and the exit statuses are equal, and so are the
+/// standard outputs where the tool succeeds (what a tool writes before it
+/// fails differs from tool to tool).
+fn same_as(tool: &str, args: &[&str], files: &[(&str, &[u8])], stdin: &[u8]) -> Output {
+    let (peer, link) = beside(tool, args, files, stdin);
+    assert_eq!(
+        link.status.code(),
+        peer.status.code(),
+        "{tool} {args:?}: status; {tool} said {:?}, cairn {:?}",
+        String::from_utf8_lossy(&peer.stderr),
+        String::from_utf8_lossy(&link.stderr)
+    );
+    if peer.status.success() {
+        assert!(link.stdout == peer.stdout, "{tool} {args:?}: stdout");
+    }
+    link
+}
+
+/// bzip2's statuses: 2 for damaged, cut or foreign data, 1 for a file
+/// that cannot be opened, 0 with a warning for trailing garbage.
+#[test]
+fn bzip2_link_exits_as_bzip2() {
+    if !have("bzip2") || !have("gzip") {
+        return;
+    }
+    let data = mixed(300_000, 81);
+    let good = run_ok("bzip2", &["-c"], &data);
+    let mut damaged = good.clone();
+    damaged[good.len() / 2] ^= 0x55;
+    let trailing = [&good[..], b"garbage\n"].concat();
+    let gz = run_ok("gzip", &["-c"], &data);
+    let files: [(&str, &[u8]); 6] = [
+        ("good.bz2", &good),
+        ("dmg.bz2", &damaged),
+        ("tg.bz2", &trailing),
+        ("tr.bz2", &good[..good.len() / 2]),
+        ("not.bz2", b"not bzip2\n"),
+        ("x.gz", &gz),
+    ];
+    for args in [
+        &["-t", "dmg.bz2"][..],
+        &["-dc", "dmg.bz2"],
+        &["-t", "tr.bz2"],
+        &["-dc", "tr.bz2"],
+        &["-t", "not.bz2"],
+        &["-dc", "x.gz"],
+        &["-t", "missing.bz2"],
+        &["-t", "dmg.bz2", "missing.bz2"],
+        &["-t", "good.bz2", "not.bz2"],
+        &["-t", "tg.bz2"],
+        &["-dc", "tg.bz2"],
+        &["-dk", "tg.bz2"],
+    ] {
+        let out = same_as("bzip2", args, &files, b"");
+        if args[1] == "tg.bz2" {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("trailing garbage after EOF ignored"), "{err}");
+        }
+    }
+}
+
+/// Each link decodes the formats its tool reads (Debian's zstd: zstd,
+/// gzip, xz, .lzma and lz4; xz: xz and .lzma, as --format says; unlzma:
+/// .lzma), refuses the others, and with -dcf copies them.
+#[test]
+fn links_decode_the_formats_of_their_tools() {
+    for t in ["gzip", "pigz", "zstd", "bzip2", "lz4", "xz"] {
+        if !have(t) {
+            return;
+        }
+    }
+    let data = mixed(200_000, 82);
+    let packed = |tool: &str| run_ok(tool, &["-c"], &data);
+    let (gz, zst, bz2, lz4, xz) = (
+        packed("gzip"),
+        packed("zstd"),
+        packed("bzip2"),
+        packed("lz4"),
+        packed("xz"),
+    );
+    let lzma = run_ok("xz", &["-c", "--format=lzma"], &data);
+    let files: [(&str, &[u8]); 7] = [
+        ("x.gz", &gz),
+        ("x.zst", &zst),
+        ("x.bz2", &bz2),
+        ("x.lz4", &lz4),
+        ("x.xz", &xz),
+        ("x.lzma", &lzma),
+        ("plain", &data),
+    ];
+    let cases: [(&str, &[&str]); 44] = [
+        ("gzip", &["-t", "x.zst"]),
+        ("gzip", &["-dc", "x.zst"]),
+        ("gzip", &["-dc", "x.bz2"]),
+        ("gzip", &["-dcf", "x.zst", "plain", "x.gz"]),
+        ("gzip", &["-tf", "x.zst"]),
+        ("gzip", &["-tf", "plain"]),
+        ("gzip", &["-dc", "x.gz"]),
+        ("pigz", &["-t", "x.zst"]),
+        ("pigz", &["-tf", "x.zst"]),
+        ("pigz", &["-dcf", "x.zst"]),
+        ("bzip2", &["-t", "x.gz"]),
+        ("bzip2", &["-dc", "x.zst"]),
+        ("bzip2", &["-dcf", "x.gz"]),
+        ("bzip2", &["-tf", "x.gz"]),
+        ("lz4", &["-t", "x.gz"]),
+        ("lz4", &["-dc", "x.zst"]),
+        ("lz4", &["-dcf", "x.gz"]),
+        ("lz4", &["-tf", "x.gz"]),
+        ("zstd", &["-dc", "x.gz"]),
+        ("zstd", &["-dc", "x.lz4"]),
+        ("zstd", &["-dc", "x.xz"]),
+        ("zstd", &["-t", "x.bz2"]),
+        ("zstd", &["-tf", "x.bz2"]),
+        ("zstd", &["-dcf", "x.bz2"]),
+        ("xz", &["-t", "x.gz"]),
+        ("xz", &["-tf", "plain"]),
+        ("zstd", &["-dc", "x.lzma"]),
+        ("gzip", &["-dc", "x.lzma"]),
+        ("bzip2", &["-t", "x.lzma"]),
+        ("lz4", &["-dc", "x.lzma"]),
+        // xz reads xz and .lzma (--format=auto); --format=xz or lzma
+        // holds it to one, the last --format given wins, and -dcf copies
+        // the other; unlzma and lzcat start at --format=lzma.
+        ("xz", &["-dc", "x.lzma"]),
+        ("unxz", &["-c", "x.lzma"]),
+        ("xzcat", &["x.lzma", "x.xz"]),
+        ("xz", &["-dc", "--format=xz", "x.lzma"]),
+        ("xz", &["-dc", "--format=lzma", "x.xz"]),
+        ("xz", &["-dc", "--format=lzma", "--format=auto", "x.xz"]),
+        ("xz", &["-dc", "--format=auto", "--format=lzma", "x.xz"]),
+        ("xz", &["-dcf", "--format=lzma", "x.xz"]),
+        ("xz", &["-t", "--format=alone", "x.lzma"]),
+        ("unlzma", &["-c", "x.xz"]),
+        ("unlzma", &["-c", "--format=auto", "x.xz"]),
+        ("unlzma", &["-c", "x.lzma"]),
+        ("lzcat", &["x.xz"]),
+        ("lzcat", &["-f", "x.xz"]),
+    ];
+    for (tool, args) in cases {
+        same_as(tool, args, &files, b"");
+    }
+    // zcat, from a file and from a pipe.
+    for (args, input) in [(&[][..], &zst), (&["-f"][..], &zst), (&[][..], &gz)] {
+        let (peer, link) = beside("zcat", args, &[], input);
+        assert_eq!(link.status.code(), peer.status.code(), "zcat {args:?}");
+        assert!(link.stdout == peer.stdout, "zcat {args:?}");
+    }
+    let (peer, link) = beside("zcat", &["x.lz4"], &files, b"");
+    assert_eq!(link.status.code(), peer.status.code());
+    // An empty input: gzip -dcf copies it, zstd and bzip2 find it cut
+    // short even with -f, lz4 decodes it to nothing.
+    for (tool, args) in [
+        ("gzip", &["-dc"][..]),
+        ("gzip", &["-dcf"]),
+        ("zstd", &["-dc"]),
+        ("zstd", &["-dcf"]),
+        ("zstdcat", &[]),
+        ("bzip2", &["-dc"]),
+        ("lz4", &["-dc"]),
+    ] {
+        same_as(tool, args, &[], b"");
+    }
+    // cairn unpack itself decodes every format.
+    for packed in [&gz, &zst, &bz2, &lz4, &xz] {
+        assert!(cairn_ok(&["unpack", "-c"], packed) == data);
+    }
+}
+
+/// zstd's options through the zstd link: -B below zstd's least job size is
+/// raised to it (not 1-byte frames), a level above the highest is lowered
+/// with zstd's warning, --adapt is refused, --sparse and --no-sparse
+/// choose the holes of the output, --progress and --no-progress are taken.
+#[test]
+fn zstd_link_options_as_zstd() {
+    if !have("zstd") {
+        return;
+    }
+    let data = mixed(2_000_000, 83);
+    let (peer, link) = beside("zstd", &["-B1", "-T2", "-c", "-q"], &[], &data);
+    assert!(peer.status.success() && link.status.success());
+    assert!(run_ok("zstd", &["-dc"], &link.stdout) == data);
+    let by_min = beside("zstd", &["-B512K", "-T2", "-c", "-q"], &[], &data).1;
+    assert!(link.stdout == by_min.stdout, "-B1 is -B512K");
+    for env_level in ["100", "20"] {
+        let mut cmd = std::process::Command::new("zstd");
+        cmd.env("ZSTD_CLEVEL", env_level).args(["-c"]);
+        let peer = pipe(&mut cmd, &data[..10_000]);
+        let dir = tempdir();
+        let bin = dir.path().join("zstd");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.env("ZSTD_CLEVEL", env_level).args(["-c"]);
+        let link = pipe(&mut cmd, &data[..10_000]);
+        assert_eq!(
+            link.status.code(),
+            peer.status.code(),
+            "ZSTD_CLEVEL={env_level}"
+        );
+        let (p, l) = (
+            String::from_utf8_lossy(&peer.stderr),
+            String::from_utf8_lossy(&link.stderr),
+        );
+        assert!(
+            p.contains("reduced to 19") && l.contains("reduced to 19"),
+            "{p} / {l}"
+        );
+        assert!(run_ok("zstd", &["-dc"], &link.stdout) == data[..10_000]);
+    }
+    let (peer, link) = beside("zstd", &["--adapt", "-c"], &[], &data[..1000]);
+    assert!(peer.status.success() && link.status.code() == Some(1));
+    assert_eq!(String::from_utf8_lossy(&link.stderr).lines().count(), 1);
+    // -D DICT: refused in one line naming it, never taken and ignored.
+    let dict: [(&str, &[u8]); 1] = [("dict", b"not a trained dictionary")];
+    let (_, link) = beside("zstd", &["-D", "dict", "-c"], &dict, &data[..1000]);
+    let err = String::from_utf8_lossy(&link.stderr);
+    assert!(
+        link.status.code() == Some(1) && link.stdout.is_empty(),
+        "{err}"
+    );
+    assert!(err.lines().count() == 1 && err.contains("-D"), "{err}");
+    for args in [&["--progress", "-c"][..], &["--no-progress", "-c"]] {
+        let (peer, link) = beside("zstd", args, &[], &data[..1000]);
+        assert!(peer.status.success() && link.status.success(), "{args:?}");
+        assert!(run_ok("zstd", &["-dc"], &link.stdout) == data[..1000]);
+    }
+    // Sparse: an image of zeros with a little data unpacks with holes into
+    // a file, into standard output redirected to a file with --sparse only,
+    // and into neither with --no-sparse.
+    let mut image = vec![0u8; 8 << 20];
+    image[5 << 20..(5 << 20) + 1000].copy_from_slice(&data[..1000]);
+    let packed = run_ok("zstd", &["-c", "-q"], &image);
+    let dir = tempdir();
+    let bin = dir.path().join("zstd");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    std::fs::write(dir.path().join("i.zst"), &packed).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    for (args, to_stdout, sparse) in [
+        (&["-d", "-f", "i.zst"][..], false, true),
+        (&["-d", "-f", "--no-sparse", "i.zst"], false, false),
+        (&["-dc", "i.zst"], true, false),
+        (&["-dc", "--sparse", "i.zst"], true, true),
+    ] {
+        let out_path = dir.path().join("i");
+        let _ = std::fs::remove_file(&out_path);
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(args).current_dir(dir.path());
+        if to_stdout {
+            cmd.stdout(std::fs::File::create(&out_path).unwrap());
+        }
+        assert!(cmd.status().unwrap().success(), "{args:?}");
+        assert!(std::fs::read(&out_path).unwrap() == image, "{args:?}");
+        let used = std::fs::metadata(&out_path).unwrap().blocks() * 512;
+        assert_eq!(used < (4 << 20), sparse, "{args:?}: {used} bytes on disk");
+    }
+}
+
+/// pigz's options through the pigz link: -0 (stored blocks), -m and -M
+/// (the time without the name), -R, -L; -H and -U are refused in one line.
+#[test]
+fn pigz_link_options_as_pigz() {
+    if !have("pigz") {
+        return;
+    }
+    let data = mixed(300_000, 84);
+    let files: [(&str, &[u8]); 1] = [("f", &data)];
+    for args in [
+        &["-0", "-c", "f"][..],
+        &["-m", "-c", "f"],
+        &["-n", "-M", "-c", "f"],
+        &["-R", "-c", "f"],
+        &["-9m", "-c", "f"],
+    ] {
+        let (peer, link) = beside("pigz", args, &files, b"");
+        assert!(peer.status.success() && link.status.success(), "{args:?}");
+        assert!(run_ok("gzip", &["-dc"], &link.stdout) == data, "{args:?}");
+        // The header's flags (FNAME) and time, as pigz writes them.
+        let time_of = |o: &Output| o.stdout[4..8] == [0, 0, 0, 0];
+        assert_eq!(time_of(&link), time_of(&peer), "{args:?}: mtime");
+        assert_eq!(link.stdout[3] & 8, peer.stdout[3] & 8, "{args:?}: name");
+        if args[0] == "-0" {
+            // Stored blocks: the data plus a little framing.
+            assert!(link.stdout.len() > data.len(), "-0 stores");
+        }
+    }
+    let (peer, link) = beside("pigz", &["-L"], &[], b"");
+    assert!(peer.status.success() && link.status.success());
+    assert!(String::from_utf8_lossy(&link.stdout).contains("cairn"));
+    for opt in ["-H", "-U", "--huffman", "--rle"] {
+        let (_, link) = beside("pigz", &[opt, "-c", "f"], &files, b"");
+        let err = String::from_utf8_lossy(&link.stderr);
+        assert!(
+            link.status.code() == Some(1) && err.lines().count() == 1,
+            "{opt}: {err}"
+        );
+        assert!(err.contains(opt) && link.stdout.is_empty(), "{opt}: {err}");
+    }
+}
+
+/// `--version` through a link: the first line starts with the tool's name
+/// and ends with the version where the tool's does, and says cairn.
+#[test]
+fn link_versions_parse_as_the_tools() {
+    for (tool, tail) in [("gzip", " "), ("zstd", " v"), ("bzip2", " "), ("pigz", " ")] {
+        if !have(tool) {
+            return;
+        }
+        let (peer, link) = beside(tool, &["--version"], &[], b"");
+        assert!(link.status.success());
+        let first = |o: &Output| {
+            let text = [&o.stdout[..], &o.stderr[..]].concat();
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        };
+        let (p, l) = (first(&peer), first(&link));
+        assert!(l.contains("cairn"), "{l}");
+        let name = |s: &str| {
+            s.trim_start_matches("*** ")
+                .split([' ', ','])
+                .next()
+                .map(str::to_lowercase)
+        };
+        if tool != "zstd" {
+            assert_eq!(name(&l), name(&p), "{p} / {l}");
+        }
+        let version = l.trim_end_matches(" ***").rsplit(tail).next().unwrap();
+        assert!(version.split('.').all(|n| n.parse::<u32>().is_ok()), "{l}");
+    }
+}
+
+/// `gzip -l` through the link prints gzip's table, ratio and names (for a
+/// file of one member, as gzip and pigz write; from standard input too).
+#[test]
+fn gzip_list_as_gzip() {
+    if !have("gzip") {
+        return;
+    }
+    let data = mixed(300_000, 85);
+    let one = run_ok("gzip", &["-c"], &data);
+    let tiny = run_ok("gzip", &["-c"], b"abc");
+    let files: [(&str, &[u8]); 2] = [("a.gz", &one), ("tiny.gz", &tiny)];
+    for args in [
+        &["-l", "a.gz"][..],
+        &["-l", "a.gz", "tiny.gz"],
+        &["-lq", "tiny.gz"],
+    ] {
+        same_as("gzip", args, &files, b"");
+    }
+    same_as("gzip", &["-l"], &[], &one);
+}
+
+/// `zstd -l` through the link prints zstd's table: frames, skippable
+/// frames, sizes, ratio (uncompressed over compressed), check; totals for
+/// several files; a file of another format named on stdout, status 1.
+#[test]
+fn zstd_list_as_zstd() {
+    if !have("zstd") || !have("gzip") {
+        return;
+    }
+    let data = mixed(1_500_000, 86);
+    let by_zstd = run_ok("zstd", &["-c", "-q"], &data);
+    let streamed = run_ok(
+        "zstd",
+        &["-c", "-q", "--no-content-size", "--no-check"],
+        &data,
+    );
+    let by_cairn = cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &data);
+    let gz = run_ok("gzip", &["-c"], &data);
+    let files: [(&str, &[u8]); 4] = [
+        ("z.zst", &by_zstd),
+        ("s.zst", &streamed),
+        ("c.zst", &by_cairn),
+        ("x.gz", &gz),
+    ];
+    for args in [
+        &["-l", "z.zst"][..],
+        &["-l", "s.zst"],
+        &["-l", "c.zst"],
+        &["-l", "z.zst", "c.zst"],
+        &["-l", "z.zst", "x.gz"],
+    ] {
+        let (peer, link) = beside("zstd", args, &files, b"");
+        assert_eq!(link.status.code(), peer.status.code(), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&link.stdout),
+            String::from_utf8_lossy(&peer.stdout),
+            "{args:?}"
+        );
+    }
+}
+
+/// lz4's --sparse and --no-sparse through the lz4 link, as zstd's.
+#[test]
+fn lz4_link_sparse_as_lz4() {
+    if !have("lz4") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let packed = run_ok("lz4", &["-c", "-q"], &vec![0u8; 6 << 20]);
+    let dir = tempdir();
+    let bin = dir.path().join("lz4");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    std::fs::write(dir.path().join("z.lz4"), &packed).unwrap();
+    for (args, sparse) in [
+        (&["-d", "-f", "z.lz4", "z"][..], true),
+        (&["-d", "-f", "--no-sparse", "z.lz4", "z"], false),
+    ] {
+        let status = std::process::Command::new(&bin)
+            .args(args)
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "{args:?}");
+        let meta = std::fs::metadata(dir.path().join("z")).unwrap();
+        assert_eq!(meta.len(), 6 << 20);
+        assert_eq!(meta.blocks() * 512 < (1 << 20), sparse, "{args:?}");
+    }
+}

@@ -8,7 +8,8 @@ use crate::files::{
 };
 use crate::naming::{format_of_name, gzip_input_of, packed_name, unpacked_name};
 use crate::{
-    Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
+    EmptyInput, Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK,
+    MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
@@ -333,6 +334,7 @@ fn run_all(
         _ if total == 1 => Err(failed.remove(0).1),
         _ => Err(Error::Failed {
             warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
+            data_errors: failed.iter().any(|(_, e)| e.is_data_error()),
             failed: failed.into_iter().map(|(name, _)| name).collect(),
             total,
         }),
@@ -518,7 +520,8 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         rsyncable: pack.rsyncable,
         threads,
         force: opts.force,
-        keep_origin: opts.name != Some(false),
+        keep_name: opts.name != Some(false),
+        keep_time: opts.time.unwrap_or(opts.name != Some(false)),
     };
     tracing::debug!(%format, level, block, encode = ?pack.encode, rsyncable = pack.rsyncable,
         threads, inputs = plans.len(), "pack");
@@ -587,7 +590,10 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
             plan,
             threads,
             opts.force,
-            opts.name == Some(true),
+            Restore {
+                name: opts.name == Some(true),
+                time: opts.time.unwrap_or(opts.name == Some(true)),
+            },
             unpack,
             hooks,
         )
@@ -608,9 +614,11 @@ struct PackSettings {
     rsyncable: bool,
     threads: usize,
     force: bool,
-    /// Keep each input file's name and time in headers that hold them
-    /// (not with `-n`).
-    keep_origin: bool,
+    /// Keep each input file's name in headers that hold one (not with
+    /// `-n`).
+    keep_name: bool,
+    /// Keep its modification time there (not with `-n` or `-m`).
+    keep_time: bool,
 }
 
 /// What a pack worker hands the writer: the encoded bytes and their meta.
@@ -765,9 +773,16 @@ fn pack_one(plan: &Plan, s: &PackSettings, hooks: &dyn Hooks) -> Result<Summary>
         drop(format.encoder_with(level, block, &s.encode)?);
     }
     let mut framer = format.framer(level, &s.encode);
-    if let (true, Source::File(path), Some(meta)) = (s.keep_origin, &plan.source, &input_meta) {
-        if meta.is_file() {
-            framer.origin(&origin_of(path, meta));
+    if let (Source::File(path), Some(meta)) = (&plan.source, &input_meta) {
+        if meta.is_file() && (s.keep_name || s.keep_time) {
+            let mut origin = origin_of(path, meta);
+            if !s.keep_name {
+                origin.name.clear();
+            }
+            if !s.keep_time {
+                origin.mtime = 0;
+            }
+            framer.origin(&origin);
         }
     }
     let mut head = Vec::new();
@@ -1017,11 +1032,19 @@ fn pass_through(
     ))
 }
 
+/// What of a gzip header's name and time an unpack gives its output
+/// (gzip's `-N`; pigz's `-M` is the time alone).
+#[derive(Debug, Clone, Copy)]
+struct Restore {
+    name: bool,
+    time: bool,
+}
+
 fn unpack_one(
     plan: &Plan,
     threads: usize,
     force: bool,
-    restore_name: bool,
+    restore: Restore,
     opts: &UnpackOptions,
     hooks: &dyn Hooks,
 ) -> Result<Summary> {
@@ -1029,7 +1052,7 @@ fn unpack_one(
     let (mut reader, size) = plan.source.open()?;
     let input_meta = input_metadata(&plan.source, &reader);
     // With -N, enough for a gzip header that keeps a long name.
-    let head_len = match (&plan.source, restore_name) {
+    let head_len = match (&plan.source, restore.name || restore.time) {
         (Source::File(_), true) => 64 << 10,
         _ => 16,
     };
@@ -1041,21 +1064,61 @@ fn unpack_one(
             name: plan.source.name(),
             source,
         })?;
-    let Some(format) = Format::detect(&head) else {
+    if head.is_empty() {
+        match opts.empty {
+            // zstd and bzip2 refuse an empty input even with -dcf.
+            EmptyInput::Truncated => {
+                let format = opts.formats.as_ref().and_then(|f| f.first());
+                return Err(CodecError::Truncated {
+                    format: format.map_or("input", |f| f.name()),
+                    offset: 0,
+                }
+                .into());
+            }
+            // lz4 decodes it to nothing (but makes no file of it).
+            EmptyInput::Nothing if plan.dest == Dest::Stdout || opts.mode != UnpackMode::Write => {
+                let name = plan.source.name();
+                return Ok(Summary::unpacked(plan, name, "none", 1, (0, 0), started));
+            }
+            _ => {}
+        }
+    }
+    let found = Format::detect(&head);
+    let accepted = |f: &Format| opts.formats.as_ref().is_none_or(|a| a.contains(f));
+    let Some(format) = found.filter(accepted) else {
         // gzip -dcf and zstd -dcf copy what is in no format they know
-        // (so `zcat -f` reads logs whether or not they are compressed).
+        // (so `zcat -f` reads logs whether or not they are compressed);
+        // gzip -tf passes it (it would be copied).
         if force && plan.dest == Dest::Stdout && opts.mode == UnpackMode::Write {
             return pass_through(plan, &head, reader, hooks, started);
         }
-        return Err(CodecError::UnknownFormat.into());
+        if force && opts.mode == UnpackMode::Test && opts.force_test_passes_unknown {
+            let len = size.unwrap_or(head.len() as u64);
+            let name = plan.source.name();
+            return Ok(Summary::unpacked(
+                plan,
+                name,
+                "none",
+                1,
+                (len, len),
+                started,
+            ));
+        }
+        return Err(match &opts.formats {
+            Some(accepted) => Error::OtherFormat {
+                found,
+                accepted: accepted.clone(),
+            },
+            None => CodecError::UnknownFormat.into(),
+        });
     };
-    if opts.format.is_some_and(|f| f != format) {
-        return Err(CodecError::UnknownFormat.into());
-    }
     tracing::debug!(input = %plan.source.name(), %format, "detected");
-    let (renamed, restored_mtime) = match restore_name && format == Format::Gzip {
-        true => restored_origin(plan, &head),
-        false => (None, None),
+    let (renamed, restored_mtime) = match format {
+        Format::Gzip if restore.name || restore.time => {
+            let (name, time) = restored_origin(plan, &head);
+            (name.filter(|_| restore.name), time.filter(|_| restore.time))
+        }
+        _ => (None, None),
     };
     let renamed_plan;
     let plan = match renamed {
@@ -1096,8 +1159,14 @@ fn unpack_one(
     let mut sink = open_sink(plan, force, false, hooks)?;
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
-    // Into a new file, zeros become holes.
-    let mut holes = (sink.is_new_file() && !opts.no_sparse).then(HoleWriter::default);
+    // Into a new file, zeros become holes (zstd's --sparse, its default
+    // for files); with --sparse also into standard output redirected to
+    // a file; with --no-sparse (zstd's, lz4's, xz's) nowhere.
+    let mut holes = match opts.sparse {
+        Some(false) => None,
+        Some(true) if plan.dest == Dest::Stdout => HoleWriter::at_offset_of(sink.writer()),
+        _ => sink.is_new_file().then(HoleWriter::default),
+    };
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
@@ -1146,13 +1215,18 @@ fn unpack_one(
     // Bytes after the last gzip member that start no other: gzip says
     // "decompression OK, trailing garbage ignored" and exits 2, keeping
     // the output (errors travel in order: every member before them was
-    // written and checked). Other formats' tools refuse, and so does cairn.
+    // written and checked); bzip2 says "trailing garbage after EOF
+    // ignored" (and exits 0). Other formats' tools refuse, and so does
+    // cairn.
     let mut warnings = Vec::new();
     match result {
         Err(Error::Codec(CodecError::TrailingGarbage { offset, .. })) if format == Format::Gzip => {
             warnings.push(format!(
                 "decompression OK, trailing garbage ignored (from offset {offset})"
             ));
+        }
+        Err(Error::Codec(CodecError::TrailingGarbage { .. })) if format == Format::Bzip2 => {
+            warnings.push("trailing garbage after EOF ignored".to_string());
         }
         other => other?,
     }

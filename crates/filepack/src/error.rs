@@ -174,6 +174,15 @@ pub enum Error {
     /// The codec layer's error: damaged data, a bad parameter.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// An input in a format the tool cairn stands in for does not read
+    /// (`gzip -d x.zst`): [`UnpackOptions::formats`](crate::UnpackOptions).
+    #[error("not in {} format{}", names(accepted), found.map_or_else(String::new, |f| format!(" (it is {f}: `cairn unpack` decodes it)")))]
+    OtherFormat {
+        /// The format the input is in, if cairn knows it.
+        found: Option<Format>,
+        /// The formats that were accepted.
+        accepted: Vec<Format>,
+    },
     /// The error of one input of a run.
     #[error("{}", prefixed(input, source))]
     Input {
@@ -193,6 +202,8 @@ pub enum Error {
         total: usize,
         /// Every failure was one gzip only warns of ([`Error::is_warning`]).
         warnings_only: bool,
+        /// Some input failed on its data ([`Error::is_data_error`]).
+        data_errors: bool,
     },
 }
 
@@ -214,6 +225,53 @@ impl Error {
             | Error::OtherLinks(_) => true,
             _ => false,
         }
+    }
+}
+
+impl Error {
+    /// The input was read but its data is not what it should be: damaged,
+    /// cut short, in no format the run reads (bzip2 exits 2 on these,
+    /// where it exits 1 on a file it cannot open).
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            Error::Input { source, .. } => source.is_data_error(),
+            Error::Failed { data_errors, .. } => *data_errors,
+            Error::OtherFormat { .. } => true,
+            Error::Codec(e) => !matches!(
+                e,
+                CodecError::Io { .. } | CodecError::Compress { .. } | CodecError::Invalid(_)
+            ),
+            _ => false,
+        }
+    }
+
+    /// The codec's error this is, inside an input's name.
+    pub fn codec(&self) -> Option<&CodecError> {
+        match self {
+            Error::Input { source, .. } => source.codec(),
+            Error::Codec(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The input is in no format the run reads ([`Error::OtherFormat`],
+    /// or no known format at all).
+    pub fn is_unknown_format(&self) -> bool {
+        match self {
+            Error::Input { source, .. } => source.is_unknown_format(),
+            Error::OtherFormat { .. } | Error::Codec(CodecError::UnknownFormat) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Formats named as a list: `gzip`, `zstd or gzip`, `zstd, gzip or xz`.
+fn names(formats: &[Format]) -> String {
+    let names: Vec<String> = formats.iter().map(ToString::to_string).collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }
 

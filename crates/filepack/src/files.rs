@@ -283,12 +283,34 @@ impl HoleWriter {
         Ok(())
     }
 
-    /// Give the file its whole length (it may end in a hole).
-    pub fn finish(self, file: &File) -> std::io::Result<()> {
+    /// Give the file its whole length (it may end in a hole), and move
+    /// its offset there (`pwrite` leaves it), so that what is written to
+    /// it next comes after.
+    pub fn finish(self, file: &mut File) -> std::io::Result<()> {
+        use std::io::Seek;
         if file.metadata()?.len() < self.at {
             file.set_len(self.at)?;
         }
+        file.seek(std::io::SeekFrom::Start(self.at))?;
         Ok(())
+    }
+
+    /// A writer from `file`'s offset on, if it is a regular file not
+    /// opened to append (standard output redirected to a file, as `zstd
+    /// -d --sparse` leaves holes in it); else `None`.
+    pub fn at_offset_of(file: &mut File) -> Option<HoleWriter> {
+        use std::io::Seek;
+        use std::os::fd::AsRawFd;
+        if !file.metadata().ok()?.file_type().is_file() {
+            return None;
+        }
+        // SAFETY: F_GETFL on a descriptor the File owns reads its flags.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 || flags & libc::O_APPEND != 0 {
+            return None;
+        }
+        let at = file.stream_position().ok()?;
+        Some(HoleWriter { at })
     }
 }
 
@@ -420,14 +442,18 @@ mod tests {
         // (A block is left out when it lies within one write, as the
         // decoded units of unpack, 64 KiB to MiBs, always hold many.)
         for piece in [65_537usize, 1 << 20, bytes.len()] {
-            let f = tempfile::tempfile().unwrap();
+            let mut f = tempfile::tempfile().unwrap();
             let mut w = HoleWriter::default();
             for chunk in bytes.chunks(piece) {
                 w.write(&f, chunk).unwrap();
             }
-            w.finish(&f).unwrap();
+            w.finish(&mut f).unwrap();
             let meta = f.metadata().unwrap();
             assert_eq!(meta.len(), bytes.len() as u64, "piece {piece}");
+            // finish leaves the offset at the end, for what follows.
+            let at = std::io::Seek::stream_position(&mut f).unwrap();
+            assert_eq!(at, bytes.len() as u64, "piece {piece}: offset");
+            std::io::Seek::rewind(&mut f).unwrap();
             let mut back = Vec::new();
             std::io::Read::read_to_end(&mut &f, &mut back).unwrap();
             assert!(back == bytes, "piece {piece}: bytes differ");

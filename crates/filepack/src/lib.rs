@@ -102,6 +102,10 @@ pub struct Options {
     /// `None` is each direction's default, as gzip's: kept when packing,
     /// not restored when unpacking.
     pub name: Option<bool>,
+    /// pigz's `-M` (`Some(true)`) and `-m` (`Some(false)`): the
+    /// modification time alone, kept or not when packing, restored or not
+    /// when unpacking; `None` follows `name`.
+    pub time: Option<bool>,
 }
 
 /// The level of a pack, as asked for.
@@ -208,11 +212,35 @@ pub struct UnpackOptions {
     pub single_stream: bool,
     /// xz: verify no block's check (`xz --ignore-check`).
     pub ignore_check: bool,
-    /// Write runs of zeros into a new output file as bytes, not holes
-    /// (`xz --no-sparse`; by default they become holes).
-    pub no_sparse: bool,
-    /// Refuse an input in any other format (`xz -d --format=lzma`).
-    pub format: Option<Format>,
+    /// The formats read (`None`: every format cairn knows): an input in
+    /// another is refused as one in no known format is ([`Error::OtherFormat`]),
+    /// or copied by `-dcf`, as `gzip -d` refuses a zstd file and `xz -d
+    /// --format=lzma` (or `unlzma`) an xz file.
+    pub formats: Option<Vec<Format>>,
+    /// With `-f`, `-t` passes an input in no format read, which `-dcf`
+    /// would copy (gzip's `-tf`; zstd, bzip2 and lz4 refuse it).
+    pub force_test_passes_unknown: bool,
+    /// What an empty input is.
+    pub empty: EmptyInput,
+    /// Leave holes for the zeros of the output (zstd's and lz4's
+    /// `--sparse`): `None` in a new file only, `Some(true)` also in
+    /// standard output redirected to a regular file, `Some(false)`
+    /// nowhere (zstd's, lz4's and xz's `--no-sparse`).
+    pub sparse: Option<bool>,
+}
+
+/// What an unpack makes of an empty input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EmptyInput {
+    /// Data in no known format, as gzip reads it (refused, or copied by
+    /// `-dcf`).
+    #[default]
+    Unknown,
+    /// A stream cut short: zstd's and bzip2's "unexpected end of file",
+    /// even with `-dcf`.
+    Truncated,
+    /// Nothing to decode, to standard output or for `-t` (lz4's).
+    Nothing,
 }
 
 /// Progress of one input, for a caller that draws it. Called from the

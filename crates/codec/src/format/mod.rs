@@ -194,7 +194,7 @@ impl Format {
     /// Accepted levels, inclusive.
     pub fn level_range(self) -> (i32, i32) {
         match self {
-            Format::Gzip => (1, 12),
+            Format::Gzip => (0, 12),
             Format::Zstd => (-50, 22),
             Format::Lz4 => (crate::lz4_ffi::MIN_LEVEL, crate::lz4_ffi::MAX_LEVEL),
             Format::Snappy => (1, 1),
