@@ -347,17 +347,18 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                 break;
             }
             for &(id, slice, len) in chunks.iter().filter(|c| is_live(c.1)) {
-                let bytes = decoded.get(slice as usize..(slice + len) as usize);
-                match bytes.map(|b| decoder.check_chunk(&path, at, &id, b)) {
-                    Some(Ok(())) => loose.push((kind, id, bytes.unwrap_or_default().to_vec())),
-                    Some(Err(e)) => damage = Some(format!("{e}")),
-                    None => {
-                        damage = Some(format!(
-                            "{}: live record at offset {offset}: chunk {id} lies past the group",
-                            path.display()
-                        ))
-                    }
+                let Some(bytes) = decoded.get(slice as usize..(slice + len) as usize) else {
+                    damage = Some(format!(
+                        "{}: live record at offset {offset}: chunk {id} lies past the group",
+                        path.display()
+                    ));
+                    break;
+                };
+                if let Err(e) = decoder.check_chunk(&path, at, &id, bytes) {
+                    damage = Some(e.to_string());
+                    break;
                 }
+                loose.push((kind, id, bytes.to_vec()));
             }
             if damage.is_some() {
                 break;
