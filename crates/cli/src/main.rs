@@ -1340,8 +1340,10 @@ impl XzFormat {
 /// statuses are that tool's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tool {
-    /// cairn itself, and gzip, gunzip, zcat, pigz, unpigz.
+    /// cairn itself, and gzip, gunzip, zcat.
     Gzip,
+    /// pigz and unpigz: gzip's formats, pigz's statuses and messages.
+    Pigz,
     Zstd,
     Xz,
     Bzip2,
@@ -1355,6 +1357,7 @@ impl Tool {
             "xz" | "unxz" | "xzcat" | "lzma" | "unlzma" | "lzcat" => Tool::Xz,
             "bzip2" | "bunzip2" | "bzcat" => Tool::Bzip2,
             "lz4" | "unlz4" | "lz4cat" => Tool::Lz4,
+            "pigz" | "unpigz" => Tool::Pigz,
             _ => Tool::Gzip,
         }
     }
@@ -1378,7 +1381,7 @@ impl Tool {
     pub(crate) fn formats_of_link() -> Option<Vec<cairn_codec::Format>> {
         use cairn_codec::Format;
         Some(match Tool::link()? {
-            Tool::Gzip => vec![Format::Gzip],
+            Tool::Gzip | Tool::Pigz => vec![Format::Gzip],
             Tool::Zstd => vec![
                 Format::Zstd,
                 Format::Gzip,
@@ -1414,6 +1417,35 @@ impl Tool {
         }
     }
 
+    /// Whether `-q` hides what is said of `error`, an input's failure:
+    /// pigz -q says nothing at all; gzip and xz hide their warnings (an
+    /// input left alone: [`cairn_filepack::Error::is_warning`]) but not
+    /// an output in the way; zstd, bzip2 and lz4 say every error.
+    pub(crate) fn quiet_hides(self, error: &cairn_filepack::Error) -> bool {
+        use cairn_filepack::Error;
+        let inner = match error {
+            Error::Input { source, .. } => &**source,
+            other => other,
+        };
+        match self {
+            Tool::Pigz => true,
+            Tool::Gzip | Tool::Xz => error.is_warning() && !matches!(inner, Error::Exists { .. }),
+            Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => false,
+        }
+    }
+
+    /// Whether `-q` makes `error` no failure at all: gzip -q passes over
+    /// a name with no suffix to take off without a word and without
+    /// status 2 (as `gunzip -q *` in a directory of mixed files).
+    pub(crate) fn quiet_ignores(self, error: &cairn_filepack::Error) -> bool {
+        use cairn_filepack::Error;
+        let inner = match error {
+            Error::Input { source, .. } => &**source,
+            other => other,
+        };
+        self == Tool::Gzip && matches!(inner, Error::UnknownSuffix)
+    }
+
     /// The exit status for an input left alone where gzip only warns
     /// (`error`: why, when one input was; `None`: a warning about data
     /// decoded, as trailing garbage): gzip's and xz's warnings are 2, but
@@ -1429,8 +1461,10 @@ impl Tool {
         };
         match self {
             Tool::Gzip => 2,
-            // bzip2 warns of trailing garbage and exits 0.
-            Tool::Bzip2 if error.is_none() => 0,
+            // pigz skips an input with status 1 and stops quietly at
+            // trailing garbage (status 0); bzip2 warns of it and exits 0.
+            Tool::Pigz | Tool::Bzip2 if error.is_none() => 0,
+            Tool::Pigz => 1,
             Tool::Xz if matches!(error, Some(Error::Exists { .. })) => 1,
             Tool::Xz => 2,
             Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => 1,

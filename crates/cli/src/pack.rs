@@ -22,6 +22,24 @@ pub(crate) struct EngineHooks {
     pub force_progress: bool,
     /// Say no notes (`-q`).
     pub quiet: bool,
+    /// The tool cairn runs as, if a link: what its `-q` hides
+    /// ([`crate::Tool::quiet_hides`]).
+    pub tool: Option<crate::Tool>,
+    /// Inputs that failed in a way `-q` makes no failure
+    /// ([`crate::Tool::quiet_ignores`]).
+    pub ignored: std::sync::atomic::AtomicUsize,
+}
+
+impl EngineHooks {
+    /// Whether what is said of `error` is hidden by `-q`.
+    fn hides(&self, error: &Error) -> bool {
+        self.quiet && self.tool.is_some_and(|t| t.quiet_hides(error))
+    }
+
+    /// Whether `error` is no failure at all under `-q`.
+    fn ignores(&self, error: &Error) -> bool {
+        self.quiet && self.tool.is_some_and(|t| t.quiet_ignores(error))
+    }
 }
 
 impl Hooks for EngineHooks {
@@ -47,7 +65,13 @@ impl Hooks for EngineHooks {
         crate::signals::guard_mapped_input();
     }
     fn input_failed(&self, error: &Error) {
-        errln!("{}: {}", crate::prog(), crate::one_line(error));
+        if self.ignores(error) {
+            self.ignored
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if !self.hides(error) {
+            errln!("{}: {}", crate::prog(), crate::one_line(error));
+        }
     }
     fn note(&self, input: &Path, message: &str) {
         if !self.quiet {
@@ -73,6 +97,7 @@ fn options(common: &CommonArgs) -> Options {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
+        allow_linked: crate::Tool::invoked() == crate::Tool::Pigz,
         name: flag_pair(common.name, common.no_name),
         time: flag_pair(common.time, common.no_time),
     }
@@ -96,6 +121,8 @@ fn hooks(common: &CommonArgs) -> EngineHooks {
             || !common.quiet && !common.no_progress && !common.json && !crate::invoked_as_link(),
         force_progress: common.progress,
         quiet: common.quiet,
+        tool: crate::Tool::link(),
+        ignored: Default::default(),
     }
 }
 
@@ -156,8 +183,9 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         memlimit: args.memlimit_compress.map(|m| m as u64),
     };
     let common = &args.common;
-    let run = cairn_filepack::pack(&options(common), &pack, &hooks(common))?;
-    emit(common, run)
+    let hooks = hooks(common);
+    let run = cairn_filepack::pack(&options(common), &pack, &hooks)?;
+    emit(common, &hooks, run)
 }
 
 /// The least job size zstd takes (`-B`; ZSTDMT_JOBSIZE_MIN): a smaller
@@ -220,7 +248,8 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
             _ => EmptyInput::Unknown,
         },
     };
-    let run = cairn_filepack::unpack(&options(common), &unpack, &hooks(common))?;
+    let hooks = hooks(common);
+    let run = cairn_filepack::unpack(&options(common), &unpack, &hooks)?;
     if mode == UnpackMode::List {
         if decode.list_as_gzip && !common.json {
             list_as_gzip(common, &run.summaries);
@@ -229,7 +258,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         }
         return Ok(run.outcome?);
     }
-    emit(common, run)
+    emit(common, &hooks, run)
 }
 
 /// One summary as a JSON object, several as an array.
@@ -241,7 +270,7 @@ fn to_json<T: Serialize>(items: &[T]) -> Result<String> {
 }
 
 /// Print the summaries `--json` and `-v` ask for, then the run's outcome.
-fn emit(common: &CommonArgs, run: Run) -> Result<()> {
+fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
     if common.json {
         let text = to_json(&run.summaries)?;
         if run.data_on_stdout {
@@ -257,20 +286,30 @@ fn emit(common: &CommonArgs, run: Run) -> Result<()> {
     }
     // An input left alone (no known suffix, an output in the way...) is
     // said as an error is, with gzip's exit status 2 when that is all.
+    let tool = crate::Tool::invoked();
     match run.outcome {
+        // Every failure was one -q makes none (gzip -q of names with no
+        // suffix).
+        Err(Error::Failed { failed, .. })
+            if failed.len() == hooks.ignored.load(std::sync::atomic::Ordering::Relaxed) => {}
+        Err(e) if hooks.ignores(&e) => {}
         Err(e) if e.is_warning() => {
-            errln!("{}: {}", crate::prog(), crate::one_line(&e));
-            let status = crate::Tool::invoked().warning_status(Some(&e));
-            return warned(common, status);
+            if !hooks.hides(&e) {
+                errln!("{}: {}", crate::prog(), crate::one_line(&e));
+            }
+            return warned(common, tool.warning_status(Some(&e)));
         }
+        // pigz -q says nothing, not even of an error.
+        Err(e) if hooks.hides(&e) => return Err(crate::Warned(tool.error_status(&e.into())).into()),
         outcome => outcome?,
     }
-    // gzip's warnings: said unless -q, and the exit status is 2.
+    // gzip's warnings: said unless -q, and the exit status is 2 (pigz
+    // stops at trailing garbage without a word, status 0).
     let mut warned = false;
     for s in &run.summaries {
         for w in &s.warnings {
             warned = true;
-            if !common.quiet {
+            if !common.quiet && tool != crate::Tool::Pigz {
                 errln!("{}: {}: {w}", crate::prog(), s.input);
             }
         }

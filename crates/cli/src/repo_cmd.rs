@@ -759,15 +759,14 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             }
             r
         } else {
-            let pending = PendingFile::create(
-                &a.dest,
-                a.force,
-                &crate::pack::EngineHooks {
-                    progress: false,
-                    force_progress: false,
-                    quiet: true,
-                },
-            )?;
+            let hooks = crate::pack::EngineHooks {
+                progress: false,
+                force_progress: false,
+                quiet: true,
+                tool: None,
+                ignored: Default::default(),
+            };
+            let pending = PendingFile::create(&a.dest, a.force, &hooks)?;
             pending
                 .file()
                 .set_len(manifest.size)

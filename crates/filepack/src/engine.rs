@@ -210,7 +210,7 @@ pub(crate) fn plan(
                         Err(Error::OutputIsInput(out.clone()))
                     }
                     (Source::File(src), Dest::File(_), remove) if !opts.force => {
-                        links_allow(src, remove).map(|()| (dest, remove))
+                        links_allow(src, remove && !opts.allow_linked).map(|()| (dest, remove))
                     }
                     (_, _, remove) => Ok((dest, remove)),
                 },
@@ -228,9 +228,10 @@ pub(crate) fn plan(
 }
 
 /// As gzip and pigz, without `-f` an input that is a symbolic link is not
-/// packed or unpacked into a file (`-c` reads through it), one with
-/// other hard links is not removed once done (`-k` keeps it): the other
-/// names would still show the old bytes, and one with a set-ID or sticky
+/// packed or unpacked into a file (`-c` reads through it); as gzip (not
+/// pigz: [`Options::allow_linked`]), one with other hard links is not
+/// removed once done (`-k` keeps it): the other names would still show
+/// the old bytes; and one with a set-ID or sticky
 /// bit is not written to a file that would carry it. (An input that cannot be
 /// examined fails when it is opened.)
 fn links_allow(src: &Path, remove: bool) -> Result<()> {

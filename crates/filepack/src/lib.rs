@@ -94,6 +94,11 @@ pub struct Options {
     /// NAME.out, said through [`Hooks::note`], as bzip2 does (gzip, xz
     /// and zstd leave it alone). Not with `-r`.
     pub unknown_suffix_out: bool,
+    /// An input with other hard links is packed or unpacked, and its name
+    /// removed after, as pigz does: the other names keep the old bytes.
+    /// Without it (gzip, xz, bzip2) such an input is left alone unless
+    /// `force` or `keep`.
+    pub allow_linked: bool,
     /// gzip's `-N` (`Some(true)`) and `-n` (`Some(false)`). Packing, the
     /// input file's base name and modification time go into the header
     /// of formats that keep them (gzip, lzop) unless `-n`; unpacking a
