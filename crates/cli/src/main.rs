@@ -39,7 +39,7 @@ enum Command {
     /// -9c), --fast, --best or --level N; -d decompresses (so
     /// `tar -I 'cairn pack -F zstd'` creates and extracts), -t tests, -l lists.
     #[command(version)]
-    Pack(PackArgs),
+    Pack(Box<PackArgs>),
     /// Decompress files or stdin in parallel; the format is detected by magic.
     ///
     /// -t tests (decodes, writes nothing), -l lists sizes and ratios.
@@ -185,11 +185,22 @@ pub(crate) struct CommonArgs {
     /// Overwrite existing output files; write compressed data to a terminal.
     #[arg(short = 'f', long = "force")]
     pub force: bool,
-    /// Write to standard output, keep input files.
-    #[arg(short = 'c', long = "stdout", visible_alias = "to-stdout")]
+    /// Write to standard output, keep input files (-c and -o: the last
+    /// given wins, as in zstd).
+    #[arg(
+        short = 'c',
+        long = "stdout",
+        visible_alias = "to-stdout",
+        overrides_with = "output"
+    )]
     pub stdout: bool,
     /// Write to this file (one input only).
-    #[arg(short = 'o', long = "output", value_name = "OUT")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "OUT",
+        overrides_with = "stdout"
+    )]
     pub output: Option<std::path::PathBuf>,
     /// Print a one-line summary per file (size, ratio, speed) on stderr;
     /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
@@ -239,6 +250,28 @@ pub(crate) struct CommonArgs {
     /// One thread (zstd's --single-thread): as -T1.
     #[arg(long = "single-thread", conflicts_with = "threads")]
     pub single_thread: bool,
+    /// Outputs named from their inputs go into DIR, by their base names
+    /// (zstd's --output-dir-flat; DIR is made if missing).
+    #[arg(
+        long = "output-dir-flat",
+        value_name = "DIR",
+        conflicts_with = "output_dir_mirror"
+    )]
+    pub output_dir_flat: Option<std::path::PathBuf>,
+    /// Outputs named from their inputs go into DIR under the inputs' own
+    /// paths, directories made as needed (zstd's --output-dir-mirror;
+    /// `a/x` packs into `DIR/a/x.zst`; a path with '..' is refused).
+    #[arg(long = "output-dir-mirror", value_name = "DIR")]
+    pub output_dir_mirror: Option<std::path::PathBuf>,
+    /// Packing, pass over inputs whose names say they are compressed
+    /// already (.zst, .tzst, .gz, .tgz, .lzma, .xz, .txz, .lz4, .tlz4), as
+    /// zstd's --exclude-compressed.
+    #[arg(long = "exclude-compressed")]
+    pub exclude_compressed: bool,
+    /// Also process the files named in FILE, one per line (zstd's
+    /// --filelist; may be given more than once).
+    #[arg(long = "filelist", value_name = "FILE")]
+    pub filelist: Vec<std::path::PathBuf>,
     /// Files to process; none or "-" means standard input.
     #[arg(value_name = "FILES")]
     pub files: Vec<std::path::PathBuf>,
@@ -572,6 +605,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     if Tool::of(name) == Tool::Zstd {
         rest = or_exit(refuse_zstd_options(rest));
+        rest = or_exit(zstd_hints_dropped(rest));
     }
     let mut from_env = or_exit(tool_variables(name));
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
@@ -652,6 +686,46 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         out.extend(longs.into_iter().map(OsString::from));
         Ok(())
     })
+}
+
+/// zstd's options that tune how it runs, not what it writes, dropped
+/// once checked: `--size-hint=N` and `--stream-size=N` (hints of the
+/// input's size: cairn cuts blocks by -B whatever the size),
+/// `--auto-threads=physical|logical` (-T0 is every core the process may
+/// use), `--priority=rt`, `--asyncio`/`--no-asyncio`, and `--no-dictID`
+/// (cairn writes no dictionary ID, having no dictionary).
+fn zstd_hints_dropped(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    rewrite_words(args, |s, _, out| {
+        let (name, value) = s.split_once('=').unwrap_or((s, ""));
+        let good = match name {
+            "--size-hint" | "--stream-size" => zstd_number(value).is_some(),
+            "--auto-threads" => matches!(value, "physical" | "logical"),
+            "--priority" => value == "rt",
+            "--asyncio" | "--no-asyncio" | "--no-dictID" => s == name,
+            _ => {
+                out.push(s.into());
+                return Ok(());
+            }
+        };
+        match good {
+            true => Ok(()),
+            false => Err(format!("{s}: not a value {name} takes")),
+        }
+    })
+}
+
+/// A number as zstd's options take it: digits, then K, KB, KiB, M, MB or
+/// MiB (powers of 1024).
+fn zstd_number(s: &str) -> Option<u64> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..digits].parse().ok()?;
+    let shift = match &s[digits..] {
+        "" => 0,
+        "K" | "KB" | "KiB" => 10,
+        "M" | "MB" | "MiB" => 20,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
 }
 
 /// A tool's arguments rewritten word by word, as the links' option
@@ -1907,6 +1981,37 @@ mod tests {
         ] {
             assert!(refuse_zstd_options(args(taken)).is_ok(), "{taken:?}");
         }
+    }
+
+    #[test]
+    fn zstd_hints_are_checked_and_dropped() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let dropped = zstd_hints_dropped(args(&[
+            "--size-hint=10MiB",
+            "-3",
+            "--stream-size=123",
+            "--auto-threads=logical",
+            "--priority=rt",
+            "--asyncio",
+            "--no-asyncio",
+            "--no-dictID",
+            "f",
+            "--",
+            "--asyncio",
+        ]));
+        assert_eq!(dropped, Ok(args(&["-3", "f", "--", "--asyncio"])));
+        for bad in [
+            &["--size-hint=10XB"][..],
+            &["--stream-size="],
+            &["--auto-threads=all"],
+            &["--priority=low"],
+            &["--asyncio=1"],
+        ] {
+            assert!(zstd_hints_dropped(args(bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(zstd_number("4K"), Some(4096));
+        assert_eq!(zstd_number("2MB"), Some(2 << 20));
+        assert_eq!(zstd_number("99999999999999999999"), None);
     }
 
     fn lz4_args(args: &[&str]) -> Vec<String> {

@@ -6,8 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    EmptyInput, Error, Hooks, Level, Operation, Options, PackOptions, Run, Summary, UnpackMode,
-    UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Operation, Options, OutputDir, PackOptions, Run, Summary,
+    UnpackMode, UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -80,9 +80,13 @@ impl Hooks for EngineHooks {
     }
 }
 
-fn options(common: &CommonArgs) -> Options {
-    Options {
-        files: common.files.clone(),
+fn options(common: &CommonArgs) -> Result<Options> {
+    let mut files = common.files.clone();
+    for list in &common.filelist {
+        files.extend(names_in(list)?);
+    }
+    Ok(Options {
+        files,
         output: common.output.clone(),
         stdout: common.stdout,
         keep: common.keep,
@@ -98,9 +102,32 @@ fn options(common: &CommonArgs) -> Options {
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
         allow_linked: crate::Tool::invoked() == crate::Tool::Pigz,
+        output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
+            (Some(dir), _) => Some(OutputDir::Flat(dir.clone())),
+            (None, Some(dir)) => Some(OutputDir::Mirror(dir.clone())),
+            (None, None) => None,
+        },
+        exclude_compressed: common.exclude_compressed,
+        // zstd packs x.zst into x.zst.zst; gzip leaves it alone.
+        pack_suffixed: crate::Tool::link() == Some(crate::Tool::Zstd),
         name: flag_pair(common.name, common.no_name),
         time: flag_pair(common.time, common.no_time),
-    }
+    })
+}
+
+/// The file names in `list`, one per line, as zstd's --filelist reads
+/// them: a line is a name as it is (bytes, spaces kept), an empty line
+/// none.
+fn names_in(list: &Path) -> Result<Vec<std::path::PathBuf>> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes =
+        std::fs::read(list).map_err(|e| anyhow::anyhow!("--filelist {}: {e}", list.display()))?;
+    Ok(bytes
+        .split(|&b| b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| !line.is_empty())
+        .map(|line| std::ffi::OsStr::from_bytes(line).into())
+        .collect())
 }
 
 /// A flag and its negation (`--sparse`, `--no-sparse`): which was given.
@@ -184,7 +211,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     };
     let common = &args.common;
     let hooks = hooks(common);
-    let run = cairn_filepack::pack(&options(common), &pack, &hooks)?;
+    let run = cairn_filepack::pack(&options(common)?, &pack, &hooks)?;
     emit(common, &hooks, run)
 }
 
@@ -249,7 +276,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         },
     };
     let hooks = hooks(common);
-    let run = cairn_filepack::unpack(&options(common), &unpack, &hooks)?;
+    let run = cairn_filepack::unpack(&options(common)?, &unpack, &hooks)?;
     if mode == UnpackMode::List {
         if decode.list_as_gzip && !common.json {
             list_as_gzip(common, &run.summaries);

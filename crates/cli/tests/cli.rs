@@ -2060,6 +2060,120 @@ fn links_under_q_say_and_exit_as_their_tools() {
     }
 }
 
+/// Outside QA (2026-11-29): the zstd link refused `--output-dir-flat`,
+/// `--output-dir-mirror`, `--exclude-compressed`, `--filelist` and the
+/// hints scripts pass (`--size-hint`, `--stream-size`, `--auto-threads`,
+/// `--priority=rt`, `--asyncio`, `--no-dictID`), and left `x.zst` alone
+/// where zstd packs it into `x.zst.zst`. Each run goes with the real zstd
+/// and the link in twin trees: the same files are made, and every output
+/// of the link decodes with the real zstd to its input.
+#[test]
+fn zstd_output_dirs_filelist_and_hints_as_zstd() {
+    if !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::create_dir(p("bin")).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join("zstd")).unwrap();
+    let runs: [&[&str]; 6] = [
+        &["-q", "-r", "--exclude-compressed", "a"],
+        // (zstd needs the flat directory to be there.)
+        &["-q", "-r", "--output-dir-flat", "flat", "a"],
+        &["-q", "-r", "--output-dir-mirror", "mirror", "a"],
+        &["-q", "--filelist", "list", "--output-dir-flat", "listed"],
+        &["-q", "a/d.zst"],
+        &[
+            "-q",
+            "--size-hint=1K",
+            "--stream-size=4",
+            "--auto-threads=logical",
+            "--priority=rt",
+            "--asyncio",
+            "--no-dictID",
+            "-c",
+            "a/x",
+            "-o",
+            "hinted.zst",
+        ],
+    ];
+    let tree = |side: &str| {
+        let d = p(side);
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        for (name, bytes) in [
+            ("a/x", &b"one\n"[..]),
+            ("a/b/y", b"two\n"),
+            ("a/c.gz", b"not really gzip"),
+            ("a/d.zst", b"not really zstd"),
+            ("a/e.tgz", b"three"),
+            ("list", b"a/x\na/b/y\n"),
+        ] {
+            std::fs::write(d.join(name), bytes).unwrap();
+        }
+        for made in ["flat", "listed"] {
+            std::fs::create_dir(d.join(made)).unwrap();
+        }
+        d
+    };
+    let (theirs, ours) = (tree("peer"), tree("link"));
+    for args in runs {
+        for (exe, d) in [
+            (PathBuf::from("zstd"), &theirs),
+            (p("bin").join("zstd"), &ours),
+        ] {
+            let out = std::process::Command::new(&exe)
+                .args(args)
+                .current_dir(d)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{exe:?} {args:?}: {out:?}");
+        }
+    }
+    let files = |d: &Path| {
+        let mut names = Vec::new();
+        let mut dirs = vec![d.to_path_buf()];
+        while let Some(at) = dirs.pop() {
+            for e in std::fs::read_dir(&at).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    names.push(path.strip_prefix(d).unwrap().to_path_buf());
+                }
+            }
+        }
+        names.sort();
+        names
+    };
+    let made = files(&ours);
+    assert_eq!(made, files(&theirs), "the files made");
+    // Every output decodes with the real zstd to the bytes of the input
+    // its name says (`flat/y.zst` is `a/b/y`).
+    for name in made
+        .iter()
+        .filter(|n| n.extension().is_some_and(|e| e == "zst"))
+    {
+        let input_name = name.with_extension("");
+        let Some(input) = files(&ours)
+            .into_iter()
+            .find(|n| n.starts_with("a") && n.file_name() == input_name.file_name())
+        else {
+            continue;
+        };
+        let decoded = ok(std::process::Command::new("zstd")
+            .args(["-d", "-c", "-q"])
+            .arg(ours.join(name))
+            .output()
+            .unwrap())
+        .stdout;
+        assert_eq!(
+            decoded,
+            std::fs::read(ours.join(&input)).unwrap(),
+            "{name:?}"
+        );
+    }
+}
+
 /// `cairn pack -c` killed while it writes to a pipe leaves the members or
 /// frames it wrote, and a prefix of gzip members or zstd frames is a valid
 /// file: gzip and zstd take it whole. cairn refuses it, from the end

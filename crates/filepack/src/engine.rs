@@ -8,8 +8,8 @@ use crate::files::{
 };
 use crate::naming::{format_of_name, gzip_input_of, packed_name, unpacked_name};
 use crate::{
-    EmptyInput, Error, Hooks, Options, PackOptions, Result, UnpackMode, UnpackOptions, MAX_BLOCK,
-    MAX_THREADS,
+    EmptyInput, Error, Hooks, Options, OutputDir, PackOptions, Result, UnpackMode, UnpackOptions,
+    MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
@@ -186,7 +186,9 @@ pub(crate) fn plan(
                         path: p.clone(),
                         source,
                     }),
-                    Ok(_) => name_output(p).map(|out| (Dest::File(out), !opts.keep)),
+                    Ok(_) => name_output(p)
+                        .and_then(|out| placed(opts.output_dir.as_ref(), out))
+                        .map(|out| (Dest::File(out), !opts.keep)),
                 },
             };
             // A device, a FIFO or a socket is read as a stream, and never
@@ -225,6 +227,40 @@ pub(crate) fn plan(
             (name, plan)
         })
         .collect())
+}
+
+/// Where an output named from its input (`out`, beside it) goes under
+/// `--output-dir-flat` or `--output-dir-mirror`: the directories it goes
+/// into are made here.
+fn placed(dir: Option<&OutputDir>, out: PathBuf) -> Result<PathBuf> {
+    use std::path::Component;
+    let (dir, under) = match dir {
+        None => return Ok(out),
+        Some(OutputDir::Flat(dir)) => match out.file_name() {
+            Some(name) => (dir, PathBuf::from(name)),
+            None => return Err(Error::NotAFileName { path: out }),
+        },
+        Some(OutputDir::Mirror(dir)) => {
+            let mut under = PathBuf::new();
+            for c in out.components() {
+                match c {
+                    Component::Normal(part) => under.push(part),
+                    Component::ParentDir => return Err(Error::OutsideMirror { path: out }),
+                    Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+                }
+            }
+            (dir, under)
+        }
+    };
+    let placed = dir.join(under);
+    if let Some(parent) = placed.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| Error::CreateOutput {
+            action: "make the directory",
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    Ok(placed)
 }
 
 /// As gzip and pigz, without `-f` an input that is a symbolic link is not
@@ -507,7 +543,21 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         }
     }
     let suffix = opts.suffix.as_deref();
-    let plans = plan(opts, false, |p| packed_name(p, format, suffix, opts.force))?;
+    let mut plans = plan(opts, false, |p| {
+        packed_name(p, format, suffix, opts.force || opts.pack_suffixed)
+    })?;
+    if opts.exclude_compressed {
+        plans.retain(|(name, plan)| match plan {
+            Ok(Plan {
+                source: Source::File(p),
+                ..
+            }) if compressed_name(p) => {
+                tracing::debug!(input = %name, "passed over: compressed already (--exclude-compressed)");
+                false
+            }
+            _ => true,
+        });
+    }
     let data_on_stdout = any_planned(&plans, |p| p.dest == Dest::Stdout);
     if data_on_stdout {
         // Once for the run, not once per input.
@@ -532,6 +582,18 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         data_on_stdout,
         outcome,
     })
+}
+
+/// Whether a name says its file is compressed already, as zstd's
+/// `--exclude-compressed` reads names: a suffix of zstd, gzip, xz, lzma
+/// or lz4, or one of their tar forms.
+fn compressed_name(path: &Path) -> bool {
+    const SUFFIXES: [&str; 9] = [
+        ".zst", ".tzst", ".gz", ".tgz", ".lzma", ".xz", ".txz", ".lz4", ".tlz4",
+    ];
+    use std::os::unix::ffi::OsStrExt;
+    let name = path.as_os_str().as_bytes();
+    SUFFIXES.iter().any(|s| name.ends_with(s.as_bytes()))
 }
 
 /// Unpack, test or list every input of `opts` (see [`Options`] for the
@@ -1590,6 +1652,32 @@ mod tests {
             ..opts(&[Path::new("-")])
         };
         assert_eq!(planned(&stdin_out, false), [(file("y.gz"), false)]);
+    }
+
+    #[test]
+    fn outputs_are_placed_flat_or_mirrored_and_never_above_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let flat = OutputDir::Flat(d.join("flat"));
+        let mirror = OutputDir::Mirror(d.join("mirror"));
+        assert_eq!(
+            placed(Some(&flat), PathBuf::from("a/b/x.zst")).unwrap(),
+            d.join("flat/x.zst")
+        );
+        assert_eq!(
+            placed(Some(&mirror), PathBuf::from("/a/./b/x.zst")).unwrap(),
+            d.join("mirror/a/b/x.zst")
+        );
+        assert!(d.join("mirror/a/b").is_dir() && d.join("flat").is_dir());
+        assert!(matches!(
+            placed(Some(&mirror), PathBuf::from("a/../../x.zst")),
+            Err(Error::OutsideMirror { .. })
+        ));
+        assert_eq!(
+            placed(None, PathBuf::from("x.zst")).unwrap(),
+            PathBuf::from("x.zst")
+        );
+        assert!(compressed_name(Path::new("a.tar.gz")) && !compressed_name(Path::new("a.tar")));
     }
 
     #[test]

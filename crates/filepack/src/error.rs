@@ -63,6 +63,13 @@ pub enum Error {
         /// The output.
         path: PathBuf,
     },
+    /// `--output-dir-mirror` of a path that goes up (`../x`): its output
+    /// would be outside the directory.
+    #[error("{}: a path with '..' in it has no place under --output-dir-mirror", path.display())]
+    OutsideMirror {
+        /// The input's output name.
+        path: PathBuf,
+    },
     /// An output (its temporary file, or a special file) could not be opened.
     #[error("cannot {action} {}: {source}", path.display())]
     CreateOutput {

@@ -99,6 +99,17 @@ pub struct Options {
     /// Without it (gzip, xz, bzip2) such an input is left alone unless
     /// `force` or `keep`.
     pub allow_linked: bool,
+    /// Outputs named from their inputs go into a directory instead of
+    /// beside them (zstd's `--output-dir-flat` and `--output-dir-mirror`).
+    pub output_dir: Option<OutputDir>,
+    /// Packing, an input whose name says it is compressed already (a
+    /// suffix of zstd, gzip, xz, lzma or lz4, or their tar forms) is
+    /// passed over without a word (zstd's `--exclude-compressed`).
+    pub exclude_compressed: bool,
+    /// Packing, a name that has the suffix already is packed all the
+    /// same (`x.zst` into `x.zst.zst`), as zstd does; gzip and pigz leave
+    /// it alone without `force`.
+    pub pack_suffixed: bool,
     /// gzip's `-N` (`Some(true)`) and `-n` (`Some(false)`). Packing, the
     /// input file's base name and modification time go into the header
     /// of formats that keep them (gzip, lzop) unless `-n`; unpacking a
@@ -111,6 +122,19 @@ pub struct Options {
     /// modification time alone, kept or not when packing, restored or not
     /// when unpacking; `None` follows `name`.
     pub time: Option<bool>,
+}
+
+/// Where outputs named from their inputs go ([`Options::output_dir`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutputDir {
+    /// Into this directory, by their base names (zstd's
+    /// `--output-dir-flat`).
+    Flat(PathBuf),
+    /// Into this directory, under the input's own path (zstd's
+    /// `--output-dir-mirror`: `a/b/x` packs into `DIR/a/b/x.zst`, `/a/x`
+    /// into `DIR/a/x.zst`); the directories are made as needed. A path
+    /// with `..` in it would leave the directory: refused.
+    Mirror(PathBuf),
 }
 
 /// The level of a pack, as asked for.
