@@ -268,6 +268,15 @@ pub(crate) struct CommonArgs {
     /// zstd's --exclude-compressed.
     #[arg(long = "exclude-compressed")]
     pub exclude_compressed: bool,
+    /// zstd: pack with, or decode frames packed with, this dictionary
+    /// (zstd's -D; made by `zstd --train`, or any file, taken as raw
+    /// content).
+    #[arg(short = 'D', long = "dict", value_name = "DICT")]
+    pub dict: Option<std::path::PathBuf>,
+    /// zstd: frames packed with -D do not name the dictionary's ID
+    /// (zstd's --no-dictID).
+    #[arg(long = "no-dictID")]
+    pub no_dict_id: bool,
     /// Also process the files named in FILE, one per line (zstd's
     /// --filelist; may be given more than once).
     #[arg(long = "filelist", value_name = "FILE")]
@@ -375,6 +384,15 @@ pub(crate) struct PackArgs {
     /// Print cairn's license and exit (pigz's -L).
     #[arg(long = "license")]
     pub license: bool,
+    /// Train a zstd dictionary on the FILES (each a sample; directories
+    /// with -r) and write it to -o, else `dictionary` (zstd's --train);
+    /// use it with -D.
+    #[arg(long = "train")]
+    pub train: bool,
+    /// The largest dictionary --train writes (zstd's --maxdict; default
+    /// 110 KiB, as zstd's).
+    #[arg(long = "maxdict", value_name = "SIZE", value_parser = parse_size, default_value = "112640")]
+    pub maxdict: usize,
     /// Decompress instead, as `cairn unpack` (levels, -F and -b are ignored).
     #[arg(
         short = 'd',
@@ -692,8 +710,7 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
 /// once checked: `--size-hint=N` and `--stream-size=N` (hints of the
 /// input's size: cairn cuts blocks by -B whatever the size),
 /// `--auto-threads=physical|logical` (-T0 is every core the process may
-/// use), `--priority=rt`, `--asyncio`/`--no-asyncio`, and `--no-dictID`
-/// (cairn writes no dictionary ID, having no dictionary).
+/// use), `--priority=rt` and `--asyncio`/`--no-asyncio`.
 fn zstd_hints_dropped(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     rewrite_words(args, |s, _, out| {
         let (name, value) = s.split_once('=').unwrap_or((s, ""));
@@ -701,7 +718,7 @@ fn zstd_hints_dropped(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             "--size-hint" | "--stream-size" => zstd_number(value).is_some(),
             "--auto-threads" => matches!(value, "physical" | "logical"),
             "--priority" => value == "rt",
-            "--asyncio" | "--no-asyncio" | "--no-dictID" => s == name,
+            "--asyncio" | "--no-asyncio" => s == name,
             _ => {
                 out.push(s.into());
                 return Ok(());
@@ -753,10 +770,9 @@ fn rewrite_words<E>(
     Ok(out)
 }
 
-/// zstd's options cairn refuses in one line rather than take and ignore:
+/// zstd's option cairn refuses in one line rather than take and ignore:
 /// `--adapt` (a level that follows the speed of the output: cairn's
-/// blocks are packed in parallel at one level) and `-D DICT` (dictionary
-/// frames: not written or read by cairn).
+/// blocks are packed in parallel at one level).
 fn refuse_zstd_options(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     // The word after -o (or a cluster ending in it) is its value.
     let mut value_next = false;
@@ -773,20 +789,6 @@ fn refuse_zstd_options(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             return Err(format!(
                 "{a}: not supported (cairn packs every block at the one level given; choose a level)"
             ));
-        }
-        // -D alone or ending a cluster of flags (`-kD dict`), or with its
-        // value (`-Ddict`).
-        // (Not a value: flags before it take none, as -o, -T, -B, -M do.)
-        let short = a.strip_prefix('-').filter(|c| !c.starts_with('-'));
-        let dict = short
-            .and_then(|c| c.split_once('D'))
-            .is_some_and(|(before, _)| before.chars().all(|f| f.is_ascii_lowercase() && f != 'o'));
-        if dict {
-            return Err(
-                "-D DICT: dictionaries are not supported by cairn (frames with or for a \
-                 dictionary are neither written nor read)"
-                    .to_string(),
-            );
         }
     }
     Ok(args)
@@ -1963,17 +1965,12 @@ mod tests {
     #[test]
     fn zstd_options_refused_in_one_line() {
         let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
-        for refused in [
-            &["--adapt"][..],
-            &["--adapt=min=1", "f"],
-            &["-D", "dict", "f"],
-            &["-kD", "dict"],
-            &["-Ddict"],
-        ] {
+        for refused in [&["--adapt"][..], &["--adapt=min=1", "f"]] {
             assert!(refuse_zstd_options(args(refused)).is_err(), "{refused:?}");
         }
         for taken in [
-            &["-o", "-Dx"][..],
+            &["-o", "--adapt"][..],
+            &["-D", "dict", "f"],
             &["-oDIR"],
             &["-T2", "f"],
             &["--", "-D"],
@@ -1994,7 +1991,6 @@ mod tests {
             "--priority=rt",
             "--asyncio",
             "--no-asyncio",
-            "--no-dictID",
             "f",
             "--",
             "--asyncio",

@@ -115,6 +115,59 @@ fn options(common: &CommonArgs) -> Result<Options> {
     })
 }
 
+/// `--train`: a zstd dictionary of at most `--maxdict` bytes trained on
+/// the files named (each file one sample, the files under a directory
+/// with -r), written to -o or `dictionary`, as `zstd --train` does it
+/// (zstd's trainer; status 14 where zstd's training fails).
+fn train(args: &PackArgs) -> Result<()> {
+    let common = &args.common;
+    let mut files = common.files.clone();
+    for list in &common.filelist {
+        files.extend(names_in(list)?);
+    }
+    let mut samples = Vec::new();
+    while let Some(path) = files.pop() {
+        let read = |e: std::io::Error| anyhow::anyhow!("--train {}: {e}", path.display());
+        if common.recursive && std::fs::metadata(&path).map_err(read)?.is_dir() {
+            for entry in std::fs::read_dir(&path).map_err(read)? {
+                files.push(entry.map_err(read)?.path());
+            }
+            continue;
+        }
+        samples.push(std::fs::read(&path).map_err(read)?);
+    }
+    let dictionary = match cairn_codec::format::zstd::Dictionary::train(&samples, args.maxdict) {
+        Ok(d) => d,
+        Err(e) => {
+            errln!("{}: {e}", crate::prog());
+            return Err(crate::Warned(14).into());
+        }
+    };
+    let dictionary = dictionary.bytes();
+    let out = common
+        .output
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("dictionary"));
+    std::fs::write(&out, dictionary).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
+    if !common.quiet {
+        errln!(
+            "Save dictionary of size {} into file {}",
+            dictionary.len(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// The zstd dictionary `-D` names, read whole.
+fn dictionary(common: &CommonArgs) -> Result<Option<cairn_codec::format::zstd::Dictionary>> {
+    let Some(path) = &common.dict else {
+        return Ok(None);
+    };
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("-D {}: {e}", path.display()))?;
+    Ok(Some(cairn_codec::format::zstd::Dictionary::new(bytes)))
+}
+
 /// The file names in `list`, one per line, as zstd's --filelist reads
 /// them: a line is a name as it is (bytes, spaces kept), an empty line
 /// none.
@@ -162,6 +215,9 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         );
         return Ok(());
     }
+    if args.train {
+        return train(args);
+    }
     if args.decompress || args.decode.test || args.decode.list {
         return unpack_files(&args.decode, &args.common);
     }
@@ -205,6 +261,8 @@ pub fn pack(args: &PackArgs) -> Result<()> {
             legacy: args.legacy,
             favor_dec_speed: args.favor_dec_speed,
             filters: args.filters,
+            zstd_dictionary: dictionary(&args.common)?,
+            zstd_no_dict_id: args.common.no_dict_id,
         },
         rsyncable: args.rsyncable,
         memlimit: args.memlimit_compress.map(|m| m as u64),
@@ -253,6 +311,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
         mode,
+        zstd_dictionary: dictionary(common)?,
         // As zstd: -M bounds the window too, --long sets it outright.
         zstd_window_log_max: decode.long.or(memory.map(window_log_within)),
         gzip_index: decode.index.clone(),

@@ -396,6 +396,10 @@ pub(crate) struct ZstdCodec {
     long: Option<u32>,
     cctx: Option<zstd::bulk::Compressor<'static>>,
     dctx: Option<zstd::bulk::Decompressor<'static>>,
+    /// Frames packed and decoded with a dictionary (`zstd -D`).
+    dictionary: Option<crate::format::zstd::Dictionary>,
+    /// Packed frames name the dictionary's ID (not with `--no-dictID`).
+    dict_id: bool,
 }
 
 impl ZstdCodec {
@@ -407,7 +411,23 @@ impl ZstdCodec {
             long: None,
             cctx: None,
             dctx: None,
+            dictionary: None,
+            dict_id: true,
         }
+    }
+
+    /// Pack and decode frames with `dictionary`, naming its ID in the
+    /// frames packed unless `dict_id` is false (a context made before is
+    /// made again).
+    pub(crate) fn set_dictionary(
+        &mut self,
+        dictionary: Option<crate::format::zstd::Dictionary>,
+        dict_id: bool,
+    ) {
+        self.dictionary = dictionary;
+        self.dict_id = dict_id;
+        self.cctx = None;
+        self.dctx = None;
     }
 
     /// Frames for a `.zst` file: with long-distance matching over a
@@ -443,9 +463,12 @@ impl ZstdCodec {
             reason: e.to_string(),
         };
         if self.cctx.is_none() {
-            let mut c = zstd::bulk::Compressor::new(self.level).map_err(err)?;
+            let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
+            let mut c =
+                zstd::bulk::Compressor::with_dictionary(self.level, dictionary).map_err(err)?;
             c.include_checksum(self.checksum).map_err(err)?;
             c.include_contentsize(true).map_err(err)?;
+            c.include_dictid(self.dict_id).map_err(err)?;
             if let Some(window_log) = self.long {
                 use zstd::zstd_safe::CParameter;
                 c.set_parameter(CParameter::EnableLongDistanceMatching(true))
@@ -482,7 +505,8 @@ impl ZstdCodec {
     fn dctx(&mut self) -> Result<&mut zstd::bulk::Decompressor<'static>> {
         if self.dctx.is_none() {
             let err = |e: std::io::Error| CodecError::corrupt("zstd", 0, e.to_string());
-            let mut d = zstd::bulk::Decompressor::new().map_err(err)?;
+            let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
+            let mut d = zstd::bulk::Decompressor::with_dictionary(dictionary).map_err(err)?;
             if !self.checksum {
                 d.set_parameter(zstd::zstd_safe::DParameter::ForceIgnoreChecksum(true))
                     .map_err(err)?;

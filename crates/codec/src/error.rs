@@ -16,6 +16,17 @@ pub enum CodecError {
         /// What exactly is wrong.
         reason: String,
     },
+    /// A zstd frame packed with a dictionary not given (`-D`), or with
+    /// another one than given.
+    #[error("zstd: the frame at offset {offset} was packed with dictionary {id}; {given}")]
+    Dictionary {
+        /// Where the frame starts.
+        offset: u64,
+        /// The ID the frame names.
+        id: u32,
+        /// What was given instead.
+        given: &'static str,
+    },
     /// The stream ends in the middle of a header, block or trailer.
     #[error("{format}: unexpected end of input at offset {offset} (truncated file?)")]
     Truncated {

@@ -567,7 +567,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         format,
         level,
         block,
-        encode: pack.encode,
+        encode: pack.encode.clone(),
         rsyncable: pack.rsyncable,
         threads,
         force: opts.force,
@@ -1206,19 +1206,18 @@ fn unpack_one(
         None => None,
     };
     let input = Input::with_prefix_file(&head, reader);
-    let mut splitter = format.splitter_with(
-        input,
-        &DecodeOptions {
-            zstd_window_log_max: opts
-                .zstd_window_log_max
-                .unwrap_or(DecodeOptions::default().zstd_window_log_max),
-            threads,
-            gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
-            memory: opts.memory,
-            single_stream: opts.single_stream,
-            ignore_check: opts.ignore_check,
-        },
-    );
+    let decode = DecodeOptions {
+        zstd_window_log_max: opts
+            .zstd_window_log_max
+            .unwrap_or(DecodeOptions::default().zstd_window_log_max),
+        threads,
+        gzip_index: gzip_index.as_ref().map(|(_, (i, _))| i.clone()),
+        memory: opts.memory,
+        single_stream: opts.single_stream,
+        ignore_check: opts.ignore_check,
+        zstd_dictionary: opts.zstd_dictionary.clone(),
+    };
+    let mut splitter = format.splitter_with(input, &decode);
     let mut sink = open_sink(plan, force, false, hooks)?;
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
@@ -1247,7 +1246,7 @@ fn unpack_one(
             Ok(if more { Fill::Item } else { Fill::End })
         },
         || {
-            let mut dec = format.unit_decoder();
+            let mut dec = format.unit_decoder_with(&decode);
             move |unit: &mut Unit, out: &mut Vec<u8>| -> Result<()> {
                 dec.decode(unit, out)?;
                 Ok(())

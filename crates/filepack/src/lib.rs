@@ -222,6 +222,8 @@ pub struct UnpackOptions {
     /// The largest zstd window accepted, as a power of two (`--long=N`);
     /// `None` is the codec's default (zstd's own, 2^27).
     pub zstd_window_log_max: Option<u32>,
+    /// The dictionary zstd frames were packed with (`zstd -d -D DICT`).
+    pub zstd_dictionary: Option<cairn_codec::format::zstd::Dictionary>,
     /// Most bytes the decoders' buffers may take (`-M`); `None`: the
     /// codec's default share of the memory this process may use.
     pub memory: Option<u64>,

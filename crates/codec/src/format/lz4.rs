@@ -584,6 +584,8 @@ mod tests {
         legacy: true,
         favor_dec_speed: false,
         filters: None,
+        zstd_dictionary: None,
+        zstd_no_dict_id: false,
     };
 
     #[test]

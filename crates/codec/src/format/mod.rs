@@ -51,7 +51,7 @@ pub struct Origin {
 
 /// What an encoder may be asked beyond format and level (each refused by
 /// a format that lacks it, see [`Format::check_options`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EncodeOptions {
     /// zstd's long-distance matching over a window of `2^N` bytes.
     pub long: Option<u32>,
@@ -69,6 +69,11 @@ pub struct EncodeOptions {
     /// xz's custom filter chain (`xz --x86 --lzma2=dict=32MiB`): each
     /// block goes through it instead of the level's preset.
     pub filters: Option<xz_filters::FilterChain>,
+    /// zstd's dictionary (`zstd -D DICT`): every frame is packed with it.
+    pub zstd_dictionary: Option<zstd::Dictionary>,
+    /// zstd's `--no-dictID`: frames packed with a dictionary do not name
+    /// its ID (their reader must know which to use).
+    pub zstd_no_dict_id: bool,
 }
 
 /// The integrity check a stream carries (`xz --check=`, `zstd
@@ -309,6 +314,11 @@ impl Format {
                 "--favor-decSpeed is lz4's (LZ4 HC); {self} has no such option"
             )));
         }
+        if opts.zstd_dictionary.is_some() && self != Format::Zstd {
+            return Err(CodecError::Invalid(format!(
+                "-D DICT is a zstd dictionary; {self} takes none"
+            )));
+        }
         if let Some(n) = opts.long.filter(|_| self != Format::Zstd) {
             return Err(CodecError::Invalid(format!(
                 "--long={n} is zstd's long-distance matching; {self} has none"
@@ -383,11 +393,14 @@ impl Format {
         let checksum = opts.check != IntegrityCheck::None;
         Ok(match self {
             Format::Gzip => Box::new(gzip::Encoder::new(level)),
-            Format::Zstd => Box::new(zstd::Encoder::with(
-                level,
-                opts.long.map(|n| n.min(Format::window_log_for(block_size))),
-                checksum,
-            )),
+            Format::Zstd => Box::new(
+                zstd::Encoder::with(
+                    level,
+                    opts.long.map(|n| n.min(Format::window_log_for(block_size))),
+                    checksum,
+                )
+                .with_dictionary(opts.zstd_dictionary.clone(), !opts.zstd_no_dict_id),
+            ),
             Format::Lz4 => Box::new(lz4::Encoder::with(level, opts.legacy, opts.favor_dec_speed)),
             Format::Snappy => Box::new(snappy::Encoder::default()),
             Format::Lzop => Box::new(lzop::Encoder::new(level)),
@@ -457,10 +470,10 @@ impl Format {
                     .with_index(opts.gzip_index.clone())
                     .with_memory(opts.memory),
             ),
-            Format::Zstd => Box::new(zstd::Splitter::with_window_log_max(
-                input,
-                opts.zstd_window_log_max,
-            )),
+            Format::Zstd => Box::new(
+                zstd::Splitter::with_window_log_max(input, opts.zstd_window_log_max)
+                    .with_dictionary(opts.zstd_dictionary.clone()),
+            ),
             Format::Lz4 => Box::new(lz4::Splitter::new(input)),
             Format::Snappy => Box::new(snappy::Splitter::new(input)),
             Format::Lzop => Box::new(lzop::Splitter::new(input)),
@@ -481,9 +494,15 @@ impl Format {
 
     /// A worker-side unit decoder.
     pub fn unit_decoder(self) -> Box<dyn UnitDecoder> {
+        self.unit_decoder_with(&DecodeOptions::default())
+    }
+
+    /// A worker-side unit decoder, with what `opts` gives it (zstd's
+    /// dictionary).
+    pub fn unit_decoder_with(self, opts: &DecodeOptions) -> Box<dyn UnitDecoder> {
         match self {
             Format::Gzip => Box::new(gzip::Decoder::default()),
-            Format::Zstd => Box::new(zstd::Decoder::default()),
+            Format::Zstd => Box::new(zstd::Decoder::with_dictionary(opts.zstd_dictionary.clone())),
             Format::Lz4 => Box::new(lz4::Decoder),
             Format::Snappy => Box::new(snappy::Decoder::default()),
             Format::Lzop => Box::new(lzop::Decoder::default()),
@@ -733,6 +752,8 @@ pub struct DecodeOptions {
     pub single_stream: bool,
     /// xz: do not verify the blocks' checks (`xz --ignore-check`).
     pub ignore_check: bool,
+    /// zstd's dictionary (`zstd -d -D DICT`), for frames packed with it.
+    pub zstd_dictionary: Option<zstd::Dictionary>,
 }
 
 impl Default for DecodeOptions {
@@ -744,6 +765,7 @@ impl Default for DecodeOptions {
             memory: None,
             single_stream: false,
             ignore_check: false,
+            zstd_dictionary: None,
         }
     }
 }

@@ -29,6 +29,58 @@ use crate::input::{begins_like, Input};
 use zstd::stream::raw::{Decoder as RawDecoder, InBuffer, Operation, OutBuffer};
 
 const NAME: &str = "zstd";
+
+/// A zstd dictionary (`zstd -D DICT`, made by `zstd --train`): frames
+/// packed with it name its ID in their headers (unless `--no-dictID`) and
+/// are decoded with the same dictionary only. Shared by the workers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Dictionary {
+    bytes: std::sync::Arc<[u8]>,
+}
+
+impl Dictionary {
+    /// A dictionary of these bytes: zstd's own format (its magic and ID
+    /// first), or any bytes, taken as raw content to refer back to (as
+    /// zstd takes a file without the magic).
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Dictionary {
+            bytes: bytes.into(),
+        }
+    }
+
+    /// A dictionary of at most `max_size` bytes trained on `samples`
+    /// with zstd's trainer (as `zstd --train`; each sample one file).
+    pub fn train(samples: &[Vec<u8>], max_size: usize) -> Result<Self> {
+        zstd::dict::from_samples(samples, max_size)
+            .map(Dictionary::new)
+            .map_err(|e| {
+                CodecError::Invalid(format!(
+                    "zstd dictionary training on {} samples: {e}",
+                    samples.len()
+                ))
+            })
+    }
+
+    /// The dictionary's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Its ID, from its header (`None` for raw content, whose frames name
+    /// no dictionary).
+    pub fn id(&self) -> Option<u32> {
+        zstd::zstd_safe::get_dict_id_from_dict(&self.bytes).map(|id| id.get())
+    }
+}
+
+impl std::fmt::Debug for Dictionary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dictionary")
+            .field("len", &self.bytes.len())
+            .field("id", &self.id())
+            .finish()
+    }
+}
 /// Magic of a zstd frame.
 pub const FRAME_MAGIC: u32 = 0xFD2F_B528;
 const SEEK_TABLE_MAGIC: u32 = 0x184D_2A5E;
@@ -96,6 +148,13 @@ impl Encoder {
         Encoder {
             codec: ZstdCodec::for_files(level, long, checksum),
         }
+    }
+
+    /// Frames packed with `dictionary` (`zstd -D`), whose ID each frame
+    /// header names unless `dict_id` is false (`zstd --no-dictID`).
+    pub fn with_dictionary(mut self, dictionary: Option<Dictionary>, dict_id: bool) -> Self {
+        self.codec.set_dictionary(dictionary, dict_id);
+        self
     }
 }
 
@@ -195,6 +254,8 @@ struct FrameHeader {
     header_len: usize,
     content_size: Option<u64>,
     checksum: bool,
+    /// The dictionary the frame was packed with, if it names one.
+    dict_id: Option<u32>,
 }
 
 /// Where the content size field of a frame header whose descriptor byte
@@ -249,11 +310,21 @@ fn frame_header(b: &[u8], off: u64) -> Result<FrameHeader> {
     } else {
         content_size
     };
+    // The dictionary ID sits right before the content size.
+    let did_len = [0usize, 1, 2, 4][usize::from(fhd & 3)];
+    let dict_id = match did_len {
+        0 => 0,
+        n => b[p - n..p]
+            .iter()
+            .rev()
+            .fold(0u32, |id, &byte| id << 8 | u32::from(byte)),
+    };
     Ok(FrameHeader {
         window,
         header_len,
         content_size,
         checksum: fhd & 0x04 != 0,
+        dict_id: (dict_id != 0).then_some(dict_id),
     })
 }
 
@@ -346,6 +417,8 @@ fn read_seek_table(input: &Input) -> Option<Vec<(u32, u32)>> {
 
 /// Cuts a zstd stream at frame boundaries.
 pub struct Splitter {
+    /// For frames decoded as a stream (`zstd -d -D`).
+    dictionary: Option<Dictionary>,
     input: Input,
     streaming: Option<Box<RawDecoder<'static>>>,
     frames: u64,
@@ -399,6 +472,7 @@ impl Splitter {
     /// A splitter that accepts windows up to `2^window_log_max` bytes.
     pub fn with_window_log_max(input: Input, window_log_max: u32) -> Self {
         Splitter {
+            dictionary: None,
             input,
             streaming: None,
             frames: 0,
@@ -407,6 +481,13 @@ impl Splitter {
             window_log_max,
             marks: Marks::new(ZSTD_MARKS),
         }
+    }
+
+    /// Frames decoded as a stream (no content size, or too big to be a
+    /// unit) are decoded with `dictionary` (`zstd -d -D`).
+    pub fn with_dictionary(mut self, dictionary: Option<Dictionary>) -> Self {
+        self.dictionary = dictionary;
+        self
     }
 
     /// Whether frames are being cut by the seek table (for tests).
@@ -596,6 +677,9 @@ impl super::Splitter for Splitter {
             }
             self.frames += 1;
             let fh = parse_frame_header(&mut self.input)?;
+            if let Some(id) = fh.dict_id {
+                check_dictionary(id, self.dictionary.as_ref(), off)?;
+            }
             // A frame of any size whose window is over the limit is refused,
             // as zstd refuses it (found outside: a frame of stated size went
             // to the workers unchecked, so `-M 1K` let a 1.9 MiB window by).
@@ -619,7 +703,8 @@ impl super::Splitter for Splitter {
                     return Ok(true);
                 }
                 _ => {
-                    let mut dec = RawDecoder::new().map_err(|e| {
+                    let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
+                    let mut dec = RawDecoder::with_dictionary(dictionary).map_err(|e| {
                         CodecError::corrupt(NAME, off, format!("decoder setup: {e}"))
                     })?;
                     dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
@@ -637,16 +722,42 @@ impl super::Splitter for Splitter {
     }
 }
 
+/// A frame packed with dictionary `id`, at `offset`, decoded with
+/// `given`: the same, or the error that says which is missing.
+fn check_dictionary(id: u32, given: Option<&Dictionary>, offset: u64) -> Result<()> {
+    match given {
+        Some(d) if d.id() == Some(id) => Ok(()),
+        given => Err(CodecError::Dictionary {
+            offset,
+            id,
+            given: match given {
+                Some(_) => "the dictionary given (-D) is another",
+                None => "give it with -D DICT",
+            },
+        }),
+    }
+}
+
 /// Decodes whole frames on a worker.
 pub struct Decoder {
     codec: ZstdCodec,
+    /// Frames that name a dictionary are checked against it.
+    dictionary: Option<Dictionary>,
 }
 
 impl Default for Decoder {
     fn default() -> Self {
-        Decoder {
-            codec: ZstdCodec::new(3),
-        }
+        Decoder::with_dictionary(None)
+    }
+}
+
+impl Decoder {
+    /// A decoder of frames packed with `dictionary` (`zstd -d -D`); frames
+    /// packed without one decode as well.
+    pub fn with_dictionary(dictionary: Option<Dictionary>) -> Self {
+        let mut codec = ZstdCodec::new(3);
+        codec.set_dictionary(dictionary.clone(), true);
+        Decoder { codec, dictionary }
     }
 }
 
@@ -657,10 +768,23 @@ impl super::UnitDecoder for Decoder {
                 pass_plain(unit, out);
                 Ok(())
             }
-            UnitKind::Packed(_) => self
-                .codec
-                .decompress_frame(unit.bytes(), out, unit.raw_len)
-                .map_err(|e| at_offset(e, unit.offset)),
+            UnitKind::Packed(_) => {
+                // (Frames cut by a seek table were not looked at.)
+                let bytes = unit.bytes();
+                let whole_header = bytes
+                    .get(4)
+                    .is_some_and(|&fhd| bytes.len() >= header_len(fhd));
+                let named = whole_header
+                    .then(|| frame_header(bytes, 0).ok())
+                    .flatten()
+                    .and_then(|h| h.dict_id);
+                if let Some(id) = named {
+                    check_dictionary(id, self.dictionary.as_ref(), unit.offset)?;
+                }
+                self.codec
+                    .decompress_frame(bytes, out, unit.raw_len)
+                    .map_err(|e| at_offset(e, unit.offset))
+            }
         }
     }
 }
@@ -696,6 +820,68 @@ mod tests {
             by_table.push(s.by_table());
             dec.decode(&mut unit, &mut out)?;
         }
+    }
+
+    /// `bytes` cut and decoded with `dictionary`, as `zstd -d -D` would.
+    fn decode_with(bytes: &[u8], dictionary: Option<&Dictionary>) -> Result<Vec<u8>> {
+        let mut s = Splitter::new(file_input(bytes)).with_dictionary(dictionary.cloned());
+        let mut dec = Decoder::with_dictionary(dictionary.cloned());
+        let (mut out, mut unit) = (Vec::new(), Unit::default());
+        loop {
+            unit.clear();
+            if !s.next_unit(&mut unit)? {
+                return Ok(out);
+            }
+            dec.decode(&mut unit, &mut out)?;
+        }
+    }
+
+    #[test]
+    fn frames_packed_with_a_dictionary_are_read_with_it_alone() {
+        let samples: Vec<Vec<u8>> = (0..400)
+            .map(|i| {
+                format!("{{\"id\": {i}, \"name\": \"user{i}\", \"mail\": \"u{i}@example.com\"}}\n")
+            })
+            .map(String::into_bytes)
+            .collect();
+        let dict = Dictionary::new(zstd::dict::from_samples(&samples, 2048).unwrap());
+        let id = dict.id().unwrap();
+        let other = Dictionary::new(zstd::dict::from_samples(&samples[..200], 1024).unwrap());
+        assert_ne!(other.id(), Some(id));
+        let data = samples.concat();
+        // Two frames of known size, as cairn packs them, then one of no
+        // stated size (decoded as a stream), as zstd packs a pipe.
+        let mut packed = Vec::new();
+        let mut enc = Encoder::with(3, None, true).with_dictionary(Some(dict.clone()), true);
+        let (a, b) = data.split_at(data.len() / 2);
+        for part in [a, b] {
+            super::super::BlockEncoder::encode(&mut enc, part, &mut packed).unwrap();
+        }
+        let mut streamed =
+            zstd::stream::Encoder::with_dictionary(Vec::new(), 3, dict.bytes()).unwrap();
+        std::io::Write::write_all(&mut streamed, b).unwrap();
+        packed.extend(streamed.finish().unwrap());
+        let want = [a, b, b].concat();
+        assert!(decode_with(&packed, Some(&dict)).unwrap() == want);
+        // The frames name the dictionary; without it, or with another,
+        // the error says so, for either kind of frame.
+        for given in [None, Some(&other)] {
+            match decode_with(&packed, given) {
+                Err(CodecError::Dictionary {
+                    id: named,
+                    offset: 0,
+                    ..
+                }) => assert_eq!(named, id),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Packed without its ID (`--no-dictID`), a frame still decodes with
+        // the dictionary, and without it fails as damage would.
+        let mut bare = Vec::new();
+        let mut enc = Encoder::with(3, None, true).with_dictionary(Some(dict.clone()), false);
+        super::super::BlockEncoder::encode(&mut enc, &data, &mut bare).unwrap();
+        assert!(decode_with(&bare, Some(&dict)).unwrap() == data);
+        assert!(decode_with(&bare, None).is_err());
     }
 
     fn sample() -> (Vec<u8>, Vec<u8>) {
