@@ -483,6 +483,60 @@ fn s3_without_a_usable_cache_directory_warns_and_goes_on() {
     assert!(err.contains("cannot use the local cache"), "{err}");
 }
 
+/// Found by the repository audit (2026-11-29): two `cairn init` of one
+/// S3 prefix at once (provisioning scripts on several hosts, each
+/// running "init unless it exists", as restic users do) could both fail
+/// and leave a config of one with the target marker of the other, a
+/// repository no command opens, or leave the loser's key file, a key
+/// that opens nothing, in the winner's repository. Now exactly one init
+/// wins, the other fails in one line having written nothing.
+#[test]
+fn s3_inits_racing_for_one_prefix_leave_one_whole_repository() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    for round in 0..8 {
+        let s = Store::s3(&server, &format!("race{round}"));
+        let spawn = || {
+            s.cmd()
+                .args(["init", &s.loc])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        let won = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(
+            won,
+            1,
+            "round {round}: {:?}",
+            outs.iter()
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .collect::<Vec<_>>()
+        );
+        for o in outs.iter().filter(|o| !o.status.success()) {
+            one_line_failure(o);
+        }
+        let keys = json(&ok(s.verb("key", &["list", "--json"])));
+        assert_eq!(
+            keys["keys"].as_array().unwrap().len(),
+            1,
+            "round {round}: {keys}"
+        );
+        assert_eq!(
+            keys["damaged"],
+            serde_json::json!([]),
+            "round {round}: {keys}"
+        );
+        let data = image(1 << 20, round);
+        s.backup("a", &data);
+        assert!(s.restore("a") == data, "round {round}");
+    }
+}
+
 #[test]
 fn writers_side_by_side_on_s3() {
     let Some(server) = SeaweedFs::start_or_skip() else {

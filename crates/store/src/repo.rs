@@ -199,19 +199,27 @@ impl Marker {
         Ok(marker)
     }
 
-    /// Write it into target backend `b` (crash-safely), in the version
-    /// its contents need.
-    fn write(&self, b: &dyn WriteBackend) -> Result<()> {
+    /// Its file, in the version its contents need.
+    fn encode(&self) -> Result<Vec<u8>> {
         let body = serde_json::to_vec(self).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let version = if self.home.is_some() {
             MARKER_HOME_VERSION
         } else {
             REPO_VERSION
         };
-        b.put(
-            &Key::new(MARKER),
-            &meta::seal(Kind::TargetMarker, version, &body),
-        )
+        Ok(meta::seal(Kind::TargetMarker, version, &body))
+    }
+
+    /// Write it into target backend `b` (crash-safely), in place of the
+    /// one there.
+    fn write(&self, b: &dyn WriteBackend) -> Result<()> {
+        b.put(&Key::new(MARKER), &self.encode()?)
+    }
+
+    /// Create it in target backend `b`; `false` (nothing written) where
+    /// a marker already is: of inits racing for one target, one wins.
+    fn create(&self, b: &dyn WriteBackend) -> Result<bool> {
+        b.put_new(&Key::new(MARKER), &self.encode()?)
     }
 }
 
@@ -885,25 +893,39 @@ impl Repository {
         }
         let id = RepoId::random();
         let data = root.child("data");
-        if data.get(&Key::new(MARKER))?.is_some() {
-            return Err(StoreError::Invalid(format!(
-                "{location}/data: already a target of a cairn repository"
-            )));
-        }
-        Marker {
+        // Created, not replaced: of two inits racing for this prefix the
+        // one that made the marker goes on, the other stops here having
+        // written nothing (a replaced marker left one init's config with
+        // the other's marker, a repository no command opens).
+        let created = Marker {
             repository: id.to_string(),
             target: 0,
             home: None,
         }
-        .write(&*data)?;
-        Self::write_first_key(&*root, id, opts)?;
-        Self::write_config(
-            &*root,
-            id,
-            vec![PathBuf::from("data")],
-            pack_size,
-            opts.encryption.is_some(),
-        )?;
+        .create(&*data)?;
+        if !created {
+            return Err(StoreError::Invalid(format!(
+                "{location}/data: already a target of a cairn repository"
+            )));
+        }
+        let mut key = None;
+        let made = Self::write_first_key(&*root, id, opts).and_then(|k| {
+            key = k;
+            Self::write_config(
+                &*root,
+                id,
+                vec![PathBuf::from("data")],
+                pack_size,
+                opts.encryption.is_some(),
+            )
+        });
+        if let Err(e) = made {
+            // What this init made, so that it can run again (the config,
+            // if there is one, is not ours: it is written last).
+            let _ = root.delete(&key.into_iter().collect::<Vec<_>>());
+            let _ = data.delete(&[Key::new(MARKER)]);
+            return Err(e);
+        }
         Repository::open_remote(location, root, &*Self::init_password(opts))
     }
 
