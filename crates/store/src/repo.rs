@@ -1175,8 +1175,22 @@ impl Repository {
     /// Remove key `id` (a unique prefix of it will do), also a damaged
     /// one. The key that opened the repository (so the last key) is
     /// refused.
+    ///
+    /// Removals run one at a time, under the held object `locks/keys`,
+    /// and each checks, under it, that the key in use is still there: two
+    /// at once, each removing the key the other opened with, left the
+    /// repository without any key (its data lost for good).
     pub fn remove_key(&self, id: &str) -> Result<String> {
+        let _lock = self.lock_keys()?;
         let (keys, damaged) = self.key_list()?;
+        if let Some(used) = self.key_id.as_deref() {
+            if !keys.iter().any(|k| k.current) {
+                return Err(StoreError::Invalid(format!(
+                    "{}: key {used}, the one in use, was removed meanwhile; nothing removed (open the repository again)",
+                    self.location
+                )));
+            }
+        }
         let found: Vec<(&str, bool)> = keys
             .iter()
             .map(|k| (k.id.as_str(), k.current))
@@ -1207,6 +1221,33 @@ impl Repository {
         }
         self.root.delete(&[Key::new(format!("keys/{k}"))])?;
         Ok(k.to_string())
+    }
+
+    /// Hold `locks/keys` (never an image's lock: those are 32 hex in an
+    /// encrypted repository), waiting up to a minute for another key
+    /// removal to end.
+    fn lock_keys(&self) -> Result<Box<dyn Held>> {
+        let key = Key::new("locks/keys");
+        let body = self.info_body("cairn key remove")?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match self.root.hold(&key, &body) {
+                // Left by a killed process of this machine (in a bucket).
+                Err(StoreError::Locked { .. }) if self.held_by_ended(&key)? => {
+                    self.root.delete(std::slice::from_ref(&key))?;
+                }
+                Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(StoreError::Locked { holder, .. }) => {
+                    return Err(StoreError::Locked {
+                        path: PathBuf::from(format!("{}: keys", self.location)),
+                        holder: self.describe_holder(holder),
+                    })
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The AEAD of an encrypted repository (`None`: plain).
@@ -1641,21 +1682,25 @@ impl Repository {
             Ok(h) => Ok(ImageLock { _held: h }),
             Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
                 path: PathBuf::from(format!("{}: image {name}", self.location)),
-                holder: self
-                    .read_info(holder.as_bytes())
-                    .map(|i| {
-                        format!(
-                            "{}, pid {} on {}, since {}",
-                            i.what,
-                            i.pid,
-                            i.host,
-                            crate::retention::format_time(i.started)
-                        )
-                    })
-                    .unwrap_or(holder),
+                holder: self.describe_holder(holder),
             }),
             Err(e) => Err(e),
         }
+    }
+
+    /// Who holds a lock, from its body: what, pid, host and since when.
+    fn describe_holder(&self, holder: String) -> String {
+        self.read_info(holder.as_bytes())
+            .map(|i| {
+                format!(
+                    "{}, pid {} on {}, since {}",
+                    i.what,
+                    i.pid,
+                    i.host,
+                    crate::retention::format_time(i.started)
+                )
+            })
+            .unwrap_or(holder)
     }
 
     /// The body of a session or image lock: JSON, or in an encrypted
