@@ -1596,11 +1596,13 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             "salvaged_packs": r.salvaged.packs,
             "deferred": r.deferred,
             "packs_kept": r.packs_kept,
+            "earlier_packs_deleted": r.earlier_packs_deleted,
+            "earlier_bytes_deleted": r.earlier_bytes_deleted,
             "temporaries_removed": r.temporaries_removed,
         }));
     } else {
         errln!(
-            "cairn: gc: {} -> {} chunks, {} pack(s) {}, {} repacked into {}{}, {} -> {}{}",
+            "cairn: gc: {} -> {} chunks, {} pack(s) {}, {} repacked into {}{}, {} -> {}{}{}",
             r.chunks_before,
             r.chunks_after,
             r.packs_deleted,
@@ -1617,6 +1619,15 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
             },
             HumanBytes(r.bytes_before),
             HumanBytes(r.bytes_after),
+            if r.earlier_packs_deleted > 0 {
+                format!(
+                    " ({} pack(s), {}, that an earlier gc left deleted)",
+                    r.earlier_packs_deleted,
+                    HumanBytes(r.earlier_bytes_deleted)
+                )
+            } else {
+                String::new()
+            },
             if r.deferred {
                 " (a backup or reader that began before is still running: the next writer deletes the packs)"
             } else {

@@ -84,6 +84,13 @@ impl Store {
         ok(self.verb("restore", &[spec, "-", "-q"])).stdout
     }
 
+    /// How many sessions `stats` lists as running.
+    fn running(&self) -> usize {
+        json(&ok(self.verb("stats", &["--json"])))["sessions"]
+            .as_array()
+            .map_or(0, Vec::len)
+    }
+
     fn verify(&self) -> Value {
         let out = self.verb("verify", &["--read-data", "--json", "-q"]);
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -483,6 +490,110 @@ fn s3_without_a_usable_cache_directory_warns_and_goes_on() {
     assert!(err.contains("cannot use the local cache"), "{err}");
 }
 
+/// Found by the repository audit (2026-11-29): a gc deferred by a
+/// running reader left its packs to the next gc, which deleted them and
+/// reported "0 pack(s) deleted, 0 B -> 0 B" (`--json`: `packs_deleted`
+/// 0, `bytes_before` 0), as if there had been nothing to reclaim. It now
+/// counts them apart: `earlier_packs_deleted`, `earlier_bytes_deleted`,
+/// and `bytes_before` is what was on disk when it began.
+#[test]
+fn gc_reports_the_packs_it_deletes_for_an_earlier_gc() {
+    let s = Store::local();
+    ok(s.run(&["init", &s.loc, "--pack-size", "1M"]));
+    let data = image(4 << 20, 41);
+    s.backup("a", &data);
+    // A restore into a pipe nobody reads yet: its session runs.
+    let mut child = s
+        .cmd()
+        .args(["restore", "a", "-", "-q", "--repo", &s.loc])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while s.running() == 0 {
+        assert!(Instant::now() < deadline, "the restore never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(s.verb("rm", &["a", "--all"]));
+    let g = json(&ok(s.verb("gc", &["--json"])));
+    assert_eq!(g["deferred"], true, "{g}");
+    let planned = g["packs_deleted"].as_u64().unwrap() + g["packs_repacked"].as_u64().unwrap();
+    assert!(planned > 0, "{g}");
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(out == data);
+    let on_disk = json(&ok(s.verb("stats", &["--json"])))["pack_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(on_disk > 0);
+    let g = json(&ok(s.verb("gc", &["--json"])));
+    assert_eq!(g["deferred"], false, "{g}");
+    assert_eq!(g["earlier_packs_deleted"], planned, "{g}");
+    assert_eq!(g["earlier_bytes_deleted"], on_disk, "{g}");
+    assert_eq!(g["bytes_before"], on_disk, "{g}");
+    assert_eq!(g["bytes_after"], 0, "{g}");
+    let out = ok(s.verb("gc", &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("earlier gc"), "nothing left to delete: {err}");
+}
+
+/// Found by the repository audit (2026-11-29): two `cairn init` of one
+/// S3 prefix at once (provisioning scripts on several hosts, each
+/// running "init unless it exists", as restic users do) could both fail
+/// and leave a config of one with the target marker of the other, a
+/// repository no command opens, or leave the loser's key file, a key
+/// that opens nothing, in the winner's repository. Now exactly one init
+/// wins, the other fails in one line having written nothing.
+#[test]
+fn s3_inits_racing_for_one_prefix_leave_one_whole_repository() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    for round in 0..8 {
+        let s = Store::s3(&server, &format!("race{round}"));
+        let spawn = || {
+            s.cmd()
+                .args(["init", &s.loc])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (spawn(), spawn());
+        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        let won = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(
+            won,
+            1,
+            "round {round}: {:?}",
+            outs.iter()
+                .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                .collect::<Vec<_>>()
+        );
+        for o in outs.iter().filter(|o| !o.status.success()) {
+            one_line_failure(o);
+        }
+        let keys = json(&ok(s.verb("key", &["list", "--json"])));
+        assert_eq!(
+            keys["keys"].as_array().unwrap().len(),
+            1,
+            "round {round}: {keys}"
+        );
+        assert_eq!(
+            keys["damaged"],
+            serde_json::json!([]),
+            "round {round}: {keys}"
+        );
+        let data = image(1 << 20, round);
+        s.backup("a", &data);
+        assert!(s.restore("a") == data, "round {round}");
+    }
+}
+
 #[test]
 fn writers_side_by_side_on_s3() {
     let Some(server) = SeaweedFs::start_or_skip() else {
@@ -549,11 +660,6 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
     };
     let s = Store::s3(&server, "killed");
     ok(s.run(&["init", &s.loc]));
-    let running = |s: &Store| {
-        json(&ok(s.verb("stats", &["--json"])))["sessions"]
-            .as_array()
-            .map_or(0, Vec::len)
-    };
     let mut child = s
         .cmd()
         .args(["backup", "-", "--repo", &s.loc, "--name", "vm", "-q"])
@@ -566,7 +672,7 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
     stdin.write_all(&image(4 << 20, 31)).unwrap();
     // Running: its session is in the bucket.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while running(&s) == 0 {
+    while s.running() == 0 {
         assert!(
             Instant::now() < deadline,
             "the backup never showed as running"
@@ -579,7 +685,7 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
     drop(stdin);
-    assert_eq!(running(&s), 0, "a killed backup still counts as running");
+    assert_eq!(s.running(), 0, "a killed backup still counts as running");
     // What it wrote is taken in by gc and, used by no snapshot, deleted.
     ok(s.verb("gc", &[]));
     let st = json(&ok(s.verb("stats", &["--json"])));
@@ -597,7 +703,7 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
     drop(srv);
     let srv = Served::start(&s, &["--image", "vm,rw"]);
     drop(srv);
-    assert_eq!(running(&s), 0);
+    assert_eq!(s.running(), 0);
 }
 
 /// An object flipped or deleted in the bucket: `verify --read-data`

@@ -415,6 +415,78 @@ fn keys_are_added_listed_changed_and_removed() {
 }
 
 /// Flip one byte at `at` of `path`.
+/// Found by the repository audit (2026-11-29): two `key remove` at once,
+/// each opened with one password and removing the other password's key,
+/// both passed the "not the key in use" check and both deleted: the
+/// repository was left without any key, every snapshot lost for good
+/// (restic's `key remove` takes an exclusive lock). Now removals run one
+/// at a time and the second finds its own key gone and removes nothing.
+#[test]
+fn two_key_removals_at_once_never_leave_no_key() {
+    let dir = tempdir();
+    let d = dir.path();
+    for round in 0..3 {
+        let repo = d.join(format!("repo{round}"));
+        let r = ["--repo", s(&repo)];
+        let cheap = ["--kdf-memory", "8M", "--kdf-iterations", "1"];
+        ok(run(
+            &mut cairn(),
+            &[&["init", s(&repo)][..], &cheap].concat(),
+        ));
+        ok(run(
+            cairn().env("CAIRN_NEW_PASSWORD", "second password"),
+            &[&["key", "add"][..], &cheap, &r].concat(),
+        ));
+        let current = |pw: &str| {
+            let keys = json(&ok(run(
+                plain().env("CAIRN_PASSWORD", pw),
+                &[&["key", "list", "--json"][..], &r].concat(),
+            )));
+            keys["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|k| k["current"] == true)
+                .unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let (first, second) = (current(PASSWORD), current("second password"));
+        let remove = |pw: &str, id: &str| {
+            plain()
+                .env("CAIRN_PASSWORD", pw)
+                .args([&["key", "remove", id][..], &r].concat())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let a = remove(PASSWORD, &second);
+        let b = remove("second password", &first);
+        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        let removed = outs.iter().filter(|o| o.status.success()).count();
+        assert_eq!(removed, 1, "round {round}: {outs:?}");
+        for o in outs.iter().filter(|o| !o.status.success()) {
+            fails_with(o, "removed meanwhile");
+        }
+        // One password still opens it.
+        let opens = [PASSWORD, "second password"]
+            .iter()
+            .filter(|pw| {
+                run(
+                    plain().env("CAIRN_PASSWORD", pw),
+                    &[&["ls"][..], &r].concat(),
+                )
+                .status
+                .success()
+            })
+            .count();
+        assert_eq!(opens, 1, "round {round}");
+    }
+}
+
 fn flip(path: &Path, at: usize) {
     let mut b = std::fs::read(path).unwrap();
     let at = at.min(b.len() - 1);

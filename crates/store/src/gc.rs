@@ -101,6 +101,11 @@ pub struct GcReport {
     /// Packs on a trash list kept after all, since a snapshot committed
     /// beside the gc uses chunks in them.
     pub packs_kept: u64,
+    /// Packs deleted from the trash lists of earlier gcs (deferred while
+    /// a session they recorded ran), not counted in `packs_deleted`.
+    pub earlier_packs_deleted: u64,
+    /// Their bytes (counted in `bytes_before`, not in `bytes_after`).
+    pub earlier_bytes_deleted: u64,
     /// Temporary files that killed writers left (an hour old or more).
     pub temporaries_removed: u64,
     /// Index entries left out because their record is damaged
@@ -164,6 +169,11 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     report.lost_packs = w.lost_packs;
     report.packs_kept = w.collected.packs_kept;
     report.deferred = w.collected.lists_waiting > 0;
+    // Lists of earlier gcs worked off before this one's listing: their
+    // packs were on disk when it began.
+    let (earlier_packs, earlier_bytes) = w.collected.deleted_but(None);
+    report.earlier_packs_deleted = earlier_packs;
+    report.earlier_bytes_deleted = earlier_bytes;
     let index = w.index;
     report.chunks_before = index.len() as u64;
 
@@ -228,7 +238,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         .filter(|&i| !bit(&live, i) && index.location_at(i).is_some())
         .count() as u64;
     let files = repo.pack_files()?;
-    report.bytes_before = files.iter().map(|f| f.len).sum();
+    report.bytes_before = files.iter().map(|f| f.len).sum::<u64>() + earlier_bytes;
     let on_disk: HashMap<_, _> = files.iter().map(|f| (f.id, f.len)).collect();
     // Packs that lost records (cut short, or damaged ones dropped): their
     // live records move out whatever the threshold, so the index no
@@ -275,7 +285,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         && opts.rewrite_packs.is_empty()
     {
         report.chunks_after = report.chunks_before;
-        report.bytes_after = report.bytes_before;
+        report.bytes_after = report.bytes_before - earlier_bytes;
         return Ok(report);
     }
 
@@ -461,6 +471,11 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     }
     let collected = collect_trash(repo, session, &opts.drop_records)?;
     report.packs_kept += collected.packs_kept;
+    // Earlier gcs' lists whose sessions ended meanwhile (this one's own
+    // is counted as its dead and repacked packs).
+    let (later_packs, later_bytes) = collected.deleted_but(Some(&trash.key));
+    report.earlier_packs_deleted += later_packs;
+    report.earlier_bytes_deleted += later_bytes;
     report.deferred |= repo.trash_lists()?.iter().any(|t| t.key == trash.key);
     report.bytes_after = repo.pack_files()?.iter().map(|f| f.len).sum::<u64>();
     if report.deferred {
@@ -485,6 +500,19 @@ pub struct Collected {
     pub lists_waiting: u64,
     /// Packs kept off the trash, since a snapshot uses chunks in them.
     pub packs_kept: u64,
+    /// Per list worked off: its key, the packs it deleted and their
+    /// bytes (as listed just before).
+    pub deleted: Vec<(Key, u64, u64)>,
+}
+
+impl Collected {
+    /// Packs and bytes deleted from lists other than `own`.
+    pub fn deleted_but(&self, own: Option<&Key>) -> (u64, u64) {
+        self.deleted
+            .iter()
+            .filter(|(k, _, _)| Some(k) != own)
+            .fold((0, 0), |(p, b), (_, np, nb)| (p + np, b + nb))
+    }
 }
 
 /// Delete what the trash lists name, for each list once every session it
@@ -652,7 +680,15 @@ pub(crate) fn collect_trash(
         let packs: Vec<(u16, PackId)> = t.garbage.pack_set().into_iter().collect();
         tracing::debug!(list = t.key.as_str(), index_files = ?t.garbage.index_files,
             packs = packs.len(), "trash list worked off");
+        let sizes: HashMap<(u16, PackId), u64> = repo
+            .pack_files()?
+            .into_iter()
+            .map(|p| ((p.target, p.id), p.len))
+            .collect();
+        let present: Vec<u64> = packs.iter().filter_map(|p| sizes.get(p).copied()).collect();
         repo.delete_objects(&t.garbage.index_files, &packs)?;
+        out.deleted
+            .push((t.key.clone(), present.len() as u64, present.iter().sum()));
         t.garbage = Garbage::default();
         repo.rewrite_trash(&t)?;
         out.lists_done += 1;

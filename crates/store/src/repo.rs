@@ -199,19 +199,27 @@ impl Marker {
         Ok(marker)
     }
 
-    /// Write it into target backend `b` (crash-safely), in the version
-    /// its contents need.
-    fn write(&self, b: &dyn WriteBackend) -> Result<()> {
+    /// Its file, in the version its contents need.
+    fn encode(&self) -> Result<Vec<u8>> {
         let body = serde_json::to_vec(self).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let version = if self.home.is_some() {
             MARKER_HOME_VERSION
         } else {
             REPO_VERSION
         };
-        b.put(
-            &Key::new(MARKER),
-            &meta::seal(Kind::TargetMarker, version, &body),
-        )
+        Ok(meta::seal(Kind::TargetMarker, version, &body))
+    }
+
+    /// Write it into target backend `b` (crash-safely), in place of the
+    /// one there.
+    fn write(&self, b: &dyn WriteBackend) -> Result<()> {
+        b.put(&Key::new(MARKER), &self.encode()?)
+    }
+
+    /// Create it in target backend `b`; `false` (nothing written) where
+    /// a marker already is: of inits racing for one target, one wins.
+    fn create(&self, b: &dyn WriteBackend) -> Result<bool> {
+        b.put_new(&Key::new(MARKER), &self.encode()?)
     }
 }
 
@@ -885,25 +893,39 @@ impl Repository {
         }
         let id = RepoId::random();
         let data = root.child("data");
-        if data.get(&Key::new(MARKER))?.is_some() {
-            return Err(StoreError::Invalid(format!(
-                "{location}/data: already a target of a cairn repository"
-            )));
-        }
-        Marker {
+        // Created, not replaced: of two inits racing for this prefix the
+        // one that made the marker goes on, the other stops here having
+        // written nothing (a replaced marker left one init's config with
+        // the other's marker, a repository no command opens).
+        let created = Marker {
             repository: id.to_string(),
             target: 0,
             home: None,
         }
-        .write(&*data)?;
-        Self::write_first_key(&*root, id, opts)?;
-        Self::write_config(
-            &*root,
-            id,
-            vec![PathBuf::from("data")],
-            pack_size,
-            opts.encryption.is_some(),
-        )?;
+        .create(&*data)?;
+        if !created {
+            return Err(StoreError::Invalid(format!(
+                "{location}/data: already a target of a cairn repository"
+            )));
+        }
+        let mut key = None;
+        let made = Self::write_first_key(&*root, id, opts).and_then(|k| {
+            key = k;
+            Self::write_config(
+                &*root,
+                id,
+                vec![PathBuf::from("data")],
+                pack_size,
+                opts.encryption.is_some(),
+            )
+        });
+        if let Err(e) = made {
+            // What this init made, so that it can run again (the config,
+            // if there is one, is not ours: it is written last).
+            let _ = root.delete(&key.into_iter().collect::<Vec<_>>());
+            let _ = data.delete(&[Key::new(MARKER)]);
+            return Err(e);
+        }
         Repository::open_remote(location, root, &*Self::init_password(opts))
     }
 
@@ -1153,8 +1175,22 @@ impl Repository {
     /// Remove key `id` (a unique prefix of it will do), also a damaged
     /// one. The key that opened the repository (so the last key) is
     /// refused.
+    ///
+    /// Removals run one at a time, under the held object `locks/keys`,
+    /// and each checks, under it, that the key in use is still there: two
+    /// at once, each removing the key the other opened with, left the
+    /// repository without any key (its data lost for good).
     pub fn remove_key(&self, id: &str) -> Result<String> {
+        let _lock = self.lock_keys()?;
         let (keys, damaged) = self.key_list()?;
+        if let Some(used) = self.key_id.as_deref() {
+            if !keys.iter().any(|k| k.current) {
+                return Err(StoreError::Invalid(format!(
+                    "{}: key {used}, the one in use, was removed meanwhile; nothing removed (open the repository again)",
+                    self.location
+                )));
+            }
+        }
         let found: Vec<(&str, bool)> = keys
             .iter()
             .map(|k| (k.id.as_str(), k.current))
@@ -1185,6 +1221,33 @@ impl Repository {
         }
         self.root.delete(&[Key::new(format!("keys/{k}"))])?;
         Ok(k.to_string())
+    }
+
+    /// Hold `locks/keys` (never an image's lock: those are 32 hex in an
+    /// encrypted repository), waiting up to a minute for another key
+    /// removal to end.
+    fn lock_keys(&self) -> Result<Box<dyn Held>> {
+        let key = Key::new("locks/keys");
+        let body = self.info_body("cairn key remove")?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match self.root.hold(&key, &body) {
+                // Left by a killed process of this machine (in a bucket).
+                Err(StoreError::Locked { .. }) if self.held_by_ended(&key)? => {
+                    self.root.delete(std::slice::from_ref(&key))?;
+                }
+                Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(StoreError::Locked { holder, .. }) => {
+                    return Err(StoreError::Locked {
+                        path: PathBuf::from(format!("{}: keys", self.location)),
+                        holder: self.describe_holder(holder),
+                    })
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The AEAD of an encrypted repository (`None`: plain).
@@ -1619,21 +1682,25 @@ impl Repository {
             Ok(h) => Ok(ImageLock { _held: h }),
             Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
                 path: PathBuf::from(format!("{}: image {name}", self.location)),
-                holder: self
-                    .read_info(holder.as_bytes())
-                    .map(|i| {
-                        format!(
-                            "{}, pid {} on {}, since {}",
-                            i.what,
-                            i.pid,
-                            i.host,
-                            crate::retention::format_time(i.started)
-                        )
-                    })
-                    .unwrap_or(holder),
+                holder: self.describe_holder(holder),
             }),
             Err(e) => Err(e),
         }
+    }
+
+    /// Who holds a lock, from its body: what, pid, host and since when.
+    fn describe_holder(&self, holder: String) -> String {
+        self.read_info(holder.as_bytes())
+            .map(|i| {
+                format!(
+                    "{}, pid {} on {}, since {}",
+                    i.what,
+                    i.pid,
+                    i.host,
+                    crate::retention::format_time(i.started)
+                )
+            })
+            .unwrap_or(holder)
     }
 
     /// The body of a session or image lock: JSON, or in an encrypted

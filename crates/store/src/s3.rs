@@ -277,6 +277,14 @@ struct Timing {
     lease: Duration,
 }
 
+impl Timing {
+    /// The oldest a holder's last refresh may be for [`Held::check`] to
+    /// pass: the lease less a third, the allowance for clocks apart.
+    fn check_limit(&self) -> Duration {
+        self.lease - self.lease / 3
+    }
+}
+
 /// Objects under a prefix of an S3 bucket (see `docs/format/s3.md` for the layout and the environment it reads).
 #[derive(Debug, Clone)]
 pub struct S3Backend {
@@ -623,6 +631,7 @@ impl WriteBackend for S3Backend {
         // A refresh counts from when it was sent (the store's time is
         // later): the lease is never thought longer than it is.
         let sent = Instant::now();
+        let sent_wall = SystemTime::now();
         if !self.put_new(key, data)? {
             let holder = self
                 .get(key)?
@@ -635,7 +644,9 @@ impl WriteBackend for S3Backend {
         }
         let state = Arc::new(Mutex::new(Refresh {
             at: sent,
+            at_wall: sent_wall,
             error: None,
+            lapsed: None,
         }));
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let url = self.locate(key);
@@ -645,6 +656,7 @@ impl WriteBackend for S3Backend {
             let data = data.to_vec();
             let state = state.clone();
             let heartbeat = self.timing.heartbeat;
+            let limit = self.timing.check_limit();
             std::thread::Builder::new()
                 .name("cairn-s3-hold".into())
                 .spawn(move || {
@@ -653,11 +665,21 @@ impl WriteBackend for S3Backend {
                         stopped.recv_timeout(wait)
                     {
                         let sent = Instant::now();
+                        let sent_wall = SystemTime::now();
                         let r = backend.put(&key, &data);
                         let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
                         match r {
                             Ok(()) => {
+                                // Landed this late after the last one: the
+                                // lease may have run out between them, and
+                                // another process taken the holder for
+                                // dead. Refreshing again does not undo that.
+                                let gap = s.age();
+                                if gap > limit && s.lapsed.is_none() {
+                                    s.lapsed = Some(gap);
+                                }
                                 s.at = sent;
+                                s.at_wall = sent_wall;
                                 s.error = None;
                                 wait = heartbeat;
                             }
@@ -712,10 +734,28 @@ impl WriteBackend for S3Backend {
 /// The last refresh of a held object.
 #[derive(Debug)]
 struct Refresh {
-    /// When it last succeeded.
+    /// When it last succeeded (sent).
     at: Instant,
+    /// The same on the wall clock, which (unlike [`Instant`] on Linux)
+    /// goes on while the machine is suspended, as the store's clock does.
+    at_wall: SystemTime,
     /// The error of the last try, if it failed.
     error: Option<String>,
+    /// The first time two successful refreshes were further apart than
+    /// [`Held::check`] allows, how far: the lease may have lapsed then,
+    /// so the hold stays lost for good.
+    lapsed: Option<Duration>,
+}
+
+impl Refresh {
+    /// Time since the last successful refresh, by the monotonic clock or
+    /// the wall clock, whichever says more.
+    fn age(&self) -> Duration {
+        let wall = SystemTime::now()
+            .duration_since(self.at_wall)
+            .unwrap_or(Duration::ZERO);
+        self.at.elapsed().max(wall)
+    }
 }
 
 /// A held object: refreshed by a thread until dropped, then deleted.
@@ -733,8 +773,18 @@ impl Held for S3Hold {
     fn check(&self) -> Result<()> {
         let lease = self.backend.timing.lease;
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let age = s.at.elapsed();
-        if age <= lease - lease / 3 {
+        if let Some(gap) = s.lapsed {
+            return Err(StoreError::LeaseLost {
+                path: self.backend.locate(&self.key),
+                age_secs: gap.as_secs(),
+                lease_secs: lease.as_secs(),
+                why: " once (refreshed since, but another process may have taken \
+                      the holder for dead meanwhile and deleted what it uses)"
+                    .into(),
+            });
+        }
+        let age = s.age();
+        if age <= self.backend.timing.check_limit() {
             return Ok(());
         }
         Err(StoreError::LeaseLost {
