@@ -314,6 +314,9 @@ pub(crate) struct ForgetArgs {
     /// Then reclaim the space (cairn gc).
     #[arg(long)]
     pub prune: bool,
+    /// No progress for --prune's gc.
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -329,6 +332,9 @@ pub(crate) struct GcArgs {
     /// them, with the codec and level the newest snapshot used.
     #[arg(long, default_value_t = 0.5)]
     pub repack_below: f64,
+    /// No progress (the step gc is at, on a terminal's stderr).
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Print as JSON.
     #[arg(long)]
     pub json: bool,
@@ -1499,6 +1505,7 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         gc(&GcArgs {
             repo: a.repo.clone(),
             repack_below: 0.5,
+            quiet: a.quiet || a.json,
             json: false,
         })?;
     }
@@ -1559,16 +1566,21 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
     // On a nearly full disk the reserve goes first, so that gc's work does
     // not fail midway (a second run would report only what was left).
     note_released(&repo, repo.release_reserve_if_short()?);
+    let bar = Progress::new("gc", None, !a.quiet && !a.json);
+    let step = |s: &str| bar.message(s.to_string());
     let r = on_a_full_disk_release_the_reserve(&repo, || {
         cairn_store::gc(
             &repo,
             &lock,
             &GcOptions {
                 repack_below: a.repack_below,
+                progress: Some(&step),
                 ..GcOptions::default()
             },
         )
-    })?;
+    });
+    bar.finish();
+    let r = r?;
     match repo.refill_reserve() {
         Ok(true) => {}
         Ok(false) => errln!(
