@@ -1566,7 +1566,7 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
     // On a nearly full disk the reserve goes first, so that gc's work does
     // not fail midway (a second run would report only what was left).
     note_released(&repo, repo.release_reserve_if_short()?);
-    let bar = Progress::new("gc", None, !a.quiet && !a.json);
+    let bar = Progress::steps("gc", !a.quiet && !a.json);
     let step = |s: &str| bar.message(s.to_string());
     let r = on_a_full_disk_release_the_reserve(&repo, || {
         cairn_store::gc(

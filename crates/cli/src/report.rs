@@ -55,6 +55,33 @@ impl Progress {
     /// As [`Progress::new`]; `force` draws it even where stderr is no
     /// terminal (zstd's `--progress`), a line rewritten after `\r`.
     pub fn with_force(label: &str, total: Option<u64>, enabled: bool, force: bool) -> Progress {
+        let template = if total.is_some() {
+            "{prefix} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}"
+        } else {
+            "{prefix} {spinner} {bytes} {binary_bytes_per_sec} {elapsed} {msg}"
+        };
+        Progress::drawn(label, total, enabled, force, template)
+    }
+
+    /// A spinner with the step a job is at ([`Progress::message`]), for
+    /// work that counts no bytes (gc).
+    pub fn steps(label: &str, enabled: bool) -> Progress {
+        Progress::drawn(
+            label,
+            None,
+            enabled,
+            false,
+            "{prefix} {spinner} {elapsed} {msg}",
+        )
+    }
+
+    fn drawn(
+        label: &str,
+        total: Option<u64>,
+        enabled: bool,
+        force: bool,
+        template: &str,
+    ) -> Progress {
         let enabled = force || enabled && std::io::stderr().is_terminal();
         let target = if force && !std::io::stderr().is_terminal() {
             ProgressDrawTarget::term_like(Box::new(PlainStderr))
@@ -65,11 +92,6 @@ impl Progress {
         if !enabled {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }
-        let template = if total.is_some() {
-            "{prefix} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}"
-        } else {
-            "{prefix} {spinner} {bytes} {binary_bytes_per_sec} {elapsed} {msg}"
-        };
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
         }
