@@ -633,6 +633,40 @@ fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> Output {
     tool("qemu-io", &args)
 }
 
+/// `--file PATH,direct` of a file whose size is no multiple of 4096 said
+/// a minimum block size of 4096, and qemu refused to open it for
+/// writing: "Image size is not a multiple of request alignment".
+#[test]
+fn qemu_io_writes_the_tail_of_an_odd_sized_direct_file() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: usize = 1_000_001;
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0x11u8; SIZE]).unwrap();
+    let srv = Serve::start(&[
+        "--file",
+        &format!("{},direct", s(&w)),
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    let out = qemu_io(
+        &srv.uri("w.raw"),
+        &["write -P 0xab 999990 11", "flush", "read -P 0xab 999990 11"],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    let mut want = vec![0x11u8; SIZE];
+    want[999_990..].fill(0xab);
+    assert_same(&std::fs::read(&w).unwrap(), &want, "w.raw after qemu-io");
+}
+
 #[test]
 fn qemu_io_writes_and_read_only_refuses() {
     if !have("qemu-io") {
