@@ -2225,6 +2225,15 @@ fn bad_arguments_fail_with_one_line() {
     let missing = s(&missing);
     serve_fails(&["--socket", sock], "nothing to export");
     serve_fails(&[], "nothing to export");
+    // A usage error points at the subcommand's help, which lists its
+    // options, not the top level's, which lists only subcommands.
+    serve_fails(&["--workers", "x"], "(see cairn serve --help)");
+    let out = run(&["cache", "status", "bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cairn: unexpected argument 'bogus' found (see cairn cache status --help)\n"
+    );
     serve_fails(
         &["--file", "/nonexistent", "--socket", sock],
         "/nonexistent",
