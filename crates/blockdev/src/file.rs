@@ -842,8 +842,16 @@ impl BlockDev for FileDev {
     }
 
     fn block_sizes(&self) -> BlockSizes {
+        // Any request works (unaligned ones are bounced, the bytes past
+        // the last aligned boundary go through a buffered descriptor), so
+        // the alignment is a hint, and one a file whose size is no
+        // multiple of it must not give: clients round the size to the
+        // minimum (qemu refuses to open such an export for writing:
+        // "Image size is not a multiple of request alignment"). Such a
+        // file says the largest power of two that divides its size.
+        let minimum = self.align.min(1 << self.size.trailing_zeros().min(63));
         BlockSizes {
-            minimum: self.align as u32,
+            minimum: minimum as u32,
             preferred: 4096.max(self.align as u32),
             maximum: 32 << 20,
         }

@@ -1610,9 +1610,9 @@ fn main() -> ExitCode {
     signals::fill_closed_std_streams();
     unset_empty_option_variables();
     let args = rewrite_level_flags(as_invoked(std::env::args_os().collect()));
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, &help_command(&args)),
     };
     init_logging(match &cli.command {
         Command::Pack(a) => a.common.verbose,
@@ -1700,7 +1700,7 @@ fn init_logging(verbosity: u8) {
 
 /// Help and version go out as clap prints them; a usage error becomes one
 /// line, like every other error of cairn, with exit code 2.
-fn usage_error(e: clap::Error) -> ExitCode {
+fn usage_error(e: clap::Error, help: &str) -> ExitCode {
     use clap::error::ErrorKind;
     if e.kind() == ErrorKind::DisplayVersion {
         if let Some(line) = link_version() {
@@ -1730,8 +1730,29 @@ fn usage_error(e: clap::Error) -> ExitCode {
         msg = format!("{} {}", msg, more.join(", "));
     }
     let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-    errln!("{0}: {msg} (see {0} --help)", prog());
+    errln!("{}: {msg} (see {help} --help)", prog());
     ExitCode::from(if invoked_as_link() { 1 } else { 2 })
+}
+
+/// The command whose `--help` explains a usage error in `args`: the
+/// subcommands named on the command line (`cairn cache status`), so that
+/// an error in a subcommand's arguments does not send the user to the
+/// top-level help, which lists only the subcommands. A tool's link is
+/// its own command (`gzip --help`).
+fn help_command(args: &[std::ffi::OsString]) -> String {
+    if invoked_as_link() {
+        return prog().to_string();
+    }
+    let mut words = vec![prog().to_string()];
+    let mut cmd = Cli::command();
+    for a in args.iter().skip(1) {
+        let Some(a) = a.to_str() else { continue };
+        if let Some(sub) = cmd.find_subcommand(a).cloned() {
+            words.push(a.to_string());
+            cmd = sub;
+        }
+    }
+    words.join(" ")
 }
 
 /// `--version` under a tool's name: the link's name first and cairn's

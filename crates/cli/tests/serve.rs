@@ -633,6 +633,40 @@ fn qemu_io_with(opts: &[&str], uri: &str, cmds: &[&str]) -> Output {
     tool("qemu-io", &args)
 }
 
+/// `--file PATH,direct` of a file whose size is no multiple of 4096 said
+/// a minimum block size of 4096, and qemu refused to open it for
+/// writing: "Image size is not a multiple of request alignment".
+#[test]
+fn qemu_io_writes_the_tail_of_an_odd_sized_direct_file() {
+    if !have("qemu-io") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    const SIZE: usize = 1_000_001;
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0x11u8; SIZE]).unwrap();
+    let srv = Serve::start(&[
+        "--file",
+        &format!("{},direct", s(&w)),
+        "--socket",
+        s(&d.join("s.sock")),
+    ]);
+    let out = qemu_io(
+        &srv.uri("w.raw"),
+        &["write -P 0xab 999990 11", "flush", "read -P 0xab 999990 11"],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "qemu-io failed: {text}");
+    assert!(!text.contains("Pattern verification failed"), "{text}");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    let mut want = vec![0x11u8; SIZE];
+    want[999_990..].fill(0xab);
+    assert_same(&std::fs::read(&w).unwrap(), &want, "w.raw after qemu-io");
+}
+
 #[test]
 fn qemu_io_writes_and_read_only_refuses() {
     if !have("qemu-io") {
@@ -1679,16 +1713,7 @@ fn a_client_that_never_reads_cannot_hold_the_stop() {
     // The stalled client: 1 MiB reads, replies never read.
     let mut b = unix(&sock);
     attach(&mut b, "w.raw");
-    let mut b2 = b.try_clone().unwrap();
-    let flood = std::thread::spawn(move || {
-        for i in 0..256u64 {
-            let mut m = Vec::new();
-            request(&mut m, CMD_READ, i, (i % 16) << 20, 1 << 20, &[]);
-            if b2.write_all(&m).is_err() {
-                break;
-            }
-        }
-    });
+    let flood = flood_unread_reads(&b);
     std::thread::sleep(Duration::from_millis(500));
     // Others are still served meanwhile.
     assert_eq!(
@@ -1700,6 +1725,83 @@ fn a_client_that_never_reads_cannot_hold_the_stop() {
     assert!(took < Duration::from_secs(5), "took {took:?} to stop");
     let file = std::fs::read(&w).unwrap();
     assert_same(&file[4 << 20..5 << 20], &pattern, "acknowledged write");
+    drop(b);
+    let _ = flood.join();
+}
+
+/// Send 256 reads of 1 MiB over a clone of `conn` from a thread, and
+/// never read their replies: a client that stops taking replies.
+fn flood_unread_reads(conn: &UnixStream) -> std::thread::JoinHandle<()> {
+    let mut b2 = conn.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for i in 0..256u64 {
+            let mut m = Vec::new();
+            request(&mut m, CMD_READ, i, (i % 16) << 20, 1 << 20, &[]);
+            if b2.write_all(&m).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// A new client's NBD_OPT_GO for `name`: false if refused as busy
+/// (NBD_REP_ERR_POLICY, over --max-connections).
+fn go_is_served(sock: &Path, name: &str) -> bool {
+    let mut go = (name.len() as u32).to_be_bytes().to_vec();
+    go.extend_from_slice(name.as_bytes());
+    go.extend_from_slice(&0u16.to_be_bytes());
+    let mut u = unix(sock);
+    let flags = greeting(&mut u);
+    u.write_all(&(1u32 | u32::from(flags & 2)).to_be_bytes())
+        .unwrap();
+    option(&mut u, 7, &go);
+    option_reply(&mut u, 7).0 != (1 << 31) + 2
+}
+
+/// A client that stops taking replies is closed one --io-timeout after
+/// its reply stalled. Before, each of the connection's workers queued on
+/// the writer waited out its own timeout after the first had failed, so
+/// the connection (and the memory its requests were granted, and its
+/// place under --max-connections) was held workers x io-timeout: 9
+/// minutes at the defaults, found with 2000 pipelined 32 MiB reads.
+#[test]
+fn a_client_that_stops_taking_replies_is_closed_after_one_timeout() {
+    let dir = tempdir();
+    let d = dir.path();
+    let w = d.join("w.raw");
+    std::fs::write(&w, vec![0u8; 16 << 20]).unwrap();
+    let sock = d.join("s.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--socket",
+        s(&sock),
+        "--io-timeout",
+        "1",
+        "--workers",
+        "8",
+        "--max-connections",
+        "1",
+    ]);
+    let mut b = unix(&sock);
+    attach(&mut b, "w.raw");
+    let flood = flood_unread_reads(&b);
+    let start = Instant::now();
+    let mut served = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        if go_is_served(&sock, "w.raw") {
+            served = Some(start.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = served.expect("the stalled connection was never closed");
+    assert!(
+        took < Duration::from_secs(4),
+        "the stalled connection held its place for {took:?} (io-timeout 1 s)"
+    );
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
     drop(b);
     let _ = flood.join();
 }
@@ -1744,12 +1846,7 @@ fn clients_over_the_limit_are_refused_with_a_message() {
     drop(first);
     let mut served = false;
     for _ in 0..50 {
-        let mut u = unix(&sock);
-        let flags = greeting(&mut u);
-        u.write_all(&(1u32 | u32::from(flags & 2)).to_be_bytes())
-            .unwrap();
-        option(&mut u, 7, &go);
-        if option_reply(&mut u, 7).0 != (1 << 31) + 2 {
+        if go_is_served(&sock, "w.raw") {
             served = true;
             break;
         }
@@ -2128,6 +2225,15 @@ fn bad_arguments_fail_with_one_line() {
     let missing = s(&missing);
     serve_fails(&["--socket", sock], "nothing to export");
     serve_fails(&[], "nothing to export");
+    // A usage error points at the subcommand's help, which lists its
+    // options, not the top level's, which lists only subcommands.
+    serve_fails(&["--workers", "x"], "(see cairn serve --help)");
+    let out = run(&["cache", "status", "bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "cairn: unexpected argument 'bogus' found (see cairn cache status --help)\n"
+    );
     serve_fails(
         &["--file", "/nonexistent", "--socket", sock],
         "/nonexistent",

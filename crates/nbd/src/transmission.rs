@@ -88,6 +88,11 @@ struct Shared<'a, R, W> {
     limits: &'a Limits<'a>,
     conn_budget: Budget,
     closing: AtomicBool,
+    /// A reply failed to go out (the client stopped taking replies for
+    /// the I/O timeout, or the socket broke): the stream may hold part of
+    /// a reply, so nothing more is sent. Workers queued on the writer see
+    /// it and leave at once rather than each waiting out the timeout.
+    broken: AtomicBool,
     end: Mutex<Option<End>>,
 }
 
@@ -109,6 +114,7 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         limits,
         conn_budget: Budget::new(limits.conn_budget),
         closing: AtomicBool::new(false),
+        broken: AtomicBool::new(false),
         end: Mutex::new(None),
     };
     std::thread::scope(|s| {
@@ -155,21 +161,34 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
         let mut out = pool.get();
         let data = handle(sh, &job, &mut buf, &mut out, &mut grant, &give_up);
         let sent = match sh.writer.lock() {
-            Ok(mut w) => w
-                .write_all(&out)
-                .and_then(|_| match data {
-                    Some(d) => w.write_all(d),
-                    None => Ok(()),
-                })
-                .and_then(|_| w.flush()),
-            Err(_) => Err(io::Error::other("a worker panicked")),
+            // An earlier reply failed: this one cannot be delivered in
+            // a stream that may end inside that one.
+            Ok(_) if sh.broken.load(Ordering::Acquire) => Err(None),
+            Ok(mut w) => {
+                let sent = w
+                    .write_all(&out)
+                    .and_then(|_| match data {
+                        Some(d) => w.write_all(d),
+                        None => Ok(()),
+                    })
+                    .and_then(|_| w.flush());
+                if sent.is_err() {
+                    sh.broken.store(true, Ordering::Release);
+                }
+                sent.map_err(|e| Some(send_error(e, sh.limits.io_timeout)))
+            }
+            Err(_) => Err(Some(io::Error::other("a worker panicked"))),
         };
         pool.put(out);
         pool.put(buf);
         drop(grant);
-        if let Err(e) = sent {
-            sh.finish(End::Io(e));
-            return;
+        match sent {
+            Ok(()) => {}
+            Err(Some(e)) => {
+                sh.finish(End::Io(e));
+                return;
+            }
+            Err(None) => return,
         }
     }
 }
@@ -185,6 +204,23 @@ impl<R, W> Shared<'_, R, W> {
     /// The connection is ending or the server stopping: waits give up.
     fn stopping(&self) -> bool {
         self.closing.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
+    }
+}
+
+/// A failed reply, said as what happened: the socket's write timeout
+/// shows as EAGAIN ("Resource temporarily unavailable"), which is the
+/// client not taking replies for `timeout`.
+fn send_error(e: io::Error, timeout: Duration) -> io::Error {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    ) {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the client took no reply bytes for {} s", timeout.as_secs()),
+        )
+    } else {
+        e
     }
 }
 
