@@ -62,18 +62,21 @@ pub(crate) struct ServeArgs {
     #[arg(long = "workers", default_value_t = 8)]
     pub workers: usize,
     /// Clients served at once; more are refused with a message.
-    #[arg(long = "max-connections", default_value_t = ServerConfig::default().max_connections)]
+    #[arg(long = "max-connections", default_value_t = ServerConfig::default().max_connections,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: usize,
     /// Bytes all clients' requests in flight may hold together (write
     /// payloads, read data); past it, requests wait (e.g. 256M).
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,
     /// Seconds a client may take to negotiate.
-    #[arg(long = "handshake-timeout", value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.as_secs())]
+    #[arg(long = "handshake-timeout", value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub handshake_timeout: u64,
     /// Seconds a request's bytes may stop arriving, or a reply stop being
     /// taken, before the connection is closed.
-    #[arg(long = "io-timeout", value_name = "SECS", default_value_t = ServerConfig::default().io_timeout.as_secs())]
+    #[arg(long = "io-timeout", value_name = "SECS", default_value_t = ServerConfig::default().io_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub io_timeout: u64,
     /// TLS: `off`; `on` (offered, clients choose); `require` (nothing is
     /// served before a client starts TLS). Default: `on` with
@@ -496,10 +499,10 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         exports,
         ServerConfig {
             workers: a.workers,
-            max_connections: a.max_connections.max(1),
+            max_connections: a.max_connections,
             server_budget: a.max_inflight as u64,
-            handshake_timeout: Duration::from_secs(a.handshake_timeout.max(1)),
-            io_timeout: Duration::from_secs(a.io_timeout.max(1)),
+            handshake_timeout: Duration::from_secs(a.handshake_timeout),
+            io_timeout: Duration::from_secs(a.io_timeout),
             idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
             tls,
             tls_required,

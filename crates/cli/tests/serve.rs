@@ -2228,6 +2228,13 @@ fn bad_arguments_fail_with_one_line() {
     // A usage error points at the subcommand's help, which lists its
     // options, not the top level's, which lists only subcommands.
     serve_fails(&["--workers", "x"], "(see cairn serve --help)");
+    // A zero that would mean "never" or "none" is refused, not made 1.
+    for zero in ["--io-timeout", "--handshake-timeout", "--max-connections"] {
+        serve_fails(
+            &[zero, "0", "--file", f, "--socket", sock],
+            "0 is not in 1..",
+        );
+    }
     let out = run(&["cache", "status", "bogus"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
