@@ -80,13 +80,18 @@ impl Hooks for EngineHooks {
     }
 }
 
-fn options(common: &CommonArgs) -> Result<Options> {
+/// The inputs named: on the command line, then in each --filelist.
+fn inputs(common: &CommonArgs) -> Result<Vec<std::path::PathBuf>> {
     let mut files = common.files.clone();
     for list in &common.filelist {
         files.extend(names_in(list)?);
     }
+    Ok(files)
+}
+
+fn options(common: &CommonArgs) -> Result<Options> {
     Ok(Options {
-        files,
+        files: inputs(common)?,
         output: common.output.clone(),
         stdout: common.stdout,
         keep: common.keep,
@@ -121,10 +126,8 @@ fn options(common: &CommonArgs) -> Result<Options> {
 /// (zstd's trainer; status 14 where zstd's training fails).
 fn train(args: &PackArgs) -> Result<()> {
     let common = &args.common;
-    let mut files = common.files.clone();
-    for list in &common.filelist {
-        files.extend(names_in(list)?);
-    }
+    let mut files = inputs(common)?;
+    files.reverse();
     let mut samples = Vec::new();
     while let Some(path) = files.pop() {
         let read = |e: std::io::Error| anyhow::anyhow!("--train {}: {e}", path.display());
