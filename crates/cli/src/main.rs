@@ -1499,10 +1499,7 @@ impl Tool {
     /// an output in the way; zstd, bzip2 and lz4 say every error.
     pub(crate) fn quiet_hides(self, error: &cairn_filepack::Error) -> bool {
         use cairn_filepack::Error;
-        let inner = match error {
-            Error::Input { source, .. } => &**source,
-            other => other,
-        };
+        let inner = error.inner();
         match self {
             Tool::Pigz => true,
             Tool::Gzip | Tool::Xz => error.is_warning() && !matches!(inner, Error::Exists { .. }),
@@ -1515,10 +1512,7 @@ impl Tool {
     /// status 2 (as `gunzip -q *` in a directory of mixed files).
     pub(crate) fn quiet_ignores(self, error: &cairn_filepack::Error) -> bool {
         use cairn_filepack::Error;
-        let inner = match error {
-            Error::Input { source, .. } => &**source,
-            other => other,
-        };
+        let inner = error.inner();
         self == Tool::Gzip && matches!(inner, Error::UnknownSuffix)
     }
 
@@ -1531,10 +1525,7 @@ impl Tool {
     pub(crate) fn warning_status(self, error: Option<&cairn_filepack::Error>) -> u8 {
         use cairn_filepack::Error;
         // (One input's error, inside the input's name.)
-        let error = match error {
-            Some(Error::Input { source, .. }) => Some(&**source),
-            other => other,
-        };
+        let error = error.map(Error::inner);
         match self {
             Tool::Gzip => 2,
             // pigz skips an input with status 1 and stops quietly at

@@ -31,6 +31,18 @@ pub(crate) struct EngineHooks {
 }
 
 impl EngineHooks {
+    /// No bar, no notes: for a file written outside the pack engine
+    /// (a restore's output, removed if cairn is killed).
+    pub(crate) fn silent() -> Self {
+        EngineHooks {
+            progress: false,
+            force_progress: false,
+            quiet: true,
+            tool: None,
+            ignored: Default::default(),
+        }
+    }
+
     /// Whether what is said of `error` is hidden by `-q`.
     fn hides(&self, error: &Error) -> bool {
         self.quiet && self.tool.is_some_and(|t| t.quiet_hides(error))

@@ -765,13 +765,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             }
             r
         } else {
-            let hooks = crate::pack::EngineHooks {
-                progress: false,
-                force_progress: false,
-                quiet: true,
-                tool: None,
-                ignored: Default::default(),
-            };
+            let hooks = crate::pack::EngineHooks::silent();
             let pending = PendingFile::create(&a.dest, a.force, &hooks)?;
             pending
                 .file()
@@ -1304,7 +1298,9 @@ pub(crate) fn tag(a: &TagArgs) -> Result<()> {
             targets.push(repo.resolve(spec)?);
         }
     }
-    targets.dedup();
+    // Each snapshot once, in the order first named (`tag vm@1 vm@2 vm@1`).
+    let mut seen = std::collections::HashSet::new();
+    targets.retain(|t| seen.insert(t.clone()));
     let mut done = Vec::new();
     for (name, snap) in targets {
         let (before, after) = repo

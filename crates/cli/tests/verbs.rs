@@ -275,6 +275,15 @@ fn tag_changes_tags_and_forget_keep_tag_keeps_them() {
         .map(|s| s["changed"].as_bool().unwrap())
         .collect();
     assert_eq!(changed, [false, true, false, true], "{v}");
+    // A snapshot named twice is changed once, in the order first named.
+    let v = tag(&["vm@3", "vm@1", "vm@3", "--add", "twice"]);
+    let named: Vec<u64> = v["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(named, [3, 1], "{v}");
     // The snapshots read as before: only the tags changed.
     let out = ok(go(
         &mut with(pw),

@@ -215,6 +215,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// The error itself, without the name of the input it is of
+    /// ([`Error::Input`]).
+    pub fn inner(&self) -> &Error {
+        match self {
+            Error::Input { source, .. } => source,
+            other => other,
+        }
+    }
+
     /// An input gzip leaves alone with a warning and exit status 2 rather
     /// than an error and 1: a name with no known suffix to take off, an
     /// output that exists, an input that is a directory (without `-r`),
