@@ -112,6 +112,23 @@ enum Command {
     Gc(repo_cmd::GcArgs),
     /// Repository totals: sizes, ratios, index memory per chunk, targets.
     Stats(repo_cmd::StatsArgs),
+    /// Remove the sessions and image locks of processes that are gone.
+    ///
+    /// Every running backup, restore, verify, gc, rm, forget, mount and
+    /// served image registers a session in the repository (gc deletes
+    /// nothing a session may still use) and a writable image a lock (one
+    /// writer at a time). In a directory each is a file its process keeps
+    /// an flock on, which the kernel drops when it dies. In a bucket each
+    /// is a lease its process writes again every minute: one left by a
+    /// process killed on this machine is taken for dead at once, one left
+    /// by a process on another machine only 15 minutes after its last
+    /// write. Until then gc defers and the image cannot be opened
+    /// writable. `cairn unlock` removes what is dead now; with
+    /// --remove-all also what looks live (in a bucket: make sure its
+    /// process is gone, or it loses its session and fails before its next
+    /// commit). A directory's live ones are kernel locks of running
+    /// processes and are kept even then (status 1).
+    Unlock(repo_cmd::UnlockArgs),
     /// Keys of an encrypted repository: list, add, remove, passwd.
     Key(key_cmd::KeyArgs),
     /// Export repository images, files and devices over NBD.
@@ -1627,6 +1644,7 @@ fn main() -> ExitCode {
         Command::Copy(args) => diff_copy::copy(&args),
         Command::Gc(args) => repo_cmd::gc(&args),
         Command::Stats(args) => repo_cmd::stats(&args),
+        Command::Unlock(args) => repo_cmd::unlock(&args),
         Command::Key(args) => key_cmd::key(&args),
         Command::Serve(args) => serve::serve(&args),
         Command::Mount(args) => mount::mount(&args),

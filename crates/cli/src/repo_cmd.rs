@@ -349,6 +349,20 @@ pub(crate) struct StatsArgs {
     pub json: bool,
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct UnlockArgs {
+    #[command(flatten)]
+    pub repo: RepoArg,
+    /// Also remove sessions and locks that look live (a bucket's lease
+    /// left by a process killed on another machine, within its 15
+    /// minutes).
+    #[arg(long)]
+    pub remove_all: bool,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 fn parse_read_block(s: &str) -> Result<usize, String> {
     let n = crate::parse_size(s)?;
     let align = cairn_blockdev::DIRECT_ALIGN;
@@ -1756,6 +1770,47 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
     let damaged = s.unreadable_snapshots.len() + s.damaged_index_files.len();
     if damaged > 0 {
         bail!("{damaged} metadata file(s) could not be read; the totals leave them out (run `cairn verify`)");
+    }
+    Ok(())
+}
+
+pub(crate) fn unlock(a: &UnlockArgs) -> Result<()> {
+    let repo = open_repo(&a.repo)?;
+    let done = repo.unlock_holds(a.remove_all)?;
+    if a.json {
+        print_json(&json!({
+            "repository": repo.location(),
+            "removed": done.removed,
+            "kept": done.kept,
+        }));
+    } else {
+        let holder = |e: &cairn_store::HoldEntry| match &e.info {
+            Some(i) => format!(
+                "{} (pid {} on {}, since {})",
+                i.what,
+                i.pid,
+                i.host,
+                cairn_store::format_time(i.started)
+            ),
+            None => "(holder unreadable)".into(),
+        };
+        for e in &done.removed {
+            let state = if e.live { "live" } else { "dead" };
+            outln!("removed  {}  {} [{state}]", e.key, holder(e));
+        }
+        for e in &done.kept {
+            outln!(
+                "kept     {}  {} [{}]",
+                e.key,
+                holder(e),
+                e.kept.as_deref().unwrap_or("")
+            );
+        }
+        outln!("{} removed, {} kept", done.removed.len(), done.kept.len());
+    }
+    let refused = done.kept.iter().filter(|e| a.remove_all && e.live).count();
+    if refused > 0 {
+        bail!("{refused} held by running processes were kept: stop them first");
     }
     Ok(())
 }

@@ -91,6 +91,31 @@ impl Store {
             .map_or(0, Vec::len)
     }
 
+    /// A backup of image `name` from standard input, fed the first 4 MiB
+    /// of `image(_, seed)` and left running (its session registered);
+    /// its standard error is piped.
+    fn running_backup(&self, name: &str, seed: u64) -> (Child, std::process::ChildStdin) {
+        let mut child = self
+            .cmd()
+            .args(["backup", "-", "--repo", &self.loc, "--name", name, "-q"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&image(4 << 20, seed)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.running() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the backup never showed as running"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (child, stdin)
+    }
+
     fn verify(&self) -> Value {
         let out = self.verb("verify", &["--read-data", "--json", "-q"]);
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -660,25 +685,7 @@ fn s3_backup_killed_on_this_machine_holds_nothing() {
     };
     let s = Store::s3(&server, "killed");
     ok(s.run(&["init", &s.loc]));
-    let mut child = s
-        .cmd()
-        .args(["backup", "-", "--repo", &s.loc, "--name", "vm", "-q"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(&image(4 << 20, 31)).unwrap();
-    // Running: its session is in the bucket.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while s.running() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the backup never showed as running"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (mut child, mut stdin) = s.running_backup("vm", 31);
     // A pack or more in the bucket (packs close at 32 MiB).
     stdin.write_all(&image(40 << 20, 33)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
@@ -760,4 +767,87 @@ fn s3_damage_is_found_and_named() {
         .filter_map(|a| a["image"].as_str())
         .collect();
     assert!(!named.is_empty(), "{v}");
+}
+
+/// `cairn unlock` on a bucket: a running backup's session looks live and
+/// is kept; `--remove-all` removes it (as for a process killed on
+/// another machine), and the backup, still running, finds its session
+/// gone and fails before it commits anything.
+#[test]
+fn s3_unlock_removes_what_looks_live_only_when_told() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let s = Store::s3(&server, "unlock");
+    ok(s.run(&["init", &s.loc]));
+    let (child, mut stdin) = s.running_backup("vm", 41);
+    let out = json(&ok(s.verb("unlock", &["--json"])));
+    assert_eq!(out["removed"].as_array().unwrap().len(), 0, "{out}");
+    let kept = out["kept"].as_array().unwrap();
+    assert_eq!(kept.len(), 1, "{out}");
+    assert_eq!(kept[0]["info"]["what"], "cairn backup vm", "{out}");
+    assert_eq!(kept[0]["live"], true, "{out}");
+    assert_eq!(s.running(), 1);
+    let out = json(&ok(s.verb("unlock", &["--remove-all", "--json"])));
+    let removed = out["removed"].as_array().unwrap();
+    assert_eq!(removed.len(), 1, "{out}");
+    assert!(
+        removed[0]["key"].as_str().unwrap().starts_with("sessions/"),
+        "{out}"
+    );
+    assert_eq!(s.running(), 0);
+    // The backup goes on to its end, and finds its session gone.
+    stdin.write_all(&image(4 << 20, 42)).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the backup committed on a removed session"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("removed or taken over by another process"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let ls = json(&ok(s.verb("ls", &["--json"])));
+    assert_eq!(ls.as_array().map_or(0, Vec::len), 0, "{ls}");
+    // Nothing left to remove.
+    let out = json(&ok(s.verb("unlock", &["--json"])));
+    assert_eq!(out["removed"].as_array().unwrap().len(), 0, "{out}");
+    assert_eq!(out["kept"].as_array().unwrap().len(), 0, "{out}");
+}
+
+/// `cairn unlock` on a directory: a running writable serve's lock is a
+/// kernel lock, kept even with --remove-all (status 1, naming it); the
+/// file a killed one leaves is removed.
+#[test]
+fn unlock_on_a_directory_keeps_the_locks_of_running_processes() {
+    let s = Store::local();
+    ok(s.run(&["init", &s.loc]));
+    s.backup("vm", &image(1 << 20, 43));
+    let srv = Served::start(&s, &["--image", "vm,rw"]);
+    let out = s.verb("unlock", &["--remove-all"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("kept") && text.contains("writing image vm"),
+        "{text}"
+    );
+    let err = one_line_failure(&out);
+    assert!(err.contains("running processes"), "{err}");
+    drop(srv);
+    // As a killed process leaves one: a file no process locks.
+    let left = std::path::Path::new(&s.loc).join("sessions/0123456789abcdef0123456789abcdef");
+    std::fs::write(
+        &left,
+        br#"{"what":"cairn backup vm","pid":1,"host":"h","started":0}"#,
+    )
+    .unwrap();
+    let out = json(&ok(s.verb("unlock", &["--json"])));
+    let removed = out["removed"].as_array().unwrap();
+    assert_eq!(removed.len(), 1, "{out}");
+    assert_eq!(removed[0]["live"], false, "{out}");
+    assert!(!left.exists());
+    assert_eq!(out["kept"].as_array().unwrap().len(), 0, "{out}");
 }

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const VERBS: &[&str] = &[
     "pack", "unpack", "init", "backup", "restore", "ls", "verify", "repair", "rm", "forget", "gc",
-    "stats", "serve", "cache", "mount", "key", "diff", "copy", "tag",
+    "stats", "unlock", "serve", "cache", "commit", "mount", "key", "diff", "copy", "tag",
 ];
 
 fn readme() -> String {

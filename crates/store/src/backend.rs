@@ -15,7 +15,7 @@ use crate::meta;
 use cairn_blockdev::flock;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,6 +132,23 @@ pub trait WriteBackend: ReadBackend {
     /// holder has it; the object of a dead holder is taken over.
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>>;
 
+    /// [`WriteBackend::hold`] of `key` from a holder the caller found
+    /// ended though its object looks live (a bucket's lease left by a
+    /// process of this machine that is gone): the object is replaced only
+    /// while it still holds `old`, so of two takers one wins, and one that
+    /// changed meanwhile is [`StoreError::Locked`] by whoever wrote it. A
+    /// missing object is held as by `hold`.
+    fn take_over(&self, key: &Key, data: &[u8], old: &[u8]) -> Result<Box<dyn Held>>;
+
+    /// Remove the held object `key` whatever its lease says, if it still
+    /// holds `seen` (`cairn unlock --remove-all`: a holder killed on a
+    /// machine that cannot tell). `false`: it changed or is gone, and was
+    /// left. A holder whose liveness is certain (a directory's lock, taken
+    /// by a running process) is refused with [`StoreError::Locked`]. A
+    /// remote holder still running finds its hold lost at its next refresh
+    /// or [`Held::check`], and commits nothing on it.
+    fn break_hold(&self, key: &Key, seen: &[u8]) -> Result<bool>;
+
     /// Whether the holder of `key` (made by [`WriteBackend::hold`]) is
     /// still running.
     fn liveness(&self, key: &Key) -> Result<Liveness>;
@@ -156,10 +173,12 @@ pub trait ObjectWriter: Send {
     fn discard(self: Box<Self>);
 }
 
-/// A held object (see [`WriteBackend::hold`]); removed when dropped.
+/// A held object (see [`WriteBackend::hold`]); removed when dropped
+/// (unless another process took it over).
 pub trait Held: Send + Sync + std::fmt::Debug {
     /// Fails when the hold may have been lost (a remote lease that could
-    /// not be refreshed in time): a writer checks this before it commits.
+    /// not be refreshed in time, or an object removed or taken over by
+    /// another process): a writer checks this before it commits.
     fn check(&self) -> Result<()>;
 }
 
@@ -508,6 +527,39 @@ impl WriteBackend for LocalDir {
         })
     }
 
+    fn take_over(&self, key: &Key, data: &[u8], _old: &[u8]) -> Result<Box<dyn Held>> {
+        // A directory's holder that ended has dropped its lock: `hold`
+        // takes such an object over, and refuses a live one.
+        self.hold(key, data)
+    }
+
+    fn break_hold(&self, key: &Key, seen: &[u8]) -> Result<bool> {
+        let path = self.locate(key);
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e).ctx(&path, "open"),
+        };
+        // Exclusive, as a holder's: refused while its holder runs, and a
+        // taker waits for it (and then finds the path gone and retries).
+        if !flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx(&path, "lock")? {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            return Err(StoreError::Locked { path, holder });
+        }
+        let mut body = Vec::new();
+        (&file).read_to_end(&mut body).ctx(&path, "read")?;
+        if body != seen {
+            return Ok(false);
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e).ctx(&path, "remove"),
+        }
+        meta::sync_dir(path.parent().unwrap_or(&self.root))?;
+        Ok(true)
+    }
+
     fn liveness(&self, key: &Key) -> Result<Liveness> {
         let path = self.locate(key);
         let file = match File::open(&path) {
@@ -670,10 +722,38 @@ pub fn conformance(b: &dyn WriteBackend) -> std::result::Result<(), String> {
     if ok("get held", b.get(&k("sessions/s1")))?.as_deref() != Some(&b"me"[..]) {
         return Err("a held object does not hold its data".into());
     }
+    // take over: only from the holder named; break: only what was seen.
+    match b.take_over(&k("sessions/s1"), b"taker", b"someone else") {
+        Err(StoreError::Locked { holder, .. }) if holder == "me" => {}
+        other => return Err(format!("take_over from another holder gave {other:?}")),
+    }
+    // (A directory refuses to break a live hold at all.)
+    match b.break_hold(&k("sessions/s1"), b"someone else") {
+        Ok(false) | Err(StoreError::Locked { .. }) => {}
+        other => {
+            return Err(format!(
+                "break_hold of an object that changed gave {other:?}"
+            ))
+        }
+    }
+    if ok("get unbroken", b.get(&k("sessions/s1")))?.as_deref() != Some(&b"me"[..]) {
+        return Err("break_hold of an object that changed removed it".into());
+    }
     drop(h);
     if ok("liveness after", b.liveness(&k("sessions/s1")))? != Liveness::Gone {
         return Err("a dropped hold left its object".into());
     }
+    if ok("break gone", b.break_hold(&k("sessions/s1"), b"me"))? {
+        return Err("break_hold of a missing object said it removed it".into());
+    }
+    let h = ok(
+        "take_over gone",
+        b.take_over(&k("sessions/s1"), b"new", b"me"),
+    )?;
+    if ok("get taken", b.get(&k("sessions/s1")))?.as_deref() != Some(&b"new"[..]) {
+        return Err("take_over of a missing object does not hold its data".into());
+    }
+    drop(h);
     // child: a folder as a backend of its own.
     let c = b.child("meta");
     if ok("child get", c.get(&k("one")))?.as_deref() != Some(&b"second value"[..]) {
@@ -759,6 +839,26 @@ mod tests {
         let h = b.hold(&key, b"me").unwrap();
         assert_eq!(b.liveness(&key).unwrap(), Liveness::Live);
         drop(h);
+    }
+
+    #[test]
+    fn only_a_dead_holders_object_is_broken() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalDir::new(dir.path());
+        let key = Key("locks/x".into());
+        // A running holder's lock is certain: refused, naming it.
+        let h = b.hold(&key, b"holder").unwrap();
+        match b.break_hold(&key, b"holder") {
+            Err(StoreError::Locked { holder, .. }) => assert_eq!(holder, "holder"),
+            other => panic!("{other:?}"),
+        }
+        drop(h);
+        // Left by a killed process: removed, if it is what was seen.
+        std::fs::write(b.locate(&key), b"pid 1").unwrap();
+        assert!(!b.break_hold(&key, b"pid 2").unwrap());
+        assert!(b.break_hold(&key, b"pid 1").unwrap());
+        assert_eq!(b.liveness(&key).unwrap(), Liveness::Gone);
+        assert!(!b.break_hold(&key, b"pid 1").unwrap());
     }
 
     #[test]

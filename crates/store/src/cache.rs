@@ -336,6 +336,15 @@ impl WriteBackend for CachedBackend {
         self.inner.hold(key, data)
     }
 
+    fn take_over(&self, key: &Key, data: &[u8], old: &[u8]) -> Result<Box<dyn Held>> {
+        self.inner.take_over(key, data, old)
+    }
+
+    fn break_hold(&self, key: &Key, seen: &[u8]) -> Result<bool> {
+        self.entries.drop_prefix(&self.key_prefix(key));
+        self.inner.break_hold(key, seen)
+    }
+
     fn liveness(&self, key: &Key) -> Result<Liveness> {
         self.inner.liveness(key)
     }

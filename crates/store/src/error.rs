@@ -144,6 +144,17 @@ pub enum StoreError {
         /// The last refresh's error, as `: <error>`, or empty.
         why: String,
     },
+    /// A held remote object (a session, a lock) was removed or replaced
+    /// by another process (`cairn unlock --remove-all`, or a taker that
+    /// found its lease run out): what it guarded may be gone.
+    #[error(
+        "{path}: removed or taken over by another process (cairn unlock --remove-all, \
+         or a lease taken for dead); nothing is committed on it"
+    )]
+    HoldTaken {
+        /// The object's URL.
+        path: PathBuf,
+    },
 }
 
 /// Results of the store.

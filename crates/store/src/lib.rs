@@ -95,9 +95,9 @@ mod verify;
 pub use crypt::KdfParams;
 pub use id::{ChunkId, PackId, RepoId, PREFIX_LEN};
 pub use repo::{
-    cache_dir, state_dir, state_root, validate_name, ImageLock, InitOptions, KeyInfo, LoadedIndex,
-    NoPassword, Password, PasswordSource, Repository, Session, SessionInfo, DEFAULT_PACK_SIZE,
-    UNNAMED,
+    cache_dir, state_dir, state_root, validate_name, HoldEntry, ImageLock, InitOptions, KeyInfo,
+    LoadedIndex, NoPassword, Password, PasswordSource, Repository, Session, SessionInfo, Unlocked,
+    DEFAULT_PACK_SIZE, UNNAMED,
 };
 // Snapshots: their extents, tags, and which to keep.
 pub use manifest::{parse_tags, tags_match, Extent, Manifest, SnapshotStats};

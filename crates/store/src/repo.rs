@@ -386,6 +386,31 @@ pub struct ImageLock {
     _held: Box<dyn Held>,
 }
 
+/// What [`Repository::unlock_holds`] did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Unlocked {
+    /// The sessions and locks removed.
+    pub removed: Vec<HoldEntry>,
+    /// Those left, with why.
+    pub kept: Vec<HoldEntry>,
+}
+
+/// A session (`sessions/<hex>`) or lock (`locks/NAME`) and its holder.
+#[derive(Debug, Clone, Serialize)]
+pub struct HoldEntry {
+    /// Its key in the repository.
+    pub key: String,
+    /// Whether its holder looked alive (a lease within its time, or a
+    /// directory's lock taken).
+    pub live: bool,
+    /// Its holder, as its object records it (`None`: unreadable, such as
+    /// one sealed with a key this repository no longer has).
+    pub info: Option<SessionInfo>,
+    /// Why it was left, for one kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
+}
+
 /// Who holds a session or an image lock, as its object records it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionInfo {
@@ -1664,6 +1689,56 @@ impl Repository {
             .any(|(id, l)| *l == Liveness::Live && id != me.id()))
     }
 
+    /// Remove the sessions and locks of processes that are gone (`cairn
+    /// unlock`): those whose lease ran out or whose process of this
+    /// machine ended (the rest of cairn takes these for dead too; this
+    /// removes them at once). With `all`, also those that look live: in a
+    /// bucket, a lease left by a process killed on another machine stays
+    /// live for its 15 minutes, and only its owner can tell it is gone.
+    /// A directory's live ones are kernel locks of running processes and
+    /// are kept even then. Each is removed only if it still holds what was
+    /// read (one taken meanwhile by a new holder is left).
+    pub fn unlock_holds(&self, all: bool) -> Result<Unlocked> {
+        let mut out = Unlocked::default();
+        let mut keys = self.root.list("sessions/")?;
+        keys.extend(self.root.list("locks/")?);
+        for l in keys {
+            let Some(body) = self.root.get(&l.key)? else {
+                continue;
+            };
+            let info = self.read_info(&body);
+            let live = match self.root.liveness(&l.key)? {
+                Liveness::Gone => continue,
+                Liveness::Live if info.as_ref().is_some_and(SessionInfo::ended_here) => {
+                    Liveness::Dead
+                }
+                live => live,
+            };
+            let mut entry = HoldEntry {
+                key: l.key.to_string(),
+                live: live == Liveness::Live,
+                info,
+                kept: None,
+            };
+            if live == Liveness::Live && !all {
+                entry.kept = Some("live (--remove-all removes it)".into());
+                out.kept.push(entry);
+                continue;
+            }
+            match self.root.break_hold(&l.key, &body) {
+                Ok(true) => out.removed.push(entry),
+                // Ended, or taken by a new holder, meanwhile.
+                Ok(false) => {}
+                Err(StoreError::Locked { .. }) => {
+                    entry.kept = Some("held by a running process (its lock is taken)".into());
+                    out.kept.push(entry);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// Take image `name` for writing: one writer of an image at a time
     /// (fails at once naming the holder).
     pub fn lock_image(&self, name: &str, what: &str) -> Result<ImageLock> {
@@ -1671,12 +1746,18 @@ impl Repository {
         let body = self.info_body(what)?;
         let key = Key::new(format!("locks/{}", self.image_dir(name)));
         let mut held = self.root.hold(&key, &body);
-        if matches!(held, Err(StoreError::Locked { .. })) && self.held_by_ended(&key)? {
-            // Left by a writer of this machine that was killed: taken
-            // over, as a lock whose lease ran out is.
-            tracing::info!(image = name, "taking over the lock of an ended writer");
-            self.root.delete(std::slice::from_ref(&key))?;
-            held = self.root.hold(&key, &body);
+        if let Err(StoreError::Locked { holder, .. }) = &held {
+            if self
+                .read_info(holder.as_bytes())
+                .is_some_and(|i| i.ended_here())
+            {
+                // Left by a writer of this machine that was killed: taken
+                // over, as a lock whose lease ran out is (only from that
+                // writer: of two takers one wins).
+                tracing::info!(image = name, "taking over the lock of an ended writer");
+                let old = holder.clone().into_bytes();
+                held = self.root.take_over(&key, &body, &old);
+            }
         }
         match held {
             Ok(h) => Ok(ImageLock { _held: h }),

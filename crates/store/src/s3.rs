@@ -49,6 +49,10 @@
 //!   answer to a successful conditional PUT is lost and the request is
 //!   retried, the retry is refused and the caller is told it lost, though
 //!   its object is there; a lost race is never reported as won.
+//! - **Conditional replacement**: a PUT with `If-Match: <ETag>` is refused
+//!   (412) unless the object is there with that ETag (S3 since 2024;
+//!   SeaweedFS 4.48 does, tested): held objects are taken over and
+//!   refreshed with it (below).
 //! - **Streamed objects**: [`WriteBackend::create`] buffers; an object of
 //!   at most [`SINGLE_PUT_MAX`] goes up in one PUT at
 //!   [`ObjectWriter::finish`], a larger one as a multipart upload of
@@ -58,9 +62,13 @@
 //!   lifecycle rule on the bucket to abort incomplete uploads after a day.
 //! - **Held objects** are leases: [`WriteBackend::hold`] creates the
 //!   object (a conditional create: a live holder's object is refused with
-//!   [`StoreError::Locked`], a dead one's removed and taken over, and of
-//!   two takers one wins) and a background thread PUTs it again every
-//!   [`HEARTBEAT`] until the guard drops, which deletes it. [`WriteBackend::liveness`] HEADs it:
+//!   [`StoreError::Locked`], a dead one's version replaced by a PUT with
+//!   `If-Match` on its ETag, so of two takers one wins) and a background
+//!   thread PUTs it again every [`HEARTBEAT`], conditional on the ETag of
+//!   its own last write, until the guard drops, which deletes it. A
+//!   refresh refused (the object removed or replaced by another process:
+//!   `cairn unlock --remove-all`) loses the hold for good; so does a
+//!   [`Held::check`] that GETs another body. [`WriteBackend::liveness`] HEADs it:
 //!   missing is [`Liveness::Gone`], last modified more than [`LEASE`] ago is
 //!   [`Liveness::Dead`], else [`Liveness::Live`]. [`Held::check`] fails
 //!   once the last successful refresh is older than [`LEASE`] less a third
@@ -86,7 +94,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, MultipartUpload, ObjectStore, ObjectStoreExt,
-    PutMode, PutOptions, PutPayload, RetryConfig,
+    PutMode, PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 use std::collections::VecDeque;
 use std::future::Future;
@@ -400,8 +408,9 @@ impl S3Backend {
         io_error(self.locate(key), what, e)
     }
 
-    /// PUT `data` as `key` (`mode`: replace, or create only).
-    fn put_mode(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<bool> {
+    /// PUT `data` as `key` (`mode`: replace, create only, or replace only
+    /// the version of a given ETag).
+    fn put_mode(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<Put> {
         let path = self.path(key)?;
         let payload = PutPayload::from(data.to_vec());
         let store = &self.shared.store;
@@ -409,10 +418,160 @@ impl S3Backend {
             .shared
             .run(store.put_opts(&path, payload, PutOptions::from(mode)));
         match r {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Ok(r) => Ok(Put::Written { etag: r.e_tag }),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(Put::Refused),
             Err(e) => Err(self.err(key, "put", &e)),
         }
+    }
+
+    /// The object's last-modified time and ETag; `None`: no such object.
+    fn head(&self, key: &Key) -> Result<Option<(SystemTime, Option<String>)>> {
+        let path = self.path(key)?;
+        match self.shared.run(self.shared.store.head(&path)) {
+            Ok(m) => Ok(Some((SystemTime::from(m.last_modified), m.e_tag))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, "head", &e)),
+        }
+    }
+
+    /// The object's body and ETag; `None`: no such object.
+    fn get_tagged(&self, key: &Key) -> Result<Option<(Vec<u8>, Option<String>)>> {
+        let path = self.path(key)?;
+        let store = &self.shared.store;
+        let r = self.shared.run(async {
+            let r = store.get(&path).await?;
+            let etag = r.meta.e_tag.clone();
+            Ok::<_, object_store::Error>((r.bytes().await?.to_vec(), etag))
+        });
+        match r {
+            Ok(got) => Ok(Some(got)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(key, "get", &e)),
+        }
+    }
+
+    /// Whether an object last modified at `modified` is past its lease.
+    fn lapsed(&self, modified: SystemTime) -> bool {
+        // A time in the future (clocks apart) is a recent one.
+        let age = SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or(Duration::ZERO);
+        age > self.timing.lease
+    }
+
+    /// [`StoreError::Locked`] by whoever holds `key` now.
+    fn locked(&self, key: &Key) -> StoreError {
+        match self.get(key) {
+            Ok(body) => StoreError::Locked {
+                path: self.locate(key),
+                holder: body
+                    .map(|d| String::from_utf8_lossy(&d).into_owned())
+                    .unwrap_or_default(),
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// Write `data` as the held object `key` with `mode` (a create, or a
+    /// replacement of the dead holder's version) and keep it refreshed.
+    fn hold_with(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<Box<dyn Held>> {
+        // A refresh counts from when it was sent (the store's time is
+        // later): the lease is never thought longer than it is.
+        let sent = Instant::now();
+        let sent_wall = SystemTime::now();
+        let etag = match self.put_mode(key, data, mode)? {
+            Put::Written { etag } => etag,
+            Put::Refused => return Err(self.locked(key)),
+        };
+        let state = Arc::new(Mutex::new(Refresh {
+            at: sent,
+            at_wall: sent_wall,
+            error: None,
+            lapsed: None,
+            taken: false,
+        }));
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let url = self.locate(key);
+        let thread = {
+            let backend = self.clone();
+            let key = key.clone();
+            let data = data.to_vec();
+            let state = state.clone();
+            let heartbeat = self.timing.heartbeat;
+            let limit = self.timing.check_limit();
+            let mut etag = etag;
+            std::thread::Builder::new()
+                .name("cairn-s3-hold".into())
+                .spawn(move || {
+                    let mut wait = heartbeat;
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(wait)
+                    {
+                        let sent = Instant::now();
+                        let sent_wall = SystemTime::now();
+                        // Only the version this holder wrote is refreshed:
+                        // one removed or replaced by another process stays
+                        // so (a store that names no ETag is overwritten).
+                        let mode = match &etag {
+                            Some(e) => PutMode::Update(UpdateVersion {
+                                e_tag: Some(e.clone()),
+                                version: None,
+                            }),
+                            None => PutMode::Overwrite,
+                        };
+                        let r = backend.put_mode(&key, &data, mode);
+                        let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+                        match r {
+                            Ok(Put::Written { etag: new }) => {
+                                // Landed this late after the last one: the
+                                // lease may have run out between them, and
+                                // another process taken the holder for
+                                // dead. Refreshing again does not undo that.
+                                let gap = s.age();
+                                if gap > limit && s.lapsed.is_none() {
+                                    s.lapsed = Some(gap);
+                                }
+                                s.at = sent;
+                                s.at_wall = sent_wall;
+                                s.error = None;
+                                etag = new.or(etag.take());
+                                wait = heartbeat;
+                            }
+                            Ok(Put::Refused) => {
+                                tracing::warn!(key = %key, "a held object was removed or taken over by another process");
+                                s.taken = true;
+                                return;
+                            }
+                            Err(e) => {
+                                s.error = Some(e.to_string());
+                                wait = heartbeat.min(REFRESH_RETRY);
+                            }
+                        }
+                    }
+                })
+        };
+        let thread = match thread {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.delete(std::slice::from_ref(key));
+                return Err(StoreError::Io {
+                    path: url,
+                    what: "start the thread refreshing",
+                    source: e,
+                });
+            }
+        };
+        Ok(Box::new(S3Hold {
+            backend: self.clone(),
+            key: key.clone(),
+            data: data.to_vec(),
+            state,
+            stop: Some(stop),
+            thread: Some(thread),
+        }))
     }
 
     /// `buf.len()` bytes of `key` from `offset`, into `buf`. The body is
@@ -573,7 +732,10 @@ impl WriteBackend for S3Backend {
     }
 
     fn put_new(&self, key: &Key, data: &[u8]) -> Result<bool> {
-        self.put_mode(key, data, PutMode::Create)
+        Ok(matches!(
+            self.put_mode(key, data, PutMode::Create)?,
+            Put::Written { .. }
+        ))
     }
 
     fn delete(&self, keys: &[Key]) -> Result<()> {
@@ -612,123 +774,77 @@ impl WriteBackend for S3Backend {
     }
 
     fn hold(&self, key: &Key, data: &[u8]) -> Result<Box<dyn Held>> {
-        // A live holder keeps it; a dead one's object is taken over. The
-        // taking is a conditional create, so of two takers one wins.
-        match self.liveness(key)? {
-            Liveness::Live => {
-                let holder = self
-                    .get(key)?
-                    .map(|d| String::from_utf8_lossy(&d).into_owned())
-                    .unwrap_or_default();
-                return Err(StoreError::Locked {
-                    path: self.locate(key),
-                    holder,
-                });
+        // A live holder keeps it; a dead one's version is replaced by a
+        // PUT conditional on its ETag, so of two takers one wins (and a
+        // holder refreshing meanwhile with another body wins over both).
+        let mode = match self.head(key)? {
+            None => PutMode::Create,
+            Some((modified, _)) if !self.lapsed(modified) => return Err(self.locked(key)),
+            Some((_, Some(etag))) => PutMode::Update(UpdateVersion {
+                e_tag: Some(etag),
+                version: None,
+            }),
+            Some((_, None)) => {
+                // A store that names no ETag: removed, then created.
+                self.delete(std::slice::from_ref(key))?;
+                PutMode::Create
             }
-            Liveness::Dead => self.delete(std::slice::from_ref(key))?,
-            Liveness::Gone => {}
-        }
-        // A refresh counts from when it was sent (the store's time is
-        // later): the lease is never thought longer than it is.
-        let sent = Instant::now();
-        let sent_wall = SystemTime::now();
-        if !self.put_new(key, data)? {
-            let holder = self
-                .get(key)?
-                .map(|d| String::from_utf8_lossy(&d).into_owned())
-                .unwrap_or_default();
-            return Err(StoreError::Locked {
+        };
+        self.hold_with(key, data, mode)
+    }
+
+    fn take_over(&self, key: &Key, data: &[u8], old: &[u8]) -> Result<Box<dyn Held>> {
+        match self.get_tagged(key)? {
+            None => self.hold_with(key, data, PutMode::Create),
+            Some((body, Some(etag))) if body == old => self.hold_with(
+                key,
+                data,
+                PutMode::Update(UpdateVersion {
+                    e_tag: Some(etag),
+                    version: None,
+                }),
+            ),
+            Some((body, None)) if body == old => {
+                self.delete(std::slice::from_ref(key))?;
+                self.hold_with(key, data, PutMode::Create)
+            }
+            Some((body, _)) => Err(StoreError::Locked {
                 path: self.locate(key),
-                holder,
-            });
+                holder: String::from_utf8_lossy(&body).into_owned(),
+            }),
         }
-        let state = Arc::new(Mutex::new(Refresh {
-            at: sent,
-            at_wall: sent_wall,
-            error: None,
-            lapsed: None,
-        }));
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let url = self.locate(key);
-        let thread = {
-            let backend = self.clone();
-            let key = key.clone();
-            let data = data.to_vec();
-            let state = state.clone();
-            let heartbeat = self.timing.heartbeat;
-            let limit = self.timing.check_limit();
-            std::thread::Builder::new()
-                .name("cairn-s3-hold".into())
-                .spawn(move || {
-                    let mut wait = heartbeat;
-                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                        stopped.recv_timeout(wait)
-                    {
-                        let sent = Instant::now();
-                        let sent_wall = SystemTime::now();
-                        let r = backend.put(&key, &data);
-                        let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
-                        match r {
-                            Ok(()) => {
-                                // Landed this late after the last one: the
-                                // lease may have run out between them, and
-                                // another process taken the holder for
-                                // dead. Refreshing again does not undo that.
-                                let gap = s.age();
-                                if gap > limit && s.lapsed.is_none() {
-                                    s.lapsed = Some(gap);
-                                }
-                                s.at = sent;
-                                s.at_wall = sent_wall;
-                                s.error = None;
-                                wait = heartbeat;
-                            }
-                            Err(e) => {
-                                s.error = Some(e.to_string());
-                                wait = heartbeat.min(REFRESH_RETRY);
-                            }
-                        }
-                    }
-                })
-        };
-        let thread = match thread {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = self.delete(std::slice::from_ref(key));
-                return Err(StoreError::Io {
-                    path: url,
-                    what: "start the thread refreshing",
-                    source: e,
-                });
+    }
+
+    fn break_hold(&self, key: &Key, seen: &[u8]) -> Result<bool> {
+        // A bucket cannot delete on condition: what is removed is what a
+        // GET just read (a holder that replaced it in between, within
+        // milliseconds, loses its object and finds so at its next
+        // refresh or check).
+        match self.get(key)? {
+            Some(body) if body == seen => {
+                self.delete(std::slice::from_ref(key))?;
+                Ok(true)
             }
-        };
-        Ok(Box::new(S3Hold {
-            backend: self.clone(),
-            key: key.clone(),
-            state,
-            stop: Some(stop),
-            thread: Some(thread),
-        }))
+            _ => Ok(false),
+        }
     }
 
     fn liveness(&self, key: &Key) -> Result<Liveness> {
-        let path = self.path(key)?;
-        let meta = match self.shared.run(self.shared.store.head(&path)) {
-            Ok(m) => m,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Liveness::Gone),
-            Err(e) => return Err(self.err(key, "head", &e)),
-        };
-        let modified = SystemTime::from(meta.last_modified);
-        // A time in the future (clocks apart) is a recent one.
-        let age = SystemTime::now()
-            .duration_since(modified)
-            .unwrap_or(Duration::ZERO);
-        Ok(if age > self.timing.lease {
-            Liveness::Dead
-        } else {
-            Liveness::Live
+        Ok(match self.head(key)? {
+            None => Liveness::Gone,
+            Some((modified, _)) if self.lapsed(modified) => Liveness::Dead,
+            Some(_) => Liveness::Live,
         })
     }
+}
+
+/// What a PUT did.
+enum Put {
+    /// Stored; the new object's ETag, where the store names one.
+    Written { etag: Option<String> },
+    /// Refused by its condition: the object exists (a create), or is not
+    /// the version named (a replacement), or is gone (a replacement).
+    Refused,
 }
 
 /// The last refresh of a held object.
@@ -745,6 +861,9 @@ struct Refresh {
     /// [`Held::check`] allows, how far: the lease may have lapsed then,
     /// so the hold stays lost for good.
     lapsed: Option<Duration>,
+    /// A refresh found the object removed or replaced by another process:
+    /// lost for good, and not refreshed or deleted any more.
+    taken: bool,
 }
 
 impl Refresh {
@@ -763,6 +882,8 @@ impl Refresh {
 struct S3Hold {
     backend: S3Backend,
     key: Key,
+    /// What it holds: an object with another body is not this holder's.
+    data: Vec<u8>,
     state: Arc<Mutex<Refresh>>,
     /// Dropped to stop the thread.
     stop: Option<std::sync::mpsc::Sender<()>>,
@@ -772,31 +893,49 @@ struct S3Hold {
 impl Held for S3Hold {
     fn check(&self) -> Result<()> {
         let lease = self.backend.timing.lease;
-        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(gap) = s.lapsed {
-            return Err(StoreError::LeaseLost {
-                path: self.backend.locate(&self.key),
-                age_secs: gap.as_secs(),
-                lease_secs: lease.as_secs(),
-                why: " once (refreshed since, but another process may have taken \
-                      the holder for dead meanwhile and deleted what it uses)"
-                    .into(),
-            });
-        }
-        let age = s.age();
-        if age <= self.backend.timing.check_limit() {
-            return Ok(());
-        }
-        Err(StoreError::LeaseLost {
+        let taken = || StoreError::HoldTaken {
             path: self.backend.locate(&self.key),
-            age_secs: age.as_secs(),
-            lease_secs: lease.as_secs(),
-            why: s
-                .error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default(),
-        })
+        };
+        {
+            let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if s.taken {
+                return Err(taken());
+            }
+            if let Some(gap) = s.lapsed {
+                return Err(StoreError::LeaseLost {
+                    path: self.backend.locate(&self.key),
+                    age_secs: gap.as_secs(),
+                    lease_secs: lease.as_secs(),
+                    why: " once (refreshed since, but another process may have taken \
+                          the holder for dead meanwhile and deleted what it uses)"
+                        .into(),
+                });
+            }
+            let age = s.age();
+            if age > self.backend.timing.check_limit() {
+                return Err(StoreError::LeaseLost {
+                    path: self.backend.locate(&self.key),
+                    age_secs: age.as_secs(),
+                    lease_secs: lease.as_secs(),
+                    why: s
+                        .error
+                        .as_ref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        // Before a commit: the object is still this holder's (a refresh
+        // may be a minute away). A GET, not a HEAD: the body tells the
+        // holder apart whatever the store's ETags are.
+        if self.backend.get(&self.key)?.as_deref() != Some(&self.data[..]) {
+            self.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .taken = true;
+            return Err(taken());
+        }
+        Ok(())
     }
 }
 
@@ -806,7 +945,15 @@ impl Drop for S3Hold {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.backend.delete(std::slice::from_ref(&self.key));
+        // Another process's now: left to it.
+        if !self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .taken
+        {
+            let _ = self.backend.delete(std::slice::from_ref(&self.key));
+        }
     }
 }
 

@@ -993,6 +993,21 @@ impl cairn_store::backend::WriteBackend for Remote {
     ) -> cairn_store::Result<Box<dyn cairn_store::backend::Held>> {
         self.dir.hold(key, data)
     }
+    fn take_over(
+        &self,
+        key: &cairn_store::backend::Key,
+        data: &[u8],
+        old: &[u8],
+    ) -> cairn_store::Result<Box<dyn cairn_store::backend::Held>> {
+        self.dir.take_over(key, data, old)
+    }
+    fn break_hold(
+        &self,
+        key: &cairn_store::backend::Key,
+        seen: &[u8],
+    ) -> cairn_store::Result<bool> {
+        self.dir.break_hold(key, seen)
+    }
     fn liveness(
         &self,
         key: &cairn_store::backend::Key,

@@ -1,6 +1,7 @@
 //! The S3 backend against a real SeaweedFS (cairn-testkit): the backend
 //! conformance check, concurrent ranged reads, multipart uploads, racing
-//! conditional creates, leases, and a server that stops mid-work.
+//! conditional creates, leases (refreshed, expired, broken, taken over by
+//! one of many), and a server that stops mid-work.
 //!
 //! Skipped with a `skipped:` line where `weed` is missing, a failure under
 //! `CI=true`.
@@ -272,4 +273,92 @@ fn a_stopped_server_fails_calls_in_one_line_and_a_restarted_one_serves_again() {
     assert!(e.contains("sessions/w") && e.contains("once"), "{e}");
     drop(held);
     assert_eq!(b.liveness(&Key::new("sessions/w")).unwrap(), Liveness::Gone);
+}
+
+/// A hold removed by another process (`cairn unlock --remove-all`) is
+/// lost for good: its check fails before any commit, its refreshes do not
+/// bring it back nor overwrite a new holder's object, and dropping it
+/// leaves the new holder's object alone.
+#[test]
+fn a_broken_hold_is_lost_and_left_to_its_taker() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "broken", &[]).with_timing(Duration::from_secs(1), Duration::from_secs(4));
+    let key = Key::new("locks/vm");
+    let h = b.hold(&key, b"first").unwrap();
+    h.check().unwrap();
+    assert!(!b.break_hold(&key, b"another body").unwrap());
+    assert!(b.break_hold(&key, b"first").unwrap());
+    let e = h.check().unwrap_err();
+    assert!(matches!(e, StoreError::HoldTaken { .. }), "{e}");
+    assert!(e.to_string().contains("locks/vm"), "{e}");
+    let second = b.hold(&key, b"second").unwrap();
+    // Several of the first holder's heartbeats: none lands.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"second"[..]));
+    assert!(h.check().is_err());
+    drop(h);
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"second"[..]));
+    second.check().unwrap();
+    // Its refresh thread alone finds a hold broken (no check called).
+    assert!(b.break_hold(&key, b"second").unwrap());
+    b.put(&key, b"third").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"third"[..]));
+    assert!(matches!(second.check(), Err(StoreError::HoldTaken { .. })));
+    drop(second);
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"third"[..]));
+}
+
+/// Many processes finding one dead lock at once: one takes it over, the
+/// others are refused naming it (the takeover replaces the dead version
+/// by its ETag; a delete then a create let two win). The same for a lock
+/// taken over from a holder the caller found ended.
+#[test]
+fn one_of_many_takers_of_a_dead_lock_wins() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = Arc::new(
+        backend(&fs, "takers", &[]).with_timing(Duration::from_secs(1), Duration::from_secs(2)),
+    );
+    for round in 0..2 {
+        let key = Key::new(format!("locks/{round}"));
+        // As a killed holder leaves it: written once, never refreshed.
+        b.put(&key, b"dead").unwrap();
+        if round == 0 {
+            std::thread::sleep(Duration::from_secs(3));
+            assert_eq!(b.liveness(&key).unwrap(), Liveness::Dead);
+        }
+        let threads: Vec<_> = (0..6u8)
+            .map(|i| {
+                let (b, key) = (b.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let body = [b'a' + i];
+                    let r = if round == 0 {
+                        b.hold(&key, &body)
+                    } else {
+                        b.take_over(&key, &body, b"dead")
+                    };
+                    match r {
+                        Ok(h) => Some((body[0], h)),
+                        Err(StoreError::Locked { holder, .. }) => {
+                            assert_ne!(holder, "dead", "refused by the dead holder");
+                            None
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                })
+            })
+            .collect();
+        let winners: Vec<_> = threads
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        let bodies: Vec<u8> = winners.iter().map(|w| w.0).collect();
+        assert_eq!(bodies.len(), 1, "round {round}: {bodies:?} won");
+        assert_eq!(b.get(&key).unwrap().unwrap(), bodies);
+        winners[0].1.check().unwrap();
+    }
 }
