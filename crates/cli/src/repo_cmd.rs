@@ -57,9 +57,18 @@ fn tag_groups(values: &[String]) -> Result<Vec<Vec<String>>> {
 
 #[derive(Args, Debug)]
 pub(crate) struct InitArgs {
-    /// Where the repository lives: a directory, or s3://BUCKET/PREFIX.
+    /// Where the repository lives: a directory, or s3://BUCKET/PREFIX
+    /// (or give it as --repo, or set CAIRN_REPO, as for the other verbs).
     #[arg(value_name = "REPO")]
-    pub repo: PathBuf,
+    pub repo: Option<PathBuf>,
+    /// The same as REPO.
+    #[arg(
+        long = "repo",
+        short = 'r',
+        value_name = "REPO",
+        conflicts_with = "repo"
+    )]
+    pub repo_flag: Option<PathBuf>,
     /// A directory for packs, on its own disk ideally; repeat for more
     /// (default: REPO/data).
     #[arg(long = "target", value_name = "DIR")]
@@ -434,8 +443,20 @@ pub(crate) fn print_json(v: &serde_json::Value) {
 }
 
 pub(crate) fn init(a: &InitArgs) -> Result<()> {
+    // CAIRN_REPO last: a command-line REPO is never refused for it.
+    let from_env = std::env::var_os("CAIRN_REPO")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let Some(repo) = a
+        .repo
+        .as_ref()
+        .or(a.repo_flag.as_ref())
+        .or(from_env.as_ref())
+    else {
+        bail!("no repository given: cairn init REPO (or --repo REPO, or CAIRN_REPO)");
+    };
     // Refused places are refused before a password is asked for.
-    Repository::check_init_location(location(&a.repo)?)?;
+    Repository::check_init_location(location(repo)?)?;
     let encryption = match a.encryption.as_str() {
         "none" => {
             if a.password.password_file.is_some() || a.password.password_command.is_some() {
@@ -446,7 +467,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
         _ => Some((a.password.new_password()?, a.kdf.params())),
     };
     let repo = Repository::init_location_with(
-        location(&a.repo)?,
+        location(repo)?,
         &InitOptions {
             targets: a.targets.clone(),
             pack_size: a.pack_size.map(|s| s as u64),

@@ -875,3 +875,43 @@ fn errors_are_one_line_and_exit_1() {
         "no image named \"gone\"",
     );
 }
+
+/// `init` takes its repository as the other verbs do (`-r`, `--repo`,
+/// `CAIRN_REPO`) as well as a plain REPO, which wins over CAIRN_REPO; REPO
+/// and --repo together are refused, and none at all is one line.
+#[test]
+fn init_takes_the_repository_as_every_verb_does() {
+    let dir = tempdir();
+    let d = dir.path();
+    let at = |n: &str| s(&d.join(n)).to_string();
+    ok(plain()
+        .env("CAIRN_REPO", at("env"))
+        .args(["init", "--encryption", "none"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap());
+    ok(go(
+        &mut plain(),
+        &["init", "-r", &at("short"), "--encryption", "none"],
+    ));
+    ok(go(
+        &mut plain(),
+        &["init", "--repo", &at("long"), "--encryption", "none"],
+    ));
+    ok(plain()
+        .env("CAIRN_REPO", at("not-this"))
+        .args(["init", &at("plain"), "--encryption", "none"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap());
+    for name in ["env", "short", "long", "plain"] {
+        ok(go(&mut plain(), &["stats", "-r", &at(name)]));
+    }
+    assert!(!d.join("not-this").exists());
+    let out = go(&mut plain(), &["init", &at("a"), "-r", &at("b")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    fails_with(
+        &go(&mut plain(), &["init", "--encryption", "none"]),
+        "no repository given",
+    );
+}
