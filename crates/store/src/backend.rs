@@ -153,6 +153,11 @@ pub trait WriteBackend: ReadBackend {
     /// still running.
     fn liveness(&self, key: &Key) -> Result<Liveness>;
 
+    /// [`WriteBackend::liveness`] and the body of held object `key` in
+    /// one look (a bucket: one GET, where liveness and get took two
+    /// requests); `None`: no such object ([`Liveness::Gone`]).
+    fn inspect(&self, key: &Key) -> Result<Option<(Liveness, Vec<u8>)>>;
+
     /// Remove what killed writers left half-written under `folder` and
     /// longer ago than `age` (a directory's temporaries; an object store
     /// has none, its uploads are whole or absent). Returns how many.
@@ -265,6 +270,29 @@ impl LocalDir {
     }
 
     /// A temporary name beside `path`, unique in this machine.
+    /// A held object's liveness, and with `read` its body (else empty);
+    /// `None`: no such file.
+    fn look(&self, key: &Key, read: bool) -> Result<Option<(Liveness, Vec<u8>)>> {
+        let path = self.locate(key);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).ctx(&path, "open"),
+        };
+        // The holder's lock is exclusive: a shared one is refused while it
+        // lives (and leaves the holder alone when taken).
+        let live = if flock(&file, libc::LOCK_SH | libc::LOCK_NB).ctx(&path, "lock")? {
+            Liveness::Dead
+        } else {
+            Liveness::Live
+        };
+        let mut body = Vec::new();
+        if read {
+            (&file).read_to_end(&mut body).ctx(&path, "read")?;
+        }
+        Ok(Some((live, body)))
+    }
+
     fn temporary(path: &Path) -> PathBuf {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = path
@@ -561,21 +589,11 @@ impl WriteBackend for LocalDir {
     }
 
     fn liveness(&self, key: &Key) -> Result<Liveness> {
-        let path = self.locate(key);
-        let file = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Liveness::Gone),
-            Err(e) => return Err(e).ctx(&path, "open"),
-        };
-        // The holder's lock is exclusive: a shared one is refused while it
-        // lives (and leaves the holder alone when taken).
-        Ok(
-            if flock(&file, libc::LOCK_SH | libc::LOCK_NB).ctx(&path, "lock")? {
-                Liveness::Dead
-            } else {
-                Liveness::Live
-            },
-        )
+        Ok(self.look(key, false)?.map_or(Liveness::Gone, |(l, _)| l))
+    }
+
+    fn inspect(&self, key: &Key) -> Result<Option<(Liveness, Vec<u8>)>> {
+        self.look(key, true)
     }
 }
 
@@ -721,6 +739,12 @@ pub fn conformance(b: &dyn WriteBackend) -> std::result::Result<(), String> {
     }
     if ok("get held", b.get(&k("sessions/s1")))?.as_deref() != Some(&b"me"[..]) {
         return Err("a held object does not hold its data".into());
+    }
+    if ok("inspect held", b.inspect(&k("sessions/s1")))? != Some((Liveness::Live, b"me".to_vec())) {
+        return Err("inspect of a held object does not say live, with its data".into());
+    }
+    if ok("inspect none", b.inspect(&k("sessions/none")))?.is_some() {
+        return Err("inspect of a missing object found one".into());
     }
     // take over: only from the holder named; break: only what was seen.
     match b.take_over(&k("sessions/s1"), b"taker", b"someone else") {

@@ -349,6 +349,10 @@ impl WriteBackend for CachedBackend {
         self.inner.liveness(key)
     }
 
+    fn inspect(&self, key: &Key) -> Result<Option<(Liveness, Vec<u8>)>> {
+        self.inner.inspect(key)
+    }
+
     fn sweep(&self, folder: &str, age: std::time::Duration) -> Result<u64> {
         self.inner.sweep(folder, age)
     }

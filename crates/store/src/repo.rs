@@ -1256,11 +1256,7 @@ impl Repository {
         let body = self.info_body("cairn key remove")?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
-            match self.root.hold(&key, &body) {
-                // Left by a killed process of this machine (in a bucket).
-                Err(StoreError::Locked { .. }) if self.held_by_ended(&key)? => {
-                    self.root.delete(std::slice::from_ref(&key))?;
-                }
+            match self.hold_or_take_over(&key, &body) {
                 Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(100));
                 }
@@ -1617,6 +1613,16 @@ impl Repository {
     /// The sessions registered now, with whether each is still running
     /// (the dead ones, left by killed processes, are removed).
     pub(crate) fn sessions(&self) -> Result<Vec<(String, Liveness)>> {
+        Ok(self
+            .session_list()?
+            .into_iter()
+            .map(|(id, live, _)| (id, live))
+            .collect())
+    }
+
+    /// [`Repository::sessions`] with what each says of its holder (one
+    /// look at each: a bucket's session costs one GET).
+    fn session_list(&self) -> Result<Vec<(String, Liveness, Option<SessionInfo>)>> {
         let mut out = Vec::new();
         for l in self.root.list("sessions/")? {
             let Some(id) = l.key.as_str().strip_prefix("sessions/") else {
@@ -1625,32 +1631,24 @@ impl Repository {
             if PackId::from_hex(id).is_none() {
                 continue;
             }
-            let mut live = self.root.liveness(&l.key)?;
-            if live == Liveness::Live && self.held_by_ended(&l.key)? {
-                live = Liveness::Dead;
-            }
+            let (live, info, _) = self.look_at_hold(&l.key)?;
             if live == Liveness::Dead {
                 self.root.delete(std::slice::from_ref(&l.key))?;
             }
-            out.push((id.to_string(), live));
+            out.push((id.to_string(), live, info));
         }
         Ok(out)
     }
 
     /// The sessions running now, as they describe themselves (one whose
-    /// object cannot be read is left out: it ended meanwhile).
+    /// object cannot be read is left out).
     pub fn running(&self) -> Result<Vec<SessionInfo>> {
-        let mut out = Vec::new();
-        for (id, live) in self.sessions()? {
-            if live != Liveness::Live {
-                continue;
-            }
-            if let Some(body) = self.root.get(&Key::new(format!("sessions/{id}")))? {
-                if let Some(info) = self.read_info(&body) {
-                    out.push(info);
-                }
-            }
-        }
+        let mut out: Vec<SessionInfo> = self
+            .session_list()?
+            .into_iter()
+            .filter(|(_, live, _)| *live == Liveness::Live)
+            .filter_map(|(_, _, info)| info)
+            .collect();
         out.sort_by_key(|i| i.started);
         Ok(out)
     }
@@ -1660,25 +1658,46 @@ impl Repository {
         if PackId::from_hex(id).is_none() {
             return Ok(Liveness::Gone);
         }
-        let key = Key::new(format!("sessions/{id}"));
-        match self.root.liveness(&key)? {
-            Liveness::Live if self.held_by_ended(&key)? => Ok(Liveness::Dead),
-            live => Ok(live),
-        }
+        Ok(self.look_at_hold(&Key::new(format!("sessions/{id}")))?.0)
     }
 
-    /// Whether the held object `key` of a bucket was left by a process of
-    /// this machine that is gone ([`SessionInfo::ended_here`]). A local
-    /// directory's holds are locks the kernel drops: never.
-    fn held_by_ended(&self, key: &Key) -> Result<bool> {
-        if self.local_root().is_some() {
-            return Ok(false);
+    /// Whether the holder of session or lock `key` still runs, and what
+    /// its object says of it. In a bucket, one left by a process of this
+    /// machine that is gone ([`SessionInfo::ended_here`]) is dead at once;
+    /// a directory's holds are locks the kernel drops.
+    /// Its body comes along (empty when gone).
+    fn look_at_hold(&self, key: &Key) -> Result<(Liveness, Option<SessionInfo>, Vec<u8>)> {
+        let Some((live, body)) = self.root.inspect(key)? else {
+            return Ok((Liveness::Gone, None, Vec::new()));
+        };
+        let info = self.read_info(&body);
+        let live = match live {
+            Liveness::Live if self.ended_here(info.as_ref()) => Liveness::Dead,
+            live => live,
+        };
+        Ok((live, info, body))
+    }
+
+    /// Whether the holder `info` names, of a bucket's held object, was a
+    /// process of this machine that is gone (a directory's holds are
+    /// locks the kernel drops: never).
+    fn ended_here(&self, info: Option<&SessionInfo>) -> bool {
+        self.local_root().is_none() && info.is_some_and(SessionInfo::ended_here)
+    }
+
+    /// Hold session or lock `key` with `body`; one left by a writer of
+    /// this machine that has ended is taken over, as one whose lease ran
+    /// out is (only from that writer: of two takers one wins).
+    fn hold_or_take_over(&self, key: &Key, body: &[u8]) -> Result<Box<dyn Held>> {
+        match self.root.hold(key, body) {
+            Err(StoreError::Locked { holder, .. })
+                if self.ended_here(self.read_info(holder.as_bytes()).as_ref()) =>
+            {
+                tracing::info!(key = %key, "taking over the hold of an ended process");
+                self.root.take_over(key, body, holder.as_bytes())
+            }
+            other => other,
         }
-        Ok(self
-            .root
-            .get(key)?
-            .and_then(|body| self.read_info(&body))
-            .is_some_and(|i| i.ended_here()))
     }
 
     /// Whether a session other than `me` is running.
@@ -1703,17 +1722,10 @@ impl Repository {
         let mut keys = self.root.list("sessions/")?;
         keys.extend(self.root.list("locks/")?);
         for l in keys {
-            let Some(body) = self.root.get(&l.key)? else {
+            let (live, info, body) = self.look_at_hold(&l.key)?;
+            if live == Liveness::Gone {
                 continue;
-            };
-            let info = self.read_info(&body);
-            let live = match self.root.liveness(&l.key)? {
-                Liveness::Gone => continue,
-                Liveness::Live if info.as_ref().is_some_and(SessionInfo::ended_here) => {
-                    Liveness::Dead
-                }
-                live => live,
-            };
+            }
             let mut entry = HoldEntry {
                 key: l.key.to_string(),
                 live: live == Liveness::Live,
@@ -1745,21 +1757,7 @@ impl Repository {
         validate_name(name)?;
         let body = self.info_body(what)?;
         let key = Key::new(format!("locks/{}", self.image_dir(name)));
-        let mut held = self.root.hold(&key, &body);
-        if let Err(StoreError::Locked { holder, .. }) = &held {
-            if self
-                .read_info(holder.as_bytes())
-                .is_some_and(|i| i.ended_here())
-            {
-                // Left by a writer of this machine that was killed: taken
-                // over, as a lock whose lease ran out is (only from that
-                // writer: of two takers one wins).
-                tracing::info!(image = name, "taking over the lock of an ended writer");
-                let old = holder.clone().into_bytes();
-                held = self.root.take_over(&key, &body, &old);
-            }
-        }
-        match held {
+        match self.hold_or_take_over(&key, &body) {
             Ok(h) => Ok(ImageLock { _held: h }),
             Err(StoreError::Locked { holder, .. }) => Err(StoreError::Locked {
                 path: PathBuf::from(format!("{}: image {name}", self.location)),

@@ -437,14 +437,16 @@ impl S3Backend {
         }
     }
 
-    /// The object's body and ETag; `None`: no such object.
-    fn get_tagged(&self, key: &Key) -> Result<Option<(Vec<u8>, Option<String>)>> {
+    /// The object's body, last-modified time and ETag; `None`: no such
+    /// object.
+    fn get_meta(&self, key: &Key) -> Result<Option<Fetched>> {
         let path = self.path(key)?;
         let store = &self.shared.store;
         let r = self.shared.run(async {
             let r = store.get(&path).await?;
+            let modified = SystemTime::from(r.meta.last_modified);
             let etag = r.meta.e_tag.clone();
-            Ok::<_, object_store::Error>((r.bytes().await?.to_vec(), etag))
+            Ok::<_, object_store::Error>((r.bytes().await?.to_vec(), modified, etag))
         });
         match r {
             Ok(got) => Ok(Some(got)),
@@ -794,7 +796,7 @@ impl WriteBackend for S3Backend {
     }
 
     fn take_over(&self, key: &Key, data: &[u8], old: &[u8]) -> Result<Box<dyn Held>> {
-        match self.get_tagged(key)? {
+        match self.get_meta(key)?.map(|(body, _, etag)| (body, etag)) {
             None => self.hold_with(key, data, PutMode::Create),
             Some((body, Some(etag))) if body == old => self.hold_with(
                 key,
@@ -836,7 +838,21 @@ impl WriteBackend for S3Backend {
             Some(_) => Liveness::Live,
         })
     }
+
+    fn inspect(&self, key: &Key) -> Result<Option<(Liveness, Vec<u8>)>> {
+        Ok(self.get_meta(key)?.map(|(body, modified, _)| {
+            let live = if self.lapsed(modified) {
+                Liveness::Dead
+            } else {
+                Liveness::Live
+            };
+            (live, body)
+        }))
+    }
 }
+
+/// An object's body, last-modified time and ETag.
+type Fetched = (Vec<u8>, SystemTime, Option<String>);
 
 /// What a PUT did.
 enum Put {

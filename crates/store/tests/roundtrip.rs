@@ -1014,6 +1014,12 @@ impl cairn_store::backend::WriteBackend for Remote {
     ) -> cairn_store::Result<cairn_store::backend::Liveness> {
         self.dir.liveness(key)
     }
+    fn inspect(
+        &self,
+        key: &cairn_store::backend::Key,
+    ) -> cairn_store::Result<Option<(cairn_store::backend::Liveness, Vec<u8>)>> {
+        self.dir.inspect(key)
+    }
 }
 
 /// From a remote store, restore fetches neighbouring records of a pack
