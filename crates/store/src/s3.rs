@@ -469,9 +469,12 @@ impl S3Backend {
         match self.get(key) {
             Ok(body) => StoreError::Locked {
                 path: self.locate(key),
-                holder: body
-                    .map(|d| String::from_utf8_lossy(&d).into_owned())
-                    .unwrap_or_default(),
+                holder: body.map_or_else(
+                    // A conditional PUT refused because the object went
+                    // meanwhile: its holder has just let go.
+                    || "a holder that has just let go; try again".into(),
+                    |d| String::from_utf8_lossy(&d).into_owned(),
+                ),
             },
             Err(e) => e,
         }
