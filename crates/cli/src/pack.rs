@@ -118,6 +118,8 @@ fn options(common: &CommonArgs) -> Result<Options> {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
+        // xz reads an input before it looks at its name.
+        data_before_name: crate::Tool::invoked() == crate::Tool::Xz,
         allow_linked: crate::Tool::invoked() == crate::Tool::Pigz,
         output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
             (Some(dir), _) => Some(OutputDir::Flat(dir.clone())),

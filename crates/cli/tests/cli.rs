@@ -1966,7 +1966,7 @@ fn links_under_q_say_and_exit_as_their_tools() {
     for (tool, _) in tools {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
     }
-    let cases: [&[&str]; 12] = [
+    let cases: [&[&str]; 14] = [
         &["-q", "-d", "f"],
         &["-d", "f"],
         &["-q", "-d", "f", "ok"],
@@ -1979,6 +1979,9 @@ fn links_under_q_say_and_exit_as_their_tools() {
         &["-dc", "tail"],
         &["-q", "-dc", "tail"],
         &["-q", "-dc", "plain"],
+        // No known suffix and not compressed: xz looks at the data first.
+        &["-d", "plain"],
+        &["-q", "-d", "plain"],
     ];
     for (tool, suffix) in tools {
         if !have(tool) {

@@ -596,6 +596,28 @@ fn compressed_name(path: &Path) -> bool {
     SUFFIXES.iter().any(|s| name.ends_with(s.as_bytes()))
 }
 
+/// Why input `path`, whose name has no known suffix, is left alone when
+/// its data is looked at first ([`Options::data_before_name`]): data in
+/// no format read is refused as such; else the name (also where the
+/// input cannot be read here: its open says why later).
+fn unnamed_input_error(path: &Path, accepted: Option<&[Format]>) -> Error {
+    let mut head = Vec::with_capacity(64);
+    let read = std::fs::File::open(path).and_then(|f| f.take(64).read_to_end(&mut head));
+    if read.is_err() {
+        return Error::UnknownSuffix;
+    }
+    let found = Format::detect(&head);
+    match (found, accepted) {
+        (Some(f), Some(accepted)) if accepted.contains(&f) => Error::UnknownSuffix,
+        (Some(_), None) => Error::UnknownSuffix,
+        (found, Some(accepted)) => Error::OtherFormat {
+            found,
+            accepted: accepted.to_vec(),
+        },
+        (None, None) => CodecError::UnknownFormat.into(),
+    }
+}
+
 /// Unpack, test or list every input of `opts` (see [`Options`] for the
 /// rules); the format of each is detected by its magic number.
 pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Result<Run> {
@@ -626,6 +648,9 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
                 &format!("can't guess original name -- using {}", out.display()),
             );
             Ok(out)
+        }
+        Err(Error::UnknownSuffix) if opts.data_before_name => {
+            Err(unnamed_input_error(p, unpack.formats.as_deref()))
         }
         named => named,
     })?;

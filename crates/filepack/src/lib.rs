@@ -94,6 +94,12 @@ pub struct Options {
     /// NAME.out, said through [`Hooks::note`], as bzip2 does (gzip, xz
     /// and zstd leave it alone). Not with `-r`.
     pub unknown_suffix_out: bool,
+    /// Unpacking, an input whose name has no known suffix is first looked
+    /// at: one in no format read is refused as such (an error, as xz
+    /// says "File format not recognized"), and only one in a format read
+    /// is left alone for its name (a warning). gzip and zstd look at the
+    /// name alone.
+    pub data_before_name: bool,
     /// An input with other hard links is packed or unpacked, and its name
     /// removed after, as pigz does: the other names keep the old bytes.
     /// Without it (gzip, xz, bzip2) such an input is left alone unless
