@@ -1661,11 +1661,11 @@ impl Repository {
         Ok(self.look_at_hold(&Key::new(format!("sessions/{id}")))?.0)
     }
 
-    /// Whether the holder of session or lock `key` still runs, and what
-    /// its object says of it. In a bucket, one left by a process of this
-    /// machine that is gone ([`SessionInfo::ended_here`]) is dead at once;
-    /// a directory's holds are locks the kernel drops.
-    /// Its body comes along (empty when gone).
+    /// Whether the holder of session or lock `key` still runs, what its
+    /// object says of it, and the object's body (empty when gone). In a
+    /// bucket, one left by a process of this machine that is gone
+    /// ([`SessionInfo::ended_here`]) is dead at once; a directory's holds
+    /// are locks the kernel drops.
     fn look_at_hold(&self, key: &Key) -> Result<(Liveness, Option<SessionInfo>, Vec<u8>)> {
         let Some((live, body)) = self.root.inspect(key)? else {
             return Ok((Liveness::Gone, None, Vec::new()));
