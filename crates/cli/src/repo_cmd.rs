@@ -1829,9 +1829,12 @@ pub(crate) fn unlock(a: &UnlockArgs) -> Result<()> {
         }
         outln!("{} removed, {} kept", done.removed.len(), done.kept.len());
     }
-    let refused = done.kept.iter().filter(|e| a.remove_all && e.live).count();
-    if refused > 0 {
-        bail!("{refused} held by running processes were kept: stop them first");
+    // With --remove-all, only what running processes lock is kept.
+    if a.remove_all && !done.kept.is_empty() {
+        bail!(
+            "{} held by running processes were kept: stop them first",
+            done.kept.len()
+        );
     }
     Ok(())
 }

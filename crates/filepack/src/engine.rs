@@ -600,21 +600,15 @@ fn compressed_name(path: &Path) -> bool {
 /// its data is looked at first ([`Options::data_before_name`]): data in
 /// no format read is refused as such; else the name (also where the
 /// input cannot be read here: its open says why later).
-fn unnamed_input_error(path: &Path, accepted: Option<&[Format]>) -> Error {
+fn unnamed_input_error(path: &Path, unpack: &UnpackOptions) -> Error {
     let mut head = Vec::with_capacity(64);
     let read = std::fs::File::open(path).and_then(|f| f.take(64).read_to_end(&mut head));
     if read.is_err() {
         return Error::UnknownSuffix;
     }
-    let found = Format::detect(&head);
-    match (found, accepted) {
-        (Some(f), Some(accepted)) if accepted.contains(&f) => Error::UnknownSuffix,
-        (Some(_), None) => Error::UnknownSuffix,
-        (found, Some(accepted)) => Error::OtherFormat {
-            found,
-            accepted: accepted.to_vec(),
-        },
-        (None, None) => CodecError::UnknownFormat.into(),
+    match Format::detect(&head) {
+        Some(f) if unpack.reads(f) => Error::UnknownSuffix,
+        found => unpack.not_read(found),
     }
 }
 
@@ -649,9 +643,7 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
             );
             Ok(out)
         }
-        Err(Error::UnknownSuffix) if opts.data_before_name => {
-            Err(unnamed_input_error(p, unpack.formats.as_deref()))
-        }
+        Err(Error::UnknownSuffix) if opts.data_before_name => Err(unnamed_input_error(p, unpack)),
         named => named,
     })?;
     if unpack.gzip_index.is_some() && plans.len() != 1 {
@@ -1172,8 +1164,7 @@ fn unpack_one(
         }
     }
     let found = Format::detect(&head);
-    let accepted = |f: &Format| opts.formats.as_ref().is_none_or(|a| a.contains(f));
-    let Some(format) = found.filter(accepted) else {
+    let Some(format) = found.filter(|&f| opts.reads(f)) else {
         // gzip -dcf and zstd -dcf copy what is in no format they know
         // (so `zcat -f` reads logs whether or not they are compressed);
         // gzip -tf passes it (it would be copied).
@@ -1192,13 +1183,7 @@ fn unpack_one(
                 started,
             ));
         }
-        return Err(match &opts.formats {
-            Some(accepted) => Error::OtherFormat {
-                found,
-                accepted: accepted.clone(),
-            },
-            None => CodecError::UnknownFormat.into(),
-        });
+        return Err(opts.not_read(found));
     };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
     let (renamed, restored_mtime) = match format {

@@ -266,6 +266,25 @@ pub struct UnpackOptions {
     pub sparse: Option<bool>,
 }
 
+impl UnpackOptions {
+    /// Whether inputs in format `f` are read ([`UnpackOptions::formats`]).
+    pub(crate) fn reads(&self, f: Format) -> bool {
+        self.formats.as_ref().is_none_or(|a| a.contains(&f))
+    }
+
+    /// The error of an input in `found`, a format not read (`None`: in no
+    /// format cairn knows).
+    pub(crate) fn not_read(&self, found: Option<Format>) -> Error {
+        match &self.formats {
+            Some(accepted) => Error::OtherFormat {
+                found,
+                accepted: accepted.clone(),
+            },
+            None => cairn_codec::CodecError::UnknownFormat.into(),
+        }
+    }
+}
+
 /// What an unpack makes of an empty input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EmptyInput {
