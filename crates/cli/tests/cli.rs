@@ -1966,7 +1966,7 @@ fn links_under_q_say_and_exit_as_their_tools() {
     for (tool, _) in tools {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
     }
-    let cases: [&[&str]; 14] = [
+    let cases: [&[&str]; 18] = [
         &["-q", "-d", "f"],
         &["-d", "f"],
         &["-q", "-d", "f", "ok"],
@@ -1982,6 +1982,12 @@ fn links_under_q_say_and_exit_as_their_tools() {
         // No known suffix and not compressed: xz looks at the data first.
         &["-d", "plain"],
         &["-q", "-d", "plain"],
+        // A FIFO or a directory to unpack into a name of its own: left
+        // alone, never opened (a FIFO's open would wait for a writer).
+        &["-d", "fifo"],
+        &["-q", "-d", "fifo"],
+        &["-d", "sub"],
+        &["-q", "-d", "sub"],
     ];
     for (tool, suffix) in tools {
         if !have(tool) {
@@ -2014,7 +2020,11 @@ fn links_under_q_say_and_exit_as_their_tools() {
                 }
                 std::fs::write(d.join(format!("g.{suffix}")), b"in the way").unwrap();
                 std::fs::hard_link(d.join("h"), d.join("h2")).unwrap();
-                let out = std::process::Command::new(exe)
+                mkfifo(&d.join("fifo"));
+                // (A run that hangs is cut short, status 124.)
+                let out = std::process::Command::new("timeout")
+                    .arg("20")
+                    .arg(exe)
                     .args(&args)
                     .current_dir(&d)
                     .stdin(std::process::Stdio::null())

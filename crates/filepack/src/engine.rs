@@ -180,12 +180,18 @@ pub(crate) fn plan(
                 (Source::Stdin, Some(out)) => Ok((Dest::File(out.clone()), false)),
                 (Source::Stdin, None) => Ok((Dest::Stdout, false)),
                 (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
-                // A missing input is that, not a name without a suffix.
+                // A missing input is that, not a name without a suffix;
+                // so is a directory or a special file (as gzip and xz
+                // say; and a FIFO is never opened to look at its data).
                 (Source::File(p), None) => match std::fs::symlink_metadata(p) {
                     Err(source) => Err(Error::Open {
                         path: p.clone(),
                         source,
                     }),
+                    Ok(_) if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
+                        Err(Error::IsDirectory { path: p.clone() })
+                    }
+                    Ok(_) if is_special(p) => Err(Error::NotRegular),
                     Ok(_) => name_output(p)
                         .and_then(|out| placed(opts.output_dir.as_ref(), out))
                         .map(|out| (Dest::File(out), !opts.keep)),
@@ -193,17 +199,14 @@ pub(crate) fn plan(
             };
             // A device, a FIFO or a socket is read as a stream, and never
             // removed: to standard output or to a file named with -o
-            // (`-o disk.gz /dev/sdb`); an output named from it is refused,
-            // as gzip does.
+            // (`-o disk.gz /dev/sdb`); an output named from it was refused
+            // above, as gzip does.
             let special = match &source {
                 Source::File(src) => is_special(src),
                 Source::Stdin => false,
             };
             let dest = dest.and_then(
                 |(dest, remove)| match (&source, &dest, remove && !special) {
-                    (Source::File(_), Dest::File(_), _) if special && opts.output.is_none() => {
-                        Err(Error::NotRegular)
-                    }
                     // Writing the output would destroy the input (`-f -o x x`).
                     (Source::File(src), Dest::File(out), _)
                         if std::fs::metadata(src).is_ok_and(|m| m.is_file())
@@ -598,13 +601,16 @@ fn compressed_name(path: &Path) -> bool {
 
 /// Why input `path`, whose name has no known suffix, is left alone when
 /// its data is looked at first ([`Options::data_before_name`]): data in
-/// no format read is refused as such; else the name (also where the
-/// input cannot be read here: its open says why later).
+/// no format read is refused as such, an input that cannot be read says
+/// why (only regular files get here: see [`plan`]); else the name.
 fn unnamed_input_error(path: &Path, unpack: &UnpackOptions) -> Error {
     let mut head = Vec::with_capacity(64);
     let read = std::fs::File::open(path).and_then(|f| f.take(64).read_to_end(&mut head));
-    if read.is_err() {
-        return Error::UnknownSuffix;
+    if let Err(source) = read {
+        return Error::Open {
+            path: path.to_path_buf(),
+            source,
+        };
     }
     match Format::detect(&head) {
         Some(f) if unpack.reads(f) => Error::UnknownSuffix,
@@ -1860,5 +1866,21 @@ mod tests {
             .unwrap();
         assert!(!a.exists());
         assert_ne!(std::fs::read(&gz).unwrap(), b"old");
+    }
+
+    /// An input with no known suffix whose data cannot be read says why
+    /// (as xz says "Permission denied", status 1), not that its suffix is
+    /// unknown. /proc/self/mem opens but fails to read at offset 0.
+    #[test]
+    fn an_unreadable_unnamed_input_says_why() {
+        let mem = Path::new("/proc/self/mem");
+        assert!(std::fs::metadata(mem).unwrap().is_file());
+        match unnamed_input_error(mem, &UnpackOptions::default()) {
+            Error::Open { path, source } => {
+                assert_eq!(path, mem);
+                assert_eq!(source.raw_os_error(), Some(libc::EIO), "{source}");
+            }
+            other => panic!("{other}"),
+        }
     }
 }
