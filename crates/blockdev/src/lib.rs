@@ -69,7 +69,7 @@ mod readahead;
 mod sparse;
 mod splice;
 
-pub use direct::{reopen_direct, write_blocks_at, DirectReader, DIRECT_ALIGN};
+pub use direct::{open_input, reopen_direct, write_blocks_at, DirectReader, Input, DIRECT_ALIGN};
 pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{
     FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,

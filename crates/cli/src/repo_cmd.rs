@@ -519,56 +519,26 @@ fn open_source(
         };
         return Ok((reader, size, "-".into()));
     }
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        bail!(
-            "{}: is a directory (back up a stream: tar -cf - DIR | cairn backup - ...)",
-            path.display()
-        );
-    }
-    let mut opts = std::fs::OpenOptions::new();
-    opts.read(true);
-    if direct.is_some() {
-        opts.custom_flags(libc::O_DIRECT);
-    }
-    let file = opts.open(path).with_context(|| {
-        if direct.is_some() {
-            format!("{} (with O_DIRECT)", path.display())
+    let input = cairn_blockdev::open_input(path, direct).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EISDIR) {
+            anyhow::anyhow!(
+                "{}: is a directory (back up a stream: tar -cf - DIR | cairn backup - ...)",
+                path.display()
+            )
+        } else if direct.is_some() {
+            anyhow::Error::new(e).context(format!("{} (with O_DIRECT)", path.display()))
         } else {
-            path.display().to_string()
+            anyhow::Error::new(e).context(path.display().to_string())
         }
     })?;
-    let meta = file
-        .metadata()
-        .with_context(|| path.display().to_string())?;
-    let size = if meta.file_type().is_block_device() {
-        Some(
-            cairn_blockdev::device_size(&file)
-                .with_context(|| format!("{}: BLKGETSIZE64", path.display()))?,
-        )
-    } else if meta.is_file() {
-        Some(meta.len())
-    } else if meta.is_dir() {
-        bail!(
-            "{}: is a directory (back up a stream: tar -cf - DIR | cairn backup - ...)",
-            path.display()
-        );
-    } else {
-        None
-    };
-    let reader: Box<dyn cairn_store::SparseRead> = if let Some((block, depth)) = direct {
-        let r = cairn_blockdev::DirectReader::with_queue(file, block, depth);
+    if let (Some((block, depth)), Some(engine)) = (direct, input.engine) {
         tracing::debug!(
-            "{}: {} reads of {block} bytes queued ahead, by {}",
+            "{}: {depth} reads of {block} bytes queued ahead, by {}",
             path.display(),
-            depth,
-            r.engine().name()
+            engine.name()
         );
-        Box::new(r)
-    } else if meta.is_file() {
-        Box::new(cairn_store::SparseFile::new(file).with_context(|| path.display().to_string())?)
-    } else {
-        Box::new(file)
-    };
+    }
+    let (reader, size) = (input.reader, input.size);
     Ok((reader, size, path.display().to_string()))
 }
 
