@@ -474,7 +474,10 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
             cairn_filepack::unpacked_name(input, common.suffix.as_deref())
                 .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
         };
-        framing = one_member_framing(input, s.bytes_out).unwrap_or(0);
+        framing = match s.input == "(stdin)" {
+            true => 0,
+            false => one_member_framing(input, s.bytes_out).unwrap_or(0),
+        };
         line(s.bytes_in, s.bytes_out, framing, &name);
     }
     if summaries.len() > 1 {
@@ -487,9 +490,14 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
 /// The bytes of a one-member gzip file that are not deflate data: its
 /// header and 8-byte trailer, as `gzip -l` leaves them out of the ratio.
 /// `None` for a file of several members (whose last member's length
-/// field is not the whole decoded length), or that cannot be read.
+/// field is not the whole decoded length), that cannot be read, or that
+/// is not a regular file (a FIFO read once, by the listing, would never
+/// be read again: its open would wait for a writer).
 fn one_member_framing(path: &Path, decoded: u64) -> Option<u64> {
     use std::io::{Read, Seek, SeekFrom};
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
     let mut f = std::fs::File::open(path).ok()?;
     let mut head = Vec::new();
     Read::by_ref(&mut f)

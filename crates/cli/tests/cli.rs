@@ -815,14 +815,6 @@ fn a_symlink_at_the_destination_is_replaced_not_followed() {
     assert_eq!(out.permissions().mode() & 0o777, 0o644);
 }
 
-/// `mkfifo PATH`.
-fn mkfifo(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
-}
-
 #[test]
 fn a_device_or_fifo_at_a_named_output_is_refused_and_the_input_kept() {
     // Where the output named from the input is a symlink to /dev/null or

@@ -2005,6 +2005,50 @@ fn gzip_list_as_gzip() {
     same_as("gzip", &["-l"], &[], &one);
 }
 
+/// `gzip -l` of a FIFO lists what it read, once: the name, both sizes
+/// and the ratio (without the header's bytes, which a FIFO cannot give
+/// again). The listing used to open the FIFO a second time for the
+/// header and wait there for a writer for ever.
+#[test]
+fn gzip_list_of_a_fifo_reads_it_once() {
+    if !have("gzip") {
+        return;
+    }
+    let data = mixed(300_000, 87);
+    let gz = run_ok("gzip", &["-c"], &data);
+    let dir = tempdir();
+    let bin = dir.path().join("gzip");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let fifo = dir.path().join("p");
+    mkfifo(&fifo);
+    let writer = {
+        let (fifo, gz) = (fifo.clone(), gz.clone());
+        std::thread::spawn(move || std::fs::write(fifo, gz))
+    };
+    // (A listing that hangs is cut short: status 124.)
+    let out = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(&bin)
+        .arg("-l")
+        .arg(&fifo)
+        .output()
+        .unwrap();
+    writer.join().unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout} {:?}", out.stderr);
+    let line: Vec<&str> = stdout.lines().nth(1).unwrap().split_whitespace().collect();
+    let saved = 100.0 * (data.len() - gz.len()) as f64 / data.len() as f64;
+    assert_eq!(
+        line,
+        [
+            gz.len().to_string(),
+            data.len().to_string(),
+            format!("{saved:.1}%"),
+            fifo.display().to_string()
+        ]
+    );
+}
+
 /// `zstd -l` through the link prints zstd's table: frames, skippable
 /// frames, sizes, ratio (uncompressed over compressed), check; totals for
 /// several files; a file of another format named on stdout, status 1.

@@ -223,6 +223,14 @@ pub fn mixed(n: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// `mkfifo PATH`.
+pub fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("no NUL in a path");
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
+}
+
 /// A fresh temporary directory.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
