@@ -128,7 +128,12 @@ pub fn open_input(path: &Path, direct: Option<(usize, usize)>) -> io::Result<Inp
         return Err(io::Error::from_raw_os_error(libc::EISDIR));
     }
     let size = match meta.file_type() {
-        t if t.is_block_device() => Some(device_size(&file)?),
+        t if t.is_block_device() => Some(device_size(&file).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("the size of the device (BLKGETSIZE64): {e}"),
+            )
+        })?),
         _ if meta.is_file() => Some(meta.len()),
         _ => None,
     };

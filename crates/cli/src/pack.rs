@@ -121,6 +121,7 @@ fn options(common: &CommonArgs) -> Result<Options> {
         // xz reads an input before it looks at its name.
         data_before_name: crate::Tool::invoked() == crate::Tool::Xz,
         allow_linked: crate::Tool::invoked() == crate::Tool::Pigz,
+        symlink_warns: crate::Tool::invoked() == crate::Tool::Xz,
         output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
             (Some(dir), _) => Some(OutputDir::Flat(dir.clone())),
             (None, Some(dir)) => Some(OutputDir::Mirror(dir.clone())),
@@ -735,10 +736,16 @@ fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
     };
     let mut failed = 0;
     for path in files {
-        let walked = std::fs::File::open(path).ok().and_then(|f| {
-            let size = f.metadata().ok().filter(|m| m.is_file())?.len();
-            zstd_frames(&mut std::io::BufReader::new(f), size)
-        });
+        // Only a regular file is opened (a FIFO's open would wait for a
+        // writer): zstd lists nothing else.
+        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+        let walked = regular
+            .then(|| std::fs::File::open(path).ok())
+            .flatten()
+            .and_then(|f| {
+                let size = f.metadata().ok().filter(|m| m.is_file())?.len();
+                zstd_frames(&mut std::io::BufReader::new(f), size)
+            });
         match walked {
             Some(f) => {
                 outln!("{}", zstd_list_line(&f, &path.display().to_string()));

@@ -1958,7 +1958,7 @@ fn links_under_q_say_and_exit_as_their_tools() {
     for (tool, _) in tools {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
     }
-    let cases: [&[&str]; 18] = [
+    let cases: [&[&str]; 27] = [
         &["-q", "-d", "f"],
         &["-d", "f"],
         &["-q", "-d", "f", "ok"],
@@ -1980,6 +1980,18 @@ fn links_under_q_say_and_exit_as_their_tools() {
         &["-q", "-d", "fifo"],
         &["-d", "sub"],
         &["-q", "-d", "sub"],
+        // Symbolic links (to a stream, a directory, a FIFO, nothing):
+        // left alone without -f, whatever they point to (gzip and pigz:
+        // an error, status 1; xz: a warning, 2).
+        &["-d", "lok"],
+        &["-q", "-d", "lok"],
+        &["-d", "ldir"],
+        &["-q", "-d", "ldir"],
+        &["-d", "lfifo"],
+        &["-d", "lnone"],
+        &["-q", "-d", "lnone"],
+        &["ldir"],
+        &["lnone"],
     ];
     for (tool, suffix) in tools {
         if !have(tool) {
@@ -2013,6 +2025,14 @@ fn links_under_q_say_and_exit_as_their_tools() {
                 std::fs::write(d.join(format!("g.{suffix}")), b"in the way").unwrap();
                 std::fs::hard_link(d.join("h"), d.join("h2")).unwrap();
                 mkfifo(&d.join("fifo"));
+                for (link, to) in [
+                    ("lok", format!("ok.{suffix}")),
+                    ("ldir", "sub".to_string()),
+                    ("lfifo", "fifo".to_string()),
+                    ("lnone", "none".to_string()),
+                ] {
+                    std::os::unix::fs::symlink(to, d.join(link)).unwrap();
+                }
                 // (A run that hangs is cut short, status 124.)
                 let out = std::process::Command::new("timeout")
                     .arg("20")

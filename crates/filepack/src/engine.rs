@@ -153,7 +153,7 @@ pub(crate) fn plan(
                 // followed (without -f): it would leave the tree named.
                 let link = std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
                 match link && !opts.force {
-                    true => inputs.push((source.name(), Err(Error::SymlinkInput))),
+                    true => inputs.push((source.name(), Err(symlink_input(opts)))),
                     false => walk(p, &wanted, &mut inputs),
                 }
             }
@@ -181,13 +181,16 @@ pub(crate) fn plan(
                 (Source::Stdin, None) => Ok((Dest::Stdout, false)),
                 (Source::File(_), None) if opts.stdout => Ok((Dest::Stdout, false)),
                 // A missing input is that, not a name without a suffix;
-                // so is a directory or a special file (as gzip and xz
-                // say; and a FIFO is never opened to look at its data).
+                // so is a symbolic link without -f (gzip, pigz and xz
+                // look at it first, whatever it points to), a directory
+                // or a special file (as gzip and xz say; and a FIFO is
+                // never opened to look at its data).
                 (Source::File(p), None) => match std::fs::symlink_metadata(p) {
                     Err(source) => Err(Error::Open {
                         path: p.clone(),
                         source,
                     }),
+                    Ok(m) if m.file_type().is_symlink() && !opts.force => Err(symlink_input(opts)),
                     Ok(_) if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
                         Err(Error::IsDirectory { path: p.clone() })
                     }
@@ -215,7 +218,8 @@ pub(crate) fn plan(
                         Err(Error::OutputIsInput(out.clone()))
                     }
                     (Source::File(src), Dest::File(_), remove) if !opts.force => {
-                        links_allow(src, remove && !opts.allow_linked).map(|()| (dest, remove))
+                        links_allow(opts, src, remove && !opts.allow_linked)
+                            .map(|()| (dest, remove))
                     }
                     (_, _, remove) => Ok((dest, remove)),
                 },
@@ -230,6 +234,13 @@ pub(crate) fn plan(
             (name, plan)
         })
         .collect())
+}
+
+/// A symbolic link left alone ([`Options::symlink_warns`]).
+fn symlink_input(opts: &Options) -> Error {
+    Error::SymlinkInput {
+        warning: opts.symlink_warns,
+    }
 }
 
 /// Where an output named from its input (`out`, beside it) goes under
@@ -273,13 +284,13 @@ fn placed(dir: Option<&OutputDir>, out: PathBuf) -> Result<PathBuf> {
 /// the old bytes; and one with a set-ID or sticky
 /// bit is not written to a file that would carry it. (An input that cannot be
 /// examined fails when it is opened.)
-fn links_allow(src: &Path, remove: bool) -> Result<()> {
+fn links_allow(opts: &Options, src: &Path, remove: bool) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(src) else {
         return Ok(());
     };
     if meta.file_type().is_symlink() {
-        return Err(Error::SymlinkInput);
+        return Err(symlink_input(opts));
     }
     if remove && meta.is_file() && meta.nlink() > 1 {
         return Err(Error::OtherLinks(meta.nlink() - 1));
@@ -1870,15 +1881,14 @@ mod tests {
 
     /// An input with no known suffix whose data cannot be read says why
     /// (as xz says "Permission denied", status 1), not that its suffix is
-    /// unknown. /proc/self/mem opens but fails to read at offset 0.
+    /// unknown. A directory opens but fails to read.
     #[test]
     fn an_unreadable_unnamed_input_says_why() {
-        let mem = Path::new("/proc/self/mem");
-        assert!(std::fs::metadata(mem).unwrap().is_file());
-        match unnamed_input_error(mem, &UnpackOptions::default()) {
+        let dir = tempfile::tempdir().unwrap();
+        match unnamed_input_error(dir.path(), &UnpackOptions::default()) {
             Error::Open { path, source } => {
-                assert_eq!(path, mem);
-                assert_eq!(source.raw_os_error(), Some(libc::EIO), "{source}");
+                assert_eq!(path, dir.path());
+                assert_eq!(source.raw_os_error(), Some(libc::EISDIR), "{source}");
             }
             other => panic!("{other}"),
         }

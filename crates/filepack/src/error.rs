@@ -120,7 +120,10 @@ pub enum Error {
     NotRegular,
     /// The input is a symbolic link and its output a file, without `force`.
     #[error("is a symbolic link; unchanged (-f follows it, -c reads it)")]
-    SymlinkInput,
+    SymlinkInput {
+        /// Said as a warning ([`crate::Options::symlink_warns`]).
+        warning: bool,
+    },
     /// The input has other hard links and would be removed, without
     /// `force`.
     #[error("has {0} other link(s); unchanged (-k keeps the input, -f removes this name)")]
@@ -233,6 +236,7 @@ impl Error {
         match self {
             Error::Input { source, .. } => source.is_warning(),
             Error::Failed { warnings_only, .. } => *warnings_only,
+            Error::SymlinkInput { warning } => *warning,
             Error::UnknownSuffix
             | Error::Exists { .. }
             | Error::IsDirectory { .. }

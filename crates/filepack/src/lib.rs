@@ -105,6 +105,9 @@ pub struct Options {
     /// Without it (gzip, xz, bzip2) such an input is left alone unless
     /// `force` or `keep`.
     pub allow_linked: bool,
+    /// A symbolic link left alone is a warning (xz: status 2, nothing said
+    /// under `-q`), not an error (gzip and pigz: status 1).
+    pub symlink_warns: bool,
     /// Outputs named from their inputs go into a directory instead of
     /// beside them (zstd's `--output-dir-flat` and `--output-dir-mirror`).
     pub output_dir: Option<OutputDir>,
