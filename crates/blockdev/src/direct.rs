@@ -113,8 +113,9 @@ pub struct Input {
 /// being opened.
 pub fn open_input(path: &Path, direct: Option<(usize, usize)>) -> io::Result<Input> {
     use std::os::unix::fs::OpenOptionsExt;
-    let is_dir = |m: &std::fs::Metadata| m.is_dir();
-    if std::fs::metadata(path).is_ok_and(|m| is_dir(&m)) {
+    // A directory is refused without being opened (and again after the
+    // open, should the name have changed in between).
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(io::Error::from_raw_os_error(libc::EISDIR));
     }
     let mut opts = std::fs::OpenOptions::new();
@@ -124,7 +125,7 @@ pub fn open_input(path: &Path, direct: Option<(usize, usize)>) -> io::Result<Inp
     }
     let file = opts.open(path)?;
     let meta = file.metadata()?;
-    if is_dir(&meta) {
+    if meta.is_dir() {
         return Err(io::Error::from_raw_os_error(libc::EISDIR));
     }
     let size = match meta.file_type() {

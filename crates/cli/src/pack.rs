@@ -468,16 +468,14 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
     let mut framing = 0;
     for s in summaries {
         let input = std::path::Path::new(&s.input);
-        // Standard input is listed as gzip names it.
+        // Standard input is listed as gzip names it, its header unknown.
         let name = if s.input == "(stdin)" {
+            framing = 0;
             "stdout".to_string()
         } else {
+            framing = one_member_framing(input, s.bytes_out).unwrap_or(0);
             cairn_filepack::unpacked_name(input, common.suffix.as_deref())
                 .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
-        };
-        framing = match s.input == "(stdin)" {
-            true => 0,
-            false => one_member_framing(input, s.bytes_out).unwrap_or(0),
         };
         line(s.bytes_in, s.bytes_out, framing, &name);
     }
@@ -488,6 +486,18 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
     }
 }
 
+/// `path` opened for a listing to read (again), with its length, if it
+/// is a regular file: a FIFO is looked at, never opened (its open would
+/// wait for a writer, and what it held was read already).
+fn open_regular(path: &Path) -> Option<(std::fs::File, u64)> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    Some((f, len))
+}
+
 /// The bytes of a one-member gzip file that are not deflate data: its
 /// header and 8-byte trailer, as `gzip -l` leaves them out of the ratio.
 /// `None` for a file of several members (whose last member's length
@@ -496,10 +506,7 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
 /// be read again: its open would wait for a writer).
 fn one_member_framing(path: &Path, decoded: u64) -> Option<u64> {
     use std::io::{Read, Seek, SeekFrom};
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return None;
-    }
-    let mut f = std::fs::File::open(path).ok()?;
+    let (mut f, _) = open_regular(path)?;
     let mut head = Vec::new();
     Read::by_ref(&mut f)
         .take(64 << 10)
@@ -736,16 +743,9 @@ fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
     };
     let mut failed = 0;
     for path in files {
-        // Only a regular file is opened (a FIFO's open would wait for a
-        // writer): zstd lists nothing else.
-        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-        let walked = regular
-            .then(|| std::fs::File::open(path).ok())
-            .flatten()
-            .and_then(|f| {
-                let size = f.metadata().ok().filter(|m| m.is_file())?.len();
-                zstd_frames(&mut std::io::BufReader::new(f), size)
-            });
+        // zstd lists regular files only.
+        let walked = open_regular(path)
+            .and_then(|(f, size)| zstd_frames(&mut std::io::BufReader::new(f), size));
         match walked {
             Some(f) => {
                 outln!("{}", zstd_list_line(&f, &path.display().to_string()));
