@@ -221,10 +221,11 @@ pub(crate) struct CommonArgs {
     pub output: Option<std::path::PathBuf>,
     /// Print a one-line summary per file (size, ratio, speed) on stderr;
     /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
-    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, overrides_with = "quiet")]
     pub verbose: u8,
-    /// No progress bar, no notes.
-    #[arg(short = 'q', long = "quiet")]
+    /// No progress bar, no notes (the last of -q and -v counts, as in
+    /// gzip: `-lvq` lists without a header).
+    #[arg(short = 'q', long = "quiet", overrides_with = "verbose")]
     pub quiet: bool,
     /// Draw the progress bar, also under a tool's name and when stderr
     /// is no terminal (zstd's --progress).
@@ -1623,8 +1624,8 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e, &help_command(&args)),
     };
     init_logging(match &cli.command {
-        Command::Pack(a) => a.common.verbose,
-        Command::Unpack(a) => a.common.verbose,
+        Command::Pack(a) => log_verbosity(&a.common, &a.decode),
+        Command::Unpack(a) => log_verbosity(&a.common, &a.decode),
         Command::Serve(a) => u8::from(a.verbose),
         _ => 0,
     });
@@ -1669,6 +1670,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The verbosity diagnostics are shown at: under gzip's and pigz's names,
+/// the first -v of a listing asks for its columns (method, CRC, time),
+/// not for the codec's notes.
+fn log_verbosity(common: &CommonArgs, decode: &DecodeArgs) -> u8 {
+    let columns = decode.list && decode.list_as_gzip;
+    common.verbose.saturating_sub(u8::from(columns))
 }
 
 /// Diagnostics go through `tracing` to stderr. `RUST_LOG` (as

@@ -356,7 +356,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     let run = cairn_filepack::unpack(&options(common)?, &unpack, &hooks)?;
     if mode == UnpackMode::List {
         if decode.list_as_gzip && !common.json {
-            list_as_gzip(common, &run.summaries);
+            match crate::Tool::invoked() {
+                crate::Tool::Pigz => list_as_pigz(common, &run.summaries),
+                _ => list_as_gzip(common, &run.summaries),
+            }
         } else {
             list(common, &run.summaries)?;
         }
@@ -444,45 +447,178 @@ struct Listed<'a> {
     name: &'a str,
 }
 
-/// `-l` as gzip prints it (cairn run as gzip, gunzip, zcat or pigz), for
-/// the scripts that read its columns: compressed and uncompressed bytes,
-/// the space saved and the name without its suffix, a totals line for
-/// several inputs, no header with -q. The uncompressed size is what the
-/// input decodes to (gzip takes the last member's length field, wrong for
+/// `-l` as gzip prints it (cairn run as gzip, gunzip or zcat), for the
+/// scripts that read its columns: compressed and uncompressed bytes, the
+/// space saved and the name without its suffix (with -N, the name the
+/// header keeps), a totals line for several inputs, no header and no
+/// totals with -q; -v puts the method, the CRC and the input's date (with
+/// -N, the date kept) in front. The uncompressed size is what the input decodes to, and the CRC
+/// that of all of it (gzip takes the last member's fields, wrong for
 /// several members and past 4 GiB).
 fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
+    let verbose = common.verbose > 0;
     if !common.quiet {
-        outln!("         compressed        uncompressed  ratio uncompressed_name");
+        let columns = if verbose {
+            "method  crc     date  time  "
+        } else {
+            ""
+        };
+        outln!("{columns}         compressed        uncompressed  ratio uncompressed_name");
     }
-    // gzip's ratio leaves out a one-member file's header and trailer (of
-    // the last file listed, in the totals).
-    let line = |compressed: u64, uncompressed: u64, framing: u64, name: &str| {
+    // gzip's ratio leaves out the header and trailer (of the last file
+    // listed, in the totals).
+    let line = |front: &str, compressed: u64, uncompressed: u64, framing: u64, name: &str| {
         let saved = uncompressed as f64 - compressed.saturating_sub(framing) as f64;
         let ratio = if uncompressed == 0 {
             0.0
         } else {
             100.0 * saved / uncompressed as f64
         };
-        outln!("{compressed:>19} {uncompressed:>19} {ratio:>5.1}% {name}");
+        outln!("{front}{compressed:>19} {uncompressed:>19} {ratio:>5.1}% {name}");
     };
-    let mut framing = 0;
     for s in summaries {
-        let input = std::path::Path::new(&s.input);
-        // Standard input is listed as gzip names it, its header unknown.
-        let name = if s.input == "(stdin)" {
-            framing = 0;
-            "stdout".to_string()
-        } else {
-            framing = one_member_framing(input, s.bytes_out).unwrap_or(0);
-            cairn_filepack::unpacked_name(input, common.suffix.as_deref())
-                .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
+        // With -N, the name and time the header keeps (the name's last
+        // part, in the input's directory).
+        let kept = s.gzip.as_ref().filter(|_| common.name);
+        let kept_name = kept
+            .and_then(|g| g.name.as_deref())
+            .and_then(|n| n.rsplit('/').next())
+            .filter(|n| !n.is_empty());
+        let name = match kept_name {
+            Some(n) if s.input == STDIN => n.to_string(),
+            Some(n) => Path::new(&s.input).with_file_name(n).display().to_string(),
+            // Standard input is listed as gzip names it.
+            None if s.input == STDIN => "stdout".to_string(),
+            None => unpacked_name(common, s),
         };
-        line(s.bytes_in, s.bytes_out, framing, &name);
+        let front = match (&s.gzip, verbose) {
+            (Some(g), true) => {
+                // Else the input's own time, or now for a pipe.
+                let secs = match kept.map(|g| g.mtime) {
+                    Some(t) if t != 0 => i64::from(t),
+                    _ => input_mtime(&s.input),
+                };
+                format!("defla {:08x} {} ", g.crc32, listed_time(secs, false))
+            }
+            (None, true) => format!("{:28}", ""),
+            (_, false) => String::new(),
+        };
+        line(&front, s.bytes_in, s.bytes_out, framing(s), &name);
     }
-    if summaries.len() > 1 {
+    // Totals of what was listed, when several inputs were named (even if
+    // some could not be listed), not with -q: as gzip does.
+    if common.files.len() > 1 && !common.quiet {
         let compressed = summaries.iter().map(|s| s.bytes_in).sum();
         let uncompressed = summaries.iter().map(|s| s.bytes_out).sum();
-        line(compressed, uncompressed, framing, "(totals)");
+        let framing = summaries.last().map_or(0, framing);
+        let front = if verbose {
+            " ".repeat(28)
+        } else {
+            String::new()
+        };
+        line(&front, compressed, uncompressed, framing, "(totals)");
+    }
+}
+
+/// `-l` as pigz prints it (cairn run as pigz): deflate bytes (the file
+/// less its header and trailer), uncompressed bytes, the space saved and
+/// the name the header keeps (else the input's without its suffix,
+/// `<stdin>` for a pipe), cut to 48 characters; no totals, nothing at all
+/// with -q; -v puts the method, the CRC and the time kept in front (and
+/// cuts the name to 16). Sizes and CRC are of the whole output, as for
+/// gzip -l.
+fn list_as_pigz(common: &CommonArgs, summaries: &[Summary]) {
+    if common.quiet {
+        return;
+    }
+    let verbose = common.verbose > 0;
+    if !summaries.is_empty() {
+        let columns = if verbose {
+            "method    check    timestamp    "
+        } else {
+            ""
+        };
+        outln!("{columns}compressed   original reduced  name");
+    }
+    for s in summaries {
+        let kept = s.gzip.as_ref().and_then(|g| g.name.clone());
+        let name = match kept {
+            Some(name) => name,
+            None if s.input == STDIN => "<stdin>".to_string(),
+            None => unpacked_name(common, s),
+        };
+        let most = if verbose { 16 } else { 48 };
+        let name = match name.char_indices().nth(most) {
+            Some(_) => format!("{}...", name.chars().take(most - 3).collect::<String>()),
+            None => name,
+        };
+        let front = match (&s.gzip, verbose) {
+            (Some(g), true) => {
+                let time = match g.mtime {
+                    0 => "------ -----".to_string(),
+                    t => listed_time(i64::from(t), true),
+                };
+                format!("gzip 8  {:08x}  {time}  ", g.crc32)
+            }
+            (None, true) => format!("{:32}", ""),
+            (_, false) => String::new(),
+        };
+        let compressed = s.bytes_in.saturating_sub(framing(s));
+        let len = s.bytes_out;
+        // pigz's test for deflate data that cannot be this input's.
+        if compressed > len + (len >> 10) + 12 {
+            outln!("{front}{compressed:>10} {len:>10}?  unk    {name}");
+        } else {
+            let reduced = 100.0 * (len as f64 - compressed as f64) / len as f64;
+            outln!("{front}{compressed:>10} {len:>10} {reduced:>6.1}%  {name}");
+        }
+    }
+}
+
+/// How a listing names standard input (the engine's name for it).
+const STDIN: &str = "(stdin)";
+
+/// A listed input's name without its suffix, as gzip names its output;
+/// the input's own name where it has no suffix gzip knows.
+fn unpacked_name(common: &CommonArgs, s: &Summary) -> String {
+    cairn_filepack::unpacked_name(Path::new(&s.input), common.suffix.as_deref())
+        .map_or_else(|_| s.input.clone(), |p| p.display().to_string())
+}
+
+/// The bytes of a gzip input that are not deflate data (its first
+/// member's header and the last's 8-byte trailer), which gzip's and
+/// pigz's listings leave out; 0 when the header was not read whole.
+fn framing(s: &Summary) -> u64 {
+    s.gzip.as_ref().map_or(0, |g| g.header_bytes + 8)
+}
+
+/// The modification time of a listed input (of standard input's file,
+/// or now for a pipe), as gzip -lv shows it.
+fn input_mtime(input: &str) -> i64 {
+    let path = if input == STDIN { "/dev/stdin" } else { input };
+    let modified = std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .and_then(|m| m.modified().ok())
+        .unwrap_or_else(std::time::SystemTime::now);
+    match modified.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    }
+}
+
+/// `secs` in local time as ctime(3) writes it from the month to the
+/// minute, "Jun 30 21:49", as gzip -lv shows it; `year_if_old`: as
+/// pigz -lv, "Jun 30  1993" for a time not in this year.
+fn listed_time(secs: i64, year_if_old: bool) -> String {
+    use chrono::{Datelike, Local, TimeZone};
+    let Some(t) = Local.timestamp_opt(secs, 0).earliest() else {
+        return "??? ?? ??:??".to_string();
+    };
+    if year_if_old && t.year() != Local::now().year() {
+        t.format("%b %e  %Y").to_string()
+    } else {
+        t.format("%b %e %H:%M").to_string()
     }
 }
 
@@ -496,53 +632,6 @@ fn open_regular(path: &Path) -> Option<(std::fs::File, u64)> {
     let f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
     Some((f, len))
-}
-
-/// The bytes of a one-member gzip file that are not deflate data: its
-/// header and 8-byte trailer, as `gzip -l` leaves them out of the ratio.
-/// `None` for a file of several members (whose last member's length
-/// field is not the whole decoded length), that cannot be read, or that
-/// is not a regular file (a FIFO read once, by the listing, would never
-/// be read again: its open would wait for a writer).
-fn one_member_framing(path: &Path, decoded: u64) -> Option<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    let (mut f, _) = open_regular(path)?;
-    let mut head = Vec::new();
-    Read::by_ref(&mut f)
-        .take(64 << 10)
-        .read_to_end(&mut head)
-        .ok()?;
-    let mut isize = [0u8; 4];
-    f.seek(SeekFrom::End(-4)).ok()?;
-    f.read_exact(&mut isize).ok()?;
-    if u64::from(u32::from_le_bytes(isize)) != decoded % (1 << 32) {
-        return None;
-    }
-    gzip_header_len(&head).map(|h| h as u64 + 8)
-}
-
-/// The length of the gzip header `head` starts with (RFC 1952: fixed 10
-/// bytes, then the extra field, name, comment and header CRC its flags
-/// say), if `head` holds all of it.
-fn gzip_header_len(head: &[u8]) -> Option<usize> {
-    let flags = *head.get(3)?;
-    if head.get(..3)? != [0x1f, 0x8b, 8] {
-        return None;
-    }
-    let mut at = 10;
-    if flags & 4 != 0 {
-        let xlen = u16::from_le_bytes([*head.get(at)?, *head.get(at + 1)?]);
-        at += 2 + usize::from(xlen);
-    }
-    for flag in [8, 16] {
-        if flags & flag != 0 {
-            at += head.get(at..)?.iter().position(|&b| b == 0)? + 1;
-        }
-    }
-    if flags & 2 != 0 {
-        at += 2;
-    }
-    (at <= head.len()).then_some(at)
 }
 
 /// `-l`: a line per input, as `gzip -l` and `zstd -l` print, or JSON.
@@ -823,22 +912,5 @@ mod tests {
         let size = packed.len() as u64;
         assert!(zstd_frames(&mut std::io::Cursor::new(packed), size).is_none());
         assert!(zstd_frames(&mut std::io::Cursor::new(b"BZh9".to_vec()), 4).is_none());
-    }
-
-    #[test]
-    fn gzip_header_lengths() {
-        let fixed = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3];
-        assert_eq!(gzip_header_len(&fixed), Some(10));
-        let mut named = fixed.to_vec();
-        named[3] = 8;
-        named.extend_from_slice(b"a\0");
-        assert_eq!(gzip_header_len(&named), Some(12));
-        let mut extra = fixed.to_vec();
-        extra[3] = 4 | 2;
-        extra.extend_from_slice(&[3, 0, 1, 2, 3, 0xaa, 0xbb]);
-        assert_eq!(gzip_header_len(&extra), Some(17));
-        // Cut short, or no gzip at all.
-        assert_eq!(gzip_header_len(&named[..11]), None);
-        assert_eq!(gzip_header_len(b"BZh91AY&SY"), None);
     }
 }

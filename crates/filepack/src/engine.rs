@@ -78,6 +78,27 @@ pub struct Summary {
     /// make its exit status 2): empty when nothing did.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What `-l` says of a gzip input beyond its sizes (gzip's and pigz's
+    /// `-lv` columns, the header their ratio leaves out); listings only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gzip: Option<GzipListing>,
+}
+
+/// A listed gzip input's first member header and its whole output's
+/// CRC-32.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct GzipListing {
+    /// Bytes of the first member's header (through FHCRC).
+    pub header_bytes: u64,
+    /// The name that header keeps (FNAME, as UTF-8 where it is not);
+    /// none when it keeps none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its MTIME, seconds since the epoch (0: none).
+    pub mtime: u32,
+    /// CRC-32 of everything the input decodes to: a one-member file's
+    /// trailer CRC (gzip and pigz list the last member's).
+    pub crc32: u32,
 }
 
 /// What a run did: a summary per input that succeeded, and the outcome.
@@ -497,6 +518,7 @@ impl Summary {
                 0.0
             },
             warnings: Vec::new(),
+            gzip: None,
         }
     }
 }
@@ -1041,7 +1063,7 @@ fn origin_of(path: &Path, meta: &std::fs::Metadata) -> cairn_codec::Origin {
 /// from the input; and the time that member keeps, when it keeps one.
 fn restored_origin(plan: &Plan, head: &[u8]) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
     use std::os::unix::ffi::OsStrExt;
-    let Some(origin) = cairn_codec::format::gzip::origin(head) else {
+    let Some((origin, _)) = cairn_codec::format::gzip::origin(head) else {
         return (None, None);
     };
     let mtime = (origin.mtime != 0)
@@ -1148,8 +1170,10 @@ fn unpack_one(
     let started = Instant::now();
     let (mut reader, size) = plan.source.open()?;
     let input_meta = input_metadata(&plan.source, &reader);
-    // With -N, enough for a gzip header that keeps a long name.
+    // With -N, enough for a gzip header that keeps a long name; a
+    // listing shows that name and the header's length, of any input.
     let head_len = match (&plan.source, restore.name || restore.time) {
+        _ if opts.mode == UnpackMode::List => 64 << 10,
         (Source::File(_), true) => 64 << 10,
         _ => 16,
     };
@@ -1259,6 +1283,8 @@ fn unpack_one(
     let w = sink.writer();
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
+    let listed_gzip = opts.mode == UnpackMode::List && format == Format::Gzip;
+    let mut crc = listed_gzip.then(crc32fast::Hasher::new);
     // Units the splitter decoded itself, and units with output the
     // workers decoded.
     let (mut plain, mut coded) = (0usize, 0usize);
@@ -1286,6 +1312,9 @@ fn unpack_one(
                 coded += 1;
             }
             checker.feed(format, slot.input.offset, slot.input.content, out)?;
+            if let Some(c) = crc.as_mut() {
+                c.update(out);
+            }
             match holes.as_mut() {
                 Some(h) => h.write(w, out),
                 None => w.write_all(out),
@@ -1350,6 +1379,16 @@ fn unpack_one(
         started,
     );
     summary.warnings = warnings;
+    summary.gzip = crc.and_then(|crc| {
+        let (origin, header_bytes) = cairn_codec::format::gzip::origin(&head)?;
+        Some(GzipListing {
+            header_bytes: header_bytes as u64,
+            name: (!origin.name.is_empty())
+                .then(|| String::from_utf8_lossy(&origin.name).into_owned()),
+            mtime: origin.mtime,
+            crc32: crc.finalize(),
+        })
+    });
     Ok(summary)
 }
 

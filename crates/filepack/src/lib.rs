@@ -44,7 +44,7 @@ mod error;
 mod files;
 mod naming;
 
-pub use engine::{pack, unpack, Operation, Run, Summary};
+pub use engine::{pack, unpack, GzipListing, Operation, Run, Summary};
 pub use error::{Error, Result};
 pub use files::{
     is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, stdout_file,

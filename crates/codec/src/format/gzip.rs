@@ -310,11 +310,12 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
 }
 
 /// The name and time the first member of a gzip stream keeps (FNAME and
-/// MTIME, as `gunzip -N` restores them), from `prefix`, the stream's first
-/// bytes; `None` when they hold no whole member header.
-pub fn origin(prefix: &[u8]) -> Option<super::Origin> {
+/// MTIME, as `gunzip -N` restores them), and the length of its header
+/// (as `gzip -l` leaves it out of the ratio), from `prefix`, the stream's
+/// first bytes; `None` when they hold no whole, valid member header.
+pub fn origin(prefix: &[u8]) -> Option<(super::Origin, usize)> {
     let mut input = Input::new(Box::new(std::io::Cursor::new(prefix.to_vec())));
-    parse_header(&mut input).ok().map(|h| h.origin)
+    parse_header(&mut input).ok().map(|h| (h.origin, h.len))
 }
 
 /// State of a member being inflated in the splitter.
@@ -831,6 +832,34 @@ mod tests {
     /// has): gzip skips the subfield and so must cairn, alone and before a
     /// member split by its (right) length. One byte short used to pass as
     /// zero padding (the trailer's last byte) and fail the member.
+    #[test]
+    fn headers_are_measured_with_what_they_keep() {
+        let fixed = [0x1f, 0x8b, 8, 0, 4, 3, 2, 1, 0, 3];
+        let (kept, len) = origin(&fixed).unwrap();
+        assert_eq!(
+            (kept.name.as_slice(), kept.mtime, len),
+            (&b""[..], 0x01020304, 10)
+        );
+        let mut named = fixed.to_vec();
+        named[3] = FNAME;
+        named.extend_from_slice(b"a\0");
+        let (kept, len) = origin(&named).unwrap();
+        assert_eq!((kept.name.as_slice(), len), (&b"a"[..], 12));
+        // An extra field and a header CRC (its low 16 bits).
+        let mut extra = fixed.to_vec();
+        extra[3] = FEXTRA | FHCRC;
+        extra.extend_from_slice(&[3, 0, 1, 2, 3]);
+        let crc = crc32fast::hash(&extra) as u16;
+        extra.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(origin(&extra).map(|o| o.1), Some(17));
+        // A wrong header CRC, cut short, or no gzip at all.
+        let last = extra.len() - 1;
+        extra[last] ^= 1;
+        assert_eq!(origin(&extra), None);
+        assert_eq!(origin(&named[..11]), None);
+        assert_eq!(origin(b"BZh91AY&SY"), None);
+    }
+
     #[test]
     fn gzip_length_hint_a_little_off_is_decoded_sequentially() {
         let data: Vec<u8> = (0..300_000u32)
