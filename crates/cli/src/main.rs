@@ -486,9 +486,10 @@ pub(crate) struct DecodeArgs {
     /// headers' and index's CRC32s still are).
     #[arg(long = "ignore-check")]
     pub ignore_check: bool,
-    /// Leave holes for runs of zeros in the output also when it is
-    /// standard output redirected to a file (zstd's and lz4's --sparse;
-    /// a new output file gets them anyway).
+    /// Leave holes for runs of zeros in the output (the default where a
+    /// hole is sure to read as zeros: a new file, or standard output
+    /// redirected to the end of a regular file not opened to append;
+    /// zstd's and lz4's --sparse).
     #[arg(long = "sparse", overrides_with = "no_sparse")]
     pub sparse: bool,
     /// Write every zero of the output, leave no holes (zstd's, lz4's and

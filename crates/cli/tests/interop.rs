@@ -1878,8 +1878,8 @@ fn zstd_link_options_as_zstd() {
         assert!(run_ok("zstd", &["-dc"], &link.stdout) == data[..1000]);
     }
     // Sparse: an image of zeros with a little data unpacks with holes into
-    // a file, into standard output redirected to a file with --sparse only,
-    // and into neither with --no-sparse.
+    // a file and into standard output redirected to a file (zstd: with
+    // --sparse only), and into neither with --no-sparse.
     let mut image = vec![0u8; 8 << 20];
     image[5 << 20..(5 << 20) + 1000].copy_from_slice(&data[..1000]);
     let packed = run_ok("zstd", &["-c", "-q"], &image);
@@ -1891,8 +1891,9 @@ fn zstd_link_options_as_zstd() {
     for (args, to_stdout, sparse) in [
         (&["-d", "-f", "i.zst"][..], false, true),
         (&["-d", "-f", "--no-sparse", "i.zst"], false, false),
-        (&["-dc", "i.zst"], true, false),
+        (&["-dc", "i.zst"], true, true),
         (&["-dc", "--sparse", "i.zst"], true, true),
+        (&["-dc", "--no-sparse", "i.zst"], true, false),
     ] {
         let out_path = dir.path().join("i");
         let _ = std::fs::remove_file(&out_path);
@@ -1905,6 +1906,35 @@ fn zstd_link_options_as_zstd() {
         assert!(std::fs::read(&out_path).unwrap() == image, "{args:?}");
         let used = std::fs::metadata(&out_path).unwrap().blocks() * 512;
         assert_eq!(used < (4 << 20), sparse, "{args:?}: {used} bytes on disk");
+    }
+    // Where a hole would not read as zeros, zeros are written: over the
+    // old bytes of a file opened without truncating (`1<> out`), and in a
+    // file opened to append (`>> out`), whatever --sparse says.
+    let out_path = dir.path().join("i");
+    for sparse in [&[][..], &["--sparse"]] {
+        for append in [false, true] {
+            std::fs::write(&out_path, vec![0xa5u8; image.len() + 100]).unwrap();
+            let out = std::fs::OpenOptions::new()
+                .read(!append)
+                .write(!append)
+                .append(append)
+                .open(&out_path)
+                .unwrap();
+            let status = std::process::Command::new(&bin)
+                .args(["-dc", "i.zst"])
+                .args(sparse)
+                .current_dir(dir.path())
+                .stdout(out)
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let got = std::fs::read(&out_path).unwrap();
+            let want = match append {
+                true => [&vec![0xa5u8; image.len() + 100][..], &image].concat(),
+                false => [&image[..], &[0xa5u8; 100]].concat(),
+            };
+            assert!(got == want, "{sparse:?} append {append}: old bytes left");
+        }
     }
 }
 

@@ -1272,12 +1272,15 @@ fn unpack_one(
     let mut sink = open_sink(plan, force, false, hooks)?;
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
-    // Into a new file, zeros become holes (zstd's --sparse, its default
-    // for files); with --sparse also into standard output redirected to
-    // a file; with --no-sparse (zstd's, lz4's, xz's) nowhere.
+    // Zeros become holes in a new file (zstd's --sparse, its default for
+    // files), and in standard output redirected to a file where a hole
+    // reads as zeros for sure (its end, no O_APPEND: `HoleWriter::
+    // at_end_of`; zstd leaves none there unless --sparse, but a hole
+    // costs no write: gunzip -c of an OS image into a file took 1.15 s
+    // against 1.72); with --no-sparse (zstd's, lz4's, xz's) nowhere.
     let mut holes = match opts.sparse {
         Some(false) => None,
-        Some(true) if plan.dest == Dest::Stdout => HoleWriter::at_offset_of(sink.writer()),
+        Some(true) | None if plan.dest == Dest::Stdout => HoleWriter::at_end_of(sink.writer()),
         _ => sink.is_new_file().then(HoleWriter::default),
     };
     let w = sink.writer();

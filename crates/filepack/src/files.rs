@@ -296,12 +296,17 @@ impl HoleWriter {
     }
 
     /// A writer from `file`'s offset on, if it is a regular file not
-    /// opened to append (standard output redirected to a file, as `zstd
-    /// -d --sparse` leaves holes in it); else `None`.
-    pub fn at_offset_of(file: &mut File) -> Option<HoleWriter> {
+    /// opened to append, whose offset is at its end or past it (standard
+    /// output redirected to a file, `> out` or `{ head; unpack; } > out`);
+    /// else `None`. Only there is a hole sure to read as the zeros it
+    /// stands for: over the old bytes of a file opened without truncating
+    /// (`1<> out`) it would leave them, and with `O_APPEND` every write
+    /// lands at the end whatever the offset.
+    pub fn at_end_of(file: &mut File) -> Option<HoleWriter> {
         use std::io::Seek;
         use std::os::fd::AsRawFd;
-        if !file.metadata().ok()?.file_type().is_file() {
+        let meta = file.metadata().ok()?;
+        if !meta.file_type().is_file() {
             return None;
         }
         // SAFETY: F_GETFL on a descriptor the File owns reads its flags.
@@ -310,7 +315,7 @@ impl HoleWriter {
             return None;
         }
         let at = file.stream_position().ok()?;
-        Some(HoleWriter { at })
+        (at >= meta.len()).then_some(HoleWriter { at })
     }
 }
 
@@ -463,5 +468,35 @@ mod tests {
                 meta.blocks() * 512
             );
         }
+    }
+
+    #[test]
+    fn holes_only_where_they_read_as_zeros() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        // At the end (`> out`, or after what came before it): holes.
+        let mut f = File::create(&path).unwrap();
+        f.write_all(b"head").unwrap();
+        assert_eq!(HoleWriter::at_end_of(&mut f).map(|w| w.at), Some(4));
+        // Past the end: holes too.
+        f.seek(SeekFrom::Start(100)).unwrap();
+        assert_eq!(HoleWriter::at_end_of(&mut f).map(|w| w.at), Some(100));
+        // Over old bytes (`1<> out`): none, they would show through.
+        f.seek(SeekFrom::Start(2)).unwrap();
+        assert!(HoleWriter::at_end_of(&mut f).is_none());
+        // Opened to append (`>> out`): none, writes land at the end.
+        let mut a = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        a.seek(SeekFrom::End(0)).unwrap();
+        assert!(HoleWriter::at_end_of(&mut a).is_none());
+        // Not a regular file.
+        let mut null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        assert!(HoleWriter::at_end_of(&mut null).is_none());
     }
 }
