@@ -1,6 +1,7 @@
 //! Ctrl-C and `kill` must not leave a half-written output behind: while a
 //! temporary output file exists, SIGINT, SIGTERM, SIGHUP and SIGPIPE remove
-//! it before the process dies of the signal as usual.
+//! it before the process dies of the signal as usual. A signal the caller
+//! ignores (`nohup`) is left ignored, as gzip leaves it.
 //!
 //! A signal handler may only call async-signal-safe functions, so the path
 //! is kept as a leaked C string behind an atomic pointer, and the handler
@@ -36,6 +37,12 @@ fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         for sig in SIGNALS {
+            // A signal the caller ignores stays ignored (`nohup gzip big`,
+            // `trap '' INT` in a script's background job): it would not
+            // have ended the run, so it must not end it now.
+            if ignored(sig) {
+                continue;
+            }
             // SAFETY: `on_signal` is an `extern "C" fn(c_int)` that only
             // performs async-signal-safe calls.
             unsafe {
@@ -43,6 +50,17 @@ fn install() {
             }
         }
     });
+}
+
+/// Whether `sig` is ignored now (as inherited from the caller, for every
+/// signal but SIGPIPE, which Rust's runtime ignores before `main`).
+fn ignored(sig: c_int) -> bool {
+    // SAFETY: sigaction with a null new action only reads the current
+    // one into `old`, a zeroed plain C struct it fills.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Remove `path` if a terminating signal arrives before [`unregister`].

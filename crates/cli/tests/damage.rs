@@ -270,6 +270,50 @@ fn interrupted_run_leaves_no_temporary_file() {
     }
 }
 
+/// Signals the caller ignores stay ignored while a temporary output
+/// exists (`nohup gzip big &`, a script's `trap '' INT`): the run goes on
+/// and its output is whole, as with gzip. They used to end it.
+#[test]
+fn ignored_signals_do_not_end_a_run() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let data = mixed(3_000_000, 41);
+    let dir = tempdir();
+    let out = dir.path().join("out.gz");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' HUP INT TERM; exec \"$0\" pack -q -o \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_cairn"))
+        .arg(&out)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&data[..1_000_000]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while listing(dir.path()).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        listing(dir.path()).len(),
+        1,
+        "temporary file never appeared"
+    );
+    for signal in ["HUP", "INT", "TERM"] {
+        let st = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    stdin.write_all(&data[1_000_000..]).unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(cairn_ok(&["unpack", "-c"], &std::fs::read(&out).unwrap()) == data);
+}
+
 /// Incompressible zstd frames are decoded from a map of the input file; a
 /// file cut short under the map (SIGBUS on its lost pages) ends the run
 /// with one line and status 1, not a crash.
