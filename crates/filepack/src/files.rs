@@ -319,6 +319,31 @@ impl HoleWriter {
     }
 }
 
+/// The temporary name an output `name` is written under, beside it:
+/// `.NAME.cairn-tmp-PID`, within the 255 bytes a name may have (a long
+/// `NAME` is cut, and a hash of all of it keeps apart the names it was
+/// cut from).
+fn temp_name(name: &std::ffi::OsStr) -> std::ffi::OsString {
+    use std::hash::{Hash, Hasher};
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    const NAME_MAX: usize = 255;
+    let tail = format!(".cairn-tmp-{}", std::process::id());
+    let bytes = name.as_bytes();
+    let mut tmp = vec![b'.'];
+    if 1 + bytes.len() + tail.len() <= NAME_MAX {
+        tmp.extend_from_slice(bytes);
+    } else {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.hash(&mut h);
+        let mark = format!("~{:016x}", h.finish());
+        let keep = NAME_MAX - 1 - tail.len() - mark.len();
+        tmp.extend_from_slice(&bytes[..keep.min(bytes.len())]);
+        tmp.extend_from_slice(mark.as_bytes());
+    }
+    tmp.extend_from_slice(tail.as_bytes());
+    std::ffi::OsString::from_vec(tmp)
+}
+
 /// A file written under a temporary name and renamed when complete; if
 /// dropped uncommitted (an error), the temporary file is removed, so a
 /// failed run never leaves a partial output behind.
@@ -346,10 +371,7 @@ impl<'h> PendingFile<'h> {
         let name = path.file_name().ok_or_else(|| Error::NotAFileName {
             path: path.to_path_buf(),
         })?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".cairn-tmp-{}", std::process::id()));
-        let tmp = dir.join(tmp_name);
+        let tmp = dir.join(temp_name(name));
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -498,5 +520,27 @@ mod tests {
             .open("/dev/null")
             .unwrap();
         assert!(HoleWriter::at_end_of(&mut null).is_none());
+    }
+
+    #[test]
+    fn temporary_names_fit_in_a_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let short = temp_name(std::ffi::OsStr::new("x.gz"));
+        assert_eq!(
+            short,
+            format!(".x.gz.cairn-tmp-{}", std::process::id()).as_str()
+        );
+        let a = "a".repeat(250);
+        let b = format!("{}b", "a".repeat(249));
+        let (ta, tb) = (temp_name(a.as_ref()), temp_name(b.as_ref()));
+        assert!(ta.as_bytes().len() <= 255 && tb.as_bytes().len() <= 255);
+        assert_ne!(ta, tb, "two long names cut alike");
+        // Written and renamed into place under a 250-byte name.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(&a);
+        let hooks = crate::NoHooks;
+        let p = PendingFile::create(&path, false, &hooks).unwrap();
+        p.commit_durable().unwrap();
+        assert!(path.is_file());
     }
 }
