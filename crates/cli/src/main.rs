@@ -1526,13 +1526,20 @@ impl Tool {
         }
     }
 
-    /// Whether `-q` makes `error` no failure at all: gzip -q passes over
-    /// a name with no suffix to take off without a word and without
-    /// status 2 (as `gunzip -q *` in a directory of mixed files).
-    pub(crate) fn quiet_ignores(self, error: &cairn_filepack::Error) -> bool {
+    /// Whether `error` is no failure at all (with `-q` if `quiet`): gzip
+    /// -q passes over a name with no suffix to take off without a word
+    /// and without status 2 (as `gunzip -q *` in a directory of mixed
+    /// files); gzip says a name that has its suffix already is left
+    /// unchanged, and exits 0 for it (`gzip *` where some are packed).
+    pub(crate) fn ignores(self, error: &cairn_filepack::Error, quiet: bool) -> bool {
         use cairn_filepack::Error;
         let inner = error.inner();
-        self == Tool::Gzip && matches!(inner, Error::UnknownSuffix)
+        self == Tool::Gzip
+            && match inner {
+                Error::UnknownSuffix => quiet,
+                Error::AlreadySuffixed { .. } => true,
+                _ => false,
+            }
     }
 
     /// The exit status for an input left alone where gzip only warns
@@ -1551,7 +1558,20 @@ impl Tool {
             // trailing garbage (status 0); bzip2 warns of it and exits 0.
             Tool::Pigz | Tool::Bzip2 if error.is_none() => 0,
             Tool::Pigz => 1,
-            Tool::Xz if matches!(error, Some(Error::Exists { .. })) => 1,
+            Tool::Xz
+                if matches!(
+                    error,
+                    Some(
+                        Error::Exists { .. }
+                            | Error::Failed {
+                                outputs_in_way: true,
+                                ..
+                            }
+                    )
+                ) =>
+            {
+                1
+            }
             Tool::Xz => 2,
             Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => 1,
         }

@@ -25,8 +25,8 @@ pub(crate) struct EngineHooks {
     /// The tool cairn runs as, if a link: what its `-q` hides
     /// ([`crate::Tool::quiet_hides`]).
     pub tool: Option<crate::Tool>,
-    /// Inputs that failed in a way `-q` makes no failure
-    /// ([`crate::Tool::quiet_ignores`]).
+    /// Inputs that failed in a way that is no failure
+    /// ([`crate::Tool::ignores`]).
     pub ignored: std::sync::atomic::AtomicUsize,
 }
 
@@ -48,9 +48,9 @@ impl EngineHooks {
         self.quiet && self.tool.is_some_and(|t| t.quiet_hides(error))
     }
 
-    /// Whether `error` is no failure at all under `-q`.
+    /// Whether `error` is no failure at all.
     fn ignores(&self, error: &Error) -> bool {
-        self.quiet && self.tool.is_some_and(|t| t.quiet_ignores(error))
+        self.tool.is_some_and(|t| t.ignores(error, self.quiet))
     }
 }
 
@@ -130,6 +130,11 @@ fn options(common: &CommonArgs) -> Result<Options> {
         exclude_compressed: common.exclude_compressed,
         // zstd packs x.zst into x.zst.zst; gzip leaves it alone.
         pack_suffixed: crate::Tool::link() == Some(crate::Tool::Zstd),
+        // xz and bzip2 leave x.xz alone even with -f.
+        suffixed_despite_force: matches!(
+            crate::Tool::link(),
+            Some(crate::Tool::Xz | crate::Tool::Bzip2)
+        ),
         name: flag_pair(common.name, common.no_name),
         time: flag_pair(common.time, common.no_time),
     })
@@ -399,7 +404,11 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
         // suffix).
         Err(Error::Failed { failed, .. })
             if failed.len() == hooks.ignored.load(std::sync::atomic::Ordering::Relaxed) => {}
-        Err(e) if hooks.ignores(&e) => {}
+        Err(e) if hooks.ignores(&e) => {
+            if !hooks.hides(&e) {
+                errln!("{}: {}", crate::prog(), crate::one_line(&e));
+            }
+        }
         Err(e) if e.is_warning() => {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));

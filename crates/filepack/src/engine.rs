@@ -407,6 +407,9 @@ fn run_all(
         _ => Err(Error::Failed {
             warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
             data_errors: failed.iter().any(|(_, e)| e.is_data_error()),
+            outputs_in_way: failed
+                .iter()
+                .any(|(_, e)| matches!(e.inner(), Error::Exists { .. })),
             failed: failed.into_iter().map(|(name, _)| name).collect(),
             total,
         }),
@@ -580,7 +583,8 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
     }
     let suffix = opts.suffix.as_deref();
     let mut plans = plan(opts, false, |p| {
-        packed_name(p, format, suffix, opts.force || opts.pack_suffixed)
+        let force = opts.force && !opts.suffixed_despite_force;
+        packed_name(p, format, suffix, force || opts.pack_suffixed)
     })?;
     if opts.exclude_compressed {
         plans.retain(|(name, plan)| match plan {

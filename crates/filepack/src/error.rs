@@ -214,6 +214,9 @@ pub enum Error {
         warnings_only: bool,
         /// Some input failed on its data ([`Error::is_data_error`]).
         data_errors: bool,
+        /// Some input's output was in the way ([`Error::Exists`]), which
+        /// xz counts as an error where its other refusals are warnings.
+        outputs_in_way: bool,
     },
 }
 
@@ -230,14 +233,16 @@ impl Error {
     /// An input gzip leaves alone with a warning and exit status 2 rather
     /// than an error and 1: a name with no known suffix to take off, an
     /// output that exists, an input that is a directory (without `-r`),
-    /// is not a regular file or has other links. (A name with the suffix already is 0 in gzip, 1 in
-    /// pigz: an error here, as pigz.)
+    /// is not a regular file or has other links, a name that has the
+    /// suffix already (which gzip leaves at status 0: see the CLI's
+    /// `Tool::ignores`).
     pub fn is_warning(&self) -> bool {
         match self {
             Error::Input { source, .. } => source.is_warning(),
             Error::Failed { warnings_only, .. } => *warnings_only,
             Error::SymlinkInput { warning } => *warning,
             Error::UnknownSuffix
+            | Error::AlreadySuffixed { .. }
             | Error::Exists { .. }
             | Error::IsDirectory { .. }
             | Error::NotRegular

@@ -119,6 +119,10 @@ pub struct Options {
     /// same (`x.zst` into `x.zst.zst`), as zstd does; gzip and pigz leave
     /// it alone without `force`.
     pub pack_suffixed: bool,
+    /// Packing, a name that has the suffix already is left alone even
+    /// with `force`, as xz and bzip2 leave it (gzip and pigz pack
+    /// `x.gz` into `x.gz.gz` with -f).
+    pub suffixed_despite_force: bool,
     /// gzip's `-N` (`Some(true)`) and `-n` (`Some(false)`). Packing, the
     /// input file's base name and modification time go into the header
     /// of formats that keep them (gzip, lzop) unless `-n`; unpacking a
