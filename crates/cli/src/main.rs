@@ -619,7 +619,8 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "xzcat" | "bzcat" => &["pack", "-d", "-c"],
         "lz4" => &["pack", "-F", "lz4", "-k"],
         "unlz4" => &["pack", "-d", "-k"],
-        "lz4cat" => &["pack", "-d", "-c"],
+        // lz4cat is `lz4 -dcfm`: what is no lz4 passes through.
+        "lz4cat" => &["pack", "-d", "-c", "-f"],
         _ => return args,
     };
     let _ = INVOKED_AS.set(Tool::of(name));
@@ -986,6 +987,9 @@ fn lz4_arguments(
     let mut names = Vec::new();
     // lz4cat writes to stdout anyway; -t and --list write nothing.
     let (mut multiple, mut to_stdout, mut rest) = (false, cat, false);
+    // A mode given (-d, -z, -t, --list...): else lz4 decodes when the
+    // first input's name ends in .lz4, and packs otherwise.
+    let mut mode_given = cat;
     // -B's block size, dropped for a legacy frame (always 8 MiB blocks).
     let (mut legacy, mut block) = (false, None);
     for a in args {
@@ -1005,6 +1009,11 @@ fn lz4_arguments(
             "-" => names.push(a),
             "--test" | "--list" | "--stdout" | "--to-stdout" => {
                 to_stdout = true;
+                mode_given |= s != "--stdout" && s != "--to-stdout";
+                out.push(a);
+            }
+            "--decompress" | "--uncompress" | "--compress" => {
+                mode_given = true;
                 out.push(a);
             }
             f if f.starts_with("--") => out.push(a),
@@ -1015,6 +1024,7 @@ fn lz4_arguments(
                 // its own for --list.
                 multiple |= f.contains('m');
                 to_stdout |= f.contains('c') || f.contains('t');
+                mode_given |= f.contains(['d', 'z', 't']);
                 legacy |= f.contains('l');
                 let rest: String = f.chars().filter(|&c| c != 'm' && c != 'l').collect();
                 if rest != "-" {
@@ -1042,6 +1052,13 @@ fn lz4_arguments(
         if *n == special {
             *n = OsString::from("-");
         }
+    }
+    // `lz4 x.lz4` (also with -m: the first name decides for all).
+    let first_is_lz4 = names
+        .first()
+        .is_some_and(|n| n != "-" && n != "stdin" && n.as_encoded_bytes().ends_with(b".lz4"));
+    if !mode_given && first_is_lz4 {
+        out.push("-d".into());
     }
     if !multiple && names.len() > 2 {
         return Err(format!(

@@ -128,8 +128,12 @@ fn options(common: &CommonArgs) -> Result<Options> {
             (None, None) => None,
         },
         exclude_compressed: common.exclude_compressed,
-        // zstd packs x.zst into x.zst.zst; gzip leaves it alone.
-        pack_suffixed: crate::Tool::link() == Some(crate::Tool::Zstd),
+        // zstd packs x.zst into x.zst.zst (and lz4 x.lz4, when told to
+        // pack: it decodes a .lz4 by default); gzip leaves it alone.
+        pack_suffixed: matches!(
+            crate::Tool::link(),
+            Some(crate::Tool::Zstd | crate::Tool::Lz4)
+        ),
         // xz and bzip2 leave x.xz alone even with -f.
         suffixed_despite_force: matches!(
             crate::Tool::link(),

@@ -2255,6 +2255,64 @@ fn zstd_list_as_zstd() {
     }
 }
 
+/// lz4 without -d or -z decodes when the first input's name ends in
+/// `.lz4` (for every input, with -m), and packs otherwise; lz4cat passes
+/// through what is no lz4. The link used to pack `x.lz4` again.
+#[test]
+fn lz4_link_decodes_by_the_suffix_as_lz4() {
+    if !have("lz4") {
+        return;
+    }
+    let data = mixed(200_000, 93);
+    let packed = run_ok("lz4", &["-c", "-q"], &data);
+    let files: [(&str, &[u8]); 3] = [
+        ("a.lz4", &packed),
+        ("c", &data[..5000]),
+        ("plain", b"plain\n"),
+    ];
+    for args in [
+        &["a.lz4", "out"][..],
+        &["-m", "a.lz4"],
+        &["-m", "a.lz4", "c"],
+        &["-m", "c", "a.lz4"],
+        &["-z", "a.lz4", "zz"],
+        &["-c", "a.lz4"],
+    ] {
+        let (peer, link) = beside("lz4", args, &files, b"");
+        assert_eq!(link.status.code(), peer.status.code(), "lz4 {args:?}");
+        if args.contains(&"-c") {
+            assert!(link.stdout == peer.stdout, "lz4 {args:?}: stdout");
+        }
+    }
+    // What each left, decoded where it is lz4: the same bytes.
+    let dir = tempdir();
+    let bin = dir.path().join("lz4");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    std::fs::write(dir.path().join("a.lz4"), &packed).unwrap();
+    let out = std::process::Command::new(&bin)
+        .args(["a.lz4", "out"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(std::fs::read(dir.path().join("out")).unwrap() == data);
+    // lz4cat: lz4 and plain bytes, one after the other.
+    let cat = dir.path().join("lz4cat");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &cat).unwrap();
+    std::fs::write(dir.path().join("plain"), b"plain\n").unwrap();
+    let out = std::process::Command::new(&cat)
+        .args(["plain", "a.lz4"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == [&b"plain\n"[..], &data].concat());
+}
+
 /// lz4's --sparse and --no-sparse through the lz4 link, as zstd's.
 #[test]
 fn lz4_link_sparse_as_lz4() {
