@@ -673,7 +673,7 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     args
 }
 
-/// pigz's short options that cairn spells otherwise: `-m` (`--no-time`),
+/// pigz's short options that cairn spells otherwise: `-m` and `-T` (`--no-time`),
 /// `-M` (`--time`, not zstd's memory limit), `-R` (`--rsyncable`), `-L`
 /// (`--license`) and `-z` (zlib's format, which cairn does not write:
 /// refused by its long name rather than taken as zstd's and xz's -z),
@@ -704,7 +704,8 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         let mut longs = Vec::new();
         for (i, c) in cluster.char_indices() {
             match c {
-                'm' => longs.push("--no-time"),
+                // -T: pigz's older spelling of -m (not zstd's threads).
+                'm' | 'T' => longs.push("--no-time"),
                 'M' => longs.push("--time"),
                 'R' => longs.push("--rsyncable"),
                 'L' => longs.push("--license"),

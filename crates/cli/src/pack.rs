@@ -6,8 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    EmptyInput, Error, Hooks, Level, Operation, Options, OutputDir, PackOptions, Run, Summary,
-    UnpackMode, UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Operation, Options, OutputDir, PackOptions, Run, SpecialModes,
+    Summary, UnpackMode, UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -120,7 +120,20 @@ fn options(common: &CommonArgs) -> Result<Options> {
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
         // xz reads an input before it looks at its name.
         data_before_name: crate::Tool::invoked() == crate::Tool::Xz,
-        allow_linked: crate::Tool::invoked() == crate::Tool::Pigz,
+        // pigz, zstd and lz4 pack a file with other links (and remove
+        // this name with --rm).
+        allow_linked: matches!(
+            crate::Tool::invoked(),
+            crate::Tool::Pigz | crate::Tool::Zstd | crate::Tool::Lz4
+        ),
+        // A set-ID or sticky file: gzip leaves it alone even with -f, xz
+        // (and cairn) without; the others pack it (never their output's
+        // mode).
+        special_modes: match crate::Tool::link() {
+            Some(crate::Tool::Gzip) => SpecialModes::Refused,
+            None | Some(crate::Tool::Xz) => SpecialModes::RefusedUnlessForced,
+            Some(_) => SpecialModes::Taken,
+        },
         symlink_warns: crate::Tool::invoked() == crate::Tool::Xz,
         output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
             (Some(dir), _) => Some(OutputDir::Flat(dir.clone())),

@@ -1122,6 +1122,83 @@ fn gunzip_takes_the_names_gzip_takes() {
     assert!(d.join("h.gz").exists());
 }
 
+/// A set-user-ID file, by tool (as Debian 12's tools were seen to do):
+/// gzip leaves it alone even with -f (status 2); xz and cairn without -f;
+/// zstd, pigz, bzip2 and lz4 pack it. No output is ever set-user-ID.
+/// zstd packs a file with other links and removes the name with --rm.
+#[test]
+fn set_id_and_linked_inputs_by_tool() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    let d = dir.path();
+    for (tool, args, status, out) in [
+        ("gzip", &[][..], 2, None),
+        ("gzip", &["-f"], 2, None),
+        ("xz", &[], 2, None),
+        ("xz", &["-f"], 0, Some("a.xz")),
+        ("zstd", &[], 0, Some("a.zst")),
+        ("pigz", &[], 0, Some("a.gz")),
+        ("bzip2", &[], 0, Some("a.bz2")),
+        ("cairn", &[], 2, None),
+        ("cairn", &["-f"], 0, Some("a.gz")),
+    ] {
+        let _ = std::fs::remove_dir_all(d.join("w"));
+        std::fs::create_dir(d.join("w")).unwrap();
+        let a = d.join("w/a");
+        std::fs::write(&a, b"some bytes\n").unwrap();
+        std::fs::set_permissions(&a, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        let mut cmd = match tool {
+            "cairn" => {
+                let mut c = cairn();
+                c.arg("pack");
+                c
+            }
+            _ => {
+                let link = d.join(tool);
+                if !link.exists() {
+                    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+                }
+                std::process::Command::new(link)
+            }
+        };
+        let o = cmd
+            .args(args)
+            .arg("a")
+            .current_dir(d.join("w"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(status),
+            "{tool} {args:?}: {}",
+            stderr(&o)
+        );
+        match out {
+            Some(name) => {
+                let mode = std::fs::metadata(d.join("w").join(name))
+                    .unwrap()
+                    .permissions()
+                    .mode();
+                assert_eq!(mode & 0o7777, 0o755, "{tool} {args:?}: {name}'s mode");
+            }
+            None => assert_eq!(listing(&d.join("w")), ["a"], "{tool} {args:?}"),
+        }
+    }
+    // zstd --rm of a file with another link: packed, this name removed.
+    let w = d.join("w");
+    std::fs::remove_dir_all(&w).unwrap();
+    std::fs::create_dir(&w).unwrap();
+    std::fs::write(w.join("h"), b"some bytes\n").unwrap();
+    std::fs::hard_link(w.join("h"), w.join("h2")).unwrap();
+    let o = std::process::Command::new(d.join("zstd"))
+        .args(["-q", "--rm", "h"])
+        .current_dir(&w)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(listing(&w), ["h.zst", "h2"]);
+}
+
 #[test]
 fn a_packed_file_is_not_packed_again() {
     let dir = tempdir();

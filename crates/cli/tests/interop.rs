@@ -1953,6 +1953,8 @@ fn pigz_link_options_as_pigz() {
         &["-n", "-M", "-c", "f"],
         &["-R", "-c", "f"],
         &["-9m", "-c", "f"],
+        &["-T", "-c", "f"],
+        &["-9T", "-c", "f"],
     ] {
         let (peer, link) = beside("pigz", args, &files, b"");
         assert!(peer.status.success() && link.status.success(), "{args:?}");

@@ -8,8 +8,8 @@ use crate::files::{
 };
 use crate::naming::{format_of_name, gzip_input_of, packed_name, unpacked_name};
 use crate::{
-    EmptyInput, Error, Hooks, Options, OutputDir, PackOptions, Result, UnpackMode, UnpackOptions,
-    MAX_BLOCK, MAX_THREADS,
+    EmptyInput, Error, Hooks, Options, OutputDir, PackOptions, Result, SpecialModes, UnpackMode,
+    UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
@@ -242,6 +242,10 @@ pub(crate) fn plan(
                         links_allow(opts, src, remove && !opts.allow_linked)
                             .map(|()| (dest, remove))
                     }
+                    (Source::File(src), Dest::File(_), remove) => match std::fs::metadata(src) {
+                        Ok(meta) => special_mode_allows(opts, &meta).map(|()| (dest, remove)),
+                        Err(_) => Ok((dest, remove)),
+                    },
                     (_, _, remove) => Ok((dest, remove)),
                 },
             );
@@ -302,9 +306,9 @@ fn placed(dir: Option<&OutputDir>, out: PathBuf) -> Result<PathBuf> {
 /// packed or unpacked into a file (`-c` reads through it); as gzip (not
 /// pigz: [`Options::allow_linked`]), one with other hard links is not
 /// removed once done (`-k` keeps it): the other names would still show
-/// the old bytes; and one with a set-ID or sticky
-/// bit is not written to a file that would carry it. (An input that cannot be
-/// examined fails when it is opened.)
+/// the old bytes; and one with a set-ID or sticky bit is left alone as
+/// [`special_mode_allows`] says. (An input that cannot be examined fails
+/// when it is opened.)
 fn links_allow(opts: &Options, src: &Path, remove: bool) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(src) else {
@@ -316,8 +320,22 @@ fn links_allow(opts: &Options, src: &Path, remove: bool) -> Result<()> {
     if remove && meta.is_file() && meta.nlink() > 1 {
         return Err(Error::OtherLinks(meta.nlink() - 1));
     }
-    // As gzip: a file whose mode would carry set-user-ID, set-group-ID or
-    // the sticky bit to its output is left alone without -f.
+    special_mode_allows(opts, &meta)
+}
+
+/// Whether `opts` lets an input of `meta` with set-user-ID, set-group-ID
+/// or the sticky bit be packed or unpacked into a name of its own (gzip
+/// and xz leave it alone, gzip even with -f).
+fn special_mode_allows(opts: &Options, meta: &std::fs::Metadata) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let refused = match opts.special_modes {
+        SpecialModes::Taken => false,
+        SpecialModes::Refused => true,
+        SpecialModes::RefusedUnlessForced => !opts.force,
+    };
+    if !refused {
+        return Ok(());
+    }
     let mode = meta.mode();
     for (bit, what) in [
         (libc::S_ISUID, "is set-user-ID on execution"),

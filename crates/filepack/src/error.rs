@@ -128,9 +128,10 @@ pub enum Error {
     /// `force`.
     #[error("has {0} other link(s); unchanged (-k keeps the input, -f removes this name)")]
     OtherLinks(u64),
-    /// The input's mode has a set-user-ID, set-group-ID or sticky bit its
-    /// output would carry, without `force` (gzip refuses it too).
-    #[error("{0}; unchanged (-f packs it, -c reads it)")]
+    /// The input's mode has a set-user-ID, set-group-ID or sticky bit
+    /// (gzip refuses it even with `force`, xz and cairn without;
+    /// [`crate::SpecialModes`]).
+    #[error("{0}; unchanged (-c reads it)")]
     SpecialMode(&'static str),
     /// A suffix (`-S`) that is empty or names a directory.
     #[error("-S {0:?}: a suffix must be non-empty and have no '/'")]

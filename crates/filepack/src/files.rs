@@ -443,7 +443,11 @@ fn copy_metadata(from: &std::fs::Metadata, to: &File) {
         // First, since changing the owner clears set-user-ID bits.
         let _ = std::os::unix::fs::fchown(to, Some(from.uid()), Some(from.gid()));
     }
-    let _ = to.set_permissions(from.permissions());
+    // Never set-user-ID, set-group-ID or sticky: an input that has them
+    // is packed only where a tool packs it (zstd, pigz, bzip2, lz4; xz
+    // and cairn with -f), and every such tool leaves them off its output.
+    let mode = from.mode() & 0o777;
+    let _ = to.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode));
     if let (Ok(atime), Ok(mtime)) = (from.accessed(), from.modified()) {
         let times = std::fs::FileTimes::new()
             .set_accessed(atime)

@@ -61,6 +61,19 @@ pub const MAX_BLOCK: usize = 64 << 20;
 /// Most worker threads a run accepts.
 pub const MAX_THREADS: usize = 1024;
 
+/// What an input whose mode has set-user-ID, set-group-ID or the sticky
+/// bit gets (its output never has them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SpecialModes {
+    /// Left alone unless `force` (xz's rule, and cairn's own).
+    #[default]
+    RefusedUnlessForced,
+    /// Left alone even with `force` (gzip's rule).
+    Refused,
+    /// Packed and unpacked as any file (zstd, pigz, bzip2, lz4).
+    Taken,
+}
+
 /// What to do with which files: the flags gzip, pigz and zstd share.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -105,6 +118,9 @@ pub struct Options {
     /// Without it (gzip, xz, bzip2) such an input is left alone unless
     /// `force` or `keep`.
     pub allow_linked: bool,
+    /// What an input whose mode has set-user-ID, set-group-ID or the
+    /// sticky bit gets, when its output would be named from it.
+    pub special_modes: SpecialModes,
     /// A symbolic link left alone is a warning (xz: status 2, nothing said
     /// under `-q`), not an error (gzip and pigz: status 1).
     pub symlink_warns: bool,
