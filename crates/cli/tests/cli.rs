@@ -1212,7 +1212,7 @@ fn a_packed_file_is_not_packed_again() {
     // Left alone, as an output in the way is: a warning (status 2).
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains("already has a gzip suffix"),
+        stderr(&out).contains("has the gzip suffix already"),
         "{}",
         stderr(&out)
     );
@@ -1464,7 +1464,7 @@ fn pigz_and_gzip_flags_are_taken() {
     std::fs::write(dir.path().join("a_x"), &data).unwrap();
     let out = run(&["pack", "-q", "-k", "-S", "_x", s(&dir.path().join("a_x"))]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("already has a _x suffix"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has the _x suffix already"));
     let out = run(&["pack", "-q", "-S", "", s(&a)]);
     assert!(!out.status.success() && a.exists());
     // pigz's -p (also in a cluster) and -b in KiB; gzip's -n and pigz's

@@ -1938,6 +1938,57 @@ fn zstd_link_options_as_zstd() {
     }
 }
 
+/// Holes in a file on standard output never change what the file holds,
+/// even when the run fails or the shell writes after it: every run gives
+/// the same bytes with and without --no-sparse (the offset used to stay
+/// where a failed run began, so what came next overwrote its output).
+#[test]
+fn holes_on_standard_output_leave_it_as_plain_writes_do() {
+    if !have("gzip") {
+        return;
+    }
+    let mut data = noise(1 << 20, 7);
+    data.resize(2 << 20, 0);
+    data.extend(noise(100_000, 8));
+    let good = run_ok("gzip", &["-c"], &data);
+    // The same stream with its CRC wrong: decoded, then refused.
+    let mut bad = good.clone();
+    let crc_at = bad.len() - 8;
+    bad[crc_at] ^= 0xff;
+    let dir = tempdir();
+    std::fs::write(dir.path().join("good.gz"), &good).unwrap();
+    std::fs::write(dir.path().join("bad.gz"), &bad).unwrap();
+    for script in [
+        "\"$0\" unpack -q -c $1 good.gz",
+        "\"$0\" unpack -q -c $1 bad.gz 2>&1",
+        "\"$0\" unpack -q -c $1 bad.gz good.gz",
+        "{ \"$0\" unpack -q -c $1 bad.gz; echo END; }",
+        "{ echo HEAD; \"$0\" unpack -q -c $1 good.gz; echo END; }",
+    ] {
+        let run = |flag: &str| {
+            let out = dir.path().join(format!("out{flag}"));
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("{script} > \"$2\""))
+                .arg(env!("CARGO_BIN_EXE_cairn"))
+                .arg(flag)
+                .arg(&out)
+                .current_dir(dir.path())
+                .status()
+                .unwrap();
+            std::fs::read(&out).unwrap()
+        };
+        let (holes, plain) = (run("--sparse"), run("--no-sparse"));
+        assert!(holes.len() >= (1 << 20), "{script}: {} bytes", holes.len());
+        assert!(
+            holes == plain,
+            "{script}: {} against {} bytes",
+            holes.len(),
+            plain.len()
+        );
+    }
+}
+
 /// pigz's options through the pigz link: -0 (stored blocks), -m and -M
 /// (the time without the name), -R, -L; -H and -U are refused in one line.
 #[test]

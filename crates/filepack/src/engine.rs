@@ -1355,6 +1355,11 @@ fn unpack_one(
         },
     );
     progress.finish();
+    // The zeros decoded last are passed over and the file given its
+    // length whether or not the run failed: standard output's offset is
+    // then after all that was decoded, as with plain writes, for what a
+    // shell writes there next.
+    let finished = holes.map(|h| h.finish(sink.writer()));
     // Bytes after the last gzip member that start no other: gzip says
     // "decompression OK, trailing garbage ignored" and exits 2, keeping
     // the output (errors travel in order: every member before them was
@@ -1373,8 +1378,8 @@ fn unpack_one(
         }
         other => other?,
     }
-    if let Some(h) = holes {
-        h.finish(sink.writer()).map_err(write_error(&out_name))?;
+    if let Some(done) = finished {
+        done.map_err(write_error(&out_name))?;
     }
     let bytes_in = splitter.offset();
     // Before the output is committed and the input removed: a failed

@@ -109,7 +109,7 @@ pub enum Error {
     TerminalInput,
     /// The input already has the suffix it would be given (`x.gz` into
     /// `x.gz.gz`), or its format's, without `force`.
-    #[error("already has a {suffix} suffix; unchanged (-f packs it anyway)")]
+    #[error("has the {suffix} suffix already; unchanged")]
     AlreadySuffixed {
         /// The format's name, or the suffix `-S` gave.
         suffix: String,

@@ -253,14 +253,20 @@ impl<'h> Sink<'h> {
 pub struct HoleWriter {
     /// File offset of the next byte.
     at: u64,
+    /// Bytes of zero blocks passed over since the last write: the file's
+    /// offset moves over them (leaving a hole) before the next write, or
+    /// in [`HoleWriter::finish`].
+    skipped: u64,
 }
 
 const HOLE_BLOCK: u64 = 4096;
 
 impl HoleWriter {
-    /// Write `buf` at the current offset, runs of data with `pwrite`.
+    /// Write `buf` from the file's offset on, moving it as a plain write
+    /// does (so that a shell's other writers to the same standard output
+    /// follow it, and an error leaves it after what was written): runs of
+    /// data with `write`, whole zero blocks passed over with `lseek`.
     pub fn write(&mut self, file: &File, buf: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
         let mut run: Option<usize> = None;
         let mut i = 0;
         while i < buf.len() {
@@ -269,29 +275,45 @@ impl HoleWriter {
             let seg = &buf[i..end];
             if seg.len() as u64 == HOLE_BLOCK && cairn_blockdev::is_zero(seg) {
                 if let Some(s) = run.take() {
-                    file.write_all_at(&buf[s..i], self.at + s as u64)?;
+                    self.put(file, &buf[s..i])?;
                 }
+                self.skipped += HOLE_BLOCK;
             } else if run.is_none() {
                 run = Some(i);
             }
             i = end;
         }
         if let Some(s) = run {
-            file.write_all_at(&buf[s..], self.at + s as u64)?;
+            self.put(file, &buf[s..])?;
         }
         self.at += buf.len() as u64;
         Ok(())
     }
 
-    /// Give the file its whole length (it may end in a hole), and move
-    /// its offset there (`pwrite` leaves it), so that what is written to
-    /// it next comes after.
-    pub fn finish(self, file: &mut File) -> std::io::Result<()> {
+    /// `data` written after the zero blocks passed over.
+    fn put(&mut self, mut file: &File, data: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        self.pass_over(file)?;
+        file.write_all(data)
+    }
+
+    /// Move the offset over the zero blocks passed over; the offset.
+    fn pass_over(&mut self, mut file: &File) -> std::io::Result<u64> {
         use std::io::Seek;
-        if file.metadata()?.len() < self.at {
-            file.set_len(self.at)?;
+        let skip = i64::try_from(std::mem::take(&mut self.skipped))
+            .map_err(|_| std::io::Error::other("a hole too long to seek over"))?;
+        file.seek(std::io::SeekFrom::Current(skip))
+    }
+
+    /// Pass over the zero blocks at the end and give the file its whole
+    /// length (it may end in a hole), so that what is written to it next
+    /// comes after. Called on failure too: the output stops where the
+    /// bytes decoded before it did, as with plain writes.
+    pub fn finish(mut self, file: &mut File) -> std::io::Result<()> {
+        let end = self.pass_over(file)?;
+        if file.metadata()?.len() < end {
+            file.set_len(end)?;
         }
-        file.seek(std::io::SeekFrom::Start(self.at))?;
         Ok(())
     }
 
@@ -315,7 +337,7 @@ impl HoleWriter {
             return None;
         }
         let at = file.stream_position().ok()?;
-        (at >= meta.len()).then_some(HoleWriter { at })
+        (at >= meta.len()).then_some(HoleWriter { at, skipped: 0 })
     }
 }
 
