@@ -231,11 +231,24 @@ fn no_partial_output_when_packing_an_unreadable_file() {
 #[test]
 fn interrupted_run_leaves_no_temporary_file() {
     use std::io::Write;
+    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
     for signal in ["INT", "TERM"] {
         let dir = tempdir();
         let out = dir.path().join("out.gz");
-        let mut child = cairn()
+        let mut cmd = cairn();
+        // SAFETY: between fork and exec only `signal` runs, which is
+        // async-signal-safe. The signals' default action, whatever this
+        // test inherited: a background job (`ci/run &`) starts with
+        // SIGINT ignored, and cairn leaves an ignored signal ignored.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .args(["pack", "-q", "-o"])
             .arg(&out)
             .stdin(Stdio::piped())
