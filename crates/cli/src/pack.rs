@@ -359,6 +359,8 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         memory,
         single_stream: decode.single_stream,
         ignore_check: decode.ignore_check,
+        // gzip's and pigz's -lv columns show it.
+        list_crc: decode.list_as_gzip && common.verbose > 0,
         // xz's --format (and unlzma's and lzcat's .lzma) narrows the xz
         // link's formats, xz and .lzma; any other link reads its tool's.
         formats: match decode.xz_format {
@@ -524,9 +526,10 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
                     Some(t) if t != 0 => i64::from(t),
                     _ => input_mtime(&s.input),
                 };
-                format!("defla {:08x} {} ", g.crc32, listed_time(secs, false))
+                let crc = g.crc32.unwrap_or_default();
+                format!("defla {crc:08x} {} ", listed_time(secs, false))
             }
-            (None, true) => format!("{:28}", ""),
+            (None, true) => " ".repeat(GZIP_FRONT),
             (_, false) => String::new(),
         };
         line(&front, s.bytes_in, s.bytes_out, framing(s), &name);
@@ -537,11 +540,7 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
         let compressed = summaries.iter().map(|s| s.bytes_in).sum();
         let uncompressed = summaries.iter().map(|s| s.bytes_out).sum();
         let framing = summaries.last().map_or(0, framing);
-        let front = if verbose {
-            " ".repeat(28)
-        } else {
-            String::new()
-        };
+        let front = " ".repeat(if verbose { GZIP_FRONT } else { 0 });
         line(&front, compressed, uncompressed, framing, "(totals)");
     }
 }
@@ -584,9 +583,10 @@ fn list_as_pigz(common: &CommonArgs, summaries: &[Summary]) {
                     0 => "------ -----".to_string(),
                     t => listed_time(i64::from(t), true),
                 };
-                format!("gzip 8  {:08x}  {time}  ", g.crc32)
+                let crc = g.crc32.unwrap_or_default();
+                format!("gzip 8  {crc:08x}  {time}  ")
             }
-            (None, true) => format!("{:32}", ""),
+            (None, true) => " ".repeat(PIGZ_FRONT),
             (_, false) => String::new(),
         };
         let compressed = s.bytes_in.saturating_sub(framing(s));
@@ -601,8 +601,13 @@ fn list_as_pigz(common: &CommonArgs, summaries: &[Summary]) {
     }
 }
 
-/// How a listing names standard input (the engine's name for it).
-const STDIN: &str = "(stdin)";
+/// How the engine names standard input.
+const STDIN: &str = cairn_filepack::STDIN_NAME;
+
+/// Width of the columns -v puts in front of gzip's and pigz's listings
+/// ("method  crc     date  time  ", "method    check    timestamp    ").
+const GZIP_FRONT: usize = 28;
+const PIGZ_FRONT: usize = 32;
 
 /// A listed input's name without its suffix, as gzip names its output;
 /// the input's own name where it has no suffix gzip knows.

@@ -228,6 +228,25 @@ fn no_partial_output_when_packing_an_unreadable_file() {
     assert_eq!(listing(dir.path()), vec!["sub".to_string()]);
 }
 
+/// Wait (at most 20 s) until `dir` holds one file: a run's temporary
+/// output.
+fn wait_for_a_temporary_file(dir: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while listing(dir).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(listing(dir).len(), 1, "temporary file never appeared");
+}
+
+/// Send `signal` (`INT`, `TERM`...) to `child` with kill(1).
+fn kill(signal: &str, child: &std::process::Child) {
+    let st = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{signal}");
+}
+
 #[test]
 fn interrupted_run_leaves_no_temporary_file() {
     use std::io::Write;
@@ -258,20 +277,8 @@ fn interrupted_run_leaves_no_temporary_file() {
         let mut stdin = child.stdin.take().unwrap();
         // Feed some data, keep the pipe open so cairn waits for more.
         stdin.write_all(&mixed(3_000_000, 40)).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while listing(dir.path()).is_empty() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        assert_eq!(
-            listing(dir.path()).len(),
-            1,
-            "temporary file never appeared"
-        );
-        let st = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        wait_for_a_temporary_file(dir.path());
+        kill(signal, &child);
         let status = child.wait().unwrap();
         drop(stdin);
         assert!(!status.success(), "SIG{signal}: cairn exited successfully");
@@ -303,21 +310,9 @@ fn ignored_signals_do_not_end_a_run() {
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(&data[..1_000_000]).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while listing(dir.path()).is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(
-        listing(dir.path()).len(),
-        1,
-        "temporary file never appeared"
-    );
+    wait_for_a_temporary_file(dir.path());
     for signal in ["HUP", "INT", "TERM"] {
-        let st = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        kill(signal, &child);
     }
     std::thread::sleep(std::time::Duration::from_millis(200));
     stdin.write_all(&data[1_000_000..]).unwrap();

@@ -96,9 +96,11 @@ pub struct GzipListing {
     pub name: Option<String>,
     /// Its MTIME, seconds since the epoch (0: none).
     pub mtime: u32,
-    /// CRC-32 of everything the input decodes to: a one-member file's
-    /// trailer CRC (gzip and pigz list the last member's).
-    pub crc32: u32,
+    /// CRC-32 of everything the input decodes to, when asked for
+    /// ([`crate::UnpackOptions::list_crc`]): a one-member file's trailer
+    /// CRC (gzip and pigz list the last member's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<u32>,
 }
 
 /// What a run did: a summary per input that succeeded, and the outcome.
@@ -1192,13 +1194,12 @@ fn unpack_one(
     let started = Instant::now();
     let (mut reader, size) = plan.source.open()?;
     let input_meta = input_metadata(&plan.source, &reader);
-    // With -N, enough for a gzip header that keeps a long name; a
-    // listing shows that name and the header's length, of any input.
-    let head_len = match (&plan.source, restore.name || restore.time) {
-        _ if opts.mode == UnpackMode::List => 64 << 10,
-        (Source::File(_), true) => 64 << 10,
-        _ => 16,
-    };
+    // Enough for a gzip header that keeps a long name: with -N, from a
+    // file; in a listing, which shows that name and the header's length,
+    // from any input.
+    let whole_header = opts.mode == UnpackMode::List
+        || (matches!(plan.source, Source::File(_)) && (restore.name || restore.time));
+    let head_len = if whole_header { 64 << 10 } else { 16 };
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
         .take(head_len)
@@ -1309,7 +1310,7 @@ fn unpack_one(
     let mut checker = ContentChecker::default();
     let mut bytes_out = 0u64;
     let listed_gzip = opts.mode == UnpackMode::List && format == Format::Gzip;
-    let mut crc = listed_gzip.then(crc32fast::Hasher::new);
+    let mut crc = (listed_gzip && opts.list_crc).then(crc32fast::Hasher::new);
     // Units the splitter decoded itself, and units with output the
     // workers decoded.
     let (mut plain, mut coded) = (0usize, 0usize);
@@ -1409,15 +1410,15 @@ fn unpack_one(
         started,
     );
     summary.warnings = warnings;
-    summary.gzip = crc.and_then(|crc| {
-        let (origin, header_bytes) = cairn_codec::format::gzip::origin(&head)?;
-        Some(GzipListing {
-            header_bytes: header_bytes as u64,
-            name: (!origin.name.is_empty())
-                .then(|| String::from_utf8_lossy(&origin.name).into_owned()),
-            mtime: origin.mtime,
-            crc32: crc.finalize(),
-        })
+    let crc32 = crc.map(crc32fast::Hasher::finalize);
+    let header = listed_gzip
+        .then(|| cairn_codec::format::gzip::origin(&head))
+        .flatten();
+    summary.gzip = header.map(|(origin, header_bytes)| GzipListing {
+        header_bytes: header_bytes as u64,
+        name: (!origin.name.is_empty()).then(|| String::from_utf8_lossy(&origin.name).into_owned()),
+        mtime: origin.mtime,
+        crc32,
     });
     Ok(summary)
 }

@@ -17,6 +17,10 @@ pub enum Source {
     File(PathBuf),
 }
 
+/// What standard input is called where an input is named (messages,
+/// summaries).
+pub const STDIN_NAME: &str = "(stdin)";
+
 impl Source {
     /// `-` is stdin, anything else a file.
     pub fn from_arg(p: &Path) -> Source {
@@ -30,7 +34,7 @@ impl Source {
     /// The input's name as messages show it.
     pub fn name(&self) -> String {
         match self {
-            Source::Stdin => "(stdin)".to_string(),
+            Source::Stdin => STDIN_NAME.to_string(),
             Source::File(p) => p.display().to_string(),
         }
     }

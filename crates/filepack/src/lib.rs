@@ -48,7 +48,7 @@ pub use engine::{pack, unpack, GzipListing, Operation, Run, Summary};
 pub use error::{Error, Result};
 pub use files::{
     is_special, open_special, refuse_terminal_stdin, refuse_terminal_stdout, stdout_file,
-    HoleWriter, PendingFile, Sink, Source,
+    HoleWriter, PendingFile, Sink, Source, STDIN_NAME,
 };
 pub use naming::{check_suffix, format_of_name, packed_name, unpacked_name};
 
@@ -287,6 +287,10 @@ pub struct UnpackOptions {
     /// standard output redirected to a regular file, `Some(false)`
     /// nowhere (zstd's, lz4's and xz's `--no-sparse`).
     pub sparse: Option<bool>,
+    /// Listing gzip, also the CRC-32 of each input's output
+    /// ([`GzipListing::crc32`]: gzip's and pigz's `-lv` column); a pass
+    /// over the output no other listing needs.
+    pub list_crc: bool,
 }
 
 impl UnpackOptions {
