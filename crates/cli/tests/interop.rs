@@ -1035,6 +1035,24 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     let out = cairn_pipe(&["unpack", "-T", "1", "-v"], &gz);
     assert!(out.status.success() && out.stdout == data);
     assert!(String::from_utf8_lossy(&out.stderr).contains("on one core"));
+    // One member cut short, its chunks inflated in parallel: every byte
+    // before the cut comes out, as from gzip.
+    let whole = run_ok("gzip", &["-6", "-c"], &data);
+    let cut = &whole[..whole.len() * 9 / 10];
+    let theirs = pipe(std::process::Command::new("gzip").arg("-dc"), cut);
+    assert!(!theirs.status.success() && theirs.stdout.len() > 16 << 20);
+    let cut_file = dir.path().join("cut.gz");
+    std::fs::write(&cut_file, cut).unwrap();
+    let out = run(&["unpack", "-T", "2", "-v", "-c", s(&cut_file)]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("inflating in parallel"), "{log}");
+    assert!(log.contains("unexpected end"), "{log}");
+    assert!(
+        data.starts_with(&out.stdout) && out.stdout.starts_with(&theirs.stdout),
+        "cut member: cairn gave {} bytes, gzip {}",
+        out.stdout.len(),
+        theirs.stdout.len()
+    );
     checkpoint_index(&dir, &file, &data, &gz[..gz.len() - 1]);
     range_reads(&dir, &file, &data);
     let mut bad = gz.clone();
@@ -1047,6 +1065,90 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("gzip"), "{err}");
+}
+
+/// A file cut short (a copy interrupted, a disk that filled up) gives on
+/// standard output at least what the tool that reads its format gives:
+/// every byte it could decode before the cut, then the error. cairn used to hold back
+/// the unit in progress: nothing at all of a cut zstd frame up to 64 MiB,
+/// up to 1 MiB of a stream decoded on one core, a chunk of a parallel
+/// gunzip.
+#[test]
+fn cut_files_give_what_their_tools_give() {
+    let tools = ["gzip", "zstd", "xz", "lzop"];
+    if !tools.iter().all(|t| have(t)) {
+        return;
+    }
+    let dir = tempdir();
+    let data = mixed(3_000_000, 8);
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, &data).unwrap();
+    let from_file = |tool: &str, args: &[&str]| {
+        let out = std::process::Command::new(tool)
+            .args(args)
+            .arg("-c")
+            .arg(&plain)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{tool} {args:?}");
+        out.stdout
+    };
+    let cases: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("gzip", "gzip -6", run_ok("gzip", &["-6", "-c"], &data)),
+        // A frame that states its size is decoded whole by a worker.
+        ("zstd", "zstd of a file", from_file("zstd", &["-q", "-3"])),
+        (
+            "zstd",
+            "zstd of a pipe",
+            run_ok("zstd", &["-q", "-c"], &data),
+        ),
+        (
+            "zstd",
+            "cairn zstd",
+            cairn_ok(&["pack", "-F", "zstd", "-b", "256K", "-q"], &data),
+        ),
+        ("xz", "xz -T1", run_ok("xz", &["-T1", "-c"], &data)),
+        (
+            "xz",
+            "xz blocks",
+            run_ok("xz", &["-T2", "--block-size=400KiB", "-c"], &data),
+        ),
+        ("xz", "lzma", run_ok("xz", &["--format=lzma", "-c"], &data)),
+        ("lzop", "lzop", run_ok("lzop", &["-c"], &data)),
+    ];
+    for (tool, what, packed) in cases {
+        for cut in [packed.len() / 2, packed.len() * 9 / 10] {
+            let cut_file = dir.path().join("cut");
+            std::fs::write(&cut_file, &packed[..cut]).unwrap();
+            let theirs = pipe(
+                std::process::Command::new(tool).args(["-d", "-c"]),
+                &packed[..cut],
+            );
+            assert!(!theirs.status.success(), "{what} cut at {cut}");
+            assert!(
+                theirs.stdout.len() > 100_000,
+                "{what} cut at {cut}: {tool} gave only {} bytes",
+                theirs.stdout.len()
+            );
+            for threads in ["1", "2"] {
+                let piped = cairn_pipe(&["unpack", "-T", threads, "-c"], &packed[..cut]);
+                let named = run(&["unpack", "-T", threads, "-c", s(&cut_file)]);
+                for (how, out) in [("a pipe", piped), ("a file", named)] {
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    assert_eq!(out.status.code(), Some(1), "{what} from {how}: {err}");
+                    assert!(err.contains("unexpected end"), "{what} from {how}: {err}");
+                    // Decoded bytes only, and at least the tool's (gzip
+                    // writes its last 32 KiB window less eagerly).
+                    assert!(
+                        data.starts_with(&out.stdout) && out.stdout.starts_with(&theirs.stdout),
+                        "{what} cut at {cut}, T{threads}, from {how}: cairn gave {} bytes, {tool} {}",
+                        out.stdout.len(),
+                        theirs.stdout.len()
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The check named on the "Check:" line of `xz -lv FILE`.

@@ -372,6 +372,8 @@ pub struct Splitter {
     index: Option<Arc<Mutex<GzipIndex>>>,
     /// Start and end members seen.
     marks: Marks,
+    /// An error met after part of a plain unit was inflated.
+    deferred: super::Deferred,
 }
 
 /// Why a member is inflated on one core when the memory budget
@@ -403,6 +405,7 @@ impl Splitter {
             members: 0,
             index: None,
             marks: Marks::new(GZIP_MARKS),
+            deferred: super::Deferred::default(),
         }
     }
 
@@ -520,7 +523,7 @@ impl Splitter {
             segmented::Step::OneCore(from, why) => {
                 self.piped = None;
                 self.one_core(from, why)?;
-                self.stream_some(unit)
+                self.stream_held(unit)
             }
         }
     }
@@ -639,6 +642,15 @@ impl Splitter {
         Ok(true)
     }
 
+    /// [`Self::stream_some`], handing out what was inflated before an
+    /// error first.
+    fn stream_held(&mut self, unit: &mut Unit) -> Result<()> {
+        let step = self.stream_some(unit);
+        self.deferred.hold(step, unit)
+    }
+
+    /// Inflate up to [`PLAIN_UNIT`] bytes of the member in progress into
+    /// `unit`, which holds only inflated bytes when this fails.
     fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
         let Some(st) = self.streaming.as_mut() else {
             return Ok(());
@@ -687,6 +699,7 @@ impl Splitter {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         if self.parallel.is_some() {
             self.parallel_some(unit)?;
             return Ok(true);
@@ -696,7 +709,7 @@ impl super::Splitter for Splitter {
             return Ok(true);
         }
         if self.streaming.is_some() {
-            self.stream_some(unit)?;
+            self.stream_held(unit)?;
             return Ok(true);
         }
         if self.input.at_end()? {
@@ -742,7 +755,7 @@ impl super::Splitter for Splitter {
         if self.piped.is_some() {
             self.piped_some(unit)?;
         } else {
-            self.stream_some(unit)?;
+            self.stream_held(unit)?;
         }
         Ok(true)
     }

@@ -64,6 +64,8 @@ pub struct Splitter {
     /// Stop after the first stream, ignoring what follows.
     single_stream: bool,
     done: bool,
+    /// An error met after part of a unit was decoded.
+    deferred: super::Deferred,
 }
 
 impl Splitter {
@@ -76,6 +78,7 @@ impl Splitter {
             budget: None,
             single_stream: false,
             done: false,
+            deferred: super::Deferred::default(),
         }
     }
 
@@ -112,10 +115,44 @@ impl Splitter {
         Stream::new_lzma_decoder(u64::MAX)
             .map_err(|e| CodecError::corrupt(NAME, off, format!("LZMA decoder: {e}")))
     }
+
+    /// Decode into `out[*len..]` until it is full (`false`) or the stream
+    /// ends (`true`); `*len` counts the bytes decoded, on failure too.
+    fn decode_some(&mut self, dec: &mut Stream, out: &mut [u8], len: &mut usize) -> Result<bool> {
+        loop {
+            let avail = self.input.fill(1)?;
+            let (in0, out0) = (dec.total_in(), dec.total_out());
+            let action = if avail == 0 {
+                Action::Finish
+            } else {
+                Action::Run
+            };
+            let status = dec.process(&self.input.peek()[..avail], &mut out[*len..], action);
+            let used = (dec.total_in() - in0) as usize;
+            let made = (dec.total_out() - out0) as usize;
+            self.input.consume(used);
+            *len += made;
+            let status = status
+                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
+            if status == Status::StreamEnd {
+                return Ok(true);
+            }
+            if *len == out.len() {
+                return Ok(false);
+            }
+            if used == 0 && made == 0 && avail == 0 {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: self.input.offset(),
+                });
+            }
+        }
+    }
 }
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         if self.done {
             return Ok(false);
         }
@@ -127,36 +164,18 @@ impl super::Splitter for Splitter {
         unit.offset = self.input.offset();
         unit.data.resize(PLAIN_UNIT, 0);
         let mut len = 0;
-        let ended = loop {
-            let avail = self.input.fill(1)?;
-            let (in0, out0) = (dec.total_in(), dec.total_out());
-            let action = if avail == 0 {
-                Action::Finish
-            } else {
-                Action::Run
-            };
-            let status = dec
-                .process(&self.input.peek()[..avail], &mut unit.data[len..], action)
-                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
-            let used = (dec.total_in() - in0) as usize;
-            let made = (dec.total_out() - out0) as usize;
-            self.input.consume(used);
-            len += made;
-            if status == Status::StreamEnd {
-                break true;
-            }
-            if len == PLAIN_UNIT {
-                break false;
-            }
-            if used == 0 && made == 0 && avail == 0 {
-                unit.data.truncate(len);
-                return Err(CodecError::Truncated {
-                    format: NAME,
-                    offset: self.input.offset(),
-                });
+        let step = self.decode_some(&mut dec, &mut unit.data, &mut len);
+        unit.data.truncate(len);
+        let ended = match step {
+            Ok(ended) => ended,
+            Err(e) => {
+                // What was decoded before the cut or damage goes out
+                // first, as xz writes it.
+                self.done = true;
+                self.deferred.hold(Err(e), unit)?;
+                return Ok(true);
             }
         };
-        unit.data.truncate(len);
         if !ended {
             self.dec = Some(dec);
             return Ok(true);

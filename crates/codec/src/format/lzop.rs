@@ -135,6 +135,8 @@ pub struct Splitter {
     input: Input,
     flags: Option<u32>,
     files: u64,
+    /// An error met after whole blocks of a unit were taken.
+    deferred: super::Deferred,
 }
 
 impl Splitter {
@@ -144,7 +146,41 @@ impl Splitter {
             input,
             flags: None,
             files: 0,
+            deferred: super::Deferred::default(),
         }
+    }
+
+    /// Append the next block (its sizes, sums and data) to `data`: its
+    /// decoded size, or `None` at the end mark (consumed).
+    fn take_block(&mut self, flags: u32, data: &mut Vec<u8>) -> Result<Option<usize>> {
+        let off = self.input.offset();
+        let b = self.input.need(4, NAME)?;
+        let dst_len = be32(b, 0) as usize;
+        if dst_len == 0 {
+            self.input.consume(4);
+            return Ok(None);
+        }
+        let b = self.input.need(8, NAME)?;
+        let src_len = be32(b, 4) as usize;
+        if dst_len > MAX_BLOCK {
+            return Err(CodecError::TooLarge {
+                format: NAME,
+                what: "block size field",
+                offset: off,
+                size: dst_len as u64,
+                limit: MAX_BLOCK as u64,
+            });
+        }
+        if src_len > dst_len {
+            return Err(CodecError::corrupt(
+                NAME,
+                off + 4,
+                format!("compressed size {src_len} exceeds block size {dst_len}"),
+            ));
+        }
+        let total = 8 + sums_len(flags, src_len == dst_len) + src_len;
+        self.input.take(total, data, NAME)?;
+        Ok(Some(dst_len))
     }
 
     fn parse_header(&mut self) -> Result<u32> {
@@ -244,6 +280,7 @@ fn sums_len(flags: u32, stored: bool) -> usize {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         loop {
             let flags = match self.flags {
                 Some(f) => f,
@@ -260,35 +297,22 @@ impl super::Splitter for Splitter {
             unit.kind = UnitKind::Packed(flags);
             let mut raw = 0usize;
             while raw < UNIT_TARGET && unit.data.len() < MAX_UNIT - 2 * MAX_BLOCK.min(BLOCK * 4) {
-                let off = self.input.offset();
-                let b = self.input.need(4, NAME)?;
-                let dst_len = be32(b, 0) as usize;
-                if dst_len == 0 {
-                    self.input.consume(4);
-                    self.flags = None;
-                    break;
+                let whole = unit.data.len();
+                match self.take_block(flags, &mut unit.data) {
+                    Ok(Some(dst_len)) => raw += dst_len,
+                    Ok(None) => {
+                        self.flags = None;
+                        break;
+                    }
+                    // The whole blocks before a cut or damage go out
+                    // first, as lzop writes them; the error follows.
+                    Err(e) if raw > 0 => {
+                        unit.data.truncate(whole);
+                        self.deferred.later(e);
+                        break;
+                    }
+                    Err(e) => return Err(e),
                 }
-                let b = self.input.need(8, NAME)?;
-                let src_len = be32(b, 4) as usize;
-                if dst_len > MAX_BLOCK {
-                    return Err(CodecError::TooLarge {
-                        format: NAME,
-                        what: "block size field",
-                        offset: off,
-                        size: dst_len as u64,
-                        limit: MAX_BLOCK as u64,
-                    });
-                }
-                if src_len > dst_len {
-                    return Err(CodecError::corrupt(
-                        NAME,
-                        off + 4,
-                        format!("compressed size {src_len} exceeds block size {dst_len}"),
-                    ));
-                }
-                let total = 8 + sums_len(flags, src_len == dst_len) + src_len;
-                self.input.take(total, &mut unit.data, NAME)?;
-                raw += dst_len;
             }
             unit.raw_len = raw;
             if unit.data.is_empty() {

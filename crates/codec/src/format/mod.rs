@@ -853,6 +853,39 @@ pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
     }
 }
 
+/// An error a splitter met while it decoded a plain unit itself, held back
+/// until the bytes it decoded before it are handed out: gzip, xz and zstd
+/// write what they decoded before a cut or damage (`gunzip -c` of a
+/// truncated dump keeps all it could read), and so does cairn. The error
+/// still comes, on the next call, so the run fails as theirs do.
+#[derive(Debug, Default)]
+pub(crate) struct Deferred(Option<CodecError>);
+
+impl Deferred {
+    /// The error held back by the call before, if any.
+    pub(crate) fn take(&mut self) -> Result<()> {
+        self.0.take().map_or(Ok(()), Err)
+    }
+
+    /// Hold `e` back: the unit filled before it goes out first.
+    pub(crate) fn later(&mut self, e: CodecError) {
+        self.0 = Some(e);
+    }
+
+    /// The outcome of filling the plain `unit`, whose data holds only
+    /// decoded bytes even on failure: an error after some were decoded is
+    /// held back and the unit handed out.
+    pub(crate) fn hold(&mut self, step: Result<()>, unit: &Unit) -> Result<()> {
+        match step {
+            Err(e) if unit.kind == UnitKind::Plain && !unit.bytes().is_empty() => {
+                self.later(e);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+}
+
 /// Shift the offsets of errors raised inside a unit to stream offsets.
 pub(crate) fn at_offset(e: CodecError, base: u64) -> CodecError {
     map_offset(e, |offset| base + offset)

@@ -670,6 +670,8 @@ pub struct Splitter {
     single_stream: bool,
     /// Verify no block check (`xz --ignore-check`).
     ignore_check: bool,
+    /// An error met after part of a block was decoded.
+    deferred: super::Deferred,
 }
 
 /// In a packed unit's kind, beside the check type: do not verify it.
@@ -687,6 +689,7 @@ impl Splitter {
             budget: None,
             single_stream: false,
             ignore_check: false,
+            deferred: super::Deferred::default(),
         }
     }
 
@@ -933,7 +936,22 @@ impl Splitter {
                 unit.raw_len = u as usize;
                 let ignore = if self.ignore_check { IGNORE_CHECK } else { 0 };
                 unit.kind = UnitKind::Packed(u32::from(check) | ignore);
-                self.input.take(total as usize, &mut unit.data, NAME)?;
+                if let Err(e) = self.input.take(total as usize, &mut unit.data, NAME) {
+                    // Cut short: what its data decodes to goes out, as xz
+                    // writes it, then the error.
+                    let mut out = vec![0; unit.raw_len];
+                    let made = raw_decoder(&bh.filters, bh.uncompressed).map_or(0, |mut dec| {
+                        let body = unit.data.get(bh.len..).unwrap_or_default();
+                        let _ = dec.process(body, &mut out, Action::Run);
+                        dec.total_out() as usize
+                    });
+                    out.truncate(made);
+                    unit.data = out;
+                    unit.kind = UnitKind::Plain;
+                    unit.raw_len = 0;
+                    self.deferred.hold(Err(e), unit)?;
+                    return Ok(true);
+                }
                 self.records.push((unpadded, u));
                 return Ok(true);
             }
@@ -958,6 +976,7 @@ impl Splitter {
 
     /// Decode up to [`PLAIN_UNIT`] bytes of the block in progress into
     /// `unit`; at the block's end, check it and go back to `Blocks`.
+    /// `unit` holds only decoded bytes when this fails.
     fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
         let State::Block(st) = &mut self.state else {
             return Ok(());
@@ -971,7 +990,13 @@ impl Splitter {
                 .compressed
                 .map_or(u64::MAX, |c| c.saturating_sub(st.dec.total_in()));
             let avail = if in_left > 0 {
-                let avail = self.input.fill(1)?;
+                let avail = match self.input.fill(1) {
+                    Ok(avail) => avail,
+                    Err(e) => {
+                        unit.data.truncate(len);
+                        return Err(e);
+                    }
+                };
                 if avail == 0 {
                     unit.data.truncate(len);
                     return Err(CodecError::Truncated {
@@ -989,14 +1014,21 @@ impl Splitter {
             });
             let room = (PLAIN_UNIT - len).min(usize::try_from(out_left).unwrap_or(usize::MAX));
             let (in0, out0) = (st.dec.total_in(), st.dec.total_out());
-            let status = st
-                .dec
-                .process(
-                    &self.input.peek()[..avail],
-                    &mut unit.data[len..len + room],
-                    Action::Run,
-                )
-                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
+            let status = match st.dec.process(
+                &self.input.peek()[..avail],
+                &mut unit.data[len..len + room],
+                Action::Run,
+            ) {
+                Ok(status) => status,
+                Err(e) => {
+                    unit.data.truncate(len);
+                    return Err(CodecError::corrupt(
+                        NAME,
+                        self.input.offset(),
+                        e.to_string(),
+                    ));
+                }
+            };
             let used = (st.dec.total_in() - in0) as usize;
             let made = (st.dec.total_out() - out0) as usize;
             self.input.consume(used);
@@ -1077,6 +1109,7 @@ impl Splitter {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         loop {
             match self.state {
                 State::Start => {
@@ -1103,7 +1136,8 @@ impl super::Splitter for Splitter {
                     }
                 }
                 State::Block(_) => {
-                    self.stream_some(unit)?;
+                    let step = self.stream_some(unit);
+                    self.deferred.hold(step, unit)?;
                     if !unit.data.is_empty() {
                         return Ok(true);
                     }

@@ -433,6 +433,8 @@ pub struct Splitter {
     window_log_max: u32,
     /// Start frames and seek tables seen.
     marks: Marks,
+    /// An error met after part of a frame was decoded.
+    deferred: super::Deferred,
 }
 
 /// What the skippable frame `frame` (whole) says of the stream around it:
@@ -480,6 +482,7 @@ impl Splitter {
             table_read: false,
             window_log_max,
             marks: Marks::new(ZSTD_MARKS),
+            deferred: super::Deferred::default(),
         }
     }
 
@@ -578,6 +581,21 @@ impl Splitter {
         Ok(())
     }
 
+    /// A decoder for a frame decoded as a stream (at `off`), with the
+    /// dictionary and window limit given.
+    fn stream_decoder(&self, off: u64) -> Result<Box<RawDecoder<'static>>> {
+        let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
+        let mut dec = RawDecoder::with_dictionary(dictionary)
+            .map_err(|e| CodecError::corrupt(NAME, off, format!("decoder setup: {e}")))?;
+        dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
+            self.window_log_max,
+        ))
+        .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
+        Ok(Box::new(dec))
+    }
+
+    /// Decode up to [`PLAIN_UNIT`] bytes of the frame in progress into
+    /// `unit`, which holds only decoded bytes when this fails.
     fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
         let Some(dec) = self.streaming.as_mut() else {
             return Ok(());
@@ -586,33 +604,71 @@ impl Splitter {
         unit.offset = self.input.offset();
         unit.data.resize(PLAIN_UNIT, 0);
         let mut produced = 0;
-        loop {
-            if self.input.fill(1)? == 0 {
-                return Err(CodecError::Truncated {
-                    format: NAME,
-                    offset: self.input.offset(),
-                });
+        let step = loop {
+            match self.input.fill(1) {
+                Ok(0) => {
+                    break Err(CodecError::Truncated {
+                        format: NAME,
+                        offset: self.input.offset(),
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => break Err(e),
             }
             let mut inb = InBuffer::around(self.input.peek());
             let mut outb = OutBuffer::around_pos(&mut unit.data[..], produced);
-            let hint = dec
-                .run(&mut inb, &mut outb)
-                .map_err(|e| CodecError::corrupt(NAME, self.input.offset(), e.to_string()))?;
+            let hint = dec.run(&mut inb, &mut outb);
             produced = outb.pos();
             let used = inb.pos();
             self.input.consume(used);
-            if hint == 0 {
-                // End of frame.
-                self.streaming = None;
-                break;
+            match hint {
+                Err(e) => {
+                    break Err(CodecError::corrupt(
+                        NAME,
+                        self.input.offset(),
+                        e.to_string(),
+                    ))
+                }
+                Ok(0) => {
+                    // End of frame.
+                    self.streaming = None;
+                    break Ok(());
+                }
+                Ok(_) if produced == PLAIN_UNIT => break Ok(()),
+                Ok(_) => {}
             }
-            if produced == PLAIN_UNIT {
-                break;
-            }
-        }
+        };
         unit.data.truncate(produced);
         self.marks.decoded(produced as u64);
-        Ok(())
+        step
+    }
+
+    /// The frame taken into `unit` stopped short with `e` (the input was
+    /// cut, or a block header is damaged): what its whole blocks decode
+    /// to is handed out as a plain unit, as `zstd -d` writes it, and `e`
+    /// follows. Damage inside a whole frame surfaces on a worker instead.
+    fn salvage(&mut self, unit: &mut Unit, e: CodecError) -> Result<()> {
+        let mut out = vec![0; unit.raw_len];
+        let mut produced = 0;
+        if let Ok(mut dec) = self.stream_decoder(unit.offset) {
+            let mut inb = InBuffer::around(&unit.data);
+            let mut outb = OutBuffer::around(&mut out[..]);
+            // Until the decoder refuses the bytes, ends the frame or
+            // stops making progress (the bytes ran out, or the room).
+            loop {
+                let before = (inb.pos(), outb.pos());
+                match dec.run(&mut inb, &mut outb) {
+                    Ok(hint) if hint != 0 && (inb.pos(), outb.pos()) != before => {}
+                    _ => break,
+                }
+            }
+            produced = outb.pos();
+        }
+        out.truncate(produced);
+        unit.data = out;
+        unit.kind = UnitKind::Plain;
+        unit.raw_len = 0;
+        self.deferred.hold(Err(e), unit)
     }
 
     /// Skip the skippable frame at the input's start (at `off`), taking
@@ -638,9 +694,11 @@ impl Splitter {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         loop {
             if self.streaming.is_some() {
-                self.stream_some(unit)?;
+                let step = self.stream_some(unit);
+                self.deferred.hold(step, unit)?;
                 if unit.data.is_empty() && self.streaming.is_none() {
                     continue;
                 }
@@ -698,21 +756,14 @@ impl super::Splitter for Splitter {
                     unit.offset = off;
                     unit.raw_len = size as usize;
                     unit.kind = UnitKind::Packed(0);
-                    self.take_frame(&fh, unit)?;
+                    if let Err(e) = self.take_frame(&fh, unit) {
+                        self.salvage(unit, e)?;
+                        return Ok(true);
+                    }
                     self.marks.decoded(size);
                     return Ok(true);
                 }
-                _ => {
-                    let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
-                    let mut dec = RawDecoder::with_dictionary(dictionary).map_err(|e| {
-                        CodecError::corrupt(NAME, off, format!("decoder setup: {e}"))
-                    })?;
-                    dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
-                        self.window_log_max,
-                    ))
-                    .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
-                    self.streaming = Some(Box::new(dec));
-                }
+                _ => self.streaming = Some(self.stream_decoder(off)?),
             }
         }
     }

@@ -1497,7 +1497,7 @@ fn inflate_known_inner(
         let c = std::mem::replace(crc, crc32fast::Hasher::new());
         tx.send(Piece::Bytes(full, c)).is_ok()
     };
-    loop {
+    let end = loop {
         if piece.len() >= PIECE {
             if !send(&mut piece, &mut crc, &mut crc_done) {
                 return Ok(None);
@@ -1516,9 +1516,10 @@ fn inflate_known_inner(
         } else {
             (&data[at.min(data.len())..], true)
         };
-        let step = z
-            .inflate(input, &mut piece, block)
-            .map_err(|reason| End::Failed(at * 8, reason))?;
+        let step = match z.inflate(input, &mut piece, block) {
+            Ok(step) => step,
+            Err(reason) => break End::Failed(at * 8, reason),
+        };
         at += step.consumed;
         let here = at * 8 - step.unused_bits as usize;
         if step.end {
@@ -1538,9 +1539,15 @@ fn inflate_known_inner(
             }
         }
         if block && step.consumed == 0 && step.produced == 0 && at >= data.len() {
-            return Err(End::Truncated(at * 8));
+            break End::Truncated(at * 8);
         }
+    };
+    // What was inflated before the damage or the cut goes out first, as
+    // gzip writes it (the window is known: these are the stream's bytes).
+    if !piece.is_empty() && !send(&mut piece, &mut crc, &mut crc_done) {
+        return Ok(None);
     }
+    Err(end)
 }
 
 #[cfg(test)]
