@@ -1183,6 +1183,14 @@ struct Restore {
     time: bool,
 }
 
+/// A worker's output for one unit: its bytes, and the error that stopped
+/// its decoding after them (see `UnitDecoder::salvage`).
+#[derive(Default)]
+struct Decoded {
+    bytes: Vec<u8>,
+    error: Option<CodecError>,
+}
+
 fn unpack_one(
     plan: &Plan,
     threads: usize,
@@ -1326,18 +1334,27 @@ fn unpack_one(
         },
         || {
             let mut dec = format.unit_decoder_with(&decode);
-            move |unit: &mut Unit, out: &mut Vec<u8>| -> Result<()> {
-                dec.decode(unit, out)?;
+            move |unit: &mut Unit, out: &mut Decoded| -> Result<()> {
+                if let Err(e) = dec.decode(unit, &mut out.bytes) {
+                    // What the unit decodes to before the damage is
+                    // written, then the error reported, as by the tools.
+                    out.bytes.clear();
+                    dec.salvage(unit, &mut out.bytes);
+                    out.error = Some(e);
+                }
                 Ok(())
             }
         },
-        |slot: &mut Slot<Unit, Vec<u8>>| {
-            let out = slot.input.decoded(&slot.output);
+        |slot: &mut Slot<Unit, Decoded>| {
+            let failed = slot.output.error.take();
+            let out = slot.input.decoded(&slot.output.bytes);
             // Not the empty members that mark a stream's ends.
             if slot.input.kind != UnitKind::Plain && !out.is_empty() {
                 coded += 1;
             }
-            checker.feed(format, slot.input.offset, slot.input.content, out)?;
+            if failed.is_none() {
+                checker.feed(format, slot.input.offset, slot.input.content, out)?;
+            }
             if let Some(c) = crc.as_mut() {
                 c.update(out);
             }
@@ -1348,11 +1365,12 @@ fn unpack_one(
             .map_err(write_error(&out_name))?;
             bytes_out += out.len() as u64;
             progress.ratio(bytes_out, slot.input.offset);
-            Ok(())
+            failed.map_or(Ok(()), |e| Err(e.into()))
         },
         |slot| {
             slot.input.clear();
-            slot.output.clear();
+            slot.output.bytes.clear();
+            slot.output.error = None;
         },
     );
     progress.finish();

@@ -369,6 +369,30 @@ impl super::UnitDecoder for Decoder {
             pass_plain(unit, out);
             return Ok(());
         };
+        self.blocks(unit, flags, out, &mut 0)
+    }
+
+    /// The blocks before the first damaged one, as lzop writes them.
+    fn salvage(&mut self, unit: &Unit, out: &mut Vec<u8>) {
+        if let UnitKind::Packed(flags) = unit.kind {
+            let mut whole = out.len();
+            if self.blocks(unit, flags, out, &mut whole).is_err() {
+                out.truncate(whole);
+            }
+        }
+    }
+}
+
+impl Decoder {
+    /// Decode the unit's blocks into `out`, checking their sums; `whole`
+    /// is moved to the end of each block once it passed.
+    fn blocks(
+        &mut self,
+        unit: &Unit,
+        flags: u32,
+        out: &mut Vec<u8>,
+        whole: &mut usize,
+    ) -> Result<()> {
         out.reserve(unit.raw_len);
         let data = &unit.data;
         let mut i = 0;
@@ -405,6 +429,7 @@ impl super::UnitDecoder for Decoder {
             if let Some(s) = d_sum {
                 check(flags, F_ADLER32_D, &out[at..], s, off, "block")?;
             }
+            *whole = out.len();
             i = p + src_len;
         }
         Ok(())

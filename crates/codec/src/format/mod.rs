@@ -840,6 +840,14 @@ pub trait UnitDecoder: Send {
     /// moved, or left where they are when their bytes are shared: read the
     /// output with [`Unit::decoded`].
     fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()>;
+
+    /// After [`Self::decode`] failed on `unit` and `out` was put back as
+    /// it was: append what the unit decodes to before the damage, where
+    /// the format's tool writes that before its error (zstd's blocks
+    /// before a damaged one, xz's bytes of a block whose check fails).
+    /// The caller writes those bytes, then reports the error. Nothing by
+    /// default.
+    fn salvage(&mut self, _unit: &Unit, _out: &mut Vec<u8>) {}
 }
 
 /// Move a plain unit's bytes to `out` without copying when `out` is empty

@@ -939,13 +939,8 @@ impl Splitter {
                 if let Err(e) = self.input.take(total as usize, &mut unit.data, NAME) {
                     // Cut short: what its data decodes to goes out, as xz
                     // writes it, then the error.
-                    let mut out = vec![0; unit.raw_len];
-                    let made = raw_decoder(&bh.filters, bh.uncompressed).map_or(0, |mut dec| {
-                        let body = unit.data.get(bh.len..).unwrap_or_default();
-                        let _ = dec.process(body, &mut out, Action::Run);
-                        dec.total_out() as usize
-                    });
-                    out.truncate(made);
+                    let mut out = Vec::new();
+                    block_prefix(&unit.data, unit.raw_len, &mut out);
                     unit.data = out;
                     unit.kind = UnitKind::Plain;
                     unit.raw_len = 0;
@@ -1021,7 +1016,10 @@ impl Splitter {
             ) {
                 Ok(status) => status,
                 Err(e) => {
-                    unit.data.truncate(len);
+                    // What liblzma wrote before it met the damage is the
+                    // block's, as xz writes it.
+                    let made = (st.dec.total_out() - out0) as usize;
+                    unit.data.truncate(len + made.min(room));
                     return Err(CodecError::corrupt(
                         NAME,
                         self.input.offset(),
@@ -1265,6 +1263,26 @@ impl Decoder {
     }
 }
 
+/// Append to `out` what the block at the start of `block` (its header
+/// whole, its data perhaps cut or damaged) decodes to, at most `room`
+/// bytes: what `xz -d` writes of the block before its error.
+fn block_prefix(block: &[u8], room: usize, out: &mut Vec<u8>) {
+    let len = (usize::from(*block.first().unwrap_or(&0)) + 1) * 4;
+    let Some(Ok(bh)) = block.get(..len).map(parse_block_header) else {
+        return;
+    };
+    let Ok(mut dec) = raw_decoder(&bh.filters, bh.uncompressed) else {
+        return;
+    };
+    let start = out.len();
+    out.resize(start + room, 0);
+    // One call: liblzma runs until the input or the room is used up, or
+    // the data is refused; what it wrote before is the block's.
+    let _ = dec.process(&block[len..], &mut out[start..], Action::Run);
+    let made = usize::try_from(dec.total_out()).unwrap_or(usize::MAX);
+    out.truncate(start + made.min(room));
+}
+
 impl super::UnitDecoder for Decoder {
     fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
         let UnitKind::Packed(check) = unit.kind else {
@@ -1272,6 +1290,12 @@ impl super::UnitDecoder for Decoder {
             return Ok(());
         };
         Decoder::block(&unit.data, check, unit.raw_len, out).map_err(|e| at_offset(e, unit.offset))
+    }
+
+    fn salvage(&mut self, unit: &Unit, out: &mut Vec<u8>) {
+        if let UnitKind::Packed(_) = unit.kind {
+            block_prefix(&unit.data, unit.raw_len, out);
+        }
     }
 }
 

@@ -581,19 +581,6 @@ impl Splitter {
         Ok(())
     }
 
-    /// A decoder for a frame decoded as a stream (at `off`), with the
-    /// dictionary and window limit given.
-    fn stream_decoder(&self, off: u64) -> Result<Box<RawDecoder<'static>>> {
-        let dictionary = self.dictionary.as_ref().map_or(&[][..], |d| d.bytes());
-        let mut dec = RawDecoder::with_dictionary(dictionary)
-            .map_err(|e| CodecError::corrupt(NAME, off, format!("decoder setup: {e}")))?;
-        dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
-            self.window_log_max,
-        ))
-        .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
-        Ok(Box::new(dec))
-    }
-
     /// Decode up to [`PLAIN_UNIT`] bytes of the frame in progress into
     /// `unit`, which holds only decoded bytes when this fails.
     fn stream_some(&mut self, unit: &mut Unit) -> Result<()> {
@@ -616,7 +603,11 @@ impl Splitter {
                 Err(e) => break Err(e),
             }
             let mut inb = InBuffer::around(self.input.peek());
-            let mut outb = OutBuffer::around_pos(&mut unit.data[..], produced);
+            // A block's room at a time: a call that fails keeps back
+            // what it decoded before (the position is not moved), so a
+            // call decodes one block, and all before a damaged one goes out.
+            let room = (produced + BLOCK_ROOM).min(PLAIN_UNIT);
+            let mut outb = OutBuffer::around_pos(&mut unit.data[..room], produced);
             let hint = dec.run(&mut inb, &mut outb);
             produced = outb.pos();
             let used = inb.pos();
@@ -648,23 +639,15 @@ impl Splitter {
     /// to is handed out as a plain unit, as `zstd -d` writes it, and `e`
     /// follows. Damage inside a whole frame surfaces on a worker instead.
     fn salvage(&mut self, unit: &mut Unit, e: CodecError) -> Result<()> {
-        let mut out = vec![0; unit.raw_len];
-        let mut produced = 0;
-        if let Ok(mut dec) = self.stream_decoder(unit.offset) {
-            let mut inb = InBuffer::around(&unit.data);
-            let mut outb = OutBuffer::around(&mut out[..]);
-            // Until the decoder refuses the bytes, ends the frame or
-            // stops making progress (the bytes ran out, or the room).
-            loop {
-                let before = (inb.pos(), outb.pos());
-                match dec.run(&mut inb, &mut outb) {
-                    Ok(hint) if hint != 0 && (inb.pos(), outb.pos()) != before => {}
-                    _ => break,
-                }
-            }
-            produced = outb.pos();
-        }
-        out.truncate(produced);
+        let mut out = Vec::new();
+        let dictionary = self.dictionary.as_ref();
+        decode_prefix(
+            &unit.data,
+            unit.raw_len,
+            dictionary,
+            self.window_log_max,
+            &mut out,
+        );
         unit.data = out;
         unit.kind = UnitKind::Plain;
         unit.raw_len = 0;
@@ -690,6 +673,66 @@ impl Splitter {
         self.input.consume(whole);
         Ok(())
     }
+}
+
+/// Output room given to one call of a streaming decode: zstd's largest
+/// block.
+const BLOCK_ROOM: usize = 128 << 10;
+
+/// The largest window a frame may have (zstd's limit in 64-bit builds),
+/// for frames whose window the splitter has already checked.
+const WINDOW_LOG_ANY: u32 = 31;
+
+/// A decoder for a frame decoded as a stream (at `off`), with `dictionary`
+/// and windows up to `2^window_log_max` bytes.
+fn stream_decoder(
+    dictionary: Option<&Dictionary>,
+    window_log_max: u32,
+    off: u64,
+) -> Result<Box<RawDecoder<'static>>> {
+    let dictionary = dictionary.map_or(&[][..], |d| d.bytes());
+    let mut dec = RawDecoder::with_dictionary(dictionary)
+        .map_err(|e| CodecError::corrupt(NAME, off, format!("decoder setup: {e}")))?;
+    dec.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(window_log_max))
+        .map_err(|e| CodecError::corrupt(NAME, off, e.to_string()))?;
+    Ok(Box::new(dec))
+}
+
+/// Append to `out` what the frame at the start of `frame` decodes to, at
+/// most `room` bytes, until the frame ends, its bytes run out or damage
+/// stops the decoder: what `zstd -d` writes of a cut or damaged frame
+/// (its whole blocks before the cut or the damage).
+fn decode_prefix(
+    frame: &[u8],
+    room: usize,
+    dictionary: Option<&Dictionary>,
+    window_log_max: u32,
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    out.resize(start + room, 0);
+    let mut produced = 0;
+    if let Ok(mut dec) = stream_decoder(dictionary, window_log_max, 0) {
+        let mut inb = InBuffer::around(frame);
+        // A block's room at a time: with room for the whole frame and
+        // the whole frame there, zstd decodes it in one call, and a call
+        // that fails gives back nothing of what it decoded.
+        loop {
+            let end = (produced + BLOCK_ROOM).min(room);
+            let mut outb = OutBuffer::around(&mut out[start + produced..start + end]);
+            let used = inb.pos();
+            let step = dec.run(&mut inb, &mut outb);
+            let made = outb.pos();
+            produced += made;
+            // Until the decoder refuses the bytes, ends the frame or stops
+            // making progress (the bytes ran out, or the room).
+            match step {
+                Ok(hint) if hint != 0 && (made > 0 || inb.pos() != used) => {}
+                _ => break,
+            }
+        }
+    }
+    out.truncate(start + produced);
 }
 
 impl super::Splitter for Splitter {
@@ -763,7 +806,10 @@ impl super::Splitter for Splitter {
                     self.marks.decoded(size);
                     return Ok(true);
                 }
-                _ => self.streaming = Some(self.stream_decoder(off)?),
+                _ => {
+                    let dictionary = self.dictionary.as_ref();
+                    self.streaming = Some(stream_decoder(dictionary, self.window_log_max, off)?);
+                }
             }
         }
     }
@@ -836,6 +882,14 @@ impl super::UnitDecoder for Decoder {
                     .decompress_frame(bytes, out, unit.raw_len)
                     .map_err(|e| at_offset(e, unit.offset))
             }
+        }
+    }
+
+    fn salvage(&mut self, unit: &Unit, out: &mut Vec<u8>) {
+        if let UnitKind::Packed(_) = unit.kind {
+            // The splitter checked the frame's window against the limit.
+            let dictionary = self.dictionary.as_ref();
+            decode_prefix(unit.bytes(), unit.raw_len, dictionary, WINDOW_LOG_ANY, out);
         }
     }
 }
