@@ -182,10 +182,12 @@ impl super::Splitter for Splitter {
         }
         self.done = true;
         if !self.single_stream && !self.input.at_end()? {
-            return Err(CodecError::TrailingGarbage {
+            // The stream's last bytes go out first, as xz writes them.
+            let garbage = CodecError::TrailingGarbage {
                 format: NAME,
                 offset: self.input.offset(),
-            });
+            };
+            self.deferred.hold(Err(garbage), unit)?;
         }
         Ok(true)
     }

@@ -861,11 +861,12 @@ pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
     }
 }
 
-/// An error a splitter met while it decoded a plain unit itself, held back
-/// until the bytes it decoded before it are handed out: gzip, xz and zstd
-/// write what they decoded before a cut or damage (`gunzip -c` of a
-/// truncated dump keeps all it could read), and so does cairn. The error
-/// still comes, on the next call, so the run fails as theirs do.
+/// An error a splitter met after it had filled part of a unit (bytes it
+/// decoded itself, or whole lzop blocks), held back until that unit is
+/// handed out: gzip, xz, zstd and lzop write what they decoded before a
+/// cut or damage (`gunzip -c` of a truncated dump keeps all it could
+/// read), and so does cairn. The error still comes, on the next call, so
+/// the run fails as theirs do.
 #[derive(Debug, Default)]
 pub(crate) struct Deferred(Option<CodecError>);
 

@@ -1032,8 +1032,10 @@ impl Splitter {
             self.input.consume(used);
             st.check.update(&unit.data[len..len + made]);
             len += made;
-            if st.uncompressed.is_some_and(|u| st.dec.total_out() > u) {
-                unit.data.truncate(len);
+            if let Some(u) = st.uncompressed.filter(|&u| st.dec.total_out() > u) {
+                // Not the byte past the stated size.
+                let excess = (st.dec.total_out() - u) as usize;
+                unit.data.truncate(len - excess.min(len));
                 return Err(CodecError::corrupt(
                     NAME,
                     st.offset,
@@ -1274,11 +1276,18 @@ fn block_prefix(block: &[u8], room: usize, out: &mut Vec<u8>) {
     let Ok(mut dec) = raw_decoder(&bh.filters, bh.uncompressed) else {
         return;
     };
+    // The data as far as the header's compressed size, not the padding
+    // and check after it (xz stops there too).
+    let body = &block[len..];
+    let body = bh
+        .compressed
+        .and_then(|c| usize::try_from(c).ok())
+        .map_or(body, |c| &body[..c.min(body.len())]);
     let start = out.len();
     out.resize(start + room, 0);
     // One call: liblzma runs until the input or the room is used up, or
     // the data is refused; what it wrote before is the block's.
-    let _ = dec.process(&block[len..], &mut out[start..], Action::Run);
+    let _ = dec.process(body, &mut out[start..], Action::Run);
     let made = usize::try_from(dec.total_out()).unwrap_or(usize::MAX);
     out.truncate(start + made.min(room));
 }

@@ -603,9 +603,10 @@ impl Splitter {
                 Err(e) => break Err(e),
             }
             let mut inb = InBuffer::around(self.input.peek());
-            // A block's room at a time: a call that fails keeps back
-            // what it decoded before (the position is not moved), so a
-            // call decodes one block, and all before a damaged one goes out.
+            // A block's room at a time: a call that fails keeps back what
+            // it decoded (the position is not moved). Full blocks then
+            // come one per call, and all before a damaged one go out;
+            // small blocks sharing a call with it are still lost.
             let room = (produced + BLOCK_ROOM).min(PLAIN_UNIT);
             let mut outb = OutBuffer::around_pos(&mut unit.data[..room], produced);
             let hint = dec.run(&mut inb, &mut outb);
@@ -680,7 +681,8 @@ impl Splitter {
 const BLOCK_ROOM: usize = 128 << 10;
 
 /// The largest window a frame may have (zstd's limit in 64-bit builds),
-/// for frames whose window the splitter has already checked.
+/// for frames decoded whole: they state a size of at most [`MAX_UNIT`],
+/// and zstd's buffer is never larger than the frame's size.
 const WINDOW_LOG_ANY: u32 = 31;
 
 /// A decoder for a frame decoded as a stream (at `off`), with `dictionary`
@@ -799,9 +801,23 @@ impl super::Splitter for Splitter {
                     unit.offset = off;
                     unit.raw_len = size as usize;
                     unit.kind = UnitKind::Packed(0);
-                    if let Err(e) = self.take_frame(&fh, unit) {
-                        self.salvage(unit, e)?;
-                        return Ok(true);
+                    match self.take_frame(&fh, unit) {
+                        Ok(()) => {}
+                        // Incompressible data near the limit: the frame's
+                        // blocks outgrow a unit though its content does
+                        // not. It is put back and decoded as a stream.
+                        Err(CodecError::TooLarge { .. }) => {
+                            self.input.unread(&unit.data);
+                            unit.clear();
+                            let dictionary = self.dictionary.as_ref();
+                            let dec = stream_decoder(dictionary, self.window_log_max, off)?;
+                            self.streaming = Some(dec);
+                            continue;
+                        }
+                        Err(e) => {
+                            self.salvage(unit, e)?;
+                            return Ok(true);
+                        }
                     }
                     self.marks.decoded(size);
                     return Ok(true);
@@ -887,7 +903,8 @@ impl super::UnitDecoder for Decoder {
 
     fn salvage(&mut self, unit: &Unit, out: &mut Vec<u8>) {
         if let UnitKind::Packed(_) = unit.kind {
-            // The splitter checked the frame's window against the limit.
+            // The window needs no limit here: a frame decoded whole states
+            // its size (at most MAX_UNIT), and zstd's buffer is no larger.
             let dictionary = self.dictionary.as_ref();
             decode_prefix(unit.bytes(), unit.raw_len, dictionary, WINDOW_LOG_ANY, out);
         }
@@ -1062,6 +1079,18 @@ mod tests {
         wrong[d] ^= 1;
         let e = split_and_decode(&wrong).unwrap_err().to_string();
         assert!(e.contains("the seek table says"), "{e}");
+    }
+
+    #[test]
+    fn a_frame_whose_blocks_outgrow_a_unit_is_streamed() {
+        // Raw blocks of incompressible bytes make the frame a little
+        // bigger than its content, which is the most a unit holds (this
+        // failed as "frame too large").
+        let data = crate::testutil::noise(MAX_UNIT, 7);
+        let frame = zstd::bulk::compress(&data, 1).unwrap();
+        assert!(frame.len() > MAX_UNIT);
+        let (out, _) = split_and_decode(&frame).unwrap();
+        assert!(out == data);
     }
 
     #[test]
