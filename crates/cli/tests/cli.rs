@@ -1356,6 +1356,45 @@ fn tree_for_recursion(root: &std::path::Path) {
     std::os::unix::fs::symlink("a", root.join("link")).unwrap();
 }
 
+/// What -r meets that is neither a directory nor a regular file, beside
+/// gzip -r: a symbolic link is an input left alone with an error (status
+/// 1), a FIFO a warning (status 2) and never opened (it would wait for a
+/// writer); the rest is packed.
+#[test]
+fn recursion_says_what_it_leaves_as_gzip_r_does() {
+    if !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    let make = |root: &Path, link: bool| {
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/a"), mixed(10_000, 3)).unwrap();
+        mkfifo(&root.join("sub/fifo"));
+        if link {
+            std::os::unix::fs::symlink("a", root.join("sub/link")).unwrap();
+        }
+    };
+    for (case, link) in [("link", true), ("fifo", false)] {
+        let (ours, theirs) = (
+            dir.path().join(case).join("ours"),
+            dir.path().join(case).join("theirs"),
+        );
+        make(&ours, link);
+        make(&theirs, link);
+        let out = run(&["pack", "-r", s(&ours)]);
+        let peer = tool("gzip", &["-r", s(&theirs)]);
+        let err = stderr(&out);
+        assert_eq!(peer.status.code(), Some(if link { 1 } else { 2 }), "{case}");
+        assert_eq!(out.status.code(), peer.status.code(), "{case}: {err}");
+        assert_eq!(tree(&ours), tree(&theirs), "{case}");
+        assert!(
+            err.contains("fifo: is not a directory or a regular file"),
+            "{err}"
+        );
+        assert_eq!(err.contains("link: is a symbolic link"), link, "{err}");
+    }
+}
+
 #[test]
 fn recursion_names_and_skips_what_gzip_r_does() {
     if !have("gzip") {
@@ -1370,9 +1409,17 @@ fn recursion_names_and_skips_what_gzip_r_does() {
         .filter(|p| p != Path::new("link"))
         .map(|p| (p.clone(), std::fs::read(ours.join(&p)).unwrap()))
         .collect();
-    ok(run(&["pack", "-q", "-r", s(&ours)]));
-    // gzip -r complains of the link (exit 1) and does the rest.
-    let _ = tool("gzip", &["-r", s(&theirs)]);
+    // gzip -r complains of the link (exit 1) and does the rest; so does
+    // cairn (found outside: it passed over the link without a word).
+    let out = run(&["pack", "-q", "-r", s(&ours)]);
+    let peer = tool("gzip", &["-r", s(&theirs)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), peer.status.code());
+    assert!(
+        stderr(&out).contains("link: is a symbolic link"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(tree(&ours), tree(&theirs));
     assert_eq!(
         tree(&ours),
@@ -1392,7 +1439,7 @@ fn recursion_names_and_skips_what_gzip_r_does() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("plain.gz") && err.contains("1 of 4 inputs failed"),
+        err.contains("plain.gz") && err.contains("2 of 5 inputs failed: ") && err.contains("link"),
         "{err}"
     );
     // -rt and -rl take only the names with a known suffix, as gzip's: a

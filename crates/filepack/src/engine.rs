@@ -177,7 +177,7 @@ pub(crate) fn plan(
                 let link = std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
                 match link && !opts.force {
                     true => inputs.push((source.name(), Err(symlink_input(opts)))),
-                    false => walk(p, &wanted, &mut inputs),
+                    false => walk(p, &wanted, opts, &mut inputs),
                 }
             }
             _ => inputs.push((source.name(), Ok(source))),
@@ -352,10 +352,17 @@ fn special_mode_allows(opts: &Options, meta: &std::fs::Metadata) -> Result<()> {
 }
 
 /// The regular files under directory `dir` that `wanted` takes, in name
-/// order, depth first, as inputs; symbolic links and special files are
-/// skipped (gzip -r skips them too), a directory that cannot be read is
-/// an input that failed.
-fn walk(dir: &Path, wanted: &dyn Fn(&Path) -> bool, inputs: &mut Vec<(String, Result<Source>)>) {
+/// order, depth first, as inputs. As with gzip -r, a symbolic link is an
+/// input left alone with its error (with `-f`, one to a regular file is
+/// read through; one to a directory is never followed), a special file a
+/// warning and never read, and a directory that cannot be read an input
+/// that failed.
+fn walk(
+    dir: &Path,
+    wanted: &dyn Fn(&Path) -> bool,
+    opts: &Options,
+    inputs: &mut Vec<(String, Result<Source>)>,
+) {
     let entries = std::fs::read_dir(dir).and_then(|rd| {
         rd.map(|e| e.and_then(|e| Ok((e.path(), e.file_type()?))))
             .collect::<std::io::Result<Vec<_>>>()
@@ -374,13 +381,19 @@ fn walk(dir: &Path, wanted: &dyn Fn(&Path) -> bool, inputs: &mut Vec<(String, Re
     };
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     for (path, kind) in entries {
+        let source = Source::File(path.clone());
         if kind.is_dir() {
-            walk(&path, wanted, inputs);
-        } else if kind.is_file() && wanted(&path) {
-            let source = Source::File(path);
+            walk(&path, wanted, opts, inputs);
+        } else if kind.is_symlink() && !opts.force {
+            inputs.push((source.name(), Err(symlink_input(opts))));
+        } else if kind.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            tracing::debug!(path = %path.display(), "-r follows no link to other than a file");
+        } else if !kind.is_file() && !kind.is_symlink() {
+            inputs.push((source.name(), Err(Error::NotRegularInTree)));
+        } else if wanted(&path) {
             inputs.push((source.name(), Ok(source)));
         } else {
-            tracing::debug!(path = %path.display(), "skipped by -r");
+            tracing::debug!(path = %path.display(), "skipped by -r: no output name");
         }
     }
 }

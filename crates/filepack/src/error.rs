@@ -118,6 +118,10 @@ pub enum Error {
     /// named from it (gzip refuses it too, even with `-f`).
     #[error("not a regular file; unchanged (-c or -o reads it as a stream)")]
     NotRegular,
+    /// A device, FIFO or socket met in a directory `-r` walks: never read
+    /// (a FIFO would wait for a writer), and said, as gzip -r says it.
+    #[error("is not a directory or a regular file; ignored by -r")]
+    NotRegularInTree,
     /// The input is a symbolic link and its output a file, without `force`.
     #[error("is a symbolic link; unchanged (-f follows it, -c reads it)")]
     SymlinkInput {
@@ -247,6 +251,7 @@ impl Error {
             | Error::Exists { .. }
             | Error::IsDirectory { .. }
             | Error::NotRegular
+            | Error::NotRegularInTree
             | Error::SpecialMode(_)
             | Error::OtherLinks(_) => true,
             _ => false,
