@@ -152,6 +152,8 @@ fn options(common: &CommonArgs) -> Result<Options> {
             crate::Tool::link(),
             Some(crate::Tool::Xz | crate::Tool::Bzip2)
         ),
+        // zstd -dr says "unknown suffix" of a plain file in the tree.
+        walk_reports_unnamed: crate::Tool::link() == Some(crate::Tool::Zstd),
         name: flag_pair(common.name, common.no_name),
         time: flag_pair(common.time, common.no_time),
     })

@@ -1791,6 +1791,49 @@ fn same_as(tool: &str, args: &[&str], files: &[(&str, &[u8])], stdin: &[u8]) -> 
     link
 }
 
+/// zstd -dr names a file in the tree it cannot name an output for (no
+/// known suffix) as a failed input, where gzip -dr passes over it.
+#[test]
+fn zstd_dr_names_what_it_cannot_unpack() {
+    if !have("zstd") || !have("gzip") {
+        return;
+    }
+    let dir = tempdir();
+    for tool in ["zstd", "gzip"] {
+        let mut codes = vec![];
+        for side in ["peer", "link"] {
+            let tree = dir.path().join(format!("{tool}-{side}"));
+            std::fs::create_dir_all(&tree).unwrap();
+            std::fs::write(tree.join("plain"), b"not packed\n").unwrap();
+            let packed = run_ok(tool, &["-c"], b"packed\n");
+            let suffix = if tool == "zstd" { "p.zst" } else { "p.gz" };
+            std::fs::write(tree.join(suffix), packed).unwrap();
+            let out = match side {
+                "peer" => tool_pipe(tool, &["-d", "-r", "-q", s(&tree)], b""),
+                _ => link_run(dir.path(), tool, &["-d", "-r", "-q", s(&tree)], b""),
+            };
+            assert_eq!(
+                std::fs::read(tree.join("p")).unwrap(),
+                b"packed\n",
+                "{tool} {side}"
+            );
+            codes.push((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).contains("plain"),
+            ));
+        }
+        assert_eq!(
+            codes[0], codes[1],
+            "{tool} -dr: (status, plain named) of the tool, of the link"
+        );
+        assert_eq!(
+            codes[0],
+            (Some(i32::from(tool == "zstd")), tool == "zstd"),
+            "{tool}"
+        );
+    }
+}
+
 /// bzip2's statuses: 2 for damaged, cut or foreign data, 1 for a file
 /// that cannot be opened, 0 with a warning for trailing garbage.
 #[test]

@@ -162,8 +162,9 @@ pub(crate) fn plan(
     // With -r, a directory's files whose output cannot be named are
     // skipped quietly, as gzip -r does (named on their own, they fail);
     // so are they by `gzip -rt` and `-rl` (files of no known suffix).
+    // zstd -dr names them as failed inputs.
     let names_outputs = check_only || (opts.output.is_none() && !opts.stdout);
-    let wanted = |p: &Path| !names_outputs || name_output(p).is_ok();
+    let wanted = |p: &Path| !names_outputs || opts.walk_reports_unnamed || name_output(p).is_ok();
     let mut inputs: Vec<(String, Result<Source>)> = Vec::new();
     if opts.files.is_empty() {
         inputs.push((Source::Stdin.name(), Ok(Source::Stdin)));

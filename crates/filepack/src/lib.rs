@@ -139,6 +139,11 @@ pub struct Options {
     /// with `force`, as xz and bzip2 leave it (gzip and pigz pack
     /// `x.gz` into `x.gz.gz` with -f).
     pub suffixed_despite_force: bool,
+    /// With `recursive`, a file under a directory whose output cannot be
+    /// named (unpacking, a name with no known suffix) is an input that
+    /// fails, as zstd -dr says of it; gzip and pigz pass over it without
+    /// a word.
+    pub walk_reports_unnamed: bool,
     /// gzip's `-N` (`Some(true)`) and `-n` (`Some(false)`). Packing, the
     /// input file's base name and modification time go into the header
     /// of formats that keep them (gzip, lzop) unless `-n`; unpacking a
