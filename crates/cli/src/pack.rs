@@ -486,6 +486,11 @@ struct Listed<'a> {
 /// that of all of it (gzip takes the last member's fields, wrong for
 /// several members and past 4 GiB).
 fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
+    // Nothing listed, no header and no totals (gzip prints its header
+    // with the first input it lists).
+    if summaries.is_empty() {
+        return;
+    }
     let verbose = common.verbose > 0;
     if !common.quiet {
         let columns = if verbose {

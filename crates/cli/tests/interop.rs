@@ -2253,6 +2253,18 @@ fn gzip_list_as_gzip() {
         same_as("gzip", args, &files, b"");
     }
     same_as("gzip", &["-l"], &[], &one);
+    // Nothing listed: no header and no totals on standard output (found
+    // outside: both were printed over two failed inputs).
+    let plain: [(&str, &[u8]); 2] = [("p1", b"plain\n"), ("p2", b"text\n")];
+    for args in [&["-l", "p1"][..], &["-l", "p1", "p2"]] {
+        let (peer, link) = beside("gzip", args, &plain, b"");
+        assert_eq!(link.status.code(), peer.status.code(), "{args:?}");
+        assert!(
+            peer.stdout.is_empty() && link.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&link.stdout)
+        );
+    }
 }
 
 /// gzip files for the listings of gzip and pigz: `gzip -c`'s (no name,
