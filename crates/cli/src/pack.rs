@@ -25,9 +25,9 @@ pub(crate) struct EngineHooks {
     /// The tool cairn runs as, if a link: what its `-q` hides
     /// ([`crate::Tool::quiet_hides`]).
     pub tool: Option<crate::Tool>,
-    /// Inputs that failed in a way that is no failure
+    /// Names of the inputs that failed in a way that is no failure
     /// ([`crate::Tool::ignores`]).
-    pub ignored: std::sync::atomic::AtomicUsize,
+    pub ignored: std::sync::Mutex<Vec<String>>,
 }
 
 impl EngineHooks {
@@ -77,9 +77,10 @@ impl Hooks for EngineHooks {
         crate::signals::guard_mapped_input();
     }
     fn input_failed(&self, error: &Error) {
-        if self.ignores(error) {
-            self.ignored
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let (true, Error::Input { input, .. }) = (self.ignores(error), error) {
+            if let Ok(mut ignored) = self.ignored.lock() {
+                ignored.push(input.clone());
+            }
         }
         if !self.hides(error) {
             errln!("{}: {}", crate::prog(), crate::one_line(error));
@@ -420,11 +421,32 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
     // An input left alone (no known suffix, an output in the way...) is
     // said as an error is, with gzip's exit status 2 when that is all.
     let tool = crate::Tool::invoked();
-    match run.outcome {
-        // Every failure was one -q makes none (gzip -q of names with no
-        // suffix).
-        Err(Error::Failed { failed, .. })
-            if failed.len() == hooks.ignored.load(std::sync::atomic::Ordering::Relaxed) => {}
+    // Inputs left alone that are no failure (gzip's names with the suffix
+    // already, or with none under -q) are not counted as failed.
+    let ignored = hooks.ignored.lock().map(|v| v.clone()).unwrap_or_default();
+    let outcome = match run.outcome {
+        Err(Error::Failed {
+            mut failed,
+            total,
+            warnings_only,
+            data_errors,
+            outputs_in_way,
+        }) if !ignored.is_empty() => {
+            failed.retain(|name| !ignored.contains(name));
+            match failed.is_empty() {
+                true => Ok(()),
+                false => Err(Error::Failed {
+                    failed,
+                    total,
+                    warnings_only,
+                    data_errors,
+                    outputs_in_way,
+                }),
+            }
+        }
+        other => other,
+    };
+    match outcome {
         Err(e) if hooks.ignores(&e) => {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));
