@@ -1000,7 +1000,12 @@ fn lz4_arguments(
         };
         match s {
             "--" => rest = true,
-            "-m" | "--multiple" | "-r" => multiple = true,
+            "-m" | "--multiple" => multiple = true,
+            // -r takes several inputs too, and the files under them.
+            "-r" => {
+                multiple = true;
+                out.push(a);
+            }
             "-BD" | "-BX" | "--no-frame-crc" => {}
             "-B4" => block = Some("64K"),
             "-B5" => block = Some("256K"),
@@ -1023,7 +1028,7 @@ fn lz4_arguments(
                 // writes to stdout and -t writes nothing.
                 // -l (legacy frames) is lz4's too: it has no -l of
                 // its own for --list.
-                multiple |= f.contains('m');
+                multiple |= f.contains(['m', 'r']);
                 to_stdout |= f.contains('c') || f.contains('t');
                 mode_given |= f.contains(['d', 'z', 't']);
                 legacy |= f.contains('l');

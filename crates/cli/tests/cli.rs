@@ -1395,6 +1395,43 @@ fn recursion_says_what_it_leaves_as_gzip_r_does() {
     }
 }
 
+/// lz4 -r packs the files under a directory, beside the inputs, as lz4
+/// does (the link took -r as -m alone and refused the directory).
+#[test]
+fn lz4_r_takes_the_files_under_directories() {
+    if !have("lz4") {
+        return;
+    }
+    let dir = tempdir();
+    let link = dir.path().join("lz4");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    for args in [&["-r", "-q"][..], &["-rq"], &["-d", "-r", "-q"]] {
+        let mut trees = vec![];
+        for (side, exe) in [("peer", Path::new("lz4")), ("link", link.as_path())] {
+            let root = dir.path().join(format!("{side}{}", args.concat()));
+            std::fs::create_dir_all(root.join("sub")).unwrap();
+            std::fs::write(root.join("a"), mixed(20_000, 5)).unwrap();
+            std::fs::write(root.join("sub/b"), b"b\n").unwrap();
+            if args[0] == "-d" {
+                for f in ["a", "sub/b"] {
+                    let packed = run_ok("lz4", &["-c"], &std::fs::read(root.join(f)).unwrap());
+                    std::fs::remove_file(root.join(f)).unwrap();
+                    std::fs::write(root.join(format!("{f}.lz4")), packed).unwrap();
+                }
+            }
+            let out = std::process::Command::new(exe)
+                .args(args)
+                .arg(&root)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{side} {args:?}: {}", stderr(&out));
+            trees.push(tree(&root));
+        }
+        assert_eq!(trees[0], trees[1], "lz4 {args:?}");
+        assert!(trees[0].len() == 4, "{:?}", trees[0]);
+    }
+}
+
 #[test]
 fn recursion_names_and_skips_what_gzip_r_does() {
     if !have("gzip") {
