@@ -1538,14 +1538,16 @@ impl Tool {
     /// Whether `-q` hides what is said of `error`, an input's failure:
     /// pigz -q says nothing at all; gzip and xz hide their warnings (an
     /// input left alone: [`cairn_filepack::Error::is_warning`]) but not
-    /// an output in the way; zstd, bzip2 and lz4 say every error.
+    /// an output in the way; zstd, bzip2 and lz4 say every error (zstd
+    /// hides its warning of a symbolic link passed over).
     pub(crate) fn quiet_hides(self, error: &cairn_filepack::Error) -> bool {
         use cairn_filepack::Error;
         let inner = error.inner();
         match self {
             Tool::Pigz => true,
             Tool::Gzip | Tool::Xz => error.is_warning() && !matches!(inner, Error::Exists { .. }),
-            Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => false,
+            Tool::Zstd => matches!(inner, Error::SymlinkInput { .. }),
+            Tool::Bzip2 | Tool::Lz4 => false,
         }
     }
 
@@ -1553,16 +1555,23 @@ impl Tool {
     /// -q passes over a name with no suffix to take off without a word
     /// and without status 2 (as `gunzip -q *` in a directory of mixed
     /// files); gzip says a name that has its suffix already is left
-    /// unchanged, and exits 0 for it (`gzip *` where some are packed).
+    /// unchanged, and exits 0 for it (`gzip *` where some are packed);
+    /// zstd passes over a symbolic link with a warning (and fails only
+    /// when no input is left: [`Tool::fails_when_all_ignored`]).
     pub(crate) fn ignores(self, error: &cairn_filepack::Error, quiet: bool) -> bool {
         use cairn_filepack::Error;
-        let inner = error.inner();
-        self == Tool::Gzip
-            && match inner {
-                Error::UnknownSuffix => quiet,
-                Error::AlreadySuffixed { .. } => true,
-                _ => false,
-            }
+        match (self, error.inner()) {
+            (Tool::Gzip, Error::UnknownSuffix) => quiet,
+            (Tool::Gzip, Error::AlreadySuffixed { .. }) => true,
+            (Tool::Zstd, Error::SymlinkInput { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether a run whose every input was passed over ([`Tool::ignores`])
+    /// fails: zstd then says there was no input to take (status 1).
+    pub(crate) fn fails_when_all_ignored(self) -> bool {
+        self == Tool::Zstd
     }
 
     /// The exit status for an input left alone where gzip only warns

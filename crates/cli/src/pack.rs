@@ -434,6 +434,9 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
         }) if !ignored.is_empty() => {
             failed.retain(|name| !ignored.contains(name));
             match failed.is_empty() {
+                true if ignored.len() == total && tool.fails_when_all_ignored() => {
+                    return no_input_left(common);
+                }
                 true => Ok(()),
                 false => Err(Error::Failed {
                     failed,
@@ -450,6 +453,9 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
         Err(e) if hooks.ignores(&e) => {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));
+            }
+            if tool.fails_when_all_ignored() {
+                return no_input_left(common);
             }
         }
         Err(e) if e.is_warning() => {
@@ -477,6 +483,15 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
         return self::warned(common, crate::Tool::invoked().warning_status(None));
     }
     Ok(())
+}
+
+/// The end of a run whose every input was passed over, where the tool
+/// fails for it (zstd: status 1).
+fn no_input_left(common: &CommonArgs) -> Result<()> {
+    if !common.quiet {
+        errln!("{}: no input left to take", crate::prog());
+    }
+    Err(crate::Warned(1).into())
 }
 
 /// The end of a run that warned with exit status `status`: none with

@@ -1395,6 +1395,49 @@ fn recursion_says_what_it_leaves_as_gzip_r_does() {
     }
 }
 
+/// zstd passes over a symbolic link with a warning (none under -q), named
+/// or met by -r, and fails only when no input is left (the link failed
+/// for every link, status 1 where zstd exits 0).
+#[test]
+fn zstd_passes_over_symbolic_links_as_zstd() {
+    if !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let link = dir.path().join("zstd");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let cases: [&[&str]; 6] = [
+        &["link", "a"],
+        &["-q", "link", "a"],
+        &["link"],
+        &["-q", "link"],
+        &["-r", "d"],
+        &["-q", "-r", "d"],
+    ];
+    for (i, args) in cases.iter().enumerate() {
+        let mut seen = vec![];
+        for (side, exe) in [("peer", Path::new("zstd")), ("link", link.as_path())] {
+            let root = dir.path().join(format!("{side}{i}"));
+            std::fs::create_dir_all(root.join("d")).unwrap();
+            std::fs::write(root.join("a"), b"a\n").unwrap();
+            std::fs::write(root.join("d/b"), b"b\n").unwrap();
+            std::os::unix::fs::symlink("a", root.join("link")).unwrap();
+            std::os::unix::fs::symlink("b", root.join("d/l")).unwrap();
+            let out = std::process::Command::new(exe)
+                .args(*args)
+                .current_dir(&root)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            seen.push((out.status.code(), out.stderr.is_empty(), tree(&root)));
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "zstd {args:?}: (status, silent, files) of zstd, of the link"
+        );
+    }
+}
+
 /// lz4 -r packs the files under a directory, beside the inputs, as lz4
 /// does (the link took -r as -m alone and refused the directory).
 #[test]
