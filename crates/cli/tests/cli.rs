@@ -1395,6 +1395,14 @@ fn recursion_says_what_it_leaves_as_gzip_r_does() {
     }
 }
 
+/// The tool `tool` and cairn's link of that name (in `dir`), each with the
+/// name of its side.
+fn tool_and_link(dir: &Path, tool: &str) -> [(&'static str, PathBuf); 2] {
+    let link = dir.join(tool);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    [("peer", PathBuf::from(tool)), ("link", link)]
+}
+
 /// zstd passes over a symbolic link with a warning (none under -q), named
 /// or met by -r, and fails only when no input is left (the link failed
 /// for every link, status 1 where zstd exits 0).
@@ -1404,8 +1412,7 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
         return;
     }
     let dir = tempdir();
-    let link = dir.path().join("zstd");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let sides = tool_and_link(dir.path(), "zstd");
     let cases: [&[&str]; 6] = [
         &["link", "a"],
         &["-q", "link", "a"],
@@ -1416,7 +1423,7 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     ];
     for (i, args) in cases.iter().enumerate() {
         let mut seen = vec![];
-        for (side, exe) in [("peer", Path::new("zstd")), ("link", link.as_path())] {
+        for (side, exe) in &sides {
             let root = dir.path().join(format!("{side}{i}"));
             std::fs::create_dir_all(root.join("d")).unwrap();
             std::fs::write(root.join("a"), b"a\n").unwrap();
@@ -1446,11 +1453,10 @@ fn lz4_r_takes_the_files_under_directories() {
         return;
     }
     let dir = tempdir();
-    let link = dir.path().join("lz4");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let sides = tool_and_link(dir.path(), "lz4");
     for args in [&["-r", "-q"][..], &["-rq"], &["-d", "-r", "-q"]] {
         let mut trees = vec![];
-        for (side, exe) in [("peer", Path::new("lz4")), ("link", link.as_path())] {
+        for (side, exe) in &sides {
             let root = dir.path().join(format!("{side}{}", args.concat()));
             std::fs::create_dir_all(root.join("sub")).unwrap();
             std::fs::write(root.join("a"), mixed(20_000, 5)).unwrap();
