@@ -194,9 +194,10 @@ pub(crate) struct CommonArgs {
     #[arg(short = 'S', long = "suffix", value_name = "SUF")]
     pub suffix: Option<std::ffi::OsString>,
     /// Take the files in directories, and in their subdirectories, as
-    /// gzip -r does (symbolic links are not followed; when packing, names
-    /// with the suffix already are skipped, when unpacking names without a
-    /// known one).
+    /// gzip -r does (a symbolic link is left alone unless -f, -c, -t or -l
+    /// reads through it, a FIFO or device is never read; when packing,
+    /// names with the suffix already are skipped, when unpacking names
+    /// without a known one).
     #[arg(short = 'r', long = "recursive")]
     pub recursive: bool,
     /// Overwrite existing output files; write compressed data to a terminal.

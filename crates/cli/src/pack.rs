@@ -432,10 +432,14 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
             data_errors,
             outputs_in_way,
         }) if !ignored.is_empty() => {
-            failed.retain(|name| !ignored.contains(name));
+            let left_alone: std::collections::HashSet<&String> = ignored.iter().collect();
+            failed.retain(|name| !left_alone.contains(name));
             match failed.is_empty() {
-                true if ignored.len() == total && tool.fails_when_all_ignored() => {
-                    return no_input_left(common);
+                true if ignored.len() == total
+                    && tool.fails_when_all_ignored()
+                    && !common.recursive =>
+                {
+                    return no_input_left();
                 }
                 true => Ok(()),
                 false => Err(Error::Failed {
@@ -454,8 +458,8 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));
             }
-            if tool.fails_when_all_ignored() {
-                return no_input_left(common);
+            if tool.fails_when_all_ignored() && !common.recursive {
+                return no_input_left();
             }
         }
         Err(e) if e.is_warning() => {
@@ -485,12 +489,10 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
     Ok(())
 }
 
-/// The end of a run whose every input was passed over, where the tool
-/// fails for it (zstd: status 1).
-fn no_input_left(common: &CommonArgs) -> Result<()> {
-    if !common.quiet {
-        errln!("{}: no input left to take", crate::prog());
-    }
+/// The end of a run whose every named input was passed over, where the
+/// tool fails for it without another word (zstd: status 1; with -r, which
+/// it counts before it walks the directories, 0).
+fn no_input_left() -> Result<()> {
     Err(crate::Warned(1).into())
 }
 

@@ -165,6 +165,9 @@ pub(crate) fn plan(
     // zstd -dr names them as failed inputs.
     let names_outputs = check_only || (opts.output.is_none() && !opts.stdout);
     let wanted = |p: &Path| !names_outputs || opts.walk_reports_unnamed || name_output(p).is_ok();
+    // Outputs named from their inputs: a link is then left alone, as
+    // when named (gzip -rc, -rt and -rl read through it).
+    let outputs_named = !check_only && !opts.stdout && opts.output.is_none();
     let mut inputs: Vec<(String, Result<Source>)> = Vec::new();
     if opts.files.is_empty() {
         inputs.push((Source::Stdin.name(), Ok(Source::Stdin)));
@@ -178,7 +181,7 @@ pub(crate) fn plan(
                 let link = std::fs::symlink_metadata(p).is_ok_and(|m| m.is_symlink());
                 match link && !opts.force {
                     true => inputs.push((source.name(), Err(symlink_input(opts)))),
-                    false => walk(p, &wanted, opts, &mut inputs),
+                    false => walk(p, &wanted, opts, outputs_named, &mut inputs),
                 }
             }
             _ => inputs.push((source.name(), Ok(source))),
@@ -353,15 +356,19 @@ fn special_mode_allows(opts: &Options, meta: &std::fs::Metadata) -> Result<()> {
 }
 
 /// The regular files under directory `dir` that `wanted` takes, in name
-/// order, depth first, as inputs. As with gzip -r, a symbolic link is an
-/// input left alone with its error (with `-f`, one to a regular file is
-/// read through; one to a directory is never followed), a special file a
-/// warning and never read, and a directory that cannot be read an input
-/// that failed.
+/// order, depth first, as inputs. As with gzip -r, where outputs are
+/// named from inputs (`outputs_named`) a symbolic link is an input left
+/// alone with its error, unless `-f`; else, or with `-f`, one to a
+/// regular file is read through, one to a directory is never followed (a
+/// tree may link to itself), one to anything else is a special file. A
+/// special file is never read: a warning where outputs are named, passed
+/// over without a word under -c, -t and -l. A directory that cannot be
+/// read is an input that failed.
 fn walk(
     dir: &Path,
     wanted: &dyn Fn(&Path) -> bool,
     opts: &Options,
+    outputs_named: bool,
     inputs: &mut Vec<(String, Result<Source>)>,
 ) {
     let entries = std::fs::read_dir(dir).and_then(|rd| {
@@ -383,14 +390,25 @@ fn walk(
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     for (path, kind) in entries {
         let source = Source::File(path.clone());
+        // What a link points to (`None`: nothing).
+        let target = kind
+            .is_symlink()
+            .then(|| std::fs::metadata(&path).ok())
+            .flatten();
         if kind.is_dir() {
-            walk(&path, wanted, opts, inputs);
-        } else if kind.is_symlink() && !opts.force {
+            walk(&path, wanted, opts, outputs_named, inputs);
+        } else if kind.is_symlink() && outputs_named && !opts.force {
             inputs.push((source.name(), Err(symlink_input(opts))));
-        } else if kind.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
-            tracing::debug!(path = %path.display(), "-r follows no link to other than a file");
-        } else if !kind.is_file() && !kind.is_symlink() {
-            inputs.push((source.name(), Err(Error::NotRegularInTree)));
+        } else if target.as_ref().is_some_and(|m| m.is_dir()) {
+            tracing::debug!(path = %path.display(), "-r follows no link to a directory");
+        } else if target.as_ref().is_some_and(|m| !m.is_file())
+            || !kind.is_file() && !kind.is_symlink()
+        {
+            // gzip -rc, -rt and -rl say nothing of it.
+            match outputs_named {
+                true => inputs.push((source.name(), Err(Error::NotRegularInTree))),
+                false => tracing::debug!(path = %path.display(), "-r reads no special file"),
+            }
         } else if wanted(&path) {
             inputs.push((source.name(), Ok(source)));
         } else {
