@@ -23,11 +23,9 @@ pub(crate) struct EngineHooks {
     /// Say no notes (`-q`).
     pub quiet: bool,
     /// The tool cairn runs as, if a link: what its `-q` hides
-    /// ([`crate::Tool::quiet_hides`]).
-    pub tool: Option<crate::Tool>,
-    /// Names of the inputs that failed in a way that is no failure
+    /// ([`crate::Tool::quiet_hides`]) and what it passes over
     /// ([`crate::Tool::ignores`]).
-    pub ignored: std::sync::Mutex<Vec<String>>,
+    pub tool: Option<crate::Tool>,
 }
 
 impl EngineHooks {
@@ -39,7 +37,6 @@ impl EngineHooks {
             force_progress: false,
             quiet: true,
             tool: None,
-            ignored: Default::default(),
         }
     }
 
@@ -77,14 +74,12 @@ impl Hooks for EngineHooks {
         crate::signals::guard_mapped_input();
     }
     fn input_failed(&self, error: &Error) {
-        if let (true, Error::Input { input, .. }) = (self.ignores(error), error) {
-            if let Ok(mut ignored) = self.ignored.lock() {
-                ignored.push(input.clone());
-            }
-        }
         if !self.hides(error) {
             errln!("{}: {}", crate::prog(), crate::one_line(error));
         }
+    }
+    fn passes_over(&self, error: &Error) -> bool {
+        self.ignores(error)
     }
     fn note(&self, input: &Path, message: &str) {
         if !self.quiet {
@@ -245,7 +240,6 @@ fn hooks(common: &CommonArgs) -> EngineHooks {
         force_progress: common.progress,
         quiet: common.quiet,
         tool: crate::Tool::link(),
-        ignored: Default::default(),
     }
 }
 
@@ -421,39 +415,12 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
     // An input left alone (no known suffix, an output in the way...) is
     // said as an error is, with gzip's exit status 2 when that is all.
     let tool = crate::Tool::invoked();
-    // Inputs left alone that are no failure (gzip's names with the suffix
-    // already, or with none under -q) are not counted as failed.
-    let ignored = hooks.ignored.lock().map(|v| v.clone()).unwrap_or_default();
-    let outcome = match run.outcome {
-        Err(Error::Failed {
-            mut failed,
-            total,
-            warnings_only,
-            data_errors,
-            outputs_in_way,
-        }) if !ignored.is_empty() => {
-            let left_alone: std::collections::HashSet<&String> = ignored.iter().collect();
-            failed.retain(|name| !left_alone.contains(name));
-            match failed.is_empty() {
-                true if ignored.len() == total
-                    && tool.fails_when_all_ignored()
-                    && !common.recursive =>
-                {
-                    return no_input_left();
-                }
-                true => Ok(()),
-                false => Err(Error::Failed {
-                    failed,
-                    total,
-                    warnings_only,
-                    data_errors,
-                    outputs_in_way,
-                }),
-            }
-        }
-        other => other,
-    };
-    match outcome {
+    // Inputs passed over are no failure (gzip's names with the suffix
+    // already, or with none under -q); zstd fails when that was all.
+    if run.all_passed_over && tool.fails_when_all_ignored() && !common.recursive {
+        return no_input_left();
+    }
+    match run.outcome {
         Err(e) if hooks.ignores(&e) => {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));

@@ -114,6 +114,9 @@ pub struct Run {
     /// `Ok`, the error of the one input, or [`Error::Failed`] naming every
     /// input of several that failed.
     pub outcome: Result<()>,
+    /// Whether there were several inputs and every one was passed over
+    /// ([`Hooks::passes_over`]): nothing was done, nothing failed.
+    pub all_passed_over: bool,
 }
 
 /// The threads a run uses: 0 is one per core, as zstd's and xz's `-T0`.
@@ -428,12 +431,14 @@ fn any_planned(plans: &[(String, Result<Plan>)], f: impl Fn(&Plan) -> bool) -> b
 /// naming every input that failed.
 fn run_all(
     plans: Vec<(String, Result<Plan>)>,
+    data_on_stdout: bool,
     hooks: &dyn Hooks,
     mut one: impl FnMut(&Plan) -> Result<Summary>,
-) -> (Vec<Summary>, Result<()>) {
+) -> Run {
     let total = plans.len();
     let mut summaries = Vec::new();
     let mut failed: Vec<(String, Error)> = Vec::new();
+    let mut passed_over = 0;
     for (name, plan) in plans {
         if let Ok(p) = &plan {
             tracing::debug!(input = %name, output = ?p.dest, remove_input = p.remove_input, "planned");
@@ -445,17 +450,26 @@ fn run_all(
                     input: name.clone(),
                     source: Box::new(e),
                 };
-                if total > 1 {
-                    hooks.input_failed(&e);
+                if total == 1 {
+                    // One input: its own error is the run's.
+                    return Run {
+                        summaries,
+                        data_on_stdout,
+                        outcome: Err(e),
+                        all_passed_over: false,
+                    };
                 }
-                failed.push((name, e));
+                hooks.input_failed(&e);
+                if hooks.passes_over(&e) {
+                    passed_over += 1;
+                } else {
+                    failed.push((name, e));
+                }
             }
         }
     }
     let outcome = match failed.len() {
         0 => Ok(()),
-        // One input: its own error is the run's.
-        _ if total == 1 => Err(failed.remove(0).1),
         _ => Err(Error::Failed {
             warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
             data_errors: failed.iter().any(|(_, e)| e.is_data_error()),
@@ -466,7 +480,12 @@ fn run_all(
             total,
         }),
     };
-    (summaries, outcome)
+    Run {
+        summaries,
+        data_on_stdout,
+        outcome,
+        all_passed_over: total > 1 && passed_over == total,
+    }
 }
 
 fn open_sink<'h>(plan: &Plan, force: bool, binary: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
@@ -668,12 +687,9 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
     };
     tracing::debug!(%format, level, block, encode = ?pack.encode, rsyncable = pack.rsyncable,
         threads, inputs = plans.len(), "pack");
-    let (summaries, outcome) = run_all(plans, hooks, |plan| pack_one(plan, &settings, hooks));
-    Ok(Run {
-        summaries,
-        data_on_stdout,
-        outcome,
-    })
+    Ok(run_all(plans, data_on_stdout, hooks, |plan| {
+        pack_one(plan, &settings, hooks)
+    }))
 }
 
 /// Whether a name says its file is compressed already, as zstd's
@@ -751,16 +767,11 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     tracing::debug!(mode = ?unpack.mode, threads, inputs = plans.len(), "unpack");
     if let Some(range) = unpack.range {
         refuse_range(opts, unpack, plans.len())?;
-        let (summaries, outcome) = run_all(plans, hooks, |plan| {
+        return Ok(run_all(plans, data_on_stdout, hooks, |plan| {
             range_one(plan, threads, opts.force, unpack, range, hooks)
-        });
-        return Ok(Run {
-            summaries,
-            data_on_stdout,
-            outcome,
-        });
+        }));
     }
-    let (summaries, outcome) = run_all(plans, hooks, |plan| {
+    Ok(run_all(plans, data_on_stdout, hooks, |plan| {
         unpack_one(
             plan,
             threads,
@@ -772,12 +783,7 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
             unpack,
             hooks,
         )
-    });
-    Ok(Run {
-        summaries,
-        data_on_stdout,
-        outcome,
-    })
+    }))
 }
 
 /// A pack's settings, resolved once for every input.
@@ -1972,6 +1978,60 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 4, "{names:?}");
+    }
+
+    #[test]
+    fn inputs_the_hooks_pass_over_are_said_but_not_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("a"), b"a").unwrap();
+        std::fs::write(path("b"), b"b").unwrap();
+        std::fs::write(path("c.zst"), b"not zstd").unwrap();
+
+        /// Passes over names with no suffix to take off, and counts what
+        /// it is told.
+        #[derive(Default)]
+        struct PassOver(std::sync::Mutex<usize>);
+        impl Hooks for PassOver {
+            fn input_failed(&self, _error: &Error) {
+                *self.0.lock().unwrap() += 1;
+            }
+            fn passes_over(&self, error: &Error) -> bool {
+                matches!(error.inner(), Error::UnknownSuffix)
+            }
+        }
+        let unpack_all = |names: &[&str]| {
+            let inputs: Vec<PathBuf> = names.iter().map(|n| path(n)).collect();
+            let inputs: Vec<&Path> = inputs.iter().map(PathBuf::as_path).collect();
+            let hooks = PassOver::default();
+            let run = unpack(&opts(&inputs), &UnpackOptions::default(), &hooks).unwrap();
+            (run, hooks.0.into_inner().unwrap())
+        };
+        // Every input passed over: said, nothing failed, and the run knows.
+        let (run, said) = unpack_all(&["a", "b"]);
+        assert_eq!(said, 2);
+        assert!(run.outcome.is_ok() && run.all_passed_over, "{run:?}");
+        // One passed over, one failed: only the failure is counted, and the
+        // run is judged by it alone (an error, not a warning).
+        let (run, said) = unpack_all(&["a", "c.zst"]);
+        assert_eq!(said, 2);
+        assert!(!run.all_passed_over);
+        match run.outcome {
+            Err(Error::Failed {
+                failed,
+                total: 2,
+                warnings_only: false,
+                data_errors: true,
+                ..
+            }) => assert_eq!(failed, [path("c.zst").display().to_string()]),
+            other => panic!("{other:?}"),
+        }
+        // One input: its error is the run's, for the caller to judge.
+        let (run, said) = unpack_all(&["a"]);
+        assert_eq!(said, 0);
+        assert!(!run.all_passed_over);
+        assert!(matches!(run.outcome, Err(ref e) if matches!(e.inner(), Error::UnknownSuffix)));
+        assert!(path("a").exists() && path("b").exists() && path("c.zst").exists());
     }
 
     #[test]

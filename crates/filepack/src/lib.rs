@@ -363,6 +363,15 @@ pub trait Hooks: Sync {
     /// An input of a run of several failed; the run goes on. (With one
     /// input, its error is the run's outcome and is not reported here.)
     fn input_failed(&self, _error: &Error) {}
+    /// Whether an input that failed with `error` is passed over rather
+    /// than failed: said through [`Hooks::input_failed`] as any failure,
+    /// but not counted in [`Error::Failed`] (gzip leaves a name that has
+    /// its suffix already and exits 0; zstd passes over a symbolic link).
+    /// With one input its error is still the run's outcome, for the
+    /// caller to judge.
+    fn passes_over(&self, _error: &Error) -> bool {
+        false
+    }
     /// Something to say about input `input` that changes nothing in the
     /// outcome (bzip2's "using NAME.out").
     fn note(&self, _input: &Path, _message: &str) {}
