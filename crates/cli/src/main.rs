@@ -212,7 +212,8 @@ pub(crate) struct CommonArgs {
         overrides_with = "output"
     )]
     pub stdout: bool,
-    /// Write to this file (one input only).
+    /// Write to this file (several inputs: with -f, all into it, one
+    /// after another, as zstd does).
     #[arg(
         short = 'o',
         long = "output",

@@ -1414,12 +1414,107 @@ fn recursion_says_what_it_leaves_as_gzip_r_does() {
     assert_eq!(out.stdout, b"hi\nhi\n");
 }
 
+/// `exe ARGS` run in `dir` with nothing on its standard input.
+fn tool_in<I, A>(dir: &Path, exe: impl AsRef<std::ffi::OsStr>, args: I) -> std::process::Output
+where
+    I: IntoIterator<Item = A>,
+    A: AsRef<std::ffi::OsStr>,
+{
+    std::process::Command::new(exe)
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
 /// The tool `tool` and cairn's link of that name (in `dir`), each with the
 /// name of its side.
 fn tool_and_link(dir: &Path, tool: &str) -> [(&'static str, PathBuf); 2] {
     let link = dir.join(tool);
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
     [("peer", PathBuf::from(tool)), ("link", link)]
+}
+
+/// `zstd -f -o OUT A B` writes both inputs into OUT, one after the other,
+/// and keeps them; without -f it refuses (status 1, no OUT); `-d` joins
+/// what it unpacks the same way. cairn refused every such run. Where OUT
+/// is one of the inputs (`-f -o a a b`) zstd writes over that input;
+/// cairn refuses and changes nothing.
+#[test]
+fn zstd_o_joins_several_inputs_into_one_output_as_zstd() {
+    if !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "zstd");
+    let (a, b) = (mixed(200_000, 81), mixed(50_000, 82));
+    let joined = crc32fast::hash(&[a.clone(), b.clone()].concat());
+    let cases: [(&[&str], Option<u32>); 6] = [
+        (&["-q", "-o", "out.zst", "a", "b"], None),
+        (&["-q", "-f", "-o", "out.zst", "a", "b"], Some(joined)),
+        // With --rm the inputs stay all the same ("a destructive
+        // operation", zstd says).
+        (
+            &["-q", "-f", "--rm", "-o", "out.zst", "a", "b"],
+            Some(joined),
+        ),
+        (
+            &["-q", "-d", "-f", "-o", "out", "a.zst", "b.zst"],
+            Some(joined),
+        ),
+        (&["-q", "-d", "-o", "out", "a.zst", "b.zst"], None),
+        (&["-q", "-f", "-o", "a", "a", "b"], None),
+    ];
+    for (i, (args, want)) in cases.iter().enumerate() {
+        let mut seen = vec![];
+        for (side, exe) in &sides {
+            let root = dir.path().join(format!("{side}{i}"));
+            std::fs::create_dir_all(&root).unwrap();
+            for (name, data) in [("a", &a), ("b", &b)] {
+                std::fs::write(root.join(name), data).unwrap();
+                let packed = std::process::Command::new("zstd")
+                    .args(["-q", "-k", name])
+                    .current_dir(&root)
+                    .status()
+                    .unwrap();
+                assert!(packed.success());
+            }
+            let out = tool_in(&root, exe, *args);
+            // The CRC of what the output holds, unpacked when packed
+            // (cairn's frames are not zstd's); whether every input is
+            // there as it was.
+            let name = args[args.len() - 3];
+            let written =
+                std::fs::read(root.join(name))
+                    .ok()
+                    .map(|bytes| match name.ends_with(".zst") {
+                        true => crc32fast::hash(&zstd::decode_all(bytes.as_slice()).unwrap()),
+                        false => crc32fast::hash(&bytes),
+                    });
+            let inputs_kept = [("a", &a), ("b", &b)]
+                .iter()
+                .all(|(n, data)| std::fs::read(root.join(n)).ok().as_ref() == Some(*data))
+                && root.join("a.zst").exists()
+                && root.join("b.zst").exists();
+            seen.push((out.status.code(), written, inputs_kept));
+        }
+        if args[args.len() - 3] == "a" {
+            // zstd replaced its input a; cairn leaves it and fails.
+            assert_eq!(seen[0].0, Some(0), "zstd {args:?}: zstd's run");
+            assert_eq!(
+                seen[1],
+                (Some(1), Some(crc32fast::hash(&a)), true),
+                "zstd {args:?}: the link's run"
+            );
+            continue;
+        }
+        assert_eq!(seen[0], seen[1], "zstd {args:?}: zstd's run, the link's");
+        match want {
+            Some(want) => assert_eq!(seen[0].1, Some(*want), "zstd {args:?}"),
+            None => assert_ne!(seen[0].0, Some(0), "zstd {args:?}"),
+        }
+    }
 }
 
 /// zstd passes over a symbolic link with a warning (none under -q), named
@@ -1455,12 +1550,7 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
             std::os::unix::fs::symlink("b", root.join("d/l")).unwrap();
             std::fs::create_dir(root.join("e")).unwrap();
             std::os::unix::fs::symlink("../a", root.join("e/l")).unwrap();
-            let out = std::process::Command::new(exe)
-                .args(*args)
-                .current_dir(&root)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .unwrap();
+            let out = tool_in(&root, exe, *args);
             // What is said of the links, not zstd's lines of progress
             // (nor its word that no input was left, which cairn does not
             // print: the status says it).

@@ -141,12 +141,18 @@ pub(crate) struct Plan {
     pub(crate) named: bool,
     /// Make the output durable before the input goes (`--synchronous`).
     pub(crate) synchronous: bool,
+    /// For [`Dest::Joined`]: the output, opened once by [`run_all`].
+    pub(crate) joined: Option<Arc<std::fs::File>>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Dest {
     Stdout,
     File(PathBuf),
+    /// The one output every input of the run is written into in turn
+    /// (`-f -o OUT A B`, as zstd joins them): opened once for the run,
+    /// each input's output written on at its end, no input removed.
+    Joined(PathBuf),
     /// Decoded only to be checked (`-t`) or counted (`-l`).
     Nowhere,
 }
@@ -190,8 +196,22 @@ pub(crate) fn plan(
             _ => inputs.push((source.name(), Ok(source))),
         }
     }
-    if opts.output.is_some() && inputs.len() > 1 {
+    // Several inputs into one output: their outputs are joined in it,
+    // which keeps none of their names, so only when forced (as zstd).
+    let joined = opts.output.is_some() && inputs.len() > 1;
+    if joined && (check_only || !opts.force) {
         return Err(Error::OneOutputManyInputs(inputs.len()));
+    }
+    // An input the joined output would replace (`-f -o a a b`) stops
+    // the run: the output is renamed over it when all are done.
+    if let (true, Some(out)) = (joined, &opts.output) {
+        for (_, source) in &inputs {
+            if let Ok(Source::File(src)) = source {
+                if std::fs::metadata(src).is_ok_and(|m| m.is_file()) && same_file(src, out) {
+                    return Err(Error::OutputIsInput(out.clone()));
+                }
+            }
+        }
     }
     if opts.output.is_some() && opts.stdout {
         return Err(Error::OutputAndStdout);
@@ -206,6 +226,7 @@ pub(crate) fn plan(
             let dest = match (&source, &opts.output) {
                 _ if check_only => Ok((Dest::Nowhere, false)),
                 (_, Some(out)) if out.as_os_str() == "-" => Ok((Dest::Stdout, false)),
+                (_, Some(out)) if joined => Ok((Dest::Joined(out.clone()), false)),
                 (Source::File(_), Some(out)) => Ok((Dest::File(out.clone()), !opts.keep)),
                 (Source::Stdin, Some(out)) => Ok((Dest::File(out.clone()), false)),
                 (Source::Stdin, None) => Ok((Dest::Stdout, false)),
@@ -241,7 +262,7 @@ pub(crate) fn plan(
             let dest = dest.and_then(
                 |(dest, remove)| match (&source, &dest, remove && !special) {
                     // Writing the output would destroy the input (`-f -o x x`).
-                    (Source::File(src), Dest::File(out), _)
+                    (Source::File(src), Dest::File(out) | Dest::Joined(out), _)
                         if std::fs::metadata(src).is_ok_and(|m| m.is_file())
                             && same_file(src, out) =>
                     {
@@ -264,6 +285,7 @@ pub(crate) fn plan(
                 remove_input,
                 named: opts.output.is_some(),
                 synchronous: opts.synchronous,
+                joined: None,
             });
             (name, plan)
         })
@@ -439,6 +461,18 @@ fn run_all(
     let mut summaries = Vec::new();
     let mut failed: Vec<(String, Error)> = Vec::new();
     let mut passed_over = 0;
+    let mut plans = plans;
+    let joined = match JoinedOutput::open(&mut plans, hooks) {
+        Ok(joined) => joined,
+        Err(e) => {
+            return Run {
+                summaries,
+                data_on_stdout,
+                outcome: Err(e),
+                all_passed_over: false,
+            }
+        }
+    };
     for (name, plan) in plans {
         if let Ok(p) = &plan {
             tracing::debug!(input = %name, output = ?p.dest, remove_input = p.remove_input, "planned");
@@ -468,8 +502,15 @@ fn run_all(
             }
         }
     }
-    let outcome = match failed.len() {
-        0 => Ok(()),
+    // The joined output holds what the inputs gave, the failed ones' too
+    // (as zstd writes them), unless none gave anything.
+    let committed = match joined {
+        Some(out) if !summaries.is_empty() => out.commit(),
+        _ => Ok(()),
+    };
+    let outcome = match (failed.len(), committed) {
+        (_, Err(e)) => Err(e),
+        (0, Ok(())) => Ok(()),
         _ => Err(Error::Failed {
             warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
             data_errors: failed.iter().any(|(_, e)| e.is_data_error()),
@@ -488,10 +529,59 @@ fn run_all(
     }
 }
 
+/// The output of a run whose inputs are all written into it
+/// ([`Dest::Joined`]): a new file, renamed into place when the run is done.
+struct JoinedOutput<'h> {
+    sink: Sink<'h>,
+}
+
+impl<'h> JoinedOutput<'h> {
+    /// Open the joined output the plans name, if they name one, and give
+    /// every plan that writes into it a handle on it.
+    fn open(plans: &mut [(String, Result<Plan>)], hooks: &'h dyn Hooks) -> Result<Option<Self>> {
+        let Some(path) = plans.iter().find_map(|(_, p)| match p {
+            Ok(Plan {
+                dest: Dest::Joined(path),
+                ..
+            }) => Some(path.clone()),
+            _ => None,
+        }) else {
+            return Ok(None);
+        };
+        // Forced, as joining is; a device or FIFO is written in place.
+        let mut sink = Sink::file(&path, true, true, hooks)?;
+        tracing::debug!(output = %path.display(), "every input's output joined in one");
+        let file = Arc::new(
+            sink.writer()
+                .try_clone()
+                .map_err(|source| Error::CreateOutput {
+                    action: "open",
+                    path: path.clone(),
+                    source,
+                })?,
+        );
+        for plan in plans.iter_mut().filter_map(|(_, p)| p.as_mut().ok()) {
+            if matches!(plan.dest, Dest::Joined(_)) {
+                plan.joined = Some(file.clone());
+            }
+        }
+        Ok(Some(JoinedOutput { sink }))
+    }
+
+    fn commit(self) -> Result<()> {
+        self.sink.commit()
+    }
+}
+
 fn open_sink<'h>(plan: &Plan, force: bool, binary: bool, hooks: &'h dyn Hooks) -> Result<Sink<'h>> {
     match &plan.dest {
         Dest::Stdout => Sink::stdout(force, binary),
         Dest::File(p) => Sink::file(p, force, plan.named, hooks),
+        Dest::Joined(p) => match &plan.joined {
+            Some(out) => Sink::joined(out, p),
+            // Not opened for a run: a file of its own.
+            None => Sink::file(p, force, plan.named, hooks),
+        },
         Dest::Nowhere => Sink::nowhere(),
     }
 }
@@ -1313,6 +1403,7 @@ fn unpack_one(
                 remove_input: plan.remove_input,
                 named: false,
                 synchronous: plan.synchronous,
+                joined: None,
             };
             &renamed_plan
         }
@@ -1749,6 +1840,7 @@ mod tests {
             remove_input: true,
             named: false,
             synchronous: false,
+            joined: None,
         };
         let before = std::fs::metadata(&f).unwrap();
         assert!(!changed_while_read(&plan, Some(&before), 10_000));

@@ -162,8 +162,9 @@ pub enum Error {
     /// More threads than [`crate::MAX_THREADS`].
     #[error("-T {0}: too many threads (at most 1024)")]
     TooManyThreads(usize),
-    /// One output was named for several inputs.
-    #[error("-o names one output, but {0} inputs were given")]
+    /// One output was named for several inputs, without `-f` to join
+    /// their outputs in it.
+    #[error("-o names one output for {0} inputs: -f writes them all into it, one after another, keeping none of their names")]
     OneOutputManyInputs(usize),
     /// Both an output file and stdout were asked for.
     #[error("-o and -c both name the output; choose one")]

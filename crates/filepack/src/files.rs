@@ -161,6 +161,18 @@ impl<'h> Sink<'h> {
         Ok(Sink::File(PendingFile::create(path, force, hooks)?))
     }
 
+    /// One input's part of an output the inputs of a run are all written
+    /// into (`out`, open for the run at `path`): written in place, at the
+    /// end of what the inputs before it wrote.
+    pub fn joined(out: &File, path: &Path) -> Result<Sink<'h>> {
+        let f = out.try_clone().map_err(|source| Error::CreateOutput {
+            action: "open",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Sink::Special(f, path.to_path_buf()))
+    }
+
     /// Output that is decoded only to be checked (`-t`, `-l`): /dev/null,
     /// written like any special file.
     pub fn nowhere() -> Result<Sink<'h>> {
