@@ -643,6 +643,9 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     if pigz {
         rest = or_exit(pigz_arguments(rest));
     }
+    if matches!(Tool::of(name), Tool::Xz | Tool::Bzip2) {
+        rest = or_exit(refuse_recursion(name, rest));
+    }
     if Tool::of(name) == Tool::Zstd {
         rest = or_exit(refuse_zstd_options(rest));
         rest = or_exit(zstd_hints_dropped(rest));
@@ -673,6 +676,35 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     }
     args.extend(rest);
     args
+}
+
+/// xz and bzip2 have no -r (`--recursive`): refused as they refuse it
+/// (status 1), where cairn's flags would take it and walk directories.
+fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    // xz's short options that take a value: the rest of the cluster.
+    let value_shorts = match Tool::of(name) {
+        Tool::Xz => "FCMT",
+        _ => "",
+    };
+    rewrite_words(args, |s, _, out| {
+        let recursion = match s.strip_prefix('-') {
+            Some("-recursive") => true,
+            Some(cluster) if !cluster.starts_with('-') => cluster
+                .chars()
+                .take_while(|c| !value_shorts.contains(*c))
+                .any(|c| c == 'r'),
+            _ => false,
+        };
+        match recursion {
+            true => Err(format!(
+                "{s}: no such option ({name} does not recurse into directories)"
+            )),
+            false => {
+                out.push(s.into());
+                Ok(())
+            }
+        }
+    })
 }
 
 /// pigz's short options that cairn spells otherwise: `-m` and `-T` (`--no-time`),
@@ -1970,6 +2002,34 @@ mod tests {
                 .collect()
         };
         xz_arguments(words(env), words(args)).map(|(e, r)| (strings(e), strings(r)))
+    }
+
+    #[test]
+    fn xz_and_bzip2_links_refuse_r() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        for refused in [&["-r"][..], &["-kr", "x"], &["--recursive"], &["-9rv"]] {
+            assert!(
+                refuse_recursion("xz", args(refused)).is_err(),
+                "{refused:?}"
+            );
+            assert!(
+                refuse_recursion("bzip2", args(refused)).is_err(),
+                "{refused:?}"
+            );
+        }
+        // A value after xz's -C, -F, -M or -T; a name after --.
+        for taken in [
+            &["-Ccrc32"][..],
+            &["-Fraw"],
+            &["-k", "--", "-r"],
+            &["-T2", "r"],
+        ] {
+            assert_eq!(
+                refuse_recursion("xz", args(taken)),
+                Ok(args(taken)),
+                "{taken:?}"
+            );
+        }
     }
 
     #[test]

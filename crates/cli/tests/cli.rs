@@ -1567,6 +1567,31 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     }
 }
 
+/// xz and bzip2 have no -r: they refuse it (status 1) and touch nothing;
+/// their links took cairn's -r and packed the tree.
+#[test]
+fn xz_and_bzip2_refuse_r_as_they_do() {
+    for tool in ["xz", "bzip2", "unxz", "bunzip2"] {
+        if !have(tool) {
+            continue;
+        }
+        let dir = tempdir();
+        let sides = tool_and_link(dir.path(), tool);
+        for args in [&["-r", "d"][..], &["-kr", "d"], &["--recursive", "d"]] {
+            let mut seen = vec![];
+            for (side, exe) in &sides {
+                let root = dir.path().join(format!("{side}{}", args.concat()));
+                std::fs::create_dir_all(root.join("d")).unwrap();
+                std::fs::write(root.join("d/a"), b"a\n").unwrap();
+                let out = tool_in(&root, exe, args);
+                seen.push((out.status.code(), tree(&root)));
+            }
+            assert_eq!(seen[0], seen[1], "{tool} {args:?}: the tool's, the link's");
+            assert_eq!(seen[0].0, Some(1), "{tool} {args:?}");
+        }
+    }
+}
+
 /// lz4 -r packs the files under a directory, beside the inputs, as lz4
 /// does (the link took -r as -m alone and refused the directory).
 #[test]
