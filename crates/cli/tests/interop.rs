@@ -1076,7 +1076,7 @@ fn one_foreign_gzip_member_from_a_file_is_inflated_in_parallel() {
 /// gunzip.
 #[test]
 fn cut_or_damaged_files_give_what_their_tools_give() {
-    let tools = ["gzip", "zstd", "xz", "lzop"];
+    let tools = ["gzip", "zstd", "xz", "lzop", "lz4"];
     if !tools.iter().all(|t| have(t)) {
         return;
     }
@@ -1116,6 +1116,13 @@ fn cut_or_damaged_files_give_what_their_tools_give() {
         ),
         ("xz", "lzma", run_ok("xz", &["--format=lzma", "-c"], &data)),
         ("lzop", "lzop", run_ok("lzop", &["-c"], &data)),
+        // 64 KiB blocks, without and with their checksums.
+        ("lz4", "lz4 -B4", run_ok("lz4", &["-B4", "-c"], &data)),
+        (
+            "lz4",
+            "lz4 -B4 -BX",
+            run_ok("lz4", &["-B4", "-BX", "-c"], &data),
+        ),
     ];
     for (tool, what, packed) in cases {
         let mut spoilt = vec![];

@@ -190,6 +190,9 @@ pub struct Splitter {
     /// Last 64 KiB of output of a linked-block frame.
     dict: Vec<u8>,
     frames: u64,
+    /// A cut or damage met after whole blocks of a unit: they go out
+    /// first, as lz4 writes them.
+    deferred: super::Deferred,
 }
 
 impl Splitter {
@@ -201,6 +204,7 @@ impl Splitter {
             started: false,
             dict: Vec::new(),
             frames: 0,
+            deferred: super::Deferred::default(),
         }
     }
 
@@ -368,58 +372,96 @@ impl Splitter {
         let mut comp = Vec::new();
         unit.kind = UnitKind::Plain;
         while unit.data.len() < PLAIN_UNIT {
-            let Some((word, size)) = self.block_header(ff, &mut end)? else {
-                self.frame = None;
-                break;
-            };
-            let off = self.input.offset();
-            self.input.consume(4);
-            comp.clear();
-            self.input.take(size, &mut comp, NAME)?;
-            if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
-                let want = le32(self.input.need(4, NAME)?, 0);
-                self.input.consume(4);
-                if xxh32(&comp) != want {
-                    return Err(CodecError::corrupt(NAME, off, "block checksum mismatch"));
-                }
-            }
             let at = unit.data.len();
-            if word & UNCOMPRESSED_BIT != 0 {
-                unit.data.extend_from_slice(&comp);
-            } else {
-                lz4_ffi::decompress_append(&comp, &mut unit.data, ff.max_block, &self.dict)
-                    .ok_or_else(|| CodecError::corrupt(NAME, off, "invalid LZ4 block"))?;
-            }
-            let produced = &unit.data[at..];
-            if produced.len() >= 64 << 10 {
-                self.dict.clear();
-                self.dict
-                    .extend_from_slice(&produced[produced.len() - (64 << 10)..]);
-            } else {
-                self.dict.extend_from_slice(produced);
-                let excess = self.dict.len().saturating_sub(64 << 10);
-                self.dict.drain(..excess);
+            match self.linked_block(ff, unit, &mut comp, &mut end) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.frame = None;
+                    break;
+                }
+                Err(e) if at > 0 => {
+                    unit.data.truncate(at);
+                    self.deferred.later(e);
+                    break;
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(end)
+    }
+
+    /// Decode the next block of a linked-block frame onto `unit`'s data;
+    /// `false` at the frame's end mark.
+    fn linked_block(
+        &mut self,
+        ff: FrameFlags,
+        unit: &mut Unit,
+        comp: &mut Vec<u8>,
+        end: &mut Option<u32>,
+    ) -> Result<bool> {
+        let Some((word, size)) = self.block_header(ff, end)? else {
+            return Ok(false);
+        };
+        let off = self.input.offset();
+        self.input.consume(4);
+        comp.clear();
+        self.input.take(size, comp, NAME)?;
+        if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
+            let want = le32(self.input.need(4, NAME)?, 0);
+            self.input.consume(4);
+            if xxh32(comp) != want {
+                return Err(CodecError::corrupt(NAME, off, "block checksum mismatch"));
+            }
+        }
+        let at = unit.data.len();
+        if word & UNCOMPRESSED_BIT != 0 {
+            unit.data.extend_from_slice(comp);
+        } else {
+            lz4_ffi::decompress_append(comp, &mut unit.data, ff.max_block, &self.dict)
+                .ok_or_else(|| CodecError::corrupt(NAME, off, "invalid LZ4 block"))?;
+        }
+        let produced = &unit.data[at..];
+        if produced.len() >= 64 << 10 {
+            self.dict.clear();
+            self.dict
+                .extend_from_slice(&produced[produced.len() - (64 << 10)..]);
+        } else {
+            self.dict.extend_from_slice(produced);
+            let excess = self.dict.len().saturating_sub(64 << 10);
+            self.dict.drain(..excess);
+        }
+        Ok(true)
     }
 
     fn independent_blocks(&mut self, ff: FrameFlags, unit: &mut Unit) -> Result<Option<u32>> {
         let mut end = None;
         let mut raw_bound = 0usize;
         unit.kind = UnitKind::Packed(u32::from(ff.flg) | (ff.max_block as u32));
+        let sum = if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
+            4
+        } else {
+            0
+        };
         while raw_bound < UNIT_TARGET && unit.data.len() < MAX_UNIT - ff.max_block - 8 {
-            let Some((_, size)) = self.block_header(ff, &mut end)? else {
-                self.frame = None;
-                break;
+            let whole = unit.data.len();
+            let step = match self.block_header(ff, &mut end) {
+                Ok(Some((_, size))) => self.input.take(4 + size + sum, &mut unit.data, NAME),
+                Ok(None) => {
+                    self.frame = None;
+                    break;
+                }
+                Err(e) => Err(e),
             };
-            let sum = if ff.flg & FLG_BLOCK_CHECKSUM != 0 {
-                4
-            } else {
-                0
-            };
-            self.input.take(4 + size + sum, &mut unit.data, NAME)?;
-            raw_bound += ff.max_block;
+            match step {
+                Ok(()) => raw_bound += ff.max_block,
+                // The whole blocks before a cut go out first.
+                Err(e) if whole > 0 => {
+                    unit.data.truncate(whole);
+                    self.deferred.later(e);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
         }
         unit.raw_len = raw_bound;
         Ok(end)
@@ -428,6 +470,7 @@ impl Splitter {
 
 impl super::Splitter for Splitter {
     fn next_unit(&mut self, unit: &mut Unit) -> Result<bool> {
+        self.deferred.take()?;
         loop {
             let ff = match self.frame {
                 Some(ff) => ff,
@@ -477,36 +520,53 @@ impl super::UnitDecoder for Decoder {
             pass_plain(unit, out);
             return Ok(());
         };
-        let sums = flg as u8 & FLG_BLOCK_CHECKSUM != 0;
-        let max_block = (flg & !0xFF) as usize;
-        let data = &unit.data;
-        out.reserve(unit.raw_len);
-        let mut i = 0;
-        while i < data.len() {
-            let word = le32(data, i);
-            let size = (word & !UNCOMPRESSED_BIT) as usize;
-            let body = &data[i + 4..i + 4 + size];
-            let block_off = unit.offset + i as u64;
-            if sums {
-                let want = le32(data, i + 4 + size);
-                if xxh32(body) != want {
-                    return Err(CodecError::corrupt(
-                        NAME,
-                        block_off,
-                        "block checksum mismatch",
-                    ));
-                }
-            }
-            if word & UNCOMPRESSED_BIT != 0 {
-                out.extend_from_slice(body);
-            } else {
-                lz4_ffi::decompress_append(body, out, max_block, &[])
-                    .ok_or_else(|| CodecError::corrupt(NAME, block_off, "invalid LZ4 block"))?;
-            }
-            i += 4 + size + if sums { 4 } else { 0 };
-        }
-        Ok(())
+        blocks(unit, flg, out, &mut 0)
     }
+
+    /// The blocks before the first damaged one, as lz4 writes them.
+    fn salvage(&mut self, unit: &Unit, out: &mut Vec<u8>) {
+        if let UnitKind::Packed(flg) = unit.kind {
+            let mut whole = out.len();
+            if blocks(unit, flg, out, &mut whole).is_err() {
+                out.truncate(whole);
+            }
+        }
+    }
+}
+
+/// Decode the unit's blocks into `out`, checking their sums where the
+/// frame has them; `whole` is moved to the end of each block decoded.
+fn blocks(unit: &Unit, flg: u32, out: &mut Vec<u8>, whole: &mut usize) -> Result<()> {
+    let sums = flg as u8 & FLG_BLOCK_CHECKSUM != 0;
+    let max_block = (flg & !0xFF) as usize;
+    let data = &unit.data;
+    out.reserve(unit.raw_len);
+    let mut i = 0;
+    while i < data.len() {
+        let word = le32(data, i);
+        let size = (word & !UNCOMPRESSED_BIT) as usize;
+        let body = &data[i + 4..i + 4 + size];
+        let block_off = unit.offset + i as u64;
+        if sums {
+            let want = le32(data, i + 4 + size);
+            if xxh32(body) != want {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    block_off,
+                    "block checksum mismatch",
+                ));
+            }
+        }
+        if word & UNCOMPRESSED_BIT != 0 {
+            out.extend_from_slice(body);
+        } else {
+            lz4_ffi::decompress_append(body, out, max_block, &[])
+                .ok_or_else(|| CodecError::corrupt(NAME, block_off, "invalid LZ4 block"))?;
+        }
+        *whole = out.len();
+        i += 4 + size + if sums { 4 } else { 0 };
+    }
+    Ok(())
 }
 
 #[cfg(test)]

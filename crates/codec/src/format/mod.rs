@@ -862,8 +862,8 @@ pub(crate) fn pass_plain(unit: &mut Unit, out: &mut Vec<u8>) {
 }
 
 /// An error a splitter met after it had filled part of a unit (bytes it
-/// decoded itself, or whole lzop blocks), held back until that unit is
-/// handed out: gzip, xz, zstd and lzop write what they decoded before a
+/// decoded itself, or whole lzop or lz4 blocks), held back until that unit is
+/// handed out: gzip, xz, zstd, lzop and lz4 write what they decoded before a
 /// cut or damage (`gunzip -c` of a truncated dump keeps all it could
 /// read), and so does cairn. The error still comes, on the next call, so
 /// the run fails as theirs do.
