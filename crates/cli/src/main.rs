@@ -398,9 +398,14 @@ pub(crate) struct PackArgs {
     pub filters: Option<cairn_codec::format::xz_filters::FilterChain>,
     /// Most memory compressing may take (xz's --memlimit-compress): fewer
     /// threads are used where the settings need more on each (as
-    /// liblzma counts it); refused if one thread needs more.
+    /// liblzma counts it), and where one thread needs more, a smaller
+    /// dictionary, as xz adjusts it (said unless -q).
     #[arg(long = "memlimit-compress", value_name = "SIZE", value_parser = parse_size)]
     pub memlimit_compress: Option<usize>,
+    /// With --memlimit-compress, fail rather than shrink the dictionary
+    /// (xz's --no-adjust).
+    #[arg(long = "no-adjust")]
+    pub no_adjust: bool,
     /// Print cairn's license and exit (pigz's -L).
     #[arg(long = "license")]
     pub license: bool,
@@ -651,6 +656,9 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         rest = or_exit(zstd_hints_dropped(rest));
     }
     let mut from_env = or_exit(tool_variables(name));
+    if matches!(Tool::of(name), Tool::Xz | Tool::Bzip2) {
+        from_env = or_exit(refuse_recursion(name, from_env));
+    }
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
         use std::io::IsTerminal;
         let cat = name == "lz4cat";
@@ -681,29 +689,52 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
 /// xz and bzip2 have no -r (`--recursive`): refused as they refuse it
 /// (status 1), where cairn's flags would take it and walk directories.
 fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, String> {
-    // xz's short options that take a value: the rest of the cluster.
-    let value_shorts = match Tool::of(name) {
-        Tool::Xz => "FCMT",
-        _ => "",
+    // xz's options that take a value: the rest of a short cluster, or the
+    // next word (`-S .r`, `--suffix -r`); bzip2 has none.
+    let (value_shorts, value_longs): (&str, &[&str]) = match Tool::of(name) {
+        Tool::Xz => (
+            "FCMTS",
+            &[
+                "--suffix",
+                "--format",
+                "--check",
+                "--threads",
+                "--memlimit",
+                "--memlimit-compress",
+                "--memlimit-decompress",
+                "--memlimit-mt-decompress",
+                "--block-size",
+                "--block-list",
+                "--filters",
+            ],
+        ),
+        _ => ("", &[]),
     };
-    rewrite_words(args, |s, _, out| {
-        let recursion = match s.strip_prefix('-') {
-            Some("-recursive") => true,
-            Some(cluster) if !cluster.starts_with('-') => cluster
-                .chars()
-                .take_while(|c| !value_shorts.contains(*c))
-                .any(|c| c == 'r'),
-            _ => false,
-        };
-        match recursion {
-            true => Err(format!(
-                "{s}: no such option ({name} does not recurse into directories)"
-            )),
-            false => {
-                out.push(s.into());
-                Ok(())
+    rewrite_words(args, |s, rest, out| {
+        let (recursion, value_follows) = match s.strip_prefix('-') {
+            Some("-recursive") => (true, false),
+            Some(long) if long.starts_with('-') => (false, value_longs.contains(&s)),
+            Some(cluster) if !cluster.is_empty() => {
+                let before_value: String = cluster
+                    .chars()
+                    .take_while(|c| !value_shorts.contains(*c))
+                    .collect();
+                // A value option last in the cluster takes the next word.
+                let last_takes = cluster.len() == before_value.len() + 1;
+                (before_value.contains('r'), last_takes)
             }
+            _ => (false, false),
+        };
+        if recursion {
+            return Err(format!(
+                "{s}: no such option ({name} does not recurse into directories)"
+            ));
         }
+        out.push(s.into());
+        if value_follows {
+            out.extend(rest.next());
+        }
+        Ok(())
     })
 }
 
@@ -1256,9 +1287,6 @@ fn xz_arguments(
                 .filters()
                 .copied()
                 .collect();
-            return Ok(());
-        }
-        if s == "--no-adjust" {
             return Ok(());
         }
         if let Some(long) = s.strip_prefix("--") {
@@ -2022,6 +2050,11 @@ mod tests {
             &["-Ccrc32"][..],
             &["-Fraw"],
             &["-k", "--", "-r"],
+            &["-kS.tar", "a"],
+            &["-S", "-r", "a"],
+            &["-kS", "-r"],
+            &["--suffix", "-r", "a"],
+            &["--suffix=.rr", "a"],
             &["-T2", "r"],
         ] {
             assert_eq!(
@@ -2084,7 +2117,7 @@ mod tests {
                 &[],
                 &["--memlimit-decompress=2KiB", "--no-adjust"],
                 vec![],
-                &["--memory=2048"],
+                &["--memory=2048", "--no-adjust"],
             ),
             (&[], &["--", "--x86"], vec![], &["--", "--x86"]),
         ] {

@@ -81,6 +81,11 @@ impl Hooks for EngineHooks {
     fn passes_over(&self, error: &Error) -> bool {
         self.ignores(error)
     }
+    fn note_run(&self, message: &str) {
+        if !self.quiet {
+            errln!("{}: {message}", crate::prog());
+        }
+    }
     fn note(&self, input: &Path, message: &str) {
         if !self.quiet {
             errln!("{}: {}: {message}", crate::prog(), input.display());
@@ -303,6 +308,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         },
         rsyncable: args.rsyncable,
         memlimit: args.memlimit_compress.map(|m| m as u64),
+        no_adjust: args.no_adjust,
     };
     let common = &args.common;
     let hooks = hooks(common);
@@ -417,7 +423,7 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
     let tool = crate::Tool::invoked();
     // Inputs passed over are no failure (gzip's names with the suffix
     // already, or with none under -q); zstd fails when that was all.
-    if run.all_passed_over && tool.fails_when_all_ignored() && !common.recursive {
+    if run.all_passed_over && tool.fails_when_all_ignored() && named_only_links(common) {
         return no_input_left();
     }
     match run.outcome {
@@ -425,7 +431,7 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
             if !hooks.hides(&e) {
                 errln!("{}: {}", crate::prog(), crate::one_line(&e));
             }
-            if tool.fails_when_all_ignored() && !common.recursive {
+            if tool.fails_when_all_ignored() && named_only_links(common) {
                 return no_input_left();
             }
         }
@@ -454,6 +460,17 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
         return self::warned(common, crate::Tool::invoked().warning_status(None));
     }
     Ok(())
+}
+
+/// Whether every input named on the command line is a symbolic link:
+/// zstd fails with no input left when those it counts, the names given
+/// (not the files -r meets under a directory), were all passed over.
+fn named_only_links(common: &CommonArgs) -> bool {
+    !common.files.is_empty()
+        && common
+            .files
+            .iter()
+            .all(|f| std::fs::symlink_metadata(f).is_ok_and(|m| m.file_type().is_symlink()))
 }
 
 /// The end of a run whose every named input was passed over, where the

@@ -1515,6 +1515,57 @@ fn zstd_o_joins_several_inputs_into_one_output_as_zstd() {
             None => assert_ne!(seen[0].0, Some(0), "zstd {args:?}"),
         }
     }
+    // -t writes nothing and ignores -o, as zstd. An output that is a
+    // symbolic link is written through and the link stays; zstd 1.5
+    // removes the link and writes a file in its place (`-f -o
+    // /dev/stdout`, as root, removes /dev/stdout), which cairn does not
+    // follow.
+    for (i, args) in [
+        &["-q", "-t", "-o", "out", "a.zst", "b.zst"][..],
+        &["-q", "-f", "-o", "lnk", "a", "b"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut seen = vec![];
+        for (side, exe) in &sides {
+            let root = dir.path().join(format!("{side}-more{i}"));
+            std::fs::create_dir_all(&root).unwrap();
+            std::fs::write(root.join("a"), &a).unwrap();
+            std::fs::write(root.join("b"), &b).unwrap();
+            std::fs::write(
+                root.join("a.zst"),
+                zstd::encode_all(a.as_slice(), 3).unwrap(),
+            )
+            .unwrap();
+            std::fs::write(
+                root.join("b.zst"),
+                zstd::encode_all(b.as_slice(), 3).unwrap(),
+            )
+            .unwrap();
+            std::fs::write(root.join("tgt"), b"old").unwrap();
+            std::os::unix::fs::symlink("tgt", root.join("lnk")).unwrap();
+            let out = tool_in(&root, exe, *args);
+            let link_kept = std::fs::symlink_metadata(root.join("lnk"))
+                .unwrap()
+                .file_type()
+                .is_symlink();
+            let tgt = std::fs::read(root.join("tgt")).unwrap();
+            let tgt = match tgt.as_slice() {
+                b"old" => None,
+                packed => Some(crc32fast::hash(&zstd::decode_all(packed).unwrap())),
+            };
+            seen.push((out.status.code(), root.join("out").exists(), link_kept, tgt));
+        }
+        match args.contains(&"lnk") {
+            true => assert_eq!(
+                seen[1],
+                (Some(0), false, true, Some(joined)),
+                "zstd {args:?}"
+            ),
+            false => assert_eq!(seen[0], seen[1], "zstd {args:?}: zstd's run, the link's"),
+        }
+    }
 }
 
 /// zstd passes over a symbolic link with a warning (none under -q), named
@@ -1527,7 +1578,7 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     }
     let dir = tempdir();
     let sides = tool_and_link(dir.path(), "zstd");
-    let cases: [&[&str]; 8] = [
+    let cases: [&[&str]; 10] = [
         &["link", "a"],
         &["-q", "link", "a"],
         &["link"],
@@ -1538,6 +1589,9 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
         // before it walks them, and exits 0.
         &["-r", "e"],
         &["-q", "-r", "e", "link"],
+        // Links named with -r: counted, so none left (status 1).
+        &["-r", "link"],
+        &["-q", "-r", "link", "e/l"],
     ];
     for (i, args) in cases.iter().enumerate() {
         let mut seen = vec![];
@@ -1567,6 +1621,44 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     }
 }
 
+/// Where one thread at the asked level is over xz's memory limit for
+/// compressing, xz shrinks the dictionary, says so (not under -q) and goes
+/// on; cairn refused. `--no-adjust` and a limit too low for any
+/// dictionary still fail, in both.
+#[test]
+fn xz_memlimit_shrinks_the_dictionary_as_xz() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "xz");
+    let data = mixed(3_000_000, 91);
+    std::fs::write(dir.path().join("f"), &data).unwrap();
+    let cases: [&[&str]; 6] = [
+        &["-9", "-M", "100MiB"],
+        &["-9", "-T2", "--memlimit-compress=100MiB"],
+        &["-q", "-9", "-M", "100MiB"],
+        &["--lzma2=preset=6,dict=200MiB", "-M", "100MiB"],
+        &["-9", "-M", "100MiB", "--no-adjust"],
+        &["-9", "-M", "3MiB"],
+    ];
+    for args in cases {
+        let mut seen = vec![];
+        for (_, exe) in &sides {
+            let out = tool_in(dir.path(), exe, args.iter().chain(&["-c", "f"]));
+            let said = String::from_utf8_lossy(&out.stderr).contains("dictionary size from");
+            let unpacked = match out.status.success() {
+                true => Some(run_ok("xz", &["-dc"], &out.stdout) == data),
+                false => None,
+            };
+            seen.push((out.status.code(), said, unpacked));
+        }
+        assert_eq!(seen[0], seen[1], "xz {args:?}: xz's, the link's");
+        let adjusted = !args.contains(&"-q") && seen[0].0 == Some(0);
+        assert_eq!(seen[0].1, adjusted, "xz {args:?}: said");
+    }
+}
+
 /// xz and bzip2 have no -r: they refuse it (status 1) and touch nothing;
 /// their links took cairn's -r and packed the tree.
 #[test]
@@ -1589,6 +1681,29 @@ fn xz_and_bzip2_refuse_r_as_they_do() {
             assert_eq!(seen[0], seen[1], "{tool} {args:?}: the tool's, the link's");
             assert_eq!(seen[0].0, Some(1), "{tool} {args:?}");
         }
+        // Nor from the tool's variable of default options.
+        let var = if tool.contains("xz") {
+            "XZ_OPT"
+        } else {
+            "BZIP2"
+        };
+        let mut seen = vec![];
+        for (side, exe) in &sides {
+            let root = dir.path().join(format!("{side}-env"));
+            std::fs::create_dir_all(root.join("d")).unwrap();
+            std::fs::write(root.join("d/a"), b"a\n").unwrap();
+            let out = std::process::Command::new(exe)
+                .args(["-k", "d"])
+                .env(var, "-r")
+                .current_dir(&root)
+                .output()
+                .unwrap();
+            seen.push((out.status.code(), tree(&root)));
+        }
+        assert_eq!(
+            seen[0], seen[1],
+            "{var}=-r {tool} -k d: the tool's, the link's"
+        );
     }
 }
 

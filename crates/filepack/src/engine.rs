@@ -198,8 +198,9 @@ pub(crate) fn plan(
     }
     // Several inputs into one output: their outputs are joined in it,
     // which keeps none of their names, so only when forced (as zstd).
-    let joined = opts.output.is_some() && inputs.len() > 1;
-    if joined && (check_only || !opts.force) {
+    // Checked or listed, nothing is written (zstd -t ignores -o).
+    let joined = opts.output.is_some() && inputs.len() > 1 && !check_only;
+    if joined && !opts.force {
         return Err(Error::OneOutputManyInputs(inputs.len()));
     }
     // An input the joined output would replace (`-f -o a a b`) stops
@@ -717,6 +718,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         return Err(Error::BlockTooLarge(block));
     }
     let mut threads = threads(opts.threads)?;
+    let (mut block, mut encode) = (block, pack.encode.clone());
     if let Some(limit) = pack.memlimit {
         if !matches!(format, Format::Xz | Format::Lzma) {
             return Err(CodecError::Invalid(format!(
@@ -724,22 +726,63 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
             ))
             .into());
         }
-        let within = cairn_codec::format::xz::threads_within(
-            limit,
-            level,
-            pack.encode.extreme,
-            pack.encode.filters.as_ref(),
-            block,
-            if format.is_one_stream() { 1 } else { threads },
-        )?;
-        if within < threads {
+        let asked = if format.is_one_stream() { 1 } else { threads };
+        let within = |block: usize, encode: &cairn_codec::EncodeOptions| {
+            cairn_codec::format::xz::threads_within(
+                limit,
+                level,
+                encode.extreme,
+                encode.filters.as_ref(),
+                block,
+                asked,
+            )
+        };
+        let mut fits = within(block, &encode)?;
+        if fits == 0 && !pack.no_adjust {
+            // One thread is over: as xz, a smaller dictionary.
+            let fitted = cairn_codec::format::xz::fit_dictionary(
+                limit,
+                level,
+                encode.extreme,
+                encode.filters.as_ref(),
+                block,
+                pack.block.is_some(),
+                format == Format::Lzma,
+            )?;
+            hooks.note_run(&format!(
+                "Adjusted LZMA{} dictionary size from {} MiB to {} MiB to not exceed the \
+                 memory usage limit of {} MiB",
+                if format == Format::Lzma { 1 } else { 2 },
+                fitted.dict_from >> 20,
+                fitted.dict_to >> 20,
+                limit >> 20,
+            ));
+            (block, encode.filters) = (fitted.block, Some(fitted.chain));
+            fits = within(block, &encode)?;
+        }
+        if fits == 0 {
+            return Err(CodecError::Invalid(format!(
+                "--memlimit-compress={limit}: one thread needs {} MiB with these settings, and \
+                 --no-adjust keeps them",
+                cairn_codec::format::xz::encoder_memusage(
+                    1,
+                    level,
+                    encode.extreme,
+                    encode.filters.as_ref(),
+                    block
+                )?
+                .div_ceil(1 << 20)
+            ))
+            .into());
+        }
+        if fits < threads {
             tracing::debug!(
                 threads,
-                within,
+                fits,
                 limit,
                 "fewer threads, for --memlimit-compress"
             );
-            threads = within;
+            threads = fits;
         }
     }
     let suffix = opts.suffix.as_deref();
@@ -768,14 +811,14 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
         format,
         level,
         block,
-        encode: pack.encode.clone(),
+        encode,
         rsyncable: pack.rsyncable,
         threads,
         force: opts.force,
         keep_name: opts.name != Some(false),
         keep_time: opts.time.unwrap_or(opts.name != Some(false)),
     };
-    tracing::debug!(%format, level, block, encode = ?pack.encode, rsyncable = pack.rsyncable,
+    tracing::debug!(%format, level, block, encode = ?settings.encode, rsyncable = pack.rsyncable,
         threads, inputs = plans.len(), "pack");
     Ok(run_all(plans, data_on_stdout, hooks, |plan| {
         pack_one(plan, &settings, hooks)

@@ -158,6 +158,21 @@ impl<'h> Sink<'h> {
         if in_place && is_special(path) {
             return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
         }
+        // A symbolic link named as the output is written through, as zstd
+        // and xz write it: the file it points to is replaced, never the
+        // link (`-f -o /dev/stdout > file` replaced /dev/stdout).
+        let target;
+        let path = match std::fs::symlink_metadata(path) {
+            Ok(m) if in_place && m.file_type().is_symlink() => match std::fs::canonicalize(path) {
+                Ok(t) => {
+                    target = t;
+                    target.as_path()
+                }
+                // A link to nowhere: replaced, as before.
+                Err(_) => path,
+            },
+            _ => path,
+        };
         Ok(Sink::File(PendingFile::create(path, force, hooks)?))
     }
 

@@ -234,6 +234,10 @@ pub struct PackOptions {
     /// Most memory compressing may take (`xz --memlimit-compress`), xz
     /// and `.lzma` only: fewer threads where each needs more.
     pub memlimit: Option<u64>,
+    /// Keep the settings asked for when one thread is over
+    /// [`PackOptions::memlimit`] (xz's `--no-adjust`): the run fails
+    /// instead of compressing with a smaller dictionary.
+    pub no_adjust: bool,
 }
 
 /// What an unpack does with the decoded data.
@@ -375,6 +379,9 @@ pub trait Hooks: Sync {
     /// Something to say about input `input` that changes nothing in the
     /// outcome (bzip2's "using NAME.out").
     fn note(&self, _input: &Path, _message: &str) {}
+    /// Something to say about the whole run that changes nothing in its
+    /// outcome (xz's "Adjusted LZMA2 dictionary size ...").
+    fn note_run(&self, _message: &str) {}
 }
 
 /// Hooks that do nothing: for tests and callers that show nothing.

@@ -308,11 +308,45 @@ pub fn chain_block_size(chain: &FilterChain) -> usize {
     (3 * chain.lzma().0.dict_size() as usize).clamp(1 << 20, MAX_BLOCK)
 }
 
+/// The memory liblzma's threaded encoder counts for `threads` threads
+/// compressing blocks of `block` bytes at `level` (or through `chain`):
+/// each thread's encoder and buffers.
+pub fn encoder_memusage(
+    threads: usize,
+    level: i32,
+    extreme: bool,
+    chain: Option<&FilterChain>,
+    block: usize,
+) -> Result<u64> {
+    let mut b = liblzma::stream::MtStreamBuilder::new();
+    b.threads(u32::try_from(threads).unwrap_or(u32::MAX))
+        .block_size(block as u64);
+    match chain {
+        Some(c) => {
+            // The same options as LZMA2 (a .lzma stream's LZMA1 needs
+            // what LZMA2 does).
+            let (l, _) = c.lzma();
+            let mut f = Filters::new();
+            f.lzma2(&l.options(u32::MAX)?);
+            b.filters(f);
+        }
+        None => {
+            let extreme = if extreme {
+                liblzma::stream::PRESET_EXTREME
+            } else {
+                0
+            };
+            b.preset(u32::try_from(level.clamp(0, 9)).unwrap_or(6) | extreme);
+        }
+    }
+    Ok(b.memusage())
+}
+
 /// The most threads, up to `threads`, that compress blocks of `block`
 /// bytes at `level` (or through `chain`) within `limit` bytes, as xz's
 /// `--memlimit-compress` counts them (liblzma's estimate for its threaded
-/// encoder: each thread's encoder and buffers). An error names the need
-/// of one thread when even that is over.
+/// encoder: each thread's encoder and buffers); 0 when even one thread
+/// needs more.
 pub fn threads_within(
     limit: u64,
     level: i32,
@@ -321,45 +355,89 @@ pub fn threads_within(
     block: usize,
     threads: usize,
 ) -> Result<usize> {
-    let usage = |n: usize| -> Result<u64> {
-        let mut b = liblzma::stream::MtStreamBuilder::new();
-        b.threads(u32::try_from(n).unwrap_or(u32::MAX))
-            .block_size(block as u64);
-        match chain {
-            Some(c) => {
-                // The same options as LZMA2 (a .lzma stream's LZMA1 needs
-                // what LZMA2 does).
-                let (l, _) = c.lzma();
-                let mut f = Filters::new();
-                f.lzma2(&l.options(u32::MAX)?);
-                b.filters(f);
-            }
-            None => {
-                let extreme = if extreme {
-                    liblzma::stream::PRESET_EXTREME
-                } else {
-                    0
-                };
-                b.preset(u32::try_from(level.clamp(0, 9)).unwrap_or(6) | extreme);
-            }
-        }
-        Ok(b.memusage())
-    };
     let mut fits = 0;
     for n in 1..=threads.max(1) {
-        if usage(n)? > limit {
+        if encoder_memusage(n, level, extreme, chain, block)? > limit {
             break;
         }
         fits = n;
     }
-    if fits == 0 {
-        return Err(CodecError::Invalid(format!(
-            "--memlimit-compress={limit}: one thread needs {} MiB with these settings (a \
-             lower level or a smaller dict= fits)",
-            usage(1)?.div_ceil(1 << 20)
-        )));
-    }
     Ok(fits)
+}
+
+/// Settings scaled down to fit a memory limit one thread of the asked
+/// ones is over ([`fit_dictionary`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fitted {
+    /// The chain to compress with: the asked one (or the preset's LZMA2
+    /// or, for `.lzma`, LZMA1) with a smaller dictionary.
+    pub chain: FilterChain,
+    /// The block size: the one asked for, else three of the new
+    /// dictionaries ([`chain_block_size`]).
+    pub block: usize,
+    /// The dictionary asked for, in bytes.
+    pub dict_from: u32,
+    /// The dictionary that fits, in bytes.
+    pub dict_to: u32,
+}
+
+/// As xz adjusts its settings to a `--memlimit-compress` that one thread
+/// is over: the dictionary shrinks a MiB at a time (from the asked size
+/// rounded down to a MiB) until one thread fits within `limit` bytes; the
+/// block, unless `block_given`, is three dictionaries. An error when even
+/// a 1 MiB dictionary does not fit (xz: "Memory usage limit is too low
+/// for the given filter setup"), naming what one thread needs.
+pub fn fit_dictionary(
+    limit: u64,
+    level: i32,
+    extreme: bool,
+    chain: Option<&FilterChain>,
+    block: usize,
+    block_given: bool,
+    lzma1: bool,
+) -> Result<Fitted> {
+    let asked = match chain {
+        Some(c) => *c,
+        None => {
+            let l = super::xz_filters::Lzma::preset(
+                u32::try_from(level.clamp(0, 9)).unwrap_or(6),
+                extreme,
+            );
+            let f = match lzma1 {
+                true => super::xz_filters::Filter::Lzma1(l),
+                false => super::xz_filters::Filter::Lzma2(l),
+            };
+            FilterChain::new(&[f]).map_err(CodecError::Invalid)?
+        }
+    };
+    let dict_from = asked.lzma().0.dict_size();
+    let mut dict = dict_from / (1 << 20) * (1 << 20);
+    while dict >= 1 << 20 {
+        let chain = asked.with_dict(dict);
+        let block = match block_given {
+            true => block,
+            false => chain_block_size(&chain),
+        };
+        if encoder_memusage(1, level, extreme, Some(&chain), block)? <= limit {
+            return Ok(Fitted {
+                chain,
+                block,
+                dict_from,
+                dict_to: dict,
+            });
+        }
+        dict -= 1 << 20;
+    }
+    let smallest = asked.with_dict(1 << 20);
+    let block = match block_given {
+        true => block,
+        false => chain_block_size(&smallest),
+    };
+    Err(CodecError::Invalid(format!(
+        "--memlimit-compress={limit}: too low: one thread needs {} MiB even with a 1 MiB \
+         dictionary",
+        encoder_memusage(1, level, extreme, Some(&smallest), block)?.div_ceil(1 << 20),
+    )))
 }
 
 /// A block header with both sizes, the filter flags `before` (of
@@ -1448,6 +1526,34 @@ mod tests {
             assert!(ok && out.is_empty(), "{err}");
             assert_eq!(packed, xz_pack(&["-6"], &[]));
         }
+    }
+
+    #[test]
+    fn a_dictionary_is_fitted_to_a_memory_limit_as_xz_fits_it() {
+        let limit = 100 << 20;
+        assert_eq!(
+            threads_within(limit, 9, false, None, block_size(9), 2).unwrap(),
+            0
+        );
+        let f = fit_dictionary(limit, 9, false, None, block_size(9), false, false).unwrap();
+        assert_eq!(f.dict_from, 64 << 20);
+        assert!(f.dict_to >= 1 << 20 && f.dict_to < 64 << 20 && f.dict_to % (1 << 20) == 0);
+        assert_eq!(f.chain.lzma().0.dict_size(), f.dict_to);
+        assert_eq!(f.block, chain_block_size(&f.chain));
+        assert!(encoder_memusage(1, 9, false, Some(&f.chain), f.block).unwrap() <= limit);
+        // A MiB more would not fit.
+        let bigger = f.chain.with_dict(f.dict_to + (1 << 20));
+        let block = chain_block_size(&bigger);
+        assert!(encoder_memusage(1, 9, false, Some(&bigger), block).unwrap() > limit);
+        // A block given stays; .lzma keeps LZMA1.
+        let f = fit_dictionary(limit, 9, false, None, 1 << 20, true, true).unwrap();
+        assert_eq!((f.block, f.chain.lzma().1), (1 << 20, false));
+        // Too low for any dictionary.
+        let e = fit_dictionary(3 << 20, 9, false, None, block_size(9), false, false).unwrap_err();
+        assert!(
+            e.to_string().contains("even with a 1 MiB dictionary"),
+            "{e}"
+        );
     }
 
     #[test]

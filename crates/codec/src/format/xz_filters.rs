@@ -397,6 +397,16 @@ impl FilterChain {
         }
     }
 
+    /// The chain with its LZMA dictionary set to `dict` bytes.
+    pub fn with_dict(&self, dict: u32) -> FilterChain {
+        let mut chain = *self;
+        if let Some(Filter::Lzma1(l) | Filter::Lzma2(l)) = chain.filters.iter_mut().flatten().last()
+        {
+            l.dict = Some(dict);
+        }
+        chain
+    }
+
     /// Refuse a chain the `.xz` format cannot hold (LZMA1), as xz does.
     pub fn for_xz(&self) -> Result<()> {
         match self.lzma() {
