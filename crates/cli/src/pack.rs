@@ -6,8 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    EmptyInput, Error, Hooks, Level, Operation, Options, OutputDir, PackOptions, Run, SpecialModes,
-    Summary, UnpackMode, UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Links, Operation, Options, OutputDir, PackOptions, Run,
+    SpecialModes, Summary, UnpackMode, UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -136,6 +136,13 @@ fn options(common: &CommonArgs) -> Result<Options> {
             Some(_) => SpecialModes::Taken,
         },
         symlink_warns: crate::Tool::invoked() == crate::Tool::Xz,
+        // zstd passes over a link even to stdout or tested; lz4 reads
+        // through one, named or met by -r.
+        links: match crate::Tool::link() {
+            Some(crate::Tool::Zstd) => Links::Never,
+            Some(crate::Tool::Lz4) => Links::Always,
+            _ => Links::WhereNamed,
+        },
         output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
             (Some(dir), _) => Some(OutputDir::Flat(dir.clone())),
             (None, Some(dir)) => Some(OutputDir::Mirror(dir.clone())),

@@ -1578,7 +1578,7 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     }
     let dir = tempdir();
     let sides = tool_and_link(dir.path(), "zstd");
-    let cases: [&[&str]; 10] = [
+    let cases: [&[&str]; 13] = [
         &["link", "a"],
         &["-q", "link", "a"],
         &["link"],
@@ -1592,6 +1592,11 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
         // Links named with -r: counted, so none left (status 1).
         &["-r", "link"],
         &["-q", "-r", "link", "e/l"],
+        // Not read to standard output either (cairn's other links read
+        // through a link there).
+        &["-c", "link"],
+        &["-r", "-c", "d"],
+        &["-c", "link", "a"],
     ];
     for (i, args) in cases.iter().enumerate() {
         let mut seen = vec![];
@@ -1723,6 +1728,11 @@ fn lz4_r_takes_the_files_under_directories() {
             std::fs::create_dir_all(root.join("sub")).unwrap();
             std::fs::write(root.join("a"), mixed(20_000, 5)).unwrap();
             std::fs::write(root.join("sub/b"), b"b\n").unwrap();
+            // lz4 reads through a link it meets (cairn's other links
+            // leave it alone).
+            if args[0] != "-d" {
+                std::os::unix::fs::symlink("../a", root.join("sub/l")).unwrap();
+            }
             if args[0] == "-d" {
                 for f in ["a", "sub/b"] {
                     let packed = run_ok("lz4", &["-c"], &std::fs::read(root.join(f)).unwrap());
@@ -1739,8 +1749,20 @@ fn lz4_r_takes_the_files_under_directories() {
             trees.push(tree(&root));
         }
         assert_eq!(trees[0], trees[1], "lz4 {args:?}");
-        assert!(trees[0].len() == 4, "{:?}", trees[0]);
+        let links = usize::from(args[0] != "-d") * 2;
+        assert!(trees[0].len() == 4 + links, "{:?}", trees[0]);
     }
+    // A link named is read through too (lz4 -m).
+    let mut seen = vec![];
+    for (side, exe) in &sides {
+        let root = dir.path().join(format!("{side}-named"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("a"), b"a\n").unwrap();
+        std::os::unix::fs::symlink("a", root.join("l")).unwrap();
+        let out = tool_in(&root, exe, ["-q", "-m", "l"]);
+        seen.push((out.status.code(), tree(&root)));
+    }
+    assert_eq!(seen[0], seen[1], "lz4 -m LINK");
 }
 
 #[test]

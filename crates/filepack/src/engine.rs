@@ -8,8 +8,8 @@ use crate::files::{
 };
 use crate::naming::{format_of_name, gzip_input_of, packed_name, unpacked_name};
 use crate::{
-    EmptyInput, Error, Hooks, Options, OutputDir, PackOptions, Result, SpecialModes, UnpackMode,
-    UnpackOptions, MAX_BLOCK, MAX_THREADS,
+    EmptyInput, Error, Hooks, Links, Options, OutputDir, PackOptions, Result, SpecialModes,
+    UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
@@ -225,6 +225,14 @@ pub(crate) fn plan(
                 Err(e) => return (name, Err(e)),
             };
             let dest = match (&source, &opts.output) {
+                // A link left alone whatever the output (zstd).
+                (Source::File(p), _)
+                    if leaves_link(opts, false)
+                        && std::fs::symlink_metadata(p)
+                            .is_ok_and(|m| m.file_type().is_symlink()) =>
+                {
+                    Err(symlink_input(opts))
+                }
                 _ if check_only => Ok((Dest::Nowhere, false)),
                 (_, Some(out)) if out.as_os_str() == "-" => Ok((Dest::Stdout, false)),
                 (_, Some(out)) if joined => Ok((Dest::Joined(out.clone()), false)),
@@ -242,7 +250,9 @@ pub(crate) fn plan(
                         path: p.clone(),
                         source,
                     }),
-                    Ok(m) if m.file_type().is_symlink() && !opts.force => Err(symlink_input(opts)),
+                    Ok(m) if m.file_type().is_symlink() && leaves_link(opts, true) => {
+                        Err(symlink_input(opts))
+                    }
                     Ok(_) if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) => {
                         Err(Error::IsDirectory { path: p.clone() })
                     }
@@ -293,10 +303,22 @@ pub(crate) fn plan(
         .collect())
 }
 
+/// Whether a symbolic link input is left alone ([`Options::links`]),
+/// where outputs are named from inputs if `outputs_named`.
+fn leaves_link(opts: &Options, outputs_named: bool) -> bool {
+    !opts.force
+        && match opts.links {
+            Links::WhereNamed => outputs_named,
+            Links::Never => true,
+            Links::Always => false,
+        }
+}
+
 /// A symbolic link left alone ([`Options::symlink_warns`]).
 fn symlink_input(opts: &Options) -> Error {
     Error::SymlinkInput {
         warning: opts.symlink_warns,
+        read_by_stdout: opts.links == Links::WhereNamed,
     }
 }
 
@@ -346,7 +368,7 @@ fn links_allow(opts: &Options, src: &Path, remove: bool) -> Result<()> {
     let Ok(meta) = std::fs::symlink_metadata(src) else {
         return Ok(());
     };
-    if meta.file_type().is_symlink() {
+    if meta.file_type().is_symlink() && opts.links != Links::Always {
         return Err(symlink_input(opts));
     }
     if remove && meta.is_file() && meta.nlink() > 1 {
@@ -423,7 +445,7 @@ fn walk(
             .flatten();
         if kind.is_dir() {
             walk(&path, wanted, opts, outputs_named, inputs);
-        } else if kind.is_symlink() && outputs_named && !opts.force {
+        } else if kind.is_symlink() && leaves_link(opts, outputs_named) {
             inputs.push((source.name(), Err(symlink_input(opts))));
         } else if target.as_ref().is_some_and(|m| m.is_dir()) {
             tracing::debug!(path = %path.display(), "-r follows no link to a directory");

@@ -122,11 +122,14 @@ pub enum Error {
     /// (a FIFO would wait for a writer), and said, as gzip -r says it.
     #[error("is not a directory or a regular file; ignored by -r")]
     NotRegularInTree,
-    /// The input is a symbolic link and its output a file, without `force`.
-    #[error("is a symbolic link; unchanged (-f follows it, -c reads it)")]
+    /// The input is a symbolic link left alone ([`crate::Options::links`]),
+    /// without `force`.
+    #[error("is a symbolic link; unchanged (-f follows it{})", if *.read_by_stdout { ", -c reads it" } else { "" })]
     SymlinkInput {
         /// Said as a warning ([`crate::Options::symlink_warns`]).
         warning: bool,
+        /// Whether `-c` would read it ([`crate::Links::WhereNamed`]).
+        read_by_stdout: bool,
     },
     /// The input has other hard links and would be removed, without
     /// `force`.
@@ -246,7 +249,7 @@ impl Error {
         match self {
             Error::Input { source, .. } => source.is_warning(),
             Error::Failed { warnings_only, .. } => *warnings_only,
-            Error::SymlinkInput { warning } => *warning,
+            Error::SymlinkInput { warning, .. } => *warning,
             Error::UnknownSuffix
             | Error::AlreadySuffixed { .. }
             | Error::Exists { .. }

@@ -74,6 +74,22 @@ pub enum SpecialModes {
     Taken,
 }
 
+/// What a symbolic link given as an input (named, or met by `-r`) gets,
+/// unless `force` reads it through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Links {
+    /// Left alone where outputs are named from inputs (their output
+    /// would be named from the link); read through under `-c`, `-t`,
+    /// `-l` and `-o` (gzip, pigz and xz; cairn's own rule).
+    #[default]
+    WhereNamed,
+    /// Left alone wherever it is, even to standard output or tested
+    /// (zstd: "is a symbolic link, ignoring").
+    Never,
+    /// Read through, named or met by `-r` (lz4).
+    Always,
+}
+
 /// What to do with which files: the flags gzip, pigz and zstd share.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -124,6 +140,8 @@ pub struct Options {
     /// A symbolic link left alone is a warning (xz: status 2, nothing said
     /// under `-q`), not an error (gzip and pigz: status 1).
     pub symlink_warns: bool,
+    /// Where a symbolic link input is read through.
+    pub links: Links,
     /// Outputs named from their inputs go into a directory instead of
     /// beside them (zstd's `--output-dir-flat` and `--output-dir-mirror`).
     pub output_dir: Option<OutputDir>,
