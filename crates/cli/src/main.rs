@@ -512,6 +512,10 @@ pub(crate) struct DecodeArgs {
     /// pigz or unpigz).
     #[arg(long = "list-as-gzip", hide = true)]
     pub list_as_gzip: bool,
+    /// xz's --robot: -l prints xz's tab-separated lines for scripts
+    /// (taken, and ignored elsewhere, when cairn runs as xz).
+    #[arg(long = "robot", hide = true)]
+    pub robot: bool,
 }
 
 #[derive(Args, Debug)]
@@ -730,10 +734,17 @@ fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, St
                 "{s}: no such option ({name} does not recurse into directories)"
             ));
         }
-        out.push(s.into());
-        if value_follows {
-            out.extend(rest.next());
+        // The value joined to its option, so that one like `-r` is taken
+        // as the value it is (`-S -r` is `-S-r`, `--suffix -r`
+        // `--suffix=-r`).
+        let mut word = OsString::from(s);
+        if let Some(v) = value_follows.then(|| rest.next()).flatten() {
+            if s.starts_with("--") {
+                word.push("=");
+            }
+            word.push(v);
         }
+        out.push(word);
         Ok(())
     })
 }
@@ -1178,6 +1189,10 @@ fn xz_size(s: &str) -> Result<u64, String> {
             .ok_or_else(|| format!("{s}: the machine's memory cannot be read for a percentage"))?;
         return Ok(ram / 100 * p);
     }
+    // "max": no limit, as 0.
+    if s == "max" {
+        return Ok(0);
+    }
     cairn_codec::format::xz_filters::xz_number(s).ok_or_else(bad)
 }
 
@@ -1191,8 +1206,7 @@ fn xz_size(s: &str) -> Result<u64, String> {
 /// memory limits (`-M`, `--memlimit`, `--memlimit-compress`,
 /// `--memlimit-decompress`, `--memlimit-mt-decompress`, 0 for none, N%
 /// of the memory) `--memlimit-compress` and `--memory`; `--block-size`
-/// `-B`; `--no-adjust` goes (cairn never adjusts what changes the
-/// output: it uses fewer threads or refuses). The variables' words
+/// `-B`; `--no-adjust` stays, cairn's flag of the same name. The variables' words
 /// `env` come first, as xz reads them; both lists come back rewritten,
 /// the chain at the end of the variables' (before the command line's
 /// other words).
@@ -2045,21 +2059,24 @@ mod tests {
                 "{refused:?}"
             );
         }
-        // A value after xz's -C, -F, -M or -T; a name after --.
-        for taken in [
-            &["-Ccrc32"][..],
-            &["-Fraw"],
-            &["-k", "--", "-r"],
-            &["-kS.tar", "a"],
-            &["-S", "-r", "a"],
-            &["-kS", "-r"],
-            &["--suffix", "-r", "a"],
-            &["--suffix=.rr", "a"],
-            &["-T2", "r"],
+        // A value after xz's -C, -F, -M, -S or -T, joined to it; a name
+        // after --.
+        for (taken, want) in [
+            (&["-Ccrc32"][..], &["-Ccrc32"][..]),
+            (&["-Fraw"], &["-Fraw"]),
+            (&["-k", "--", "-r"], &["-k", "--", "-r"]),
+            (&["-T2", "r"], &["-T2", "r"]),
+            (&["-T", "2", "r"], &["-T2", "r"]),
+            (&["-M", "1GiB", "-k"], &["-M1GiB", "-k"]),
+            (&["-kS.tar", "a"], &["-kS.tar", "a"]),
+            (&["-S", "-r", "a"], &["-S-r", "a"]),
+            (&["-kS", "-r"], &["-kS-r"]),
+            (&["--suffix", "-r", "a"], &["--suffix=-r", "a"]),
+            (&["--suffix=.rr", "a"], &["--suffix=.rr", "a"]),
         ] {
             assert_eq!(
                 refuse_recursion("xz", args(taken)),
-                Ok(args(taken)),
+                Ok(args(want)),
                 "{taken:?}"
             );
         }
@@ -2072,7 +2089,7 @@ mod tests {
             (
                 &[][..],
                 &["--check=crc32", "--x86", "--lzma2=dict=32MiB", "f"][..],
-                vec![chain("x86 lzma2:dict=33554432")],
+                vec![chain("x86 lzma2:preset=6,dict=33554432")],
                 &["--check=crc32", "f"][..],
             ),
             // A preset after the filters clears them; one before does not.
@@ -2080,13 +2097,13 @@ mod tests {
             (
                 &[],
                 &["-T2", "--arm", "--lzma2"],
-                vec![chain("arm lzma2:dict=8388608")],
+                vec![chain("arm lzma2:preset=6")],
                 &["-T2"],
             ),
             (
                 &["--delta=dist=2"],
                 &["--lzma2=dict=1MiB"],
-                vec![chain("delta:dist=2 lzma2:dict=1048576")],
+                vec![chain("delta:dist=2 lzma2:preset=6,dict=1048576")],
                 &[],
             ),
             (

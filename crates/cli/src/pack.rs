@@ -358,6 +358,15 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Zstd) {
         return list_as_zstd(&common.files);
     }
+    // `xz -l` reads the streams' indexes, as xz does (its -v tables are
+    // not made: cairn's own table then).
+    if mode == UnpackMode::List
+        && !common.json
+        && common.verbose == 0
+        && crate::Tool::link() == Some(crate::Tool::Xz)
+    {
+        return list_as_xz(&common.files, decode.robot);
+    }
     let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
         mode,
@@ -928,6 +937,125 @@ fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
         return Err(crate::Warned(1).into());
     }
     Ok(())
+}
+
+/// `xz -l` (and `xz -l --robot`): a line per file from its streams'
+/// indexes, as xz prints them, and the totals of several.
+fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
+    use cairn_codec::format::xz::{file_info, FileInfo};
+    if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") {
+        anyhow::bail!("--list does not support reading from standard input");
+    }
+    let mut total = FileInfo::default();
+    let (mut listed, mut failed) = (0u64, 0);
+    for path in files {
+        let name = path.display().to_string();
+        let info = match open_regular(path) {
+            Some((f, size)) => {
+                file_info(&mut std::io::BufReader::new(f), size).map_err(|e| match e {
+                    cairn_codec::CodecError::UnknownFormat => "File format not recognized".into(),
+                    e => e.to_string(),
+                })
+            }
+            None => Err("not a regular file".to_string()),
+        };
+        let info = match info {
+            Ok(info) => info,
+            Err(why) => {
+                errln!("{}: {name}: {why}", crate::prog());
+                failed += 1;
+                continue;
+            }
+        };
+        match robot {
+            true => outln!("name\t{name}\n{}", xz_robot_line("file", &info)),
+            false => {
+                if listed == 0 {
+                    outln!("Strms  Blocks   Compressed Uncompressed  Ratio  Check   Filename");
+                }
+                outln!("{}", xz_list_line(&info, &name));
+            }
+        }
+        total.add(&info);
+        listed += 1;
+    }
+    // Totals: always in robot lines, of several listed files otherwise.
+    if robot {
+        outln!("{}\t{listed}", xz_robot_line("totals", &total));
+    } else if listed > 1 {
+        outln!("{}", "-".repeat(79));
+        outln!("{}", xz_list_line(&total, &format!("{listed} files")));
+    }
+    if failed > 0 {
+        return Err(crate::Warned(1).into());
+    }
+    Ok(())
+}
+
+/// A line of xz's `-l` table.
+fn xz_list_line(i: &cairn_codec::format::xz::FileInfo, name: &str) -> String {
+    format!(
+        "{:>5} {:>7}  {:>11}  {:>11}  {:>5}  {:<7} {name}",
+        i.streams,
+        i.blocks,
+        xz_human(i.compressed),
+        xz_human(i.uncompressed),
+        xz_ratio(i),
+        xz_checks(i.checks),
+    )
+}
+
+/// A line of xz's `-l --robot` output: `kind`, then tab-separated counts.
+fn xz_robot_line(kind: &str, i: &cairn_codec::format::xz::FileInfo) -> String {
+    format!(
+        "{kind}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+        i.streams,
+        i.blocks,
+        i.compressed,
+        i.uncompressed,
+        xz_ratio(i),
+        xz_checks(i.checks),
+        i.padding
+    )
+}
+
+/// A size as xz's tables show it: bytes under 10000, else KiB, MiB, GiB
+/// or TiB with one decimal, the first unit that keeps it at or under
+/// 9999.9.
+fn xz_human(n: u64) -> String {
+    if n < 10_000 {
+        return format!("{n} B");
+    }
+    let mut d = n as f64 / 1024.0;
+    let mut unit = 0;
+    while d > 9999.9 && unit < 3 {
+        d /= 1024.0;
+        unit += 1;
+    }
+    format!("{d:.1} {}", ["KiB", "MiB", "GiB", "TiB"][unit])
+}
+
+/// Compressed ÷ uncompressed with three decimals, as xz: `---` when
+/// nothing is uncompressed or the ratio is over 9.999.
+fn xz_ratio(i: &cairn_codec::format::xz::FileInfo) -> String {
+    let ratio = i.compressed as f64 / i.uncompressed as f64;
+    match i.uncompressed == 0 || ratio > 9.999 {
+        true => "---".into(),
+        false => format!("{ratio:.3}"),
+    }
+}
+
+/// The names of the checks set in `checks`, joined by commas.
+fn xz_checks(checks: u32) -> String {
+    if checks == 0 {
+        // (Totals of no file: xz says None.)
+        return cairn_codec::format::xz::check_name(0);
+    }
+    (0..16)
+        .filter(|id| checks & (1 << id) != 0)
+        .map(cairn_codec::format::xz::check_name)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The largest zstd window log that fits `memory` bytes (zstd's `-M`),

@@ -1626,6 +1626,67 @@ fn zstd_passes_over_symbolic_links_as_zstd() {
     }
 }
 
+/// `xz -l` and `xz -l --robot` print what xz prints, read from the
+/// streams' indexes: concatenated and padded streams, several blocks,
+/// other checks, an empty file, a file that is no xz (status 1, the
+/// others still listed), a cut one. cairn printed a table of its own and
+/// refused --robot.
+#[test]
+fn xz_l_prints_the_tables_xz_prints() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "xz");
+    let data = mixed(3_000_000, 92);
+    let d = dir.path();
+    let xz = |args: &[&str], input: &[u8]| run_ok("xz", args, input);
+    let one = xz(&["-c"], &data);
+    std::fs::write(d.join("one.xz"), &one).unwrap();
+    std::fs::write(d.join("two.xz"), [one.clone(), one.clone()].concat()).unwrap();
+    std::fs::write(d.join("pad.xz"), [one.clone(), vec![0; 8]].concat()).unwrap();
+    let blocks = xz(&["-T2", "--block-size=1MiB", "-C", "sha256", "-c"], &data);
+    std::fs::write(d.join("blocks.xz"), blocks).unwrap();
+    std::fs::write(d.join("none.xz"), xz(&["-C", "none", "-c"], &data)).unwrap();
+    std::fs::write(d.join("empty.xz"), xz(&["-c"], b"")).unwrap();
+    std::fs::write(d.join("plain"), &data[..100_000]).unwrap();
+    std::fs::write(d.join("cut.xz"), &one[..one.len() / 2]).unwrap();
+    let all = [
+        "one.xz",
+        "two.xz",
+        "pad.xz",
+        "blocks.xz",
+        "none.xz",
+        "empty.xz",
+    ];
+    let cases: [Vec<&str>; 5] = [
+        vec!["one.xz"],
+        all.to_vec(),
+        [&["plain"][..], &all].concat(),
+        vec!["cut.xz"],
+        vec!["one.xz", "cut.xz", "empty.xz"],
+    ];
+    for files in &cases {
+        for robot in [false, true] {
+            let mut seen = vec![];
+            for (_, exe) in &sides {
+                let mut args = vec!["-l"];
+                args.extend(robot.then_some("--robot"));
+                args.extend(files);
+                let out = tool_in(d, exe, &args);
+                seen.push((
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                ));
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "xz -l (robot: {robot}) {files:?}: xz's, the link's"
+            );
+        }
+    }
+}
+
 /// Where one thread at the asked level is over xz's memory limit for
 /// compressing, xz shrinks the dictionary, says so (not under -q) and goes
 /// on; cairn refused. `--no-adjust` and a limit too low for any

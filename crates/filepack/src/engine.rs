@@ -777,7 +777,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
                 if format == Format::Lzma { 1 } else { 2 },
                 fitted.dict_from >> 20,
                 fitted.dict_to >> 20,
-                limit >> 20,
+                limit.div_ceil(1 << 20),
             ));
             (block, encode.filters) = (fitted.block, Some(fitted.chain));
             fits = within(block, &encode)?;

@@ -168,7 +168,12 @@ impl<'h> Sink<'h> {
                     target = t;
                     target.as_path()
                 }
-                // A link to nowhere: replaced, as before.
+                // A link to what has no name (`/proc/self/fd/1` of a
+                // deleted file): written in place, never replaced.
+                Err(_) if std::fs::metadata(path).is_ok() => {
+                    return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
+                }
+                // A link to nowhere: replaced.
                 Err(_) => path,
             },
             _ => path,

@@ -184,6 +184,149 @@ fn vli(b: &[u8], pos: &mut usize) -> std::result::Result<u64, VliError> {
     Err(VliError::Bad)
 }
 
+/// What `xz --list` shows of a file, read from its streams' footers and
+/// indexes alone: streams, blocks, the sizes, the checks the streams
+/// use (bit `1 << id` for check id `id`) and the stream padding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Streams in the file.
+    pub streams: u64,
+    /// Blocks in all streams.
+    pub blocks: u64,
+    /// The file's length.
+    pub compressed: u64,
+    /// The bytes its blocks decode to, as the indexes state them.
+    pub uncompressed: u64,
+    /// Bit `1 << id` set for every check id a stream uses.
+    pub checks: u32,
+    /// Zero bytes of stream padding between and after streams.
+    pub padding: u64,
+}
+
+impl FileInfo {
+    /// Add another file's counts (the totals of `xz -l`).
+    pub fn add(&mut self, other: &FileInfo) {
+        self.streams += other.streams;
+        self.blocks += other.blocks;
+        self.compressed += other.compressed;
+        self.uncompressed += other.uncompressed;
+        self.checks |= other.checks;
+        self.padding += other.padding;
+    }
+}
+
+/// The name xz gives check id `id` (`Unknown-N` for ids no version
+/// defines).
+pub fn check_name(id: u32) -> String {
+    match id {
+        0 => "None".into(),
+        1 => "CRC32".into(),
+        4 => "CRC64".into(),
+        10 => "SHA-256".into(),
+        n => format!("Unknown-{n}"),
+    }
+}
+
+/// Walk an xz file of `size` bytes from its end, stream by stream, as
+/// `xz --list` does: each stream's footer, its index (checked by its
+/// CRC32) and its header; zero padding between streams. An error names
+/// what is wrong and where: [`CodecError::UnknownFormat`] for a file that
+/// does not begin as xz, else where it is damaged or cut short.
+pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Result<FileInfo> {
+    let bad = |offset: u64, why: &str| CodecError::corrupt(NAME, offset, why.to_string());
+    let mut read_at = |at: u64, len: usize| -> Result<Vec<u8>> {
+        let mut b = vec![0; len];
+        r.seek(std::io::SeekFrom::Start(at))
+            .and_then(|_| r.read_exact(&mut b))
+            .map_err(|source| CodecError::Io { offset: at, source })?;
+        Ok(b)
+    };
+    if size < 6 || read_at(0, 6)? != HEADER_MAGIC {
+        return Err(CodecError::UnknownFormat);
+    }
+    let mut info = FileInfo {
+        compressed: size,
+        ..FileInfo::default()
+    };
+    let mut end = size;
+    while end > 0 {
+        if end % 4 != 0 {
+            return Err(bad(end, "not a whole number of 4-byte words: no xz file"));
+        }
+        // Stream padding: zero words before the end of a stream.
+        if end >= 4 && read_at(end - 4, 4)? == [0; 4] {
+            end -= 4;
+            info.padding += 4;
+            continue;
+        }
+        let min = (STREAM_HEADER_LEN + STREAM_FOOTER_LEN) as u64;
+        if end < min {
+            return Err(bad(end, "too short for an xz stream"));
+        }
+        let footer_at = end - STREAM_FOOTER_LEN as u64;
+        let f = read_at(footer_at, STREAM_FOOTER_LEN)?;
+        if &f[10..12] != FOOTER_MAGIC {
+            return Err(bad(footer_at + 10, "no xz stream footer"));
+        }
+        if le32(&f, 0) != crc32fast::hash(&f[4..10]) {
+            return Err(bad(footer_at, "stream footer CRC32 mismatch"));
+        }
+        let index_len = (u64::from(le32(&f, 4)) + 1) * 4;
+        let Some(index_at) = footer_at.checked_sub(index_len) else {
+            return Err(bad(footer_at + 4, "index larger than the file"));
+        };
+        let index_len =
+            usize::try_from(index_len).map_err(|_| bad(footer_at + 4, "index too large"))?;
+        let index = read_at(index_at, index_len)?;
+        let body = &index[..index_len - 4];
+        if le32(&index, index_len - 4) != crc32fast::hash(body) || body.first() != Some(&0) {
+            return Err(bad(index_at, "damaged index"));
+        }
+        let mut pos = 1;
+        let vli_at = |pos: &mut usize| vli(body, pos).map_err(|_| bad(index_at, "damaged index"));
+        let count = vli_at(&mut pos)?;
+        let (mut blocks_len, mut raw) = (0u64, 0u64);
+        for _ in 0..count {
+            let unpadded = vli_at(&mut pos)?;
+            let uncompressed = vli_at(&mut pos)?;
+            blocks_len = blocks_len
+                .checked_add(unpadded.div_ceil(4) * 4)
+                .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+            raw = raw
+                .checked_add(uncompressed)
+                .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+        }
+        if body[pos..].iter().any(|&z| z != 0) || body.len() - pos >= 4 {
+            return Err(bad(index_at, "damaged index"));
+        }
+        let Some(header_at) = index_at
+            .checked_sub(blocks_len)
+            .and_then(|a| a.checked_sub(STREAM_HEADER_LEN as u64))
+        else {
+            return Err(bad(index_at, "blocks larger than the file"));
+        };
+        let h = read_at(header_at, STREAM_HEADER_LEN)?;
+        if &h[..6] != HEADER_MAGIC || h[6..8] != f[8..10] {
+            return Err(bad(header_at, "no xz stream header where the index says"));
+        }
+        if le32(&h, 8) != crc32fast::hash(&h[6..8]) {
+            return Err(bad(header_at + 8, "stream header CRC32 mismatch"));
+        }
+        info.streams += 1;
+        info.blocks += count;
+        info.uncompressed = info
+            .uncompressed
+            .checked_add(raw)
+            .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+        info.checks |= 1 << (f[9] & 0x0f);
+        end = header_at;
+    }
+    if info.streams == 0 {
+        return Err(bad(0, "no xz stream"));
+    }
+    Ok(info)
+}
+
 fn put_vli(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
@@ -428,15 +571,24 @@ pub fn fit_dictionary(
         }
         dict -= 1 << 20;
     }
-    let smallest = asked.with_dict(1 << 20);
-    let block = match block_given {
-        true => block,
-        false => chain_block_size(&smallest),
+    // What the asked settings need, or a 1 MiB dictionary where they
+    // ask for more.
+    let (smallest, block) = match dict_from < 1 << 20 {
+        true => (asked, block),
+        false => {
+            let smallest = asked.with_dict(1 << 20);
+            let block = match block_given {
+                true => block,
+                false => chain_block_size(&smallest),
+            };
+            (smallest, block)
+        }
     };
     Err(CodecError::Invalid(format!(
-        "--memlimit-compress={limit}: too low: one thread needs {} MiB even with a 1 MiB \
+        "--memlimit-compress={limit}: too low: one thread needs {} MiB even with a {} KiB \
          dictionary",
         encoder_memusage(1, level, extreme, Some(&smallest), block)?.div_ceil(1 << 20),
+        smallest.lzma().0.dict_size() >> 10,
     )))
 }
 
@@ -1529,6 +1681,38 @@ mod tests {
     }
 
     #[test]
+    fn file_info_reads_streams_from_their_indexes() {
+        use crate::format::{encode_all, Format};
+        let data = crate::testutil::noise(300_000, 5);
+        let one = encode_all(Format::Xz, 1, 100_000, &data).unwrap();
+        let info = |b: &[u8]| file_info(&mut std::io::Cursor::new(b), b.len() as u64);
+        let i = info(&one).unwrap();
+        assert_eq!((i.streams, i.blocks, i.uncompressed), (1, 3, 300_000));
+        assert_eq!(
+            (i.compressed, i.checks, i.padding),
+            (one.len() as u64, 1 << 4, 0)
+        );
+        // Two streams with padding between and after.
+        let two = [&one[..], &[0; 4], &one, &[0; 8]].concat();
+        let i = info(&two).unwrap();
+        assert_eq!(
+            (i.streams, i.blocks, i.uncompressed, i.padding),
+            (2, 6, 600_000, 12)
+        );
+        // Not xz; cut short; damaged index; a padding that is not whole.
+        assert!(matches!(
+            info(b"plain text here"),
+            Err(CodecError::UnknownFormat)
+        ));
+        assert!(info(&one[..one.len() - 4]).is_err());
+        let mut bad = one.clone();
+        let at = bad.len() - 14;
+        bad[at] ^= 1;
+        assert!(info(&bad).is_err());
+        assert!(info(&[&one[..], &[0; 2]].concat()).is_err());
+    }
+
+    #[test]
     fn a_dictionary_is_fitted_to_a_memory_limit_as_xz_fits_it() {
         let limit = 100 << 20;
         assert_eq!(
@@ -1551,7 +1735,7 @@ mod tests {
         // Too low for any dictionary.
         let e = fit_dictionary(3 << 20, 9, false, None, block_size(9), false, false).unwrap_err();
         assert!(
-            e.to_string().contains("even with a 1 MiB dictionary"),
+            e.to_string().contains("even with a 1024 KiB dictionary"),
             "{e}"
         );
     }

@@ -219,6 +219,46 @@ impl Lzma {
     }
 }
 
+impl std::fmt::Display for Lzma {
+    /// As xz's LZMA options, the preset first (it resets the others):
+    /// `preset=9e,dict=8388608,mode=fast`: every option given, so that
+    /// [`Lzma::parse`] reads back the same options.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let extreme = if self.preset & PRESET_EXTREME != 0 {
+            "e"
+        } else {
+            ""
+        };
+        write!(f, "preset={}{extreme}", self.preset & 0x1f)?;
+        for (key, v) in [
+            ("dict", self.dict),
+            ("lc", self.lc),
+            ("lp", self.lp),
+            ("pb", self.pb),
+            ("nice", self.nice),
+            ("depth", self.depth),
+        ] {
+            if let Some(v) = v {
+                write!(f, ",{key}={v}")?;
+            }
+        }
+        if let Some(fast) = self.fast {
+            write!(f, ",mode={}", if fast { "fast" } else { "normal" })?;
+        }
+        if let Some(mf) = self.mf {
+            let name = match mf {
+                0x03 => "hc3",
+                0x04 => "hc4",
+                0x12 => "bt2",
+                0x13 => "bt3",
+                _ => "bt4",
+            };
+            write!(f, ",mf={name}")?;
+        }
+        Ok(())
+    }
+}
+
 /// One filter of a chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
@@ -505,9 +545,7 @@ impl std::fmt::Display for FilterChain {
                 Filter::Bcj(b, 0) => format!("--{}", b.name()),
                 Filter::Bcj(b, s) => format!("--{}=start={s}", b.name()),
                 Filter::Delta(d) => format!("--delta=dist={d}"),
-                Filter::Lzma1(l) | Filter::Lzma2(l) => {
-                    format!("--{}=dict={}", filter.name(), l.dict_size())
-                }
+                Filter::Lzma1(l) | Filter::Lzma2(l) => format!("--{}={l}", filter.name()),
             })
             .collect();
         f.write_str(&words.join(" "))
@@ -520,6 +558,19 @@ mod tests {
 
     fn opt(name: &str, opts: &str) -> std::result::Result<Filter, String> {
         Filter::from_option(name, Some(opts)).unwrap_or_else(|| Err("no such filter".into()))
+    }
+
+    #[test]
+    fn lzma_options_are_written_as_they_are_read() {
+        for opts in [
+            "preset=9,mode=fast",
+            "preset=1",
+            "preset=6e,dict=32MiB,lc=4,lp=0,pb=0,mode=normal,nice=273,mf=hc4,depth=8",
+            "dict=1MiB",
+        ] {
+            let l = Lzma::parse(opts).unwrap();
+            assert_eq!(Lzma::parse(&l.to_string()), Ok(l), "{opts} -> {l}");
+        }
     }
 
     #[test]
@@ -591,7 +642,7 @@ mod tests {
             c,
             FilterChain::parse("--x86 --lzma2=dict=32MiB").unwrap_or_else(|e| panic!("{e}"))
         );
-        assert_eq!(c.to_string(), "--x86 --lzma2=dict=33554432");
+        assert_eq!(c.to_string(), "--x86 --lzma2=preset=6,dict=33554432");
         assert!(FilterChain::parse("x86 lzma9").is_err());
         let mut flags = Vec::new();
         FilterChain::parse("delta:dist=4 arm:start=16 lzma2")
