@@ -2100,6 +2100,15 @@ mod tests {
                 vec![chain("arm lzma2:preset=6")],
                 &["-T2"],
             ),
+            // Every LZMA option reaches the chain (only dict= did).
+            (
+                &[],
+                &["--lzma2=preset=9,mode=fast,lc=2,nice=64,mf=hc4,depth=4"],
+                vec![chain(
+                    "lzma2:preset=9,lc=2,nice=64,depth=4,mode=fast,mf=hc4",
+                )],
+                &[],
+            ),
             (
                 &["--delta=dist=2"],
                 &["--lzma2=dict=1MiB"],
