@@ -734,17 +734,29 @@ fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, St
                 "{s}: no such option ({name} does not recurse into directories)"
             ));
         }
-        // The value joined to its option, so that one like `-r` is taken
-        // as the value it is (`-S -r` is `-S-r`, `--suffix -r`
-        // `--suffix=-r`).
-        let mut word = OsString::from(s);
-        if let Some(v) = value_follows.then(|| rest.next()).flatten() {
-            if s.starts_with("--") {
-                word.push("=");
+        // A value is passed unchecked; a suffix as `--suffix=V`, so that
+        // one like `-r` is taken as the value it is (`-S -r`, `-kS -r`,
+        // `--suffix -r`), and one with a C is not read as xz's -C later.
+        let value = value_follows.then(|| rest.next()).flatten();
+        match (value, s.strip_suffix('S').filter(|_| !s.starts_with("--"))) {
+            (Some(v), Some(flags)) => {
+                if flags != "-" {
+                    out.push(flags.into());
+                }
+                let mut word = OsString::from("--suffix=");
+                word.push(v);
+                out.push(word);
             }
-            word.push(v);
+            (Some(v), None) if s == "--suffix" => {
+                let mut word = OsString::from("--suffix=");
+                word.push(v);
+                out.push(word);
+            }
+            (value, _) => {
+                out.push(s.into());
+                out.extend(value);
+            }
         }
-        out.push(word);
         Ok(())
     })
 }
@@ -1399,7 +1411,11 @@ fn xz_check_values(args: Vec<OsString>) -> Vec<OsString> {
             }
             let cluster = s.strip_prefix('-').filter(|c| !c.starts_with('-'));
             match cluster.and_then(|c| c.split_once('C')) {
-                Some((flags, value)) if flags.chars().all(|c| c.is_ascii_alphanumeric()) => {
+                // (A C inside the value of -F, -M, -S or -T is no -C.)
+                Some((flags, value))
+                    if flags.chars().all(|c| c.is_ascii_alphanumeric())
+                        && !flags.contains(['F', 'M', 'S', 'T']) =>
+                {
                     if !flags.is_empty() {
                         out.push(format!("-{flags}").into());
                     }
@@ -2059,18 +2075,19 @@ mod tests {
                 "{refused:?}"
             );
         }
-        // A value after xz's -C, -F, -M, -S or -T, joined to it; a name
+        // A value after xz's -C, -F, -M, -S or -T; a name
         // after --.
         for (taken, want) in [
             (&["-Ccrc32"][..], &["-Ccrc32"][..]),
             (&["-Fraw"], &["-Fraw"]),
             (&["-k", "--", "-r"], &["-k", "--", "-r"]),
             (&["-T2", "r"], &["-T2", "r"]),
-            (&["-T", "2", "r"], &["-T2", "r"]),
-            (&["-M", "1GiB", "-k"], &["-M1GiB", "-k"]),
+            (&["-T", "2", "r"], &["-T", "2", "r"]),
+            (&["-M", "1GiB", "-k"], &["-M", "1GiB", "-k"]),
             (&["-kS.tar", "a"], &["-kS.tar", "a"]),
-            (&["-S", "-r", "a"], &["-S-r", "a"]),
-            (&["-kS", "-r"], &["-kS-r"]),
+            (&["-S", "-r", "a"], &["--suffix=-r", "a"]),
+            (&["-kS", "-r"], &["-k", "--suffix=-r"]),
+            (&["-S", "xCz", "a"], &["--suffix=xCz", "a"]),
             (&["--suffix", "-r", "a"], &["--suffix=-r", "a"]),
             (&["--suffix=.rr", "a"], &["--suffix=.rr", "a"]),
         ] {

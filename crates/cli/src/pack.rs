@@ -362,7 +362,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     // not made: cairn's own table then).
     if mode == UnpackMode::List
         && !common.json
-        && common.verbose == 0
+        && (common.verbose == 0 || decode.robot)
         && crate::Tool::link() == Some(crate::Tool::Xz)
     {
         return list_as_xz(&common.files, decode.robot);
@@ -947,23 +947,38 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
         anyhow::bail!("--list does not support reading from standard input");
     }
     let mut total = FileInfo::default();
-    let (mut listed, mut failed) = (0u64, 0);
+    let (mut listed, mut failed, mut skipped) = (0u64, 0, 0);
     for path in files {
         let name = path.display().to_string();
-        let info = match open_regular(path) {
-            Some((f, size)) => {
-                file_info(&mut std::io::BufReader::new(f), size).map_err(|e| match e {
-                    cairn_codec::CodecError::UnknownFormat => "File format not recognized".into(),
-                    e => e.to_string(),
-                })
-            }
-            None => Err("not a regular file".to_string()),
+        // xz's words for what it cannot list (the offset and the reason
+        // with -vv: RUST_LOG=debug).
+        let info = match std::fs::metadata(path) {
+            Err(e) => Err(io_reason(&e)),
+            Ok(m) if m.is_dir() => Err("Is a directory, skipping".to_string()),
+            Ok(m) if !m.is_file() => Err("Not a regular file, skipping".to_string()),
+            Ok(m) if m.len() == 0 => Err("File is empty".to_string()),
+            Ok(m) => match std::fs::File::open(path) {
+                Err(e) => Err(io_reason(&e)),
+                Ok(mut f) => file_info(&mut f, m.len()).map_err(|e| {
+                    tracing::debug!(error = %e, "xz -l");
+                    match e {
+                        cairn_codec::CodecError::UnknownFormat => "File format not recognized",
+                        cairn_codec::CodecError::Io { .. } => "Read error",
+                        _ => "Compressed data is corrupt",
+                    }
+                    .to_string()
+                }),
+            },
         };
         let info = match info {
             Ok(info) => info,
             Err(why) => {
                 errln!("{}: {name}: {why}", crate::prog());
-                failed += 1;
+                // A directory is a warning (status 2), as in xz.
+                match why.ends_with("skipping") {
+                    true => skipped += 1,
+                    false => failed += 1,
+                }
                 continue;
             }
         };
@@ -989,7 +1004,20 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
     if failed > 0 {
         return Err(crate::Warned(1).into());
     }
+    if skipped > 0 {
+        return Err(crate::Warned(2).into());
+    }
     Ok(())
+}
+
+/// An I/O error as the tools say it: its reason, without Rust's
+/// "(os error N)".
+fn io_reason(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.split_once(" (os error") {
+        Some((reason, _)) => reason.to_string(),
+        None => text,
+    }
 }
 
 /// A line of xz's `-l` table.

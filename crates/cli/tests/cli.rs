@@ -1659,12 +1659,17 @@ fn xz_l_prints_the_tables_xz_prints() {
         "none.xz",
         "empty.xz",
     ];
-    let cases: [Vec<&str>; 5] = [
+    std::fs::create_dir(d.join("dir")).unwrap();
+    std::fs::write(d.join("zero-bytes"), b"").unwrap();
+    let cases: [Vec<&str>; 7] = [
         vec!["one.xz"],
         all.to_vec(),
         [&["plain"][..], &all].concat(),
         vec!["cut.xz"],
         vec!["one.xz", "cut.xz", "empty.xz"],
+        // A directory is skipped with a warning (status 2).
+        vec!["one.xz", "dir"],
+        vec!["zero-bytes", "missing", "one.xz"],
     ];
     for files in &cases {
         for robot in [false, true] {
@@ -1684,6 +1689,35 @@ fn xz_l_prints_the_tables_xz_prints() {
                 "xz -l (robot: {robot}) {files:?}: xz's, the link's"
             );
         }
+    }
+}
+
+/// xz's -S takes any suffix, one that starts with `-` or holds a `C`
+/// too (the link read `-S -r` as -r and `-SxCz` as -C z).
+#[test]
+fn xz_suffixes_are_taken_as_xz_takes_them() {
+    if !have("xz") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "xz");
+    for args in [
+        &["-k", "-S", "-r"][..],
+        &["-kS", "-r"],
+        &["-k", "-S", "xCz"],
+        &["-kSxCz"],
+        &["-k", "--suffix", "-r"],
+    ] {
+        let mut seen = vec![];
+        for (side, exe) in &sides {
+            let root = dir.path().join(format!("{side}{}", args.concat()));
+            std::fs::create_dir_all(&root).unwrap();
+            std::fs::write(root.join("f"), b"f\n").unwrap();
+            let out = tool_in(&root, exe, args.iter().chain(&["f"]));
+            seen.push((out.status.code(), tree(&root)));
+        }
+        assert_eq!(seen[0], seen[1], "xz {args:?}: xz's, the link's");
+        assert_eq!(seen[0].0, Some(0), "xz {args:?}");
     }
 }
 

@@ -89,16 +89,23 @@ pub fn is_special(path: &Path) -> bool {
 
 /// Open a special file (see [`is_special`]) for writing.
 pub fn open_special(path: &Path) -> Result<File> {
-    let f = std::fs::OpenOptions::new()
+    let f = open_in_place(path, false)?;
+    cairn_blockdev::grow_pipe(&f);
+    Ok(f)
+}
+
+/// Open an existing output at `path` to write it in place, emptied first
+/// if `truncate`.
+fn open_in_place(path: &Path, truncate: bool) -> Result<File> {
+    std::fs::OpenOptions::new()
         .write(true)
+        .truncate(truncate)
         .open(path)
         .map_err(|source| Error::CreateOutput {
             action: "open",
             path: path.to_path_buf(),
             source,
-        })?;
-    cairn_blockdev::grow_pipe(&f);
-    Ok(f)
+        })
 }
 
 /// Standard output as a `File` of its own (a dup of fd 1): unbuffered, no
@@ -171,7 +178,13 @@ impl<'h> Sink<'h> {
                 // A link to what has no name (`/proc/self/fd/1` of a
                 // deleted file): written in place, never replaced.
                 Err(_) if std::fs::metadata(path).is_ok() => {
-                    return Ok(Sink::Special(open_special(path)?, path.to_path_buf()));
+                    if !force {
+                        return Err(Error::Exists {
+                            path: path.to_path_buf(),
+                        });
+                    }
+                    let f = open_in_place(path, true)?;
+                    return Ok(Sink::Special(f, path.to_path_buf()));
                 }
                 // A link to nowhere: replaced.
                 Err(_) => path,

@@ -206,12 +206,12 @@ pub struct FileInfo {
 impl FileInfo {
     /// Add another file's counts (the totals of `xz -l`).
     pub fn add(&mut self, other: &FileInfo) {
-        self.streams += other.streams;
-        self.blocks += other.blocks;
-        self.compressed += other.compressed;
-        self.uncompressed += other.uncompressed;
+        self.streams = self.streams.saturating_add(other.streams);
+        self.blocks = self.blocks.saturating_add(other.blocks);
+        self.compressed = self.compressed.saturating_add(other.compressed);
+        self.uncompressed = self.uncompressed.saturating_add(other.uncompressed);
         self.checks |= other.checks;
-        self.padding += other.padding;
+        self.padding = self.padding.saturating_add(other.padding);
     }
 }
 
@@ -231,8 +231,13 @@ pub fn check_name(id: u32) -> String {
 /// `xz --list` does: each stream's footer, its index (checked by its
 /// CRC32) and its header; zero padding between streams. An error names
 /// what is wrong and where: [`CodecError::UnknownFormat`] for a file that
-/// does not begin as xz, else where it is damaged or cut short.
+/// does not begin as xz, else where it is damaged or cut short. Reads go
+/// in pieces of at most 64 KiB, so a hostile footer that claims a huge
+/// index or a long run of padding costs no more memory than that.
 pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Result<FileInfo> {
+    const PIECE: u64 = 64 << 10;
+    // xz's limit of sizes (LZMA_VLI_MAX).
+    const VLI_MAX: u64 = u64::MAX >> 1;
     let bad = |offset: u64, why: &str| CodecError::corrupt(NAME, offset, why.to_string());
     let mut read_at = |at: u64, len: usize| -> Result<Vec<u8>> {
         let mut b = vec![0; len];
@@ -253,10 +258,14 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         if end % 4 != 0 {
             return Err(bad(end, "not a whole number of 4-byte words: no xz file"));
         }
-        // Stream padding: zero words before the end of a stream.
-        if end >= 4 && read_at(end - 4, 4)? == [0; 4] {
-            end -= 4;
-            info.padding += 4;
+        // Stream padding: zero words before the end of a stream, looked
+        // at a piece at a time from the end.
+        let piece = end.min(PIECE) as usize;
+        let b = read_at(end - piece as u64, piece)?;
+        let zeros = b.iter().rev().take_while(|&&z| z == 0).count() / 4 * 4;
+        if zeros > 0 {
+            end -= zeros as u64;
+            info.padding += zeros as u64;
             continue;
         }
         let min = (STREAM_HEADER_LEN + STREAM_FOOTER_LEN) as u64;
@@ -271,33 +280,52 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         if le32(&f, 0) != crc32fast::hash(&f[4..10]) {
             return Err(bad(footer_at, "stream footer CRC32 mismatch"));
         }
+        if f[8] != 0 || f[9] & 0xf0 != 0 {
+            return Err(bad(footer_at + 8, "unsupported stream flags"));
+        }
         let index_len = (u64::from(le32(&f, 4)) + 1) * 4;
         let Some(index_at) = footer_at.checked_sub(index_len) else {
             return Err(bad(footer_at + 4, "index larger than the file"));
         };
-        let index_len =
-            usize::try_from(index_len).map_err(|_| bad(footer_at + 4, "index too large"))?;
-        let index = read_at(index_at, index_len)?;
-        let body = &index[..index_len - 4];
-        if le32(&index, index_len - 4) != crc32fast::hash(body) || body.first() != Some(&0) {
-            return Err(bad(index_at, "damaged index"));
+        // The index, read in pieces: its records, then its padding and
+        // CRC32.
+        let mut index = IndexBytes {
+            at: index_at,
+            end: footer_at - 4,
+            piece: Vec::new(),
+            used: 0,
+            crc: crc32fast::Hasher::new(),
+        };
+        let damaged = || bad(index_at, "damaged index");
+        if index.byte(&mut read_at)? != Some(0) {
+            return Err(damaged());
         }
-        let mut pos = 1;
-        let vli_at = |pos: &mut usize| vli(body, pos).map_err(|_| bad(index_at, "damaged index"));
-        let count = vli_at(&mut pos)?;
+        let count = index.vli(&mut read_at)?.ok_or_else(damaged)?;
         let (mut blocks_len, mut raw) = (0u64, 0u64);
         for _ in 0..count {
-            let unpadded = vli_at(&mut pos)?;
-            let uncompressed = vli_at(&mut pos)?;
+            let unpadded = index.vli(&mut read_at)?.ok_or_else(damaged)?;
+            let uncompressed = index.vli(&mut read_at)?.ok_or_else(damaged)?;
+            if unpadded < 5 {
+                return Err(damaged());
+            }
             blocks_len = blocks_len
                 .checked_add(unpadded.div_ceil(4) * 4)
-                .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+                .filter(|&n| n <= VLI_MAX)
+                .ok_or_else(damaged)?;
             raw = raw
                 .checked_add(uncompressed)
-                .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+                .filter(|&n| n <= VLI_MAX)
+                .ok_or_else(damaged)?;
         }
-        if body[pos..].iter().any(|&z| z != 0) || body.len() - pos >= 4 {
-            return Err(bad(index_at, "damaged index"));
+        // Zero padding to a multiple of four, then the CRC32.
+        while index.left() > 0 {
+            if index.left() >= 4 || index.byte(&mut read_at)? != Some(0) {
+                return Err(damaged());
+            }
+        }
+        let crc = index.crc.clone().finalize();
+        if le32(&read_at(footer_at - 4, 4)?, 0) != crc {
+            return Err(damaged());
         }
         let Some(header_at) = index_at
             .checked_sub(blocks_len)
@@ -317,7 +345,8 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         info.uncompressed = info
             .uncompressed
             .checked_add(raw)
-            .ok_or_else(|| bad(index_at, "index sizes overflow"))?;
+            .filter(|&n| n <= VLI_MAX)
+            .ok_or_else(damaged)?;
         info.checks |= 1 << (f[9] & 0x0f);
         end = header_at;
     }
@@ -325,6 +354,61 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         return Err(bad(0, "no xz stream"));
     }
     Ok(info)
+}
+
+/// The bytes of an index before its CRC32 (`at..end` of the file), read
+/// a piece at a time, their CRC32 kept as they go.
+struct IndexBytes {
+    at: u64,
+    end: u64,
+    piece: Vec<u8>,
+    used: usize,
+    crc: crc32fast::Hasher,
+}
+
+impl IndexBytes {
+    /// Bytes not read yet.
+    fn left(&self) -> u64 {
+        self.end - self.at + (self.piece.len() - self.used) as u64
+    }
+
+    /// The next byte, `None` past the end.
+    fn byte(
+        &mut self,
+        read_at: &mut impl FnMut(u64, usize) -> Result<Vec<u8>>,
+    ) -> Result<Option<u8>> {
+        if self.used == self.piece.len() {
+            if self.at == self.end {
+                return Ok(None);
+            }
+            let len = (self.end - self.at).min(64 << 10) as usize;
+            self.piece = read_at(self.at, len)?;
+            self.crc.update(&self.piece);
+            self.at += len as u64;
+            self.used = 0;
+        }
+        self.used += 1;
+        Ok(Some(self.piece[self.used - 1]))
+    }
+
+    /// The next variable-length integer, `None` if the index ends inside
+    /// it or it is not one.
+    fn vli(
+        &mut self,
+        read_at: &mut impl FnMut(u64, usize) -> Result<Vec<u8>>,
+    ) -> Result<Option<u64>> {
+        let mut v = 0u64;
+        for i in 0..VLI_BYTES {
+            let Some(byte) = self.byte(read_at)? else {
+                return Ok(None);
+            };
+            v |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                return Ok((byte != 0 || i == 0).then_some(v));
+            }
+        }
+        Ok(None)
+    }
 }
 
 fn put_vli(out: &mut Vec<u8>, mut v: u64) {
@@ -1710,6 +1794,16 @@ mod tests {
         bad[at] ^= 1;
         assert!(info(&bad).is_err());
         assert!(info(&[&one[..], &[0; 2]].concat()).is_err());
+        // Padding of many pieces is counted; reserved stream flags are
+        // damage.
+        let padded = [&one[..], &vec![0; 1 << 20]].concat();
+        assert_eq!(info(&padded).unwrap().padding, 1 << 20);
+        let mut flags = one.clone();
+        let n = flags.len();
+        flags[n - 4] = 1;
+        let crc = crc32fast::hash(&flags[n - 8..n - 2]);
+        flags[n - 12..n - 8].copy_from_slice(&crc.to_le_bytes());
+        assert!(info(&flags).is_err());
     }
 
     #[test]

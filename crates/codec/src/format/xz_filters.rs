@@ -222,7 +222,7 @@ impl Lzma {
 impl std::fmt::Display for Lzma {
     /// As xz's LZMA options, the preset first (it resets the others):
     /// `preset=9e,dict=8388608,mode=fast`: every option given, so that
-    /// [`Lzma::parse`] reads back the same options.
+    /// xz's option parser reads back the same options.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let extreme = if self.preset & PRESET_EXTREME != 0 {
             "e"
