@@ -260,10 +260,12 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         }
         // Stream padding: zero words before the end of a stream, looked
         // at a piece at a time from the end.
-        let piece = end.min(PIECE) as usize;
-        let b = read_at(end - piece as u64, piece)?;
-        let zeros = b.iter().rev().take_while(|&&z| z == 0).count() / 4 * 4;
-        if zeros > 0 {
+        // (The last word first: a stream that ends the file, or one
+        // another follows directly, costs no piece.)
+        if read_at(end - 4, 4)? == [0; 4] {
+            let piece = end.min(PIECE) as usize;
+            let b = read_at(end - piece as u64, piece)?;
+            let zeros = b.iter().rev().take_while(|&&z| z == 0).count() / 4 * 4;
             end -= zeros as u64;
             info.padding += zeros as u64;
             continue;
