@@ -11,6 +11,7 @@ mod cache_cmd;
 mod diff_copy;
 mod generate;
 mod key_cmd;
+mod lzop;
 mod mount;
 mod pack;
 mod repo_cmd;
@@ -347,12 +348,14 @@ pub(crate) struct PackArgs {
     /// The check the stream carries: a bare -C/--check is zstd's (XXH64
     /// in every frame, as cairn always writes); --check=CHECK is xz's
     /// (none, crc32, crc64 (the default) or sha256; `xz -C CHECK` through
-    /// the xz link); --check=none is also zstd's --no-check.
+    /// the xz link); --check=none is also zstd's --no-check; for lzop,
+    /// crc32 (lzop's --crc32) or none in place of Adler-32.
     #[arg(short = 'C', long = "check", value_name = "CHECK", num_args = 0..=1,
           require_equals = true, overrides_with = "no_check")]
     pub check: Option<Option<cairn_codec::IntegrityCheck>>,
     /// zstd frames without XXH64 of their content (zstd's --no-check;
-    /// for xz, as --check=none).
+    /// for xz, as --check=none; lzop blocks without Adler-32, lzop's -F,
+    /// which levels 7-9 keep anyway, as lzop).
     #[arg(long = "no-check", overrides_with = "check")]
     pub no_check: bool,
     /// xz's extreme presets (xz's -e, -9e): slower, sometimes a little
@@ -602,8 +605,10 @@ pub(crate) fn parse_range(s: &str) -> Result<cairn_filepack::ByteRange, String> 
 /// The `cairn pack` arguments a link named after a standard tool stands
 /// for: `gzip`, `pigz`, `gunzip`, `unpigz`, `zcat`, `zstd`, `zstdmt`,
 /// `unzstd`, `zstdcat`, `xz`, `unxz`, `xzcat`, `bzip2`, `bunzip2`,
-/// `bzcat`, `lz4`, `unlz4` and `lz4cat`, each with that tool's defaults (zstd keeps its inputs unless
-/// `--rm`; zstdcat copies what is not zstd, as `zstd -dcf`).
+/// `bzcat`, `lz4`, `unlz4`, `lz4cat` and `lzop`, each with that tool's
+/// defaults (zstd keeps its inputs unless `--rm`; zstdcat copies what is
+/// not zstd, as `zstd -dcf`; lzop's command line is read by lzop's
+/// grammar, see the `lzop` module).
 /// Any other name is `cairn` itself.
 fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     let name = args
@@ -632,6 +637,8 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
         "unlz4" => &["pack", "-d", "-k"],
         // lz4cat is `lz4 -dcfm`: what is no lz4 passes through.
         "lz4cat" => &["pack", "-d", "-c", "-f"],
+        // lzop keeps its inputs unless -U.
+        "lzop" => &["pack", "-F", "lzop", "-k"],
         _ => return args,
     };
     let _ = INVOKED_AS.set(Tool::of(name));
@@ -662,6 +669,9 @@ fn as_invoked(mut args: Vec<OsString>) -> Vec<OsString> {
     let mut from_env = or_exit(tool_variables(name));
     if matches!(Tool::of(name), Tool::Xz | Tool::Bzip2) {
         from_env = or_exit(refuse_recursion(name, from_env));
+    }
+    if name == "lzop" {
+        rest = or_exit(lzop::arguments(rest));
     }
     if matches!(name, "lz4" | "unlz4" | "lz4cat") {
         use std::io::IsTerminal;
@@ -1558,6 +1568,7 @@ pub(crate) enum Tool {
     Xz,
     Bzip2,
     Lz4,
+    Lzop,
 }
 
 impl Tool {
@@ -1567,6 +1578,7 @@ impl Tool {
             "xz" | "unxz" | "xzcat" | "lzma" | "unlzma" | "lzcat" => Tool::Xz,
             "bzip2" | "bunzip2" | "bzcat" => Tool::Bzip2,
             "lz4" | "unlz4" | "lz4cat" => Tool::Lz4,
+            "lzop" => Tool::Lzop,
             "pigz" | "unpigz" => Tool::Pigz,
             _ => Tool::Gzip,
         }
@@ -1602,6 +1614,7 @@ impl Tool {
             Tool::Xz => XzFormat::Auto.formats(),
             Tool::Bzip2 => vec![Format::Bzip2],
             Tool::Lz4 => vec![Format::Lz4],
+            Tool::Lzop => vec![Format::Lzop],
         })
     }
 
@@ -1637,7 +1650,9 @@ impl Tool {
         let inner = error.inner();
         match self {
             Tool::Pigz => true,
-            Tool::Gzip | Tool::Xz => error.is_warning() && !matches!(inner, Error::Exists { .. }),
+            Tool::Gzip | Tool::Xz | Tool::Lzop => {
+                error.is_warning() && !matches!(inner, Error::Exists { .. })
+            }
             Tool::Zstd => matches!(inner, Error::SymlinkInput { .. }),
             Tool::Bzip2 | Tool::Lz4 => false,
         }
@@ -1683,20 +1698,22 @@ impl Tool {
             Tool::Pigz | Tool::Bzip2 if error.is_none() => 0,
             Tool::Pigz => 1,
             Tool::Xz
-                if matches!(
-                    error,
-                    Some(
-                        Error::Exists { .. }
-                            | Error::Failed {
-                                outputs_in_way: true,
-                                ..
-                            }
-                    )
-                ) =>
+                if error.is_some_and(|e| e.any_cause(|e| matches!(e, Error::Exists { .. }))) =>
             {
                 1
             }
             Tool::Xz => 2,
+            // lzop: an output in the way, a name it cannot unpack to
+            // ("unknown suffix -- ignored") fail; a file passed over (not
+            // regular, suffixed already) warns.
+            Tool::Lzop
+                if error.is_some_and(|e| {
+                    e.any_cause(|e| matches!(e, Error::Exists { .. } | Error::UnknownSuffix))
+                }) =>
+            {
+                1
+            }
+            Tool::Lzop => 2,
             Tool::Zstd | Tool::Bzip2 | Tool::Lz4 => 1,
         }
     }

@@ -121,11 +121,11 @@ fn options(common: &CommonArgs) -> Result<Options> {
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
         // xz reads an input before it looks at its name.
         data_before_name: crate::Tool::invoked() == crate::Tool::Xz,
-        // pigz, zstd and lz4 pack a file with other links (and remove
-        // this name with --rm).
+        // pigz, zstd, lz4 and lzop pack a file with other links (and
+        // remove this name with --rm).
         allow_linked: matches!(
             crate::Tool::invoked(),
-            crate::Tool::Pigz | crate::Tool::Zstd | crate::Tool::Lz4
+            crate::Tool::Pigz | crate::Tool::Zstd | crate::Tool::Lz4 | crate::Tool::Lzop
         ),
         // A set-ID or sticky file: gzip leaves it alone even with -f, xz
         // (and cairn) without; the others pack it (never their output's
@@ -136,11 +136,11 @@ fn options(common: &CommonArgs) -> Result<Options> {
             Some(_) => SpecialModes::Taken,
         },
         symlink_warns: crate::Tool::invoked() == crate::Tool::Xz,
-        // zstd passes over a link even to stdout or tested; lz4 reads
-        // through one, named or met by -r.
+        // zstd passes over a link even to stdout or tested; lz4 and
+        // lzop read through one, named or met by -r.
         links: match crate::Tool::link() {
             Some(crate::Tool::Zstd) => Links::Never,
-            Some(crate::Tool::Lz4) => Links::Always,
+            Some(crate::Tool::Lz4 | crate::Tool::Lzop) => Links::Always,
             _ => Links::WhereNamed,
         },
         output_dir: match (&common.output_dir_flat, &common.output_dir_mirror) {
@@ -155,11 +155,13 @@ fn options(common: &CommonArgs) -> Result<Options> {
             crate::Tool::link(),
             Some(crate::Tool::Zstd | crate::Tool::Lz4)
         ),
-        // xz and bzip2 leave x.xz alone even with -f.
+        // xz, bzip2 and lzop leave x.xz alone even with -f.
         suffixed_despite_force: matches!(
             crate::Tool::link(),
-            Some(crate::Tool::Xz | crate::Tool::Bzip2)
+            Some(crate::Tool::Xz | crate::Tool::Bzip2 | crate::Tool::Lzop)
         ),
+        // lzop -o writes several inputs into one output unforced.
+        joins_unforced: crate::Tool::link() == Some(crate::Tool::Lzop),
         // zstd -dr says "unknown suffix" of a plain file in the tree.
         walk_reports_unnamed: crate::Tool::link() == Some(crate::Tool::Zstd),
         name: flag_pair(common.name, common.no_name),
@@ -319,8 +321,14 @@ pub fn pack(args: &PackArgs) -> Result<()> {
     };
     let common = &args.common;
     let hooks = hooks(common);
-    let run = cairn_filepack::pack(&options(common)?, &pack, &hooks)?;
-    emit(common, &hooks, run)
+    let mut options = options(common)?;
+    // lzop keeps the name and time whatever -n and -N say (they are for
+    // unpacking).
+    if crate::Tool::link() == Some(crate::Tool::Lzop) {
+        (options.name, options.time) = (None, None);
+    }
+    let run = cairn_filepack::pack(&options, &pack, &hooks)?;
+    emit(common, &hooks, run, false)
 }
 
 /// The least job size zstd takes (`-B`; ZSTDMT_JOBSIZE_MIN): a smaller
@@ -357,6 +365,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     // `zstd -l` reads the frames' headers, as zstd does.
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Zstd) {
         return list_as_zstd(&common.files);
+    }
+    // `lzop -l` reads the headers and block sizes, as lzop does.
+    if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Lzop) {
+        return crate::lzop::list(&common.files, common.verbose > 0, common.quiet, common.name);
     }
     // `xz -l` reads the streams' indexes, as xz does (its -v tables are
     // not made: cairn's own table then).
@@ -396,7 +408,13 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         },
     };
     let hooks = hooks(common);
-    let run = cairn_filepack::unpack(&options(common)?, &unpack, &hooks)?;
+    let mut options = options(common)?;
+    // lzop gives what it unpacks the time its header keeps, unless
+    // --no-time (and the name it keeps with -N).
+    if crate::Tool::link() == Some(crate::Tool::Lzop) {
+        options.time = Some(!common.no_time);
+    }
+    let run = cairn_filepack::unpack(&options, &unpack, &hooks)?;
     if mode == UnpackMode::List {
         if decode.list_as_gzip && !common.json {
             match crate::Tool::invoked() {
@@ -408,7 +426,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         }
         return Ok(run.outcome?);
     }
-    emit(common, &hooks, run)
+    emit(common, &hooks, run, mode == UnpackMode::Test)
 }
 
 /// One summary as a JSON object, several as an array.
@@ -420,7 +438,7 @@ fn to_json<T: Serialize>(items: &[T]) -> Result<String> {
 }
 
 /// Print the summaries `--json` and `-v` ask for, then the run's outcome.
-fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
+fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run, testing: bool) -> Result<()> {
     if common.json {
         let text = to_json(&run.summaries)?;
         if run.data_on_stdout {
@@ -429,7 +447,9 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run) -> Result<()> {
             outln!("{text}");
         }
     }
-    if common.verbose > 0 {
+    if crate::Tool::link() == Some(crate::Tool::Lzop) {
+        crate::lzop::said_of(common, testing, &run.summaries);
+    } else if common.verbose > 0 {
         for s in &run.summaries {
             errln!("{}", summary_line(s));
         }
@@ -1012,7 +1032,7 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
 
 /// An I/O error as the tools say it: its reason, without Rust's
 /// "(os error N)".
-fn io_reason(e: &std::io::Error) -> String {
+pub(crate) fn io_reason(e: &std::io::Error) -> String {
     let text = e.to_string();
     match text.split_once(" (os error") {
         Some((reason, _)) => reason.to_string(),

@@ -2910,3 +2910,167 @@ fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
         assert!(d.join(&name).exists() && !d.join("g").exists());
     }
 }
+
+/// A directory for one side of an lzop case: `a` and `b` (b older),
+/// `a.lzo` and `b.lzo` packed by lzop, `qq` lzop data without a suffix,
+/// `cut.lzo` cut short, `plain` no lzop at all, `two.lzo` two members,
+/// `d/` a directory, `out/` another.
+fn lzop_case_dir(root: &Path, a: &[u8], b: &[u8]) {
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    std::fs::create_dir_all(root.join("out")).unwrap();
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_577_934_245);
+    for (name, data) in [("a", a), ("b", b)] {
+        std::fs::write(root.join(name), data).unwrap();
+        let f = std::fs::File::options()
+            .write(true)
+            .open(root.join(name))
+            .unwrap();
+        f.set_modified(when).unwrap();
+    }
+    for name in ["a", "b"] {
+        assert!(tool_in(root, "lzop", ["-q", name]).status.success());
+    }
+    let packed_a = std::fs::read(root.join("a.lzo")).unwrap();
+    let packed_b = std::fs::read(root.join("b.lzo")).unwrap();
+    std::fs::write(root.join("qq"), &packed_a).unwrap();
+    std::fs::write(root.join("cut.lzo"), &packed_a[..packed_a.len() / 2]).unwrap();
+    std::fs::write(root.join("plain"), b"no lzop here\n").unwrap();
+    std::fs::write(root.join("two.lzo"), [packed_a, packed_b].concat()).unwrap();
+}
+
+/// The `lzop` link beside lzop: what each command line leaves (the names
+/// in the directory, the bytes each one decodes to, the time an unpacked
+/// file is given) and its status; `-l` prints the same tables byte for
+/// byte, and `-t` the same "testing X OK" lines. cairn had no lzop link:
+/// `lzop -9` was cairn's own usage error (`tar --lzop`, Linux's KLZOP).
+#[test]
+fn lzop_link_takes_lzops_command_lines() {
+    if !have("lzop") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "lzop");
+    let (a, b) = (mixed(700_000, 91), mixed(30_000, 92));
+    // What a side's directory holds: each name with the CRC of what it
+    // decodes to (lzop data by lzop -dc, else its bytes), and a's time.
+    let state = |root: &Path| -> Vec<(PathBuf, u32)> {
+        tree(root)
+            .into_iter()
+            .map(|rel| {
+                let bytes = std::fs::read(root.join(&rel)).unwrap();
+                let out = tool_in(root, "lzop", ["-dc".as_ref(), rel.as_os_str()]);
+                // (Status 2: a file of several members, decoded whole.)
+                let decoded = match out.status.code() {
+                    Some(0 | 2) => out.stdout,
+                    _ => bytes,
+                };
+                (rel, crc32fast::hash(&decoded))
+            })
+            .collect()
+    };
+    let mtime = |p: &Path| std::fs::metadata(p).ok().and_then(|m| m.modified().ok());
+    let cases: &[&[&str]] = &[
+        &["a"],
+        &["-U", "a"],
+        &["-U", "-k", "a"],
+        &["-9U", "a", "b"],
+        &["-1", "--delete", "a"],
+        &["--crc32", "-F", "a"],
+        &["-f", "a", "b"],
+        &["a.lzo"],
+        &["-f", "a.lzo"],
+        &["-cU", "a"],
+        &["-pout", "a"],
+        &["-p", "a"],
+        &["--path=out", "-U", "a"],
+        &["-o", "joined.lzo", "a", "b"],
+        &["-ojoined.lzo", "-9", "a"],
+        &["-S", ".lz", "a"],
+        &["-r", "a"],
+        &["--foo", "a"],
+        &["-o"],
+        &["d"],
+        &["missing", "b"],
+        &["-d", "a.lzo"],
+        &["-df", "a.lzo"],
+        &["-d", "-U", "-f", "a.lzo", "b.lzo"],
+        &["-d", "--no-time", "-f", "a.lzo"],
+        &["-d", "qq"],
+        &["-df", "cut.lzo"],
+        &["-df", "plain", "b.lzo"],
+        &["-dpout", "a.lzo"],
+        &["-t", "a.lzo", "b.lzo"],
+        &["-tq", "a.lzo"],
+        &["-t", "plain"],
+    ];
+    for args in cases {
+        let mut seen = vec![];
+        for (side, exe) in &sides {
+            let root = dir.path().join(format!("{side}{}", args.concat()));
+            lzop_case_dir(&root, &a, &b);
+            // -d makes `a` anew from a.lzo.
+            if args.contains(&"-d") || args.contains(&"-df") {
+                std::fs::remove_file(root.join("a")).unwrap();
+            }
+            let out = tool_in(&root, exe, *args);
+            // lzop leaves what it decoded of a cut file under the whole
+            // file's name; cairn removes it, as gzip does (the one
+            // difference kept on purpose).
+            if *side == "peer" && args.contains(&"cut.lzo") {
+                let _ = std::fs::remove_file(root.join("cut"));
+            }
+            let testing: Vec<String> = String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| l.starts_with("testing "))
+                .map(str::to_string)
+                .collect();
+            seen.push((
+                out.status.code(),
+                state(&root),
+                mtime(&root.join("a")),
+                testing,
+            ));
+        }
+        assert_eq!(seen[0], seen[1], "lzop {args:?}: lzop's, the link's");
+    }
+    // -l: the tables, from the same files on both sides.
+    let root = dir.path().join("lists");
+    lzop_case_dir(&root, &a, &b);
+    std::fs::rename(root.join("b.lzo"), root.join("renamed.lzo")).unwrap();
+    // lzop marks the members of one run over several inputs as parts.
+    assert!(tool_in(&root, "lzop", ["-o", "multi.lzo", "a", "b"])
+        .status
+        .success());
+    let lists: &[&[&str]] = &[
+        &["-l", "a.lzo"],
+        &["-l", "a.lzo", "renamed.lzo"],
+        &["-lv", "a.lzo", "renamed.lzo"],
+        &["-lq", "a.lzo", "renamed.lzo"],
+        &["-lN", "renamed.lzo", "qq"],
+        &["-l", "two.lzo"],
+        &["-l", "multi.lzo", "a.lzo"],
+        &["-l", "cut.lzo"],
+        &["-l", "plain", "d", "missing", "a.lzo"],
+    ];
+    for args in lists {
+        let mut seen = vec![];
+        for (_, exe) in &sides {
+            let out = tool_in(&root, exe, *args);
+            seen.push((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            ));
+        }
+        assert_eq!(seen[0], seen[1], "lzop {args:?}: lzop's, the link's");
+    }
+    // Standard input to standard output, both ways, as tar --lzop runs it.
+    let packed = run_ok(s(&sides[1].1), &["-9"], &a);
+    assert!(run_ok("lzop", &["-dc"], &packed) == a);
+    let listed = pipe(std::process::Command::new(&sides[1].1).arg("-l"), &packed);
+    let peer = pipe(std::process::Command::new("lzop").arg("-l"), &packed);
+    assert_eq!(listed.stdout, peer.stdout);
+    assert!(run_ok(s(&sides[1].1), &["-d"], &run_ok("lzop", &[], &a)) == a);
+    let parts = std::fs::read(root.join("multi.lzo")).unwrap();
+    let both = [a.clone(), b.clone()].concat();
+    assert!(run_ok(s(&sides[1].1), &["-dc"], &parts) == both);
+}

@@ -53,8 +53,9 @@ mod testutil;
 pub use block::{BlockCodec, CodecKind, CodecSpec};
 pub use error::{CodecError, Result};
 pub use format::{
-    decode_all, encode_all, BlockEncoder, BlockMeta, ContentCheck, ContentChecker, DecodeOptions,
-    EncodeOptions, Format, Framer, IntegrityCheck, Origin, Splitter, Unit, UnitDecoder, UnitKind,
+    decode_all, encode_all, encode_all_with, BlockEncoder, BlockMeta, ContentCheck, ContentChecker,
+    DecodeOptions, EncodeOptions, Format, Framer, IntegrityCheck, Origin, Splitter, Unit,
+    UnitDecoder, UnitKind,
 };
 pub use inflate::index::{GzipIndex, IndexError as GzipIndexError};
 pub use input::Input;

@@ -197,10 +197,11 @@ pub(crate) fn plan(
         }
     }
     // Several inputs into one output: their outputs are joined in it,
-    // which keeps none of their names, so only when forced (as zstd).
-    // Checked or listed, nothing is written (zstd -t ignores -o).
+    // which keeps none of their names, so only when forced (as zstd) or
+    // as lzop does it. Checked or listed, nothing is written (zstd -t
+    // ignores -o).
     let joined = opts.output.is_some() && inputs.len() > 1 && !check_only;
-    if joined && !opts.force {
+    if joined && !opts.force && !opts.joins_unforced {
         return Err(Error::OneOutputManyInputs(inputs.len()));
     }
     // An input the joined output would replace (`-f -o a a b`) stops
@@ -534,15 +535,14 @@ fn run_all(
     let outcome = match (failed.len(), committed) {
         (_, Err(e)) => Err(e),
         (0, Ok(())) => Ok(()),
-        _ => Err(Error::Failed {
-            warnings_only: failed.iter().all(|(_, e)| e.is_warning()),
-            data_errors: failed.iter().any(|(_, e)| e.is_data_error()),
-            outputs_in_way: failed
-                .iter()
-                .any(|(_, e)| matches!(e.inner(), Error::Exists { .. })),
-            failed: failed.into_iter().map(|(name, _)| name).collect(),
-            total,
-        }),
+        _ => {
+            let (failed, causes) = failed.into_iter().unzip();
+            Err(Error::Failed {
+                failed,
+                total,
+                causes,
+            })
+        }
     };
     Run {
         summaries,
@@ -1274,22 +1274,30 @@ fn origin_of(path: &Path, meta: &std::fs::Metadata) -> cairn_codec::Origin {
     }
 }
 
-/// The output `gunzip -N` writes for `plan`, whose gzip stream starts
-/// with `head`: named after the name its first member keeps (its last
-/// path component, in the input's directory), when the output is named
-/// from the input; and the time that member keeps, when it keeps one.
-fn restored_origin(plan: &Plan, head: &[u8]) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
+/// The output `gunzip -N` (and `lzop -dN`) writes for `plan`, whose
+/// gzip or lzop stream starts with `head`: named after the name its
+/// first member keeps (its last path component, in the input's
+/// directory), when the output is named from the input; and the time
+/// that member keeps, when it keeps one.
+fn restored_origin(
+    plan: &Plan,
+    format: Format,
+    head: &[u8],
+) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
     use std::os::unix::ffi::OsStrExt;
-    let Some((origin, _)) = cairn_codec::format::gzip::origin(head) else {
+    let kept = match format {
+        Format::Gzip => {
+            cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, u64::from(o.mtime)))
+        }
+        Format::Lzop => cairn_codec::format::lzop::first_header(head).map(|h| (h.name, h.mtime)),
+        _ => None,
+    };
+    let Some((kept_name, kept_time)) = kept else {
         return (None, None);
     };
-    let mtime = (origin.mtime != 0)
-        .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::from(origin.mtime)));
-    let kept = origin
-        .name
-        .rsplit(|&b| b == b'/')
-        .next()
-        .unwrap_or_default();
+    let mtime =
+        (kept_time != 0).then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(kept_time));
+    let kept = kept_name.rsplit(|&b| b == b'/').next().unwrap_or_default();
     let name = std::ffi::OsStr::from_bytes(kept);
     let path = match (&plan.source, &plan.dest) {
         // Never the input's own name: the output would replace the input,
@@ -1452,8 +1460,8 @@ fn unpack_one(
     };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
     let (renamed, restored_mtime) = match format {
-        Format::Gzip if restore.name || restore.time => {
-            let (name, time) = restored_origin(plan, &head);
+        Format::Gzip | Format::Lzop if restore.name || restore.time => {
+            let (name, time) = restored_origin(plan, format, &head);
             (name.filter(|_| restore.name), time.filter(|_| restore.time))
         }
         _ => (None, None),
@@ -1461,7 +1469,7 @@ fn unpack_one(
     let renamed_plan;
     let plan = match renamed {
         Some(out) => {
-            tracing::debug!(output = %out.display(), "the name the gzip header keeps (-N)");
+            tracing::debug!(output = %out.display(), "the name the header keeps (-N)");
             renamed_plan = Plan {
                 source: plan.source.clone(),
                 dest: Dest::File(out),
@@ -2174,13 +2182,16 @@ mod tests {
         assert_eq!(said, 2);
         assert!(!run.all_passed_over);
         match run.outcome {
-            Err(Error::Failed {
-                failed,
-                total: 2,
-                warnings_only: false,
-                data_errors: true,
-                ..
-            }) => assert_eq!(failed, [path("c.zst").display().to_string()]),
+            Err(
+                ref e @ Error::Failed {
+                    ref failed,
+                    total: 2,
+                    ..
+                },
+            ) => {
+                assert_eq!(*failed, [path("c.zst").display().to_string()]);
+                assert!(!e.is_warning() && e.is_data_error(), "{e:?}");
+            }
             other => panic!("{other:?}"),
         }
         // One input: its error is the run's, for the caller to judge.

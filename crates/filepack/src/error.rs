@@ -219,13 +219,10 @@ pub enum Error {
         failed: Vec<String>,
         /// How many inputs the run had.
         total: usize,
-        /// Every failure was one gzip only warns of ([`Error::is_warning`]).
-        warnings_only: bool,
-        /// Some input failed on its data ([`Error::is_data_error`]).
-        data_errors: bool,
-        /// Some input's output was in the way ([`Error::Exists`]), which
-        /// xz counts as an error where its other refusals are warnings.
-        outputs_in_way: bool,
+        /// What each of them failed on, in the same order (a tool judges
+        /// the run by them: xz and lzop count an output in the way as an
+        /// error where their other refusals are warnings).
+        causes: Vec<Error>,
     },
 }
 
@@ -239,6 +236,15 @@ impl Error {
         }
     }
 
+    /// Whether `is` holds of this error (without its input's name), or
+    /// of any input's in a run of several ([`Error::Failed`]).
+    pub fn any_cause(&self, is: impl Fn(&Error) -> bool) -> bool {
+        match self.inner() {
+            Error::Failed { causes, .. } => causes.iter().any(|e| is(e.inner())),
+            one => is(one),
+        }
+    }
+
     /// An input gzip leaves alone with a warning and exit status 2 rather
     /// than an error and 1: a name with no known suffix to take off, an
     /// output that exists, an input that is a directory (without `-r`),
@@ -248,7 +254,7 @@ impl Error {
     pub fn is_warning(&self) -> bool {
         match self {
             Error::Input { source, .. } => source.is_warning(),
-            Error::Failed { warnings_only, .. } => *warnings_only,
+            Error::Failed { causes, .. } => causes.iter().all(Error::is_warning),
             Error::SymlinkInput { warning, .. } => *warning,
             Error::UnknownSuffix
             | Error::AlreadySuffixed { .. }
@@ -270,7 +276,7 @@ impl Error {
     pub fn is_data_error(&self) -> bool {
         match self {
             Error::Input { source, .. } => source.is_data_error(),
-            Error::Failed { data_errors, .. } => *data_errors,
+            Error::Failed { causes, .. } => causes.iter().any(Error::is_data_error),
             Error::OtherFormat { .. } => true,
             Error::Codec(e) => !matches!(
                 e,

@@ -157,6 +157,9 @@ pub struct Options {
     /// with `force`, as xz and bzip2 leave it (gzip and pigz pack
     /// `x.gz` into `x.gz.gz` with -f).
     pub suffixed_despite_force: bool,
+    /// Several inputs with one `output` are written into it one after
+    /// another without `force` (lzop -o); else only when forced (zstd).
+    pub joins_unforced: bool,
     /// With `recursive`, a file under a directory whose output cannot be
     /// named (unpacking, a name with no known suffix) is an input that
     /// fails, as zstd -dr says of it; gzip and pigz pass over it without

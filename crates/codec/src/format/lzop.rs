@@ -4,16 +4,22 @@
 //! are independent, so cairn groups them into units and decodes in
 //! parallel. lzop stores a block uncompressed when LZO does not shrink it.
 //!
-//! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940,
-//! method (1 = LZO1X-1 at levels 1-6, 3 = LZO1X-999 at 7-9), level, flags
-//! (Adler-32 of the data, Unix; lzop's defaults), mode 0644, the input's
-//! modification time and name as lzop keeps them (none from standard
-//! input or with `-n`), Adler-32 of the header.
+//! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940
+//! (0x1010 with CRC-32s, as lzop), method (1 = LZO1X-1 at levels 1-6, 3 =
+//! LZO1X-999 at 7-9), level, flags (Unix, and the data's check: Adler-32
+//! by default, CRC-32 with `--crc32`, none with `-F`, which lzop ignores
+//! at levels 7-9 and so does cairn), mode 0644, the input's modification
+//! time and name as lzop keeps them (none from standard input or with
+//! `-n`), Adler-32 of the header (CRC-32 with CRC-32s).
+//!
+//! [`members`] reads what `lzop -l` lists (each member's header and the
+//! sizes of its blocks), passing over the blocks' data.
 
 use super::{be32, in_stream, pass_plain, BlockMeta, Unit, UnitKind, MAX_UNIT};
 use crate::block::{BlockCodec, LzoCodec};
 use crate::error::{CodecError, Result};
 use crate::input::{begins_like, Input};
+use crate::IntegrityCheck;
 
 const NAME: &str = "lzop";
 /// The lzop magic.
@@ -27,7 +33,8 @@ const F_ADLER32_C: u32 = 0x0002;
 const F_H_EXTRA_FIELD: u32 = 0x0040;
 const F_CRC32_D: u32 = 0x0100;
 const F_CRC32_C: u32 = 0x0200;
-const F_MULTIPART: u32 = 0x0400;
+/// Set in every member `lzop -c a b` or `lzop -o x a b` writes.
+pub const F_MULTIPART: u32 = 0x0400;
 const F_H_FILTER: u32 = 0x0800;
 const F_H_CRC32: u32 = 0x1000;
 const F_OS_UNIX: u32 = 0x0300_0000;
@@ -38,16 +45,56 @@ fn adler(data: &[u8]) -> u32 {
     simd_adler32::adler32(&data)
 }
 
+/// The sum each block's data carries, as lzop's flags name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sum {
+    Adler32,
+    Crc32,
+    None,
+}
+
+impl Sum {
+    /// The sum for `check` at `level`: lzop stores one at levels 7-9 even
+    /// when told not to (`-F`).
+    fn of(check: IntegrityCheck, level: i32) -> Sum {
+        match check {
+            IntegrityCheck::Crc32 => Sum::Crc32,
+            IntegrityCheck::None if level < 7 => Sum::None,
+            _ => Sum::Adler32,
+        }
+    }
+
+    fn of_data(self, data: &[u8]) -> Option<u32> {
+        match self {
+            Sum::Adler32 => Some(adler(data)),
+            Sum::Crc32 => Some(crc32fast::hash(data)),
+            Sum::None => None,
+        }
+    }
+
+    fn flags(self) -> u32 {
+        match self {
+            Sum::Adler32 => F_ADLER32_D,
+            Sum::Crc32 => F_CRC32_D | F_H_CRC32,
+            Sum::None => 0,
+        }
+    }
+}
+
 /// Compresses input into lzop blocks.
 pub struct Encoder {
     codec: LzoCodec,
+    sum: Sum,
 }
 
 impl Encoder {
-    /// An encoder at lzop `level` (1-6 = LZO1X-1, 7-9 = LZO1X-999).
-    pub fn new(level: i32) -> Self {
+    /// An encoder at lzop `level` (1-6 = LZO1X-1, 7-9 = LZO1X-999),
+    /// each block's data summed as `check` says (the default: Adler-32;
+    /// CRC-32; none, but at levels 7-9, as lzop).
+    pub fn new(level: i32, check: IntegrityCheck) -> Self {
         Encoder {
             codec: LzoCodec::new(level),
+            sum: Sum::of(check, level),
         }
     }
 }
@@ -56,20 +103,25 @@ impl super::BlockEncoder for Encoder {
     fn encode(&mut self, src: &[u8], out: &mut Vec<u8>) -> Result<BlockMeta> {
         let start = out.len();
         for piece in src.chunks(BLOCK) {
-            // Block: uncompressed length, compressed length, Adler-32 of the
-            // uncompressed bytes (lzop's default: no sum of the compressed
-            // bytes), data; stored as is when LZO does not shrink it.
+            // Block: uncompressed length, compressed length, the sum of
+            // the uncompressed bytes (lzop's default: no sum of the
+            // compressed bytes), data; stored as is when LZO does not
+            // shrink it.
             let at = out.len();
+            let sum = self.sum.of_data(piece);
+            let head = 8 + if sum.is_some() { 4 } else { 0 };
             out.extend_from_slice(&(piece.len() as u32).to_be_bytes());
-            out.extend_from_slice(&[0; 8]);
+            out.extend_from_slice(&[0; 4]);
+            if let Some(sum) = sum {
+                out.extend_from_slice(&sum.to_be_bytes());
+            }
             self.codec.compress(piece, out)?;
-            let clen = (out.len() - at - 12).min(piece.len());
+            let clen = (out.len() - at - head).min(piece.len());
             if clen == piece.len() {
-                out.truncate(at + 12);
+                out.truncate(at + head);
                 out.extend_from_slice(piece);
             }
             out[at + 4..at + 8].copy_from_slice(&(clen as u32).to_be_bytes());
-            out[at + 8..at + 12].copy_from_slice(&adler(piece).to_be_bytes());
         }
         Ok(BlockMeta {
             raw_len: src.len() as u64,
@@ -82,15 +134,18 @@ impl super::BlockEncoder for Encoder {
 /// Writes the lzop header and the end mark.
 pub struct Framer {
     level: i32,
+    sum: Sum,
     /// The input's name (at most 255 bytes, as lzop's field) and time.
     origin: super::Origin,
 }
 
 impl Framer {
-    /// A framer recording `level` in the header.
-    pub fn new(level: i32) -> Self {
+    /// A framer recording `level` and the blocks' sum (as
+    /// [`Encoder::new`] is given `check`) in the header.
+    pub fn new(level: i32, check: IntegrityCheck) -> Self {
         Framer {
             level,
+            sum: Sum::of(check, level),
             origin: super::Origin::default(),
         }
     }
@@ -109,10 +164,16 @@ impl super::Framer for Framer {
         let method = if self.level <= 6 { 1 } else { 3 };
         out.extend_from_slice(&0x1040u16.to_be_bytes());
         out.extend_from_slice(&0x20a0u16.to_be_bytes());
-        out.extend_from_slice(&0x0940u16.to_be_bytes());
+        // lzop 1.01 read CRC-32s first.
+        let needed: u16 = if self.sum == Sum::Crc32 {
+            0x1010
+        } else {
+            0x0940
+        };
+        out.extend_from_slice(&needed.to_be_bytes());
         out.push(method);
         out.push(self.level.clamp(1, 9) as u8);
-        out.extend_from_slice(&(F_ADLER32_D | F_OS_UNIX).to_be_bytes());
+        out.extend_from_slice(&(self.sum.flags() | F_OS_UNIX).to_be_bytes());
         out.extend_from_slice(&0o100644u32.to_be_bytes());
         // The time's low 32 bits, then its high ones (none here).
         out.extend_from_slice(&self.origin.mtime.to_be_bytes());
@@ -120,7 +181,10 @@ impl super::Framer for Framer {
         let name = &self.origin.name[..self.origin.name.len().min(255)];
         out.push(name.len() as u8);
         out.extend_from_slice(name);
-        let sum = adler(&out[h..]);
+        let sum = match self.sum {
+            Sum::Crc32 => crc32fast::hash(&out[h..]),
+            _ => adler(&out[h..]),
+        };
         out.extend_from_slice(&sum.to_be_bytes());
     }
     fn block(&mut self, _meta: &BlockMeta) {}
@@ -185,86 +249,296 @@ impl Splitter {
 
     fn parse_header(&mut self) -> Result<u32> {
         let off = self.input.offset();
-        let b = self
-            .input
-            .need_start(MAGIC.len() + 2, NAME, |b| begins_like(b, MAGIC))?;
-        if &b[..MAGIC.len()] != MAGIC {
-            return Err(CodecError::TrailingGarbage {
-                format: NAME,
-                offset: off,
-            });
-        }
-        let m = MAGIC.len();
-        let version = u16::from_be_bytes([b[m], b[m + 1]]);
-        // version, lib version, [needed], method, [level], flags, [filter],
-        // mode, mtime low, [mtime high], name length.
-        let mut len = m + 4;
-        if version >= 0x0940 {
-            len += 2;
-        }
-        len += 1; // method
-        if version >= 0x0940 {
-            len += 1; // level
-        }
-        let b = self.input.need(len + 4, NAME)?;
-        let method = b[len - if version >= 0x0940 { 2 } else { 1 }];
-        let flags = be32(b, len);
-        len += 4;
-        if !(1..=3).contains(&method) {
-            return Err(CodecError::corrupt(
-                NAME,
-                off + len as u64 - 5,
-                format!("unsupported method {method}"),
-            ));
-        }
-        if flags & F_H_FILTER != 0 {
-            len += 4;
-        }
-        len += 8; // mode, mtime low
-        if version >= 0x0940 {
-            len += 4;
-        }
-        let b = self.input.need(len + 1, NAME)?;
-        let name_len = usize::from(b[len]);
-        len += 1 + name_len;
-        let b = self.input.need(len + 4, NAME)?;
-        let stored = be32(b, len);
-        let got = if flags & F_H_CRC32 != 0 {
-            crc32fast::hash(&b[m..len])
-        } else {
-            adler(&b[m..len])
+        let mut n = MAGIC.len() + 2;
+        self.input
+            .need_start(n, NAME, |b| begins_like(b, MAGIC))
+            .and_then(|b| magic(b, off))?;
+        let header = loop {
+            match header(self.input.need(n, NAME)?, off)? {
+                Parsed::Needs(more) => n = more,
+                Parsed::Header(h) => break h,
+            }
         };
-        if stored != got {
+        self.input.consume(header.len);
+        self.files += 1;
+        Ok(header.flags)
+    }
+}
+
+/// What an lzop member's header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// 1 (LZO1X-1), 2 (LZO1X-1(15)) or 3 (LZO1X-999).
+    pub method: u8,
+    /// The level it was packed at (0 in headers before lzop 0.94).
+    pub level: u8,
+    /// lzop's flags (the sums the blocks carry, the system).
+    pub flags: u32,
+    /// The packed file's mode.
+    pub mode: u32,
+    /// Its modification time, in seconds since the epoch (0: none).
+    pub mtime: u64,
+    /// Its name as kept (empty: none).
+    pub name: Vec<u8>,
+    /// The header's length, magic and extra field included.
+    pub len: usize,
+}
+
+impl Header {
+    /// lzop's name of the method (`lzop -l`'s first column): LZO1X-999
+    /// with the level it ran at.
+    pub fn method_name(&self) -> String {
+        match self.method {
+            1 => "LZO1X-1".into(),
+            2 => "LZO1X-1(15)".into(),
+            3 if self.level > 0 => format!("LZO1X-999/{}", self.level),
+            3 => "LZO1X-999".into(),
+            m => format!("method {m}"),
+        }
+    }
+}
+
+/// A header read so far: the length it needs to be read whole, or it.
+enum Parsed {
+    Needs(usize),
+    Header(Header),
+}
+
+/// `b` (at least the magic and the version) begins with the lzop magic:
+/// else what is there is no lzop member.
+fn magic(b: &[u8], off: u64) -> Result<()> {
+    if &b[..MAGIC.len()] != MAGIC {
+        return Err(CodecError::TrailingGarbage {
+            format: NAME,
+            offset: off,
+        });
+    }
+    Ok(())
+}
+
+/// The header at the start of `b` (at `off` in the stream), checked
+/// against its sum, or how many bytes it needs to be read whole.
+fn header(b: &[u8], off: u64) -> Result<Parsed> {
+    let m = MAGIC.len();
+    if b.len() < m + 2 {
+        return Ok(Parsed::Needs(m + 2));
+    }
+    magic(b, off)?;
+    let version = u16::from_be_bytes([b[m], b[m + 1]]);
+    let new = version >= 0x0940;
+    // version, lib version, [needed], method, [level], flags, [filter],
+    // mode, mtime low, [mtime high], name length.
+    let mut len = m + 4 + if new { 2 } else { 0 };
+    let method_at = len;
+    len += 1 + usize::from(new);
+    if b.len() < len + 4 {
+        return Ok(Parsed::Needs(len + 4));
+    }
+    let method = b[method_at];
+    let level = if new { b[method_at + 1] } else { 0 };
+    let flags = be32(b, len);
+    len += 4;
+    if !(1..=3).contains(&method) {
+        return Err(CodecError::corrupt(
+            NAME,
+            off + method_at as u64,
+            format!("unsupported method {method}"),
+        ));
+    }
+    if flags & F_H_FILTER != 0 {
+        len += 4;
+    }
+    let times_at = len;
+    len += 8 + if new { 4 } else { 0 };
+    if b.len() < len + 1 {
+        return Ok(Parsed::Needs(len + 1));
+    }
+    let mode = be32(b, times_at);
+    let high = if new { be32(b, times_at + 8) } else { 0 };
+    let mtime = u64::from(be32(b, times_at + 4)) | u64::from(high) << 32;
+    let name_len = usize::from(b[len]);
+    len += 1 + name_len;
+    if b.len() < len + 4 {
+        return Ok(Parsed::Needs(len + 4));
+    }
+    let name = b[len - name_len..len].to_vec();
+    let stored = be32(b, len);
+    let got = if flags & F_H_CRC32 != 0 {
+        crc32fast::hash(&b[m..len])
+    } else {
+        adler(&b[m..len])
+    };
+    if stored != got {
+        return Err(CodecError::corrupt(
+            NAME,
+            off + len as u64,
+            "header checksum mismatch",
+        ));
+    }
+    len += 4;
+    if flags & F_H_EXTRA_FIELD != 0 {
+        if b.len() < len + 4 {
+            return Ok(Parsed::Needs(len + 4));
+        }
+        let extra = be32(b, len) as usize;
+        if extra > (1 << 20) {
             return Err(CodecError::corrupt(
                 NAME,
                 off + len as u64,
-                "header checksum mismatch",
+                "extra field too large",
             ));
         }
-        len += 4;
-        if flags & F_H_EXTRA_FIELD != 0 {
-            let b = self.input.need(len + 4, NAME)?;
-            let extra = be32(b, len) as usize;
-            if extra > (1 << 20) {
+        len += 4 + extra + 4;
+        if b.len() < len {
+            return Ok(Parsed::Needs(len));
+        }
+    }
+    // F_MULTIPART marks the members of one `lzop -c a b` (each a file
+    // of its own to lzop -d, one stream after another to lzop -dc): they
+    // decode as any members do.
+    Ok(Parsed::Header(Header {
+        method,
+        level,
+        flags,
+        mode,
+        mtime,
+        name,
+        len,
+    }))
+}
+
+/// The header of the first member of an lzop stream beginning with
+/// `prefix` (its name and time, as `lzop -d` restores them); `None`
+/// when `prefix` holds no whole, valid one.
+pub fn first_header(prefix: &[u8]) -> Option<Header> {
+    match header(prefix, 0) {
+        Ok(Parsed::Header(h)) => Some(h),
+        _ => None,
+    }
+}
+
+/// One member of an lzop file, as `lzop -l` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its header.
+    pub header: Header,
+    /// The bytes of its blocks' data, as packed (sizes and sums not
+    /// counted, as lzop counts them).
+    pub packed: u64,
+    /// The bytes they decode to.
+    pub unpacked: u64,
+}
+
+/// The members of the lzop file `r` reads (from its start), their
+/// headers read whole and their blocks' sizes summed; `pass_over`
+/// moves `r` on by a number of bytes without reading them where it can
+/// (a file seeks). [`CodecError::UnknownFormat`] where it does not begin
+/// as lzop; an error names what is wrong and where. Nothing is decoded
+/// or checked but the headers, and memory stays within a header.
+pub fn members<R: std::io::Read>(
+    r: &mut R,
+    pass_over: fn(&mut R, u64) -> std::io::Result<()>,
+) -> Result<Vec<Member>> {
+    let mut at = 0u64;
+    let mut b = Vec::new();
+    // Read to `n` bytes in `b`, short only at the end of the input.
+    let fill = |r: &mut R, b: &mut Vec<u8>, n: usize, at: u64| -> Result<()> {
+        let have = b.len();
+        b.resize(n, 0);
+        let mut got = have;
+        while got < n {
+            match r.read(&mut b[got..]) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(CodecError::Io {
+                        offset: at + got as u64,
+                        source,
+                    })
+                }
+            }
+        }
+        b.truncate(got);
+        Ok(())
+    };
+    let mut members = Vec::new();
+    loop {
+        b.clear();
+        fill(r, &mut b, MAGIC.len() + 2, at)?;
+        if b.is_empty() && !members.is_empty() {
+            return Ok(members);
+        }
+        if !b.starts_with(MAGIC) {
+            return Err(match members.is_empty() {
+                true => CodecError::UnknownFormat,
+                false => CodecError::TrailingGarbage {
+                    format: NAME,
+                    offset: at,
+                },
+            });
+        }
+        let header = loop {
+            let n = match header(&b, at)? {
+                Parsed::Header(h) => break h,
+                Parsed::Needs(n) => n,
+            };
+            fill(r, &mut b, n, at)?;
+            if b.len() < n {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: at + b.len() as u64,
+                });
+            }
+        };
+        at += header.len as u64;
+        let mut member = Member {
+            header,
+            packed: 0,
+            unpacked: 0,
+        };
+        loop {
+            b.clear();
+            fill(r, &mut b, 4, at)?;
+            let dst_len = match b.len() {
+                4 => be32(&b, 0),
+                got => {
+                    return Err(CodecError::Truncated {
+                        format: NAME,
+                        offset: at + got as u64,
+                    })
+                }
+            };
+            if dst_len == 0 {
+                at += 4;
+                break;
+            }
+            fill(r, &mut b, 8, at)?;
+            if b.len() < 8 {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: at + b.len() as u64,
+                });
+            }
+            let src_len = be32(&b, 4);
+            if dst_len as usize > MAX_BLOCK || src_len > dst_len {
                 return Err(CodecError::corrupt(
                     NAME,
-                    off + len as u64,
-                    "extra field too large",
+                    at,
+                    format!("block sizes {src_len} of {dst_len} bytes"),
                 ));
             }
-            len += 4 + extra + 4;
-            self.input.need(len, NAME)?;
+            let flags = member.header.flags;
+            let rest = sums_len(flags, src_len == dst_len) as u64 + u64::from(src_len);
+            pass_over(r, rest).map_err(|source| CodecError::Io {
+                offset: at + 8,
+                source,
+            })?;
+            at += 8 + rest;
+            member.packed += u64::from(src_len);
+            member.unpacked += u64::from(dst_len);
         }
-        if flags & F_MULTIPART != 0 {
-            return Err(CodecError::corrupt(
-                NAME,
-                off,
-                "multipart lzop files are not supported",
-            ));
-        }
-        self.input.consume(len);
-        self.files += 1;
-        Ok(flags)
+        members.push(member);
     }
 }
 
@@ -433,5 +707,142 @@ impl Decoder {
             i = p + src_len;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
+
+    use super::*;
+    use crate::format::{decode_all, encode_all_with, EncodeOptions, Format, Framer as _};
+
+    /// Text-like bytes that compress, `len` of them.
+    fn text(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| b"lzop keeps what it packs "[(i * 7 + i / 300) % 25])
+            .collect()
+    }
+
+    fn packed(level: i32, check: IntegrityCheck, data: &[u8]) -> Vec<u8> {
+        let opts = EncodeOptions {
+            check,
+            ..EncodeOptions::default()
+        };
+        encode_all_with(Format::Lzop, level, 1 << 20, &opts, data).unwrap()
+    }
+
+    fn pass_over(r: &mut std::io::Cursor<&[u8]>, n: u64) -> std::io::Result<()> {
+        std::io::Seek::seek(r, std::io::SeekFrom::Current(n as i64)).map(|_| ())
+    }
+
+    #[test]
+    fn the_sum_asked_is_the_sum_written_as_lzop_writes_it() {
+        let data = text(600 << 10);
+        // (check, level, flags of the data's sum, version needed)
+        let cases = [
+            (IntegrityCheck::Default, 3, F_ADLER32_D, 0x0940),
+            (IntegrityCheck::Crc32, 3, F_CRC32_D | F_H_CRC32, 0x1010),
+            (IntegrityCheck::None, 3, 0, 0x0940),
+            // lzop -F -9 keeps the sum.
+            (IntegrityCheck::None, 9, F_ADLER32_D, 0x0940),
+        ];
+        for (check, level, sum_flags, needed) in cases {
+            let file = packed(level, check, &data);
+            let h = first_header(&file).unwrap();
+            assert_eq!(h.flags, sum_flags | F_OS_UNIX, "{check} -{level}");
+            assert_eq!(u16::from_be_bytes([file[13], file[14]]), needed);
+            assert!(decode_all(&file).unwrap() == data, "{check} -{level}");
+            // Three blocks, each with its sizes and 4 bytes of sum or none.
+            let sums = if sum_flags == 0 { 0 } else { 4 };
+            let m = members(&mut std::io::Cursor::new(&file[..]), pass_over).unwrap();
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].unpacked, data.len() as u64);
+            assert_eq!(
+                m[0].packed,
+                (file.len() - h.len - 4 - 3 * (8 + sums)) as u64,
+                "{check} -{level}"
+            );
+            // A damaged sum is found.
+            if sums > 0 {
+                let mut bad = file.clone();
+                bad[h.len + 8] ^= 1;
+                assert!(decode_all(&bad).is_err(), "{check} -{level}");
+            }
+        }
+    }
+
+    #[test]
+    fn members_are_listed_from_headers_and_block_sizes() {
+        let mut file = Vec::new();
+        for (name, mtime, len, level) in [("a", 1_600_000_000, 300_000, 3), ("b.txt", 0, 5, 9)] {
+            let mut framer = Framer::new(level, IntegrityCheck::Default);
+            framer.origin(&crate::format::Origin {
+                name: name.as_bytes().to_vec(),
+                mtime,
+            });
+            let data = text(len);
+            let whole = packed(level, IntegrityCheck::Default, &data);
+            let mut head = Vec::new();
+            framer.header(&mut head);
+            let plain = first_header(&whole).unwrap().len;
+            file.extend_from_slice(&head);
+            file.extend_from_slice(&whole[plain..]);
+        }
+        let m = members(&mut std::io::Cursor::new(&file[..]), pass_over).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (m[0].header.name.as_slice(), m[0].header.mtime),
+            (&b"a"[..], 1_600_000_000)
+        );
+        assert_eq!(
+            (m[1].header.name.as_slice(), m[1].header.mtime),
+            (&b"b.txt"[..], 0)
+        );
+        assert_eq!((m[0].unpacked, m[1].unpacked), (300_000, 5));
+        assert_eq!(m[0].header.method_name(), "LZO1X-1");
+        assert_eq!(m[1].header.method_name(), "LZO1X-999/9");
+        assert!(m[0].packed < 300_000 && m[0].packed > 0);
+        // Read from a pipe, passing over by reading, the same.
+        let mut r = std::io::Cursor::new(&file[..]);
+        let read_over = |r: &mut std::io::Cursor<&[u8]>, n: u64| {
+            std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink()).map(|_| ())
+        };
+        assert_eq!(members(&mut r, read_over).unwrap(), m);
+    }
+
+    #[test]
+    fn what_is_no_whole_lzop_file_is_said_where() {
+        let file = packed(3, IntegrityCheck::Default, &text(100_000));
+        let list = |b: &[u8]| members(&mut std::io::Cursor::new(b), pass_over);
+        assert!(matches!(list(b""), Err(CodecError::UnknownFormat)));
+        assert!(matches!(
+            list(b"not lzop at all"),
+            Err(CodecError::UnknownFormat)
+        ));
+        assert!(matches!(
+            list(&file[..20]),
+            Err(CodecError::Truncated { .. })
+        ));
+        let h = first_header(&file).unwrap().len;
+        assert!(matches!(
+            list(&file[..h + 6]),
+            Err(CodecError::Truncated { .. })
+        ));
+        // Cut inside a block's data: the end mark is not where it should be.
+        assert!(list(&file[..file.len() - 40]).is_err());
+        let mut garbage = file.clone();
+        garbage.extend_from_slice(b"junk after it");
+        assert!(matches!(
+            list(&garbage),
+            Err(CodecError::TrailingGarbage { offset, .. }) if offset == file.len() as u64
+        ));
+        let mut bad = file.clone();
+        bad[12] ^= 1;
+        assert!(matches!(list(&bad), Err(CodecError::Corrupt { .. })));
+        // A block claiming more than lzop allows.
+        let mut huge = file.clone();
+        huge[h..h + 4].copy_from_slice(&(MAX_BLOCK as u32 + 1).to_be_bytes());
+        assert!(matches!(list(&huge), Err(CodecError::Corrupt { .. })));
     }
 }

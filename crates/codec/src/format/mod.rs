@@ -83,9 +83,10 @@ pub enum IntegrityCheck {
     /// The format's own: gzip's CRC-32, zstd's XXH64, xz's CRC64...
     #[default]
     Default,
-    /// None at all (xz and zstd only).
+    /// None at all (xz, zstd and lzop only; lzop keeps one at levels
+    /// 7-9 anyway, as lzop -F).
     None,
-    /// CRC-32 (xz).
+    /// CRC-32 (xz; lzop's --crc32).
     Crc32,
     /// CRC-64 (xz; its default).
     Crc64,
@@ -300,7 +301,8 @@ impl Format {
     /// Refuse what `opts` asks of a format that lacks it: long-distance
     /// matching (`--long=N`) but for zstd, xz's extreme presets (`-e`)
     /// but for xz, and a check other than the format's own (xz: none,
-    /// CRC32, CRC64 or SHA-256; zstd: XXH64 or none; the others always
+    /// CRC32, CRC64 or SHA-256; zstd: XXH64 or none; lzop: Adler-32,
+    /// CRC-32 or none; the others always
     /// carry theirs), lz4's legacy frames and favoring decompression
     /// speed but for lz4.
     pub fn check_options(self, opts: &EncodeOptions) -> Result<()> {
@@ -346,6 +348,11 @@ impl Format {
             // xz takes a check for .lzma and writes none, as here.
             Format::Xz | Format::Lzma => true,
             Format::Zstd => matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None),
+            // lzop's -F and --crc32 (Adler-32 by default).
+            Format::Lzop => matches!(
+                opts.check,
+                IntegrityCheck::Default | IntegrityCheck::None | IntegrityCheck::Crc32
+            ),
             // A legacy frame carries none anyway.
             Format::Lz4 if opts.legacy => {
                 matches!(opts.check, IntegrityCheck::Default | IntegrityCheck::None)
@@ -359,7 +366,7 @@ impl Format {
                 Format::Gzip => "always CRC-32",
                 Format::Bzip2 => "always CRC-32",
                 Format::Lz4 => "always XXH32",
-                Format::Lzop => "always Adler-32",
+                Format::Lzop => "Adler-32 (the default), CRC-32 or none",
                 Format::Snappy => "always CRC-32C",
                 Format::Xz | Format::Lzma => "",
             };
@@ -403,7 +410,7 @@ impl Format {
             ),
             Format::Lz4 => Box::new(lz4::Encoder::with(level, opts.legacy, opts.favor_dec_speed)),
             Format::Snappy => Box::new(snappy::Encoder::default()),
-            Format::Lzop => Box::new(lzop::Encoder::new(level)),
+            Format::Lzop => Box::new(lzop::Encoder::new(level, opts.check)),
             Format::Bzip2 => Box::new(bzip2::Encoder::new(level)),
             Format::Xz => Box::new(xz::Encoder::with(
                 level,
@@ -451,7 +458,7 @@ impl Format {
             Format::Lz4 if opts.legacy => Box::new(lz4::LegacyFramer),
             Format::Lz4 => Box::new(lz4::Framer),
             Format::Snappy => Box::new(snappy::Framer::default()),
-            Format::Lzop => Box::new(lzop::Framer::new(level)),
+            Format::Lzop => Box::new(lzop::Framer::new(level, opts.check)),
             Format::Bzip2 | Format::Lzma => Box::new(NoFraming),
             Format::Xz => Box::new(xz::Framer::new(xz::check_id(opts.check))),
         }
@@ -961,9 +968,20 @@ pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
 /// Encode everything in `data` with `format` in one thread (tests, fuzzing
 /// and small inputs): header, blocks of `block_size`, trailer.
 pub fn encode_all(format: Format, level: i32, block_size: usize, data: &[u8]) -> Result<Vec<u8>> {
+    encode_all_with(format, level, block_size, &EncodeOptions::default(), data)
+}
+
+/// As [`encode_all`], with what `opts` asks.
+pub fn encode_all_with(
+    format: Format,
+    level: i32,
+    block_size: usize,
+    opts: &EncodeOptions,
+    data: &[u8],
+) -> Result<Vec<u8>> {
     let block_size = block_size.max(1);
-    let mut enc = format.encoder(level, block_size)?;
-    let mut framer = format.framer(level, &EncodeOptions::default());
+    let mut enc = format.encoder_with(level, block_size, opts)?;
+    let mut framer = format.framer(level, opts);
     let mut out = Vec::new();
     framer.header(&mut out);
     let mut chunks: Vec<&[u8]> = data.chunks(block_size).collect();
