@@ -20,39 +20,119 @@ pub(crate) fn quiet_lists(quiet: bool) -> bool {
     quiet && !LISTS_IN_FULL.load(Ordering::Relaxed)
 }
 
+/// lzop's long options, each a unique prefix of which is taken as it
+/// (as lzop's getopt takes `--decomp`).
+const LONG_OPTIONS: [&str; 38] = [
+    "decompress",
+    "uncompress",
+    "test",
+    "list",
+    "stdout",
+    "to-stdout",
+    "force",
+    "quiet",
+    "silent",
+    "verbose",
+    "name",
+    "no-name",
+    "no-time",
+    "fast",
+    "best",
+    "help",
+    "version",
+    "license",
+    "crc32",
+    "no-checksum",
+    "ignore-warn",
+    "keep",
+    "unlink",
+    "delete",
+    "no-warn",
+    "no-stdin",
+    "no-mode",
+    "no-color",
+    "mono",
+    "color",
+    "checksum",
+    "output",
+    "suffix",
+    "path",
+    "extract",
+    "ls",
+    "info",
+    "sysinfo",
+];
+
+/// The long option `given` names: itself, or the one it is a unique
+/// prefix of.
+fn long_option(given: &str) -> Result<&'static str, String> {
+    if let Some(exact) = LONG_OPTIONS.iter().find(|&&o| o == given) {
+        return Ok(exact);
+    }
+    if given == "filter" || given.starts_with("filter") {
+        return Ok("filter");
+    }
+    let mut starting = LONG_OPTIONS.iter().filter(|o| o.starts_with(given));
+    match (starting.next(), starting.next()) {
+        (Some(one), None) if !given.is_empty() => Ok(one),
+        (Some(_), Some(_)) => Err(format!("option '--{given}' is ambiguous")),
+        _ => Err(format!("unrecognized option '--{given}'")),
+    }
+}
+
+/// lzop's `-S` value: a dot put in front if missing; more than one dot,
+/// or a '/', refused as lzop refuses it.
+fn lzop_suffix(value: &str) -> Result<String, String> {
+    let suffix = match value.starts_with('.') {
+        true => value.to_string(),
+        false => format!(".{value}"),
+    };
+    if suffix.len() < 2 || suffix[1..].contains(['.', '/']) {
+        return Err(format!("invalid suffix '{suffix}'"));
+    }
+    Ok(suffix)
+}
+
 /// lzop's arguments (after the program's name) as `cairn pack`'s, after
 /// the link's `pack -F lzop -k`; an error is lzop's line for a command
 /// line it refuses.
 pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let mut out: Vec<OsString> = Vec::new();
+    let mut names: Vec<OsString> = Vec::new();
     let (mut keep, mut unlink, mut stdout, mut force) = (false, false, false, false);
-    let (mut quiet, mut no_warn, mut no_stdin, mut files) = (false, false, false, 0usize);
+    let (mut quiet, mut no_warn, mut no_stdin) = (false, false, false);
+    let (mut output, mut suffix, mut dir) = (None::<String>, None::<String>, None::<String>);
     let mut words = args.into_iter();
     let unsupported = |what: &str| format!("{what} is not supported by cairn's lzop");
+    // A value: the rest of the word, else the next word.
+    let value_of = |given: Option<String>, words: &mut std::vec::IntoIter<OsString>, what: &str| {
+        given
+            .or_else(|| words.next().and_then(|w| w.into_string().ok()))
+            .ok_or_else(|| format!("option '{what}' requires an argument"))
+    };
+    let set_once = |slot: &mut Option<String>, value: String, what: &str| match slot {
+        Some(_) => Err(format!("option '{what}' more than once given")),
+        None => {
+            *slot = Some(value);
+            Ok(())
+        }
+    };
     while let Some(word) = words.next() {
         let Some(text) = word.to_str().map(str::to_string) else {
             // A name that is no UTF-8 is a file (lzop's options are ASCII).
-            files += 1;
-            out.push(word);
+            names.push(word);
             continue;
         };
         if text == "--" {
-            files += words.len();
-            out.push(word);
-            out.extend(words.by_ref());
+            names.extend(words.by_ref());
             break;
         }
         if let Some(long) = text.strip_prefix("--") {
-            let (name, value) = match long.split_once('=') {
+            let (given, value) = match long.split_once('=') {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (long, None),
             };
-            let mut value_or_next = |name: &str| {
-                value
-                    .clone()
-                    .or_else(|| words.next().and_then(|w| w.into_string().ok()))
-                    .ok_or_else(|| format!("option '--{name}' requires an argument"))
-            };
+            let name = long_option(given)?;
             let flag: &[&str] = match name {
                 "decompress" | "uncompress" => &["-d"],
                 "test" => &["-t"],
@@ -80,7 +160,10 @@ pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 "license" => &["--license"],
                 "crc32" => &["--check=crc32"],
                 "no-checksum" => &["--no-check"],
-                "ignore-warn" => &["-Q"],
+                "ignore-warn" => {
+                    no_warn = true;
+                    &["-Q"]
+                }
                 "keep" => {
                     keep = true;
                     &[]
@@ -102,31 +185,28 @@ pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 // --checksum: lzop's default, deprecated.
                 "no-mode" | "no-color" | "mono" | "color" | "checksum" => &[],
                 "output" => {
-                    out.push("-o".into());
-                    out.push(value_or_next(name)?.into());
+                    let v = value_of(value, &mut words, "--output")?;
+                    set_once(&mut output, v, "-o")?;
                     continue;
                 }
                 "suffix" => {
-                    out.push(format!("--suffix={}", value_or_next(name)?).into());
+                    let v = value_of(value, &mut words, "--suffix")?;
+                    set_once(&mut suffix, lzop_suffix(&v)?, "-S")?;
                     continue;
                 }
                 "path" => {
-                    let dir = value.clone().unwrap_or_else(|| ".".to_string());
-                    out.push(format!("--output-dir-flat={dir}").into());
+                    let v = value_of(value, &mut words, "--path")?;
+                    dir = Some(v);
                     continue;
                 }
                 "extract" => return Err(unsupported("--extract (-x, which restores kept paths)")),
-                "ls" | "info" | "sysinfo" | "filter" => {
-                    return Err(unsupported(&format!("--{name}")))
-                }
-                _ => return Err(format!("unrecognized option '--{name}'")),
+                _ => return Err(unsupported(&format!("--{name}"))),
             };
             out.extend(flag.iter().map(OsString::from));
             continue;
         }
         if text == "-" || !text.starts_with('-') {
-            files += 1;
-            out.push(word);
+            names.push(word);
             continue;
         }
         // A cluster of letters; -o and -S take the rest or the next word,
@@ -134,6 +214,7 @@ pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         let letters: Vec<char> = text[1..].chars().collect();
         for (i, &c) in letters.iter().enumerate() {
             let rest: String = letters[i + 1..].iter().collect();
+            let rest = (!rest.is_empty()).then_some(rest);
             match c {
                 'd' | 'l' | 't' | 'v' | 'n' | 'N' | '1'..='9' => out.push(format!("-{c}").into()),
                 'c' => {
@@ -158,27 +239,18 @@ pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 'h' | 'H' => out.push("--help".into()),
                 'V' => out.push("--version".into()),
                 'L' => out.push("--license".into()),
-                'o' | 'S' => {
-                    let value = match rest.is_empty() {
-                        false => rest,
-                        true => words
-                            .next()
-                            .and_then(|w| w.into_string().ok())
-                            .ok_or_else(|| format!("option '-{c}' requires an argument"))?,
-                    };
-                    match c {
-                        'o' => out.extend(["-o".into(), value.into()]),
-                        _ => out.push(format!("--suffix={value}").into()),
-                    }
+                'o' => {
+                    let v = value_of(rest, &mut words, "-o")?;
+                    set_once(&mut output, v, "-o")?;
+                    break;
+                }
+                'S' => {
+                    let v = value_of(rest, &mut words, "-S")?;
+                    set_once(&mut suffix, lzop_suffix(&v)?, "-S")?;
                     break;
                 }
                 'p' => {
-                    let dir = if rest.is_empty() {
-                        ".".to_string()
-                    } else {
-                        rest
-                    };
-                    out.push(format!("--output-dir-flat={dir}").into());
+                    dir = Some(rest.unwrap_or_else(|| ".".to_string()));
                     break;
                 }
                 'x' => return Err(unsupported("-x (extract, which restores kept paths)")),
@@ -188,21 +260,44 @@ pub(crate) fn arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             }
         }
     }
+    if stdout && output.is_some() {
+        return Err("cannot use both '-c' and '-o'".to_string());
+    }
+    if stdout && suffix.is_some() {
+        return Err("cannot use both '-c' and '-S'".to_string());
+    }
+    if let Some(o) = output {
+        out.extend(["-o".into(), o.into()]);
+    }
+    if let Some(s) = suffix {
+        out.push(format!("--suffix={s}").into());
+    }
+    if let Some(d) = dir {
+        // lzop makes no directory: one that is not there is refused.
+        if !Path::new(&d).is_dir() {
+            return Err(format!("{d}: invalid path: No such file or directory"));
+        }
+        out.push(format!("--output-dir-flat={d}").into());
+    }
     // An explicit -k overrides -U; -U with -c removes the input only when
-    // forced, as lzop.
+    // forced, as lzop (cairn keeps an input written to standard output).
     if unlink && !keep {
         if stdout && !force {
             return Err("both '-c' and '-U' given (use '-f' to force)".to_string());
         }
         out.push("--rm".into());
     }
-    if no_stdin && files == 0 {
+    if no_stdin && names.is_empty() {
         return Err("nothing to do !".to_string());
     }
+    // --no-warn and --ignore-warn hide warnings as -q does, but not the
+    // -l and -t lines -q drops.
     if no_warn && !quiet {
         LISTS_IN_FULL.store(true, Ordering::Relaxed);
         out.push("-q".into());
     }
+    out.push("--".into());
+    out.extend(names);
     Ok(out)
 }
 
@@ -224,39 +319,55 @@ pub(crate) fn said_of(
                 Operation::Pack => "compressing",
                 Operation::Unpack => "decompressing",
             };
-            errln!("{doing} {} into {}", s.input, s.output);
+            // lzop's names for the standard streams.
+            let named = |n: &str| match n {
+                "(stdin)" => "<stdin>".to_string(),
+                "(stdout)" => "<stdout>".to_string(),
+                n => n.to_string(),
+            };
+            errln!("{doing} {} into {}", named(&s.input), named(&s.output));
         }
     }
 }
 
 /// The name `lzop -l` gives what `path` unpacks to: the path without
-/// `.lzo` (`.tzo` gives `.tar`), else with `.raw` added; standard input
-/// is `<stdout>`, as lzop names it.
-fn unpacked_name(path: &Path) -> String {
+/// its suffix (`-S`'s, `.lzo` or `.lzop`, in any case; `.tzo` gives
+/// `.tar`), else with `.raw` added; standard input is `<stdout>`, as
+/// lzop names it.
+fn unpacked_name(path: &Path, suffix: Option<&str>) -> String {
     if path.as_os_str() == "-" {
         return "<stdout>".to_string();
     }
     let name = path.display().to_string();
-    if let Some(stem) = name.strip_suffix(".lzo").filter(|s| !s.is_empty()) {
-        return stem.to_string();
+    let ends_with = |suf: &str| {
+        let cut = name.len().checked_sub(suf.len())?;
+        let (stem, end) = (name.get(..cut)?, name.get(cut..)?);
+        (end.eq_ignore_ascii_case(suf) && !stem.is_empty() && !stem.ends_with('/')).then_some(stem)
+    };
+    for suf in suffix.into_iter().chain([".lzo", ".lzop"]) {
+        if let Some(stem) = ends_with(suf) {
+            return stem.to_string();
+        }
     }
-    if let Some(stem) = name.strip_suffix(".tzo").filter(|s| !s.is_empty()) {
-        return format!("{stem}.tar");
+    match ends_with(".tzo") {
+        Some(stem) => format!("{stem}.tar"),
+        None => format!("{name}.raw"),
     }
-    format!("{name}.raw")
 }
 
 /// A line of `lzop -l`'s table (or of `-lv`'s, where `when` holds the
 /// date and time column).
 fn line(method: &str, packed: u64, unpacked: u64, when: Option<&str>, name: &str) -> String {
-    let ratio = match unpacked {
-        0 => 0.0,
-        n => packed as f64 * 100.0 / n as f64,
+    // Tenths of a percent, rounded half up in integers as lzop does.
+    let tenths = match unpacked {
+        0 => 0,
+        n => (u128::from(packed) * 1_000_000 / u128::from(n) + 500) / 1000,
     };
+    let ratio = format!("{}.{}", tenths / 10, tenths % 10);
     match when {
-        None => format!("{method:<11} {packed:>9} {unpacked:>9} {ratio:>5.1}% {name}"),
+        None => format!("{method:<11} {packed:>9} {unpacked:>9} {ratio:>5}% {name}"),
         Some(when) => {
-            format!("{method:<11} {unpacked:>9} {packed:>9} {ratio:>5.1}%  {when}  {name}")
+            format!("{method:<11} {unpacked:>9} {packed:>9} {ratio:>5}%  {when}  {name}")
         }
     }
 }
@@ -268,22 +379,24 @@ fn line(method: &str, packed: u64, unpacked: u64, when: Option<&str>, name: &str
 /// that is no lzop is said and the status is 1; a file of several
 /// members is listed with the names they keep and a warning (status 2),
 /// as lzop.
-pub(crate) fn list(
-    files: &[PathBuf],
-    verbose: bool,
-    quiet: bool,
-    kept_names: bool,
-) -> anyhow::Result<()> {
-    use cairn_codec::format::lzop::{members, Member, F_MULTIPART};
+pub(crate) fn list(common: &crate::CommonArgs) -> anyhow::Result<()> {
+    use cairn_codec::format::lzop::{members, Listing, F_MULTIPART};
     use std::io::{BufReader, Read, Seek};
     let stdin = [PathBuf::from("-")];
-    let files = if files.is_empty() { &stdin[..] } else { files };
-    let quiet = quiet_lists(quiet);
+    let files = match common.files.is_empty() {
+        true => &stdin[..],
+        false => &common.files[..],
+    };
+    let (verbose, kept_names) = (common.verbose > 0, common.name);
+    let suffix = common.suffix.as_deref().and_then(std::ffi::OsStr::to_str);
+    // -q drops the header and totals and hides warnings; --no-warn and
+    // --ignore-warn only hide the warnings.
+    let (quiet, hide_warnings) = (quiet_lists(common.quiet), common.quiet);
     let (mut listed, mut packed, mut unpacked) = (0u64, 0u64, 0u64);
     let mut status = 0u8;
     for path in files {
         let shown = path.display().to_string();
-        let read: Result<Vec<Member>, String> = if path.as_os_str() == "-" {
+        let read: Result<Listing, String> = if path.as_os_str() == "-" {
             let mut r = BufReader::new(std::io::stdin().lock());
             members(&mut r, |r, n| {
                 let got = std::io::copy(&mut r.by_ref().take(n), &mut std::io::sink())?;
@@ -301,7 +414,7 @@ pub(crate) fn list(
                 )),
                 Ok(m) if !m.is_file() => {
                     status = status.max(2);
-                    if !quiet {
+                    if !hide_warnings {
                         errln!(
                             "{}: {shown}: warning: not a regular file -- skipped",
                             crate::prog()
@@ -330,7 +443,10 @@ pub(crate) fn list(
                 },
             }
         };
-        let members = match read {
+        let Listing {
+            members,
+            garbage_at,
+        } = match read {
             Ok(m) => m,
             Err(why) => {
                 errln!("{}: {why}", crate::prog());
@@ -340,15 +456,16 @@ pub(crate) fn list(
         };
         // A file of several members is found at its second one, or at
         // its first when it says it is one (`lzop -c a b` marks them
-        // all); from there lzop names them by the names they keep.
+        // all); from there lzop names them by the names they keep (and
+        // says so, but not when told to with -N).
         let found_at = match members.first() {
             Some(m) if m.header.flags & F_MULTIPART != 0 => 0,
             _ => 1,
         };
         for (i, m) in members.iter().enumerate() {
-            if i == found_at {
+            if i == found_at && !kept_names {
                 status = status.max(2);
-                if !quiet {
+                if !hide_warnings {
                     errln!(
                         "{}: {shown}: warning: multipart archive -- restoring file names",
                         crate::prog()
@@ -357,7 +474,7 @@ pub(crate) fn list(
             }
             let name = match (kept_names || i >= found_at) && !m.header.name.is_empty() {
                 true => String::from_utf8_lossy(&m.header.name).into_owned(),
-                false => unpacked_name(path),
+                false => unpacked_name(path, suffix),
             };
             if listed == 0 && !quiet {
                 match verbose {
@@ -382,6 +499,15 @@ pub(crate) fn list(
             listed += 1;
             packed += m.packed;
             unpacked += m.unpacked;
+        }
+        if garbage_at.is_some() {
+            status = status.max(2);
+            if !hide_warnings {
+                errln!(
+                    "{}: {shown}: warning: ignoring trailing garbage in lzop file",
+                    crate::prog()
+                );
+            }
         }
     }
     if listed > 1 && !quiet {
@@ -413,6 +539,8 @@ pub(crate) fn list(
     }
     match status {
         0 => Ok(()),
+        // --ignore-warn: warnings do not change the status.
+        2 if common.no_warn => Ok(()),
         s => Err(crate::Warned(s).into()),
     }
 }
@@ -430,14 +558,19 @@ fn reason(e: &cairn_codec::CodecError, name: &str) -> String {
         CodecError::Io { source, .. } => {
             format!("{name}: read error: {}", crate::pack::io_reason(source))
         }
+        CodecError::Corrupt { reason, .. } if reason.contains("header checksum") => {
+            format!("{name}: header corrupted (checksum error)")
+        }
+        CodecError::Corrupt { reason, .. } if reason.starts_with("block sizes") => {
+            format!("{name}: lzop file corrupted")
+        }
         _ => format!("{name}: header corrupted"),
     }
 }
 
 /// A kept time as `lzop -lv` shows it (local time, to the minute).
-fn date_time(secs: u64) -> String {
-    let t = i64::try_from(secs).unwrap_or(i64::MAX);
-    match chrono::DateTime::from_timestamp(t, 0) {
+fn date_time(secs: i64) -> String {
+    match chrono::DateTime::from_timestamp(secs, 0) {
         Some(utc) => utc
             .with_timezone(&chrono::Local)
             .format("%Y-%m-%d %H:%M")
@@ -466,42 +599,63 @@ mod tests {
 
     #[test]
     fn lzop_words_are_said_in_cairns() {
-        assert_eq!(said("-dv x.lzo"), "-d -v x.lzo");
-        assert_eq!(said("-9U a b"), "-9 a b --rm");
-        assert_eq!(said("-U -k a"), "a");
+        assert_eq!(said("-dv x.lzo"), "-d -v -- x.lzo");
+        assert_eq!(said("-9U a b"), "-9 --rm -- a b");
+        assert_eq!(said("-U -k a"), "-- a");
         assert_eq!(
             said("-cU a"),
             "error: both '-c' and '-U' given (use '-f' to force)"
         );
-        assert_eq!(said("-cUf a"), "-c -f a --rm");
-        assert_eq!(said("-ff a.lzo"), "-f a.lzo");
-        assert_eq!(said("-p a"), "--output-dir-flat=. a");
-        assert_eq!(said("-pd b"), "--output-dir-flat=d b");
-        assert_eq!(said("-dpout x.lzo"), "-d --output-dir-flat=out x.lzo");
-        assert_eq!(said("--path=d b"), "--output-dir-flat=d b");
-        assert_eq!(said("-oy.lzo a"), "-o y.lzo a");
-        assert_eq!(said("-o y.lzo a"), "-o y.lzo a");
-        assert_eq!(said("--output y.lzo a"), "-o y.lzo a");
-        assert_eq!(said("-S.lz a"), "--suffix=.lz a");
-        assert_eq!(said("-S .lz a"), "--suffix=.lz a");
-        assert_eq!(said("-F --crc32 a"), "--no-check --check=crc32 a");
-        assert_eq!(said("-C --no-mode --mono a"), "a");
-        assert_eq!(said("-- -U"), "-- -U");
+        assert_eq!(said("-cUf a"), "-c -f --rm -- a");
+        assert_eq!(said("-ff a.lzo"), "-f -- a.lzo");
+        // Flags said at the end come before the names, -- or not.
+        assert_eq!(said("-U -- a"), "--rm -- a");
+        assert_eq!(said("--no-warn -- -U"), "-q -- -U");
+        assert_eq!(said("-p a"), "--output-dir-flat=. -- a");
+        assert_eq!(said("-p/ b"), "--output-dir-flat=/ -- b");
+        assert_eq!(said("--path=/ b"), "--output-dir-flat=/ -- b");
+        assert_eq!(said("--path / b"), "--output-dir-flat=/ -- b");
+        assert_eq!(
+            said("-p/no/such/dir a"),
+            "error: /no/such/dir: invalid path: No such file or directory"
+        );
+        assert_eq!(said("-oy.lzo a"), "-o y.lzo -- a");
+        assert_eq!(said("-o y.lzo a"), "-o y.lzo -- a");
+        assert_eq!(said("--output y.lzo a"), "-o y.lzo -- a");
+        assert_eq!(said("--out=y.lzo a"), "-o y.lzo -- a");
+        assert_eq!(
+            said("-o x -o y a"),
+            "error: option '-o' more than once given"
+        );
+        assert_eq!(said("-c -o x a"), "error: cannot use both '-c' and '-o'");
+        assert_eq!(said("-S.lz a"), "--suffix=.lz -- a");
+        assert_eq!(said("-S lz a"), "--suffix=.lz -- a");
+        assert_eq!(said("-S .a.b a"), "error: invalid suffix '.a.b'");
+        assert_eq!(said("-F --crc32 a"), "--no-check --check=crc32 -- a");
+        assert_eq!(said("-C --no-mode --mono a"), "-- a");
+        assert_eq!(said("--decomp --verb x.lzo"), "-d -v -- x.lzo");
+        assert_eq!(said("--no a"), "error: option '--no' is ambiguous");
         assert_eq!(said("-r a"), "error: invalid option '-r'");
         assert_eq!(said("--foo a"), "error: unrecognized option '--foo'");
         assert_eq!(said("-o"), "error: option '-o' requires an argument");
         assert_eq!(said("--no-stdin"), "error: nothing to do !");
-        assert_eq!(said("--no-stdin a"), "a");
+        assert_eq!(said("--no-stdin a"), "-- a");
         assert!(said("-x a.lzo").starts_with("error: -x"));
+        assert!(said("--filter=1 a").starts_with("error: --filter"));
     }
 
     #[test]
     fn names_are_listed_as_lzop_lists_them() {
-        assert_eq!(unpacked_name(Path::new("d/a.lzo")), "d/a");
-        assert_eq!(unpacked_name(Path::new("a.tzo")), "a.tar");
-        assert_eq!(unpacked_name(Path::new("qq")), "qq.raw");
-        assert_eq!(unpacked_name(Path::new(".lzo")), ".lzo.raw");
-        assert_eq!(unpacked_name(Path::new("-")), "<stdout>");
+        let name = |p: &str, suffix: Option<&str>| unpacked_name(Path::new(p), suffix);
+        assert_eq!(name("d/a.lzo", None), "d/a");
+        assert_eq!(name("X.LZO", None), "X");
+        assert_eq!(name("x.lzop", None), "x");
+        assert_eq!(name("a.Tzo", None), "a.tar");
+        assert_eq!(name("a.xx", Some(".xx")), "a");
+        assert_eq!(name("qq", None), "qq.raw");
+        assert_eq!(name(".lzo", None), ".lzo.raw");
+        assert_eq!(name("d/.lzo", None), "d/.lzo.raw");
+        assert_eq!(name("-", None), "<stdout>");
         assert_eq!(
             line("LZO1X-1", 3444, 300000, None, "a"),
             "LZO1X-1          3444    300000   1.1% a"
@@ -518,5 +672,9 @@ mod tests {
             line("", 0, 0, None, "z"),
             "                    0         0   0.0% z"
         );
+        // Halves round up, as lzop's integers do.
+        assert!(line("", 49, 400, None, "r").ends_with(" 12.3% r"));
+        assert!(line("", 3, 2000, None, "r").ends_with("  0.2% r"));
+        assert!(line("", 2, 3, None, "r").ends_with(" 66.7% r"));
     }
 }

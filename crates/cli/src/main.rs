@@ -338,8 +338,9 @@ pub(crate) struct PackArgs {
     #[arg(short = 'b', long = "block", value_parser = parse_block,
           overrides_with = "block_bytes")]
     pub block: Option<usize>,
-    /// As -b, in bytes (zstd's -B: 4M, 65536).
-    #[arg(short = 'B', value_name = "SIZE", value_parser = parse_size, overrides_with = "block")]
+    /// As -b, in bytes (zstd's -B: 4M, 65536; -B0 is the default size,
+    /// as zstd's automatic job size).
+    #[arg(short = 'B', value_name = "SIZE", value_parser = parse_size_or_zero, overrides_with = "block")]
     pub block_bytes: Option<usize>,
     /// Compress blocks independently (pigz's -i): accepted because every
     /// cairn block is independent already; the output is the same.
@@ -381,8 +382,32 @@ pub(crate) struct PackArgs {
     /// Write each zstd frame's decompressed size in its header (zstd's
     /// --content-size): accepted because cairn always does; the output is
     /// the same.
-    #[arg(long = "content-size")]
+    #[arg(long = "content-size", overrides_with = "no_content_size")]
     pub content_size: bool,
+    /// zstd frames without their decompressed size in the header (zstd's
+    /// --no-content-size; the seek table still has it).
+    #[arg(long = "no-content-size", overrides_with = "content_size")]
+    pub no_content_size: bool,
+    /// zstd's advanced parameters, as `zstd --zstd=`: a comma-separated
+    /// list of NAME=VALUE with windowLog (wlog), hashLog (hlog), chainLog
+    /// (clog), searchLog (slog), minMatch (mml), targetLength (tlen),
+    /// strategy (strat, 1-9), overlapLog (ovlog; no effect, cairn's frames
+    /// are independent), ldmHashLog (lhlog), ldmMinMatch (lmml),
+    /// ldmBucketSizeLog (lblog), ldmHashRateLog (lhrlog); after the level,
+    /// which they override
+    #[arg(long = "zstd", value_name = "PARAMS")]
+    pub zstd_params: Vec<String>,
+    /// zstd's row-based match finder on (zstd's --row-match-finder; by
+    /// default zstd chooses by level)
+    #[arg(long = "row-match-finder", overrides_with = "no_row_match_finder")]
+    pub row_match_finder: bool,
+    /// zstd's row-based match finder off (zstd's --no-row-match-finder)
+    #[arg(long = "no-row-match-finder", overrides_with = "row_match_finder")]
+    pub no_row_match_finder: bool,
+    /// zstd: aim at compressed blocks of about SIZE bytes, for streams read
+    /// as they arrive (zstd's --target-compressed-block-size)
+    #[arg(long = "target-compressed-block-size", value_name = "SIZE", value_parser = parse_size)]
+    pub target_compressed_block_size: Option<usize>,
     /// bzip2's -s, --small: packing bzip2 without a level, 200k blocks
     /// (level 2), as bzip2; unpacking, accepted (bzip2's slower decoder
     /// that needs less memory: cairn's decoder is the one it has, and the
@@ -834,7 +859,7 @@ fn zstd_hints_dropped(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     rewrite_words(args, |s, _, out| {
         let (name, value) = s.split_once('=').unwrap_or((s, ""));
         let good = match name {
-            "--size-hint" | "--stream-size" => zstd_number(value).is_some(),
+            "--size-hint" | "--stream-size" => cairn_codec::format::zstd::number(value).is_some(),
             "--auto-threads" => matches!(value, "physical" | "logical"),
             "--priority" => value == "rt",
             "--asyncio" | "--no-asyncio" => s == name,
@@ -848,20 +873,6 @@ fn zstd_hints_dropped(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             false => Err(format!("{s}: not a value {name} takes")),
         }
     })
-}
-
-/// A number as zstd's options take it: digits, then K, KB, KiB, M, MB or
-/// MiB (powers of 1024).
-fn zstd_number(s: &str) -> Option<u64> {
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: u64 = s[..digits].parse().ok()?;
-    let shift = match &s[digits..] {
-        "" => 0,
-        "K" | "KB" | "KiB" => 10,
-        "M" | "MB" | "MiB" => 20,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
 }
 
 /// A tool's arguments rewritten word by word, as the links' option
@@ -2252,9 +2263,12 @@ mod tests {
         ] {
             assert!(zstd_hints_dropped(args(bad)).is_err(), "{bad:?}");
         }
-        assert_eq!(zstd_number("4K"), Some(4096));
-        assert_eq!(zstd_number("2MB"), Some(2 << 20));
-        assert_eq!(zstd_number("99999999999999999999"), None);
+        assert_eq!(cairn_codec::format::zstd::number("4K"), Some(4096));
+        assert_eq!(cairn_codec::format::zstd::number("2MB"), Some(2 << 20));
+        assert_eq!(
+            cairn_codec::format::zstd::number("99999999999999999999"),
+            None
+        );
     }
 
     fn lz4_args(args: &[&str]) -> Vec<String> {

@@ -295,7 +295,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
         level,
         // zstd raises a job size below its least (ZSTDMT_JOBSIZE_MIN) to
         // it: so does the zstd link (`cairn pack -B` takes any size).
-        block: args.block.or(args.block_bytes.map(|b| {
+        block: args.block.or(args.block_bytes.filter(|&b| b > 0).map(|b| {
             match crate::Tool::link() == Some(crate::Tool::Zstd) {
                 true => b.max(ZSTD_JOB_SIZE_MIN),
                 false => b,
@@ -314,6 +314,7 @@ pub fn pack(args: &PackArgs) -> Result<()> {
             filters: args.filters,
             zstd_dictionary: dictionary(&args.common)?,
             zstd_no_dict_id: args.common.no_dict_id,
+            zstd_tuning: zstd_tuning(args)?,
         },
         rsyncable: args.rsyncable,
         memlimit: args.memlimit_compress.map(|m| m as u64),
@@ -338,6 +339,25 @@ const ZSTD_JOB_SIZE_MIN: usize = 512 << 10;
 /// Under the zstd link, a level above zstd's highest is lowered to it with
 /// zstd's warning: 19, or 22 with `--ultra` (`ZSTD_CLEVEL=100`, `zstd
 /// -20`). cairn itself refuses a level a format lacks.
+/// zstd's `--zstd=` parameters and frame options, as given.
+fn zstd_tuning(args: &PackArgs) -> Result<cairn_codec::format::zstd::Tuning> {
+    let mut tuning = cairn_codec::format::zstd::Tuning {
+        no_content_size: args.no_content_size,
+        row_match_finder: flag_pair(args.row_match_finder, args.no_row_match_finder),
+        target_block: match args.target_compressed_block_size {
+            Some(n) => u32::try_from(n).map_err(|_| {
+                anyhow::anyhow!("--target-compressed-block-size={n}: too large for zstd")
+            })?,
+            None => 0,
+        },
+        ..Default::default()
+    };
+    for list in &args.zstd_params {
+        tuning.add_params(list).map_err(anyhow::Error::msg)?;
+    }
+    Ok(tuning)
+}
+
 fn zstd_level_as_zstd(level: Level, ultra: bool) -> Level {
     let highest = if ultra { 22 } else { 19 };
     match level {
@@ -368,7 +388,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     }
     // `lzop -l` reads the headers and block sizes, as lzop does.
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Lzop) {
-        return crate::lzop::list(&common.files, common.verbose > 0, common.quiet, common.name);
+        return crate::lzop::list(common);
     }
     // `xz -l` reads the streams' indexes, as xz does (its -v tables are
     // not made: cairn's own table then).

@@ -2935,7 +2935,28 @@ fn lzop_case_dir(root: &Path, a: &[u8], b: &[u8]) {
     std::fs::write(root.join("qq"), &packed_a).unwrap();
     std::fs::write(root.join("cut.lzo"), &packed_a[..packed_a.len() / 2]).unwrap();
     std::fs::write(root.join("plain"), b"no lzop here\n").unwrap();
-    std::fs::write(root.join("two.lzo"), [packed_a, packed_b].concat()).unwrap();
+    std::fs::write(root.join("two.lzo"), [packed_a.clone(), packed_b].concat()).unwrap();
+    std::fs::write(root.join("a.xx"), &packed_a).unwrap();
+    std::fs::write(root.join("X.LZO"), &packed_a).unwrap();
+    std::fs::write(root.join("g.lzo"), [&packed_a[..], b"junk\n"].concat()).unwrap();
+    std::fs::write(root.join("z.lzo"), [&packed_a[..], &[0; 100]].concat()).unwrap();
+    // A time before 1970: the high word of the kept time all ones.
+    let mut old = packed_a;
+    let (name_at, name_len) = (9 + 2 + 2 + 2 + 1 + 1 + 4 + 4 + 4 + 4 + 1, 1);
+    old[name_at - 5..name_at - 1].copy_from_slice(&[0xff; 4]);
+    let sum = adler32(&old[9..name_at + name_len]);
+    old[name_at + name_len..name_at + name_len + 4].copy_from_slice(&sum.to_be_bytes());
+    std::fs::write(root.join("old.lzo"), old).unwrap();
+}
+
+/// Adler-32, as lzop sums its headers.
+fn adler32(data: &[u8]) -> u32 {
+    let (mut a, mut b) = (1u32, 0u32);
+    for &x in data {
+        a = (a + u32::from(x)) % 65521;
+        b = (b + a) % 65521;
+    }
+    b << 16 | a
 }
 
 /// The `lzop` link beside lzop: what each command line leaves (the names
@@ -2984,6 +3005,18 @@ fn lzop_link_takes_lzops_command_lines() {
         &["-p", "a"],
         &["--path=out", "-U", "a"],
         &["-o", "joined.lzo", "a", "b"],
+        // An output in the way of several joined inputs stays (cairn
+        // replaced it).
+        &["-o", "two.lzo", "a", "b"],
+        &["-U", "--", "a"],
+        &["--path", "out", "a"],
+        &["-S", "xx", "a"],
+        &["-dS", "xx", "a.xx"],
+        &["-df", "g.lzo"],
+        &["-df", "z.lzo"],
+        &["-t", "z.lzo", "g.lzo"],
+        &["-df", "old.lzo"],
+        &["-dN", "-pout", "renamed.lzo"],
         &["-ojoined.lzo", "-9", "a"],
         &["-S", ".lz", "a"],
         &["-r", "a"],
@@ -3008,6 +3041,7 @@ fn lzop_link_takes_lzops_command_lines() {
         for (side, exe) in &sides {
             let root = dir.path().join(format!("{side}{}", args.concat()));
             lzop_case_dir(&root, &a, &b);
+            std::fs::copy(root.join("b.lzo"), root.join("renamed.lzo")).unwrap();
             // -d makes `a` anew from a.lzo.
             if args.contains(&"-d") || args.contains(&"-df") {
                 std::fs::remove_file(root.join("a")).unwrap();
@@ -3024,12 +3058,8 @@ fn lzop_link_takes_lzops_command_lines() {
                 .filter(|l| l.starts_with("testing "))
                 .map(str::to_string)
                 .collect();
-            seen.push((
-                out.status.code(),
-                state(&root),
-                mtime(&root.join("a")),
-                testing,
-            ));
+            let times = ["a", "old", "out/b"].map(|f| mtime(&root.join(f)));
+            seen.push((out.status.code(), state(&root), times, testing));
         }
         assert_eq!(seen[0], seen[1], "lzop {args:?}: lzop's, the link's");
     }
@@ -3051,6 +3081,12 @@ fn lzop_link_takes_lzops_command_lines() {
         &["-l", "multi.lzo", "a.lzo"],
         &["-l", "cut.lzo"],
         &["-l", "plain", "d", "missing", "a.lzo"],
+        &["-lN", "two.lzo"],
+        &["-l", "--ignore-warn", "two.lzo"],
+        &["-l", "--no-warn", "d", "a.lzo"],
+        &["-l", "g.lzo", "z.lzo"],
+        &["-l", "-S", ".xx", "a.xx", "X.LZO"],
+        &["-lv", "old.lzo"],
     ];
     for args in lists {
         let mut seen = vec![];
@@ -3073,4 +3109,66 @@ fn lzop_link_takes_lzops_command_lines() {
     let parts = std::fs::read(root.join("multi.lzo")).unwrap();
     let both = [a.clone(), b.clone()].concat();
     assert!(run_ok(s(&sides[1].1), &["-dc"], &parts) == both);
+}
+
+/// zstd's frame options through the zstd link, beside zstd: `--zstd=`
+/// parameters, `--no-content-size`, the match finder, a target block
+/// size and `-B0` give frames whose window and stated size `zstd -lv`
+/// shows as it shows zstd's, decoded by zstd; a parameter out of range
+/// or unknown is refused by both. cairn refused all of them as unknown
+/// arguments (status 1).
+#[test]
+fn zstd_frame_options_are_taken_as_zstd_takes_them() {
+    if !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "zstd");
+    let data = mixed(700_000, 93);
+    std::fs::write(dir.path().join("m"), &data).unwrap();
+    // What `zstd -lv` says of a frame's window and decoded size.
+    let frame_lines = |packed: &[u8]| -> Vec<String> {
+        let out = pipe(
+            std::process::Command::new("zstd").args(["-lv", "-"]),
+            packed,
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("Window Size") || l.starts_with("Decompressed Size"))
+            .map(str::to_string)
+            .collect()
+    };
+    let cases: &[&[&str]] = &[
+        &[],
+        &["--zstd=wlog=18"],
+        &["--zstd=windowLog=17,hlog=14,clog=15,slog=3,mml=5,tlen=64,strategy=6"],
+        &["-19", "--zstd=strat=9"],
+        &["--zstd=ovlog=5"],
+        &["--no-content-size"],
+        &["--content-size", "--no-content-size"],
+        &["--no-content-size", "--content-size"],
+        &["--row-match-finder"],
+        &["--no-row-match-finder"],
+        &["--target-compressed-block-size=4096"],
+        &["-B0"],
+        &["--zstd=wlog=99"],
+        &["--zstd=strategy=10"],
+        &["--zstd=nosuch=1"],
+        &["--zstd=wlog"],
+    ];
+    for args in cases {
+        let mut seen = vec![];
+        for (_, exe) in &sides {
+            let out = tool_in(dir.path(), exe, args.iter().chain(&["-q", "-c", "m"]));
+            let ok = out.status.success();
+            if ok {
+                assert!(
+                    run_ok("zstd", &["-dc"], &out.stdout) == data,
+                    "zstd {args:?}"
+                );
+            }
+            seen.push((ok, ok.then(|| frame_lines(&out.stdout))));
+        }
+        assert_eq!(seen[0], seen[1], "zstd {args:?}: zstd's, the link's");
+    }
 }

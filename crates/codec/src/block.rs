@@ -400,6 +400,8 @@ pub(crate) struct ZstdCodec {
     dictionary: Option<crate::format::zstd::Dictionary>,
     /// Packed frames name the dictionary's ID (not with `--no-dictID`).
     dict_id: bool,
+    /// zstd's advanced parameters and frame options (`--zstd=`...).
+    tuning: crate::format::zstd::Tuning,
 }
 
 impl ZstdCodec {
@@ -413,7 +415,14 @@ impl ZstdCodec {
             dctx: None,
             dictionary: None,
             dict_id: true,
+            tuning: crate::format::zstd::Tuning::default(),
         }
+    }
+
+    /// Pack frames as `tuning` asks (a context made before is made again).
+    pub(crate) fn set_tuning(&mut self, tuning: crate::format::zstd::Tuning) {
+        self.tuning = tuning;
+        self.cctx = None;
     }
 
     /// Pack and decode frames with `dictionary`, naming its ID in the
@@ -476,6 +485,7 @@ impl ZstdCodec {
                 c.set_parameter(CParameter::WindowLog(window_log))
                     .map_err(err)?;
             }
+            self.tuning.apply(&mut c).map_err(err)?;
             self.cctx = Some(c);
         }
         let cctx = self.cctx.as_mut().ok_or_else(|| CodecError::Compress {

@@ -478,6 +478,7 @@ fn any_planned(plans: &[(String, Result<Plan>)], f: impl Fn(&Plan) -> bool) -> b
 fn run_all(
     plans: Vec<(String, Result<Plan>)>,
     data_on_stdout: bool,
+    force: bool,
     hooks: &dyn Hooks,
     mut one: impl FnMut(&Plan) -> Result<Summary>,
 ) -> Run {
@@ -486,7 +487,7 @@ fn run_all(
     let mut failed: Vec<(String, Error)> = Vec::new();
     let mut passed_over = 0;
     let mut plans = plans;
-    let joined = match JoinedOutput::open(&mut plans, hooks) {
+    let joined = match JoinedOutput::open(&mut plans, force, hooks) {
         Ok(joined) => joined,
         Err(e) => {
             return Run {
@@ -561,7 +562,11 @@ struct JoinedOutput<'h> {
 impl<'h> JoinedOutput<'h> {
     /// Open the joined output the plans name, if they name one, and give
     /// every plan that writes into it a handle on it.
-    fn open(plans: &mut [(String, Result<Plan>)], hooks: &'h dyn Hooks) -> Result<Option<Self>> {
+    fn open(
+        plans: &mut [(String, Result<Plan>)],
+        force: bool,
+        hooks: &'h dyn Hooks,
+    ) -> Result<Option<Self>> {
         let Some(path) = plans.iter().find_map(|(_, p)| match p {
             Ok(Plan {
                 dest: Dest::Joined(path),
@@ -571,8 +576,10 @@ impl<'h> JoinedOutput<'h> {
         }) else {
             return Ok(None);
         };
-        // Forced, as joining is; a device or FIFO is written in place.
-        let mut sink = Sink::file(&path, true, true, hooks)?;
+        // A file in the way is replaced only when forced (zstd joins only
+        // then; lzop joins unforced and refuses it); a device or FIFO is
+        // written in place.
+        let mut sink = Sink::file(&path, force, true, hooks)?;
         tracing::debug!(output = %path.display(), "every input's output joined in one");
         let file = Arc::new(
             sink.writer()
@@ -842,7 +849,7 @@ pub fn pack(opts: &Options, pack: &PackOptions, hooks: &dyn Hooks) -> Result<Run
     };
     tracing::debug!(%format, level, block, encode = ?settings.encode, rsyncable = pack.rsyncable,
         threads, inputs = plans.len(), "pack");
-    Ok(run_all(plans, data_on_stdout, hooks, |plan| {
+    Ok(run_all(plans, data_on_stdout, opts.force, hooks, |plan| {
         pack_one(plan, &settings, hooks)
     }))
 }
@@ -922,11 +929,11 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     tracing::debug!(mode = ?unpack.mode, threads, inputs = plans.len(), "unpack");
     if let Some(range) = unpack.range {
         refuse_range(opts, unpack, plans.len())?;
-        return Ok(run_all(plans, data_on_stdout, hooks, |plan| {
+        return Ok(run_all(plans, data_on_stdout, opts.force, hooks, |plan| {
             range_one(plan, threads, opts.force, unpack, range, hooks)
         }));
     }
-    Ok(run_all(plans, data_on_stdout, hooks, |plan| {
+    Ok(run_all(plans, data_on_stdout, opts.force, hooks, |plan| {
         unpack_one(
             plan,
             threads,
@@ -1287,7 +1294,7 @@ fn restored_origin(
     use std::os::unix::ffi::OsStrExt;
     let kept = match format {
         Format::Gzip => {
-            cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, u64::from(o.mtime)))
+            cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, i64::from(o.mtime)))
         }
         Format::Lzop => cairn_codec::format::lzop::first_header(head).map(|h| (h.name, h.mtime)),
         _ => None,
@@ -1295,19 +1302,24 @@ fn restored_origin(
     let Some((kept_name, kept_time)) = kept else {
         return (None, None);
     };
-    let mtime =
-        (kept_time != 0).then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(kept_time));
+    // (Seconds either side of the epoch, as lzop keeps 64 signed bits; a
+    // time no clock holds is not restored.)
+    let from_epoch = std::time::Duration::from_secs(kept_time.unsigned_abs());
+    let mtime = match kept_time {
+        0 => None,
+        t if t > 0 => std::time::UNIX_EPOCH.checked_add(from_epoch),
+        _ => std::time::UNIX_EPOCH.checked_sub(from_epoch),
+    };
     let kept = kept_name.rsplit(|&b| b == b'/').next().unwrap_or_default();
     let name = std::ffi::OsStr::from_bytes(kept);
     let path = match (&plan.source, &plan.dest) {
-        // Never the input's own name: the output would replace the input,
-        // which is then removed.
-        (Source::File(src), Dest::File(_))
-            if !plan.named
-                && !matches!(kept, b"" | b"." | b"..")
-                && src.file_name() != Some(name) =>
+        // In the directory the output was planned in (the input's, or
+        // lzop's -p DIR); never the input itself: the output would
+        // replace the input, which is then removed.
+        (Source::File(src), Dest::File(planned))
+            if !plan.named && !matches!(kept, b"" | b"." | b"..") =>
         {
-            Some(src.with_file_name(name))
+            Some(planned.with_file_name(name)).filter(|p| p != src)
         }
         _ => None,
     };
@@ -1585,8 +1597,8 @@ fn unpack_one(
     // "decompression OK, trailing garbage ignored" and exits 2, keeping
     // the output (errors travel in order: every member before them was
     // written and checked); bzip2 says "trailing garbage after EOF
-    // ignored" (and exits 0). Other formats' tools refuse, and so does
-    // cairn.
+    // ignored" (and exits 0); lzop "ignoring trailing garbage in lzop
+    // file" (status 2). Other formats' tools refuse, and so does cairn.
     let mut warnings = Vec::new();
     match result {
         Err(Error::Codec(CodecError::TrailingGarbage { offset, .. })) if format == Format::Gzip => {
@@ -1596,6 +1608,10 @@ fn unpack_one(
         }
         Err(Error::Codec(CodecError::TrailingGarbage { .. })) if format == Format::Bzip2 => {
             warnings.push("trailing garbage after EOF ignored".to_string());
+        }
+        // (lzop takes zeros there as nothing: the splitter passes them.)
+        Err(Error::Codec(CodecError::TrailingGarbage { .. })) if format == Format::Lzop => {
+            warnings.push("warning: ignoring trailing garbage in lzop file".to_string());
         }
         other => other?,
     }

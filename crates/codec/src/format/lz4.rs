@@ -646,6 +646,12 @@ mod tests {
         filters: None,
         zstd_dictionary: None,
         zstd_no_dict_id: false,
+        zstd_tuning: crate::format::zstd::Tuning {
+            params: Vec::new(),
+            no_content_size: false,
+            row_match_finder: None,
+            target_block: 0,
+        },
     };
 
     #[test]

@@ -5,7 +5,7 @@
 //! parallel. lzop stores a block uncompressed when LZO does not shrink it.
 //!
 //! Header written: magic, version 0x1040, library 0x20a0, needed 0x0940
-//! (0x1010 with CRC-32s, as lzop), method (1 = LZO1X-1 at levels 1-6, 3 =
+//! (0x1001 with CRC-32s, as lzop), method (1 = LZO1X-1 at levels 1-6, 3 =
 //! LZO1X-999 at 7-9), level, flags (Unix, and the data's check: Adler-32
 //! by default, CRC-32 with `--crc32`, none with `-F`, which lzop ignores
 //! at levels 7-9 and so does cairn), mode 0644, the input's modification
@@ -164,9 +164,9 @@ impl super::Framer for Framer {
         let method = if self.level <= 6 { 1 } else { 3 };
         out.extend_from_slice(&0x1040u16.to_be_bytes());
         out.extend_from_slice(&0x20a0u16.to_be_bytes());
-        // lzop 1.01 read CRC-32s first.
+        // lzop 1.0.1 read CRC-32s first.
         let needed: u16 = if self.sum == Sum::Crc32 {
-            0x1010
+            0x1001
         } else {
             0x0940
         };
@@ -247,6 +247,23 @@ impl Splitter {
         Ok(Some(dst_len))
     }
 
+    /// Whether nothing but zeros follows (read through them), as lzop
+    /// takes zeros after its last member; at a byte that is no zero,
+    /// nothing of it is consumed.
+    fn rest_is_zeros(&mut self) -> Result<bool> {
+        loop {
+            if self.input.fill(64 << 10)? == 0 {
+                return Ok(true);
+            }
+            let zeros = self.input.peek().iter().take_while(|&&b| b == 0).count();
+            if zeros < self.input.peek().len() {
+                self.input.consume(zeros);
+                return Ok(false);
+            }
+            self.input.consume(zeros);
+        }
+    }
+
     fn parse_header(&mut self) -> Result<u32> {
         let off = self.input.offset();
         let mut n = MAGIC.len() + 2;
@@ -276,8 +293,9 @@ pub struct Header {
     pub flags: u32,
     /// The packed file's mode.
     pub mode: u32,
-    /// Its modification time, in seconds since the epoch (0: none).
-    pub mtime: u64,
+    /// Its modification time, in seconds either side of the epoch (0:
+    /// none), 64 signed bits as lzop keeps it.
+    pub mtime: i64,
     /// Its name as kept (empty: none).
     pub name: Vec<u8>,
     /// The header's length, magic and extra field included.
@@ -355,7 +373,7 @@ fn header(b: &[u8], off: u64) -> Result<Parsed> {
     }
     let mode = be32(b, times_at);
     let high = if new { be32(b, times_at + 8) } else { 0 };
-    let mtime = u64::from(be32(b, times_at + 4)) | u64::from(high) << 32;
+    let mtime = (u64::from(be32(b, times_at + 4)) | u64::from(high) << 32) as i64;
     let name_len = usize::from(b[len]);
     len += 1 + name_len;
     if b.len() < len + 4 {
@@ -429,6 +447,16 @@ pub struct Member {
     pub unpacked: u64,
 }
 
+/// What [`members`] found in a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Its members, in order.
+    pub members: Vec<Member>,
+    /// Where bytes that begin no member follow the last one, if any do
+    /// (lzop lists the file and warns; zeros there are no garbage).
+    pub garbage_at: Option<u64>,
+}
+
 /// The members of the lzop file `r` reads (from its start), their
 /// headers read whole and their blocks' sizes summed; `pass_over`
 /// moves `r` on by a number of bytes without reading them where it can
@@ -438,7 +466,7 @@ pub struct Member {
 pub fn members<R: std::io::Read>(
     r: &mut R,
     pass_over: fn(&mut R, u64) -> std::io::Result<()>,
-) -> Result<Vec<Member>> {
+) -> Result<Listing> {
     let mut at = 0u64;
     let mut b = Vec::new();
     // Read to `n` bytes in `b`, short only at the end of the input.
@@ -466,17 +494,38 @@ pub fn members<R: std::io::Read>(
     loop {
         b.clear();
         fill(r, &mut b, MAGIC.len() + 2, at)?;
-        if b.is_empty() && !members.is_empty() {
-            return Ok(members);
+        if !members.is_empty() && !b.starts_with(MAGIC) {
+            // Zeros to the end are no garbage.
+            let mut zeros = b.iter().take_while(|&&z| z == 0).count() as u64;
+            let mut more = [0u8; 64 << 10];
+            while zeros == (b.len() as u64) {
+                let n = match r.read(&mut more) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(source) => {
+                        return Err(CodecError::Io {
+                            offset: at + zeros,
+                            source,
+                        })
+                    }
+                };
+                if n == 0 {
+                    return Ok(Listing {
+                        members,
+                        garbage_at: None,
+                    });
+                }
+                b.clear();
+                b.extend_from_slice(&more[..n]);
+                zeros = b.iter().take_while(|&&z| z == 0).count() as u64;
+            }
+            return Ok(Listing {
+                members,
+                garbage_at: Some(at),
+            });
         }
         if !b.starts_with(MAGIC) {
-            return Err(match members.is_empty() {
-                true => CodecError::UnknownFormat,
-                false => CodecError::TrailingGarbage {
-                    format: NAME,
-                    offset: at,
-                },
-            });
+            return Err(CodecError::UnknownFormat);
         }
         let header = loop {
             let n = match header(&b, at)? {
@@ -542,14 +591,23 @@ pub fn members<R: std::io::Read>(
     }
 }
 
+/// The sums a block carries after its two sizes, in lzop's order: of
+/// the decoded data (Adler-32, then CRC-32), then of the packed data
+/// (Adler-32, then CRC-32; none for a stored block); each `(its flag,
+/// whether it sums the packed data)`.
+fn sums(flags: u32, stored: bool) -> impl Iterator<Item = (u32, bool)> {
+    [
+        (F_ADLER32_D, false),
+        (F_CRC32_D, false),
+        (F_ADLER32_C, true),
+        (F_CRC32_C, true),
+    ]
+    .into_iter()
+    .filter(move |&(flag, packed)| flags & flag != 0 && !(packed && stored))
+}
+
 fn sums_len(flags: u32, stored: bool) -> usize {
-    let d = usize::from(flags & (F_ADLER32_D | F_CRC32_D) != 0) * 4;
-    let c = if stored {
-        0
-    } else {
-        usize::from(flags & (F_ADLER32_C | F_CRC32_C) != 0) * 4
-    };
-    d + c
+    sums(flags, stored).count() * 4
 }
 
 impl super::Splitter for Splitter {
@@ -559,7 +617,7 @@ impl super::Splitter for Splitter {
             let flags = match self.flags {
                 Some(f) => f,
                 None => {
-                    if self.files > 0 && self.input.at_end()? {
+                    if self.files > 0 && self.rest_is_zeros()? {
                         return Ok(false);
                     }
                     let f = self.parse_header()?;
@@ -614,15 +672,9 @@ impl Default for Decoder {
     }
 }
 
-fn check(
-    flags: u32,
-    adler_flag: u32,
-    data: &[u8],
-    stored: u32,
-    off: u64,
-    what: &str,
-) -> Result<()> {
-    let got = if flags & adler_flag != 0 {
+/// `data` against the sum `stored`, of the kind `flag` names.
+fn check(flag: u32, data: &[u8], stored: u32, off: u64, what: &str) -> Result<()> {
+    let got = if flag & (F_ADLER32_D | F_ADLER32_C) != 0 {
         adler(data)
     } else {
         crc32fast::hash(data)
@@ -675,22 +727,15 @@ impl Decoder {
             let dst_len = be32(data, i) as usize;
             let src_len = be32(data, i + 4) as usize;
             let stored = src_len == dst_len;
-            let mut p = i + 8;
-            let d_sum = if flags & (F_ADLER32_D | F_CRC32_D) != 0 {
-                p += 4;
-                Some(be32(data, p - 4))
-            } else {
-                None
-            };
-            let c_sum = if !stored && flags & (F_ADLER32_C | F_CRC32_C) != 0 {
-                p += 4;
-                Some(be32(data, p - 4))
-            } else {
-                None
-            };
+            let p = i + 8 + sums_len(flags, stored);
             let body = &data[p..p + src_len];
-            if let Some(s) = c_sum {
-                check(flags, F_ADLER32_C, body, s, off, "compressed block")?;
+            let stored_sums = || {
+                sums(flags, stored)
+                    .enumerate()
+                    .map(move |(k, (flag, packed))| (flag, packed, be32(data, i + 8 + 4 * k)))
+            };
+            for (flag, _, sum) in stored_sums().filter(|s| s.1) {
+                check(flag, body, sum, off, "compressed block")?;
             }
             let at = out.len();
             if stored {
@@ -700,8 +745,8 @@ impl Decoder {
                     .decompress(body, out, dst_len)
                     .map_err(|e| in_stream(e, NAME, off))?;
             }
-            if let Some(s) = d_sum {
-                check(flags, F_ADLER32_D, &out[at..], s, off, "block")?;
+            for (flag, _, sum) in stored_sums().filter(|s| !s.1) {
+                check(flag, &out[at..], sum, off, "block")?;
             }
             *whole = out.len();
             i = p + src_len;
@@ -742,7 +787,7 @@ mod tests {
         // (check, level, flags of the data's sum, version needed)
         let cases = [
             (IntegrityCheck::Default, 3, F_ADLER32_D, 0x0940),
-            (IntegrityCheck::Crc32, 3, F_CRC32_D | F_H_CRC32, 0x1010),
+            (IntegrityCheck::Crc32, 3, F_CRC32_D | F_H_CRC32, 0x1001),
             (IntegrityCheck::None, 3, 0, 0x0940),
             // lzop -F -9 keeps the sum.
             (IntegrityCheck::None, 9, F_ADLER32_D, 0x0940),
@@ -755,7 +800,9 @@ mod tests {
             assert!(decode_all(&file).unwrap() == data, "{check} -{level}");
             // Three blocks, each with its sizes and 4 bytes of sum or none.
             let sums = if sum_flags == 0 { 0 } else { 4 };
-            let m = members(&mut std::io::Cursor::new(&file[..]), pass_over).unwrap();
+            let m = members(&mut std::io::Cursor::new(&file[..]), pass_over)
+                .unwrap()
+                .members;
             assert_eq!(m.len(), 1);
             assert_eq!(m[0].unpacked, data.len() as u64);
             assert_eq!(
@@ -770,6 +817,55 @@ mod tests {
                 assert!(decode_all(&bad).is_err(), "{check} -{level}");
             }
         }
+    }
+
+    /// A block may carry an Adler-32 and a CRC-32 of its data, and of
+    /// its packed bytes too: lzop reads all four, in that order.
+    #[test]
+    fn every_sum_a_block_carries_is_read_and_checked() {
+        let data = text(70_000);
+        let mut codec = LzoCodec::new(3);
+        let mut packed = Vec::new();
+        codec.compress(&data, &mut packed).unwrap();
+        assert!(packed.len() < data.len());
+        let flags = F_ADLER32_D | F_CRC32_D | F_ADLER32_C | F_CRC32_C | F_OS_UNIX;
+        // A header with those flags, from a real one's fields.
+        let plain = packed_file_header(flags);
+        let mut file = plain.clone();
+        file.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        file.extend_from_slice(&(packed.len() as u32).to_be_bytes());
+        for sum in [
+            adler(&data),
+            crc32fast::hash(&data),
+            adler(&packed),
+            crc32fast::hash(&packed),
+        ] {
+            file.extend_from_slice(&sum.to_be_bytes());
+        }
+        file.extend_from_slice(&packed);
+        file.extend_from_slice(&[0; 4]);
+        assert!(decode_all(&file).unwrap() == data);
+        let listed = members(&mut std::io::Cursor::new(&file[..]), pass_over).unwrap();
+        assert_eq!(listed.members[0].packed, packed.len() as u64);
+        // Each of the four is checked.
+        for k in 0..4 {
+            let mut bad = file.clone();
+            bad[plain.len() + 8 + 4 * k] ^= 1;
+            assert!(decode_all(&bad).is_err(), "sum {k}");
+        }
+    }
+
+    /// An lzop header with `flags`, its sum made anew.
+    fn packed_file_header(flags: u32) -> Vec<u8> {
+        let whole = packed(3, IntegrityCheck::Default, b"x");
+        let h = first_header(&whole).unwrap();
+        let mut head = whole[..h.len].to_vec();
+        let at = MAGIC.len() + 8;
+        head[at..at + 4].copy_from_slice(&flags.to_be_bytes());
+        let sum = adler(&head[MAGIC.len()..h.len - 4]);
+        let end = head.len();
+        head[end - 4..].copy_from_slice(&sum.to_be_bytes());
+        head
     }
 
     #[test]
@@ -789,7 +885,9 @@ mod tests {
             file.extend_from_slice(&head);
             file.extend_from_slice(&whole[plain..]);
         }
-        let m = members(&mut std::io::Cursor::new(&file[..]), pass_over).unwrap();
+        let m = members(&mut std::io::Cursor::new(&file[..]), pass_over)
+            .unwrap()
+            .members;
         assert_eq!(m.len(), 2);
         assert_eq!(
             (m[0].header.name.as_slice(), m[0].header.mtime),
@@ -808,7 +906,7 @@ mod tests {
         let read_over = |r: &mut std::io::Cursor<&[u8]>, n: u64| {
             std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink()).map(|_| ())
         };
-        assert_eq!(members(&mut r, read_over).unwrap(), m);
+        assert_eq!(members(&mut r, read_over).unwrap().members, m);
     }
 
     #[test]
@@ -831,12 +929,28 @@ mod tests {
         ));
         // Cut inside a block's data: the end mark is not where it should be.
         assert!(list(&file[..file.len() - 40]).is_err());
+        // Bytes after the last member are listed as garbage, zeros not.
         let mut garbage = file.clone();
         garbage.extend_from_slice(b"junk after it");
-        assert!(matches!(
-            list(&garbage),
-            Err(CodecError::TrailingGarbage { offset, .. }) if offset == file.len() as u64
-        ));
+        let listed = list(&garbage).unwrap();
+        assert_eq!(
+            (listed.members.len(), listed.garbage_at),
+            (1, Some(file.len() as u64))
+        );
+        for zeros in [1, 11, 70_000, 200_000] {
+            let mut padded = file.clone();
+            padded.resize(file.len() + zeros, 0);
+            let listed = list(&padded).unwrap();
+            assert_eq!(
+                (listed.members.len(), listed.garbage_at),
+                (1, None),
+                "{zeros}"
+            );
+            assert!(decode_all(&padded).unwrap() == text(100_000), "{zeros}");
+            padded.push(1);
+            assert_eq!(list(&padded).unwrap().garbage_at, Some(file.len() as u64));
+            assert!(decode_all(&padded).is_err(), "{zeros} and a 1");
+        }
         let mut bad = file.clone();
         bad[12] ^= 1;
         assert!(matches!(list(&bad), Err(CodecError::Corrupt { .. })));

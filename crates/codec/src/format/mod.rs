@@ -74,6 +74,9 @@ pub struct EncodeOptions {
     /// zstd's `--no-dictID`: frames packed with a dictionary do not name
     /// its ID (their reader must know which to use).
     pub zstd_no_dict_id: bool,
+    /// zstd's advanced parameters and frame options (`--zstd=`,
+    /// `--no-content-size`...).
+    pub zstd_tuning: zstd::Tuning,
 }
 
 /// The integrity check a stream carries (`xz --check=`, `zstd
@@ -316,6 +319,11 @@ impl Format {
                 "--favor-decSpeed is lz4's (LZ4 HC); {self} has no such option"
             )));
         }
+        if !opts.zstd_tuning.is_default() && self != Format::Zstd {
+            return Err(CodecError::Invalid(format!(
+                "--zstd=, --no-content-size and the match finder are zstd's; {self} has none"
+            )));
+        }
         if opts.zstd_dictionary.is_some() && self != Format::Zstd {
             return Err(CodecError::Invalid(format!(
                 "-D DICT is a zstd dictionary; {self} takes none"
@@ -398,6 +406,9 @@ impl Format {
         let level = self.clamp_level(level);
         self.check_options(opts)?;
         let checksum = opts.check != IntegrityCheck::None;
+        if self == Format::Zstd && !opts.zstd_tuning.is_default() {
+            opts.zstd_tuning.check(level)?;
+        }
         Ok(match self {
             Format::Gzip => Box::new(gzip::Encoder::new(level)),
             Format::Zstd => Box::new(
@@ -406,7 +417,8 @@ impl Format {
                     opts.long.map(|n| n.min(Format::window_log_for(block_size))),
                     checksum,
                 )
-                .with_dictionary(opts.zstd_dictionary.clone(), !opts.zstd_no_dict_id),
+                .with_dictionary(opts.zstd_dictionary.clone(), !opts.zstd_no_dict_id)
+                .with_tuning(opts.zstd_tuning.clone()),
             ),
             Format::Lz4 => Box::new(lz4::Encoder::with(level, opts.legacy, opts.favor_dec_speed)),
             Format::Snappy => Box::new(snappy::Encoder::default()),

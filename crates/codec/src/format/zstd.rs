@@ -128,6 +128,172 @@ fn could_start_frame(have: &[u8]) -> bool {
     begins_like(have, &FRAME_MAGIC.to_le_bytes()) || could_start_skippable(have)
 }
 
+/// One of zstd's advanced compression parameters, as `zstd --zstd=`
+/// names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// `windowLog`, `wlog`.
+    WindowLog,
+    /// `hashLog`, `hlog`.
+    HashLog,
+    /// `chainLog`, `clog`.
+    ChainLog,
+    /// `searchLog`, `slog`.
+    SearchLog,
+    /// `minMatch`, `mml`.
+    MinMatch,
+    /// `targetLength`, `tlen`.
+    TargetLength,
+    /// `strategy`, `strat` (1 fast .. 9 btultra2).
+    Strategy,
+    /// `overlapLog`, `ovlog`: the overlap of zstd's multi-threaded jobs;
+    /// cairn's frames are independent, so it is taken and changes nothing.
+    OverlapLog,
+    /// `ldmHashLog`, `lhlog`.
+    LdmHashLog,
+    /// `ldmMinMatch`, `lmml`.
+    LdmMinMatch,
+    /// `ldmBucketSizeLog`, `lblog`.
+    LdmBucketSizeLog,
+    /// `ldmHashRateLog`, `lhrlog`.
+    LdmHashRateLog,
+}
+
+impl Param {
+    fn named(name: &str) -> Option<Param> {
+        Some(match name {
+            "windowLog" | "wlog" => Param::WindowLog,
+            "hashLog" | "hlog" => Param::HashLog,
+            "chainLog" | "clog" => Param::ChainLog,
+            "searchLog" | "slog" => Param::SearchLog,
+            "minMatch" | "mml" => Param::MinMatch,
+            "targetLength" | "tlen" => Param::TargetLength,
+            "strategy" | "strat" => Param::Strategy,
+            "overlapLog" | "ovlog" => Param::OverlapLog,
+            "ldmHashLog" | "lhlog" => Param::LdmHashLog,
+            "ldmMinMatch" | "lmml" => Param::LdmMinMatch,
+            "ldmBucketSizeLog" | "lblog" => Param::LdmBucketSizeLog,
+            "ldmHashRateLog" | "lhrlog" => Param::LdmHashRateLog,
+            _ => return None,
+        })
+    }
+}
+
+/// What of a zstd frame `zstd` lets one set beyond the level: its
+/// advanced parameters (`--zstd=wlog=23,strategy=7`), frames without
+/// their decoded size (`--no-content-size`), the row match finder
+/// (`--[no-]row-match-finder`) and a target size of compressed blocks
+/// (`--target-compressed-block-size`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// Parameters in the order given (a later one wins).
+    pub params: Vec<(Param, u32)>,
+    /// Frame headers without the decoded size.
+    pub no_content_size: bool,
+    /// The row-based match finder forced on or off (`None`: zstd's
+    /// choice by level).
+    pub row_match_finder: Option<bool>,
+    /// Compressed blocks of about this size (0: none asked).
+    pub target_block: u32,
+}
+
+impl Tuning {
+    /// `--zstd=`'s list (`wlog=23,hlog=22`) added to the parameters.
+    pub fn add_params(&mut self, list: &str) -> std::result::Result<(), String> {
+        for item in list.split(',').filter(|i| !i.is_empty()) {
+            let (name, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--zstd={list}: {item:?} is no NAME=VALUE"))?;
+            let param = Param::named(name)
+                .ok_or_else(|| format!("--zstd={list}: no parameter named {name:?}"))?;
+            let value = number(value)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| format!("--zstd={list}: {value:?} is no number"))?;
+            self.params.push((param, value));
+        }
+        Ok(())
+    }
+
+    /// Set on `c` (after its level and long-distance matching).
+    pub(crate) fn apply(&self, c: &mut zstd::bulk::Compressor<'_>) -> std::io::Result<()> {
+        use zstd::zstd_safe::{CParameter, ParamSwitch, Strategy};
+        c.include_contentsize(!self.no_content_size)?;
+        for &(param, v) in &self.params {
+            let p = match param {
+                Param::WindowLog => CParameter::WindowLog(v),
+                Param::HashLog => CParameter::HashLog(v),
+                Param::ChainLog => CParameter::ChainLog(v),
+                Param::SearchLog => CParameter::SearchLog(v),
+                Param::MinMatch => CParameter::MinMatch(v),
+                Param::TargetLength => CParameter::TargetLength(v),
+                Param::Strategy => CParameter::Strategy(match v {
+                    1 => Strategy::ZSTD_fast,
+                    2 => Strategy::ZSTD_dfast,
+                    3 => Strategy::ZSTD_greedy,
+                    4 => Strategy::ZSTD_lazy,
+                    5 => Strategy::ZSTD_lazy2,
+                    6 => Strategy::ZSTD_btlazy2,
+                    7 => Strategy::ZSTD_btopt,
+                    8 => Strategy::ZSTD_btultra,
+                    9 => Strategy::ZSTD_btultra2,
+                    _ => {
+                        return Err(std::io::Error::other(format!(
+                            "strategy {v}: zstd's strategies are 1 (fast) to 9 (btultra2)"
+                        )))
+                    }
+                }),
+                Param::OverlapLog => continue,
+                Param::LdmHashLog => CParameter::LdmHashLog(v),
+                Param::LdmMinMatch => CParameter::LdmMinMatch(v),
+                Param::LdmBucketSizeLog => CParameter::LdmBucketSizeLog(v),
+                Param::LdmHashRateLog => CParameter::LdmHashRateLog(v),
+            };
+            c.set_parameter(p)
+                .map_err(|e| std::io::Error::other(format!("--zstd: {param:?} {v}: {e}")))?;
+        }
+        if let Some(on) = self.row_match_finder {
+            let s = if on {
+                ParamSwitch::Enable
+            } else {
+                ParamSwitch::Disable
+            };
+            c.set_parameter(CParameter::UseRowMatchFinder(s))?;
+        }
+        if self.target_block > 0 {
+            c.set_parameter(CParameter::TargetCBlockSize(self.target_block))?;
+        }
+        Ok(())
+    }
+
+    /// Whether anything is asked beyond zstd's defaults.
+    pub fn is_default(&self) -> bool {
+        *self == Tuning::default()
+    }
+
+    /// Refused where zstd would refuse it (a value out of its range), by
+    /// a trial context at `level`, before any block is packed.
+    pub fn check(&self, level: i32) -> Result<()> {
+        let mut c = zstd::bulk::Compressor::new(level)
+            .map_err(|e| CodecError::Invalid(format!("zstd level {level}: {e}")))?;
+        self.apply(&mut c)
+            .map_err(|e| CodecError::Invalid(e.to_string()))
+    }
+}
+
+/// A number as zstd's options take it: digits, then K, KB or KiB
+/// (times 1024), or M, MB or MiB (times 2^20).
+pub fn number(s: &str) -> Option<u64> {
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..digits].parse().ok()?;
+    let shift = match &s[digits..] {
+        "" => 0,
+        "K" | "KB" | "KiB" => 10,
+        "M" | "MB" | "MiB" => 20,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
+}
+
 /// Compresses blocks into frames with content size and checksum.
 pub struct Encoder {
     codec: ZstdCodec,
@@ -154,6 +320,12 @@ impl Encoder {
     /// header names unless `dict_id` is false (`zstd --no-dictID`).
     pub fn with_dictionary(mut self, dictionary: Option<Dictionary>, dict_id: bool) -> Self {
         self.codec.set_dictionary(dictionary, dict_id);
+        self
+    }
+
+    /// Frames packed as `tuning` asks (see [`Tuning`]).
+    pub fn with_tuning(mut self, tuning: Tuning) -> Self {
+        self.codec.set_tuning(tuning);
         self
     }
 }
