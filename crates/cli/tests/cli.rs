@@ -3063,6 +3063,22 @@ fn lzop_link_takes_lzops_command_lines() {
         }
         assert_eq!(seen[0], seen[1], "lzop {args:?}: lzop's, the link's");
     }
+    // lzop writes each part of `lzop -c a b` to the name it keeps; the
+    // link writes them joined into one output named after the file,
+    // never under the first part's name (with -f that replaced `a` with
+    // both parts).
+    let root = dir.path().join("parts");
+    lzop_case_dir(&root, &a, &b);
+    let parts = tool_in(&root, "lzop", ["-c", "a", "b"]).stdout;
+    std::fs::write(root.join("parts.lzo"), parts).unwrap();
+    let out = tool_in(&root, &sides[1].1, ["-dNf", "parts.lzo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(root.join("a")).unwrap() == a);
+    assert!(std::fs::read(root.join("parts")).unwrap() == [a.clone(), b.clone()].concat());
     // -l: the tables, from the same files on both sides.
     let root = dir.path().join("lists");
     lzop_case_dir(&root, &a, &b);

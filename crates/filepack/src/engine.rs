@@ -1296,7 +1296,12 @@ fn restored_origin(
         Format::Gzip => {
             cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, i64::from(o.mtime)))
         }
-        Format::Lzop => cairn_codec::format::lzop::first_header(head).map(|h| (h.name, h.mtime)),
+        // The members of `lzop -c a b` each keep their own name (lzop -d
+        // writes each to its own): the first's would name all of them,
+        // joined, so none is taken.
+        Format::Lzop => cairn_codec::format::lzop::first_header(head)
+            .filter(|h| h.flags & cairn_codec::format::lzop::F_MULTIPART == 0)
+            .map(|h| (h.name, h.mtime)),
         _ => None,
     };
     let Some((kept_name, kept_time)) = kept else {
