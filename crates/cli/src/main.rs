@@ -395,7 +395,7 @@ pub(crate) struct PackArgs {
     /// are independent), ldmHashLog (lhlog), ldmMinMatch (lmml),
     /// ldmBucketSizeLog (lblog), ldmHashRateLog (lhrlog); after the level,
     /// which they override
-    #[arg(long = "zstd", value_name = "PARAMS")]
+    #[arg(long = "zstd", value_name = "PARAMS", require_equals = true)]
     pub zstd_params: Vec<String>,
     /// zstd's row-based match finder on (zstd's --row-match-finder; by
     /// default zstd chooses by level)
@@ -406,7 +406,7 @@ pub(crate) struct PackArgs {
     pub no_row_match_finder: bool,
     /// zstd: aim at compressed blocks of about SIZE bytes, for streams read
     /// as they arrive (zstd's --target-compressed-block-size)
-    #[arg(long = "target-compressed-block-size", value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long = "target-compressed-block-size", value_name = "SIZE", value_parser = parse_size_or_zero)]
     pub target_compressed_block_size: Option<usize>,
     /// bzip2's -s, --small: packing bzip2 without a level, 200k blocks
     /// (level 2), as bzip2; unpacking, accepted (bzip2's slower decoder

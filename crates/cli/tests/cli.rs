@@ -3079,6 +3079,51 @@ fn lzop_link_takes_lzops_command_lines() {
     );
     assert!(std::fs::read(root.join("a")).unwrap() == a);
     assert!(std::fs::read(root.join("parts")).unwrap() == [a.clone(), b.clone()].concat());
+    // A kept name that is the input's own, reached by another path
+    // (-p. for the input's directory): never the output, which would
+    // replace the input (and -U remove it). lzop empties the input
+    // there; the link writes `x` beside it. gzip's -N the same.
+    let root = dir.path().join("own-name");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("x.lzo"), &b).unwrap();
+    assert!(tool_in(&root, "lzop", ["-o", "t.lzo", "x.lzo"])
+        .status
+        .success());
+    std::fs::rename(root.join("t.lzo"), root.join("x.lzo")).unwrap();
+    let packed = std::fs::read(root.join("x.lzo")).unwrap();
+    for args in [&["-dNf", "-p.", "x.lzo"][..], &["-dNfU", "-p.", "./x.lzo"]] {
+        let out = tool_in(&root, &sides[1].1, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(std::fs::read(root.join("x")).unwrap() == b, "{args:?}");
+        if !args.contains(&"-dNfU") {
+            assert!(
+                std::fs::read(root.join("x.lzo")).unwrap() == packed,
+                "{args:?}"
+            );
+        }
+    }
+    // (A .gz that keeps its own file's name: y.gz packed, renamed.)
+    std::fs::write(root.join("y.gz"), &b).unwrap();
+    assert!(tool_in(&root, "gzip", ["-f", "-k", "y.gz"])
+        .status
+        .success());
+    std::fs::rename(root.join("y.gz.gz"), root.join("y.gz")).unwrap();
+    let cairn = env!("CARGO_BIN_EXE_cairn");
+    let out = tool_in(
+        &root,
+        cairn,
+        ["unpack", "-N", "-f", "--output-dir-flat=.", "y.gz"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(root.join("y")).unwrap() == b);
     // -l: the tables, from the same files on both sides.
     let root = dir.path().join("lists");
     lzop_case_dir(&root, &a, &b);
@@ -3167,6 +3212,10 @@ fn zstd_frame_options_are_taken_as_zstd_takes_them() {
         &["--no-row-match-finder"],
         &["--target-compressed-block-size=4096"],
         &["-B0"],
+        &["--zstd=strategy=0"],
+        &["--target-compressed-block-size=0"],
+        &["--zstd="],
+        &["--zstd=wlog=20,"],
         &["--zstd=wlog=99"],
         &["--zstd=strategy=10"],
         &["--zstd=nosuch=1"],

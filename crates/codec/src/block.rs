@@ -478,14 +478,17 @@ impl ZstdCodec {
             c.include_checksum(self.checksum).map_err(err)?;
             c.include_contentsize(true).map_err(err)?;
             c.include_dictid(self.dict_id).map_err(err)?;
+            self.tuning.apply(&mut c).map_err(err)?;
+            // --long's window unless --zstd= set one, as zstd has it.
             if let Some(window_log) = self.long {
                 use zstd::zstd_safe::CParameter;
                 c.set_parameter(CParameter::EnableLongDistanceMatching(true))
                     .map_err(err)?;
-                c.set_parameter(CParameter::WindowLog(window_log))
-                    .map_err(err)?;
+                if !self.tuning.sets_window() {
+                    c.set_parameter(CParameter::WindowLog(window_log))
+                        .map_err(err)?;
+                }
             }
-            self.tuning.apply(&mut c).map_err(err)?;
             self.cctx = Some(c);
         }
         let cctx = self.cctx.as_mut().ok_or_else(|| CodecError::Compress {

@@ -1324,7 +1324,7 @@ fn restored_origin(
         (Source::File(src), Dest::File(planned))
             if !plan.named && !matches!(kept, b"" | b"." | b"..") =>
         {
-            Some(planned.with_file_name(name)).filter(|p| p != src)
+            Some(planned.with_file_name(name)).filter(|p| !same_file(p, src))
         }
         _ => None,
     };

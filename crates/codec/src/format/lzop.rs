@@ -248,17 +248,24 @@ impl Splitter {
     }
 
     /// Whether nothing but zeros follows (read through them), as lzop
-    /// takes zeros after its last member; at a byte that is no zero,
-    /// nothing of it is consumed.
+    /// takes zeros after its last member; `false` where a member may
+    /// follow (no zero first). Zeros and then anything are trailing
+    /// garbage, from where the zeros begin, as lzop has it.
     fn rest_is_zeros(&mut self) -> Result<bool> {
+        let start = self.input.offset();
         loop {
             if self.input.fill(64 << 10)? == 0 {
                 return Ok(true);
             }
             let zeros = self.input.peek().iter().take_while(|&&b| b == 0).count();
             if zeros < self.input.peek().len() {
-                self.input.consume(zeros);
-                return Ok(false);
+                if zeros == 0 && self.input.offset() == start {
+                    return Ok(false);
+                }
+                return Err(CodecError::TrailingGarbage {
+                    format: NAME,
+                    offset: start,
+                });
             }
             self.input.consume(zeros);
         }
@@ -950,6 +957,16 @@ mod tests {
             padded.push(1);
             assert_eq!(list(&padded).unwrap().garbage_at, Some(file.len() as u64));
             assert!(decode_all(&padded).is_err(), "{zeros} and a 1");
+            // A member after zeros is garbage too, as lzop takes it.
+            let mut then = file.clone();
+            then.resize(file.len() + zeros, 0);
+            then.extend_from_slice(&file);
+            assert!(
+                matches!(decode_all(&then), Err(CodecError::TrailingGarbage { offset, .. })
+                    if offset == file.len() as u64),
+                "{zeros} and a member"
+            );
+            assert_eq!(list(&then).unwrap().members.len(), 1);
         }
         let mut bad = file.clone();
         bad[12] ^= 1;

@@ -198,9 +198,19 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// `--zstd=`'s list (`wlog=23,hlog=22`) added to the parameters.
+    /// Whether a window size is set (not 0, zstd's "from the level").
+    pub(crate) fn sets_window(&self) -> bool {
+        self.params
+            .iter()
+            .rev()
+            .find(|(p, _)| *p == Param::WindowLog)
+            .is_some_and(|&(_, v)| v != 0)
+    }
+
+    /// `--zstd=`'s list (`wlog=23,hlog=22`) added to the parameters; an
+    /// empty list or item is refused, as zstd refuses it.
     pub fn add_params(&mut self, list: &str) -> std::result::Result<(), String> {
-        for item in list.split(',').filter(|i| !i.is_empty()) {
+        for item in list.split(',') {
             let (name, value) = item
                 .split_once('=')
                 .ok_or_else(|| format!("--zstd={list}: {item:?} is no NAME=VALUE"))?;
@@ -226,6 +236,8 @@ impl Tuning {
                 Param::SearchLog => CParameter::SearchLog(v),
                 Param::MinMatch => CParameter::MinMatch(v),
                 Param::TargetLength => CParameter::TargetLength(v),
+                // 0: the level's (zstd's "default").
+                Param::Strategy if v == 0 => continue,
                 Param::Strategy => CParameter::Strategy(match v {
                     1 => Strategy::ZSTD_fast,
                     2 => Strategy::ZSTD_dfast,
