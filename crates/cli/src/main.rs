@@ -521,6 +521,14 @@ pub(crate) struct DecodeArgs {
     /// headers' and index's CRC32s still are).
     #[arg(long = "ignore-check")]
     pub ignore_check: bool,
+    /// Copy what is in no format read to standard output as it is, even
+    /// without -f (zstd's --pass-through; zstdcat does by default)
+    #[arg(long = "pass-through", overrides_with = "no_pass_through")]
+    pub pass_through: bool,
+    /// Never copy what is in no format read, not even with -f or as
+    /// zstdcat (zstd's --no-pass-through)
+    #[arg(long = "no-pass-through", overrides_with = "pass_through")]
+    pub no_pass_through: bool,
     /// Leave holes for runs of zeros in the output (the default where a
     /// hole is sure to read as zeros: a new file, or standard output
     /// redirected to the end of a regular file not opened to append;

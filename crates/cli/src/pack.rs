@@ -421,6 +421,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         sparse: flag_pair(decode.sparse, decode.no_sparse),
         // gzip -tf passes what gzip -dcf would copy (not pigz -tf).
         force_test_passes_unknown: matches!(crate::prog(), "gzip" | "gunzip" | "zcat"),
+        pass_through: flag_pair(decode.pass_through, decode.no_pass_through),
         empty: match crate::Tool::link() {
             Some(crate::Tool::Zstd | crate::Tool::Bzip2) => EmptyInput::Truncated,
             Some(crate::Tool::Lz4) => EmptyInput::Nothing,

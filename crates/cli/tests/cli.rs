@@ -3237,3 +3237,46 @@ fn zstd_frame_options_are_taken_as_zstd_takes_them() {
         assert_eq!(seen[0], seen[1], "zstd {args:?}: zstd's, the link's");
     }
 }
+
+/// zstd's `--pass-through` copies what is no zstd to standard output
+/// without `-f`, and `--no-pass-through` never does, not even with `-f`
+/// or as zstdcat; the last of the two wins. cairn refused both.
+#[test]
+fn zstd_pass_through_is_taken_as_zstd_takes_it() {
+    if !have("zstd") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "zstd");
+    let cat = dir.path().join("zstdcat");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &cat).unwrap();
+    std::fs::write(dir.path().join("p.txt"), b"plain\n").unwrap();
+    let packed = run_ok("zstd", &["-c"], &mixed(50_000, 94));
+    std::fs::write(dir.path().join("a.zst"), packed).unwrap();
+    let cases: &[&[&str]] = &[
+        &["-d", "--pass-through", "p.txt"],
+        &["-dc", "--pass-through", "p.txt"],
+        &["-dc", "--pass-through", "a.zst", "p.txt"],
+        &["-dcf", "--no-pass-through", "p.txt"],
+        &["-dc", "--no-pass-through", "--pass-through", "p.txt"],
+        &["-dcf", "--pass-through", "--no-pass-through", "p.txt"],
+        &["-dc", "p.txt"],
+    ];
+    for args in cases {
+        let mut seen = vec![];
+        for (_, exe) in &sides {
+            let out = tool_in(dir.path(), exe, *args);
+            seen.push((out.status.code(), crc32fast::hash(&out.stdout)));
+        }
+        assert_eq!(seen[0], seen[1], "zstd {args:?}: zstd's, the link's");
+    }
+    for args in [&["--no-pass-through", "p.txt"][..], &["p.txt"]] {
+        let peer = tool_in(dir.path(), "zstdcat", args);
+        let link = tool_in(dir.path(), &cat, args);
+        assert_eq!(
+            (peer.status.code(), peer.stdout),
+            (link.status.code(), link.stdout),
+            "zstdcat {args:?}"
+        );
+    }
+}

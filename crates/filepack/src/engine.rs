@@ -1458,7 +1458,10 @@ fn unpack_one(
         // gzip -dcf and zstd -dcf copy what is in no format they know
         // (so `zcat -f` reads logs whether or not they are compressed);
         // gzip -tf passes it (it would be copied).
-        if force && plan.dest == Dest::Stdout && opts.mode == UnpackMode::Write {
+        if opts.pass_through.unwrap_or(force)
+            && plan.dest == Dest::Stdout
+            && opts.mode == UnpackMode::Write
+        {
             return pass_through(plan, &head, reader, hooks, started);
         }
         if force && opts.mode == UnpackMode::Test && opts.force_test_passes_unknown {

@@ -310,6 +310,11 @@ pub struct UnpackOptions {
     /// With `-f`, `-t` passes an input in no format read, which `-dcf`
     /// would copy (gzip's `-tf`; zstd, bzip2 and lz4 refuse it).
     pub force_test_passes_unknown: bool,
+    /// What is in no format read is copied to standard output as it is:
+    /// `Some(true)` even without `force` (zstd's `--pass-through`),
+    /// `Some(false)` not even with it (`--no-pass-through`); `None`:
+    /// with `force`, as `gzip -dcf` and `zstd -dcf`.
+    pub pass_through: Option<bool>,
     /// What an empty input is.
     pub empty: EmptyInput,
     /// Leave holes for the zeros of the output (zstd's and lz4's
