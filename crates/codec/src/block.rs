@@ -464,7 +464,8 @@ impl ZstdCodec {
         }
     }
 
-    /// Compress with the frame's content size (and checksum, unless
+    /// Compress with the frame's content size (unless the tuning says
+    /// `--no-content-size`) and checksum (unless
     /// [`ZstdCodec::for_blocks`]) recorded.
     pub(crate) fn compress_frame(&mut self, src: &[u8], dst: &mut Vec<u8>) -> Result<()> {
         let err = |e: std::io::Error| CodecError::Compress {
@@ -476,7 +477,6 @@ impl ZstdCodec {
             let mut c =
                 zstd::bulk::Compressor::with_dictionary(self.level, dictionary).map_err(err)?;
             c.include_checksum(self.checksum).map_err(err)?;
-            c.include_contentsize(true).map_err(err)?;
             c.include_dictid(self.dict_id).map_err(err)?;
             self.tuning.apply(&mut c).map_err(err)?;
             // --long's window unless --zstd= set one, as zstd has it.
