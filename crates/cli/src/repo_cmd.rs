@@ -819,6 +819,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
         "seconds": r.seconds,
         "mb_per_s": mbs,
         "threads": opts.threads,
+        "chunks_from_other_copies": r.recovered,
         "damaged": r.damaged.iter().map(|d| json!({
             "offset": d.offset, "length": d.len, "reason": d.reason,
             "chunks": d.chunks.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
@@ -836,6 +837,15 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             "cairn: {name}@{snap}: {} restored in {:.2} s ({mbs:.0} MB/s)",
             HumanBytes(r.size),
             r.seconds
+        );
+    }
+    // (Each damaged record was named in a warning as it was met.)
+    if r.recovered > 0 && !a.json {
+        errln!(
+            "cairn: warning: {} chunk(s) were read from another copy, theirs being damaged; \
+             `cairn verify --read-data` names the damage, `cairn repair` has the index use the \
+             sound copies",
+            r.recovered
         );
     }
     if !r.damaged.is_empty() {
@@ -1133,6 +1143,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             !matches!(
                 p.kind,
                 "damaged-chunk"
+                    | "damaged-copy"
                     | "pack"
                     | "missing-chunk"
                     | "pack-header"
@@ -1155,6 +1166,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
         print_json(&json!({
             "dry_run": a.dry_run,
             "dropped_entries": r.dropped,
+            "entries_moved_to_sound_copies": r.switched,
             "rewritten_packs": r.rewritten,
             "trash_lists_removed": r.trash_removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "affected_snapshots": snapshots,
@@ -1223,6 +1235,14 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                     g.packs_deleted + g.packs_repacked
                 ))
             );
+            if r.switched > 0 {
+                outln!(
+                    "repair: for {} of them the index {} another copy that is sound (the \
+                     chunk was stored twice): no snapshot loses those",
+                    r.switched,
+                    if a.dry_run { "would use" } else { "uses" }
+                );
+            }
             if !snapshots.is_empty() {
                 outln!(
                     "repair: {} snapshot(s) use them and cannot be restored whole: {}; back up \

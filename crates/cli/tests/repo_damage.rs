@@ -1009,6 +1009,134 @@ fn backup_after_a_lost_pack_stores_its_chunks_again() {
     assert!(fs::read(&dest).unwrap() == base.snaps[0].data);
 }
 
+/// A chunk stored twice (here: its pack lost, the same data backed up
+/// again, the pack found again) whose one copy is damaged loses nothing,
+/// whichever copy the index uses: restore reads the sound copy and says
+/// so, verify names the damaged copy (and no snapshot), repair has the
+/// index use the sound copy, and afterwards everything is sound.
+#[test]
+fn a_chunk_stored_twice_is_read_from_its_sound_copy() {
+    let base = base();
+    let (_d, twice) = copy(&base);
+    let before = layout(&twice);
+    let chunk = shared_chunk(&before);
+    let old = before.records[&chunk].clone();
+    let aside = twice.join("aside.pack");
+    fs::rename(&old.pack, &aside).unwrap();
+    let out = cairn_pipe(
+        &[
+            "backup",
+            "-",
+            "--repo",
+            s(&twice),
+            "--name",
+            "alpha",
+            "--chunker",
+            CHUNKER,
+            "--group",
+            "64K",
+            "-q",
+            "--json",
+        ],
+        &base.snaps[0].data,
+    );
+    assert_eq!(json(ok(&out))["snapshot"], 3);
+    let middle = layout(&twice);
+    let new = middle.records[&chunk].clone();
+    assert_ne!(new.pack, old.pack, "the chunk is stored again");
+    fs::rename(&aside, &old.pack).unwrap();
+    assert_sound(&twice, "both copies sound");
+    let mut snaps: Vec<(String, &[u8])> = base
+        .snaps
+        .iter()
+        .map(|sn| (format!("{}@{}", sn.name, sn.snap), &sn.data[..]))
+        .collect();
+    snaps.push(("alpha@3".into(), &base.snaps[0].data));
+    let mut damaged_the_index_copy = 0;
+    for (which, lay, rec) in [("first", &before, &old), ("second", &middle, &new)] {
+        let what = format!("the {which} copy damaged");
+        let dir = tempdir();
+        let repo = dir.path().join("repo");
+        copy_tree(&twice, &repo);
+        let rec = RecordAt {
+            pack: repo.join(rec.pack.strip_prefix(&twice).unwrap()),
+            ..rec.clone()
+        };
+        let lay = Layout {
+            records: lay
+                .records
+                .iter()
+                .map(|(id, r)| {
+                    let pack = repo.join(r.pack.strip_prefix(&twice).unwrap());
+                    (*id, RecordAt { pack, ..r.clone() })
+                })
+                .collect(),
+            ..Layout::default()
+        };
+        let lost = flip_stored_byte(&lay, &rec);
+        // Every snapshot restores whole; reading a damaged copy is said.
+        for (spec, data) in &snaps {
+            let out = run(&["restore", spec, "-", "--repo", s(&repo), "-q"]);
+            ok(&out);
+            assert!(out.stdout == *data, "{what}: {spec} differs");
+        }
+        let (out, _o, dest) = restore(&repo, "alpha@1", &["--json"]);
+        let j = json(ok(&out));
+        assert!(fs::read(&dest).unwrap() == base.snaps[0].data, "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let recovered = j["chunks_from_other_copies"].as_u64().unwrap();
+        // Which copy the index uses is the seal's choice: if it is the
+        // damaged one, restore turned to the other and said so.
+        let index_copy = layout(&twice).records[&chunk].pack
+            == rec.pack.strip_prefix(&repo).map(|p| twice.join(p)).unwrap();
+        if index_copy {
+            damaged_the_index_copy += 1;
+            assert!(recovered > 0, "{what}: {j}");
+            assert!(
+                stderr.contains("read from its other copy"),
+                "{what}: {stderr}"
+            );
+        } else {
+            assert_eq!(recovered, 0, "{what}: {j}");
+        }
+        // verify: the damage, as damage of a copy, affecting no snapshot.
+        let (out, v) = verify(&repo, true);
+        assert!(!out.status.success(), "{what}: {v}");
+        let problems = v["problems"].as_array().unwrap();
+        assert_eq!(problems.len(), lost.len(), "{what}: {v}");
+        assert!(
+            problems.iter().all(|p| p["kind"] == "damaged-copy"),
+            "{what}: {v}"
+        );
+        assert!(affected(&v).is_empty(), "{what}: {v}");
+        // repair keeps every chunk, in its sound copy.
+        let out = run(&["repair", "--repo", s(&repo), "--json", "-q"]);
+        let j = json(ok(&out));
+        let switched = j["entries_moved_to_sound_copies"].as_u64().unwrap();
+        assert_eq!(
+            switched,
+            if index_copy { lost.len() as u64 } else { 0 },
+            "{what}: {j}"
+        );
+        assert!(
+            j["affected_snapshots"].as_array().unwrap().is_empty(),
+            "{what}: {j}"
+        );
+        assert_sound(&repo, &what);
+        for (spec, data) in &snaps {
+            let out = run(&["restore", spec, "-", "--repo", s(&repo), "-q"]);
+            ok(&out);
+            assert!(out.stdout == *data, "{what}, repaired: {spec} differs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!stderr.contains("other cop"), "{what}, repaired: {stderr}");
+        }
+    }
+    assert_eq!(
+        damaged_the_index_copy, 1,
+        "the index uses one of the copies"
+    );
+}
+
 #[test]
 fn salvage_keeps_intact_records_after_a_damaged_one() {
     let base = base();

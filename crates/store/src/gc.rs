@@ -111,6 +111,9 @@ pub struct GcReport {
     /// Index entries left out because their record is damaged
     /// ([`GcOptions::drop_records`]).
     pub dropped: u64,
+    /// Chunks of damaged records the index now finds in another, sound
+    /// copy of theirs (not counted in `dropped`).
+    pub switched: u64,
     /// Damaged live records met while repacking (their packs were kept
     /// as they are): one line each, naming the pack and offset.
     pub damaged: Vec<String>,
@@ -174,8 +177,20 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let (earlier_packs, earlier_bytes) = w.collected.deleted_but(None);
     report.earlier_packs_deleted = earlier_packs;
     report.earlier_bytes_deleted = earlier_bytes;
-    let index = w.index;
+    let mut index = w.index;
     report.chunks_before = index.len() as u64;
+    // A damaged record's chunks stored twice (see
+    // `ChunkIndex::other_copies`) stay, in their sound copies: the index
+    // uses those from now on, and the damaged ones are dead.
+    if !opts.drop_records.is_empty() {
+        let packs: Vec<PackId> = index.packs().iter().map(|p| p.id).collect();
+        let damaged = |loc: Location| {
+            packs
+                .get(loc.pack as usize)
+                .is_some_and(|id| opts.drop_records.contains(&(*id, loc.offset, loc.slice)))
+        };
+        report.switched = index.prefer(|loc| !damaged(loc)) as u64;
+    }
 
     say("marking");
     // Entries of damaged records are never marked: they leave the index.

@@ -225,6 +225,13 @@ pub struct ChunkIndex {
     bucket_bits: u32,
     packs: Vec<PackInfo>,
     pack_numbers: HashMap<PackId, u32>,
+    /// The other copies of chunks stored more than once (two backups
+    /// that stored the same new data at once, a chunk stored again after
+    /// its pack was lost, a gc killed while repacking), sorted by prefix:
+    /// where a reader turns when the copy in `entries` is damaged
+    /// ([`ChunkIndex::other_copies`]). Few, and nothing counts them as
+    /// live: gc deletes them with their packs.
+    others: Vec<Entry>,
 }
 
 /// Entries per bucket aimed at; a bucket costs 4 bytes, an entry 32.
@@ -292,6 +299,7 @@ impl ChunkIndex {
                 (x.pack, x.offset, x.slice).cmp(&(y.pack, y.offset, y.slice))
             })
         });
+        let mut others = std::mem::take(&mut self.others);
         self.entries.dedup_by(|later, kept| {
             if later.prefix != kept.prefix {
                 return false;
@@ -299,18 +307,72 @@ impl ChunkIndex {
             if !good(kept.location()) && good(later.location()) {
                 std::mem::swap(later, kept);
             }
+            // The same place named twice (a gc killed between writing its
+            // index files and removing the old ones) is no other copy.
+            if later.location() != kept.location() && good(later.location()) {
+                others.push(*later);
+            }
             true
         });
+        others.sort_unstable_by_key(|e| (e.prefix, e.packed));
+        others.dedup();
+        others.shrink_to_fit();
+        self.others = others;
         self.entries.shrink_to_fit();
         self.make_buckets();
     }
 
-    /// Keep only the entries whose location passes `keep` (sorted order
-    /// is kept).
+    /// Keep only the entries (and other copies) whose location passes
+    /// `keep` (sorted order is kept).
     pub fn retain(&mut self, mut keep: impl FnMut(Location) -> bool) {
         self.entries.retain(|e| keep(e.location()));
+        self.others.retain(|e| keep(e.location()));
         self.entries.shrink_to_fit();
         self.make_buckets();
+    }
+
+    /// The other places chunk `id` is stored, besides [`ChunkIndex::get`]'s
+    /// (see `others`); empty for almost every chunk.
+    pub fn other_copies(&self, id: &ChunkId) -> impl Iterator<Item = Location> + '_ {
+        self.other_copies_of(id.prefix())
+    }
+
+    /// [`ChunkIndex::other_copies`] by id prefix.
+    pub fn other_copies_of(&self, prefix: [u8; PREFIX_LEN]) -> impl Iterator<Item = Location> + '_ {
+        let start = self.others.partition_point(|e| e.prefix < prefix);
+        self.others[start..]
+            .iter()
+            .take_while(move |e| e.prefix == prefix)
+            .map(Entry::location)
+    }
+
+    /// Every other copy (see [`ChunkIndex::other_copies`]), with its id
+    /// prefix.
+    pub fn other_locations(&self) -> impl Iterator<Item = ([u8; PREFIX_LEN], Location)> + '_ {
+        self.others.iter().map(|e| (e.prefix, e.location()))
+    }
+
+    /// Where the copy the index uses fails `sound` and another copy
+    /// passes it, use that one instead (the first such); returns how many
+    /// were switched. `repair` has the index use a sound copy of a chunk
+    /// whose record is damaged, so that the chunk stays stored.
+    pub fn prefer(&mut self, mut sound: impl FnMut(Location) -> bool) -> usize {
+        let mut switched = 0;
+        for e in &mut self.entries {
+            if sound(e.location()) {
+                continue;
+            }
+            let start = self.others.partition_point(|o| o.prefix < e.prefix);
+            let found = self.others[start..]
+                .iter()
+                .take_while(|o| o.prefix == e.prefix)
+                .position(|o| sound(o.location()));
+            if let Some(i) = found {
+                std::mem::swap(e, &mut self.others[start + i]);
+                switched += 1;
+            }
+        }
+        switched
     }
 
     /// The bucket of an id prefix: its first `bucket_bits` bits.
@@ -402,7 +464,8 @@ impl ChunkIndex {
 
     /// Heap bytes held by the entry table (the per-chunk cost).
     pub fn entry_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<Entry>() + self.buckets.capacity() * 4
+        (self.entries.capacity() + self.others.capacity()) * std::mem::size_of::<Entry>()
+            + self.buckets.capacity() * 4
     }
 
     /// Every (pack, offset, len) the index holds, with the id prefix.
@@ -508,6 +571,71 @@ mod tests {
                 assert!(first.contains(&idx.pack(l.pack).unwrap().id));
             }
         }
+    }
+
+    /// The copies a seal drops are kept as other copies (not a place named
+    /// twice, nor one `good` refuses), and `prefer` turns to one of them
+    /// where the kept copy is not sound.
+    #[test]
+    fn other_copies_are_kept_and_preferred_where_the_first_is_damaged() {
+        let f = sample(300);
+        let copy = IndexFile {
+            packs: vec![PackInfo {
+                id: PackId::random(),
+                target: 0,
+                len: 500,
+            }],
+            entries: f.entries[..100]
+                .iter()
+                .map(|(id, l)| (*id, Location { pack: 0, ..*l }))
+                .collect(),
+        };
+        let mut idx = ChunkIndex::default();
+        idx.add_file(&f).unwrap();
+        idx.add_file(&copy).unwrap();
+        idx.add_file(&f).unwrap(); // the same places again: no copies
+        let third = idx.pack_number(&copy.packs[0].id).unwrap();
+        idx.seal();
+        assert_eq!(idx.len(), 300);
+        assert_eq!(idx.other_locations().count(), 100);
+        for (i, (id, l)) in f.entries.iter().enumerate() {
+            let others: Vec<Location> = idx.other_copies(id).collect();
+            if i < 100 {
+                assert_eq!(others, vec![Location { pack: third, ..*l }]);
+            } else {
+                assert!(others.is_empty());
+            }
+        }
+        // The first pack's records of the first 50 chunks are damaged.
+        let damaged = |l: Location| l.pack != third && l.offset < 64 + 50 * 100;
+        assert_eq!(idx.prefer(|l| !damaged(l)), 50);
+        for (i, (id, l)) in f.entries.iter().enumerate() {
+            let now = idx.get(id).unwrap();
+            let others: Vec<Location> = idx.other_copies(id).collect();
+            match i {
+                0..50 => {
+                    assert_eq!(now.pack, third);
+                    assert_eq!(others, vec![*l]);
+                }
+                _ => assert_eq!(now, *l),
+            }
+        }
+        // Nothing sound to turn to: nothing changes.
+        assert_eq!(idx.prefer(|_| false), 0);
+        // A copy `good` refuses (its pack is gone) is none.
+        let mut idx = ChunkIndex::default();
+        idx.add_file(&f).unwrap();
+        idx.add_file(&copy).unwrap();
+        idx.seal_preferring(|l| l.pack != third);
+        assert_eq!(idx.other_locations().count(), 0);
+        // retain() drops copies as it drops entries.
+        let mut idx = ChunkIndex::default();
+        idx.add_file(&f).unwrap();
+        idx.add_file(&copy).unwrap();
+        idx.seal();
+        idx.retain(|l| l.pack != third);
+        assert_eq!(idx.other_locations().count(), 0);
+        assert_eq!(idx.len(), 300);
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! chunk stay: `verify` names them (missing chunks) until a backup stores
 //! those chunks again, which heals them, or until they are forgotten.
 //!
+//! A chunk stored twice (two backups that stored the same new data at
+//! once, say) whose copy the index uses is damaged while the other copy
+//! is sound loses nothing either: gc has the index use the sound copy
+//! ([`crate::index::ChunkIndex::prefer`]), and the damaged one is dead.
+//!
 //! A pack whose header is damaged loses nothing: its header holds no
 //! data, and its records carry their own checks. verify checks them as
 //! any others and names the header; repair has gc copy the sound ones
@@ -54,8 +59,12 @@ pub struct RepairReport {
     /// Trash lists removed because they failed their checks (a list
     /// names only objects to delete: nothing is lost).
     pub trash_removed: Vec<std::path::PathBuf>,
-    /// Index entries dropped (with `dry_run`: that would be dropped).
+    /// Index entries dropped (with `dry_run`: that would be dropped),
+    /// those of `switched` included.
     pub dropped: u64,
+    /// Chunks of damaged records the index now finds in another copy
+    /// that is sound (with `dry_run`: would), so no snapshot loses them.
+    pub switched: u64,
     /// Packs whose header is damaged, or with bytes past their sealed
     /// end, their sound records copied into new packs and the old ones
     /// removed (with `dry_run`: that would be).
@@ -131,6 +140,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     let mut report = RepairReport {
         trash_removed,
         dropped: drop.len() as u64,
+        switched: found.recoverable as u64,
         rewritten: rewrite.len() as u64,
         affected,
         found,
@@ -157,6 +167,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     // (`g.dropped` counts the entries gc still had in memory: those of a
     // cut or missing pack were left out when the index was loaded, and go
     // with the index files now. The check below says all went.)
+    report.switched = g.switched;
     report.gc = Some(g);
     // gc keeps a pack a snapshot still needs and indexes its sound records
     // again: a record whose CRC holds but whose chunk does not hash to its

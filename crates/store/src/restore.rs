@@ -27,7 +27,7 @@ use cairn_blockdev::{
 };
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::IoSlice;
 use std::io::Write;
@@ -119,6 +119,10 @@ pub struct RestoreReport {
     pub seconds: f64,
     /// Ranges written as zeros because their chunk was damaged or missing.
     pub damaged: Vec<Damaged>,
+    /// Chunks whose copy the index names is damaged or unreadable, read
+    /// from another copy of theirs (each damaged record was said with a
+    /// warning).
+    pub recovered: u64,
 }
 
 #[derive(Default)]
@@ -182,6 +186,8 @@ struct Out {
     done: u64,
     stored: u64,
     damaged: Vec<Damaged>,
+    /// Chunks read from another copy than the index's.
+    recovered: u64,
 }
 
 impl Out {
@@ -245,6 +251,7 @@ impl Out {
         self.done = 0;
         self.stored = 0;
         self.damaged.clear();
+        self.recovered = 0;
     }
 }
 
@@ -386,6 +393,12 @@ pub(crate) struct Fetcher<'a> {
     decoded: Option<&'a Decoded>,
     /// Decode into frozen buffers, for a pipe (see [`GroupBuf`]).
     frozen: bool,
+    /// Records found damaged (or unreadable): their chunks are read from
+    /// their other copies without reading them again, and each is said
+    /// once (see [`Fetcher::other_copy`]).
+    damaged: HashSet<(u32, u32)>,
+    /// Chunks read from another copy since [`Fetcher::take_recovered`].
+    recovered: u64,
 }
 
 impl<'a> Fetcher<'a> {
@@ -403,7 +416,15 @@ impl<'a> Fetcher<'a> {
             spares: None,
             decoded: None,
             frozen: false,
+            damaged: HashSet::new(),
+            recovered: 0,
         }
+    }
+
+    /// How many chunks were read from another copy than the index's
+    /// (theirs damaged) since the last call.
+    pub(crate) fn take_recovered(&mut self) -> u64 {
+        std::mem::take(&mut self.recovered)
     }
 
     /// Fetch the records of `extents` that are not decoded already,
@@ -466,14 +487,14 @@ impl<'a> Fetcher<'a> {
         Ok(read)
     }
 
-    /// The kept group of record `loc`, decoded now if it is not kept;
-    /// also the bytes read from its pack (0 if it was kept).
-    fn group(&mut self, loc: Location) -> Result<(&Kept, u64)> {
+    /// The slot of the kept group of record `loc`, decoded now if it is
+    /// not kept; also the bytes read from its pack (0 if it was kept).
+    fn group(&mut self, loc: Location) -> Result<(usize, u64)> {
         self.clock += 1;
         let key = (loc.pack, loc.offset);
         if let Some(i) = self.kept.iter().position(|k| k.key == key) {
             self.kept[i].used = self.clock;
-            return Ok((&self.kept[i], 0));
+            return Ok((i, 0));
         }
         // Reuse the least recently used slot's buffer once all are taken.
         let slot = if self.kept.len() < KEPT_GROUPS {
@@ -498,7 +519,7 @@ impl<'a> Fetcher<'a> {
             k.key = key;
             k.path = path;
             k.used = self.clock;
-            return Ok((&self.kept[slot], 0));
+            return Ok((slot, 0));
         }
         let prefetched = self.fetched.contains_key(&key);
         let (path, raw): (PathBuf, &[u8]) = match self.fetched.get(&key) {
@@ -558,7 +579,7 @@ impl<'a> Fetcher<'a> {
         }
         // (What was prefetched was counted when it was read.)
         let read = if prefetched { 0 } else { u64::from(loc.len) };
-        Ok((&self.kept[slot], read))
+        Ok((slot, read))
     }
 
     /// Append chunk `id` (`len` bytes, at image `offset`) to `out`;
@@ -591,14 +612,49 @@ impl<'a> Fetcher<'a> {
     }
 
     /// The kept group chunk `id` is in, checked against its id, the
-    /// chunk's start in it and the stored bytes read for it.
+    /// chunk's start in it and the stored bytes read for it. Where the
+    /// copy the index names is damaged or cannot be read, the chunk's
+    /// other copies are tried ([`ChunkIndex::other_copies`]), as restic
+    /// tries every pack that holds a blob; only if none is sound is it the
+    /// first copy's error.
     fn checked(&mut self, id: &ChunkId, len: u32, offset: u64) -> Result<(&Kept, usize, u64)> {
         let loc = self
             .index
             .get(id)
             .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
+        // (A record found damaged before goes straight to the copies.)
+        let known_bad = !self.damaged.is_empty() && self.damaged.contains(&(loc.pack, loc.offset));
+        let first = match known_bad {
+            false => Some(self.checked_at(loc, id, len)),
+            true => None,
+        };
+        let (slot, start, read) = match first {
+            Some(Ok(found)) => found,
+            first => {
+                let why = first.as_ref().and_then(|r| r.as_ref().err());
+                match (self.other_copy(loc, id, len, why), first) {
+                    (Some(found), _) => found,
+                    (None, Some(Err(err))) => return Err(err),
+                    // No other copy is sound: the first copy's error, read
+                    // anew (or the chunk, if it is only its record's
+                    // other chunks that are damaged).
+                    (None, _) => self.checked_at(loc, id, len)?,
+                }
+            }
+        };
+        Ok((&self.kept[slot], start, read))
+    }
+
+    /// Chunk `id` from its record at `loc`: the kept slot, the chunk's
+    /// start in it and the bytes read.
+    fn checked_at(&mut self, loc: Location, id: &ChunkId, len: u32) -> Result<(usize, usize, u64)> {
         let files = self.files;
-        let (group, read) = self.group(loc)?;
+        let (slot, read) = self.group(loc).inspect_err(|_| {
+            // The whole record is unusable: its other chunks go straight
+            // to their other copies.
+            self.damaged.insert((loc.pack, loc.offset));
+        })?;
+        let group = &self.kept[slot];
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
         let Some(data) = group.data.get(s..e) else {
             return Err(StoreError::BadChunk {
@@ -612,7 +668,40 @@ impl<'a> Fetcher<'a> {
             });
         };
         check_chunk(files.crypt(), &group.path, u64::from(loc.offset), id, data)?;
-        Ok((group, s, read))
+        Ok((slot, s, read))
+    }
+
+    /// The first sound other copy of chunk `id`, whose copy at `first`
+    /// failed with `why` (`None`: its record was found damaged before);
+    /// says so, once per damaged record.
+    fn other_copy(
+        &mut self,
+        first: Location,
+        id: &ChunkId,
+        len: u32,
+        why: Option<&StoreError>,
+    ) -> Option<(usize, usize, u64)> {
+        let index = self.index;
+        for other in index.other_copies(id) {
+            let Ok(found) = self.checked_at(other, id, len) else {
+                continue;
+            };
+            self.recovered += 1;
+            if let Some(why) = why {
+                let path = self.files.path(other.pack).unwrap_or_default();
+                tracing::warn!(
+                    "{why}; chunk {id} read from its other copy in {} at offset {} (`cairn repair` \
+                     has the index use the sound copies)",
+                    path.display(),
+                    other.offset
+                );
+            }
+            // Its record is bad as a whole, or only this chunk: the next
+            // chunks of a bad record skip it (said once, above).
+            self.damaged.insert((first.pack, first.offset));
+            return Some(found);
+        }
+        None
     }
 }
 
@@ -822,6 +911,7 @@ pub fn restore(
             if let Some(run) = run.as_mut() {
                 run.flush()?;
             }
+            out.recovered += fetcher.take_recovered();
             Ok(())
         }
     };
@@ -843,6 +933,7 @@ pub fn restore(
                 report.size += slot.output.done;
                 report.stored_read += slot.output.stored;
                 report.damaged.append(&mut slot.output.damaged);
+                report.recovered += slot.output.recovered;
                 if let Some(p) = opts.progress {
                     p(report.size);
                 }

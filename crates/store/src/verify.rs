@@ -5,8 +5,12 @@
 //! a manifest names is in the index, every pack the index names exists
 //! with at least its sealed length, and the trash lists are sound. With `read_data`: every record the
 //! index names is read, its CRC checked, decoded and hashed against its id
-//! (all packs in parallel, or a subset of them: [`DataSubset`]). Each
-//! problem lists the images, snapshots and offsets it affects.
+//! (all packs in parallel, or a subset of them: [`DataSubset`]), and so
+//! is every other copy of a chunk stored twice
+//! ([`crate::index::ChunkIndex::other_copies`]): a damaged copy whose
+//! other copy is sound affects no snapshot, since restore reads the sound
+//! one, but it is damage all the same. Each problem lists the images,
+//! snapshots and offsets it affects.
 
 use crate::error::Result;
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
@@ -133,7 +137,8 @@ pub struct Affected {
 #[derive(Debug, Clone)]
 pub struct Problem {
     /// What kind: `index`, `key`, `manifest`, `pack`, `garbage`,
-    /// `reserve`, `missing-chunk`, `damaged-chunk`.
+    /// `reserve`, `missing-chunk`, `damaged-chunk`, `damaged-copy` (a
+    /// damaged copy of a chunk stored twice whose other copy is sound).
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -174,6 +179,10 @@ pub struct VerifyReport {
     /// Packs whose header is damaged (a problem of its own): their
     /// records were checked on their own, and `repair` rewrites them.
     pub damaged_headers: Vec<PackId>,
+    /// Chunks whose copy the index uses is damaged but that have another
+    /// copy found sound (`damaged-copy` problems): `repair` has the index
+    /// use those.
+    pub recoverable: usize,
     /// Packs longer than they were sealed (bytes appended by something
     /// else: a problem of its own, no record lost): `repair` rewrites
     /// them.
@@ -249,10 +258,15 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         }
     }
     report.unindexed_packs.sort();
-    let mut by_pack: Vec<Vec<([u8; PREFIX_LEN], Location)>> = vec![Vec::new(); index.packs().len()];
-    for (prefix, loc) in index.locations() {
+    // Each pack's records: the copies the index uses, and (`true`) the
+    // other copies of chunks stored twice, which restore turns to when the
+    // first is damaged.
+    let mut by_pack: Vec<Vec<([u8; PREFIX_LEN], Location, bool)>> =
+        vec![Vec::new(); index.packs().len()];
+    let copies = index.other_locations().map(|(p, l)| (p, l, true));
+    for (prefix, loc, copy) in index.locations().map(|(p, l)| (p, l, false)).chain(copies) {
         if let Some(v) = by_pack.get_mut(loc.pack as usize) {
-            v.push((prefix, loc));
+            v.push((prefix, loc, copy));
         }
     }
     let reader = PackReader::new(repo, index);
@@ -272,7 +286,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         };
         match problem {
             Some(msg) => {
-                for (prefix, loc) in &by_pack[n] {
+                for (prefix, loc, _) in by_pack[n].iter().filter(|e| !e.2) {
                     if u64::from(loc.offset) + u64::from(loc.len)
                         > on_disk.get(&info.id).map_or(0, |f| f.len)
                     {
@@ -320,6 +334,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let done = AtomicU64::new(0);
         let next = AtomicUsize::new(0);
         let found: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
+        // Other copies found damaged, and those found sound.
+        let found_copies: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
+        let sound_copies: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
@@ -339,7 +356,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             Err(e) => {
                                 let why = e.to_string();
                                 if let Ok(mut v) = found.lock() {
-                                    for (prefix, _) in &by_pack[*n] {
+                                    for (prefix, _, _) in by_pack[*n].iter().filter(|e| !e.2) {
                                         v.push((*prefix, ChunkId([0; 32]), why.clone()));
                                     }
                                 }
@@ -360,9 +377,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         }
                         // Entries sorted by record, so each record is decoded once.
                         let mut entries = by_pack[*n].clone();
-                        entries.sort_unstable_by_key(|(_, l)| (l.offset, l.slice));
+                        entries.sort_unstable_by_key(|(_, l, _)| (l.offset, l.slice));
                         let mut last: Option<(u32, Decoded)> = None;
-                        for (prefix, loc) in &entries {
+                        for (prefix, loc, copy) in &entries {
                             if last.as_ref().map(|(o, _)| *o) != Some(loc.offset) {
                                 let start = loc.offset as usize;
                                 let end = start + loc.len as usize;
@@ -409,10 +426,22 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 Some(Err(why)) => Err((ChunkId([0; 32]), why.clone())),
                                 None => Ok(()),
                             };
-                            if let Err((id, why)) = verdict {
-                                if let Ok(mut v) = found.lock() {
-                                    v.push((*prefix, id, why));
+                            let verdict_failed = verdict.is_err();
+                            match (verdict, copy) {
+                                (Ok(()), false) => {}
+                                (Ok(()), true) => {
+                                    if let Ok(mut v) = sound_copies.lock() {
+                                        v.insert(*prefix);
+                                    }
                                 }
+                                (Err((id, why)), copy) => {
+                                    let to = if *copy { &found_copies } else { &found };
+                                    if let Ok(mut v) = to.lock() {
+                                        v.push((*prefix, id, why));
+                                    }
+                                }
+                            }
+                            if verdict_failed {
                                 if let Ok(mut v) = found_records.lock() {
                                     v.push((index.packs()[*n].id, loc.offset, loc.slice));
                                 }
@@ -450,9 +479,45 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 affected: Vec::new(),
             });
         }
+        // A chunk whose copy the index uses is damaged, but another copy
+        // is sound, affects no snapshot: restore reads the other.
+        let sound_copies = sound_copies.into_inner().unwrap_or_default();
+        let shown = |prefix: &[u8; PREFIX_LEN], id: ChunkId| match id == ChunkId([0; 32]) {
+            true => format!("{}...", crate::id::hex(prefix)),
+            false => id.to_string(),
+        };
+        let mut copy_problems = Vec::new();
         for (prefix, id, why) in found.into_inner().unwrap_or_default() {
-            bad.insert(prefix, (id, "damaged-chunk", why));
+            if !sound_copies.contains(&prefix) {
+                bad.insert(prefix, (id, "damaged-chunk", why));
+                continue;
+            }
+            report.recoverable += 1;
+            copy_problems.push(Problem {
+                kind: "damaged-copy",
+                message: format!(
+                    "chunk {}: {why}; another copy of it is sound, and restore reads that one \
+                     (`cairn repair` has the index use it)",
+                    shown(&prefix, id)
+                ),
+                chunk: (id != ChunkId([0; 32])).then_some(id),
+                affected: Vec::new(),
+            });
         }
+        for (prefix, id, why) in found_copies.into_inner().unwrap_or_default() {
+            copy_problems.push(Problem {
+                kind: "damaged-copy",
+                message: format!(
+                    "chunk {}: {why} (a second copy, not the one the index uses: no snapshot \
+                     is affected; `cairn repair` drops it)",
+                    shown(&prefix, id)
+                ),
+                chunk: (id != ChunkId([0; 32])).then_some(id),
+                affected: Vec::new(),
+            });
+        }
+        copy_problems.sort_by(|a, b| a.message.cmp(&b.message));
+        report.problems.append(&mut copy_problems);
     }
 
     // Manifests: readable, every chunk present and not bad.

@@ -356,6 +356,9 @@ pub struct Volume {
     cache: Arc<Tiers>,
     streams: Streams,
     repo: Arc<Repository>,
+    /// Damaged records whose chunks were read from other copies: each is
+    /// said once (see [`Volume::read_other_copy`]).
+    recovered: std::sync::Mutex<std::collections::HashSet<u64>>,
     _session: Session,
 }
 
@@ -392,6 +395,7 @@ impl Volume {
             cache,
             streams: Streams::new(window),
             repo,
+            recovered: Default::default(),
             _session: lock,
         })
     }
@@ -512,6 +516,93 @@ impl Volume {
     }
 
     /// The error for extent `k` being unreadable during a request.
+    /// Bytes `from..from + dst.len()` of extent `k`'s chunk (`clen`
+    /// bytes, id `prefix`) from its record at `loc`: from the group
+    /// `held` by this request, the caches, or decoded now (then held).
+    #[allow(clippy::too_many_arguments)]
+    fn read_chunk(
+        &self,
+        k: usize,
+        req: (u64, u64),
+        loc: cairn_store::Location,
+        prefix: &[u8; cairn_store::PREFIX_LEN],
+        clen: u32,
+        from: usize,
+        dst: &mut [u8],
+        random: bool,
+        held: &mut Option<(u64, Arc<packs::Group>)>,
+    ) -> cairn_blockdev::Result<()> {
+        let n = dst.len();
+        let key = key(loc.pack, loc.offset);
+        let group = match &*held {
+            Some((hk, g)) if *hk == key => Some(g.clone()),
+            _ => self.cache.peek(key, random),
+        };
+        if let Some(group) = group {
+            let chunk = group
+                .chunk(loc.slice, clen, prefix)
+                .map_err(|msg| self.damaged(k, req, &msg, None))?;
+            dst.copy_from_slice(&chunk[from..from + n]);
+            *held = Some((key, group));
+            return Ok(());
+        }
+        if let Some(cg) = self.cache.compact.as_ref().and_then(|c| c.peek(key, false)) {
+            self.cache.compact_hit();
+            return SCRATCH
+                .with(|b| cg.read(loc.slice, clen, prefix, from, dst, &mut b.borrow_mut()))
+                .map_err(|msg| self.damaged(k, req, &msg, None));
+        }
+        let group = self
+            .group(loc, random)
+            .map_err(|err| self.damaged(k, req, &err.msg, err.io))?;
+        let chunk = group
+            .chunk(loc.slice, clen, prefix)
+            .map_err(|msg| self.damaged(k, req, &msg, None))?;
+        dst.copy_from_slice(&chunk[from..from + n]);
+        *held = Some((key, group));
+        Ok(())
+    }
+
+    /// [`Volume::read_chunk`] from another copy of the chunk (one stored
+    /// twice, see `ChunkIndex::other_copies`), its copy at `first` having
+    /// failed with `why`; whether one was sound. A warning says so, once
+    /// per damaged record.
+    #[allow(clippy::too_many_arguments)]
+    fn read_other_copy(
+        &self,
+        first: cairn_store::Location,
+        why: &BlockError,
+        prefix: &[u8; cairn_store::PREFIX_LEN],
+        clen: u32,
+        from: usize,
+        dst: &mut [u8],
+        random: bool,
+    ) -> bool {
+        let index = &self.packs.index().index;
+        for other in index.other_copies_of(*prefix) {
+            let Ok(group) = self.group(other, random) else {
+                continue;
+            };
+            let Ok(chunk) = group.chunk(other.slice, clen, prefix) else {
+                continue;
+            };
+            dst.copy_from_slice(&chunk[from..from + dst.len()]);
+            let said = self
+                .recovered
+                .lock()
+                .is_ok_and(|mut said| !said.insert(key(first.pack, first.offset)));
+            if !said {
+                tracing::warn!(
+                    "{why}; its chunks are read from their other copies where they have one \
+                     (`cairn verify --read-data` names the damage, `cairn repair` has the \
+                     index use the sound copies)"
+                );
+            }
+            return true;
+        }
+        false
+    }
+
     fn damaged(
         &self,
         k: usize,
@@ -621,47 +712,16 @@ impl BlockDev for Volume {
                         None,
                     ));
                 };
-                let key = key(loc.pack, loc.offset);
                 // Chunks are at most MAX_CHUNK (well under 4 GiB) long.
                 let (clen, from) = ((e - s) as u32, (at - s) as usize);
-                let group = match &held {
-                    Some((hk, g)) if *hk == key => Some(g.clone()),
-                    _ => self.cache.peek(key, random),
-                };
-                match group {
-                    Some(group) => {
-                        let chunk = group
-                            .chunk(loc.slice, clen, &prefix)
-                            .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
-                        dst.copy_from_slice(&chunk[from..from + n]);
-                        held = Some((key, group));
-                    }
-                    None => {
-                        let compact = self.cache.compact.as_ref().and_then(|c| c.peek(key, false));
-                        if let Some(cg) = compact {
-                            self.cache.compact_hit();
-                            SCRATCH
-                                .with(|b| {
-                                    cg.read(
-                                        loc.slice,
-                                        clen,
-                                        &prefix,
-                                        from,
-                                        dst,
-                                        &mut b.borrow_mut(),
-                                    )
-                                })
-                                .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
-                        } else {
-                            let group = self
-                                .group(loc, random)
-                                .map_err(|err| self.damaged(k, (offset, len), &err.msg, err.io))?;
-                            let chunk = group
-                                .chunk(loc.slice, clen, &prefix)
-                                .map_err(|msg| self.damaged(k, (offset, len), &msg, None))?;
-                            dst.copy_from_slice(&chunk[from..from + n]);
-                            held = Some((key, group));
-                        }
+                let req = (offset, len);
+                if let Err(err) =
+                    self.read_chunk(k, req, loc, &prefix, clen, from, dst, random, &mut held)
+                {
+                    // Damaged where the index says: a chunk stored twice is
+                    // read from its other copy, as restore does.
+                    if !self.read_other_copy(loc, &err, &prefix, clen, from, dst, random) {
+                        return Err(err);
                     }
                 }
             }

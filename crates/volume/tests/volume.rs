@@ -686,6 +686,54 @@ fn a_flipped_byte_in_a_pack_is_damage_naming_the_chunk() {
     }
 }
 
+/// A chunk stored twice (its packs lost, the image stored again, the packs
+/// found again) whose copy the index names is damaged is read from its
+/// other copy: the whole image reads as it was.
+#[test]
+fn a_damaged_chunk_stored_twice_is_read_from_its_other_copy() {
+    let (_d, repo) = new_repo();
+    let data = source(35);
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 256 << 10);
+    let first = repo.pack_files().unwrap();
+    for p in &first {
+        std::fs::rename(&p.path, p.path.with_extension("aside")).unwrap();
+    }
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 256 << 10);
+    for p in &first {
+        std::fs::rename(p.path.with_extension("aside"), &p.path).unwrap();
+    }
+    let idx = repo.load_index().unwrap().index;
+    assert!(
+        idx.other_locations().count() > 10,
+        "every chunk stored twice"
+    );
+    // Damage the middle of the largest pack the index uses.
+    let used: std::collections::BTreeSet<u32> = idx.locations().map(|(_, l)| l.pack).collect();
+    let pack = used
+        .iter()
+        .map(|&n| repo.pack_path(idx.pack(n).unwrap()).unwrap())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let len = std::fs::metadata(&pack).unwrap().len();
+    let hit = chunks_at(&repo, "img@2", &pack, len / 2);
+    assert!(!hit.is_empty());
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[len as usize / 2] ^= 0x01;
+    std::fs::write(&pack, &bytes).unwrap();
+    for spec in ["img@1", "img@2"] {
+        let v = Volume::open(repo.clone(), spec, &VolumeOptions::default()).unwrap();
+        same(&read(&v, 0, data.len()), &data, spec);
+        // Each damaged chunk alone, again.
+        for (off, _) in &hit {
+            same(
+                &read(&v, *off, 100),
+                &data[*off as usize..*off as usize + 100],
+                spec,
+            );
+        }
+    }
+}
+
 #[test]
 fn a_chunk_that_decodes_to_other_bytes_is_caught_by_its_hash() {
     let (_d, repo) = new_repo();
