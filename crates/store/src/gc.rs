@@ -271,6 +271,12 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
             }
         }
     }
+    // (Damaged copies are in no entry: one whose chunk the index now
+    // finds elsewhere, or never used.)
+    let holding: HashSet<PackId> = opts.drop_records.iter().map(|r| r.0).collect();
+    for (n, p) in index.packs().iter().enumerate() {
+        damaged[n] |= holding.contains(&p.id);
+    }
     let mut dead = Vec::new();
     let mut sparse = Vec::new();
     for (n, p) in index.packs().iter().enumerate() {

@@ -314,7 +314,11 @@ impl ChunkIndex {
             }
             true
         });
-        others.sort_unstable_by_key(|e| (e.prefix, e.packed));
+        // In pack order within a chunk, as the seal's choice.
+        others.sort_unstable_by_key(|e| {
+            let l = e.location();
+            (e.prefix, l.pack, l.offset, l.slice)
+        });
         others.dedup();
         others.shrink_to_fit();
         self.others = others;
@@ -323,8 +327,10 @@ impl ChunkIndex {
     }
 
     /// Keep only the entries (and other copies) whose location passes
-    /// `keep` (sorted order is kept).
+    /// `keep` (sorted order is kept); a chunk whose entry fails it but
+    /// that has another copy that passes keeps that one.
     pub fn retain(&mut self, mut keep: impl FnMut(Location) -> bool) {
+        self.prefer(&mut keep);
         self.entries.retain(|e| keep(e.location()));
         self.others.retain(|e| keep(e.location()));
         self.entries.shrink_to_fit();
@@ -636,6 +642,21 @@ mod tests {
         idx.retain(|l| l.pack != third);
         assert_eq!(idx.other_locations().count(), 0);
         assert_eq!(idx.len(), 300);
+        // ... and where the entry fails and a copy passes, the copy stays.
+        let mut idx = ChunkIndex::default();
+        idx.add_file(&f).unwrap();
+        idx.add_file(&copy).unwrap();
+        idx.seal();
+        idx.retain(|l| l.pack == third || l.offset >= 64 + 100 * 100);
+        assert_eq!(idx.len(), 300, "every chunk has a copy kept");
+        assert_eq!(idx.other_locations().count(), 0);
+        for (i, (id, l)) in f.entries.iter().enumerate() {
+            let now = idx.get(id).unwrap();
+            match i {
+                0..100 => assert_eq!(now, Location { pack: third, ..*l }),
+                _ => assert_eq!(now, *l),
+            }
+        }
     }
 
     #[test]

@@ -393,10 +393,13 @@ pub(crate) struct Fetcher<'a> {
     decoded: Option<&'a Decoded>,
     /// Decode into frozen buffers, for a pipe (see [`GroupBuf`]).
     frozen: bool,
-    /// Records found damaged (or unreadable): their chunks are read from
-    /// their other copies without reading them again, and each is said
-    /// once (see [`Fetcher::other_copy`]).
-    damaged: HashSet<(u32, u32)>,
+    /// Records that could not be read or decoded, and why: their chunks
+    /// are read from their other copies without reading them again (see
+    /// [`Fetcher::other_copy`]).
+    damaged: HashMap<(u32, u32), String>,
+    /// Damaged records said in a warning (shared by a restore's workers,
+    /// so each is said once).
+    said: Arc<Mutex<HashSet<(u32, u32)>>>,
     /// Chunks read from another copy since [`Fetcher::take_recovered`].
     recovered: u64,
 }
@@ -416,7 +419,8 @@ impl<'a> Fetcher<'a> {
             spares: None,
             decoded: None,
             frozen: false,
-            damaged: HashSet::new(),
+            damaged: HashMap::new(),
+            said: Arc::default(),
             recovered: 0,
         }
     }
@@ -498,8 +502,9 @@ impl<'a> Fetcher<'a> {
         }
         // Reuse the least recently used slot's buffer once all are taken.
         let slot = if self.kept.len() < KEPT_GROUPS {
+            // (Keyed once decoded: a failed read leaves nothing to hit.)
             self.kept.push(Kept {
-                key,
+                key: (u32::MAX, u32::MAX),
                 path: PathBuf::new(),
                 data: Arc::default(),
                 used: 0,
@@ -623,16 +628,22 @@ impl<'a> Fetcher<'a> {
             .get(id)
             .ok_or(StoreError::MissingChunk { chunk: *id, offset })?;
         // (A record found damaged before goes straight to the copies.)
-        let known_bad = !self.damaged.is_empty() && self.damaged.contains(&(loc.pack, loc.offset));
-        let first = match known_bad {
-            false => Some(self.checked_at(loc, id, len)),
+        let known = match self.damaged.is_empty() {
             true => None,
+            false => self.damaged.get(&(loc.pack, loc.offset)).cloned(),
+        };
+        let first = match known {
+            None => Some(self.checked_at(loc, id, len)),
+            Some(_) => None,
         };
         let (slot, start, read) = match first {
             Some(Ok(found)) => found,
             first => {
-                let why = first.as_ref().and_then(|r| r.as_ref().err());
-                match (self.other_copy(loc, id, len, why), first) {
+                let why = match (&first, known) {
+                    (Some(Err(err)), _) => err.to_string(),
+                    (_, why) => why.unwrap_or_default(),
+                };
+                match (self.other_copy(loc, id, len, &why), first) {
                     (Some(found), _) => found,
                     (None, Some(Err(err))) => return Err(err),
                     // No other copy is sound: the first copy's error, read
@@ -649,10 +660,10 @@ impl<'a> Fetcher<'a> {
     /// start in it and the bytes read.
     fn checked_at(&mut self, loc: Location, id: &ChunkId, len: u32) -> Result<(usize, usize, u64)> {
         let files = self.files;
-        let (slot, read) = self.group(loc).inspect_err(|_| {
+        let (slot, read) = self.group(loc).inspect_err(|e| {
             // The whole record is unusable: its other chunks go straight
             // to their other copies.
-            self.damaged.insert((loc.pack, loc.offset));
+            self.damaged.insert((loc.pack, loc.offset), e.to_string());
         })?;
         let group = &self.kept[slot];
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
@@ -672,14 +683,13 @@ impl<'a> Fetcher<'a> {
     }
 
     /// The first sound other copy of chunk `id`, whose copy at `first`
-    /// failed with `why` (`None`: its record was found damaged before);
-    /// says so, once per damaged record.
+    /// failed with `why`; says so, once per damaged record.
     fn other_copy(
         &mut self,
         first: Location,
         id: &ChunkId,
         len: u32,
-        why: Option<&StoreError>,
+        why: &str,
     ) -> Option<(usize, usize, u64)> {
         let index = self.index;
         for other in index.other_copies(id) {
@@ -687,7 +697,11 @@ impl<'a> Fetcher<'a> {
                 continue;
             };
             self.recovered += 1;
-            if let Some(why) = why {
+            let first_time = self
+                .said
+                .lock()
+                .is_ok_and(|mut said| said.insert((first.pack, first.offset)));
+            if first_time {
                 let path = self.files.path(other.pack).unwrap_or_default();
                 tracing::warn!(
                     "{why}; chunk {id} read from its other copy in {} at offset {} (`cairn repair` \
@@ -696,9 +710,6 @@ impl<'a> Fetcher<'a> {
                     other.offset
                 );
             }
-            // Its record is bad as a whole, or only this chunk: the next
-            // chunks of a bad record skip it (said once, above).
-            self.damaged.insert((first.pack, first.offset));
             return Some(found);
         }
         None
@@ -835,11 +846,13 @@ pub fn restore(
     let spans = remote;
     let spares = Spares::default();
     let decoded = Decoded::default();
+    let said = Arc::<Mutex<HashSet<(u32, u32)>>>::default();
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         fetcher.spares = Some(&spares);
         fetcher.decoded = Some(&decoded);
         fetcher.frozen = pipe.is_some();
+        fetcher.said = said.clone();
         // What a damaged chunk is written as into a file, with
         // --zero-damaged.
         let mut zeros = Vec::new();

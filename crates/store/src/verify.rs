@@ -505,6 +505,11 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             });
         }
         for (prefix, id, why) in found_copies.into_inner().unwrap_or_default() {
+            // Both copies damaged: one problem, the chunk's.
+            if let Some((_, _, first)) = bad.get_mut(&prefix) {
+                first.push_str(&format!("; its other copy is damaged too: {why}"));
+                continue;
+            }
             copy_problems.push(Problem {
                 kind: "damaged-copy",
                 message: format!(

@@ -515,15 +515,13 @@ impl Volume {
         to
     }
 
-    /// The error for extent `k` being unreadable during a request.
-    /// Bytes `from..from + dst.len()` of extent `k`'s chunk (`clen`
-    /// bytes, id `prefix`) from its record at `loc`: from the group
-    /// `held` by this request, the caches, or decoded now (then held).
+    /// Bytes `from..from + dst.len()` of a chunk (`clen` bytes, id
+    /// `prefix`) from its record at `loc`: from the group `held` by this
+    /// request, the caches, or decoded now (then held). The error is its
+    /// message and I/O kind ([`Volume::damaged`] makes it a request's).
     #[allow(clippy::too_many_arguments)]
     fn read_chunk(
         &self,
-        k: usize,
-        req: (u64, u64),
         loc: cairn_store::Location,
         prefix: &[u8; cairn_store::PREFIX_LEN],
         clen: u32,
@@ -531,7 +529,7 @@ impl Volume {
         dst: &mut [u8],
         random: bool,
         held: &mut Option<(u64, Arc<packs::Group>)>,
-    ) -> cairn_blockdev::Result<()> {
+    ) -> std::result::Result<(), (String, Option<std::io::ErrorKind>)> {
         let n = dst.len();
         let key = key(loc.pack, loc.offset);
         let group = match &*held {
@@ -541,7 +539,7 @@ impl Volume {
         if let Some(group) = group {
             let chunk = group
                 .chunk(loc.slice, clen, prefix)
-                .map_err(|msg| self.damaged(k, req, &msg, None))?;
+                .map_err(|m| (m, None))?;
             dst.copy_from_slice(&chunk[from..from + n]);
             *held = Some((key, group));
             return Ok(());
@@ -550,14 +548,12 @@ impl Volume {
             self.cache.compact_hit();
             return SCRATCH
                 .with(|b| cg.read(loc.slice, clen, prefix, from, dst, &mut b.borrow_mut()))
-                .map_err(|msg| self.damaged(k, req, &msg, None));
+                .map_err(|m| (m, None));
         }
-        let group = self
-            .group(loc, random)
-            .map_err(|err| self.damaged(k, req, &err.msg, err.io))?;
+        let group = self.group(loc, random).map_err(|e| (e.msg, e.io))?;
         let chunk = group
             .chunk(loc.slice, clen, prefix)
-            .map_err(|msg| self.damaged(k, req, &msg, None))?;
+            .map_err(|m| (m, None))?;
         dst.copy_from_slice(&chunk[from..from + n]);
         *held = Some((key, group));
         Ok(())
@@ -565,13 +561,13 @@ impl Volume {
 
     /// [`Volume::read_chunk`] from another copy of the chunk (one stored
     /// twice, see `ChunkIndex::other_copies`), its copy at `first` having
-    /// failed with `why`; whether one was sound. A warning says so, once
-    /// per damaged record.
+    /// failed with `why` (empty: it failed before, and was said); whether
+    /// one was sound. A warning says so, once per damaged record.
     #[allow(clippy::too_many_arguments)]
     fn read_other_copy(
         &self,
         first: cairn_store::Location,
-        why: &BlockError,
+        why: &str,
         prefix: &[u8; cairn_store::PREFIX_LEN],
         clen: u32,
         from: usize,
@@ -587,15 +583,18 @@ impl Volume {
                 continue;
             };
             dst.copy_from_slice(&chunk[from..from + dst.len()]);
-            let said = self
+            let first_time = self
                 .recovered
                 .lock()
-                .is_ok_and(|mut said| !said.insert(key(first.pack, first.offset)));
-            if !said {
+                .is_ok_and(|mut said| said.insert(key(first.pack, first.offset)));
+            if first_time {
+                let id: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
                 tracing::warn!(
-                    "{why}; its chunks are read from their other copies where they have one \
-                     (`cairn verify --read-data` names the damage, `cairn repair` has the \
-                     index use the sound copies)"
+                    "image {}@{}: chunk {id}...: {why}; the chunks of that record are read from \
+                     their other copies where they have one (`cairn verify --read-data` names \
+                     the damage, `cairn repair` has the index use the sound copies)",
+                    self.name,
+                    self.snapshot,
                 );
             }
             return true;
@@ -603,6 +602,15 @@ impl Volume {
         false
     }
 
+    /// Whether the record at `loc` was found damaged and its chunks read
+    /// from other copies: they go there first.
+    fn known_damaged(&self, loc: cairn_store::Location) -> bool {
+        self.recovered
+            .lock()
+            .is_ok_and(|said| !said.is_empty() && said.contains(&key(loc.pack, loc.offset)))
+    }
+
+    /// The error for extent `k` being unreadable during a request.
     fn damaged(
         &self,
         k: usize,
@@ -714,15 +722,28 @@ impl BlockDev for Volume {
                 };
                 // Chunks are at most MAX_CHUNK (well under 4 GiB) long.
                 let (clen, from) = ((e - s) as u32, (at - s) as usize);
-                let req = (offset, len);
-                if let Err(err) =
-                    self.read_chunk(k, req, loc, &prefix, clen, from, dst, random, &mut held)
-                {
-                    // Damaged where the index says: a chunk stored twice is
-                    // read from its other copy, as restore does.
-                    if !self.read_other_copy(loc, &err, &prefix, clen, from, dst, random) {
-                        return Err(err);
+                // Damaged where the index says: a chunk stored twice is
+                // read from its other copy, as restore does.
+                let known = self.known_damaged(loc);
+                let read = match known {
+                    false => self.read_chunk(loc, &prefix, clen, from, dst, random, &mut held),
+                    true => Err((String::new(), None)),
+                };
+                if let Err((why, _)) = &read {
+                    if self.read_other_copy(loc, why, &prefix, clen, from, dst, random) {
+                        at += n as u64;
+                        k += 1;
+                        continue;
                     }
+                }
+                // (Known damaged, but this chunk has no sound copy: its
+                // error, read anew.)
+                let read = match known {
+                    true => self.read_chunk(loc, &prefix, clen, from, dst, random, &mut held),
+                    false => read,
+                };
+                if let Err((why, io)) = read {
+                    return Err(self.damaged(k, (offset, len), &why, io));
                 }
             }
             at += n as u64;
