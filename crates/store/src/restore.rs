@@ -474,9 +474,19 @@ impl<'a> Fetcher<'a> {
                     self.spans.push((Vec::new(), PathBuf::new()));
                 }
                 let (buf, path) = &mut self.spans[n];
-                *path = self
+                // A span that cannot be read is no error yet: its records
+                // are read one by one when needed, and one that fails
+                // then is read from another copy, or is the error.
+                match self
                     .files
-                    .read_span(first.pack, start, (end - start) as usize, buf)?;
+                    .read_span(first.pack, start, (end - start) as usize, buf)
+                {
+                    Ok(p) => *path = p,
+                    Err(_) => {
+                        i = j;
+                        continue;
+                    }
+                }
                 self.used_spans += 1;
                 read += end - start;
                 for l in &locs[i..j] {

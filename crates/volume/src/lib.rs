@@ -359,6 +359,9 @@ pub struct Volume {
     /// Damaged records whose chunks were read from other copies: each is
     /// said once (see [`Volume::read_other_copy`]).
     recovered: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Whether `recovered` holds any: every chunk read looks, without the
+    /// lock.
+    any_recovered: std::sync::atomic::AtomicBool,
     _session: Session,
 }
 
@@ -396,6 +399,7 @@ impl Volume {
             streams: Streams::new(window),
             repo,
             recovered: Default::default(),
+            any_recovered: Default::default(),
             _session: lock,
         })
     }
@@ -587,6 +591,7 @@ impl Volume {
                 .recovered
                 .lock()
                 .is_ok_and(|mut said| said.insert(key(first.pack, first.offset)));
+            self.any_recovered.store(true, Ordering::Relaxed);
             if first_time {
                 let id: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
                 tracing::warn!(
@@ -605,9 +610,11 @@ impl Volume {
     /// Whether the record at `loc` was found damaged and its chunks read
     /// from other copies: they go there first.
     fn known_damaged(&self, loc: cairn_store::Location) -> bool {
-        self.recovered
-            .lock()
-            .is_ok_and(|said| !said.is_empty() && said.contains(&key(loc.pack, loc.offset)))
+        self.any_recovered.load(Ordering::Relaxed)
+            && self
+                .recovered
+                .lock()
+                .is_ok_and(|said| said.contains(&key(loc.pack, loc.offset)))
     }
 
     /// The error for extent `k` being unreadable during a request.
