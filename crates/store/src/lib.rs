@@ -116,7 +116,7 @@ pub use edit::{EditReport, ImageEditor, Span};
 pub use cairn_blockdev::{SparseFile, SparseRead};
 pub use diff::{diff, DiffReport};
 pub use index::{ChunkIndex, Location};
-pub use reader::{CompactGroup, Group, GroupBuffers, GroupScratch, PackReader};
+pub use reader::{CompactGroup, DamagedRecords, Group, GroupBuffers, GroupScratch, PackReader};
 pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
 pub use verify::{verify, Affected, DataSubset, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.

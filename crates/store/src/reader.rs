@@ -32,6 +32,36 @@ pub(crate) fn read_unindexed(target: &dyn ReadBackend, id: PackId) -> Result<Opt
     target.get(&Key::pack(id))
 }
 
+/// Records found damaged whose chunks were read from other copies of
+/// theirs (see `ChunkIndex::other_copies`), shared by the readers of one
+/// restore or one served image: each is said once, and a reader can send
+/// a record's chunks straight to their copies. Looking costs one atomic
+/// load while nothing is damaged.
+#[derive(Debug, Default)]
+pub struct DamagedRecords {
+    records: Mutex<std::collections::HashSet<(u32, u32)>>,
+    any: AtomicBool,
+}
+
+impl DamagedRecords {
+    /// Note the record at `loc`; whether it is new (to be said).
+    pub fn note(&self, loc: Location) -> bool {
+        self.any.store(true, Ordering::Relaxed);
+        self.records
+            .lock()
+            .is_ok_and(|mut r| r.insert((loc.pack, loc.offset)))
+    }
+
+    /// Whether the record at `loc` was noted.
+    pub fn contains(&self, loc: Location) -> bool {
+        self.any.load(Ordering::Relaxed)
+            && self
+                .records
+                .lock()
+                .is_ok_and(|r| r.contains(&(loc.pack, loc.offset)))
+    }
+}
+
 /// Where one pack is.
 #[derive(Debug)]
 struct Place {

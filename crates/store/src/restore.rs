@@ -19,7 +19,7 @@ use crate::id::ChunkId;
 use crate::index::{ChunkIndex, Location};
 use crate::manifest::{Extent, Manifest};
 use crate::pack::{check_chunk, RecordDecoder};
-use crate::reader::PackReader;
+use crate::reader::{DamagedRecords, PackReader};
 use crate::repo::Repository;
 use cairn_blockdev::{
     reopen_direct, splice_all, write_blocks_at, AlignedBuf, SpliceBuf, SpliceBytes, Spliced,
@@ -27,7 +27,7 @@ use cairn_blockdev::{
 };
 use cairn_pipeline::{Config, Fill, Slot};
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::IoSlice;
 use std::io::Write;
@@ -399,7 +399,7 @@ pub(crate) struct Fetcher<'a> {
     damaged: HashMap<(u32, u32), String>,
     /// Damaged records said in a warning (shared by a restore's workers,
     /// so each is said once).
-    said: Arc<Mutex<HashSet<(u32, u32)>>>,
+    said: Arc<DamagedRecords>,
     /// Chunks read from another copy since [`Fetcher::take_recovered`].
     recovered: u64,
 }
@@ -707,11 +707,7 @@ impl<'a> Fetcher<'a> {
                 continue;
             };
             self.recovered += 1;
-            let first_time = self
-                .said
-                .lock()
-                .is_ok_and(|mut said| said.insert((first.pack, first.offset)));
-            if first_time {
+            if self.said.note(first) {
                 let path = self.files.path(other.pack).unwrap_or_default();
                 tracing::warn!(
                     "{why}; chunk {id} read from its other copy in {} at offset {} (`cairn repair` \
@@ -856,7 +852,7 @@ pub fn restore(
     let spans = remote;
     let spares = Spares::default();
     let decoded = Decoded::default();
-    let said = Arc::<Mutex<HashSet<(u32, u32)>>>::default();
+    let said = Arc::<DamagedRecords>::default();
     let make_worker = || {
         let mut fetcher = Fetcher::new(&files, index);
         fetcher.spares = Some(&spares);

@@ -482,10 +482,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         // A chunk whose copy the index uses is damaged, but another copy
         // is sound, affects no snapshot: restore reads the other.
         let sound_copies = sound_copies.into_inner().unwrap_or_default();
-        let shown = |prefix: &[u8; PREFIX_LEN], id: ChunkId| match id == ChunkId([0; 32]) {
-            true => format!("{}...", crate::id::hex(prefix)),
-            false => id.to_string(),
-        };
         let mut copy_problems = Vec::new();
         for (prefix, id, why) in found.into_inner().unwrap_or_default() {
             if !sound_copies.contains(&prefix) {
@@ -498,9 +494,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 message: format!(
                     "chunk {}: {why}; another copy of it is sound, and restore reads that one \
                      (`cairn repair` has the index use it)",
-                    shown(&prefix, id)
+                    shown(&prefix, named(id))
                 ),
-                chunk: (id != ChunkId([0; 32])).then_some(id),
+                chunk: named(id),
                 affected: Vec::new(),
             });
         }
@@ -515,9 +511,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 message: format!(
                     "chunk {}: {why} (a second copy, not the one the index uses: no snapshot \
                      is affected; `cairn repair` drops it)",
-                    shown(&prefix, id)
+                    shown(&prefix, named(id))
                 ),
-                chunk: (id != ChunkId([0; 32])).then_some(id),
+                chunk: named(id),
                 affected: Vec::new(),
             });
         }
@@ -598,7 +594,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     for (prefix, (id, kind, why)) in damaged {
         let (full, affected) = match hit.remove(&prefix) {
             Some((full, aff)) => (Some(full), aff),
-            None => ((id != ChunkId([0; 32])).then_some(id), Vec::new()),
+            None => (named(id), Vec::new()),
         };
         let kind = if kind == "pack" {
             "damaged-chunk"
@@ -610,10 +606,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         } else {
             ""
         };
-        let shown = full.map_or_else(
-            || format!("{}...", crate::id::hex(&prefix)),
-            |f| f.to_string(),
-        );
+        let shown = shown(&prefix, full);
         report.problems.push(Problem {
             kind,
             message: format!("chunk {shown}: {why}{unused}"),
@@ -622,6 +615,20 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         });
     }
     Ok(report)
+}
+
+/// A chunk id the check could tell (the zeros stand for none).
+fn named(id: ChunkId) -> Option<ChunkId> {
+    (id != ChunkId([0; 32])).then_some(id)
+}
+
+/// A chunk as a problem names it: its id, or its prefix where the id is
+/// not known.
+fn shown(prefix: &[u8; PREFIX_LEN], id: Option<ChunkId>) -> String {
+    id.map_or_else(
+        || format!("{}...", crate::id::hex(prefix)),
+        |f| f.to_string(),
+    )
 }
 
 #[cfg(test)]

@@ -356,12 +356,9 @@ pub struct Volume {
     cache: Arc<Tiers>,
     streams: Streams,
     repo: Arc<Repository>,
-    /// Damaged records whose chunks were read from other copies: each is
-    /// said once (see [`Volume::read_other_copy`]).
-    recovered: std::sync::Mutex<std::collections::HashSet<u64>>,
-    /// Whether `recovered` holds any: every chunk read looks, without the
-    /// lock.
-    any_recovered: std::sync::atomic::AtomicBool,
+    /// Damaged records whose chunks were read from other copies (see
+    /// [`Volume::read_other_copy`]).
+    recovered: cairn_store::DamagedRecords,
     _session: Session,
 }
 
@@ -399,7 +396,6 @@ impl Volume {
             streams: Streams::new(window),
             repo,
             recovered: Default::default(),
-            any_recovered: Default::default(),
             _session: lock,
         })
     }
@@ -587,12 +583,7 @@ impl Volume {
                 continue;
             };
             dst.copy_from_slice(&chunk[from..from + dst.len()]);
-            let first_time = self
-                .recovered
-                .lock()
-                .is_ok_and(|mut said| said.insert(key(first.pack, first.offset)));
-            self.any_recovered.store(true, Ordering::Relaxed);
-            if first_time {
+            if self.recovered.note(first) {
                 let id: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
                 tracing::warn!(
                     "image {}@{}: chunk {id}...: {why}; the chunks of that record are read from \
@@ -605,16 +596,6 @@ impl Volume {
             return true;
         }
         false
-    }
-
-    /// Whether the record at `loc` was found damaged and its chunks read
-    /// from other copies: they go there first.
-    fn known_damaged(&self, loc: cairn_store::Location) -> bool {
-        self.any_recovered.load(Ordering::Relaxed)
-            && self
-                .recovered
-                .lock()
-                .is_ok_and(|said| said.contains(&key(loc.pack, loc.offset)))
     }
 
     /// The error for extent `k` being unreadable during a request.
@@ -731,24 +712,20 @@ impl BlockDev for Volume {
                 let (clen, from) = ((e - s) as u32, (at - s) as usize);
                 // Damaged where the index says: a chunk stored twice is
                 // read from its other copy, as restore does.
-                let known = self.known_damaged(loc);
-                let read = match known {
+                // (A record found damaged before goes to the copies first.)
+                let known = self.recovered.contains(loc);
+                let mut read = match known {
                     false => self.read_chunk(loc, &prefix, clen, from, dst, random, &mut held),
                     true => Err((String::new(), None)),
                 };
                 if let Err((why, _)) = &read {
                     if self.read_other_copy(loc, why, &prefix, clen, from, dst, random) {
-                        at += n as u64;
-                        k += 1;
-                        continue;
+                        read = Ok(());
+                    } else if known {
+                        // No sound copy of this chunk: its own error.
+                        read = self.read_chunk(loc, &prefix, clen, from, dst, random, &mut held);
                     }
                 }
-                // (Known damaged, but this chunk has no sound copy: its
-                // error, read anew.)
-                let read = match known {
-                    true => self.read_chunk(loc, &prefix, clen, from, dst, random, &mut held),
-                    false => read,
-                };
                 if let Err((why, io)) = read {
                     return Err(self.damaged(k, (offset, len), &why, io));
                 }
