@@ -1100,6 +1100,64 @@ fn a_chunk_stored_twice_is_read_from_its_sound_copy() {
             "{what}: {v}"
         );
         assert!(affected(&v).is_empty(), "{what}: {v}");
+        // Only the damaged copy's pack read (a part in which the other
+        // copy's pack is not): the other copy is read too, and found sound.
+        let of = (2..=64)
+            .find(|of| part_of(&old.pack, *of) != part_of(&new.pack, *of))
+            .unwrap();
+        let part = format!("{}/{of}", part_of(&rec.pack, of) + 1);
+        let args = ["verify", "--repo", s(&repo), "--read-data-subset", &part];
+        let out = run(&[&args[..], &["--json", "-q"]].concat());
+        let v = json(&out);
+        assert!(!out.status.success(), "{what}, part {part}: {v}");
+        let problems = v["problems"].as_array().unwrap();
+        assert_eq!(problems.len(), lost.len(), "{what}, part {part}: {v}");
+        assert!(
+            problems.iter().all(|p| p["kind"] == "damaged-copy"),
+            "{what}, part {part}: {v}"
+        );
+        if index_copy {
+            // The pack of the copy the index uses lost, or cut short: the
+            // snapshots of that data still restore from the other copy,
+            // and verify says none of them is affected.
+            let used = rec.pack.strip_prefix(&repo).unwrap();
+            let other = [&old, &new].map(|r| r.pack.strip_prefix(&twice).unwrap());
+            assert!(other.contains(&used), "{what}");
+            let whole: Vec<&String> = snaps
+                .iter()
+                .filter(|(_, data)| *data == &base.snaps[0].data[..])
+                .map(|(spec, _)| spec)
+                .collect();
+            for cut in [None, Some(rec.offset)] {
+                let what = format!("{what}, its pack cut at {cut:?}");
+                let dir = tempdir();
+                let gone = dir.path().join("repo");
+                copy_tree(&twice, &gone);
+                let pack = gone.join(used);
+                match cut {
+                    None => fs::remove_file(&pack).unwrap(),
+                    Some(at) => fs::File::options()
+                        .write(true)
+                        .open(&pack)
+                        .unwrap()
+                        .set_len(at)
+                        .unwrap(),
+                }
+                for spec in &whole {
+                    let out = run(&["restore", spec, "-", "--repo", s(&gone), "-q"]);
+                    assert!(ok(&out).stdout == base.snaps[0].data, "{what}: {spec}");
+                }
+                for read_data in [false, true] {
+                    let (out, v) = verify(&gone, read_data);
+                    assert!(!out.status.success(), "{what}: {v}");
+                    let hit: Vec<_> = affected(&v)
+                        .into_iter()
+                        .filter(|(image, snap, _)| whole.contains(&&format!("{image}@{snap}")))
+                        .collect();
+                    assert!(hit.is_empty(), "{what}, {read_data}: {hit:?} {v}");
+                }
+            }
+        }
         // repair keeps every chunk, in its sound copy.
         let out = run(&["repair", "--repo", s(&repo), "--json", "-q"]);
         let j = json(ok(&out));
@@ -1127,6 +1185,13 @@ fn a_chunk_stored_twice_is_read_from_its_sound_copy() {
         damaged_the_index_copy, 1,
         "the index uses one of the copies"
     );
+}
+
+/// Which part of `of` (from 0) `verify --read-data-subset` puts a pack
+/// in: its id, named by its file, read as a number.
+fn part_of(pack: &Path, of: u64) -> u64 {
+    let name = pack.file_stem().unwrap().to_str().unwrap();
+    u64::from_str_radix(&name[..16], 16).unwrap() % of
 }
 
 #[test]

@@ -17,10 +17,11 @@ use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
 use crate::pack;
+use crate::pack::RecordDecoder;
 use crate::reader::PackReader;
 use crate::repo::Repository;
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -272,6 +273,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let reader = PackReader::new(repo, index);
     let mut readable = Vec::new();
     let mut damaged_records: HashSet<(PackId, u32, u32)> = HashSet::new();
+    // Records (pack number, offset) in a pack missing or cut short. (The
+    // index already uses another copy of a chunk where one is on disk:
+    // `Repository::load_index`.)
+    let mut lost_records: HashSet<(u32, u32)> = HashSet::new();
     for (n, info) in index.packs().iter().enumerate() {
         let path = reader.path(n as u32)?;
         let problem = match on_disk.get(&info.id) {
@@ -286,12 +291,15 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         };
         match problem {
             Some(msg) => {
-                for (prefix, loc, _) in by_pack[n].iter().filter(|e| !e.2) {
+                for (prefix, loc, copy) in &by_pack[n] {
                     if u64::from(loc.offset) + u64::from(loc.len)
                         > on_disk.get(&info.id).map_or(0, |f| f.len)
                     {
-                        bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
-                        damaged_records.insert((info.id, loc.offset, loc.slice));
+                        lost_records.insert((n as u32, loc.offset));
+                        if !copy {
+                            bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
+                            damaged_records.insert((info.id, loc.offset, loc.slice));
+                        }
                     }
                 }
                 report.problems.push(Problem {
@@ -327,9 +335,17 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         }
     }
 
+    // What the read of the packs found: the records the index uses that
+    // are damaged and the other copies that are, by chunk, with why; the
+    // chunks with another copy found sound; the packs read.
+    let mut found_primary: Vec<([u8; PREFIX_LEN], ChunkId, String)> = Vec::new();
+    let mut found_other: Vec<([u8; PREFIX_LEN], ChunkId, String)> = Vec::new();
+    let mut sound: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
+    let mut read_packs: HashSet<u32> = HashSet::new();
     if opts.read_data {
         let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
         report.packs_read = readable.len();
+        read_packs.extend(readable.iter().map(|r| r.0 as u32));
         let total: u64 = readable.iter().map(|r| r.2).sum();
         let done = AtomicU64::new(0);
         let next = AtomicUsize::new(0);
@@ -399,31 +415,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 };
                                 last = Some((loc.offset, decoded));
                             }
-                            let verdict = match last.as_ref().map(|(_, d)| d) {
-                                Some(Ok(table)) => {
-                                    match table.iter().find(|(_, at, _)| *at == loc.slice) {
-                                        Some((id, at, n)) if id.prefix() == *prefix => {
-                                            let chunk = &group[*at as usize..(*at + *n) as usize];
-                                            dec.check_chunk(path, u64::from(loc.offset), id, chunk)
-                                                .map_err(|e| (*id, e.to_string()))
-                                        }
-                                        Some((id, _, _)) => Err((
-                                            *id,
-                                            format!(
-                                                "record at offset {} holds another chunk there",
-                                                loc.offset
-                                            ),
-                                        )),
-                                        None => Err((
-                                            ChunkId([0; 32]),
-                                            format!(
-                                                "record at offset {} has no chunk at {}",
-                                                loc.offset, loc.slice
-                                            ),
-                                        )),
-                                    }
+                            let verdict = match last.as_ref() {
+                                Some((_, decoded)) => {
+                                    chunk_verdict(&mut dec, path, *loc, prefix, decoded, &group)
                                 }
-                                Some(Err(why)) => Err((ChunkId([0; 32]), why.clone())),
                                 None => Ok(()),
                             };
                             let verdict_failed = verdict.is_err();
@@ -479,47 +474,77 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 affected: Vec::new(),
             });
         }
-        // A chunk whose copy the index uses is damaged, but another copy
-        // is sound, affects no snapshot: restore reads the other.
-        let sound_copies = sound_copies.into_inner().unwrap_or_default();
-        let mut copy_problems = Vec::new();
-        for (prefix, id, why) in found.into_inner().unwrap_or_default() {
-            if !sound_copies.contains(&prefix) {
-                bad.insert(prefix, (id, "damaged-chunk", why));
-                continue;
-            }
-            report.recoverable += 1;
-            copy_problems.push(Problem {
-                kind: "damaged-copy",
-                message: format!(
-                    "chunk {}: {why}; another copy of it is sound, and restore reads that one \
-                     (`cairn repair` has the index use it)",
-                    shown(&prefix, named(id))
-                ),
-                chunk: named(id),
-                affected: Vec::new(),
-            });
-        }
-        for (prefix, id, why) in found_copies.into_inner().unwrap_or_default() {
-            // Both copies damaged: one problem, the chunk's.
-            if let Some((_, _, first)) = bad.get_mut(&prefix) {
-                first.push_str(&format!("; its other copy is damaged too: {why}"));
-                continue;
-            }
-            copy_problems.push(Problem {
-                kind: "damaged-copy",
-                message: format!(
-                    "chunk {}: {why} (a second copy, not the one the index uses: no snapshot \
-                     is affected; `cairn repair` drops it)",
-                    shown(&prefix, named(id))
-                ),
-                chunk: named(id),
-                affected: Vec::new(),
-            });
-        }
-        copy_problems.sort_by(|a, b| a.message.cmp(&b.message));
-        report.problems.append(&mut copy_problems);
+        found_primary = found.into_inner().unwrap_or_default();
+        found_other = found_copies.into_inner().unwrap_or_default();
+        sound = sound_copies.into_inner().unwrap_or_default();
     }
+
+    // A chunk whose record the index uses is damaged affects no snapshot
+    // where another copy is sound: restore reads that one. A copy in a
+    // pack this run did not read (not in the subset) is read now.
+    let mut dec = reader.record_decoder();
+    let (mut rec, mut group) = (Vec::new(), Vec::new());
+    for (prefix, _, _) in &found_primary {
+        for loc in index.other_copies_of(*prefix) {
+            if sound.contains(prefix) {
+                break;
+            }
+            if lost_records.contains(&(loc.pack, loc.offset)) || read_packs.contains(&loc.pack) {
+                continue;
+            }
+            report.bytes_read += u64::from(loc.len);
+            match check_copy(&reader, &mut dec, loc, prefix, &mut rec, &mut group) {
+                Ok(()) => {
+                    sound.insert(*prefix);
+                }
+                Err((id, why)) => {
+                    found_other.push((*prefix, id, why));
+                    damaged_records.insert((
+                        index.packs()[loc.pack as usize].id,
+                        loc.offset,
+                        loc.slice,
+                    ));
+                }
+            }
+        }
+    }
+    let mut copy_problems = Vec::new();
+    for (prefix, id, why) in found_primary {
+        if !sound.contains(&prefix) {
+            bad.insert(prefix, (id, "damaged-chunk", why));
+            continue;
+        }
+        report.recoverable += 1;
+        copy_problems.push(Problem {
+            kind: "damaged-copy",
+            message: format!(
+                "chunk {}: {why}; another copy of it is sound, and restore reads that one \
+                 (`cairn repair` has the index use it)",
+                shown(&prefix, named(id))
+            ),
+            chunk: named(id),
+            affected: Vec::new(),
+        });
+    }
+    for (prefix, id, why) in found_other {
+        // Both copies damaged: one problem, the chunk's.
+        if let Some((_, _, first)) = bad.get_mut(&prefix) {
+            first.push_str(&format!("; its other copy is damaged too: {why}"));
+            continue;
+        }
+        copy_problems.push(Problem {
+            kind: "damaged-copy",
+            message: format!(
+                "chunk {}: {why} (a second copy, not the one the index uses: no snapshot is \
+                 affected; `cairn repair` drops it)",
+                shown(&prefix, named(id))
+            ),
+            chunk: named(id),
+            affected: Vec::new(),
+        });
+    }
+    copy_problems.sort_by(|a, b| a.message.cmp(&b.message));
+    report.problems.append(&mut copy_problems);
 
     // Manifests: readable, every chunk present and not bad.
     let mut missing: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> =
@@ -615,6 +640,59 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         });
     }
     Ok(report)
+}
+
+/// Whether chunk `prefix` is sound at `loc`, in a record that decoded to
+/// `table` (its chunks in `group`), or why not, with the id found there
+/// (zeros where none is).
+fn chunk_verdict(
+    dec: &mut RecordDecoder,
+    path: &Path,
+    loc: Location,
+    prefix: &[u8; PREFIX_LEN],
+    table: &Decoded,
+    group: &[u8],
+) -> std::result::Result<(), (ChunkId, String)> {
+    let table = table
+        .as_ref()
+        .map_err(|why| (ChunkId([0; 32]), why.clone()))?;
+    match table.iter().find(|(_, at, _)| *at == loc.slice) {
+        Some((id, at, n)) if id.prefix() == *prefix => {
+            let chunk = &group[*at as usize..(*at + *n) as usize];
+            dec.check_chunk(path, u64::from(loc.offset), id, chunk)
+                .map_err(|e| (*id, e.to_string()))
+        }
+        Some((id, _, _)) => Err((
+            *id,
+            format!("record at offset {} holds another chunk there", loc.offset),
+        )),
+        None => Err((
+            ChunkId([0; 32]),
+            format!(
+                "record at offset {} has no chunk at {}",
+                loc.offset, loc.slice
+            ),
+        )),
+    }
+}
+
+/// Read the record at `loc` alone and check chunk `prefix` in it.
+fn check_copy(
+    reader: &PackReader,
+    dec: &mut RecordDecoder,
+    loc: Location,
+    prefix: &[u8; PREFIX_LEN],
+    rec: &mut Vec<u8>,
+    group: &mut Vec<u8>,
+) -> std::result::Result<(), (ChunkId, String)> {
+    let path = reader
+        .read_record(loc, rec)
+        .map_err(|e| (ChunkId([0; 32]), e.to_string()))?;
+    let table: Decoded = dec
+        .decode(&path, u64::from(loc.offset), rec, group)
+        .map(|r| r.chunks().collect())
+        .map_err(|e| e.to_string());
+    chunk_verdict(dec, &path, loc, prefix, &table, group)
 }
 
 /// A chunk id the check could tell (the zeros stand for none).
