@@ -1087,6 +1087,26 @@ fn a_chunk_stored_twice_is_read_from_its_sound_copy() {
                 1,
                 "{what}: said once for the damaged record: {stderr}"
             );
+            // diff (both sides read the record) and copy (three snapshots
+            // read it): said once each too.
+            let out = run(&["diff", "alpha@1", "alpha@2", "--repo", s(&repo)]);
+            let stderr = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
+            assert_eq!(
+                stderr.matches("read from its other copy").count(),
+                1,
+                "{stderr}"
+            );
+            let dir = tempdir();
+            let to = dir.path().join("to");
+            ok(&run(&["init", s(&to), "--encryption", "none"]));
+            let out = run(&["copy", "--from", s(&repo), "--repo", s(&to), "alpha", "-q"]);
+            let stderr = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
+            assert_eq!(
+                stderr.matches("read from its other copy").count(),
+                1,
+                "{stderr}"
+            );
+            assert_sound(&to, &what);
         } else {
             assert_eq!(recovered, 0, "{what}: {j}");
         }

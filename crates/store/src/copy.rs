@@ -37,12 +37,13 @@ use crate::chunker::ChunkerSpec;
 use crate::error::{Result, StoreError};
 use crate::id::RepoId;
 use crate::manifest::{Extent, Manifest};
-use crate::reader::PackReader;
+use crate::reader::{DamagedRecords, PackReader};
 use crate::repo::{validate_name, Repository, Session};
 use crate::restore::{with_image_offset, Fetcher};
 use cairn_codec::CodecSpec;
 use cairn_pipeline::Fill;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes of chunks gathered per batch (a chunk may take it past).
@@ -313,6 +314,8 @@ pub fn copy(
     }
     let index = loaded.index;
     let files = PackReader::new(src, &index);
+    // A damaged record several snapshots read is warned of once.
+    let said = Arc::<DamagedRecords>::default();
     let mut totals = CopyProgress {
         bytes_total: todo.iter().map(|m| m.size).sum(),
         ..CopyProgress::default()
@@ -353,7 +356,7 @@ pub fn copy(
             tags: m.tags.clone(),
         };
         check_options(&bopts)?;
-        let fetcher = Fetcher::new(&files, &index);
+        let fetcher = Fetcher::new(&files, &index).sharing_warnings(&said);
         let spans = files.reads_per_core() > 1;
         let r = backup_batches(dest, session, batches(m, fetcher, spans), &bopts).map_err(|e| {
             StoreError::InSnapshot {

@@ -22,9 +22,10 @@
 use crate::error::{Result, StoreError};
 use crate::index::ChunkIndex;
 use crate::manifest::{Extent, Manifest};
-use crate::reader::PackReader;
+use crate::reader::{DamagedRecords, PackReader};
 use crate::repo::Repository;
 use crate::restore::{with_image_offset, Fetcher};
+use std::sync::Arc;
 
 /// Differing runs closer than this many equal bytes are one range.
 pub const MERGE_GAP: u64 = 512;
@@ -88,11 +89,16 @@ struct Side<'a, 'r> {
 }
 
 impl<'a, 'r> Side<'a, 'r> {
-    fn new(m: &'a Manifest, files: &'r PackReader, index: &'r ChunkIndex) -> Self {
+    fn new(
+        m: &'a Manifest,
+        files: &'r PackReader,
+        index: &'r ChunkIndex,
+        said: &Arc<DamagedRecords>,
+    ) -> Self {
         let it: Box<dyn Iterator<Item = (u64, &'a Extent)> + 'a> = Box::new(m.with_offsets());
         Side {
             extents: it.peekable(),
-            fetcher: Fetcher::new(files, index),
+            fetcher: Fetcher::new(files, index).sharing_warnings(said),
             held: None,
             bytes: Vec::new(),
         }
@@ -142,8 +148,10 @@ pub fn diff(
     sink: &mut dyn FnMut(u64, u64) -> Result<()>,
 ) -> Result<DiffReport> {
     let files = PackReader::new(repo, index);
-    let mut sa = Side::new(a, &files, index);
-    let mut sb = Side::new(b, &files, index);
+    // A damaged record both sides read is warned of once.
+    let said = Arc::<DamagedRecords>::default();
+    let mut sa = Side::new(a, &files, index, &said);
+    let mut sb = Side::new(b, &files, index, &said);
     let mut ranges = Ranges {
         pending: None,
         sink,

@@ -405,6 +405,14 @@ pub(crate) struct Fetcher<'a> {
 }
 
 impl<'a> Fetcher<'a> {
+    /// Warn of each damaged record once across every fetcher given the
+    /// same `said` (a restore's workers, a diff's two sides, a copy's
+    /// snapshots), not once per fetcher.
+    pub fn sharing_warnings(mut self, said: &Arc<DamagedRecords>) -> Self {
+        self.said = said.clone();
+        self
+    }
+
     pub fn new(files: &'a PackReader, index: &'a ChunkIndex) -> Self {
         Fetcher {
             files,
@@ -854,11 +862,10 @@ pub fn restore(
     let decoded = Decoded::default();
     let said = Arc::<DamagedRecords>::default();
     let make_worker = || {
-        let mut fetcher = Fetcher::new(&files, index);
+        let mut fetcher = Fetcher::new(&files, index).sharing_warnings(&said);
         fetcher.spares = Some(&spares);
         fetcher.decoded = Some(&decoded);
         fetcher.frozen = pipe.is_some();
-        fetcher.said = said.clone();
         // What a damaged chunk is written as into a file, with
         // --zero-damaged.
         let mut zeros = Vec::new();
