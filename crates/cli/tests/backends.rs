@@ -769,6 +769,98 @@ fn s3_damage_is_found_and_named() {
     assert!(!named.is_empty(), "{v}");
 }
 
+/// A chunk stored twice in a bucket (its pack lost, the image backed up
+/// again, the pack put back), one copy then damaged: the image restores
+/// whole from the other copy, read through the spans a remote restore
+/// fetches; verify names damaged copies only, and repair keeps every chunk.
+#[test]
+fn s3_a_chunk_stored_twice_is_read_from_its_sound_copy() {
+    let Some(server) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let env = server.env();
+    let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    use cairn_store::backend::{ReadBackend, WriteBackend};
+    let a = image(8 << 20, 41);
+    let s = Store::s3(&server, "twice");
+    ok(s.run(&["init", &s.loc, "--pack-size", "1M"]));
+    s.backup("a", &a);
+    let config = cairn_store::S3Config::new(&s.loc, &lookup).unwrap();
+    let bucket = cairn_store::S3Backend::new(config).unwrap();
+    let packs = || -> Vec<_> {
+        let mut v: Vec<_> = bucket
+            .list("data/packs/")
+            .unwrap()
+            .into_iter()
+            .map(|l| l.key)
+            .collect();
+        v.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+        v
+    };
+    let first = packs();
+    assert!(first.len() >= 2, "{first:?}");
+    let lost = first[0].clone();
+    let bytes = bucket.get(&lost).unwrap().unwrap();
+    bucket.delete(std::slice::from_ref(&lost)).unwrap();
+    s.backup("a", &a);
+    bucket.put(&lost, &bytes).unwrap();
+    let again: Vec<_> = packs().into_iter().filter(|k| !first.contains(k)).collect();
+    assert!(!again.is_empty(), "the lost pack's chunks are stored again");
+    assert_eq!(s.verify()["ok"], true, "both copies sound");
+    // Either copy damaged in turn (the same index, so one of the two is
+    // the copy it uses), then put back as it was.
+    let mut said_in = Vec::new();
+    for (damaged, keys) in [
+        ("the first copy", vec![lost.clone()]),
+        ("the second", again),
+    ] {
+        let kept: Vec<_> = keys
+            .iter()
+            .map(|k| bucket.get(k).unwrap().unwrap())
+            .collect();
+        for (key, data) in keys.iter().zip(&kept) {
+            let mut data = data.clone();
+            let mid = data.len() / 2;
+            data[mid] ^= 0x20;
+            bucket.put(key, &data).unwrap();
+        }
+        for spec in ["a@1", "a@2"] {
+            let out = ok(s.verb("restore", &[spec, "-", "-q", "-T", "2"]));
+            assert!(out.stdout == a, "{damaged}: {spec} differs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match stderr.matches("read from its other copy").count() {
+                0 => {}
+                1 => said_in.push(damaged),
+                _ => panic!("{damaged}: said once: {stderr}"),
+            }
+        }
+        let v = s.verify();
+        assert_eq!(v["ok"], false, "{damaged}: {v}");
+        let problems = v["problems"].as_array().unwrap();
+        assert!(
+            !problems.is_empty() && problems.iter().all(|p| p["kind"] == "damaged-copy"),
+            "{damaged}: {v}"
+        );
+        if damaged == "the second" {
+            ok(s.verb("repair", &["--json", "-q"]));
+        } else {
+            for (key, data) in keys.iter().zip(&kept) {
+                bucket.put(key, data).unwrap();
+            }
+        }
+        assert_eq!(s.verify()["ok"], true, "{damaged}: put back or repaired");
+    }
+    assert_eq!(
+        said_in.len(),
+        2,
+        "one damaged copy is the index's, read by both: {said_in:?}"
+    );
+    assert_eq!(said_in[0], said_in[1], "{said_in:?}");
+    for spec in ["a@1", "a@2"] {
+        assert!(s.restore(spec) == a, "repaired: {spec} differs");
+    }
+}
+
 /// `cairn unlock` on a bucket: a running backup's session looks live and
 /// is kept; `--remove-all` removes it (as for a process killed on
 /// another machine), and the backup, still running, finds its session
