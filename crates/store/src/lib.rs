@@ -93,7 +93,7 @@ mod verify;
 
 // The repository, its sessions, keys and local directories.
 pub use crypt::KdfParams;
-pub use id::{ChunkId, PackId, RepoId, PREFIX_LEN};
+pub use id::{hex, ChunkId, PackId, RepoId, PREFIX_LEN};
 pub use repo::{
     cache_dir, state_dir, state_root, validate_name, HoldEntry, ImageLock, InitOptions, KeyInfo,
     LoadedIndex, NoPassword, Password, PasswordSource, Repository, Session, SessionInfo, Unlocked,

@@ -52,6 +52,27 @@ impl DamagedRecords {
             .is_ok_and(|mut r| r.insert((loc.pack, loc.offset)))
     }
 
+    /// The chunk of prefix `prefix`, whose record at `first` is damaged,
+    /// from the first of its other copies in `index` that `read` reads
+    /// (`None` when none does); `first` is then noted, and `say` told the
+    /// copy read from if it is new.
+    pub fn from_other_copy<T>(
+        &self,
+        index: &ChunkIndex,
+        prefix: [u8; PREFIX_LEN],
+        first: Location,
+        mut read: impl FnMut(Location) -> Option<T>,
+        say: impl FnOnce(Location),
+    ) -> Option<T> {
+        let (other, found) = index
+            .other_copies_of(prefix)
+            .find_map(|other| read(other).map(|found| (other, found)))?;
+        if self.note(first) {
+            say(other);
+        }
+        Some(found)
+    }
+
     /// Whether the record at `loc` was noted.
     pub fn contains(&self, loc: Location) -> bool {
         self.any.load(Ordering::Relaxed)

@@ -709,24 +709,24 @@ impl<'a> Fetcher<'a> {
         len: u32,
         why: &str,
     ) -> Option<(usize, usize, u64)> {
-        let index = self.index;
-        for other in index.other_copies(id) {
-            let Ok(found) = self.checked_at(other, id, len) else {
-                continue;
-            };
-            self.recovered += 1;
-            if self.said.note(first) {
-                let path = self.files.path(other.pack).unwrap_or_default();
+        let (index, said, files) = (self.index, self.said.clone(), self.files);
+        let found = said.from_other_copy(
+            index,
+            id.prefix(),
+            first,
+            |other| self.checked_at(other, id, len).ok(),
+            |other| {
+                let path = files.path(other.pack).unwrap_or_default();
                 tracing::warn!(
                     "{why}; chunk {id} read from its other copy in {} at offset {} (`cairn repair` \
                      has the index use the sound copies)",
                     path.display(),
                     other.offset
                 );
-            }
-            return Some(found);
-        }
-        None
+            },
+        )?;
+        self.recovered += 1;
+        Some(found)
     }
 }
 

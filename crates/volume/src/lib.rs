@@ -575,27 +575,25 @@ impl Volume {
         random: bool,
     ) -> bool {
         let index = &self.packs.index().index;
-        for other in index.other_copies_of(*prefix) {
-            let Ok(group) = self.group(other, random) else {
-                continue;
-            };
-            let Ok(chunk) = group.chunk(other.slice, clen, prefix) else {
-                continue;
-            };
+        let read = |other: cairn_store::Location| {
+            let group = self.group(other, random).ok()?;
+            let chunk = group.chunk(other.slice, clen, prefix).ok()?;
             dst.copy_from_slice(&chunk[from..from + dst.len()]);
-            if self.recovered.note(first) {
-                let id: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
-                tracing::warn!(
-                    "image {}@{}: chunk {id}...: {why}; the chunks of that record are read from \
-                     their other copies where they have one (`cairn verify --read-data` names \
-                     the damage, `cairn repair` has the index use the sound copies)",
-                    self.name,
-                    self.snapshot,
-                );
-            }
-            return true;
-        }
-        false
+            Some(())
+        };
+        let say = |_| {
+            tracing::warn!(
+                "image {}@{}: chunk {}...: {why}; the chunks of that record are read from their \
+                 other copies where they have one (`cairn verify --read-data` names the damage, \
+                 `cairn repair` has the index use the sound copies)",
+                self.name,
+                self.snapshot,
+                cairn_store::hex(prefix),
+            );
+        };
+        self.recovered
+            .from_other_copy(index, *prefix, first, read, say)
+            .is_some()
     }
 
     /// The error for extent `k` being unreadable during a request.
