@@ -311,8 +311,11 @@ pub(crate) fn said_of(
     use cairn_filepack::Operation;
     for s in summaries {
         if testing {
-            if !quiet_lists(common.quiet) {
-                errln!("testing {} OK", s.input);
+            // (Of each part of a file of parts.)
+            for _ in 0..s.lzop_parts.unwrap_or(1) {
+                if !quiet_lists(common.quiet) {
+                    errln!("testing {} OK", s.input);
+                }
             }
         } else if common.verbose > 0 {
             let doing = match s.operation {

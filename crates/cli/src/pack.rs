@@ -412,6 +412,7 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
         ignore_check: decode.ignore_check,
         // gzip's and pigz's -lv columns show it.
         list_crc: decode.list_as_gzip && common.verbose > 0,
+        lzop_parts: crate::Tool::link() == Some(crate::Tool::Lzop),
         // xz's --format (and unlzma's and lzcat's .lzma) narrows the xz
         // link's formats, xz and .lzma; any other link reads its tool's.
         formats: match decode.xz_format {

@@ -82,6 +82,10 @@ pub struct Summary {
     /// `-lv` columns, the header their ratio leaves out); listings only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gzip: Option<GzipListing>,
+    /// The members of an lzop file of parts (`lzop -c a b`), each a file
+    /// of its own to lzop (`lzop -t` says "testing X OK" of each).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lzop_parts: Option<usize>,
 }
 
 /// A listed gzip input's first member header and its whole output's
@@ -643,7 +647,15 @@ fn finish(
     } else {
         sink.commit()?;
     }
-    if let (Source::File(src), true) = (&plan.source, plan.remove_input && kept && !keep_input) {
+    if kept && !keep_input {
+        finish_input(plan)?;
+    }
+    Ok(())
+}
+
+/// Remove the input if the plan says so, its output being final.
+fn finish_input(plan: &Plan) -> Result<()> {
+    if let (Source::File(src), true) = (&plan.source, plan.remove_input) {
         std::fs::remove_file(src).map_err(|source| Error::Remove {
             path: src.clone(),
             source,
@@ -713,6 +725,7 @@ impl Summary {
             },
             warnings: Vec::new(),
             gzip: None,
+            lzop_parts: None,
         }
     }
 }
@@ -1307,14 +1320,7 @@ fn restored_origin(
     let Some((kept_name, kept_time)) = kept else {
         return (None, None);
     };
-    // (Seconds either side of the epoch, as lzop keeps 64 signed bits; a
-    // time no clock holds is not restored.)
-    let from_epoch = std::time::Duration::from_secs(kept_time.unsigned_abs());
-    let mtime = match kept_time {
-        0 => None,
-        t if t > 0 => std::time::UNIX_EPOCH.checked_add(from_epoch),
-        _ => std::time::UNIX_EPOCH.checked_sub(from_epoch),
-    };
+    let mtime = time_kept(kept_time);
     let kept = kept_name.rsplit(|&b| b == b'/').next().unwrap_or_default();
     let name = std::ffi::OsStr::from_bytes(kept);
     let path = match (&plan.source, &plan.dest) {
@@ -1329,6 +1335,172 @@ fn restored_origin(
         _ => None,
     };
     (path, mtime)
+}
+
+/// The time a gzip or lzop header keeps, in seconds from the epoch;
+/// `None` for none (0). (Seconds either side of the epoch, as lzop keeps
+/// 64 signed bits; a time no clock holds is not restored.)
+fn time_kept(secs: i64) -> Option<std::time::SystemTime> {
+    let from_epoch = std::time::Duration::from_secs(secs.unsigned_abs());
+    match secs {
+        0 => None,
+        t if t > 0 => std::time::UNIX_EPOCH.checked_add(from_epoch),
+        _ => std::time::UNIX_EPOCH.checked_sub(from_epoch),
+    }
+}
+
+/// The members of the lzop file at `path` when it holds several, or one
+/// marked as a part (`lzop -c a b` marks them all); `None` otherwise, or
+/// where they cannot be listed (the decoding then says why).
+fn lzop_parts(path: &Path) -> Option<cairn_codec::format::lzop::Listing> {
+    use cairn_codec::format::lzop;
+    let mut r = std::io::BufReader::new(std::fs::File::open(path).ok()?);
+    let listing = lzop::members(&mut r, |r, n| r.seek_relative(n as i64)).ok()?;
+    let first = listing.members.first()?;
+    let parts = listing.members.len() > 1 || first.header.flags & lzop::F_MULTIPART != 0;
+    parts.then_some(listing)
+}
+
+/// Where [`unpack_lzop_parts`] writes: beside the output planned for the
+/// file, a member by the name it keeps (its last component) from the
+/// second member on, or from the first where that is marked as a part or
+/// `name` (-N), else (or where it keeps none) by the file's; with the
+/// times the members keep if `time`, and the input's metadata.
+struct PartsTo<'a> {
+    planned: &'a Path,
+    name: bool,
+    time: bool,
+    input_meta: Option<&'a std::fs::Metadata>,
+    started: Instant,
+}
+
+/// `lzop -d` of a file of parts (`lzop -c a b > x.lzo`, or lzop files
+/// joined): each member into a file of its own, named as [`PartsTo`]
+/// says, beside the output planned for the file (the input's directory,
+/// or -p DIR), as lzop does ("multipart archive -- restoring file
+/// names", status 2, unless -N). A part whose output is in the way (or
+/// is the input) is passed over without -f and the others written, then
+/// the run fails naming it, as lzop's "not overwritten" (status 1); the
+/// input goes (-U) only if every part was written.
+#[allow(clippy::too_many_arguments)]
+fn unpack_lzop_parts(
+    plan: &Plan,
+    src: &Path,
+    listing: &cairn_codec::format::lzop::Listing,
+    to: &PartsTo,
+    threads: usize,
+    force: bool,
+    opts: &UnpackOptions,
+    hooks: &dyn Hooks,
+) -> Result<Summary> {
+    use std::io::Seek;
+    use std::os::unix::ffi::OsStrExt;
+    let decode = DecodeOptions {
+        threads,
+        memory: opts.memory,
+        ..DecodeOptions::default()
+    };
+    let read_error = |source| Error::Read {
+        name: plan.source.name(),
+        source,
+    };
+    let (mut bytes_in, mut bytes_out) = (0, 0);
+    let mut in_the_way = None;
+    let mut names = Vec::new();
+    // Found a file of parts at its second member, or at its first where
+    // that says it is one; from there a member is named by the name it
+    // keeps, before it (and where it keeps none) by the file's (-N: by
+    // its own from the first), as lzop names them.
+    let found_at = match listing.members.first() {
+        Some(m) if m.header.flags & cairn_codec::format::lzop::F_MULTIPART != 0 => 0,
+        _ => 1,
+    };
+    for (i, m) in listing.members.iter().enumerate() {
+        let kept = m
+            .header
+            .name
+            .rsplit(|&b| b == b'/')
+            .next()
+            .unwrap_or_default();
+        let out = match kept {
+            b"" | b"." | b".." => to.planned.to_path_buf(),
+            _ if i < found_at && !to.name => to.planned.to_path_buf(),
+            name => to.planned.with_file_name(std::ffi::OsStr::from_bytes(name)),
+        };
+        if same_file(&out, src) {
+            in_the_way.get_or_insert(Error::Exists { path: out });
+            continue;
+        }
+        let part = Plan {
+            source: plan.source.clone(),
+            dest: Dest::File(out),
+            remove_input: false,
+            named: false,
+            synchronous: plan.synchronous,
+            joined: None,
+        };
+        let mut sink = match open_sink(&part, force, false, hooks) {
+            Err(e @ Error::Exists { .. }) => {
+                in_the_way.get_or_insert(e);
+                continue;
+            }
+            other => other?,
+        };
+        let mut file = std::fs::File::open(src).map_err(|source| Error::Open {
+            path: src.to_path_buf(),
+            source,
+        })?;
+        file.seek(std::io::SeekFrom::Start(m.at))
+            .map_err(read_error)?;
+        let mut splitter =
+            Format::Lzop.splitter_with(Input::new(Box::new(file.take(m.len))), &decode);
+        let name = sink.name();
+        let w = sink.writer();
+        let (result, counts) = decode_stream(
+            Format::Lzop,
+            &mut *splitter,
+            &decode,
+            threads,
+            &(),
+            &mut |b: &[u8]| w.write_all(b).map_err(write_error(&name)),
+        );
+        result?;
+        if let Some(meta) = to.input_meta {
+            sink.copy_metadata(meta);
+        }
+        if let Some(t) = time_kept(m.header.mtime).filter(|_| to.time) {
+            sink.set_modified(t);
+        }
+        finish(&part, sink, None, true)?;
+        bytes_in += m.len;
+        bytes_out += counts.bytes_out;
+        names.push(name);
+    }
+    if let Some(e) = in_the_way {
+        return Err(e);
+    }
+    finish_input(plan)?;
+    let mut summary = Summary::unpacked(
+        plan,
+        names.join(" "),
+        Format::Lzop.name(),
+        1,
+        (bytes_in, bytes_out),
+        to.started,
+    );
+    summary.lzop_parts = Some(listing.members.len());
+    // (Not when told to, with -N.)
+    if !to.name {
+        summary
+            .warnings
+            .push("warning: multipart archive -- restoring file names".into());
+    }
+    if listing.garbage_at.is_some() {
+        summary
+            .warnings
+            .push("warning: ignoring trailing garbage in lzop file".into());
+    }
+    Ok(summary)
 }
 
 /// Whether the regular file `plan` read changed while it was packed:
@@ -1409,6 +1581,77 @@ struct Decoded {
     error: Option<CodecError>,
 }
 
+/// What [`decode_stream`] decoded: bytes written, units the splitter
+/// decoded itself, units with output the workers decoded.
+#[derive(Default)]
+struct StreamCounts {
+    bytes_out: u64,
+    plain: usize,
+    coded: usize,
+}
+
+/// Decode the `format` stream `splitter` cuts, on `threads` workers,
+/// handing its bytes in order to `write`, each unit's content checked.
+/// What a unit decodes to before damage is written, then its error ends
+/// the run, as the tools do.
+fn decode_stream(
+    format: Format,
+    splitter: &mut dyn cairn_codec::Splitter,
+    decode: &DecodeOptions,
+    threads: usize,
+    progress: &dyn crate::Progress,
+    write: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> (Result<()>, StreamCounts) {
+    let mut checker = ContentChecker::default();
+    let mut counts = StreamCounts::default();
+    let result = cairn_pipeline::run(
+        Config::new(threads),
+        |unit: &mut Unit| {
+            let more = splitter.next_unit(unit)?;
+            progress.read_to(splitter.offset());
+            if more && unit.kind == UnitKind::Plain {
+                counts.plain += 1;
+            }
+            Ok(if more { Fill::Item } else { Fill::End })
+        },
+        || {
+            let mut dec = format.unit_decoder_with(decode);
+            move |unit: &mut Unit, out: &mut Decoded| -> Result<()> {
+                if let Err(e) = dec.decode(unit, &mut out.bytes) {
+                    // What the unit decodes to before the damage is
+                    // written, then the error reported, as by the tools.
+                    out.bytes.clear();
+                    dec.salvage(unit, &mut out.bytes);
+                    out.error = Some(e);
+                }
+                Ok(())
+            }
+        },
+        |slot: &mut Slot<Unit, Decoded>| {
+            let failed = slot.output.error.take();
+            let out = slot.input.decoded(&slot.output.bytes);
+            // Not the empty members that mark a stream's ends.
+            if slot.input.kind != UnitKind::Plain && !out.is_empty() {
+                counts.coded += 1;
+            }
+            if failed.is_none() {
+                checker.feed(format, slot.input.offset, slot.input.content, out)?;
+            }
+            write(out)?;
+            counts.bytes_out += out.len() as u64;
+            progress.ratio(counts.bytes_out, slot.input.offset);
+            failed.map_or(Ok(()), |e| Err(e.into()))
+        },
+        |slot| {
+            slot.input.clear();
+            slot.output.bytes.clear();
+            slot.output.error = None;
+        },
+    );
+    progress.finish();
+    (result, counts)
+}
+
 fn unpack_one(
     plan: &Plan,
     threads: usize,
@@ -1479,6 +1722,28 @@ fn unpack_one(
         return Err(opts.not_read(found));
     };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
+    // A file of several lzop members (`lzop -c a b`): lzop writes each to
+    // the name it keeps, and warns where it writes them as one.
+    let (mut parts_warning, mut parts_count) = (None, None);
+    if let (Format::Lzop, true, Source::File(src)) = (format, opts.lzop_parts, &plan.source) {
+        if let Some(parts) = lzop_parts(src) {
+            parts_count = Some(parts.members.len());
+            match (&plan.dest, opts.mode) {
+                (Dest::File(planned), UnpackMode::Write) if !plan.named => {
+                    let to = PartsTo {
+                        planned,
+                        name: restore.name,
+                        time: restore.time,
+                        input_meta: input_meta.as_ref(),
+                        started,
+                    };
+                    return unpack_lzop_parts(plan, src, &parts, &to, threads, force, opts, hooks);
+                }
+                (_, UnpackMode::List) => {}
+                _ => parts_warning = Some("warning: this is a multipart archive (try option '-N')"),
+            }
+        }
+    }
     let (renamed, restored_mtime) = match format {
         Format::Gzip | Format::Lzop if restore.name || restore.time => {
             let (name, time) = restored_origin(plan, format, &head);
@@ -1537,46 +1802,15 @@ fn unpack_one(
         _ => sink.is_new_file().then(HoleWriter::default),
     };
     let w = sink.writer();
-    let mut checker = ContentChecker::default();
-    let mut bytes_out = 0u64;
     let listed_gzip = opts.mode == UnpackMode::List && format == Format::Gzip;
     let mut crc = (listed_gzip && opts.list_crc).then(crc32fast::Hasher::new);
-    // Units the splitter decoded itself, and units with output the
-    // workers decoded.
-    let (mut plain, mut coded) = (0usize, 0usize);
-    let result = cairn_pipeline::run(
-        Config::new(threads),
-        |unit: &mut Unit| {
-            let more = splitter.next_unit(unit)?;
-            progress.read_to(splitter.offset());
-            if more && unit.kind == UnitKind::Plain {
-                plain += 1;
-            }
-            Ok(if more { Fill::Item } else { Fill::End })
-        },
-        || {
-            let mut dec = format.unit_decoder_with(&decode);
-            move |unit: &mut Unit, out: &mut Decoded| -> Result<()> {
-                if let Err(e) = dec.decode(unit, &mut out.bytes) {
-                    // What the unit decodes to before the damage is
-                    // written, then the error reported, as by the tools.
-                    out.bytes.clear();
-                    dec.salvage(unit, &mut out.bytes);
-                    out.error = Some(e);
-                }
-                Ok(())
-            }
-        },
-        |slot: &mut Slot<Unit, Decoded>| {
-            let failed = slot.output.error.take();
-            let out = slot.input.decoded(&slot.output.bytes);
-            // Not the empty members that mark a stream's ends.
-            if slot.input.kind != UnitKind::Plain && !out.is_empty() {
-                coded += 1;
-            }
-            if failed.is_none() {
-                checker.feed(format, slot.input.offset, slot.input.content, out)?;
-            }
+    let (result, counts) = decode_stream(
+        format,
+        &mut *splitter,
+        &decode,
+        threads,
+        &*progress,
+        &mut |out: &[u8]| {
             if let Some(c) = crc.as_mut() {
                 c.update(out);
             }
@@ -1584,18 +1818,14 @@ fn unpack_one(
                 Some(h) => h.write(w, out),
                 None => w.write_all(out),
             }
-            .map_err(write_error(&out_name))?;
-            bytes_out += out.len() as u64;
-            progress.ratio(bytes_out, slot.input.offset);
-            failed.map_or(Ok(()), |e| Err(e.into()))
-        },
-        |slot| {
-            slot.input.clear();
-            slot.output.bytes.clear();
-            slot.output.error = None;
+            .map_err(write_error(&out_name))
         },
     );
-    progress.finish();
+    let StreamCounts {
+        bytes_out,
+        plain,
+        coded,
+    } = counts;
     // The zeros decoded last are passed over and the file given its
     // length whether or not the run failed: standard output's offset is
     // then after all that was decoded, as with plain writes, for what a
@@ -1623,6 +1853,7 @@ fn unpack_one(
         }
         other => other?,
     }
+    warnings.extend(parts_warning.map(String::from));
     if let Some(done) = finished {
         done.map_err(write_error(&out_name))?;
     }
@@ -1654,6 +1885,7 @@ fn unpack_one(
         started,
     );
     summary.warnings = warnings;
+    summary.lzop_parts = parts_count;
     let crc32 = crc.map(crc32fast::Hasher::finalize);
     let header = listed_gzip
         .then(|| cairn_codec::format::gzip::origin(&head))

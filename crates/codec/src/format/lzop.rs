@@ -452,6 +452,11 @@ pub struct Member {
     pub packed: u64,
     /// The bytes they decode to.
     pub unpacked: u64,
+    /// Where it starts in the file (its magic), and its length, through
+    /// its end marker: a member alone is an lzop file.
+    pub at: u64,
+    /// (See `at`.)
+    pub len: u64,
 }
 
 /// What [`members`] found in a file.
@@ -534,6 +539,7 @@ pub fn members<R: std::io::Read>(
         if !b.starts_with(MAGIC) {
             return Err(CodecError::UnknownFormat);
         }
+        let start = at;
         let header = loop {
             let n = match header(&b, at)? {
                 Parsed::Header(h) => break h,
@@ -552,6 +558,8 @@ pub fn members<R: std::io::Read>(
             header,
             packed: 0,
             unpacked: 0,
+            at: start,
+            len: 0,
         };
         loop {
             b.clear();
@@ -594,6 +602,7 @@ pub fn members<R: std::io::Read>(
             member.packed += u64::from(src_len);
             member.unpacked += u64::from(dst_len);
         }
+        member.len = at - start;
         members.push(member);
     }
 }
@@ -908,6 +917,15 @@ mod tests {
         assert_eq!(m[0].header.method_name(), "LZO1X-1");
         assert_eq!(m[1].header.method_name(), "LZO1X-999/9");
         assert!(m[0].packed < 300_000 && m[0].packed > 0);
+        // Each member alone, from where it starts, is an lzop file.
+        assert_eq!(
+            (m[0].at, m[0].at + m[0].len, m[1].at + m[1].len),
+            (0, m[1].at, file.len() as u64)
+        );
+        for (member, len) in m.iter().zip([300_000, 5]) {
+            let alone = &file[member.at as usize..(member.at + member.len) as usize];
+            assert_eq!(crate::decode_all(alone).unwrap(), text(len));
+        }
         // Read from a pipe, passing over by reading, the same.
         let mut r = std::io::Cursor::new(&file[..]);
         let read_over = |r: &mut std::io::Cursor<&[u8]>, n: u64| {
