@@ -1349,9 +1349,11 @@ fn time_kept(secs: i64) -> Option<std::time::SystemTime> {
     }
 }
 
-/// The members of the lzop file at `path` when it holds several, or one
-/// marked as a part (`lzop -c a b` marks them all); `None` otherwise, or
-/// where they cannot be listed (the decoding then says why).
+/// The members of the lzop file at `path` (a regular file: the caller
+/// checks, as a FIFO opened again here would lose its bytes, or wait for a
+/// writer gone) when it holds several, or one marked as a part (`lzop -c
+/// a b` marks them all); `None` otherwise, or where they cannot be listed
+/// (the decoding then says why).
 fn lzop_parts(path: &Path) -> Option<cairn_codec::format::lzop::Listing> {
     use cairn_codec::format::lzop;
     let mut r = std::io::BufReader::new(std::fs::File::open(path).ok()?);
@@ -1725,7 +1727,10 @@ fn unpack_one(
     // A file of several lzop members (`lzop -c a b`): lzop writes each to
     // the name it keeps, and warns where it writes them as one.
     let (mut parts_warning, mut parts_count) = (None, None);
-    if let (Format::Lzop, true, Source::File(src)) = (format, opts.lzop_parts, &plan.source) {
+    let regular = input_meta.as_ref().is_some_and(std::fs::Metadata::is_file);
+    if let (Format::Lzop, true, Source::File(src)) =
+        (format, opts.lzop_parts && regular, &plan.source)
+    {
         if let Some(parts) = lzop_parts(src) {
             parts_count = Some(parts.members.len());
             match (&plan.dest, opts.mode) {
