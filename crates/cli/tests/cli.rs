@@ -2939,6 +2939,24 @@ fn lzop_case_dir(root: &Path, a: &[u8], b: &[u8]) {
     // One run over several inputs: its members marked as parts.
     let parts = tool_in(root, "lzop", ["-c", "a", "b"]).stdout;
     std::fs::write(root.join("parts.lzo"), parts).unwrap();
+    // A part that keeps no name (packed from standard input), after one
+    // that does, and before.
+    let unnamed = std::process::Command::new("lzop")
+        .arg("-c")
+        .stdin(std::fs::File::open(root.join("b")).unwrap())
+        .output()
+        .unwrap()
+        .stdout;
+    std::fs::write(
+        root.join("nameless.lzo"),
+        [&packed_a[..], &unnamed].concat(),
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("nameless2.lzo"),
+        [&unnamed[..], &packed_a].concat(),
+    )
+    .unwrap();
     std::fs::write(root.join("a.xx"), &packed_a).unwrap();
     std::fs::write(root.join("X.LZO"), &packed_a).unwrap();
     std::fs::write(root.join("g.lzo"), [&packed_a[..], b"junk\n"].concat()).unwrap();
@@ -3046,6 +3064,10 @@ fn lzop_link_takes_lzops_command_lines() {
         &["-df", "parts.lzo"],
         &["-dpout", "two.lzo"],
         &["-dNf", "-pout", "two.lzo"],
+        &["-dfU", "nameless.lzo"],
+        &["-dpout", "nameless.lzo"],
+        &["-dpout", "nameless2.lzo"],
+        &["-dNpout", "nameless2.lzo"],
         &["-dc", "parts.lzo"],
         &["-t", "parts.lzo"],
         &["-t", "two.lzo", "a.lzo"],

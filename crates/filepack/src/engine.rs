@@ -1417,17 +1417,23 @@ fn unpack_lzop_parts(
         Some(m) if m.header.flags & cairn_codec::format::lzop::F_MULTIPART != 0 => 0,
         _ => 1,
     };
-    for (i, m) in listing.members.iter().enumerate() {
-        let kept = m
+    fn kept(m: &cairn_codec::format::lzop::Member) -> Option<&std::ffi::OsStr> {
+        let name = m
             .header
             .name
             .rsplit(|&b| b == b'/')
             .next()
             .unwrap_or_default();
-        let out = match kept {
-            b"" | b"." | b".." => to.planned.to_path_buf(),
-            _ if i < found_at && !to.name => to.planned.to_path_buf(),
-            name => to.planned.with_file_name(std::ffi::OsStr::from_bytes(name)),
+        (!matches!(name, b"" | b"." | b"..")).then(|| std::ffi::OsStr::from_bytes(name))
+    }
+    let first_named = if to.name { 0 } else { found_at };
+    for (i, m) in listing.members.iter().enumerate() {
+        let out = match kept(m) {
+            Some(name) if i >= first_named => to.planned.with_file_name(name),
+            // A part after the first that keeps no name would be written
+            // over the first: lzop stops there, the input kept.
+            None if i > 0 => return Err(Error::NamelessPart),
+            _ => to.planned.to_path_buf(),
         };
         if same_file(&out, src) {
             in_the_way.get_or_insert(Error::Exists { path: out });
@@ -1478,7 +1484,13 @@ fn unpack_lzop_parts(
         bytes_out += counts.bytes_out;
         names.push(name);
     }
+    // (Not when told to, with -N.)
+    let warning = (!to.name).then_some("warning: multipart archive -- restoring file names");
     if let Some(e) = in_the_way {
+        // Said as lzop says it, before the error.
+        if let Some(w) = warning {
+            hooks.note(src, w);
+        }
         return Err(e);
     }
     finish_input(plan)?;
@@ -1491,12 +1503,7 @@ fn unpack_lzop_parts(
         to.started,
     );
     summary.lzop_parts = Some(listing.members.len());
-    // (Not when told to, with -N.)
-    if !to.name {
-        summary
-            .warnings
-            .push("warning: multipart archive -- restoring file names".into());
-    }
+    summary.warnings.extend(warning.map(String::from));
     if listing.garbage_at.is_some() {
         summary
             .warnings

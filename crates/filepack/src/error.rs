@@ -202,6 +202,10 @@ pub enum Error {
         /// The formats that were accepted.
         accepted: Vec<Format>,
     },
+    /// A part of an lzop file of parts, past its first, keeps no name to
+    /// write it to (lzop's words).
+    #[error("multipart archive, but no filename stored (use option '-o')")]
+    NamelessPart,
     /// The error of one input of a run.
     #[error("{}", prefixed(input, source))]
     Input {

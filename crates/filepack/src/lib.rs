@@ -326,10 +326,12 @@ pub struct UnpackOptions {
     /// ([`GzipListing::crc32`]: gzip's and pigz's `-lv` column); a pass
     /// over the output no other listing needs.
     pub list_crc: bool,
-    /// lzop's files of parts (`lzop -c a b > x.lzo`): unpacked to files
-    /// named from the input, each member goes to the name it keeps (as
-    /// `lzop -d`); to standard output or tested, the parts are joined
-    /// with lzop's warning (status 2).
+    /// lzop's files of parts (`lzop -c a b > x.lzo`, or lzop files
+    /// joined), in a regular file: unpacked to outputs named from the
+    /// input, each member goes to a file of its own, as `lzop -d` names
+    /// them (the name it keeps from the second member on, or from the
+    /// first where marked as a part or with -N); to standard output, to
+    /// `-o`, or tested, the parts are joined with lzop's warning (status 2).
     pub lzop_parts: bool,
 }
 

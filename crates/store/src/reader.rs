@@ -34,8 +34,8 @@ pub(crate) fn read_unindexed(target: &dyn ReadBackend, id: PackId) -> Result<Opt
 
 /// Records found damaged whose chunks were read from other copies of
 /// theirs (see `ChunkIndex::other_copies`), shared by the readers of one
-/// restore or one served image: each is said once, and a reader can send
-/// a record's chunks straight to their copies. Looking costs one atomic
+/// restore, diff, copy or served image: each is said once, and a reader
+/// can send a record's chunks straight to their copies. Looking costs one atomic
 /// load while nothing is damaged.
 #[derive(Debug, Default)]
 pub struct DamagedRecords {
@@ -54,8 +54,8 @@ impl DamagedRecords {
 
     /// The chunk of prefix `prefix`, whose record at `first` is damaged,
     /// from the first of its other copies in `index` that `read` reads
-    /// (`None` when none does); `first` is then noted, and `say` told the
-    /// copy read from if it is new.
+    /// (`None` when none does); `first` is then noted, and, if it was not
+    /// noted before, `say` is told the copy read from.
     pub fn from_other_copy<T>(
         &self,
         index: &ChunkIndex,

@@ -398,7 +398,7 @@ pub(crate) struct Fetcher<'a> {
     /// [`Fetcher::other_copy`]).
     damaged: HashMap<(u32, u32), String>,
     /// Damaged records said in a warning (shared by a restore's workers,
-    /// so each is said once).
+    /// a diff's two sides, a copy's snapshots: each is said once).
     said: Arc<DamagedRecords>,
     /// Chunks read from another copy since [`Fetcher::take_recovered`].
     recovered: u64,

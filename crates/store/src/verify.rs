@@ -482,8 +482,14 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     // A chunk whose record the index uses is damaged affects no snapshot
     // where another copy is sound: restore reads that one. A copy in a
     // pack this run did not read (not in the subset) is read now.
-    let mut dec = reader.record_decoder();
-    let (mut rec, mut group) = (Vec::new(), Vec::new());
+    let mut copy = CopyRecord {
+        dec: reader.record_decoder(),
+        at: None,
+        path: PathBuf::new(),
+        table: Ok(Vec::new()),
+        rec: Vec::new(),
+        group: Vec::new(),
+    };
     for (prefix, _, _) in &found_primary {
         for loc in index.other_copies_of(*prefix) {
             if sound.contains(prefix) {
@@ -492,8 +498,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             if lost_records.contains(&(loc.pack, loc.offset)) || read_packs.contains(&loc.pack) {
                 continue;
             }
-            report.bytes_read += u64::from(loc.len);
-            match check_copy(&reader, &mut dec, loc, prefix, &mut rec, &mut group) {
+            match copy.check(&reader, loc, prefix, &mut report.bytes_read) {
                 Ok(()) => {
                     sound.insert(*prefix);
                 }
@@ -676,23 +681,54 @@ fn chunk_verdict(
     }
 }
 
-/// Read the record at `loc` alone and check chunk `prefix` in it.
-fn check_copy(
-    reader: &PackReader,
-    dec: &mut RecordDecoder,
-    loc: Location,
-    prefix: &[u8; PREFIX_LEN],
-    rec: &mut Vec<u8>,
-    group: &mut Vec<u8>,
-) -> std::result::Result<(), (ChunkId, String)> {
-    let path = reader
-        .read_record(loc, rec)
-        .map_err(|e| (ChunkId([0; 32]), e.to_string()))?;
-    let table: Decoded = dec
-        .decode(&path, u64::from(loc.offset), rec, group)
-        .map(|r| r.chunks().collect())
-        .map_err(|e| e.to_string());
-    chunk_verdict(dec, &path, loc, prefix, &table, group)
+/// Records read one at a time for the other copies of damaged chunks:
+/// the last one decoded (pack, offset), kept for the next chunk in it
+/// (the chunks of a damaged record have their copies together, mostly in
+/// one record), so it is read and decoded once.
+struct CopyRecord {
+    dec: RecordDecoder,
+    at: Option<(u32, u32)>,
+    path: PathBuf,
+    table: Decoded,
+    rec: Vec<u8>,
+    group: Vec<u8>,
+}
+
+impl CopyRecord {
+    /// Check chunk `prefix` at `loc`, reading its record unless it is the
+    /// one read last (counted in `bytes_read`).
+    fn check(
+        &mut self,
+        reader: &PackReader,
+        loc: Location,
+        prefix: &[u8; PREFIX_LEN],
+        bytes_read: &mut u64,
+    ) -> std::result::Result<(), (ChunkId, String)> {
+        if self.at != Some((loc.pack, loc.offset)) {
+            self.at = Some((loc.pack, loc.offset));
+            *bytes_read += u64::from(loc.len);
+            self.table = match reader.read_record(loc, &mut self.rec) {
+                Ok(path) => {
+                    let table = self
+                        .dec
+                        .decode(&path, u64::from(loc.offset), &self.rec, &mut self.group)
+                        .map(|r| r.chunks().collect())
+                        .map_err(|e| e.to_string());
+                    self.path = path;
+                    table
+                }
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        chunk_verdict(
+            &mut self.dec,
+            &self.path,
+            loc,
+            prefix,
+            &self.table,
+            &self.group,
+        )
+    }
 }
 
 /// A chunk id the check could tell (the zeros stand for none).
