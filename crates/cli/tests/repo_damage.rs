@@ -1177,6 +1177,29 @@ fn a_chunk_stored_twice_is_read_from_its_sound_copy() {
                     assert!(hit.is_empty(), "{what}, {read_data}: {hit:?} {v}");
                 }
             }
+            // The copy the index uses damaged and the other's pack lost:
+            // the chunks are lost, said once each, with no read of the
+            // lost copy (which would fail as if it were damaged too).
+            let dir = tempdir();
+            let both = dir.path().join("repo");
+            copy_tree(&repo, &both);
+            let other = other.iter().find(|p| **p != used).unwrap();
+            fs::remove_file(both.join(other)).unwrap();
+            let (out, v) = verify(&both, true);
+            assert!(!out.status.success(), "{what}: {v}");
+            let problems = v["problems"].as_array().unwrap();
+            let chunks: Vec<_> = problems
+                .iter()
+                .filter(|p| p["kind"] == "damaged-chunk")
+                .collect();
+            assert_eq!(chunks.len(), lost.len(), "{what}, both lost: {v}");
+            assert!(
+                chunks
+                    .iter()
+                    .all(|p| !p["affected"].as_array().unwrap().is_empty()
+                        && !p["message"].as_str().unwrap().contains("other copy")),
+                "{what}, both lost: {v}"
+            );
         }
         // repair keeps every chunk, in its sound copy.
         let out = run(&["repair", "--repo", s(&repo), "--json", "-q"]);

@@ -273,10 +273,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let reader = PackReader::new(repo, index);
     let mut readable = Vec::new();
     let mut damaged_records: HashSet<(PackId, u32, u32)> = HashSet::new();
-    // Records (pack number, offset) in a pack missing or cut short. (The
-    // index already uses another copy of a chunk where one is on disk:
-    // `Repository::load_index`.)
-    let mut lost_records: HashSet<(u32, u32)> = HashSet::new();
     for (n, info) in index.packs().iter().enumerate() {
         let path = reader.path(n as u32)?;
         let problem = match on_disk.get(&info.id) {
@@ -291,15 +287,14 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         };
         match problem {
             Some(msg) => {
-                for (prefix, loc, copy) in &by_pack[n] {
+                // (The index uses another copy of a chunk where one is on
+                // disk, and keeps none that is not: `load_index`.)
+                for (prefix, loc, _) in by_pack[n].iter().filter(|e| !e.2) {
                     if u64::from(loc.offset) + u64::from(loc.len)
                         > on_disk.get(&info.id).map_or(0, |f| f.len)
                     {
-                        lost_records.insert((n as u32, loc.offset));
-                        if !copy {
-                            bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
-                            damaged_records.insert((info.id, loc.offset, loc.slice));
-                        }
+                        bad.insert(*prefix, (ChunkId([0; 32]), "pack", msg.clone()));
+                        damaged_records.insert((info.id, loc.offset, loc.slice));
                     }
                 }
                 report.problems.push(Problem {
@@ -495,7 +490,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             if sound.contains(prefix) {
                 break;
             }
-            if lost_records.contains(&(loc.pack, loc.offset)) || read_packs.contains(&loc.pack) {
+            if read_packs.contains(&loc.pack) {
                 continue;
             }
             match copy.check(&reader, loc, prefix, &mut report.bytes_read) {
