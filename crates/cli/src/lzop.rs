@@ -383,7 +383,7 @@ fn line(method: &str, packed: u64, unpacked: u64, when: Option<&str>, name: &str
 /// members is listed with the names they keep and a warning (status 2),
 /// as lzop.
 pub(crate) fn list(common: &crate::CommonArgs) -> anyhow::Result<()> {
-    use cairn_codec::format::lzop::{members, Listing, F_MULTIPART};
+    use cairn_codec::format::lzop::{members, Listing};
     use std::io::{BufReader, Read};
     let stdin = [PathBuf::from("-")];
     let files = match common.files.is_empty() {
@@ -440,10 +440,7 @@ pub(crate) fn list(common: &crate::CommonArgs) -> anyhow::Result<()> {
                 },
             }
         };
-        let Listing {
-            members,
-            garbage_at,
-        } = match read {
+        let listing = match read {
             Ok(m) => m,
             Err(why) => {
                 errln!("{}: {why}", crate::prog());
@@ -451,16 +448,15 @@ pub(crate) fn list(common: &crate::CommonArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        // A file of several members is found at its second one, or at
-        // its first when it says it is one (`lzop -c a b` marks them
-        // all); from there lzop names them by the names they keep (and
-        // says so, but not when told to with -N).
-        let found_at = match members.first() {
-            Some(m) if m.header.flags & F_MULTIPART != 0 => 0,
-            _ => 1,
-        };
+        // In a file of parts, lzop names members from one on by the
+        // names they keep (and says so, but not when told to with -N).
+        let found_at = listing.parts_named_from();
+        let Listing {
+            members,
+            garbage_at,
+        } = listing;
         for (i, m) in members.iter().enumerate() {
-            if i == found_at && !kept_names {
+            if Some(i) == found_at && !kept_names {
                 status = status.max(2);
                 if !hide_warnings {
                     errln!(
@@ -469,7 +465,8 @@ pub(crate) fn list(common: &crate::CommonArgs) -> anyhow::Result<()> {
                     );
                 }
             }
-            let name = match (kept_names || i >= found_at) && !m.header.name.is_empty() {
+            let by_kept = kept_names || found_at.is_some_and(|from| i >= from);
+            let name = match by_kept && !m.header.name.is_empty() {
                 true => String::from_utf8_lossy(&m.header.name).into_owned(),
                 false => unpacked_name(path, suffix),
             };

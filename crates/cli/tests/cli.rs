@@ -3071,6 +3071,13 @@ fn lzop_link_takes_lzops_command_lines() {
         &["-dc", "parts.lzo"],
         &["-t", "parts.lzo"],
         &["-t", "two.lzo", "a.lzo"],
+        // Files joined: the first part is written before the second is
+        // met; then the others, or the first found in the way.
+        &["-d", "two.lzo"],
+        &["-dfU", "two.lzo"],
+        &["-d", "two.lzo", "two.lzo"],
+        &["-dN", "two.lzo"],
+        &["-dc", "two.lzo"],
     ];
     for args in cases {
         let mut seen = vec![];

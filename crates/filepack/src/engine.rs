@@ -1304,7 +1304,6 @@ fn restored_origin(
     format: Format,
     head: &[u8],
 ) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
-    use std::os::unix::ffi::OsStrExt;
     let kept = match format {
         Format::Gzip => {
             cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, i64::from(o.mtime)))
@@ -1321,20 +1320,24 @@ fn restored_origin(
         return (None, None);
     };
     let mtime = time_kept(kept_time);
-    let kept = kept_name.rsplit(|&b| b == b'/').next().unwrap_or_default();
-    let name = std::ffi::OsStr::from_bytes(kept);
-    let path = match (&plan.source, &plan.dest) {
+    let path = match (&plan.source, &plan.dest, kept_file_name(&kept_name)) {
         // In the directory the output was planned in (the input's, or
         // lzop's -p DIR); never the input itself: the output would
         // replace the input, which is then removed.
-        (Source::File(src), Dest::File(planned))
-            if !plan.named && !matches!(kept, b"" | b"." | b"..") =>
-        {
+        (Source::File(src), Dest::File(planned), Some(name)) if !plan.named => {
             Some(planned.with_file_name(name)).filter(|p| !same_file(p, src))
         }
         _ => None,
     };
     (path, mtime)
+}
+
+/// The file name a gzip or lzop header keeps, as gunzip -N and lzop -d
+/// take it: its last path component; `None` for none, `.` or `..`.
+fn kept_file_name(kept: &[u8]) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt;
+    let name = kept.rsplit(|&b| b == b'/').next().unwrap_or_default();
+    (!matches!(name, b"" | b"." | b"..")).then(|| std::ffi::OsStr::from_bytes(name))
 }
 
 /// The time a gzip or lzop header keeps, in seconds from the epoch;
@@ -1349,18 +1352,45 @@ fn time_kept(secs: i64) -> Option<std::time::SystemTime> {
     }
 }
 
-/// The members of the lzop file at `path` (a regular file: the caller
-/// checks, as a FIFO opened again here would lose its bytes, or wait for a
-/// writer gone) when it holds several, or one marked as a part (`lzop -c
-/// a b` marks them all); `None` otherwise, or where they cannot be listed
-/// (the decoding then says why).
-fn lzop_parts(path: &Path) -> Option<cairn_codec::format::lzop::Listing> {
-    use cairn_codec::format::lzop;
-    let mut r = std::io::BufReader::new(std::fs::File::open(path).ok()?);
-    let listing = lzop::members(&mut r, |r, n| r.seek_relative(n as i64)).ok()?;
-    let first = listing.members.first()?;
-    let parts = listing.members.len() > 1 || first.header.flags & lzop::F_MULTIPART != 0;
-    parts.then_some(listing)
+/// A file read by `pread` from `at` on: the offset its handle shares
+/// with the decoding's (a dup of it) is left alone.
+struct ReadAt {
+    file: std::fs::File,
+    at: u64,
+}
+
+impl Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for ReadAt {
+    fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
+        let to = match pos {
+            std::io::SeekFrom::Start(n) => Some(n),
+            std::io::SeekFrom::Current(d) => self.at.checked_add_signed(d),
+            std::io::SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+        };
+        self.at = to.ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        Ok(self.at)
+    }
+}
+
+/// The members of the lzop file `file` holds (a regular file: a FIFO
+/// would lose the bytes read here), listed from their headers and block
+/// sizes.
+fn lzop_members(file: &std::fs::File, name: String) -> Result<cairn_codec::format::lzop::Listing> {
+    let file = file
+        .try_clone()
+        .map_err(|source| Error::Read { name, source })?;
+    let mut r = std::io::BufReader::new(ReadAt { file, at: 0 });
+    Ok(cairn_codec::format::lzop::members(&mut r, |r, n| {
+        r.seek_relative(n as i64)
+    })?)
 }
 
 /// Where [`unpack_lzop_parts`] writes: beside the output planned for the
@@ -1376,59 +1406,60 @@ struct PartsTo<'a> {
     started: Instant,
 }
 
+/// The parts of a file of parts written before [`unpack_lzop_parts`]
+/// goes on: the first, where it was decoded as a file of one member
+/// until a second began.
+#[derive(Default)]
+struct PartsDone {
+    names: Vec<String>,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
 /// `lzop -d` of a file of parts (`lzop -c a b > x.lzo`, or lzop files
-/// joined): each member into a file of its own, named as [`PartsTo`]
-/// says, beside the output planned for the file (the input's directory,
-/// or -p DIR), as lzop does ("multipart archive -- restoring file
-/// names", status 2, unless -N). A part whose output is in the way (or
-/// is the input) is passed over without -f and the others written, then
-/// the run fails naming it, as lzop's "not overwritten" (status 1); the
+/// joined), `file` (the input, open): each member into a file of its
+/// own, named as [`PartsTo`] says, beside the output planned for the
+/// file (the input's directory, or -p DIR), as lzop does ("multipart
+/// archive -- restoring file names", status 2, unless -N), from the
+/// first not `done`. A part whose output is in the way (or is the
+/// input) is passed over without -f and the others written, then the
+/// run fails naming it, as lzop's "not overwritten" (status 1); the
 /// input goes (-U) only if every part was written.
 #[allow(clippy::too_many_arguments)]
 fn unpack_lzop_parts(
     plan: &Plan,
-    src: &Path,
+    file: &std::fs::File,
     listing: &cairn_codec::format::lzop::Listing,
     to: &PartsTo,
+    done: PartsDone,
     threads: usize,
     force: bool,
     opts: &UnpackOptions,
     hooks: &dyn Hooks,
 ) -> Result<Summary> {
-    use std::io::Seek;
-    use std::os::unix::ffi::OsStrExt;
+    let Source::File(src) = &plan.source else {
+        return Err(Error::Read {
+            name: plan.source.name(),
+            source: std::io::ErrorKind::Unsupported.into(),
+        });
+    };
     let decode = DecodeOptions {
         threads,
         memory: opts.memory,
         ..DecodeOptions::default()
     };
-    let read_error = |source| Error::Read {
-        name: plan.source.name(),
-        source,
-    };
-    let (mut bytes_in, mut bytes_out) = (0, 0);
+    let PartsDone {
+        mut names,
+        mut bytes_in,
+        mut bytes_out,
+    } = done;
     let mut in_the_way = None;
-    let mut names = Vec::new();
-    // Found a file of parts at its second member, or at its first where
-    // that says it is one; from there a member is named by the name it
-    // keeps, before it (and where it keeps none) by the file's (-N: by
-    // its own from the first), as lzop names them.
-    let found_at = match listing.members.first() {
-        Some(m) if m.header.flags & cairn_codec::format::lzop::F_MULTIPART != 0 => 0,
-        _ => 1,
+    let first_named = match to.name {
+        true => 0,
+        false => listing.parts_named_from().unwrap_or(1),
     };
-    fn kept(m: &cairn_codec::format::lzop::Member) -> Option<&std::ffi::OsStr> {
-        let name = m
-            .header
-            .name
-            .rsplit(|&b| b == b'/')
-            .next()
-            .unwrap_or_default();
-        (!matches!(name, b"" | b"." | b"..")).then(|| std::ffi::OsStr::from_bytes(name))
-    }
-    let first_named = if to.name { 0 } else { found_at };
-    for (i, m) in listing.members.iter().enumerate() {
-        let out = match kept(m) {
+    for (i, m) in listing.members.iter().enumerate().skip(names.len()) {
+        let out = match kept_file_name(&m.header.name) {
             Some(name) if i >= first_named => to.planned.with_file_name(name),
             // A part after the first that keeps no name would be written
             // over the first: lzop stops there, the input kept.
@@ -1454,14 +1485,15 @@ fn unpack_lzop_parts(
             }
             other => other?,
         };
-        let mut file = std::fs::File::open(src).map_err(|source| Error::Open {
-            path: src.to_path_buf(),
-            source,
-        })?;
-        file.seek(std::io::SeekFrom::Start(m.at))
-            .map_err(read_error)?;
+        let read = ReadAt {
+            file: file.try_clone().map_err(|source| Error::Read {
+                name: plan.source.name(),
+                source,
+            })?,
+            at: m.at,
+        };
         let mut splitter =
-            Format::Lzop.splitter_with(Input::new(Box::new(file.take(m.len))), &decode);
+            Format::Lzop.splitter_with(Input::new(Box::new(read.take(m.len))), &decode);
         let name = sink.name();
         let w = sink.writer();
         let (result, counts) = decode_stream(
@@ -1731,31 +1763,49 @@ fn unpack_one(
         return Err(opts.not_read(found));
     };
     tracing::debug!(input = %plan.source.name(), %format, "detected");
-    // A file of several lzop members (`lzop -c a b`): lzop writes each to
-    // the name it keeps, and warns where it writes them as one.
-    let (mut parts_warning, mut parts_count) = (None, None);
+    // A file of several lzop members (`lzop -c a b`, or files joined):
+    // lzop -d writes each to the name it keeps, and warns where it writes
+    // them as one (-dc, -o) or tests them (-t). Looked for only in a
+    // regular file, through a dup of its handle (a FIFO opened again
+    // would lose its bytes, or wait for a writer gone).
     let regular = input_meta.as_ref().is_some_and(std::fs::Metadata::is_file);
-    if let (Format::Lzop, true, Source::File(src)) =
-        (format, opts.lzop_parts && regular, &plan.source)
-    {
-        if let Some(parts) = lzop_parts(src) {
-            parts_count = Some(parts.members.len());
-            match (&plan.dest, opts.mode) {
-                (Dest::File(planned), UnpackMode::Write) if !plan.named => {
-                    let to = PartsTo {
-                        planned,
-                        name: restore.name,
-                        time: restore.time,
-                        input_meta: input_meta.as_ref(),
-                        started,
-                    };
-                    return unpack_lzop_parts(plan, src, &parts, &to, threads, force, opts, hooks);
-                }
-                (_, UnpackMode::List) => {}
-                _ => parts_warning = Some("warning: this is a multipart archive (try option '-N')"),
+    let lzop_file = match (format, opts.lzop_parts && regular) {
+        (Format::Lzop, true) => Some(reader.try_clone().map_err(|source| Error::Read {
+            name: plan.source.name(),
+            source,
+        })?),
+        _ => None,
+    };
+    let parts_to = match (&plan.dest, opts.mode) {
+        (Dest::File(planned), UnpackMode::Write) if !plan.named => Some(PartsTo {
+            planned,
+            name: restore.name,
+            time: restore.time,
+            input_meta: input_meta.as_ref(),
+            started,
+        }),
+        _ => None,
+    };
+    // Marked as a part from the first member (`lzop -c a b` marks them
+    // all): listed now, every part named by the name it keeps. Else
+    // found when a second member begins: with parts to write apart, the
+    // first is decoded alone and the rest go on from its end (below);
+    // else all are decoded and counted.
+    let marked = cairn_codec::format::lzop::first_header(&head)
+        .is_some_and(|h| h.flags & cairn_codec::format::lzop::F_MULTIPART != 0);
+    let mut parts_count = None;
+    if let (Some(file), true) = (&lzop_file, marked) {
+        if let Ok(listing) = lzop_members(file, plan.source.name()) {
+            if let Some(to) = &parts_to {
+                let done = PartsDone::default();
+                return unpack_lzop_parts(
+                    plan, file, &listing, to, done, threads, force, opts, hooks,
+                );
             }
+            parts_count = Some(listing.members.len());
         }
     }
+    let first_alone = lzop_file.is_some() && parts_to.is_some() && !marked;
     let (renamed, restored_mtime) = match format {
         Format::Gzip | Format::Lzop if restore.name || restore.time => {
             let (name, time) = restored_origin(plan, format, &head);
@@ -1796,10 +1846,24 @@ fn unpack_one(
         memory: opts.memory,
         single_stream: opts.single_stream,
         ignore_check: opts.ignore_check,
+        lzop_first_member: first_alone,
         zstd_dictionary: opts.zstd_dictionary.clone(),
     };
     let mut splitter = format.splitter_with(input, &decode);
-    let mut sink = open_sink(plan, force, false, hooks)?;
+    let mut sink = match (open_sink(plan, force, false, hooks), &lzop_file, &parts_to) {
+        // The first part in the way: the others are written, the run
+        // fails naming it, as where all are marked as parts.
+        (Err(e @ Error::Exists { .. }), Some(file), Some(to)) if first_alone => {
+            return match lzop_members(file, plan.source.name()) {
+                Ok(listing) if listing.parts_named_from().is_some() => {
+                    let done = PartsDone::default();
+                    unpack_lzop_parts(plan, file, &listing, to, done, threads, force, opts, hooks)
+                }
+                _ => Err(e),
+            };
+        }
+        (sink, ..) => sink?,
+    };
     let progress = hooks.progress(Operation::Unpack, size);
     let out_name = sink.name();
     // Zeros become holes in a new file (zstd's --sparse, its default for
@@ -1865,7 +1929,14 @@ fn unpack_one(
         }
         other => other?,
     }
-    warnings.extend(parts_warning.map(String::from));
+    // Members decoded as one (-dc, -o, -t): lzop warns.
+    let members = splitter.members().unwrap_or(0);
+    if lzop_file.is_some() && (marked || members > 1) {
+        parts_count = parts_count.or(usize::try_from(members).ok());
+        if parts_to.is_none() && opts.mode != UnpackMode::List {
+            warnings.push("warning: this is a multipart archive (try option '-N')".into());
+        }
+    }
     if let Some(done) = finished {
         done.map_err(write_error(&out_name))?;
     }
@@ -1881,7 +1952,22 @@ fn unpack_one(
     if let Some(mtime) = restored_mtime {
         sink.set_modified(mtime);
     }
-    finish(plan, sink, None, false)?;
+    // (The input goes only once every part is written.)
+    finish(plan, sink, None, first_alone)?;
+    if let (Some(at), Some(file), Some(to)) = (splitter.next_member(), &lzop_file, &parts_to) {
+        // A second member begins where the first, written, ended: a
+        // file of parts, the rest of it written apart.
+        let listing = lzop_members(file, plan.source.name())?;
+        let done = PartsDone {
+            names: vec![out_name],
+            bytes_in: at,
+            bytes_out,
+        };
+        return unpack_lzop_parts(plan, file, &listing, to, done, threads, force, opts, hooks);
+    }
+    if first_alone {
+        finish_input(plan)?;
+    }
     // The cores the decoding used, not the pool's size: a single zstd
     // frame, or a gzip member inflated on one core, says one.
     let used = coded

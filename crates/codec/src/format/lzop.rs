@@ -199,6 +199,10 @@ pub struct Splitter {
     input: Input,
     flags: Option<u32>,
     files: u64,
+    /// Stop where a second member begins ([`Splitter::first_member`]).
+    first_member: bool,
+    /// Where the member not read begins, once stopped there.
+    next_member: Option<u64>,
     /// An error met after whole blocks of a unit were taken.
     deferred: super::Deferred,
 }
@@ -210,8 +214,20 @@ impl Splitter {
             input,
             flags: None,
             files: 0,
+            first_member: false,
+            next_member: None,
             deferred: super::Deferred::default(),
         }
+    }
+
+    /// Read the first member only, and end where another lzop member
+    /// begins after it ([`super::Splitter::next_member`] says where):
+    /// `lzop -d` writes each member of a file of parts to a file of its
+    /// own. Bytes after the first member that begin none are read on,
+    /// as without it (zeros to the end are nothing, others garbage).
+    pub fn first_member(mut self, only: bool) -> Self {
+        self.first_member = only;
+        self
     }
 
     /// Append the next block (its sizes, sums and data) to `data`: its
@@ -469,6 +485,23 @@ pub struct Listing {
     pub garbage_at: Option<u64>,
 }
 
+impl Listing {
+    /// Whether this is a file of parts, and from which member on
+    /// `lzop -d` names its members by the names they keep: from the
+    /// first where it is marked as a part (`lzop -c a b` marks them
+    /// all), else from the second; `None` for a file of one member not
+    /// so marked. (Before that member, and where one keeps no name,
+    /// lzop names a member after the file.)
+    pub fn parts_named_from(&self) -> Option<usize> {
+        let first = self.members.first()?;
+        if first.header.flags & F_MULTIPART != 0 {
+            Some(0)
+        } else {
+            (self.members.len() > 1).then_some(1)
+        }
+    }
+}
+
 /// The members of the lzop file `r` reads (from its start), their
 /// headers read whole and their blocks' sizes summed; `pass_over`
 /// moves `r` on by a number of bytes without reading them where it can
@@ -479,7 +512,18 @@ pub fn members<R: std::io::Read>(
     r: &mut R,
     pass_over: fn(&mut R, u64) -> std::io::Result<()>,
 ) -> Result<Listing> {
-    let mut at = 0u64;
+    members_at(r, pass_over, 0)
+}
+
+/// [`members`] of a file `r` reads from `start` on (where a member
+/// begins), every offset the listing holds or an error names counted
+/// from the file's start.
+pub fn members_at<R: std::io::Read>(
+    r: &mut R,
+    pass_over: fn(&mut R, u64) -> std::io::Result<()>,
+    start: u64,
+) -> Result<Listing> {
+    let mut at = start;
     let mut b = Vec::new();
     // Read to `n` bytes in `b`, short only at the end of the input.
     let fill = |r: &mut R, b: &mut Vec<u8>, n: usize, at: u64| -> Result<()> {
@@ -636,6 +680,13 @@ impl super::Splitter for Splitter {
                     if self.files > 0 && self.rest_is_zeros()? {
                         return Ok(false);
                     }
+                    if self.files > 0 && self.first_member {
+                        self.input.fill(MAGIC.len())?;
+                        if self.input.peek().starts_with(MAGIC) {
+                            self.next_member = Some(self.input.offset());
+                            return Ok(false);
+                        }
+                    }
                     let f = self.parse_header()?;
                     self.flags = Some(f);
                     f
@@ -672,6 +723,14 @@ impl super::Splitter for Splitter {
 
     fn offset(&self) -> u64 {
         self.input.offset()
+    }
+
+    fn members(&self) -> Option<u64> {
+        Some(self.files)
+    }
+
+    fn next_member(&self) -> Option<u64> {
+        self.next_member
     }
 }
 
@@ -932,6 +991,54 @@ mod tests {
             std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink()).map(|_| ())
         };
         assert_eq!(members(&mut r, read_over).unwrap().members, m);
+    }
+
+    #[test]
+    fn the_first_member_alone_ends_where_a_second_begins() {
+        use crate::format::Splitter as _;
+        let (a, b) = (text(700_000), text(3_000));
+        let (pa, pb) = (
+            packed(3, IntegrityCheck::Default, &a),
+            packed(3, IntegrityCheck::Default, &b),
+        );
+        // What a splitter over `file` hands out, raw bytes, its members
+        // begun and where it stopped before one; or its error.
+        let split = |file: &[u8], first: bool| {
+            let input = Input::new(Box::new(std::io::Cursor::new(file.to_vec())));
+            let mut s = Splitter::new(input).first_member(first);
+            let mut raw = 0;
+            loop {
+                let mut unit = Unit::default();
+                match s.next_unit(&mut unit) {
+                    Ok(true) => raw += unit.raw_len,
+                    Ok(false) => return Ok((raw, s.members(), s.next_member())),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let two = [&pa[..], &pb].concat();
+        let whole = (a.len() + b.len(), Some(2), None);
+        assert_eq!(split(&two, false).unwrap(), whole);
+        let first = (a.len(), Some(1), Some(pa.len() as u64));
+        assert_eq!(split(&two, true).unwrap(), first);
+        // Zeros after it are nothing; other bytes are garbage, as without.
+        let zeros = [&pa[..], &[0; 300]].concat();
+        assert_eq!(split(&zeros, true).unwrap(), (a.len(), Some(1), None));
+        let junk = [&pa[..], b"junk\n"].concat();
+        assert!(matches!(
+            split(&junk, true),
+            Err(CodecError::TrailingGarbage { .. })
+        ));
+        assert_eq!(split(&pa, true).unwrap(), (a.len(), Some(1), None));
+        // A listing says it is a file of parts, and from which member on
+        // lzop names them by the names they keep.
+        let list = |b: &[u8]| members(&mut std::io::Cursor::new(b), pass_over).unwrap();
+        assert_eq!(list(&two).parts_named_from(), Some(1));
+        assert_eq!(list(&zeros).parts_named_from(), None);
+        let mut marked = list(&pa);
+        marked.members[0].header.flags |= F_MULTIPART;
+        assert_eq!(marked.parts_named_from(), Some(0));
+        assert_eq!(Listing::default().parts_named_from(), None);
     }
 
     #[test]

@@ -495,7 +495,9 @@ impl Format {
             ),
             Format::Lz4 => Box::new(lz4::Splitter::new(input)),
             Format::Snappy => Box::new(snappy::Splitter::new(input)),
-            Format::Lzop => Box::new(lzop::Splitter::new(input)),
+            Format::Lzop => {
+                Box::new(lzop::Splitter::new(input).first_member(opts.lzop_first_member))
+            }
             Format::Bzip2 => Box::new(bzip2::Splitter::new(input)),
             Format::Xz => Box::new(
                 xz::Splitter::new(input)
@@ -771,6 +773,10 @@ pub struct DecodeOptions {
     pub single_stream: bool,
     /// xz: do not verify the blocks' checks (`xz --ignore-check`).
     pub ignore_check: bool,
+    /// lzop: decode the first member only, ending where a second
+    /// begins ([`Splitter::next_member`]), as `lzop -d` writes the
+    /// members of a file of parts to files of their own.
+    pub lzop_first_member: bool,
     /// zstd's dictionary (`zstd -d -D DICT`), for frames packed with it.
     pub zstd_dictionary: Option<zstd::Dictionary>,
 }
@@ -784,6 +790,7 @@ impl Default for DecodeOptions {
             memory: None,
             single_stream: false,
             ignore_check: false,
+            lzop_first_member: false,
             zstd_dictionary: None,
         }
     }
@@ -850,6 +857,16 @@ pub trait Splitter: Send {
     /// it decodes in parallel itself (a gzip member without sizes).
     fn cores(&self) -> usize {
         1
+    }
+    /// Members begun so far, where a format keeps files of several and
+    /// counts them (lzop); `None` elsewhere.
+    fn members(&self) -> Option<u64> {
+        None
+    }
+    /// Where the member not read begins, when the splitter was told to
+    /// end before it (`DecodeOptions::lzop_first_member`) and did.
+    fn next_member(&self) -> Option<u64> {
+        None
     }
 }
 
