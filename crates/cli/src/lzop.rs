@@ -314,7 +314,7 @@ pub(crate) fn said_of(
             // (Of each part of a file of parts.)
             for _ in 0..s.lzop_parts.unwrap_or(1) {
                 if !quiet_lists(common.quiet) {
-                    errln!("testing {} OK", s.input);
+                    errln!("testing {} OK", crate::Tool::Lzop.input_name(&s.input));
                 }
             }
         } else if common.verbose > 0 {
@@ -324,9 +324,8 @@ pub(crate) fn said_of(
             };
             // lzop's names for the standard streams.
             let named = |n: &str| match n {
-                "(stdin)" => "<stdin>".to_string(),
                 "(stdout)" => "<stdout>".to_string(),
-                n => n.to_string(),
+                n => crate::Tool::Lzop.input_name(n).to_string(),
             };
             errln!("{doing} {} into {}", named(&s.input), named(&s.output));
         }

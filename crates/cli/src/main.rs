@@ -1603,6 +1603,16 @@ impl Tool {
         }
     }
 
+    /// An input's name as the tool says it in a warning: standard input
+    /// (cairn's `(stdin)`) is gzip's `stdin` and lzop's `<stdin>`.
+    pub(crate) fn input_name(self, name: &str) -> &str {
+        match (self, name) {
+            (Tool::Gzip, cairn_filepack::STDIN_NAME) if invoked_as_link() => "stdin",
+            (Tool::Lzop, cairn_filepack::STDIN_NAME) => "<stdin>",
+            _ => name,
+        }
+    }
+
     /// The tool cairn was run as.
     pub(crate) fn invoked() -> Tool {
         INVOKED_AS.get().copied().unwrap_or(Tool::Gzip)

@@ -510,7 +510,7 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run, testing: bool) -> Re
         for w in &s.warnings {
             warned = true;
             if !common.quiet && tool != crate::Tool::Pigz {
-                errln!("{}: {}: {w}", crate::prog(), s.input);
+                errln!("{}: {}: {w}", crate::prog(), tool.input_name(&s.input));
             }
         }
     }

@@ -2914,7 +2914,8 @@ fn a_pack_killed_while_writing_to_a_pipe_leaves_a_file_unpack_refuses() {
 /// A directory for one side of an lzop case: `a` and `b` (b older),
 /// `a.lzo` and `b.lzo` packed by lzop, `qq` lzop data without a suffix,
 /// `cut.lzo` cut short, `plain` no lzop at all, `two.lzo` two members,
-/// `d/` a directory, `out/` another.
+/// `bad2.lzo` two whose second header is damaged, `d/` a directory,
+/// `out/` another.
 fn lzop_case_dir(root: &Path, a: &[u8], b: &[u8]) {
     std::fs::create_dir_all(root.join("d")).unwrap();
     std::fs::create_dir_all(root.join("out")).unwrap();
@@ -2935,7 +2936,15 @@ fn lzop_case_dir(root: &Path, a: &[u8], b: &[u8]) {
     std::fs::write(root.join("qq"), &packed_a).unwrap();
     std::fs::write(root.join("cut.lzo"), &packed_a[..packed_a.len() / 2]).unwrap();
     std::fs::write(root.join("plain"), b"no lzop here\n").unwrap();
-    std::fs::write(root.join("two.lzo"), [packed_a.clone(), packed_b].concat()).unwrap();
+    std::fs::write(
+        root.join("two.lzo"),
+        [packed_a.clone(), packed_b.clone()].concat(),
+    )
+    .unwrap();
+    // The second member's header damaged (its sum no longer holds).
+    let mut bad_b = packed_b;
+    bad_b[20] ^= 1;
+    std::fs::write(root.join("bad2.lzo"), [&packed_a[..], &bad_b].concat()).unwrap();
     // One run over several inputs: its members marked as parts.
     let parts = tool_in(root, "lzop", ["-c", "a", "b"]).stdout;
     std::fs::write(root.join("parts.lzo"), parts).unwrap();
@@ -3010,7 +3019,12 @@ fn lzop_link_takes_lzops_command_lines() {
             })
             .collect()
     };
-    let mtime = |p: &Path| std::fs::metadata(p).ok().and_then(|m| m.modified().ok());
+    // In whole seconds: lzop sets times by utime(), cairn keeps the
+    // input's nanoseconds.
+    let mtime = |p: &Path| {
+        let t = std::fs::metadata(p).ok()?.modified().ok()?;
+        Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs())
+    };
     let cases: &[&[&str]] = &[
         &["a"],
         &["-U", "a"],
@@ -3078,6 +3092,12 @@ fn lzop_link_takes_lzops_command_lines() {
         &["-d", "two.lzo", "two.lzo"],
         &["-dN", "two.lzo"],
         &["-dc", "two.lzo"],
+        // The first written, the second's damage said, the input kept.
+        &["-dU", "bad2.lzo"],
+        // Parts marked as such, their names kept with times not.
+        &["-d", "--no-time", "parts.lzo"],
+        &["-df", "--no-time", "-pout", "parts.lzo"],
+        &["-dc", "--no-time", "parts.lzo"],
     ];
     for args in cases {
         let mut seen = vec![];
@@ -3096,13 +3116,24 @@ fn lzop_link_takes_lzops_command_lines() {
             if *side == "peer" && args.contains(&"cut.lzo") {
                 let _ = std::fs::remove_file(root.join("cut"));
             }
-            let testing: Vec<String> = String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .filter(|l| l.starts_with("testing "))
-                .map(str::to_string)
-                .collect();
+            // What it says: "testing X OK" lines, and of parts. (Other
+            // messages are cairn's words, with lzop's statuses.)
+            let said = |what: &str| -> Vec<String> {
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .filter(|l| l.contains(what))
+                    .map(str::to_string)
+                    .collect()
+            };
+            let (testing, warnings) = (said("testing "), said("multipart"));
+            // What -dc decodes to standard output.
+            let decoded = args
+                .iter()
+                .any(|a| a.starts_with("-d") && a.contains('c'))
+                .then(|| crc32fast::hash(&out.stdout));
             let times = ["a", "old", "out/b"].map(|f| mtime(&root.join(f)));
-            seen.push((out.status.code(), state(&root), times, testing));
+            let what = (testing, warnings, decoded);
+            seen.push((out.status.code(), state(&root), times, what));
         }
         assert_eq!(seen[0], seen[1], "lzop {args:?}: lzop's, the link's");
     }
@@ -3219,9 +3250,29 @@ fn lzop_link_takes_lzops_command_lines() {
     let peer = pipe(std::process::Command::new("lzop").arg("-l"), &packed);
     assert_eq!(listed.stdout, peer.stdout);
     assert!(run_ok(s(&sides[1].1), &["-d"], &run_ok("lzop", &[], &a)) == a);
-    let parts = std::fs::read(root.join("multi.lzo")).unwrap();
+    // Parts from standard input: joined, with lzop's warning (status 2),
+    // and -t says of each that it is OK.
     let both = [a.clone(), b.clone()].concat();
-    assert!(run_ok(s(&sides[1].1), &["-dc"], &parts) == both);
+    for file in ["multi.lzo", "two.lzo"] {
+        let parts = std::fs::read(root.join(file)).unwrap();
+        for args in [&["-dc"][..], &["-d"], &["-t"]] {
+            let said = |exe: &str| {
+                let out = pipe(std::process::Command::new(exe).args(args), &parts);
+                let mut lines: Vec<String> = String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                lines.sort();
+                (out.status.code(), out.stdout, lines)
+            };
+            let (link, peer) = (said(s(&sides[1].1)), said("lzop"));
+            assert_eq!(link, peer, "lzop {args:?} < {file}");
+            assert_eq!(link.0, Some(2));
+            if args != ["-t"] {
+                assert!(link.1 == both, "lzop {args:?} < {file}");
+            }
+        }
+    }
 }
 
 /// zstd's frame options through the zstd link, beside zstd: `--zstd=`

@@ -1706,9 +1706,10 @@ fn unpack_one(
     let input_meta = input_metadata(&plan.source, &reader);
     // Enough for a gzip header that keeps a long name: with -N, from a
     // file; in a listing, which shows that name and the header's length,
-    // from any input.
+    // from any input; for the lzop link, an lzop header's flags.
     let whole_header = opts.mode == UnpackMode::List
-        || (matches!(plan.source, Source::File(_)) && (restore.name || restore.time));
+        || (matches!(plan.source, Source::File(_)) && (restore.name || restore.time))
+        || opts.lzop_parts;
     let head_len = if whole_header { 64 << 10 } else { 16 };
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
@@ -1768,14 +1769,16 @@ fn unpack_one(
     // them as one (-dc, -o) or tests them (-t). Looked for only in a
     // regular file, through a dup of its handle (a FIFO opened again
     // would lose its bytes, or wait for a writer gone).
+    // Counted in any input, a pipe too, as lzop warns of them there.
+    let lzop_counts = format == Format::Lzop && opts.lzop_parts;
     let regular = input_meta.as_ref().is_some_and(std::fs::Metadata::is_file);
-    let lzop_file = match (format, opts.lzop_parts && regular) {
-        (Format::Lzop, true) => Some(reader.try_clone().map_err(|source| Error::Read {
+    let lzop_file = (lzop_counts && regular)
+        .then(|| reader.try_clone())
+        .transpose()
+        .map_err(|source| Error::Read {
             name: plan.source.name(),
             source,
-        })?),
-        _ => None,
-    };
+        })?;
     let parts_to = match (&plan.dest, opts.mode) {
         (Dest::File(planned), UnpackMode::Write) if !plan.named => Some(PartsTo {
             planned,
@@ -1791,8 +1794,9 @@ fn unpack_one(
     // found when a second member begins: with parts to write apart, the
     // first is decoded alone and the rest go on from its end (below);
     // else all are decoded and counted.
-    let marked = cairn_codec::format::lzop::first_header(&head)
-        .is_some_and(|h| h.flags & cairn_codec::format::lzop::F_MULTIPART != 0);
+    let marked = lzop_counts
+        && cairn_codec::format::lzop::first_header(&head)
+            .is_some_and(|h| h.flags & cairn_codec::format::lzop::F_MULTIPART != 0);
     let mut parts_count = None;
     if let (Some(file), true) = (&lzop_file, marked) {
         if let Ok(listing) = lzop_members(file, plan.source.name()) {
@@ -1929,11 +1933,11 @@ fn unpack_one(
         }
         other => other?,
     }
-    // Members decoded as one (-dc, -o, -t): lzop warns.
+    // Parts decoded as one (-dc, -o, -t; a pipe): lzop warns.
     let members = splitter.members().unwrap_or(0);
-    if lzop_file.is_some() && (marked || members > 1) {
+    if lzop_counts && (marked || members > 1) {
         parts_count = parts_count.or(usize::try_from(members).ok());
-        if parts_to.is_none() && opts.mode != UnpackMode::List {
+        if opts.mode != UnpackMode::List {
             warnings.push("warning: this is a multipart archive (try option '-N')".into());
         }
     }

@@ -512,18 +512,7 @@ pub fn members<R: std::io::Read>(
     r: &mut R,
     pass_over: fn(&mut R, u64) -> std::io::Result<()>,
 ) -> Result<Listing> {
-    members_at(r, pass_over, 0)
-}
-
-/// [`members`] of a file `r` reads from `start` on (where a member
-/// begins), every offset the listing holds or an error names counted
-/// from the file's start.
-pub fn members_at<R: std::io::Read>(
-    r: &mut R,
-    pass_over: fn(&mut R, u64) -> std::io::Result<()>,
-    start: u64,
-) -> Result<Listing> {
-    let mut at = start;
+    let mut at = 0u64;
     let mut b = Vec::new();
     // Read to `n` bytes in `b`, short only at the end of the input.
     let fill = |r: &mut R, b: &mut Vec<u8>, n: usize, at: u64| -> Result<()> {
