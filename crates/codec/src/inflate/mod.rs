@@ -1230,13 +1230,19 @@ impl Worker {
                 }
                 return;
             }
-            Start::Find { k } => match shared.find(k, &mut self.dec) {
-                Some(first) => (first, k),
-                None => {
-                    let _ = tx.send(Piece::Start(None));
-                    return;
+            Start::Find { k } => {
+                // The chunk's pages mapped at once: the search and the
+                // marker stage read its start, the whole inflate all of it.
+                let cb = shared.chunk_bits / 8;
+                shared.data.populate(k * cb..(k + 1) * cb);
+                match shared.find(k, &mut self.dec) {
+                    Some(first) => (first, k),
+                    None => {
+                        let _ = tx.send(Piece::Start(None));
+                        return;
+                    }
                 }
-            },
+            }
         };
         if tx.send(Piece::Start(Some(first))).is_err() {
             return;
@@ -1370,6 +1376,8 @@ impl Worker {
             Some(_) => data,
             None => &data[..data.len().min(bit / 8 + 2 * self.chunk_bytes)],
         };
+        let last = end.map_or(data.len(), |e| e.div_ceil(8)).min(data.len());
+        shared.data.populate(bit / 8..last);
         let base = whole::rebase(data, bit, end, window, &mut self.rebased);
         // One size for every chunk, so buffers are reused whole, unless an
         // index says the chunk needs more.
