@@ -390,14 +390,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Lzop) {
         return crate::lzop::list(common);
     }
-    // `xz -l` reads the streams' indexes, as xz does (its -v tables are
-    // not made: cairn's own table then).
-    if mode == UnpackMode::List
-        && !common.json
-        && (common.verbose == 0 || decode.robot)
-        && crate::Tool::link() == Some(crate::Tool::Xz)
-    {
-        return list_as_xz(&common.files, decode.robot);
+    // `xz -l` reads the streams' indexes, as xz does (-v: each stream
+    // and block; -vv's block headers are not read: -v's tables then).
+    if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Xz) {
+        return list_as_xz(&common.files, decode.robot, common.verbose > 0);
     }
     let memory = decode.memory.map(|m| m as u64);
     let unpack = UnpackOptions {
@@ -982,16 +978,24 @@ fn list_as_zstd(files: &[std::path::PathBuf]) -> Result<()> {
 }
 
 /// `xz -l` (and `xz -l --robot`): a line per file from its streams'
-/// indexes, as xz prints them, and the totals of several.
-fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
-    use cairn_codec::format::xz::{file_info, FileInfo};
+/// indexes, as xz prints them, and the totals of several; with
+/// `verbose` (-v), each file's streams and blocks as well.
+fn list_as_xz(files: &[std::path::PathBuf], robot: bool, verbose: bool) -> Result<()> {
+    use cairn_codec::format::xz::{file_streams, FileInfo};
     if files.is_empty() || files.iter().any(|f| f.as_os_str() == "-") {
         anyhow::bail!("--list does not support reading from standard input");
     }
     let mut total = FileInfo::default();
     let (mut listed, mut failed, mut skipped) = (0u64, 0, 0);
-    for path in files {
+    for (n, path) in files.iter().enumerate() {
         let name = path.display().to_string();
+        // -v names each file before it is read, one it cannot list too.
+        if verbose && !robot {
+            if n > 0 {
+                outln!();
+            }
+            outln!("{name} ({}/{})", n + 1, files.len());
+        }
         // xz's words for what it cannot list (the offset and the reason
         // with -vv: RUST_LOG=debug).
         let info = match std::fs::metadata(path) {
@@ -1001,7 +1005,7 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
             Ok(m) if m.len() == 0 => Err("File is empty".to_string()),
             Ok(m) => match std::fs::File::open(path) {
                 Err(e) => Err(io_reason(&e)),
-                Ok(mut f) => file_info(&mut f, m.len()).map_err(|e| {
+                Ok(mut f) => file_streams(&mut f, m.len()).map_err(|e| {
                     tracing::debug!(error = %e, "xz -l");
                     match e {
                         cairn_codec::CodecError::UnknownFormat => "File format not recognized",
@@ -1012,8 +1016,8 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
                 }),
             },
         };
-        let info = match info {
-            Ok(info) => info,
+        let (info, streams) = match info {
+            Ok(found) => found,
             Err(why) => {
                 errln!("{}: {name}: {why}", crate::prog());
                 // A directory is a warning (status 2), as in xz.
@@ -1024,9 +1028,18 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
                 continue;
             }
         };
-        match robot {
-            true => outln!("name\t{name}\n{}", xz_robot_line("file", &info)),
-            false => {
+        match (robot, verbose) {
+            (true, _) => {
+                outln!("name\t{name}\n{}", xz_robot_line("file", &info));
+                if verbose {
+                    xz_robot_detail(&streams);
+                }
+            }
+            (false, true) => {
+                xz_summary(&info, None);
+                xz_detail(&streams);
+            }
+            (false, false) => {
                 if listed == 0 {
                     outln!("Strms  Blocks   Compressed Uncompressed  Ratio  Check   Filename");
                 }
@@ -1039,6 +1052,9 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool) -> Result<()> {
     // Totals: always in robot lines, of several listed files otherwise.
     if robot {
         outln!("{}\t{listed}", xz_robot_line("totals", &total));
+    } else if listed > 1 && verbose {
+        outln!("\nTotals:");
+        xz_summary(&total, Some(listed));
     } else if listed > 1 {
         outln!("{}", "-".repeat(79));
         outln!("{}", xz_list_line(&total, &format!("{listed} files")));
@@ -1059,6 +1075,110 @@ pub(crate) fn io_reason(e: &std::io::Error) -> String {
     match text.split_once(" (os error") {
         Some((reason, _)) => reason.to_string(),
         None => text,
+    }
+}
+
+/// The counts `xz -lv` prints of a file (and of all, with the number of
+/// files).
+fn xz_summary(i: &cairn_codec::format::xz::FileInfo, files: Option<u64>) {
+    // A size in xz's units, and in bytes where those are not bytes.
+    let sized = |n: u64| match n < 10_000 {
+        true => xz_human(n),
+        false => format!("{} ({n} B)", xz_human(n)),
+    };
+    let mut lines = vec![];
+    if let Some(n) = files {
+        lines.push(("Number of files:", n.to_string()));
+    }
+    lines.extend([
+        ("Streams:", i.streams.to_string()),
+        ("Blocks:", i.blocks.to_string()),
+        ("Compressed size:", sized(i.compressed)),
+        ("Uncompressed size:", sized(i.uncompressed)),
+        ("Ratio:", xz_ratio(i)),
+        ("Check:", xz_checks_joined(i.checks, ", ")),
+        ("Stream Padding:", xz_human(i.padding)),
+    ]);
+    for (label, value) in lines {
+        outln!("  {label:<19}{value}");
+    }
+}
+
+/// Compressed ÷ uncompressed as xz prints it ([`xz_ratio`]).
+fn xz_part_ratio(compressed: u64, uncompressed: u64) -> String {
+    xz_ratio(&cairn_codec::format::xz::FileInfo {
+        compressed,
+        uncompressed,
+        ..Default::default()
+    })
+}
+
+/// The columns of `xz -lv`'s line of stream `n` (from 0): its number,
+/// blocks, offsets, sizes, ratio, check and padding after it.
+fn xz_stream_cells(n: usize, s: &cairn_codec::format::xz::StreamInfo) -> [String; 9] {
+    [
+        (n + 1).to_string(),
+        s.blocks.len().to_string(),
+        s.offset.to_string(),
+        s.uncompressed_offset.to_string(),
+        s.compressed.to_string(),
+        s.uncompressed.to_string(),
+        xz_part_ratio(s.compressed, s.uncompressed),
+        cairn_codec::format::xz::check_name(s.check),
+        s.padding.to_string(),
+    ]
+}
+
+/// Each block of `streams` with the columns of its `xz -lv` line: its
+/// stream's number and its own in the stream, offsets, sizes, ratio and
+/// check.
+fn xz_block_cells(streams: &[cairn_codec::format::xz::StreamInfo]) -> Vec<[String; 8]> {
+    let mut rows = Vec::new();
+    for (n, s) in streams.iter().enumerate() {
+        for (k, b) in s.blocks.iter().enumerate() {
+            rows.push([
+                (n + 1).to_string(),
+                (k + 1).to_string(),
+                b.offset.to_string(),
+                b.uncompressed_offset.to_string(),
+                b.total.to_string(),
+                b.uncompressed.to_string(),
+                xz_part_ratio(b.total, b.uncompressed),
+                cairn_codec::format::xz::check_name(s.check),
+            ]);
+        }
+    }
+    rows
+}
+
+/// `xz -lv`'s tables of a file's streams and blocks.
+fn xz_detail(streams: &[cairn_codec::format::xz::StreamInfo]) {
+    outln!("  Streams:");
+    outln!("    Stream    Blocks      CompOffset    UncompOffset        CompSize      UncompSize  Ratio  Check      Padding");
+    for (n, s) in streams.iter().enumerate() {
+        let [a, b, c, d, e, f, g, h, i] = xz_stream_cells(n, s);
+        outln!("    {a:>6} {b:>9} {c:>15} {d:>15} {e:>15} {f:>15}  {g:>5}  {h:<10} {i:>7}");
+    }
+    let blocks = xz_block_cells(streams);
+    // (No table of blocks where there are none.)
+    if blocks.is_empty() {
+        return;
+    }
+    outln!("  Blocks:");
+    outln!("    Stream     Block      CompOffset    UncompOffset       TotalSize      UncompSize  Ratio  Check");
+    for [a, b, c, d, e, f, g, h] in blocks {
+        outln!("    {a:>6} {b:>9} {c:>15} {d:>15} {e:>15} {f:>15}  {g:>5}  {h}");
+    }
+}
+
+/// `xz -lv --robot`'s stream and block lines of a file (blocks numbered
+/// in their stream and in the file).
+fn xz_robot_detail(streams: &[cairn_codec::format::xz::StreamInfo]) {
+    for (n, s) in streams.iter().enumerate() {
+        outln!("stream\t{}", xz_stream_cells(n, s).join("\t"));
+    }
+    for (i, [a, b, rest @ ..]) in xz_block_cells(streams).into_iter().enumerate() {
+        outln!("block\t{a}\t{b}\t{}\t{}", i + 1, rest.join("\t"));
     }
 }
 
@@ -1117,6 +1237,12 @@ fn xz_ratio(i: &cairn_codec::format::xz::FileInfo) -> String {
 
 /// The names of the checks set in `checks`, joined by commas.
 fn xz_checks(checks: u32) -> String {
+    xz_checks_joined(checks, ",")
+}
+
+/// The names of the checks set in `checks`, joined by `sep` (`-lv`'s
+/// counts: ", ").
+fn xz_checks_joined(checks: u32, sep: &str) -> String {
     if checks == 0 {
         // (Totals of no file: xz says None.)
         return cairn_codec::format::xz::check_name(0);
@@ -1125,7 +1251,7 @@ fn xz_checks(checks: u32) -> String {
         .filter(|id| checks & (1 << id) != 0)
         .map(cairn_codec::format::xz::check_name)
         .collect::<Vec<_>>()
-        .join(",")
+        .join(sep)
 }
 
 /// The largest zstd window log that fits `memory` bytes (zstd's `-M`),

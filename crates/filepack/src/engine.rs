@@ -1706,10 +1706,9 @@ fn unpack_one(
     let input_meta = input_metadata(&plan.source, &reader);
     // Enough for a gzip header that keeps a long name: with -N, from a
     // file; in a listing, which shows that name and the header's length,
-    // from any input; for the lzop link, an lzop header's flags.
+    // from any input.
     let whole_header = opts.mode == UnpackMode::List
-        || (matches!(plan.source, Source::File(_)) && (restore.name || restore.time))
-        || opts.lzop_parts;
+        || (matches!(plan.source, Source::File(_)) && (restore.name || restore.time));
     let head_len = if whole_header { 64 << 10 } else { 16 };
     let mut head = Vec::with_capacity(16);
     Read::by_ref(&mut reader)
@@ -1736,6 +1735,25 @@ fn unpack_one(
                 return Ok(Summary::unpacked(plan, name, "none", 1, (0, 0), started));
             }
             _ => {}
+        }
+    }
+    // The lzop link reads an lzop header whole (its flags say whether it
+    // begins a file of parts), and no more: from a pipe, bytes not yet
+    // written would hold the output back.
+    while let (true, Some(n)) = (
+        opts.lzop_parts,
+        cairn_codec::format::lzop::first_header_needs(&head),
+    ) {
+        let before = head.len();
+        Read::by_ref(&mut reader)
+            .take((n - before) as u64)
+            .read_to_end(&mut head)
+            .map_err(|source| Error::Read {
+                name: plan.source.name(),
+                source,
+            })?;
+        if head.len() == before {
+            break;
         }
     }
     let found = Format::detect(&head);
@@ -1937,7 +1955,11 @@ fn unpack_one(
     let members = splitter.members().unwrap_or(0);
     if lzop_counts && (marked || members > 1) {
         parts_count = parts_count.or(usize::try_from(members).ok());
-        if opts.mode != UnpackMode::List {
+        // (lzop -tN tests parts it could name without a word.)
+        let named = restore.name
+            && cairn_codec::format::lzop::first_header(&head).is_some_and(|h| !h.name.is_empty());
+        let tested_named = opts.mode == UnpackMode::Test && named;
+        if opts.mode != UnpackMode::List && !tested_named {
             warnings.push("warning: this is a multipart archive (try option '-N')".into());
         }
     }

@@ -458,6 +458,17 @@ pub fn first_header(prefix: &[u8]) -> Option<Header> {
     }
 }
 
+/// How many bytes the header of the first member of an lzop stream
+/// beginning with `prefix` takes, where `prefix` holds only part of it
+/// (the magic and version at least): what to read before
+/// [`first_header`] can tell; `None` where it is whole, or no header.
+pub fn first_header_needs(prefix: &[u8]) -> Option<usize> {
+    match header(prefix, 0) {
+        Ok(Parsed::Needs(n)) if n > prefix.len() => Some(n),
+        _ => None,
+    }
+}
+
 /// One member of an lzop file, as `lzop -l` lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {

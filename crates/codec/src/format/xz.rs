@@ -215,6 +215,38 @@ impl FileInfo {
     }
 }
 
+/// One stream of an xz file, as `xz -lv` lists it from the indexes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Where it starts in the file.
+    pub offset: u64,
+    /// Where its output starts in the file's output.
+    pub uncompressed_offset: u64,
+    /// Its length, header to footer (padding not counted).
+    pub compressed: u64,
+    /// The bytes its blocks decode to.
+    pub uncompressed: u64,
+    /// Its check id.
+    pub check: u32,
+    /// Zero bytes of stream padding after it.
+    pub padding: u64,
+    /// Its blocks, in order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// One block of an xz stream, as its index states it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Where it starts in the file.
+    pub offset: u64,
+    /// Where its output starts in the file's output.
+    pub uncompressed_offset: u64,
+    /// Its length with its padding (xz's "TotalSize").
+    pub total: u64,
+    /// The bytes it decodes to.
+    pub uncompressed: u64,
+}
+
 /// The name xz gives check id `id` (`Unknown-N` for ids no version
 /// defines).
 pub fn check_name(id: u32) -> String {
@@ -235,6 +267,39 @@ pub fn check_name(id: u32) -> String {
 /// in pieces of at most 64 KiB, so a hostile footer that claims a huge
 /// index or a long run of padding costs no more memory than that.
 pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Result<FileInfo> {
+    walk_streams(r, size, None)
+}
+
+/// [`file_info`], and each stream with its blocks, in order (`xz -lv`).
+pub fn file_streams(
+    r: &mut (impl std::io::Read + std::io::Seek),
+    size: u64,
+) -> Result<(FileInfo, Vec<StreamInfo>)> {
+    let mut streams = Vec::new();
+    let info = walk_streams(r, size, Some(&mut streams))?;
+    // Walked from the end: put in order, then count the offsets of the
+    // output from the start.
+    streams.reverse();
+    let mut out = 0u64;
+    for stream in &mut streams {
+        stream.uncompressed_offset = out;
+        let mut block_out = out;
+        for block in &mut stream.blocks {
+            block.uncompressed_offset = block_out;
+            block_out = block_out.saturating_add(block.uncompressed);
+        }
+        out = out.saturating_add(stream.uncompressed);
+    }
+    Ok((info, streams))
+}
+
+/// The walk of [`file_info`]; each stream also into `streams`, last
+/// first, where given.
+fn walk_streams(
+    r: &mut (impl std::io::Read + std::io::Seek),
+    size: u64,
+    mut streams: Option<&mut Vec<StreamInfo>>,
+) -> Result<FileInfo> {
     const PIECE: u64 = 64 << 10;
     // xz's limit of sizes (LZMA_VLI_MAX).
     const VLI_MAX: u64 = u64::MAX >> 1;
@@ -254,6 +319,8 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         ..FileInfo::default()
     };
     let mut end = size;
+    // Padding found after the stream to be read next (from the end).
+    let mut padding_after = 0u64;
     while end > 0 {
         if end % 4 != 0 {
             return Err(bad(end, "not a whole number of 4-byte words: no xz file"));
@@ -268,6 +335,7 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
             let zeros = b.iter().rev().take_while(|&&z| z == 0).count() / 4 * 4;
             end -= zeros as u64;
             info.padding += zeros as u64;
+            padding_after += zeros as u64;
             continue;
         }
         let min = (STREAM_HEADER_LEN + STREAM_FOOTER_LEN) as u64;
@@ -304,11 +372,20 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
         }
         let count = index.vli(&mut read_at)?.ok_or_else(damaged)?;
         let (mut blocks_len, mut raw) = (0u64, 0u64);
+        let mut blocks = Vec::new();
         for _ in 0..count {
             let unpadded = index.vli(&mut read_at)?.ok_or_else(damaged)?;
             let uncompressed = index.vli(&mut read_at)?.ok_or_else(damaged)?;
             if unpadded < 5 {
                 return Err(damaged());
+            }
+            if streams.is_some() {
+                blocks.push(BlockInfo {
+                    offset: blocks_len,
+                    uncompressed_offset: 0,
+                    total: unpadded.div_ceil(4) * 4,
+                    uncompressed,
+                });
             }
             blocks_len = blocks_len
                 .checked_add(unpadded.div_ceil(4) * 4)
@@ -350,6 +427,22 @@ pub fn file_info(r: &mut (impl std::io::Read + std::io::Seek), size: u64) -> Res
             .filter(|&n| n <= VLI_MAX)
             .ok_or_else(damaged)?;
         info.checks |= 1 << (f[9] & 0x0f);
+        if let Some(streams) = streams.as_mut() {
+            let blocks_at = header_at + STREAM_HEADER_LEN as u64;
+            for block in &mut blocks {
+                block.offset += blocks_at;
+            }
+            streams.push(StreamInfo {
+                offset: header_at,
+                uncompressed_offset: 0,
+                compressed: end - header_at,
+                uncompressed: raw,
+                check: u32::from(f[9] & 0x0f),
+                padding: std::mem::take(&mut padding_after),
+                blocks,
+            });
+        }
+        padding_after = 0;
         end = header_at;
     }
     if info.streams == 0 {

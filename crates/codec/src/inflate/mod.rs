@@ -1231,10 +1231,10 @@ impl Worker {
                 return;
             }
             Start::Find { k } => {
-                // The chunk's pages mapped at once: the search and the
-                // marker stage read its start, the whole inflate all of it.
+                // The pages the search reads mapped at once (those the
+                // whole inflate copies, before the copy).
                 let cb = shared.chunk_bits / 8;
-                shared.data.populate(k * cb..(k + 1) * cb);
+                shared.data.populate(k * cb..k * cb + SEARCH_SPAN);
                 match shared.find(k, &mut self.dec) {
                     Some(first) => (first, k),
                     None => {
