@@ -1097,7 +1097,7 @@ fn xz_summary(i: &cairn_codec::format::xz::FileInfo, files: Option<u64>) {
         ("Uncompressed size:", sized(i.uncompressed)),
         ("Ratio:", xz_ratio(i)),
         ("Check:", xz_checks_joined(i.checks, ", ")),
-        ("Stream Padding:", xz_human(i.padding)),
+        ("Stream Padding:", sized(i.padding)),
     ]);
     for (label, value) in lines {
         outln!("  {label:<19}{value}");

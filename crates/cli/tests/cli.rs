@@ -1646,6 +1646,8 @@ fn xz_l_prints_the_tables_xz_prints() {
     std::fs::write(d.join("one.xz"), &one).unwrap();
     std::fs::write(d.join("two.xz"), [one.clone(), one.clone()].concat()).unwrap();
     std::fs::write(d.join("pad.xz"), [one.clone(), vec![0; 8]].concat()).unwrap();
+    // (Padding shown in KiB, and in bytes.)
+    std::fs::write(d.join("bigpad.xz"), [one.clone(), vec![0; 12_000]].concat()).unwrap();
     let blocks = xz(&["-T2", "--block-size=1MiB", "-C", "sha256", "-c"], &data);
     std::fs::write(d.join("blocks.xz"), blocks).unwrap();
     std::fs::write(d.join("none.xz"), xz(&["-C", "none", "-c"], &data)).unwrap();
@@ -1656,6 +1658,7 @@ fn xz_l_prints_the_tables_xz_prints() {
         "one.xz",
         "two.xz",
         "pad.xz",
+        "bigpad.xz",
         "blocks.xz",
         "none.xz",
         "empty.xz",
@@ -3099,6 +3102,8 @@ fn lzop_link_takes_lzops_command_lines() {
         // Parts tested with -N: no warning; decoded joined: one.
         &["-tN", "parts.lzo"],
         &["-tN", "two.lzo"],
+        &["-tN", "nameless.lzo"],
+        &["-tN", "nameless2.lzo"],
         &["-dcN", "two.lzo"],
         // Parts marked as such, their names kept with times not.
         &["-d", "--no-time", "parts.lzo"],

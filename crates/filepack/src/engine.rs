@@ -1955,10 +1955,9 @@ fn unpack_one(
     let members = splitter.members().unwrap_or(0);
     if lzop_counts && (marked || members > 1) {
         parts_count = parts_count.or(usize::try_from(members).ok());
-        // (lzop -tN tests parts it could name without a word.)
-        let named = restore.name
-            && cairn_codec::format::lzop::first_header(&head).is_some_and(|h| !h.name.is_empty());
-        let tested_named = opts.mode == UnpackMode::Test && named;
+        // (lzop -tN tests parts it could each name without a word.)
+        let tested_named =
+            opts.mode == UnpackMode::Test && restore.name && !splitter.nameless_part();
         if opts.mode != UnpackMode::List && !tested_named {
             warnings.push("warning: this is a multipart archive (try option '-N')".into());
         }

@@ -203,6 +203,9 @@ pub struct Splitter {
     first_member: bool,
     /// Where the member not read begins, once stopped there.
     next_member: Option<u64>,
+    /// A member that is a part (after the first, or marked as one)
+    /// keeps no name.
+    nameless_part: bool,
     /// An error met after whole blocks of a unit were taken.
     deferred: super::Deferred,
 }
@@ -216,6 +219,7 @@ impl Splitter {
             files: 0,
             first_member: false,
             next_member: None,
+            nameless_part: false,
             deferred: super::Deferred::default(),
         }
     }
@@ -300,6 +304,8 @@ impl Splitter {
             }
         };
         self.input.consume(header.len);
+        let part = self.files > 0 || header.flags & F_MULTIPART != 0;
+        self.nameless_part |= part && header.name.is_empty();
         self.files += 1;
         Ok(header.flags)
     }
@@ -731,6 +737,10 @@ impl super::Splitter for Splitter {
 
     fn next_member(&self) -> Option<u64> {
         self.next_member
+    }
+
+    fn nameless_part(&self) -> bool {
+        self.nameless_part
     }
 }
 

@@ -868,6 +868,11 @@ pub trait Splitter: Send {
     fn next_member(&self) -> Option<u64> {
         None
     }
+    /// Whether a member read so far that is a part of a file of parts
+    /// (lzop: after the first, or marked as one) keeps no file name.
+    fn nameless_part(&self) -> bool {
+        false
+    }
 }
 
 /// Decodes units on a worker.

@@ -391,6 +391,11 @@ fn walk_streams(
                 .checked_add(unpadded.div_ceil(4) * 4)
                 .filter(|&n| n <= VLI_MAX)
                 .ok_or_else(damaged)?;
+            // (Checked as the records are read: a crafted index of many
+            // records holds no more of them in memory than fit the file.)
+            if blocks_len > index_at {
+                return Err(bad(index_at, "blocks larger than the file"));
+            }
             raw = raw
                 .checked_add(uncompressed)
                 .filter(|&n| n <= VLI_MAX)
