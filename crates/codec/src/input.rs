@@ -30,36 +30,6 @@ impl SharedBytes {
         &(*self.map).as_ref()[self.start..self.start + self.len]
     }
 
-    /// Map the pages that hold `range` of these bytes in one call
-    /// (`MADV_POPULATE_READ`), where each would fault in on its own when
-    /// first read: a parallel gunzip's worker calls it before it reads a
-    /// chunk. A range past the end is cut at the end; nothing is said
-    /// where it cannot be done (a kernel before 5.14): the pages then
-    /// fault in as before.
-    pub fn populate(&self, range: std::ops::Range<usize>) {
-        let bytes = self.as_slice();
-        let end = range.end.min(bytes.len());
-        let Some(part) = bytes.get(range.start..end).filter(|p| !p.is_empty()) else {
-            return;
-        };
-        // SAFETY: sysconf only reads a constant of the system.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let addr = part.as_ptr() as usize;
-        let from = addr - addr % page.max(1);
-        // SAFETY: [from, addr + len) lies in the pages that hold `part`,
-        // memory this process has mapped and `self` keeps mapped (the
-        // file's map or the vector); MADV_POPULATE_READ only maps those
-        // pages for reading: it changes neither their bytes nor the
-        // mapping. (Test: `populating_a_range_keeps_its_bytes`.)
-        unsafe {
-            libc::madvise(
-                from as *mut libc::c_void,
-                addr + part.len() - from,
-                libc::MADV_POPULATE_READ,
-            );
-        }
-    }
-
     /// The bytes from `offset` on, shared (`None` past the end).
     pub fn from_offset(&self, offset: usize) -> Option<SharedBytes> {
         Some(SharedBytes {
@@ -465,33 +435,6 @@ pub(crate) fn begins_like(have: &[u8], magic: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn populating_a_range_keeps_its_bytes() {
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, &data).unwrap();
-        let file = File::open(&path).unwrap();
-        let mapped = map_file(&file, data.len() as u64).unwrap();
-        let shared = SharedBytes {
-            map: mapped,
-            start: 5,
-            len: data.len() - 5,
-        };
-        for range in [0..10, 4095..4097, 1000..250_000, 0..shared.len, 7..7] {
-            shared.populate(range);
-            assert!(shared.as_slice() == &data[5..]);
-        }
-        // Past the end: cut there; empty or reversed: nothing done.
-        shared.populate(200_000..data.len() + 1);
-        shared.populate(data.len() + 1..data.len() + 9);
-        #[allow(clippy::reversed_empty_ranges)]
-        shared.populate(9..3);
-        let v = SharedBytes::from_vec(data.clone());
-        v.populate(100..200_000);
-        assert!(v.as_slice() == &data[..]);
-    }
 
     struct Dribble(Vec<u8>, usize);
     impl Read for Dribble {

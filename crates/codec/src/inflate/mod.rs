@@ -1230,19 +1230,13 @@ impl Worker {
                 }
                 return;
             }
-            Start::Find { k } => {
-                // The pages the search reads mapped at once (those the
-                // whole inflate copies, before the copy).
-                let cb = shared.chunk_bits / 8;
-                shared.data.populate(k * cb..k * cb + SEARCH_SPAN);
-                match shared.find(k, &mut self.dec) {
-                    Some(first) => (first, k),
-                    None => {
-                        let _ = tx.send(Piece::Start(None));
-                        return;
-                    }
+            Start::Find { k } => match shared.find(k, &mut self.dec) {
+                Some(first) => (first, k),
+                None => {
+                    let _ = tx.send(Piece::Start(None));
+                    return;
                 }
-            }
+            },
         };
         if tx.send(Piece::Start(Some(first))).is_err() {
             return;
@@ -1376,8 +1370,6 @@ impl Worker {
             Some(_) => data,
             None => &data[..data.len().min(bit / 8 + 2 * self.chunk_bytes)],
         };
-        let last = end.map_or(data.len(), |e| e.div_ceil(8)).min(data.len());
-        shared.data.populate(bit / 8..last);
         let base = whole::rebase(data, bit, end, window, &mut self.rebased);
         // One size for every chunk, so buffers are reused whole, unless an
         // index says the chunk needs more.
