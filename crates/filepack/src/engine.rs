@@ -1352,14 +1352,15 @@ fn time_kept(secs: i64) -> Option<std::time::SystemTime> {
     }
 }
 
-/// A file read by `pread` from `at` on: the offset its handle shares
-/// with the decoding's (a dup of it) is left alone.
-struct ReadAt {
-    file: std::fs::File,
+/// A file read by `pread` from `at` on, through a reference (`&File`,
+/// `Arc<File>`): the offset of its handle, which the decoding of the
+/// first member shares, is left alone.
+struct ReadAt<F> {
+    file: F,
     at: u64,
 }
 
-impl Read for ReadAt {
+impl<F: std::ops::Deref<Target = std::fs::File>> Read for ReadAt<F> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
         let n = self.file.read_at(buf, self.at)?;
@@ -1368,7 +1369,7 @@ impl Read for ReadAt {
     }
 }
 
-impl std::io::Seek for ReadAt {
+impl<F: std::ops::Deref<Target = std::fs::File>> std::io::Seek for ReadAt<F> {
     fn seek(&mut self, pos: std::io::SeekFrom) -> std::io::Result<u64> {
         let to = match pos {
             std::io::SeekFrom::Start(n) => Some(n),
@@ -1383,10 +1384,7 @@ impl std::io::Seek for ReadAt {
 /// The members of the lzop file `file` holds (a regular file: a FIFO
 /// would lose the bytes read here), listed from their headers and block
 /// sizes.
-fn lzop_members(file: &std::fs::File, name: String) -> Result<cairn_codec::format::lzop::Listing> {
-    let file = file
-        .try_clone()
-        .map_err(|source| Error::Read { name, source })?;
+fn lzop_members(file: &std::fs::File) -> Result<cairn_codec::format::lzop::Listing> {
     let mut r = std::io::BufReader::new(ReadAt { file, at: 0 });
     Ok(cairn_codec::format::lzop::members(&mut r, |r, n| {
         r.seek_relative(n as i64)
@@ -1453,6 +1451,11 @@ fn unpack_lzop_parts(
         mut bytes_in,
         mut bytes_out,
     } = done;
+    // One handle for every part's reads, each from its own offset.
+    let shared = std::sync::Arc::new(file.try_clone().map_err(|source| Error::Read {
+        name: plan.source.name(),
+        source,
+    })?);
     let mut in_the_way = None;
     let first_named = match to.name {
         true => 0,
@@ -1486,10 +1489,7 @@ fn unpack_lzop_parts(
             other => other?,
         };
         let read = ReadAt {
-            file: file.try_clone().map_err(|source| Error::Read {
-                name: plan.source.name(),
-                source,
-            })?,
+            file: shared.clone(),
             at: m.at,
         };
         let mut splitter =
@@ -1817,7 +1817,7 @@ fn unpack_one(
             .is_some_and(|h| h.flags & cairn_codec::format::lzop::F_MULTIPART != 0);
     let mut parts_count = None;
     if let (Some(file), true) = (&lzop_file, marked) {
-        if let Ok(listing) = lzop_members(file, plan.source.name()) {
+        if let Ok(listing) = lzop_members(file) {
             if let Some(to) = &parts_to {
                 let done = PartsDone::default();
                 return unpack_lzop_parts(
@@ -1876,7 +1876,7 @@ fn unpack_one(
         // The first part in the way: the others are written, the run
         // fails naming it, as where all are marked as parts.
         (Err(e @ Error::Exists { .. }), Some(file), Some(to)) if first_alone => {
-            return match lzop_members(file, plan.source.name()) {
+            return match lzop_members(file) {
                 Ok(listing) if listing.parts_named_from().is_some() => {
                     let done = PartsDone::default();
                     unpack_lzop_parts(plan, file, &listing, to, done, threads, force, opts, hooks)
@@ -1952,12 +1952,11 @@ fn unpack_one(
         other => other?,
     }
     // Parts decoded as one (-dc, -o, -t; a pipe): lzop warns.
-    let members = splitter.members().unwrap_or(0);
-    if lzop_counts && (marked || members > 1) {
-        parts_count = parts_count.or(usize::try_from(members).ok());
+    let members = splitter.members().unwrap_or_default();
+    if lzop_counts && (marked || members.begun > 1) {
+        parts_count = parts_count.or(usize::try_from(members.begun).ok());
         // (lzop -tN tests parts it could each name without a word.)
-        let tested_named =
-            opts.mode == UnpackMode::Test && restore.name && !splitter.nameless_part();
+        let tested_named = opts.mode == UnpackMode::Test && restore.name && !members.nameless_part;
         if opts.mode != UnpackMode::List && !tested_named {
             warnings.push("warning: this is a multipart archive (try option '-N')".into());
         }
@@ -1979,10 +1978,10 @@ fn unpack_one(
     }
     // (The input goes only once every part is written.)
     finish(plan, sink, None, first_alone)?;
-    if let (Some(at), Some(file), Some(to)) = (splitter.next_member(), &lzop_file, &parts_to) {
+    if let (Some(at), Some(file), Some(to)) = (members.next_at, &lzop_file, &parts_to) {
         // A second member begins where the first, written, ended: a
         // file of parts, the rest of it written apart.
-        let listing = lzop_members(file, plan.source.name())?;
+        let listing = lzop_members(file)?;
         let done = PartsDone {
             names: vec![out_name],
             bytes_in: at,

@@ -225,7 +225,7 @@ impl Splitter {
     }
 
     /// Read the first member only, and end where another lzop member
-    /// begins after it ([`super::Splitter::next_member`] says where):
+    /// begins after it ([`super::Members::next_at`] says where):
     /// `lzop -d` writes each member of a file of parts to a file of its
     /// own. Bytes after the first member that begin none are read on,
     /// as without it (zeros to the end are nothing, others garbage).
@@ -731,16 +731,12 @@ impl super::Splitter for Splitter {
         self.input.offset()
     }
 
-    fn members(&self) -> Option<u64> {
-        Some(self.files)
-    }
-
-    fn next_member(&self) -> Option<u64> {
-        self.next_member
-    }
-
-    fn nameless_part(&self) -> bool {
-        self.nameless_part
+    fn members(&self) -> Option<super::Members> {
+        Some(super::Members {
+            begun: self.files,
+            next_at: self.next_member,
+            nameless_part: self.nameless_part,
+        })
     }
 }
 
@@ -1021,7 +1017,10 @@ mod tests {
                 let mut unit = Unit::default();
                 match s.next_unit(&mut unit) {
                     Ok(true) => raw += unit.raw_len,
-                    Ok(false) => return Ok((raw, s.members(), s.next_member())),
+                    Ok(false) => {
+                        let m = s.members().unwrap_or_default();
+                        return Ok((raw, Some(m.begun), m.next_at));
+                    }
                     Err(e) => return Err(e),
                 }
             }

@@ -774,7 +774,7 @@ pub struct DecodeOptions {
     /// xz: do not verify the blocks' checks (`xz --ignore-check`).
     pub ignore_check: bool,
     /// lzop: decode the first member only, ending where a second
-    /// begins ([`Splitter::next_member`]), as `lzop -d` writes the
+    /// begins ([`Members::next_at`]), as `lzop -d` writes the
     /// members of a file of parts to files of their own.
     pub lzop_first_member: bool,
     /// zstd's dictionary (`zstd -d -D DICT`), for frames packed with it.
@@ -858,21 +858,26 @@ pub trait Splitter: Send {
     fn cores(&self) -> usize {
         1
     }
-    /// Members begun so far, where a format keeps files of several and
-    /// counts them (lzop); `None` elsewhere.
-    fn members(&self) -> Option<u64> {
+    /// What was seen of the members of a format whose files join members
+    /// as parts of one file (lzop); `None` for the others.
+    fn members(&self) -> Option<Members> {
         None
     }
-    /// Where the member not read begins, when the splitter was told to
-    /// end before it (`DecodeOptions::lzop_first_member`) and did.
-    fn next_member(&self) -> Option<u64> {
-        None
-    }
-    /// Whether a member read so far that is a part of a file of parts
-    /// (lzop: after the first, or marked as one) keeps no file name.
-    fn nameless_part(&self) -> bool {
-        false
-    }
+}
+
+/// The members a splitter has seen, where a format's files join several
+/// as the parts of one file (lzop's `-d` writes each apart, `-dc` joins
+/// them with a warning).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Members {
+    /// Members begun so far.
+    pub begun: u64,
+    /// Where the member not read begins, when the splitter was told to end
+    /// before it (`DecodeOptions::lzop_first_member`) and did.
+    pub next_at: Option<u64>,
+    /// Whether a member read so far that is a part (after the first, or
+    /// marked as one) keeps no file name.
+    pub nameless_part: bool,
 }
 
 /// Decodes units on a worker.
