@@ -66,7 +66,8 @@ pub(crate) struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: usize,
     /// Bytes all clients' requests in flight may hold together (write
-    /// payloads, read data); past it, requests wait (e.g. 256M).
+    /// payloads, read data); past it, requests wait (e.g. 256M), and a
+    /// client whose reply takes no bytes for 5 s meanwhile is disconnected.
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,
     /// Seconds a client may take to negotiate.
@@ -604,8 +605,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     if a.verbose {
         errln!(
-            "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} cut at the stop deadline)",
-            report.connections, report.protocol_errors, report.refused, report.cut_at_stop
+            "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} closed for replies not taken while others waited, {} cut at the stop deadline)",
+            report.connections, report.protocol_errors, report.refused, report.cut_stalled, report.cut_at_stop
         );
     }
     Ok(())

@@ -12,9 +12,18 @@
 //! So the server holds at most the server budget in requests, plus the
 //! pool, plus a read buffer and a few worker threads per connection,
 //! whatever clients send; [`crate::ServerConfig`] sets each bound.
+//!
+//! A client that sends reads and never takes the replies keeps its grants
+//! until its socket's write times out; a few such clients could spend the
+//! server's budget and make every other client wait that long. So each
+//! connection says when its reply last made progress ([`Sending`]), and
+//! while the server budget has threads waiting, the server closes a
+//! connection whose reply has taken no bytes for
+//! [`crate::ServerConfig::stall_under_pressure`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often a waiting worker looks whether its connection is closing.
 const WAIT_TICK: Duration = Duration::from_millis(100);
@@ -76,6 +85,15 @@ impl Budget {
         }
     }
 
+    /// Whether a thread is waiting for bytes of this budget now.
+    pub(crate) fn contended(&self) -> bool {
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .waiting
+            > 0
+    }
+
     /// Bytes granted now.
     #[cfg(test)]
     pub(crate) fn used(&self) -> u64 {
@@ -134,6 +152,48 @@ impl<'a> Grant<'a> {
 impl Drop for Grant<'_> {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// When a connection's reply last took bytes, while one is being sent.
+#[derive(Debug)]
+pub(crate) struct Sending {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last progress, plus one; 0 while
+    /// no reply is being sent.
+    last: AtomicU64,
+}
+
+impl Default for Sending {
+    fn default() -> Self {
+        Sending {
+            epoch: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Sending {
+    /// A reply is being sent, and has just taken bytes (or begun).
+    pub(crate) fn progress(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.last.store(ms + 1, Ordering::Relaxed);
+    }
+
+    /// No reply is being sent.
+    pub(crate) fn done(&self) {
+        self.last.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the reply being sent has taken no bytes (`None`: none is
+    /// being sent).
+    pub(crate) fn stalled_for(&self) -> Option<Duration> {
+        let last = self.last.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(
+            self.epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last)),
+        )
     }
 }
 
@@ -240,6 +300,50 @@ mod tests {
         assert!(!done.load(Ordering::SeqCst), "granted beyond the budget");
         g.release();
         assert!(t.join().unwrap_or(false));
+    }
+
+    #[test]
+    fn a_budget_is_contended_while_a_grant_waits() {
+        let server = Arc::new(Budget::new(10));
+        let conn = Budget::new(10);
+        let mut g = Grant::new(&conn, &server);
+        assert!(g.grow(10, &|| false));
+        assert!(!server.contended());
+        let stop = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (server, stop) = (server.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let conn = Budget::new(10);
+                let mut h = Grant::new(&conn, &server);
+                h.grow(1, &|| stop.load(Ordering::SeqCst))
+            })
+        };
+        let mut seen = false;
+        for _ in 0..200 {
+            seen = server.contended();
+            if seen {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(seen, "a waiting grant did not show");
+        stop.store(true, Ordering::SeqCst);
+        assert!(!t.join().unwrap_or(true));
+        assert!(!server.contended());
+    }
+
+    #[test]
+    fn a_reply_stalls_from_its_last_progress_until_done() {
+        let s = Sending::default();
+        assert_eq!(s.stalled_for(), None);
+        s.progress();
+        std::thread::sleep(Duration::from_millis(30));
+        let stalled = s.stalled_for().unwrap_or_default();
+        assert!(stalled >= Duration::from_millis(20), "{stalled:?}");
+        s.progress();
+        assert!(s.stalled_for().unwrap_or(Duration::MAX) < stalled);
+        s.done();
+        assert_eq!(s.stalled_for(), None);
     }
 
     #[test]

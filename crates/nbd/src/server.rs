@@ -1,7 +1,7 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
 use crate::handshake::{greet, options, refuse, Outcome, TlsState};
-use crate::limits::{Budget, BufPool};
+use crate::limits::{Budget, BufPool, Sending};
 use crate::tls::TlsIo;
 use crate::transmission::{self, End, Limits};
 use crate::Export;
@@ -37,6 +37,11 @@ pub struct ServerConfig {
     /// A request whose bytes stop arriving, or a reply the client stops
     /// taking, for this long ends the connection.
     pub io_timeout: Duration,
+    /// While requests wait for the server budget, a connection whose
+    /// reply has taken no bytes for this long (if shorter than
+    /// `io_timeout`) is closed, so that clients that never read replies
+    /// cannot hold every other client back for `io_timeout`.
+    pub stall_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
     pub idle_timeout: Option<Duration>,
@@ -62,6 +67,7 @@ impl Default for ServerConfig {
             buffer_pool: 64 << 20,
             handshake_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
+            stall_under_pressure: Duration::from_secs(5),
             idle_timeout: None,
             shutdown_timeout: Duration::from_secs(4),
             tls: None,
@@ -257,6 +263,9 @@ pub struct ServeReport {
     /// Connections whose sockets were shut at the stop deadline, with
     /// requests still in flight or replies not taken.
     pub cut_at_stop: u64,
+    /// Connections closed because their replies took no bytes for
+    /// `stall_under_pressure` while other requests waited for memory.
+    pub cut_stalled: u64,
 }
 
 /// What every connection shares.
@@ -287,6 +296,10 @@ impl Drop for Slot {
 struct Live {
     handle: JoinHandle<()>,
     stream: Stream,
+    peer: String,
+    sending: Arc<Sending>,
+    /// Closed for a stalled reply (counted once).
+    cut: bool,
 }
 
 impl Server {
@@ -342,6 +355,7 @@ impl Server {
                 return Err(e);
             }
             live.retain(|c| !c.handle.is_finished());
+            report.cut_stalled += cut_stalled(&mut live, &common);
             for (i, p) in fds.iter_mut().enumerate() {
                 if p.revents & libc::POLLIN == 0 {
                     continue;
@@ -368,21 +382,27 @@ impl Server {
                 serving.fetch_add(1, Ordering::AcqRel);
                 let slot = Slot(serving.clone());
                 let common = common.clone();
+                let sending = Arc::new(Sending::default());
+                let conn_sending = sending.clone();
+                let conn_peer = peer.clone();
                 let handle =
                     std::thread::Builder::new()
                         .name("nbd-conn".into())
                         .spawn(move || {
                             let _slot = slot;
-                            if let Some(what) = connection(stream, &common) {
+                            if let Some(what) = connection(stream, &common, &conn_sending) {
                                 common.protocol_errors.fetch_add(1, Ordering::Relaxed);
                                 if common.config.verbose {
-                                    eprintln!("cairn serve: {peer}: {what}");
+                                    eprintln!("cairn serve: {conn_peer}: {what}");
                                 }
                             }
                         })?;
                 live.push(Live {
                     handle,
                     stream: keep,
+                    peer,
+                    sending,
+                    cut: false,
                 });
             }
         }
@@ -413,6 +433,35 @@ impl Server {
         report.protocol_errors = common.protocol_errors.load(Ordering::Relaxed);
         Ok(report)
     }
+}
+
+/// While requests wait for the server budget, shut the sockets of the
+/// connections whose replies have taken no bytes for
+/// `stall_under_pressure` (their threads then fail the write, end, and
+/// give their grants back); returns how many were shut.
+fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
+    let cfg = &common.config;
+    let patience = cfg.stall_under_pressure;
+    if patience >= cfg.io_timeout || !common.budget.contended() {
+        return 0;
+    }
+    let mut cut = 0;
+    for c in live.iter_mut().filter(|c| !c.cut) {
+        if c.sending.stalled_for().is_some_and(|t| t >= patience) {
+            c.cut = true;
+            cut += 1;
+            c.stream.shutdown(Shutdown::Both);
+            if cfg.verbose {
+                eprintln!(
+                    "cairn serve: {}: took no reply bytes for {} s while other requests \
+                     waited for memory (--max-inflight): connection closed",
+                    c.peer,
+                    patience.as_secs_f64()
+                );
+            }
+        }
+    }
+    cut
 }
 
 /// Tell a client over `max_connections` why it is not served, in its own
@@ -549,7 +598,7 @@ fn handshake(
 
 /// Serve one client. Returns what went wrong if the client broke the
 /// protocol or the socket failed.
-fn connection(stream: Stream, common: &Common) -> Option<String> {
+fn connection(stream: Stream, common: &Common, sending: &Sending) -> Option<String> {
     let config = &common.config;
     let (mut talk, neg) = match handshake(&stream, common) {
         Ok(Some(x)) => x,
@@ -589,6 +638,7 @@ fn connection(stream: Stream, common: &Common) -> Option<String> {
         io_timeout: config.io_timeout,
         idle_timeout: config.idle_timeout,
         draining: &common.draining,
+        sending,
     };
     let end = transmission::run(reader, &mut talk, export, neg, &limits);
     stream.shutdown(Shutdown::Both);

@@ -20,7 +20,7 @@
 //! stops arriving is timed out by the time since its last byte.
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
-use crate::limits::{Budget, BufPool, Grant};
+use crate::limits::{Budget, BufPool, Grant, Sending};
 use crate::proto::{self, cflag, cmd, err, reply, Replies, Request, EXTENDED_REQUEST_LEN};
 use crate::Export;
 use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
@@ -34,6 +34,9 @@ use std::time::{Duration, Instant};
 const COALESCE: usize = 64 << 10;
 /// A write's payload is granted and read in steps of this size.
 const PAYLOAD_STEP: usize = 256 << 10;
+/// Reply data goes out in writes of this size at most, each one progress
+/// the server sees ([`Sending`]).
+const SEND_STEP: usize = 1 << 20;
 /// The socket's read buffer.
 const READ_BUFFER: usize = 128 << 10;
 /// Trim and zeroing are handed to the device in pieces of this size at
@@ -78,6 +81,8 @@ pub(crate) struct Limits<'a> {
     pub idle_timeout: Option<Duration>,
     /// Set when the server stops: readers stop taking requests.
     pub draining: &'a AtomicBool,
+    /// When this connection's reply last took bytes.
+    pub sending: &'a Sending,
 }
 
 struct Shared<'a, R, W> {
@@ -165,13 +170,7 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
             // a stream that may end inside that one.
             Ok(_) if sh.broken.load(Ordering::Acquire) => Err(None),
             Ok(mut w) => {
-                let sent = w
-                    .write_all(&out)
-                    .and_then(|_| match data {
-                        Some(d) => w.write_all(d),
-                        None => Ok(()),
-                    })
-                    .and_then(|_| w.flush());
+                let sent = send(&mut *w, &out, data, sh.limits.sending);
                 if sent.is_err() {
                     sh.broken.store(true, Ordering::Release);
                 }
@@ -191,6 +190,28 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
             Err(None) => return,
         }
     }
+}
+
+/// Write a reply's header (and short data) `head`, then `data`, in steps
+/// of at most [`SEND_STEP`], telling `sending` of each.
+fn send<W: Write>(
+    w: &mut W,
+    head: &[u8],
+    data: Option<&[u8]>,
+    sending: &Sending,
+) -> io::Result<()> {
+    sending.progress();
+    let sent = (|| {
+        for part in [head, data.unwrap_or_default()] {
+            for step in part.chunks(SEND_STEP) {
+                w.write_all(step)?;
+                sending.progress();
+            }
+        }
+        w.flush()
+    })();
+    sending.done();
+    sent
 }
 
 impl<R, W> Shared<'_, R, W> {

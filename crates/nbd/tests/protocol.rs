@@ -5,7 +5,7 @@
 
 use cairn_blockdev::{BlockDev, Caps, Extent, MemDev, Op, Result as BResult, ZeroFlags};
 use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Replies, Request};
-use cairn_nbd::{Export, Listener, Server, ServerConfig};
+use cairn_nbd::{Export, Listener, ServeReport, Server, ServerConfig};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,7 +86,15 @@ fn exports() -> Vec<Export> {
 struct Running {
     addr: String,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<ServeReport>>,
+}
+
+impl Running {
+    /// Stop the server; what it did.
+    fn stop(mut self) -> ServeReport {
+        self.stop.store(true, Ordering::Release);
+        self.thread.take().unwrap().join().unwrap()
+    }
 }
 
 impl Drop for Running {
@@ -103,6 +111,16 @@ fn start() -> Running {
 }
 
 fn start_with(exports: Vec<Export>) -> Running {
+    start_configured(
+        exports,
+        ServerConfig {
+            handshake_timeout: std::time::Duration::from_secs(2),
+            ..ServerConfig::default()
+        },
+    )
+}
+
+fn start_configured(exports: Vec<Export>, config: ServerConfig) -> Running {
     let l = Listener::tcp("127.0.0.1:0").unwrap();
     let addr = match &l {
         Listener::Tcp(t) => t.local_addr().unwrap().to_string(),
@@ -110,16 +128,7 @@ fn start_with(exports: Vec<Export>) -> Running {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
-    let thread = std::thread::spawn(move || {
-        let server = Server::new(
-            exports,
-            ServerConfig {
-                handshake_timeout: std::time::Duration::from_secs(2),
-                ..ServerConfig::default()
-            },
-        );
-        server.serve(&[l], &s).unwrap();
-    });
+    let thread = std::thread::spawn(move || Server::new(exports, config).serve(&[l], &s).unwrap());
     Running {
         addr,
         stop,
@@ -902,4 +911,82 @@ fn session_over_bytes_speaks_extended_headers() {
         bad[n] ^= 0x5a;
         cairn_nbd::session_over_bytes(&bad, &ex, 2);
     }
+}
+
+/// Send `n` reads of the whole 1 MiB export without reading a reply.
+fn reads_not_taken(c: &mut Client, n: usize) {
+    for _ in 0..n {
+        c.send(cmd::READ, 0, 0, SIZE as u64, &[]);
+    }
+}
+
+#[test]
+fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() {
+    // One connection's budget is the server's: a client whose replies
+    // stall holds all of it. The I/O timeout is far beyond the test.
+    let srv = start_configured(
+        exports(),
+        ServerConfig {
+            max_request: SIZE as u32,
+            conn_budget: 2 * SIZE as u64,
+            server_budget: 2 * SIZE as u64,
+            io_timeout: std::time::Duration::from_secs(600),
+            stall_under_pressure: std::time::Duration::from_secs(1),
+            ..ServerConfig::default()
+        },
+    );
+    let addr = srv.addr.clone();
+    let expected = {
+        let mut c = Client::connect(&addr);
+        c.go("mem");
+        c.read(0, SIZE as u64).unwrap()
+    };
+    // Far more reply bytes than the sockets' buffers take.
+    const READS: usize = 96;
+    // Alone, a client that stops reading is not closed before the I/O
+    // timeout: when it reads again, every reply is there.
+    let mut slow = Client::connect(&addr);
+    slow.go("mem");
+    let first = slow.cookie + 1;
+    reads_not_taken(&mut slow, READS);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let mut cookies: Vec<u64> = Vec::new();
+    for _ in 0..READS {
+        let h = read_n(&mut slow.s, 20);
+        assert_eq!(proto::be32(&h[0..4]), proto::STRUCTURED_REPLY_MAGIC);
+        let cookie = proto::be64(&h[8..16]);
+        let len = proto::be32(&h[16..20]) as usize;
+        let d = read_n(&mut slow.s, len);
+        assert_eq!(proto::be16(&h[6..8]), reply::OFFSET_DATA);
+        assert!(d[8..] == expected[..], "reply {cookie}");
+        assert_ne!(proto::be16(&h[4..6]) & reply::FLAG_DONE, 0);
+        cookies.push(cookie);
+    }
+    cookies.sort_unstable();
+    assert_eq!(cookies, (first..first + READS as u64).collect::<Vec<_>>());
+    // With another client waiting for memory, it is closed once its
+    // reply has taken no bytes for stall_under_pressure, and the other
+    // is answered.
+    reads_not_taken(&mut slow, READS);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut other = Client::connect(&addr);
+    other.go("mem");
+    other
+        .s
+        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    assert!(other.read(0, SIZE as u64).unwrap() == expected);
+    let mut rest = Vec::new();
+    let _ = slow.s.read_to_end(&mut rest);
+    assert!(
+        rest.len() < READS * SIZE,
+        "the stalled client got all {} bytes",
+        rest.len()
+    );
+    // The one served goes on being served.
+    assert!(other.read(0, 4096).unwrap() == expected[..4096]);
+    drop(other);
+    let report = srv.stop();
+    assert_eq!(report.cut_stalled, 1, "{report:?}");
+    assert_eq!(report.cut_at_stop, 0, "{report:?}");
 }
