@@ -111,7 +111,7 @@ pub fn session_over_bytes(input: &[u8], exports: &[Export], workers: usize) -> V
             io_timeout: config.io_timeout,
             idle_timeout: None,
             draining: &draining,
-            sending: &limits::Sending::default(),
+            watch: &limits::Watch::default(),
         };
         let _ = transmission::run(input, &mut output, &exports[neg.export], neg, &limits);
         return output;

@@ -15,13 +15,15 @@
 //!
 //! A client that sends reads and never takes the replies keeps its grants
 //! until its socket's write times out; a few such clients could spend the
-//! server's budget and make every other client wait that long. So each
-//! connection says when its reply last made progress ([`Sending`]), and
-//! while the server budget has threads waiting, the server closes a
-//! connection whose reply has taken no bytes for
+//! server's budget and make every other client wait that long. So the
+//! server watches each connection ([`Watch`]): whether a reply is being
+//! sent and since when it last moved, and how many of its threads wait
+//! for the server budget. While threads of other connections wait for it,
+//! the server closes a connection whose reply has not moved (neither a
+//! write returned nor its socket's send queue changed) for
 //! [`crate::ServerConfig::stall_under_pressure`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -55,20 +57,30 @@ impl Budget {
     /// Take `n` bytes (at most the whole budget), waiting while they are
     /// not free; returns how many were taken. `None`: `cancelled` said to
     /// give up first.
-    fn take(&self, n: u64, cancelled: &dyn Fn() -> bool) -> Option<u64> {
+    /// `watch`, if given, counts this thread among its connection's
+    /// waiters while it waits.
+    fn take(&self, n: u64, cancelled: &dyn Fn() -> bool, watch: Option<&Watch>) -> Option<u64> {
         let n = n.min(self.cap);
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
         while used.bytes + n > self.cap {
             if cancelled() {
                 return None;
             }
+            // (Both counts change under the budget's lock: the server
+            // compares them.)
             used.waiting += 1;
+            if let Some(w) = watch {
+                w.waiting.fetch_add(1, Ordering::Relaxed);
+            }
             used = self
                 .freed
                 .wait_timeout(used, WAIT_TICK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
             used.waiting -= 1;
+            if let Some(w) = watch {
+                w.waiting.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         used.bytes += n;
         Some(n)
@@ -85,13 +97,11 @@ impl Budget {
         }
     }
 
-    /// Whether a thread is waiting for bytes of this budget now.
-    pub(crate) fn contended(&self) -> bool {
-        self.used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .waiting
-            > 0
+    /// Whether threads of other connections than `watch`'s wait for
+    /// bytes of this budget now.
+    pub(crate) fn others_wait(&self, watch: &Watch) -> bool {
+        let used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
+        used.waiting > watch.waiting.load(Ordering::Relaxed)
     }
 
     /// Bytes granted now.
@@ -111,6 +121,8 @@ pub(crate) struct Grant<'a> {
     server: &'a Budget,
     /// Taken from `conn` and from `server` (each clamped to its budget).
     held: (u64, u64),
+    /// The connection's watch, told of waits for the server budget.
+    watch: Option<&'a Watch>,
 }
 
 impl<'a> Grant<'a> {
@@ -119,6 +131,15 @@ impl<'a> Grant<'a> {
             conn,
             server,
             held: (0, 0),
+            watch: None,
+        }
+    }
+
+    /// The same, its waits for the server budget counted by `watch`.
+    pub(crate) fn watched(conn: &'a Budget, server: &'a Budget, watch: &'a Watch) -> Grant<'a> {
+        Grant {
+            watch: Some(watch),
+            ..Grant::new(conn, server)
         }
     }
 
@@ -129,10 +150,10 @@ impl<'a> Grant<'a> {
         if n == 0 {
             return true;
         }
-        let Some(c) = self.conn.take(n, cancelled) else {
+        let Some(c) = self.conn.take(n, cancelled, None) else {
             return false;
         };
-        let Some(s) = self.server.take(n, cancelled) else {
+        let Some(s) = self.server.take(n, cancelled, self.watch) else {
             self.conn.give_back(c);
             return false;
         };
@@ -155,29 +176,38 @@ impl Drop for Grant<'_> {
     }
 }
 
-/// When a connection's reply last took bytes, while one is being sent.
+/// What the server watches of a connection: the reply it is sending, its
+/// threads waiting for the server budget, and whether the server closed
+/// it for a stalled reply.
 #[derive(Debug)]
-pub(crate) struct Sending {
+pub(crate) struct Watch {
     epoch: Instant,
-    /// Milliseconds from `epoch` to the last progress, plus one; 0 while
-    /// no reply is being sent.
+    /// Milliseconds from `epoch` to the last write of a reply that
+    /// returned, plus one; 0 while no reply is being sent.
     last: AtomicU64,
+    /// The connection's threads waiting for the server budget.
+    waiting: AtomicUsize,
+    /// Closed by the server for a stalled reply.
+    cut: AtomicBool,
 }
 
-impl Default for Sending {
+impl Default for Watch {
     fn default() -> Self {
-        Sending {
+        Watch {
             epoch: Instant::now(),
             last: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            cut: AtomicBool::new(false),
         }
     }
 }
 
-impl Sending {
-    /// A reply is being sent, and has just taken bytes (or begun).
+impl Watch {
+    /// A reply is being sent, and a write of it has just returned (or it
+    /// has begun).
     pub(crate) fn progress(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
-        self.last.store(ms + 1, Ordering::Relaxed);
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms.saturating_add(1), Ordering::Relaxed);
     }
 
     /// No reply is being sent.
@@ -185,8 +215,8 @@ impl Sending {
         self.last.store(0, Ordering::Relaxed);
     }
 
-    /// How long the reply being sent has taken no bytes (`None`: none is
-    /// being sent).
+    /// How long since a write of the reply being sent last returned
+    /// (`None`: none is being sent).
     pub(crate) fn stalled_for(&self) -> Option<Duration> {
         let last = self.last.load(Ordering::Relaxed).checked_sub(1)?;
         Some(
@@ -194,6 +224,16 @@ impl Sending {
                 .elapsed()
                 .saturating_sub(Duration::from_millis(last)),
         )
+    }
+
+    /// The server closes the connection for a stalled reply.
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+    }
+
+    /// Whether the server closed the connection for a stalled reply.
+    pub(crate) fn was_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
     }
 }
 
@@ -303,38 +343,47 @@ mod tests {
     }
 
     #[test]
-    fn a_budget_is_contended_while_a_grant_waits() {
+    fn waits_of_other_connections_are_told_from_a_connections_own() {
         let server = Arc::new(Budget::new(10));
         let conn = Budget::new(10);
-        let mut g = Grant::new(&conn, &server);
+        let mine = Arc::new(Watch::default());
+        let theirs = Arc::new(Watch::default());
+        let mut g = Grant::watched(&conn, &server, &mine);
         assert!(g.grow(10, &|| false));
-        assert!(!server.contended());
+        assert!(!server.others_wait(&mine) && !server.others_wait(&theirs));
+        // A thread of `mine` waits: no other connection does.
         let stop = Arc::new(AtomicBool::new(false));
-        let t = {
+        let wait = |watch: Arc<Watch>| {
             let (server, stop) = (server.clone(), stop.clone());
             std::thread::spawn(move || {
                 let conn = Budget::new(10);
-                let mut h = Grant::new(&conn, &server);
+                let mut h = Grant::watched(&conn, &server, &watch);
                 h.grow(1, &|| stop.load(Ordering::SeqCst))
             })
         };
-        let mut seen = false;
-        for _ in 0..200 {
-            seen = server.contended();
-            if seen {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(seen, "a waiting grant did not show");
+        let until = |what: &dyn Fn() -> bool| {
+            (0..300).any(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                what()
+            })
+        };
+        let t = wait(mine.clone());
+        assert!(
+            until(&|| server.others_wait(&theirs)),
+            "a waiting grant did not show"
+        );
+        assert!(!server.others_wait(&mine));
+        // Then one of `theirs` too.
+        let u = wait(theirs.clone());
+        assert!(until(&|| server.others_wait(&mine)));
         stop.store(true, Ordering::SeqCst);
-        assert!(!t.join().unwrap_or(true));
-        assert!(!server.contended());
+        assert!(!t.join().unwrap_or(true) && !u.join().unwrap_or(true));
+        assert!(!server.others_wait(&mine) && !server.others_wait(&theirs));
     }
 
     #[test]
     fn a_reply_stalls_from_its_last_progress_until_done() {
-        let s = Sending::default();
+        let s = Watch::default();
         assert_eq!(s.stalled_for(), None);
         s.progress();
         std::thread::sleep(Duration::from_millis(30));

@@ -1,7 +1,7 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
 use crate::handshake::{greet, options, refuse, Outcome, TlsState};
-use crate::limits::{Budget, BufPool, Sending};
+use crate::limits::{Budget, BufPool, Watch};
 use crate::tls::TlsIo;
 use crate::transmission::{self, End, Limits};
 use crate::Export;
@@ -165,6 +165,25 @@ impl Stream {
         })
     }
 
+    /// Bytes written to the socket that the peer has not taken yet
+    /// (`SIOCOUTQ`: for TCP those not acknowledged, for a Unix socket
+    /// those not read); `None` where it cannot be asked.
+    fn unsent(&self) -> Option<i32> {
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        let mut n: libc::c_int = 0;
+        // SAFETY: `fd` is this stream's open socket, which `self` keeps
+        // open through the call; SIOCOUTQ (TIOCOUTQ's number) writes one
+        // int, to `n`, which lives across the call. (Test:
+        // `a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory`
+        // in tests/protocol.rs, where a client that reads again is seen
+        // moving.)
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+        (r == 0).then_some(n)
+    }
+
     fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(how),
@@ -297,9 +316,10 @@ struct Live {
     handle: JoinHandle<()>,
     stream: Stream,
     peer: String,
-    sending: Arc<Sending>,
-    /// Closed for a stalled reply (counted once).
-    cut: bool,
+    watch: Arc<Watch>,
+    /// While a reply is being sent: the bytes its socket held unsent when
+    /// last looked at, and since when they have been that many.
+    queue: Option<(i32, Instant)>,
 }
 
 impl Server {
@@ -382,15 +402,18 @@ impl Server {
                 serving.fetch_add(1, Ordering::AcqRel);
                 let slot = Slot(serving.clone());
                 let common = common.clone();
-                let sending = Arc::new(Sending::default());
-                let conn_sending = sending.clone();
+                let watch = Arc::new(Watch::default());
+                let conn_watch = watch.clone();
                 let conn_peer = peer.clone();
                 let handle =
                     std::thread::Builder::new()
                         .name("nbd-conn".into())
                         .spawn(move || {
                             let _slot = slot;
-                            if let Some(what) = connection(stream, &common, &conn_sending) {
+                            let what = connection(stream, &common, &conn_watch);
+                            // (One closed for a stalled reply was named
+                            // when it was closed.)
+                            if let Some(what) = what.filter(|_| !conn_watch.was_cut()) {
                                 common.protocol_errors.fetch_add(1, Ordering::Relaxed);
                                 if common.config.verbose {
                                     eprintln!("cairn serve: {conn_peer}: {what}");
@@ -401,8 +424,8 @@ impl Server {
                     handle,
                     stream: keep,
                     peer,
-                    sending,
-                    cut: false,
+                    watch,
+                    queue: None,
                 });
             }
         }
@@ -435,30 +458,46 @@ impl Server {
     }
 }
 
-/// While requests wait for the server budget, shut the sockets of the
-/// connections whose replies have taken no bytes for
-/// `stall_under_pressure` (their threads then fail the write, end, and
-/// give their grants back); returns how many were shut.
+/// Shut the sockets of the connections whose replies have not moved for
+/// `stall_under_pressure` while threads of other connections wait for
+/// the server budget (their threads then fail the write, end and give
+/// their grants back); returns how many were shut. A reply moves when a
+/// write of it returns or its socket's send queue changes (a client that
+/// reads slowly is not stalled). Called every tick of the accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
-    if patience >= cfg.io_timeout || !common.budget.contended() {
-        return 0;
-    }
+    let now = Instant::now();
     let mut cut = 0;
-    for c in live.iter_mut().filter(|c| !c.cut) {
-        if c.sending.stalled_for().is_some_and(|t| t >= patience) {
-            c.cut = true;
-            cut += 1;
-            c.stream.shutdown(Shutdown::Both);
-            if cfg.verbose {
-                eprintln!(
-                    "cairn serve: {}: took no reply bytes for {} s while other requests \
-                     waited for memory (--max-inflight): connection closed",
-                    c.peer,
-                    patience.as_secs_f64()
-                );
-            }
+    for c in live.iter_mut() {
+        let Some(written) = c.watch.stalled_for() else {
+            c.queue = None;
+            continue;
+        };
+        let unsent = c.stream.unsent();
+        let queued_since = match c.queue {
+            Some((n, since)) if Some(n) == unsent => since,
+            _ => now,
+        };
+        c.queue = unsent.map(|n| (n, queued_since));
+        let still = written.min(now.saturating_duration_since(queued_since));
+        if patience >= cfg.io_timeout
+            || still < patience
+            || c.watch.was_cut()
+            || !common.budget.others_wait(&c.watch)
+        {
+            continue;
+        }
+        c.watch.cut();
+        cut += 1;
+        c.stream.shutdown(Shutdown::Both);
+        if cfg.verbose {
+            eprintln!(
+                "cairn serve: {}: its reply did not move for {} s while other clients' \
+                 requests waited for memory (--max-inflight): connection closed",
+                c.peer,
+                patience.as_secs_f64()
+            );
         }
     }
     cut
@@ -598,7 +637,7 @@ fn handshake(
 
 /// Serve one client. Returns what went wrong if the client broke the
 /// protocol or the socket failed.
-fn connection(stream: Stream, common: &Common, sending: &Sending) -> Option<String> {
+fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> {
     let config = &common.config;
     let (mut talk, neg) = match handshake(&stream, common) {
         Ok(Some(x)) => x,
@@ -638,7 +677,7 @@ fn connection(stream: Stream, common: &Common, sending: &Sending) -> Option<Stri
         io_timeout: config.io_timeout,
         idle_timeout: config.idle_timeout,
         draining: &common.draining,
-        sending,
+        watch,
     };
     let end = transmission::run(reader, &mut talk, export, neg, &limits);
     stream.shutdown(Shutdown::Both);

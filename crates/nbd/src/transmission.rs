@@ -20,7 +20,7 @@
 //! stops arriving is timed out by the time since its last byte.
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
-use crate::limits::{Budget, BufPool, Grant, Sending};
+use crate::limits::{Budget, BufPool, Grant, Watch};
 use crate::proto::{self, cflag, cmd, err, reply, Replies, Request, EXTENDED_REQUEST_LEN};
 use crate::Export;
 use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
@@ -35,7 +35,7 @@ const COALESCE: usize = 64 << 10;
 /// A write's payload is granted and read in steps of this size.
 const PAYLOAD_STEP: usize = 256 << 10;
 /// Reply data goes out in writes of this size at most, each one progress
-/// the server sees ([`Sending`]).
+/// the server sees ([`Watch`]; it also sees the socket's send queue move).
 const SEND_STEP: usize = 1 << 20;
 /// The socket's read buffer.
 const READ_BUFFER: usize = 128 << 10;
@@ -81,8 +81,8 @@ pub(crate) struct Limits<'a> {
     pub idle_timeout: Option<Duration>,
     /// Set when the server stops: readers stop taking requests.
     pub draining: &'a AtomicBool,
-    /// When this connection's reply last took bytes.
-    pub sending: &'a Sending,
+    /// What the server watches of this connection.
+    pub watch: &'a Watch,
 }
 
 struct Shared<'a, R, W> {
@@ -144,7 +144,7 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
     let pool = sh.limits.pool;
     let give_up = || sh.stopping();
     loop {
-        let mut grant = Grant::new(&sh.conn_budget, sh.limits.server_budget);
+        let mut grant = Grant::watched(&sh.conn_budget, sh.limits.server_budget, sh.limits.watch);
         let mut buf = pool.get();
         let job = {
             let Ok(mut r) = sh.reader.lock() else { return };
@@ -170,7 +170,7 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
             // a stream that may end inside that one.
             Ok(_) if sh.broken.load(Ordering::Acquire) => Err(None),
             Ok(mut w) => {
-                let sent = send(&mut *w, &out, data, sh.limits.sending);
+                let sent = send(&mut *w, &out, data, sh.limits.watch);
                 if sent.is_err() {
                     sh.broken.store(true, Ordering::Release);
                 }
@@ -193,24 +193,19 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
 }
 
 /// Write a reply's header (and short data) `head`, then `data`, in steps
-/// of at most [`SEND_STEP`], telling `sending` of each.
-fn send<W: Write>(
-    w: &mut W,
-    head: &[u8],
-    data: Option<&[u8]>,
-    sending: &Sending,
-) -> io::Result<()> {
-    sending.progress();
+/// of at most [`SEND_STEP`], telling `watch` of each.
+fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) -> io::Result<()> {
+    watch.progress();
     let sent = (|| {
         for part in [head, data.unwrap_or_default()] {
             for step in part.chunks(SEND_STEP) {
                 w.write_all(step)?;
-                sending.progress();
+                watch.progress();
             }
         }
         w.flush()
     })();
-    sending.done();
+    watch.done();
     sent
 }
 

@@ -913,6 +913,39 @@ fn session_over_bytes_speaks_extended_headers() {
     }
 }
 
+/// Take the replies to `n` reads of the whole export sent with cookies
+/// from `first` on, each `expected`; with `pace`, a step of so many bytes
+/// at most and then a sleep.
+fn take_replies(
+    c: &mut Client,
+    first: u64,
+    n: usize,
+    expected: &[u8],
+    pace: Option<(usize, std::time::Duration)>,
+) {
+    let mut cookies: Vec<u64> = Vec::new();
+    for _ in 0..n {
+        let h = read_n(&mut c.s, 20);
+        assert_eq!(proto::be32(&h[0..4]), proto::STRUCTURED_REPLY_MAGIC);
+        let cookie = proto::be64(&h[8..16]);
+        let len = proto::be32(&h[16..20]) as usize;
+        let mut d = Vec::with_capacity(len);
+        while d.len() < len {
+            let step = pace.map_or(len, |(step, _)| step).min(len - d.len());
+            d.extend(read_n(&mut c.s, step));
+            if let Some((_, pause)) = pace {
+                std::thread::sleep(pause);
+            }
+        }
+        assert_eq!(proto::be16(&h[6..8]), reply::OFFSET_DATA);
+        assert!(d[8..] == expected[..], "reply {cookie}");
+        assert_ne!(proto::be16(&h[4..6]) & reply::FLAG_DONE, 0);
+        cookies.push(cookie);
+    }
+    cookies.sort_unstable();
+    assert_eq!(cookies, (first..first + n as u64).collect::<Vec<_>>());
+}
+
 /// Send `n` reads of the whole 1 MiB export without reading a reply.
 fn reads_not_taken(c: &mut Client, n: usize) {
     for _ in 0..n {
@@ -950,20 +983,46 @@ fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() 
     let first = slow.cookie + 1;
     reads_not_taken(&mut slow, READS);
     std::thread::sleep(std::time::Duration::from_millis(2500));
-    let mut cookies: Vec<u64> = Vec::new();
-    for _ in 0..READS {
-        let h = read_n(&mut slow.s, 20);
-        assert_eq!(proto::be32(&h[0..4]), proto::STRUCTURED_REPLY_MAGIC);
-        let cookie = proto::be64(&h[8..16]);
-        let len = proto::be32(&h[16..20]) as usize;
-        let d = read_n(&mut slow.s, len);
-        assert_eq!(proto::be16(&h[6..8]), reply::OFFSET_DATA);
-        assert!(d[8..] == expected[..], "reply {cookie}");
-        assert_ne!(proto::be16(&h[4..6]) & reply::FLAG_DONE, 0);
-        cookies.push(cookie);
-    }
-    cookies.sort_unstable();
-    assert_eq!(cookies, (first..first + READS as u64).collect::<Vec<_>>());
+    take_replies(&mut slow, first, READS, &expected, None);
+    // A client that reads its replies slowly (640 KB/s: a 1 MiB write to
+    // it takes 1.6 s) while another waits for memory is not closed: its
+    // socket's send queue moves.
+    let busy_stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (addr, stop, expected) = (addr.clone(), busy_stop.clone(), expected.clone());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            c.go("mem");
+            let mut n = 0;
+            while !stop.load(Ordering::Acquire) {
+                assert!(c.read(0, SIZE as u64).unwrap() == expected);
+                n += 1;
+            }
+            n
+        })
+    };
+    // (Its receive buffer kept small, so the replies wait in the
+    // server's socket, not in the client's.)
+    let small: libc::c_int = 64 << 10;
+    // SAFETY: the socket is open for the call; SO_RCVBUF reads one int
+    // from `small`, which lives across it.
+    let set = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&slow.s),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &small as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0);
+    let first = slow.cookie + 1;
+    const PACED: usize = 10;
+    reads_not_taken(&mut slow, PACED);
+    let pace = (128 << 10, std::time::Duration::from_millis(200));
+    take_replies(&mut slow, first, PACED, &expected, Some(pace));
+    busy_stop.store(true, Ordering::Release);
+    assert!(busy.join().unwrap() > 0);
     // With another client waiting for memory, it is closed once its
     // reply has taken no bytes for stall_under_pressure, and the other
     // is answered.
