@@ -11,6 +11,7 @@ mod cache_cmd;
 mod diff_copy;
 mod generate;
 mod key_cmd;
+mod lz4;
 mod lzop;
 mod mount;
 mod pack;
@@ -1108,6 +1109,7 @@ fn lz4_arguments(
     // A mode given (-d, -z, -t, --list...): else lz4 decodes when the
     // first input's name ends in .lz4, and packs otherwise.
     let mut mode_given = cat;
+    let mut listing = false;
     // -B's block size, dropped for a legacy frame (always 8 MiB blocks).
     let (mut legacy, mut block) = (false, None);
     for a in args {
@@ -1132,6 +1134,7 @@ fn lz4_arguments(
             "-" => names.push(a),
             "--test" | "--list" | "--stdout" | "--to-stdout" => {
                 to_stdout = true;
+                listing |= s == "--list";
                 mode_given |= s != "--stdout" && s != "--to-stdout";
                 out.push(a);
             }
@@ -1182,6 +1185,10 @@ fn lz4_arguments(
         .is_some_and(|n| n != "-" && n != "stdin" && n.as_encoded_bytes().ends_with(b".lz4"));
     if !mode_given && first_is_lz4 {
         out.push("-d".into());
+    }
+    // `lz4 --list IN OUT` lists IN (OUT would be its output).
+    if listing && !multiple && names.len() == 2 {
+        names.pop();
     }
     if !multiple && names.len() > 2 {
         return Err(format!(

@@ -386,6 +386,10 @@ fn unpack_files(decode: &DecodeArgs, common: &CommonArgs) -> Result<()> {
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Zstd) {
         return list_as_zstd(&common.files);
     }
+    // `lz4 --list` reads the frame and block headers, as lz4 does.
+    if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Lz4) {
+        return crate::lz4::list(&common.files, common.verbose > 0);
+    }
     // `lzop -l` reads the headers and block sizes, as lzop does.
     if mode == UnpackMode::List && !common.json && crate::Tool::link() == Some(crate::Tool::Lzop) {
         return crate::lzop::list(common);
@@ -740,7 +744,7 @@ fn listed_time(secs: i64, year_if_old: bool) -> String {
 /// `path` opened for a listing to read (again), with its length, if it
 /// is a regular file: a FIFO is looked at, never opened (its open would
 /// wait for a writer, and what it held was read already).
-fn open_regular(path: &Path) -> Option<(std::fs::File, u64)> {
+pub(crate) fn open_regular(path: &Path) -> Option<(std::fs::File, u64)> {
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return None;
     }

@@ -1697,6 +1697,140 @@ fn xz_l_prints_the_tables_xz_prints() {
     }
 }
 
+/// `lz4 --list` through the lz4 link prints lz4 1.9.4's table (frames,
+/// their type and block kind where all share one, sizes, the ratio where
+/// every frame states its size), and with -v each file's frames on
+/// standard error; a file that is not lz4, or has bytes after its frames
+/// that begin none, ends the run with lz4's words and status. cairn
+/// printed a table of its own.
+#[test]
+fn lz4_list_prints_the_table_lz4_prints() {
+    if !have("lz4") {
+        return;
+    }
+    let dir = tempdir();
+    let sides = tool_and_link(dir.path(), "lz4");
+    let d = dir.path();
+    let data = mixed(3_000_000, 93);
+    let lz4 = |args: &[&str], input: &[u8]| run_ok("lz4", args, input);
+    let streamed = lz4(&["-c"], &data);
+    let sized = lz4(&["-c", "--content-size"], &data);
+    let small = lz4(&["-c", "-B4", "--content-size"], &data[..100]);
+    let skippable = [
+        &0x184D_2A50u32.to_le_bytes()[..],
+        &4u32.to_le_bytes(),
+        b"abcd",
+    ]
+    .concat();
+    let files: [(&str, Vec<u8>); 14] = [
+        ("streamed.lz4", streamed.clone()),
+        ("sized.lz4", sized.clone()),
+        (
+            "linked.lz4",
+            lz4(&["-c", "-BD", "-B4", "--no-frame-crc"], &data),
+        ),
+        ("legacy.lz4", lz4(&["-c", "-l"], &data)),
+        ("two.lz4", [streamed.clone(), sized.clone()].concat()),
+        ("mixed-blocks.lz4", [sized.clone(), small.clone()].concat()),
+        (
+            "skip-first.lz4",
+            [skippable.clone(), sized.clone()].concat(),
+        ),
+        (
+            "legacy-then.lz4",
+            [lz4(&["-c", "-l"], &data), sized.clone()].concat(),
+        ),
+        ("skip-only.lz4", skippable.clone()),
+        ("empty-input.lz4", lz4(&["-c", "--content-size"], b"")),
+        ("garbage-after.lz4", [&sized[..], b"garbage!"].concat()),
+        ("short-tail.lz4", [&sized[..], b"ab"].concat()),
+        ("cut-header.lz4", sized[..6].to_vec()),
+        ("zero-bytes", Vec::new()),
+    ];
+    for (name, bytes) in &files {
+        std::fs::write(d.join(name), bytes).unwrap();
+    }
+    std::fs::write(d.join("plain"), &data[..1000]).unwrap();
+    std::fs::create_dir(d.join("dir")).unwrap();
+    let mut cases: Vec<Vec<&str>> = files.iter().map(|(n, _)| vec![*n]).collect();
+    cases.extend([
+        vec!["plain"],
+        vec!["dir"],
+        vec!["missing"],
+        // Several with -m; the first that fails ends the run.
+        vec!["-m", "streamed.lz4", "sized.lz4", "legacy-then.lz4"],
+        vec!["-m", "streamed.lz4", "garbage-after.lz4", "sized.lz4"],
+        vec!["-m", "sized.lz4", "missing", "streamed.lz4"],
+        // Without -m, a second name is the output: the first is listed.
+        vec!["sized.lz4", "out"],
+    ]);
+    for files in &cases {
+        for verbose in [false, true] {
+            let mut seen = vec![];
+            for (_, exe) in &sides {
+                let mut args = vec!["--list"];
+                args.extend(verbose.then_some("-v"));
+                args.extend(files);
+                let out = tool_in(d, exe, &args);
+                // (Each names itself in -v's first line.)
+                let stderr: String = String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .filter(|l| !l.starts_with("***"))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                seen.push((
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr,
+                ));
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "lz4 --list (-v: {verbose}) {files:?}: lz4's, the link's"
+            );
+        }
+    }
+    // Standard input, named stdin: listed where it is a file, refused
+    // where it is a pipe.
+    for verbose in [false, true] {
+        for piped in [false, true] {
+            let mut seen = vec![];
+            for (_, exe) in &sides {
+                let mut args = vec!["--list"];
+                args.extend(verbose.then_some("-v"));
+                let mut cmd = std::process::Command::new(exe);
+                cmd.args(&args).current_dir(d);
+                let out = match piped {
+                    true => pipe(&mut cmd, &sized),
+                    false => cmd
+                        .stdin(std::fs::File::open(d.join("sized.lz4")).unwrap())
+                        .output()
+                        .unwrap(),
+                };
+                let stderr: Vec<String> = String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .filter(|l| !l.starts_with("***"))
+                    .map(str::to_string)
+                    .collect();
+                seen.push((out.status.code(), out.stdout, stderr));
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "lz4 --list (-v: {verbose}) of standard input (a pipe: {piped})"
+            );
+        }
+    }
+    // A frame cut inside its blocks: lz4 lists made-up sizes (status 0);
+    // cairn says where it ends, status 1.
+    std::fs::write(d.join("cut.lz4"), &sized[..1000]).unwrap();
+    let out = tool_in(d, &sides[1].1, ["--list", "cut.lz4"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "lz4: cut.lz4: unexpected end of input at offset 1000 (truncated file?)\n"
+    );
+}
+
 /// xz's -S takes any suffix, one that starts with `-` or holds a `C`
 /// too (the link read `-S -r` as -r and `-SxCz` as -C z).
 #[test]

@@ -569,11 +569,362 @@ fn blocks(unit: &Unit, flg: u32, out: &mut Vec<u8>, whole: &mut usize) -> Result
     Ok(())
 }
 
+/// What a frame of an lz4 file is, as `lz4 --list` tells them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListedKind {
+    /// An LZ4 frame.
+    Frame {
+        /// Its block size id (4-7: 64 KiB to 4 MiB).
+        block_id: u8,
+        /// Whether its blocks are independent (`lz4 -BD` links them).
+        independent: bool,
+        /// Whether it ends in an XXH32 of its content.
+        content_check: bool,
+        /// The content size its header states (`None` where it states
+        /// none, or 0, which lz4 takes for none).
+        content_size: Option<u64>,
+    },
+    /// A legacy frame (`lz4 -l`).
+    Legacy,
+    /// A skippable frame.
+    Skippable,
+}
+
+/// One frame of an lz4 file and its length in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedFrame {
+    /// What it is.
+    pub kind: ListedKind,
+    /// Its bytes, magic to end mark and checksum.
+    pub len: u64,
+}
+
+/// The frames [`frames`] found in a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// The frames, in order.
+    pub frames: Vec<ListedFrame>,
+    /// Where bytes follow the last frame (or begin the input) that begin
+    /// no frame, and how many of them (up to 4) were read there: `lz4
+    /// --list` names the place and fails.
+    pub garbage: Option<(u64, usize)>,
+}
+
+/// The frames of the lz4 file `r` reads (from its start), as `lz4 --list`
+/// walks them: each header read whole, blocks passed over by their sizes
+/// (`pass_over` moves `r` on by a number of bytes and says how many it
+/// passed, fewer only at the end; a file seeks); a legacy frame ends at
+/// the end of the input or at a block size no legacy block can have, as
+/// lz4 ends it. `size`, where the input's length is known, is checked
+/// against what the frames claim. An input that begins with no frame
+/// magic has no frames and garbage at 0; [`CodecError::UnknownFormat`]
+/// where it is empty or its first frame header is cut short; another
+/// error names what is wrong and where. Nothing is decoded or checked but the headers, and memory stays
+/// within a header.
+pub fn frames<R: std::io::Read>(
+    r: &mut R,
+    size: Option<u64>,
+    pass_over: fn(&mut R, u64) -> std::io::Result<u64>,
+) -> Result<Listing> {
+    let fill = super::read_up_to::<R>;
+    let truncated = |offset| CodecError::Truncated {
+        format: NAME,
+        offset,
+    };
+    // Pass `n` bytes that begin at `at`; the offset after them.
+    let pass = |r: &mut R, at: u64, n: u64| -> Result<u64> {
+        let end = at.checked_add(n).ok_or_else(|| truncated(at))?;
+        if size.is_some_and(|s| end > s) {
+            return Err(truncated(size.unwrap_or(at)));
+        }
+        let passed = pass_over(r, n).map_err(|source| CodecError::Io { offset: at, source })?;
+        if passed < n {
+            return Err(truncated(at + passed));
+        }
+        Ok(end)
+    };
+    // lz4's bound on a legacy block: LZ4_compressBound(8 MiB).
+    let legacy_bound = (LEGACY_BLOCK + LEGACY_BLOCK / 255 + 16) as u32;
+    let mut listing = Listing::default();
+    let mut at = 0u64;
+    let mut b = Vec::with_capacity(32);
+    // The size word of a legacy block read past the end of its frame:
+    // the next frame's magic.
+    let mut held: Option<[u8; 4]> = None;
+    loop {
+        b.clear();
+        match held.take() {
+            Some(word) => b.extend_from_slice(&word),
+            None => fill(r, &mut b, 4, at)?,
+        }
+        if b.is_empty() && listing.frames.is_empty() {
+            return Err(CodecError::UnknownFormat);
+        }
+        if b.len() < 4 {
+            listing.garbage = (!b.is_empty()).then_some((at, b.len()));
+            return Ok(listing);
+        }
+        let start = at;
+        let magic = le32(&b, 0);
+        let kind = if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+            fill(r, &mut b, 8, at)?;
+            if b.len() < 8 {
+                return Err(truncated(at + b.len() as u64));
+            }
+            at = pass(r, at + 8, u64::from(le32(&b, 4)))?;
+            ListedKind::Skippable
+        } else if magic == LEGACY_MAGIC {
+            at += 4;
+            loop {
+                b.clear();
+                fill(r, &mut b, 4, at)?;
+                match b.len() {
+                    0 => break,
+                    4 => {}
+                    got => return Err(truncated(at + got as u64)),
+                }
+                let block = le32(&b, 0);
+                if block > legacy_bound {
+                    held = Some([b[0], b[1], b[2], b[3]]);
+                    break;
+                }
+                at = pass(r, at + 4, u64::from(block))?;
+            }
+            ListedKind::Legacy
+        } else if magic == MAGIC {
+            // A file cut inside its first header does not begin as lz4.
+            let cut = |got: usize| match listing.frames.is_empty() {
+                true => CodecError::UnknownFormat,
+                false => truncated(at + got as u64),
+            };
+            fill(r, &mut b, 7, at)?;
+            if b.len() < 7 {
+                return Err(cut(b.len()));
+            }
+            let (flg, bd) = (b[4], b[5]);
+            if flg >> 6 != 1 || flg & 0x02 != 0 || bd & 0x8F != 0 || (bd >> 4) & 7 < 4 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    at + 4,
+                    "invalid frame descriptor",
+                ));
+            }
+            let desc_len = 2
+                + if flg & FLG_CONTENT_SIZE != 0 { 8 } else { 0 }
+                + if flg & FLG_DICT_ID != 0 { 4 } else { 0 };
+            fill(r, &mut b, 4 + desc_len + 1, at)?;
+            if b.len() < 4 + desc_len + 1 {
+                return Err(cut(b.len()));
+            }
+            if (xxh32(&b[4..4 + desc_len]) >> 8) as u8 != b[4 + desc_len] {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    at + 4 + desc_len as u64,
+                    "frame descriptor checksum mismatch",
+                ));
+            }
+            let content_size = (flg & FLG_CONTENT_SIZE != 0)
+                .then(|| u64::from_le_bytes(b[6..14].try_into().unwrap_or_default()))
+                .filter(|&n| n != 0);
+            at += 4 + desc_len as u64 + 1;
+            let block_sum = if flg & FLG_BLOCK_CHECKSUM != 0 { 4 } else { 0 };
+            loop {
+                b.clear();
+                fill(r, &mut b, 4, at)?;
+                if b.len() < 4 {
+                    return Err(truncated(at + b.len() as u64));
+                }
+                let block = le32(&b, 0) & !UNCOMPRESSED_BIT;
+                if block == 0 {
+                    at += 4;
+                    break;
+                }
+                at = pass(r, at + 4, u64::from(block) + block_sum)?;
+            }
+            if flg & FLG_CONTENT_CHECKSUM != 0 {
+                at = pass(r, at, 4)?;
+            }
+            ListedKind::Frame {
+                block_id: (bd >> 4) & 7,
+                independent: flg & FLG_INDEP != 0,
+                content_check: flg & FLG_CONTENT_CHECKSUM != 0,
+                content_size,
+            }
+        } else {
+            listing.garbage = Some((at, 4));
+            return Ok(listing);
+        };
+        listing.frames.push(ListedFrame {
+            kind,
+            len: at - start,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::format::{decode_all, encode_all, EncodeOptions, Format};
     use crate::testutil::noise;
+
+    /// A frame written by hand: block size id 5, the flags `flg` adds to
+    /// version 1, a content size if given, blocks of the given lengths
+    /// (their bytes not LZ4, which listing never reads), an end mark and a
+    /// content checksum if flagged.
+    fn frame_by_hand(flg: u8, content: Option<u64>, blocks: &[u32]) -> Vec<u8> {
+        let flg = 0x40
+            | flg
+            | if content.is_some() {
+                FLG_CONTENT_SIZE
+            } else {
+                0
+            };
+        let mut desc = vec![flg, 0x50];
+        if let Some(c) = content {
+            desc.extend_from_slice(&c.to_le_bytes());
+        }
+        let mut out = MAGIC.to_le_bytes().to_vec();
+        out.extend_from_slice(&desc);
+        out.push((xxh32(&desc) >> 8) as u8);
+        for &n in blocks {
+            out.extend_from_slice(&n.to_le_bytes());
+            out.extend(std::iter::repeat_n(7u8, (n & !UNCOMPRESSED_BIT) as usize));
+            if flg & FLG_BLOCK_CHECKSUM != 0 {
+                out.extend_from_slice(&[1; 4]);
+            }
+        }
+        out.extend_from_slice(&[0; 4]);
+        if flg & FLG_CONTENT_CHECKSUM != 0 {
+            out.extend_from_slice(&[2; 4]);
+        }
+        out
+    }
+
+    /// [`frames`] over `file` as lz4 reads a file: by seeking, its size
+    /// known; and as it would read a stream, by reading.
+    fn listed(file: &[u8]) -> Result<Listing> {
+        let mut r = std::io::Cursor::new(file.to_vec());
+        let seeking = frames(&mut r, Some(file.len() as u64), |r, n| {
+            r.set_position(r.position() + n);
+            Ok(n)
+        });
+        let mut r = std::io::Cursor::new(file.to_vec());
+        let reading = frames(&mut r, None, |r, n| {
+            std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink())
+        });
+        assert_eq!(format!("{seeking:?}"), format!("{reading:?}"));
+        seeking
+    }
+
+    #[test]
+    fn frames_of_every_kind_are_listed_with_their_lengths() {
+        let sized = frame_by_hand(
+            FLG_INDEP | FLG_CONTENT_CHECKSUM,
+            Some(500),
+            &[100, 0x8000_0020],
+        );
+        let linked = frame_by_hand(FLG_BLOCK_CHECKSUM, Some(0), &[10]);
+        let skippable = [
+            &0x184D_2A5Fu32.to_le_bytes()[..],
+            &3u32.to_le_bytes(),
+            b"xyz",
+        ]
+        .concat();
+        // A legacy frame ends where a size no legacy block has follows:
+        // the next frame's magic.
+        let old = [
+            &LEGACY_MAGIC.to_le_bytes()[..],
+            &5u32.to_le_bytes(),
+            &[9; 5],
+            &2u32.to_le_bytes(),
+            &[9; 2],
+        ]
+        .concat();
+        let file = [&sized[..], &linked, &skippable, &old, &sized].concat();
+        let l = listed(&file).unwrap();
+        let sized_kind = ListedKind::Frame {
+            block_id: 5,
+            independent: true,
+            content_check: true,
+            content_size: Some(500),
+        };
+        assert_eq!(
+            l.frames,
+            vec![
+                ListedFrame {
+                    kind: sized_kind,
+                    len: sized.len() as u64
+                },
+                // (A content size of 0 is none, as lz4 takes it.)
+                ListedFrame {
+                    kind: ListedKind::Frame {
+                        block_id: 5,
+                        independent: false,
+                        content_check: false,
+                        content_size: None,
+                    },
+                    len: linked.len() as u64,
+                },
+                ListedFrame {
+                    kind: ListedKind::Skippable,
+                    len: 11
+                },
+                ListedFrame {
+                    kind: ListedKind::Legacy,
+                    len: old.len() as u64
+                },
+                ListedFrame {
+                    kind: sized_kind,
+                    len: sized.len() as u64
+                },
+            ]
+        );
+        assert_eq!(l.garbage, None);
+        // A legacy frame at the end ends with the input.
+        let l = listed(&[&sized[..], &old].concat()).unwrap();
+        assert_eq!(
+            l.frames[1],
+            ListedFrame {
+                kind: ListedKind::Legacy,
+                len: old.len() as u64
+            }
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_frame_is_named_where_it_begins() {
+        let f = frame_by_hand(FLG_INDEP, None, &[40]);
+        let end = f.len() as u64;
+        assert_eq!(
+            listed(&[&f[..], b"junk!"].concat()).unwrap().garbage,
+            Some((end, 4))
+        );
+        assert_eq!(
+            listed(&[&f[..], b"ab"].concat()).unwrap().garbage,
+            Some((end, 2))
+        );
+        let none = listed(b"not lz4 at all").unwrap();
+        assert_eq!((none.frames.len(), none.garbage), (0, Some((0, 4))));
+        assert_eq!(listed(b"x").unwrap().garbage, Some((0, 1)));
+        // Empty, or cut in the first header: not lz4.
+        assert!(matches!(listed(b""), Err(CodecError::UnknownFormat)));
+        assert!(matches!(listed(&f[..6]), Err(CodecError::UnknownFormat)));
+        // Cut later: where it ends.
+        for cut in [f.len() - 1, 20, 8] {
+            match listed(&f[..cut]) {
+                Err(CodecError::Truncated { offset, .. }) => {
+                    assert!(offset <= cut as u64, "{cut}: {offset}")
+                }
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
+        let two = [&f[..], &f[..9]].concat();
+        assert!(matches!(listed(&two), Err(CodecError::Truncated { .. })));
+        // A damaged descriptor.
+        let mut bad = f.clone();
+        bad[6] ^= 1;
+        assert!(matches!(listed(&bad), Err(CodecError::Corrupt { .. })));
+    }
 
     /// A legacy frame as `lz4 -l` writes it: the magic, then each 8 MiB
     /// of `data` as a size and an LZ4 block.

@@ -531,27 +531,7 @@ pub fn members<R: std::io::Read>(
 ) -> Result<Listing> {
     let mut at = 0u64;
     let mut b = Vec::new();
-    // Read to `n` bytes in `b`, short only at the end of the input.
-    let fill = |r: &mut R, b: &mut Vec<u8>, n: usize, at: u64| -> Result<()> {
-        let have = b.len();
-        b.resize(n, 0);
-        let mut got = have;
-        while got < n {
-            match r.read(&mut b[got..]) {
-                Ok(0) => break,
-                Ok(k) => got += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(CodecError::Io {
-                        offset: at + got as u64,
-                        source,
-                    })
-                }
-            }
-        }
-        b.truncate(got);
-        Ok(())
-    };
+    let fill = super::read_up_to::<R>;
     let mut members = Vec::new();
     loop {
         b.clear();

@@ -991,6 +991,34 @@ pub(crate) fn in_stream(e: CodecError, format: &'static str, base: u64) -> Codec
 }
 
 /// Little-endian u32 at `at` (the caller has checked the length).
+/// Read from `r` until `b` holds `n` bytes, short only at the end of the
+/// input; `at` is where `b` begins in the stream, for the error.
+pub(crate) fn read_up_to<R: std::io::Read>(
+    r: &mut R,
+    b: &mut Vec<u8>,
+    n: usize,
+    at: u64,
+) -> Result<()> {
+    let have = b.len();
+    b.resize(n.max(have), 0);
+    let mut got = have;
+    while got < n {
+        match r.read(&mut b[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(CodecError::Io {
+                    offset: at + got as u64,
+                    source,
+                })
+            }
+        }
+    }
+    b.truncate(got);
+    Ok(())
+}
+
 pub(crate) fn le32(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];
     w.copy_from_slice(&b[at..at + 4]);

@@ -1,0 +1,227 @@
+//! `lz4 --list` through the lz4 link, as lz4 1.9.4 prints it: a line per
+//! file (frames, their type and block kind if all share one, sizes, the
+//! ratio where every frame states its content size), or with `-v` each
+//! file's frames on standard error, from the frame and block headers
+//! (`cairn_codec::format::lz4::frames`). The first file that cannot be
+//! listed ends the run, as in lz4.
+
+use anyhow::Result;
+use cairn_codec::format::lz4::{frames, ListedFrame, ListedKind, Listing};
+use cairn_codec::CodecError;
+use std::io::{BufReader, Seek};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+/// lz4's human size: 1024s, two decimals, a unit letter past bytes.
+fn human(n: u64) -> String {
+    let mut size = n as f64;
+    let mut unit = 0;
+    while size >= 1024.0 && unit < 8 {
+        size /= 1024.0;
+        unit += 1;
+    }
+    let letter = ["", "K", "M", "G", "T", "P", "E", "Z", "Y"][unit];
+    format!("{size:.2}{letter}")
+}
+
+fn type_name(kind: &ListedKind) -> &'static str {
+    match kind {
+        ListedKind::Frame { .. } => "LZ4Frame",
+        ListedKind::Legacy => "LegacyFrame",
+        ListedKind::Skippable => "SkippableFrame",
+    }
+}
+
+/// "B7I": the block size id and whether blocks are independent (or
+/// linked, D); `-` for frames without blocks of that kind.
+fn block_kind(kind: &ListedKind) -> String {
+    match kind {
+        ListedKind::Frame {
+            block_id,
+            independent,
+            ..
+        } => format!("B{block_id}{}", if *independent { 'I' } else { 'D' }),
+        _ => "-".into(),
+    }
+}
+
+fn content_size(kind: &ListedKind) -> Option<u64> {
+    match kind {
+        ListedKind::Frame { content_size, .. } => *content_size,
+        _ => None,
+    }
+}
+
+/// `lz4 -v --list`'s line of one frame.
+fn frame_line(n: usize, f: &ListedFrame) -> String {
+    let head = format!(
+        "{n:>10} {:>14} {:>5} {:>8} {:>20}",
+        type_name(&f.kind),
+        block_kind(&f.kind),
+        match f.kind {
+            ListedKind::Frame {
+                content_check: true,
+                ..
+            } => "XXH32",
+            _ => "-",
+        },
+        f.len
+    );
+    match (&f.kind, content_size(&f.kind)) {
+        (_, Some(c)) => format!("{head} {c:>20} {:>9.2}%", f.len as f64 / c as f64 * 100.0),
+        // (lz4 leaves a space after a frame of unknown size.)
+        (ListedKind::Frame { .. }, None) => format!("{head} {:>20} {:>9} ", "-", "-"),
+        _ => format!("{head} {:>20} {:>9}", "-", "-"),
+    }
+}
+
+/// `lz4 --list`'s line of one file of `size` bytes.
+fn file_line(listing: &Listing, size: u64, name: &str) -> String {
+    let fs = &listing.frames;
+    let same = |f: &dyn Fn(&ListedFrame) -> String| {
+        let first = fs.first().map(f).unwrap_or_default();
+        match fs.iter().all(|x| f(x) == first) {
+            true => first,
+            false => "-".into(),
+        }
+    };
+    let head = format!(
+        "{:>10} {:>14} {:>5} {:>11}",
+        fs.len(),
+        same(&|f| type_name(&f.kind).to_string()),
+        same(&|f| block_kind(&f.kind)),
+        human(size)
+    );
+    let content: Option<u64> = fs
+        .iter()
+        .map(|f| content_size(&f.kind))
+        .try_fold(0u64, |sum, c| c.and_then(|c| sum.checked_add(c)));
+    match content.filter(|&c| c > 0) {
+        Some(c) => format!(
+            "{head} {:>13} {:>9.2}%  {name} ",
+            human(c),
+            size as f64 / c as f64 * 100.0
+        ),
+        None => format!("{head} {:>13} {:>9}   {name}", "-", "-"),
+    }
+}
+
+/// Pass over `n` bytes of a file by seeking (its size is checked apart).
+fn seek_past(r: &mut BufReader<std::fs::File>, n: u64) -> std::io::Result<u64> {
+    let by =
+        i64::try_from(n).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    r.seek_relative(by)?;
+    Ok(n)
+}
+
+/// The input opened to be listed, with the bytes it holds from where it
+/// is read, if it is a regular file: lz4 lists nothing else, standard
+/// input (`None`) only where it is a file.
+fn open_input(path: Option<&PathBuf>) -> Option<(std::fs::File, u64)> {
+    let Some(path) = path else {
+        let mut file = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().ok()?);
+        let meta = file.metadata().ok().filter(|m| m.is_file())?;
+        let at = file.stream_position().ok()?;
+        return Some((file, meta.len().saturating_sub(at)));
+    };
+    crate::pack::open_regular(path)
+}
+
+/// A file's frames and its size, or lz4's words for why not and its status.
+fn walk(file: std::fs::File, size: u64, name: &str) -> Result<(Listing, u64), (String, u8)> {
+    let mut r = BufReader::new(file);
+    frames(&mut r, Some(size), seek_past)
+        .map(|l| (l, size))
+        .map_err(|e| {
+            tracing::debug!(error = %e, "lz4 --list");
+            let why = match e {
+                CodecError::Truncated { offset, .. } => {
+                    format!("unexpected end of input at offset {offset} (truncated file?)")
+                }
+                CodecError::Io { offset, source } => format!(
+                    "read error at offset {offset}: {}",
+                    crate::pack::io_reason(&source)
+                ),
+                _ => "File format not recognized ".into(),
+            };
+            (format!("lz4: {name}: {why}"), 1)
+        })
+}
+
+/// `lz4 --list [-v] FILES` (no file, or `-`: standard input, named
+/// `stdin`).
+pub(crate) fn list(files: &[PathBuf], verbose: bool) -> Result<()> {
+    let inputs: Vec<Option<&PathBuf>> = match files.is_empty() {
+        true => vec![None],
+        false => files
+            .iter()
+            .map(|f| (f.as_os_str() != "-").then_some(f))
+            .collect(),
+    };
+    let table = "    Frames           Type Block  Compressed  Uncompressed     Ratio   Filename";
+    let frames_table = "     Frame           Type Block Checksum           Compressed         Uncompressed     Ratio";
+    if !verbose {
+        outln!("{table}");
+    }
+    for (i, path) in inputs.iter().enumerate() {
+        let name = path.map_or("stdin".to_string(), |p| p.display().to_string());
+        let Some((file, size)) = open_input(*path) else {
+            errln!("lz4: {name} is not a regular file ");
+            return Err(crate::Warned(1).into());
+        };
+        if verbose {
+            errln!("{name}({}/{})", i + 1, inputs.len());
+            errln!("{frames_table}");
+        }
+        let (listing, size) = match walk(file, size, &name) {
+            Ok(found) => found,
+            Err((why, status)) => {
+                errln!("{why}");
+                return Err(crate::Warned(status).into());
+            }
+        };
+        if verbose {
+            for (n, f) in listing.frames.iter().enumerate() {
+                errln!("{}", frame_line(n + 1, f));
+            }
+        }
+        match listing.garbage {
+            // What follows the frames but begins none: lz4 names where
+            // (after the 4 bytes it read) and fails.
+            Some((at, 4)) => {
+                if verbose {
+                    errln!(
+                        "Stream followed by undecodable data at position {} ",
+                        at + 4
+                    );
+                }
+                errln!("lz4: {name}: File format not recognized ");
+                return Err(crate::Warned(1).into());
+            }
+            Some(_) => {
+                errln!("Error 40 : Unrecognized header : Magic Number unreadable ");
+                return Err(crate::Warned(40).into());
+            }
+            None => {}
+        }
+        match verbose {
+            true => errln!(),
+            false => outln!("{}", file_line(&listing, size, &name)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_put_as_lz4_puts_them() {
+        assert_eq!(human(0), "0.00");
+        assert_eq!(human(1000), "1000.00");
+        assert_eq!(human(1024), "1.00K");
+        assert_eq!(human(220_963), "215.78K");
+        assert_eq!(human(3_000_000), "2.86M");
+    }
+}
