@@ -165,23 +165,53 @@ impl Stream {
         })
     }
 
-    /// Bytes written to the socket that the peer has not taken yet
-    /// (`SIOCOUTQ`: for TCP those not acknowledged, for a Unix socket
-    /// those not read); `None` where it cannot be asked.
-    fn unsent(&self) -> Option<i32> {
-        let fd = match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-        };
-        let mut n: libc::c_int = 0;
-        // SAFETY: `fd` is this stream's open socket, which `self` keeps
-        // open through the call; SIOCOUTQ (TIOCOUTQ's number) writes one
-        // int, to `n`, which lives across the call. (Test:
-        // `a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory`
-        // in tests/protocol.rs, where a client that reads again is seen
-        // moving.)
-        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
-        (r == 0).then_some(n)
+    /// Bytes the client has taken from this socket so far, as far as it
+    /// can be told: for TCP those it acknowledged (`TCP_INFO`'s
+    /// `tcpi_bytes_acked`, counted by the kernel); for a Unix socket the
+    /// drops of its queue of unread bytes (`SIOCOUTQ`) summed in `unix`
+    /// from one look to the next. `None` where neither can be asked.
+    fn taken(&self, unix: &mut UnixDrain) -> Option<u64> {
+        match self {
+            Stream::Tcp(s) => {
+                // SAFETY: all-zero bytes are a valid tcp_info (plain
+                // integers).
+                let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+                let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+                // SAFETY: the socket is open (`s` keeps it so through the
+                // call); the kernel writes at most `len` bytes to `info`,
+                // which lives across the call, and says in `len` how many.
+                let r = unsafe {
+                    libc::getsockopt(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_INFO,
+                        &mut info as *mut libc::tcp_info as *mut libc::c_void,
+                        &mut len,
+                    )
+                };
+                // (A kernel whose tcp_info ends before the field: none.)
+                let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+                (r == 0 && len as usize >= needed).then_some(info.tcpi_bytes_acked)
+            }
+            Stream::Unix(s) => {
+                let mut n: libc::c_int = 0;
+                // SAFETY: the socket is open (`s` keeps it so through the
+                // call); SIOCOUTQ (TIOCOUTQ's number) writes one int, to
+                // `n`, which lives across the call.
+                let r = unsafe {
+                    libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n as *mut libc::c_int)
+                };
+                if r != 0 {
+                    return None;
+                }
+                let n = u64::try_from(n).unwrap_or(0);
+                if let Some(before) = unix.queued {
+                    unix.drained += before.saturating_sub(n);
+                }
+                unix.queued = Some(n);
+                Some(unix.drained)
+            }
+        }
     }
 
     fn shutdown(&self, how: Shutdown) {
@@ -317,10 +347,24 @@ struct Live {
     stream: Stream,
     peer: String,
     watch: Arc<Watch>,
-    /// While a reply is being sent: the bytes its socket held unsent when
-    /// last looked at, and since when they have been that many.
-    queue: Option<(i32, Instant)>,
+    /// While a reply is being sent: the bytes the client had taken (see
+    /// [`Stream::taken`]) when it last took [`MIN_DRAIN`] more, and when.
+    drain_mark: Option<(u64, Instant)>,
+    unix: UnixDrain,
 }
+
+/// What [`Stream::taken`] keeps of a Unix socket between looks.
+#[derive(Default)]
+struct UnixDrain {
+    /// Its queue of unread bytes at the last look.
+    queued: Option<u64>,
+    /// The drops of that queue, summed.
+    drained: u64,
+}
+
+/// A stalled reply's client must take at least this much in
+/// `stall_under_pressure` for its reply to count as moving.
+const MIN_DRAIN: u64 = 64 << 10;
 
 impl Server {
     /// A server for `exports` (the first is the default export).
@@ -425,7 +469,8 @@ impl Server {
                     stream: keep,
                     peer,
                     watch,
-                    queue: None,
+                    drain_mark: None,
+                    unix: UnixDrain::default(),
                 });
             }
         }
@@ -462,8 +507,10 @@ impl Server {
 /// `stall_under_pressure` while threads of other connections wait for
 /// the server budget (their threads then fail the write, end and give
 /// their grants back); returns how many were shut. A reply moves when a
-/// write of it returns or its socket's send queue changes (a client that
-/// reads slowly is not stalled). Called every tick of the accept loop.
+/// write of it returns or its client takes [`MIN_DRAIN`] bytes more from
+/// the socket (a client that reads slowly is not stalled; one that takes
+/// a few bytes now and then to look alive is). Called every tick of the
+/// accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
@@ -471,16 +518,21 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let mut cut = 0;
     for c in live.iter_mut() {
         let Some(written) = c.watch.stalled_for() else {
-            c.queue = None;
+            c.drain_mark = None;
             continue;
         };
-        let unsent = c.stream.unsent();
-        let queued_since = match c.queue {
-            Some((n, since)) if Some(n) == unsent => since,
-            _ => now,
-        };
-        c.queue = unsent.map(|n| (n, queued_since));
-        let still = written.min(now.saturating_duration_since(queued_since));
+        // Since when the client has taken less than MIN_DRAIN (where
+        // that can be told; else the writes alone say).
+        let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
+            Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
+            _ => {
+                c.drain_mark = Some((taken, now));
+                now
+            }
+        });
+        let still = draining_since.map_or(written, |since| {
+            written.min(now.saturating_duration_since(since))
+        });
         if patience >= cfg.io_timeout
             || still < patience
             || c.watch.was_cut()

@@ -35,7 +35,8 @@ const COALESCE: usize = 64 << 10;
 /// A write's payload is granted and read in steps of this size.
 const PAYLOAD_STEP: usize = 256 << 10;
 /// Reply data goes out in writes of this size at most, each one progress
-/// the server sees ([`Watch`]; it also sees the socket's send queue move).
+/// the server sees ([`Watch`]; it also sees what the client takes from
+/// the socket).
 const SEND_STEP: usize = 1 << 20;
 /// The socket's read buffer.
 const READ_BUFFER: usize = 128 << 10;

@@ -946,6 +946,20 @@ fn take_replies(
     assert_eq!(cookies, (first..first + n as u64).collect::<Vec<_>>());
 }
 
+/// A server budget of two reads of the whole export, `conn_budget` per
+/// connection, a stall under pressure of 1 s and an I/O timeout far
+/// beyond any test.
+fn tight_budget(conn_budget: u64) -> ServerConfig {
+    ServerConfig {
+        max_request: SIZE as u32,
+        conn_budget,
+        server_budget: 2 * SIZE as u64,
+        io_timeout: std::time::Duration::from_secs(600),
+        stall_under_pressure: std::time::Duration::from_secs(1),
+        ..ServerConfig::default()
+    }
+}
+
 /// Send `n` reads of the whole 1 MiB export without reading a reply.
 fn reads_not_taken(c: &mut Client, n: usize) {
     for _ in 0..n {
@@ -957,17 +971,7 @@ fn reads_not_taken(c: &mut Client, n: usize) {
 fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() {
     // One connection's budget is the server's: a client whose replies
     // stall holds all of it. The I/O timeout is far beyond the test.
-    let srv = start_configured(
-        exports(),
-        ServerConfig {
-            max_request: SIZE as u32,
-            conn_budget: 2 * SIZE as u64,
-            server_budget: 2 * SIZE as u64,
-            io_timeout: std::time::Duration::from_secs(600),
-            stall_under_pressure: std::time::Duration::from_secs(1),
-            ..ServerConfig::default()
-        },
-    );
+    let srv = start_configured(exports(), tight_budget(2 * SIZE as u64));
     let addr = srv.addr.clone();
     let expected = {
         let mut c = Client::connect(&addr);
@@ -1022,11 +1026,31 @@ fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() 
     let pace = (128 << 10, std::time::Duration::from_millis(200));
     take_replies(&mut slow, first, PACED, &expected, Some(pace));
     busy_stop.store(true, Ordering::Release);
-    assert!(busy.join().unwrap() > 0);
-    // With another client waiting for memory, it is closed once its
-    // reply has taken no bytes for stall_under_pressure, and the other
-    // is answered.
+    busy.join().unwrap();
+    // With another client waiting for memory, a client that takes 1 KiB
+    // of its replies every 200 ms (to look alive) is closed once its
+    // reply has not moved for stall_under_pressure, and the other is
+    // answered.
     reads_not_taken(&mut slow, READS);
+    // (Once the other is answered it reads what is left at once: the
+    // sockets still hold megabytes sent before the close.)
+    let answered = Arc::new(AtomicBool::new(false));
+    let trickle = {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let mut got = 0;
+            let mut b = [0u8; 1024];
+            loop {
+                match slow.s.read(&mut b) {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got += n,
+                }
+                if !answered.load(Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+            }
+        })
+    };
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut other = Client::connect(&addr);
     other.go("mem");
@@ -1035,17 +1059,32 @@ fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() 
         .set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();
     assert!(other.read(0, SIZE as u64).unwrap() == expected);
-    let mut rest = Vec::new();
-    let _ = slow.s.read_to_end(&mut rest);
-    assert!(
-        rest.len() < READS * SIZE,
-        "the stalled client got all {} bytes",
-        rest.len()
-    );
+    answered.store(true, Ordering::Release);
+    let got = trickle.join().unwrap();
+    assert!(got < READS * SIZE, "the stalled client got all {got} bytes");
     // The one served goes on being served.
     assert!(other.read(0, 4096).unwrap() == expected[..4096]);
     drop(other);
     let report = srv.stop();
     assert_eq!(report.cut_stalled, 1, "{report:?}");
     assert_eq!(report.cut_at_stop, 0, "{report:?}");
+}
+
+/// A lone client whose own requests wait for the server budget (a budget
+/// per connection over the server's) is not closed for not reading: no
+/// other client waits.
+#[test]
+fn a_lone_client_waiting_on_the_server_budget_is_not_closed() {
+    let srv = start_configured(exports(), tight_budget(4 * SIZE as u64));
+    let mut c = Client::connect(&srv.addr);
+    c.go("mem");
+    let expected = c.read(0, SIZE as u64).unwrap();
+    let first = c.cookie + 1;
+    const READS: usize = 96;
+    reads_not_taken(&mut c, READS);
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    take_replies(&mut c, first, READS, &expected, None);
+    drop(c);
+    let report = srv.stop();
+    assert_eq!(report.cut_stalled, 0, "{report:?}");
 }
