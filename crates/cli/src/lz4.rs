@@ -6,7 +6,7 @@
 //! listed ends the run, as in lz4.
 
 use anyhow::Result;
-use cairn_codec::format::lz4::{frames, ListedFrame, ListedKind, Listing};
+use cairn_codec::format::lz4::{frames, ListedFrame, ListedKind, Tail};
 use cairn_codec::CodecError;
 use std::io::{BufReader, Seek};
 use std::os::fd::AsFd;
@@ -75,34 +75,56 @@ fn frame_line(n: usize, f: &ListedFrame) -> String {
     }
 }
 
-/// `lz4 --list`'s line of one file of `size` bytes.
-fn file_line(listing: &Listing, size: u64, name: &str) -> String {
-    let fs = &listing.frames;
-    let same = |f: &dyn Fn(&ListedFrame) -> String| {
-        let first = fs.first().map(f).unwrap_or_default();
-        match fs.iter().all(|x| f(x) == first) {
-            true => first,
-            false => "-".into(),
+/// What `lz4 --list` says of a file's frames together, kept as they
+/// are found.
+#[derive(Default)]
+struct Summary {
+    frames: u64,
+    /// The type all share, `-` once two differ.
+    kind: Option<String>,
+    /// The block kind all share, `-` once two differ.
+    blocks: Option<String>,
+    /// The content sizes summed while every frame states one.
+    content: Option<u64>,
+}
+
+impl Summary {
+    fn add(&mut self, f: &ListedFrame) {
+        let merge = |seen: &mut Option<String>, this: String| match seen {
+            None => *seen = Some(this),
+            Some(s) if *s != this => *s = "-".into(),
+            Some(_) => {}
+        };
+        merge(&mut self.kind, type_name(&f.kind).to_string());
+        merge(&mut self.blocks, block_kind(&f.kind));
+        let sum = if self.frames == 0 {
+            Some(0)
+        } else {
+            self.content
+        };
+        self.content = sum
+            .zip(content_size(&f.kind))
+            .and_then(|(a, b)| a.checked_add(b));
+        self.frames += 1;
+    }
+
+    /// `lz4 --list`'s line of a file of `size` bytes.
+    fn line(&self, size: u64, name: &str) -> String {
+        let head = format!(
+            "{:>10} {:>14} {:>5} {:>11}",
+            self.frames,
+            self.kind.as_deref().unwrap_or("-"),
+            self.blocks.as_deref().unwrap_or("-"),
+            human(size)
+        );
+        match self.content.filter(|&c| c > 0) {
+            Some(c) => format!(
+                "{head} {:>13} {:>9.2}%  {name} ",
+                human(c),
+                size as f64 / c as f64 * 100.0
+            ),
+            None => format!("{head} {:>13} {:>9}   {name}", "-", "-"),
         }
-    };
-    let head = format!(
-        "{:>10} {:>14} {:>5} {:>11}",
-        fs.len(),
-        same(&|f| type_name(&f.kind).to_string()),
-        same(&|f| block_kind(&f.kind)),
-        human(size)
-    );
-    let content: Option<u64> = fs
-        .iter()
-        .map(|f| content_size(&f.kind))
-        .try_fold(0u64, |sum, c| c.and_then(|c| sum.checked_add(c)));
-    match content.filter(|&c| c > 0) {
-        Some(c) => format!(
-            "{head} {:>13} {:>9.2}%  {name} ",
-            human(c),
-            size as f64 / c as f64 * 100.0
-        ),
-        None => format!("{head} {:>13} {:>9}   {name}", "-", "-"),
     }
 }
 
@@ -114,42 +136,41 @@ fn seek_past(r: &mut BufReader<std::fs::File>, n: u64) -> std::io::Result<u64> {
     Ok(n)
 }
 
-/// The input opened to be listed, with the bytes it holds from where it
-/// is read, if it is a regular file: lz4 lists nothing else, standard
-/// input (`None`) only where it is a file.
-fn open_input(path: Option<&PathBuf>) -> Option<(std::fs::File, u64)> {
+/// The input opened to be listed, if it is a regular file (lz4 lists
+/// nothing else, standard input (`None`) only where it is a file): the
+/// file, its length and where it is read from (standard input may be
+/// open past its start; lz4 counts from the file's start).
+fn open_input(path: Option<&PathBuf>) -> Option<(std::fs::File, u64, u64)> {
     let Some(path) = path else {
         let mut file = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned().ok()?);
         let meta = file.metadata().ok().filter(|m| m.is_file())?;
         let at = file.stream_position().ok()?;
-        return Some((file, meta.len().saturating_sub(at)));
+        return Some((file, meta.len(), at.min(meta.len())));
     };
-    crate::pack::open_regular(path)
+    crate::pack::open_regular(path).map(|(f, len)| (f, len, 0))
 }
 
-/// A file's frames and its size, or lz4's words for why not and its status.
-fn walk(file: std::fs::File, size: u64, name: &str) -> Result<(Listing, u64), (String, u8)> {
-    let mut r = BufReader::new(file);
-    frames(&mut r, Some(size), seek_past)
-        .map(|l| (l, size))
-        .map_err(|e| {
-            tracing::debug!(error = %e, "lz4 --list");
-            let why = match e {
-                CodecError::Truncated { offset, .. } => {
-                    format!("unexpected end of input at offset {offset} (truncated file?)")
-                }
-                CodecError::Io { offset, source } => format!(
-                    "read error at offset {offset}: {}",
-                    crate::pack::io_reason(&source)
-                ),
-                _ => "File format not recognized ".into(),
-            };
-            (format!("lz4: {name}: {why}"), 1)
-        })
+/// lz4's words for a walk that failed, and its status.
+fn failure(e: CodecError, name: &str, from: u64) -> (String, u8) {
+    tracing::debug!(error = %e, "lz4 --list");
+    let why = match e {
+        CodecError::Truncated { offset, .. } => format!(
+            "unexpected end of input at offset {} (truncated file?)",
+            from + offset
+        ),
+        CodecError::Io { offset, source } => format!(
+            "read error at offset {}: {}",
+            from + offset,
+            crate::pack::io_reason(&source)
+        ),
+        _ => "File format not recognized ".into(),
+    };
+    (format!("lz4: {name}: {why}"), 1)
 }
 
 /// `lz4 --list [-v] FILES` (no file, or `-`: standard input, named
-/// `stdin`).
+/// `stdin`). Files are named by their last component, as lz4 names them
+/// in its tables (in its errors, as given).
 pub(crate) fn list(files: &[PathBuf], verbose: bool) -> Result<()> {
     let inputs: Vec<Option<&PathBuf>> = match files.is_empty() {
         true => vec![None],
@@ -165,48 +186,63 @@ pub(crate) fn list(files: &[PathBuf], verbose: bool) -> Result<()> {
     }
     for (i, path) in inputs.iter().enumerate() {
         let name = path.map_or("stdin".to_string(), |p| p.display().to_string());
-        let Some((file, size)) = open_input(*path) else {
+        let shown = path
+            .and_then(|p| p.file_name())
+            .map_or(name.clone(), |n| n.to_string_lossy().into_owned());
+        let Some((file, size, from)) = open_input(*path) else {
             errln!("lz4: {name} is not a regular file ");
             return Err(crate::Warned(1).into());
         };
         if verbose {
-            errln!("{name}({}/{})", i + 1, inputs.len());
+            errln!("{shown}({}/{})", i + 1, inputs.len());
             errln!("{frames_table}");
         }
-        let (listing, size) = match walk(file, size, &name) {
-            Ok(found) => found,
-            Err((why, status)) => {
+        let mut summary = Summary::default();
+        // -v: each frame's line as it is found, as lz4 prints them
+        // before any damage after them.
+        let mut each = |f: ListedFrame| {
+            summary.add(&f);
+            if verbose {
+                errln!("{}", frame_line(summary.frames as usize, &f));
+            }
+        };
+        let mut r = BufReader::new(file);
+        let walked = frames(&mut r, Some(size - from), seek_past, &mut each);
+        let tail = match walked {
+            Ok(w) => w.tail,
+            Err(e) => {
+                let (why, status) = failure(e, &name, from);
                 errln!("{why}");
                 return Err(crate::Warned(status).into());
             }
         };
-        if verbose {
-            for (n, f) in listing.frames.iter().enumerate() {
-                errln!("{}", frame_line(n + 1, f));
-            }
-        }
-        match listing.garbage {
+        match tail {
+            Tail::End => {}
             // What follows the frames but begins none: lz4 names where
             // (after the 4 bytes it read) and fails.
-            Some((at, 4)) => {
+            Tail::Garbage { at, len: 4 } => {
                 if verbose {
                     errln!(
                         "Stream followed by undecodable data at position {} ",
-                        at + 4
+                        from + at + 4
                     );
                 }
                 errln!("lz4: {name}: File format not recognized ");
                 return Err(crate::Warned(1).into());
             }
-            Some(_) => {
+            Tail::Garbage { .. } => {
                 errln!("Error 40 : Unrecognized header : Magic Number unreadable ");
                 return Err(crate::Warned(40).into());
             }
-            None => {}
+            Tail::BadLegacyBlock { .. } => {
+                errln!("Corrupted legacy frame ");
+                errln!("lz4: {name}: File format not recognized ");
+                return Err(crate::Warned(1).into());
+            }
         }
         match verbose {
             true => errln!(),
-            false => outln!("{}", file_line(&listing, size, &name)),
+            false => outln!("{}", summary.line(size, &shown)),
         }
     }
     Ok(())

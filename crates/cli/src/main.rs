@@ -374,6 +374,10 @@ pub(crate) struct PackArgs {
     /// legacy frames, whose blocks lz4 writes without it).
     #[arg(long = "favor-decSpeed")]
     pub favor_dec_speed: bool,
+    /// A comment for the gzip header (FCOMMENT), as pigz -C keeps it
+    /// (-F gzip only; `pigz -lv` prints it).
+    #[arg(long = "comment", value_name = "TEXT")]
+    pub comment: Option<OsString>,
     /// Cut blocks where the content says, not every -b bytes (gzip's,
     /// pigz's and zstd's --rsyncable; any format): a change to the input
     /// changes only the compressed bytes around it, so rsync sends little
@@ -807,9 +811,10 @@ fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, St
 
 /// pigz's short options that cairn spells otherwise: `-m` and `-T` (`--no-time`),
 /// `-M` (`--time`, not zstd's memory limit), `-R` (`--rsyncable`), `-L`
-/// (`--license`) and `-z` (zlib's format, which cairn does not write:
-/// refused by its long name rather than taken as zstd's and xz's -z),
-/// alone or in a cluster (`-9m`); `-H`/`--huffman` and `-U`/`--rle` are
+/// (`--license`), `-C TEXT` (`--comment TEXT`, not xz's check) and `-z`
+/// (zlib's format, which cairn does not write: refused by its long name
+/// rather than taken as zstd's and xz's -z), alone or in a cluster
+/// (`-9m`, `-kC TEXT`, `-CTEXT`); `-H`/`--huffman` and `-U`/`--rle` are
 /// refused (libdeflate, cairn's deflate encoder, has no such strategies).
 fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     // pigz's short options that take a value: the rest of the cluster.
@@ -819,7 +824,7 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             "{what}: not supported (libdeflate, cairn's deflate encoder, has no such strategy)"
         ))
     };
-    rewrite_words(args, |s, _, out| {
+    rewrite_words(args, |s, rest, out| {
         match s {
             "--huffman" => return refuse("--huffman (Huffman-only deflate, -H)"),
             "--rle" => return refuse("--rle (run-length deflate, -U)"),
@@ -844,6 +849,18 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 'z' => longs.push("--zlib"),
                 'H' => return refuse("-H (Huffman-only deflate, --huffman)"),
                 'U' => return refuse("-U (run-length deflate, --rle)"),
+                // The comment: the rest of the cluster, else the next word.
+                'C' => {
+                    let text = match &cluster[i + 1..] {
+                        "" => rest.next().ok_or("-C: a comment must follow")?,
+                        t => OsString::from(t),
+                    };
+                    if kept.len() > 1 {
+                        out.push(std::mem::take(&mut kept).into());
+                    }
+                    out.extend([OsString::from("--comment"), text]);
+                    break;
+                }
                 c if VALUE_SHORTS.contains(c) => {
                     kept.push_str(&cluster[i..]);
                     break;

@@ -315,6 +315,10 @@ pub fn pack(args: &PackArgs) -> Result<()> {
             zstd_dictionary: dictionary(&args.common)?,
             zstd_no_dict_id: args.common.no_dict_id,
             zstd_tuning: zstd_tuning(args)?,
+            gzip_comment: args
+                .comment
+                .as_ref()
+                .map(|c| std::os::unix::ffi::OsStrExt::as_bytes(c.as_os_str()).to_vec()),
         },
         rsyncable: args.rsyncable,
         memlimit: args.memlimit_compress.map(|m| m as u64),
@@ -638,8 +642,8 @@ fn list_as_gzip(common: &CommonArgs, summaries: &[Summary]) {
 /// the name the header keeps (else the input's without its suffix,
 /// `<stdin>` for a pipe), cut to 48 characters; no totals, nothing at all
 /// with -q; -v puts the method, the CRC and the time kept in front (and
-/// cuts the name to 16). Sizes and CRC are of the whole output, as for
-/// gzip -l.
+/// cuts the name to 16, and prints the comment the header keeps after
+/// its line). Sizes and CRC are of the whole output, as for gzip -l.
 fn list_as_pigz(common: &CommonArgs, summaries: &[Summary]) {
     if common.quiet {
         return;
@@ -685,6 +689,15 @@ fn list_as_pigz(common: &CommonArgs, summaries: &[Summary]) {
         } else {
             let reduced = 100.0 * (len as f64 - compressed as f64) / len as f64;
             outln!("{front}{compressed:>10} {len:>10} {reduced:>6.1}%  {name}");
+        }
+        // -v: the comment the header keeps, on a line of its own.
+        if let Some(comment) = s
+            .gzip
+            .as_ref()
+            .and_then(|g| g.comment.as_ref())
+            .filter(|_| verbose)
+        {
+            outln!("{comment}");
         }
     }
 }

@@ -2314,7 +2314,13 @@ fn pigz_list_as_pigz() {
     if !have("pigz") {
         return;
     }
-    let files = listed_gzip_files();
+    let mut files = listed_gzip_files();
+    // Comments pigz -C keeps (-lv prints them, an empty one as an empty
+    // line).
+    let data = mixed(100_000, 86);
+    files.push(("noted.gz", run_ok("pigz", &["-c", "-C", "a note"], &data)));
+    files.push(("lines.gz", run_ok("pigz", &["-c", "-C", "one\ntwo"], &data)));
+    files.push(("blank.gz", run_ok("pigz", &["-c", "-C", ""], &data)));
     let files: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, &b[..])).collect();
     let all: Vec<&str> = files.iter().map(|f| f.0).collect();
     for flags in ["-l", "-lv", "-lq"] {
@@ -2339,6 +2345,69 @@ fn pigz_list_as_pigz() {
     let out = same_as("pigz", &["-l", "t.tgz", "long.gz"], &files, b"");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("  t.tar\n") && text.contains(&format!("{}...", "n".repeat(45))));
+}
+
+/// pigz -C keeps a comment in the gzip header, in any of pigz's
+/// spellings (`-C TEXT`, `-CTEXT`, `-kC TEXT`, `--comment TEXT`): pigz
+/// -lv prints it, pigz -d reads the data back. The link took -C for
+/// cairn's --check and the comment for an input.
+#[test]
+fn pigz_c_keeps_a_comment() {
+    if !have("pigz") {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let data = mixed(200_000, 87);
+    std::fs::write(d.join("f"), &data).unwrap();
+    let link = d.join("pigz");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let mut outputs = Vec::new();
+    for args in [
+        &["-c", "-C", "a note", "f"][..],
+        &["-c", "-Ca note", "f"],
+        &["-ckC", "a note", "f"],
+        &["-c", "--comment", "a note", "f"],
+    ] {
+        let out = std::process::Command::new(&link)
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // FCOMMENT set, the comment after the name.
+        assert_ne!(out.stdout[3] & 0x10, 0, "{args:?}");
+        assert!(
+            out.stdout.windows(9).any(|w| w == b"f\0a note\0"),
+            "{args:?}"
+        );
+        assert!(run_ok("pigz", &["-dc"], &out.stdout) == data, "{args:?}");
+        outputs.push(out.stdout);
+    }
+    assert!(outputs.windows(2).all(|w| w[0] == w[1]));
+    std::fs::write(d.join("f.gz"), &outputs[0]).unwrap();
+    let listed = std::process::Command::new("pigz")
+        .args(["-lv", "f.gz"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).ends_with("  f\na note\n"));
+    // A -C with nothing after it is refused; another format keeps none.
+    let out = std::process::Command::new(&link)
+        .args(["-c", "f", "-C"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let out = pipe(
+        cairn().args(["pack", "-F", "zstd", "--comment", "x", "-c"]),
+        b"abc",
+    );
+    assert!(!out.status.success() && out.stdout.is_empty());
 }
 
 /// gzip -l with its -v columns (the method, the CRC and the file's date,

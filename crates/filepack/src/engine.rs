@@ -100,6 +100,10 @@ pub struct GzipListing {
     pub name: Option<String>,
     /// Its MTIME, seconds since the epoch (0: none).
     pub mtime: u32,
+    /// Its comment (FCOMMENT, as UTF-8 where it is not); none when it
+    /// keeps none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
     /// CRC-32 of everything the input decodes to, when asked for
     /// ([`crate::UnpackOptions::list_crc`]): a one-member file's trailer
     /// CRC (gzip and pigz list the last member's).
@@ -1305,9 +1309,8 @@ fn restored_origin(
     head: &[u8],
 ) -> (Option<PathBuf>, Option<std::time::SystemTime>) {
     let kept = match format {
-        Format::Gzip => {
-            cairn_codec::format::gzip::origin(head).map(|(o, _)| (o.name, i64::from(o.mtime)))
-        }
+        Format::Gzip => cairn_codec::format::gzip::kept(head)
+            .map(|k| (k.origin.name, i64::from(k.origin.mtime))),
         // The members of `lzop -c a b` each keep their own name (lzop -d
         // writes each to its own): the first's would name all of them,
         // joined, so none is taken.
@@ -2010,12 +2013,14 @@ fn unpack_one(
     summary.lzop_parts = parts_count;
     let crc32 = crc.map(crc32fast::Hasher::finalize);
     let header = listed_gzip
-        .then(|| cairn_codec::format::gzip::origin(&head))
+        .then(|| cairn_codec::format::gzip::kept(&head))
         .flatten();
-    summary.gzip = header.map(|(origin, header_bytes)| GzipListing {
-        header_bytes: header_bytes as u64,
-        name: (!origin.name.is_empty()).then(|| String::from_utf8_lossy(&origin.name).into_owned()),
-        mtime: origin.mtime,
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    summary.gzip = header.map(|k| GzipListing {
+        header_bytes: k.header_len as u64,
+        name: (!k.origin.name.is_empty()).then(|| text(&k.origin.name)),
+        mtime: k.origin.mtime,
+        comment: k.comment.as_deref().map(text),
         crc32,
     });
     Ok(summary)

@@ -115,6 +115,18 @@ pub struct Framer {
     /// The input's name and time, kept in the start member as gzip keeps
     /// them (FNAME, MTIME).
     origin: Option<super::Origin>,
+    /// A comment kept there too (FCOMMENT, `pigz -C`).
+    comment: Option<Vec<u8>>,
+}
+
+impl Framer {
+    /// A framer whose start member keeps `comment` (FCOMMENT).
+    pub fn with_comment(comment: Option<Vec<u8>>) -> Framer {
+        Framer {
+            comment,
+            ..Framer::default()
+        }
+    }
 }
 
 /// Where in a member [`member_head`] puts the member's length.
@@ -152,18 +164,29 @@ impl super::Framer for Framer {
     fn header(&mut self, out: &mut Vec<u8>) {
         let start = out.len();
         empty_member(START_ID, &LAYOUT.to_le_bytes(), out);
-        let Some(origin) = &self.origin else {
+        if self.origin.is_none() && self.comment.is_none() {
             return;
-        };
-        // FNAME after FEXTRA, and the member's length (CN) grown by it.
-        let name_at = out.len() - 2 - TRAILER_LEN;
-        let mut name: Vec<u8> = origin.name.iter().copied().filter(|&b| b != 0).collect();
-        if !name.is_empty() {
-            name.push(0);
-            out.splice(name_at..name_at, name.iter().copied());
-            out[start + 3] |= FNAME;
         }
-        out[start + 4..start + 8].copy_from_slice(&origin.mtime.to_le_bytes());
+        // FNAME, then FCOMMENT, after FEXTRA, each ended by a NUL, and the
+        // member's length (CN) grown by them.
+        let mut at = out.len() - 2 - TRAILER_LEN;
+        let name = self
+            .origin
+            .as_ref()
+            .map(|o| &o.name[..])
+            .filter(|n| !n.is_empty());
+        for (flag, text) in [(FNAME, name), (FCOMMENT, self.comment.as_deref())] {
+            let Some(text) = text else { continue };
+            let mut field: Vec<u8> = text.iter().copied().filter(|&b| b != 0).collect();
+            field.push(0);
+            let len = field.len();
+            out.splice(at..at, field);
+            at += len;
+            out[start + 3] |= flag;
+        }
+        if let Some(origin) = &self.origin {
+            out[start + 4..start + 8].copy_from_slice(&origin.mtime.to_le_bytes());
+        }
         let len = (out.len() - start) as u32;
         out[start + CN_AT..start + CN_AT + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -188,6 +211,8 @@ pub(crate) struct Header {
     pub(crate) mark: Option<Mark>,
     /// FNAME's bytes (without the NUL), and MTIME.
     pub(crate) origin: super::Origin,
+    /// FCOMMENT's bytes (without the NUL), if it has one.
+    pub(crate) comment: Option<Vec<u8>>,
 }
 
 /// Parse the member header at the start of `input`, filling as needed.
@@ -251,6 +276,7 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         }
         len += xlen;
     }
+    let mut comment = None;
     for flag in [FNAME, FCOMMENT] {
         if flags & flag != 0 {
             loop {
@@ -263,8 +289,9 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
                 }
                 let b = input.peek();
                 if let Some(z) = b[len..].iter().position(|&c| c == 0) {
-                    if flag == FNAME {
-                        origin.name = b[len..len + z].to_vec();
+                    match flag {
+                        FNAME => origin.name = b[len..len + z].to_vec(),
+                        _ => comment = Some(b[len..len + z].to_vec()),
                     }
                     len += z + 1;
                     break;
@@ -306,16 +333,32 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         member_len,
         mark,
         origin,
+        comment,
     })
 }
 
-/// The name and time the first member of a gzip stream keeps (FNAME and
-/// MTIME, as `gunzip -N` restores them), and the length of its header
-/// (as `gzip -l` leaves it out of the ratio), from `prefix`, the stream's
-/// first bytes; `None` when they hold no whole, valid member header.
-pub fn origin(prefix: &[u8]) -> Option<(super::Origin, usize)> {
+/// What the first member header of a gzip stream keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Its name and time (FNAME and MTIME, as `gunzip -N` restores them).
+    pub origin: super::Origin,
+    /// Its comment (FCOMMENT, as `pigz -lv` prints it), if it has one.
+    pub comment: Option<Vec<u8>>,
+    /// The length of the header (as `gzip -l` leaves it out of the
+    /// ratio).
+    pub header_len: usize,
+}
+
+/// What the first member of a gzip stream keeps, from `prefix`, the
+/// stream's first bytes; `None` when they hold no whole, valid member
+/// header.
+pub fn kept(prefix: &[u8]) -> Option<Kept> {
     let mut input = Input::new(Box::new(std::io::Cursor::new(prefix.to_vec())));
-    parse_header(&mut input).ok().map(|h| (h.origin, h.len))
+    parse_header(&mut input).ok().map(|h| Kept {
+        origin: h.origin,
+        comment: h.comment,
+        header_len: h.len,
+    })
 }
 
 /// State of a member being inflated in the splitter.
@@ -845,32 +888,83 @@ mod tests {
     /// has): gzip skips the subfield and so must cairn, alone and before a
     /// member split by its (right) length. One byte short used to pass as
     /// zero padding (the trailer's last byte) and fail the member.
+    /// The start member keeps the name, the time and a comment (pigz
+    /// -C), each where given, and its length (CN) counts them.
+    #[test]
+    fn the_start_member_keeps_a_comment() {
+        use super::super::Framer as _;
+        let origin = super::super::Origin {
+            name: b"f.txt".to_vec(),
+            mtime: 7,
+        };
+        for (comment, with_origin) in [
+            (Some(&b"a note"[..]), true),
+            (Some(b"x\0y"), false),
+            (Some(b""), true),
+            (None, true),
+        ] {
+            let mut f = Framer::with_comment(comment.map(<[u8]>::to_vec));
+            if with_origin {
+                f.origin(&origin);
+            }
+            let mut head = Vec::new();
+            f.header(&mut head);
+            let k = kept(&head).unwrap();
+            let want_name = if with_origin { &b"f.txt"[..] } else { b"" };
+            // (A NUL would end the comment: it is dropped.)
+            let want_comment =
+                comment.map(|c| c.iter().copied().filter(|&b| b != 0).collect::<Vec<u8>>());
+            assert_eq!(
+                (k.origin.name.as_slice(), k.comment),
+                (want_name, want_comment)
+            );
+            assert_eq!(k.origin.mtime, if with_origin { 7 } else { 0 });
+            assert_eq!(le32(&head, CN_AT) as usize, head.len());
+        }
+    }
+
     #[test]
     fn headers_are_measured_with_what_they_keep() {
         let fixed = [0x1f, 0x8b, 8, 0, 4, 3, 2, 1, 0, 3];
-        let (kept, len) = origin(&fixed).unwrap();
+        let k = kept(&fixed).unwrap();
         assert_eq!(
-            (kept.name.as_slice(), kept.mtime, len),
-            (&b""[..], 0x01020304, 10)
+            (
+                k.origin.name.as_slice(),
+                k.origin.mtime,
+                k.header_len,
+                k.comment
+            ),
+            (&b""[..], 0x01020304, 10, None)
         );
         let mut named = fixed.to_vec();
         named[3] = FNAME;
         named.extend_from_slice(b"a\0");
-        let (kept, len) = origin(&named).unwrap();
-        assert_eq!((kept.name.as_slice(), len), (&b"a"[..], 12));
+        let k = kept(&named).unwrap();
+        assert_eq!((k.origin.name.as_slice(), k.header_len), (&b"a"[..], 12));
+        // A comment after the name (pigz -C), an empty one too.
+        for comment in [&b"note"[..], b""] {
+            let mut noted = named.clone();
+            noted[3] |= FCOMMENT;
+            noted.extend_from_slice(&[comment, b"\0"].concat());
+            let k = kept(&noted).unwrap();
+            assert_eq!(
+                (k.origin.name.as_slice(), k.comment.as_deref(), k.header_len),
+                (&b"a"[..], Some(comment), 13 + comment.len())
+            );
+        }
         // An extra field and a header CRC (its low 16 bits).
         let mut extra = fixed.to_vec();
         extra[3] = FEXTRA | FHCRC;
         extra.extend_from_slice(&[3, 0, 1, 2, 3]);
         let crc = crc32fast::hash(&extra) as u16;
         extra.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(origin(&extra).map(|o| o.1), Some(17));
+        assert_eq!(kept(&extra).map(|k| k.header_len), Some(17));
         // A wrong header CRC, cut short, or no gzip at all.
         let last = extra.len() - 1;
         extra[last] ^= 1;
-        assert_eq!(origin(&extra), None);
-        assert_eq!(origin(&named[..11]), None);
-        assert_eq!(origin(b"BZh91AY&SY"), None);
+        assert_eq!(kept(&extra), None);
+        assert_eq!(kept(&named[..11]), None);
+        assert_eq!(kept(b"BZh91AY&SY"), None);
     }
 
     #[test]

@@ -599,33 +599,55 @@ pub struct ListedFrame {
     pub len: u64,
 }
 
-/// The frames [`frames`] found in a file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Listing {
-    /// The frames, in order.
-    pub frames: Vec<ListedFrame>,
-    /// Where bytes follow the last frame (or begin the input) that begin
-    /// no frame, and how many of them (up to 4) were read there: `lz4
-    /// --list` names the place and fails.
-    pub garbage: Option<(u64, usize)>,
+/// How the frames [`frames`] walked end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tail {
+    /// With the input.
+    End,
+    /// Bytes follow the last frame (or begin the input) that begin no
+    /// frame: where, and how many of them (up to 4) were read there.
+    /// `lz4 --list` names the place and fails.
+    Garbage {
+        /// Their offset.
+        at: u64,
+        /// Bytes read there.
+        len: usize,
+    },
+    /// A legacy frame holds a block size over 8 MiB that is no frame's
+    /// magic (lz4: "Corrupted legacy frame").
+    BadLegacyBlock {
+        /// Offset of the size.
+        at: u64,
+    },
+}
+
+/// What [`frames`] found in a file, besides the frames it handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    /// Frames found.
+    pub frames: u64,
+    /// How they end.
+    pub tail: Tail,
 }
 
 /// The frames of the lz4 file `r` reads (from its start), as `lz4 --list`
-/// walks them: each header read whole, blocks passed over by their sizes
-/// (`pass_over` moves `r` on by a number of bytes and says how many it
-/// passed, fewer only at the end; a file seeks); a legacy frame ends at
-/// the end of the input or at a block size no legacy block can have, as
-/// lz4 ends it. `size`, where the input's length is known, is checked
-/// against what the frames claim. An input that begins with no frame
-/// magic has no frames and garbage at 0; [`CodecError::UnknownFormat`]
-/// where it is empty or its first frame header is cut short; another
-/// error names what is wrong and where. Nothing is decoded or checked but the headers, and memory stays
-/// within a header.
+/// walks them, each handed to `each` as it is found: each header read
+/// whole, blocks passed over by their sizes (`pass_over` moves `r` on by
+/// a number of bytes and says how many it passed, fewer only at the end;
+/// a file seeks); a legacy frame ends at the end of the input or at the
+/// next frame's magic, as lz4 ends it. `size`, where the input's length
+/// is known, is checked against what the frames claim. An input that
+/// begins with no frame magic has no frames and garbage at 0;
+/// [`CodecError::UnknownFormat`] where it is empty, its first frame header
+/// is cut short, or a legacy frame holds no block (lz4 lists none of
+/// these); another error names what is wrong and where. Nothing is
+/// decoded or checked but the headers, and memory stays within a header.
 pub fn frames<R: std::io::Read>(
     r: &mut R,
     size: Option<u64>,
     pass_over: fn(&mut R, u64) -> std::io::Result<u64>,
-) -> Result<Listing> {
+    each: &mut dyn FnMut(ListedFrame),
+) -> Result<Walked> {
     let fill = super::read_up_to::<R>;
     let truncated = |offset| CodecError::Truncated {
         format: NAME,
@@ -643,13 +665,14 @@ pub fn frames<R: std::io::Read>(
         }
         Ok(end)
     };
-    // lz4's bound on a legacy block: LZ4_compressBound(8 MiB).
-    let legacy_bound = (LEGACY_BLOCK + LEGACY_BLOCK / 255 + 16) as u32;
-    let mut listing = Listing::default();
+    let is_magic = |w: u32| w == MAGIC || w == LEGACY_MAGIC || w & 0xFFFF_FFF0 == 0x184D_2A50;
+    let mut walked = Walked {
+        frames: 0,
+        tail: Tail::End,
+    };
     let mut at = 0u64;
     let mut b = Vec::with_capacity(32);
-    // The size word of a legacy block read past the end of its frame:
-    // the next frame's magic.
+    // The word read past the end of a legacy frame: the next magic.
     let mut held: Option<[u8; 4]> = None;
     loop {
         b.clear();
@@ -657,12 +680,14 @@ pub fn frames<R: std::io::Read>(
             Some(word) => b.extend_from_slice(&word),
             None => fill(r, &mut b, 4, at)?,
         }
-        if b.is_empty() && listing.frames.is_empty() {
+        if b.is_empty() && walked.frames == 0 {
             return Err(CodecError::UnknownFormat);
         }
         if b.len() < 4 {
-            listing.garbage = (!b.is_empty()).then_some((at, b.len()));
-            return Ok(listing);
+            if !b.is_empty() {
+                walked.tail = Tail::Garbage { at, len: b.len() };
+            }
+            return Ok(walked);
         }
         let start = at;
         let magic = le32(&b, 0);
@@ -675,6 +700,7 @@ pub fn frames<R: std::io::Read>(
             ListedKind::Skippable
         } else if magic == LEGACY_MAGIC {
             at += 4;
+            let mut blocks = 0u64;
             loop {
                 b.clear();
                 fill(r, &mut b, 4, at)?;
@@ -684,18 +710,26 @@ pub fn frames<R: std::io::Read>(
                     got => return Err(truncated(at + got as u64)),
                 }
                 let block = le32(&b, 0);
-                if block > legacy_bound {
+                if is_magic(block) {
                     held = Some([b[0], b[1], b[2], b[3]]);
                     break;
                 }
+                if block as usize > LEGACY_BLOCK {
+                    walked.tail = Tail::BadLegacyBlock { at };
+                    return Ok(walked);
+                }
                 at = pass(r, at + 4, u64::from(block))?;
+                blocks += 1;
+            }
+            if blocks == 0 {
+                return Err(CodecError::UnknownFormat);
             }
             ListedKind::Legacy
         } else if magic == MAGIC {
             // A file cut inside its first header does not begin as lz4.
-            let cut = |got: usize| match listing.frames.is_empty() {
-                true => CodecError::UnknownFormat,
-                false => truncated(at + got as u64),
+            let cut = |got: usize| match walked.frames {
+                0 => CodecError::UnknownFormat,
+                _ => truncated(at + got as u64),
             };
             fill(r, &mut b, 7, at)?;
             if b.len() < 7 {
@@ -751,10 +785,11 @@ pub fn frames<R: std::io::Read>(
                 content_size,
             }
         } else {
-            listing.garbage = Some((at, 4));
-            return Ok(listing);
+            walked.tail = Tail::Garbage { at, len: 4 };
+            return Ok(walked);
         };
-        listing.frames.push(ListedFrame {
+        walked.frames += 1;
+        each(ListedFrame {
             kind,
             len: at - start,
         });
@@ -801,19 +836,36 @@ mod tests {
     }
 
     /// [`frames`] over `file` as lz4 reads a file: by seeking, its size
-    /// known; and as it would read a stream, by reading.
-    fn listed(file: &[u8]) -> Result<Listing> {
+    /// known; and as it would read a stream, by reading: the frames found
+    /// and the outcome.
+    fn listed(file: &[u8]) -> (Vec<ListedFrame>, Result<Walked>) {
+        let mut found = Vec::new();
         let mut r = std::io::Cursor::new(file.to_vec());
-        let seeking = frames(&mut r, Some(file.len() as u64), |r, n| {
-            r.set_position(r.position() + n);
-            Ok(n)
-        });
+        let seeking = frames(
+            &mut r,
+            Some(file.len() as u64),
+            |r, n| {
+                r.set_position(r.position() + n);
+                Ok(n)
+            },
+            &mut |f| found.push(f),
+        );
+        let mut again = Vec::new();
         let mut r = std::io::Cursor::new(file.to_vec());
-        let reading = frames(&mut r, None, |r, n| {
-            std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink())
-        });
+        let reading = frames(
+            &mut r,
+            None,
+            |r, n| std::io::copy(&mut std::io::Read::take(r, n), &mut std::io::sink()),
+            &mut |f| again.push(f),
+        );
         assert_eq!(format!("{seeking:?}"), format!("{reading:?}"));
-        seeking
+        assert_eq!(found, again);
+        (found, seeking)
+    }
+
+    /// How [`listed`] ends: its tail, or its error.
+    fn tail(file: &[u8]) -> Result<Tail> {
+        listed(file).1.map(|w| w.tail)
     }
 
     #[test]
@@ -830,8 +882,7 @@ mod tests {
             b"xyz",
         ]
         .concat();
-        // A legacy frame ends where a size no legacy block has follows:
-        // the next frame's magic.
+        // A legacy frame ends at the next frame's magic.
         let old = [
             &LEGACY_MAGIC.to_le_bytes()[..],
             &5u32.to_le_bytes(),
@@ -841,7 +892,7 @@ mod tests {
         ]
         .concat();
         let file = [&sized[..], &linked, &skippable, &old, &sized].concat();
-        let l = listed(&file).unwrap();
+        let (found, walked) = listed(&file);
         let sized_kind = ListedKind::Frame {
             block_id: 5,
             independent: true,
@@ -849,7 +900,7 @@ mod tests {
             content_size: Some(500),
         };
         assert_eq!(
-            l.frames,
+            found,
             vec![
                 ListedFrame {
                     kind: sized_kind,
@@ -879,51 +930,80 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(l.garbage, None);
-        // A legacy frame at the end ends with the input.
-        let l = listed(&[&sized[..], &old].concat()).unwrap();
         assert_eq!(
-            l.frames[1],
+            walked.unwrap(),
+            Walked {
+                frames: 5,
+                tail: Tail::End
+            }
+        );
+        // A legacy frame at the end ends with the input.
+        let (found, _) = listed(&[&sized[..], &old].concat());
+        assert_eq!(
+            found[1],
             ListedFrame {
                 kind: ListedKind::Legacy,
                 len: old.len() as u64
             }
         );
+        // A block size over 8 MiB that is no magic is damage, as lz4
+        // says ("Corrupted legacy frame"); one of 8 MiB is a block.
+        let over = [&old[..], &(LEGACY_BLOCK as u32 + 1).to_le_bytes()].concat();
+        assert_eq!(
+            tail(&over).unwrap(),
+            Tail::BadLegacyBlock {
+                at: old.len() as u64
+            }
+        );
+        let full = [&old[..], &(LEGACY_BLOCK as u32).to_le_bytes()].concat();
+        assert!(matches!(tail(&full), Err(CodecError::Truncated { .. })));
+        // A legacy frame of no block is no lz4 to lz4.
+        assert!(matches!(
+            tail(&LEGACY_MAGIC.to_le_bytes()),
+            Err(CodecError::UnknownFormat)
+        ));
+        let empty_then = [&LEGACY_MAGIC.to_le_bytes()[..], &sized].concat();
+        assert!(matches!(tail(&empty_then), Err(CodecError::UnknownFormat)));
     }
 
     #[test]
     fn what_is_not_a_frame_is_named_where_it_begins() {
         let f = frame_by_hand(FLG_INDEP, None, &[40]);
         let end = f.len() as u64;
+        let garbage = |at, len| Tail::Garbage { at, len };
+        assert_eq!(tail(&[&f[..], b"junk!"].concat()).unwrap(), garbage(end, 4));
+        assert_eq!(tail(&[&f[..], b"ab"].concat()).unwrap(), garbage(end, 2));
+        let (found, none) = listed(b"not lz4 at all");
         assert_eq!(
-            listed(&[&f[..], b"junk!"].concat()).unwrap().garbage,
-            Some((end, 4))
+            (found.len(), none.unwrap()),
+            (
+                0,
+                Walked {
+                    frames: 0,
+                    tail: garbage(0, 4)
+                }
+            )
         );
-        assert_eq!(
-            listed(&[&f[..], b"ab"].concat()).unwrap().garbage,
-            Some((end, 2))
-        );
-        let none = listed(b"not lz4 at all").unwrap();
-        assert_eq!((none.frames.len(), none.garbage), (0, Some((0, 4))));
-        assert_eq!(listed(b"x").unwrap().garbage, Some((0, 1)));
+        assert_eq!(tail(b"x").unwrap(), garbage(0, 1));
         // Empty, or cut in the first header: not lz4.
-        assert!(matches!(listed(b""), Err(CodecError::UnknownFormat)));
-        assert!(matches!(listed(&f[..6]), Err(CodecError::UnknownFormat)));
-        // Cut later: where it ends.
+        assert!(matches!(tail(b""), Err(CodecError::UnknownFormat)));
+        assert!(matches!(tail(&f[..6]), Err(CodecError::UnknownFormat)));
+        // Cut later: where it ends, the frames before it handed out.
         for cut in [f.len() - 1, 20, 8] {
-            match listed(&f[..cut]) {
+            match tail(&f[..cut]) {
                 Err(CodecError::Truncated { offset, .. }) => {
                     assert!(offset <= cut as u64, "{cut}: {offset}")
                 }
                 other => panic!("cut at {cut}: {other:?}"),
             }
         }
-        let two = [&f[..], &f[..9]].concat();
-        assert!(matches!(listed(&two), Err(CodecError::Truncated { .. })));
+        let (found, two) = listed(&[&f[..], &f[..9]].concat());
+        assert!(matches!(two, Err(CodecError::Truncated { .. })));
+        assert_eq!(found.len(), 1);
         // A damaged descriptor.
         let mut bad = f.clone();
         bad[6] ^= 1;
-        assert!(matches!(listed(&bad), Err(CodecError::Corrupt { .. })));
+        assert!(matches!(tail(&bad), Err(CodecError::Corrupt { .. })));
     }
 
     /// A legacy frame as `lz4 -l` writes it: the magic, then each 8 MiB
@@ -1003,6 +1083,7 @@ mod tests {
             row_match_finder: None,
             target_block: 0,
         },
+        gzip_comment: None,
     };
 
     #[test]

@@ -77,6 +77,9 @@ pub struct EncodeOptions {
     /// zstd's advanced parameters and frame options (`--zstd=`,
     /// `--no-content-size`...).
     pub zstd_tuning: zstd::Tuning,
+    /// A comment for the gzip header (FCOMMENT, `pigz -C`; its bytes
+    /// without the NUL, which ends it: NULs in it are dropped).
+    pub gzip_comment: Option<Vec<u8>>,
 }
 
 /// The integrity check a stream carries (`xz --check=`, `zstd
@@ -324,6 +327,11 @@ impl Format {
                 "--zstd=, --no-content-size and the match finder are zstd's; {self} has none"
             )));
         }
+        if opts.gzip_comment.is_some() && self != Format::Gzip {
+            return Err(CodecError::Invalid(format!(
+                "--comment is kept in a gzip header; {self} has no comment"
+            )));
+        }
         if opts.zstd_dictionary.is_some() && self != Format::Zstd {
             return Err(CodecError::Invalid(format!(
                 "-D DICT is a zstd dictionary; {self} takes none"
@@ -465,7 +473,7 @@ impl Format {
         let level = self.clamp_level(level);
         let checksum = opts.check != IntegrityCheck::None;
         match self {
-            Format::Gzip => Box::new(gzip::Framer::default()),
+            Format::Gzip => Box::new(gzip::Framer::with_comment(opts.gzip_comment.clone())),
             Format::Zstd => Box::new(zstd::SeekTable::new(checksum)),
             Format::Lz4 if opts.legacy => Box::new(lz4::LegacyFramer),
             Format::Lz4 => Box::new(lz4::Framer),
