@@ -811,10 +811,11 @@ fn refuse_recursion(name: &str, args: Vec<OsString>) -> Result<Vec<OsString>, St
 
 /// pigz's short options that cairn spells otherwise: `-m` and `-T` (`--no-time`),
 /// `-M` (`--time`, not zstd's memory limit), `-R` (`--rsyncable`), `-L`
-/// (`--license`), `-C TEXT` (`--comment TEXT`, not xz's check) and `-z`
+/// (`--license`), `-C TEXT` (`--comment TEXT`, not xz's check; last in
+/// its cluster, its text the next word, as pigz takes it) and `-z`
 /// (zlib's format, which cairn does not write: refused by its long name
 /// rather than taken as zstd's and xz's -z), alone or in a cluster
-/// (`-9m`, `-kC TEXT`, `-CTEXT`); `-H`/`--huffman` and `-U`/`--rle` are
+/// (`-9m`, `-kC TEXT`); `-H`/`--huffman` and `-U`/`--rle` are
 /// refused (libdeflate, cairn's deflate encoder, has no such strategies).
 fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     // pigz's short options that take a value: the rest of the cluster.
@@ -849,12 +850,16 @@ fn pigz_arguments(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
                 'z' => longs.push("--zlib"),
                 'H' => return refuse("-H (Huffman-only deflate, --huffman)"),
                 'U' => return refuse("-U (run-length deflate, --rle)"),
-                // The comment: the rest of the cluster, else the next word.
+                // The comment: the next word, which must be no option
+                // (pigz's rules and words).
                 'C' => {
-                    let text = match &cluster[i + 1..] {
-                        "" => rest.next().ok_or("-C: a comment must follow")?,
-                        t => OsString::from(t),
-                    };
+                    if !cluster[i + 1..].is_empty() {
+                        return Err("invalid usage: -C must be followed by space".into());
+                    }
+                    let text = rest
+                        .next()
+                        .filter(|t| !t.as_encoded_bytes().starts_with(b"-"))
+                        .ok_or("missing parameter after -C")?;
                     if kept.len() > 1 {
                         out.push(std::mem::take(&mut kept).into());
                     }

@@ -67,7 +67,7 @@ pub(crate) struct ServeArgs {
     pub max_connections: usize,
     /// Bytes all clients' requests in flight may hold together (write
     /// payloads, read data); past it, requests wait (e.g. 256M), and a
-    /// client that took under 64 KiB of its reply in 5 s while another's
+    /// client that took under 16 KiB of its reply in 5 s while another's
     /// requests wait is disconnected (not with --io-timeout 5 or less).
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,

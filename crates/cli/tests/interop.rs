@@ -2347,10 +2347,11 @@ fn pigz_list_as_pigz() {
     assert!(text.contains("  t.tar\n") && text.contains(&format!("{}...", "n".repeat(45))));
 }
 
-/// pigz -C keeps a comment in the gzip header, in any of pigz's
-/// spellings (`-C TEXT`, `-CTEXT`, `-kC TEXT`, `--comment TEXT`): pigz
-/// -lv prints it, pigz -d reads the data back. The link took -C for
-/// cairn's --check and the comment for an input.
+/// pigz -C keeps a comment in the gzip header, in pigz's spellings
+/// (`-C TEXT`, `-kC TEXT`, `--comment TEXT`): pigz -lv prints it, pigz -d
+/// reads the data back; those pigz refuses (`-CTEXT`, `-C -k`, -C last)
+/// are refused with its words. The link took -C for cairn's --check and
+/// the comment for an input.
 #[test]
 fn pigz_c_keeps_a_comment() {
     if !have("pigz") {
@@ -2365,7 +2366,6 @@ fn pigz_c_keeps_a_comment() {
     let mut outputs = Vec::new();
     for args in [
         &["-c", "-C", "a note", "f"][..],
-        &["-c", "-Ca note", "f"],
         &["-ckC", "a note", "f"],
         &["-c", "--comment", "a note", "f"],
     ] {
@@ -2396,13 +2396,35 @@ fn pigz_c_keeps_a_comment() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&listed.stdout).ends_with("  f\na note\n"));
-    // A -C with nothing after it is refused; another format keeps none.
-    let out = std::process::Command::new(&link)
-        .args(["-c", "f", "-C"])
-        .current_dir(d)
-        .output()
-        .unwrap();
+    // Spellings pigz refuses, with its words (its status is 22).
+    let run = |exe: &std::path::Path, args: &[&str]| {
+        std::process::Command::new(exe)
+            .args(args)
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    for (args, words) in [
+        (&["-c", "f", "-C"][..], "missing parameter after -C"),
+        (&["-c", "-C", "-k", "f"], "missing parameter after -C"),
+        (&["-c", "-Cxy", "f"], "-C must be followed by space"),
+        (&["-c", "-9Cx", "f"], "-C must be followed by space"),
+    ] {
+        let peer = run(std::path::Path::new("pigz"), args);
+        assert!(!peer.status.success() && String::from_utf8_lossy(&peer.stderr).contains(words));
+        let out = run(&link, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(words),
+            "{args:?}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    // A comment longer than cairn keeps; another format keeps none.
+    let long = "c".repeat(40_000);
+    let out = run(&link, &["-c", "-C", &long, "f"]);
     assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
     let out = pipe(
         cairn().args(["pack", "-F", "zstd", "--comment", "x", "-c"]),
         b"abc",

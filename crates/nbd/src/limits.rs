@@ -20,7 +20,7 @@
 //! sent and since when it last moved, and how many of its threads wait
 //! for the server budget. While threads of other connections wait for it,
 //! the server closes a connection whose reply has not moved (neither a
-//! write of it returned nor its client took 64 KiB from the socket) for
+//! write of it returned nor its client took 16 KiB from the socket) for
 //! [`crate::ServerConfig::stall_under_pressure`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -49,6 +49,10 @@ pub struct Origin {
     pub mtime: u32,
 }
 
+/// The longest gzip header comment cairn writes, in bytes: a header
+/// with it and a file name fits the 64 KiB the listings and `-N` read.
+pub const MAX_COMMENT: usize = 32 << 10;
+
 /// What an encoder may be asked beyond format and level (each refused by
 /// a format that lacks it, see [`Format::check_options`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -330,6 +334,17 @@ impl Format {
         if opts.gzip_comment.is_some() && self != Format::Gzip {
             return Err(CodecError::Invalid(format!(
                 "--comment is kept in a gzip header; {self} has no comment"
+            )));
+        }
+        if let Some(n) = opts
+            .gzip_comment
+            .as_ref()
+            .map(Vec::len)
+            .filter(|&n| n > MAX_COMMENT)
+        {
+            return Err(CodecError::Invalid(format!(
+                "--comment of {n} bytes: cairn keeps at most {MAX_COMMENT} in a gzip header \
+                 (its listings read the header from the first 64 KiB)"
             )));
         }
         if opts.zstd_dictionary.is_some() && self != Format::Zstd {
