@@ -6,7 +6,7 @@
 //! listed ends the run, as in lz4.
 
 use anyhow::Result;
-use cairn_codec::format::lz4::{frames, ListedFrame, ListedKind, Tail};
+use cairn_codec::format::lz4::{frames, HeaderCut, ListedFrame, ListedKind, Tail};
 use cairn_codec::CodecError;
 use std::io::{BufReader, Seek};
 use std::os::fd::AsFd;
@@ -32,16 +32,25 @@ fn type_name(kind: &ListedKind) -> &'static str {
     }
 }
 
-/// "B7I": the block size id and whether blocks are independent (or
-/// linked, D); `-` for frames without blocks of that kind.
-fn block_kind(kind: &ListedKind) -> String {
+/// A frame's block size id and whether its blocks are independent, for
+/// frames with blocks of that kind.
+fn blocks_of(kind: &ListedKind) -> Option<(u8, bool)> {
     match kind {
         ListedKind::Frame {
             block_id,
             independent,
             ..
-        } => format!("B{block_id}{}", if *independent { 'I' } else { 'D' }),
-        _ => "-".into(),
+        } => Some((*block_id, *independent)),
+        _ => None,
+    }
+}
+
+/// "B7I": the block size id and whether blocks are independent (or
+/// linked, D); `-` for frames without blocks of that kind.
+fn block_kind(blocks: Option<(u8, bool)>) -> String {
+    match blocks {
+        Some((id, independent)) => format!("B{id}{}", if independent { 'I' } else { 'D' }),
+        None => "-".into(),
     }
 }
 
@@ -57,7 +66,7 @@ fn frame_line(n: usize, f: &ListedFrame) -> String {
     let head = format!(
         "{n:>10} {:>14} {:>5} {:>8} {:>20}",
         type_name(&f.kind),
-        block_kind(&f.kind),
+        block_kind(blocks_of(&f.kind)),
         match f.kind {
             ListedKind::Frame {
                 content_check: true,
@@ -75,28 +84,50 @@ fn frame_line(n: usize, f: &ListedFrame) -> String {
     }
 }
 
+/// What every frame so far has in common: nothing seen yet, one value,
+/// or two that differ (shown as `-`).
+#[derive(Default)]
+enum Shared<T> {
+    #[default]
+    Unseen,
+    All(T),
+    Mixed,
+}
+
+impl<T: PartialEq> Shared<T> {
+    fn add(&mut self, this: T) {
+        match self {
+            Shared::Unseen => *self = Shared::All(this),
+            Shared::All(seen) if *seen != this => *self = Shared::Mixed,
+            Shared::All(_) | Shared::Mixed => {}
+        }
+    }
+
+    fn all(&self) -> Option<&T> {
+        match self {
+            Shared::All(v) => Some(v),
+            Shared::Unseen | Shared::Mixed => None,
+        }
+    }
+}
+
 /// What `lz4 --list` says of a file's frames together, kept as they
 /// are found.
 #[derive(Default)]
 struct Summary {
     frames: u64,
-    /// The type all share, `-` once two differ.
-    kind: Option<String>,
-    /// The block kind all share, `-` once two differ.
-    blocks: Option<String>,
+    /// The type all share.
+    kind: Shared<&'static str>,
+    /// The block kind all share.
+    blocks: Shared<Option<(u8, bool)>>,
     /// The content sizes summed while every frame states one.
     content: Option<u64>,
 }
 
 impl Summary {
     fn add(&mut self, f: &ListedFrame) {
-        let merge = |seen: &mut Option<String>, this: String| match seen {
-            None => *seen = Some(this),
-            Some(s) if *s != this => *s = "-".into(),
-            Some(_) => {}
-        };
-        merge(&mut self.kind, type_name(&f.kind).to_string());
-        merge(&mut self.blocks, block_kind(&f.kind));
+        self.kind.add(type_name(&f.kind));
+        self.blocks.add(blocks_of(&f.kind));
         let sum = if self.frames == 0 {
             Some(0)
         } else {
@@ -113,8 +144,8 @@ impl Summary {
         let head = format!(
             "{:>10} {:>14} {:>5} {:>11}",
             self.frames,
-            self.kind.as_deref().unwrap_or("-"),
-            self.blocks.as_deref().unwrap_or("-"),
+            self.kind.all().copied().unwrap_or("-"),
+            block_kind(self.blocks.all().copied().flatten()),
             human(size)
         );
         match self.content.filter(|&c| c > 0) {
@@ -233,6 +264,17 @@ pub(crate) fn list(files: &[PathBuf], verbose: bool) -> Result<()> {
             Tail::Garbage { .. } => {
                 errln!("Error 40 : Unrecognized header : Magic Number unreadable ");
                 return Err(crate::Warned(40).into());
+            }
+            Tail::CutHeader { cut, .. } => {
+                let (why, status) = match cut {
+                    HeaderCut::AfterMagic => (format!("Error reading {name}"), 71),
+                    HeaderCut::BeforeContentSize => (format!("Error reading {name}"), 72),
+                    HeaderCut::SkippableSize => {
+                        ("Stream error : skippable size unreadable".to_string(), 42)
+                    }
+                };
+                errln!("Error {status} : {why} ");
+                return Err(crate::Warned(status).into());
             }
             Tail::BadLegacyBlock { .. } => {
                 errln!("Corrupted legacy frame ");

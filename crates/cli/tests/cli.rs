@@ -1738,7 +1738,7 @@ fn lz4_list_prints_the_table_lz4_prints() {
     // first before the error.
     let mut damaged = sized.clone();
     damaged[6] ^= 0x40;
-    let files: [(&str, Vec<u8>); 19] = [
+    let files: [(&str, Vec<u8>); 26] = [
         ("bad-second.lz4", [sized.clone(), damaged].concat()),
         ("streamed.lz4", streamed.clone()),
         ("sized.lz4", sized.clone()),
@@ -1761,9 +1761,18 @@ fn lz4_list_prints_the_table_lz4_prints() {
         ("empty-input.lz4", lz4(&["-c", "--content-size"], b"")),
         ("garbage-after.lz4", [&sized[..], b"garbage!"].concat()),
         ("short-tail.lz4", [&sized[..], b"ab"].concat()),
-        // (Cut inside a header of 7 bytes: lz4's statuses 71 and 72
-        // for other cut headers are cairn's 1.)
+        // Headers cut short: lz4 fails each read of one with a status
+        // of its own (71: nothing after the magic; 72: the content size
+        // a header states is missing; 42: a skippable frame's size), and
+        // finds a short header of no content size not lz4 (1).
         ("cut-header.lz4", streamed[..6].to_vec()),
+        ("magic-only.lz4", streamed[..4].to_vec()),
+        ("cut-before-size.lz4", sized[..6].to_vec()),
+        ("cut-at-size.lz4", sized[..7].to_vec()),
+        ("cut-in-size.lz4", sized[..9].to_vec()),
+        ("skip-cut.lz4", skippable[..6].to_vec()),
+        ("then-magic.lz4", [&sized[..], &streamed[..4]].concat()),
+        ("then-skip-cut.lz4", [&sized[..], &skippable[..5]].concat()),
         ("zero-bytes", Vec::new()),
         // Named with a directory: lz4 names it by its last component.
         ("sub/in-a-directory.lz4", sized.clone()),

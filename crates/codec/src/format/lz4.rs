@@ -619,6 +619,28 @@ pub enum Tail {
         /// Offset of the size.
         at: u64,
     },
+    /// The input ends inside a frame's header where lz4 reads it, which
+    /// `lz4 --list` reports with a status of its own.
+    CutHeader {
+        /// Offset of the frame.
+        at: u64,
+        /// Which read found the end.
+        cut: HeaderCut,
+    },
+}
+
+/// Where a frame header cut short ends, as `lz4 --list` reads one: the
+/// frame's magic, then the 3 bytes of the smallest header, then (where
+/// its flags state a content size) the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderCut {
+    /// Nothing after an LZ4 frame's magic (lz4's status 71).
+    AfterMagic,
+    /// A header whose flags state a content size ends within its first 7
+    /// bytes (lz4's status 72).
+    BeforeContentSize,
+    /// A skippable frame's size is cut short (lz4's status 42).
+    SkippableSize,
 }
 
 /// What [`frames`] found in a file, besides the frames it handed out.
@@ -694,7 +716,11 @@ pub fn frames<R: std::io::Read>(
         let kind = if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
             fill(r, &mut b, 8, at)?;
             if b.len() < 8 {
-                return Err(truncated(at + b.len() as u64));
+                walked.tail = Tail::CutHeader {
+                    at,
+                    cut: HeaderCut::SkippableSize,
+                };
+                return Ok(walked);
             }
             at = pass(r, at + 8, u64::from(le32(&b, 4)))?;
             ListedKind::Skippable
@@ -732,7 +758,20 @@ pub fn frames<R: std::io::Read>(
                 _ => truncated(at + got as u64),
             };
             fill(r, &mut b, 7, at)?;
+            // lz4 reads the smallest header, then the content size it
+            // states: a read that finds nothing fails apart.
+            let states_size =
+                |b: &[u8]| b.len() > 4 && b[4] >> 6 == 1 && b[4] & FLG_CONTENT_SIZE != 0;
+            let cut_header = |cut| Tail::CutHeader { at, cut };
+            if b.len() == 4 {
+                walked.tail = cut_header(HeaderCut::AfterMagic);
+                return Ok(walked);
+            }
             if b.len() < 7 {
+                if states_size(&b) {
+                    walked.tail = cut_header(HeaderCut::BeforeContentSize);
+                    return Ok(walked);
+                }
                 return Err(cut(b.len()));
             }
             let (flg, bd) = (b[4], b[5]);
@@ -747,6 +786,10 @@ pub fn frames<R: std::io::Read>(
                 + if flg & FLG_CONTENT_SIZE != 0 { 8 } else { 0 }
                 + if flg & FLG_DICT_ID != 0 { 4 } else { 0 };
             fill(r, &mut b, 4 + desc_len + 1, at)?;
+            if b.len() == 7 && states_size(&b) {
+                walked.tail = cut_header(HeaderCut::BeforeContentSize);
+                return Ok(walked);
+            }
             if b.len() < 4 + desc_len + 1 {
                 return Err(cut(b.len()));
             }
@@ -1004,6 +1047,36 @@ mod tests {
         let mut bad = f.clone();
         bad[6] ^= 1;
         assert!(matches!(tail(&bad), Err(CodecError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn headers_cut_where_lz4_reads_them_are_named() {
+        let f = frame_by_hand(FLG_INDEP, None, &[40]);
+        let sized = frame_by_hand(FLG_INDEP, Some(40), &[40]);
+        let end = f.len() as u64;
+        let cut = |at, cut| Tail::CutHeader { at, cut };
+        // Nothing after the magic, first frame or later.
+        assert_eq!(tail(&f[..4]).unwrap(), cut(0, HeaderCut::AfterMagic));
+        let later = [&f[..], &f[..4]].concat();
+        assert_eq!(tail(&later).unwrap(), cut(end, HeaderCut::AfterMagic));
+        // A header that states a content size, cut within its first 7
+        // bytes; past them it is cut inside what lz4 reads second.
+        for n in 5..=7 {
+            let at = [&f[..], &sized[..n]].concat();
+            assert_eq!(tail(&at).unwrap(), cut(end, HeaderCut::BeforeContentSize));
+            assert_eq!(
+                tail(&sized[..n]).unwrap(),
+                cut(0, HeaderCut::BeforeContentSize)
+            );
+        }
+        assert!(matches!(tail(&sized[..9]), Err(CodecError::UnknownFormat)));
+        // No content size stated: a short header is not lz4.
+        assert!(matches!(tail(&f[..5]), Err(CodecError::UnknownFormat)));
+        // A skippable frame's size cut short.
+        let skip = [&0x184D_2A51u32.to_le_bytes()[..], &[3, 0]].concat();
+        assert_eq!(tail(&skip).unwrap(), cut(0, HeaderCut::SkippableSize));
+        let after = [&f[..], &skip[..4]].concat();
+        assert_eq!(tail(&after).unwrap(), cut(end, HeaderCut::SkippableSize));
     }
 
     /// A legacy frame as `lz4 -l` writes it: the magic, then each 8 MiB
