@@ -8,6 +8,7 @@ use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Repl
 use cairn_nbd::{Export, Listener, ServeReport, Server, ServerConfig};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -121,10 +122,14 @@ fn start_with(exports: Vec<Export>) -> Running {
 }
 
 fn start_configured(exports: Vec<Export>, config: ServerConfig) -> Running {
-    let l = Listener::tcp("127.0.0.1:0").unwrap();
+    start_on(Listener::tcp("127.0.0.1:0").unwrap(), exports, config)
+}
+
+/// A server on `l`; its address is `unix:PATH` for a Unix socket.
+fn start_on(l: Listener, exports: Vec<Export>, config: ServerConfig) -> Running {
     let addr = match &l {
         Listener::Tcp(t) => t.local_addr().unwrap().to_string(),
-        Listener::Unix(..) => unreachable!(),
+        Listener::Unix(_, path) => format!("unix:{}", path.display()),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -136,8 +141,62 @@ fn start_configured(exports: Vec<Export>, config: ServerConfig) -> Running {
     }
 }
 
+/// A client's socket, TCP or Unix.
+enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    /// `unix:PATH` or a TCP address.
+    fn connect(addr: &str) -> Sock {
+        match addr.strip_prefix("unix:") {
+            Some(path) => Sock::Unix(UnixStream::connect(path).unwrap()),
+            None => Sock::Tcp(TcpStream::connect(addr).unwrap()),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<std::time::Duration>) -> std::io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.read(buf),
+            Sock::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => s.write(buf),
+            Sock::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl std::os::fd::AsRawFd for Sock {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 struct Client {
-    s: TcpStream,
+    s: Sock,
     cookie: u64,
     /// The headers agreed on.
     mode: Replies,
@@ -152,7 +211,7 @@ fn read_n(s: &mut impl Read, n: usize) -> Vec<u8> {
 impl Client {
     /// Greeting read, client flags sent.
     fn connect(addr: &str) -> Client {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut s = Sock::connect(addr);
         let g = read_n(&mut s, 18);
         assert_eq!(proto::be64(&g[0..8]), proto::NBD_MAGIC);
         assert_eq!(proto::be64(&g[8..16]), proto::IHAVEOPT);
@@ -666,7 +725,7 @@ impl BlockDev for Big {
     }
 }
 
-fn closed(s: &mut TcpStream) -> bool {
+fn closed(s: &mut impl Read) -> bool {
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
     rest.is_empty()
@@ -969,9 +1028,21 @@ fn reads_not_taken(c: &mut Client, n: usize) {
 
 #[test]
 fn a_client_that_takes_no_replies_is_closed_only_while_others_wait_for_memory() {
+    stalled_replies_on(Listener::tcp("127.0.0.1:0").unwrap());
+}
+
+/// The same over a Unix socket, where what a client took is told by the
+/// socket's queue of unread bytes.
+#[test]
+fn a_client_that_takes_no_replies_over_a_unix_socket_is_closed_only_while_others_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    stalled_replies_on(Listener::unix(dir.path().join("nbd.sock")).unwrap());
+}
+
+fn stalled_replies_on(l: Listener) {
     // One connection's budget is the server's: a client whose replies
     // stall holds all of it. The I/O timeout is far beyond the test.
-    let srv = start_configured(exports(), tight_budget(2 * SIZE as u64));
+    let srv = start_on(l, exports(), tight_budget(2 * SIZE as u64));
     let addr = srv.addr.clone();
     let expected = {
         let mut c = Client::connect(&addr);
