@@ -1733,6 +1733,70 @@ impl Tool {
         }
     }
 
+    /// What the tool says, in a line of its own words, of an input it
+    /// cannot open or that is a directory (`None`: cairn's words, with
+    /// the link's name before them, are the tool's too).
+    pub(crate) fn input_refusal(self, error: &cairn_filepack::Error) -> Option<String> {
+        use cairn_filepack::Error;
+        let name = prog();
+        // A name with no suffix to take off, to unpack into a file.
+        if let Error::Input { input, source } = error {
+            if matches!(**source, Error::UnknownSuffix) {
+                match self {
+                    Tool::Gzip => {
+                        return Some(format!("{name}: {input}: unknown suffix -- ignored"))
+                    }
+                    Tool::Pigz => {
+                        return Some(format!(
+                            "{name}: skipping: {input} does not have compressed suffix"
+                        ))
+                    }
+                    Tool::Zstd => {
+                        return Some(format!(
+                            "{name}: {input}: unknown suffix (.zst/.tzst/.gz/.tgz/.lzma/.xz/\
+                             .txz/.lz4/.tlz4 expected). Can't derive the output file name. \
+                             Specify it with -o dstFileName. Ignoring."
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        match error.inner() {
+            Error::Open { path, source } => {
+                let (path, why) = (path.display(), crate::pack::io_reason(source));
+                let missing = source.kind() == std::io::ErrorKind::NotFound;
+                match self {
+                    Tool::Pigz if missing => {
+                        Some(format!("{name}: skipping: {path} does not exist"))
+                    }
+                    Tool::Zstd if missing => {
+                        Some(format!("{name}: can't stat {path} : {why} -- ignored "))
+                    }
+                    Tool::Lz4 => Some(format!("{path}: {why} ")),
+                    Tool::Lzop => Some(format!("{name}: {path}: can't open input file: {why}")),
+                    Tool::Bzip2 => Some(format!("{name}: Can't open input file {path}: {why}.")),
+                    _ => None,
+                }
+            }
+            Error::IsDirectory { path } => {
+                let path = path.display();
+                match self {
+                    Tool::Gzip => Some(format!("{name}: {path} is a directory -- ignored")),
+                    Tool::Pigz => Some(format!("{name}: skipping: {path} is a directory")),
+                    Tool::Zstd => Some(format!("{name}: {path} is a directory -- ignored ")),
+                    Tool::Xz => Some(format!("{name}: {path}: Is a directory, skipping")),
+                    Tool::Lzop => Some(format!(
+                        "{name}: {path}: warning: not a regular file -- skipped"
+                    )),
+                    Tool::Bzip2 => Some(format!("{name}: Input file {path} is a directory.")),
+                    Tool::Lz4 => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
     /// Whether a run whose every input was passed over ([`Tool::ignores`])
     /// fails: zstd then says there was no input to take (status 1).
     pub(crate) fn fails_when_all_ignored(self) -> bool {
@@ -1882,11 +1946,15 @@ fn main() -> ExitCode {
             ExitCode::from(e.downcast_ref::<Warned>().map_or(2, |w| w.0))
         }
         (Err(e), _) => {
-            errln!("{}: {}", prog(), one_line(e.as_ref()));
+            errln!("{}", error_line(e.as_ref()));
             ExitCode::from(Tool::invoked().error_status(&e))
         }
         (Ok(()), Some(e)) => {
-            errln!("{}: cannot write to standard output: {e}", prog());
+            errln!(
+                "{}: cannot write to standard output: {}",
+                prog(),
+                without_os_error_codes(&e.to_string())
+            );
             ExitCode::FAILURE
         }
     }
@@ -2011,7 +2079,7 @@ fn link_version() -> Option<String> {
 pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in std::iter::successors(Some(e), |e| e.source()) {
-        let s = cause.to_string();
+        let s = without_os_error_codes(&cause.to_string());
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);
         }
@@ -2019,9 +2087,54 @@ pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// The line that says `e` went wrong: the tool's own words where cairn
+/// runs as a link and it has words of its own for it
+/// ([`Tool::input_refusal`]), else the program's name and
+/// [`one_line`].
+pub(crate) fn error_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let own = e
+        .downcast_ref::<cairn_filepack::Error>()
+        .and_then(|fe| Tool::link()?.input_refusal(fe));
+    own.unwrap_or_else(|| format!("{}: {}", prog(), one_line(e)))
+}
+
+/// `text` without the " (os error N)" Rust puts after an operating
+/// system's reason: said as the tools say it ("No such file or
+/// directory").
+pub(crate) fn without_os_error_codes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(" (os error ") {
+        let after = &rest[at + " (os error ".len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && after[digits..].starts_with(')') {
+            out.push_str(&rest[..at]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..at + 1]);
+            rest = &rest[at + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn os_error_codes_are_left_out() {
+        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+        let text = format!("x: {e}: y: {e}");
+        assert_eq!(
+            without_os_error_codes(&text),
+            "x: No such file or directory: y: No such file or directory"
+        );
+        for kept in ["a (os error)", "a (os error x)", "(os error 2", "plain"] {
+            assert_eq!(without_os_error_codes(kept), kept);
+        }
+    }
 
     /// Every variable an option is read from is in [`OPTION_VARIABLES`].
     #[test]

@@ -6,8 +6,8 @@ use crate::report::{summary_line, Progress};
 use crate::{CommonArgs, DecodeArgs, PackArgs, UnpackArgs};
 use anyhow::Result;
 use cairn_filepack::{
-    EmptyInput, Error, Hooks, Level, Links, Operation, Options, OutputDir, PackOptions, Run,
-    SpecialModes, Summary, UnpackMode, UnpackOptions,
+    EmptyInput, Error, Hooks, Level, Links, MissingInput, Operation, Options, OutputDir,
+    PackOptions, Run, SpecialModes, Summary, UnpackMode, UnpackOptions,
 };
 use serde::Serialize;
 use std::path::Path;
@@ -75,7 +75,7 @@ impl Hooks for EngineHooks {
     }
     fn input_failed(&self, error: &Error) {
         if !self.hides(error) {
-            errln!("{}: {}", crate::prog(), crate::one_line(error));
+            errln!("{}", crate::error_line(error));
         }
     }
     fn passes_over(&self, error: &Error) -> bool {
@@ -119,6 +119,13 @@ fn options(common: &CommonArgs) -> Result<Options> {
         synchronous: common.synchronous,
         // bzip2 unpacks a name it cannot guess from into NAME.out.
         unknown_suffix_out: crate::Tool::invoked() == crate::Tool::Bzip2,
+        name_before_input: crate::Tool::invoked() == crate::Tool::Zstd,
+        // gzip (and cairn) and pigz unpack x.gz for a missing x.
+        missing_input: match crate::Tool::invoked() {
+            crate::Tool::Gzip => MissingInput::AsGzip,
+            crate::Tool::Pigz => MissingInput::LookedForAsGzip,
+            _ => MissingInput::AsGiven,
+        },
         // xz reads an input before it looks at its name.
         data_before_name: crate::Tool::invoked() == crate::Tool::Xz,
         // pigz, zstd, lz4 and lzop pack a file with other links (and
@@ -491,7 +498,7 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run, testing: bool) -> Re
     match run.outcome {
         Err(e) if hooks.ignores(&e) => {
             if !hooks.hides(&e) {
-                errln!("{}: {}", crate::prog(), crate::one_line(&e));
+                errln!("{}", crate::error_line(&e));
             }
             if tool.fails_when_all_ignored() && named_only_links(common) {
                 return no_input_left();
@@ -499,7 +506,7 @@ fn emit(common: &CommonArgs, hooks: &EngineHooks, run: Run, testing: bool) -> Re
         }
         Err(e) if e.is_warning() => {
             if !hooks.hides(&e) {
-                errln!("{}: {}", crate::prog(), crate::one_line(&e));
+                errln!("{}", crate::error_line(&e));
             }
             return warned(common, tool.warning_status(Some(&e)));
         }
@@ -1088,11 +1095,7 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool, verbose: bool) -> Resul
 /// An I/O error as the tools say it: its reason, without Rust's
 /// "(os error N)".
 pub(crate) fn io_reason(e: &std::io::Error) -> String {
-    let text = e.to_string();
-    match text.split_once(" (os error") {
-        Some((reason, _)) => reason.to_string(),
-        None => text,
-    }
+    crate::without_os_error_codes(&e.to_string())
 }
 
 /// The counts `xz -lv` prints of a file (and of all, with the number of

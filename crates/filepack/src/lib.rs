@@ -123,6 +123,13 @@ pub struct Options {
     /// NAME.out, said through [`Hooks::note`], as bzip2 does (gzip, xz
     /// and zstd leave it alone). Not with `-r`.
     pub unknown_suffix_out: bool,
+    /// Unpacking, how a name that is not there is taken (gzip looks for
+    /// NAME.gz).
+    pub missing_input: MissingInput,
+    /// An output is named from its input before the input is looked for:
+    /// a missing input whose name has no known suffix is refused for its
+    /// name, as zstd does (gzip, xz and cairn say it is missing).
+    pub name_before_input: bool,
     /// Unpacking, an input whose name has no known suffix is first looked
     /// at: one in no format read is refused as such (an error, as xz
     /// says "File format not recognized"), and only one in a format read
@@ -415,6 +422,21 @@ pub trait Hooks: Sync {
     /// Something to say about the whole run that changes nothing in its
     /// outcome (xz's "Adjusted LZMA2 dictionary size ...").
     fn note_run(&self, _message: &str) {}
+}
+
+/// How a name to unpack that is not there is taken ([`Options::missing_input`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MissingInput {
+    /// As gzip: the first of NAME.gz, NAME-gz, NAME.z, NAME-z and NAME_z
+    /// that is there is read; where none is, and NAME has none of gzip's
+    /// suffixes, NAME.gz (NAME and `-S`'s suffix) is the one said
+    /// missing. cairn's own rule.
+    #[default]
+    AsGzip,
+    /// As pigz: looked for as gzip does, said missing by the name given.
+    LookedForAsGzip,
+    /// As given (xz, zstd, bzip2, lz4 and lzop look for no other name).
+    AsGiven,
 }
 
 /// Hooks that do nothing: for tests and callers that show nothing.

@@ -114,6 +114,26 @@ pub fn gzip_input_of(path: &Path) -> Option<PathBuf> {
     })
 }
 
+/// gzip's name for an input to unpack that is not there and for which
+/// [`gzip_input_of`] found nothing: `path` and `suffix` (`-S`; `.gz`
+/// without it), unless `path` ends in one of gzip's suffixes already
+/// (`gzip -d x` says "x.gz: No such file or directory"). `None` where
+/// `path` is there, or is said missing as it is.
+pub fn gzip_missing_name(path: &Path, suffix: Option<&OsStr>) -> Option<PathBuf> {
+    if path.symlink_metadata().is_ok() {
+        return None;
+    }
+    let lower = path.as_os_str().as_bytes().to_ascii_lowercase();
+    let own = [".gz", ".z", "-gz", "-z", "_z", ".tgz", ".taz"];
+    let suffix = suffix.map_or(&b".gz"[..], |s| s.as_bytes());
+    if own.iter().any(|s| lower.ends_with(s.as_bytes())) || lower.ends_with(suffix) {
+        return None;
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(OsStr::from_bytes(suffix));
+    Some(PathBuf::from(name))
+}
+
 /// The name `path` unpacks into: `suffix` (`-S`) taken off if it ends
 /// with it, else its format's suffix.
 pub fn unpacked_name(path: &Path, suffix: Option<&OsStr>) -> Result<PathBuf> {
@@ -130,6 +150,27 @@ pub fn unpacked_name(path: &Path, suffix: Option<&OsStr>) -> Result<PathBuf> {
 mod tests {
     #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
     use super::*;
+
+    #[test]
+    fn a_missing_name_is_said_as_gzip_says_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |n: &str| dir.path().join(n);
+        let said = |n: &str, s: Option<&str>| {
+            gzip_missing_name(&at(n), s.map(OsStr::new))
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        };
+        assert_eq!(said("x", None).as_deref(), Some("x.gz"));
+        assert_eq!(said("x.xz", None).as_deref(), Some("x.xz.gz"));
+        assert_eq!(said("x", Some(".foo")).as_deref(), Some("x.foo"));
+        for own in [
+            "x.gz", "x.GZ", "x.z", "x-gz", "x-z", "x_z", "x.tgz", "x.taz",
+        ] {
+            assert_eq!(said(own, None), None, "{own}");
+        }
+        assert_eq!(said("x.foo", Some(".foo")), None);
+        std::fs::write(at("there"), b"").unwrap();
+        assert_eq!(said("there", None), None);
+    }
 
     #[test]
     fn suffixes_name_formats_and_come_off() {
