@@ -223,8 +223,10 @@ pub(crate) struct CommonArgs {
         overrides_with = "stdout"
     )]
     pub output: Option<std::path::PathBuf>,
-    /// Print a one-line summary per file (size, ratio, speed) on stderr;
-    /// -vv adds debugging diagnostics, -vvv traces (RUST_LOG overrides).
+    /// Print a one-line summary per file (size, ratio, speed) on stderr,
+    /// and how each stream is decoded (a gzip member in parallel or on one
+    /// core, and why); -vv adds debugging diagnostics, -vvv traces
+    /// (RUST_LOG overrides).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, overrides_with = "quiet")]
     pub verbose: u8,
     /// No progress bar, no notes (the last of -q and -v counts, as in

@@ -213,7 +213,19 @@ pub(crate) struct Header {
     pub(crate) origin: super::Origin,
     /// FCOMMENT's bytes (without the NUL), if it has one.
     pub(crate) comment: Option<Vec<u8>>,
+    /// Bytes of the header already consumed from the input: a name or
+    /// comment too long to hold in its buffer is read through (0 for any
+    /// other header, which is left in the input whole).
+    pub(crate) consumed: usize,
 }
+
+/// A header's name or comment is read through, hashed for FHCRC, once the
+/// input holds more than this of the header; the first [`MAX_KEPT_FIELD`]
+/// bytes of each are kept. gzip reads fields of any length.
+const MAX_HEADER_BUFFER: usize = 1 << 20;
+/// The most of a name or comment kept (a longer one is cut there: no file
+/// name is that long, and a listing shows no more).
+const MAX_KEPT_FIELD: usize = 1 << 20;
 
 /// Parse the member header at the start of `input`, filling as needed.
 pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
@@ -277,40 +289,49 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         len += xlen;
     }
     let mut comment = None;
+    // Header bytes let go of (a field too long to hold), and their CRC.
+    let mut consumed = 0usize;
+    let mut crc = crc32fast::Hasher::new();
     for flag in [FNAME, FCOMMENT] {
-        if flags & flag != 0 {
-            loop {
-                let avail = input.fill(len + 1)?;
-                if avail <= len {
-                    return Err(CodecError::Truncated {
-                        format: NAME,
-                        offset: off + avail as u64,
-                    });
-                }
-                let b = input.peek();
-                if let Some(z) = b[len..].iter().position(|&c| c == 0) {
-                    match flag {
-                        FNAME => origin.name = b[len..len + z].to_vec(),
-                        _ => comment = Some(b[len..len + z].to_vec()),
-                    }
-                    len += z + 1;
-                    break;
-                }
-                let have = b.len();
-                if have > (1 << 20) {
-                    return Err(CodecError::corrupt(
-                        NAME,
-                        off,
-                        "file name or comment longer than 1 MiB",
-                    ));
-                }
-                if input.fill(have + 1)? <= have {
-                    return Err(CodecError::Truncated {
-                        format: NAME,
-                        offset: off + have as u64,
-                    });
-                }
+        if flags & flag == 0 {
+            continue;
+        }
+        let mut field = Vec::new();
+        let keep = |field: &mut Vec<u8>, bytes: &[u8]| {
+            let room = MAX_KEPT_FIELD.saturating_sub(field.len());
+            field.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        };
+        loop {
+            let avail = input.fill(len + 1)?;
+            if avail <= len {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: off + (consumed + avail) as u64,
+                });
             }
+            let b = input.peek();
+            if let Some(z) = b[len..].iter().position(|&c| c == 0) {
+                keep(&mut field, &b[len..len + z]);
+                len += z + 1;
+                break;
+            }
+            let have = b.len();
+            if have > MAX_HEADER_BUFFER {
+                keep(&mut field, &b[len..]);
+                crc.update(b);
+                input.consume(have);
+                consumed += have;
+                len = 0;
+            } else if input.fill(have + 1)? <= have {
+                return Err(CodecError::Truncated {
+                    format: NAME,
+                    offset: off + (consumed + have) as u64,
+                });
+            }
+        }
+        match flag {
+            FNAME => origin.name = field,
+            _ => comment = Some(field),
         }
     }
     if flags & FHCRC != 0 {
@@ -318,22 +339,24 @@ pub(crate) fn parse_header(input: &mut Input) -> Result<Header> {
         // as gzip checks them.
         let b = input.need(len + 2, NAME)?;
         let want = u16::from_le_bytes([b[len], b[len + 1]]);
-        let got = crc32fast::hash(&b[..len]) as u16;
+        crc.update(&b[..len]);
+        let got = crc.finalize() as u16;
         if got != want {
             return Err(CodecError::corrupt(
                 NAME,
-                off + len as u64,
+                off + (consumed + len) as u64,
                 format!("header checksum {want:#06x} != computed {got:#06x}"),
             ));
         }
         len += 2;
     }
     Ok(Header {
-        len,
+        len: consumed + len,
         member_len,
         mark,
         origin,
         comment,
+        consumed,
     })
 }
 
@@ -645,7 +668,8 @@ impl Splitter {
         len: usize,
         unit: &mut Unit,
     ) -> Result<bool> {
-        if len < header.len + TRAILER_LEN || len > MAX_UNIT {
+        // (A header read through is no longer there to take whole.)
+        if header.consumed > 0 || len < header.len + TRAILER_LEN || len > MAX_UNIT {
             return Ok(false);
         }
         let start = unit.data.len();
@@ -786,7 +810,7 @@ impl super::Splitter for Splitter {
                 return Ok(true);
             }
         }
-        self.input.consume(header.len);
+        self.input.consume(header.len - header.consumed);
         match self.start_parallel() {
             Parallel::Mapped => {
                 self.parallel_some(unit)?;
@@ -987,6 +1011,56 @@ mod tests {
                 "{delta} + more"
             );
         }
+    }
+
+    /// A name and a comment of megabytes, as gzip reads them: read
+    /// through in bounded memory (the first MiB of each kept), the header
+    /// CRC checked over all of them, a length hint then left aside; the
+    /// member behind decodes, and one after it. Cut inside the comment it
+    /// is cut short; a wrong header CRC is damage.
+    #[test]
+    fn names_and_comments_of_megabytes_are_read_through() {
+        let data = b"behind a long header ".repeat(20_000);
+        let long = |extra: &[u8], hcrc: bool| {
+            let m = member(&data, extra, false);
+            // The fixed part and the extra field, then the name and the
+            // comment, the header CRC, and the member's deflate and
+            // trailer.
+            let fixed_extra = 12 + extra.len();
+            let mut out = m[..fixed_extra].to_vec();
+            out[3] |= FNAME | FCOMMENT | if hcrc { FHCRC } else { 0 };
+            out.extend(std::iter::repeat_n(b'n', 3 << 20));
+            out.push(0);
+            out.extend(std::iter::repeat_n(b'c', (1 << 20) + 7));
+            out.push(0);
+            if hcrc {
+                let crc = crc32fast::hash(&out) as u16;
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
+            out.extend_from_slice(&m[fixed_extra..]);
+            out
+        };
+        let tail = crate::encode_all(crate::Format::Gzip, 6, 50_000, b"and after").unwrap();
+        for (extra, hcrc) in [(&b""[..], true), (b"", false)] {
+            let m = long(extra, hcrc);
+            let both = [&m[..], &tail[..]].concat();
+            let back = crate::decode_all(&both).unwrap();
+            assert!(back == [&data[..], b"and after"].concat(), "{hcrc}");
+            let cut = crate::decode_all(&m[..(2 << 20)]).unwrap_err();
+            assert!(matches!(cut, CodecError::Truncated { .. }), "{cut}");
+        }
+        // A length hint over a header read through: decoded as a stream.
+        let mut hint = b"CN\x04\x00".to_vec();
+        hint.extend_from_slice(
+            &(long(b"CN\x04\x00\x00\x00\x00\x00", true).len() as u32).to_le_bytes(),
+        );
+        let hinted = long(&hint, true);
+        assert!(crate::decode_all(&hinted).unwrap() == data);
+        let mut bad = long(b"", true);
+        let at = 12 + (3 << 20) + 1 + (1 << 20) + 8;
+        bad[at] ^= 1;
+        let e = crate::decode_all(&bad).unwrap_err().to_string();
+        assert!(e.contains("header checksum"), "{e}");
     }
 
     /// A header checksum (FHCRC) that does not match is damage, as gzip
