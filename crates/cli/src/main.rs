@@ -1955,7 +1955,7 @@ fn main() -> ExitCode {
             errln!(
                 "{}: cannot write to standard output: {}",
                 prog(),
-                without_os_error_codes(&e.to_string())
+                crate::pack::io_reason(&e)
             );
             ExitCode::FAILURE
         }
@@ -2080,13 +2080,25 @@ fn link_version() -> Option<String> {
 /// The error and its causes on one line.
 pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
+    // The operating system's errors in the chain, as Rust says them and
+    // as the tools do (without "(os error N)"), wherever their text is.
+    let mut said_as_tools: Vec<(String, String)> = Vec::new();
     for cause in std::iter::successors(Some(e), |e| e.source()) {
-        let s = without_os_error_codes(&cause.to_string());
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            said_as_tools.push((io.to_string(), crate::pack::io_reason(io)));
+        }
+        let s = cause.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);
         }
     }
-    parts.join(": ")
+    let mut line = parts.join(": ");
+    for (rust, tools) in said_as_tools {
+        if rust != tools {
+            line = line.replace(&rust, &tools);
+        }
+    }
+    line
 }
 
 /// The line that says `e` went wrong: the tool's own words where cairn
@@ -2100,42 +2112,23 @@ pub(crate) fn error_line(e: &(dyn std::error::Error + 'static)) -> String {
     own.unwrap_or_else(|| format!("{}: {}", prog(), one_line(e)))
 }
 
-/// `text` without the " (os error N)" Rust puts after an operating
-/// system's reason: said as the tools say it ("No such file or
-/// directory").
-pub(crate) fn without_os_error_codes(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(" (os error ") {
-        let after = &rest[at + " (os error ".len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && after[digits..].starts_with(')') {
-            out.push_str(&rest[..at]);
-            rest = &after[digits + 1..];
-        } else {
-            out.push_str(&rest[..at + 1]);
-            rest = &rest[at + 1..];
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn os_error_codes_are_left_out() {
-        let e = std::io::Error::from_raw_os_error(libc::ENOENT);
-        let text = format!("x: {e}: y: {e}");
+    fn os_error_codes_are_left_out_of_what_the_system_said_alone() {
+        let e = cairn_filepack::Error::Open {
+            path: "q (os error 5).xz".into(),
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        };
+        assert_eq!(one_line(&e), "q (os error 5).xz: No such file or directory");
+        let plain = std::io::Error::other("a reason (os error 3)");
+        assert_eq!(one_line(&plain), "a reason (os error 3)");
         assert_eq!(
-            without_os_error_codes(&text),
-            "x: No such file or directory: y: No such file or directory"
+            crate::pack::io_reason(&std::io::Error::from_raw_os_error(libc::EACCES)),
+            "Permission denied"
         );
-        for kept in ["a (os error)", "a (os error x)", "(os error 2", "plain"] {
-            assert_eq!(without_os_error_codes(kept), kept);
-        }
     }
 
     /// Every variable an option is read from is in [`OPTION_VARIABLES`].

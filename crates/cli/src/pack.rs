@@ -1095,7 +1095,11 @@ fn list_as_xz(files: &[std::path::PathBuf], robot: bool, verbose: bool) -> Resul
 /// An I/O error as the tools say it: its reason, without Rust's
 /// "(os error N)".
 pub(crate) fn io_reason(e: &std::io::Error) -> String {
-    crate::without_os_error_codes(&e.to_string())
+    let text = e.to_string();
+    match (e.raw_os_error(), text.rsplit_once(" (os error ")) {
+        (Some(_), Some((reason, code))) if code.ends_with(')') => reason.to_string(),
+        _ => text,
+    }
 }
 
 /// The counts `xz -lv` prints of a file (and of all, with the number of

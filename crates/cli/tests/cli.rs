@@ -1467,7 +1467,7 @@ fn missing_inputs_and_directories_are_refused_as_each_tool_refuses_them() {
         }
         // (lz4 reads a directory as an empty input.)
         if tool != "lz4" {
-            cases.extend([vec!["d"], vec!["-c", "d"], vec!["-t", "d"]]);
+            cases.extend([vec!["d"], vec!["-c", "d"], vec!["-t", "d"], vec!["-d", "d"]]);
         }
         for args in &cases {
             let mut seen = vec![];
@@ -1787,7 +1787,7 @@ fn lz4_list_prints_the_table_lz4_prints() {
     // first before the error.
     let mut damaged = sized.clone();
     damaged[6] ^= 0x40;
-    let files: [(&str, Vec<u8>); 26] = [
+    let files: [(&str, Vec<u8>); 27] = [
         ("bad-second.lz4", [sized.clone(), damaged].concat()),
         ("streamed.lz4", streamed.clone()),
         ("sized.lz4", sized.clone()),
@@ -1822,6 +1822,8 @@ fn lz4_list_prints_the_table_lz4_prints() {
         ("skip-cut.lz4", skippable[..6].to_vec()),
         ("then-magic.lz4", [&sized[..], &streamed[..4]].concat()),
         ("then-skip-cut.lz4", [&sized[..], &skippable[..5]].concat()),
+        // (Sized by its flags whatever its version bits.)
+        ("bad-version-cut.lz4", [&sized[..4], &[0x08]].concat()),
         ("zero-bytes", Vec::new()),
         // Named with a directory: lz4 names it by its last component.
         ("sub/in-a-directory.lz4", sized.clone()),

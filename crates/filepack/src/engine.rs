@@ -6,10 +6,10 @@ use crate::files::{
     is_special, refuse_terminal_stdin, refuse_terminal_stdout, HoleWriter, PendingFile, Sink,
     Source,
 };
-use crate::naming::{format_of_name, gzip_input_of, gzip_missing_name, packed_name, unpacked_name};
+use crate::naming::{format_of_name, missing_input, packed_name, unpacked_name};
 use crate::{
-    EmptyInput, Error, Hooks, Links, MissingInput, Options, OutputDir, PackOptions, Result,
-    SpecialModes, UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
+    EmptyInput, Error, Hooks, Links, Options, OutputDir, PackOptions, Result, SpecialModes,
+    UnpackMode, UnpackOptions, MAX_BLOCK, MAX_THREADS,
 };
 use cairn_blockdev::{is_zero, SparseFile, SparseRead};
 use cairn_codec::format::gzip_range::read_range;
@@ -254,10 +254,17 @@ pub(crate) fn plan(
                 // look at it first, whatever it points to), a directory
                 // or a special file (as gzip and xz say; and a FIFO is
                 // never opened to look at its data).
+                // (zstd names the output first: a missing input or a
+                // directory is refused for its name where that has no
+                // suffix to take off.)
+                (Source::File(p), None)
+                    if opts.name_before_input
+                        && !matches!(std::fs::metadata(p), Ok(m) if !m.is_dir())
+                        && name_output(p).is_err() =>
+                {
+                    name_output(p).map(|out| (Dest::File(out), false))
+                }
                 (Source::File(p), None) => match std::fs::symlink_metadata(p) {
-                    Err(_) if opts.name_before_input && name_output(p).is_err() => {
-                        name_output(p).map(|out| (Dest::File(out), false))
-                    }
                     Err(source) => Err(Error::Open {
                         path: p.clone(),
                         source,
@@ -911,24 +918,14 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     let threads = threads(opts.threads)?;
     let check_only = unpack.mode != UnpackMode::Write;
     let suffix = opts.suffix.as_deref();
-    // `gunzip x` for x.gz, as gzip finds it; where there is none, gzip
-    // says x.gz is missing.
+    // `gunzip x` for x.gz, as gzip and pigz find it (and the name gzip
+    // says missing where there is none).
     let found: Vec<PathBuf> = opts
         .files
         .iter()
-        .map(|f| {
-            if f.as_os_str() == "-" || opts.missing_input == MissingInput::AsGiven {
-                return f.clone();
-            }
-            let looked_for = match suffix {
-                None => gzip_input_of(f),
-                Some(_) => None,
-            };
-            let said = match opts.missing_input {
-                MissingInput::AsGzip => gzip_missing_name(f, suffix),
-                _ => None,
-            };
-            looked_for.or(said).unwrap_or_else(|| f.clone())
+        .map(|f| match f.as_os_str() == "-" {
+            true => f.clone(),
+            false => missing_input(f, suffix, opts.missing_input).unwrap_or_else(|| f.clone()),
         })
         .collect();
     let opts = &Options {

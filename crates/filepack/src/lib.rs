@@ -424,16 +424,16 @@ pub trait Hooks: Sync {
     fn note_run(&self, _message: &str) {}
 }
 
-/// How a name to unpack that is not there is taken ([`Options::missing_input`]).
+/// How a name to unpack that is not there is taken
+/// ([`Options::missing_input`]; `naming::missing_input` lists the names
+/// each looks for, in its order).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MissingInput {
-    /// As gzip: the first of NAME.gz, NAME-gz, NAME.z, NAME-z and NAME_z
-    /// that is there is read; where none is, and NAME has none of gzip's
-    /// suffixes, NAME.gz (NAME and `-S`'s suffix) is the one said
-    /// missing. cairn's own rule.
+    /// As gzip: NAME.gz and its kin are looked for, and where none is
+    /// there, NAME.gz is the one said missing. cairn's own rule.
     #[default]
     AsGzip,
-    /// As pigz: looked for as gzip does, said missing by the name given.
+    /// As pigz: looked for (another list), said missing by the name given.
     LookedForAsGzip,
     /// As given (xz, zstd, bzip2, lz4 and lzop look for no other name).
     AsGiven,

@@ -3,7 +3,7 @@
 //! `x.tar`), or the suffix `-S` names, as gzip and pigz take it. Names are
 //! bytes, so a file name that is not UTF-8 keeps them.
 
-use crate::{Error, Result};
+use crate::{Error, MissingInput, Result};
 use cairn_codec::Format;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -100,38 +100,61 @@ pub fn packed_name(
     Ok(PathBuf::from(name))
 }
 
-/// For `gunzip NAME` where NAME is not there: the first of NAME.gz,
-/// NAME-gz, NAME.z, NAME-z, NAME_z that is, as gzip looks for them.
-pub fn gzip_input_of(path: &Path) -> Option<PathBuf> {
-    if path.symlink_metadata().is_ok() || format_of_name(path).is_some() {
-        return None;
-    }
-    [".gz", "-gz", ".z", "-z", "_z"].iter().find_map(|suffix| {
+/// The input read for a name to unpack that is not there, as `how` says
+/// the tool looks for one (`None`: the name as given).
+///
+/// - gzip 1.12 ([`MissingInput::AsGzip`]): a name that is not there (a
+///   link to nothing is not) and ends in none of gzip's suffixes (`.gz`,
+///   `.z`, `-gz`, `-z`, `_z`, `.tgz`, `.taz` in any case, and `-S`'s; a
+///   suffix only with something other than `/` before it): the first of
+///   NAME and `-S`'s suffix (else `.gz`), NAME.gz, NAME.z, NAME-z and
+///   NAME.Z that is there; where none is, NAME and that first suffix,
+///   the name then said missing (`gzip -d x`: "x.gz: No such file or
+///   directory").
+/// - pigz 2.6 ([`MissingInput::LookedForAsGzip`]): a name that is not
+///   there, not even as a link: the first of NAME.gz, NAME-gz, NAME.z,
+///   NAME-z, NAME_z, NAME.Z, NAME.zz, NAME-zz and NAME.tgz that is (`-S`
+///   plays no part); where none is, the name as given.
+pub fn missing_input(path: &Path, suffix: Option<&OsStr>, how: MissingInput) -> Option<PathBuf> {
+    let with = |suffix: &[u8]| {
         let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        let p = PathBuf::from(name);
-        p.symlink_metadata().is_ok().then_some(p)
-    })
+        name.push(OsStr::from_bytes(suffix));
+        PathBuf::from(name)
+    };
+    match how {
+        MissingInput::AsGiven => None,
+        MissingInput::AsGzip => {
+            if path.metadata().is_ok() || has_gzip_suffix(path, suffix) {
+                return None;
+            }
+            let first = suffix.map_or(&b".gz"[..], |s| s.as_bytes());
+            let tried = [first, b".gz", b".z", b"-z", b".Z"];
+            let found = tried.iter().map(|s| with(s)).find(|p| p.metadata().is_ok());
+            Some(found.unwrap_or_else(|| with(first)))
+        }
+        MissingInput::LookedForAsGzip => {
+            if path.symlink_metadata().is_ok() {
+                return None;
+            }
+            let tried: [&[u8]; 9] = [
+                b".gz", b"-gz", b".z", b"-z", b"_z", b".Z", b".zz", b"-zz", b".tgz",
+            ];
+            tried
+                .iter()
+                .map(|s| with(s))
+                .find(|p| p.symlink_metadata().is_ok())
+        }
+    }
 }
 
-/// gzip's name for an input to unpack that is not there and for which
-/// [`gzip_input_of`] found nothing: `path` and `suffix` (`-S`; `.gz`
-/// without it), unless `path` ends in one of gzip's suffixes already
-/// (`gzip -d x` says "x.gz: No such file or directory"). `None` where
-/// `path` is there, or is said missing as it is.
-pub fn gzip_missing_name(path: &Path, suffix: Option<&OsStr>) -> Option<PathBuf> {
-    if path.symlink_metadata().is_ok() {
-        return None;
-    }
+/// Whether `path` ends in one of gzip's suffixes or `suffix` (`-S`), in
+/// any case, with something other than `/` before it.
+fn has_gzip_suffix(path: &Path, suffix: Option<&OsStr>) -> bool {
     let lower = path.as_os_str().as_bytes().to_ascii_lowercase();
-    let own = [".gz", ".z", "-gz", "-z", "_z", ".tgz", ".taz"];
-    let suffix = suffix.map_or(&b".gz"[..], |s| s.as_bytes());
-    if own.iter().any(|s| lower.ends_with(s.as_bytes())) || lower.ends_with(suffix) {
-        return None;
-    }
-    let mut name = path.as_os_str().to_owned();
-    name.push(OsStr::from_bytes(suffix));
-    Some(PathBuf::from(name))
+    let given = suffix.map(|s| s.as_bytes().to_ascii_lowercase());
+    let own: [&[u8]; 7] = [b".gz", b".z", b"-gz", b"-z", b"_z", b".tgz", b".taz"];
+    let ends_in = |s: &[u8]| strip_suffix(&lower, s).is_some();
+    own.into_iter().any(ends_in) || given.as_deref().is_some_and(ends_in)
 }
 
 /// The name `path` unpacks into: `suffix` (`-S`) taken off if it ends
@@ -152,24 +175,63 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_name_is_said_as_gzip_says_it() {
+    fn a_missing_name_is_looked_for_as_gzip_and_pigz_look() {
         let dir = tempfile::tempdir().unwrap();
-        let at = |n: &str| dir.path().join(n);
-        let said = |n: &str, s: Option<&str>| {
-            gzip_missing_name(&at(n), s.map(OsStr::new))
+        let d = dir.path();
+        let at = |n: &str| d.join(n);
+        let gzip = |n: &str, s: Option<&str>| {
+            missing_input(&at(n), s.map(OsStr::new), MissingInput::AsGzip)
                 .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         };
-        assert_eq!(said("x", None).as_deref(), Some("x.gz"));
-        assert_eq!(said("x.xz", None).as_deref(), Some("x.xz.gz"));
-        assert_eq!(said("x", Some(".foo")).as_deref(), Some("x.foo"));
+        let pigz = |n: &str| {
+            missing_input(&at(n), None, MissingInput::LookedForAsGzip)
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        };
+        // None there: gzip names NAME and its first suffix missing.
+        assert_eq!(gzip("x", None).as_deref(), Some("x.gz"));
+        assert_eq!(gzip("x.xz", None).as_deref(), Some("x.xz.gz"));
+        assert_eq!(gzip("x", Some(".foo")).as_deref(), Some("x.foo"));
+        assert_eq!(gzip(".gz", None).as_deref(), Some(".gz.gz"));
         for own in [
             "x.gz", "x.GZ", "x.z", "x-gz", "x-z", "x_z", "x.tgz", "x.taz",
         ] {
-            assert_eq!(said(own, None), None, "{own}");
+            assert_eq!(gzip(own, None), None, "{own}");
         }
-        assert_eq!(said("x.foo", Some(".foo")), None);
-        std::fs::write(at("there"), b"").unwrap();
-        assert_eq!(said("there", None), None);
+        assert_eq!(gzip("x.foo", Some(".foo")), None);
+        assert_eq!(pigz("x"), None);
+        assert_eq!(missing_input(&at("x"), None, MissingInput::AsGiven), None);
+        // What each finds, in its order.
+        for (there, gzip_finds, pigz_finds) in [
+            ("x.gz", Some("x.gz"), Some("x.gz")),
+            ("x-gz", Some("x.gz"), Some("x-gz")),
+            ("x.z", Some("x.z"), Some("x.z")),
+            ("x-z", Some("x-z"), Some("x-z")),
+            ("x_z", Some("x.gz"), Some("x_z")),
+            ("x.Z", Some("x.Z"), Some("x.Z")),
+            ("x.zz", Some("x.gz"), Some("x.zz")),
+        ] {
+            std::fs::write(at(there), b"").unwrap();
+            assert_eq!(gzip("x", None).as_deref(), gzip_finds, "{there}");
+            assert_eq!(pigz("x").as_deref(), pigz_finds, "{there}");
+            std::fs::remove_file(at(there)).unwrap();
+        }
+        // -S's suffix first, then gzip's; a name with another format's
+        // suffix is looked for too.
+        std::fs::write(at("x.gz"), b"").unwrap();
+        assert_eq!(gzip("x", Some(".foo")).as_deref(), Some("x.gz"));
+        std::fs::write(at("x.foo"), b"").unwrap();
+        assert_eq!(gzip("x", Some(".foo")).as_deref(), Some("x.foo"));
+        std::fs::write(at("y.zst.gz"), b"").unwrap();
+        assert_eq!(gzip("y.zst", None).as_deref(), Some("y.zst.gz"));
+        assert_eq!(pigz("y.zst").as_deref(), Some("y.zst.gz"));
+        // A link to nothing is not there for gzip; it is for pigz.
+        std::os::unix::fs::symlink(at("nowhere"), at("dangle")).unwrap();
+        std::fs::write(at("dangle.gz"), b"").unwrap();
+        assert_eq!(gzip("dangle", None).as_deref(), Some("dangle.gz"));
+        assert_eq!(pigz("dangle"), None);
+        // A name that is there is read as it is.
+        assert_eq!(gzip("x.foo", None), None);
+        assert_eq!(pigz("x.foo"), None);
     }
 
     #[test]

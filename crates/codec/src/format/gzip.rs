@@ -1015,9 +1015,9 @@ mod tests {
 
     /// A name and a comment of megabytes, as gzip reads them: read
     /// through in bounded memory (the first MiB of each kept), the header
-    /// CRC checked over all of them, a length hint then left aside; the
-    /// member behind decodes, and one after it. Cut inside the comment it
-    /// is cut short; a wrong header CRC is damage.
+    /// CRC checked over all of them; the member behind decodes, and one
+    /// after it, and so does one with a length hint. Cut inside the name
+    /// or the comment it is cut short; a wrong header CRC is damage.
     #[test]
     fn names_and_comments_of_megabytes_are_read_through() {
         let data = b"behind a long header ".repeat(20_000);
@@ -1041,13 +1041,19 @@ mod tests {
             out
         };
         let tail = crate::encode_all(crate::Format::Gzip, 6, 50_000, b"and after").unwrap();
-        for (extra, hcrc) in [(&b""[..], true), (b"", false)] {
-            let m = long(extra, hcrc);
+        // Where the comment begins: the fixed part, the empty extra
+        // field, the name and its NUL.
+        let comment_at = 12 + (3 << 20) + 1;
+        for hcrc in [true, false] {
+            let m = long(b"", hcrc);
             let both = [&m[..], &tail[..]].concat();
             let back = crate::decode_all(&both).unwrap();
             assert!(back == [&data[..], b"and after"].concat(), "{hcrc}");
-            let cut = crate::decode_all(&m[..(2 << 20)]).unwrap_err();
-            assert!(matches!(cut, CodecError::Truncated { .. }), "{cut}");
+            // Cut inside the name, and inside the comment past a MiB.
+            for at in [2 << 20, comment_at + (1 << 20) + 3] {
+                let cut = crate::decode_all(&m[..at]).unwrap_err();
+                assert!(matches!(cut, CodecError::Truncated { .. }), "{at}: {cut}");
+            }
         }
         // A length hint over a header read through: decoded as a stream.
         let mut hint = b"CN\x04\x00".to_vec();
@@ -1057,7 +1063,7 @@ mod tests {
         let hinted = long(&hint, true);
         assert!(crate::decode_all(&hinted).unwrap() == data);
         let mut bad = long(b"", true);
-        let at = 12 + (3 << 20) + 1 + (1 << 20) + 8;
+        let at = comment_at + (1 << 20) + 8;
         bad[at] ^= 1;
         let e = crate::decode_all(&bad).unwrap_err().to_string();
         assert!(e.contains("header checksum"), "{e}");

@@ -760,8 +760,8 @@ pub fn frames<R: std::io::Read>(
             fill(r, &mut b, 7, at)?;
             // lz4 reads the smallest header, then the content size it
             // states: a read that finds nothing fails apart.
-            let states_size =
-                |b: &[u8]| b.len() > 4 && b[4] >> 6 == 1 && b[4] & FLG_CONTENT_SIZE != 0;
+            // (lz4 sizes a header by its flags alone, whatever its version.)
+            let states_size = |b: &[u8]| b.len() > 4 && b[4] & FLG_CONTENT_SIZE != 0;
             let cut_header = |cut| Tail::CutHeader { at, cut };
             if b.len() == 4 {
                 walked.tail = cut_header(HeaderCut::AfterMagic);
@@ -775,13 +775,6 @@ pub fn frames<R: std::io::Read>(
                 return Err(cut(b.len()));
             }
             let (flg, bd) = (b[4], b[5]);
-            if flg >> 6 != 1 || flg & 0x02 != 0 || bd & 0x8F != 0 || (bd >> 4) & 7 < 4 {
-                return Err(CodecError::corrupt(
-                    NAME,
-                    at + 4,
-                    "invalid frame descriptor",
-                ));
-            }
             let desc_len = 2
                 + if flg & FLG_CONTENT_SIZE != 0 { 8 } else { 0 }
                 + if flg & FLG_DICT_ID != 0 { 4 } else { 0 };
@@ -789,6 +782,13 @@ pub fn frames<R: std::io::Read>(
             if b.len() == 7 && states_size(&b) {
                 walked.tail = cut_header(HeaderCut::BeforeContentSize);
                 return Ok(walked);
+            }
+            if flg >> 6 != 1 || flg & 0x02 != 0 || bd & 0x8F != 0 || (bd >> 4) & 7 < 4 {
+                return Err(CodecError::corrupt(
+                    NAME,
+                    at + 4,
+                    "invalid frame descriptor",
+                ));
             }
             if b.len() < 4 + desc_len + 1 {
                 return Err(cut(b.len()));
@@ -1072,6 +1072,19 @@ mod tests {
         assert!(matches!(tail(&sized[..9]), Err(CodecError::UnknownFormat)));
         // No content size stated: a short header is not lz4.
         assert!(matches!(tail(&f[..5]), Err(CodecError::UnknownFormat)));
+        // lz4 sizes a header by its flags, whatever their version or
+        // reserved bits: a size stated by a bad descriptor is still read.
+        for flg in [0x08u8, 0x88, 0xC8, 0x4A] {
+            for n in 5..=7 {
+                let mut bad = sized[..n].to_vec();
+                bad[4] = flg;
+                assert_eq!(
+                    tail(&bad).unwrap(),
+                    cut(0, HeaderCut::BeforeContentSize),
+                    "{flg:#x} cut at {n}"
+                );
+            }
+        }
         // A skippable frame's size cut short.
         let skip = [&0x184D_2A51u32.to_le_bytes()[..], &[3, 0]].concat();
         assert_eq!(tail(&skip).unwrap(), cut(0, HeaderCut::SkippableSize));
