@@ -2080,25 +2080,46 @@ fn link_version() -> Option<String> {
 /// The error and its causes on one line.
 pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    // The operating system's errors in the chain, as Rust says them and
-    // as the tools do (without "(os error N)"), wherever their text is.
-    let mut said_as_tools: Vec<(String, String)> = Vec::new();
     for cause in std::iter::successors(Some(e), |e| e.source()) {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            said_as_tools.push((io.to_string(), crate::pack::io_reason(io)));
-        }
         let s = cause.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);
         }
     }
-    let mut line = parts.join(": ");
-    for (rust, tools) in said_as_tools {
-        if rust != tools {
-            line = line.replace(&rust, &tools);
+    said_as_tools_say_it(&parts.join(": "))
+}
+
+/// `line` with the operating system's reasons said as the tools say them:
+/// without the " (os error N)" Rust puts after one ("No such file or
+/// directory"), wherever an error's text was taken into another's. Only
+/// where that follows the system's own words for N and ends the line or
+/// a part of it (": " after), so a file name that holds such text is not
+/// changed.
+fn said_as_tools_say_it(line: &str) -> String {
+    const MARK: &str = " (os error ";
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let code = after[..digits].parse::<i32>().ok();
+        let tail = after.get(digits..).unwrap_or("");
+        let ends_part = tail.starts_with(')') && (tail.len() == 1 || tail[1..].starts_with(": "));
+        let system_words =
+            code.map(|c| crate::pack::io_reason(&std::io::Error::from_raw_os_error(c)));
+        match system_words {
+            Some(words) if ends_part && rest[..at].ends_with(&words) => {
+                out.push_str(&rest[..at]);
+                rest = &tail[1..];
+            }
+            _ => {
+                out.push_str(&rest[..at + 1]);
+                rest = &rest[at + 1..];
+            }
         }
     }
-    line
+    out.push_str(rest);
+    out
 }
 
 /// The line that says `e` went wrong: the tool's own words where cairn
@@ -2118,13 +2139,34 @@ mod tests {
 
     #[test]
     fn os_error_codes_are_left_out_of_what_the_system_said_alone() {
+        let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
         let e = cairn_filepack::Error::Open {
-            path: "q (os error 5).xz".into(),
-            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            path: "No such file or directory (os error 2).xz".into(),
+            source: enoent,
         };
-        assert_eq!(one_line(&e), "q (os error 5).xz: No such file or directory");
-        let plain = std::io::Error::other("a reason (os error 3)");
-        assert_eq!(one_line(&plain), "a reason (os error 3)");
+        assert_eq!(
+            one_line(&e),
+            "No such file or directory (os error 2).xz: No such file or directory"
+        );
+        // Taken into another error's text, and in the middle of a line.
+        let eisdir = std::io::Error::from_raw_os_error(libc::EISDIR);
+        let baked = std::io::Error::other(format!("index i: {eisdir}"));
+        assert_eq!(one_line(&baked), "index i: Is a directory");
+        assert_eq!(
+            said_as_tools_say_it(&format!("a: {eisdir}: b")),
+            "a: Is a directory: b"
+        );
+        // Not the system's words for that code, or not ending a part.
+        for kept in [
+            "a reason (os error 3)",
+            "Is a directory (os error 2)",
+            "Is a directory (os error 21) and more",
+            "Is a directory (os error 21",
+            "x (os error)",
+            "(os error 99999999999)",
+        ] {
+            assert_eq!(said_as_tools_say_it(kept), kept);
+        }
         assert_eq!(
             crate::pack::io_reason(&std::io::Error::from_raw_os_error(libc::EACCES)),
             "Permission denied"

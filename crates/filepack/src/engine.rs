@@ -923,7 +923,8 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     let found: Vec<PathBuf> = opts
         .files
         .iter()
-        .map(|f| match f.as_os_str() == "-" {
+        // (Not under -r: a directory found so would be walked.)
+        .map(|f| match f.as_os_str() == "-" || opts.recursive {
             true => f.clone(),
             false => missing_input(f, suffix, opts.missing_input).unwrap_or_else(|| f.clone()),
         })

@@ -101,49 +101,49 @@ pub fn packed_name(
 }
 
 /// The input read for a name to unpack that is not there, as `how` says
-/// the tool looks for one (`None`: the name as given).
+/// the tool looks for one (`None`: the name as given). A name is there
+/// when it is, even as a link to nothing (read, it fails as such); only
+/// a name the system says does not exist is looked for, and a candidate
+/// that cannot be looked at ends the search as the one read (its error
+/// is then said), as in gzip.
 ///
-/// - gzip 1.12 ([`MissingInput::AsGzip`]): a name that is not there (a
-///   link to nothing is not) and ends in none of gzip's suffixes (`.gz`,
-///   `.z`, `-gz`, `-z`, `_z`, `.tgz`, `.taz` in any case, and `-S`'s; a
-///   suffix only with something other than `/` before it): the first of
-///   NAME and `-S`'s suffix (else `.gz`), NAME.gz, NAME.z, NAME-z and
-///   NAME.Z that is there; where none is, NAME and that first suffix,
-///   the name then said missing (`gzip -d x`: "x.gz: No such file or
-///   directory").
-/// - pigz 2.6 ([`MissingInput::LookedForAsGzip`]): a name that is not
-///   there, not even as a link: the first of NAME.gz, NAME-gz, NAME.z,
-///   NAME-z, NAME_z, NAME.Z, NAME.zz, NAME-zz and NAME.tgz that is (`-S`
-///   plays no part); where none is, the name as given.
+/// - gzip 1.12 ([`MissingInput::AsGzip`]): a name that ends in none of
+///   gzip's suffixes (`.gz`, `.z`, `-gz`, `-z`, `_z`, `.tgz`, `.taz` in
+///   any case, and `-S`'s; a suffix only with something other than `/`
+///   before it): the first of NAME and `-S`'s suffix (else `.gz`),
+///   NAME.gz, NAME.z, NAME-z and NAME.Z that is there; where none is,
+///   NAME and that first suffix, the name then said missing (`gzip -d x`:
+///   "x.gz: No such file or directory").
+/// - pigz 2.6 ([`MissingInput::LookedForAsGzip`]): the first of NAME.z,
+///   NAME-z, NAME_z, NAME.Z, NAME.gz, NAME-gz, NAME.zz, NAME-zz,
+///   NAME.zip, NAME.ZIP and NAME.tgz that is there (`-S` plays no part);
+///   where none is, the name as given.
 pub fn missing_input(path: &Path, suffix: Option<&OsStr>, how: MissingInput) -> Option<PathBuf> {
+    let missing = |p: &Path| {
+        p.symlink_metadata()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
+    if how == MissingInput::AsGiven || !missing(path) {
+        return None;
+    }
     let with = |suffix: &[u8]| {
         let mut name = path.as_os_str().to_owned();
         name.push(OsStr::from_bytes(suffix));
         PathBuf::from(name)
     };
+    let first_there = |tried: &[&[u8]]| tried.iter().map(|s| with(s)).find(|p| !missing(p));
     match how {
         MissingInput::AsGiven => None,
         MissingInput::AsGzip => {
-            if path.metadata().is_ok() || has_gzip_suffix(path, suffix) {
+            if has_gzip_suffix(path, suffix) {
                 return None;
             }
             let first = suffix.map_or(&b".gz"[..], |s| s.as_bytes());
-            let tried = [first, b".gz", b".z", b"-z", b".Z"];
-            let found = tried.iter().map(|s| with(s)).find(|p| p.metadata().is_ok());
-            Some(found.unwrap_or_else(|| with(first)))
+            Some(first_there(&[first, b".gz", b".z", b"-z", b".Z"]).unwrap_or_else(|| with(first)))
         }
-        MissingInput::LookedForAsGzip => {
-            if path.symlink_metadata().is_ok() {
-                return None;
-            }
-            let tried: [&[u8]; 9] = [
-                b".gz", b"-gz", b".z", b"-z", b"_z", b".Z", b".zz", b"-zz", b".tgz",
-            ];
-            tried
-                .iter()
-                .map(|s| with(s))
-                .find(|p| p.symlink_metadata().is_ok())
-        }
+        MissingInput::LookedForAsGzip => first_there(&[
+            b".z", b"-z", b"_z", b".Z", b".gz", b"-gz", b".zz", b"-zz", b".zip", b".ZIP", b".tgz",
+        ]),
     }
 }
 
@@ -200,21 +200,31 @@ mod tests {
         assert_eq!(gzip("x.foo", Some(".foo")), None);
         assert_eq!(pigz("x"), None);
         assert_eq!(missing_input(&at("x"), None, MissingInput::AsGiven), None);
-        // What each finds, in its order.
-        for (there, gzip_finds, pigz_finds) in [
-            ("x.gz", Some("x.gz"), Some("x.gz")),
-            ("x-gz", Some("x.gz"), Some("x-gz")),
-            ("x.z", Some("x.z"), Some("x.z")),
-            ("x-z", Some("x-z"), Some("x-z")),
-            ("x_z", Some("x.gz"), Some("x_z")),
-            ("x.Z", Some("x.Z"), Some("x.Z")),
-            ("x.zz", Some("x.gz"), Some("x.zz")),
-        ] {
-            std::fs::write(at(there), b"").unwrap();
-            assert_eq!(gzip("x", None).as_deref(), gzip_finds, "{there}");
-            assert_eq!(pigz("x").as_deref(), pigz_finds, "{there}");
-            std::fs::remove_file(at(there)).unwrap();
+        // Each finds the first of its list that is there: all of the
+        // candidates made, the first of the list goes each time.
+        let gzip_order = ["x.gz", "x.z", "x-z", "x.Z"];
+        let pigz_order = [
+            "x.z", "x-z", "x_z", "x.Z", "x.gz", "x-gz", "x.zz", "x-zz", "x.zip", "x.ZIP", "x.tgz",
+        ];
+        for n in pigz_order {
+            std::fs::write(at(n), b"").unwrap();
         }
+        for want in gzip_order {
+            assert_eq!(gzip("x", None).as_deref(), Some(want));
+            std::fs::remove_file(at(want)).unwrap();
+        }
+        for n in gzip_order {
+            std::fs::write(at(n), b"").unwrap();
+        }
+        for want in pigz_order {
+            assert_eq!(pigz("x").as_deref(), Some(want));
+            std::fs::remove_file(at(want)).unwrap();
+        }
+        // Only what gzip looks for: x-gz, x_z and the rest are not.
+        for n in ["x-gz", "x_z", "x.zz", "x.tgz"] {
+            std::fs::write(at(n), b"").unwrap();
+        }
+        assert_eq!(gzip("x", None).as_deref(), Some("x.gz"));
         // -S's suffix first, then gzip's; a name with another format's
         // suffix is looked for too.
         std::fs::write(at("x.gz"), b"").unwrap();
@@ -224,11 +234,18 @@ mod tests {
         std::fs::write(at("y.zst.gz"), b"").unwrap();
         assert_eq!(gzip("y.zst", None).as_deref(), Some("y.zst.gz"));
         assert_eq!(pigz("y.zst").as_deref(), Some("y.zst.gz"));
-        // A link to nothing is not there for gzip; it is for pigz.
+        // A link to nothing is there (read, it fails as a link), and so
+        // is a candidate that is one: the search stops at it.
         std::os::unix::fs::symlink(at("nowhere"), at("dangle")).unwrap();
         std::fs::write(at("dangle.gz"), b"").unwrap();
-        assert_eq!(gzip("dangle", None).as_deref(), Some("dangle.gz"));
+        assert_eq!(gzip("dangle", None), None);
         assert_eq!(pigz("dangle"), None);
+        std::os::unix::fs::symlink(at("nowhere"), at("w.gz")).unwrap();
+        std::fs::write(at("w.z"), b"").unwrap();
+        assert_eq!(gzip("w", None).as_deref(), Some("w.gz"));
+        // A name the system cannot look at for another reason is not
+        // looked for (x.foo is a file, so x.foo/x is no name).
+        assert_eq!(gzip("x.foo/x", None), None);
         // A name that is there is read as it is.
         assert_eq!(gzip("x.foo", None), None);
         assert_eq!(pigz("x.foo"), None);
