@@ -2093,8 +2093,8 @@ pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
 /// without the " (os error N)" Rust puts after one ("No such file or
 /// directory"), wherever an error's text was taken into another's. Only
 /// where that follows the system's own words for N and ends the line or
-/// a part of it (": " after), so a file name that holds such text is not
-/// changed.
+/// a part of it (": " after), so a file name that holds such text is
+/// changed only where it has ": " right after it.
 fn said_as_tools_say_it(line: &str) -> String {
     const MARK: &str = " (os error ";
     let mut out = String::with_capacity(line.len());
@@ -2163,7 +2163,7 @@ mod tests {
             "Is a directory (os error 21) and more",
             "Is a directory (os error 21",
             "x (os error)",
-            "(os error 99999999999)",
+            "x (os error 99999999999)",
         ] {
             assert_eq!(said_as_tools_say_it(kept), kept);
         }

@@ -919,14 +919,16 @@ pub fn unpack(opts: &Options, unpack: &UnpackOptions, hooks: &dyn Hooks) -> Resu
     let check_only = unpack.mode != UnpackMode::Write;
     let suffix = opts.suffix.as_deref();
     // `gunzip x` for x.gz, as gzip and pigz find it (and the name gzip
-    // says missing where there is none).
+    // says missing where there is none); gzip follows links where it
+    // reads to standard output, tests, lists or is forced.
+    let follows_links = check_only || opts.stdout || opts.force || opts.output.is_some();
     let found: Vec<PathBuf> = opts
         .files
         .iter()
-        // (Not under -r: a directory found so would be walked.)
-        .map(|f| match f.as_os_str() == "-" || opts.recursive {
+        .map(|f| match f.as_os_str() == "-" {
             true => f.clone(),
-            false => missing_input(f, suffix, opts.missing_input).unwrap_or_else(|| f.clone()),
+            false => missing_input(f, suffix, opts.missing_input, follows_links)
+                .unwrap_or_else(|| f.clone()),
         })
         .collect();
     let opts = &Options {

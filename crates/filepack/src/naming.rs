@@ -101,11 +101,12 @@ pub fn packed_name(
 }
 
 /// The input read for a name to unpack that is not there, as `how` says
-/// the tool looks for one (`None`: the name as given). A name is there
-/// when it is, even as a link to nothing (read, it fails as such); only
-/// a name the system says does not exist is looked for, and a candidate
-/// that cannot be looked at ends the search as the one read (its error
-/// is then said), as in gzip.
+/// the tool looks for one (`None`: the name as given). Only a name the
+/// system says does not exist is looked for, and a candidate that cannot
+/// be looked at ends the search as the one read (its error is then
+/// said), as in gzip. A link to nothing is there (read, it is refused as
+/// a link), except to gzip where it follows links (`follows_links`: it
+/// reads to standard output, tests, lists or is forced).
 ///
 /// - gzip 1.12 ([`MissingInput::AsGzip`]): a name that ends in none of
 ///   gzip's suffixes (`.gz`, `.z`, `-gz`, `-z`, `_z`, `.tgz`, `.taz` in
@@ -118,10 +119,20 @@ pub fn packed_name(
 ///   NAME-z, NAME_z, NAME.Z, NAME.gz, NAME-gz, NAME.zz, NAME-zz,
 ///   NAME.zip, NAME.ZIP and NAME.tgz that is there (`-S` plays no part);
 ///   where none is, the name as given.
-pub fn missing_input(path: &Path, suffix: Option<&OsStr>, how: MissingInput) -> Option<PathBuf> {
+pub fn missing_input(
+    path: &Path,
+    suffix: Option<&OsStr>,
+    how: MissingInput,
+    follows_links: bool,
+) -> Option<PathBuf> {
+    let follow = follows_links && how == MissingInput::AsGzip;
     let missing = |p: &Path| {
-        p.symlink_metadata()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        let looked = if follow {
+            p.metadata()
+        } else {
+            p.symlink_metadata()
+        };
+        looked.is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
     };
     if how == MissingInput::AsGiven || !missing(path) {
         return None;
@@ -179,14 +190,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let at = |n: &str| d.join(n);
+        let name = |p: PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
         let gzip = |n: &str, s: Option<&str>| {
-            missing_input(&at(n), s.map(OsStr::new), MissingInput::AsGzip)
-                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            missing_input(&at(n), s.map(OsStr::new), MissingInput::AsGzip, false).map(name)
         };
-        let pigz = |n: &str| {
-            missing_input(&at(n), None, MissingInput::LookedForAsGzip)
-                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        };
+        // gzip -c, -t, -l and -f follow links.
+        let gzip_c = |n: &str| missing_input(&at(n), None, MissingInput::AsGzip, true).map(name);
+        let pigz =
+            |n: &str| missing_input(&at(n), None, MissingInput::LookedForAsGzip, true).map(name);
         // None there: gzip names NAME and its first suffix missing.
         assert_eq!(gzip("x", None).as_deref(), Some("x.gz"));
         assert_eq!(gzip("x.xz", None).as_deref(), Some("x.xz.gz"));
@@ -199,7 +210,10 @@ mod tests {
         }
         assert_eq!(gzip("x.foo", Some(".foo")), None);
         assert_eq!(pigz("x"), None);
-        assert_eq!(missing_input(&at("x"), None, MissingInput::AsGiven), None);
+        assert_eq!(
+            missing_input(&at("x"), None, MissingInput::AsGiven, false),
+            None
+        );
         // Each finds the first of its list that is there: all of the
         // candidates made, the first of the list goes each time.
         let gzip_order = ["x.gz", "x.z", "x-z", "x.Z"];
@@ -235,14 +249,18 @@ mod tests {
         assert_eq!(gzip("y.zst", None).as_deref(), Some("y.zst.gz"));
         assert_eq!(pigz("y.zst").as_deref(), Some("y.zst.gz"));
         // A link to nothing is there (read, it fails as a link), and so
-        // is a candidate that is one: the search stops at it.
+        // is a candidate that is one: the search stops at it; but not
+        // where gzip follows links, and pigz never follows them.
         std::os::unix::fs::symlink(at("nowhere"), at("dangle")).unwrap();
         std::fs::write(at("dangle.gz"), b"").unwrap();
         assert_eq!(gzip("dangle", None), None);
+        assert_eq!(gzip_c("dangle").as_deref(), Some("dangle.gz"));
         assert_eq!(pigz("dangle"), None);
         std::os::unix::fs::symlink(at("nowhere"), at("w.gz")).unwrap();
         std::fs::write(at("w.z"), b"").unwrap();
         assert_eq!(gzip("w", None).as_deref(), Some("w.gz"));
+        assert_eq!(gzip_c("w").as_deref(), Some("w.z"));
+        assert_eq!(pigz("w").as_deref(), Some("w.z"));
         // A name the system cannot look at for another reason is not
         // looked for (x.foo is a file, so x.foo/x is no name).
         assert_eq!(gzip("x.foo/x", None), None);
