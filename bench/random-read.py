@@ -13,7 +13,11 @@ Servers, each started fresh on a unix socket:
   cairn-no-compact    the same with --image-compact-cache 0 (the decoded
                       cache alone: what cairn did before the second tier)
   cairn-compact-64M   --image-compact-cache 64M: a second tier smaller than
-                      the image's compact form, so reads keep missing it
+                      the image's compact form, so its copies are spilled
+                      to the third tier on disk (--image-spill, 8G)
+  cairn-compact-64M-no-spill
+                      the same with --image-spill 0: reads that miss the
+                      64M tier decode whole groups (before the spill tier)
 Each server: fio's nbd engine, randread 4 KiB, iodepth 16, over the whole
 image; a first phase of --cold seconds from the fresh server (caches
 empty), then a steady phase of --steady seconds; IOPS, completion latency
@@ -121,6 +125,8 @@ def main():
                                  "--image-compact-cache", "0"],
             "cairn-compact-64M": [a.cairn, "serve", "--repo", repo, "--socket", sock,
                                   "--image-compact-cache", "64M"],
+            "cairn-compact-64M-no-spill": [a.cairn, "serve", "--repo", repo, "--socket", sock,
+                                           "--image-compact-cache", "64M", "--image-spill", "0"],
         }
         for name, binary in (x.split("=", 1) for x in a.also):
             servers[f"cairn ({name})"] = [binary, *servers["cairn"][1:]]

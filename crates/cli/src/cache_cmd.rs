@@ -260,7 +260,7 @@ pub(crate) fn cache(a: &CacheArgs) -> Result<()> {
             return inspect(cache, repo.read_manifest(name, last)?.size, t.json);
         }
         (None, Some(name)) => {
-            let opts = crate::serve_repo::volume_options(64 << 20, 0, None);
+            let opts = crate::serve_repo::volume_options(64 << 20, 0, 0, None);
             let repo = open_repo()?;
             let vol = crate::serve_repo::open_writable(&repo, name, &opts, t.overlay.as_deref())?;
             crate::serve_repo::check_cache_binding(&repo, &vol, Some(cache), true)?;

@@ -60,6 +60,12 @@ pub(crate) struct MountArgs {
     /// --image-cache (0: off).
     #[arg(long = "image-compact-cache", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "1G")]
     pub compact_cache: usize,
+    /// Third tier per open snapshot: compact copies evicted from
+    /// --image-compact-cache go on to an unlinked file in cairn's cache
+    /// directory, sealed under a key of this process, up to this size and
+    /// at most half the space free there (0: off).
+    #[arg(long = "image-spill", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "8G")]
+    pub spill: usize,
     /// List the snapshots again when a directory is read this many
     /// seconds or more after the last listing, so that new backups
     /// appear and removed snapshots go (0: never; the tree of the mount's
@@ -754,7 +760,7 @@ pub(crate) fn mount(a: &MountArgs) -> Result<()> {
     );
     let fs = RepoFs::new(
         view,
-        crate::serve_repo::volume_options(a.cache, a.compact_cache, None),
+        crate::serve_repo::volume_options(a.cache, a.compact_cache, a.spill as u64, None),
         &now,
         snaps,
         (a.refresh > 0).then(|| Duration::from_secs(a.refresh)),

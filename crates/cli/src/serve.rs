@@ -107,6 +107,14 @@ pub(crate) struct ServeArgs {
     /// instead of a whole zstd group (0: off).
     #[arg(long = "image-compact-cache", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "1G")]
     pub compact_cache: usize,
+    /// Third tier per repository image: compact copies evicted from
+    /// --image-compact-cache go on to an unlinked file in cairn's cache
+    /// directory ($CAIRN_CACHE_DIR or ~/.cache/cairn), sealed under a key
+    /// of this process, up to this size and at most half the space free
+    /// there, so random reads of an image past memory read a few KiB from
+    /// local disk instead of decoding a whole group (0: off).
+    #[arg(long = "image-spill", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "8G")]
+    pub spill: usize,
     /// A repository in an object store (s3://): keep the pack ranges read
     /// in a local cache of this size (under $CAIRN_CACHE_DIR or
     /// ~/.cache/cairn), so random reads are fetched once.
@@ -409,7 +417,8 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .iter()
             .map(|s| crate::serve_repo::parse_image_spec(s))
             .collect::<Result<Vec<_>>>()?;
-        let opts = crate::serve_repo::volume_options(a.cache, a.compact_cache, a.threads);
+        let opts =
+            crate::serve_repo::volume_options(a.cache, a.compact_cache, a.spill as u64, a.threads);
         let opened = crate::serve_repo::add_images(
             repo,
             &a.password,

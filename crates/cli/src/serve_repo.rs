@@ -63,11 +63,13 @@ pub(crate) fn parse_image_spec(text: &str) -> Result<ImageSpec> {
 pub(crate) fn volume_options(
     cache: usize,
     compact: usize,
+    spill: u64,
     threads: Option<usize>,
 ) -> VolumeOptions {
     let mut opts = VolumeOptions {
         cache_bytes: cache,
         compact_bytes: compact,
+        spill_bytes: spill,
         ..VolumeOptions::default()
     };
     if let Some(t) = threads {
@@ -304,7 +306,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
                 dir.display()
             );
         }
-        let opts = volume_options(64 << 20, 0, None);
+        let opts = volume_options(64 << 20, 0, 0, None);
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
         check_cache_binding(&repo, &vol, None, false)?;
         let bar = crate::report::Progress::new("commit", None, !a.quiet);
@@ -346,9 +348,10 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
 /// A served repository image's cache figures, for `cairn cache status
 /// --control` (JSON, and the one line printed without `--json`).
 pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Value {
-    let reads = st.hits + st.misses + st.compact_hits;
+    let copy_hits = st.compact_hits + st.spill_hits;
+    let reads = st.hits + st.misses + copy_hits;
     let line = format!(
-        "decoded {} MiB ({} hits, {} decodes, {} ahead, {} evicted), compact {} MiB ({} hits, {} copies){}",
+        "decoded {} MiB ({} hits, {} decodes, {} ahead, {} evicted), compact {} MiB ({} hits, {} copies){}{}",
         st.cached_bytes >> 20,
         st.hits,
         st.misses,
@@ -357,10 +360,26 @@ pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Va
         st.compact_bytes >> 20,
         st.compact_hits,
         st.compacted,
+        if st.spill_capacity > 0 {
+            format!(
+                ", spilled {} of {} MiB on disk ({} hits, {} copies{})",
+                st.spill_bytes >> 20,
+                st.spill_capacity >> 20,
+                st.spill_hits,
+                st.spilled,
+                if st.spill_damaged > 0 {
+                    format!(", {} damaged", st.spill_damaged)
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            String::new()
+        },
         if reads > 0 {
             format!(
                 "; {:.1} % of reads decoded nothing",
-                100.0 * (st.hits + st.compact_hits) as f64 / reads as f64
+                100.0 * (st.hits + copy_hits) as f64 / reads as f64
             )
         } else {
             String::new()
@@ -380,6 +399,14 @@ pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Va
             "bytes": st.compact_bytes,
             "hits": st.compact_hits,
             "copies": st.compacted,
+        },
+        "spill": {
+            "capacity": st.spill_capacity,
+            "bytes": st.spill_bytes,
+            "memory": st.spill_memory,
+            "hits": st.spill_hits,
+            "copies": st.spilled,
+            "damaged": st.spill_damaged,
         },
         "line": line,
     })

@@ -806,32 +806,27 @@ fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
     ])
 }
 
-/// `cairn cache status --control` reports a served image's two cache
-/// tiers: 4 KiB reads far apart (random) past a decoded cache smaller
-/// than one group leave compact copies, and reading the same places
-/// again is served from them, decoding nothing.
-#[test]
-fn cache_status_reports_a_served_images_tiers() {
-    if !have("qemu-io") {
-        return;
-    }
+/// 4 KiB reads far apart (random), twice, of 6 MiB of noise served with
+/// `tiers` (options of `cairn serve`); what `cairn cache status
+/// --control` then says of the image, as JSON and as its line.
+fn tiers_after_random_reads(tiers: &[&str]) -> (serde_json::Value, String) {
     let dir = tempdir();
     let d = dir.path();
     let img = noise(6 << 20, 17);
     let repo = repo_with(d, &[("img", &[&img])]);
-    let ctl = d.join("ctl.sock");
-    let srv = Serve::start(&[
+    let (ctl, sock) = (d.join("ctl.sock"), d.join("s.sock"));
+    let mut args = vec![
         "--repo",
         s(&repo),
         "--socket",
-        s(&d.join("s.sock")),
+        s(&sock),
         "--control",
         s(&ctl),
         "--image-cache",
         "1M",
-        "--image-compact-cache",
-        "64M",
-    ]);
+    ];
+    args.extend_from_slice(tiers);
+    let srv = Serve::start(&args);
     let places = ["0", "3M", "5M", "1500k"];
     let reads: Vec<String> = places.iter().map(|p| format!("read {p} 4k")).collect();
     let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
@@ -846,18 +841,51 @@ fn cache_status_reports_a_served_images_tiers() {
         s(&ctl),
         "--json",
     ])));
-    let im = &v["images"][0];
-    assert_eq!(im["export"], "img", "{v}");
-    let n = |k: &str, f: &str| im[k][f].as_u64().unwrap_or_else(|| panic!("{k}.{f}: {v}"));
-    assert!(n("decoded", "decodes") >= 3, "{v}");
-    assert!(n("compact", "copies") >= 2, "{v}");
-    assert!(n("compact", "hits") >= 2, "the second pass: {v}");
-    assert!(n("compact", "bytes") >= 2 << 20, "{v}");
     let text =
         String::from_utf8(ok(run(&["cache", "status", "--control", s(&ctl)])).stdout).unwrap();
+    assert_eq!(v["images"][0]["export"], "img", "{v}");
     assert!(text.starts_with("img: decoded "), "{text}");
+    (v["images"][0].clone(), text)
+}
+
+/// `cairn cache status --control` reports a served image's cache
+/// tiers: 4 KiB reads far apart (random) past a decoded cache smaller
+/// than one group leave compact copies, and reading the same places
+/// again is served from them, decoding nothing.
+#[test]
+fn cache_status_reports_a_served_images_tiers() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (im, text) = tiers_after_random_reads(&["--image-compact-cache", "64M"]);
+    let n = |k: &str, f: &str| im[k][f].as_u64().unwrap_or_else(|| panic!("{k}.{f}: {im}"));
+    assert!(n("decoded", "decodes") >= 3, "{im}");
+    assert!(n("compact", "copies") >= 2, "{im}");
+    assert!(n("compact", "hits") >= 2, "the second pass: {im}");
+    assert!(n("compact", "bytes") >= 2 << 20, "{im}");
     assert!(
         text.contains("compact") && text.contains("% of reads decoded nothing"),
+        "{text}"
+    );
+}
+
+/// With a compact tier smaller than one copy, the copies go on to the
+/// spill tier on disk, and the second pass is served from there.
+#[test]
+fn cache_status_reports_spilled_copies() {
+    if !have("qemu-io") {
+        return;
+    }
+    let (im, text) =
+        tiers_after_random_reads(&["--image-compact-cache", "1M", "--image-spill", "64M"]);
+    let n = |k: &str, f: &str| im[k][f].as_u64().unwrap_or_else(|| panic!("{k}.{f}: {im}"));
+    assert_eq!(n("spill", "capacity"), 64 << 20, "{im}");
+    assert!(n("spill", "copies") >= 2, "{im}");
+    assert!(n("spill", "hits") >= 2, "the second pass: {im}");
+    assert!(n("spill", "bytes") >= 4 << 20, "{im}");
+    assert_eq!(n("spill", "damaged"), 0, "{im}");
+    assert!(
+        text.contains(", spilled ") && text.contains("of 64 MiB on disk"),
         "{text}"
     );
 }

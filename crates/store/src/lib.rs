@@ -95,9 +95,9 @@ mod verify;
 pub use crypt::KdfParams;
 pub use id::{hex, ChunkId, PackId, RepoId, PREFIX_LEN};
 pub use repo::{
-    cache_dir, state_dir, state_root, validate_name, HoldEntry, ImageLock, InitOptions, KeyInfo,
-    LoadedIndex, NoPassword, Password, PasswordSource, Repository, Session, SessionInfo, Unlocked,
-    DEFAULT_PACK_SIZE, UNNAMED,
+    cache_dir, cache_root, state_dir, state_root, validate_name, HoldEntry, ImageLock, InitOptions,
+    KeyInfo, LoadedIndex, NoPassword, Password, PasswordSource, Repository, Session, SessionInfo,
+    Unlocked, DEFAULT_PACK_SIZE, UNNAMED,
 };
 // Snapshots: their extents, tags, and which to keep.
 pub use manifest::{parse_tags, tags_match, Extent, Manifest, SnapshotStats};
@@ -116,13 +116,16 @@ pub use edit::{EditReport, ImageEditor, Span};
 pub use cairn_blockdev::{SparseFile, SparseRead};
 pub use diff::{diff, DiffReport};
 pub use index::{ChunkIndex, Location};
-pub use reader::{CompactGroup, DamagedRecords, Group, GroupBuffers, GroupScratch, PackReader};
+pub use reader::{
+    CompactGroup, DamagedRecords, Group, GroupBuffers, GroupScratch, PackReader, SpillKey,
+    SpilledGroup,
+};
 pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
 pub use verify::{verify, Affected, DataSubset, Problem, VerifyOptions, VerifyReport};
 // Reclaiming space.
 pub use gc::{gc, Collected, GcOptions, GcReport};
 pub use repair::{repair, RepairOptions, RepairReport};
-pub use reserve::DEFAULT_RESERVE;
+pub use reserve::{free_space, DEFAULT_RESERVE};
 // Errors.
 pub use error::{Result, StoreError};
 // Durability: what the store does after creating or removing names.

@@ -378,6 +378,16 @@ struct GroupChunk {
     state: AtomicU8,
 }
 
+impl GroupChunk {
+    /// The same chunk with what is known of its check now.
+    fn copy(&self) -> GroupChunk {
+        GroupChunk {
+            state: AtomicU8::new(self.state.load(Ordering::Acquire)),
+            ..*self
+        }
+    }
+}
+
 /// A decoded record: the group's bytes and its chunk table. Shared by the
 /// readers of a served image, so each chunk is checked against its id
 /// once, the first time it is asked for.
@@ -458,14 +468,7 @@ impl Group {
         Some(CompactGroup {
             packed,
             spans,
-            chunks: self
-                .chunks
-                .iter()
-                .map(|c| GroupChunk {
-                    state: AtomicU8::new(c.state.load(Ordering::Acquire)),
-                    ..*c
-                })
-                .collect(),
+            chunks: self.chunks.iter().map(GroupChunk::copy).collect(),
             crypt: self.crypt.clone(),
         })
     }
@@ -517,36 +520,210 @@ impl CompactGroup {
         scratch: &mut Vec<u8>,
     ) -> std::result::Result<(), String> {
         let i = find(&self.chunks, slice, len, prefix)?;
-        let (c, (at, plen)) = (&self.chunks[i], self.spans[i]);
-        let len = len as usize;
-        let end = from + dst.len();
-        if end > len {
-            return Err(format!("bytes {from}..{end} asked of a {len}-byte chunk"));
-        }
+        let (at, plen) = self.spans[i];
         let src = self
             .packed
             .get(at as usize..at as usize + plen as usize)
             .ok_or("the compact chunk runs past its buffer")?;
-        let data = if plen as usize == len {
-            src
-        } else {
-            let want = if c.state.load(Ordering::Acquire) == GOOD {
-                end
-            } else {
-                len
-            };
-            scratch.clear();
-            match lz4_ffi::decompress_prefix_append(src, scratch, want, len) {
-                Some(n) if n >= want => &scratch[..],
-                _ => return Err("the compact copy of the chunk does not decode".into()),
-            }
-        };
-        if data.len() == len {
-            check(c, self.crypt.as_deref(), data)?;
-        }
-        dst.copy_from_slice(&data[from..end]);
-        Ok(())
+        unpack_chunk(
+            &self.chunks[i],
+            self.crypt.as_deref(),
+            src,
+            from,
+            dst,
+            scratch,
+        )
     }
+
+    /// Bytes [`CompactGroup::seal`] writes.
+    pub fn sealed_len(&self) -> usize {
+        self.packed.len() + self.spans.len() * crate::crypt::SEAL_OVERHEAD
+    }
+
+    /// Seal the copy for a place on local disk whose address is `at`:
+    /// each chunk's bytes encrypted and authenticated apart under `key`,
+    /// with its own address (`at` plus its start) as associated data, so
+    /// bytes read back from anywhere else, or rewritten since, do not
+    /// open. Appends [`CompactGroup::sealed_len`] bytes to `out`; what
+    /// stays in memory is returned.
+    pub fn seal(&self, key: &SpillKey, at: u64, out: &mut Vec<u8>) -> Result<SpilledGroup> {
+        let base = out.len();
+        let mut spans = Vec::with_capacity(self.spans.len());
+        for &(a, n) in &self.spans {
+            let start = out.len() - base;
+            let src = self
+                .packed
+                .get(a as usize..a as usize + n as usize)
+                .ok_or_else(|| {
+                    StoreError::Invalid("a compact chunk runs past its buffer".into())
+                })?;
+            key.0
+                .seal_to(&(at + start as u64).to_le_bytes(), src, out)?;
+            spans.push((start as u32, (out.len() - base - start) as u32));
+        }
+        Ok(SpilledGroup {
+            at,
+            len: (out.len() - base) as u64,
+            spans,
+            chunks: self.chunks.iter().map(GroupChunk::copy).collect(),
+            crypt: self.crypt.clone(),
+        })
+    }
+}
+
+/// An ephemeral key for what a process keeps of a repository on local
+/// disk for itself alone (the spilled compact copies of a served image):
+/// made at random when the process starts and never stored, so the bytes
+/// are unreadable to anyone else and useless after it ends, and every
+/// read of them is authenticated (AES-256-GCM), so a flipped bit on that
+/// disk is found, never served.
+pub struct SpillKey(Crypt);
+
+impl SpillKey {
+    /// A fresh random key.
+    pub fn new() -> Result<SpillKey> {
+        Ok(SpillKey(Crypt::generate()?))
+    }
+}
+
+impl std::fmt::Debug for SpillKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpillKey(..)")
+    }
+}
+
+/// A compact copy sealed onto local disk ([`CompactGroup::seal`]): what
+/// stays in memory is its chunk table and where each chunk's sealed bytes
+/// lie; its reader fetches those ([`SpilledGroup::locate`]) and hands them
+/// to [`SpilledGroup::read`].
+pub struct SpilledGroup {
+    at: u64,
+    len: u64,
+    /// Per chunk (as in `chunks`): start of its sealed bytes after `at`,
+    /// and their length.
+    spans: Vec<(u32, u32)>,
+    chunks: Vec<GroupChunk>,
+    crypt: Option<Arc<Crypt>>,
+}
+
+impl std::fmt::Debug for SpilledGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpilledGroup")
+            .field("at", &self.at)
+            .field("len", &self.len)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl SpilledGroup {
+    /// Its address on disk, as given to [`CompactGroup::seal`].
+    pub fn at(&self) -> u64 {
+        self.at
+    }
+
+    /// Bytes it takes on disk.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it holds no bytes on disk.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes it holds in memory.
+    pub fn bytes(&self) -> usize {
+        self.chunks.capacity() * std::mem::size_of::<GroupChunk>()
+            + self.spans.capacity() * std::mem::size_of::<(u32, u32)>()
+            + std::mem::size_of::<SpilledGroup>()
+    }
+
+    /// The chunk at group offset `slice` (`len` bytes, id starting with
+    /// `prefix`): its number, and where its sealed bytes lie (start after
+    /// [`SpilledGroup::at`], length).
+    pub fn locate(
+        &self,
+        slice: u32,
+        len: u32,
+        prefix: &[u8; PREFIX_LEN],
+    ) -> std::result::Result<(usize, u32, u32), String> {
+        let i = find(&self.chunks, slice, len, prefix)?;
+        let (a, n) = self.spans[i];
+        Ok((i, a, n))
+    }
+
+    /// Copy bytes `from..from + dst.len()` of chunk `i` (from
+    /// [`SpilledGroup::locate`]), whose sealed bytes read back from disk
+    /// are `sealed`, into `dst`, as [`CompactGroup::read`] does. `Ok(false)`:
+    /// the bytes do not open under `key` (damaged, or not these bytes:
+    /// nothing is copied). `plain` and `scratch` are buffers to reuse.
+    #[allow(clippy::too_many_arguments)]
+    pub fn read(
+        &self,
+        i: usize,
+        sealed: &[u8],
+        key: &SpillKey,
+        from: usize,
+        dst: &mut [u8],
+        plain: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+    ) -> std::result::Result<bool, String> {
+        let (a, _) = self.spans[i];
+        if !key
+            .0
+            .open_to(&(self.at + u64::from(a)).to_le_bytes(), sealed, plain)
+        {
+            return Ok(false);
+        }
+        unpack_chunk(
+            &self.chunks[i],
+            self.crypt.as_deref(),
+            plain,
+            from,
+            dst,
+            scratch,
+        )?;
+        Ok(true)
+    }
+}
+
+/// Bytes `from..from + dst.len()` of chunk `c` into `dst`, from `src`,
+/// its compact form (an LZ4 block, or its bytes as they are when of the
+/// chunk's length): decoded only as far as `dst` needs if the chunk is
+/// known good, else whole and checked against its id first.
+fn unpack_chunk(
+    c: &GroupChunk,
+    crypt: Option<&Crypt>,
+    src: &[u8],
+    from: usize,
+    dst: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> std::result::Result<(), String> {
+    let len = c.len as usize;
+    let end = from + dst.len();
+    if end > len {
+        return Err(format!("bytes {from}..{end} asked of a {len}-byte chunk"));
+    }
+    let data = if src.len() == len {
+        src
+    } else {
+        let want = if c.state.load(Ordering::Acquire) == GOOD {
+            end
+        } else {
+            len
+        };
+        scratch.clear();
+        match lz4_ffi::decompress_prefix_append(src, scratch, want, len) {
+            Some(n) if n >= want => &scratch[..],
+            _ => return Err("the compact copy of the chunk does not decode".into()),
+        }
+    };
+    if data.len() == len {
+        check(c, crypt, data)?;
+    }
+    dst.copy_from_slice(&data[from..end]);
+    Ok(())
 }
 
 /// The index in `chunks` of the chunk at group offset `slice`, `len`
@@ -758,6 +935,59 @@ mod tests {
         assert!(cg
             .read(5, 70_000, &ids[0].prefix(), 0, &mut dst, &mut scratch)
             .is_err());
+    }
+
+    #[test]
+    fn a_sealed_copy_opens_only_where_it_was_sealed_for() {
+        let a: Vec<u8> = (0..70_000u32).map(|i| (i / 300) as u8).collect();
+        let b = vec![7u8; 5_000];
+        let ids = [ChunkId::of(&a), ChunkId::of(&b)];
+        let g = group(
+            [a.clone(), b.clone()].concat(),
+            &[(0, 70_000, ids[0]), (70_000, 5_000, ids[1])],
+        );
+        let cg = g.compact(&mut Compressor::new()).unwrap();
+        let key = SpillKey::new().unwrap();
+        let at = 3 << 30;
+        // Appended after what the buffer holds.
+        let mut disk = vec![9u8; 100];
+        let sg = cg.seal(&key, at, &mut disk).unwrap();
+        assert_eq!(disk.len() - 100, cg.sealed_len());
+        assert_eq!((sg.at(), sg.len()), (at, cg.sealed_len() as u64));
+        assert!(sg.bytes() < 1000, "{}", sg.bytes());
+        let disk = &disk[100..];
+        // The plaintext is nowhere in the sealed bytes.
+        assert!(!disk.windows(64).any(|w| w == &a[1000..1064]));
+        let (mut plain, mut scratch) = (Vec::new(), Vec::new());
+        for (k, (slice, data)) in [(0u32, &a), (70_000, &b)].iter().enumerate() {
+            let len = data.len() as u32;
+            let (i, start, n) = sg.locate(*slice, len, &ids[k].prefix()).unwrap();
+            let sealed = &disk[start as usize..(start + n) as usize];
+            let mut dst = vec![0u8; 100];
+            assert!(sg
+                .read(i, sealed, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .unwrap());
+            assert_eq!(dst, data[10..110]);
+            // A flipped bit, another key, or the bytes of another place
+            // do not open, and nothing is copied.
+            let mut flipped = sealed.to_vec();
+            flipped[n as usize / 2] ^= 4;
+            let mut dst = vec![0u8; 100];
+            assert!(!sg
+                .read(i, &flipped, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .unwrap());
+            let other = SpillKey::new().unwrap();
+            assert!(!sg
+                .read(i, sealed, &other, 10, &mut dst, &mut plain, &mut scratch)
+                .unwrap());
+            let moved = cg.seal(&key, at + 4096, &mut Vec::new()).unwrap();
+            assert!(!moved
+                .read(i, sealed, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .unwrap());
+            assert_eq!(dst, vec![0u8; 100]);
+        }
+        // Asked for a chunk it does not hold.
+        assert!(sg.locate(1, 70_000, &ids[0].prefix()).is_err());
     }
 
     #[test]

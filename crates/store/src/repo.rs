@@ -566,7 +566,14 @@ fn user_dir(own: &str, xdg: &str, home_rel: &str) -> Option<PathBuf> {
 /// when none of those is set (no cache, everything is fetched).
 pub fn cache_dir(location: &str) -> Option<PathBuf> {
     let h = blake3::hash(location.trim_end_matches('/').as_bytes()).to_hex();
-    Some(user_dir("CAIRN_CACHE_DIR", "XDG_CACHE_HOME", ".cache/cairn")?.join(&h[..32]))
+    Some(cache_root()?.join(&h[..32]))
+}
+
+/// Where cairn keeps what it may lose: `$CAIRN_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/cairn`, else `~/.cache/cairn`; `None` when none of
+/// those is set.
+pub fn cache_root() -> Option<PathBuf> {
+    user_dir("CAIRN_CACHE_DIR", "XDG_CACHE_HOME", ".cache/cairn")
 }
 
 /// Where cairn keeps local state that must last: `$CAIRN_STATE_DIR`, else

@@ -98,7 +98,7 @@ pub(crate) fn check(root: &Path, contents: bool) -> Result<()> {
 }
 
 /// Bytes free for an unprivileged writer on the file system of `root`.
-pub(crate) fn free_space(root: &Path) -> Option<u64> {
+pub fn free_space(root: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();

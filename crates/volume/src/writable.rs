@@ -164,7 +164,7 @@ impl WritableVolume {
         let v = WritableVolume {
             name: name.to_string(),
             size,
-            opts: *opts,
+            opts: opts.clone(),
             dir: dir.to_path_buf(),
             state: RwLock::new(State {
                 volume: Arc::new(volume),
@@ -885,6 +885,8 @@ mod tests {
         VolumeOptions {
             cache_bytes: 1 << 20,
             compact_bytes: 1 << 20,
+            spill_bytes: 0,
+            spill_dir: None,
             readahead: 0,
             threads: 1,
         }

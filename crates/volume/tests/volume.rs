@@ -7,7 +7,7 @@
 use cairn_blockdev::{BlockDev, ErrorKind, ZeroFlags};
 use cairn_codec::CodecSpec;
 use cairn_store::{backup, BackupOptions, ChunkerSpec, Extent as StoreExtent, Repository};
-use cairn_volume::{RepoView, Volume, VolumeOptions};
+use cairn_volume::{RepoView, Volume, VolumeOptions, VolumeStats};
 use proptest::prelude::*;
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -210,6 +210,8 @@ fn many_threads_read_at_once() {
     let opts = VolumeOptions {
         cache_bytes: 3 << 20,
         compact_bytes: 1 << 20,
+        spill_bytes: 0,
+        spill_dir: None,
         readahead: 1 << 20,
         threads: 2,
     };
@@ -258,6 +260,8 @@ fn sequential_reads_are_decoded_ahead() {
     let opts = VolumeOptions {
         cache_bytes: 64 << 20,
         compact_bytes: 64 << 20,
+        spill_bytes: 0,
+        spill_dir: None,
         readahead: 8 << 20,
         threads: 2,
     };
@@ -307,6 +311,8 @@ fn a_tiny_cache_evicts_and_stays_correct() {
         let opts = VolumeOptions {
             cache_bytes: 1,
             compact_bytes: if threads == 0 { 0 } else { 1 },
+            spill_bytes: 0,
+            spill_dir: None,
             readahead: 4 << 20,
             threads,
         };
@@ -355,6 +361,34 @@ fn random_4k(v: &Volume, data: &[u8], seed: u64, n: usize) {
     }
 }
 
+/// 200 reads of up to 600 KB at random offsets of `v`, spanning chunks
+/// and groups, checked against `data`.
+fn spanning_reads(v: &Volume, data: &[u8]) {
+    let mut r = Rng(8);
+    for _ in 0..200 {
+        let off = r.below(data.len() as u64);
+        let n = (r.below(600_000) as usize).min(data.len() - off as usize);
+        same(
+            &read(v, off, n),
+            &data[off as usize..off as usize + n],
+            "span",
+        );
+    }
+}
+
+/// The figures of image "img" of `repo` opened with `opts` after 5,000
+/// random 4 KiB reads, checked to have decoded groups again and again
+/// (at least 500 decodes in the last 2,000 reads).
+fn decodes_again(repo: &Arc<Repository>, opts: &VolumeOptions, data: &[u8]) -> VolumeStats {
+    let v = Volume::open(repo.clone(), "img", opts).unwrap();
+    random_4k(&v, data, 3, 3000);
+    let warm = v.stats();
+    random_4k(&v, data, 4, 2000);
+    let st = v.stats();
+    assert!(st.misses > warm.misses + 500, "{opts:?}: {st:?}");
+    st
+}
+
 #[test]
 fn random_reads_past_the_decoded_cache_come_from_compact_copies() {
     let (_d, repo) = new_repo();
@@ -365,6 +399,8 @@ fn random_reads_past_the_decoded_cache_come_from_compact_copies() {
         let opts = VolumeOptions {
             cache_bytes: 600 << 10,
             compact_bytes: 64 << 20,
+            spill_bytes: 0,
+            spill_dir: None,
             readahead: 1 << 20,
             threads,
         };
@@ -384,29 +420,87 @@ fn random_reads_past_the_decoded_cache_come_from_compact_copies() {
             "{threads}: {st:?}"
         );
         // Reads spanning chunks and groups mix the tiers and still match.
-        let mut r = Rng(8);
-        for _ in 0..200 {
-            let off = r.below(data.len() as u64);
-            let n = (r.below(600_000) as usize).min(data.len() - off as usize);
-            same(
-                &read(&v, off, n),
-                &data[off as usize..off as usize + n],
-                "span",
-            );
-        }
+        spanning_reads(&v, &data);
         // Without the tier, the same reads decode groups again and again.
         let off = VolumeOptions {
             compact_bytes: 0,
             ..opts
         };
-        let v = Volume::open(repo.clone(), "img", &off).unwrap();
-        random_4k(&v, &data, 3, 3000);
-        let warm = v.stats();
-        random_4k(&v, &data, 4, 2000);
-        let st = v.stats();
-        assert!(st.misses > warm.misses + 500, "{threads}: {st:?}");
+        let st = decodes_again(&repo, &off, &data);
         assert_eq!((st.compacted, st.compact_hits), (0, 0), "{st:?}");
     }
+}
+
+#[test]
+fn random_reads_past_the_compact_tier_come_from_spilled_copies() {
+    let (d, repo) = new_repo();
+    let data = source(23);
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 256 << 10);
+    let dir = d.path().join("spill");
+    for threads in [0, 2] {
+        // Room for two decoded groups and about one compact copy of the
+        // 20-odd; the rest are spilled.
+        let opts = VolumeOptions {
+            cache_bytes: 600 << 10,
+            compact_bytes: 300 << 10,
+            spill_bytes: 64 << 20,
+            spill_dir: Some(dir.clone()),
+            readahead: 1 << 20,
+            threads,
+        };
+        let v = Volume::open(repo.clone(), "img", &opts).unwrap();
+        random_4k(&v, &data, 3, 3000);
+        let warm = v.stats();
+        assert_eq!(warm.spill_capacity, 64 << 20, "{threads}: {warm:?}");
+        assert!(warm.spilled > 5, "{threads}: {warm:?}");
+        assert!(warm.spill_hits > 0, "{threads}: {warm:?}");
+        assert!(
+            warm.spill_bytes > 0 && warm.spill_memory > 0,
+            "{threads}: {warm:?}"
+        );
+        // Every group has a copy by now: no read decodes one again.
+        random_4k(&v, &data, 4, 2000);
+        let st = v.stats();
+        assert_eq!(st.misses, warm.misses, "{threads}: {st:?}");
+        assert!(st.spill_hits >= warm.spill_hits + 500, "{threads}: {st:?}");
+        assert_eq!(st.spill_damaged, 0, "{threads}: {st:?}");
+        // Reads spanning chunks and groups mix the three tiers.
+        spanning_reads(&v, &data);
+        // The file is unlinked from the start: nobody else can open it,
+        // and nothing is left behind.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        // Without it, the same reads decode groups again and again.
+        let off = VolumeOptions {
+            spill_bytes: 0,
+            ..opts
+        };
+        let st = decodes_again(&repo, &off, &data);
+        assert_eq!((st.spilled, st.spill_capacity), (0, 0), "{st:?}");
+    }
+}
+
+#[test]
+fn a_spill_ring_smaller_than_the_copies_drops_the_oldest() {
+    let (d, repo) = new_repo();
+    let data = source(24);
+    store(&repo, "img", &data, "cdc:4K,16K,64K", "zstd:3", 64 << 10);
+    // 1 MiB of ring for about 3 MiB of copies: it wraps again and again,
+    // and a copy written over is read from the repository, not as damage.
+    let opts = VolumeOptions {
+        cache_bytes: 256 << 10,
+        compact_bytes: 128 << 10,
+        spill_bytes: 1 << 20,
+        spill_dir: Some(d.path().join("spill")),
+        readahead: 1 << 20,
+        threads: 2,
+    };
+    let v = Volume::open(repo.clone(), "img", &opts).unwrap();
+    random_4k(&v, &data, 5, 6000);
+    let st = v.stats();
+    assert!(st.spilled > 40, "{st:?}");
+    assert!(st.spill_hits > 0, "{st:?}");
+    assert!(st.spill_bytes <= 1 << 20, "{st:?}");
+    assert_eq!(st.spill_damaged, 0, "{st:?}");
 }
 
 #[test]
@@ -418,6 +512,8 @@ fn a_stream_leaves_no_compact_copies() {
     let opts = VolumeOptions {
         cache_bytes: 600 << 10,
         compact_bytes: 64 << 20,
+        spill_bytes: 0,
+        spill_dir: None,
         readahead: 1 << 20,
         threads: 0,
     };
@@ -500,6 +596,8 @@ fn a_damaged_chunk_is_found_in_its_compact_copy() {
     let opts = VolumeOptions {
         cache_bytes: 1,
         compact_bytes: 64 << 20,
+        spill_bytes: 0,
+        spill_dir: None,
         readahead: 0,
         threads: 0,
     };

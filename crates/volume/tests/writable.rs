@@ -62,6 +62,8 @@ fn opts() -> VolumeOptions {
     VolumeOptions {
         cache_bytes: 8 << 20,
         compact_bytes: 8 << 20,
+        spill_bytes: 0,
+        spill_dir: None,
         readahead: 1 << 20,
         threads: 1,
     }

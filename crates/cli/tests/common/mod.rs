@@ -21,6 +21,12 @@ pub fn cairn() -> Command {
         "CAIRN_STATE_DIR",
         std::env::temp_dir().join("cairn-test-state"),
     )
+    // Served images spill compact copies here, not into the home
+    // directory (tests that need their own set it again).
+    .env(
+        "CAIRN_CACHE_DIR",
+        std::env::temp_dir().join("cairn-test-cache"),
+    )
     .env_remove("CAIRN_PASSWORD_FILE")
     .env_remove("CAIRN_PASSWORD_COMMAND")
     .env_remove("CAIRN_NEW_PASSWORD")
