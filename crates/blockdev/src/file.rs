@@ -781,6 +781,42 @@ fn the_size_ioctl_is_refused_for_a_regular_file() {
     assert!(device_size(&f).is_err());
 }
 
+/// Give `file` blocks for its first `len` bytes (`fallocate`, mode 0), so
+/// writes there never fail for want of space. `Ok(false)`: the file
+/// system cannot (the file is left as it was, sparse).
+pub fn allocate(file: &File, len: u64) -> io::Result<bool> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    match FileDev::fallocate_raw(file, 0, 0, len) {
+        Ok(()) => Ok(true),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[test]
+fn allocated_blocks_are_counted_and_read_as_zeros() {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let d = tempfile::tempdir().unwrap();
+    let f = tempfile::tempfile_in(d.path()).unwrap();
+    if allocate(&f, 1 << 20).unwrap() {
+        let m = f.metadata().unwrap();
+        assert_eq!(m.len(), 1 << 20);
+        assert!(m.blocks() * 512 >= 1 << 20, "{} blocks", m.blocks());
+    }
+    let mut b = [1u8; 16];
+    f.read_exact_at(&mut b, 1000).unwrap();
+    assert_eq!(b, [0; 16]);
+    assert!(allocate(&f, u64::MAX).is_err());
+}
+
 /// The first offset at or after `at` where `file` holds data
 /// (`lseek(SEEK_DATA)`), or `None` when only a hole, or the end, follows.
 ///

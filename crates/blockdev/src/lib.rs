@@ -74,7 +74,9 @@ pub use error::{BlockError, ErrorKind, Op, Result};
 pub use fault::{
     FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,
 };
-pub use file::{device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions};
+pub use file::{
+    allocate, device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions,
+};
 pub use mem::MemDev;
 pub use pipe::{grow_pipe, PIPE_BYTES};
 pub use readahead::{Engine, ReadAhead};

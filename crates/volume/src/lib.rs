@@ -281,7 +281,7 @@ pub(crate) struct Tiers {
     pub decoded: Cache<Group>,
     pub compact: Option<Cache<CompactGroup>>,
     /// Where the compact tier's evicted copies go on.
-    pub spill: Option<spill::Spill>,
+    pub spill: Option<spill::LazySpill>,
     /// Reads served by compact copies, less [`COPY_COST`] for each copy
     /// made while the compact tier was full (each of which evicts
     /// another), at most [`CREDIT`]: once the tier is full, a copy is
@@ -310,7 +310,7 @@ const COPY_COST: i64 = 8;
 const CREDIT: i64 = 256;
 
 impl Tiers {
-    fn new(decoded: usize, compact: usize, spill: Option<spill::Spill>) -> Tiers {
+    fn new(decoded: usize, compact: usize, spill: Option<spill::LazySpill>) -> Tiers {
         let compact = (compact > 0).then(|| Cache::new(compact));
         Tiers {
             decoded: Cache::new(decoded),
@@ -328,10 +328,15 @@ impl Tiers {
         }
     }
 
+    /// The spill tier, if it has been made.
+    fn spill(&self) -> Option<&spill::Spill> {
+        self.spill.as_ref()?.get()
+    }
+
     /// Whether record `key` has a compact copy, in memory or spilled.
     fn copied(&self, key: u64) -> bool {
         self.compact.as_ref().is_some_and(|c| c.contains(key))
-            || self.spill.as_ref().is_some_and(|s| s.contains(key))
+            || self.spill().is_some_and(|s| s.contains(key))
     }
 
     /// A decoded group, if it is in the cache (a hit); `keep`: a random
@@ -380,7 +385,10 @@ impl Tiers {
             if ran {
                 compact.counters.misses.fetch_add(1, Ordering::Relaxed);
                 let evicted = compact.loaded(&s);
-                if let Some(spill) = &self.spill {
+                if let Some(spill) = self.spill.as_ref().filter(|_| !evicted.is_empty()) {
+                    let Some(spill) = spill.make() else {
+                        continue;
+                    };
                     for (key, copy) in evicted {
                         spill.put(key, &copy);
                     }
@@ -390,9 +398,9 @@ impl Tiers {
     }
 }
 
-/// The spill tier `opts` ask for, if it can be had (where it cannot,
-/// that is said and the volume does without).
-fn open_spill(opts: &VolumeOptions) -> Option<spill::Spill> {
+/// The spill tier `opts` ask for (made on its first copy), if there is a
+/// place for it (where there is not, that is said).
+fn open_spill(opts: &VolumeOptions, image: u64) -> Option<spill::LazySpill> {
     if opts.spill_bytes == 0 || opts.compact_bytes == 0 {
         return None;
     }
@@ -402,16 +410,7 @@ fn open_spill(opts: &VolumeOptions) -> Option<spill::Spill> {
         );
         return None;
     };
-    match spill::Spill::create(&dir, opts.spill_bytes) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(
-                "no spill tier in {}: {e}; random reads past --image-compact-cache decode whole groups",
-                dir.display()
-            );
-            None
-        }
-    }
+    Some(spill::LazySpill::new(dir, opts.spill_bytes, image))
 }
 
 /// A snapshot of an image as a read-only block device.
@@ -455,7 +454,7 @@ impl Volume {
         let cache = Arc::new(Tiers::new(
             opts.cache_bytes,
             opts.compact_bytes,
-            open_spill(opts),
+            open_spill(opts, size),
         ));
         let window = opts.readahead.min(opts.cache_bytes as u64 / 2);
         let pool = (opts.threads > 0)
@@ -507,7 +506,7 @@ impl Volume {
     pub fn stats(&self) -> VolumeStats {
         let c = &self.cache.decoded.counters;
         let compact = self.cache.compact.as_ref();
-        let spill = self.cache.spill.as_ref();
+        let spill = self.cache.spill();
         let held = spill.map_or((0, 0), |s| s.held());
         VolumeStats {
             hits: c.hits.load(Ordering::Relaxed),
@@ -637,12 +636,7 @@ impl Volume {
                 .with(|b| cg.read(loc.slice, clen, prefix, from, dst, &mut b.borrow_mut()))
                 .map_err(|m| (m, None));
         }
-        if let Some((spill, g)) = self
-            .cache
-            .spill
-            .as_ref()
-            .and_then(|s| Some((s, s.get(key)?)))
-        {
+        if let Some((spill, g)) = self.cache.spill().and_then(|s| Some((s, s.get(key)?))) {
             let served = SCRATCH
                 .with(|b| {
                     spill.read(

@@ -27,9 +27,12 @@
 //! - **Unlinked from the start** (`tempfile`, `O_TMPFILE` where the file
 //!   system has it): nothing is left behind by a crash, and nothing but
 //!   this process can open it by name.
-//! - **Bounded.** Its size is `--image-spill`, at most half of the space
-//!   free where it lives when the volume opens. A failed write (the disk
-//!   full after all, an I/O error) is said once and ends spilling; reads
+//! - **Bounded, and its space taken at the start.** Its size is
+//!   `--image-spill`, at most what the image's copies can fill and half of
+//!   the space free where it lives when the volume opens; its blocks are
+//!   allocated then (`fallocate`), so it never runs that disk out of space
+//!   later, and a second image opened after it sees the space as taken. A
+//!   failed write (an I/O error) is said once and ends spilling; reads
 //!   carry on from the repository.
 //!
 //! Written by hand: a ring of sealed records over one file is a few dozen
@@ -42,13 +45,62 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Copies bigger than this share of the ring are not spilled (one copy
 /// would push out too much).
-const MAX_SHARE: u64 = 8;
+const MAX_SHARE: u64 = 2;
 /// The least size worth a spill file when free space cuts it down.
 const MIN_CAP: u64 = 64 << 20;
+
+/// Bytes allocated by the spill files of this process now: together they
+/// take at most half of the space that was free (with them counted as
+/// free), however many images open one.
+static ALLOCATED: Mutex<u64> = Mutex::new(0);
+
+/// A volume's spill tier, made on its first copy: an image only streamed
+/// (or read where both tiers in front hold it) takes no disk at all.
+pub(crate) struct LazySpill {
+    dir: PathBuf,
+    asked: u64,
+    image: u64,
+    cell: OnceLock<Option<Spill>>,
+}
+
+impl LazySpill {
+    /// A tier of `asked` bytes in `dir` for an image of `image` bytes, not
+    /// made yet.
+    pub(crate) fn new(dir: PathBuf, asked: u64, image: u64) -> LazySpill {
+        LazySpill {
+            dir,
+            asked,
+            image,
+            cell: OnceLock::new(),
+        }
+    }
+
+    /// The tier, if it has been made.
+    pub(crate) fn get(&self) -> Option<&Spill> {
+        self.cell.get()?.as_ref()
+    }
+
+    /// The tier, made now if it has not been (where it cannot be, that is
+    /// said once and the volume does without).
+    pub(crate) fn make(&self) -> Option<&Spill> {
+        self.cell
+            .get_or_init(|| match Spill::create(&self.dir, self.asked, self.image) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(
+                        "no spill tier in {}: {e}; random reads past --image-compact-cache decode whole groups",
+                        self.dir.display()
+                    );
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
 
 thread_local! {
     /// A thread's buffers: sealed bytes read back, and their plaintext.
@@ -89,23 +141,45 @@ pub(crate) struct Spill {
     pub counters: SpillCounters,
 }
 
+/// The size of a spill file asked to be `asked` bytes for an image of
+/// `image` bytes, where `free` bytes are free and this process's other
+/// spill files have `allocated`; `None`: not worth a file. Copies are the
+/// image's chunks (LZ4 or as they are) plus 28 bytes a chunk of sealing;
+/// the files take half of what is free (theirs counted as free), but not
+/// so little that it is not worth it (unless that little was asked for).
+fn size(asked: u64, image: u64, free: u64, allocated: u64) -> Option<u64> {
+    let room = (free.saturating_add(allocated) / 2).saturating_sub(allocated);
+    let cap = asked.min(image + image / 64 + (1 << 20)).min(room);
+    (cap >= asked.min(MIN_CAP).min(image).max(1)).then_some(cap)
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let mut allocated = ALLOCATED.lock().unwrap_or_else(|p| p.into_inner());
+        *allocated = allocated.saturating_sub(self.cap);
+    }
+}
+
 impl Spill {
-    /// A spill tier of `cap` bytes (at most half of what is free there)
-    /// in an unlinked file in `dir`, created if need be.
-    pub(crate) fn create(dir: &Path, asked: u64) -> std::io::Result<Spill> {
+    /// A spill tier of `asked` bytes in an unlinked file in `dir`
+    /// (created if need be) for the copies of an image of `image` bytes:
+    /// no bigger than the image's copies can be, nor than half of what is
+    /// free there, and its blocks allocated now, so that what it writes
+    /// later never runs the disk out of space.
+    fn create(dir: &Path, asked: u64, image: u64) -> std::io::Result<Spill> {
         std::fs::create_dir_all(dir)?;
-        let cap = asked;
+        let mut allocated = ALLOCATED.lock().unwrap_or_else(|p| p.into_inner());
         let free = cairn_store::free_space(dir).unwrap_or(0);
-        // Half of what is free, but not so little that it is not worth a
-        // file (unless that little was asked for).
-        let cap = cap.min(free / 2);
-        if cap < asked.min(MIN_CAP) {
+        let Some(cap) = size(asked, image, free, *allocated) else {
             return Err(std::io::Error::other(format!(
-                "{} MiB free there",
-                free >> 20
+                "{} MiB free there, and {} MiB taken by this process's other spill files",
+                free >> 20,
+                *allocated >> 20
             )));
-        }
+        };
         let file = tempfile::tempfile_in(dir)?;
+        cairn_blockdev::allocate(&file, cap)?;
+        *allocated += cap;
         let key = SpillKey::new().map_err(std::io::Error::other)?;
         Ok(Spill {
             file,
@@ -342,6 +416,30 @@ mod tests {
     }
 
     #[test]
+    fn spill_files_take_at_most_half_of_the_free_space_together() {
+        use super::size;
+        const G: u64 = 1 << 30;
+        // Asked for, bounded by the image's copies, or by half the room.
+        assert_eq!(size(8 * G, 100 * G, 100 * G, 0), Some(8 * G));
+        assert_eq!(size(8 * G, G, 100 * G, 0), Some(G + G / 64 + (1 << 20)));
+        assert_eq!(size(8 * G, 100 * G, 10 * G, 0), Some(5 * G));
+        // Others of this process already hold 4 GiB of 20 (16 free): the
+        // whole is 20, so half of it is 10, 6 of that left.
+        assert_eq!(size(8 * G, 100 * G, 16 * G, 4 * G), Some(6 * G));
+        // They hold their half: nothing left, however much is asked.
+        assert_eq!(size(8 * G, 100 * G, 10 * G, 10 * G), None);
+        // Under 64 MiB left is not worth a file, unless less was asked.
+        assert_eq!(size(8 * G, 100 * G, 100 << 20, 0), None);
+        assert_eq!(size(1 << 20, 100 * G, 100 << 20, 0), Some(1 << 20));
+        // A small image needs only a small file.
+        assert_eq!(
+            size(8 * G, 10 << 20, 30 << 20, 0),
+            Some((11 << 20) + (10 << 14))
+        );
+        assert_eq!(size(8 * G, 0, 0, 0), None);
+    }
+
+    #[test]
     fn damaged_spilled_copies_are_said_and_read_from_the_repository() {
         let (dir, repo, data) = image();
         let opts = VolumeOptions {
@@ -357,7 +455,7 @@ mod tests {
         let before = v.stats();
         assert!(before.spilled > 10, "{before:?}");
         // Every byte written so far turned over.
-        let spill = v.cache.spill.as_ref().unwrap();
+        let spill = v.cache.spill.as_ref().unwrap().get().unwrap();
         let len = spill.file.metadata().unwrap().len();
         let mut all = vec![0u8; len as usize];
         spill.file.read_exact_at(&mut all, 0).unwrap();
