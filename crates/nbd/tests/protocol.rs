@@ -8,6 +8,7 @@ use cairn_nbd::proto::{self, cflag, cmd, err, info, opt, rep, reply, tflag, Repl
 use cairn_nbd::{Export, Listener, ServeReport, Server, ServerConfig};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -156,6 +157,46 @@ impl Sock {
         }
     }
 
+    /// As [`Sock::connect`], with a receive buffer of `rcvbuf` bytes set
+    /// before a TCP socket connects (so its window is small from the
+    /// start, and what it takes reaches the server in steps of a few KiB;
+    /// set after, the window stays as it was agreed). A Unix socket's is
+    /// left as it is: what its server may queue is its own send buffer.
+    fn connect_with_rcvbuf(addr: &str, rcvbuf: libc::c_int) -> Sock {
+        if addr.starts_with("unix:") {
+            return Sock::connect(addr);
+        }
+        let a: std::net::SocketAddrV4 = addr.parse().unwrap();
+        // SAFETY: socket() takes no pointers; the descriptor it returns is
+        // open and owned by nothing else, so the OwnedFd may close it.
+        let fd = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        set_rcvbuf(fd.as_raw_fd(), rcvbuf);
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*a.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: the socket is open (`fd` keeps it so through the call);
+        // connect() reads `size_of::<sockaddr_in>()` bytes from `sin`,
+        // which lives across it.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                &sin as *const libc::sockaddr_in as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        Sock::Tcp(TcpStream::from(fd))
+    }
+
     fn set_read_timeout(&self, t: Option<std::time::Duration>) -> std::io::Result<()> {
         match self {
             Sock::Tcp(s) => s.set_read_timeout(t),
@@ -211,7 +252,11 @@ fn read_n(s: &mut impl Read, n: usize) -> Vec<u8> {
 impl Client {
     /// Greeting read, client flags sent.
     fn connect(addr: &str) -> Client {
-        let mut s = Sock::connect(addr);
+        Client::over(Sock::connect(addr))
+    }
+
+    /// As [`Client::connect`], over a socket already connected.
+    fn over(mut s: Sock) -> Client {
         let g = read_n(&mut s, 18);
         assert_eq!(proto::be64(&g[0..8]), proto::NBD_MAGIC);
         assert_eq!(proto::be64(&g[8..16]), proto::IHAVEOPT);
@@ -1019,6 +1064,23 @@ fn tight_budget(conn_budget: u64) -> ServerConfig {
     }
 }
 
+/// Set the receive buffer of the socket `fd` to `bytes` (the kernel
+/// doubles it).
+fn set_rcvbuf(fd: std::os::fd::RawFd, bytes: libc::c_int) {
+    // SAFETY: the caller keeps the socket open for the call; SO_RCVBUF
+    // reads one int from `bytes`, which lives across it.
+    let set = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &bytes as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+}
+
 /// Send `n` reads of the whole 1 MiB export without reading a reply.
 fn reads_not_taken(c: &mut Client, n: usize) {
     for _ in 0..n {
@@ -1078,19 +1140,7 @@ fn stalled_replies_on(l: Listener) {
     };
     // (Its receive buffer kept small, so the replies wait in the
     // server's socket, not in the client's.)
-    let small: libc::c_int = 64 << 10;
-    // SAFETY: the socket is open for the call; SO_RCVBUF reads one int
-    // from `small`, which lives across it.
-    let set = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&slow.s),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &small as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(set, 0);
+    set_rcvbuf(slow.s.as_raw_fd(), 64 << 10);
     let first = slow.cookie + 1;
     const PACED: usize = 10;
     reads_not_taken(&mut slow, PACED);
@@ -1098,26 +1148,66 @@ fn stalled_replies_on(l: Listener) {
     take_replies(&mut slow, first, PACED, &expected, Some(pace));
     busy_stop.store(true, Ordering::Release);
     busy.join().unwrap();
-    // With another client waiting for memory, a client that takes 1 KiB
-    // of its replies every 200 ms (to look alive) is closed once its
-    // reply has not moved for stall_under_pressure, and the other is
-    // answered.
+    drop(slow);
+    // With another client waiting for memory, a client whose reply moves
+    // is kept only while it takes the server's floor (MIN_DRAIN, 16 KiB)
+    // or more within stall_under_pressure (1 s). One taking its replies at
+    // `near` bytes a second is kept through the 3 s the other waits; once
+    // it slows to 1 KiB every 200 ms (5 KiB/s, a third of the floor) it is
+    // closed and the other answered. Over TCP `near` is 48 KiB, 3 floors
+    // a window; the client's receive buffer is 4 KiB from before it
+    // connects, so what it takes reaches the server in steps of 2 KiB,
+    // at the slow pace one every 0.4 s: with no floor it would be kept
+    // (with 1 byte for the floor the other waits out its read timeout),
+    // with a floor well over 48 KiB it is closed while near. Over a Unix
+    // socket what was taken shows a queued chunk (about 36 KiB) at a
+    // time, some hidden where the server refills the queue between looks,
+    // so no floor under a chunk can be told from none there; `near` is
+    // 192 KiB, a chunk shown every 0.4 s at most, and the slow pace shows
+    // one every 7 s.
+    let near: usize = if addr.starts_with("unix:") {
+        192 << 10
+    } else {
+        48 << 10
+    };
+    let near_for = std::time::Duration::from_millis(3500);
+    let mut slow = Client::over(Sock::connect_with_rcvbuf(&addr, 2 << 10));
+    slow.go("mem");
     reads_not_taken(&mut slow, READS);
     // (Once the other is answered it reads what is left at once: the
     // sockets still hold megabytes sent before the close.)
+    let slowed = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicBool::new(false));
     let trickle = {
-        let answered = answered.clone();
+        let (slowed, answered) = (slowed.clone(), answered.clone());
         std::thread::spawn(move || {
+            let began = std::time::Instant::now();
             let mut got = 0;
-            let mut b = [0u8; 1024];
+            let mut b = [0u8; 2048];
             loop {
-                match slow.s.read(&mut b) {
+                let since = began.elapsed();
+                let step = if answered.load(Ordering::Acquire) {
+                    b.len()
+                } else if since < near_for {
+                    // Taken to a schedule, so a late wake-up is made up.
+                    let due = (near as f64 * since.as_secs_f64()) as usize;
+                    if got >= due {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
+                    (due - got).min(b.len())
+                } else {
+                    slowed.store(true, Ordering::Release);
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    if answered.load(Ordering::Acquire) {
+                        b.len()
+                    } else {
+                        1024
+                    }
+                };
+                match slow.s.read(&mut b[..step]) {
                     Ok(0) | Err(_) => return got,
                     Ok(n) => got += n,
-                }
-                if !answered.load(Ordering::Acquire) {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
                 }
             }
         })
@@ -1125,11 +1215,16 @@ fn stalled_replies_on(l: Listener) {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut other = Client::connect(&addr);
     other.go("mem");
+    // (Bounds the test where the slow client is never closed.)
     other
         .s
-        .set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
     assert!(other.read(0, SIZE as u64).unwrap() == expected);
+    assert!(
+        slowed.load(Ordering::Acquire),
+        "the client taking {near} bytes a second was closed"
+    );
     answered.store(true, Ordering::Release);
     let got = trickle.join().unwrap();
     assert!(got < READS * SIZE, "the stalled client got all {got} bytes");
