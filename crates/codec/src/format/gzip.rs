@@ -1016,13 +1016,15 @@ mod tests {
     /// A name and a comment of megabytes, as gzip reads them: read
     /// through in bounded memory (the first MiB of each kept), the header
     /// CRC checked over all of them; the member behind decodes, and one
-    /// after it, and so does one with a length hint. Cut inside the name
-    /// or the comment it is cut short; a wrong header CRC is damage.
+    /// after it, and so does one with a length hint, also a hint that
+    /// would pass for one counted from where the read-through left the
+    /// input. Cut inside the name or the comment it is cut short; a wrong
+    /// header CRC is damage.
     #[test]
     fn names_and_comments_of_megabytes_are_read_through() {
         let data = b"behind a long header ".repeat(20_000);
-        let long = |extra: &[u8], hcrc: bool| {
-            let m = member(&data, extra, false);
+        let long_of = |data: &[u8], extra: &[u8], hcrc: bool| {
+            let m = member(data, extra, false);
             // The fixed part and the extra field, then the name and the
             // comment, the header CRC, and the member's deflate and
             // trailer.
@@ -1040,6 +1042,7 @@ mod tests {
             out.extend_from_slice(&m[fixed_extra..]);
             out
         };
+        let long = |extra: &[u8], hcrc: bool| long_of(&data, extra, hcrc);
         let tail = crate::encode_all(crate::Format::Gzip, 6, 50_000, b"and after").unwrap();
         // Where the comment begins: the fixed part, the empty extra
         // field, the name and its NUL.
@@ -1062,6 +1065,42 @@ mod tests {
         );
         let hinted = long(&hint, true);
         assert!(crate::decode_all(&hinted).unwrap() == data);
+        // A hint that counts the member from where the read-through left
+        // the input (its length less the header bytes let go of) ends
+        // right where the member does, and passes every other check on a
+        // hint when taken from there: the unit would begin inside the
+        // header and inflate from the wrong place. A header read through
+        // is decoded as a stream whatever its hint says. (Incompressible
+        // data, so the member's deflate data outruns what was let go of
+        // and the hint covers the header.)
+        let noise = crate::testutil::noise(5 << 20, 11);
+        let with_hint = |n: u32| {
+            let mut extra = b"CN\x04\x00".to_vec();
+            extra.extend_from_slice(&n.to_le_bytes());
+            long_of(&noise, &extra, true)
+        };
+        // (The header bytes let go of, as decode_all's input reads them.)
+        let placeholder = with_hint(0);
+        let header = parse_header(&mut Input::new(Box::new(std::io::Cursor::new(
+            placeholder.clone(),
+        ))))
+        .unwrap();
+        assert!(header.consumed > 0);
+        let from_there = placeholder.len() - header.consumed;
+        assert!(from_there >= header.len + TRAILER_LEN && from_there <= MAX_UNIT);
+        let off_by_consumed = with_hint(from_there as u32);
+        let after = [&off_by_consumed[..], &tail[..]].concat();
+        for (what, m, want) in [
+            ("alone", &off_by_consumed, noise.clone()),
+            (
+                "a member after",
+                &after,
+                [&noise[..], b"and after"].concat(),
+            ),
+        ] {
+            let back = crate::decode_all(m).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(back == want, "{what}: wrong output");
+        }
         let mut bad = long(b"", true);
         let at = comment_at + (1 << 20) + 8;
         bad[at] ^= 1;
