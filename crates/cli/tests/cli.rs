@@ -706,7 +706,7 @@ fn terminals_get_no_compressed_data_and_no_progress_on_stdout() {
     assert!(tty.is_empty(), "-q drew on the terminal: {tty:?}");
     // Under a tool's name, none, as the tool (found outside: `zcat big.gz
     // | grep` on a terminal had the bar erase the lines grep printed).
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), dir.path().join("xz")).unwrap();
+    cairn_link(dir.path(), "xz");
     let (status, tty) = on_terminal(dir.path(), "./xz -9 -T1 -c a >b.xz");
     assert_eq!(status, 0);
     assert!(tty.is_empty(), "the xz link drew on the terminal: {tty:?}");
@@ -1157,7 +1157,7 @@ fn set_id_and_linked_inputs_by_tool() {
             _ => {
                 let link = d.join(tool);
                 if !link.exists() {
-                    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+                    cairn_link(d, tool);
                 }
                 std::process::Command::new(link)
             }
@@ -1236,8 +1236,7 @@ fn a_packed_file_is_not_packed_again() {
         ("xz", "x.xz", 2, "x.xz"),
         ("bzip2", "x.bz2", 1, "x.bz2"),
     ] {
-        let link = d.path().join(tool);
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+        let link = cairn_link(d.path(), tool);
         let run = |args: &[&str]| {
             std::process::Command::new(&link)
                 .args(args)
@@ -1427,14 +1426,6 @@ where
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap()
-}
-
-/// The tool `tool` and cairn's link of that name (in `dir`), each with the
-/// name of its side.
-fn tool_and_link(dir: &Path, tool: &str) -> [(&'static str, PathBuf); 2] {
-    let link = dir.join(tool);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
-    [("peer", PathBuf::from(tool)), ("link", link)]
 }
 
 /// An input that does not exist, or is a directory, is refused in each
@@ -2337,7 +2328,7 @@ fn links_named_after_the_tools_keep_their_defaults() {
     ];
     std::fs::create_dir(p("bin")).unwrap();
     for tool in tools {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+        cairn_link(&p("bin"), tool);
     }
     let data = mixed(150_000, 76);
     std::fs::write(p("x"), &data).unwrap();
@@ -2473,7 +2464,7 @@ fn lz4_links_take_the_lz4_tools_arguments() {
     let p = |name: &str| dir.path().join(name);
     std::fs::create_dir(p("bin")).unwrap();
     for tool in ["lz4", "unlz4", "lz4cat"] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+        cairn_link(&p("bin"), tool);
     }
     let data = mixed(300_000, 77);
     std::fs::write(p("x"), &data).unwrap();
@@ -2561,7 +2552,7 @@ fn links_read_the_tools_option_variables() {
     let p = |name: &str| dir.path().join(name);
     std::fs::create_dir(p("bin")).unwrap();
     for tool in ["gzip", "pigz", "xz", "zstd", "bzip2"] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+        cairn_link(&p("bin"), tool);
     }
     let data = mixed(400_000, 78);
     let packed = |tool: &str, vars: &[(&str, &str)], args: &[&str]| {
@@ -2718,7 +2709,7 @@ fn links_exit_with_the_statuses_of_their_tools() {
     std::fs::create_dir(p("bin")).unwrap();
     let tools = ["gzip", "zstd", "xz", "bzip2"];
     for tool in tools {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+        cairn_link(&p("bin"), tool);
     }
     let cases: [(&str, &[&str]); 4] = [
         ("output exists", &["-k", "f"]),
@@ -2807,7 +2798,7 @@ fn links_under_q_say_and_exit_as_their_tools() {
     std::fs::create_dir(p("bin")).unwrap();
     let tools = [("gzip", "gz"), ("pigz", "gz"), ("xz", "xz")];
     for (tool, _) in tools {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join(tool)).unwrap();
+        cairn_link(&p("bin"), tool);
     }
     let cases: [&[&str]; 31] = [
         &["-q", "-d", "f"],
@@ -2967,7 +2958,7 @@ fn zstd_output_dirs_filelist_and_hints_as_zstd() {
     let dir = tempdir();
     let p = |name: &str| dir.path().join(name);
     std::fs::create_dir(p("bin")).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), p("bin").join("zstd")).unwrap();
+    cairn_link(&p("bin"), "zstd");
     let runs: [&[&str]; 6] = [
         &["-q", "-r", "--exclude-compressed", "a"],
         // (zstd needs the flat directory to be there.)
@@ -3593,8 +3584,7 @@ fn zstd_pass_through_is_taken_as_zstd_takes_it() {
     }
     let dir = tempdir();
     let sides = tool_and_link(dir.path(), "zstd");
-    let cat = dir.path().join("zstdcat");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &cat).unwrap();
+    let cat = cairn_link(dir.path(), "zstdcat");
     std::fs::write(dir.path().join("p.txt"), b"plain\n").unwrap();
     let packed = run_ok("zstd", &["-c"], &mixed(50_000, 94));
     std::fs::write(dir.path().join("a.zst"), packed).unwrap();

@@ -458,8 +458,7 @@ fn legacy_block_sizes(frame: &[u8]) -> Vec<u32> {
 #[test]
 fn lz4_legacy_frames_as_the_kernel_build_writes_them() {
     let dir = tempdir();
-    let bin = dir.path().join("lz4");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "lz4");
     // Three blocks: two of 8 MiB and a shorter one.
     let data = mixed(20 << 20, 31);
     let via_link = |args: &[&str], input: &[u8]| {
@@ -1219,8 +1218,7 @@ fn xz_checks_and_extreme_presets_as_xz_writes_them() {
     packed[at] ^= 0x40;
     assert!(!cairn_pipe(&["unpack", "-c"], &packed).status.success());
     // xz -C CHECK and -9e through the xz link; -e changes the output.
-    let bin = dir.path().join("xz");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "xz");
     let via_link = |args: &[&str]| pipe(std::process::Command::new(&bin).args(args), &data);
     let extreme = ok(via_link(&["-9e", "-C", "crc32", "-c"])).stdout;
     let plain = ok(via_link(&["-9", "-Ccrc32", "-c"])).stdout;
@@ -1411,7 +1409,7 @@ fn names_and_times_kept_in_headers_as_gzip_and_lzop_keep_them() {
 fn link_run(dir: &Path, name: &str, args: &[&str], input: &[u8]) -> Output {
     let bin = dir.join(name);
     if !bin.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+        cairn_link(dir, name);
     }
     pipe(std::process::Command::new(&bin).args(args), input)
 }
@@ -1765,7 +1763,7 @@ fn beside(tool: &str, args: &[&str], files: &[(&str, &[u8])], stdin: &[u8]) -> (
     let dir = tempdir();
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), bin.join(tool)).unwrap();
+    cairn_link(&bin, tool);
     let run = |exe: &Path, side: &str| {
         let d = dir.path().join(side);
         std::fs::create_dir(&d).unwrap();
@@ -2013,8 +2011,7 @@ fn zstd_link_options_as_zstd() {
         cmd.env("ZSTD_CLEVEL", env_level).args(["-c"]);
         let peer = pipe(&mut cmd, &data[..10_000]);
         let dir = tempdir();
-        let bin = dir.path().join("zstd");
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+        let bin = cairn_link(dir.path(), "zstd");
         let mut cmd = std::process::Command::new(&bin);
         cmd.env("ZSTD_CLEVEL", env_level).args(["-c"]);
         let link = pipe(&mut cmd, &data[..10_000]);
@@ -2058,8 +2055,7 @@ fn zstd_link_options_as_zstd() {
     image[5 << 20..(5 << 20) + 1000].copy_from_slice(&data[..1000]);
     let packed = run_ok("zstd", &["-c", "-q"], &image);
     let dir = tempdir();
-    let bin = dir.path().join("zstd");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "zstd");
     std::fs::write(dir.path().join("i.zst"), &packed).unwrap();
     use std::os::unix::fs::MetadataExt;
     for (args, to_stdout, sparse) in [
@@ -2361,8 +2357,7 @@ fn pigz_c_keeps_a_comment() {
     let d = dir.path();
     let data = mixed(200_000, 87);
     std::fs::write(d.join("f"), &data).unwrap();
-    let link = d.join("pigz");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let link = cairn_link(d, "pigz");
     let mut outputs = Vec::new();
     for args in [
         &["-c", "-C", "a note", "f"][..],
@@ -2467,8 +2462,7 @@ fn gzip_list_verbose_as_gzip() {
     for (name, bytes) in &files {
         std::fs::write(dir.path().join(name), bytes).unwrap();
     }
-    let link = dir.path().join("gzip");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    let link = cairn_link(dir.path(), "gzip");
     let touched = std::process::Command::new("touch")
         .args(["-d", "2021-03-04T05:06:07", "a.gz", "named.gz"])
         .current_dir(dir.path())
@@ -2506,8 +2500,7 @@ fn gzip_list_of_a_fifo_reads_it_once() {
     let data = mixed(300_000, 87);
     let gz = run_ok("gzip", &["-c"], &data);
     let dir = tempdir();
-    let bin = dir.path().join("gzip");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "gzip");
     let fifo = dir.path().join("p");
     mkfifo(&fifo);
     let writer = {
@@ -2616,8 +2609,7 @@ fn lz4_link_decodes_by_the_suffix_as_lz4() {
     }
     // What each left, decoded where it is lz4: the same bytes.
     let dir = tempdir();
-    let bin = dir.path().join("lz4");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "lz4");
     std::fs::write(dir.path().join("a.lz4"), &packed).unwrap();
     let out = std::process::Command::new(&bin)
         .args(["a.lz4", "out"])
@@ -2627,8 +2619,7 @@ fn lz4_link_decodes_by_the_suffix_as_lz4() {
     assert!(out.status.success());
     assert!(std::fs::read(dir.path().join("out")).unwrap() == data);
     // lz4cat: lz4 and plain bytes, one after the other.
-    let cat = dir.path().join("lz4cat");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &cat).unwrap();
+    let cat = cairn_link(dir.path(), "lz4cat");
     std::fs::write(dir.path().join("plain"), b"plain\n").unwrap();
     let out = std::process::Command::new(&cat)
         .args(["plain", "a.lz4"])
@@ -2652,8 +2643,7 @@ fn lz4_link_sparse_as_lz4() {
     use std::os::unix::fs::MetadataExt;
     let packed = run_ok("lz4", &["-c", "-q"], &vec![0u8; 6 << 20]);
     let dir = tempdir();
-    let bin = dir.path().join("lz4");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &bin).unwrap();
+    let bin = cairn_link(dir.path(), "lz4");
     std::fs::write(dir.path().join("z.lz4"), &packed).unwrap();
     for (args, sparse) in [
         (&["-d", "-f", "z.lz4", "z"][..], true),

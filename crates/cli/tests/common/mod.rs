@@ -48,6 +48,23 @@ pub fn plain() -> Command {
     c
 }
 
+/// A link named `tool` in `dir` to the cairn binary (which then acts as
+/// that tool); its path.
+pub fn cairn_link(dir: &Path, tool: &str) -> PathBuf {
+    let link = dir.join(tool);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_cairn"), &link).unwrap();
+    link
+}
+
+/// The tool `tool` and cairn's link of that name (in `dir`), each with the
+/// name of its side.
+pub fn tool_and_link(dir: &Path, tool: &str) -> [(&'static str, PathBuf); 2] {
+    [
+        ("peer", PathBuf::from(tool)),
+        ("link", cairn_link(dir, tool)),
+    ]
+}
+
 /// The JSON `out` printed on stdout.
 pub fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
