@@ -267,8 +267,12 @@ pub(crate) fn list(files: &[PathBuf], verbose: bool) -> Result<()> {
             }
             Tail::CutHeader { cut, .. } => {
                 let (why, status) = match cut {
-                    HeaderCut::AfterMagic => (format!("Error reading {name}"), 71),
-                    HeaderCut::BeforeContentSize => (format!("Error reading {name}"), 72),
+                    // One line; the status says where lz4's reads of the
+                    // header end.
+                    HeaderCut::AfterMagic | HeaderCut::BeforeContentSize => {
+                        let status = if cut == HeaderCut::AfterMagic { 71 } else { 72 };
+                        (format!("Error reading {name}"), status)
+                    }
                     HeaderCut::SkippableSize => {
                         ("Stream error : skippable size unreadable".to_string(), 42)
                     }
