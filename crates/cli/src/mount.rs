@@ -63,8 +63,9 @@ pub(crate) struct MountArgs {
     /// Third tier per open snapshot: compact copies evicted from
     /// --image-compact-cache go on to an unlinked file in cairn's cache
     /// directory, sealed under a key of this process, up to this size (at
-    /// most the image's size and half the space free there, allocated
-    /// when the image is opened) (0: off).
+    /// most about the image's size and, for all open snapshots together,
+    /// half the space free there; allocated when the first copy is
+    /// spilled) (0: off).
     #[arg(long = "image-spill", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "8G")]
     pub spill: usize,
     /// List the snapshots again when a directory is read this many

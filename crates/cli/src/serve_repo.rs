@@ -367,10 +367,10 @@ pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Va
                 st.spill_capacity >> 20,
                 st.spill_hits,
                 st.spilled,
-                if st.spill_damaged > 0 {
-                    format!(", {} damaged", st.spill_damaged)
-                } else {
-                    String::new()
+                match (st.spill_damaged, st.spill_failed) {
+                    (0, false) => String::new(),
+                    (n, false) => format!(", {n} damaged"),
+                    (n, true) => format!(", {n} damaged, stopped after an I/O error"),
                 }
             )
         } else {
@@ -407,6 +407,7 @@ pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Va
             "hits": st.spill_hits,
             "copies": st.spilled,
             "damaged": st.spill_damaged,
+            "failed": st.spill_failed,
         },
         "line": line,
     })

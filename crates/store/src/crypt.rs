@@ -54,6 +54,13 @@ fn random_bytes(out: &mut [u8]) -> Result<()> {
     })
 }
 
+/// The nonce of message number `n` ([`Crypt::seal_numbered`]).
+fn numbered(n: u64) -> Nonce {
+    let mut b = [0u8; NONCE_LEN];
+    b[..8].copy_from_slice(&n.to_le_bytes());
+    Nonce::assume_unique_for_key(b)
+}
+
 impl Crypt {
     /// A fresh random master key.
     pub fn generate() -> Result<Crypt> {
@@ -105,6 +112,32 @@ impl Crypt {
             .map_err(|_| StoreError::Invalid("encryption failed".into()))?;
         buf.extend_from_slice(tag.as_ref());
         Ok(())
+    }
+
+    /// Append `ciphertext || tag` of `plain` to `out`, sealed under the
+    /// nonce made of `n` (little-endian, then four zero bytes): for
+    /// messages numbered by the caller under a key of their own, where no
+    /// number is ever sealed twice (a spill file's addresses; see
+    /// [`crate::SpillKey`]). Opening with another number fails.
+    pub fn seal_numbered(&self, n: u64, plain: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        let from = out.len();
+        out.extend_from_slice(plain);
+        let tag = self
+            .aead
+            .seal_in_place_separate_tag(numbered(n), Aad::empty(), &mut out[from..])
+            .map_err(|_| StoreError::Invalid("encryption failed".into()))?;
+        out.extend_from_slice(tag.as_ref());
+        Ok(())
+    }
+
+    /// Open, in place, `ciphertext || tag` sealed by
+    /// [`Crypt::seal_numbered`] under `n`: the plaintext, or `None` if it
+    /// does not authenticate.
+    pub fn open_numbered<'a>(&self, n: u64, sealed: &'a mut [u8]) -> Option<&'a [u8]> {
+        self.aead
+            .open_in_place(numbered(n), Aad::empty(), sealed)
+            .ok()
+            .map(|p| &*p)
     }
 
     /// Append `nonce || ciphertext || tag` of `plain` to `out`.

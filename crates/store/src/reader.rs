@@ -537,15 +537,16 @@ impl CompactGroup {
 
     /// Bytes [`CompactGroup::seal`] writes.
     pub fn sealed_len(&self) -> usize {
-        self.packed.len() + self.spans.len() * crate::crypt::SEAL_OVERHEAD
+        self.packed.len() + self.spans.len() * crate::crypt::TAG_LEN
     }
 
     /// Seal the copy for a place on local disk whose address is `at`:
     /// each chunk's bytes encrypted and authenticated apart under `key`,
-    /// with its own address (`at` plus its start) as associated data, so
-    /// bytes read back from anywhere else, or rewritten since, do not
-    /// open. Appends [`CompactGroup::sealed_len`] bytes to `out`; what
-    /// stays in memory is returned.
+    /// its own address (`at` plus its start) the nonce, so bytes read
+    /// back from anywhere else, or rewritten since, do not open. No
+    /// address may be sealed twice under one key. Appends
+    /// [`CompactGroup::sealed_len`] bytes to `out`; what stays in memory
+    /// is returned.
     pub fn seal(&self, key: &SpillKey, at: u64, out: &mut Vec<u8>) -> Result<SpilledGroup> {
         let base = out.len();
         let mut spans = Vec::with_capacity(self.spans.len());
@@ -557,8 +558,7 @@ impl CompactGroup {
                 .ok_or_else(|| {
                     StoreError::Invalid("a compact chunk runs past its buffer".into())
                 })?;
-            key.0
-                .seal_to(&(at + start as u64).to_le_bytes(), src, out)?;
+            key.0.seal_numbered(at + start as u64, src, out)?;
             spans.push((start as u32, (out.len() - base - start) as u32));
         }
         Ok(SpilledGroup {
@@ -573,10 +573,11 @@ impl CompactGroup {
 
 /// An ephemeral key for what a process keeps of a repository on local
 /// disk for itself alone (the spilled compact copies of a served image):
-/// made at random when the process starts and never stored, so the bytes
-/// are unreadable to anyone else and useless after it ends, and every
-/// read of them is authenticated (AES-256-GCM), so a flipped bit on that
-/// disk is found, never served.
+/// a random AES-256-GCM key, made when it is needed and never stored, so
+/// the bytes are unreadable to anyone else and useless after it ends, and
+/// every read of them is authenticated, so a flipped bit on that disk is
+/// found, never served. Its nonces are the bytes' addresses, each sealed
+/// once ([`CompactGroup::seal`]), so no count of messages wears it out.
 pub struct SpillKey(Crypt);
 
 impl SpillKey {
@@ -655,27 +656,23 @@ impl SpilledGroup {
 
     /// Copy bytes `from..from + dst.len()` of chunk `i` (from
     /// [`SpilledGroup::locate`]), whose sealed bytes read back from disk
-    /// are `sealed`, into `dst`, as [`CompactGroup::read`] does. `Ok(false)`:
-    /// the bytes do not open under `key` (damaged, or not these bytes:
-    /// nothing is copied). `plain` and `scratch` are buffers to reuse.
-    #[allow(clippy::too_many_arguments)]
+    /// are `sealed` (opened in place), into `dst`, as
+    /// [`CompactGroup::read`] does. `Ok(false)`: the bytes do not open
+    /// under `key` (damaged, or not these bytes: nothing is copied).
+    /// `scratch` is a buffer to reuse.
     pub fn read(
         &self,
         i: usize,
-        sealed: &[u8],
+        sealed: &mut [u8],
         key: &SpillKey,
         from: usize,
         dst: &mut [u8],
-        plain: &mut Vec<u8>,
         scratch: &mut Vec<u8>,
     ) -> std::result::Result<bool, String> {
         let (a, _) = self.spans[i];
-        if !key
-            .0
-            .open_to(&(self.at + u64::from(a)).to_le_bytes(), sealed, plain)
-        {
+        let Some(plain) = key.0.open_numbered(self.at + u64::from(a), sealed) else {
             return Ok(false);
-        }
+        };
         unpack_chunk(
             &self.chunks[i],
             self.crypt.as_deref(),
@@ -939,14 +936,25 @@ mod tests {
 
     #[test]
     fn a_sealed_copy_opens_only_where_it_was_sealed_for() {
+        // One chunk LZ4 shrinks, one it cannot (kept as it is: its bytes
+        // would show in the file if sealing did not encrypt them).
         let a: Vec<u8> = (0..70_000u32).map(|i| (i / 300) as u8).collect();
-        let b = vec![7u8; 5_000];
+        let mut x = 0x2545_f491_u32;
+        let b: Vec<u8> = (0..5_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
         let ids = [ChunkId::of(&a), ChunkId::of(&b)];
         let g = group(
             [a.clone(), b.clone()].concat(),
             &[(0, 70_000, ids[0]), (70_000, 5_000, ids[1])],
         );
         let cg = g.compact(&mut Compressor::new()).unwrap();
+        assert!(cg.packed.windows(64).any(|w| w == &b[1000..1064]));
         let key = SpillKey::new().unwrap();
         let at = 3 << 30;
         // Appended after what the buffer holds.
@@ -956,16 +964,15 @@ mod tests {
         assert_eq!((sg.at(), sg.len()), (at, cg.sealed_len() as u64));
         assert!(sg.bytes() < 1000, "{}", sg.bytes());
         let disk = &disk[100..];
-        // The plaintext is nowhere in the sealed bytes.
-        assert!(!disk.windows(64).any(|w| w == &a[1000..1064]));
-        let (mut plain, mut scratch) = (Vec::new(), Vec::new());
+        assert!(!disk.windows(64).any(|w| w == &b[1000..1064]));
+        let mut scratch = Vec::new();
         for (k, (slice, data)) in [(0u32, &a), (70_000, &b)].iter().enumerate() {
             let len = data.len() as u32;
             let (i, start, n) = sg.locate(*slice, len, &ids[k].prefix()).unwrap();
             let sealed = &disk[start as usize..(start + n) as usize];
             let mut dst = vec![0u8; 100];
             assert!(sg
-                .read(i, sealed, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .read(i, &mut sealed.to_vec(), &key, 10, &mut dst, &mut scratch)
                 .unwrap());
             assert_eq!(dst, data[10..110]);
             // A flipped bit, another key, or the bytes of another place
@@ -974,15 +981,15 @@ mod tests {
             flipped[n as usize / 2] ^= 4;
             let mut dst = vec![0u8; 100];
             assert!(!sg
-                .read(i, &flipped, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .read(i, &mut flipped, &key, 10, &mut dst, &mut scratch)
                 .unwrap());
             let other = SpillKey::new().unwrap();
             assert!(!sg
-                .read(i, sealed, &other, 10, &mut dst, &mut plain, &mut scratch)
+                .read(i, &mut sealed.to_vec(), &other, 10, &mut dst, &mut scratch)
                 .unwrap());
             let moved = cg.seal(&key, at + 4096, &mut Vec::new()).unwrap();
             assert!(!moved
-                .read(i, sealed, &key, 10, &mut dst, &mut plain, &mut scratch)
+                .read(i, &mut sealed.to_vec(), &key, 10, &mut dst, &mut scratch)
                 .unwrap());
             assert_eq!(dst, vec![0u8; 100]);
         }

@@ -70,9 +70,10 @@
 //!   randomly read part outgrows the compact tier fell back to decoding
 //!   whole groups again (1.3k IOPS on a 1.5 GB OS image with a 64 MiB
 //!   compact tier, against 52k with the spill). Copies the compact tier
-//!   evicts go on to a ring in an unlinked file, sealed under a key of
-//!   the process (see the `spill` module and docs/format/repository.md);
-//!   the page cache keeps the hot part in memory the kernel can take back.
+//!   evicts go on to a ring in an unlinked file, written by a thread of
+//!   its own and sealed under a key of the volume (see the `spill` module
+//!   and docs/format/repository.md); the page cache keeps the hot part in
+//!   memory the kernel can take back.
 //! - **Decode once, however many readers.** A cache entry is created
 //!   before its group is decoded, holding a `OnceLock`: the first reader
 //!   (or readahead thread) decodes, the others block on it. Failed loads
@@ -149,9 +150,10 @@ pub struct VolumeOptions {
     /// GiB; 0: none).
     pub compact_bytes: usize,
     /// Bytes of local disk for the compact copies the compact tier
-    /// evicts (default 0: none; `cairn serve` spills 8 GiB), at most half
-    /// of what is free there (see the `spill` module). Needs a compact
-    /// tier.
+    /// evicts (default 0: none; `cairn serve` spills 8 GiB), at most
+    /// about the image's size and, with the process's other spill files,
+    /// half of what is free there; taken when the first copy is spilled
+    /// (see the `spill` module). Needs a compact tier.
     pub spill_bytes: u64,
     /// Where the spilled copies go (an unlinked file in it); `None`:
     /// cairn's cache directory ([`cairn_store::cache_root`]).
@@ -256,8 +258,11 @@ pub struct VolumeStats {
     pub spill_hits: u64,
     /// Copies spilled to disk.
     pub spilled: u64,
-    /// Spilled copies found damaged (read from the repository instead).
+    /// Spilled copies found damaged or unreadable (read from the
+    /// repository instead).
     pub spill_damaged: u64,
+    /// Spilling stopped after an I/O error (said on stderr).
+    pub spill_failed: bool,
     /// Bytes on disk of the spilled copies held now.
     pub spill_bytes: u64,
     /// Bytes in memory of what says where they are.
@@ -390,7 +395,7 @@ impl Tiers {
                         continue;
                     };
                     for (key, copy) in evicted {
-                        spill.put(key, &copy);
+                        spill.put(key, copy);
                     }
                 }
             }
@@ -502,6 +507,14 @@ impl Volume {
         (self.map.start(k), self.map.end(k), self.map.pos(k) == HOLE)
     }
 
+    /// Wait until the compact copies handed to the spill tier are
+    /// written (its writer thread works behind the readers).
+    pub fn settle_spill(&self) {
+        if let Some(s) = self.cache.spill() {
+            s.settle();
+        }
+    }
+
     /// Cache and readahead figures so far.
     pub fn stats(&self) -> VolumeStats {
         let c = &self.cache.decoded.counters;
@@ -518,9 +531,10 @@ impl Volume {
             compact_hits: c.second.load(Ordering::Relaxed),
             compacted: compact.map_or(0, |t| t.counters.misses.load(Ordering::Relaxed)),
             compact_bytes: compact.map_or(0, |t| t.bytes()),
-            spill_hits: spill.map_or(0, |s| s.counters.hits.load(Ordering::Relaxed)),
-            spilled: spill.map_or(0, |s| s.counters.spilled.load(Ordering::Relaxed)),
-            spill_damaged: spill.map_or(0, |s| s.counters.damaged.load(Ordering::Relaxed)),
+            spill_hits: spill.map_or(0, |s| s.counters().hits.load(Ordering::Relaxed)),
+            spilled: spill.map_or(0, |s| s.counters().spilled.load(Ordering::Relaxed)),
+            spill_damaged: spill.map_or(0, |s| s.counters().damaged.load(Ordering::Relaxed)),
+            spill_failed: spill.is_some_and(|s| s.failed()),
             spill_bytes: held.0,
             spill_memory: held.1,
             spill_capacity: spill.map_or(0, |s| s.cap()),

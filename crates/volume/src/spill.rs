@@ -6,8 +6,10 @@
 //! part is bigger fell back to decoding a whole 2 MiB zstd group per 4 KiB
 //! read, a fifth of qemu-nbd on a compressed qcow2. Here the copies the
 //! compact tier evicts go on to a file on local disk, where the page cache
-//! keeps the hot ones in memory the kernel can take back, and a cold one
-//! costs a read of a few KiB instead of a decode of 2 MiB.
+//! keeps the hot ones in memory the kernel can take back (unless that file
+//! system is itself memory: tmpfs), and a cold one costs a read of one
+//! chunk's compact bytes (about a third of a 32 KiB chunk of an OS image)
+//! instead of a decode of 2 MiB.
 //!
 //! - **A ring, written in order.** The file is a ring of the tier's size:
 //!   each copy is written whole after the last, and the copies it comes
@@ -15,36 +17,44 @@
 //!   in front already keep what is hot). Addresses grow without end; the
 //!   place in the file is the address modulo the size, and no copy
 //!   straddles the end. There is no allocator and no fragmentation, and
-//!   the file never grows past its size.
-//! - **Sealed under a key of the process.** Each chunk's bytes are
-//!   encrypted and authenticated with a key made at random when the
-//!   volume opens and never stored ([`cairn_store::SpillKey`]), with its
-//!   address as associated data. An encrypted repository's data is so
-//!   never on local disk in the clear; a flipped bit on that disk, or a
-//!   place rewritten by a later copy while a reader still held the old
-//!   one, does not open, and the read goes to the repository instead.
-//!   Damage is said (`tracing`), never served.
-//! - **Unlinked from the start** (`tempfile`, `O_TMPFILE` where the file
-//!   system has it): nothing is left behind by a crash, and nothing but
-//!   this process can open it by name.
-//! - **Bounded, and its space taken at the start.** Its size is
-//!   `--image-spill`, at most what the image's copies can fill and half of
-//!   the space free where it lives when the volume opens; its blocks are
-//!   allocated then (`fallocate`), so it never runs that disk out of space
-//!   later, and a second image opened after it sees the space as taken. A
-//!   failed write (an I/O error) is said once and ends spilling; reads
-//!   carry on from the repository.
+//!   the file never grows past its size. A copy is never given a place a
+//!   write still under way will write (it is not spilled instead).
+//! - **Sealed under a key of the volume.** Each chunk's bytes are
+//!   encrypted and authenticated (AES-256-GCM) with a random key made with
+//!   the file and never stored ([`cairn_store::SpillKey`]), its address
+//!   the nonce, each address sealed once. An encrypted repository's data
+//!   is so never on local disk in the clear; a flipped bit on that disk,
+//!   or a place rewritten by a later copy while a reader still held the
+//!   old one, does not open, and the read goes to the repository instead.
+//!   Damage is said (`tracing`) and counted, never served.
+//! - **Written by a thread of its own.** The reader whose decode evicted
+//!   a copy hands it over and goes on; when the writer is behind by
+//!   [`QUEUE`] copies, the reader writes its copy itself (bounded memory,
+//!   and no copy lost).
+//! - **Unlinked from the start** (`tempfile`: `O_TMPFILE` where the file
+//!   system has it, else created and removed at once; NFS keeps such a
+//!   file as `.nfs*` while it is open): nothing is left behind by a crash,
+//!   and nothing but this process can open it by name.
+//! - **Made on the first copy, bounded, and its space taken then.** Its
+//!   size is `--image-spill`, at most what the image's copies can fill and
+//!   (with this process's other spill files) half of the space free where
+//!   it lives; its blocks are allocated when it is made (`fallocate`; a
+//!   file system that cannot gets no spill tier), so it never runs that
+//!   disk out of space later. A failed write or read (an I/O error) is
+//!   said, counted and ends spilling; copies already there are still read
+//!   (each checked as ever).
 //!
 //! Written by hand: a ring of sealed records over one file is a few dozen
 //! lines, and it shares its keys and records with `cairn_store`.
 
 use cairn_store::{CompactGroup, SpillKey, SpilledGroup, PREFIX_LEN};
+use crossbeam_channel::{bounded, Sender, TrySendError};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Copies bigger than this share of the ring are not spilled (one copy
@@ -52,6 +62,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 const MAX_SHARE: u64 = 2;
 /// The least size worth a spill file when free space cuts it down.
 const MIN_CAP: u64 = 64 << 20;
+/// Copies waiting for the writer thread at most.
+const QUEUE: usize = 8;
 
 /// Bytes allocated by the spill files of this process now: together they
 /// take at most half of the space that was free (with them counted as
@@ -103,20 +115,36 @@ impl LazySpill {
 }
 
 thread_local! {
-    /// A thread's buffers: sealed bytes read back, and their plaintext.
-    static BUFS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A thread's buffer for sealed bytes read back.
+    static SEALED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 struct Ring {
     /// The address the next copy is written at.
     head: u64,
     map: HashMap<u64, Arc<SpilledGroup>>,
-    /// Copies in the order they were written: key, address, end.
-    order: VecDeque<(u64, u64, u64)>,
+    /// Copies in the order they were written: key, address.
+    order: VecDeque<(u64, u64)>,
+    /// Addresses of the writes under way.
+    writing: Vec<u64>,
     /// Bytes on disk of the copies in `map`.
     bytes: u64,
     /// Bytes in memory of the copies in `map`.
     mem: usize,
+}
+
+impl Ring {
+    /// Drop the copy of `key` if it is the one at `at`; whether it was.
+    fn drop_copy(&mut self, key: u64, at: u64) -> bool {
+        if self.map.get(&key).is_none_or(|g| g.at() != at) {
+            return false;
+        }
+        if let Some(g) = self.map.remove(&key) {
+            self.bytes -= g.len();
+            self.mem -= g.bytes();
+        }
+        true
+    }
 }
 
 /// Counters of the spill tier.
@@ -127,8 +155,8 @@ pub(crate) struct SpillCounters {
     pub damaged: AtomicU64,
 }
 
-/// The spill tier of one volume.
-pub(crate) struct Spill {
+/// What the reader threads and the writer thread share.
+struct Shared {
     file: File,
     dir: PathBuf,
     cap: u64,
@@ -136,15 +164,27 @@ pub(crate) struct Spill {
     ring: Mutex<Ring>,
     /// Copies at addresses below this may have been written over.
     tail: AtomicU64,
-    /// A write failed: spill no more.
+    /// A write or a read failed: spill no more.
     failed: AtomicBool,
-    pub counters: SpillCounters,
+    /// A copy too big for the ring was refused (said once).
+    too_big: AtomicBool,
+    /// Copies handed over and not yet written.
+    pending: AtomicUsize,
+    counters: SpillCounters,
+}
+
+/// The spill tier of one volume.
+pub(crate) struct Spill {
+    shared: Arc<Shared>,
+    /// To the writer thread (taken on drop, which ends it).
+    queue: Option<Sender<(u64, Arc<CompactGroup>)>>,
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The size of a spill file asked to be `asked` bytes for an image of
 /// `image` bytes, where `free` bytes are free and this process's other
 /// spill files have `allocated`; `None`: not worth a file. Copies are the
-/// image's chunks (LZ4 or as they are) plus 28 bytes a chunk of sealing;
+/// image's chunks (LZ4 or as they are) plus 16 bytes a chunk of sealing;
 /// the files take half of what is free (theirs counted as free), but not
 /// so little that it is not worth it (unless that little was asked for).
 fn size(asked: u64, image: u64, free: u64, allocated: u64) -> Option<u64> {
@@ -155,21 +195,28 @@ fn size(asked: u64, image: u64, free: u64, allocated: u64) -> Option<u64> {
 
 impl Drop for Spill {
     fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(w) = self.writer.take() {
+            // The writer only writes; a panic there has nothing to hand on.
+            let _ = w.join();
+        }
         let mut allocated = ALLOCATED.lock().unwrap_or_else(|p| p.into_inner());
-        *allocated = allocated.saturating_sub(self.cap);
+        *allocated = allocated.saturating_sub(self.shared.cap);
     }
 }
 
 impl Spill {
     /// A spill tier of `asked` bytes in an unlinked file in `dir`
-    /// (created if need be) for the copies of an image of `image` bytes:
-    /// no bigger than the image's copies can be, nor than half of what is
-    /// free there, and its blocks allocated now, so that what it writes
+    /// (created if need be) for the copies of an image of `image` bytes
+    /// (see [`size`]), its blocks allocated now, so that what it writes
     /// later never runs the disk out of space.
     fn create(dir: &Path, asked: u64, image: u64) -> std::io::Result<Spill> {
         std::fs::create_dir_all(dir)?;
+        let key = SpillKey::new().map_err(std::io::Error::other)?;
         let mut allocated = ALLOCATED.lock().unwrap_or_else(|p| p.into_inner());
-        let free = cairn_store::free_space(dir).unwrap_or(0);
+        let free = cairn_store::free_space(dir).ok_or_else(|| {
+            std::io::Error::other("the space free there cannot be told (statvfs failed)")
+        })?;
         let Some(cap) = size(asked, image, free, *allocated) else {
             return Err(std::io::Error::other(format!(
                 "{} MiB free there, and {} MiB taken by this process's other spill files",
@@ -178,10 +225,14 @@ impl Spill {
             )));
         };
         let file = tempfile::tempfile_in(dir)?;
-        cairn_blockdev::allocate(&file, cap)?;
+        if !cairn_blockdev::allocate(&file, cap)? {
+            return Err(std::io::Error::other(
+                "the file system there cannot allocate a file's space ahead (fallocate)",
+            ));
+        }
         *allocated += cap;
-        let key = SpillKey::new().map_err(std::io::Error::other)?;
-        Ok(Spill {
+        drop(allocated);
+        let shared = Arc::new(Shared {
             file,
             dir: dir.to_path_buf(),
             cap,
@@ -190,114 +241,85 @@ impl Spill {
                 head: 0,
                 map: HashMap::new(),
                 order: VecDeque::new(),
+                writing: Vec::new(),
                 bytes: 0,
                 mem: 0,
             }),
             tail: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            too_big: AtomicBool::new(false),
+            pending: AtomicUsize::new(0),
             counters: SpillCounters::default(),
+        });
+        let (tx, rx) = bounded::<(u64, Arc<CompactGroup>)>(QUEUE);
+        let s = shared.clone();
+        let writer = std::thread::Builder::new()
+            .name("cairn-spill".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                for (key, copy) in rx {
+                    s.write(key, &copy, &mut buf);
+                    s.pending.fetch_sub(1, Ordering::Release);
+                }
+            })?;
+        Ok(Spill {
+            shared,
+            queue: Some(tx),
+            writer: Some(writer),
         })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
-        // No code that can panic runs under this lock.
-        self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Its size on disk.
     pub(crate) fn cap(&self) -> u64 {
-        self.cap
+        self.shared.cap
+    }
+
+    /// Its counters.
+    pub(crate) fn counters(&self) -> &SpillCounters {
+        &self.shared.counters
+    }
+
+    /// Whether writing stopped after an I/O error.
+    pub(crate) fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Relaxed)
     }
 
     /// Bytes held on disk, and in memory.
     pub(crate) fn held(&self) -> (u64, usize) {
-        let r = self.lock();
+        let r = self.shared.lock();
         (r.bytes, r.mem)
     }
 
     /// Whether `key` has a copy here.
     pub(crate) fn contains(&self, key: u64) -> bool {
-        self.lock().map.contains_key(&key)
+        self.shared.lock().map.contains_key(&key)
     }
 
     /// The copy of `key`, if there is one.
     pub(crate) fn get(&self, key: u64) -> Option<Arc<SpilledGroup>> {
-        self.lock().map.get(&key).cloned()
+        self.shared.lock().map.get(&key).cloned()
     }
 
-    /// Write `copy`, the compact copy of the record `key`, at the ring's
-    /// head, dropping the copies it overwrites.
-    pub(crate) fn put(&self, key: u64, copy: &CompactGroup) {
-        if self.failed.load(Ordering::Relaxed) {
+    /// Spill `copy`, the compact copy of the record `key`: handed to the
+    /// writer thread, or written now if that is [`QUEUE`] copies behind.
+    pub(crate) fn put(&self, key: u64, copy: Arc<CompactGroup>) {
+        if self.shared.failed.load(Ordering::Relaxed) {
             return;
         }
-        let n = copy.sealed_len() as u64;
-        if n == 0 || n > self.cap / MAX_SHARE {
-            return;
-        }
-        let at = {
-            let mut r = self.lock();
-            if r.map.contains_key(&key) {
-                return;
-            }
-            let mut at = r.head;
-            let off = at % self.cap;
-            if off + n > self.cap {
-                at += self.cap - off;
-            }
-            let end = at + n;
-            r.head = end;
-            let floor = end.saturating_sub(self.cap);
-            while let Some(&(k, a, _)) = r.order.front() {
-                if a >= floor {
-                    break;
-                }
-                r.order.pop_front();
-                if r.map.get(&k).is_some_and(|g| g.at() == a) {
-                    if let Some(g) = r.map.remove(&k) {
-                        r.bytes -= g.len();
-                        r.mem -= g.bytes();
-                    }
-                }
-            }
-            // Before the write: a reader of an overwritten copy finds it
-            // below the tail (and its bytes would not open anyway).
-            self.tail.fetch_max(floor, Ordering::Release);
-            r.order.push_back((key, at, end));
-            at
+        self.shared.pending.fetch_add(1, Ordering::Relaxed);
+        let back = match self.queue.as_ref().map(|q| q.try_send((key, copy))) {
+            Some(Ok(())) => return,
+            Some(Err(TrySendError::Full(c) | TrySendError::Disconnected(c))) => c,
+            None => return,
         };
-        let mut sealed = Vec::with_capacity(n as usize);
-        let written = copy
-            .seal(&self.key, at, &mut sealed)
-            .map_err(|e| e.to_string())
-            .and_then(|g| {
-                self.file
-                    .write_all_at(&sealed, at % self.cap)
-                    .map(|()| g)
-                    .map_err(|e| e.to_string())
-            });
-        match written {
-            Ok(g) => {
-                let mut r = self.lock();
-                // Unless a wrap of the ring passed it while it was written.
-                if at >= self.tail.load(Ordering::Acquire) {
-                    r.bytes += g.len();
-                    r.mem += g.bytes();
-                    if let Some(old) = r.map.insert(key, Arc::new(g)) {
-                        r.bytes -= old.len();
-                        r.mem -= old.bytes();
-                    }
-                    self.counters.spilled.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Err(e) => {
-                if !self.failed.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "spilling compact copies to {} stopped: {e}; reads go on from the repository",
-                        self.dir.display()
-                    );
-                }
-            }
+        self.shared.write(back.0, &back.1, &mut Vec::new());
+        self.shared.pending.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Wait until every copy handed over has been written (or refused).
+    pub(crate) fn settle(&self) {
+        while self.shared.pending.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
@@ -318,24 +340,36 @@ impl Spill {
         dst: &mut [u8],
         scratch: &mut Vec<u8>,
     ) -> Result<bool, String> {
+        let sh = &*self.shared;
         let (i, a, n) = g.locate(slice, len, prefix)?;
-        let stale = || g.at() < self.tail.load(Ordering::Acquire);
+        let stale = || {
+            let gone = g.at() < sh.tail.load(Ordering::Acquire);
+            if gone {
+                // Written over: not damage. (A reader took it from the
+                // map before the ring came round; it is gone from there.)
+                sh.lock().drop_copy(key, g.at());
+            }
+            gone
+        };
         if stale() {
             return Ok(false);
         }
-        let pos = (g.at() + u64::from(a)) % self.cap;
-        BUFS.with(|b| {
-            let (sealed, plain) = &mut *b.borrow_mut();
+        let pos = (g.at() + u64::from(a)) % sh.cap;
+        SEALED.with(|b| {
+            let sealed = &mut *b.borrow_mut();
             sealed.resize(n as usize, 0);
-            let read = self.file.read_exact_at(sealed, pos);
+            let read = sh.file.read_exact_at(sealed, pos);
             if stale() {
                 return Ok(false);
             }
             let why = match read {
-                Err(e) => e.to_string(),
+                Err(e) => {
+                    sh.failed.store(true, Ordering::Relaxed);
+                    format!("{e} (spilling stopped)")
+                }
                 Ok(()) => {
-                    if g.read(i, sealed, &self.key, from, dst, plain, scratch)? {
-                        self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    if g.read(i, sealed, &sh.key, from, dst, scratch)? {
+                        sh.counters.hits.fetch_add(1, Ordering::Relaxed);
                         return Ok(true);
                     }
                     if stale() {
@@ -344,20 +378,109 @@ impl Spill {
                     "its bytes do not authenticate".to_string()
                 }
             };
-            self.counters.damaged.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                "spilled copy at {pos} of the file in {}: {why}; read from the repository instead",
-                self.dir.display()
-            );
-            let mut r = self.lock();
-            if r.map.get(&key).is_some_and(|c| c.at() == g.at()) {
-                if let Some(c) = r.map.remove(&key) {
-                    r.bytes -= c.len();
-                    r.mem -= c.bytes();
-                }
+            // Said and counted once, by the reader that drops it.
+            if sh.lock().drop_copy(key, g.at()) {
+                sh.counters.damaged.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "spilled copy at {pos} of the file in {}: {why}; read from the repository instead",
+                    sh.dir.display()
+                );
             }
             Ok(false)
         })
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
+        // No code that can panic runs under this lock.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Write `copy` of record `key` at the ring's head (sealed into
+    /// `buf`), dropping the copies it overwrites, and publish it.
+    fn write(&self, key: u64, copy: &CompactGroup, buf: &mut Vec<u8>) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let n = copy.sealed_len() as u64;
+        if n == 0 {
+            return;
+        }
+        if n > self.cap / MAX_SHARE {
+            if !self.too_big.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "a compact copy of {} KiB is over half the {} KiB spill file in {}: such copies are not spilled",
+                    n >> 10,
+                    self.cap >> 10,
+                    self.dir.display()
+                );
+            }
+            return;
+        }
+        let at = {
+            let mut r = self.lock();
+            if r.map.contains_key(&key) {
+                return;
+            }
+            let mut at = r.head;
+            let off = at % self.cap;
+            if off + n > self.cap {
+                at += self.cap - off;
+            }
+            let end = at + n;
+            let floor = end.saturating_sub(self.cap);
+            // Never over a write still under way: skip this copy instead.
+            if r.writing.iter().any(|&w| w < floor) {
+                return;
+            }
+            r.head = end;
+            while let Some(&(k, a)) = r.order.front() {
+                if a >= floor {
+                    break;
+                }
+                r.order.pop_front();
+                r.drop_copy(k, a);
+            }
+            // Before the write: a reader of an overwritten copy finds it
+            // below the tail (and its bytes would not open anyway).
+            self.tail.fetch_max(floor, Ordering::Release);
+            r.order.push_back((key, at));
+            r.writing.push(at);
+            at
+        };
+        buf.clear();
+        let written = copy
+            .seal(&self.key, at, buf)
+            .map_err(|e| e.to_string())
+            .and_then(|g| {
+                self.file
+                    .write_all_at(buf, at % self.cap)
+                    .map(|()| g)
+                    .map_err(|e| e.to_string())
+            });
+        let mut r = self.lock();
+        r.writing.retain(|&w| w != at);
+        match written {
+            Ok(g) => {
+                r.bytes += g.len();
+                r.mem += g.bytes();
+                if let Some(old) = r.map.insert(key, Arc::new(g)) {
+                    r.bytes -= old.len();
+                    r.mem -= old.bytes();
+                }
+                self.counters.spilled.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                drop(r);
+                if !self.failed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "spilling compact copies to {} stopped: {e}; copies already there are still read",
+                        self.dir.display()
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -439,23 +562,73 @@ mod tests {
         assert_eq!(size(8 * G, 0, 0, 0), None);
     }
 
-    #[test]
-    fn damaged_spilled_copies_are_said_and_read_from_the_repository() {
+    /// The image served with tiers small enough that most copies are
+    /// spilled to a ring of `ring` bytes, after 3,000 random reads.
+    fn spilled(ring: u64) -> (tempfile::TempDir, Volume, Vec<u8>) {
         let (dir, repo, data) = image();
         let opts = VolumeOptions {
             cache_bytes: 300 << 10,
             compact_bytes: 100 << 10,
-            spill_bytes: 64 << 20,
+            spill_bytes: ring,
             spill_dir: Some(dir.path().join("spill")),
             readahead: 1 << 20,
             threads: 0,
         };
         let v = Volume::open(repo, "img", &opts).unwrap();
         check_random(&v, &data, 1, 3000);
+        v.settle_spill();
+        (dir, v, data)
+    }
+
+    #[test]
+    fn copies_written_over_while_held_are_read_from_the_repository_not_as_damage() {
+        // A ring of 1 MiB for about 2 MiB of copies.
+        let (_dir, v, data) = spilled(1 << 20);
+        let spill = &v.cache.spill.as_ref().unwrap().get().unwrap().shared;
+        let held: Vec<_> = spill
+            .lock()
+            .map
+            .iter()
+            .map(|(k, g)| (*k, g.clone()))
+            .collect();
+        assert!(held.len() > 3, "{}", held.len());
+        // The ring goes round more than once: every copy held is written
+        // over, and its place taken by others.
+        let at = spill.lock().head;
+        let mut seed = 2;
+        while spill.lock().head < at + 2 * spill.cap {
+            check_random(&v, &data, seed, 500);
+            v.settle_spill();
+            seed += 1;
+        }
+        // As if readers had taken them from the map just before: put them
+        // back, and read everything again.
+        {
+            let mut r = spill.lock();
+            for (k, g) in &held {
+                r.bytes += g.len();
+                r.mem += g.bytes();
+                if let Some(old) = r.map.insert(*k, g.clone()) {
+                    r.bytes -= old.len();
+                    r.mem -= old.bytes();
+                }
+            }
+        }
+        let before = v.stats();
+        check_random(&v, &data, 99, 3000);
+        v.settle_spill();
+        let st = v.stats();
+        assert_eq!(st.spill_damaged, 0, "{st:?}");
+        assert!(st.misses > before.misses, "{st:?}");
+    }
+
+    #[test]
+    fn damaged_spilled_copies_are_said_and_read_from_the_repository() {
+        let (_dir, v, data) = spilled(64 << 20);
         let before = v.stats();
         assert!(before.spilled > 10, "{before:?}");
         // Every byte written so far turned over.
-        let spill = v.cache.spill.as_ref().unwrap().get().unwrap();
+        let spill = &v.cache.spill.as_ref().unwrap().get().unwrap().shared;
         let len = spill.file.metadata().unwrap().len();
         let mut all = vec![0u8; len as usize];
         spill.file.read_exact_at(&mut all, 0).unwrap();
@@ -466,11 +639,13 @@ mod tests {
         // Reads stay right, and the damage is counted once per copy: a
         // damaged copy is dropped, the record decoded again.
         check_random(&v, &data, 2, 3000);
+        v.settle_spill();
         let hit = v.stats();
         assert!(hit.spill_damaged > 0, "{hit:?}");
         assert!(hit.spill_damaged <= before.spilled, "{hit:?}");
         assert!(hit.misses > before.misses, "{hit:?}");
         check_random(&v, &data, 3, 3000);
+        v.settle_spill();
         let after = v.stats();
         assert_eq!(after.spill_damaged, hit.spill_damaged, "{after:?}");
         assert!(after.spill_hits > hit.spill_hits, "{after:?}");
