@@ -62,7 +62,7 @@ pub(crate) struct MountArgs {
     pub compact_cache: usize,
     /// Third tier per open snapshot: compact copies evicted from
     /// --image-compact-cache go on to an unlinked file in cairn's cache
-    /// directory, sealed under a key of this process, up to this size (at
+    /// directory, sealed under a key of its own, up to this size (at
     /// most about the image's size and, for all open snapshots together,
     /// half the space free there; allocated when the first copy is
     /// spilled) (0: off).

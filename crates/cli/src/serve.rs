@@ -109,12 +109,12 @@ pub(crate) struct ServeArgs {
     pub compact_cache: usize,
     /// Third tier per repository image: compact copies evicted from
     /// --image-compact-cache go on to an unlinked file in cairn's cache
-    /// directory ($CAIRN_CACHE_DIR or ~/.cache/cairn), sealed under a key
-    /// of this process, up to this size (at most about the image's size
-    /// and, for all images together, half the space free there; allocated
-    /// when the first copy is spilled), so random reads of an image past
-    /// memory read one chunk's compact bytes from local disk instead of
-    /// decoding a whole group (0: off).
+    /// directory ($CAIRN_CACHE_DIR, $XDG_CACHE_HOME/cairn or
+    /// ~/.cache/cairn), sealed under a key of its own, up to this size (at
+    /// most about the image's size and, for all images together, half the
+    /// space free there; allocated when the first copy is spilled), so
+    /// random reads of an image past memory read one chunk's compact bytes
+    /// from local disk instead of decoding a whole group (0: off).
     #[arg(long = "image-spill", value_name = "SIZE", value_parser = crate::parse_size_or_zero, default_value = "8G")]
     pub spill: usize,
     /// A repository in an object store (s3://): keep the pack ranges read

@@ -407,6 +407,7 @@ pub(crate) fn image_stats_json(export: &str, st: &VolumeStats) -> serde_json::Va
             "hits": st.spill_hits,
             "copies": st.spilled,
             "damaged": st.spill_damaged,
+            "skipped": st.spill_skipped,
             "failed": st.spill_failed,
         },
         "line": line,

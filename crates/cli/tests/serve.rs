@@ -806,6 +806,13 @@ fn serve_rw_img(repo: &Path, d: &Path, ctl: &Path) -> Serve {
     ])
 }
 
+/// Whether a served image's spill tier (`cache status --json`) is off or
+/// holds the copies of the three groups [`tiers_after_random_reads`]
+/// reads.
+fn spilled_all(spill: &serde_json::Value) -> bool {
+    spill["capacity"] == 0 || spill["copies"].as_u64() >= Some(3)
+}
+
 /// 4 KiB reads far apart (random), twice, of 6 MiB of noise served with
 /// `tiers` (options of `cairn serve`); what `cairn cache status
 /// --control` then says of the image, as JSON and as its line.
@@ -830,17 +837,27 @@ fn tiers_after_random_reads(tiers: &[&str]) -> (serde_json::Value, String) {
     let places = ["0", "3M", "5M", "1500k"];
     let reads: Vec<String> = places.iter().map(|p| format!("read {p} 4k")).collect();
     let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
-    for _ in 0..2 {
+    let status = || {
+        json(&ok(run(&[
+            "cache",
+            "status",
+            "--control",
+            s(&ctl),
+            "--json",
+        ])))
+    };
+    for pass in 0..2 {
         let out = qemu_io_with(&["-r"], &srv.uri("img"), &reads);
         assert!(out.status.success(), "{out:?}");
+        // Where there is a spill tier, its thread writes the three
+        // groups' copies behind the reads: wait for them.
+        let t = Instant::now();
+        while pass == 0 && !spilled_all(&status()["images"][0]["spill"]) {
+            assert!(t.elapsed() < Duration::from_secs(30), "{}", status());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    let v = json(&ok(run(&[
-        "cache",
-        "status",
-        "--control",
-        s(&ctl),
-        "--json",
-    ])));
+    let v = status();
     let text =
         String::from_utf8(ok(run(&["cache", "status", "--control", s(&ctl)])).stdout).unwrap();
     assert_eq!(v["images"][0]["export"], "img", "{v}");

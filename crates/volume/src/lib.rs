@@ -68,8 +68,8 @@
 //!   checked is decoded whole and hashed on its first read from a copy.
 //! - **A third tier spills compact copies to local disk.** An image whose
 //!   randomly read part outgrows the compact tier fell back to decoding
-//!   whole groups again (1.3k IOPS on a 1.5 GB OS image with a 64 MiB
-//!   compact tier, against 52k with the spill). Copies the compact tier
+//!   whole groups again (2.4k IOPS on a 1.5 GB OS image with a 64 MiB
+//!   compact tier, against 88k with the spill: docs/benchmarks.md). Copies the compact tier
 //!   evicts go on to a ring in an unlinked file, written by a thread of
 //!   its own and sealed under a key of the volume (see the `spill` module
 //!   and docs/format/repository.md); the page cache keeps the hot part in
@@ -261,6 +261,9 @@ pub struct VolumeStats {
     /// Spilled copies found damaged or unreadable (read from the
     /// repository instead).
     pub spill_damaged: u64,
+    /// Copies not spilled because the ring would have written over a
+    /// write still under way.
+    pub spill_skipped: u64,
     /// Spilling stopped after an I/O error (said on stderr).
     pub spill_failed: bool,
     /// Bytes on disk of the spilled copies held now.
@@ -411,7 +414,7 @@ fn open_spill(opts: &VolumeOptions, image: u64) -> Option<spill::LazySpill> {
     }
     let Some(dir) = opts.spill_dir.clone().or_else(cairn_store::cache_root) else {
         tracing::warn!(
-            "no place to spill compact copies to: set CAIRN_CACHE_DIR (or HOME); random reads past --image-compact-cache decode whole groups"
+            "no place to spill compact copies to: set CAIRN_CACHE_DIR (or XDG_CACHE_HOME, or HOME); random reads past --image-compact-cache decode whole groups"
         );
         return None;
     };
@@ -508,11 +511,10 @@ impl Volume {
     }
 
     /// Wait until the compact copies handed to the spill tier are
-    /// written (its writer thread works behind the readers).
-    pub fn settle_spill(&self) {
-        if let Some(s) = self.cache.spill() {
-            s.settle();
-        }
+    /// written (its writer thread works behind the readers), for at most
+    /// a minute; whether they were.
+    pub fn settle_spill(&self) -> bool {
+        self.cache.spill().is_none_or(|s| s.settle())
     }
 
     /// Cache and readahead figures so far.
@@ -534,6 +536,7 @@ impl Volume {
             spill_hits: spill.map_or(0, |s| s.counters().hits.load(Ordering::Relaxed)),
             spilled: spill.map_or(0, |s| s.counters().spilled.load(Ordering::Relaxed)),
             spill_damaged: spill.map_or(0, |s| s.counters().damaged.load(Ordering::Relaxed)),
+            spill_skipped: spill.map_or(0, |s| s.counters().skipped.load(Ordering::Relaxed)),
             spill_failed: spill.is_some_and(|s| s.failed()),
             spill_bytes: held.0,
             spill_memory: held.1,

@@ -452,7 +452,7 @@ fn random_reads_past_the_compact_tier_come_from_spilled_copies() {
         // Made on the first copy spilled, not before.
         assert_eq!(v.stats().spill_capacity, 0);
         random_4k(&v, &data, 3, 3000);
-        v.settle_spill();
+        assert!(v.settle_spill());
         let warm = v.stats();
         // No more than the image's copies can take (with their sealing).
         let n = data.len() as u64;
@@ -467,10 +467,13 @@ fn random_reads_past_the_compact_tier_come_from_spilled_copies() {
             warm.spill_bytes > 0 && warm.spill_memory > 0,
             "{threads}: {warm:?}"
         );
-        // Every group has a copy by now: no read decodes one again.
+        // Every group has a copy by now: reads decode (next to) none
+        // again. (A copy waiting for the spill's writer thread is in no
+        // tier for a moment, so a few may; without the spill, hundreds
+        // do: below.)
         random_4k(&v, &data, 4, 2000);
         let st = v.stats();
-        assert_eq!(st.misses, warm.misses, "{threads}: {st:?}");
+        assert!(st.misses <= warm.misses + 20, "{threads}: {st:?}");
         assert!(st.spill_hits >= warm.spill_hits + 500, "{threads}: {st:?}");
         assert_eq!(st.spill_damaged, 0, "{threads}: {st:?}");
         // Reads spanning chunks and groups mix the three tiers.
@@ -512,7 +515,7 @@ fn a_spill_ring_smaller_than_the_copies_drops_the_oldest() {
             s.spawn(move || random_4k(v, data, 5 + seed, 1500));
         }
     });
-    v.settle_spill();
+    assert!(v.settle_spill());
     let st = v.stats();
     assert!(st.spilled > 40, "{st:?}");
     assert!(st.spill_hits > 0, "{st:?}");
