@@ -93,9 +93,15 @@ def memory_box(size):
     page cache counted, for the servers: memory smaller than the image's
     copies, so what does not fit is read from the disk."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    n = int(size[:-1]) * units[size[-1].upper()] if size[-1].upper() in units else int(size)
+    unit = units.get(size[-1].upper())
+    n = int(float(size[:-1]) * unit) if unit else int(size)
+    if not os.path.exists(os.path.join(CGROUP, "memory.limit_in_bytes")):
+        sys.exit(f"--memory-limit needs cgroup v1's memory controller at {CGROUP}")
+    with open("/proc/swaps") as f:
+        if len(f.read().splitlines()) > 1:
+            log("swap is on: the servers' heap may go there, not only their page cache")
     box = os.path.join(CGROUP, f"cairn-bench-{os.getpid()}")
-    os.makedirs(box, exist_ok=True)
+    os.mkdir(box)
     with open(os.path.join(box, "memory.limit_in_bytes"), "w") as f:
         f.write(str(n))
     return box
@@ -138,10 +144,10 @@ def main():
     for tool in ("fio", "qemu-img", "qemu-nbd"):
         if not shutil.which(tool):
             sys.exit(f"missing {tool}")
-    box = memory_box(a.memory_limit) if a.memory_limit else None
     out = a.out or plotting.new_run_dir(ROOT, "random-read")
     os.makedirs(out, exist_ok=True)
     work = tempfile.mkdtemp(dir=os.path.join(ROOT, "bench/work"), prefix="random-read.")
+    box = memory_box(a.memory_limit) if a.memory_limit else None
     env = dict(os.environ, CAIRN_PASSWORD=PASSWORD, CAIRN_CACHE_DIR=os.path.join(work, "cache"))
     commands = []
     try:

@@ -322,7 +322,7 @@ impl Tiers {
         let compact = (compact > 0).then(|| Cache::new(compact));
         Tiers {
             decoded: Cache::new(decoded),
-            spill: spill.filter(|_| compact.is_some()),
+            spill,
             compact,
             credit: AtomicI64::new(CREDIT),
             refused: AtomicU64::new(0),

@@ -13,8 +13,9 @@
 //!
 //! - **A ring, written in order.** The file is a ring of the tier's size:
 //!   each copy is written whole after the last, and the copies it comes
-//!   to overwrite are dropped first (first in, first out: the two tiers
-//!   in front already keep what is hot). Addresses grow without end; the
+//!   to overwrite are dropped first (first in, first out: a copy read
+//!   often is not moved back to memory, and once the ring has gone round
+//!   its record is decoded again and spilled anew, once a lap). Addresses grow without end; the
 //!   place in the file is the address modulo the size, and no copy
 //!   straddles the end. There is no allocator and no fragmentation, and
 //!   the file never grows past its size. A copy is never given a place a
@@ -40,8 +41,10 @@
 //!   size is `--image-spill`, at most what the image's copies can fill and
 //!   (with this process's other spill files) half of the space free where
 //!   it lives; its blocks are allocated when it is made (`fallocate`; a
-//!   file system that cannot gets no spill tier), so it never runs that
-//!   disk out of space later. A failed write or read (an I/O error) is
+//!   file system that cannot gets no spill tier), so it does not run that
+//!   disk out of space later (on a copy-on-write file system, btrfs, a
+//!   lap's rewrites need fresh space all the same: a write that fails
+//!   for it ends spilling, as any failed write). A failed write or read (an I/O error) is
 //!   said and ends spilling (`failed`; a failed read also counts its copy
 //!   as damaged); copies already there are still read (each checked as
 //!   ever).
@@ -124,10 +127,14 @@ thread_local! {
 }
 
 /// One copy handed over is done with, however its write ended (a panic
-/// too: [`Spill::settle`] waits for the count to fall).
-struct Done<'a>(&'a Shared);
+/// too, or a queue dropped with copies in it: [`Spill::settle`] waits for
+/// the count to fall).
+struct Done(Arc<Shared>);
 
-impl Drop for Done<'_> {
+/// A copy handed to the writer thread.
+type Job = (u64, Arc<CompactGroup>, Done);
+
+impl Drop for Done {
     fn drop(&mut self) {
         self.0.pending.fetch_sub(1, Ordering::Release);
     }
@@ -231,7 +238,7 @@ struct Shared {
 pub(crate) struct Spill {
     shared: Arc<Shared>,
     /// To the writer thread (taken on drop, which ends it).
-    queue: Option<Sender<(u64, Arc<CompactGroup>)>>,
+    queue: Option<Sender<Job>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -303,16 +310,13 @@ impl Spill {
             pending: AtomicUsize::new(0),
             counters: SpillCounters::default(),
         });
-        let (tx, rx) = bounded::<(u64, Arc<CompactGroup>)>(QUEUE);
-        let s = shared.clone();
+        let (tx, rx) = bounded::<Job>(QUEUE);
         let writer = std::thread::Builder::new()
             .name("cairn-spill".into())
             .spawn(move || {
                 let mut buf = Vec::new();
-                for (key, copy) in rx {
-                    let done = Done(&s);
-                    s.write(key, &copy, &mut buf);
-                    drop(done);
+                for (key, copy, done) in rx {
+                    done.0.write(key, &copy, &mut buf);
                 }
             })?;
         *allocated += cap;
@@ -364,11 +368,11 @@ impl Spill {
             return;
         };
         self.shared.pending.fetch_add(1, Ordering::Relaxed);
-        let (key, copy) = match queue.try_send((key, copy)) {
+        let job = (key, copy, Done(self.shared.clone()));
+        let (key, copy, done) = match queue.try_send(job) {
             Ok(()) => return,
-            Err(TrySendError::Full(c) | TrySendError::Disconnected(c)) => c,
+            Err(TrySendError::Full(j) | TrySendError::Disconnected(j)) => j,
         };
-        let done = Done(&self.shared);
         INLINE.with(|b| self.shared.write(key, &copy, &mut b.borrow_mut()));
         drop(done);
     }
@@ -483,6 +487,9 @@ impl Shared {
         }
         let at = {
             let mut r = self.lock();
+            if r.map.contains_key(&key) {
+                return;
+            }
             let Some((at, floor)) = r.reserve(key, n, self.cap) else {
                 self.counters.skipped.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -506,13 +513,20 @@ impl Shared {
             .seal(&self.key, at, buf)
             .map_err(|e| e.to_string())
             .and_then(|g| {
+                // Its place and nonces were given for `n` bytes.
+                if buf.len() as u64 != n {
+                    return Err(format!("a copy sealed to {} bytes, not {n}", buf.len()));
+                }
                 self.file
                     .write_all_at(buf, at % self.cap)
                     .map(|()| g)
                     .map_err(|e| e.to_string())
             });
-        drop(mark);
+        // Unmarked and published at once: a reservation that passes it
+        // from here on finds it to drop.
         let mut r = self.lock();
+        r.written(at);
+        std::mem::forget(mark);
         match written {
             Ok(g) => {
                 r.bytes += g.len();
