@@ -778,6 +778,20 @@ fn the_size_ioctl_is_refused_for_a_regular_file() {
     assert!(device_size(&f).is_err());
 }
 
+/// Tell the kernel `file` is read at random places (`posix_fadvise`
+/// `RANDOM`): no readahead around each read, which for reads of a few KiB
+/// all over a big file would read (and cache) many times what is asked.
+pub fn read_at_random(file: &File) -> io::Result<()> {
+    rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Random).map_err(io::Error::from)
+}
+
+#[test]
+fn a_file_can_be_marked_as_read_at_random() {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    let f = tempfile::tempfile().unwrap();
+    read_at_random(&f).unwrap();
+}
+
 /// Give `file` blocks for its first `len` bytes (`fallocate`, mode 0), so
 /// writes there never fail for want of space. `Ok(false)`: the file
 /// system cannot (the file is left as it was, sparse).

@@ -75,7 +75,8 @@ pub use fault::{
     FaultDev, FaultPlan, OpCounts, RotationalLatency, RotationalModel, RotationalStats, Tear, When,
 };
 pub use file::{
-    allocate, device_size, flock, next_data, next_hole, AlignedBuf, FileDev, FileOptions,
+    allocate, device_size, flock, next_data, next_hole, read_at_random, AlignedBuf, FileDev,
+    FileOptions,
 };
 pub use mem::MemDev;
 pub use pipe::{grow_pipe, PIPE_BYTES};
