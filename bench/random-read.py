@@ -21,8 +21,10 @@ Servers, each started fresh on a unix socket:
 Each server: fio's nbd engine, randread 4 KiB, iodepth 16, over the whole
 image; a first phase of --cold seconds from the fresh server (caches
 empty), then a steady phase of --steady seconds; IOPS, completion latency
-p50/p99/p99.9/max of each phase, and the server's peak RSS (VmHWM) at the
-end. Rounds run the servers in turn, in a rotated order each round.
+p50/p99/p99.9/max of each phase, the reads the disk holding the work
+directory served in each phase (its /sys/block stat: requests and MB, the
+whole device's, so nothing else should run), and the server's peak RSS
+(VmHWM) at the end. Rounds run the servers in turn, in a rotated order each round.
 
 With --also NAME=BIN (repeatable), another cairn build serves too, as
 "cairn (NAME)" and "cairn-no-compact (NAME)": a change paired against the
@@ -118,6 +120,27 @@ def drop_caches():
         f.write("3\n")
 
 
+def disk_stat_path(path):
+    """The /sys stat file of the block device holding PATH."""
+    st = os.stat(path)
+    return f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+
+
+def disk_reads(stat):
+    """(read requests completed, bytes read) of a block device so far."""
+    with open(stat) as f:
+        fields = f.read().split()
+    return int(fields[0]), int(fields[2]) * 512
+
+
+def timed(stat, fn):
+    """fn()'s result, with the disk reads made while it ran."""
+    r0, b0 = disk_reads(stat)
+    m = fn()
+    r1, b1 = disk_reads(stat)
+    return dict(m, disk_reads=r1 - r0, disk_read_mb=(b1 - b0) / 1e6)
+
+
 def peak_rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -149,6 +172,9 @@ def main():
     work = tempfile.mkdtemp(dir=os.path.join(ROOT, "bench/work"), prefix="random-read.")
     box = memory_box(a.memory_limit) if a.memory_limit else None
     env = dict(os.environ, CAIRN_PASSWORD=PASSWORD, CAIRN_CACHE_DIR=os.path.join(work, "cache"))
+    stat = disk_stat_path(work)
+    if not os.path.exists(stat):
+        sys.exit(f"no block device stat for {work} ({stat}): disk reads cannot be counted")
     commands = []
     try:
         repo, qcow = os.path.join(work, "repo"), os.path.join(work, "img.qcow2")
@@ -199,8 +225,8 @@ def main():
                         if p.poll() is not None or time.monotonic() - t > 30:
                             sys.exit(f"{name} did not start")
                         time.sleep(0.05)
-                    cold = fio(sock, "img", a.cold, commands)
-                    steady = fio(sock, "img", a.steady, commands)
+                    cold = timed(stat, lambda: fio(sock, "img", a.cold, commands))
+                    steady = timed(stat, lambda: fio(sock, "img", a.steady, commands))
                     rss = peak_rss_kib(p.pid)
                 finally:
                     p.terminate()
@@ -209,7 +235,8 @@ def main():
                     rows.append(dict(round=r + 1, server=name, phase=phase, rss_kib=rss, **m))
                 log(f"round {r + 1} {name:18} cold {cold['iops']:9.0f} IOPS  steady "
                     f"{steady['iops']:9.0f} IOPS  p99.9 {steady['p999_us']:8.0f} us  "
-                    f"max {steady['max_us']:8.0f} us  rss {rss // 1024} MiB")
+                    f"max {steady['max_us']:8.0f} us  rss {rss // 1024} MiB  disk "
+                    f"{steady['disk_reads']} reads {steady['disk_read_mb']:.0f} MB")
         with open(os.path.join(out, "results.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
@@ -240,8 +267,9 @@ def report(out, a, sizes, rows, names):
         f"fresh server (cold), then {a.steady} s (steady). Medians of {a.rounds} rounds."
         + (f" Each server in a memory cgroup of {a.memory_limit} (page cache counted), "
            f"caches dropped before it." if a.memory_limit else ""), "",
-        "| server | phase | IOPS | ÷ qcow2 | p50 µs | p99 µs | p99.9 µs | max µs | peak RSS MiB |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| server | phase | IOPS | ÷ qcow2 | p50 µs | p99 µs | p99.9 µs | max µs | peak RSS MiB "
+        "| disk reads | MB from disk |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for phase in ("cold", "steady"):
         q = med("qemu-qcow2", phase, "iops")
@@ -250,7 +278,8 @@ def report(out, a, sizes, rows, names):
                 f"| {s} | {phase} | {med(s, phase, 'iops'):.0f} | {med(s, phase, 'iops') / q:.2f}x "
                 f"| {med(s, phase, 'p50_us'):.0f} | {med(s, phase, 'p99_us'):.0f} "
                 f"| {med(s, phase, 'p999_us'):.0f} | {med(s, phase, 'max_us'):.0f} "
-                f"| {med(s, phase, 'rss_kib') / 1024:.0f} |")
+                f"| {med(s, phase, 'rss_kib') / 1024:.0f} | {med(s, phase, 'disk_reads'):.0f} "
+                f"| {med(s, phase, 'disk_read_mb'):.0f} |")
     if "cairn" in names:
         lines += ["", f"Target (steady): cairn ÷ qemu-qcow2 ≥ 3x: "
                   f"{'yes' if med('cairn', 'steady', 'iops') >= 3 * med('qemu-qcow2', 'steady', 'iops') else 'no'}"

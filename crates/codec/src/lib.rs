@@ -10,7 +10,8 @@
 //!   library or the fastest well-kept one: libdeflate for DEFLATE (whole
 //!   buffers, which is what parallel blocks are; about twice zlib's speed at
 //!   equal size), zlib-rs for streaming inflate of foreign gzip, libzstd,
-//!   liblz4, snap, liblzo2, libbz2 (Rust port), liblzma. What is written
+//!   liblz4, snap, `lzo1x` (a Rust port of liblzo2, whose C build needs
+//!   cmake), libbz2 (Rust port), liblzma. What is written
 //!   here is only the framing each format needs to be produced in pieces and
 //!   cut again: BGZF-style member sizes, the zstd seek table, LZ4 frame and
 //!   lzop block framing, snappy chunking, bzip2 block scanning and xz blocks

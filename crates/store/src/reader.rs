@@ -788,6 +788,19 @@ mod tests {
         }
     }
 
+    /// `n` bytes LZ4 cannot shrink (xorshift32).
+    fn noise(n: usize) -> Vec<u8> {
+        let mut x = 0x2545_f491_u32;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn a_dropped_groups_buffer_goes_to_the_next_group_of_its_size_class() {
         const MIN: usize = GROUP_BUFFER_MIN;
@@ -867,15 +880,7 @@ mod tests {
         // One compressible chunk, one that LZ4 cannot shrink (kept as it
         // is), one small.
         let a: Vec<u8> = (0..70_000u32).map(|i| (i / 300) as u8).collect();
-        let mut x = 0x2545_f491_u32;
-        let b: Vec<u8> = (0..40_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect();
+        let b = noise(40_000);
         let c = vec![3u8; 10];
         let ids = [ChunkId::of(&a), ChunkId::of(&b), ChunkId::of(&c)];
         let g = group(
@@ -939,15 +944,7 @@ mod tests {
         // One chunk LZ4 shrinks, one it cannot (kept as it is: its bytes
         // would show in the file if sealing did not encrypt them).
         let a: Vec<u8> = (0..70_000u32).map(|i| (i / 300) as u8).collect();
-        let mut x = 0x2545_f491_u32;
-        let b: Vec<u8> = (0..5_000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect();
+        let b = noise(5_000);
         let ids = [ChunkId::of(&a), ChunkId::of(&b)];
         let g = group(
             [a.clone(), b.clone()].concat(),
