@@ -275,11 +275,15 @@ type Cached = (PathBuf, Arc<WbCache>, String);
 /// any. A commit drains the cache into the image first: a snapshot holds
 /// every write acknowledged before it, those still in the cache's log too
 /// (they were left out, and a later serve with the cache put them back
-/// over newer snapshots).
+/// over newer snapshots), and none acknowledged after it.
 #[derive(Clone)]
 struct Writable {
     vol: Arc<WritableVolume>,
     cache: Option<Arc<WbCache>>,
+    /// One commit at a time (the periodic one, `cairn commit --control`):
+    /// a second would wait for the first's upload while holding the
+    /// cache's writes back.
+    committing: Arc<std::sync::Mutex<()>>,
 }
 
 impl Writable {
@@ -297,10 +301,31 @@ impl Writable {
     }
 
     fn commit(&self) -> Result<Option<cairn_store::EditReport>> {
-        self.drain()?;
-        self.vol
-            .commit()
-            .with_context(|| format!("commit of image {}", self.name()))
+        let _one = self
+            .committing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let context = || format!("commit of image {}", self.name());
+        if let Some(wb) = &self.cache {
+            // A generation an earlier commit sealed goes first (it was cut
+            // at one moment when it was sealed).
+            if let Some(report) = self.vol.commit_sealed().with_context(context)? {
+                return Ok(Some(report));
+            }
+            // The cache writes back in address order, and some writes go
+            // around it straight into the image: the image is one moment
+            // of the device only once the cache is drained with no write
+            // let in. Most of it is written back while the client writes
+            // on; the rest with writes held back, and the image sealed
+            // there (a commit's stall is that rest and the seal).
+            self.drain()?;
+            wb.quiesced(|| -> Result<()> {
+                self.drain()?;
+                self.vol.seal().with_context(context)?;
+                Ok(())
+            })?;
+        }
+        self.vol.commit().with_context(context)
     }
 }
 
@@ -459,6 +484,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             .map(|(export, vol)| Writable {
                 cache: cache_of.remove(&export),
                 vol,
+                committing: Default::default(),
             })
             .collect();
     } else if !a.images.is_empty() {

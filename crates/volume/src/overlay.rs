@@ -679,11 +679,19 @@ impl Gen {
     /// nothing; every later flush of this generation fails too (as Linux
     /// reports a writeback error to fsync once and then forgets it, this
     /// must not).
-    fn fail(&self, e: BlockError) -> BlockError {
+    pub(crate) fn fail(&self, e: BlockError) -> BlockError {
         if let Ok(mut f) = self.failed.lock() {
             f.get_or_insert_with(|| e.to_string());
         }
         e
+    }
+
+    /// The first failed flush of this generation, if one failed.
+    pub fn failure(&self) -> Option<String> {
+        match self.failed.lock() {
+            Ok(f) => f.clone(),
+            Err(_) => Some("a thread panicked while flushing the overlay".into()),
+        }
     }
 
     /// The error of an earlier failed flush, if any.

@@ -485,10 +485,36 @@ impl WritableVolume {
         &self,
         progress: &dyn Fn(u64, u64),
     ) -> cairn_store::Result<Option<EditReport>> {
-        let _one = self
-            .committing
+        let _one = self.one_commit()?;
+        self.seal_live()?;
+        self.finish_commit(progress)
+    }
+
+    /// Commit the generation an earlier commit sealed and did not finish,
+    /// if there is one (and nothing else).
+    pub fn commit_sealed(&self) -> cairn_store::Result<Option<EditReport>> {
+        let _one = self.one_commit()?;
+        self.finish_commit(&|_, _| {})
+    }
+
+    /// Seal the writes so far as the next snapshot's, without committing
+    /// them yet ([`WritableVolume::commit`] does): what a write-back
+    /// cache in front has drained into the image while it holds new
+    /// writes back is then one moment of the image. Nothing changes when
+    /// a generation is sealed already or nothing was written.
+    pub fn seal(&self) -> cairn_store::Result<()> {
+        let _one = self.one_commit()?;
+        self.seal_live()
+    }
+
+    fn one_commit(&self) -> cairn_store::Result<std::sync::MutexGuard<'_, ()>> {
+        self.committing
             .lock()
-            .map_err(|_| StoreError::Invalid("a thread panicked while committing".into()))?;
+            .map_err(|_| StoreError::Invalid("a thread panicked while committing".into()))
+    }
+
+    /// [`WritableVolume::seal`], the caller holding `committing`.
+    fn seal_live(&self) -> cairn_store::Result<()> {
         let sealed_left = self.read_state().sealed.is_some();
         if !sealed_left {
             let (live, base) = {
@@ -496,7 +522,7 @@ impl WritableVolume {
                 (st.live.clone(), st.volume.snapshot())
             };
             if live.blocks() == 0 {
-                return Ok(None);
+                return Ok(());
             }
             let next = Gen::create(
                 &self.dir,
@@ -518,7 +544,7 @@ impl WritableVolume {
             live.flush().map_err(block_error)?;
             self.crash_point(SEALED_STEP)?;
         }
-        self.finish_commit(progress)
+        Ok(())
     }
 
     /// In tests: stop here as if the process died, when asked to.
@@ -542,6 +568,22 @@ impl WritableVolume {
         let Some(sealed) = sealed else {
             return Ok(None);
         };
+        if let Some(first) = sealed.failure() {
+            // Its data may be lost (a failed fdatasync says nothing of
+            // what reached the disk, and the page cache may have dropped
+            // the pages since): committing it could make zeros or old
+            // bytes a snapshot, and dropping it would let FLUSH succeed
+            // again. It stays until the server restarts, when the
+            // overlay's durable records are committed.
+            return Err(StoreError::Invalid(format!(
+                "image {}: the writes of overlay generation {} are not committed: a flush of \
+                 them failed ({first}), so they may be lost; restart the server to commit what \
+                 the overlay holds durably in {}",
+                self.name,
+                sealed.header.gen,
+                self.dir.display()
+            )));
+        }
         let spans = self.spans(&volume, &sealed);
         let total: u64 = spans.iter().filter(|s| !s.zero).map(|s| s.len).sum();
         let mut done = 0u64;
@@ -902,20 +944,33 @@ mod tests {
         whole(&Volume::open(repo.clone(), &format!("img@{snap}"), &opts()).unwrap())
     }
 
+    /// An image of 300,000 bytes served writable, 8 KiB written at 40,960
+    /// and flushed; what it should read (`model`).
+    fn one_flushed_write() -> (
+        tempfile::TempDir,
+        Arc<Repository>,
+        PathBuf,
+        WritableVolume,
+        Vec<u8>,
+    ) {
+        let t = tempfile::tempdir().unwrap();
+        let mut model: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let repo = repo(t.path(), &model);
+        let o = t.path().join("overlay");
+        let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+        dev.write_at(&[1; 8192], 40_960, false).unwrap();
+        model[40_960..49_152].fill(1);
+        dev.flush().unwrap();
+        (t, repo, o, dev, model)
+    }
+
     /// A commit stopped after each of its steps, as by a crash: the next
     /// open gives back every flushed write, on top of the right snapshot,
     /// and commits what the dead session sealed exactly once.
     #[test]
     fn a_commit_cut_after_any_step_recovers() {
         for step in [SEALED_STEP, SNAPSHOT_WRITTEN_STEP, REBASED_STEP] {
-            let t = tempfile::tempdir().unwrap();
-            let mut model: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-            let repo = repo(t.path(), &model);
-            let o = t.path().join("overlay");
-            let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
-            dev.write_at(&[1; 8192], 40_960, false).unwrap();
-            model[40_960..49_152].fill(1);
-            dev.flush().unwrap();
+            let (_t, repo, o, dev, mut model) = one_flushed_write();
             dev.crash_after.store(step, Ordering::Relaxed);
             assert!(dev.commit().is_err());
             // Writes after the seal go to the next generation.
@@ -943,6 +998,40 @@ mod tests {
             assert!(snapshot_bytes(&repo, 3) == model, "step {step}: snapshot 3");
             assert!(!o.exists());
         }
+    }
+
+    /// A generation whose flush failed is never committed, so FLUSH
+    /// keeps failing until the server restarts; the restart commits what
+    /// its durable records hold.
+    #[test]
+    fn writes_whose_flush_failed_are_not_committed_later() {
+        let (_t, repo, o, dev, model) = one_flushed_write();
+        // The next flush's fdatasync fails (as an EIO from writeback).
+        dev.write_at(&[2; 4096], 0, false).unwrap();
+        let live = dev.read_state().live.clone();
+        live.fail(BlockError::new(
+            Op::Flush,
+            0,
+            0,
+            ErrorKind::Io(std::io::Error::other("EIO")),
+        ));
+        assert!(dev.flush().is_err());
+        // The first commit seals the generation and cannot flush it; no
+        // later one commits it, and FLUSH still fails.
+        for _ in 0..3 {
+            let e = dev.commit().unwrap_err().to_string();
+            assert!(e.contains("flush") && e.contains("EIO"), "{e}");
+            assert!(dev.flush().is_err());
+        }
+        assert_eq!(repo.snapshots("img").unwrap(), vec![1]);
+        drop(dev);
+        // Restarted: the flushed write is committed, the other was never
+        // durable (its data may or may not be in the file; no record
+        // says it is).
+        let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+        assert_eq!(repo.snapshots("img").unwrap(), vec![1, 2]);
+        assert!(snapshot_bytes(&repo, 2) == model);
+        assert!(whole(&dev) == model);
     }
 
     /// A commit writes its new chunks in the group size of the snapshot

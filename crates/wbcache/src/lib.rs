@@ -512,6 +512,9 @@ pub struct WbCache {
     /// released last (fields drop after `Drop::drop` has stopped the
     /// threads).
     lock: Option<device::PathLock>,
+    /// Held shared by every write, trim and zeroing for its whole length,
+    /// and exclusively by [`WbCache::quiesced`].
+    gate: RwLock<()>,
 }
 
 fn now_secs() -> u64 {
@@ -798,6 +801,7 @@ impl WbCache {
             inner,
             threads,
             lock: None,
+            gate: RwLock::new(()),
         };
         match spawned {
             Ok(h) => cache.threads.push(h),
@@ -889,6 +893,29 @@ impl WbCache {
             }
             st = inner.wait_done(st);
         }
+    }
+
+    /// Run `f` while no write, trim or zeroing goes into the cache, or
+    /// around it to the backing device: those under way end first, new
+    /// ones wait until `f` returns (reads and FLUSHes go on). With
+    /// [`WbCache::drain`] inside, the backing device then holds every
+    /// write acknowledged before and none after, one moment of the device
+    /// (a served writable image seals its snapshot's writes there; the
+    /// cache's own writeback goes in address order, not in the order the
+    /// writes came).
+    pub fn quiesced<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _held = self
+            .gate
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f()
+    }
+
+    /// Shared hold of [`WbCache::gate`] for one write.
+    fn admit(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Flush, stop the background threads and write the flush mark (does
@@ -1618,6 +1645,7 @@ impl BlockDev for WbCache {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> cairn_blockdev::Result<()> {
         let len = buf.len() as u64;
         self.writable(Op::Write, offset, len)?;
+        let _admitted = self.admit();
         match self.inner.bypass(buf, offset, fua) {
             Ok(true) => return Ok(()),
             Ok(false) => {}
@@ -1635,6 +1663,7 @@ impl BlockDev for WbCache {
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> cairn_blockdev::Result<()> {
         self.writable(Op::Trim, offset, len)?;
+        let _admitted = self.admit();
         let r = self.inner.write(offset, len, Fill::Zero { trim: true });
         self.after_write(r, fua, Op::Trim, offset, len)
     }
@@ -1695,6 +1724,7 @@ impl BlockDev for WbCache {
 
     fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> cairn_blockdev::Result<()> {
         self.writable(Op::WriteZeroes, offset, len)?;
+        let _admitted = self.admit();
         let r = self.inner.write(
             offset,
             len,

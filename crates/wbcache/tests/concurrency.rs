@@ -253,3 +253,48 @@ fn a_full_ring_is_written_back_half_at_a_time() {
     assert!(b == pattern(last, 4096, last));
     wb.close().unwrap();
 }
+
+/// While `quiesced` runs, no write reaches the cache or the backing
+/// device: those started before end first, later ones wait. A drain
+/// inside leaves the backing device holding every write before and none
+/// after: one moment of the device.
+#[test]
+fn quiesced_holds_new_writes_back_until_it_returns() {
+    let (cache, backing) = devs(16);
+    let wb = Arc::new(WbCache::open(cache, backing.clone(), common::lazy_config(false)).unwrap());
+    for i in 0..64u64 {
+        wb.write_at(&pattern(i, 4096, 1), i * 4096, false).unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let seen = wb.quiesced(|| {
+        let writer = {
+            let wb = wb.clone();
+            std::thread::spawn(move || {
+                wb.write_at(&pattern(3, 4096, 2), 3 * 4096, false).unwrap();
+                wb.write_zeroes(5 * 4096, 4096, ZeroFlags::default())
+                    .unwrap();
+                tx.send(()).unwrap();
+            })
+        };
+        wb.drain().unwrap();
+        // Time for the writer to get in, were it let in.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut b = vec![0u8; 6 * 4096];
+        backing.read_at(&mut b, 0).unwrap();
+        (rx.try_recv().is_err(), b, writer)
+    });
+    let (held, before, writer) = seen;
+    assert!(held, "a write got in while quiesced");
+    for i in 0..6u64 {
+        let at = (i * 4096) as usize;
+        assert!(
+            before[at..at + 4096] == pattern(i, 4096, 1)[..],
+            "block {i}: the drain inside left the backing device without the writes before"
+        );
+    }
+    writer.join().unwrap();
+    assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok());
+    assert_eq!(common::read_block(&wb, 3), pattern(3, 4096, 2));
+    assert_eq!(common::read_block(&wb, 5), vec![0u8; 4096]);
+    Arc::try_unwrap(wb).ok().unwrap().close().unwrap();
+}
