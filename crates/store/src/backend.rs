@@ -238,35 +238,10 @@ impl LocalDir {
     /// Make the directory that will hold `path`, the new directories'
     /// names made durable.
     fn make_parent(&self, path: &Path) -> Result<()> {
-        let Some(dir) = path.parent() else {
-            return Ok(());
-        };
-        if dir.is_dir() {
-            return Ok(());
+        match path.parent() {
+            Some(dir) => meta::create_dirs(dir),
+            None => Ok(()),
         }
-        let mut missing = vec![dir];
-        while let Some(up) = missing.last().and_then(|d| d.parent()) {
-            if up.is_dir() || up == self.root.parent().unwrap_or(Path::new("/")) {
-                break;
-            }
-            missing.push(up);
-        }
-        // Private, as restic makes a repository: images and keys are not
-        // every local user's to read.
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .ctx(dir, "create directory")?;
-        }
-        for d in missing {
-            if let Some(up) = d.parent() {
-                meta::sync_dir(up)?;
-            }
-        }
-        Ok(())
     }
 
     /// A temporary name beside `path`, unique in this machine.

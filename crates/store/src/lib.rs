@@ -129,7 +129,7 @@ pub use reserve::{free_space, DEFAULT_RESERVE};
 // Errors.
 pub use error::{Result, StoreError};
 // Durability: what the store does after creating or removing names.
-pub use meta::sync_dir;
+pub use meta::{create_dirs, sync_dir};
 // Backends.
 pub use s3::{S3Backend, S3Config};
 

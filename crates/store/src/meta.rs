@@ -237,9 +237,58 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .ctx(dir, "fsync directory")
 }
 
+/// Make directory `dir` and the missing ones above it, private to the
+/// user (0700: they may hold images and keys), and the new names durable
+/// (each new directory's parent synced, as a file's is after a rename).
+pub fn create_dirs(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = vec![dir];
+    while let Some(up) = missing.last().and_then(|d| d.parent()) {
+        if up.as_os_str().is_empty() || up.is_dir() {
+            break;
+        }
+        missing.push(up);
+    }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .ctx(dir, "create directory")?;
+    }
+    for d in missing {
+        match d.parent() {
+            Some(up) if !up.as_os_str().is_empty() => sync_dir(up)?,
+            _ => sync_dir(Path::new("."))?,
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_directories_are_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("a/b/c");
+        create_dirs(&d).unwrap();
+        create_dirs(&d).unwrap();
+        for p in [t.path().join("a"), t.path().join("a/b"), d] {
+            let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", p.display());
+        }
+        // A file in the way is an error naming the path.
+        let f = t.path().join("file");
+        fs::write(&f, b"x").unwrap();
+        let e = create_dirs(&f.join("sub")).unwrap_err().to_string();
+        assert!(e.contains("file/sub") || e.contains("file"), "{e}");
+    }
 
     #[test]
     fn seal_open_round_trip() {

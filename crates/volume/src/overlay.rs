@@ -313,6 +313,10 @@ pub(crate) struct Replay {
     pub end: u64,
     /// Bytes of a torn last record dropped (a FLUSH that never returned).
     pub torn: u64,
+    /// Whether that record's head was sound and its whole length there
+    /// (only its body's checksum failed: a torn append whose later page
+    /// landed first, or damage).
+    pub torn_whole: bool,
 }
 
 /// Replay the records of a log (`data` is the whole file, `start` where
@@ -331,6 +335,9 @@ pub(crate) fn replay(
         let rest = &data[at..];
         let torn = |r: &mut Replay| {
             r.torn = rest.len() as u64;
+            r.torn_whole = rest.len() >= FRAME
+                && crc32c::crc32c(&rest[..5]) == le32(&rest[5..HEAD])
+                && FRAME + le32(rest) as usize <= rest.len();
         };
         let Some(len) = sound_record(rest) else {
             // A bad record is the torn tail of an append that never
@@ -528,7 +535,23 @@ impl Gen {
             .open(&log_path)
             .map_err(|e| io_err(&log_path, "open", e))?;
         if replay.torn > 0 {
-            // The FLUSH that was writing it never returned.
+            // The FLUSH that was writing it never returned, or (nothing
+            // tells the two apart) a record it returned was damaged on
+            // the disk since: said either way, never dropped in silence.
+            tracing::warn!(
+                "overlay log {}: the last {} bytes (offset {}) are not a sound record, taken as \
+                 the torn append of a FLUSH that never returned and cut off{}",
+                log_path.display(),
+                replay.torn,
+                replay.end,
+                if replay.torn_whole {
+                    "; the record is whole but its checksum fails, which damage on the disk \
+                     would also give: if a FLUSH of this image was acknowledged just before the \
+                     stop, its last writes may be lost"
+                } else {
+                    ""
+                }
+            );
             file.set_len(replay.end)
                 .and_then(|_| file.sync_data())
                 .map_err(|e| io_err(&log_path, "truncate the torn tail", e))?;
@@ -877,6 +900,18 @@ mod tests {
             drop(g);
             assert_eq!(std::fs::metadata(&log).unwrap().len(), first_end as u64);
         }
+        // For the warning it gives, a dropped record that is whole (its
+        // head sound and its length there, only its body's checksum
+        // wrong: a later page landed first, or damage) is told from one
+        // cut short.
+        let size = Header::decode(&whole).unwrap().0.size;
+        let cut = replay(&log, &whole[..whole.len() - 1], start, size).unwrap();
+        assert!(cut.torn > 0 && !cut.torn_whole, "{cut:?}");
+        let mut flipped = whole.clone();
+        let n = flipped.len();
+        flipped[n - 6] ^= 1;
+        let bad = replay(&log, &flipped, start, size).unwrap();
+        assert!(bad.torn > 0 && bad.torn_whole, "{bad:?}");
         // Zeroes after the last record (an extended, unwritten end) too,
         // and any bytes that hold no whole record (a page of an append
         // written while the one before it was not, or the rest of a

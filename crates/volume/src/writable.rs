@@ -95,7 +95,42 @@ pub struct WritableVolume {
     /// there (tests of the crash protocol).
     #[cfg(test)]
     crash_after: std::sync::atomic::AtomicU8,
+    /// The overlay directory's lock, held while the image is open.
+    _lock: std::fs::File,
 }
+
+/// The overlay directory's lock file (`flock`): one process writes its
+/// generations at a time. The image's lock in the repository does not
+/// cover two copies of one repository (a copy keeps the repository's id,
+/// which names the default overlay directory) or one `overlay=DIR` given
+/// to servers of two images.
+fn lock_overlay(dir: &Path) -> cairn_store::Result<std::fs::File> {
+    let path = dir.join(LOCK_FILE);
+    let io = |source| StoreError::Io {
+        path: path.clone(),
+        what: "lock the overlay directory",
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    if !cairn_blockdev::flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(io)? {
+        return Err(StoreError::Invalid(format!(
+            "overlay directory {} is in use by another process (a server of this image from a \
+             copy of the repository, or of another image given the same overlay=DIR): stop it, \
+             or give this one an overlay directory of its own",
+            dir.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// The lock file's name in the overlay directory.
+const LOCK_FILE: &str = "lock";
 
 /// Bytes of a span the store is given to commit, at most, where the
 /// snapshot's chunks allow a cut (a chunk is never cut).
@@ -153,11 +188,10 @@ impl WritableVolume {
         }
         let editor = ImageEditor::open(repo, name, None)?;
         let (latest, size) = (editor.base().snapshot, editor.base().size);
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io {
-            path: dir.to_path_buf(),
-            what: "create the overlay directory",
-            source: e,
-        })?;
+        // Its name made durable too: a FLUSH acknowledged in a directory
+        // whose name a power cut takes back would be lost.
+        cairn_store::create_dirs(dir)?;
+        let lock = lock_overlay(dir)?;
         let (live, sealed) = Self::recover(&editor, name, size, dir)?;
         let volume = Self::reopen(&editor, opts)?;
         debug_assert_eq!(volume.snapshot(), latest);
@@ -179,6 +213,7 @@ impl WritableVolume {
             dedup: AtomicU64::new(0),
             #[cfg(test)]
             crash_after: std::sync::atomic::AtomicU8::new(0),
+            _lock: lock,
         };
         v.finish_commit(&|_, _| {})?;
         Ok(v)
@@ -671,6 +706,9 @@ impl WritableVolume {
         if st.sealed.is_none() && st.live.blocks() == 0 {
             st.live.remove(&self.dir)?;
             // Only empty: anything else someone put there stays.
+            // The lock file goes too (still held: a server that opens
+            // the directory from now on finds no generation to take).
+            let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
             let _ = std::fs::remove_dir(&self.dir);
         }
         Ok(report)
@@ -1032,6 +1070,22 @@ mod tests {
         assert_eq!(repo.snapshots("img").unwrap(), vec![1, 2]);
         assert!(snapshot_bytes(&repo, 2) == model);
         assert!(whole(&dev) == model);
+    }
+
+    /// The overlay directory is locked while an image is open on it: a
+    /// second open (as from a copy of the repository, whose id names the
+    /// same default directory) is refused, and the lock goes with the
+    /// first.
+    #[test]
+    fn an_overlay_directory_serves_one_process_at_a_time() {
+        let (_t, repo, o, dev, model) = one_flushed_write();
+        let e = lock_overlay(&o).unwrap_err().to_string();
+        assert!(e.contains("in use by another process"), "{e}");
+        drop(dev);
+        let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
+        assert!(whole(&dev) == model);
+        assert!(dev.close().unwrap().is_some());
+        assert!(!o.exists(), "a closed image leaves no directory");
     }
 
     /// A commit writes its new chunks in the group size of the snapshot
