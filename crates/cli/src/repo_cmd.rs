@@ -1615,9 +1615,17 @@ pub(crate) fn gc(a: &GcArgs) -> Result<()> {
     for d in &r.damaged {
         errln!("cairn: warning: {d} (its pack is kept as it is; `cairn repair` drops it)");
     }
+    for m in &r.missing {
+        errln!(
+            "cairn: warning: snapshot {m} uses chunks that no pack holds: it cannot be \
+             restored whole (`cairn verify` names them; back its source up again, or `cairn \
+             forget` it)"
+        );
+    }
     if a.json {
         print_json(&json!({
             "damaged_records": r.damaged,
+            "snapshots_missing_chunks": r.missing,
             "chunks_before": r.chunks_before,
             "chunks_after": r.chunks_after,
             "packs_deleted": r.packs_deleted,

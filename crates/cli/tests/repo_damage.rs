@@ -962,6 +962,38 @@ fn unreadable_pack_names_the_images() {
     assert_eq!(affected(&v), wanted, "{v}");
 }
 
+/// gc names the snapshots that use chunks no pack holds on every run,
+/// not only on the one that found their pack lost.
+#[test]
+fn gc_names_snapshots_whose_chunks_are_gone_every_time() {
+    let base = base();
+    let (_d, repo) = copy(&base);
+    let lay = layout(&repo);
+    let pack = lay.records[&shared_chunk(&lay)].pack.clone();
+    fs::remove_file(&pack).unwrap();
+    let wanted: BTreeSet<String> = lay
+        .places_of(&lay.chunks_in(&pack, 0))
+        .into_iter()
+        .map(|p| format!("{}@{}", p.image, p.snap))
+        .collect();
+    for round in 0..2 {
+        let out = run(&["gc", "--repo", s(&repo), "--json"]);
+        let j = json(ok(&out));
+        let named: BTreeSet<String> = j["snapshots_missing_chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap().split(' ').next().unwrap().to_string())
+            .collect();
+        assert_eq!(named, wanted, "round {round}: {j}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("cannot be restored whole"),
+            "round {round}: {err}"
+        );
+    }
+}
+
 #[test]
 fn backup_after_a_lost_pack_stores_its_chunks_again() {
     let base = base();

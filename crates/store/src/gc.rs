@@ -77,6 +77,11 @@ pub struct GcReport {
     pub quarantined: Vec<std::path::PathBuf>,
     /// Packs the index named that are missing or cut short.
     pub lost_packs: Vec<String>,
+    /// Snapshots that use chunks no index entry holds (or whose records
+    /// this run drops as damaged), with how many of their extents do:
+    /// they cannot be restored whole. Said on every run until they are
+    /// forgotten or the chunks are stored again.
+    pub missing: Vec<String>,
     /// Distinct chunks before and after.
     pub chunks_before: u64,
     /// Distinct chunks after.
@@ -235,12 +240,19 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
             }
             let g = m.group.map_or(DEFAULT_GROUP_SIZE, |g| g as usize);
             group = Some(group.map_or(g, |was: usize| was.max(g)));
+            let mut absent = 0u64;
             for e in &m.extents {
                 if let Extent::Data { id, .. } = e {
-                    if let Some(i) = index.position(id).filter(|&i| !bit(&dropped, i)) {
-                        set(&mut live, i);
+                    match index.position(id).filter(|&i| !bit(&dropped, i)) {
+                        Some(i) => set(&mut live, i),
+                        None => absent += 1,
                     }
                 }
+            }
+            if absent > 0 {
+                report
+                    .missing
+                    .push(format!("{name}@{snap} ({absent} extent(s))"));
             }
         }
     }
@@ -660,6 +672,15 @@ pub(crate) fn collect_trash(
                 keep = keep.len(),
                 "trash list: chunks in use kept"
             );
+            if copies.len() < missing.len() {
+                tracing::warn!(
+                    "trash list {}: {} chunk(s) that snapshots use have no sound copy in any \
+                     pack (`cairn verify` names the snapshots; backing their sources up again \
+                     stores the chunks again)",
+                    t.key.as_str(),
+                    missing.len() - copies.len()
+                );
+            }
             let mut found = IndexFile::default();
             let mut ignored = Salvaged::default();
             for (target, id) in &keep {
