@@ -498,8 +498,35 @@ impl SessionInfo {
         if here.boot != mark.boot || here.pid_ns != mark.pid_ns {
             return false;
         }
-        ProcessMark::of(self.pid).is_none_or(|now| now.start_ticks != mark.start_ticks)
+        match ProcessMark::of(self.pid) {
+            Some(now) => now.start_ticks != mark.start_ticks,
+            // `/proc` does not show it: gone, unless the pid still names
+            // a process (`hidepid` and `ProtectProc=invisible` hide other
+            // users' processes from `/proc`, not from `kill`). Its start
+            // time is then unknown: taken as the holder, which at worst
+            // keeps a session whose pid was used again until its lease
+            // ends, the safe way to be wrong.
+            None => !pid_exists(self.pid),
+        }
     }
+}
+
+/// Whether a process has pid `pid` (`kill(pid, 0)`: no signal is sent;
+/// `EPERM` says it exists and is another user's). Not for pids `kill`
+/// would take for groups (0, or over `i32::MAX` as negative).
+fn pid_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 to one positive pid only checks that the process
+    // exists and may be signalled; nothing is sent and no memory passed.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Decode a trash list and check every entry: it is a list of objects to
@@ -2614,6 +2641,22 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
     use super::*;
+
+    /// `kill(pid, 0)` tells a process that exists, this one's or
+    /// another user's (the check behind a pid `/proc` hides), from none,
+    /// and never takes 0 or a pid `kill` would read as a group for one.
+    #[test]
+    fn a_pid_exists_while_its_process_runs() {
+        assert!(pid_exists(std::process::id()));
+        assert!(pid_exists(1));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!pid_exists(pid));
+        for never in [0, u32::MAX, 1 << 31, i32::MAX as u32] {
+            assert!(!pid_exists(never), "{never}");
+        }
+    }
 
     /// A session of a process of this machine is ended once the process
     /// is gone, not while it runs; one of another host, boot or pid
