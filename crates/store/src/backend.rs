@@ -581,8 +581,24 @@ struct LocalHold {
 }
 
 impl Held for LocalHold {
+    /// Still the file at its path. Only its holder removes it while the
+    /// `flock` holds; but where file locks do not reach every host that
+    /// shares the directory (NFS without locking, sshfs), another host
+    /// takes it for dead and removes it, and then collects what this
+    /// writer uses: the writer stops before it commits instead.
     fn check(&self) -> Result<()> {
-        Ok(())
+        use std::os::unix::fs::MetadataExt;
+        let held = self.file.metadata().ctx(&self.path, "stat")?;
+        match std::fs::metadata(&self.path) {
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => Ok(()),
+            Ok(_) => Err(StoreError::HoldTaken {
+                path: self.path.clone(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::HoldTaken {
+                path: self.path.clone(),
+            }),
+            Err(e) => Err(e).ctx(&self.path, "stat"),
+        }
     }
 }
 
@@ -838,6 +854,21 @@ mod tests {
         let h = b.hold(&key, b"me").unwrap();
         assert_eq!(b.liveness(&key).unwrap(), Liveness::Live);
         drop(h);
+    }
+
+    /// A hold whose file was removed or replaced behind its back (as a
+    /// host whose file locks do not reach this one does) fails its check.
+    #[test]
+    fn a_hold_whose_file_went_fails_its_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = LocalDir::new(dir.path());
+        let key = Key("sessions/y".into());
+        let h = b.hold(&key, b"me").unwrap();
+        h.check().unwrap();
+        std::fs::remove_file(b.locate(&key)).unwrap();
+        assert!(matches!(h.check(), Err(StoreError::HoldTaken { .. })));
+        std::fs::write(b.locate(&key), b"another").unwrap();
+        assert!(matches!(h.check(), Err(StoreError::HoldTaken { .. })));
     }
 
     #[test]
