@@ -1177,6 +1177,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "other_problems": left.len(),
             "reindexed_packs": r.salvaged.as_ref().map_or(0, |s| s.packs),
             "reindexed_chunks": r.salvaged.as_ref().map_or(0, |s| s.chunks),
+            "deferred": r.gc.as_ref().is_some_and(|g| g.deferred),
         }));
     } else {
         for p in &r.trash_removed {
@@ -1250,6 +1251,13 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                      forget them",
                     snapshots.len(),
                     snapshots.join(", ")
+                );
+            }
+            if r.gc.as_ref().is_some_and(|g| g.deferred) {
+                outln!(
+                    "repair: a command that started during the repair still runs: the old \
+                     index files (which still name the damaged chunks) are deleted once it \
+                     ends, by the next command that writes (the damaged records stay out)"
                 );
             }
         }

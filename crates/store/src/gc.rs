@@ -494,6 +494,12 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     for (t, id) in &report.salvaged.empty {
         garbage.packs.push((*t, id.to_string()));
     }
+    garbage.dropped = opts
+        .drop_records
+        .iter()
+        .map(|(id, offset, slice)| (id.to_string(), *offset, *slice))
+        .collect();
+    garbage.dropped.sort_unstable();
     let trash = repo.write_trash(session, garbage)?;
     // Temporaries of killed writers: a put's lives for milliseconds, so
     // one an hour old is abandoned.
@@ -614,6 +620,10 @@ pub(crate) fn collect_trash(
             }
         }
         if !missing.is_empty() {
+            // The records this collector was told are damaged, and those
+            // the repair that wrote the list dropped.
+            let dropped: HashSet<(PackId, u32, u32)> =
+                dropped.union(&t.garbage.dropped_set()).copied().collect();
             let stored: HashMap<PackId, PackFile> =
                 repo.pack_files()?.into_iter().map(|p| (p.id, p)).collect();
             let mine = t.garbage.pack_set();
@@ -691,10 +701,12 @@ pub(crate) fn collect_trash(
                     continue;
                 };
                 let n = found.packs.len() as u32;
+                let pack = info.id;
                 found.packs.push(info);
                 found.entries.extend(
                     entries
                         .into_iter()
+                        .filter(|(_, loc)| !dropped.contains(&(pack, loc.offset, loc.slice)))
                         .map(|(id, loc)| (id, Location { pack: n, ..loc })),
                 );
             }

@@ -168,7 +168,15 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     // cut or missing pack were left out when the index was loaded, and go
     // with the index files now. The check below says all went.)
     report.switched = g.switched;
+    let deferred = g.deferred;
     report.gc = Some(g);
+    if deferred {
+        // A command that began meanwhile still runs: the old index files
+        // stay until it ends (they are on the trash list, which records
+        // the dropped records, so whoever works it off keeps them out).
+        // Until then the index still finds the damaged entries in them.
+        return Ok(report);
+    }
     // gc keeps a pack a snapshot still needs and indexes its sound records
     // again: a record whose CRC holds but whose chunk does not hash to its
     // id would come back. Say so rather than claim it is gone.

@@ -259,7 +259,18 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 /// Version of trash lists written by this build: version 1 was the one
 /// `garbage` object (no creation time, no sessions), read as a trash
 /// list that waits for no session.
-pub const TRASH_VERSION: u32 = 3;
+pub const TRASH_VERSION: u32 = 4;
+
+/// The version a trash list is written in: 4 only when it records
+/// records dropped as damaged (which a reader of version 3 would keep),
+/// so that other lists stay readable by earlier builds.
+fn trash_version(g: &Garbage) -> u32 {
+    if g.dropped.is_empty() {
+        3
+    } else {
+        4
+    }
+}
 
 /// What a gc superseded, to delete once nothing can still need it: a
 /// trash list (`trash/<hex>`, or `garbage` from version 1).
@@ -282,11 +293,25 @@ pub struct Garbage {
     /// one that waits for no session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<String>,
+    /// Version 4: records (pack id, offset, slice) a repair dropped from
+    /// the index as damaged. Whoever works the list off keeps them out
+    /// as that repair would: a list collected later by another writer
+    /// (the repair's was deferred) must not index them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<(String, u32, u32)>,
 }
 
 impl Garbage {
     pub(crate) fn is_empty(&self) -> bool {
         self.index_files.is_empty() && self.packs.is_empty()
+    }
+
+    /// The records it says were dropped as damaged, parsed.
+    pub(crate) fn dropped_set(&self) -> HashSet<(PackId, u32, u32)> {
+        self.dropped
+            .iter()
+            .filter_map(|(id, offset, slice)| Some((PackId::from_hex(id)?, *offset, *slice)))
+            .collect()
     }
 
     /// The packs it names, parsed.
@@ -559,6 +584,15 @@ pub fn check_trash_list_with(
                 path,
                 24,
                 format!("trash list names {name:?}, not an index file"),
+            ));
+        }
+    }
+    for (id, _, _) in &g.dropped {
+        if PackId::from_hex(id).is_none() {
+            return Err(StoreError::corrupt(
+                path,
+                24,
+                format!("trash list drops a record of {id:?}, not a pack id"),
             ));
         }
     }
@@ -2347,7 +2381,7 @@ impl Repository {
         g.created = now_secs();
         let seal = |g: &Garbage| -> Result<Vec<u8>> {
             let body = serde_json::to_vec(g).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            self.seal_meta(Kind::Garbage, TRASH_VERSION, &body)
+            self.seal_meta(Kind::Garbage, trash_version(g), &body)
         };
         g.recording = Some(session.id().to_string());
         self.root.put(&key, &seal(&g)?)?;
@@ -2372,7 +2406,7 @@ impl Repository {
             serde_json::to_vec(&t.garbage).map_err(|e| StoreError::Invalid(e.to_string()))?;
         self.root.put(
             &t.key,
-            &self.seal_meta(Kind::Garbage, TRASH_VERSION, &body)?,
+            &self.seal_meta(Kind::Garbage, trash_version(&t.garbage), &body)?,
         )
     }
 
@@ -2728,8 +2762,8 @@ mod tests {
     }
 
     /// Every version of the trash list decodes: version 1 (`garbage`, no
-    /// sessions), version 2 (`trash/<hex>`) and version 3 (`recording`
-    /// while its gc lists the sessions). `CAIRN_BLESS=1` writes them
+    /// sessions), version 2 (`trash/<hex>`), version 3 (`recording`
+    /// while its gc lists the sessions) and version 4 (`dropped`). `CAIRN_BLESS=1` writes them
     /// anew (only for a deliberate change, which must come with a new
     /// version).
     #[test]
@@ -2752,6 +2786,7 @@ mod tests {
                 created: 1_795_600_000,
                 sessions: vec!["fedcba9876543210fedcba9876543210".into()],
                 recording: None,
+                dropped: Vec::new(),
             };
             fs::write(
                 dir.join("repo/trash/ffeeddccbbaa99887766554433221100"),
@@ -2766,6 +2801,17 @@ mod tests {
             fs::write(
                 dir.join("repo/trash/ffeeddccbbaa99887766554433221101"),
                 seal(Kind::Garbage, 3, &serde_json::to_vec(&v3).unwrap()),
+            )
+            .unwrap();
+            let v4 = Garbage {
+                recording: None,
+                sessions: Vec::new(),
+                dropped: vec![("00112233445566778899aabbccddeeff".into(), 4096, 2)],
+                ..v3
+            };
+            fs::write(
+                dir.join("repo/trash/ffeeddccbbaa99887766554433221102"),
+                seal(Kind::Garbage, 4, &serde_json::to_vec(&v4).unwrap()),
             )
             .unwrap();
         }
@@ -2787,7 +2833,7 @@ mod tests {
             key_id: None,
         };
         let lists = repo.trash_lists().unwrap();
-        assert_eq!(lists.len(), 3);
+        assert_eq!(lists.len(), 4);
         assert_eq!(lists[0].key.as_str(), "garbage");
         assert_eq!(lists[0].garbage.sessions, Vec::<String>::new());
         assert_eq!(lists[0].garbage.created, 0);
@@ -2797,6 +2843,18 @@ mod tests {
         // Version 3, as first written: its writer still lists sessions.
         assert_eq!(lists[2].garbage.sessions.len(), 0);
         assert!(lists[2].garbage.recording.is_some());
+        // Version 4: the records a repair dropped as damaged.
+        assert_eq!(
+            lists[3].garbage.dropped_set(),
+            [(
+                PackId::from_hex("00112233445566778899aabbccddeeff").unwrap(),
+                4096,
+                2
+            )]
+            .into_iter()
+            .collect()
+        );
+        assert!(lists[..3].iter().all(|l| l.garbage.dropped.is_empty()));
         for l in &lists {
             assert_eq!(l.garbage.packs, packs);
             assert_eq!(l.garbage.index_files, files);
@@ -2828,6 +2886,80 @@ mod tests {
         assert_eq!(v2.target, 1);
         assert_eq!(v2.home, Some(PathBuf::from("/srv/cairn/repo")));
         assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");
+    }
+
+    /// A repair's gc deferred by a command that started meanwhile: the
+    /// trash list records the dropped records, and the ordinary writer
+    /// that works it off later keeps them out of the index, where it
+    /// indexed them again from their packs (their CRC holds; a record
+    /// whose chunk does not hash to its id looks the same). The list is
+    /// version 4 only then.
+    #[test]
+    fn records_a_repair_dropped_stay_out_when_its_list_is_collected_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repository::init(&dir.path().join("r"), &[], None).unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        {
+            let s = r.session("backup").unwrap();
+            let opts = crate::BackupOptions {
+                name: "img".into(),
+                codec: "zstd:1".parse().unwrap(),
+                chunker: "fixed:16384".parse().unwrap(),
+                threads: 1,
+                group_size: 64 << 10,
+                source: "test".into(),
+                progress: None,
+                time: None,
+                tags: Vec::new(),
+            };
+            crate::backup(&r, &s, &mut std::io::Cursor::new(data), &opts).unwrap();
+        }
+        let loaded = r.load_index().unwrap();
+        let (chunk, record) = {
+            let index = &loaded.index;
+            let (id, loc) = index.locations().next().unwrap();
+            let pack = index.pack(loc.pack).unwrap().id;
+            (id, (pack, loc.offset, loc.slice))
+        };
+        let indexed = |r: &Repository| {
+            let l = r.load_index().unwrap();
+            let index = &l.index;
+            let found = index.locations().any(|(id, loc)| {
+                id == chunk && (index.pack(loc.pack).unwrap().id, loc.offset, loc.slice) == record
+            });
+            found
+        };
+        assert!(indexed(&r));
+        let me = r.session("repair").unwrap();
+        let other = r.session("restore").unwrap();
+        let g = crate::gc::gc(
+            &r,
+            &me,
+            &crate::gc::GcOptions {
+                repack_below: 0.0,
+                drop_records: [record].into_iter().collect(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(g.deferred);
+        drop(me);
+        let lists = r.trash_lists().unwrap();
+        assert_eq!(lists.len(), 1);
+        assert_eq!(
+            lists[0].garbage.dropped_set(),
+            [record].into_iter().collect()
+        );
+        let sealed = r.root.get(&lists[0].key).unwrap().unwrap();
+        let (version, _) =
+            meta::open_with(Path::new("t"), &sealed, Kind::Garbage, TRASH_VERSION, None).unwrap();
+        assert_eq!(version, 4);
+        drop(other);
+        // Worked off by an ordinary writer (no records of its own to drop).
+        let writer = r.session("backup").unwrap();
+        r.writer_index(&writer).unwrap();
+        assert!(r.trash_lists().unwrap().is_empty());
+        assert!(!indexed(&r), "a record the repair dropped is indexed again");
     }
 
     /// Regression (outside QA: two gcs and a backup lost a snapshot's
