@@ -264,6 +264,30 @@ mod tests {
     use super::super::{Splitter as _, UnitDecoder as _};
     use super::*;
 
+    /// A header asking for a 4 GiB dictionary (found by fuzzing: liblzma
+    /// allocates it whole before the first byte) is refused by a decode
+    /// whose output may reach 64 MiB, before anything is allocated; one
+    /// the output allows is decoded as before.
+    #[test]
+    fn a_dictionary_past_the_output_limit_is_refused_first() {
+        let mut bomb = vec![0x5d, 0xff, 0xff, 0xff, 0xff];
+        bomb.extend([0xff; 8]);
+        bomb.extend([0xff; 200]);
+        assert!(is_header(&bomb));
+        match crate::format::decode_as(crate::Format::Lzma, &bomb, 64 << 20) {
+            Err(CodecError::TooLarge { size, limit, .. }) => {
+                assert_eq!((size, limit), (u64::from(u32::MAX), 64 << 20));
+            }
+            other => panic!("{other:?}"),
+        }
+        let data = sample(100_000, 7);
+        let packed = encode(&data, 6);
+        assert_eq!(
+            crate::format::decode_as(crate::Format::Lzma, &packed, 64 << 20).unwrap(),
+            data
+        );
+    }
+
     fn encode(data: &[u8], preset: u32) -> Vec<u8> {
         let opts = LzmaOptions::new_preset(preset).unwrap_or_else(|e| panic!("{e}"));
         let mut enc = StreamEncoder::new(&opts).unwrap_or_else(|e| panic!("{e}"));

@@ -1102,7 +1102,15 @@ pub fn decode_as(format: Format, data: &[u8], limit: usize) -> Result<Vec<u8>> {
 
 /// Decode `input` as `format` in one thread, as [`decode_as`] does.
 pub fn decode_input(format: Format, input: Input, limit: usize) -> Result<Vec<u8>> {
-    let mut splitter = format.splitter(input);
+    // The decoders' memory held to the output allowed, and to 1 GiB: an
+    // LZMA dictionary or a buffer bigger than all the output may reach is
+    // never needed, and a header may ask for 4 GiB (found by fuzzing
+    // .lzma: liblzma allocates the whole dictionary first).
+    let opts = DecodeOptions {
+        memory: Some((limit as u64).min(1 << 30)),
+        ..DecodeOptions::default()
+    };
+    let mut splitter = format.splitter_with(input, &opts);
     let mut dec = format.unit_decoder();
     let mut checker = ContentChecker::default();
     let mut out = Vec::new();
