@@ -324,6 +324,10 @@ impl Writable {
                 self.vol.seal().with_context(context)?;
                 Ok(())
             })?;
+            // Only what was sealed there: `commit` would seal the writes
+            // made since the hold ended (none were sealed when the image
+            // was idle), which are no moment of the image.
+            return self.vol.commit_sealed().with_context(context);
         }
         self.vol.commit().with_context(context)
     }

@@ -2302,11 +2302,15 @@ impl Repository {
     pub(crate) fn trash_lists(&self) -> Result<Vec<TrashList>> {
         let mut out = Vec::new();
         for (key, _, checked) in self.read_trash_lists()? {
-            let garbage = checked.map_err(|e| {
-                StoreError::Invalid(format!(
+            let garbage = checked.map_err(|e| match e {
+                // Not damage: written by a newer cairn, which it needs.
+                e @ StoreError::NewerVersion { .. } => e,
+                e => StoreError::Invalid(format!(
                     "{e} (backup and gc refuse to run while it is there; it only names \
-                     objects to delete, so `cairn repair` removes it, losing nothing)"
-                ))
+                     objects to delete, so `cairn repair` removes it: nothing stored is lost, \
+                     and the damaged records a repair's list kept out of the index are \
+                     dropped again by that repair)"
+                )),
             })?;
             out.push(TrashList { key, garbage });
         }
@@ -2321,7 +2325,12 @@ impl Repository {
     pub(crate) fn remove_damaged_trash_lists(&self) -> Result<Vec<PathBuf>> {
         let mut removed = Vec::new();
         for (key, path, checked) in self.read_trash_lists()? {
-            if checked.is_err() {
+            // A list of a newer version is not damaged: it stays (this
+            // build refuses to write beside it).
+            if checked
+                .as_ref()
+                .is_err_and(|e| !matches!(e, StoreError::NewerVersion { .. }))
+            {
                 self.root.delete(&[key])?;
                 removed.push(path);
             }
@@ -2960,6 +2969,34 @@ mod tests {
         r.writer_index(&writer).unwrap();
         assert!(r.trash_lists().unwrap().is_empty());
         assert!(!indexed(&r), "a record the repair dropped is indexed again");
+    }
+
+    /// A trash list of a newer version is not damage: writers refuse to
+    /// run beside it (saying it is newer), and repair leaves it; a damaged
+    /// one is removed.
+    #[test]
+    fn a_newer_trash_list_is_kept_and_a_damaged_one_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repository::init(&dir.path().join("r"), &[], None).unwrap();
+        let body = serde_json::to_vec(&Garbage::default()).unwrap();
+        let newer = Key::new(format!("trash/{}", PackId::random()));
+        r.root
+            .put(
+                &newer,
+                &r.seal_meta(Kind::Garbage, TRASH_VERSION + 1, &body)
+                    .unwrap(),
+            )
+            .unwrap();
+        assert!(matches!(
+            r.trash_lists(),
+            Err(StoreError::NewerVersion { .. })
+        ));
+        assert!(r.remove_damaged_trash_lists().unwrap().is_empty());
+        let damaged = Key::new(format!("trash/{}", PackId::random()));
+        r.root.put(&damaged, b"not a trash list").unwrap();
+        let removed = r.remove_damaged_trash_lists().unwrap();
+        assert_eq!(removed, vec![r.root.locate(&damaged)]);
+        assert!(r.root.get(&newer).unwrap().is_some());
     }
 
     /// Regression (outside QA: two gcs and a backup lost a snapshot's

@@ -897,7 +897,8 @@ impl WbCache {
 
     /// Run `f` while no write, trim or zeroing goes into the cache, or
     /// around it to the backing device: those under way end first, new
-    /// ones wait until `f` returns (reads and FLUSHes go on). With
+    /// ones wait until `f` returns (reads and FLUSHes go on, but an NBD
+    /// connection whose worker threads all wait on a write waits too). With
     /// [`WbCache::drain`] inside, the backing device then holds every
     /// write acknowledged before and none after, one moment of the device
     /// (a served writable image seals its snapshot's writes there; the
