@@ -260,29 +260,43 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
 
     // The index was loaded before the manifests were listed: a backup
     // that committed in between (its index file, then its manifest) uses
-    // chunks this index lacks and that are stored. Only what a fresh load
-    // lacks too is missing.
+    // chunks this index lacks and that are stored. Only what the index
+    // files written since (not loaded here, named by no trash list) lack
+    // too is missing; a record in a pack gone or cut short stays missing.
     if absent.iter().any(|(_, _, u)| !u.is_empty()) {
-        let fresh = repo.load_index()?;
-        // (The fresh load still names the records of packs lost or cut
-        // short, which the writer's load left out: those stay missing.)
+        let trashed = repo.all_trash()?;
         let stored: HashMap<PackId, u64> = repo
             .pack_files()?
             .into_iter()
             .map(|f| (f.id, f.len))
             .collect();
-        let index = &fresh.index;
+        let mut since: HashSet<ChunkId> = HashSet::new();
+        for key in repo.index_files()? {
+            let listed = key
+                .as_str()
+                .strip_prefix("index/")
+                .is_some_and(|n| trashed.index_files.iter().any(|t| t == n));
+            if w.files.contains(&key) || listed {
+                continue;
+            }
+            // One that cannot be read leaves its chunks reported as
+            // missing (the next writer sets it aside and says so).
+            let Ok(Some(f)) = repo.read_index_file(&key) else {
+                continue;
+            };
+            for (id, loc) in &f.entries {
+                let on_disk = f.packs.get(loc.pack as usize).is_some_and(|p| {
+                    stored
+                        .get(&p.id)
+                        .is_some_and(|&len| u64::from(loc.offset) + u64::from(loc.len) <= len)
+                });
+                if on_disk {
+                    since.insert(*id);
+                }
+            }
+        }
         for (_, _, unindexed) in &mut absent {
-            unindexed.retain(|id| {
-                let found = index.position(id).and_then(|i| index.location_at(i));
-                !found.is_some_and(|loc| {
-                    index.pack(loc.pack).is_some_and(|p| {
-                        stored
-                            .get(&p.id)
-                            .is_some_and(|&len| u64::from(loc.offset) + u64::from(loc.len) <= len)
-                    })
-                })
-            });
+            unindexed.retain(|id| !since.contains(id));
         }
     }
     for (snapshot, dropped_here, unindexed) in absent {

@@ -332,6 +332,11 @@ impl Garbage {
         let have: HashSet<(u16, String)> = self.packs.iter().cloned().collect();
         self.packs
             .extend(other.packs.iter().filter(|p| !have.contains(*p)).cloned());
+        for d in &other.dropped {
+            if !self.dropped.contains(d) {
+                self.dropped.push(d.clone());
+            }
+        }
     }
 }
 
@@ -2963,6 +2968,14 @@ mod tests {
         let (version, _) =
             meta::open_with(Path::new("t"), &sealed, Kind::Garbage, TRASH_VERSION, None).unwrap();
         assert_eq!(version, 4);
+        // A gc meanwhile names the snapshot as missing the chunk (the old
+        // index files, still there on the list, do not count).
+        {
+            let g2 = r.session("gc").unwrap();
+            let g = crate::gc::gc(&r, &g2, &crate::gc::GcOptions::default()).unwrap();
+            assert_eq!(g.missing.len(), 1, "{:?}", g.missing);
+            assert!(g.missing[0].starts_with("img@1 "), "{:?}", g.missing);
+        }
         drop(other);
         // Worked off by an ordinary writer (no records of its own to drop).
         let writer = r.session("backup").unwrap();
