@@ -263,13 +263,12 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     // chunks this index lacks and that are stored. Only what the index
     // files written since (not loaded here, named by no trash list) lack
     // too is missing; a record in a pack gone or cut short stays missing.
+    // (The packs as they are on disk, listed once for this and for the
+    // live bytes below.)
+    let files = repo.pack_files()?;
+    let on_disk: HashMap<PackId, u64> = files.iter().map(|f| (f.id, f.len)).collect();
     if absent.iter().any(|(_, _, u)| !u.is_empty()) {
         let trashed = repo.all_trash()?;
-        let stored: HashMap<PackId, u64> = repo
-            .pack_files()?
-            .into_iter()
-            .map(|f| (f.id, f.len))
-            .collect();
         let mut since: HashSet<ChunkId> = HashSet::new();
         for key in repo.index_files()? {
             let listed = key
@@ -285,12 +284,12 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                 continue;
             };
             for (id, loc) in &f.entries {
-                let on_disk = f.packs.get(loc.pack as usize).is_some_and(|p| {
-                    stored
+                let stored = f.packs.get(loc.pack as usize).is_some_and(|p| {
+                    on_disk
                         .get(&p.id)
                         .is_some_and(|&len| u64::from(loc.offset) + u64::from(loc.len) <= len)
                 });
-                if on_disk {
+                if stored {
                     since.insert(*id);
                 }
             }
@@ -313,9 +312,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let dead_entries = (0..index.len())
         .filter(|&i| !bit(&live, i) && index.location_at(i).is_some())
         .count() as u64;
-    let files = repo.pack_files()?;
     report.bytes_before = files.iter().map(|f| f.len).sum::<u64>() + earlier_bytes;
-    let on_disk: HashMap<_, _> = files.iter().map(|f| (f.id, f.len)).collect();
     // Packs that lost records (cut short, or damaged ones dropped): their
     // live records move out whatever the threshold, so the index no
     // longer names a pack that verify reports as cut, and the damaged
