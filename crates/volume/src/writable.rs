@@ -701,7 +701,17 @@ impl WritableVolume {
         &self,
         progress: &dyn Fn(u64, u64),
     ) -> cairn_store::Result<Option<EditReport>> {
-        let report = self.commit_with(progress)?;
+        let mut report = self.commit_with(progress)?;
+        let live_left = {
+            let st = self.read_state();
+            st.sealed.is_none() && st.live.blocks() > 0
+        };
+        if live_left {
+            // The commit was of a generation an earlier commit sealed and
+            // did not finish (a failed upload): the writes made since are
+            // the session's too, and go into a snapshot of their own.
+            report = self.commit_with(progress)?.or(report);
+        }
         let st = self.read_state();
         if st.sealed.is_none() && st.live.blocks() == 0 {
             st.live.remove(&self.dir)?;
@@ -1070,6 +1080,24 @@ mod tests {
         assert_eq!(repo.snapshots("img").unwrap(), vec![1, 2]);
         assert!(snapshot_bytes(&repo, 2) == model);
         assert!(whole(&dev) == model);
+    }
+
+    /// A close after a commit that sealed and did not finish commits the
+    /// sealed writes and the ones made since, each as a snapshot, and
+    /// leaves no overlay (it committed only the sealed ones, and left the
+    /// rest in the overlay without a word).
+    #[test]
+    fn a_close_commits_an_unfinished_commit_and_the_writes_after_it() {
+        let (_t, repo, o, dev, mut model) = one_flushed_write();
+        dev.seal().unwrap();
+        dev.write_at(&[3; 5000], 100_000, false).unwrap();
+        model[100_000..105_000].fill(3);
+        dev.flush().unwrap();
+        let report = dev.close().unwrap().unwrap();
+        assert_eq!(repo.snapshots("img").unwrap(), vec![1, 2, 3]);
+        assert_eq!(report.snapshot, 3);
+        assert!(snapshot_bytes(&repo, 3) == model);
+        assert!(!o.exists(), "a closed image leaves no directory");
     }
 
     /// The overlay directory is locked while an image is open on it: a
