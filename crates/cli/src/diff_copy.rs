@@ -72,6 +72,7 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
     let ma = repo.read_manifest(&na, sa)?;
     let mb = repo.read_manifest(&nb, sb)?;
     let loaded = repo.load_index()?;
+    loaded.check_read()?;
     for e in &loaded.damaged {
         errln!("cairn: warning: {e}");
     }

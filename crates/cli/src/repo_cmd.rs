@@ -682,6 +682,7 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
     let (name, snap) = repo.resolve(&a.image)?;
     let manifest = repo.read_manifest(&name, snap)?;
     let loaded = repo.load_index()?;
+    loaded.check_read()?;
     for e in &loaded.damaged {
         errln!("cairn: warning: {e}");
     }

@@ -309,6 +309,7 @@ pub fn copy(
         return Ok(report);
     }
     let loaded = src.load_index()?;
+    loaded.check_read()?;
     if let Some(e) = loaded.damaged.into_iter().next() {
         return Err(e);
     }

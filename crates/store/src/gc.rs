@@ -172,6 +172,16 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     // Damaged index files are set aside only after every pack they could
     // name has been indexed again from its records: nothing is lost track of.
     let w = repo.writer_index(session)?;
+    // The entries of a damaged index file left in place are not in the
+    // index: the chunks it lists would look unused, and their packs dead.
+    if let Some(p) = w.damaged_left.first() {
+        return Err(StoreError::Invalid(format!(
+            "index file {} is damaged, and another cairn command is running, so the packs it \
+             names cannot be indexed again from their records: gc deletes nothing until it runs \
+             alone (or run `cairn repair` then)",
+            p.display()
+        )));
+    }
     report.salvaged = w.salvaged;
     report.quarantined = w.quarantined;
     report.lost_packs = w.lost_packs;

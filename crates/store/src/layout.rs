@@ -52,6 +52,7 @@ impl Layout {
     /// of it is damaged (a damaged index file, a chunk no index names).
     pub fn read(repo: &Repository) -> Result<Layout> {
         let loaded = repo.load_index()?;
+        loaded.check_read()?;
         if let Some(e) = loaded.damaged.into_iter().next() {
             return Err(e);
         }

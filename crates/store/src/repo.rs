@@ -683,8 +683,33 @@ pub struct LoadedIndex {
     pub damaged: Vec<StoreError>,
     /// Their keys.
     pub damaged_keys: Vec<Key>,
+    /// Index files that could not be read (an I/O or network error: they
+    /// may well be sound), with the error. Writers stop on one
+    /// ([`LoadedIndex::check_read`]): without its entries, chunks it lists
+    /// look unused and their packs dead.
+    pub unread: Vec<StoreError>,
     /// The index files read.
     pub files: Vec<Key>,
+}
+
+impl LoadedIndex {
+    /// An error naming the first index file that could not be read, if
+    /// any: for whoever must not act on a part of the index (a writer, a
+    /// copy, a restore, which would take its chunks for missing).
+    pub fn check_read(&self) -> Result<()> {
+        match self.unread.first() {
+            None => Ok(()),
+            Some(e) => Err(StoreError::Invalid(format!(
+                "an index file could not be read ({e}); nothing was changed: run the command \
+                 again (a file that stays unreadable: move it aside, then `cairn repair` indexes \
+                 its packs again){}",
+                match self.unread.len() {
+                    1 => String::new(),
+                    n => format!("; {} more could not be read", n - 1),
+                }
+            ))),
+        }
+    }
 }
 
 /// The index as a writer sees it: complete for the packs on disk.
@@ -697,6 +722,10 @@ pub struct WriterIndex {
     /// Damaged index files set aside (renamed `*.idx.damaged`): every pack
     /// they could name has been indexed again from its records.
     pub quarantined: Vec<PathBuf>,
+    /// Damaged index files left in place because salvage could not run
+    /// (another command was running): the entries they held are not in
+    /// `index`, and chunks they list look unused. gc deletes nothing then.
+    pub damaged_left: Vec<PathBuf>,
     /// The index files loaded (what gc may supersede: never one written
     /// by a concurrent writer after the load).
     pub files: Vec<Key>,
@@ -735,6 +764,40 @@ pub struct Salvaged {
     pub skipped_bytes: u64,
     /// Whether salvage looked at all (it waits while another writer runs).
     pub ran: bool,
+    /// Packs the index knew, read again because an index file was damaged
+    /// and their records were not all named (counted in `packs` too when
+    /// they held records).
+    pub reread: u64,
+}
+
+/// Packs on disk whose records the index does not all name: the bytes
+/// past their header that no entry (nor another copy's) covers. Records
+/// gc left dead in a pack count too, so this is for when an index file
+/// was damaged (reading such a pack again only names its dead chunks,
+/// which stay dead: no snapshot uses them).
+fn unnamed_records(index: &ChunkIndex, packs: &[PackFile]) -> HashSet<PackId> {
+    let mut records: Vec<(u32, u32, u32)> = index
+        .locations()
+        .chain(index.other_locations())
+        .map(|(_, l)| (l.pack, l.offset, l.len))
+        .collect();
+    records.sort_unstable();
+    records.dedup_by_key(|r| (r.0, r.1));
+    let mut covered = vec![0u64; index.packs().len()];
+    for (pack, _, len) in records {
+        if let Some(c) = covered.get_mut(pack as usize) {
+            *c += u64::from(len);
+        }
+    }
+    packs
+        .iter()
+        .filter(|pf| {
+            index
+                .pack_number(&pf.id)
+                .is_some_and(|n| covered[n as usize] + (PACK_HEADER_LEN as u64) < pf.len)
+        })
+        .map(|pf| pf.id)
+        .collect()
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -2187,8 +2250,7 @@ impl Repository {
                 // one has ended.
                 Ok(None) => continue,
                 Err(e) => {
-                    out.damaged_keys.push(key);
-                    out.damaged.push(e);
+                    out.unread.push(e);
                     continue;
                 }
             };
@@ -2463,6 +2525,10 @@ impl Repository {
         // those index files are in the files gc wrote.
         let trash = self.all_trash()?;
         let mut loaded = self.load_index_without(&trash)?;
+        // A file that could not be read is no damage: stop, and change
+        // nothing (salvage would not index its packs again: they are in
+        // the pack table of the other parts of a file written in parts).
+        loaded.check_read()?;
         // A file of a newer format is no damage: refuse to write over it.
         if let Some(pos) = loaded
             .damaged
@@ -2471,19 +2537,33 @@ impl Repository {
         {
             return Err(loaded.damaged.swap_remove(pos));
         }
-        let salvaged = self.salvage(session, &mut loaded.index, &mut loaded.files)?;
+        // With an index file damaged, packs the index knows may hold
+        // records it no longer names (a file written in parts gives every
+        // part the whole pack table): salvage reads those again too.
+        let suspect = !loaded.damaged_keys.is_empty();
+        let salvaged = self.salvage(session, &mut loaded.index, &mut loaded.files, suspect)?;
         let mut quarantined = Vec::new();
+        let mut damaged_left = Vec::new();
         // Set aside only when salvage ran (no other writer): then every
         // pack a damaged file could name has been indexed again.
-        if salvaged.ran {
-            for key in loaded.damaged_keys {
-                let aside = Key::new(format!("{}.damaged", key.as_str()));
-                if let Some(data) = self.root.get(&key)? {
-                    self.root.put(&aside, &data)?;
-                }
-                self.root.delete(std::slice::from_ref(&key))?;
-                quarantined.push(self.root.locate(&aside));
+        for key in loaded.damaged_keys {
+            if !salvaged.ran {
+                damaged_left.push(self.root.locate(&key));
+                continue;
             }
+            let aside = Key::new(format!("{}.damaged", key.as_str()));
+            if let Some(data) = self.root.get(&key)? {
+                // Read whole this time (a read cut short looks damaged):
+                // it stays.
+                if IndexFile::decode_with(&self.root.locate(&key), &data, self.crypt.as_deref())
+                    .is_ok()
+                {
+                    continue;
+                }
+                self.root.put(&aside, &data)?;
+            }
+            self.root.delete(std::slice::from_ref(&key))?;
+            quarantined.push(self.root.locate(&aside));
         }
         let sizes = self.pack_sizes(&loaded.index)?;
         let mut lost_packs = Vec::new();
@@ -2509,6 +2589,7 @@ impl Repository {
             index: loaded.index,
             salvaged,
             quarantined,
+            damaged_left,
             files: loaded.files,
             lost_packs,
             collected,
@@ -2582,6 +2663,7 @@ impl Repository {
         session: &Session,
         index: &mut ChunkIndex,
         files: &mut Vec<Key>,
+        suspect: bool,
     ) -> Result<Salvaged> {
         let mut report = Salvaged::default();
         let doomed = self.all_trash()?.pack_set();
@@ -2590,10 +2672,19 @@ impl Repository {
             return Ok(report);
         }
         report.ran = true;
+        let gaps = if suspect {
+            unnamed_records(index, &packs)
+        } else {
+            HashSet::new()
+        };
         let mut found = IndexFile::default();
         for pf in packs {
-            if index.pack_number(&pf.id).is_some() || doomed.contains(&(pf.target, pf.id)) {
+            let known = index.pack_number(&pf.id).is_some();
+            if (known && !gaps.contains(&pf.id)) || doomed.contains(&(pf.target, pf.id)) {
                 continue;
+            }
+            if known {
+                report.reread += 1;
             }
             let Some((info, entries)) = self.index_pack(&pf, &mut report)? else {
                 continue;
@@ -2902,6 +2993,28 @@ mod tests {
         assert_eq!(v2.repository, "0123456789abcdef0123456789abcdef");
     }
 
+    /// A new plain repository holding `data` as image `img`, snapshot 1
+    /// (zstd:1, 16 KiB chunks, groups of `group_size`).
+    fn backed_up(data: &[u8], group_size: usize) -> (tempfile::TempDir, Repository) {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Repository::init(&dir.path().join("r"), &[], None).unwrap();
+        let s = r.session("backup").unwrap();
+        let opts = crate::BackupOptions {
+            name: "img".into(),
+            codec: "zstd:1".parse().unwrap(),
+            chunker: "fixed:16384".parse().unwrap(),
+            threads: 1,
+            group_size,
+            source: "test".into(),
+            progress: None,
+            time: None,
+            tags: Vec::new(),
+        };
+        crate::backup(&r, &s, &mut std::io::Cursor::new(data.to_vec()), &opts).unwrap();
+        drop(s);
+        (dir, r)
+    }
+
     /// A repair's gc deferred by a command that started meanwhile: the
     /// trash list records the dropped records, and the ordinary writer
     /// that works it off later keeps them out of the index, where it
@@ -2910,24 +3023,8 @@ mod tests {
     /// version 4 only then.
     #[test]
     fn records_a_repair_dropped_stay_out_when_its_list_is_collected_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Repository::init(&dir.path().join("r"), &[], None).unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        {
-            let s = r.session("backup").unwrap();
-            let opts = crate::BackupOptions {
-                name: "img".into(),
-                codec: "zstd:1".parse().unwrap(),
-                chunker: "fixed:16384".parse().unwrap(),
-                threads: 1,
-                group_size: 64 << 10,
-                source: "test".into(),
-                progress: None,
-                time: None,
-                tags: Vec::new(),
-            };
-            crate::backup(&r, &s, &mut std::io::Cursor::new(data), &opts).unwrap();
-        }
+        let (_dir, r) = backed_up(&data, 64 << 10);
         let loaded = r.load_index().unwrap();
         let (chunk, record) = {
             let index = &loaded.index;
@@ -2982,6 +3079,112 @@ mod tests {
         r.writer_index(&writer).unwrap();
         assert!(r.trash_lists().unwrap().is_empty());
         assert!(!indexed(&r), "a record the repair dropped is indexed again");
+    }
+
+    /// An index file written in parts (each with the whole pack table),
+    /// one part damaged: the writer reads the packs again whose records
+    /// the rest does not all name, so gc loses no chunk (it took the pack
+    /// as known, kept half its entries, and repacked it without the
+    /// rest); an index file that cannot be read stops writers and changes
+    /// nothing; and one damaged while another command runs stops gc.
+    #[test]
+    fn a_damaged_part_of_an_index_file_loses_no_chunk_to_gc() {
+        let data: Vec<u8> = (0..400_000u32)
+            .map(|i| (i * 7 % 251) as u8 ^ (i >> 12) as u8)
+            .collect();
+        let (_dir, r) = backed_up(&data, 0);
+        let restored = |r: &Repository| -> Result<Vec<u8>> {
+            let loaded = r.load_index()?;
+            loaded.check_read()?;
+            let m = r.read_manifest("img", 1)?;
+            let mut out = Vec::new();
+            crate::restore::restore(
+                r,
+                &loaded.index,
+                &m,
+                crate::restore::Destination::Stream(&mut out),
+                &crate::restore::RestoreOptions {
+                    threads: 1,
+                    zero_damaged: false,
+                    progress: None,
+                },
+            )?;
+            Ok(out)
+        };
+        // The one index file, written again as two parts.
+        let keys = r.index_files().unwrap();
+        assert_eq!(keys.len(), 1);
+        let file = r.read_index_file(&keys[0]).unwrap().unwrap();
+        assert!(file.entries.len() >= 20, "{}", file.entries.len());
+        let half = file.entries.len() / 2;
+        let mut parts = Vec::new();
+        for entries in [&file.entries[..half], &file.entries[half..]] {
+            let f = IndexFile {
+                packs: file.packs.clone(),
+                entries: entries.to_vec(),
+            };
+            let key = Key::new(format!("index/{}.idx", PackId::random()));
+            r.root.put(&key, &f.encode_with(None).unwrap()).unwrap();
+            parts.push(key);
+        }
+        r.root.delete(&keys).unwrap();
+        assert!(restored(&r).unwrap() == data);
+        let part = r.root.locate(&parts[1]);
+
+        // Unreadable (a link to itself reads as an I/O error, ELOOP):
+        // every writer stops, and nothing is set aside.
+        let bytes = std::fs::read(&part).unwrap();
+        std::fs::remove_file(&part).unwrap();
+        std::os::unix::fs::symlink(&part, &part).unwrap();
+        {
+            let s = r.session("gc").unwrap();
+            let e = crate::gc::gc(&r, &s, &crate::gc::GcOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("could not be read"), "{e}");
+            let e = restored(&r).unwrap_err().to_string();
+            assert!(e.contains("could not be read"), "{e}");
+        }
+        std::fs::remove_file(&part).unwrap();
+
+        // Damaged, while another command runs: gc stops.
+        let mut bad = bytes.clone();
+        let at = bad.len() / 2;
+        bad[at] ^= 0x40;
+        std::fs::write(&part, &bad).unwrap();
+        {
+            let other = r.session("restore").unwrap();
+            let s = r.session("gc").unwrap();
+            let e = crate::gc::gc(&r, &s, &crate::gc::GcOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("is damaged") && e.contains("deletes nothing"),
+                "{e}"
+            );
+            drop(other);
+        }
+        assert!(part.exists());
+
+        // Damaged, gc alone, repacking anything with a dead byte.
+        let s = r.session("gc").unwrap();
+        let g = crate::gc::gc(
+            &r,
+            &s,
+            &crate::gc::GcOptions {
+                repack_below: 1.0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        drop(s);
+        assert_eq!(g.quarantined.len(), 1, "{g:?}");
+        assert_eq!(g.salvaged.reread, 1, "{g:?}");
+        assert!(g.missing.is_empty(), "{:?}", g.missing);
+        assert!(
+            restored(&r).unwrap() == data,
+            "a chunk of the damaged part was lost"
+        );
     }
 
     /// A trash list of a newer version is not damage: writers refuse to

@@ -117,6 +117,7 @@ pub struct RepoStats {
 pub fn stats(repo: &Repository) -> Result<RepoStats> {
     let mut s = RepoStats::default();
     let loaded = repo.load_index()?;
+    loaded.check_read()?;
     let index = &loaded.index;
     s.chunks = index.len() as u64;
     // The chunks the snapshots use, each once (one bit per index entry),

@@ -195,6 +195,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let _session = repo.session("cairn verify")?;
     let mut report = VerifyReport::default();
     let loaded = repo.load_index()?;
+    // Without an index file's entries its chunks would be reported
+    // missing: a read that failed is the check's error, no finding.
+    loaded.check_read()?;
     let index = &loaded.index;
     report.chunks = index.len();
     report.packs = index.packs().len();
