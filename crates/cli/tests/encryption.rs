@@ -167,6 +167,96 @@ fn a_default_repository_holds_no_plaintext_and_a_plain_one_does() {
     );
 }
 
+/// The ids of the keys `key list --json` marks as in use.
+fn current_keys(list: &serde_json::Value) -> Vec<String> {
+    list["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["current"] == true)
+        .map(|k| k["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// An encrypted repository whose config is replaced by a plain one (the
+/// config is not sealed) is refused without a password too: a backup by
+/// someone who types the password at a prompt (so gives none up front)
+/// went on in the clear, setting the sealed index files aside as
+/// damaged.
+#[test]
+fn a_config_rewritten_to_plain_is_refused() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    ok(run(&mut cairn(), &["init", s(&repo)]));
+    let img = d.join("img");
+    std::fs::write(&img, mixed(1 << 20, 5)).unwrap();
+    let backup = ["backup", s(&img), "--repo", s(&repo), "-n", "a", "-q"];
+    ok(run(&mut cairn(), &backup));
+    let plain_repo = d.join("plain");
+    ok(run(
+        &mut plain(),
+        &["init", s(&plain_repo), "--encryption", "none"],
+    ));
+    // The plain config with the encrypted one's id, its checksum made
+    // again (it is no seal).
+    let id_of = |c: &[u8]| {
+        let at = c.windows(7).position(|w| w == b"\"id\": \"").unwrap() + 7;
+        (at, c[at..at + 32].to_vec())
+    };
+    let (_, id) = id_of(&std::fs::read(repo.join("config")).unwrap());
+    let mut config = std::fs::read(plain_repo.join("config")).unwrap();
+    let (at, _) = id_of(&config);
+    config[at..at + 32].copy_from_slice(&id);
+    let body = config.len() - 32;
+    let sum = *blake3::hash(&config[..body]).as_bytes();
+    config[body..].copy_from_slice(&sum);
+    std::fs::write(repo.join("config"), &config).unwrap();
+    let files = |dir: &std::path::Path| std::fs::read_dir(dir).unwrap().count();
+    let index_files = files(&repo.join("index"));
+    fails_with(&run(&mut plain(), &backup), "holds key files");
+    fails_with(
+        &run(&mut plain(), &["ls", "--repo", s(&repo)]),
+        "holds key files",
+    );
+    assert_eq!(files(&repo.join("index")), index_files);
+}
+
+/// Key files are tried cheapest first: one asking for a costly
+/// Argon2id (as a planted one may, up to 4 GiB and 64 passes) is paid
+/// only when no cheaper key opens, not first because it is older.
+#[test]
+fn the_cheapest_key_is_tried_first() {
+    let dir = tempdir();
+    let d = dir.path();
+    let repo = d.join("repo");
+    ok(run(
+        &mut cairn(),
+        &[
+            "init",
+            s(&repo),
+            "--kdf-memory",
+            "32M",
+            "--kdf-iterations",
+            "3",
+        ],
+    ));
+    let r = ["--repo", s(&repo)];
+    // The costly key older by a second (keys of one second go by id).
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let added = json(&ok(run(
+        cairn().env("CAIRN_NEW_PASSWORD", PASSWORD),
+        &[&["key", "add", "--json", "--kdf-memory", "8M"][..], &r].concat(),
+    )));
+    let cheap = added["added"].as_str().unwrap().to_string();
+    let keys = json(&ok(run(
+        &mut cairn(),
+        &[&["key", "list", "--json"][..], &r].concat(),
+    )));
+    let current = current_keys(&keys);
+    assert_eq!(current, vec![cheap], "{keys}");
+}
+
 #[test]
 fn wrong_missing_and_every_source_of_password() {
     let dir = tempdir();
@@ -326,13 +416,7 @@ fn keys_are_added_listed_changed_and_removed() {
         plain().env("CAIRN_PASSWORD", "second password"),
         &[&["key", "list", "--json"][..], &r].concat(),
     )));
-    let current: Vec<_> = keys["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|k| k["current"] == true)
-        .map(|k| k["id"].as_str().unwrap().to_string())
-        .collect();
+    let current = current_keys(&keys);
     assert_eq!(current, vec![second.clone()]);
 
     // The key in use cannot be removed; another one can.

@@ -4,9 +4,9 @@
 //!
 //! - **AEAD**: AES-256-GCM from `ring` (the crate the TLS and S3 code
 //!   already build on; AES-NI and carry-less multiply where the CPU has
-//!   them). Every sealed message carries a fresh random 96-bit nonce: with
-//!   records of about a MiB, the 2^32 messages NIST allows under one key
-//!   with random nonces are 4 PiB of stored data.
+//!   them). Every sealed message carries a fresh random 96-bit nonce; NIST
+//!   allows 2^32 such messages under one key, counted over every object
+//!   ever sealed (docs/format/encryption.md says what that is in data).
 //! - **Chunk ids**: keyed BLAKE3 under a second key, so an id tells nothing
 //!   about a chunk's content (a plain BLAKE3 would let anyone holding a
 //!   candidate file test whether the repository holds it).

@@ -1220,6 +1220,23 @@ impl Repository {
                     self.location
                 )));
             }
+            // Its config is not sealed: rewritten to say "none", an
+            // encrypted repository would take a backup in the clear from
+            // whoever types the password at a prompt (never asked now).
+            // Key files say what it was.
+            if self.root.list("keys/")?.iter().any(|l| {
+                l.key
+                    .as_str()
+                    .strip_prefix("keys/")
+                    .is_some_and(|id| PackId::from_hex(id).is_some())
+            }) {
+                return Err(StoreError::corrupt(
+                    self.root.locate(&Key::new("config")),
+                    0,
+                    "the config says the repository is not encrypted, but it holds key files: \
+                     the config may have been replaced; refusing to read or write it in the clear",
+                ));
+            }
             return Ok(self);
         }
         let secret = match password.password() {
@@ -1231,7 +1248,10 @@ impl Repository {
         };
         // A damaged (or planted) key file does not lock out the others:
         // it is reported only if no key opens.
-        let (keys, mut damaged) = self.key_files_lenient()?;
+        let (mut keys, mut damaged) = self.key_files_lenient()?;
+        // Cheapest first (then oldest): a planted key file asking for the
+        // most Argon2id allows is paid only when no cheaper key opens.
+        keys.sort_by_key(|(_, f)| u64::from(f.params.memory_kib) * u64::from(f.params.iterations));
         let found = keys.len();
         for (id, file) in keys {
             match file.unwrap(self.id, &secret) {
