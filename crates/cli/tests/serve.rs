@@ -1135,6 +1135,113 @@ fn a_cached_writable_image_commits_what_its_cache_holds() {
     assert!(st.success(), "{st:?}");
 }
 
+/// Every snapshot a cached writable image commits while a client writes
+/// is one moment of the image: a client writing 4 KiB blocks one at a
+/// time (each acknowledged before the next), in falling address order so
+/// the cache's write-back (in address order) takes the newest first, and
+/// commits requested meanwhile: each snapshot is the image after some
+/// number of those writes, never a later write without an earlier one.
+#[test]
+fn a_cached_commit_while_writes_go_on_is_one_moment_of_the_image() {
+    const BS: usize = 4096;
+    const BLOCKS: usize = 512;
+    const COMMITS: usize = 12;
+    let dir = tempdir();
+    let d = dir.path();
+    let img = vec![0u8; BLOCKS * BS];
+    let repo = repo_with(d, &[("img", &[&img])]);
+    let ctl = d.join("ctl.sock");
+    let cache = d.join("cache.dev");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let spec = format!("img,cache={}", s(&cache));
+    // Every write into the cache, written back all the time.
+    let srv = Serve::start(&[
+        "--repo",
+        s(&repo),
+        "--image",
+        &spec,
+        "--socket",
+        s(&sock),
+        "--control",
+        s(&ctl),
+        "--commit-every",
+        "0",
+        "--cache-idle-ms",
+        "1",
+        "--cache-bypass-below-us",
+        "0",
+    ]);
+    // Write number i (from 1) goes to block BLOCKS - 1 - (i - 1) % BLOCKS,
+    // and holds i.
+    let block_of = |i: u64| BLOCKS - 1 - ((i - 1) as usize % BLOCKS);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let mut c = unix(&sock);
+        std::thread::spawn(move || {
+            attach(&mut c, "img");
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let data: Vec<u8> = i.to_le_bytes().repeat(BS / 8);
+                let off = (block_of(i) * BS) as u64;
+                request(&mut c, CMD_WRITE, i, off, BS as u32, &data);
+                assert_eq!(simple_reply(&mut c), (0, i), "write {i}");
+            }
+            request(&mut c, CMD_DISC, 0, 0, 0, &[]);
+            i
+        })
+    };
+    let mut snapshots = Vec::new();
+    for _ in 0..COMMITS {
+        std::thread::sleep(Duration::from_millis(60));
+        let c = json(&ok(run(&["commit", "--control", s(&ctl), "img", "--json"])));
+        if let Some(n) = c["images"][0]["snapshot"].as_u64() {
+            snapshots.push(n);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    let (st, _) = srv.stop(Duration::from_secs(30));
+    assert!(st.success(), "{st:?}");
+    snapshots.sort_unstable();
+    snapshots.dedup();
+    assert!(snapshots.len() >= COMMITS / 2, "{snapshots:?}");
+    assert!(writes > 1000, "only {writes} writes");
+    let mut seen_writes = Vec::new();
+    for n in snapshots.iter().copied().chain([0]) {
+        let spec = if n == 0 {
+            "img".to_string()
+        } else {
+            format!("img@{n}")
+        };
+        let got = ok(run(&["restore", &spec, "-", "--repo", s(&repo), "-q"])).stdout;
+        assert_eq!(got.len(), BLOCKS * BS);
+        let held = |b: usize| u64::from_le_bytes(got[b * BS..b * BS + 8].try_into().unwrap());
+        let m = (0..BLOCKS).map(held).max().unwrap();
+        // The image after writes 1..=m.
+        for b in 0..BLOCKS {
+            let want = (1..=m).rev().find(|&i| block_of(i) == b).unwrap_or(0);
+            assert_eq!(
+                held(b),
+                want,
+                "snapshot {spec}: block {b} after {m} writes (a write without an earlier one)"
+            );
+            assert!(
+                got[b * BS..(b + 1) * BS] == want.to_le_bytes().repeat(BS / 8)[..],
+                "snapshot {spec}: block {b} torn"
+            );
+        }
+        seen_writes.push(m);
+    }
+    // The stop's commit holds every write.
+    assert_eq!(seen_writes.last(), Some(&writes), "{seen_writes:?}");
+}
+
 /// A served writable image whose chunks hold zero pages (holes inside
 /// chunks since zero runs are left out): qemu-img reads it whole through
 /// block status after writes next to and over the holes, and the commit
