@@ -184,7 +184,13 @@ impl<S: Read + Write> Read for TlsIo<S> {
                 let mut c = lock(&self.shared.state);
                 let mut fed = &self.raw[..n];
                 while !fed.is_empty() {
-                    c.read_tls(&mut fed)?;
+                    // After a close_notify rustls takes no more bytes and
+                    // says 0; what follows the alert is to be dropped (RFC
+                    // 8446), and the reader above says the end of the
+                    // stream. Feeding the rest again would never end.
+                    if c.read_tls(&mut fed)? == 0 {
+                        break;
+                    }
                     c.process_new_packets().map_err(|e| {
                         io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
                     })?;
