@@ -1376,3 +1376,37 @@ fn tls_close_notify_followed_by_bytes_ends_the_connection() {
     assert!(closed, "the connection was not closed after close_notify");
     assert_eq!(report.protocol_errors, 0, "{report:?}");
 }
+
+/// Over TLS, 64 KiB writes sent back to back without waiting for replies
+/// (as nbdcopy and qemu send them) are all answered and written. The
+/// server used to feed rustls a whole 16 KiB socket read at a time
+/// without taking the plaintext out between: when that read held the end
+/// of a full record and another record, rustls refused more ("received
+/// plaintext buffer full") and the connection ended with replies lost.
+#[test]
+fn tls_pipelined_large_writes_are_all_answered() {
+    const N: usize = 12;
+    const LEN: usize = 64 << 10;
+    let srv = start_tls(Duration::from_secs(10));
+    let mut c = Client::connect(&srv.addr).starttls();
+    c.go("mem");
+    let data: Vec<u8> = (0..N * LEN).map(|i| (i * 13 % 253) as u8).collect();
+    let cookies: Vec<u64> = data
+        .chunks(LEN)
+        .enumerate()
+        .map(|(i, d)| c.send(cmd::WRITE, 0, (i * LEN) as u64, LEN as u64, d))
+        .collect();
+    let mut answered = Vec::new();
+    for _ in &cookies {
+        let h = read_n(&mut c.s, 16);
+        assert_eq!(proto::be32(&h[0..4]), proto::SIMPLE_REPLY_MAGIC);
+        assert_eq!(proto::be32(&h[4..8]), 0, "a write failed");
+        answered.push(proto::be64(&h[8..16]));
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, cookies);
+    assert!(c.read(0, (N * LEN) as u64).unwrap() == data);
+    drop(c);
+    let report = stop_within(srv, Duration::from_secs(20));
+    assert_eq!(report.protocol_errors, 0, "{report:?}");
+}
