@@ -7,7 +7,10 @@
 //!
 //! - a reader takes plaintext if some is decrypted already, or feeds
 //!   rustls ciphertext read earlier until some is; else it reads
-//!   ciphertext from the socket without the lock and keeps it to feed;
+//!   ciphertext from the socket without the lock and keeps it to feed.
+//!   A read that brought bytes but no plaintext yet returns
+//!   `ErrorKind::Interrupted`, so that callers look at their deadlines
+//!   between socket reads;
 //! - bytes to send (replies, and the handshake's or a key update's
 //!   records) are encrypted under the lock, taken out, and written with
 //!   only the send lock held. Records leave in the order they were
@@ -212,7 +215,14 @@ impl<S: Read + Write> TlsIo<S> {
 }
 
 impl<S: Read + Write> Read for TlsIo<S> {
+    /// Plaintext, or `ErrorKind::Interrupted` after a socket read that
+    /// brought bytes but no plaintext yet (part of a record, or of the
+    /// handshake): callers retry, and look at their deadlines and at the
+    /// server stopping first. Looping here until plaintext came would let
+    /// a client that trickles bytes hold the call (and its handshake)
+    /// forever. At most one socket read per call.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut socket_read = false;
         loop {
             let (got, wants_write) = {
                 let mut s = lock(&self.shared.state);
@@ -226,12 +236,16 @@ impl<S: Read + Write> Read for TlsIo<S> {
             if let Some(n) = got {
                 return Ok(n);
             }
+            if socket_read {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
             // Without the lock: a timeout here is the caller's tick.
             let n = self.sock.read(&mut self.raw)?;
             if n == 0 {
                 return Ok(0);
             }
             lock(&self.shared.state).unfed.extend(&self.raw[..n]);
+            socket_read = true;
         }
     }
 }

@@ -1410,3 +1410,41 @@ fn tls_pipelined_large_writes_are_all_answered() {
     let report = stop_within(srv, Duration::from_secs(20));
     assert_eq!(report.protocol_errors, 0, "{report:?}");
 }
+
+/// A client that trickles its TLS ClientHello, a byte every 100 ms, is
+/// cut at the handshake deadline (1 s here): before the handshake it is
+/// not authenticated, yet holds a connection slot. The deadline used to
+/// be looked at only when the TLS layer returned, which it did only with
+/// plaintext: every byte came within the socket timeout, so never.
+#[test]
+fn tls_trickled_handshake_is_cut_at_the_deadline() {
+    let srv = start_tls(Duration::from_secs(1));
+    let mut c = Client::connect(&srv.addr);
+    c.option(opt::STARTTLS, &[]);
+    assert_eq!(c.option_reply(opt::STARTTLS).0, rep::ACK);
+    let mut hello = Vec::new();
+    let mut tls = tls_client();
+    while tls.wants_write() {
+        tls.write_tls(&mut hello).unwrap();
+    }
+    assert!(hello.len() > 100, "a ClientHello of {} bytes", hello.len());
+    let began = Instant::now();
+    c.s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut cut = None;
+    for b in &hello[..hello.len() - 1] {
+        let sent = c.s.write_all(&[*b]);
+        match c.s.read(&mut [0u8; 1]) {
+            Err(e) if sent.is_ok() && matches!(e.kind(), ErrorKind::WouldBlock) => {}
+            Ok(n) if n > 0 => panic!("an answer to part of a ClientHello"),
+            _ => {
+                cut = Some(began.elapsed());
+                break;
+            }
+        }
+    }
+    let report = stop_within(srv, Duration::from_secs(20));
+    let cut = cut.expect("the trickling client was never cut");
+    assert!(cut < Duration::from_secs(3), "cut after {cut:?}");
+    assert_eq!(report.protocol_errors, 1, "{report:?}");
+}
