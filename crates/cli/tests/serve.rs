@@ -2288,6 +2288,50 @@ fn tls_on_serves_both_and_open_listeners_are_warned_about() {
     assert!(st.success(), "exit {st:?}");
 }
 
+/// nbdcopy into a TLS export with 64 requests in flight per connection
+/// (libnbd sends them back to back; gnutls cuts them into 16 KiB
+/// records): every byte lands. Writes pipelined like this used to end
+/// the connection ("received plaintext buffer full": the server fed
+/// rustls whole socket reads without taking the plaintext out between).
+#[test]
+fn tls_pipelined_nbdcopy_writes_every_byte() {
+    if !have_all(&["openssl", "nbdcopy"]) {
+        return;
+    }
+    let dir = tempdir();
+    let d = dir.path();
+    let certs = d.join("pki");
+    make_certificates(&certs);
+    let data = noise(16 << 20, 97);
+    let src = d.join("src.raw");
+    std::fs::write(&src, &data).unwrap();
+    let w = d.join("w.raw");
+    std::fs::File::create(&w)
+        .unwrap()
+        .set_len(data.len() as u64)
+        .unwrap();
+    let sock = d.join("s.sock");
+    let srv = serve_tls(&w, &sock, &certs, &[]);
+    ok(tool(
+        "nbdcopy",
+        &[
+            "--connections",
+            "4",
+            "--requests",
+            "64",
+            s(&src),
+            &tls_uri(&sock, &certs),
+        ],
+    ));
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
+    assert_same(
+        &std::fs::read(&w).unwrap(),
+        &data,
+        "what nbdcopy wrote over TLS",
+    );
+}
+
 /// A zero-length read with structured replies: the spec forbids an
 /// empty NBD_REPLY_TYPE_OFFSET_DATA chunk (libnbd drops the connection as
 /// "a bug in the NBD server"); a NONE chunk or an error is what may come.

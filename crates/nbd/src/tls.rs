@@ -5,8 +5,12 @@
 //! (one per reader, one per writer, over clones of the socket) shares it
 //! under a lock that is never held across a blocking socket call:
 //!
-//! - a reader takes plaintext if some is decrypted already; else it reads
-//!   ciphertext from the socket without the lock, then feeds it in;
+//! - a reader takes plaintext if some is decrypted already, or feeds
+//!   rustls ciphertext read earlier until some is; else it reads
+//!   ciphertext from the socket without the lock and keeps it to feed.
+//!   A read that brought bytes but no plaintext yet returns
+//!   `ErrorKind::Interrupted`, so that callers look at their deadlines
+//!   between socket reads;
 //! - bytes to send (replies, and the handshake's or a key update's
 //!   records) are encrypted under the lock, taken out, and written with
 //!   only the send lock held. Records leave in the order they were
@@ -22,6 +26,7 @@
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::ServerConnection;
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -103,9 +108,51 @@ pub fn server_config(dir: &Path, verify_peer: bool) -> Result<Arc<rustls::Server
     Ok(Arc::new(config))
 }
 
+/// The session, and ciphertext from the client that rustls has not taken.
+struct Session {
+    conn: ServerConnection,
+    /// rustls holds at most 16 KiB of plaintext not read out and refuses
+    /// ciphertext beyond that ("received plaintext buffer full"), so a
+    /// socket read (which may hold the end of a full record and more) is
+    /// fed only until plaintext comes out; the rest waits here. Shared,
+    /// not per handle: the handshake's handle hands over to the
+    /// connection's reader what it read ahead.
+    unfed: VecDeque<u8>,
+}
+
+impl Session {
+    /// Plaintext into `buf`, from what rustls holds or makes of
+    /// [`Session::unfed`]: `Some(0)` at the end of the stream, `None`
+    /// when it needs more ciphertext.
+    fn plaintext(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            match self.conn.reader().read(buf) {
+                // (0 once the client's close_notify has been read.)
+                Ok(n) => return Ok(Some(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            if self.unfed.is_empty() {
+                return Ok(None);
+            }
+            // rustls takes nothing after a close_notify and says 0. The
+            // reader above reports the end first; should it not, this
+            // ends the stream rather than offering the same bytes
+            // forever. What follows the alert is dropped (RFC 8446).
+            if self.conn.read_tls(&mut self.unfed)? == 0 {
+                self.unfed.clear();
+                return Ok(Some(0));
+            }
+            self.conn
+                .process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}")))?;
+        }
+    }
+}
+
 /// The state one connection's readers and writers share.
 struct Shared {
-    state: Mutex<ServerConnection>,
+    state: Mutex<Session>,
     /// Held while records are sealed and sent, so they leave in order.
     send: Mutex<()>,
 }
@@ -127,7 +174,10 @@ impl<S: Read + Write> TlsIo<S> {
         let conn = ServerConnection::new(config).map_err(io::Error::other)?;
         Ok(TlsIo {
             shared: Arc::new(Shared {
-                state: Mutex::new(conn),
+                state: Mutex::new(Session {
+                    conn,
+                    unfed: VecDeque::new(),
+                }),
                 send: Mutex::new(()),
             }),
             sock,
@@ -155,7 +205,7 @@ impl<S: Read + Write> TlsIo<S> {
         let _order = lock(&self.shared.send);
         let mut out = Vec::new();
         {
-            let mut c = lock(&self.shared.state);
+            let c = &mut lock(&self.shared.state).conn;
             while c.wants_write() {
                 c.write_tls(&mut out)?;
             }
@@ -165,35 +215,37 @@ impl<S: Read + Write> TlsIo<S> {
 }
 
 impl<S: Read + Write> Read for TlsIo<S> {
+    /// Plaintext, or `ErrorKind::Interrupted` after a socket read that
+    /// brought bytes but no plaintext yet (part of a record, or of the
+    /// handshake): callers retry, and look at their deadlines and at the
+    /// server stopping first. Looping here until plaintext came would let
+    /// a client that trickles bytes hold the call (and its handshake)
+    /// forever. At most one socket read per call.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut socket_read = false;
         loop {
-            {
-                let mut c = lock(&self.shared.state);
-                match c.reader().read(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
+            let (got, wants_write) = {
+                let mut s = lock(&self.shared.state);
+                let got = s.plaintext(buf)?;
+                (got, s.conn.wants_write())
+            };
+            // The handshake's answers, or a key update's.
+            if wants_write {
+                self.send_pending()?;
+            }
+            if let Some(n) = got {
+                return Ok(n);
+            }
+            if socket_read {
+                return Err(io::ErrorKind::Interrupted.into());
             }
             // Without the lock: a timeout here is the caller's tick.
             let n = self.sock.read(&mut self.raw)?;
             if n == 0 {
                 return Ok(0);
             }
-            let wants_write = {
-                let mut c = lock(&self.shared.state);
-                let mut fed = &self.raw[..n];
-                while !fed.is_empty() {
-                    c.read_tls(&mut fed)?;
-                    c.process_new_packets().map_err(|e| {
-                        io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
-                    })?;
-                }
-                c.wants_write()
-            };
-            if wants_write {
-                self.send_pending()?;
-            }
+            lock(&self.shared.state).unfed.extend(&self.raw[..n]);
+            socket_read = true;
         }
     }
 }
@@ -203,7 +255,7 @@ impl<S: Read + Write> Write for TlsIo<S> {
         let _order = lock(&self.shared.send);
         let mut out = Vec::with_capacity(buf.len() + 256);
         let n = {
-            let mut c = lock(&self.shared.state);
+            let c = &mut lock(&self.shared.state).conn;
             let n = c.writer().write(buf)?;
             while c.wants_write() {
                 c.write_tls(&mut out)?;
