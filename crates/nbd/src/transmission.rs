@@ -93,7 +93,14 @@ struct Shared<'a, R, W> {
     neg: Negotiated,
     limits: &'a Limits<'a>,
     conn_budget: Budget,
+    /// The reader takes no more requests (NBD_CMD_DISC, end of stream,
+    /// an error): each worker leaves once its request is answered.
     closing: AtomicBool,
+    /// The connection is lost (the stream broke or lost sync): requests
+    /// in flight give up their waits and their remaining pieces too.
+    /// Not set by a disconnect, after which the spec has the server
+    /// finish every request it took.
+    dead: AtomicBool,
     /// A reply failed to go out (the client stopped taking replies for
     /// the I/O timeout, or the socket broke): the stream may hold part of
     /// a reply, so nothing more is sent. Workers queued on the writer see
@@ -120,6 +127,7 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         limits,
         conn_budget: Budget::new(limits.conn_budget),
         closing: AtomicBool::new(false),
+        dead: AtomicBool::new(false),
         broken: AtomicBool::new(false),
         end: Mutex::new(None),
     };
@@ -143,7 +151,9 @@ struct Job {
 
 fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
     let pool = sh.limits.pool;
-    let give_up = || sh.stopping();
+    // In-flight work stops for a server stop or a lost connection, not
+    // for a disconnect (see `Shared::giving_up`).
+    let give_up = || sh.giving_up();
     loop {
         let mut grant = Grant::watched(&sh.conn_budget, sh.limits.server_budget, sh.limits.watch);
         let mut buf = pool.get();
@@ -211,16 +221,32 @@ fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) ->
 }
 
 impl<R, W> Shared<'_, R, W> {
+    /// The reader stops. A clean end (NBD_CMD_DISC, end of stream between
+    /// requests) or an idle one leaves the requests in flight to finish
+    /// and be answered, as the spec requires for NBD_CMD_DISC; any other
+    /// end means the connection is lost, and they give up too.
     fn finish(&self, end: End) {
+        if !matches!(end, End::Clean | End::Idle) {
+            self.dead.store(true, Ordering::Release);
+        }
         self.closing.store(true, Ordering::Release);
         if let Ok(mut e) = self.end.lock() {
             e.get_or_insert(end);
         }
     }
 
-    /// The connection is ending or the server stopping: waits give up.
+    /// The reader stops waiting for request bytes and budget: the
+    /// connection is ending or the server stopping.
     fn stopping(&self) -> bool {
         self.closing.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
+    }
+
+    /// Requests in flight give up (their waits for budget, the rest of a
+    /// long trim or zeroing): the server is stopping or the connection is
+    /// lost. A disconnect alone is not a reason: NBD_CMD_DISC came after
+    /// them, and the spec has the server handle them all first.
+    fn giving_up(&self) -> bool {
+        self.dead.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
     }
 }
 
@@ -717,7 +743,129 @@ fn block_status_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_blockdev::{BlockDev, Caps, Extent};
     use std::cell::RefCell;
+    use std::sync::Arc;
+
+    /// A device of 8 GiB that holds nothing, whose zeroing takes 100 ms a
+    /// call and is recorded, and whose block status records what the
+    /// server budget had granted when it was asked.
+    struct Slow {
+        zeroed: Mutex<Vec<(u64, u64)>>,
+        budget: Arc<Budget>,
+        granted: Mutex<Option<u64>>,
+    }
+
+    impl BlockDev for Slow {
+        fn size(&self) -> u64 {
+            8 << 30
+        }
+        fn caps(&self) -> Caps {
+            Caps {
+                writable: true,
+                zeroes: true,
+                extents: true,
+                ..Caps::default()
+            }
+        }
+        fn read_at(&self, buf: &mut [u8], _: u64) -> cairn_blockdev::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64, _: bool) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _: u64, _: u64, _: bool) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, off: u64, len: u64, _: ZeroFlags) -> cairn_blockdev::Result<()> {
+            std::thread::sleep(Duration::from_millis(100));
+            if let Ok(mut z) = self.zeroed.lock() {
+                z.push((off, len));
+            }
+            Ok(())
+        }
+        fn extents(&self, _: u64, len: u64) -> cairn_blockdev::Result<Vec<Extent>> {
+            if let Ok(mut g) = self.granted.lock() {
+                *g = Some(self.budget.used());
+            }
+            Ok(vec![Extent::hole(len)])
+        }
+    }
+
+    /// Serve `requests` (already encoded, compact headers with structured
+    /// replies and base:allocation) to `dev` with two workers and the
+    /// server budget `budget`; what the server wrote back.
+    fn serve_requests(dev: Arc<dyn BlockDev>, budget: &Budget, requests: &[u8]) -> Vec<u8> {
+        let export = Export {
+            name: String::new(),
+            description: String::new(),
+            dev,
+            read_only: false,
+        };
+        let neg = Negotiated {
+            export: 0,
+            replies: Replies::Structured,
+            base_allocation: true,
+        };
+        let pool = BufPool::new(1 << 20);
+        let draining = AtomicBool::new(false);
+        let watch = Watch::default();
+        let limits = Limits {
+            workers: 2,
+            max_request: 1 << 20,
+            conn_budget: 4 << 20,
+            server_budget: budget,
+            pool: &pool,
+            io_timeout: Duration::from_secs(60),
+            idle_timeout: None,
+            draining: &draining,
+            watch: &watch,
+        };
+        let mut out = Vec::new();
+        run(requests, &mut out, &export, neg, &limits);
+        out
+    }
+
+    fn slow() -> Arc<Slow> {
+        Arc::new(Slow {
+            zeroed: Mutex::new(Vec::new()),
+            budget: Arc::new(Budget::new(8 << 20)),
+            granted: Mutex::new(None),
+        })
+    }
+
+    fn encoded(kind: u16, cookie: u64, offset: u64, len: u64) -> Vec<u8> {
+        let r = Request {
+            flags: 0,
+            kind,
+            cookie,
+            offset,
+            len,
+        };
+        proto::encode_request(&r, Replies::Structured).unwrap_or_default()
+    }
+
+    /// NBD_CMD_DISC right behind a zeroing of almost 4 GiB (four pieces):
+    /// the zeroing is finished and answered before the connection ends,
+    /// as the spec requires. Before, the disconnect made it give up after
+    /// its first piece, answered ESHUTDOWN.
+    #[test]
+    fn a_disconnect_lets_the_requests_before_it_finish() {
+        let dev = slow();
+        let len = u64::from(u32::MAX);
+        let mut input = encoded(cmd::WRITE_ZEROES, 7, 0, len);
+        input.extend(encoded(cmd::DISC, 8, 0, 0));
+        let out = serve_requests(dev.clone(), &dev.budget, &input);
+        let mut want = Vec::new();
+        proto::simple_reply(&mut want, 0, 7);
+        assert_eq!(out, want, "the zeroing's reply");
+        let zeroed = dev.zeroed.lock().map(|z| z.clone()).unwrap_or_default();
+        assert_eq!(zeroed.iter().map(|z| z.1).sum::<u64>(), len, "{zeroed:?}");
+    }
 
     #[test]
     fn long_effects_go_in_pieces_and_stop_between_them() {
