@@ -591,6 +591,9 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         std::thread::spawn(move || commit_loop(&images, every, stop))
     });
     let report = server.serve(&listeners, stop);
+    // The server returns on a stop, or on an error of its accept loop
+    // without one: the control and commit threads wait for the flag.
+    stop.store(true, Ordering::Release);
     if let Some(t) = control {
         let _ = t.join();
     }

@@ -331,6 +331,10 @@ struct Common {
 pub struct Server {
     exports: Arc<Vec<Export>>,
     config: ServerConfig,
+    /// Starts of connection threads to fail, as under a thread limit
+    /// (tests of what the accept loop does then).
+    #[cfg(test)]
+    fail_spawns: AtomicUsize,
 }
 
 /// Counts a connection in while it lives.
@@ -374,7 +378,24 @@ impl Server {
         Server {
             exports: Arc::new(exports),
             config,
+            #[cfg(test)]
+            fail_spawns: AtomicUsize::new(0),
         }
+    }
+
+    /// Start a connection's thread.
+    fn spawn_connection(&self, f: impl FnOnce() + Send + 'static) -> io::Result<JoinHandle<()>> {
+        #[cfg(test)]
+        if self
+            .fail_spawns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // What pthread_create says at a thread limit; `f` (and the
+            // stream it owns) is dropped, as `spawn` drops it.
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        std::thread::Builder::new().name("nbd-conn".into()).spawn(f)
     }
 
     /// The exports.
@@ -409,6 +430,9 @@ impl Server {
                 revents: 0,
             })
             .collect();
+        // A failed poll ends the accept loop, but the stop below still
+        // runs (connections ended, exports flushed) before it is returned.
+        let mut failed = None;
         while !stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid, initialised array of `fds.len()`
             // pollfd structs that lives across the call.
@@ -418,7 +442,8 @@ impl Server {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e);
+                failed = Some(e);
+                break;
             }
             live.retain(|c| !c.handle.is_finished());
             report.cut_stalled += cut_stalled(&mut live, &common);
@@ -451,21 +476,33 @@ impl Server {
                 let watch = Arc::new(Watch::default());
                 let conn_watch = watch.clone();
                 let conn_peer = peer.clone();
-                let handle =
-                    std::thread::Builder::new()
-                        .name("nbd-conn".into())
-                        .spawn(move || {
-                            let _slot = slot;
-                            let what = connection(stream, &common, &conn_watch);
-                            // (One closed for a stalled reply was named
-                            // when it was closed.)
-                            if let Some(what) = what.filter(|_| !conn_watch.was_cut()) {
-                                common.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                                if common.config.verbose {
-                                    eprintln!("cairn serve: {conn_peer}: {what}");
-                                }
-                            }
-                        })?;
+                let spawned = self.spawn_connection(move || {
+                    let _slot = slot;
+                    let what = connection(stream, &common, &conn_watch);
+                    // (One closed for a stalled reply was named when it
+                    // was closed.)
+                    if let Some(what) = what.filter(|_| !conn_watch.was_cut()) {
+                        common.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        if common.config.verbose {
+                            eprintln!("cairn serve: {conn_peer}: {what}");
+                        }
+                    }
+                });
+                // No thread (a limit on threads or memory): this client is
+                // closed (the closure, its stream and its slot were
+                // dropped) and the server goes on. Returning the error
+                // would leave every other connection running and the
+                // exports unflushed, and the caller waiting on a stop.
+                let handle = match spawned {
+                    Ok(h) => h,
+                    Err(e) => {
+                        eprintln!(
+                            "cairn serve: {peer}: cannot start a thread for the connection \
+                             ({e}): connection closed"
+                        );
+                        continue;
+                    }
+                };
                 live.push(Live {
                     handle,
                     stream: keep,
@@ -499,6 +536,9 @@ impl Server {
             e.dev
                 .flush()
                 .map_err(|err| io::Error::other(format!("flush of export {:?}: {err}", e.name)))?;
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         report.protocol_errors = common.protocol_errors.load(Ordering::Relaxed);
         Ok(report)
@@ -747,5 +787,60 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
             config.idle_timeout.map_or(0, |t| t.as_secs())
         )),
         End::Io(e) => Some(format!("connection: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_blockdev::MemDev;
+
+    /// A connection whose thread cannot be started (a thread limit) is
+    /// closed and the server goes on: the next client is served, and the
+    /// stop ends as usual. Before, `serve` returned the error at once,
+    /// leaving the other connections running and the exports unflushed.
+    #[test]
+    fn a_connection_without_a_thread_is_closed_and_the_server_goes_on() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("nbd.sock");
+        let listener = Listener::unix(path.clone()).unwrap_or_else(|e| panic!("listen: {e}"));
+        let server = Server::new(
+            vec![Export {
+                name: "mem".into(),
+                description: String::new(),
+                dev: Arc::new(MemDev::new(1 << 20)),
+                read_only: false,
+            }],
+            ServerConfig::default(),
+        );
+        server.fail_spawns.store(1, Ordering::Release);
+        let stop = AtomicBool::new(false);
+        let greeted = |s: &mut UnixStream| {
+            // (Bounds the test where the server has stopped answering.)
+            let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+            let mut g = Vec::new();
+            let _ = s.take(18).read_to_end(&mut g);
+            g.starts_with(b"NBDMAGIC")
+        };
+        let served = std::thread::scope(|scope| {
+            let t = scope.spawn(|| server.serve(&[listener], &stop));
+            let first = UnixStream::connect(&path).map(|mut s| greeted(&mut s));
+            let second = UnixStream::connect(&path).map(|mut s| greeted(&mut s));
+            stop.store(true, Ordering::Release);
+            let report = t.join().map_err(|_| "serve panicked");
+            (first.ok(), second.ok(), report)
+        });
+        let (first, second, report) = served;
+        assert_eq!(
+            first,
+            Some(false),
+            "the client without a thread was greeted"
+        );
+        assert_eq!(second, Some(true), "the next client was not served");
+        match report {
+            Ok(Ok(r)) => assert_eq!(r.connections, 2, "{r:?}"),
+            Ok(Err(e)) => panic!("serve failed: {e}"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }
