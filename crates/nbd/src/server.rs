@@ -39,8 +39,10 @@ pub struct ServerConfig {
     pub io_timeout: Duration,
     /// While requests wait for the server budget, a connection whose
     /// reply has taken no bytes for this long (if shorter than
-    /// `io_timeout`) is closed, so that clients that never read replies
-    /// cannot hold every other client back for `io_timeout`.
+    /// `io_timeout`), or whose write's payload has brought less than
+    /// 16 KiB in this long, is closed, so that clients that never read
+    /// replies or trickle their payloads cannot hold every other client
+    /// back.
     pub stall_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
@@ -312,8 +314,9 @@ pub struct ServeReport {
     /// Connections whose sockets were shut at the stop deadline, with
     /// requests still in flight or replies not taken.
     pub cut_at_stop: u64,
-    /// Connections closed because their replies took no bytes for
-    /// `stall_under_pressure` while other requests waited for memory.
+    /// Connections closed because their replies took no bytes, or their
+    /// write payloads brought too few, for `stall_under_pressure` while
+    /// other requests waited for memory.
     pub cut_stalled: u64,
 }
 
@@ -354,6 +357,10 @@ struct Live {
     /// While a reply is being sent: the bytes the client had taken (see
     /// [`Stream::taken`]) when it last took [`MIN_DRAIN`] more, and when.
     drain_mark: Option<(u64, Instant)>,
+    /// While a write's payload is being received: its stamp (see
+    /// [`Watch::receiving`]), the bytes of it received when it last
+    /// brought [`MIN_DRAIN`] more, and when.
+    payload_mark: Option<(u64, u64, Instant)>,
     unix: UnixDrain,
 }
 
@@ -367,7 +374,8 @@ struct UnixDrain {
 }
 
 /// A stalled reply's client must take at least this much in
-/// `stall_under_pressure` for its reply to count as moving. (The kernel
+/// `stall_under_pressure` for its reply to count as moving, and a write's
+/// payload must bring as much for it to count as arriving. (The kernel
 /// says what was taken in steps: on loopback TCP as the window reopens,
 /// about 64 KiB; from a Unix socket a queued chunk at a time.)
 const MIN_DRAIN: u64 = 16 << 10;
@@ -509,6 +517,7 @@ impl Server {
                     peer,
                     watch,
                     drain_mark: None,
+                    payload_mark: None,
                     unix: UnixDrain::default(),
                 });
             }
@@ -545,38 +554,69 @@ impl Server {
     }
 }
 
-/// Shut the sockets of the connections whose replies have not moved for
-/// `stall_under_pressure` while threads of other connections wait for
-/// the server budget (their threads then fail the write, end and give
-/// their grants back); returns how many were shut. A reply moves when a
-/// write of it returns or its client takes [`MIN_DRAIN`] bytes more from
-/// the socket (a client that reads slowly is not stalled; one that takes
-/// a few bytes now and then to look alive is). Called every tick of the
-/// accept loop.
+/// Shut the sockets of the connections whose reply or write payload has
+/// not moved for `stall_under_pressure` while threads of other
+/// connections wait for the server budget (their threads then fail, end
+/// and give their grants back); returns how many were shut. A reply
+/// moves when a write of it returns or its client takes [`MIN_DRAIN`]
+/// bytes more from the socket (a client that reads slowly is not stalled;
+/// one that takes a few bytes now and then to look alive is). A payload
+/// moves when [`MIN_DRAIN`] more bytes of it arrive, timed from when its
+/// grant was asked for if that waited (see `read_job`). Called every tick
+/// of the accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
     let now = Instant::now();
     let mut cut = 0;
     for c in live.iter_mut() {
-        let Some(written) = c.watch.stalled_for() else {
-            c.drain_mark = None;
-            continue;
-        };
-        // Since when the client has taken less than MIN_DRAIN (where
-        // that can be told; else the writes alone say).
-        let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
-            Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
-            _ => {
-                c.drain_mark = Some((taken, now));
-                now
+        let reply = match c.watch.stalled_for() {
+            None => {
+                c.drain_mark = None;
+                None
             }
-        });
-        let still = draining_since.map_or(written, |since| {
-            written.min(now.saturating_duration_since(since))
-        });
-        if patience >= cfg.io_timeout
-            || still < patience
+            Some(written) => {
+                // Since when the client has taken less than MIN_DRAIN
+                // (where that can be told; else the writes alone say).
+                let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
+                    Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
+                    _ => {
+                        c.drain_mark = Some((taken, now));
+                        now
+                    }
+                });
+                Some(draining_since.map_or(written, |since| {
+                    written.min(now.saturating_duration_since(since))
+                }))
+            }
+        };
+        let payload = match c.watch.payload() {
+            None => {
+                c.payload_mark = None;
+                None
+            }
+            Some((stamp, began, got)) => {
+                let mark = match c.payload_mark {
+                    Some(m) if m.0 == stamp => m,
+                    // A payload not seen before: nothing of it counted yet.
+                    _ => (stamp, 0, began),
+                };
+                let mark = if got >= mark.1.saturating_add(MIN_DRAIN) {
+                    (stamp, got, now)
+                } else {
+                    mark
+                };
+                c.payload_mark = Some(mark);
+                Some(now.saturating_duration_since(mark.2))
+            }
+        };
+        // A stalled reply fails its write at the I/O timeout, so with a
+        // timeout as short as the patience that rule is left to it. Not
+        // so a payload: each byte restarts the I/O timeout of a read, so a
+        // trickle would keep its grant for ever.
+        let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
+        let payload_stalled = payload.is_some_and(|s| s >= patience);
+        if !(reply_stalled || payload_stalled)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -586,9 +626,14 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         cut += 1;
         c.stream.shutdown(Shutdown::Both);
         if cfg.verbose {
+            let what = if reply_stalled {
+                "its reply did not move"
+            } else {
+                "its write's payload did not arrive"
+            };
             eprintln!(
-                "cairn serve: {}: its reply did not move for {} s while other clients' \
-                 requests waited for memory (--max-inflight): connection closed",
+                "cairn serve: {}: {what} for {} s while other clients' requests waited for \
+                 memory (--max-inflight): connection closed",
                 c.peer,
                 patience.as_secs_f64()
             );

@@ -7,8 +7,9 @@
 //! handed between threads.
 //!
 //! What a request holds is granted by the connection's and the server's
-//! budgets ([`crate::limits`]): a write's payload a step at a time as it
-//! arrives, a read's buffer before it is allocated. Lengths are 64 bits
+//! budgets ([`crate::limits`]), whole, before it holds anything: a
+//! write's payload before its first byte is read (its buffer grows as the
+//! bytes arrive), a read's buffer before it is allocated. Lengths are 64 bits
 //! under extended headers, so nothing is sized from a header: a payload
 //! longer than the largest request is drained through a small scratch
 //! buffer (compact headers, at most 4 GiB) or ends the connection
@@ -17,7 +18,9 @@
 //!
 //! The socket's read timeout is a short tick, so a reader waiting for the
 //! next request notices a server that is stopping, and a payload that
-//! stops arriving is timed out by the time since its last byte.
+//! stops arriving is timed out by the time since its last byte (one that
+//! trickles, a byte now and then, is left to the server's stall watch:
+//! [`crate::limits`]).
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
 use crate::limits::{Budget, BufPool, Grant, Watch};
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 /// Replies up to this size are copied into one buffer and sent with one
 /// write; larger read data goes in a second write.
 const COALESCE: usize = 64 << 10;
-/// A write's payload is granted and read in steps of this size.
+/// A write's payload is read (and its buffer grown) in steps of this size.
 const PAYLOAD_STEP: usize = 256 << 10;
 /// Reply data goes out in writes of this size at most, each one progress
 /// the server sees ([`Watch`]; it also sees what the client takes from
@@ -277,12 +280,14 @@ fn is_tick(e: &io::Error) -> bool {
 /// Fill `buf` from `r`; a stall of more than `timeout` fails, and so does
 /// the server stopping (the request is dropped). The stall is timed from
 /// the first tick without bytes (at most a tick after the last byte), so
-/// the clock is not read for every request.
+/// the clock is not read for every request. `on_read` is told of each
+/// read that returns: the bytes it brought (0: a tick without any).
 fn read_full<R: Read>(
     r: &mut R,
     mut buf: &mut [u8],
     timeout: Duration,
     stopping: &dyn Fn() -> bool,
+    on_read: &mut dyn FnMut(usize),
 ) -> Result<(), End> {
     let mut stalled: Option<Instant> = None;
     while !buf.is_empty() {
@@ -291,8 +296,10 @@ fn read_full<R: Read>(
             Ok(n) => {
                 buf = &mut buf[n..];
                 stalled = None;
+                on_read(n);
             }
             Err(e) if is_tick(&e) => {
+                on_read(0);
                 if stopping() {
                     return Err(End::Clean);
                 }
@@ -343,7 +350,7 @@ fn read_job<R: Read, W>(
         }
     }
     let h = &mut h[..sh.neg.replies.request_len()];
-    read_full(r, &mut h[1..], limits.io_timeout, &stopping)?;
+    read_full(r, &mut h[1..], limits.io_timeout, &stopping, &mut |_| {})?;
     let req = proto::parse_request(h, sh.neg.replies).ok_or(End::BadMagic)?;
     if req.kind == cmd::DISC {
         return Ok(None);
@@ -354,18 +361,50 @@ fn read_job<R: Read, W>(
         return Ok(Some(Job { req, discarded }));
     }
     if req.kind == cmd::WRITE && payload <= u64::from(limits.max_request) {
-        buf.clear();
-        let mut left = payload;
-        while left > 0 {
-            let n = left.min(PAYLOAD_STEP as u64);
-            if !grant.grow(n, &stopping) {
+        let watch = limits.watch;
+        // The whole payload is granted in one take before a byte of it is
+        // read (see `crate::limits`): granted a step at a time as it
+        // arrived, connections part-way through their writes could hold
+        // the budget between them, each waiting for its next step, for
+        // ever. A grant that has to wait starts the payload's clock for
+        // the server's stall watch there: the client's bytes queue in the
+        // socket meanwhile. (The clock is read only then and once a
+        // payload takes more than one read: not for each small write.)
+        let mut since = None;
+        if !grant.grow(payload, &|| true) {
+            since = Some(watch.stamp());
+            if !grant.grow(payload, &stopping) {
                 return Ok(None);
             }
+        }
+        // The server is told how much has arrived from the second read
+        // on: the first may bring only what the read buffer held with
+        // the header, the second what queued in the socket. So a client
+        // whose bytes were queued shows them before it is judged, and
+        // one that is judged has sent no more than it shows.
+        let (mut got, mut reads) = (0u64, 0u32);
+        let mut tell = |n: usize| {
+            got += n as u64;
+            reads += 1;
+            if reads > 1 && got < payload {
+                let since = *since.get_or_insert_with(|| watch.stamp());
+                watch.receiving(since, got);
+            }
+        };
+        buf.clear();
+        let mut left = payload;
+        let mut read = Ok(());
+        while left > 0 && read.is_ok() {
+            // The buffer grows as the bytes arrive: what a client that
+            // trickles makes the server allocate is what it sent.
+            let n = left.min(PAYLOAD_STEP as u64);
             let at = buf.len();
             buf.resize(at + n as usize, 0);
-            read_full(r, &mut buf[at..], limits.io_timeout, &stopping)?;
+            read = read_full(r, &mut buf[at..], limits.io_timeout, &stopping, &mut tell);
             left -= n;
         }
+        watch.received_all();
+        read?;
     } else if sh.neg.replies == Replies::Extended && payload > u64::from(limits.max_request) {
         return Err(End::TooLong(payload));
     } else {
@@ -375,7 +414,13 @@ fn read_job<R: Read, W>(
         let mut scrap = [0u8; 4096];
         while left > 0 {
             let n = left.min(scrap.len() as u64) as usize;
-            read_full(r, &mut scrap[..n], limits.io_timeout, &stopping)?;
+            read_full(
+                r,
+                &mut scrap[..n],
+                limits.io_timeout,
+                &stopping,
+                &mut |_| {},
+            )?;
             left -= n as u64;
         }
         discarded = true;
