@@ -47,9 +47,21 @@ const READ_BUFFER: usize = 128 << 10;
 /// most (see [`in_pieces`]).
 const EFFECT_STEP: u64 = 1 << 30;
 /// Block status descriptors in one reply, at most (the spec asks for no
-/// more than 2^20; this keeps a reply, which no budget grants, under
-/// 1 MiB).
+/// more than 2^20; this keeps a reply under 1 MiB, and its grant with it:
+/// [`status_reply_max`]).
 const MAX_DESCRIPTORS: usize = 1 << 16;
+
+/// The largest block status reply: chunk header, context id (and under
+/// extended headers the descriptor count), [`MAX_DESCRIPTORS`]
+/// descriptors.
+fn status_reply_max(replies: Replies) -> u64 {
+    let n = MAX_DESCRIPTORS as u64;
+    if replies == Replies::Extended {
+        32 + 8 + 16 * n
+    } else {
+        20 + 4 + 8 * n
+    }
+}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -541,13 +553,22 @@ fn handle<'b, R, W>(
             })
         }
         cmd::CACHE => Ok(()),
-        cmd::BLOCK_STATUS => match dev.extents(off, len) {
-            Ok(extents) => {
-                block_status_reply(out, replies, &req, &extents);
+        cmd::BLOCK_STATUS => {
+            // The reply is built in memory, up to 1 MiB: granted before
+            // the device is asked, as a read's buffer is (unbudgeted, a
+            // few hundred clients' block status held that much each).
+            if !grant.grow(status_reply_max(replies), give_up) {
+                error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
-            Err(e) => Err(e),
-        },
+            match dev.extents(off, len) {
+                Ok(extents) => {
+                    block_status_reply(out, replies, &req, &extents);
+                    return None;
+                }
+                Err(e) => Err(e),
+            }
+        }
         _ => {
             error_reply(replies, &req, out, err::EINVAL, "unknown command");
             return None;
@@ -892,6 +913,20 @@ mod tests {
             len,
         };
         proto::encode_request(&r, Replies::Structured).unwrap_or_default()
+    }
+
+    /// A block status holds its largest reply's grant from before the
+    /// device is asked until the reply is sent; it was granted nothing.
+    #[test]
+    fn a_block_status_is_granted_its_reply() {
+        let dev = slow();
+        let input = encoded(cmd::BLOCK_STATUS, 3, 0, 1 << 30);
+        let out = serve_requests(dev.clone(), &dev.budget, &input);
+        let granted = dev.granted.lock().map(|g| *g).unwrap_or_default();
+        assert_eq!(granted, Some(status_reply_max(Replies::Structured)));
+        // One descriptor: the hole.
+        assert_eq!(out.len(), 20 + 4 + 8, "{out:?}");
+        assert_eq!(dev.budget.used(), 0, "the grant was not given back");
     }
 
     /// NBD_CMD_DISC right behind a zeroing of almost 4 GiB (four pieces):
