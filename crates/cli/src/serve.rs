@@ -67,8 +67,9 @@ pub(crate) struct ServeArgs {
     pub max_connections: usize,
     /// Bytes all clients' requests in flight may hold together (write
     /// payloads, read data); past it, requests wait (e.g. 256M), and a
-    /// client that took under 16 KiB of its reply in 5 s while another's
-    /// requests wait is disconnected (not with --io-timeout 5 or less).
+    /// client that took under 16 KiB of its reply (not with --io-timeout
+    /// 5 or less), or sent under 16 KiB of a write's payload, in 5 s
+    /// while another's requests wait is disconnected.
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,
     /// Seconds a client may take to negotiate.
@@ -591,6 +592,9 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
         std::thread::spawn(move || commit_loop(&images, every, stop))
     });
     let report = server.serve(&listeners, stop);
+    // The server returns on a stop, or on an error of its accept loop
+    // without one: the control and commit threads wait for the flag.
+    stop.store(true, Ordering::Release);
     if let Some(t) = control {
         let _ = t.join();
     }
@@ -647,7 +651,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
     }
     if a.verbose {
         errln!(
-            "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} closed for replies not taken while others waited, {} cut at the stop deadline)",
+            "cairn serve: stopped after {} connections ({} protocol errors, {} refused, {} closed for replies not taken or payloads not sent while others waited, {} cut at the stop deadline)",
             report.connections, report.protocol_errors, report.refused, report.cut_stalled, report.cut_at_stop
         );
     }

@@ -33,9 +33,12 @@
 //!   writes its reply. Block I/O is blocking anyway, and no request is
 //!   handed between threads.
 //! - **Bounded, whatever clients do**: every byte a request holds is
-//!   granted by a per-connection and a server-wide budget (a write's
-//!   payload as it arrives, so announcing 32 MiB and trickling costs only
-//!   what was sent), buffers between requests are pooled with a cap,
+//!   granted by a per-connection and a server-wide budget, whole before
+//!   it holds any (so no two requests wait on each other for budget; a
+//!   write's buffer still grows only as its payload arrives), a client
+//!   that holds a grant and stalls its reply or trickles its payload is
+//!   closed while others wait for memory, buffers between requests are
+//!   pooled with a cap,
 //!   connections are limited (`max_connections`, over it a refusal with a
 //!   message), the handshake has a deadline, a request or reply that
 //!   stalls past `io_timeout` ends its connection. See [`ServerConfig`].

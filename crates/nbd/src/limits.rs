@@ -2,25 +2,37 @@
 //!
 //! Every byte of request payload and read data the server holds is
 //! granted first by two [`Budget`]s: the connection's and the server's.
-//! A write's payload is granted a step at a time as it arrives, so a
-//! client that announces 32 MiB and then trickles holds only what it sent;
-//! a read's buffer is granted before it is allocated. When a budget is
-//! spent, the worker that wants more waits (and so stops reading its
-//! socket: TCP pushes back on the client) until a reply frees some.
-//! Buffers between requests are kept in one [`BufPool`] of bounded size.
+//! Each request takes its whole grant in one [`Grant::grow`] before it
+//! holds anything: a read's buffer before it is allocated, a write's
+//! payload before its first byte is read (the buffer itself still grows
+//! as the bytes arrive, so what is allocated is what was sent). When a
+//! budget is spent, the worker that wants more waits (and so stops
+//! reading its socket: TCP pushes back on the client) until a reply frees
+//! some. Buffers between requests are kept in one [`BufPool`] of bounded
+//! size.
+//!
+//! Nobody waits for budget while holding part of a grant, so requests can
+//! never wait on each other in a ring: each holder waits only for its own
+//! client (to send the rest of a payload, or to take a reply). A write's
+//! payload was once granted a step at a time as it arrived; then a few
+//! connections each part-way through a 32 MiB write could hold the whole
+//! budget between them, each waiting for the next step, forever.
 //!
 //! So the server holds at most the server budget in requests, plus the
 //! pool, plus a read buffer and a few worker threads per connection,
 //! whatever clients send; [`crate::ServerConfig`] sets each bound.
 //!
-//! A client that sends reads and never takes the replies keeps its grants
-//! until its socket's write times out; a few such clients could spend the
-//! server's budget and make every other client wait that long. So the
-//! server watches each connection ([`Watch`]): whether a reply is being
-//! sent and since when it last moved, and how many of its threads wait
-//! for the server budget. While threads of other connections wait for it,
-//! the server closes a connection whose reply has not moved (neither a
-//! write of it returned nor its client took 16 KiB from the socket) for
+//! A client that keeps a grant and does not let it go (it sends reads and
+//! never takes the replies, or announces a write and trickles its
+//! payload, a byte now and then so no timeout fires) could, with a few
+//! others, spend the server's budget and make every other client wait. So
+//! the server watches each connection ([`Watch`]): whether a reply is
+//! being sent and since when it last moved, how much of a write's payload
+//! has arrived and since when, and how many of its threads wait for the
+//! server budget. While threads of other connections wait for it, the
+//! server closes a connection whose reply has not moved (neither a write
+//! of it returned nor its client took 16 KiB from the socket), or whose
+//! payload has not brought 16 KiB, for
 //! [`crate::ServerConfig::stall_under_pressure`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -176,18 +188,25 @@ impl Drop for Grant<'_> {
     }
 }
 
-/// What the server watches of a connection: the reply it is sending, its
-/// threads waiting for the server budget, and whether the server closed
-/// it for a stalled reply.
+/// What the server watches of a connection: the reply it is sending, the
+/// write payload it is receiving, its threads waiting for the server
+/// budget, and whether the server closed it for a stalled reply or
+/// payload.
 #[derive(Debug)]
 pub(crate) struct Watch {
     epoch: Instant,
     /// Milliseconds from `epoch` to the last write of a reply that
     /// returned, plus one; 0 while no reply is being sent.
     last: AtomicU64,
+    /// A write's payload being received under its grant: milliseconds
+    /// from `epoch`, plus one, to when its clock starts (see
+    /// [`Watch::receiving`]); 0 while none is.
+    payload: AtomicU64,
+    /// Bytes of that payload received.
+    received: AtomicU64,
     /// The connection's threads waiting for the server budget.
     waiting: AtomicUsize,
-    /// Closed by the server for a stalled reply.
+    /// Closed by the server for a stalled reply or payload.
     cut: AtomicBool,
 }
 
@@ -196,6 +215,8 @@ impl Default for Watch {
         Watch {
             epoch: Instant::now(),
             last: AtomicU64::new(0),
+            payload: AtomicU64::new(0),
+            received: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             cut: AtomicBool::new(false),
         }
@@ -203,11 +224,38 @@ impl Default for Watch {
 }
 
 impl Watch {
+    /// Now, as a stamp for [`Watch::receiving`].
+    pub(crate) fn stamp(&self) -> u64 {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        ms.saturating_add(1)
+    }
+
     /// A reply is being sent, and a write of it has just returned (or it
     /// has begun).
     pub(crate) fn progress(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms.saturating_add(1), Ordering::Relaxed);
+        self.last.store(self.stamp(), Ordering::Relaxed);
+    }
+
+    /// A write's payload is being received under its grant, `got` bytes
+    /// of it so far, timed from `since` (a [`Watch::stamp`]); the server
+    /// tells payloads apart by it.
+    pub(crate) fn receiving(&self, since: u64, got: u64) {
+        self.received.store(got, Ordering::Relaxed);
+        self.payload.store(since, Ordering::Relaxed);
+    }
+
+    /// No payload is being received.
+    pub(crate) fn received_all(&self) {
+        self.payload.store(0, Ordering::Relaxed);
+    }
+
+    /// The payload being received: its stamp, when its clock started and
+    /// the bytes received (`None`: none is).
+    pub(crate) fn payload(&self) -> Option<(u64, Instant, u64)> {
+        let since = self.payload.load(Ordering::Relaxed);
+        let ms = since.checked_sub(1)?;
+        let got = self.received.load(Ordering::Relaxed);
+        Some((since, self.epoch + Duration::from_millis(ms), got))
     }
 
     /// No reply is being sent.
@@ -226,12 +274,13 @@ impl Watch {
         )
     }
 
-    /// The server closes the connection for a stalled reply.
+    /// The server closes the connection for a stalled reply or payload.
     pub(crate) fn cut(&self) {
         self.cut.store(true, Ordering::Release);
     }
 
-    /// Whether the server closed the connection for a stalled reply.
+    /// Whether the server closed the connection for a stalled reply or
+    /// payload.
     pub(crate) fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Acquire)
     }

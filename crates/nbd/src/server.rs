@@ -39,8 +39,10 @@ pub struct ServerConfig {
     pub io_timeout: Duration,
     /// While requests wait for the server budget, a connection whose
     /// reply has taken no bytes for this long (if shorter than
-    /// `io_timeout`) is closed, so that clients that never read replies
-    /// cannot hold every other client back for `io_timeout`.
+    /// `io_timeout`), or whose write's payload has brought less than
+    /// 16 KiB in this long, is closed, so that clients that never read
+    /// replies or trickle their payloads cannot hold every other client
+    /// back.
     pub stall_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
@@ -312,8 +314,9 @@ pub struct ServeReport {
     /// Connections whose sockets were shut at the stop deadline, with
     /// requests still in flight or replies not taken.
     pub cut_at_stop: u64,
-    /// Connections closed because their replies took no bytes for
-    /// `stall_under_pressure` while other requests waited for memory.
+    /// Connections closed because their replies took no bytes, or their
+    /// write payloads brought too few, for `stall_under_pressure` while
+    /// other requests waited for memory.
     pub cut_stalled: u64,
 }
 
@@ -331,6 +334,10 @@ struct Common {
 pub struct Server {
     exports: Arc<Vec<Export>>,
     config: ServerConfig,
+    /// Starts of connection threads to fail, as under a thread limit
+    /// (tests of what the accept loop does then).
+    #[cfg(test)]
+    fail_spawns: AtomicUsize,
 }
 
 /// Counts a connection in while it lives.
@@ -350,6 +357,10 @@ struct Live {
     /// While a reply is being sent: the bytes the client had taken (see
     /// [`Stream::taken`]) when it last took [`MIN_DRAIN`] more, and when.
     drain_mark: Option<(u64, Instant)>,
+    /// While a write's payload is being received: its stamp (see
+    /// [`Watch::receiving`]), the bytes of it received when it last
+    /// brought [`MIN_DRAIN`] more, and when.
+    payload_mark: Option<(u64, u64, Instant)>,
     unix: UnixDrain,
 }
 
@@ -363,7 +374,8 @@ struct UnixDrain {
 }
 
 /// A stalled reply's client must take at least this much in
-/// `stall_under_pressure` for its reply to count as moving. (The kernel
+/// `stall_under_pressure` for its reply to count as moving, and a write's
+/// payload must bring as much for it to count as arriving. (The kernel
 /// says what was taken in steps: on loopback TCP as the window reopens,
 /// about 64 KiB; from a Unix socket a queued chunk at a time.)
 const MIN_DRAIN: u64 = 16 << 10;
@@ -374,7 +386,24 @@ impl Server {
         Server {
             exports: Arc::new(exports),
             config,
+            #[cfg(test)]
+            fail_spawns: AtomicUsize::new(0),
         }
+    }
+
+    /// Start a connection's thread.
+    fn spawn_connection(&self, f: impl FnOnce() + Send + 'static) -> io::Result<JoinHandle<()>> {
+        #[cfg(test)]
+        if self
+            .fail_spawns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            // What pthread_create says at a thread limit; `f` (and the
+            // stream it owns) is dropped, as `spawn` drops it.
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        std::thread::Builder::new().name("nbd-conn".into()).spawn(f)
     }
 
     /// The exports.
@@ -409,6 +438,9 @@ impl Server {
                 revents: 0,
             })
             .collect();
+        // A failed poll ends the accept loop, but the stop below still
+        // runs (connections ended, exports flushed) before it is returned.
+        let mut failed = None;
         while !stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid, initialised array of `fds.len()`
             // pollfd structs that lives across the call.
@@ -418,7 +450,8 @@ impl Server {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e);
+                failed = Some(e);
+                break;
             }
             live.retain(|c| !c.handle.is_finished());
             report.cut_stalled += cut_stalled(&mut live, &common);
@@ -451,27 +484,40 @@ impl Server {
                 let watch = Arc::new(Watch::default());
                 let conn_watch = watch.clone();
                 let conn_peer = peer.clone();
-                let handle =
-                    std::thread::Builder::new()
-                        .name("nbd-conn".into())
-                        .spawn(move || {
-                            let _slot = slot;
-                            let what = connection(stream, &common, &conn_watch);
-                            // (One closed for a stalled reply was named
-                            // when it was closed.)
-                            if let Some(what) = what.filter(|_| !conn_watch.was_cut()) {
-                                common.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                                if common.config.verbose {
-                                    eprintln!("cairn serve: {conn_peer}: {what}");
-                                }
-                            }
-                        })?;
+                let spawned = self.spawn_connection(move || {
+                    let _slot = slot;
+                    let what = connection(stream, &common, &conn_watch);
+                    // (One closed for a stalled reply was named when it
+                    // was closed.)
+                    if let Some(what) = what.filter(|_| !conn_watch.was_cut()) {
+                        common.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        if common.config.verbose {
+                            eprintln!("cairn serve: {conn_peer}: {what}");
+                        }
+                    }
+                });
+                // No thread (a limit on threads or memory): this client is
+                // closed (the closure, its stream and its slot were
+                // dropped) and the server goes on. Returning the error
+                // would leave every other connection running and the
+                // exports unflushed, and the caller waiting on a stop.
+                let handle = match spawned {
+                    Ok(h) => h,
+                    Err(e) => {
+                        eprintln!(
+                            "cairn serve: {peer}: cannot start a thread for the connection \
+                             ({e}): connection closed"
+                        );
+                        continue;
+                    }
+                };
                 live.push(Live {
                     handle,
                     stream: keep,
                     peer,
                     watch,
                     drain_mark: None,
+                    payload_mark: None,
                     unix: UnixDrain::default(),
                 });
             }
@@ -500,43 +546,77 @@ impl Server {
                 .flush()
                 .map_err(|err| io::Error::other(format!("flush of export {:?}: {err}", e.name)))?;
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         report.protocol_errors = common.protocol_errors.load(Ordering::Relaxed);
         Ok(report)
     }
 }
 
-/// Shut the sockets of the connections whose replies have not moved for
-/// `stall_under_pressure` while threads of other connections wait for
-/// the server budget (their threads then fail the write, end and give
-/// their grants back); returns how many were shut. A reply moves when a
-/// write of it returns or its client takes [`MIN_DRAIN`] bytes more from
-/// the socket (a client that reads slowly is not stalled; one that takes
-/// a few bytes now and then to look alive is). Called every tick of the
-/// accept loop.
+/// Shut the sockets of the connections whose reply or write payload has
+/// not moved for `stall_under_pressure` while threads of other
+/// connections wait for the server budget (their threads then fail, end
+/// and give their grants back); returns how many were shut. A reply
+/// moves when a write of it returns or its client takes [`MIN_DRAIN`]
+/// bytes more from the socket (a client that reads slowly is not stalled;
+/// one that takes a few bytes now and then to look alive is). A payload
+/// moves when [`MIN_DRAIN`] more bytes of it arrive, timed from when its
+/// grant was asked for if that waited (see `read_job`). Called every tick
+/// of the accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
     let now = Instant::now();
     let mut cut = 0;
     for c in live.iter_mut() {
-        let Some(written) = c.watch.stalled_for() else {
-            c.drain_mark = None;
-            continue;
-        };
-        // Since when the client has taken less than MIN_DRAIN (where
-        // that can be told; else the writes alone say).
-        let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
-            Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
-            _ => {
-                c.drain_mark = Some((taken, now));
-                now
+        let reply = match c.watch.stalled_for() {
+            None => {
+                c.drain_mark = None;
+                None
             }
-        });
-        let still = draining_since.map_or(written, |since| {
-            written.min(now.saturating_duration_since(since))
-        });
-        if patience >= cfg.io_timeout
-            || still < patience
+            Some(written) => {
+                // Since when the client has taken less than MIN_DRAIN
+                // (where that can be told; else the writes alone say).
+                let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
+                    Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
+                    _ => {
+                        c.drain_mark = Some((taken, now));
+                        now
+                    }
+                });
+                Some(draining_since.map_or(written, |since| {
+                    written.min(now.saturating_duration_since(since))
+                }))
+            }
+        };
+        let payload = match c.watch.payload() {
+            None => {
+                c.payload_mark = None;
+                None
+            }
+            Some((stamp, began, got)) => {
+                let mark = match c.payload_mark {
+                    Some(m) if m.0 == stamp => m,
+                    // A payload not seen before: nothing of it counted yet.
+                    _ => (stamp, 0, began),
+                };
+                let mark = if got >= mark.1.saturating_add(MIN_DRAIN) {
+                    (stamp, got, now)
+                } else {
+                    mark
+                };
+                c.payload_mark = Some(mark);
+                Some(now.saturating_duration_since(mark.2))
+            }
+        };
+        // A stalled reply fails its write at the I/O timeout, so with a
+        // timeout as short as the patience that rule is left to it. Not
+        // so a payload: each byte restarts the I/O timeout of a read, so a
+        // trickle would keep its grant for ever.
+        let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
+        let payload_stalled = payload.is_some_and(|s| s >= patience);
+        if !(reply_stalled || payload_stalled)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -546,9 +626,14 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         cut += 1;
         c.stream.shutdown(Shutdown::Both);
         if cfg.verbose {
+            let what = if reply_stalled {
+                "its reply did not move"
+            } else {
+                "its write's payload did not arrive"
+            };
             eprintln!(
-                "cairn serve: {}: its reply did not move for {} s while other clients' \
-                 requests waited for memory (--max-inflight): connection closed",
+                "cairn serve: {}: {what} for {} s while other clients' requests waited for \
+                 memory (--max-inflight): connection closed",
                 c.peer,
                 patience.as_secs_f64()
             );
@@ -747,5 +832,60 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
             config.idle_timeout.map_or(0, |t| t.as_secs())
         )),
         End::Io(e) => Some(format!("connection: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_blockdev::MemDev;
+
+    /// A connection whose thread cannot be started (a thread limit) is
+    /// closed and the server goes on: the next client is served, and the
+    /// stop ends as usual. Before, `serve` returned the error at once,
+    /// leaving the other connections running and the exports unflushed.
+    #[test]
+    fn a_connection_without_a_thread_is_closed_and_the_server_goes_on() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let path = dir.path().join("nbd.sock");
+        let listener = Listener::unix(path.clone()).unwrap_or_else(|e| panic!("listen: {e}"));
+        let server = Server::new(
+            vec![Export {
+                name: "mem".into(),
+                description: String::new(),
+                dev: Arc::new(MemDev::new(1 << 20)),
+                read_only: false,
+            }],
+            ServerConfig::default(),
+        );
+        server.fail_spawns.store(1, Ordering::Release);
+        let stop = AtomicBool::new(false);
+        let greeted = |s: &mut UnixStream| {
+            // (Bounds the test where the server has stopped answering.)
+            let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+            let mut g = Vec::new();
+            let _ = s.take(18).read_to_end(&mut g);
+            g.starts_with(b"NBDMAGIC")
+        };
+        let served = std::thread::scope(|scope| {
+            let t = scope.spawn(|| server.serve(&[listener], &stop));
+            let first = UnixStream::connect(&path).map(|mut s| greeted(&mut s));
+            let second = UnixStream::connect(&path).map(|mut s| greeted(&mut s));
+            stop.store(true, Ordering::Release);
+            let report = t.join().map_err(|_| "serve panicked");
+            (first.ok(), second.ok(), report)
+        });
+        let (first, second, report) = served;
+        assert_eq!(
+            first,
+            Some(false),
+            "the client without a thread was greeted"
+        );
+        assert_eq!(second, Some(true), "the next client was not served");
+        match report {
+            Ok(Ok(r)) => assert_eq!(r.connections, 2, "{r:?}"),
+            Ok(Err(e)) => panic!("serve failed: {e}"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }

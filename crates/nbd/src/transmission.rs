@@ -7,8 +7,9 @@
 //! handed between threads.
 //!
 //! What a request holds is granted by the connection's and the server's
-//! budgets ([`crate::limits`]): a write's payload a step at a time as it
-//! arrives, a read's buffer before it is allocated. Lengths are 64 bits
+//! budgets ([`crate::limits`]), whole, before it holds anything: a
+//! write's payload before its first byte is read (its buffer grows as the
+//! bytes arrive), a read's buffer before it is allocated. Lengths are 64 bits
 //! under extended headers, so nothing is sized from a header: a payload
 //! longer than the largest request is drained through a small scratch
 //! buffer (compact headers, at most 4 GiB) or ends the connection
@@ -17,7 +18,9 @@
 //!
 //! The socket's read timeout is a short tick, so a reader waiting for the
 //! next request notices a server that is stopping, and a payload that
-//! stops arriving is timed out by the time since its last byte.
+//! stops arriving is timed out by the time since its last byte (one that
+//! trickles, a byte now and then, is left to the server's stall watch:
+//! [`crate::limits`]).
 
 use crate::handshake::{Negotiated, BASE_ALLOCATION_ID};
 use crate::limits::{Budget, BufPool, Grant, Watch};
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 /// Replies up to this size are copied into one buffer and sent with one
 /// write; larger read data goes in a second write.
 const COALESCE: usize = 64 << 10;
-/// A write's payload is granted and read in steps of this size.
+/// A write's payload is read (and its buffer grown) in steps of this size.
 const PAYLOAD_STEP: usize = 256 << 10;
 /// Reply data goes out in writes of this size at most, each one progress
 /// the server sees ([`Watch`]; it also sees what the client takes from
@@ -44,9 +47,21 @@ const READ_BUFFER: usize = 128 << 10;
 /// most (see [`in_pieces`]).
 const EFFECT_STEP: u64 = 1 << 30;
 /// Block status descriptors in one reply, at most (the spec asks for no
-/// more than 2^20; this keeps a reply, which no budget grants, under
-/// 1 MiB).
+/// more than 2^20; this keeps a reply under 1 MiB, and its grant with it:
+/// [`status_reply_max`]).
 const MAX_DESCRIPTORS: usize = 1 << 16;
+
+/// The largest block status reply: chunk header, context id (and under
+/// extended headers the descriptor count), [`MAX_DESCRIPTORS`]
+/// descriptors.
+fn status_reply_max(replies: Replies) -> u64 {
+    let n = MAX_DESCRIPTORS as u64;
+    if replies == Replies::Extended {
+        32 + 8 + 16 * n
+    } else {
+        20 + 4 + 8 * n
+    }
+}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -93,7 +108,14 @@ struct Shared<'a, R, W> {
     neg: Negotiated,
     limits: &'a Limits<'a>,
     conn_budget: Budget,
+    /// The reader takes no more requests (NBD_CMD_DISC, end of stream,
+    /// an error): each worker leaves once its request is answered.
     closing: AtomicBool,
+    /// The connection is lost (the stream broke or lost sync): requests
+    /// in flight give up their waits and their remaining pieces too.
+    /// Not set by a disconnect, after which the spec has the server
+    /// finish every request it took.
+    dead: AtomicBool,
     /// A reply failed to go out (the client stopped taking replies for
     /// the I/O timeout, or the socket broke): the stream may hold part of
     /// a reply, so nothing more is sent. Workers queued on the writer see
@@ -120,6 +142,7 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         limits,
         conn_budget: Budget::new(limits.conn_budget),
         closing: AtomicBool::new(false),
+        dead: AtomicBool::new(false),
         broken: AtomicBool::new(false),
         end: Mutex::new(None),
     };
@@ -143,7 +166,9 @@ struct Job {
 
 fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
     let pool = sh.limits.pool;
-    let give_up = || sh.stopping();
+    // In-flight work stops for a server stop or a lost connection, not
+    // for a disconnect (see `Shared::giving_up`).
+    let give_up = || sh.giving_up();
     loop {
         let mut grant = Grant::watched(&sh.conn_budget, sh.limits.server_budget, sh.limits.watch);
         let mut buf = pool.get();
@@ -211,16 +236,32 @@ fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) ->
 }
 
 impl<R, W> Shared<'_, R, W> {
+    /// The reader stops. A clean end (NBD_CMD_DISC, end of stream between
+    /// requests) or an idle one leaves the requests in flight to finish
+    /// and be answered, as the spec requires for NBD_CMD_DISC; any other
+    /// end means the connection is lost, and they give up too.
     fn finish(&self, end: End) {
+        if !matches!(end, End::Clean | End::Idle) {
+            self.dead.store(true, Ordering::Release);
+        }
         self.closing.store(true, Ordering::Release);
         if let Ok(mut e) = self.end.lock() {
             e.get_or_insert(end);
         }
     }
 
-    /// The connection is ending or the server stopping: waits give up.
+    /// The reader stops waiting for request bytes and budget: the
+    /// connection is ending or the server stopping.
     fn stopping(&self) -> bool {
         self.closing.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
+    }
+
+    /// Requests in flight give up (their waits for budget, the rest of a
+    /// long trim or zeroing): the server is stopping or the connection is
+    /// lost. A disconnect alone is not a reason: NBD_CMD_DISC came after
+    /// them, and the spec has the server handle them all first.
+    fn giving_up(&self) -> bool {
+        self.dead.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
     }
 }
 
@@ -251,12 +292,14 @@ fn is_tick(e: &io::Error) -> bool {
 /// Fill `buf` from `r`; a stall of more than `timeout` fails, and so does
 /// the server stopping (the request is dropped). The stall is timed from
 /// the first tick without bytes (at most a tick after the last byte), so
-/// the clock is not read for every request.
+/// the clock is not read for every request. `on_read` is told of each
+/// read that returns: the bytes it brought (0: a tick without any).
 fn read_full<R: Read>(
     r: &mut R,
     mut buf: &mut [u8],
     timeout: Duration,
     stopping: &dyn Fn() -> bool,
+    on_read: &mut dyn FnMut(usize),
 ) -> Result<(), End> {
     let mut stalled: Option<Instant> = None;
     while !buf.is_empty() {
@@ -265,8 +308,10 @@ fn read_full<R: Read>(
             Ok(n) => {
                 buf = &mut buf[n..];
                 stalled = None;
+                on_read(n);
             }
             Err(e) if is_tick(&e) => {
+                on_read(0);
                 if stopping() {
                     return Err(End::Clean);
                 }
@@ -317,7 +362,7 @@ fn read_job<R: Read, W>(
         }
     }
     let h = &mut h[..sh.neg.replies.request_len()];
-    read_full(r, &mut h[1..], limits.io_timeout, &stopping)?;
+    read_full(r, &mut h[1..], limits.io_timeout, &stopping, &mut |_| {})?;
     let req = proto::parse_request(h, sh.neg.replies).ok_or(End::BadMagic)?;
     if req.kind == cmd::DISC {
         return Ok(None);
@@ -328,18 +373,50 @@ fn read_job<R: Read, W>(
         return Ok(Some(Job { req, discarded }));
     }
     if req.kind == cmd::WRITE && payload <= u64::from(limits.max_request) {
-        buf.clear();
-        let mut left = payload;
-        while left > 0 {
-            let n = left.min(PAYLOAD_STEP as u64);
-            if !grant.grow(n, &stopping) {
+        let watch = limits.watch;
+        // The whole payload is granted in one take before a byte of it is
+        // read (see `crate::limits`): granted a step at a time as it
+        // arrived, connections part-way through their writes could hold
+        // the budget between them, each waiting for its next step, for
+        // ever. A grant that has to wait starts the payload's clock for
+        // the server's stall watch there: the client's bytes queue in the
+        // socket meanwhile. (The clock is read only then and once a
+        // payload takes more than one read: not for each small write.)
+        let mut since = None;
+        if !grant.grow(payload, &|| true) {
+            since = Some(watch.stamp());
+            if !grant.grow(payload, &stopping) {
                 return Ok(None);
             }
+        }
+        // The server is told how much has arrived from the second read
+        // on: the first may bring only what the read buffer held with
+        // the header, the second what queued in the socket. So a client
+        // whose bytes were queued shows them before it is judged, and
+        // one that is judged has sent no more than it shows.
+        let (mut got, mut reads) = (0u64, 0u32);
+        let mut tell = |n: usize| {
+            got += n as u64;
+            reads += 1;
+            if reads > 1 && got < payload {
+                let since = *since.get_or_insert_with(|| watch.stamp());
+                watch.receiving(since, got);
+            }
+        };
+        buf.clear();
+        let mut left = payload;
+        let mut read = Ok(());
+        while left > 0 && read.is_ok() {
+            // The buffer grows as the bytes arrive: what a client that
+            // trickles makes the server allocate is what it sent.
+            let n = left.min(PAYLOAD_STEP as u64);
             let at = buf.len();
             buf.resize(at + n as usize, 0);
-            read_full(r, &mut buf[at..], limits.io_timeout, &stopping)?;
+            read = read_full(r, &mut buf[at..], limits.io_timeout, &stopping, &mut tell);
             left -= n;
         }
+        watch.received_all();
+        read?;
     } else if sh.neg.replies == Replies::Extended && payload > u64::from(limits.max_request) {
         return Err(End::TooLong(payload));
     } else {
@@ -349,7 +426,13 @@ fn read_job<R: Read, W>(
         let mut scrap = [0u8; 4096];
         while left > 0 {
             let n = left.min(scrap.len() as u64) as usize;
-            read_full(r, &mut scrap[..n], limits.io_timeout, &stopping)?;
+            read_full(
+                r,
+                &mut scrap[..n],
+                limits.io_timeout,
+                &stopping,
+                &mut |_| {},
+            )?;
             left -= n as u64;
         }
         discarded = true;
@@ -470,13 +553,22 @@ fn handle<'b, R, W>(
             })
         }
         cmd::CACHE => Ok(()),
-        cmd::BLOCK_STATUS => match dev.extents(off, len) {
-            Ok(extents) => {
-                block_status_reply(out, replies, &req, &extents);
+        cmd::BLOCK_STATUS => {
+            // The reply is built in memory, up to 1 MiB: granted before
+            // the device is asked, as a read's buffer is (unbudgeted, a
+            // few hundred clients' block status held that much each).
+            if !grant.grow(status_reply_max(replies), give_up) {
+                error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
-            Err(e) => Err(e),
-        },
+            match dev.extents(off, len) {
+                Ok(extents) => {
+                    block_status_reply(out, replies, &req, &extents);
+                    return None;
+                }
+                Err(e) => Err(e),
+            }
+        }
         _ => {
             error_reply(replies, &req, out, err::EINVAL, "unknown command");
             return None;
@@ -717,7 +809,143 @@ fn block_status_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_blockdev::{BlockDev, Caps, Extent};
     use std::cell::RefCell;
+    use std::sync::Arc;
+
+    /// A device of 8 GiB that holds nothing, whose zeroing takes 100 ms a
+    /// call and is recorded, and whose block status records what the
+    /// server budget had granted when it was asked.
+    struct Slow {
+        zeroed: Mutex<Vec<(u64, u64)>>,
+        budget: Arc<Budget>,
+        granted: Mutex<Option<u64>>,
+    }
+
+    impl BlockDev for Slow {
+        fn size(&self) -> u64 {
+            8 << 30
+        }
+        fn caps(&self) -> Caps {
+            Caps {
+                writable: true,
+                zeroes: true,
+                extents: true,
+                ..Caps::default()
+            }
+        }
+        fn read_at(&self, buf: &mut [u8], _: u64) -> cairn_blockdev::Result<()> {
+            buf.fill(0);
+            Ok(())
+        }
+        fn write_at(&self, _: &[u8], _: u64, _: bool) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn flush(&self) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, _: u64, _: u64, _: bool) -> cairn_blockdev::Result<()> {
+            Ok(())
+        }
+        fn write_zeroes(&self, off: u64, len: u64, _: ZeroFlags) -> cairn_blockdev::Result<()> {
+            std::thread::sleep(Duration::from_millis(100));
+            if let Ok(mut z) = self.zeroed.lock() {
+                z.push((off, len));
+            }
+            Ok(())
+        }
+        fn extents(&self, _: u64, len: u64) -> cairn_blockdev::Result<Vec<Extent>> {
+            if let Ok(mut g) = self.granted.lock() {
+                *g = Some(self.budget.used());
+            }
+            Ok(vec![Extent::hole(len)])
+        }
+    }
+
+    /// Serve `requests` (already encoded, compact headers with structured
+    /// replies and base:allocation) to `dev` with two workers and the
+    /// server budget `budget`; what the server wrote back.
+    fn serve_requests(dev: Arc<dyn BlockDev>, budget: &Budget, requests: &[u8]) -> Vec<u8> {
+        let export = Export {
+            name: String::new(),
+            description: String::new(),
+            dev,
+            read_only: false,
+        };
+        let neg = Negotiated {
+            export: 0,
+            replies: Replies::Structured,
+            base_allocation: true,
+        };
+        let pool = BufPool::new(1 << 20);
+        let draining = AtomicBool::new(false);
+        let watch = Watch::default();
+        let limits = Limits {
+            workers: 2,
+            max_request: 1 << 20,
+            conn_budget: 4 << 20,
+            server_budget: budget,
+            pool: &pool,
+            io_timeout: Duration::from_secs(60),
+            idle_timeout: None,
+            draining: &draining,
+            watch: &watch,
+        };
+        let mut out = Vec::new();
+        run(requests, &mut out, &export, neg, &limits);
+        out
+    }
+
+    fn slow() -> Arc<Slow> {
+        Arc::new(Slow {
+            zeroed: Mutex::new(Vec::new()),
+            budget: Arc::new(Budget::new(8 << 20)),
+            granted: Mutex::new(None),
+        })
+    }
+
+    fn encoded(kind: u16, cookie: u64, offset: u64, len: u64) -> Vec<u8> {
+        let r = Request {
+            flags: 0,
+            kind,
+            cookie,
+            offset,
+            len,
+        };
+        proto::encode_request(&r, Replies::Structured).unwrap_or_default()
+    }
+
+    /// A block status holds its largest reply's grant from before the
+    /// device is asked until the reply is sent; it was granted nothing.
+    #[test]
+    fn a_block_status_is_granted_its_reply() {
+        let dev = slow();
+        let input = encoded(cmd::BLOCK_STATUS, 3, 0, 1 << 30);
+        let out = serve_requests(dev.clone(), &dev.budget, &input);
+        let granted = dev.granted.lock().map(|g| *g).unwrap_or_default();
+        assert_eq!(granted, Some(status_reply_max(Replies::Structured)));
+        // One descriptor: the hole.
+        assert_eq!(out.len(), 20 + 4 + 8, "{out:?}");
+        assert_eq!(dev.budget.used(), 0, "the grant was not given back");
+    }
+
+    /// NBD_CMD_DISC right behind a zeroing of almost 4 GiB (four pieces):
+    /// the zeroing is finished and answered before the connection ends,
+    /// as the spec requires. Before, the disconnect made it give up after
+    /// its first piece, answered ESHUTDOWN.
+    #[test]
+    fn a_disconnect_lets_the_requests_before_it_finish() {
+        let dev = slow();
+        let len = u64::from(u32::MAX);
+        let mut input = encoded(cmd::WRITE_ZEROES, 7, 0, len);
+        input.extend(encoded(cmd::DISC, 8, 0, 0));
+        let out = serve_requests(dev.clone(), &dev.budget, &input);
+        let mut want = Vec::new();
+        proto::simple_reply(&mut want, 0, 7);
+        assert_eq!(out, want, "the zeroing's reply");
+        let zeroed = dev.zeroed.lock().map(|z| z.clone()).unwrap_or_default();
+        assert_eq!(zeroed.iter().map(|z| z.1).sum::<u64>(), len, "{zeroed:?}");
+    }
 
     #[test]
     fn long_effects_go_in_pieces_and_stop_between_them() {

@@ -1448,3 +1448,113 @@ fn tls_trickled_handshake_is_cut_at_the_deadline() {
     assert!(cut < Duration::from_secs(3), "cut after {cut:?}");
     assert_eq!(report.protocol_errors, 1, "{report:?}");
 }
+
+/// A write of the whole 1 MiB export whose header and first `sent` bytes
+/// are sent at once; the rest is the caller's.
+fn write_begun(addr: &str, sent: usize) -> Client {
+    let mut c = Client::connect(addr);
+    c.go("mem");
+    c.s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    c.send(cmd::WRITE, 0, 0, SIZE as u64, &vec![9u8; sent]);
+    c
+}
+
+/// Issue: a client that announces a write and trickles its payload kept
+/// the write's grant for ever (each byte restarts the read's I/O
+/// timeout, and only replies were watched for stalls): two such clients
+/// held the whole server budget here, and a read of another client waited
+/// with no end. Now, while others wait for memory, a payload that brings
+/// less than 16 KiB within the stall time is cut.
+#[test]
+fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
+    // Each connection may hold one write of the whole export; the server
+    // two. The I/O timeout is far beyond the test, the stall time 1 s.
+    let srv = start_configured(exports(), tight_budget(SIZE as u64));
+    let addr = srv.addr.clone();
+    let held = SIZE - (10 << 10);
+    let mut a = write_begun(&addr, held);
+    let b = write_begun(&addr, held);
+    // Alone (nobody waits for memory) a slow payload is not cut: after
+    // 2.5 s, the rest of it is taken and the write answered.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    a.s.write_all(&[9u8; 10 << 10]).unwrap();
+    let first = a.cookie;
+    assert_eq!(a.simple(first), 0);
+    // Both hold a write's grant again, and trickle a byte every 200 ms.
+    a.send(cmd::WRITE, 0, 0, SIZE as u64, &vec![9u8; held]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickle = |mut c: Client| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) && c.s.write_all(&[9]).is_ok() {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        })
+    };
+    let (ta, tb) = (trickle(a), trickle(b));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Another client's read waits for memory: the trickling clients are
+    // closed and it is answered (within its 30 s read timeout).
+    let mut other = Client::connect(&addr);
+    other.go("mem");
+    other
+        .s
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    assert!(
+        other.read(0, SIZE as u64).is_ok(),
+        "the read was not answered"
+    );
+    stop.store(true, Ordering::Release);
+    ta.join().unwrap();
+    tb.join().unwrap();
+    drop(other);
+    let report = srv.stop();
+    assert!(report.cut_stalled >= 1, "{report:?}");
+}
+
+/// Issue: a write's payload was granted 256 KiB at a time as it arrived,
+/// so connections part-way through their writes could hold the whole
+/// server budget between them, each waiting for its next step: three
+/// clients that had sent 0.6, 0.6 and 0.4 MiB of 1 MiB writes under a
+/// 2 MiB budget held all of it and waited on each other for ever (with
+/// the stall watch, they were cut instead). Now a write takes its whole
+/// grant before it reads a byte: one waits, the others finish.
+#[test]
+fn writes_part_way_through_their_payloads_do_not_wait_on_each_other() {
+    let config = ServerConfig {
+        // A stall cut would hide the hang as closed connections; no
+        // pause here comes near it.
+        stall_under_pressure: std::time::Duration::from_secs(10),
+        ..tight_budget(SIZE as u64)
+    };
+    let srv = start_configured(exports(), config);
+    let addr = srv.addr.clone();
+    let go = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [600usize << 10, 600 << 10, 400 << 10]
+        .into_iter()
+        .map(|sent| {
+            let (addr, go) = (addr.clone(), go.clone());
+            let w = std::thread::spawn(move || {
+                // (The third one's send waits in its socket now.)
+                let mut c = write_begun(&addr, sent);
+                while !go.load(Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                c.s.write_all(&vec![9u8; SIZE - sent]).unwrap();
+                let cookie = c.cookie;
+                c.simple(cookie)
+            });
+            // (Time for the server to read what was sent.)
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            w
+        })
+        .collect();
+    go.store(true, Ordering::Release);
+    for w in writers {
+        assert_eq!(w.join().unwrap(), 0);
+    }
+    let report = srv.stop();
+    assert_eq!(report.cut_stalled, 0, "{report:?}");
+}

@@ -369,8 +369,17 @@ impl WritableVolume {
     }
 
     /// Where the pieces of `offset..end` come from, merged where
-    /// neighbours come from the same place.
-    fn pieces(live: &Gen, sealed: Option<&Gen>, offset: u64, end: u64) -> Vec<(u64, u64, Src)> {
+    /// neighbours come from the same place: at most `limit` of them,
+    /// covering a prefix of the range when there are more. (A block
+    /// status over an overlay of millions of runs built the list of all
+    /// of them, some 200 MB, to answer its first 65,536.)
+    fn pieces(
+        live: &Gen,
+        sealed: Option<&Gen>,
+        offset: u64,
+        end: u64,
+        limit: usize,
+    ) -> Vec<(u64, u64, Src)> {
         let lm = live.map();
         let sm = sealed.map(|s| s.map());
         let mut out: Vec<(u64, u64, Src)> = Vec::new();
@@ -394,7 +403,12 @@ impl WritableVolume {
             let to = to_block.saturating_mul(BS).min(end);
             match out.last_mut() {
                 Some(last) if last.1 == at && last.2 == src => last.1 = to,
-                _ => out.push((at, to, src)),
+                _ => {
+                    if out.len() >= limit {
+                        break;
+                    }
+                    out.push((at, to, src));
+                }
             }
             at = to;
         }
@@ -410,7 +424,7 @@ impl WritableVolume {
         offset: u64,
     ) -> cairn_blockdev::Result<()> {
         let end = offset + buf.len() as u64;
-        for (from, to, src) in Self::pieces(live, sealed, offset, end) {
+        for (from, to, src) in Self::pieces(live, sealed, offset, end, usize::MAX) {
             let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
             match src {
                 Src::Live(Mark::Data) => live.read(dst, from)?,
@@ -907,8 +921,17 @@ impl BlockDev for WritableVolume {
         };
         // As the read-only volume: a bounded answer covering a prefix of
         // the range (callers ask again from where it ends), so a query
-        // over a huge image written in many places stays small.
-        for (from, to, src) in Self::pieces(&live, sealed.as_deref(), offset, offset + len) {
+        // over a huge image written in many places stays small. Each
+        // piece gives at least one extent unless it merges with the one
+        // before, so no more pieces than that are looked up.
+        let pieces = Self::pieces(
+            &live,
+            sealed.as_deref(),
+            offset,
+            offset + len,
+            crate::MAX_EXTENTS,
+        );
+        for (from, to, src) in pieces {
             if out.len() >= crate::MAX_EXTENTS {
                 break;
             }
