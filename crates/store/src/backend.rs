@@ -114,7 +114,9 @@ pub trait WriteBackend: ReadBackend {
     fn put(&self, key: &Key, data: &[u8]) -> Result<()>;
 
     /// Store `data` as `key` only if there is no such object; `false` (and
-    /// nothing written) if there is. Two racing callers: one wins.
+    /// nothing written) if there is. Two racing callers: one wins. An
+    /// object store also takes an object holding exactly `data` as this
+    /// call's (its retried request refused by its own first try).
     fn put_new(&self, key: &Key, data: &[u8]) -> Result<bool>;
 
     /// Remove objects; one that is already gone is no error.

@@ -196,6 +196,14 @@ fn one_of_many_racing_creates_wins() {
         assert_eq!(b.get(&key).unwrap().unwrap(), winners);
         eprintln!("round {round}: {:.2} s", t.elapsed().as_secs_f64());
     }
+    // A create refused by an object holding exactly the bytes sent is
+    // the caller's own (a retry after a first try that landed, its
+    // answer lost); other bytes there, and it lost.
+    let key = Key::new("locks/again");
+    assert!(b.put_new(&key, b"mine").unwrap());
+    assert!(b.put_new(&key, b"mine").unwrap());
+    assert!(!b.put_new(&key, b"theirs").unwrap());
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"mine"[..]));
 }
 
 #[test]
