@@ -1144,6 +1144,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             !matches!(
                 p.kind,
                 "damaged-chunk"
+                    | "unread-chunk"
                     | "damaged-copy"
                     | "pack"
                     | "missing-chunk"

@@ -345,7 +345,11 @@ fn affected(v: &Value) -> BTreeSet<(String, u64, u64)> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["kind"] == "damaged-chunk" || p["kind"] == "missing-chunk")
+        .filter(|p| {
+            p["kind"] == "damaged-chunk"
+                || p["kind"] == "missing-chunk"
+                || p["kind"] == "unread-chunk"
+        })
         .flat_map(|p| p["affected"].as_array().unwrap().iter())
         .map(|a| {
             (

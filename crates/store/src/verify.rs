@@ -138,8 +138,10 @@ pub struct Affected {
 #[derive(Debug, Clone)]
 pub struct Problem {
     /// What kind: `index`, `key`, `manifest`, `pack`, `garbage`,
-    /// `reserve`, `missing-chunk`, `damaged-chunk`, `damaged-copy` (a
-    /// damaged copy of a chunk stored twice whose other copy is sound).
+    /// `reserve`, `missing-chunk`, `damaged-chunk`, `unread-chunk` (in a
+    /// pack that could not be read: an I/O or network error),
+    /// `damaged-copy` (a damaged copy of a chunk stored twice whose other
+    /// copy is sound).
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -340,6 +342,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut found_other: Vec<([u8; PREFIX_LEN], ChunkId, String)> = Vec::new();
     let mut sound: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
     let mut read_packs: HashSet<u32> = HashSet::new();
+    let mut unread: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
     if opts.read_data {
         let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
         report.packs_read = readable.len();
@@ -354,6 +357,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
+        // Chunks of packs that could not be read: not known damaged.
+        let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         std::thread::scope(|s| {
             // (A remote store is kept busy by several packs in flight.)
             for _ in 0..opts.threads.max(1) * reader.reads_per_core() {
@@ -369,9 +374,11 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             Ok(d) => d,
                             Err(e) => {
                                 let why = e.to_string();
-                                if let Ok(mut v) = found.lock() {
+                                if let (Ok(mut v), Ok(mut u)) = (found.lock(), unread_chunks.lock())
+                                {
                                     for (prefix, _, _) in by_pack[*n].iter().filter(|e| !e.2) {
                                         v.push((*prefix, ChunkId([0; 32]), why.clone()));
+                                        u.insert(*prefix);
                                     }
                                 }
                                 if let Ok(mut v) = io_errors.lock() {
@@ -472,6 +479,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 affected: Vec::new(),
             });
         }
+        unread = unread_chunks.into_inner().unwrap_or_default();
         found_primary = found.into_inner().unwrap_or_default();
         found_other = found_copies.into_inner().unwrap_or_default();
         sound = sound_copies.into_inner().unwrap_or_default();
@@ -514,7 +522,16 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut copy_problems = Vec::new();
     for (prefix, id, why) in found_primary {
         if !sound.contains(&prefix) {
-            bad.insert(prefix, (id, "damaged-chunk", why));
+            // A network error says nothing of the chunk: a problem of
+            // its own kind, which repair does not act on.
+            let (kind, why) = match unread.contains(&prefix) {
+                true => (
+                    "unread-chunk",
+                    format!("{why} (not read, so not known to be damaged: run verify again)"),
+                ),
+                false => ("damaged-chunk", why),
+            };
+            bad.insert(prefix, (id, kind, why));
             continue;
         }
         report.recoverable += 1;
