@@ -134,8 +134,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How soon a failed refresh of a held object is tried again.
 const REFRESH_RETRY: Duration = Duration::from_secs(10);
 
-/// Where a backend's objects are, as read from its URL and environment.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a backend's objects are, as read from its URL and environment
+/// (its `Debug` shows no secret).
+#[derive(Clone, PartialEq, Eq)]
 pub struct S3Config {
     /// The bucket.
     pub bucket: String,
@@ -155,6 +156,22 @@ pub struct S3Config {
     pub token: Option<String>,
     /// How long a request is retried (`CAIRN_S3_RETRY_SECS`).
     pub retry: Duration,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("endpoint", &self.endpoint)
+            .field("allow_http", &self.allow_http)
+            .field("region", &self.region)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"(hidden)")
+            .field("token", &self.token.as_ref().map(|_| "(hidden)"))
+            .field("retry", &self.retry)
+            .finish()
+    }
 }
 
 impl S3Config {
@@ -508,7 +525,7 @@ impl S3Backend {
             let r = store.get(&path).await?;
             let modified = SystemTime::from(r.meta.last_modified);
             let etag = r.meta.e_tag.clone();
-            Ok::<_, object_store::Error>((r.bytes().await?.to_vec(), modified, etag))
+            Ok::<_, object_store::Error>((Vec::from(r.bytes().await?), modified, etag))
         });
         match r {
             Ok(got) => Ok(Some(got)),
@@ -759,7 +776,8 @@ impl ReadBackend for S3Backend {
             .shared
             .run(async { store.get(&path).await?.bytes().await });
         match got {
-            Ok(b) => Ok(Some(b.to_vec())),
+            // (No copy when the body came in one piece.)
+            Ok(b) => Ok(Some(Vec::from(b))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(key, "get", &e)),
         }
@@ -1380,6 +1398,11 @@ mod tests {
         assert_eq!(c.region, "eu-west-3");
         assert_eq!(c.token.as_deref(), Some("tok"));
         assert_eq!(c.retry, Duration::from_secs(2));
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("\"sk\"") && !shown.contains("\"tok\"") && shown.contains("\"ak\""),
+            "{shown}"
+        );
 
         let mut vars = KEYS.to_vec();
         vars.push(("CAIRN_S3_RETRY_SECS", "soon"));
