@@ -82,8 +82,8 @@ pub(crate) struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub io_timeout: u64,
     /// TLS: `off`; `on` (offered, clients choose); `require` (nothing is
-    /// served before a client starts TLS). Default: `on` with
-    /// --tls-certificates, else `off`.
+    /// served before a client starts TLS). Default: `require` with
+    /// --tls-verify-peer, `on` with --tls-certificates, else `off`.
     #[arg(long = "tls", value_enum, value_name = "MODE")]
     pub tls: Option<TlsMode>,
     /// Directory with server-cert.pem and server-key.pem (X.509, PEM; the
@@ -92,7 +92,8 @@ pub(crate) struct ServeArgs {
     pub tls_certificates: Option<PathBuf>,
     /// Authenticate clients: each must show a certificate signed by a CA
     /// in DIR/ca-cert.pem (qemu-nbd's verify-peer, nbdkit's
-    /// --tls-verify-peer); others fail the TLS handshake.
+    /// --tls-verify-peer); others fail the TLS handshake. Makes --tls
+    /// default to `require`.
     #[arg(long = "tls-verify-peer", requires = "tls_certificates")]
     pub tls_verify_peer: bool,
     /// Close connections without a request for this many seconds (0:
@@ -188,11 +189,22 @@ pub(crate) enum TlsMode {
 
 /// The server's TLS settings from the arguments: (settings, required).
 fn tls_settings(a: &ServeArgs) -> Result<(Option<Arc<cairn_nbd::TlsConfig>>, bool)> {
-    let mode = a.tls.unwrap_or(if a.tls_certificates.is_some() {
+    // Asking clients for certificates means only they are served: a plain
+    // client shows none (qemu-nbd with TLS credentials serves no plain
+    // client either).
+    let mode = a.tls.unwrap_or(if a.tls_verify_peer {
+        TlsMode::Require
+    } else if a.tls_certificates.is_some() {
         TlsMode::On
     } else {
         TlsMode::Off
     });
+    if mode == TlsMode::On && a.tls_verify_peer {
+        errln!(
+            "cairn serve: warning: --tls on serves plain clients, without a certificate; \
+             --tls-verify-peer authenticates only the TLS ones (--tls require: every client)"
+        );
+    }
     if mode == TlsMode::Off {
         return Ok((None, false));
     }

@@ -2246,6 +2246,27 @@ fn tls_verify_peer_serves_only_clients_with_a_certificate_from_the_ca() {
         &want,
         "what the authenticated client wrote",
     );
+    // --tls-verify-peer without --tls requires TLS: a plain client shows
+    // no certificate, so it is not served (under `on` it was).
+    let sock2 = d.join("s2.sock");
+    let srv = Serve::start(&[
+        "--file",
+        s(&w),
+        "--socket",
+        s(&sock2),
+        "--tls-certificates",
+        s(&certs),
+        "--tls-verify-peer",
+    ]);
+    let plain = tool("nbdinfo", &[&srv.uri("w.raw")]);
+    assert!(
+        !plain.status.success(),
+        "a plain client was served under --tls-verify-peer"
+    );
+    let j = nbdinfo_json(&["--json", &tls_uri(&sock2, &certs)]);
+    assert_eq!(j["TLS"], true, "{j}");
+    let (st, _) = srv.stop(Duration::from_secs(10));
+    assert!(st.success(), "exit {st:?}");
 }
 
 /// `--tls on` offers TLS and still serves plain clients; a listener off
