@@ -109,9 +109,15 @@ pub fn open_with<'a>(
     supported: u32,
     crypt: Option<&Crypt>,
 ) -> Result<(u32, Cow<'a, [u8]>)> {
-    let (found, version, body) = open_any(path, data, kind, supported)?;
+    let (found, version, body) = open_any(path, data, kind)?;
+    // Authenticated before its version is believed: in an encrypted
+    // repository a planted file claiming a newer version (whose checksum
+    // anyone can make) would stop every writer with "upgrade cairn".
     match (found & SEALED != 0, crypt) {
-        (false, None) => Ok((version, Cow::Borrowed(body))),
+        (false, None) => Ok((
+            check_version(path, version, supported)?,
+            Cow::Borrowed(body),
+        )),
         (true, Some(c)) => {
             let mut plain = Vec::new();
             if !c.open_to(&data[..HEADER], body, &mut plain) {
@@ -124,7 +130,7 @@ pub fn open_with<'a>(
                     ),
                 ));
             }
-            Ok((version, Cow::Owned(plain)))
+            Ok((check_version(path, version, supported)?, Cow::Owned(plain)))
         }
         (true, None) => Err(StoreError::corrupt(
             path,
@@ -150,7 +156,7 @@ pub fn open<'a>(
     kind: Kind,
     supported: u32,
 ) -> Result<(u32, &'a [u8])> {
-    let (found, version, body) = open_any(path, data, kind, supported)?;
+    let (found, version, body) = open_any(path, data, kind)?;
     if found & SEALED != 0 {
         return Err(StoreError::corrupt(
             path,
@@ -158,16 +164,24 @@ pub fn open<'a>(
             format!("{} is encrypted where a plain one belongs", kind.name()),
         ));
     }
-    Ok((version, body))
+    Ok((check_version(path, version, supported)?, body))
 }
 
-/// Check the envelope, sealed or not: (kind as found, version, body).
-fn open_any<'a>(
-    path: &Path,
-    data: &'a [u8],
-    kind: Kind,
-    supported: u32,
-) -> Result<(u32, u32, &'a [u8])> {
+/// `version`, unless it is above `supported`.
+fn check_version(path: &Path, version: u32, supported: u32) -> Result<u32> {
+    if version > supported {
+        return Err(StoreError::NewerVersion {
+            path: path.to_path_buf(),
+            found: version,
+            supported,
+        });
+    }
+    Ok(version)
+}
+
+/// Check the envelope, sealed or not: (kind as found, version, body). The
+/// version is not checked: callers do, once they trust the file.
+fn open_any<'a>(path: &Path, data: &'a [u8], kind: Kind) -> Result<(u32, u32, &'a [u8])> {
     if data.len() < HEADER + TRAILER {
         return Err(StoreError::corrupt(
             path,
@@ -212,13 +226,6 @@ fn open_any<'a>(
             end as u64,
             format!("{} checksum mismatch (the file is damaged)", kind.name()),
         ));
-    }
-    if version > supported {
-        return Err(StoreError::NewerVersion {
-            path: path.to_path_buf(),
-            found: version,
-            supported,
-        });
     }
     Ok((found_kind, version, &data[HEADER..end]))
 }
@@ -347,5 +354,24 @@ mod tests {
                 "flip at {i}"
             );
         }
+        // A planted file claiming a newer version is damage, not a reason
+        // to upgrade, until it is authenticated: plain, or sealed under
+        // another key. One sealed under this key is newer.
+        let corrupt =
+            |r: Result<(u32, Cow<'_, [u8]>)>| matches!(r, Err(StoreError::Corrupt { .. }));
+        assert!(corrupt(open_with(
+            p,
+            &seal(Kind::Index, 9, b"x"),
+            Kind::Index,
+            1,
+            Some(&c)
+        )));
+        let forged = seal_with(Kind::Index, 9, b"x", Some(&other)).unwrap();
+        assert!(corrupt(open_with(p, &forged, Kind::Index, 1, Some(&c))));
+        let newer = seal_with(Kind::Index, 9, b"x", Some(&c)).unwrap();
+        assert!(matches!(
+            open_with(p, &newer, Kind::Index, 1, Some(&c)),
+            Err(StoreError::NewerVersion { found: 9, .. })
+        ));
     }
 }
