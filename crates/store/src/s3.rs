@@ -134,6 +134,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How soon a failed refresh of a held object is tried again.
 const REFRESH_RETRY: Duration = Duration::from_secs(10);
 
+/// How long a holder letting go waits for its last refresh and for the
+/// delete of its object.
+const LET_GO_WAIT: Duration = Duration::from_secs(15);
+
 /// Where a backend's objects are, as read from its URL and environment
 /// (its `Debug` shows no secret).
 #[derive(Clone, PartialEq, Eq)]
@@ -600,6 +604,8 @@ impl S3Backend {
             taken: false,
         }));
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        // Dropped by the thread as it ends (see S3Hold's Drop).
+        let (ended_tx, ended) = std::sync::mpsc::channel::<()>();
         let url = self.locate(key);
         let thread = {
             let backend = self.clone();
@@ -612,6 +618,7 @@ impl S3Backend {
             std::thread::Builder::new()
                 .name("cairn-s3-hold".into())
                 .spawn(move || {
+                    let _ended = ended_tx;
                     let mut wait = heartbeat;
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                         stopped.recv_timeout(wait)
@@ -677,6 +684,7 @@ impl S3Backend {
             state,
             stop: Some(stop),
             thread: Some(thread),
+            ended: Mutex::new(ended),
         }))
     }
 
@@ -1009,6 +1017,9 @@ struct S3Hold {
     /// Dropped to stop the thread.
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Disconnected once the thread has ended (in a Mutex: a Held is
+    /// shared between threads, a Receiver may not be).
+    ended: Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
 impl Held for S3Hold {
@@ -1061,19 +1072,58 @@ impl Held for S3Hold {
 }
 
 impl Drop for S3Hold {
+    /// Stop refreshing and delete the object, waiting at most
+    /// [`LET_GO_WAIT`] for each: against a store that does not answer, a
+    /// refresh under way and the delete would each be retried for the
+    /// whole `CAIRN_S3_RETRY_SECS` (a command's exit took minutes). The
+    /// object is then left, as a killed holder leaves it: it lapses after
+    /// the lease.
     fn drop(&mut self) {
         drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let left = |why: &str| {
+            tracing::warn!(
+                "{}: {why}; it is left, and lapses {} min after its last refresh",
+                self.backend.locate(&self.key).display(),
+                self.backend.timing.lease.as_secs() / 60
+            );
+        };
+        let ended = self
+            .ended
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv_timeout(LET_GO_WAIT);
+        match ended {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                left("a refresh still waits for the store");
+                return;
+            }
+            _ => {
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+            }
         }
         // Another process's now: left to it.
-        if !self
+        if self
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .taken
         {
-            let _ = self.backend.delete(std::slice::from_ref(&self.key));
+            return;
+        }
+        let Ok(path) = self.backend.path(&self.key) else {
+            return;
+        };
+        let store = &self.backend.shared.store;
+        let r = self
+            .backend
+            .shared
+            .run(tokio::time::timeout(LET_GO_WAIT, store.delete(&path)));
+        match r {
+            Ok(Ok(()) | Err(object_store::Error::NotFound { .. })) => {}
+            Ok(Err(e)) => left(&format!("it could not be deleted ({})", one_line(&e))),
+            Err(_) => left("the store did not answer its delete"),
         }
     }
 }

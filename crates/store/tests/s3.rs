@@ -229,6 +229,30 @@ fn held_objects_are_refreshed_and_dead_ones_expire() {
     assert_eq!(b.liveness(&key).unwrap(), Liveness::Dead);
 }
 
+/// A holder letting go of a store that does not answer waits 15 s for
+/// its refresh under way and 15 s for the delete, not their whole retry
+/// budget each (90 s here; a command's exit took minutes); its object is
+/// left as a killed holder leaves it.
+#[test]
+fn a_holder_lets_go_promptly_of_a_store_that_does_not_answer() {
+    let Some(mut fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "letgo", &[("CAIRN_S3_RETRY_SECS", "90")])
+        .with_timing(Duration::from_millis(500), Duration::from_secs(60));
+    let key = Key::new("sessions/w");
+    let held = b.hold(&key, b"me").unwrap();
+    fs.stop();
+    // A refresh is under way, retried.
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    drop(held);
+    let took = t.elapsed();
+    fs.start_again().unwrap();
+    assert!(took < Duration::from_secs(40), "{took:?}");
+    assert_eq!(b.get(&key).unwrap().as_deref(), Some(&b"me"[..]));
+}
+
 #[test]
 fn a_stopped_server_fails_calls_in_one_line_and_a_restarted_one_serves_again() {
     let Some(mut fs) = SeaweedFs::start_or_skip() else {
