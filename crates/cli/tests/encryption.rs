@@ -220,6 +220,10 @@ fn a_config_rewritten_to_plain_is_refused() {
         "holds key files",
     );
     assert_eq!(files(&repo.join("index")), index_files);
+    // The key files deleted too: the encrypted index files say it.
+    std::fs::remove_dir_all(repo.join("keys")).unwrap();
+    fails_with(&run(&mut plain(), &backup), "index file is encrypted");
+    assert_eq!(files(&repo.join("index")), index_files);
 }
 
 /// Key files are tried cheapest first: one asking for a costly

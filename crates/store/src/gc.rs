@@ -664,7 +664,11 @@ pub(crate) fn collect_trash(
         // gc's list may delete it (it cannot know this list counts on it).
         let doomed = repo.all_trash()?;
         let doomed_packs = doomed.pack_set();
-        let after = repo.load_index_without(&doomed)?.index;
+        let after = repo.load_index_without(&doomed)?;
+        // Without a file's entries its chunks would look missing, and
+        // the trash list's packs be kept for them: stop instead.
+        after.check_read()?;
+        let after = after.index;
         let mut missing: HashSet<ChunkId> = HashSet::new();
         for m in &manifests {
             for e in &m.extents {

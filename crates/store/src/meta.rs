@@ -148,6 +148,14 @@ pub fn open_with<'a>(
     }
 }
 
+/// Whether `data` looks like a sealed (encrypted) metadata file: its magic
+/// and the sealed bit of its kind, nothing checked further.
+pub fn looks_sealed(data: &[u8]) -> bool {
+    data.len() >= HEADER
+        && &data[..8] == MAGIC
+        && u32::from_le_bytes([data[8], data[9], data[10], data[11]]) & SEALED != 0
+}
+
 /// Check the envelope of `data` (read from `path`) and return the body's
 /// version and the body. Versions above `supported` are refused.
 pub fn open<'a>(

@@ -103,7 +103,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     let salvaged = if opts.dry_run {
         None
     } else {
-        Some(repo.writer_index(session)?.salvaged)
+        Some(repo.writer_index_with(session, true)?.salvaged)
     };
     let found = verify(
         repo,
@@ -181,6 +181,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     // again: a record whose CRC holds but whose chunk does not hash to its
     // id would come back. Say so rather than claim it is gone.
     let loaded = repo.load_index()?;
+    loaded.check_read()?;
     let index = &loaded.index;
     let still = index
         .locations()

@@ -34,7 +34,7 @@ use crate::manifest::Manifest;
 use crate::meta::{self, Kind};
 use crate::pack::{self, PACK_HEADER_LEN};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -701,8 +701,8 @@ impl LoadedIndex {
             None => Ok(()),
             Some(e) => Err(StoreError::Invalid(format!(
                 "an index file could not be read ({e}); nothing was changed: run the command \
-                 again (a file that stays unreadable: move it aside, then `cairn repair` indexes \
-                 its packs again){}",
+                 again (a file that stays unreadable: rename it to end in .damaged, then run \
+                 `cairn repair`, which indexes its packs' records again){}",
                 match self.unread.len() {
                     1 => String::new(),
                     n => format!("; {} more could not be read", n - 1),
@@ -775,29 +775,39 @@ pub struct Salvaged {
 /// gc left dead in a pack count too, so this is for when an index file
 /// was damaged (reading such a pack again only names its dead chunks,
 /// which stay dead: no snapshot uses them).
-fn unnamed_records(index: &ChunkIndex, packs: &[PackFile]) -> HashSet<PackId> {
-    let mut records: Vec<(u32, u32, u32)> = index
+///
+/// Returns each such pack with the offsets of the records the index
+/// names (those are not read again).
+fn unnamed_records(index: &ChunkIndex, packs: &[PackFile]) -> HashMap<PackId, HashSet<u32>> {
+    // (pack << 32 | offset, length): 16 bytes per entry while it lives.
+    let mut records: Vec<(u64, u32)> = index
         .locations()
         .chain(index.other_locations())
-        .map(|(_, l)| (l.pack, l.offset, l.len))
+        .map(|(_, l)| (u64::from(l.pack) << 32 | u64::from(l.offset), l.len))
         .collect();
     records.sort_unstable();
-    records.dedup_by_key(|r| (r.0, r.1));
+    records.dedup_by_key(|r| r.0);
     let mut covered = vec![0u64; index.packs().len()];
-    for (pack, _, len) in records {
-        if let Some(c) = covered.get_mut(pack as usize) {
+    for &(at, len) in &records {
+        if let Some(c) = covered.get_mut((at >> 32) as usize) {
             *c += u64::from(len);
         }
     }
-    packs
+    let gaps: HashMap<u32, PackId> = packs
         .iter()
-        .filter(|pf| {
-            index
-                .pack_number(&pf.id)
-                .is_some_and(|n| covered[n as usize] + (PACK_HEADER_LEN as u64) < pf.len)
+        .filter_map(|pf| {
+            let n = index.pack_number(&pf.id)?;
+            (covered[n as usize] + (PACK_HEADER_LEN as u64) < pf.len).then_some((n, pf.id))
         })
-        .map(|pf| pf.id)
-        .collect()
+        .collect();
+    let mut out: HashMap<PackId, HashSet<u32>> =
+        gaps.values().map(|id| (*id, HashSet::new())).collect();
+    for (at, _) in records {
+        if let Some(id) = gaps.get(&((at >> 32) as u32)) {
+            out.entry(*id).or_default().insert(at as u32);
+        }
+    }
+    out
 }
 
 pub(crate) fn now_secs() -> i64 {
@@ -2274,6 +2284,18 @@ impl Repository {
                     continue;
                 }
             };
+            if self.crypt.is_none() && meta::looks_sealed(&data) {
+                // Not damage: the config, which is not sealed, may have
+                // been rewritten to say "not encrypted" (and the key files
+                // removed); a writer would set the index aside and go on
+                // in the clear.
+                return Err(StoreError::corrupt(
+                    self.root.locate(&key),
+                    8,
+                    "index file is encrypted, but the config says the repository is not: \
+                     the config may have been replaced; refusing to read or write it in the clear",
+                ));
+            }
             match IndexFile::decode_with(&self.root.locate(&key), &data, self.crypt.as_deref()) {
                 Ok(f) => {
                     out.index.add_file(&f)?;
@@ -2539,6 +2561,14 @@ impl Repository {
     /// short, so that nothing new is deduplicated against chunks that
     /// cannot be read.
     pub fn writer_index(&self, session: &Session) -> Result<WriterIndex> {
+        self.writer_index_with(session, false)
+    }
+
+    /// [`Repository::writer_index`]; `reread`: salvage also reads again
+    /// every pack the index knows whose records it does not all name, as
+    /// after a damaged index file (`repair`: an index file moved aside by
+    /// hand is no damaged file any more, but its entries are gone).
+    pub(crate) fn writer_index_with(&self, session: &Session, reread: bool) -> Result<WriterIndex> {
         let collected = crate::gc::collect_trash(self, session, &HashSet::new())?;
         // What a gc put on a trash list is invisible to writers: nothing
         // new may come to depend on a doomed pack. The live chunks of
@@ -2560,7 +2590,7 @@ impl Repository {
         // With an index file damaged, packs the index knows may hold
         // records it no longer names (a file written in parts gives every
         // part the whole pack table): salvage reads those again too.
-        let suspect = !loaded.damaged_keys.is_empty();
+        let suspect = reread || !loaded.damaged_keys.is_empty();
         let salvaged = self.salvage(session, &mut loaded.index, &mut loaded.files, suspect)?;
         let mut quarantined = Vec::new();
         let mut damaged_left = Vec::new();
@@ -2623,6 +2653,19 @@ impl Repository {
         pf: &PackFile,
         report: &mut Salvaged,
     ) -> Result<Option<IndexedPack>> {
+        self.index_pack_but(pf, None, report)
+    }
+
+    /// [`Repository::index_pack`]; with `named` (a pack the index knows),
+    /// only the records at other offsets, and of those only the chunks
+    /// that decode and hash to their ids: a record a repair dropped
+    /// because its chunk does not (its CRC holds) stays out.
+    fn index_pack_but(
+        &self,
+        pf: &PackFile,
+        named: Option<&HashSet<u32>>,
+        report: &mut Salvaged,
+    ) -> Result<Option<IndexedPack>> {
         let Some(data) = crate::reader::read_unindexed(&**self.target(pf.target)?, pf.id)? else {
             return Ok(None);
         };
@@ -2638,9 +2681,32 @@ impl Repository {
         }
         let mut entries = Vec::new();
         let mut covered = 0u64;
+        let mut decoder = pack::RecordDecoder::new(self.crypt.clone());
+        let mut group = Vec::new();
         pack::scan_records(&data, self.crypt.as_deref(), |off, len, r| {
             covered += len as u64;
-            for (id, slice, _) in r.chunks() {
+            let mut sound: Option<Vec<bool>> = None;
+            if let Some(named) = named {
+                if named.contains(&(off as u32)) {
+                    return Ok(());
+                }
+                let rec = &data[off as usize..off as usize + len];
+                let decoded = decoder.decode(&pf.path, off, rec, &mut group).is_ok();
+                sound = Some(
+                    r.chunks()
+                        .map(|(id, slice, n)| {
+                            decoded
+                                && group.get(slice as usize..(slice + n) as usize).is_some_and(
+                                    |b| decoder.check_chunk(&pf.path, off, &id, b).is_ok(),
+                                )
+                        })
+                        .collect(),
+                );
+            }
+            for (i, (id, slice, _)) in r.chunks().enumerate() {
+                if sound.as_ref().is_some_and(|s| !s[i]) {
+                    continue;
+                }
                 entries.push((
                     id,
                     Location {
@@ -2695,22 +2761,26 @@ impl Repository {
         let gaps = if suspect {
             unnamed_records(index, &packs)
         } else {
-            HashSet::new()
+            HashMap::new()
         };
         let mut found = IndexFile::default();
         for pf in packs {
             let known = index.pack_number(&pf.id).is_some();
-            if (known && !gaps.contains(&pf.id)) || doomed.contains(&(pf.target, pf.id)) {
+            let named = gaps.get(&pf.id);
+            if (known && named.is_none()) || doomed.contains(&(pf.target, pf.id)) {
                 continue;
             }
             if known {
                 report.reread += 1;
             }
-            let Some((info, entries)) = self.index_pack(&pf, &mut report)? else {
+            let Some((info, entries)) = self.index_pack_but(&pf, named, &mut report)? else {
                 continue;
             };
             if entries.is_empty() {
-                report.empty.push((pf.target, pf.id));
+                // (A known pack is not empty: its records are named.)
+                if !known {
+                    report.empty.push((pf.target, pf.id));
+                }
                 continue;
             }
             let pack_no = found.packs.len() as u32;

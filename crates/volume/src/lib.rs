@@ -193,7 +193,11 @@ impl RepoView {
     /// it lives), then load the index.
     pub fn open(repo: Arc<Repository>) -> Result<RepoView> {
         let lock = repo.session("serving images")?;
-        let index = Arc::new(repo.load_index()?);
+        let loaded = repo.load_index()?;
+        // Served without a file's entries, its chunks would read as
+        // missing (I/O errors to a guest) for as long as the server runs.
+        loaded.check_read()?;
+        let index = Arc::new(loaded);
         Ok(RepoView {
             repo,
             index,
@@ -217,8 +221,8 @@ impl RepoView {
         &self.repo
     }
 
-    /// The index (its `damaged` list names index files that could not be
-    /// read: chunks only they knew read as damaged).
+    /// The index (its `damaged` list names damaged index files: chunks
+    /// only they knew read as missing).
     pub fn index(&self) -> &Arc<LoadedIndex> {
         &self.index
     }
