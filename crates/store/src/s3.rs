@@ -134,6 +134,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How soon a failed refresh of a held object is tried again.
 const REFRESH_RETRY: Duration = Duration::from_secs(10);
 
+/// How long one refresh of a held object may take, its retries included.
+const REFRESH_LIMIT: Duration = Duration::from_secs(30);
+
 /// How long a holder letting go waits for its last refresh and for the
 /// delete of its object.
 const LET_GO_WAIT: Duration = Duration::from_secs(15);
@@ -483,12 +486,42 @@ impl S3Backend {
     /// PUT `data` as `key` (`mode`: replace, create only, or replace only
     /// the version of a given ETag).
     fn put_mode(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<Put> {
+        self.put_mode_within(key, data, mode, None)
+    }
+
+    /// [`S3Backend::put_mode`], given up after `limit` (retries included)
+    /// if there is one.
+    fn put_mode_within(
+        &self,
+        key: &Key,
+        data: &[u8],
+        mode: PutMode,
+        limit: Option<Duration>,
+    ) -> Result<Put> {
         let path = self.path(key)?;
         let payload = PutPayload::from(data.to_vec());
         let store = &self.shared.store;
-        let r = self
-            .shared
-            .run(store.put_opts(&path, payload, PutOptions::from(mode)));
+        let put = store.put_opts(&path, payload, PutOptions::from(mode));
+        let r = match limit {
+            None => self.shared.run(put),
+            // (The timer is made inside the runtime: it needs its clock.)
+            Some(limit) => match self
+                .shared
+                .run(async move { tokio::time::timeout(limit, put).await })
+            {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(StoreError::Io {
+                        path: self.locate(key),
+                        what: "put",
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no answer in {} s", limit.as_secs()),
+                        ),
+                    })
+                }
+            },
+        };
         match r {
             Ok(r) => Ok(Put::Written { etag: r.e_tag }),
             Err(
@@ -581,9 +614,10 @@ impl S3Backend {
         let apart = match self.head(key) {
             Ok(Some((modified, _))) => clock_apart(sent_wall, answered, modified),
             Ok(None) => None,
+            // Advisory: a failed HEAD does not undo a hold just taken.
             Err(e) => {
-                let _ = self.delete(std::slice::from_ref(key));
-                return Err(e);
+                tracing::warn!("{e}: the clocks were not compared");
+                None
             }
         };
         if let Some(apart) = apart {
@@ -635,7 +669,11 @@ impl S3Backend {
                             }),
                             None => PutMode::Overwrite,
                         };
-                        let r = backend.put_mode(&key, &data, mode);
+                        // Bounded well within Held::check's limit, which
+                        // a refresh retried for CAIRN_S3_RETRY_SECS could
+                        // overrun: a slow store fails one refresh, and the
+                        // next comes 10 s later.
+                        let r = backend.put_mode_within(&key, &data, mode, Some(REFRESH_LIMIT));
                         let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
                         match r {
                             Ok(Put::Written { etag: new }) => {
@@ -1024,6 +1062,29 @@ struct S3Hold {
 
 impl Held for S3Hold {
     fn check(&self) -> Result<()> {
+        self.check_age()?;
+        // Before a commit: the object is still this holder's (a refresh
+        // may be a minute away). A GET, not a HEAD: the body tells the
+        // holder apart whatever the store's ETags are.
+        if self.backend.get(&self.key)?.as_deref() != Some(&self.data[..]) {
+            self.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .taken = true;
+            return Err(StoreError::HoldTaken {
+                path: self.backend.locate(&self.key),
+            });
+        }
+        // The GET may itself have been retried for minutes: the commit
+        // after this must still land within the lease.
+        self.check_age()
+    }
+}
+
+impl S3Hold {
+    /// [`Held::check`]'s test of the last refresh's age (and of a hold
+    /// lost or lapsed before).
+    fn check_age(&self) -> Result<()> {
         let lease = self.backend.timing.lease;
         let taken = || StoreError::HoldTaken {
             path: self.backend.locate(&self.key),
@@ -1057,16 +1118,6 @@ impl Held for S3Hold {
                 });
             }
         }
-        // Before a commit: the object is still this holder's (a refresh
-        // may be a minute away). A GET, not a HEAD: the body tells the
-        // holder apart whatever the store's ETags are.
-        if self.backend.get(&self.key)?.as_deref() != Some(&self.data[..]) {
-            self.state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .taken = true;
-            return Err(taken());
-        }
         Ok(())
     }
 }
@@ -1080,8 +1131,10 @@ impl Drop for S3Hold {
     /// the lease.
     fn drop(&mut self) {
         drop(self.stop.take());
+        // (With -v: a failed command's one line is its error, and this
+        // follows from it.)
         let left = |why: &str| {
-            tracing::warn!(
+            tracing::debug!(
                 "{}: {why}; it is left, and lapses {} min after its last refresh",
                 self.backend.locate(&self.key).display(),
                 self.backend.timing.lease.as_secs() / 60
@@ -1119,7 +1172,7 @@ impl Drop for S3Hold {
         let r = self
             .backend
             .shared
-            .run(tokio::time::timeout(LET_GO_WAIT, store.delete(&path)));
+            .run(async { tokio::time::timeout(LET_GO_WAIT, store.delete(&path)).await });
         match r {
             Ok(Ok(()) | Err(object_store::Error::NotFound { .. })) => {}
             Ok(Err(e)) => left(&format!("it could not be deleted ({})", one_line(&e))),
