@@ -206,6 +206,9 @@ fn tls_settings(a: &ServeArgs) -> Result<(Option<Arc<cairn_nbd::TlsConfig>>, boo
         );
     }
     if mode == TlsMode::Off {
+        if a.tls_verify_peer {
+            bail!("--tls off --tls-verify-peer: clients are asked for certificates only over TLS");
+        }
         return Ok((None, false));
     }
     let Some(dir) = &a.tls_certificates else {
