@@ -48,14 +48,14 @@ const READ_BUFFER: usize = 128 << 10;
 const EFFECT_STEP: u64 = 1 << 30;
 /// Block status descriptors in one reply, at most (the spec asks for no
 /// more than 2^20; this keeps a reply under 1 MiB, and its grant with it:
-/// [`status_reply_max`]).
+/// [`status_reply_len`]).
 const MAX_DESCRIPTORS: usize = 1 << 16;
 
-/// The largest block status reply: chunk header, context id (and under
-/// extended headers the descriptor count), [`MAX_DESCRIPTORS`]
-/// descriptors.
-fn status_reply_max(replies: Replies) -> u64 {
-    let n = MAX_DESCRIPTORS as u64;
+/// A block status reply of `descriptors` descriptors (at most
+/// [`MAX_DESCRIPTORS`]), in bytes: chunk header, context id (and under
+/// extended headers the descriptor count), the descriptors.
+fn status_reply_len(replies: Replies, descriptors: usize) -> u64 {
+    let n = descriptors as u64;
     if replies == Replies::Extended {
         32 + 8 + 16 * n
     } else {
@@ -557,13 +557,21 @@ fn handle<'b, R, W>(
             // The reply is built in memory, up to 1 MiB: granted before
             // the device is asked, as a read's buffer is (unbudgeted, a
             // few hundred clients' block status held that much each).
-            if !grant.grow(status_reply_max(replies), give_up) {
+            // At most a descriptor per 512 bytes asked for (one with
+            // REQ_ONE): a small request is granted little.
+            let most = if req.flags & cflag::REQ_ONE != 0 {
+                1
+            } else {
+                let per_sector = req.len.div_ceil(512).saturating_add(1);
+                MAX_DESCRIPTORS.min(usize::try_from(per_sector).unwrap_or(MAX_DESCRIPTORS))
+            };
+            if !grant.grow(status_reply_len(replies, most), give_up) {
                 error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
             match dev.extents(off, len) {
                 Ok(extents) => {
-                    block_status_reply(out, replies, &req, &extents);
+                    block_status_reply(out, replies, &req, &extents, most);
                     return None;
                 }
                 Err(e) => Err(e),
@@ -738,6 +746,7 @@ fn block_status_reply(
     replies: Replies,
     req: &Request,
     extents: &[cairn_blockdev::Extent],
+    most: usize,
 ) {
     let extended = replies == Replies::Extended;
     // Compact lengths are 32 bits: covering no more than that keeps every
@@ -760,7 +769,7 @@ fn block_status_reply(
         }
         let flags = (if e.hole { proto::STATE_HOLE } else { 0 })
             | (if e.zero { proto::STATE_ZERO } else { 0 });
-        let full = descs.len() >= MAX_DESCRIPTORS;
+        let full = descs.len() >= most;
         match descs.last_mut() {
             Some((l, f)) if *f == flags => *l += n,
             _ if full => break,
@@ -917,16 +926,20 @@ mod tests {
 
     /// A block status holds its largest reply's grant from before the
     /// device is asked until the reply is sent; it was granted nothing.
+    /// A small one is granted little (a descriptor per 512 bytes asked
+    /// for, and one more), not the largest reply.
     #[test]
     fn a_block_status_is_granted_its_reply() {
-        let dev = slow();
-        let input = encoded(cmd::BLOCK_STATUS, 3, 0, 1 << 30);
-        let out = serve_requests(dev.clone(), &dev.budget, &input);
-        let granted = dev.granted.lock().map(|g| *g).unwrap_or_default();
-        assert_eq!(granted, Some(status_reply_max(Replies::Structured)));
-        // One descriptor: the hole.
-        assert_eq!(out.len(), 20 + 4 + 8, "{out:?}");
-        assert_eq!(dev.budget.used(), 0, "the grant was not given back");
+        for (len, most) in [(1u64 << 30, MAX_DESCRIPTORS), (4096, 9)] {
+            let dev = slow();
+            let input = encoded(cmd::BLOCK_STATUS, 3, 0, len);
+            let out = serve_requests(dev.clone(), &dev.budget, &input);
+            let granted = dev.granted.lock().map(|g| *g).unwrap_or_default();
+            assert_eq!(granted, Some(status_reply_len(Replies::Structured, most)));
+            // One descriptor: the hole.
+            assert_eq!(out.len(), 20 + 4 + 8, "{out:?}");
+            assert_eq!(dev.budget.used(), 0, "the grant was not given back");
+        }
     }
 
     /// NBD_CMD_DISC right behind a zeroing of almost 4 GiB (four pieces):
