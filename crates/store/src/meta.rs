@@ -148,12 +148,11 @@ pub fn open_with<'a>(
     }
 }
 
-/// Whether `data` looks like a sealed (encrypted) metadata file: its magic
-/// and the sealed bit of its kind, nothing checked further.
-pub fn looks_sealed(data: &[u8]) -> bool {
-    data.len() >= HEADER
-        && &data[..8] == MAGIC
-        && u32::from_le_bytes([data[8], data[9], data[10], data[11]]) & SEALED != 0
+/// Whether `data` is a whole sealed (encrypted) metadata file of `kind`:
+/// its envelope sound (magic, kind, length, checksum), the sealed bit set.
+/// A damaged plain file (one bit of its kind flipped) is not one.
+pub fn is_sealed(path: &Path, data: &[u8], kind: Kind) -> bool {
+    matches!(open_any(path, data, kind), Ok((found, _, _)) if found == kind as u32 | SEALED)
 }
 
 /// Check the envelope of `data` (read from `path`) and return the body's
@@ -376,6 +375,14 @@ mod tests {
         )));
         let forged = seal_with(Kind::Index, 9, b"x", Some(&other)).unwrap();
         assert!(corrupt(open_with(p, &forged, Kind::Index, 1, Some(&c))));
+        // A whole sealed file is told from a plain one with its kind's
+        // sealed bit flipped (damage: its checksum fails).
+        assert!(is_sealed(p, &sealed, Kind::Index));
+        assert!(!is_sealed(p, &sealed, Kind::Manifest));
+        let mut flipped = seal(Kind::Index, 1, b"plain");
+        flipped[9] ^= (SEALED >> 8) as u8;
+        assert!(!is_sealed(p, &flipped, Kind::Index));
+        assert!(!is_sealed(p, &seal(Kind::Index, 1, b"plain"), Kind::Index));
         let newer = seal_with(Kind::Index, 9, b"x", Some(&c)).unwrap();
         assert!(matches!(
             open_with(p, &newer, Kind::Index, 1, Some(&c)),

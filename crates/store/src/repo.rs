@@ -700,7 +700,7 @@ impl LoadedIndex {
         match self.unread.first() {
             None => Ok(()),
             Some(e) => Err(StoreError::Invalid(format!(
-                "an index file could not be read ({e}); nothing was changed: run the command \
+                "an index file could not be read ({e}); the command stopped there: run it \
                  again (a file that stays unreadable: rename it to end in .damaged, then run \
                  `cairn repair`, which indexes its packs' records again){}",
                 match self.unread.len() {
@@ -765,47 +765,17 @@ pub struct Salvaged {
     /// Whether salvage looked at all (it waits while another writer runs).
     pub ran: bool,
     /// Packs the index knew, read again because an index file was damaged
-    /// and their records were not all named (counted in `packs` too when
-    /// they held records).
+    /// (or by repair), for chunks no entry names (counted in `packs` too
+    /// when they held some).
     pub reread: u64,
 }
 
-/// Packs on disk whose records the index does not all name: the bytes
-/// past their header that no entry (nor another copy's) covers. Records
-/// gc left dead in a pack count too, so this is for when an index file
-/// was damaged (reading such a pack again only names its dead chunks,
-/// which stay dead: no snapshot uses them).
-///
-/// Returns each such pack with the offsets of the records the index
-/// names (those are not read again).
-fn unnamed_records(index: &ChunkIndex, packs: &[PackFile]) -> HashMap<PackId, HashSet<u32>> {
-    // (pack << 32 | offset, length): 16 bytes per entry while it lives.
-    let mut records: Vec<(u64, u32)> = index
-        .locations()
-        .chain(index.other_locations())
-        .map(|(_, l)| (u64::from(l.pack) << 32 | u64::from(l.offset), l.len))
-        .collect();
-    records.sort_unstable();
-    records.dedup_by_key(|r| r.0);
-    let mut covered = vec![0u64; index.packs().len()];
-    for &(at, len) in &records {
-        if let Some(c) = covered.get_mut((at >> 32) as usize) {
-            *c += u64::from(len);
-        }
-    }
-    let gaps: HashMap<u32, PackId> = packs
-        .iter()
-        .filter_map(|pf| {
-            let n = index.pack_number(&pf.id)?;
-            (covered[n as usize] + (PACK_HEADER_LEN as u64) < pf.len).then_some((n, pf.id))
-        })
-        .collect();
-    let mut out: HashMap<PackId, HashSet<u32>> =
-        gaps.values().map(|id| (*id, HashSet::new())).collect();
-    for (at, _) in records {
-        if let Some(id) = gaps.get(&((at >> 32) as u32)) {
-            out.entry(*id).or_default().insert(at as u32);
-        }
+/// The offsets of the records the index names (or another copy of a
+/// chunk does), by pack number: what salvage need not read again.
+fn named_records(index: &ChunkIndex) -> HashMap<u32, HashSet<u32>> {
+    let mut out: HashMap<u32, HashSet<u32>> = HashMap::new();
+    for (_, l) in index.locations().chain(index.other_locations()) {
+        out.entry(l.pack).or_default().insert(l.offset);
     }
     out
 }
@@ -2284,7 +2254,8 @@ impl Repository {
                     continue;
                 }
             };
-            if self.crypt.is_none() && meta::looks_sealed(&data) {
+            if self.crypt.is_none() && meta::is_sealed(&self.root.locate(&key), &data, Kind::Index)
+            {
                 // Not damage: the config, which is not sealed, may have
                 // been rewritten to say "not encrypted" (and the key files
                 // removed); a writer would set the index aside and go on
@@ -2565,9 +2536,9 @@ impl Repository {
     }
 
     /// [`Repository::writer_index`]; `reread`: salvage also reads again
-    /// every pack the index knows whose records it does not all name, as
-    /// after a damaged index file (`repair`: an index file moved aside by
-    /// hand is no damaged file any more, but its entries are gone).
+    /// every pack the index knows, for chunks no entry names, as after a
+    /// damaged index file (`repair`: an index file moved aside by hand is
+    /// no damaged file any more, but its entries are gone).
     pub(crate) fn writer_index_with(&self, session: &Session, reread: bool) -> Result<WriterIndex> {
         let collected = crate::gc::collect_trash(self, session, &HashSet::new())?;
         // What a gc put on a trash list is invisible to writers: nothing
@@ -2588,8 +2559,9 @@ impl Repository {
             return Err(loaded.damaged.swap_remove(pos));
         }
         // With an index file damaged, packs the index knows may hold
-        // records it no longer names (a file written in parts gives every
-        // part the whole pack table): salvage reads those again too.
+        // chunks it no longer names (a file written in parts gives every
+        // part the whole pack table, and a record's entries may be split
+        // between two parts): salvage reads every pack again.
         let suspect = reread || !loaded.damaged_keys.is_empty();
         let salvaged = self.salvage(session, &mut loaded.index, &mut loaded.files, suspect)?;
         let mut quarantined = Vec::new();
@@ -2663,7 +2635,7 @@ impl Repository {
     fn index_pack_but(
         &self,
         pf: &PackFile,
-        named: Option<&HashSet<u32>>,
+        named: Option<(&HashSet<u32>, &ChunkIndex)>,
         report: &mut Salvaged,
     ) -> Result<Option<IndexedPack>> {
         let Some(data) = crate::reader::read_unindexed(&**self.target(pf.target)?, pf.id)? else {
@@ -2686,16 +2658,26 @@ impl Repository {
         pack::scan_records(&data, self.crypt.as_deref(), |off, len, r| {
             covered += len as u64;
             let mut sound: Option<Vec<bool>> = None;
-            if let Some(named) = named {
-                if named.contains(&(off as u32)) {
+            if let Some((named, index)) = named {
+                // A record the index names may still hold chunks no entry
+                // names (its entries split between two index files, one
+                // lost): only those are taken.
+                let at_named = named.contains(&(off as u32));
+                let wanted: Vec<bool> = r
+                    .chunks()
+                    .map(|(id, _, _)| !at_named || !index.contains(&id))
+                    .collect();
+                if !wanted.contains(&true) {
                     return Ok(());
                 }
                 let rec = &data[off as usize..off as usize + len];
                 let decoded = decoder.decode(&pf.path, off, rec, &mut group).is_ok();
                 sound = Some(
                     r.chunks()
-                        .map(|(id, slice, n)| {
-                            decoded
+                        .zip(wanted)
+                        .map(|((id, slice, n), wanted)| {
+                            wanted
+                                && decoded
                                 && group.get(slice as usize..(slice + n) as usize).is_some_and(
                                     |b| decoder.check_chunk(&pf.path, off, &id, b).is_ok(),
                                 )
@@ -2758,22 +2740,23 @@ impl Repository {
             return Ok(report);
         }
         report.ran = true;
-        let gaps = if suspect {
-            unnamed_records(index, &packs)
-        } else {
-            HashMap::new()
-        };
+        let named = suspect.then(|| named_records(index));
+        let no_offsets = HashSet::new();
         let mut found = IndexFile::default();
         for pf in packs {
-            let known = index.pack_number(&pf.id).is_some();
-            let named = gaps.get(&pf.id);
-            if (known && named.is_none()) || doomed.contains(&(pf.target, pf.id)) {
+            let number = index.pack_number(&pf.id);
+            if (number.is_some() && named.is_none()) || doomed.contains(&(pf.target, pf.id)) {
                 continue;
             }
-            if known {
-                report.reread += 1;
-            }
-            let Some((info, entries)) = self.index_pack_but(&pf, named, &mut report)? else {
+            let known = number.is_some();
+            let but = match (&named, number) {
+                (Some(named), Some(n)) => {
+                    report.reread += 1;
+                    Some((named.get(&n).unwrap_or(&no_offsets), &*index))
+                }
+                _ => None,
+            };
+            let Some((info, entries)) = self.index_pack_but(&pf, but, &mut report)? else {
                 continue;
             };
             if entries.is_empty() {
@@ -3182,7 +3165,8 @@ mod tests {
         let data: Vec<u8> = (0..400_000u32)
             .map(|i| (i * 7 % 251) as u8 ^ (i >> 12) as u8)
             .collect();
-        let (_dir, r) = backed_up(&data, 0);
+        // Records of 4 chunks: one's entries end up in both parts.
+        let (_dir, r) = backed_up(&data, 64 << 10);
         let restored = |r: &Repository| -> Result<Vec<u8>> {
             let loaded = r.load_index()?;
             loaded.check_read()?;
@@ -3206,7 +3190,7 @@ mod tests {
         assert_eq!(keys.len(), 1);
         let file = r.read_index_file(&keys[0]).unwrap().unwrap();
         assert!(file.entries.len() >= 20, "{}", file.entries.len());
-        let half = file.entries.len() / 2;
+        let half = file.entries.len() / 2 + 1;
         let mut parts = Vec::new();
         for entries in [&file.entries[..half], &file.entries[half..]] {
             let f = IndexFile {
