@@ -489,8 +489,8 @@ impl S3Backend {
         self.put_mode_within(key, data, mode, None)
     }
 
-    /// [`S3Backend::put_mode`], given up after `limit` (retries included)
-    /// if there is one.
+    /// [`S3Backend::put_mode`], given up after `limit` (retries included,
+    /// and the read of a refusal) if there is one.
     fn put_mode_within(
         &self,
         key: &Key,
@@ -501,46 +501,59 @@ impl S3Backend {
         let path = self.path(key)?;
         let payload = PutPayload::from(data.to_vec());
         let store = &self.shared.store;
-        let put = store.put_opts(&path, payload, PutOptions::from(mode));
-        let r = match limit {
-            None => self.shared.run(put),
-            // (The timer is made inside the runtime: it needs its clock.)
-            Some(limit) => match self
-                .shared
-                .run(async move { tokio::time::timeout(limit, put).await })
-            {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(StoreError::Io {
-                        path: self.locate(key),
-                        what: "put",
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no answer in {} s", limit.as_secs()),
-                        ),
-                    })
+        let work = async {
+            match store.put_opts(&path, payload, PutOptions::from(mode)).await {
+                Ok(r) => Ok(Put::Written { etag: r.e_tag }),
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => {
+                    // A request is retried when its answer is lost (a
+                    // 5xx, a cut connection): where the first try landed,
+                    // the retry is refused by that very object. An object
+                    // holding exactly `data` is taken as this call's: a
+                    // session's or lock's body names its holder, and a
+                    // manifest or key file equal byte for byte is the
+                    // same one.
+                    match store.get(&path).await {
+                        Ok(r) => {
+                            let etag = r.meta.e_tag.clone();
+                            let body = r.bytes().await?;
+                            Ok(match body == data {
+                                true => Put::Written { etag },
+                                false => Put::Refused,
+                            })
+                        }
+                        Err(object_store::Error::NotFound { .. }) => Ok(Put::Refused),
+                        Err(e) => Err(e),
+                    }
                 }
-            },
+                Err(e) => Err(e),
+            }
         };
-        match r {
-            Ok(r) => Ok(Put::Written { etag: r.e_tag }),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => {
-                // A request is retried when its answer is lost (a 5xx, a
-                // cut connection): where the first try landed, the retry
-                // is refused by that very object. An object holding
-                // exactly `data` is taken as this call's: a session's or
-                // lock's body names its holder, and a manifest or key
-                // file equal byte for byte is the same one.
-                match self.get_meta(key)? {
-                    Some((body, _, etag)) if body == data => Ok(Put::Written { etag }),
-                    _ => Ok(Put::Refused),
+        let r = match limit {
+            None => self.shared.run(work),
+            // (The timer is made inside the runtime: it needs its clock.)
+            Some(limit) => {
+                match self
+                    .shared
+                    .run(async move { tokio::time::timeout(limit, work).await })
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(StoreError::Io {
+                            path: self.locate(key),
+                            what: "put",
+                            source: std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                format!("no answer in {} s", limit.as_secs()),
+                            ),
+                        })
+                    }
                 }
             }
-            Err(e) => Err(self.err(key, "put", &e)),
-        }
+        };
+        r.map_err(|e| self.err(key, "put", &e))
     }
 
     /// The object's last-modified time and ETag; `None`: no such object.
@@ -654,11 +667,16 @@ impl S3Backend {
                 .spawn(move || {
                     let _ended = ended_tx;
                     let mut wait = heartbeat;
+                    // The send time of the first refresh that failed since
+                    // the last success: it may have landed after all (a
+                    // timed-out PUT), so a later success that finds the
+                    // object as written (a refusal whose body is ours)
+                    // dates the object no later than that.
+                    let mut unacked: Option<(Instant, SystemTime)> = None;
                     while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
                         stopped.recv_timeout(wait)
                     {
-                        let sent = Instant::now();
-                        let sent_wall = SystemTime::now();
+                        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
                         // Only the version this holder wrote is refreshed:
                         // one removed or replaced by another process stays
                         // so (a store that names no ETag is overwritten).
@@ -685,8 +703,9 @@ impl S3Backend {
                                 if gap > limit && s.lapsed.is_none() {
                                     s.lapsed = Some(gap);
                                 }
-                                s.at = sent;
-                                s.at_wall = sent_wall;
+                                let (at, at_wall) = unacked.take().unwrap_or((sent, sent_wall));
+                                s.at = at;
+                                s.at_wall = at_wall;
                                 s.error = None;
                                 etag = new.or(etag.take());
                                 wait = heartbeat;
@@ -698,6 +717,7 @@ impl S3Backend {
                             }
                             Err(e) => {
                                 s.error = Some(e.to_string());
+                                unacked.get_or_insert((sent, sent_wall));
                                 wait = heartbeat.min(REFRESH_RETRY);
                             }
                         }
