@@ -108,6 +108,10 @@ def snapshots(cairn, repo):
 
 
 def fresh(path, size):
+    # A new file, not the old one cut: a backing file's binding to a cache
+    # is recorded by its device and inode, which a truncation keeps.
+    if os.path.exists(path):
+        os.unlink(path)
     with open(path, "wb") as f:
         f.truncate(size)
 
