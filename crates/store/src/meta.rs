@@ -152,7 +152,11 @@ pub fn open_with<'a>(
 /// its envelope sound (magic, kind, length, checksum), the sealed bit set.
 /// A damaged plain file (one bit of its kind flipped) is not one.
 pub fn is_sealed(path: &Path, data: &[u8], kind: Kind) -> bool {
-    matches!(open_any(path, data, kind), Ok((found, _, _)) if found == kind as u32 | SEALED)
+    // The kind word first: a plain file (every one, in a plain
+    // repository's index load) is not hashed a second time here.
+    let sealed_kind = (kind as u32 | SEALED).to_le_bytes();
+    data.get(8..12) == Some(&sealed_kind[..])
+        && matches!(open_any(path, data, kind), Ok((found, _, _)) if found == kind as u32 | SEALED)
 }
 
 /// Check the envelope of `data` (read from `path`) and return the body's
