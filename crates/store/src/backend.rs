@@ -651,6 +651,12 @@ pub fn conformance(b: &dyn WriteBackend) -> std::result::Result<(), String> {
     if ok("get absent", b.get(&k("meta/none")))?.is_some() {
         return Err("an absent object was found".into());
     }
+    ok("put empty", b.put(&k("empty/zero"), b""))?;
+    let got = ok("get empty", b.get(&k("empty/zero")))?;
+    if got.as_deref() != Some(&b""[..]) {
+        return Err(format!("an empty object read as {got:?}"));
+    }
+    ok("delete empty", b.delete(&[k("empty/zero")]))?;
     let mut buf = [0u8; 5];
     ok("read_at", b.read_at(&k("meta/one"), 7, &mut buf))?;
     if &buf != b"value" {

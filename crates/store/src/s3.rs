@@ -131,6 +131,12 @@ const DELETES_IN_FLIGHT: usize = 32;
 /// One request's time limit (a 16 MiB part at 1 MiB/s fits).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The most one GET asks for: a longer read is made of ranged GETs of
+/// this size, each within [`REQUEST_TIMEOUT`] at 140 KB/s (a whole 32 MiB
+/// pack in one GET would time out below 280 KB/s per stream, as when
+/// verify reads 8 packs at once over a slow link).
+const READ_PIECE: usize = 16 << 20;
+
 /// How soon a failed refresh of a held object is tried again.
 const REFRESH_RETRY: Duration = Duration::from_secs(10);
 
@@ -163,6 +169,10 @@ pub struct S3Config {
     pub token: Option<String>,
     /// How long a request is retried (`CAIRN_S3_RETRY_SECS`).
     pub retry: Duration,
+    /// One request's time limit, body included ([`REQUEST_TIMEOUT`];
+    /// tests of slow links shorten it).
+    #[doc(hidden)]
+    pub request_timeout: Duration,
 }
 
 impl std::fmt::Debug for S3Config {
@@ -177,6 +187,7 @@ impl std::fmt::Debug for S3Config {
             .field("secret_key", &"(hidden)")
             .field("token", &self.token.as_ref().map(|_| "(hidden)"))
             .field("retry", &self.retry)
+            .field("request_timeout", &self.request_timeout)
             .finish()
     }
 }
@@ -225,6 +236,7 @@ impl S3Config {
             secret_key,
             token: var("AWS_SESSION_TOKEN"),
             retry,
+            request_timeout: REQUEST_TIMEOUT,
         })
     }
 }
@@ -394,7 +406,7 @@ impl S3Backend {
         };
         let client = ClientOptions::new()
             .with_allow_http(config.allow_http)
-            .with_timeout(REQUEST_TIMEOUT)
+            .with_timeout(config.request_timeout)
             .with_connect_timeout(Duration::from_secs(5));
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
@@ -439,7 +451,7 @@ impl S3Backend {
             timing: Timing {
                 heartbeat: HEARTBEAT,
                 lease: LEASE,
-                request: config.retry + REQUEST_TIMEOUT + MAX_BACKOFF,
+                request: config.retry + config.request_timeout + MAX_BACKOFF,
             },
         })
     }
@@ -751,9 +763,25 @@ impl S3Backend {
     /// allocation per request, a third of a remote restore's page faults
     /// (profiled), and one more pass over the bytes.
     fn read_into(&self, key: &Key, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_pieces(key, offset, buf, None).map(|_| ())
+    }
+
+    /// Read `buf.len()` bytes of `key` from `offset` into `buf` in ranged
+    /// GETs of at most [`READ_PIECE`] bytes, so that each fits in
+    /// [`REQUEST_TIMEOUT`] (body included) on a slow link too. Every piece
+    /// after the first (and the first too when `etag` is given) is asked
+    /// for only if the object still has that ETag, so one read never mixes
+    /// two versions of an object. Returns the ETag the bytes had.
+    fn read_pieces(
+        &self,
+        key: &Key,
+        offset: u64,
+        buf: &mut [u8],
+        mut etag: Option<String>,
+    ) -> Result<Option<String>> {
         let len = buf.len();
         if len == 0 {
-            return Ok(());
+            return Ok(etag);
         }
         let path = self.path(key)?;
         let end = offset + len as u64;
@@ -765,42 +793,59 @@ impl S3Backend {
                 format!("object is {size} bytes, shorter than the index says (truncated?)"),
             )
         };
-        let got = self.shared.run(async {
-            let r = store
-                .get_opts(&path, GetOptions::new().with_range(Some(offset..end)))
-                .await?;
-            let size = r.meta.size;
-            let mut body = r.into_stream();
-            let mut at = 0usize;
-            while let Some(piece) = body.next().await {
-                let piece = piece?;
-                let Some(dst) = buf.get_mut(at..at + piece.len()) else {
-                    // More than the range asked for: not what S3 sends.
-                    return Ok((at + piece.len(), size));
-                };
-                dst.copy_from_slice(&piece);
-                at += piece.len();
-            }
-            Ok::<_, object_store::Error>((at, size))
-        });
-        match got {
-            Ok((n, _)) if n == len => Ok(()),
-            Ok((n, _)) if n > len => Err(StoreError::corrupt(
-                self.locate(key),
-                offset,
-                format!("the store sent more than the {len} bytes asked for"),
-            )),
-            Ok((_, size)) => Err(short(size)),
-            Err(e @ object_store::Error::NotFound { .. }) => Err(self.err(key, "read", &e)),
-            Err(e) => {
-                // A range past the end is refused (416): tell damage from
-                // failure by the object's length.
-                match self.shared.run(store.head(&path)) {
-                    Ok(meta) if meta.size < end => Err(short(meta.size)),
-                    _ => Err(self.err(key, "read", &e)),
+        let mut from = offset;
+        for piece in buf.chunks_mut(READ_PIECE) {
+            let to = from + piece.len() as u64;
+            let opts = GetOptions::new()
+                .with_range(Some(from..to))
+                .with_if_match(etag.clone());
+            let got = self.shared.run(async {
+                let r = store.get_opts(&path, opts).await?;
+                let (size, tag) = (r.meta.size, r.meta.e_tag.clone());
+                let mut body = r.into_stream();
+                let mut at = 0usize;
+                while let Some(bytes) = body.next().await {
+                    let bytes = bytes?;
+                    let Some(dst) = piece.get_mut(at..at + bytes.len()) else {
+                        // More than the range asked for: not what S3 sends.
+                        return Ok((at + bytes.len(), size, tag));
+                    };
+                    dst.copy_from_slice(&bytes);
+                    at += bytes.len();
+                }
+                Ok::<_, object_store::Error>((at, size, tag))
+            });
+            match got {
+                Ok((n, _, tag)) if n == piece.len() => etag = etag.or(tag),
+                Ok((n, _, _)) if n > piece.len() => {
+                    return Err(StoreError::corrupt(
+                        self.locate(key),
+                        from,
+                        format!(
+                            "the store sent more than the {} bytes asked for",
+                            piece.len()
+                        ),
+                    ))
+                }
+                Ok((_, size, _)) => return Err(short(size)),
+                Err(e @ object_store::Error::NotFound { .. }) => {
+                    return Err(self.err(key, "read", &e))
+                }
+                Err(e @ object_store::Error::Precondition { .. }) => {
+                    return Err(self.err(key, "read (the object changed while read)", &e))
+                }
+                Err(e) => {
+                    // A range past the end is refused (416): tell damage
+                    // from failure by the object's length.
+                    return match self.shared.run(store.head(&path)) {
+                        Ok(meta) if meta.size < end => Err(short(meta.size)),
+                        _ => Err(self.err(key, "read", &e)),
+                    };
                 }
             }
+            from = to;
         }
+        Ok(etag)
     }
 }
 
@@ -838,14 +883,54 @@ impl ReadBackend for S3Backend {
     fn get(&self, key: &Key) -> Result<Option<Vec<u8>>> {
         let path = self.path(key)?;
         let store = &self.shared.store;
-        let got = self
-            .shared
-            .run(async { store.get(&path).await?.bytes().await });
-        match got {
-            // (No copy when the body came in one piece.)
-            Ok(b) => Ok(Some(Vec::from(b))),
+        // The first piece tells the object's length and ETag; the rest, if
+        // any, is read in pieces of that version (see `read_pieces`).
+        let first = self.shared.run(async {
+            let r = store
+                .get_opts(
+                    &path,
+                    GetOptions::new().with_range(Some(0..READ_PIECE as u64)),
+                )
+                .await?;
+            let (size, tag) = (r.meta.size, r.meta.e_tag.clone());
+            Ok::<_, object_store::Error>((r.bytes().await?, size, tag))
+        });
+        match first {
+            Ok((bytes, size, tag)) => {
+                let whole = usize::try_from(size).map_err(|_| {
+                    StoreError::Invalid(format!(
+                        "{}: {size} bytes will not fit",
+                        self.locate(key).display()
+                    ))
+                })?;
+                if bytes.len() == whole {
+                    // (No copy when the body came in one piece.)
+                    return Ok(Some(Vec::from(bytes)));
+                }
+                if bytes.len() != READ_PIECE.min(whole) {
+                    return Err(StoreError::corrupt(
+                        self.locate(key),
+                        0,
+                        format!(
+                            "the store sent {} bytes of the first {} asked for",
+                            bytes.len(),
+                            READ_PIECE.min(whole)
+                        ),
+                    ));
+                }
+                let mut all = vec![0; whole];
+                all[..bytes.len()].copy_from_slice(&bytes);
+                let rest = &mut all[bytes.len()..];
+                self.read_pieces(key, READ_PIECE as u64, rest, tag)?;
+                Ok(Some(all))
+            }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.err(key, "get", &e)),
+            Err(e) => match self.shared.run(store.head(&path)) {
+                // An empty object refuses every range (416).
+                Ok(meta) if meta.size == 0 => Ok(Some(Vec::new())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                _ => Err(self.err(key, "get", &e)),
+            },
         }
     }
 

@@ -394,3 +394,133 @@ fn one_of_many_takers_of_a_dead_lock_wins() {
         winners[0].1.check().unwrap();
     }
 }
+
+/// A slow link in front of `to`: a TCP proxy on 127.0.0.1 that passes
+/// what the client sends at once and what the server sends at `rate`
+/// bytes per second, each connection on its own. Stops with the test
+/// process (its threads only copy).
+fn slow_link(to: std::net::SocketAddr, rate: u64) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut s_out);
+                let _ = s_out.shutdown(Shutdown::Write);
+            });
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let mut sent = 0u64;
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match s_in.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    sent += n as u64;
+                    let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                    if let Some(wait) = due.checked_sub(start.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+                let _ = c_out.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_long_read_over_a_slow_link_is_made_of_requests_that_each_fit_the_time_limit() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let fast = backend(&fs, "slow", &[]);
+    let data = pattern(40 << 20, 11);
+    let key = Key::new("packs/big.pack");
+    fast.put(&key, &data).unwrap();
+
+    // 8 MiB/s: the whole object takes 5 s, over a 3 s limit on one
+    // request; a piece of 16 MiB takes 2 s.
+    let server = fs.endpoint().trim_start_matches("http://").parse().unwrap();
+    let proxy = format!("http://{}", slow_link(server, 8 << 20));
+    let mut env: HashMap<String, String> = fs.env().into_iter().collect();
+    env.insert("AWS_ENDPOINT_URL".into(), proxy);
+    env.insert("CAIRN_S3_RETRY_SECS".into(), "1".into());
+    let mut config = S3Config::new(&fs.url("slow"), &|k| env.get(k).cloned()).unwrap();
+    config.request_timeout = Duration::from_secs(3);
+    let slow = S3Backend::new(config).unwrap();
+
+    let mut whole = vec![0; data.len()];
+    slow.read_at(&key, 0, &mut whole).unwrap();
+    assert!(whole == data, "read_at gave other bytes");
+    assert!(
+        slow.get(&key).unwrap().unwrap() == data,
+        "get gave other bytes"
+    );
+    // Pieces that start and end inside the object.
+    let mut part = vec![0; 20 << 20];
+    slow.read_at(&key, (10 << 20) + 5, &mut part).unwrap();
+    assert!(
+        part[..] == data[(10 << 20) + 5..(30 << 20) + 5],
+        "a middle range"
+    );
+    // Past the end is still damage, not a failure to read.
+    match slow.read_at(&key, (30 << 20) + 1, &mut part) {
+        Err(StoreError::Corrupt { .. }) => {}
+        other => panic!("a read past the end gave {other:?}"),
+    }
+}
+
+#[test]
+fn a_long_read_never_mixes_two_versions_of_an_object() {
+    let Some(fs) = SeaweedFs::start_or_skip() else {
+        return;
+    };
+    let b = backend(&fs, "versions", &[]);
+    let key = Key::new("index/big");
+    let (one, two) = (
+        Arc::new(pattern(40 << 20, 1)),
+        Arc::new(pattern(40 << 20, 2)),
+    );
+    b.put(&key, &one).unwrap();
+    // Replaced over and over while another thread reads it whole.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (b, key, stop) = (b.clone(), key.clone(), stop.clone());
+        let (one, two) = (one.clone(), two.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                b.put(&key, if n % 2 == 0 { &two } else { &one }).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut whole = 0;
+    for _ in 0..20 {
+        match b.get(&key) {
+            Ok(Some(got)) => {
+                assert!(got == *one || got == *two, "a read mixed two versions");
+                whole += 1;
+            }
+            Ok(None) => panic!("the object vanished"),
+            Err(e) => assert!(e.to_string().contains("changed while read"), "{e}"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let puts = writer.join().unwrap();
+    eprintln!("{whole} whole reads of 20, {puts} replacements");
+}
