@@ -264,15 +264,16 @@ pub struct KeyFile {
     pub master: String,
 }
 
+/// The key Argon2id derives from `password`. Its working memory (the
+/// blocks, derived from the password) is wiped before it is freed, as
+/// are the derived key's copies (argon2's `zeroize` feature).
 fn derive(password: &[u8], salt: &[u8], params: &KdfParams) -> Result<Zeroizing<[u8; 32]>> {
-    let argon = argon2::Argon2::new(
-        argon2::Algorithm::Argon2id,
-        argon2::Version::V0x13,
-        params.check()?,
-    );
+    let params = params.check()?;
+    let mut blocks = Zeroizing::new(vec![argon2::Block::default(); params.block_count()]);
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut out = Zeroizing::new([0u8; 32]);
     argon
-        .hash_password_into(password, salt, &mut out[..])
+        .hash_password_into_with_memory(password, salt, &mut out[..], &mut blocks[..])
         .map_err(|e| StoreError::Invalid(format!("Argon2id: {e}")))?;
     Ok(out)
 }
