@@ -649,14 +649,14 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             img.unbind_cache()
                 .with_context(|| format!("image {}", img.name()))?;
         }
-        let report = img.close().with_context(|| {
+        let reports = img.close().with_context(|| {
             format!(
                 "commit image {}: its flushed writes stay in {} for the next serve or `cairn commit`",
                 img.name(),
                 img.overlay_dir().display()
             )
         })?;
-        if let Some(r) = report {
+        for r in reports {
             errln!(
                 "cairn serve: committed image {} as snapshot {}",
                 img.name(),

@@ -310,7 +310,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
         let vol = open_writable(&repo, name, &opts, Some(&dir))?;
         check_cache_binding(&repo, &vol, None, false)?;
         let bar = crate::report::Progress::new("commit", None, !a.quiet);
-        let report = vol
+        let reports = vol
             .close_with(&|done, total| {
                 bar.total(total);
                 bar.read_to(done);
@@ -321,7 +321,7 @@ pub(crate) fn commit(a: &CommitArgs) -> Result<()> {
             "image": name,
             // The open commits what a killed server sealed; the close,
             // the rest.
-            "committed": report.is_some() || vol.stats().commits > 0,
+            "committed": !reports.is_empty() || vol.stats().commits > 0,
             "snapshot": vol.snapshot(),
             "new_raw": vol.stats().new_raw,
         }]})

@@ -704,18 +704,18 @@ impl WritableVolume {
     }
 
     /// Commit what is left, and remove the overlay when nothing is: the
-    /// end of a session. Writes after this are not committed.
-    pub fn close(&self) -> cairn_store::Result<Option<EditReport>> {
+    /// end of a session. Writes after this are not committed. The reports
+    /// of the snapshots it made, oldest first: none when nothing was left,
+    /// two when an earlier commit sealed writes and did not finish (those,
+    /// then the writes made since).
+    pub fn close(&self) -> cairn_store::Result<Vec<EditReport>> {
         self.close_with(&|_, _| {})
     }
 
     /// [`WritableVolume::close`] with the commit's progress (see
     /// [`WritableVolume::commit_with`]).
-    pub fn close_with(
-        &self,
-        progress: &dyn Fn(u64, u64),
-    ) -> cairn_store::Result<Option<EditReport>> {
-        let mut report = self.commit_with(progress)?;
+    pub fn close_with(&self, progress: &dyn Fn(u64, u64)) -> cairn_store::Result<Vec<EditReport>> {
+        let mut reports: Vec<EditReport> = self.commit_with(progress)?.into_iter().collect();
         let live_left = {
             let st = self.read_state();
             st.sealed.is_none() && st.live.blocks() > 0
@@ -724,7 +724,7 @@ impl WritableVolume {
             // The commit was of a generation an earlier commit sealed and
             // did not finish (a failed upload): the writes made since are
             // the session's too, and go into a snapshot of their own.
-            report = self.commit_with(progress)?.or(report);
+            reports.extend(self.commit_with(progress)?);
         }
         let st = self.read_state();
         if st.sealed.is_none() && st.live.blocks() == 0 {
@@ -735,7 +735,7 @@ impl WritableVolume {
             let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
             let _ = std::fs::remove_dir(&self.dir);
         }
-        Ok(report)
+        Ok(reports)
     }
 
     /// The changed blocks of generation `g` over `volume` as spans the
@@ -1065,7 +1065,7 @@ mod tests {
             first[40_960..49_152].fill(1);
             assert!(snapshot_bytes(&repo, 2) == first, "step {step}: snapshot 2");
             assert_eq!(overlay::list_gens(&o).unwrap().len(), 1, "step {step}");
-            assert!(dev.close().unwrap().is_some());
+            assert_eq!(dev.close().unwrap().len(), 1);
             assert!(snapshot_bytes(&repo, 3) == model, "step {step}: snapshot 3");
             assert!(!o.exists());
         }
@@ -1116,9 +1116,10 @@ mod tests {
         dev.write_at(&[3; 5000], 100_000, false).unwrap();
         model[100_000..105_000].fill(3);
         dev.flush().unwrap();
-        let report = dev.close().unwrap().unwrap();
+        let reports = dev.close().unwrap();
         assert_eq!(repo.snapshots("img").unwrap(), vec![1, 2, 3]);
-        assert_eq!(report.snapshot, 3);
+        let made: Vec<u64> = reports.iter().map(|r| r.snapshot).collect();
+        assert_eq!(made, [2, 3], "each snapshot the close made is reported");
         assert!(snapshot_bytes(&repo, 3) == model);
         assert!(!o.exists(), "a closed image leaves no directory");
     }
@@ -1135,7 +1136,7 @@ mod tests {
         drop(dev);
         let dev = WritableVolume::open(repo.clone(), "img", &opts(), &o).unwrap();
         assert!(whole(&dev) == model);
-        assert!(dev.close().unwrap().is_some());
+        assert_eq!(dev.close().unwrap().len(), 1);
         assert!(!o.exists(), "a closed image leaves no directory");
     }
 
