@@ -456,6 +456,13 @@ pub struct SessionInfo {
     /// older versions): see [`SessionInfo::ended_here`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<ProcessMark>,
+    /// 16 random bytes, hex (absent in older bodies): no two holds write
+    /// the same body, so a holder that finds its exact bytes in the
+    /// object after a refused conditional PUT (its own retried PUT, which
+    /// had landed) knows they are its own, not another thread's of this
+    /// process in the same second.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub nonce: String,
 }
 
 /// A process as its machine knows it: the boot, the pid namespace and the
@@ -500,6 +507,7 @@ impl SessionInfo {
             host: hostname(),
             started: now_secs(),
             process: ProcessMark::of(std::process::id()),
+            nonce: crate::id::hex(&crate::id::random16()),
         };
         serde_json::to_vec(&info).map_err(|e| StoreError::Invalid(e.to_string()))
     }
@@ -2886,11 +2894,19 @@ mod tests {
             host: hostname(),
             started: now_secs(),
             process: ProcessMark::of(child.id()),
+            nonce: String::new(),
         };
         assert!(info.process.is_some(), "no mark read from /proc");
         assert!(!info.ended_here(), "a running process taken for ended");
         let me = serde_json::from_slice::<SessionInfo>(&SessionInfo::now("me").unwrap()).unwrap();
         assert!(!me.ended_here());
+        let again =
+            serde_json::from_slice::<SessionInfo>(&SessionInfo::now("me").unwrap()).unwrap();
+        assert_eq!(me.nonce.len(), 32);
+        assert_ne!(
+            me.nonce, again.nonce,
+            "two holds of one process wrote one body"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(info.ended_here(), "a killed process still counted");
