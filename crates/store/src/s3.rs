@@ -147,6 +147,11 @@ const REFRESH_LIMIT: Duration = Duration::from_secs(30);
 /// delete of its object.
 const LET_GO_WAIT: Duration = Duration::from_secs(15);
 
+/// How long the HEAD that tells a failed read's cause (a range past the
+/// end, an empty object) may take, its retries included: a store that
+/// does not answer has had the read's whole retry budget already.
+const HEAD_AFTER_ERROR: Duration = Duration::from_secs(15);
+
 /// Where a backend's objects are, as read from its URL and environment
 /// (its `Debug` shows no secret).
 #[derive(Clone, PartialEq, Eq)]
@@ -495,6 +500,25 @@ impl S3Backend {
         io_error(self.locate(key), what, e)
     }
 
+    /// A read whose object was replaced between two of its pieces.
+    fn changed(&self, key: &Key) -> StoreError {
+        StoreError::Io {
+            path: self.locate(key),
+            what: "read",
+            source: std::io::Error::other("the object changed while read: try again"),
+        }
+    }
+
+    /// The object's length and ETag after a failed read, if a HEAD tells
+    /// them within [`HEAD_AFTER_ERROR`].
+    fn head_after_error(&self, path: &ObjectPath) -> Option<object_store::ObjectMeta> {
+        let store = &self.shared.store;
+        self.shared
+            .run(async { tokio::time::timeout(HEAD_AFTER_ERROR, store.head(path)).await })
+            .ok()?
+            .ok()
+    }
+
     /// PUT `data` as `key` (`mode`: replace, create only, or replace only
     /// the version of a given ETag).
     fn put_mode(&self, key: &Key, data: &[u8], mode: PutMode) -> Result<Put> {
@@ -796,9 +820,11 @@ impl S3Backend {
         let mut from = offset;
         for piece in buf.chunks_mut(READ_PIECE) {
             let to = from + piece.len() as u64;
+            // A weak ETag never matches an If-Match (strong comparison):
+            // such pieces are only compared below.
             let opts = GetOptions::new()
                 .with_range(Some(from..to))
-                .with_if_match(etag.clone());
+                .with_if_match(etag.clone().filter(|t| !t.starts_with("W/")));
             let got = self.shared.run(async {
                 let r = store.get_opts(&path, opts).await?;
                 let (size, tag) = (r.meta.size, r.meta.e_tag.clone());
@@ -816,6 +842,11 @@ impl S3Backend {
                 Ok::<_, object_store::Error>((at, size, tag))
             });
             match got {
+                // (A store that ignores If-Match still names the version
+                // it sent.)
+                Ok((_, _, Some(tag))) if etag.as_ref().is_some_and(|t| *t != tag) => {
+                    return Err(self.changed(key))
+                }
                 Ok((n, _, tag)) if n == piece.len() => etag = etag.or(tag),
                 Ok((n, _, _)) if n > piece.len() => {
                     return Err(StoreError::corrupt(
@@ -831,14 +862,15 @@ impl S3Backend {
                 Err(e @ object_store::Error::NotFound { .. }) => {
                     return Err(self.err(key, "read", &e))
                 }
-                Err(e @ object_store::Error::Precondition { .. }) => {
-                    return Err(self.err(key, "read (the object changed while read)", &e))
-                }
+                Err(object_store::Error::Precondition { .. }) => return Err(self.changed(key)),
                 Err(e) => {
                     // A range past the end is refused (416): tell damage
-                    // from failure by the object's length.
-                    return match self.shared.run(store.head(&path)) {
-                        Ok(meta) if meta.size < end => Err(short(meta.size)),
+                    // from failure by the object's length, if it is still
+                    // the version read so far.
+                    return match self.head_after_error(&path) {
+                        Some(meta) if meta.size < end && (etag.is_none() || meta.e_tag == etag) => {
+                            Err(short(meta.size))
+                        }
                         _ => Err(self.err(key, "read", &e)),
                     };
                 }
@@ -918,17 +950,33 @@ impl ReadBackend for S3Backend {
                         ),
                     ));
                 }
-                let mut all = vec![0; whole];
-                all[..bytes.len()].copy_from_slice(&bytes);
+                // The length is the store's word: allocated only if there
+                // is room (a broken store may claim anything).
+                let mut all = Vec::new();
+                all.try_reserve_exact(whole).map_err(|_| {
+                    StoreError::Invalid(format!(
+                        "{}: the store says it is {size} bytes: no room for them",
+                        self.locate(key).display()
+                    ))
+                })?;
+                all.extend_from_slice(&bytes);
+                all.resize(whole, 0);
                 let rest = &mut all[bytes.len()..];
-                self.read_pieces(key, READ_PIECE as u64, rest, tag)?;
-                Ok(Some(all))
+                match self.read_pieces(key, READ_PIECE as u64, rest, tag) {
+                    Ok(_) => Ok(Some(all)),
+                    // Deleted since the first piece (a gc's index file).
+                    Err(StoreError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => match self.shared.run(store.head(&path)) {
+            Err(e) => match self.head_after_error(&path) {
                 // An empty object refuses every range (416).
-                Ok(meta) if meta.size == 0 => Ok(Some(Vec::new())),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Some(meta) if meta.size == 0 => Ok(Some(Vec::new())),
                 _ => Err(self.err(key, "get", &e)),
             },
         }
@@ -986,6 +1034,14 @@ impl WriteBackend for S3Backend {
     }
 
     fn put(&self, key: &Key, data: &[u8]) -> Result<()> {
+        if data.len() > SINGLE_PUT_MAX {
+            // In parts, each within one request's time limit (an index
+            // file reaches about 48 MiB); completing the upload replaces
+            // the object at once, as one PUT does.
+            let mut w = self.create(key)?;
+            w.append(data)?;
+            return w.finish();
+        }
         self.put_mode(key, data, PutMode::Overwrite).map(|_| ())
     }
 
