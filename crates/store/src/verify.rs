@@ -762,7 +762,60 @@ fn shown(prefix: &[u8; PREFIX_LEN], id: Option<ChunkId>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
+    use crate::faults::FaultyRepo;
+
+    /// The problems of `kind`.
+    fn of_kind<'a>(r: &'a VerifyReport, kind: &str) -> Vec<&'a Problem> {
+        r.problems.iter().filter(|p| p.kind == kind).collect()
+    }
+
+    /// A pack that cannot be read (EIO) says nothing of its chunks: they
+    /// are `unread-chunk` problems, with the snapshots using them, never
+    /// `damaged-chunk`; the pack is named, no record is taken for
+    /// damaged, and nothing on disk changes. (Fails without 22a3b25:
+    /// `damaged-chunk`.)
+    #[test]
+    fn a_pack_that_cannot_be_read_is_unread_not_damaged() {
+        let r = FaultyRepo::new();
+        let loaded = r.repo.load_index().unwrap();
+        let index = &loaded.index;
+        let pack = r.pack_path(index, 0);
+        let chunks = index.locations().filter(|(_, l)| l.pack == 0).count();
+        assert!(chunks > 0);
+        r.faults.fail(&pack);
+        let before = r.tree();
+        let v = r.verify();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert!(!v.problems.is_empty(), "verify fails");
+        let unread = of_kind(&v, "unread-chunk");
+        assert_eq!(unread.len(), chunks, "{:?}", v.problems);
+        for p in &unread {
+            assert!(
+                p.message.contains("not known to be damaged"),
+                "{}",
+                p.message
+            );
+            assert!(p.affected.iter().any(|a| a.image == "a"), "{p:?}");
+        }
+        let packs = of_kind(&v, "pack");
+        assert_eq!(packs.len(), 1, "{:?}", v.problems);
+        assert!(
+            packs[0].message.contains(&pack.display().to_string()),
+            "{}",
+            packs[0].message
+        );
+        assert_eq!(v.problems.len(), chunks + 1, "{:?}", v.problems);
+        assert_eq!(v.unread_packs, 1);
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        assert_eq!(v.recoverable, 0);
+        assert!(r.tree() == before, "verify changed the repository");
+        // Readable again: sound.
+        r.faults.clear();
+        let v = r.verify();
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
 
     #[test]
     fn subsets_pick_parts_shares_and_sizes() {
