@@ -293,10 +293,16 @@ impl FaultyRepo {
 
     /// `verify --read-data`.
     pub(crate) fn verify(&self) -> crate::VerifyReport {
+        self.verify_subset(crate::DataSubset::All)
+    }
+
+    /// `verify --read-data-subset`.
+    pub(crate) fn verify_subset(&self, subset: crate::DataSubset) -> crate::VerifyReport {
         let opts = crate::VerifyOptions {
             read_data: true,
+            subset,
             threads: 2,
-            ..Default::default()
+            progress: None,
         };
         crate::verify(&self.repo, &opts).unwrap()
     }
