@@ -179,9 +179,9 @@ pub struct VerifyReport {
     /// CRC, does not decode or holds a chunk that does not hash to its
     /// id): what `repair` drops from the index. (pack, record offset).
     pub damaged_records: Vec<(PackId, u32, u32)>,
-    /// Packs that could not be read (an I/O or network error): their
-    /// records are neither known sound nor known damaged.
-    pub unread_packs: usize,
+    /// Packs that could not be read (an I/O or network error), each its
+    /// error: their records are neither known sound nor known damaged.
+    pub unread_packs: Vec<String>,
     /// Packs whose header is damaged (a problem of its own): their
     /// records were checked on their own, and `repair` rewrites them.
     pub damaged_headers: Vec<PackId>,
@@ -480,12 +480,12 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             });
             report.damaged_headers.push(id);
         }
-        let io_errors = io_errors.into_inner().unwrap_or_default();
-        report.unread_packs = io_errors.len();
-        for msg in io_errors {
+        report.unread_packs = io_errors.into_inner().unwrap_or_default();
+        report.unread_packs.sort();
+        for msg in &report.unread_packs {
             report.problems.push(Problem {
                 kind: "pack",
-                message: msg,
+                message: msg.clone(),
                 chunk: None,
                 affected: Vec::new(),
             });
@@ -860,7 +860,7 @@ mod tests {
             packs[0].message
         );
         assert_eq!(v.problems.len(), chunks + 1, "{:?}", v.problems);
-        assert_eq!(v.unread_packs, 1);
+        assert_eq!(v.unread_packs.len(), 1);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         assert_eq!(v.recoverable, 0);
         assert!(r.tree() == before, "verify changed the repository");
@@ -907,7 +907,7 @@ mod tests {
                 "{subset:?}: {:?}",
                 v.problems
             );
-            assert_eq!(v.unread_packs, 1);
+            assert_eq!(v.unread_packs.len(), 1);
             assert_eq!(v.recoverable, 0, "nothing for repair to switch");
             assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         }
