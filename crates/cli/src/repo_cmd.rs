@@ -1146,6 +1146,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                 "damaged-chunk"
                     | "unread-chunk"
                     | "damaged-copy"
+                    | "unread-copy"
                     | "pack"
                     | "missing-chunk"
                     | "pack-header"

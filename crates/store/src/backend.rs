@@ -809,18 +809,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         conformance(&LocalDir::new(dir.path())).unwrap();
         // Nothing temporary is left behind.
-        let mut left = Vec::new();
-        let mut todo = vec![dir.path().to_path_buf()];
-        while let Some(d) = todo.pop() {
-            for e in std::fs::read_dir(d).unwrap() {
-                let e = e.unwrap();
-                if e.file_type().unwrap().is_dir() {
-                    todo.push(e.path());
-                } else {
-                    left.push(e.path());
-                }
-            }
-        }
+        let left = crate::faults::files_under(dir.path());
         assert!(left.is_empty(), "{left:?}");
     }
 

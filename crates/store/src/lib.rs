@@ -74,6 +74,8 @@ mod diff;
 mod direct;
 mod edit;
 mod error;
+#[cfg(test)]
+mod faults;
 mod gc;
 mod id;
 mod index;

@@ -31,7 +31,8 @@
 //! their chunks are not missing, only unnamed.
 //!
 //! Only what was read and found damaged is dropped: a pack that could not
-//! be read (an I/O or network error) stops the repair. It runs alone (no
+//! be read (an I/O or network error), in the salvage or in the check,
+//! stops the repair before it drops or switches anything. It runs alone (no
 //! other cairn command on the repository), so no backup deduplicates
 //! against a chunk between the check and the drop.
 
@@ -103,7 +104,19 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     let salvaged = if opts.dry_run {
         None
     } else {
-        Some(repo.writer_index_with(session, true)?.salvaged)
+        // Salvage reads every pack, and writes only once all are read: a
+        // read that fails stops it having written nothing.
+        let index = repo.writer_index_with(session, true).map_err(|e| match e {
+            StoreError::Io {
+                what: "read" | "get" | "open",
+                ..
+            } => StoreError::Invalid(format!(
+                "{e}: repair dropped nothing; what cannot be read is not known to be damaged, \
+                 and repair drops nothing until every pack can be read (run it again)"
+            )),
+            e => e,
+        })?;
+        Some(index.salvaged)
     };
     let found = verify(
         repo,
@@ -114,11 +127,16 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
             ..Default::default()
         },
     )?;
-    if found.unread_packs > 0 {
+    if let Some(first) = found.unread_packs.first() {
         return Err(StoreError::Invalid(format!(
-            "{} pack(s) could not be read, so what they hold is not known to be damaged; \
-             repair drops nothing until every pack can be read (run it again)",
-            found.unread_packs
+            "{} pack(s) could not be read ({first}{}), so what they hold is not known to be \
+             damaged: repair dropped nothing, and drops nothing until every pack can be read \
+             (run it again)",
+            found.unread_packs.len(),
+            match found.unread_packs.len() {
+                1 => "",
+                _ => "; `cairn verify --read-data` names the others",
+            }
         )));
     }
     let drop: HashSet<(crate::id::PackId, u32, u32)> =
@@ -200,4 +218,54 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         )));
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+    use super::*;
+    use crate::faults::{stored_twice, FaultyRepo};
+
+    fn run(r: &FaultyRepo) -> Result<RepairReport> {
+        let session = r.repo.session("test").unwrap();
+        let opts = RepairOptions {
+            dry_run: false,
+            threads: 2,
+            progress: None,
+        };
+        repair(&r.repo, &session, &opts)
+    }
+
+    /// A pack that cannot be read (EIO) is not damage: repair stops with
+    /// an error naming it and saying that nothing was dropped, and
+    /// changes nothing on disk, whether the read fails at once (salvage
+    /// reads every pack before the check) or only in the check. Here the
+    /// pack holds the used copies of chunks stored twice, whose other
+    /// copies are sound: nothing is switched to them either.
+    #[test]
+    fn repair_drops_nothing_of_a_pack_that_cannot_be_read() {
+        let (r, used, _) = stored_twice();
+        let copies = r.repo.load_index().unwrap().index.other_locations().count();
+        let before = r.tree();
+        for spared in [0, 1] {
+            r.faults.clear();
+            r.faults.fail_range_after(&used, 0..u64::MAX, spared);
+            let met = r.faults.injected();
+            let e = run(&r).unwrap_err().to_string();
+            assert!(r.faults.injected() > met, "the fault was met");
+            assert!(e.contains(&used.display().to_string()), "{e}");
+            assert!(e.contains("dropped nothing"), "{e}");
+            assert!(
+                r.tree() == before,
+                "spared {spared}: repair changed the repository"
+            );
+        }
+        // Readable again: all there, both copies, and nothing to repair.
+        r.faults.clear();
+        assert!(r.verify().problems.is_empty());
+        let loaded = r.repo.load_index().unwrap();
+        assert_eq!(loaded.index.other_locations().count(), copies);
+        let report = run(&r).unwrap();
+        assert_eq!((report.dropped, report.switched), (0, 0), "{report:?}");
+    }
 }

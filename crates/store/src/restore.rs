@@ -1397,6 +1397,36 @@ pub(crate) fn with_image_offset(err: StoreError, offset: u64) -> StoreError {
 mod tests {
     use super::*;
 
+    /// A chunk stored twice whose copy the index uses cannot be read (an
+    /// EIO, the whole pack or only that record's bytes): restore reads
+    /// its other copy, the image comes back byte for byte, and the
+    /// chunks so read are counted (`chunks_from_other_copies`).
+    #[test]
+    fn a_chunk_whose_copy_cannot_be_read_is_restored_from_its_other_copy() {
+        let (r, used, id) = crate::faults::stored_twice();
+        let loaded = r.repo.load_index().unwrap();
+        let n = loaded.index.pack_number(&id).unwrap();
+        let (_, rec) = loaded.index.locations().find(|(_, l)| l.pack == n).unwrap();
+        // The whole pack: every chunk the image has in it.
+        r.faults.fail(&used);
+        for name in ["a", "b"] {
+            let (out, report) = r.restore(name).unwrap();
+            assert!(out == r.data, "{name} differs");
+            assert!(report.recovered > 0, "{name}: {report:?}");
+        }
+        assert!(r.faults.injected() > 0, "the fault was met");
+        // One record's bytes (its pack's header reads): that chunk only.
+        r.faults.clear();
+        let start = u64::from(rec.offset);
+        r.faults
+            .fail_range(&used, start..start + u64::from(rec.len));
+        let met = r.faults.injected();
+        let (out, report) = r.restore("a").unwrap();
+        assert!(out == r.data, "a differs");
+        assert_eq!(report.recovered, 1, "{report:?}");
+        assert!(r.faults.injected() > met, "the fault was met");
+    }
+
     /// Pieces at odd offsets and lengths, with gaps, across the run
     /// buffer's size: the file holds exactly them, written through
     /// `O_DIRECT` (when the filesystem allows it) or not.

@@ -9,10 +9,12 @@
 //! is every other copy of a chunk stored twice
 //! ([`crate::index::ChunkIndex::other_copies`]): a damaged copy whose
 //! other copy is sound affects no snapshot, since restore reads the sound
-//! one, but it is damage all the same. Each problem lists the images,
-//! snapshots and offsets it affects.
+//! one, but it is damage all the same. A copy that could not be read
+//! (an I/O or network error) is not known to be damaged: it is never
+//! named damaged, nor taken for a damaged record. Each problem lists the
+//! images, snapshots and offsets it affects.
 
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
@@ -141,7 +143,8 @@ pub struct Problem {
     /// `reserve`, `missing-chunk`, `damaged-chunk`, `unread-chunk` (in a
     /// pack that could not be read: an I/O or network error),
     /// `damaged-copy` (a damaged copy of a chunk stored twice whose other
-    /// copy is sound).
+    /// copy is sound), `unread-copy` (a copy of a chunk stored twice that
+    /// could not be read, whose other copy is sound: not known damaged).
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -176,9 +179,9 @@ pub struct VerifyReport {
     /// CRC, does not decode or holds a chunk that does not hash to its
     /// id): what `repair` drops from the index. (pack, record offset).
     pub damaged_records: Vec<(PackId, u32, u32)>,
-    /// Packs that could not be read (an I/O or network error): their
-    /// records are neither known sound nor known damaged.
-    pub unread_packs: usize,
+    /// Packs that could not be read (an I/O or network error), each its
+    /// error: their records are neither known sound nor known damaged.
+    pub unread_packs: Vec<String>,
     /// Packs whose header is damaged (a problem of its own): their
     /// records were checked on their own, and `repair` rewrites them.
     pub damaged_headers: Vec<PackId>,
@@ -343,6 +346,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut sound: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
     let mut read_packs: HashSet<u32> = HashSet::new();
     let mut unread: HashSet<[u8; PREFIX_LEN], IdHash> = HashSet::default();
+    let mut unread_copies: Vec<([u8; PREFIX_LEN], String)> = Vec::new();
     if opts.read_data {
         let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
         report.packs_read = readable.len();
@@ -359,6 +363,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         // Chunks of packs that could not be read: not known damaged.
         let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
+        // Other copies in packs that could not be read, with why.
+        let unread_others: Mutex<Vec<([u8; PREFIX_LEN], String)>> = Mutex::default();
         std::thread::scope(|s| {
             // (A remote store is kept busy by several packs in flight.)
             for _ in 0..opts.threads.max(1) * reader.reads_per_core() {
@@ -374,11 +380,16 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             Ok(d) => d,
                             Err(e) => {
                                 let why = e.to_string();
-                                if let (Ok(mut v), Ok(mut u)) = (found.lock(), unread_chunks.lock())
+                                if let (Ok(mut v), Ok(mut u), Ok(mut o)) =
+                                    (found.lock(), unread_chunks.lock(), unread_others.lock())
                                 {
-                                    for (prefix, _, _) in by_pack[*n].iter().filter(|e| !e.2) {
-                                        v.push((*prefix, ChunkId([0; 32]), why.clone()));
-                                        u.insert(*prefix);
+                                    for (prefix, _, copy) in &by_pack[*n] {
+                                        if *copy {
+                                            o.push((*prefix, why.clone()));
+                                        } else {
+                                            v.push((*prefix, ChunkId([0; 32]), why.clone()));
+                                            u.insert(*prefix);
+                                        }
                                     }
                                 }
                                 if let Ok(mut v) = io_errors.lock() {
@@ -469,17 +480,18 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             });
             report.damaged_headers.push(id);
         }
-        let io_errors = io_errors.into_inner().unwrap_or_default();
-        report.unread_packs = io_errors.len();
-        for msg in io_errors {
+        report.unread_packs = io_errors.into_inner().unwrap_or_default();
+        report.unread_packs.sort();
+        for msg in &report.unread_packs {
             report.problems.push(Problem {
                 kind: "pack",
-                message: msg,
+                message: msg.clone(),
                 chunk: None,
                 affected: Vec::new(),
             });
         }
         unread = unread_chunks.into_inner().unwrap_or_default();
+        unread_copies = unread_others.into_inner().unwrap_or_default();
         found_primary = found.into_inner().unwrap_or_default();
         found_other = found_copies.into_inner().unwrap_or_default();
         sound = sound_copies.into_inner().unwrap_or_default();
@@ -495,6 +507,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         table: Ok(Vec::new()),
         rec: Vec::new(),
         group: Vec::new(),
+        unread: false,
     };
     for (prefix, _, _) in &found_primary {
         for loc in index.other_copies_of(*prefix) {
@@ -508,6 +521,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 Ok(()) => {
                     sound.insert(*prefix);
                 }
+                // An I/O or network error: the copy is not known damaged.
+                Err((_, why)) if copy.unread => unread_copies.push((*prefix, why)),
                 Err((id, why)) => {
                     found_other.push((*prefix, id, why));
                     damaged_records.insert((
@@ -532,6 +547,21 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 false => ("damaged-chunk", why),
             };
             bad.insert(prefix, (id, kind, why));
+            continue;
+        }
+        if unread.contains(&prefix) {
+            // Nothing for repair to do: the copy is not known damaged.
+            copy_problems.push(Problem {
+                kind: "unread-copy",
+                message: format!(
+                    "chunk {}: {why} (the copy the index uses; not read, so not known to be \
+                     damaged: another copy of it is sound, and restore reads that one; run \
+                     verify again)",
+                    shown(&prefix, named(id))
+                ),
+                chunk: named(id),
+                affected: Vec::new(),
+            });
             continue;
         }
         report.recoverable += 1;
@@ -560,6 +590,22 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 shown(&prefix, named(id))
             ),
             chunk: named(id),
+            affected: Vec::new(),
+        });
+    }
+    for (prefix, why) in unread_copies {
+        if let Some((_, _, first)) = bad.get_mut(&prefix) {
+            first.push_str(&format!("; its other copy could not be read: {why}"));
+            continue;
+        }
+        copy_problems.push(Problem {
+            kind: "unread-copy",
+            message: format!(
+                "chunk {}: {why} (a second copy, not the one the index uses; not read, so not \
+                 known to be damaged: no snapshot is affected; run verify again)",
+                shown(&prefix, None)
+            ),
+            chunk: None,
             affected: Vec::new(),
         });
     }
@@ -707,6 +753,9 @@ struct CopyRecord {
     table: Decoded,
     rec: Vec<u8>,
     group: Vec<u8>,
+    /// The last record could not be read (an I/O or network error): its
+    /// chunks are not known to be damaged.
+    unread: bool,
 }
 
 impl CopyRecord {
@@ -722,6 +771,7 @@ impl CopyRecord {
         if self.at != Some((loc.pack, loc.offset)) {
             self.at = Some((loc.pack, loc.offset));
             *bytes_read += u64::from(loc.len);
+            self.unread = false;
             self.table = match reader.read_record(loc, &mut self.rec) {
                 Ok(path) => {
                     let table = self
@@ -732,7 +782,10 @@ impl CopyRecord {
                     self.path = path;
                     table
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    self.unread = matches!(e, StoreError::Io { .. });
+                    Err(e.to_string())
+                }
             };
         }
         chunk_verdict(
@@ -762,7 +815,177 @@ fn shown(prefix: &[u8; PREFIX_LEN], id: Option<ChunkId>) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
+    use crate::faults::{stored_twice, FaultyRepo};
+
+    /// The problems of `kind`.
+    fn of_kind<'a>(r: &'a VerifyReport, kind: &str) -> Vec<&'a Problem> {
+        r.problems.iter().filter(|p| p.kind == kind).collect()
+    }
+
+    /// A pack that cannot be read (EIO) says nothing of its chunks: they
+    /// are `unread-chunk` problems, with the snapshots using them, never
+    /// `damaged-chunk`; the pack is named, no record is taken for
+    /// damaged, and nothing on disk changes. (Fails without 22a3b25:
+    /// `damaged-chunk`.)
+    #[test]
+    fn a_pack_that_cannot_be_read_is_unread_not_damaged() {
+        let r = FaultyRepo::new();
+        let loaded = r.repo.load_index().unwrap();
+        let index = &loaded.index;
+        let pack = r.pack_path(index, 0);
+        let chunks = index.locations().filter(|(_, l)| l.pack == 0).count();
+        assert!(chunks > 0);
+        r.faults.fail(&pack);
+        let before = r.tree();
+        let v = r.verify();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert!(!v.problems.is_empty(), "verify fails");
+        let unread = of_kind(&v, "unread-chunk");
+        assert_eq!(unread.len(), chunks, "{:?}", v.problems);
+        for p in &unread {
+            assert!(
+                p.message.contains("not known to be damaged"),
+                "{}",
+                p.message
+            );
+            assert!(p.affected.iter().any(|a| a.image == "a"), "{p:?}");
+        }
+        let packs = of_kind(&v, "pack");
+        assert_eq!(packs.len(), 1, "{:?}", v.problems);
+        assert!(
+            packs[0].message.contains(&pack.display().to_string()),
+            "{}",
+            packs[0].message
+        );
+        assert_eq!(v.problems.len(), chunks + 1, "{:?}", v.problems);
+        assert_eq!(v.unread_packs.len(), 1);
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        assert_eq!(v.recoverable, 0);
+        assert!(r.tree() == before, "verify changed the repository");
+        // Readable again: sound.
+        r.faults.clear();
+        let v = r.verify();
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
+
+    /// A chunk stored twice whose copy the index uses cannot be read
+    /// (EIO), while its other copy is sound: an `unread-copy` problem
+    /// affecting no snapshot, never `damaged-copy` (which `repair` would
+    /// act on), and nothing on disk changes.
+    #[test]
+    fn a_copy_that_cannot_be_read_is_unread_not_damaged() {
+        let (r, used, id) = stored_twice();
+        let loaded = r.repo.load_index().unwrap();
+        let index = &loaded.index;
+        let n = index.pack_number(&id).unwrap();
+        let chunks = index.locations().filter(|(_, l)| l.pack == n).count();
+        let other = other_copies_pack(index, n);
+        r.faults.fail(&used);
+        let before = r.tree();
+        // Every pack read, and (the other copies read on their own) only
+        // the part holding the unread one.
+        let part = part_apart(id, other);
+        for subset in [DataSubset::All, part] {
+            let v = r.verify_subset(subset);
+            assert!(r.faults.injected() > 0, "the fault was met");
+            let copies = of_kind(&v, "unread-copy");
+            assert_eq!(copies.len(), chunks, "{subset:?}: {:?}", v.problems);
+            for p in &copies {
+                assert!(p.affected.is_empty(), "{p:?}");
+                assert!(
+                    p.message.contains("not known to be damaged"),
+                    "{}",
+                    p.message
+                );
+            }
+            assert!(
+                v.problems
+                    .iter()
+                    .all(|p| p.kind == "unread-copy" || p.kind == "pack"),
+                "{subset:?}: {:?}",
+                v.problems
+            );
+            assert_eq!(v.unread_packs.len(), 1);
+            assert_eq!(v.recoverable, 0, "nothing for repair to switch");
+            assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        }
+        assert!(r.tree() == before, "verify changed the repository");
+        r.faults.clear();
+        let v = r.verify();
+        assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
+
+    /// The id of the pack holding the other copies of pack `n`'s chunks.
+    fn other_copies_pack(index: &crate::ChunkIndex, n: u32) -> PackId {
+        let (prefix, _) = index.locations().find(|(_, l)| l.pack == n).unwrap();
+        let other = index.other_copies_of(prefix).next().unwrap();
+        index.packs()[other.pack as usize].id
+    }
+
+    /// A part (of a subset) that reads pack `a` and not pack `b`.
+    fn part_apart(a: PackId, b: PackId) -> DataSubset {
+        let part = |id: PackId, of: u32| {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(&id.0[..8]);
+            (u64::from_be_bytes(n) % u64::from(of)) as u32 + 1
+        };
+        let of = (2..64).find(|&of| part(a, of) != part(b, of)).unwrap();
+        DataSubset::Part { n: part(a, of), of }
+    }
+
+    /// A second copy (not the one the index uses) that cannot be read is
+    /// `unread-copy`, affecting no snapshot, and not damage: with every
+    /// pack read, and with only the part holding a damaged used copy
+    /// read (the other copy, read on its own then, fails): that chunk is
+    /// `damaged-chunk`, its other copy said unread, and only the damaged
+    /// record is taken for damaged (not the unread one, which `repair`
+    /// would drop).
+    #[test]
+    fn a_second_copy_that_cannot_be_read_is_unread_not_damaged() {
+        let (r, used, id) = stored_twice();
+        let loaded = r.repo.load_index().unwrap();
+        let index = &loaded.index;
+        let n = index.pack_number(&id).unwrap();
+        let other = other_copies_pack(index, n);
+        let o = index.pack_number(&other).unwrap();
+        let copies = index.other_locations().filter(|(_, l)| l.pack == o).count();
+        let other_path = r.pack_path(index, o);
+        r.faults.fail(&other_path);
+        let v = r.verify();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert_eq!(of_kind(&v, "unread-copy").len(), copies, "{:?}", v.problems);
+        assert_eq!(of_kind(&v, "pack").len(), 1, "{:?}", v.problems);
+        assert_eq!(v.problems.len(), copies + 1, "{:?}", v.problems);
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        // The used copy of one chunk damaged; only its part read.
+        let (_, rec) = index.locations().find(|(_, l)| l.pack == n).unwrap();
+        let mut bytes = std::fs::read(&used).unwrap();
+        bytes[(rec.offset + rec.len / 2) as usize] ^= 0x40;
+        std::fs::write(&used, bytes).unwrap();
+        let part = part_apart(id, other);
+        let v = r.verify_subset(part);
+        let damaged = of_kind(&v, "damaged-chunk");
+        assert_eq!(damaged.len(), 1, "{:?}", v.problems);
+        assert!(
+            damaged[0]
+                .message
+                .contains("its other copy could not be read"),
+            "{}",
+            damaged[0].message
+        );
+        assert!(
+            v.problems.iter().all(|p| p.kind == "damaged-chunk"),
+            "{:?}",
+            v.problems
+        );
+        assert_eq!(
+            v.damaged_records,
+            vec![(id, rec.offset, rec.slice)],
+            "only the damaged record"
+        );
+    }
 
     #[test]
     fn subsets_pick_parts_shares_and_sizes() {
