@@ -33,7 +33,12 @@
 //! server closes a connection whose reply has not moved (neither a write
 //! of it returned nor its client took 16 KiB from the socket), or whose
 //! payload has not brought 16 KiB, for
-//! [`crate::ServerConfig::stall_under_pressure`].
+//! [`crate::ServerConfig::stall_under_pressure`]; or whose payload falls
+//! behind the pace that would bring all of it within
+//! [`crate::ServerConfig::payload_time_under_pressure`] of its grant
+//! ([`behind_pace`]). The floor alone let a client keep a grant for ever
+//! by sending 16 KiB just inside each stall time; the pace makes the
+//! grant a write holds, times how long it holds it, bounded.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -204,6 +209,10 @@ pub(crate) struct Watch {
     payload: AtomicU64,
     /// Bytes of that payload received.
     received: AtomicU64,
+    /// That payload's length.
+    payload_len: AtomicU64,
+    /// Milliseconds from `epoch`, plus one, to when its grant was taken.
+    granted: AtomicU64,
     /// The connection's threads waiting for the server budget.
     waiting: AtomicUsize,
     /// Closed by the server for a stalled reply or payload.
@@ -217,6 +226,8 @@ impl Default for Watch {
             last: AtomicU64::new(0),
             payload: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            payload_len: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             cut: AtomicBool::new(false),
         }
@@ -236,26 +247,43 @@ impl Watch {
         self.last.store(self.stamp(), Ordering::Relaxed);
     }
 
-    /// A write's payload is being received under its grant, `got` bytes
-    /// of it so far, timed from `since` (a [`Watch::stamp`]); the server
-    /// tells payloads apart by it.
-    pub(crate) fn receiving(&self, since: u64, got: u64) {
+    /// A write's payload of `len` bytes is being received under its
+    /// grant, `got` bytes of it so far. Its stall clock started at
+    /// `since` (a [`Watch::stamp`]; the server tells payloads apart by
+    /// it), its grant was taken at `granted` (a stamp too; the same one
+    /// unless the grant waited).
+    pub(crate) fn receiving(&self, since: u64, granted: u64, len: u64, got: u64) {
         self.received.store(got, Ordering::Relaxed);
-        self.payload.store(since, Ordering::Relaxed);
+        self.payload_len.store(len, Ordering::Relaxed);
+        self.granted.store(granted, Ordering::Relaxed);
+        self.payload.store(since, Ordering::Release);
     }
 
     /// No payload is being received.
     pub(crate) fn received_all(&self) {
-        self.payload.store(0, Ordering::Relaxed);
+        self.payload.store(0, Ordering::Release);
     }
 
-    /// The payload being received: its stamp, when its clock started and
-    /// the bytes received (`None`: none is).
-    pub(crate) fn payload(&self) -> Option<(u64, Instant, u64)> {
-        let since = self.payload.load(Ordering::Relaxed);
-        let ms = since.checked_sub(1)?;
+    /// The payload being received (`None`: none is, or another began
+    /// while it was looked at).
+    pub(crate) fn payload(&self) -> Option<Payload> {
+        let stamp = self.payload.load(Ordering::Acquire);
+        let since = stamp.checked_sub(1)?;
         let got = self.received.load(Ordering::Relaxed);
-        Some((since, self.epoch + Duration::from_millis(ms), got))
+        let len = self.payload_len.load(Ordering::Relaxed);
+        let granted = self.granted.load(Ordering::Relaxed).checked_sub(1)?;
+        // (A payload that began between the loads is seen next time.)
+        if self.payload.load(Ordering::Acquire) != stamp {
+            return None;
+        }
+        let at = |ms| self.epoch + Duration::from_millis(ms);
+        Some(Payload {
+            stamp,
+            since: at(since),
+            granted: at(granted),
+            len,
+            got,
+        })
     }
 
     /// No reply is being sent.
@@ -284,6 +312,49 @@ impl Watch {
     pub(crate) fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Acquire)
     }
+}
+
+/// A write's payload being received, as [`Watch::payload`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Payload {
+    /// Tells this payload from the next one of the connection.
+    pub stamp: u64,
+    /// When its stall clock started: when its grant began to wait, else
+    /// when its grant was taken.
+    pub since: Instant,
+    /// When its grant was taken.
+    pub granted: Instant,
+    /// Its length.
+    pub len: u64,
+    /// Bytes of it received.
+    pub got: u64,
+}
+
+/// Whether a payload of `len` bytes, `got` of them received `elapsed`
+/// after its grant, is behind the pace that brings all of it within
+/// `grace` + `window` of the grant: after the grace, `len / window` bytes
+/// a second. A client sending at least that fast from its grant on is
+/// never behind, however its bytes bunch; one sending slower is, within
+/// `grace` + `window` at the latest, whatever it sends now and then to
+/// look alive.
+pub(crate) fn behind_pace(
+    len: u64,
+    got: u64,
+    elapsed: Duration,
+    grace: Duration,
+    window: Duration,
+) -> bool {
+    let late = elapsed.saturating_sub(grace);
+    if late.is_zero() {
+        return false;
+    }
+    let due = if late >= window {
+        len
+    } else {
+        // (Below `len`: late < window.)
+        (u128::from(len) * late.as_nanos() / window.as_nanos()) as u64
+    };
+    got < due
 }
 
 /// Request buffers kept between requests, shared by all connections, at
@@ -442,6 +513,33 @@ mod tests {
         assert!(s.stalled_for().unwrap_or(Duration::MAX) < stalled);
         s.done();
         assert_eq!(s.stalled_for(), None);
+    }
+
+    /// A payload that keeps to the pace (its length over the window, a
+    /// second) is never behind; one that brings 16 KiB just inside each
+    /// stall time, as the floor asks, falls behind once the grace is
+    /// over, and every payload is due whole by grace + window.
+    #[test]
+    fn a_payload_is_held_to_a_pace_after_its_grace() {
+        let (grace, window) = (Duration::from_secs(1), Duration::from_secs(4));
+        let len = 1u64 << 20;
+        let at = |ms: u64| Duration::from_millis(ms);
+        for ms in (0..6000).step_by(50) {
+            let honest = len * ms / 4000;
+            assert!(
+                !behind_pace(len, honest.min(len), at(ms), grace, window),
+                "{ms}"
+            );
+        }
+        // The trickler: 16 KiB every 0.9 s.
+        let trickled = |ms: u64| (ms / 900 + 1) * (16 << 10);
+        assert!(!behind_pace(len, trickled(1000), at(1000), grace, window));
+        assert!(behind_pace(len, trickled(1200), at(1200), grace, window));
+        // Due whole by grace + window, however much came before.
+        assert!(behind_pace(len, len - 1, at(5000), grace, window));
+        assert!(!behind_pace(len, len, at(60_000), grace, window));
+        // A window of zero: due whole once the grace is over.
+        assert!(behind_pace(len, len - 1, at(1001), grace, Duration::ZERO));
     }
 
     #[test]

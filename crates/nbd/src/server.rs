@@ -1,7 +1,7 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
 use crate::handshake::{greet, options, refuse, Outcome, TlsState};
-use crate::limits::{Budget, BufPool, Watch};
+use crate::limits::{behind_pace, Budget, BufPool, Watch};
 use crate::tls::TlsIo;
 use crate::transmission::{self, End, Limits};
 use crate::Export;
@@ -44,6 +44,15 @@ pub struct ServerConfig {
     /// replies or trickle their payloads cannot hold every other client
     /// back.
     pub stall_under_pressure: Duration,
+    /// While requests wait for the server budget, a write's payload must
+    /// also keep the pace that brings all of it within
+    /// `stall_under_pressure` and then this long of its grant (its
+    /// length over this time, a second: 32 MiB in 30 s, about 1.1 MB/s,
+    /// a 256 KiB one 9 KB/s), or its connection is closed: a client that
+    /// sent 16 KiB just inside each `stall_under_pressure` kept its grant
+    /// for ever. Nobody waiting, a payload may come as slowly as
+    /// `io_timeout` lets it.
+    pub payload_time_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
     pub idle_timeout: Option<Duration>,
@@ -70,6 +79,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
             stall_under_pressure: Duration::from_secs(5),
+            payload_time_under_pressure: Duration::from_secs(30),
             idle_timeout: None,
             shutdown_timeout: Duration::from_secs(4),
             tls: None,
@@ -315,8 +325,10 @@ pub struct ServeReport {
     /// requests still in flight or replies not taken.
     pub cut_at_stop: u64,
     /// Connections closed because their replies took no bytes, or their
-    /// write payloads brought too few, for `stall_under_pressure` while
-    /// other requests waited for memory.
+    /// write payloads brought too few, for `stall_under_pressure`, or
+    /// whose write payloads fell behind the pace of
+    /// `payload_time_under_pressure`, while other requests waited for
+    /// memory.
     pub cut_stalled: u64,
 }
 
@@ -562,8 +574,10 @@ impl Server {
 /// bytes more from the socket (a client that reads slowly is not stalled;
 /// one that takes a few bytes now and then to look alive is). A payload
 /// moves when [`MIN_DRAIN`] more bytes of it arrive, timed from when its
-/// grant was asked for if that waited (see `read_job`). Called every tick
-/// of the accept loop.
+/// grant was asked for if that waited (see `read_job`); and a payload
+/// that moves but falls behind the pace of
+/// `payload_time_under_pressure` ([`behind_pace`], timed from its grant)
+/// is shut as well. Called every tick of the accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
@@ -595,19 +609,25 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
                 c.payload_mark = None;
                 None
             }
-            Some((stamp, began, got)) => {
+            Some(p) => {
                 let mark = match c.payload_mark {
-                    Some(m) if m.0 == stamp => m,
+                    Some(m) if m.0 == p.stamp => m,
                     // A payload not seen before: nothing of it counted yet.
-                    _ => (stamp, 0, began),
+                    _ => (p.stamp, 0, p.since),
                 };
-                let mark = if got >= mark.1.saturating_add(MIN_DRAIN) {
-                    (stamp, got, now)
+                let mark = if p.got >= mark.1.saturating_add(MIN_DRAIN) {
+                    (p.stamp, p.got, now)
                 } else {
                     mark
                 };
                 c.payload_mark = Some(mark);
-                Some(now.saturating_duration_since(mark.2))
+                // Stalled (under the floor), or behind the pace.
+                let elapsed = now.saturating_duration_since(p.granted);
+                let window = cfg.payload_time_under_pressure;
+                Some((
+                    now.saturating_duration_since(mark.2) >= patience,
+                    behind_pace(p.len, p.got, elapsed, patience, window),
+                ))
             }
         };
         // A stalled reply fails its write at the I/O timeout, so with a
@@ -615,8 +635,9 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         // so a payload: each byte restarts the I/O timeout of a read, so a
         // trickle would keep its grant for ever.
         let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
-        let payload_stalled = payload.is_some_and(|s| s >= patience);
-        if !(reply_stalled || payload_stalled)
+        let payload_stalled = payload.is_some_and(|(stalled, _)| stalled);
+        let payload_slow = payload.is_some_and(|(_, behind)| behind);
+        if !(reply_stalled || payload_stalled || payload_slow)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -627,15 +648,22 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         c.stream.shutdown(Shutdown::Both);
         if cfg.verbose {
             let what = if reply_stalled {
-                "its reply did not move"
+                format!("its reply did not move for {} s", patience.as_secs_f64())
+            } else if payload_stalled {
+                format!(
+                    "its write's payload did not arrive for {} s",
+                    patience.as_secs_f64()
+                )
             } else {
-                "its write's payload did not arrive"
+                format!(
+                    "its write's payload came too slowly to arrive whole within {} s of its grant",
+                    (patience + cfg.payload_time_under_pressure).as_secs_f64()
+                )
             };
             eprintln!(
-                "cairn serve: {}: {what} for {} s while other clients' requests waited for \
+                "cairn serve: {}: {what} while other clients' requests waited for \
                  memory (--max-inflight): connection closed",
                 c.peer,
-                patience.as_secs_f64()
             );
         }
     }

@@ -378,16 +378,20 @@ fn read_job<R: Read, W>(
         // read (see `crate::limits`): granted a step at a time as it
         // arrived, connections part-way through their writes could hold
         // the budget between them, each waiting for its next step, for
-        // ever. A grant that has to wait starts the payload's clock for
-        // the server's stall watch there: the client's bytes queue in the
-        // socket meanwhile. (The clock is read only then and once a
-        // payload takes more than one read: not for each small write.)
-        let mut since = None;
+        // ever. A grant that has to wait starts the payload's stall clock
+        // for the server's watch there: the client's bytes queue in the
+        // socket meanwhile. Its pace is timed from the grant (a client
+        // whose grant waited long has not sent at its pace meanwhile,
+        // only what its socket held). (The clock is read only then and
+        // once a payload takes more than one read: not for each small
+        // write.)
+        let mut clock = None;
         if !grant.grow(payload, &|| true) {
-            since = Some(watch.stamp());
+            let since = watch.stamp();
             if !grant.grow(payload, &stopping) {
                 return Ok(None);
             }
+            clock = Some((since, watch.stamp()));
         }
         // The server is told how much has arrived from the second read
         // on: the first may bring only what the read buffer held with
@@ -399,8 +403,11 @@ fn read_job<R: Read, W>(
             got += n as u64;
             reads += 1;
             if reads > 1 && got < payload {
-                let since = *since.get_or_insert_with(|| watch.stamp());
-                watch.receiving(since, got);
+                let (since, granted) = *clock.get_or_insert_with(|| {
+                    let now = watch.stamp();
+                    (now, now)
+                });
+                watch.receiving(since, granted, payload, got);
             }
         };
         buf.clear();

@@ -1514,6 +1514,67 @@ fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
     assert!(report.cut_stalled >= 1, "{report:?}");
 }
 
+/// Issue: the floor of 16 KiB per stall time was the only rule for a
+/// payload, so a client that sent 16 KiB just inside each stall time (16
+/// KiB every 5 s at the defaults) kept its write's grant as long as its
+/// payload lasted: here two of them, 16 KiB every 0.5 s under a stall
+/// time of 1 s, held the whole budget for 32 s while another client's
+/// read waited. Now a payload must also keep the pace that brings it
+/// whole within the stall time and `payload_time_under_pressure` (4 s
+/// here: 256 KiB a second for 1 MiB) of its grant while others wait.
+#[test]
+fn a_write_payload_that_keeps_the_floor_but_not_the_pace_is_closed_while_others_wait() {
+    let config = ServerConfig {
+        payload_time_under_pressure: Duration::from_secs(4),
+        ..tight_budget(SIZE as u64)
+    };
+    let srv = start_configured(exports(), config);
+    let addr = srv.addr.clone();
+    const STEP: usize = 16 << 10;
+    let stop = Arc::new(AtomicBool::new(false));
+    let trickle = |mut c: Client| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Taken to a schedule, so a late wake-up is made up: a step
+            // every 0.5 s, well inside the 1 s stall time.
+            let began = Instant::now();
+            let mut sent = 1;
+            while !stop.load(Ordering::Acquire) && sent * STEP < SIZE {
+                let due = 1 + began.elapsed().as_millis() as usize / 500;
+                if sent < due {
+                    if c.s.write_all(&[9u8; STEP]).is_err() {
+                        return;
+                    }
+                    sent += 1;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let (ta, tb) = (
+        trickle(write_begun(&addr, STEP)),
+        trickle(write_begun(&addr, STEP)),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // Another client's read waits for memory: the trickling clients are
+    // closed and it is answered (within its read timeout, well before
+    // the tricklers would have sent their payloads: 32 s).
+    let mut other = Client::connect(&addr);
+    other.go("mem");
+    other
+        .s
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let read = other.read(0, SIZE as u64);
+    stop.store(true, Ordering::Release);
+    ta.join().unwrap();
+    tb.join().unwrap();
+    assert!(read.is_ok(), "the read was not answered");
+    drop(other);
+    let report = srv.stop();
+    assert!(report.cut_stalled >= 1, "{report:?}");
+}
+
 /// Issue: a write's payload was granted 256 KiB at a time as it arrived,
 /// so connections part-way through their writes could hold the whole
 /// server budget between them, each waiting for its next step: three
