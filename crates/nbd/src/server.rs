@@ -2,7 +2,7 @@
 
 use crate::handshake::{greet, options, refuse, Outcome, TlsState};
 use crate::limits::{behind_pace, Budget, BufPool, Watch};
-use crate::tls::TlsIo;
+use crate::tls::{SendWithin, TlsIo};
 use crate::transmission::{self, End, Limits};
 use crate::Export;
 use std::io::{self, Read, Write};
@@ -226,6 +226,13 @@ impl Stream {
         }
     }
 
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(how),
@@ -245,6 +252,52 @@ impl Stream {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
         }
+    }
+}
+
+impl SendWithin for Stream {
+    /// Non-blocking sends, waiting for room with `poll` until `limit`
+    /// has passed.
+    fn send_within(&self, mut buf: &[u8], limit: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + limit;
+        while !buf.is_empty() {
+            // SAFETY: the socket is open (`self` keeps it so through the
+            // call); send() reads at most `buf.len()` bytes from `buf`,
+            // which lives across it.
+            let n = unsafe {
+                libc::send(
+                    self.fd(),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if let Ok(n) = usize::try_from(n) {
+                buf = &buf[n.min(buf.len())..];
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    let mut p = libc::pollfd {
+                        fd: self.fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(1000);
+                    // SAFETY: `p` is one valid pollfd that lives across
+                    // the call.
+                    unsafe { libc::poll(&mut p, 1, ms) };
+                }
+                _ => return Err(e),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -744,6 +797,14 @@ impl Write for Talk {
 }
 
 impl Talk {
+    /// End a TLS session in order (close_notify, best effort); nothing
+    /// for a plain socket.
+    fn close(&self) {
+        if let Talk::Tls(t) = self {
+            t.close();
+        }
+    }
+
     /// A second handle for the other direction.
     fn try_clone(&self) -> io::Result<Talk> {
         Ok(match self {
@@ -790,7 +851,10 @@ fn handshake(
             tls,
         )? {
             Outcome::Chosen(n) => return Ok(Some((talk, n))),
-            Outcome::Leave => return Ok(None),
+            Outcome::Leave => {
+                talk.close();
+                return Ok(None);
+            }
             Outcome::StartTls => {
                 let Some(tls_config) = &config.tls else {
                     return Ok(None);
@@ -846,7 +910,13 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
         draining: &common.draining,
         watch,
     };
-    let end = transmission::run(reader, &mut talk, export, neg, &limits);
+    let (end, whole) = transmission::run(reader, &mut talk, export, neg, &limits);
+    // Over TLS, close_notify after the last reply (NBD_CMD_DISC, the
+    // client's end of stream, a stop, and also a request that broke the
+    // protocol: the records are whole), unless a reply failed part-way.
+    if whole {
+        talk.close();
+    }
     stream.shutdown(Shutdown::Both);
     match end {
         End::Clean => None,

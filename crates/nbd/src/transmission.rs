@@ -126,14 +126,16 @@ struct Shared<'a, R, W> {
 
 /// Serve requests until the client disconnects, the stream fails or the
 /// server drains. `reader` must have a short read timeout (see the module
-/// doc); `writer` a write timeout.
+/// doc); `writer` a write timeout. Returns why it ended, and whether the
+/// replies sent are whole (no write of one failed part-way: something
+/// may still follow them, such as TLS's close_notify).
 pub(crate) fn run<R: Read + Send, W: Write + Send>(
     reader: R,
     writer: W,
     export: &Export,
     neg: Negotiated,
     limits: &Limits,
-) -> End {
+) -> (End, bool) {
     let shared = Shared {
         reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, reader)),
         writer: Mutex::new(writer),
@@ -153,7 +155,10 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         worker(&shared);
     });
     let end = shared.end.lock().map(|mut e| e.take()).unwrap_or(None);
-    end.unwrap_or(End::Clean)
+    (
+        end.unwrap_or(End::Clean),
+        !shared.broken.load(Ordering::Acquire),
+    )
 }
 
 /// One request read off the stream.

@@ -1344,6 +1344,24 @@ fn stop_within(srv: Running, limit: Duration) -> ServeReport {
         .expect("the server did not stop: a connection thread did not end")
 }
 
+/// A server that requires TLS, and a client that has started it, chosen
+/// the export "mem" and read from it.
+fn tls_session() -> (Running, Client) {
+    let srv = start_tls(Duration::from_secs(10));
+    let mut c = Client::connect(&srv.addr).starttls();
+    c.go("mem");
+    assert_eq!(c.read(0, 4096).unwrap().len(), 4096);
+    (srv, c)
+}
+
+/// Drop `c`, stop `srv` (failing after 20 s) and check that it counted
+/// `errors` protocol errors.
+fn close_and_stop(srv: Running, c: Client, errors: u64) {
+    drop(c);
+    let report = stop_within(srv, Duration::from_secs(20));
+    assert_eq!(report.protocol_errors, errors, "{report:?}");
+}
+
 /// A TLS client that sends close_notify and, in the same write, more
 /// bytes (which rustls ignores, as RFC 8446 says) has its connection
 /// ended at once, cleanly, and the server stops. It used to spin at 100%
@@ -1352,10 +1370,7 @@ fn stop_within(srv: Running, limit: Duration) -> ServeReport {
 /// all was taken (more than one read_tls, 4 KiB, takes).
 #[test]
 fn tls_close_notify_followed_by_bytes_ends_the_connection() {
-    let srv = start_tls(Duration::from_secs(10));
-    let mut c = Client::connect(&srv.addr).starttls();
-    c.go("mem");
-    assert_eq!(c.read(0, 4096).unwrap().len(), 4096);
+    let (srv, mut c) = tls_session();
     let Sock::Tls(t) = &mut c.s else {
         unreachable!()
     };
@@ -1377,6 +1392,58 @@ fn tls_close_notify_followed_by_bytes_ends_the_connection() {
     assert_eq!(report.protocol_errors, 0, "{report:?}");
 }
 
+/// Issue: when rustls rejected a record, the server closed the
+/// connection without sending the alert rustls had queued: the client saw
+/// the stream end with no reason. Now the alert goes out first: a record
+/// whose authentication fails is answered bad_record_mac.
+#[test]
+fn tls_a_rejected_record_is_answered_with_its_alert() {
+    let (srv, mut c) = tls_session();
+    let Sock::Tls(t) = &mut c.s else {
+        unreachable!()
+    };
+    // An application data record that no key sealed.
+    let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+    forged.extend_from_slice(&[0x5a; 0x40]);
+    t.sock.write_all(&forged).unwrap();
+    t.sock
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let said = loop {
+        match t.conn.read_tls(&mut t.sock) {
+            Ok(0) => break None,
+            Ok(_) => {}
+            Err(e) => panic!("no answer within 10 s: {e}"),
+        }
+        if let Err(e) = t.conn.process_new_packets() {
+            break Some(e);
+        }
+    };
+    assert_eq!(
+        said,
+        Some(rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadRecordMac
+        )),
+        "the connection ended without the alert"
+    );
+    close_and_stop(srv, c, 1);
+}
+
+/// Issue: at NBD_CMD_DISC the server closed a TLS connection without
+/// close_notify, so the client could not tell the end from a truncation
+/// (rustls reports it as an unexpected end). Now close_notify follows
+/// the last reply.
+#[test]
+fn tls_a_disconnect_ends_with_close_notify() {
+    let (srv, mut c) = tls_session();
+    c.send(cmd::DISC, 0, 0, 0, &[]);
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut scrap = [0u8; 64];
+    let end = c.s.read(&mut scrap).map_err(|e| e.kind());
+    assert_eq!(end, Ok(0), "no close_notify before the end");
+    close_and_stop(srv, c, 0);
+}
+
 /// Over TLS, 64 KiB writes sent back to back without waiting for replies
 /// (as nbdcopy and qemu send them) are all answered and written. The
 /// server used to feed rustls a whole 16 KiB socket read at a time
@@ -1387,9 +1454,7 @@ fn tls_close_notify_followed_by_bytes_ends_the_connection() {
 fn tls_pipelined_large_writes_are_all_answered() {
     const N: usize = 12;
     const LEN: usize = 64 << 10;
-    let srv = start_tls(Duration::from_secs(10));
-    let mut c = Client::connect(&srv.addr).starttls();
-    c.go("mem");
+    let (srv, mut c) = tls_session();
     let data: Vec<u8> = (0..N * LEN).map(|i| (i * 13 % 253) as u8).collect();
     let cookies: Vec<u64> = data
         .chunks(LEN)
@@ -1406,9 +1471,7 @@ fn tls_pipelined_large_writes_are_all_answered() {
     answered.sort_unstable();
     assert_eq!(answered, cookies);
     assert!(c.read(0, (N * LEN) as u64).unwrap() == data);
-    drop(c);
-    let report = stop_within(srv, Duration::from_secs(20));
-    assert_eq!(report.protocol_errors, 0, "{report:?}");
+    close_and_stop(srv, c, 0);
 }
 
 /// A client that trickles its TLS ClientHello, a byte every 100 ms, is
