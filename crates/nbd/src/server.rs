@@ -46,9 +46,10 @@ pub struct ServerConfig {
     pub stall_under_pressure: Duration,
     /// While requests wait for the server budget, a write's payload must
     /// also keep the pace that brings all of it within
-    /// `stall_under_pressure` and then this long of its grant (its
-    /// length over this time, a second: 32 MiB in 30 s, about 1.1 MB/s,
-    /// a 256 KiB one 9 KB/s), or its connection is closed: a client that
+    /// `stall_under_pressure` and then this long of its grant (after the
+    /// first `stall_under_pressure`, its length divided by this time
+    /// every second: for 32 MiB in 30 s about 1.1 MB/s, for 256 KiB
+    /// 9 KB/s), or its connection is closed: a client that
     /// sent 16 KiB just inside each `stall_under_pressure` kept its grant
     /// for ever. Nobody waiting, a payload may come as slowly as
     /// `io_timeout` lets it.
