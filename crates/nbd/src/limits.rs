@@ -8,7 +8,8 @@
 //! as the bytes arrive, so what is allocated is what was sent). When a
 //! budget is spent, the worker that wants more waits (and so stops
 //! reading its socket: TCP pushes back on the client) until a reply frees
-//! some. Buffers between requests are kept in one [`BufPool`] of bounded
+//! some; waiters are served first come, first served ([`Budget`]).
+//! Buffers between requests are kept in one [`BufPool`] of bounded
 //! size.
 //!
 //! Nobody waits for budget while holding part of a grant, so requests can
@@ -33,8 +34,14 @@
 //! server closes a connection whose reply has not moved (neither a write
 //! of it returned nor its client took 16 KiB from the socket), or whose
 //! payload has not brought 16 KiB, for
-//! [`crate::ServerConfig::stall_under_pressure`].
+//! [`crate::ServerConfig::stall_under_pressure`]; or whose payload falls
+//! behind the pace that would bring all of it within
+//! [`crate::ServerConfig::payload_time_under_pressure`] of its grant
+//! ([`behind_pace`]). The floor alone let a client keep a grant for ever
+//! by sending 16 KiB just inside each stall time; the pace makes the
+//! grant a write holds, times how long it holds it, bounded.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -42,7 +49,11 @@ use std::time::{Duration, Instant};
 /// How often a waiting worker looks whether its connection is closing.
 const WAIT_TICK: Duration = Duration::from_millis(100);
 
-/// Bytes that may be held at once, granted and returned.
+/// Bytes that may be held at once, granted and returned. Waiters are
+/// served first come, first served: a waiter is granted only once every
+/// one that came before it was (or gave up), and only when its grant
+/// fits. Served in no order, a large request could wait for ever behind a
+/// stream of small ones that each fit in what was free, and the reverse.
 #[derive(Debug)]
 pub(crate) struct Budget {
     cap: u64,
@@ -54,7 +65,10 @@ pub(crate) struct Budget {
 #[derive(Debug, Default)]
 struct Held {
     bytes: u64,
-    waiting: usize,
+    /// Threads waiting: the tickets they drew, in the order they came.
+    queue: VecDeque<u64>,
+    /// The ticket the next waiter draws.
+    next_ticket: u64,
 }
 
 impl Budget {
@@ -67,35 +81,61 @@ impl Budget {
     }
 
     /// Take `n` bytes (at most the whole budget), waiting while they are
-    /// not free; returns how many were taken. `None`: `cancelled` said to
-    /// give up first.
+    /// not free or others came first; returns how many were taken.
+    /// `None`: `cancelled` said to give up first (it is asked before
+    /// waiting at all).
     /// `watch`, if given, counts this thread among its connection's
     /// waiters while it waits.
+    ///
+    /// No deadlock: the head of the queue waits only for bytes granted
+    /// already, which their holders give back without waiting for any
+    /// budget (see the module doc), and the most it waits for is the
+    /// whole budget.
     fn take(&self, n: u64, cancelled: &dyn Fn() -> bool, watch: Option<&Watch>) -> Option<u64> {
         let n = n.min(self.cap);
         let mut used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        while used.bytes + n > self.cap {
-            if cancelled() {
-                return None;
+        if used.queue.is_empty() && used.bytes + n <= self.cap {
+            used.bytes += n;
+            return Some(n);
+        }
+        if cancelled() {
+            return None;
+        }
+        let ticket = used.next_ticket;
+        used.next_ticket += 1;
+        used.queue.push_back(ticket);
+        // (Both counts change under the budget's lock: the server
+        // compares them.)
+        if let Some(w) = watch {
+            w.waiting.fetch_add(1, Ordering::Relaxed);
+        }
+        let granted = loop {
+            if used.queue.front() == Some(&ticket) && used.bytes + n <= self.cap {
+                break true;
             }
-            // (Both counts change under the budget's lock: the server
-            // compares them.)
-            used.waiting += 1;
-            if let Some(w) = watch {
-                w.waiting.fetch_add(1, Ordering::Relaxed);
+            if cancelled() {
+                break false;
             }
             used = self
                 .freed
                 .wait_timeout(used, WAIT_TICK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-            used.waiting -= 1;
-            if let Some(w) = watch {
-                w.waiting.fetch_sub(1, Ordering::Relaxed);
-            }
+        };
+        if let Some(at) = used.queue.iter().position(|&t| t == ticket) {
+            used.queue.remove(at);
         }
-        used.bytes += n;
-        Some(n)
+        if let Some(w) = watch {
+            w.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        if granted {
+            used.bytes += n;
+        }
+        // The next in line may fit in what is left, or be the head now.
+        if !used.queue.is_empty() {
+            self.freed.notify_all();
+        }
+        granted.then_some(n)
     }
 
     fn give_back(&self, n: u64) {
@@ -104,7 +144,7 @@ impl Budget {
         // A notify is a futex system call even with nobody waiting: on
         // every request's return, that was a measurable share of a
         // served file's 4 KiB writes.
-        if used.waiting > 0 {
+        if !used.queue.is_empty() {
             self.freed.notify_all();
         }
     }
@@ -113,7 +153,17 @@ impl Budget {
     /// bytes of this budget now.
     pub(crate) fn others_wait(&self, watch: &Watch) -> bool {
         let used = self.used.lock().unwrap_or_else(PoisonError::into_inner);
-        used.waiting > watch.waiting.load(Ordering::Relaxed)
+        used.queue.len() > watch.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Threads waiting now.
+    #[cfg(test)]
+    pub(crate) fn waiters(&self) -> usize {
+        self.used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .queue
+            .len()
     }
 
     /// Bytes granted now.
@@ -204,6 +254,10 @@ pub(crate) struct Watch {
     payload: AtomicU64,
     /// Bytes of that payload received.
     received: AtomicU64,
+    /// That payload's length.
+    payload_len: AtomicU64,
+    /// Milliseconds from `epoch`, plus one, to when its grant was taken.
+    granted: AtomicU64,
     /// The connection's threads waiting for the server budget.
     waiting: AtomicUsize,
     /// Closed by the server for a stalled reply or payload.
@@ -217,6 +271,8 @@ impl Default for Watch {
             last: AtomicU64::new(0),
             payload: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            payload_len: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             cut: AtomicBool::new(false),
         }
@@ -236,26 +292,43 @@ impl Watch {
         self.last.store(self.stamp(), Ordering::Relaxed);
     }
 
-    /// A write's payload is being received under its grant, `got` bytes
-    /// of it so far, timed from `since` (a [`Watch::stamp`]); the server
-    /// tells payloads apart by it.
-    pub(crate) fn receiving(&self, since: u64, got: u64) {
+    /// A write's payload of `len` bytes is being received under its
+    /// grant, `got` bytes of it so far. Its stall clock started at
+    /// `since` (a [`Watch::stamp`]; the server tells payloads apart by
+    /// it), its grant was taken at `granted` (a stamp too; the same one
+    /// unless the grant waited).
+    pub(crate) fn receiving(&self, since: u64, granted: u64, len: u64, got: u64) {
         self.received.store(got, Ordering::Relaxed);
-        self.payload.store(since, Ordering::Relaxed);
+        self.payload_len.store(len, Ordering::Relaxed);
+        self.granted.store(granted, Ordering::Relaxed);
+        self.payload.store(since, Ordering::Release);
     }
 
     /// No payload is being received.
     pub(crate) fn received_all(&self) {
-        self.payload.store(0, Ordering::Relaxed);
+        self.payload.store(0, Ordering::Release);
     }
 
-    /// The payload being received: its stamp, when its clock started and
-    /// the bytes received (`None`: none is).
-    pub(crate) fn payload(&self) -> Option<(u64, Instant, u64)> {
-        let since = self.payload.load(Ordering::Relaxed);
-        let ms = since.checked_sub(1)?;
+    /// The payload being received (`None`: none is, or another began
+    /// while it was looked at).
+    pub(crate) fn payload(&self) -> Option<Payload> {
+        let stamp = self.payload.load(Ordering::Acquire);
+        let since = stamp.checked_sub(1)?;
         let got = self.received.load(Ordering::Relaxed);
-        Some((since, self.epoch + Duration::from_millis(ms), got))
+        let len = self.payload_len.load(Ordering::Relaxed);
+        let granted = self.granted.load(Ordering::Relaxed).checked_sub(1)?;
+        // (A payload that began between the loads is seen next time.)
+        if self.payload.load(Ordering::Acquire) != stamp {
+            return None;
+        }
+        let at = |ms| self.epoch + Duration::from_millis(ms);
+        Some(Payload {
+            stamp,
+            since: at(since),
+            granted: at(granted),
+            len,
+            got,
+        })
     }
 
     /// No reply is being sent.
@@ -284,6 +357,49 @@ impl Watch {
     pub(crate) fn was_cut(&self) -> bool {
         self.cut.load(Ordering::Acquire)
     }
+}
+
+/// A write's payload being received, as [`Watch::payload`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Payload {
+    /// Tells this payload from the next one of the connection.
+    pub stamp: u64,
+    /// When its stall clock started: when its grant began to wait, else
+    /// when its grant was taken.
+    pub since: Instant,
+    /// When its grant was taken.
+    pub granted: Instant,
+    /// Its length.
+    pub len: u64,
+    /// Bytes of it received.
+    pub got: u64,
+}
+
+/// Whether a payload of `len` bytes, `got` of them received `elapsed`
+/// after its grant, is behind the pace that brings all of it within
+/// `grace` + `window` of the grant: after the grace, `len / window` bytes
+/// a second. A client sending at least that fast from its grant on is
+/// never behind, however its bytes bunch; one sending slower is, within
+/// `grace` + `window` at the latest, whatever it sends now and then to
+/// look alive.
+pub(crate) fn behind_pace(
+    len: u64,
+    got: u64,
+    elapsed: Duration,
+    grace: Duration,
+    window: Duration,
+) -> bool {
+    let late = elapsed.saturating_sub(grace);
+    if late.is_zero() {
+        return false;
+    }
+    let due = if late >= window {
+        len
+    } else {
+        // (Below `len`: late < window.)
+        (u128::from(len) * late.as_nanos() / window.as_nanos()) as u64
+    };
+    got < due
 }
 
 /// Request buffers kept between requests, shared by all connections, at
@@ -391,6 +507,82 @@ mod tests {
         assert!(t.join().unwrap_or(false));
     }
 
+    /// Grants are served in the order they were asked for: a large one
+    /// waiting is not overtaken by a small one that fits in what is
+    /// free (before, the small one took it, and a stream of them could
+    /// keep the large one waiting for ever), and one that gives up lets
+    /// the next in line go on.
+    #[test]
+    fn waiters_are_served_first_come_first_served() {
+        let server = Arc::new(Budget::new(10));
+        let (c1, c2) = (Budget::new(10), Budget::new(10));
+        let mut nine = Grant::new(&c1, &server);
+        let mut one = Grant::new(&c2, &server);
+        assert!(nine.grow(9, &|| false) && one.grow(1, &|| false));
+        // Each waiter: its grant held until `release` is set.
+        let waiter = |n: u64, give_up: Arc<AtomicBool>, release: Arc<AtomicBool>| {
+            let server = server.clone();
+            let done = Arc::new(AtomicBool::new(false));
+            let d = done.clone();
+            let t = std::thread::spawn(move || {
+                let conn = Budget::new(10);
+                let mut g = Grant::new(&conn, &server);
+                let got = g.grow(n, &|| give_up.load(Ordering::SeqCst));
+                d.store(got, Ordering::SeqCst);
+                while got && !release.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                got
+            });
+            (t, done)
+        };
+        let until = |what: &dyn Fn() -> bool| {
+            (0..300).any(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                what()
+            })
+        };
+        let flag = || Arc::new(AtomicBool::new(false));
+        let (big_release, small_release) = (flag(), flag());
+        let (big, big_done) = waiter(10, flag(), big_release.clone());
+        assert!(until(&|| server.waiters() == 1));
+        let (small, small_done) = waiter(1, flag(), small_release.clone());
+        assert!(until(&|| server.waiters() == 2));
+        // One byte free: the small grant fits, but the large came first.
+        one.release();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !small_done.load(Ordering::SeqCst),
+            "the small grant overtook the large one"
+        );
+        nine.release();
+        assert!(until(&|| big_done.load(Ordering::SeqCst)));
+        assert!(!small_done.load(Ordering::SeqCst));
+        big_release.store(true, Ordering::SeqCst);
+        assert!(until(&|| small_done.load(Ordering::SeqCst)));
+        small_release.store(true, Ordering::SeqCst);
+        assert!(big.join().unwrap_or(false) && small.join().unwrap_or(false));
+        assert_eq!(server.used(), 0);
+
+        // The head gives up: the next in line is served.
+        assert!(nine.grow(9, &|| false) && one.grow(1, &|| false));
+        let (give_up, release) = (flag(), flag());
+        let (big, _) = waiter(10, give_up.clone(), release.clone());
+        assert!(until(&|| server.waiters() == 1));
+        let (small, small_done) = waiter(1, flag(), release.clone());
+        assert!(until(&|| server.waiters() == 2));
+        one.release();
+        assert!(!one.grow(1, &|| true), "a newcomer overtook the queue");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!small_done.load(Ordering::SeqCst));
+        give_up.store(true, Ordering::SeqCst);
+        assert!(until(&|| small_done.load(Ordering::SeqCst)));
+        release.store(true, Ordering::SeqCst);
+        assert!(!big.join().unwrap_or(true) && small.join().unwrap_or(false));
+        nine.release();
+        assert_eq!(server.used(), 0);
+    }
+
     #[test]
     fn waits_of_other_connections_are_told_from_a_connections_own() {
         let server = Arc::new(Budget::new(10));
@@ -442,6 +634,33 @@ mod tests {
         assert!(s.stalled_for().unwrap_or(Duration::MAX) < stalled);
         s.done();
         assert_eq!(s.stalled_for(), None);
+    }
+
+    /// A payload that keeps to the pace (its length over the window, a
+    /// second) is never behind; one that brings 16 KiB just inside each
+    /// stall time, as the floor asks, falls behind once the grace is
+    /// over, and every payload is due whole by grace + window.
+    #[test]
+    fn a_payload_is_held_to_a_pace_after_its_grace() {
+        let (grace, window) = (Duration::from_secs(1), Duration::from_secs(4));
+        let len = 1u64 << 20;
+        let at = |ms: u64| Duration::from_millis(ms);
+        for ms in (0..6000).step_by(50) {
+            let honest = len * ms / 4000;
+            assert!(
+                !behind_pace(len, honest.min(len), at(ms), grace, window),
+                "{ms}"
+            );
+        }
+        // The trickler: 16 KiB every 0.9 s.
+        let trickled = |ms: u64| (ms / 900 + 1) * (16 << 10);
+        assert!(!behind_pace(len, trickled(1000), at(1000), grace, window));
+        assert!(behind_pace(len, trickled(1200), at(1200), grace, window));
+        // Due whole by grace + window, however much came before.
+        assert!(behind_pace(len, len - 1, at(5000), grace, window));
+        assert!(!behind_pace(len, len, at(60_000), grace, window));
+        // A window of zero: due whole once the grace is over.
+        assert!(behind_pace(len, len - 1, at(1001), grace, Duration::ZERO));
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Listeners, the accept loop, connections and clean shutdown.
 
 use crate::handshake::{greet, options, refuse, Outcome, TlsState};
-use crate::limits::{Budget, BufPool, Watch};
-use crate::tls::TlsIo;
+use crate::limits::{behind_pace, Budget, BufPool, Watch};
+use crate::tls::{SendWithin, TlsIo};
 use crate::transmission::{self, End, Limits};
 use crate::Export;
 use std::io::{self, Read, Write};
@@ -44,6 +44,16 @@ pub struct ServerConfig {
     /// replies or trickle their payloads cannot hold every other client
     /// back.
     pub stall_under_pressure: Duration,
+    /// While requests wait for the server budget, a write's payload must
+    /// also keep the pace that brings all of it within
+    /// `stall_under_pressure` and then this long of its grant (after the
+    /// first `stall_under_pressure`, its length divided by this time
+    /// every second: for 32 MiB in 30 s about 1.1 MB/s, for 256 KiB
+    /// 9 KB/s), or its connection is closed: a client that
+    /// sent 16 KiB just inside each `stall_under_pressure` kept its grant
+    /// for ever. Nobody waiting, a payload may come as slowly as
+    /// `io_timeout` lets it.
+    pub payload_time_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
     pub idle_timeout: Option<Duration>,
@@ -70,6 +80,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
             stall_under_pressure: Duration::from_secs(5),
+            payload_time_under_pressure: Duration::from_secs(30),
             idle_timeout: None,
             shutdown_timeout: Duration::from_secs(4),
             tls: None,
@@ -139,7 +150,7 @@ impl Listener {
             }
             Listener::Unix(l, p) => {
                 let (s, _) = l.accept()?;
-                Ok((Stream::Unix(s), p.display().to_string()))
+                Ok((Stream::unix(s), p.display().to_string()))
             }
         }
     }
@@ -156,23 +167,37 @@ impl Drop for Listener {
 /// A client's socket.
 pub(crate) enum Stream {
     Tcp(TcpStream),
-    Unix(UnixStream),
+    /// With the bytes written to it, by all its handles (see
+    /// [`Stream::taken`]).
+    Unix(UnixStream, Arc<AtomicU64>),
 }
 
 impl Stream {
+    fn unix(s: UnixStream) -> Stream {
+        Stream::Unix(s, Arc::new(AtomicU64::new(0)))
+    }
+
     fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Unix(s, sent) => Stream::Unix(s.try_clone()?, sent.clone()),
         })
     }
 
     /// Bytes the client has taken from this socket so far, as far as it
     /// can be told: for TCP those it acknowledged (`TCP_INFO`'s
     /// `tcpi_bytes_acked`, counted by the kernel); for a Unix socket the
-    /// drops of its queue of unread bytes (`SIOCOUTQ`) summed in `unix`
-    /// from one look to the next. `None` where neither can be asked.
-    fn taken(&self, unix: &mut UnixDrain) -> Option<u64> {
+    /// bytes written to it less its queue of unread bytes (`SIOCOUTQ`,
+    /// which counts a little more than the bytes: never more than was
+    /// taken). `None` where neither can be asked.
+    ///
+    /// (The drops of a Unix socket's queue from one look to the next
+    /// were summed before: a writer that refilled the queue between two
+    /// looks hid what the client took in between, so a client taking
+    /// its replies steadily could show nothing for a second and be cut,
+    /// the flake of the Unix test of stalled replies. Counting the bytes
+    /// written needs them known as they go: see [`Stream::send_some`].)
+    fn taken(&self) -> Option<u64> {
         match self {
             Stream::Tcp(s) => {
                 // SAFETY: all-zero bytes are a valid tcp_info (plain
@@ -195,7 +220,10 @@ impl Stream {
                 let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
                 (r == 0 && len as usize >= needed).then_some(info.tcpi_bytes_acked)
             }
-            Stream::Unix(s) => {
+            Stream::Unix(s, sent) => {
+                // (Written first: a write between the two can only make
+                // this less than what was taken.)
+                let sent = sent.load(Ordering::Acquire);
                 let mut n: libc::c_int = 0;
                 // SAFETY: the socket is open (`s` keeps it so through the
                 // call); SIOCOUTQ (TIOCOUTQ's number) writes one int, to
@@ -206,35 +234,111 @@ impl Stream {
                 if r != 0 {
                     return None;
                 }
-                let n = u64::try_from(n).unwrap_or(0);
-                if let Some(before) = unix.queued {
-                    unix.drained += before.saturating_sub(n);
-                }
-                unix.queued = Some(n);
-                Some(unix.drained)
+                Some(sent.saturating_sub(u64::try_from(n).unwrap_or(0)))
             }
+        }
+    }
+
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s, _) => s.as_raw_fd(),
         }
     }
 
     fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(how),
-            Stream::Unix(s) => s.shutdown(how),
+            Stream::Unix(s, _) => s.shutdown(how),
         };
     }
 
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
-            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Unix(s, _) => s.set_read_timeout(t),
+        }
+    }
+
+    fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        match self {
+            Stream::Tcp(s) => s.write_timeout(),
+            Stream::Unix(s, _) => s.write_timeout(),
         }
     }
 
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
-            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Unix(s, _) => s.set_write_timeout(t),
         }
+    }
+}
+
+impl Stream {
+    /// Write some of `buf` without blocking in the kernel: when the
+    /// socket has no room, wait for some with `poll` until `deadline`
+    /// (`None`: for ever), then fail with `WouldBlock`, as a socket write
+    /// timeout does. A Unix socket counts what was written, as it is
+    /// queued: a blocking write of a reply queued its bytes for as long
+    /// as its client took to make room for the last of them, and said
+    /// how many only then.
+    fn send_some(&self, buf: &[u8], deadline: Option<Instant>) -> io::Result<usize> {
+        loop {
+            // SAFETY: the socket is open (`self` keeps it so through the
+            // call); send() reads at most `buf.len()` bytes from `buf`,
+            // which lives across it.
+            let n = unsafe {
+                libc::send(
+                    self.fd(),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if let Ok(n) = usize::try_from(n) {
+                if let Stream::Unix(_, sent) = self {
+                    sent.fetch_add(n as u64, Ordering::AcqRel);
+                }
+                return Ok(n);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => {
+                    let ms = match deadline {
+                        None => -1,
+                        Some(d) => {
+                            let left = d.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                return Err(e);
+                            }
+                            libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(1000)
+                        }
+                    };
+                    let mut p = libc::pollfd {
+                        fd: self.fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: `p` is one valid pollfd that lives across
+                    // the call.
+                    unsafe { libc::poll(&mut p, 1, ms) };
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+}
+
+impl SendWithin for Stream {
+    fn send_within(&self, mut buf: &[u8], limit: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + limit;
+        while !buf.is_empty() {
+            let n = self.send_some(buf, Some(deadline))?;
+            buf = &buf[n.min(buf.len())..];
+        }
+        Ok(())
     }
 }
 
@@ -242,16 +346,25 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Unix(s, _) => s.read(buf),
         }
     }
 }
 
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+        if let Stream::Tcp(s) = self {
+            return s.write(buf);
+        }
+        // A Unix socket is written without blocking in the kernel (see
+        // `send_some`), keeping the socket's write timeout, which is asked
+        // for only when there is no room.
+        match self.send_some(buf, Some(Instant::now())) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let timeout = self.write_timeout()?;
+                self.send_some(buf, timeout.map(|t| Instant::now() + t))
+            }
+            sent => sent,
         }
     }
 
@@ -315,8 +428,10 @@ pub struct ServeReport {
     /// requests still in flight or replies not taken.
     pub cut_at_stop: u64,
     /// Connections closed because their replies took no bytes, or their
-    /// write payloads brought too few, for `stall_under_pressure` while
-    /// other requests waited for memory.
+    /// write payloads brought too few, for `stall_under_pressure`, or
+    /// whose write payloads fell behind the pace of
+    /// `payload_time_under_pressure`, while other requests waited for
+    /// memory.
     pub cut_stalled: u64,
 }
 
@@ -361,16 +476,6 @@ struct Live {
     /// [`Watch::receiving`]), the bytes of it received when it last
     /// brought [`MIN_DRAIN`] more, and when.
     payload_mark: Option<(u64, u64, Instant)>,
-    unix: UnixDrain,
-}
-
-/// What [`Stream::taken`] keeps of a Unix socket between looks.
-#[derive(Default)]
-struct UnixDrain {
-    /// Its queue of unread bytes at the last look.
-    queued: Option<u64>,
-    /// The drops of that queue, summed.
-    drained: u64,
 }
 
 /// A stalled reply's client must take at least this much in
@@ -518,7 +623,6 @@ impl Server {
                     watch,
                     drain_mark: None,
                     payload_mark: None,
-                    unix: UnixDrain::default(),
                 });
             }
         }
@@ -562,8 +666,10 @@ impl Server {
 /// bytes more from the socket (a client that reads slowly is not stalled;
 /// one that takes a few bytes now and then to look alive is). A payload
 /// moves when [`MIN_DRAIN`] more bytes of it arrive, timed from when its
-/// grant was asked for if that waited (see `read_job`). Called every tick
-/// of the accept loop.
+/// grant was asked for if that waited (see `read_job`); and a payload
+/// that moves but falls behind the pace of
+/// `payload_time_under_pressure` ([`behind_pace`], timed from its grant)
+/// is shut as well. Called every tick of the accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
@@ -578,7 +684,7 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
             Some(written) => {
                 // Since when the client has taken less than MIN_DRAIN
                 // (where that can be told; else the writes alone say).
-                let draining_since = c.stream.taken(&mut c.unix).map(|taken| match c.drain_mark {
+                let draining_since = c.stream.taken().map(|taken| match c.drain_mark {
                     Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
                     _ => {
                         c.drain_mark = Some((taken, now));
@@ -595,19 +701,25 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
                 c.payload_mark = None;
                 None
             }
-            Some((stamp, began, got)) => {
+            Some(p) => {
                 let mark = match c.payload_mark {
-                    Some(m) if m.0 == stamp => m,
+                    Some(m) if m.0 == p.stamp => m,
                     // A payload not seen before: nothing of it counted yet.
-                    _ => (stamp, 0, began),
+                    _ => (p.stamp, 0, p.since),
                 };
-                let mark = if got >= mark.1.saturating_add(MIN_DRAIN) {
-                    (stamp, got, now)
+                let mark = if p.got >= mark.1.saturating_add(MIN_DRAIN) {
+                    (p.stamp, p.got, now)
                 } else {
                     mark
                 };
                 c.payload_mark = Some(mark);
-                Some(now.saturating_duration_since(mark.2))
+                // Stalled (under the floor), or behind the pace.
+                let elapsed = now.saturating_duration_since(p.granted);
+                let window = cfg.payload_time_under_pressure;
+                Some((
+                    now.saturating_duration_since(mark.2) >= patience,
+                    behind_pace(p.len, p.got, elapsed, patience, window),
+                ))
             }
         };
         // A stalled reply fails its write at the I/O timeout, so with a
@@ -615,8 +727,9 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         // so a payload: each byte restarts the I/O timeout of a read, so a
         // trickle would keep its grant for ever.
         let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
-        let payload_stalled = payload.is_some_and(|s| s >= patience);
-        if !(reply_stalled || payload_stalled)
+        let payload_stalled = payload.is_some_and(|(stalled, _)| stalled);
+        let payload_slow = payload.is_some_and(|(_, behind)| behind);
+        if !(reply_stalled || payload_stalled || payload_slow)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -627,15 +740,22 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         c.stream.shutdown(Shutdown::Both);
         if cfg.verbose {
             let what = if reply_stalled {
-                "its reply did not move"
+                format!("its reply did not move for {} s", patience.as_secs_f64())
+            } else if payload_stalled {
+                format!(
+                    "its write's payload did not arrive for {} s",
+                    patience.as_secs_f64()
+                )
             } else {
-                "its write's payload did not arrive"
+                format!(
+                    "its write's payload came too slowly to arrive whole within {} s of its grant",
+                    (patience + cfg.payload_time_under_pressure).as_secs_f64()
+                )
             };
             eprintln!(
-                "cairn serve: {}: {what} for {} s while other clients' requests waited for \
+                "cairn serve: {}: {what} while other clients' requests waited for \
                  memory (--max-inflight): connection closed",
                 c.peer,
-                patience.as_secs_f64()
             );
         }
     }
@@ -716,6 +836,14 @@ impl Write for Talk {
 }
 
 impl Talk {
+    /// End a TLS session in order (close_notify, best effort); nothing
+    /// for a plain socket.
+    fn close(&self) {
+        if let Talk::Tls(t) = self {
+            t.close();
+        }
+    }
+
     /// A second handle for the other direction.
     fn try_clone(&self) -> io::Result<Talk> {
         Ok(match self {
@@ -762,7 +890,10 @@ fn handshake(
             tls,
         )? {
             Outcome::Chosen(n) => return Ok(Some((talk, n))),
-            Outcome::Leave => return Ok(None),
+            Outcome::Leave => {
+                talk.close();
+                return Ok(None);
+            }
             Outcome::StartTls => {
                 let Some(tls_config) = &config.tls else {
                     return Ok(None);
@@ -818,7 +949,13 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
         draining: &common.draining,
         watch,
     };
-    let end = transmission::run(reader, &mut talk, export, neg, &limits);
+    let (end, whole) = transmission::run(reader, &mut talk, export, neg, &limits);
+    // Over TLS, close_notify after the last reply (NBD_CMD_DISC, the
+    // client's end of stream, a stop, and also a request that broke the
+    // protocol: the records are whole), unless a reply failed part-way.
+    if whole {
+        talk.close();
+    }
     stream.shutdown(Shutdown::Both);
     match end {
         End::Clean => None,
@@ -839,6 +976,44 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
 mod tests {
     use super::*;
     use cairn_blockdev::MemDev;
+
+    /// Write to `w` until its socket has had no room for 50 ms.
+    fn fill(w: &mut Stream) {
+        let _ = w.set_write_timeout(Some(Duration::from_millis(50)));
+        while w.write(&[7u8; 64 << 10]).is_ok() {}
+    }
+
+    /// Issue: what a Unix client took was summed from the drops of the
+    /// socket's queue from one look to the next, so a writer that
+    /// refilled the queue between two looks hid what the client took in
+    /// between: here 100 KiB showed as nothing. A client taking its
+    /// replies steadily could so show nothing for a second and be cut
+    /// (the Unix test of stalled replies failed once in 13 runs). Now the
+    /// bytes written, counted as they are queued, less the queue, show
+    /// it.
+    #[test]
+    fn what_a_unix_client_takes_shows_though_the_queue_is_refilled() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        let stream = Stream::unix(ours);
+        let mut writer = stream.try_clone().unwrap_or_else(|e| panic!("clone: {e}"));
+        fill(&mut writer);
+        let before = stream.taken().unwrap_or(0);
+        let mut got = vec![0u8; 100 << 10];
+        theirs
+            .read_exact(&mut got)
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        fill(&mut writer);
+        let after = stream.taken().unwrap_or(0);
+        assert!(
+            after >= before + (90 << 10),
+            "100 KiB taken showed as {}",
+            after.saturating_sub(before)
+        );
+        // Nothing more taken, nothing more shows, however the queue is
+        // written.
+        fill(&mut writer);
+        assert!(stream.taken().unwrap_or(u64::MAX) <= after);
+    }
 
     /// A connection whose thread cannot be started (a thread limit) is
     /// closed and the server goes on: the next client is served, and the

@@ -16,6 +16,14 @@
 //!   only the send lock held. Records leave in the order they were
 //!   sealed because sealing and sending both happen under the send lock.
 //!
+//! When rustls rejects what a client sent, the alert it queued is sent
+//! before the error is returned, and a connection that ends in order
+//! (NBD_CMD_DISC, NBD_OPT_ABORT, the end of the client's stream, a
+//! server stop) sends close_notify ([`TlsIo::close`]): both best effort,
+//! within [`FINAL_SEND`], and never while a writer is part-way through a
+//! record. (Before, the client saw the connection drop with no reason,
+//! and a disconnect it could not tell from a truncation.)
+//!
 //! Lock order: send, then state. Certificates are read from a directory
 //! laid out as for qemu-nbd and nbdkit (`server-cert.pem`,
 //! `server-key.pem`, and `ca-cert.pem` when clients must show a
@@ -30,6 +38,19 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// The longest a last alert (a rejection's, or close_notify) may take to
+/// go out: the client may not be reading, and the connection is ending.
+pub(crate) const FINAL_SEND: Duration = Duration::from_secs(2);
+
+/// A socket that can be written to within a time limit of the call's
+/// own, its timeouts left as they are (they are shared with the other
+/// handles of the socket).
+pub(crate) trait SendWithin {
+    /// Write all of `buf` within `limit`, or fail.
+    fn send_within(&self, buf: &[u8], limit: Duration) -> io::Result<()>;
+}
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -168,7 +189,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl<S: Read + Write> TlsIo<S> {
+impl<S: Read + Write + SendWithin> TlsIo<S> {
     /// Start a server session on `sock` (right after the STARTTLS reply).
     pub(crate) fn new(config: Arc<rustls::ServerConfig>, sock: S) -> io::Result<TlsIo<S>> {
         let conn = ServerConnection::new(config).map_err(io::Error::other)?;
@@ -212,9 +233,42 @@ impl<S: Read + Write> TlsIo<S> {
         }
         self.sock.write_all(&out)
     }
+
+    /// Send what the session has queued (the alert of a rejection), and
+    /// first queue close_notify if `close`; best effort, within
+    /// [`FINAL_SEND`]. Nothing is sent while another handle is sending:
+    /// its record may be part-way out, and nothing can follow it.
+    fn send_last(&self, close: bool) {
+        let Ok(_order) = self.shared.send.try_lock() else {
+            return;
+        };
+        let mut out = Vec::new();
+        {
+            let c = &mut lock(&self.shared.state).conn;
+            if close {
+                // (Nothing, after a fatal alert.)
+                c.send_close_notify();
+            }
+            while c.wants_write() {
+                if c.write_tls(&mut out).is_err() {
+                    break;
+                }
+            }
+        }
+        if !out.is_empty() {
+            let _ = self.sock.send_within(&out, FINAL_SEND);
+        }
+    }
+
+    /// End the session in order: send close_notify (best effort, within
+    /// [`FINAL_SEND`]). Only between whole records: not after a write
+    /// failed.
+    pub(crate) fn close(&self) {
+        self.send_last(true);
+    }
 }
 
-impl<S: Read + Write> Read for TlsIo<S> {
+impl<S: Read + Write + SendWithin> Read for TlsIo<S> {
     /// Plaintext, or `ErrorKind::Interrupted` after a socket read that
     /// brought bytes but no plaintext yet (part of a record, or of the
     /// handshake): callers retry, and look at their deadlines and at the
@@ -226,8 +280,16 @@ impl<S: Read + Write> Read for TlsIo<S> {
         loop {
             let (got, wants_write) = {
                 let mut s = lock(&self.shared.state);
-                let got = s.plaintext(buf)?;
-                (got, s.conn.wants_write())
+                match s.plaintext(buf) {
+                    Ok(got) => (got, s.conn.wants_write()),
+                    Err(e) => {
+                        // rustls queued an alert saying why: the client
+                        // is told before the connection closes.
+                        drop(s);
+                        self.send_last(false);
+                        return Err(e);
+                    }
+                }
             };
             // The handshake's answers, or a key update's.
             if wants_write {
@@ -250,7 +312,7 @@ impl<S: Read + Write> Read for TlsIo<S> {
     }
 }
 
-impl<S: Read + Write> Write for TlsIo<S> {
+impl<S: Read + Write + SendWithin> Write for TlsIo<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let _order = lock(&self.shared.send);
         let mut out = Vec::with_capacity(buf.len() + 256);

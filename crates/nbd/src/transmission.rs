@@ -126,14 +126,16 @@ struct Shared<'a, R, W> {
 
 /// Serve requests until the client disconnects, the stream fails or the
 /// server drains. `reader` must have a short read timeout (see the module
-/// doc); `writer` a write timeout.
+/// doc); `writer` a write timeout. Returns why it ended, and whether the
+/// replies sent are whole (no write of one failed part-way: something
+/// may still follow them, such as TLS's close_notify).
 pub(crate) fn run<R: Read + Send, W: Write + Send>(
     reader: R,
     writer: W,
     export: &Export,
     neg: Negotiated,
     limits: &Limits,
-) -> End {
+) -> (End, bool) {
     let shared = Shared {
         reader: Mutex::new(BufReader::with_capacity(READ_BUFFER, reader)),
         writer: Mutex::new(writer),
@@ -153,7 +155,10 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         worker(&shared);
     });
     let end = shared.end.lock().map(|mut e| e.take()).unwrap_or(None);
-    end.unwrap_or(End::Clean)
+    (
+        end.unwrap_or(End::Clean),
+        !shared.broken.load(Ordering::Acquire),
+    )
 }
 
 /// One request read off the stream.
@@ -378,16 +383,20 @@ fn read_job<R: Read, W>(
         // read (see `crate::limits`): granted a step at a time as it
         // arrived, connections part-way through their writes could hold
         // the budget between them, each waiting for its next step, for
-        // ever. A grant that has to wait starts the payload's clock for
-        // the server's stall watch there: the client's bytes queue in the
-        // socket meanwhile. (The clock is read only then and once a
-        // payload takes more than one read: not for each small write.)
-        let mut since = None;
+        // ever. A grant that has to wait starts the payload's stall clock
+        // for the server's watch there: the client's bytes queue in the
+        // socket meanwhile. Its pace is timed from the grant (a client
+        // whose grant waited long has not sent at its pace meanwhile,
+        // only what its socket held). (The clock is read only then and
+        // once a payload takes more than one read: not for each small
+        // write.)
+        let mut clock = None;
         if !grant.grow(payload, &|| true) {
-            since = Some(watch.stamp());
+            let since = watch.stamp();
             if !grant.grow(payload, &stopping) {
                 return Ok(None);
             }
+            clock = Some((since, watch.stamp()));
         }
         // The server is told how much has arrived from the second read
         // on: the first may bring only what the read buffer held with
@@ -399,8 +408,11 @@ fn read_job<R: Read, W>(
             got += n as u64;
             reads += 1;
             if reads > 1 && got < payload {
-                let since = *since.get_or_insert_with(|| watch.stamp());
-                watch.receiving(since, got);
+                let (since, granted) = *clock.get_or_insert_with(|| {
+                    let now = watch.stamp();
+                    (now, now)
+                });
+                watch.receiving(since, granted, payload, got);
             }
         };
         buf.clear();
@@ -558,7 +570,12 @@ fn handle<'b, R, W>(
             // the device is asked, as a read's buffer is (unbudgeted, a
             // few hundred clients' block status held that much each).
             // At most a descriptor per 512 bytes asked for (one with
-            // REQ_ONE): a small request is granted little.
+            // REQ_ONE): a small request is granted little. The reply is
+            // written straight from the device's extents, never more
+            // descriptors than granted, with no list between
+            // (`block_status_reply`). (The device's own list is the
+            // device's: at most 65,536 extents from an image, 1,024 from
+            // a file.)
             let most = if req.flags & cflag::REQ_ONE != 0 {
                 1
             } else {
@@ -701,15 +718,22 @@ fn error_reply(replies: Replies, req: &Request, out: &mut Vec<u8>, e: u32, msg: 
 /// image wrong from unaligned hole extents.
 const STATUS_ALIGN: u64 = 4096;
 
-/// `extents`, which start at `offset`, with every edge between a hole or
-/// zero range and data moved into the hole to a [`STATUS_ALIGN`] boundary
-/// (what falls outside is data).
-fn aligned_holes(offset: u64, extents: &[cairn_blockdev::Extent]) -> Vec<cairn_blockdev::Extent> {
-    let mut out: Vec<cairn_blockdev::Extent> = Vec::with_capacity(extents.len());
+/// The pieces of `extents`, which start at `offset`, with every edge
+/// between a hole or zero range and data moved into the hole to a
+/// [`STATUS_ALIGN`] boundary (what falls outside is data), handed to
+/// `piece` in order while it returns `true`. Pieces of one kind may
+/// follow each other (the caller merges them); none is empty. Nothing is
+/// collected: a block status holds no list but its reply, which its grant
+/// covers.
+fn aligned_holes(
+    offset: u64,
+    extents: &[cairn_blockdev::Extent],
+    piece: &mut dyn FnMut(cairn_blockdev::Extent) -> bool,
+) {
     let mut at = offset;
     for (i, e) in extents.iter().enumerate() {
         let end = at.saturating_add(e.len);
-        if e.hole || e.zero {
+        let pieces = if e.hole || e.zero {
             // The request's own start and end stay where they are: only
             // the edges between extents are the device's.
             let from = if i == 0 {
@@ -722,25 +746,77 @@ fn aligned_holes(offset: u64, extents: &[cairn_blockdev::Extent]) -> Vec<cairn_b
             } else {
                 (end / STATUS_ALIGN * STATUS_ALIGN).max(from)
             };
-            cairn_blockdev::Extent::data(from - at).push_to(&mut out);
-            cairn_blockdev::Extent {
-                len: to - from,
-                ..*e
-            }
-            .push_to(&mut out);
-            cairn_blockdev::Extent::data(end - to).push_to(&mut out);
+            [
+                cairn_blockdev::Extent::data(from - at),
+                cairn_blockdev::Extent {
+                    len: to - from,
+                    ..*e
+                },
+                cairn_blockdev::Extent::data(end - to),
+            ]
         } else {
-            e.push_to(&mut out);
+            let none = cairn_blockdev::Extent::data(0);
+            [*e, none, none]
+        };
+        for p in pieces {
+            if p.len > 0 && !piece(p) {
+                return;
+            }
         }
         at = end;
     }
-    out
+}
+
+/// The base:allocation descriptors (length, state flags) of a reply
+/// covering at most `want` bytes from `extents`, which start at `offset`
+/// (see [`aligned_holes`]), pieces of one kind merged, at most `most` of
+/// them: each handed to `desc`; returns how many. Stops reading
+/// `extents` at the first piece past the last descriptor.
+fn status_descriptors(
+    offset: u64,
+    want: u64,
+    extents: &[cairn_blockdev::Extent],
+    most: usize,
+    desc: &mut dyn FnMut(u64, u32),
+) -> usize {
+    let mut left = want;
+    let mut last: Option<(u64, u32)> = None;
+    let mut count = 0;
+    aligned_holes(offset, extents, &mut |e| {
+        if left == 0 {
+            return false;
+        }
+        let n = e.len.min(left);
+        let flags = (if e.hole { proto::STATE_HOLE } else { 0 })
+            | (if e.zero { proto::STATE_ZERO } else { 0 });
+        match &mut last {
+            Some((l, f)) if *f == flags => *l += n,
+            // `last` is the last one there is room for.
+            Some(_) if count + 1 >= most => return false,
+            Some(d) => {
+                desc(d.0, d.1);
+                count += 1;
+                *d = (n, flags);
+            }
+            None => last = Some((n, flags)),
+        }
+        left -= n;
+        true
+    });
+    if let Some((l, f)) = last {
+        desc(l, f);
+        count += 1;
+    }
+    count
 }
 
 /// One status chunk for base:allocation, clamped to the request: 32-bit
 /// descriptors (NBD_REPLY_TYPE_BLOCK_STATUS) with structured replies,
 /// 64-bit ones (NBD_REPLY_TYPE_BLOCK_STATUS_EXT) with extended headers,
-/// so one descriptor may cover more than 4 GiB.
+/// so one descriptor may cover more than 4 GiB. At most `most`
+/// descriptors (REQ_ONE: 1), as granted ([`status_reply_len`]). They are
+/// counted in a first walk of `extents` and written in a second, so
+/// nothing is built but the reply, and `out` grows by its length only.
 fn block_status_reply(
     out: &mut Vec<u8>,
     replies: Replies,
@@ -756,39 +832,16 @@ fn block_status_reply(
     } else {
         req.len.min(u64::from(u32::MAX))
     };
-    let mut descs: Vec<(u64, u32)> = Vec::new();
-    let mut left = want;
-    let extents = aligned_holes(req.offset, extents);
-    for e in &extents {
-        if left == 0 {
-            break;
-        }
-        let n = e.len.min(left);
-        if n == 0 {
-            continue;
-        }
-        let flags = (if e.hole { proto::STATE_HOLE } else { 0 })
-            | (if e.zero { proto::STATE_ZERO } else { 0 });
-        let full = descs.len() >= most;
-        match descs.last_mut() {
-            Some((l, f)) if *f == flags => *l += n,
-            _ if full => break,
-            _ => descs.push((n, flags)),
-        }
-        left -= n;
-        if req.flags & cflag::REQ_ONE != 0 {
-            break;
-        }
-    }
-    if descs.is_empty() {
-        // The device reported nothing: the conservative answer.
-        descs.push((want, 0));
-    }
+    let count = status_descriptors(req.offset, want, extents, most, &mut |_, _| {});
+    // The device reported nothing: the conservative answer, one
+    // descriptor of data.
+    let n = count.max(1);
     let (kind, len) = if extended {
-        (reply::BLOCK_STATUS_EXT, 8 + 16 * descs.len() as u64)
+        (reply::BLOCK_STATUS_EXT, 8 + 16 * n as u64)
     } else {
-        (reply::BLOCK_STATUS, 4 + 8 * descs.len() as u64)
+        (reply::BLOCK_STATUS, 4 + 8 * n as u64)
     };
+    out.reserve_exact(usize::try_from(status_reply_len(replies, n)).unwrap_or(0));
     proto::chunk_header(
         out,
         replies,
@@ -801,9 +854,9 @@ fn block_status_reply(
     out.extend_from_slice(&BASE_ALLOCATION_ID.to_be_bytes());
     if extended {
         // The descriptor count is optional; given, it must match.
-        out.extend_from_slice(&(descs.len() as u32).to_be_bytes());
+        out.extend_from_slice(&(n as u32).to_be_bytes());
     }
-    for (l, f) in descs {
+    let mut put = |l: u64, f: u32| {
         if extended {
             out.extend_from_slice(&l.to_be_bytes());
             // The status word is 64 bits with the high half zero.
@@ -812,6 +865,11 @@ fn block_status_reply(
             out.extend_from_slice(&(l as u32).to_be_bytes());
         }
         out.extend_from_slice(&f.to_be_bytes());
+    };
+    if count == 0 {
+        put(want, 0);
+    } else {
+        status_descriptors(req.offset, want, extents, most, &mut put);
     }
 }
 
@@ -995,7 +1053,14 @@ mod status_tests {
     use super::*;
     use cairn_blockdev::Extent;
 
-    fn kinds(v: &[Extent]) -> Vec<(u64, bool)> {
+    /// What [`aligned_holes`] makes of `extents`, pieces of one kind
+    /// merged: (length, hole) each.
+    fn pieces(offset: u64, extents: &[Extent]) -> Vec<(u64, bool)> {
+        let mut v = Vec::new();
+        aligned_holes(offset, extents, &mut |e| {
+            e.push_to(&mut v);
+            true
+        });
         v.iter().map(|e| (e.len, e.hole)).collect()
     }
 
@@ -1004,19 +1069,149 @@ mod status_tests {
     #[test]
     fn holes_are_reported_by_whole_aligned_blocks() {
         let small = [Extent::data(100), Extent::hole(5000), Extent::data(10)];
-        assert_eq!(kinds(&aligned_holes(0, &small)), [(5110, false)]);
+        assert_eq!(pieces(0, &small), [(5110, false)]);
         let unaligned = [Extent::data(100), Extent::hole(9000), Extent::data(10)];
         assert_eq!(
-            kinds(&aligned_holes(0, &unaligned)),
+            pieces(0, &unaligned),
             [(4096, false), (4096, true), (918, false)]
         );
         let aligned = [Extent::data(4096), Extent::hole(8192), Extent::data(1)];
         assert_eq!(
-            kinds(&aligned_holes(0, &aligned)),
+            pieces(0, &aligned),
             [(4096, false), (8192, true), (1, false)]
         );
         // A request from offset 10 into a hole, ending inside it.
         let edges = [Extent::hole(100)];
-        assert_eq!(kinds(&aligned_holes(10, &edges)), [(100, true)]);
+        assert_eq!(pieces(10, &edges), [(100, true)]);
+    }
+}
+
+/// What the test thread allocates, counted by a global allocator for the
+/// crate's unit tests (each thread counts its own).
+#[cfg(test)]
+mod counted {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    struct Counting;
+
+    thread_local! {
+        /// Bytes live, and the most live since [`peak_of`] began.
+        static LIVE: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+    }
+
+    fn count(add: usize, sub: usize) {
+        let _ = LIVE.try_with(|c| {
+            let (live, peak) = c.get();
+            let live = (live + add).saturating_sub(sub);
+            c.set((live, peak.max(live)));
+        });
+    }
+
+    // SAFETY: every call is handed to `System` as it came; the counting
+    // allocates nothing (a const thread-local of plain integers).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            count(l.size(), 0);
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            count(0, l.size());
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            count(new, l.size());
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.realloc(p, l, new) }
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    /// The most bytes `f` had allocated at once on this thread, beyond
+    /// what was live when it began.
+    pub(crate) fn peak_of(f: impl FnOnce()) -> usize {
+        let base = LIVE.with(|c| {
+            let (live, _) = c.get();
+            c.set((live, live));
+            live
+        });
+        f();
+        LIVE.with(|c| c.get().1) - base
+    }
+}
+
+#[cfg(test)]
+mod status_memory_tests {
+    use super::*;
+    use cairn_blockdev::Extent;
+
+    /// Issue: a block status built the device's extents again as a list
+    /// of aligned pieces, and then a list of descriptors, before it
+    /// encoded the reply: its grant covered the reply only (a descriptor
+    /// per 512 bytes asked for and one more, at most 65,536: b2b947d), so
+    /// 200,000 extents of a device made some 3.2 MB of lists for a
+    /// 512 KiB grant, and a REQ_ONE request (granted one descriptor) as
+    /// much. Now the reply is written as the extents are walked, and no
+    /// more is allocated than the reply granted.
+    #[test]
+    fn a_block_status_allocates_no_more_than_its_grant() {
+        const N: usize = 200_000;
+        let extents: Vec<Extent> = (0..N)
+            .map(|i| {
+                if i % 2 == 0 {
+                    Extent::data(4096)
+                } else {
+                    Extent::hole(4096)
+                }
+            })
+            .collect();
+        for (replies, flags) in [
+            (Replies::Structured, 0),
+            (Replies::Extended, 0),
+            (Replies::Structured, cflag::REQ_ONE),
+        ] {
+            let req = Request {
+                flags,
+                kind: cmd::BLOCK_STATUS,
+                cookie: 1,
+                offset: 0,
+                len: (N * 4096) as u64,
+            };
+            let most = if flags & cflag::REQ_ONE != 0 {
+                1
+            } else {
+                MAX_DESCRIPTORS
+            };
+            let granted = status_reply_len(replies, most);
+            let mut out = Vec::new();
+            let peak = counted::peak_of(|| {
+                block_status_reply(&mut out, replies, &req, &extents, most);
+            });
+            assert!(
+                peak as u64 <= granted,
+                "{replies:?} {flags}: {peak} bytes allocated for a grant of {granted}"
+            );
+            assert_eq!(out.len() as u64, granted, "{replies:?} {flags}");
+            // The descriptors alternate data and hole, 4 KiB each.
+            let (head, size) = if replies == Replies::Extended {
+                (32 + 8, 16)
+            } else {
+                (20 + 4, 8)
+            };
+            for (i, d) in out[head..].chunks(size).enumerate() {
+                let len = if size == 16 {
+                    proto::be64(&d[..8])
+                } else {
+                    u64::from(proto::be32(&d[..4]))
+                };
+                let state = proto::be32(&d[size - 4..]);
+                let hole = proto::STATE_HOLE | proto::STATE_ZERO;
+                assert_eq!((len, state), (4096, if i % 2 == 0 { 0 } else { hole }));
+            }
+        }
     }
 }
