@@ -361,6 +361,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
+        // Packs whose read found them damaged (not an I/O error).
+        let damaged_packs: Mutex<Vec<String>> = Mutex::default();
         // Chunks of packs that could not be read: not known damaged.
         let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         // Other copies in packs that could not be read, with why.
@@ -378,6 +380,26 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         };
                         let data = match reader.read_pack(*n as u32, *len) {
                             Ok(d) => d,
+                            // Not an I/O error (a pack cut short since the
+                            // listing, a store sending more than asked
+                            // for): damage, as a short pack's records.
+                            Err(e) if !matches!(e, StoreError::Io { .. }) => {
+                                let why = e.to_string();
+                                let id = index.packs()[*n].id;
+                                if let (Ok(mut v), Ok(mut c), Ok(mut r)) =
+                                    (found.lock(), found_copies.lock(), found_records.lock())
+                                {
+                                    for (prefix, loc, copy) in &by_pack[*n] {
+                                        let to = if *copy { &mut c } else { &mut v };
+                                        to.push((*prefix, ChunkId([0; 32]), why.clone()));
+                                        r.push((id, loc.offset, loc.slice));
+                                    }
+                                }
+                                if let Ok(mut v) = damaged_packs.lock() {
+                                    v.push(why);
+                                }
+                                continue;
+                            }
                             Err(e) => {
                                 let why = e.to_string();
                                 if let (Ok(mut v), Ok(mut u), Ok(mut o)) =
@@ -479,6 +501,16 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 affected: Vec::new(),
             });
             report.damaged_headers.push(id);
+        }
+        let mut damaged_packs = damaged_packs.into_inner().unwrap_or_default();
+        damaged_packs.sort();
+        for msg in damaged_packs {
+            report.problems.push(Problem {
+                kind: "pack",
+                message: msg,
+                chunk: None,
+                affected: Vec::new(),
+            });
         }
         report.unread_packs = io_errors.into_inner().unwrap_or_default();
         report.unread_packs.sort();
@@ -824,6 +856,19 @@ mod tests {
         r.problems.iter().filter(|p| p.kind == kind).collect()
     }
 
+    /// A [`FaultyRepo`], its index, its first pack's path and how many
+    /// chunks the index uses there (some).
+    fn first_pack() -> (FaultyRepo, crate::repo::LoadedIndex, PathBuf, usize) {
+        let r = FaultyRepo::new();
+        let loaded = r.repo.load_index().unwrap();
+        let pack = r.pack_path(&loaded.index, 0);
+        let chunks = (loaded.index.locations())
+            .filter(|(_, l)| l.pack == 0)
+            .count();
+        assert!(chunks > 0);
+        (r, loaded, pack, chunks)
+    }
+
     /// A pack that cannot be read (EIO) says nothing of its chunks: they
     /// are `unread-chunk` problems, with the snapshots using them, never
     /// `damaged-chunk`; the pack is named, no record is taken for
@@ -831,12 +876,7 @@ mod tests {
     /// `damaged-chunk`.)
     #[test]
     fn a_pack_that_cannot_be_read_is_unread_not_damaged() {
-        let r = FaultyRepo::new();
-        let loaded = r.repo.load_index().unwrap();
-        let index = &loaded.index;
-        let pack = r.pack_path(index, 0);
-        let chunks = index.locations().filter(|(_, l)| l.pack == 0).count();
-        assert!(chunks > 0);
+        let (r, _, pack, chunks) = first_pack();
         r.faults.fail(&pack);
         let before = r.tree();
         let v = r.verify();
@@ -868,6 +908,30 @@ mod tests {
         r.faults.clear();
         let v = r.verify();
         assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
+
+    /// A pack cut short after verify listed it (its read ends early: not
+    /// an I/O error) is damage, as a pack found short is: its chunks are
+    /// `damaged-chunk` with the snapshots using them, never
+    /// `unread-chunk`, its records are taken for damaged (`repair` drops
+    /// them) and it is no unread pack (which stops `repair`).
+    #[test]
+    fn a_pack_cut_short_after_the_listing_is_damaged_not_unread() {
+        let (r, loaded, pack, chunks) = first_pack();
+        let index = &loaded.index;
+        r.faults.cut_before_read(&pack, index.packs()[0].len / 2);
+        let v = r.verify();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert!(of_kind(&v, "unread-chunk").is_empty(), "{:?}", v.problems);
+        assert!(v.unread_packs.is_empty(), "{:?}", v.unread_packs);
+        let damaged = of_kind(&v, "damaged-chunk");
+        assert_eq!(damaged.len(), chunks, "{:?}", v.problems);
+        assert!(damaged[0].affected.iter().any(|a| a.image == "a"));
+        let packs = of_kind(&v, "pack");
+        assert_eq!(packs.len(), 1, "{:?}", v.problems);
+        assert!(packs[0].message.contains("shorter"), "{}", packs[0].message);
+        assert_eq!(v.damaged_records.len(), chunks, "{:?}", v.damaged_records);
+        assert!(v.damaged_records.iter().all(|d| d.0 == index.packs()[0].id));
     }
 
     /// A chunk stored twice whose copy the index uses cannot be read
