@@ -165,9 +165,11 @@ pub struct VerifyReport {
     pub chunks: usize,
     /// Packs in the index.
     pub packs: usize,
-    /// Bytes of packs read (with `read_data`).
+    /// Bytes of packs read (with `read_data`): not those of reads that
+    /// failed.
     pub bytes_read: u64,
-    /// Packs read (with `read_data`: all of them, or the subset's).
+    /// Packs read (with `read_data`: all of them, or the subset's), but
+    /// those whose read failed.
     pub packs_read: usize,
     /// Everything wrong; empty when the repository is sound.
     pub problems: Vec<Problem>,
@@ -349,7 +351,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut unread_copies: Vec<([u8; PREFIX_LEN], String)> = Vec::new();
     if opts.read_data {
         let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
-        report.packs_read = readable.len();
         read_packs.extend(readable.iter().map(|r| r.0 as u32));
         let total: u64 = readable.iter().map(|r| r.2).sum();
         let done = AtomicU64::new(0);
@@ -363,6 +364,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         // Packs whose read found them damaged (not an I/O error).
         let damaged_packs: Mutex<Vec<String>> = Mutex::default();
+        let packs_read = AtomicUsize::new(0);
         // Chunks of packs that could not be read: not known damaged.
         let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         // Other copies in packs that could not be read, with why.
@@ -480,6 +482,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 }
                             }
                         }
+                        packs_read.fetch_add(1, Ordering::Relaxed);
                         let d = done.fetch_add(*len, Ordering::Relaxed) + len;
                         if let Some(p) = opts.progress {
                             p(d, total);
@@ -488,7 +491,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 });
             }
         });
+        // (Only the packs read: not those whose read failed.)
         report.bytes_read = done.load(Ordering::Relaxed);
+        report.packs_read = packs_read.load(Ordering::Relaxed);
         damaged_records.extend(found_records.into_inner().unwrap_or_default());
         for (id, why) in bad_headers.into_inner().unwrap_or_default() {
             report.problems.push(Problem {
@@ -792,7 +797,7 @@ struct CopyRecord {
 
 impl CopyRecord {
     /// Check chunk `prefix` at `loc`, reading its record unless it is the
-    /// one read last (counted in `bytes_read`).
+    /// one read last (counted in `bytes_read` once read).
     fn check(
         &mut self,
         reader: &PackReader,
@@ -802,10 +807,10 @@ impl CopyRecord {
     ) -> std::result::Result<(), (ChunkId, String)> {
         if self.at != Some((loc.pack, loc.offset)) {
             self.at = Some((loc.pack, loc.offset));
-            *bytes_read += u64::from(loc.len);
             self.unread = false;
             self.table = match reader.read_record(loc, &mut self.rec) {
                 Ok(path) => {
+                    *bytes_read += u64::from(loc.len);
                     let table = self
                         .dec
                         .decode(&path, u64::from(loc.offset), &self.rec, &mut self.group)
@@ -876,7 +881,7 @@ mod tests {
     /// `damaged-chunk`.)
     #[test]
     fn a_pack_that_cannot_be_read_is_unread_not_damaged() {
-        let (r, _, pack, chunks) = first_pack();
+        let (r, loaded, pack, chunks) = first_pack();
         r.faults.fail(&pack);
         let before = r.tree();
         let v = r.verify();
@@ -903,6 +908,10 @@ mod tests {
         assert_eq!(v.unread_packs.len(), 1);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         assert_eq!(v.recoverable, 0);
+        // Only the packs read are counted.
+        assert_eq!(v.packs_read, v.packs - 1);
+        let others: u64 = loaded.index.packs()[1..].iter().map(|p| p.len).sum();
+        assert_eq!(v.bytes_read, others);
         assert!(r.tree() == before, "verify changed the repository");
         // Readable again: sound.
         r.faults.clear();
@@ -932,6 +941,7 @@ mod tests {
         assert!(packs[0].message.contains("shorter"), "{}", packs[0].message);
         assert_eq!(v.damaged_records.len(), chunks, "{:?}", v.damaged_records);
         assert!(v.damaged_records.iter().all(|d| d.0 == index.packs()[0].id));
+        assert_eq!(v.packs_read, v.packs - 1);
     }
 
     /// A chunk stored twice whose copy the index uses cannot be read
@@ -1024,7 +1034,7 @@ mod tests {
         assert_eq!(v.problems.len(), copies + 1, "{:?}", v.problems);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         // The used copy of one chunk damaged; only its part read.
-        let (_, rec) = index.locations().find(|(_, l)| l.pack == n).unwrap();
+        let (prefix, rec) = index.locations().find(|(_, l)| l.pack == n).unwrap();
         let mut bytes = std::fs::read(&used).unwrap();
         bytes[(rec.offset + rec.len / 2) as usize] ^= 0x40;
         std::fs::write(&used, bytes).unwrap();
@@ -1049,6 +1059,11 @@ mod tests {
             vec![(id, rec.offset, rec.slice)],
             "only the damaged record"
         );
+        // The copy not read is not counted read: readable, it is.
+        r.faults.clear();
+        let sound = r.verify_subset(part);
+        let copy = index.other_copies_of(prefix).next().unwrap();
+        assert_eq!(sound.bytes_read - v.bytes_read, u64::from(copy.len));
     }
 
     #[test]
