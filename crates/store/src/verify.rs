@@ -639,7 +639,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             kind: "unread-copy",
             message: format!(
                 "chunk {}: {why} (a second copy, not the one the index uses; not read, so not \
-                 known to be damaged: no snapshot is affected; run verify again)",
+                 known to be damaged: no snapshot is affected if the copy the index uses is \
+                 sound; run verify again)",
                 shown(&prefix, None)
             ),
             chunk: None,
@@ -1029,7 +1030,11 @@ mod tests {
         r.faults.fail(&other_path);
         let v = r.verify();
         assert!(r.faults.injected() > 0, "the fault was met");
-        assert_eq!(of_kind(&v, "unread-copy").len(), copies, "{:?}", v.problems);
+        let unread = of_kind(&v, "unread-copy");
+        assert_eq!(unread.len(), copies, "{:?}", v.problems);
+        assert!(unread[0]
+            .message
+            .contains("affected if the copy the index uses is sound"));
         assert_eq!(of_kind(&v, "pack").len(), 1, "{:?}", v.problems);
         assert_eq!(v.problems.len(), copies + 1, "{:?}", v.problems);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
