@@ -362,8 +362,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
-        // Packs whose read found them damaged (not an I/O error).
-        let damaged_packs: Mutex<Vec<String>> = Mutex::default();
         let packs_read = AtomicUsize::new(0);
         // Chunks of packs that could not be read: not known damaged.
         let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
@@ -384,21 +382,26 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             Ok(d) => d,
                             // Not an I/O error (a pack cut short since the
                             // listing, a store sending more than asked
-                            // for): damage, as a short pack's records.
+                            // for): its chunks are damage, never silent,
+                            // but which records is not known (the read
+                            // does not say where the pack ends now), so
+                            // none is taken for repair to drop, and the
+                            // pack stops repair as an unread one does:
+                            // the next run lists its length anew and
+                            // takes only the records past its end.
                             Err(e) if !matches!(e, StoreError::Io { .. }) => {
                                 let why = e.to_string();
-                                let id = index.packs()[*n].id;
-                                if let (Ok(mut v), Ok(mut c), Ok(mut r)) =
-                                    (found.lock(), found_copies.lock(), found_records.lock())
+                                if let (Ok(mut v), Ok(mut c)) = (found.lock(), found_copies.lock())
                                 {
-                                    for (prefix, loc, copy) in &by_pack[*n] {
+                                    for (prefix, _, copy) in &by_pack[*n] {
                                         let to = if *copy { &mut c } else { &mut v };
                                         to.push((*prefix, ChunkId([0; 32]), why.clone()));
-                                        r.push((id, loc.offset, loc.slice));
                                     }
                                 }
-                                if let Ok(mut v) = damaged_packs.lock() {
-                                    v.push(why);
+                                if let Ok(mut v) = io_errors.lock() {
+                                    v.push(format!(
+                                        "{why} (changed since verify listed it: run again)"
+                                    ));
                                 }
                                 continue;
                             }
@@ -506,16 +509,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 affected: Vec::new(),
             });
             report.damaged_headers.push(id);
-        }
-        let mut damaged_packs = damaged_packs.into_inner().unwrap_or_default();
-        damaged_packs.sort();
-        for msg in damaged_packs {
-            report.problems.push(Problem {
-                kind: "pack",
-                message: msg,
-                chunk: None,
-                affected: Vec::new(),
-            });
         }
         report.unread_packs = io_errors.into_inner().unwrap_or_default();
         report.unread_packs.sort();
@@ -921,10 +914,12 @@ mod tests {
     }
 
     /// A pack cut short after verify listed it (its read ends early: not
-    /// an I/O error) is damage, as a pack found short is: its chunks are
+    /// an I/O error) is damage, never silent: its chunks are
     /// `damaged-chunk` with the snapshots using them, never
-    /// `unread-chunk`, its records are taken for damaged (`repair` drops
-    /// them) and it is no unread pack (which stops `repair`).
+    /// `unread-chunk`. Which of its records are past its new end the read
+    /// does not say, so none is taken for damaged (`repair` would drop
+    /// sound ones) and the pack counts as unread, which stops `repair`
+    /// until a run lists its length anew.
     #[test]
     fn a_pack_cut_short_after_the_listing_is_damaged_not_unread() {
         let (r, loaded, pack, chunks) = first_pack();
@@ -933,16 +928,27 @@ mod tests {
         let v = r.verify();
         assert!(r.faults.injected() > 0, "the fault was met");
         assert!(of_kind(&v, "unread-chunk").is_empty(), "{:?}", v.problems);
-        assert!(v.unread_packs.is_empty(), "{:?}", v.unread_packs);
+        assert_eq!(v.unread_packs.len(), 1, "{:?}", v.unread_packs);
         let damaged = of_kind(&v, "damaged-chunk");
         assert_eq!(damaged.len(), chunks, "{:?}", v.problems);
         assert!(damaged[0].affected.iter().any(|a| a.image == "a"));
         let packs = of_kind(&v, "pack");
         assert_eq!(packs.len(), 1, "{:?}", v.problems);
         assert!(packs[0].message.contains("shorter"), "{}", packs[0].message);
-        assert_eq!(v.damaged_records.len(), chunks, "{:?}", v.damaged_records);
-        assert!(v.damaged_records.iter().all(|d| d.0 == index.packs()[0].id));
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         assert_eq!(v.packs_read, v.packs - 1);
+        // The next run lists the pack's new length: only the records past
+        // it are damaged, and repair may drop those.
+        let again = r.verify();
+        assert!(again.unread_packs.is_empty(), "{:?}", again.unread_packs);
+        let past = index
+            .locations()
+            .filter(|(_, l)| {
+                l.pack == 0 && u64::from(l.offset) + u64::from(l.len) > index.packs()[0].len / 2
+            })
+            .count();
+        assert!(past > 0 && past < chunks, "{past} of {chunks}");
+        assert_eq!(of_kind(&again, "damaged-chunk").len(), past);
     }
 
     /// A chunk stored twice whose copy the index uses cannot be read
