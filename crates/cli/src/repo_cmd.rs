@@ -1030,11 +1030,7 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
         }
         outln!(
             "{}: {} image(s), {} snapshot(s), {} chunk(s) in {} pack(s){}",
-            if r.problems.is_empty() {
-                "ok"
-            } else {
-                "DAMAGED"
-            },
+            verdict(&r),
             r.images,
             r.snapshots,
             r.chunks,
@@ -1860,9 +1856,56 @@ fn group_text(group: Option<u32>) -> String {
     }
 }
 
+/// verify's verdict: `ok`, `DAMAGED`, or, where the only problems are
+/// packs that could not be read (an I/O or network error) and their
+/// chunks, which are not known to be damaged, `NOT VERIFIED`.
+fn verdict(r: &cairn_store::VerifyReport) -> String {
+    let unread = |p: &cairn_store::Problem| match p.kind {
+        "unread-chunk" | "unread-copy" => true,
+        "pack" => r.unread_packs.contains(&p.message),
+        _ => false,
+    };
+    if r.problems.is_empty() {
+        "ok".into()
+    } else if r.problems.iter().all(unread) {
+        format!(
+            "NOT VERIFIED ({} pack(s) could not be read)",
+            r.unread_packs.len()
+        )
+    } else {
+        "DAMAGED".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Packs that could not be read, alone, are no damage: NOT VERIFIED;
+    /// with any other problem, DAMAGED.
+    #[test]
+    fn verify_verdicts() {
+        let problem = |kind: &'static str, message: &str| cairn_store::Problem {
+            kind,
+            message: message.into(),
+            chunk: None,
+            affected: Vec::new(),
+        };
+        let mut r = cairn_store::VerifyReport::default();
+        assert_eq!(verdict(&r), "ok");
+        r.unread_packs = vec!["p: read: EIO".into()];
+        r.problems = vec![
+            problem("pack", "p: read: EIO"),
+            problem("unread-chunk", "chunk c"),
+            problem("unread-copy", "chunk d"),
+        ];
+        assert_eq!(verdict(&r), "NOT VERIFIED (1 pack(s) could not be read)");
+        r.problems.push(problem("pack", "pack q is missing"));
+        assert_eq!(verdict(&r), "DAMAGED");
+        r.problems.pop();
+        r.problems.push(problem("damaged-chunk", "chunk e"));
+        assert_eq!(verdict(&r), "DAMAGED");
+    }
 
     #[test]
     fn utc_dates() {

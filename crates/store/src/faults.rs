@@ -28,12 +28,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// One injected fault: reads of `path` that touch `range` fail, but for
-/// the first `spared` of them.
+/// the first `spared` of them; or (`cut`) the next read of `path` finds
+/// it cut to that length.
 #[derive(Debug)]
 struct Rule {
     path: PathBuf,
     range: Range<u64>,
     spared: u64,
+    cut: Option<u64>,
 }
 
 /// The faults of a [`Faulty`] backend and its children, changed while it
@@ -63,6 +65,19 @@ impl Faults {
             path: path.to_path_buf(),
             range,
             spared,
+            cut: None,
+        });
+    }
+
+    /// The next read of the file at `path` finds it cut to `len` bytes
+    /// (as if something cut it after a listing said its length): the file
+    /// is truncated then, and the real backend reads what is left. Once.
+    pub(crate) fn cut_before_read(&self, path: &Path, len: u64) {
+        self.lock().push(Rule {
+            path: path.to_path_buf(),
+            range: 0..u64::MAX,
+            spared: 0,
+            cut: Some(len),
         });
     }
 
@@ -84,10 +99,17 @@ impl Faults {
     /// The error of a read of `bytes` of `path`, if a fault takes it.
     fn check(&self, path: &Path, bytes: Range<u64>) -> Result<()> {
         let mut rules = self.lock();
-        let hit = rules
-            .iter_mut()
-            .find(|r| r.path == path && r.range.start < bytes.end && bytes.start < r.range.end);
-        match hit {
+        let at = rules
+            .iter()
+            .position(|r| r.path == path && r.range.start < bytes.end && bytes.start < r.range.end);
+        if let Some(len) = at.and_then(|i| rules[i].cut) {
+            rules.remove(at.unwrap());
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            f.set_len(len).unwrap();
+            return Ok(());
+        }
+        match at.map(|i| &mut rules[i]) {
             None => Ok(()),
             Some(r) if r.spared > 0 => {
                 r.spared -= 1;

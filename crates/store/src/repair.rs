@@ -104,16 +104,35 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     let salvaged = if opts.dry_run {
         None
     } else {
-        // Salvage reads every pack, and writes only once all are read: a
-        // read that fails stops it having written nothing.
+        // Trash collection runs first (deleting only what nothing can
+        // need), and salvage deletes, as it goes, files in packs/ too
+        // short to hold a pack header; it indexes again no pack, and no
+        // damaged index file is set aside, until every pack is read: a
+        // read that fails stops it having dropped nothing.
         let index = repo.writer_index_with(session, true).map_err(|e| match e {
             StoreError::Io {
                 what: "read" | "get" | "open",
+                ref path,
                 ..
-            } => StoreError::Invalid(format!(
-                "{e}: repair dropped nothing; what cannot be read is not known to be damaged, \
-                 and repair drops nothing until every pack can be read (run it again)"
-            )),
+            } => {
+                let (what, advice) = match path.extension().and_then(|x| x.to_str()) {
+                    Some("pack") => (
+                        "a pack",
+                        "; one that stays unreadable is moved out of packs/ by hand, then it \
+                         counts as missing",
+                    ),
+                    Some("idx") => (
+                        "an index file",
+                        "; one that stays unreadable is renamed to end in .damaged by hand",
+                    ),
+                    _ => ("a file of the repository", ""),
+                };
+                StoreError::Invalid(format!(
+                    "{e}: {what} could not be read, and what cannot be read is not known to be \
+                     damaged: repair dropped nothing, and drops nothing until it can be read \
+                     (run it again{advice})"
+                ))
+            }
             e => e,
         })?;
         Some(index.salvaged)
@@ -131,7 +150,8 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         return Err(StoreError::Invalid(format!(
             "{} pack(s) could not be read ({first}{}), so what they hold is not known to be \
              damaged: repair dropped nothing, and drops nothing until every pack can be read \
-             (run it again)",
+             (run it again; one that stays unreadable is moved out of packs/ by hand, then it \
+             counts as missing)",
             found.unread_packs.len(),
             match found.unread_packs.len() {
                 1 => "",
@@ -224,7 +244,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
-    use crate::faults::{stored_twice, FaultyRepo};
+    use crate::faults::{files_under, stored_twice, FaultyRepo};
 
     fn run(r: &FaultyRepo) -> Result<RepairReport> {
         let session = r.repo.session("test").unwrap();
@@ -267,5 +287,29 @@ mod tests {
         assert_eq!(loaded.index.other_locations().count(), copies);
         let report = run(&r).unwrap();
         assert_eq!((report.dropped, report.switched), (0, 0), "{report:?}");
+    }
+
+    /// A damaged index file that cannot be read again when it is to be
+    /// set aside stops repair with an error naming it as an index file,
+    /// not a pack.
+    #[test]
+    fn repair_says_what_could_not_be_read() {
+        let r = FaultyRepo::new();
+        let idx = files_under(&r.dir.path().join("repo/index"))
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|x| x == "idx"))
+            .unwrap();
+        let mut bytes = std::fs::read(&idx).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        std::fs::write(&idx, bytes).unwrap();
+        // Read (damaged) when the index is loaded, not when read again.
+        r.faults.fail_range_after(&idx, 0..u64::MAX, 1);
+        let e = run(&r).unwrap_err().to_string();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert!(e.contains(&idx.display().to_string()), "{e}");
+        assert!(e.contains("an index file could not be read"), "{e}");
+        assert!(e.contains("dropped nothing"), "{e}");
+        assert!(!e.contains("pack"), "{e}");
     }
 }

@@ -32,7 +32,7 @@ use std::fs::File;
 use std::io::IoSlice;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use std::time::Instant;
@@ -393,10 +393,11 @@ pub(crate) struct Fetcher<'a> {
     decoded: Option<&'a Decoded>,
     /// Decode into frozen buffers, for a pipe (see [`GroupBuf`]).
     frozen: bool,
-    /// Records that could not be read or decoded, and why: their chunks
-    /// are read from their other copies without reading them again (see
+    /// Records that could not be read or decoded, why, and whether it was
+    /// an I/O error (not known damaged): their chunks are read from their
+    /// other copies without reading them again (see
     /// [`Fetcher::other_copy`]).
-    damaged: HashMap<(u32, u32), String>,
+    damaged: HashMap<(u32, u32), (String, bool)>,
     /// Damaged records said in a warning (shared by a restore's workers,
     /// a diff's two sides, a copy's snapshots: each is said once).
     said: Arc<DamagedRecords>,
@@ -657,11 +658,11 @@ impl<'a> Fetcher<'a> {
         let (slot, start, read) = match first {
             Some(Ok(found)) => found,
             first => {
-                let why = match (&first, known) {
-                    (Some(Err(err)), _) => err.to_string(),
+                let (why, unread) = match (&first, known) {
+                    (Some(Err(err)), _) => (err.to_string(), is_unread(err)),
                     (_, why) => why.unwrap_or_default(),
                 };
-                match (self.other_copy(loc, id, len, &why), first) {
+                match (self.other_copy(loc, id, len, &why, unread), first) {
                     (Some(found), _) => found,
                     (None, Some(Err(err))) => return Err(err),
                     // No other copy is sound: the first copy's error, read
@@ -681,7 +682,8 @@ impl<'a> Fetcher<'a> {
         let (slot, read) = self.group(loc).inspect_err(|e| {
             // The whole record is unusable: its other chunks go straight
             // to their other copies.
-            self.damaged.insert((loc.pack, loc.offset), e.to_string());
+            self.damaged
+                .insert((loc.pack, loc.offset), (e.to_string(), is_unread(e)));
         })?;
         let group = &self.kept[slot];
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
@@ -701,13 +703,15 @@ impl<'a> Fetcher<'a> {
     }
 
     /// The first sound other copy of chunk `id`, whose copy at `first`
-    /// failed with `why`; says so, once per damaged record.
+    /// failed with `why` (`unread`: an I/O error); says so, once per
+    /// record.
     fn other_copy(
         &mut self,
         first: Location,
         id: &ChunkId,
         len: u32,
         why: &str,
+        unread: bool,
     ) -> Option<(usize, usize, u64)> {
         let (index, said, files) = (self.index, self.said.clone(), self.files);
         let found = said.from_other_copy(
@@ -717,16 +721,34 @@ impl<'a> Fetcher<'a> {
             |other| self.checked_at(other, id, len).ok(),
             |other| {
                 let path = files.path(other.pack).unwrap_or_default();
-                tracing::warn!(
-                    "{why}; chunk {id} read from its other copy in {} at offset {} (`cairn repair` \
-                     has the index use the sound copies)",
-                    path.display(),
-                    other.offset
-                );
+                tracing::warn!("{}", other_copy_note(why, unread, id, &path, other.offset));
             },
         )?;
         self.recovered += 1;
         Some(found)
+    }
+}
+
+/// Whether a record's error is a failed read (an I/O or network error:
+/// not known to be damaged) rather than damage.
+fn is_unread(e: &StoreError) -> bool {
+    matches!(e, StoreError::Io { .. })
+}
+
+/// The warning that chunk `id`, whose copy the index names failed with
+/// `why`, was read from its other copy at `offset` of `path`: damage is
+/// for `cairn repair`, a read that failed (`unread`) is not.
+fn other_copy_note(why: &str, unread: bool, id: &ChunkId, path: &Path, offset: u32) -> String {
+    let path = path.display();
+    match unread {
+        true => format!(
+            "{why}: could not be read (I/O error), so chunk {id} was read from its other copy \
+             in {path} at offset {offset}"
+        ),
+        false => format!(
+            "{why}; chunk {id} read from its other copy in {path} at offset {offset} (`cairn \
+             repair` has the index use the sound copies)"
+        ),
     }
 }
 
@@ -1425,6 +1447,27 @@ mod tests {
         assert!(out == r.data, "a differs");
         assert_eq!(report.recovered, 1, "{report:?}");
         assert!(r.faults.injected() > met, "the fault was met");
+    }
+
+    /// The warning of a chunk read from its other copy sends to `cairn
+    /// repair` only where the first copy is damaged; one that could not
+    /// be read (EIO, as the fault backend fails it) is said to be so.
+    #[test]
+    fn the_other_copy_warning_tells_a_failed_read_from_damage() {
+        let path = Path::new("p");
+        let eio = StoreError::Io {
+            path: path.into(),
+            what: "read",
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        };
+        let bad = StoreError::corrupt(path, 7, "bad CRC");
+        let id = ChunkId([1; 32]);
+        let note = |e: &StoreError| other_copy_note(&e.to_string(), is_unread(e), &id, path, 9);
+        let (eio, bad) = (note(&eio), note(&bad));
+        assert!(eio.contains("could not be read (I/O error)"), "{eio}");
+        assert!(!eio.contains("repair"), "{eio}");
+        assert!(bad.contains("`cairn repair` has the index use"), "{bad}");
+        assert!(!bad.contains("could not be read"), "{bad}");
     }
 
     /// Pieces at odd offsets and lengths, with gaps, across the run

@@ -165,9 +165,11 @@ pub struct VerifyReport {
     pub chunks: usize,
     /// Packs in the index.
     pub packs: usize,
-    /// Bytes of packs read (with `read_data`).
+    /// Bytes of packs read (with `read_data`): not those of reads that
+    /// failed.
     pub bytes_read: u64,
-    /// Packs read (with `read_data`: all of them, or the subset's).
+    /// Packs read (with `read_data`: all of them, or the subset's), but
+    /// those whose read failed.
     pub packs_read: usize,
     /// Everything wrong; empty when the repository is sound.
     pub problems: Vec<Problem>,
@@ -349,7 +351,6 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut unread_copies: Vec<([u8; PREFIX_LEN], String)> = Vec::new();
     if opts.read_data {
         let readable = opts.subset.pick(readable, |n| index.packs()[n].id);
-        report.packs_read = readable.len();
         read_packs.extend(readable.iter().map(|r| r.0 as u32));
         let total: u64 = readable.iter().map(|r| r.2).sum();
         let done = AtomicU64::new(0);
@@ -361,6 +362,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
+        let packs_read = AtomicUsize::new(0);
         // Chunks of packs that could not be read: not known damaged.
         let unread_chunks: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         // Other copies in packs that could not be read, with why.
@@ -378,6 +380,31 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                         };
                         let data = match reader.read_pack(*n as u32, *len) {
                             Ok(d) => d,
+                            // Not an I/O error (a pack cut short since the
+                            // listing, a store sending more than asked
+                            // for): its chunks are damage, never silent,
+                            // but which records is not known (the read
+                            // does not say where the pack ends now), so
+                            // none is taken for repair to drop, and the
+                            // pack stops repair as an unread one does:
+                            // the next run lists its length anew and
+                            // takes only the records past its end.
+                            Err(e) if !matches!(e, StoreError::Io { .. }) => {
+                                let why = e.to_string();
+                                if let (Ok(mut v), Ok(mut c)) = (found.lock(), found_copies.lock())
+                                {
+                                    for (prefix, _, copy) in &by_pack[*n] {
+                                        let to = if *copy { &mut c } else { &mut v };
+                                        to.push((*prefix, ChunkId([0; 32]), why.clone()));
+                                    }
+                                }
+                                if let Ok(mut v) = io_errors.lock() {
+                                    v.push(format!(
+                                        "{why} (changed since verify listed it: run again)"
+                                    ));
+                                }
+                                continue;
+                            }
                             Err(e) => {
                                 let why = e.to_string();
                                 if let (Ok(mut v), Ok(mut u), Ok(mut o)) =
@@ -458,6 +485,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 }
                             }
                         }
+                        packs_read.fetch_add(1, Ordering::Relaxed);
                         let d = done.fetch_add(*len, Ordering::Relaxed) + len;
                         if let Some(p) = opts.progress {
                             p(d, total);
@@ -466,7 +494,9 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                 });
             }
         });
+        // (Only the packs read: not those whose read failed.)
         report.bytes_read = done.load(Ordering::Relaxed);
+        report.packs_read = packs_read.load(Ordering::Relaxed);
         damaged_records.extend(found_records.into_inner().unwrap_or_default());
         for (id, why) in bad_headers.into_inner().unwrap_or_default() {
             report.problems.push(Problem {
@@ -602,7 +632,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             kind: "unread-copy",
             message: format!(
                 "chunk {}: {why} (a second copy, not the one the index uses; not read, so not \
-                 known to be damaged: no snapshot is affected; run verify again)",
+                 known to be damaged: no snapshot is affected if the copy the index uses is \
+                 sound; run verify again)",
                 shown(&prefix, None)
             ),
             chunk: None,
@@ -760,7 +791,7 @@ struct CopyRecord {
 
 impl CopyRecord {
     /// Check chunk `prefix` at `loc`, reading its record unless it is the
-    /// one read last (counted in `bytes_read`).
+    /// one read last (counted in `bytes_read` once read).
     fn check(
         &mut self,
         reader: &PackReader,
@@ -770,10 +801,10 @@ impl CopyRecord {
     ) -> std::result::Result<(), (ChunkId, String)> {
         if self.at != Some((loc.pack, loc.offset)) {
             self.at = Some((loc.pack, loc.offset));
-            *bytes_read += u64::from(loc.len);
             self.unread = false;
             self.table = match reader.read_record(loc, &mut self.rec) {
                 Ok(path) => {
+                    *bytes_read += u64::from(loc.len);
                     let table = self
                         .dec
                         .decode(&path, u64::from(loc.offset), &self.rec, &mut self.group)
@@ -824,6 +855,19 @@ mod tests {
         r.problems.iter().filter(|p| p.kind == kind).collect()
     }
 
+    /// A [`FaultyRepo`], its index, its first pack's path and how many
+    /// chunks the index uses there (some).
+    fn first_pack() -> (FaultyRepo, crate::repo::LoadedIndex, PathBuf, usize) {
+        let r = FaultyRepo::new();
+        let loaded = r.repo.load_index().unwrap();
+        let pack = r.pack_path(&loaded.index, 0);
+        let chunks = (loaded.index.locations())
+            .filter(|(_, l)| l.pack == 0)
+            .count();
+        assert!(chunks > 0);
+        (r, loaded, pack, chunks)
+    }
+
     /// A pack that cannot be read (EIO) says nothing of its chunks: they
     /// are `unread-chunk` problems, with the snapshots using them, never
     /// `damaged-chunk`; the pack is named, no record is taken for
@@ -831,12 +875,7 @@ mod tests {
     /// `damaged-chunk`.)
     #[test]
     fn a_pack_that_cannot_be_read_is_unread_not_damaged() {
-        let r = FaultyRepo::new();
-        let loaded = r.repo.load_index().unwrap();
-        let index = &loaded.index;
-        let pack = r.pack_path(index, 0);
-        let chunks = index.locations().filter(|(_, l)| l.pack == 0).count();
-        assert!(chunks > 0);
+        let (r, loaded, pack, chunks) = first_pack();
         r.faults.fail(&pack);
         let before = r.tree();
         let v = r.verify();
@@ -863,11 +902,53 @@ mod tests {
         assert_eq!(v.unread_packs.len(), 1);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         assert_eq!(v.recoverable, 0);
+        // Only the packs read are counted.
+        assert_eq!(v.packs_read, v.packs - 1);
+        let others: u64 = loaded.index.packs()[1..].iter().map(|p| p.len).sum();
+        assert_eq!(v.bytes_read, others);
         assert!(r.tree() == before, "verify changed the repository");
         // Readable again: sound.
         r.faults.clear();
         let v = r.verify();
         assert!(v.problems.is_empty(), "{:?}", v.problems);
+    }
+
+    /// A pack cut short after verify listed it (its read ends early: not
+    /// an I/O error) is damage, never silent: its chunks are
+    /// `damaged-chunk` with the snapshots using them, never
+    /// `unread-chunk`. Which of its records are past its new end the read
+    /// does not say, so none is taken for damaged (`repair` would drop
+    /// sound ones) and the pack counts as unread, which stops `repair`
+    /// until a run lists its length anew.
+    #[test]
+    fn a_pack_cut_short_after_the_listing_is_damaged_not_unread() {
+        let (r, loaded, pack, chunks) = first_pack();
+        let index = &loaded.index;
+        r.faults.cut_before_read(&pack, index.packs()[0].len / 2);
+        let v = r.verify();
+        assert!(r.faults.injected() > 0, "the fault was met");
+        assert!(of_kind(&v, "unread-chunk").is_empty(), "{:?}", v.problems);
+        assert_eq!(v.unread_packs.len(), 1, "{:?}", v.unread_packs);
+        let damaged = of_kind(&v, "damaged-chunk");
+        assert_eq!(damaged.len(), chunks, "{:?}", v.problems);
+        assert!(damaged[0].affected.iter().any(|a| a.image == "a"));
+        let packs = of_kind(&v, "pack");
+        assert_eq!(packs.len(), 1, "{:?}", v.problems);
+        assert!(packs[0].message.contains("shorter"), "{}", packs[0].message);
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        assert_eq!(v.packs_read, v.packs - 1);
+        // The next run lists the pack's new length: only the records past
+        // it are damaged, and repair may drop those.
+        let again = r.verify();
+        assert!(again.unread_packs.is_empty(), "{:?}", again.unread_packs);
+        let past = index
+            .locations()
+            .filter(|(_, l)| {
+                l.pack == 0 && u64::from(l.offset) + u64::from(l.len) > index.packs()[0].len / 2
+            })
+            .count();
+        assert!(past > 0 && past < chunks, "{past} of {chunks}");
+        assert_eq!(of_kind(&again, "damaged-chunk").len(), past);
     }
 
     /// A chunk stored twice whose copy the index uses cannot be read
@@ -955,12 +1036,16 @@ mod tests {
         r.faults.fail(&other_path);
         let v = r.verify();
         assert!(r.faults.injected() > 0, "the fault was met");
-        assert_eq!(of_kind(&v, "unread-copy").len(), copies, "{:?}", v.problems);
+        let unread = of_kind(&v, "unread-copy");
+        assert_eq!(unread.len(), copies, "{:?}", v.problems);
+        assert!(unread[0]
+            .message
+            .contains("affected if the copy the index uses is sound"));
         assert_eq!(of_kind(&v, "pack").len(), 1, "{:?}", v.problems);
         assert_eq!(v.problems.len(), copies + 1, "{:?}", v.problems);
         assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
         // The used copy of one chunk damaged; only its part read.
-        let (_, rec) = index.locations().find(|(_, l)| l.pack == n).unwrap();
+        let (prefix, rec) = index.locations().find(|(_, l)| l.pack == n).unwrap();
         let mut bytes = std::fs::read(&used).unwrap();
         bytes[(rec.offset + rec.len / 2) as usize] ^= 0x40;
         std::fs::write(&used, bytes).unwrap();
@@ -985,6 +1070,11 @@ mod tests {
             vec![(id, rec.offset, rec.slice)],
             "only the damaged record"
         );
+        // The copy not read is not counted read: readable, it is.
+        r.faults.clear();
+        let sound = r.verify_subset(part);
+        let copy = index.other_copies_of(prefix).next().unwrap();
+        assert_eq!(sound.bytes_read - v.bytes_read, u64::from(copy.len));
     }
 
     #[test]
