@@ -51,8 +51,9 @@ pub struct ServerConfig {
     /// every second: for 32 MiB in 30 s about 1.1 MB/s, for 256 KiB
     /// 9 KB/s), or its connection is closed: a client that
     /// sent 16 KiB just inside each `stall_under_pressure` kept its grant
-    /// for ever. Nobody waiting, a payload may come as slowly as
-    /// `io_timeout` lets it.
+    /// for ever. The same pace holds for the client taking a reply,
+    /// timed from the reply's first write. Nobody waiting, a payload may
+    /// come, and a reply be taken, as slowly as `io_timeout` lets it.
     pub payload_time_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
@@ -472,8 +473,12 @@ struct Live {
     /// While a reply is being sent: the bytes the client had taken (see
     /// [`Stream::taken`]) when it last took [`MIN_DRAIN`] more, and when.
     drain_mark: Option<(u64, Instant)>,
-    /// While a write's payload is being received: its stamp (see
-    /// [`Watch::receiving`]), the bytes of it received when it last
+    /// While a reply is being sent: its sequence number (see
+    /// [`Watch::reply`]) and the bytes the client had taken when the
+    /// server first saw it, for its pace.
+    reply_mark: Option<(u64, u64)>,
+    /// While a write's payload is being received: its sequence number
+    /// (see [`Watch::receiving`]), the bytes of it received when it last
     /// brought [`MIN_DRAIN`] more, and when.
     payload_mark: Option<(u64, u64, Instant)>,
 }
@@ -622,6 +627,7 @@ impl Server {
                     peer,
                     watch,
                     drain_mark: None,
+                    reply_mark: None,
                     payload_mark: None,
                 });
             }
@@ -669,22 +675,45 @@ impl Server {
 /// grant was asked for if that waited (see `read_job`); and a payload
 /// that moves but falls behind the pace of
 /// `payload_time_under_pressure` ([`behind_pace`], timed from its grant)
-/// is shut as well. Called every tick of the accept loop.
+/// is shut as well, and so is a reply whose client takes it more slowly
+/// than that pace (timed from its first write). Called every tick of the
+/// accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
     let now = Instant::now();
     let mut cut = 0;
     for c in live.iter_mut() {
+        let window = cfg.payload_time_under_pressure;
+        let mut reply_slow = false;
         let reply = match c.watch.stalled_for() {
             None => {
                 c.drain_mark = None;
+                c.reply_mark = None;
                 None
             }
             Some(written) => {
+                let taken = c.stream.taken();
+                // Behind the pace that takes all of the reply within the
+                // stall time and `payload_time_under_pressure` of its
+                // first write, as a payload must arrive: the bytes the
+                // client took since the server first saw the reply
+                // (nothing of it is counted that was taken in the tick
+                // before; what is still queued of earlier replies is)
+                // against its length.
+                if let (Some(r), Some(t)) = (c.watch.reply(), taken) {
+                    let base = match c.reply_mark {
+                        Some((seq, base)) if seq == r.seq => base,
+                        _ => t,
+                    };
+                    c.reply_mark = Some((r.seq, base));
+                    let elapsed = now.saturating_duration_since(r.began);
+                    reply_slow =
+                        behind_pace(r.len, t.saturating_sub(base), elapsed, patience, window);
+                }
                 // Since when the client has taken less than MIN_DRAIN
                 // (where that can be told; else the writes alone say).
-                let draining_since = c.stream.taken().map(|taken| match c.drain_mark {
+                let draining_since = taken.map(|taken| match c.drain_mark {
                     Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
                     _ => {
                         c.drain_mark = Some((taken, now));
@@ -703,19 +732,18 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
             }
             Some(p) => {
                 let mark = match c.payload_mark {
-                    Some(m) if m.0 == p.stamp => m,
+                    Some(m) if m.0 == p.seq => m,
                     // A payload not seen before: nothing of it counted yet.
-                    _ => (p.stamp, 0, p.since),
+                    _ => (p.seq, 0, p.since),
                 };
                 let mark = if p.got >= mark.1.saturating_add(MIN_DRAIN) {
-                    (p.stamp, p.got, now)
+                    (p.seq, p.got, now)
                 } else {
                     mark
                 };
                 c.payload_mark = Some(mark);
                 // Stalled (under the floor), or behind the pace.
                 let elapsed = now.saturating_duration_since(p.granted);
-                let window = cfg.payload_time_under_pressure;
                 Some((
                     now.saturating_duration_since(mark.2) >= patience,
                     behind_pace(p.len, p.got, elapsed, patience, window),
@@ -729,7 +757,7 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
         let payload_stalled = payload.is_some_and(|(stalled, _)| stalled);
         let payload_slow = payload.is_some_and(|(_, behind)| behind);
-        if !(reply_stalled || payload_stalled || payload_slow)
+        if !(reply_stalled || reply_slow || payload_stalled || payload_slow)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -741,6 +769,11 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         if cfg.verbose {
             let what = if reply_stalled {
                 format!("its reply did not move for {} s", patience.as_secs_f64())
+            } else if reply_slow {
+                format!(
+                    "it took its reply too slowly to take all of it within {} s of its first write",
+                    (patience + cfg.payload_time_under_pressure).as_secs_f64()
+                )
             } else if payload_stalled {
                 format!(
                     "its write's payload did not arrive for {} s",

@@ -226,7 +226,7 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
 /// Write a reply's header (and short data) `head`, then `data`, in steps
 /// of at most [`SEND_STEP`], telling `watch` of each.
 fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) -> io::Result<()> {
-    watch.progress();
+    watch.begin_reply((head.len() + data.map_or(0, <[u8]>::len)) as u64);
     let sent = (|| {
         for part in [head, data.unwrap_or_default()] {
             for step in part.chunks(SEND_STEP) {
@@ -396,7 +396,7 @@ fn read_job<R: Read, W>(
             if !grant.grow(payload, &stopping) {
                 return Ok(None);
             }
-            clock = Some((since, watch.stamp()));
+            clock = Some((watch.next_seq(), since, watch.stamp()));
         }
         // The server is told how much has arrived from the second read
         // on: the first may bring only what the read buffer held with
@@ -408,11 +408,11 @@ fn read_job<R: Read, W>(
             got += n as u64;
             reads += 1;
             if reads > 1 && got < payload {
-                let (since, granted) = *clock.get_or_insert_with(|| {
+                let (seq, since, granted) = *clock.get_or_insert_with(|| {
                     let now = watch.stamp();
-                    (now, now)
+                    (watch.next_seq(), now, now)
                 });
-                watch.receiving(since, granted, payload, got);
+                watch.receiving(seq, since, granted, payload, got);
             }
         };
         buf.clear();

@@ -1578,6 +1578,15 @@ fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
     assert!(report.cut_stalled >= 1, "{report:?}");
 }
 
+/// [`tight_budget`] of a write or read of the whole export per
+/// connection, with a pace window (`payload_time_under_pressure`) of 4 s.
+fn paced_budget() -> ServerConfig {
+    ServerConfig {
+        payload_time_under_pressure: Duration::from_secs(4),
+        ..tight_budget(SIZE as u64)
+    }
+}
+
 /// Issue: the floor of 16 KiB per stall time was the only rule for a
 /// payload, so a client that sent 16 KiB just inside each stall time (16
 /// KiB every 5 s at the defaults) kept its write's grant as long as its
@@ -1588,11 +1597,7 @@ fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
 /// here: 256 KiB a second for 1 MiB) of its grant while others wait.
 #[test]
 fn a_write_payload_that_keeps_the_floor_but_not_the_pace_is_closed_while_others_wait() {
-    let config = ServerConfig {
-        payload_time_under_pressure: Duration::from_secs(4),
-        ..tight_budget(SIZE as u64)
-    };
-    let srv = start_configured(exports(), config);
+    let srv = start_configured(exports(), paced_budget());
     let addr = srv.addr.clone();
     const STEP: usize = 16 << 10;
     let stop = Arc::new(AtomicBool::new(false));
@@ -1615,24 +1620,32 @@ fn a_write_payload_that_keeps_the_floor_but_not_the_pace_is_closed_while_others_
             }
         })
     };
-    let (ta, tb) = (
+    let holders = vec![
         trickle(write_begun(&addr, STEP)),
         trickle(write_begun(&addr, STEP)),
-    );
+    ];
+    // (Well before the tricklers would have sent their payloads: 32 s.)
+    answered_while_held(srv, &stop, holders, Duration::from_secs(20));
+}
+
+/// Another client's read waits for memory that the clients of `holders`
+/// hold: they are closed and it is answered within `timeout`. Then
+/// `stop` ends the holders' threads and the server stops.
+fn answered_while_held(
+    srv: Running,
+    stop: &AtomicBool,
+    holders: Vec<std::thread::JoinHandle<()>>,
+    timeout: Duration,
+) {
     std::thread::sleep(Duration::from_millis(300));
-    // Another client's read waits for memory: the trickling clients are
-    // closed and it is answered (within its read timeout, well before
-    // the tricklers would have sent their payloads: 32 s).
-    let mut other = Client::connect(&addr);
+    let mut other = Client::connect(&srv.addr);
     other.go("mem");
-    other
-        .s
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    other.s.set_read_timeout(Some(timeout)).unwrap();
     let read = other.read(0, SIZE as u64);
     stop.store(true, Ordering::Release);
-    ta.join().unwrap();
-    tb.join().unwrap();
+    for h in holders {
+        h.join().unwrap();
+    }
     assert!(read.is_ok(), "the read was not answered");
     drop(other);
     let report = srv.stop();
@@ -1682,4 +1695,52 @@ fn writes_part_way_through_their_payloads_do_not_wait_on_each_other() {
     }
     let report = srv.stop();
     assert_eq!(report.cut_stalled, 0, "{report:?}");
+}
+
+/// Issue: only a write's payload had to keep a pace while others waited
+/// for memory; a reply had only to pass the floor (16 KiB per stall
+/// time), so a client that took its read replies at 16 KiB every 0.5 s
+/// (32 KiB/s: a 1 MiB reply in 32 s, a 32 MiB one at the default floor in
+/// hours) kept their grants as long as it liked: here two of them held
+/// the whole budget while another client's read waited. Now a reply must
+/// keep the same pace as a payload: all of it taken within the stall time
+/// and `payload_time_under_pressure` (4 s here) of its first write.
+#[test]
+fn a_reply_taken_above_the_floor_but_below_the_pace_is_closed_while_others_wait() {
+    let srv = start_configured(exports(), paced_budget());
+    let addr = srv.addr.clone();
+    const STEP: usize = 16 << 10;
+    let stop = Arc::new(AtomicBool::new(false));
+    let slow_reader = || {
+        // (Its receive buffer small from before it connects, so the reply
+        // waits in the server's socket, not in the client's.)
+        let mut c = Client::over(Sock::connect_with_rcvbuf(&addr, 2 << 10));
+        c.go("mem");
+        // (More replies than the sockets' buffers take: the first ones
+        // go out whole into them.)
+        reads_not_taken(&mut c, 8);
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Taken to a schedule, so a late wake-up is made up: a step
+            // every 0.5 s, well inside the 1 s stall time.
+            let began = Instant::now();
+            let (mut taken, mut b) = (0usize, vec![0u8; STEP]);
+            while !stop.load(Ordering::Acquire) {
+                let due = (1 + began.elapsed().as_millis() as usize / 500) * STEP;
+                if taken < due {
+                    let want = (due - taken).min(STEP);
+                    match c.s.read(&mut b[..want]) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => taken += n,
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let holders = vec![slow_reader(), slow_reader()];
+    // (Well before the slow readers would have taken their replies: 32 s
+    // each.)
+    answered_while_held(srv, &stop, holders, Duration::from_secs(15));
 }
