@@ -981,6 +981,7 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
         idle_timeout: config.idle_timeout,
         draining: &common.draining,
         watch,
+        socket: Some(stream.fd()),
     };
     let (end, whole) = transmission::run(reader, &mut talk, export, neg, &limits);
     // Over TLS, close_notify after the last reply (NBD_CMD_DISC, the

@@ -1744,3 +1744,56 @@ fn a_reply_taken_above_the_floor_but_below_the_pace_is_closed_while_others_wait(
     // each.)
     answered_while_held(srv, &stop, holders, Duration::from_secs(15));
 }
+
+/// Close `c`'s TCP socket with a reset (SO_LINGER of 0), as a client that
+/// died with bytes unsent or unread.
+fn reset(c: Client) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: the socket is open (`c` keeps it so through the call);
+    // SO_LINGER reads one linger from `linger`, which lives across it.
+    let set = unsafe {
+        libc::setsockopt(
+            c.s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    drop(c);
+}
+
+/// Issue: a request waiting for the server budget left the queue only
+/// when its connection was closing or the server stopping; a reader
+/// waiting for a write payload's grant reads nothing meanwhile, so a
+/// client that died then was never noticed, and its wait counted as
+/// another connection's: here it got a lone client that held the budget
+/// (and is not closed alone: see
+/// `a_lone_client_waiting_on_the_server_budget_is_not_closed`) cut after
+/// the 1 s stall time. Now each tick of a wait looks at the socket: a
+/// reset client leaves the queue.
+#[test]
+fn a_client_that_dies_while_its_write_waits_for_memory_leaves_the_queue() {
+    let srv = start_configured(exports(), tight_budget(2 * SIZE as u64));
+    let addr = srv.addr.clone();
+    let mut c = Client::connect(&addr);
+    c.go("mem");
+    let expected = c.read(0, SIZE as u64).unwrap();
+    let first = c.cookie + 1;
+    const READS: usize = 96;
+    reads_not_taken(&mut c, READS);
+    std::thread::sleep(Duration::from_millis(300));
+    // A write whose grant waits behind those reads; its client dies.
+    let dying = write_begun(&addr, 64 << 10);
+    std::thread::sleep(Duration::from_millis(300));
+    reset(dying);
+    std::thread::sleep(Duration::from_millis(2500));
+    take_replies(&mut c, first, READS, &expected, None);
+    drop(c);
+    let report = srv.stop();
+    assert_eq!(report.cut_stalled, 0, "{report:?}");
+}
