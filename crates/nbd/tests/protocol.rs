@@ -1279,10 +1279,10 @@ fn a_lone_client_waiting_on_the_server_budget_is_not_closed() {
 // ---------------------------------------------------------------------
 // TLS
 
-/// A CA and a server certificate for localhost (see the README there).
-fn tls_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls")
-}
+/// A client session, and the test certificates (see tests/tls/README.md).
+#[path = "tls/client.rs"]
+mod tls_client;
+use tls_client::{tls_client, tls_dir};
 
 /// A server of [`exports`] that requires TLS, with `handshake_timeout`.
 fn start_tls(handshake_timeout: Duration) -> Running {
@@ -1295,24 +1295,6 @@ fn start_tls(handshake_timeout: Duration) -> Running {
             ..ServerConfig::default()
         },
     )
-}
-
-/// A client session for localhost that trusts the CA in tests/tls.
-fn tls_client() -> rustls::ClientConnection {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        rustls::pki_types::CertificateDer::pem_file_iter(tls_dir().join("ca-cert.pem")).unwrap()
-    {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap()
 }
 
 /// Whether the peer closes `s` within `limit` (bytes before the end are
