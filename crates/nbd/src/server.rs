@@ -324,7 +324,14 @@ impl Stream {
                     };
                     // SAFETY: `p` is one valid pollfd that lives across
                     // the call.
-                    unsafe { libc::poll(&mut p, 1, ms) };
+                    if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
+                        // (Ignored, a failing poll made this loop spin
+                        // for ever when there was no deadline.)
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            return Err(e);
+                        }
+                    }
                 }
                 _ => return Err(e),
             }
