@@ -66,10 +66,13 @@ pub(crate) struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_connections: usize,
     /// Bytes all clients' requests in flight may hold together (write
-    /// payloads, read data); past it, requests wait (e.g. 256M), and a
-    /// client that took under 16 KiB of its reply (not with --io-timeout
-    /// 5 or less), or sent under 16 KiB of a write's payload, in 5 s
-    /// while another's requests wait is disconnected.
+    /// payloads, read data); past it, requests wait (e.g. 256M). While
+    /// another's requests wait, a client is disconnected that in 5 s took
+    /// under 16 KiB of its reply (not with --io-timeout 5 or less) or
+    /// sent under 16 KiB of a write's payload, or that takes a reply or
+    /// sends a payload slower than the pace that moves all of it within
+    /// 5 s + 30 s of its start (after 5 s, its length / 30 s every
+    /// second: 32 MiB needs about 1.1 MB/s).
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,
     /// Seconds a client may take to negotiate.

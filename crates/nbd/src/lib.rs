@@ -115,6 +115,7 @@ pub fn session_over_bytes(input: &[u8], exports: &[Export], workers: usize) -> V
             idle_timeout: None,
             draining: &draining,
             watch: &limits::Watch::default(),
+            socket: None,
         };
         let _ = transmission::run(input, &mut output, &exports[neg.export], neg, &limits);
         return output;

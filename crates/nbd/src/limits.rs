@@ -36,13 +36,15 @@
 //! payload has not brought 16 KiB, for
 //! [`crate::ServerConfig::stall_under_pressure`]; or whose payload falls
 //! behind the pace that would bring all of it within
-//! [`crate::ServerConfig::payload_time_under_pressure`] of its grant
-//! ([`behind_pace`]). The floor alone let a client keep a grant for ever
-//! by sending 16 KiB just inside each stall time; the pace makes the
-//! grant a write holds, times how long it holds it, bounded.
+//! [`crate::ServerConfig::payload_time_under_pressure`] of its grant, or
+//! whose reply's client falls behind the pace that would take all of it
+//! within that time of its first write ([`behind_pace`]). The floor alone
+//! let a client keep a grant for ever by sending 16 KiB just inside each
+//! stall time, or taking as much of a reply; the pace makes the grant a
+//! write or a read holds, times how long it holds it, bounded.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -248,10 +250,22 @@ pub(crate) struct Watch {
     /// Milliseconds from `epoch` to the last write of a reply that
     /// returned, plus one; 0 while no reply is being sent.
     last: AtomicU64,
-    /// A write's payload being received under its grant: milliseconds
-    /// from `epoch`, plus one, to when its clock starts (see
-    /// [`Watch::receiving`]); 0 while none is.
+    /// The last sequence number drawn for a reply or a payload: each is
+    /// told from the next by its own, not by a stamp (two can begin in
+    /// the same millisecond).
+    seq: AtomicU64,
+    /// The reply being sent: its sequence number, 0 while none is.
+    reply: AtomicU64,
+    /// That reply's length.
+    reply_len: AtomicU64,
+    /// Milliseconds from `epoch`, plus one, to its first write.
+    reply_began: AtomicU64,
+    /// A write's payload being received under its grant: its sequence
+    /// number, 0 while none is.
     payload: AtomicU64,
+    /// Milliseconds from `epoch`, plus one, to when its stall clock
+    /// started (see [`Watch::receiving`]).
+    payload_since: AtomicU64,
     /// Bytes of that payload received.
     received: AtomicU64,
     /// That payload's length.
@@ -269,7 +283,12 @@ impl Default for Watch {
         Watch {
             epoch: Instant::now(),
             last: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            reply: AtomicU64::new(0),
+            reply_len: AtomicU64::new(0),
+            reply_began: AtomicU64::new(0),
             payload: AtomicU64::new(0),
+            payload_since: AtomicU64::new(0),
             received: AtomicU64::new(0),
             payload_len: AtomicU64::new(0),
             granted: AtomicU64::new(0),
@@ -286,22 +305,63 @@ impl Watch {
         ms.saturating_add(1)
     }
 
-    /// A reply is being sent, and a write of it has just returned (or it
-    /// has begun).
+    /// A sequence number for a reply or a payload (never 0).
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A reply of `len` bytes begins: its first write is under way.
+    pub(crate) fn begin_reply(&self, len: u64) {
+        let stamp = self.stamp();
+        // (The reader sees `reply` 0 (set by `done`) or this reply's
+        // number around anything it reads of these: see `Watch::reply`.)
+        fence(Ordering::Release);
+        self.reply_len.store(len, Ordering::Relaxed);
+        self.reply_began.store(stamp, Ordering::Relaxed);
+        self.reply.store(self.next_seq(), Ordering::Release);
+        self.last.store(stamp, Ordering::Relaxed);
+    }
+
+    /// A write of the reply being sent has just returned.
     pub(crate) fn progress(&self) {
         self.last.store(self.stamp(), Ordering::Relaxed);
     }
 
+    /// The reply being sent (`None`: none is, or another began while it
+    /// was looked at).
+    pub(crate) fn reply(&self) -> Option<Reply> {
+        let seq = self.reply.load(Ordering::Acquire);
+        if seq == 0 {
+            return None;
+        }
+        let len = self.reply_len.load(Ordering::Relaxed);
+        let began = self.reply_began.load(Ordering::Relaxed).checked_sub(1)?;
+        fence(Ordering::Acquire);
+        if self.reply.load(Ordering::Relaxed) != seq {
+            return None;
+        }
+        Some(Reply {
+            seq,
+            began: self.epoch + Duration::from_millis(began),
+            len,
+        })
+    }
+
     /// A write's payload of `len` bytes is being received under its
-    /// grant, `got` bytes of it so far. Its stall clock started at
-    /// `since` (a [`Watch::stamp`]; the server tells payloads apart by
-    /// it), its grant was taken at `granted` (a stamp too; the same one
-    /// unless the grant waited).
-    pub(crate) fn receiving(&self, since: u64, granted: u64, len: u64, got: u64) {
+    /// grant, `got` bytes of it so far; `seq` (a [`Watch::next_seq`])
+    /// tells it from the next. Its stall clock started at `since` (a
+    /// [`Watch::stamp`]), its grant was taken at `granted` (a stamp too;
+    /// the same one unless the grant waited).
+    pub(crate) fn receiving(&self, seq: u64, since: u64, granted: u64, len: u64, got: u64) {
+        // (Between two payloads `payload` was 0 (`received_all`): a
+        // reader that sees any of these stores sees that or `seq` after
+        // them, never the last payload's number.)
+        fence(Ordering::Release);
         self.received.store(got, Ordering::Relaxed);
         self.payload_len.store(len, Ordering::Relaxed);
         self.granted.store(granted, Ordering::Relaxed);
-        self.payload.store(since, Ordering::Release);
+        self.payload_since.store(since, Ordering::Relaxed);
+        self.payload.store(seq, Ordering::Release);
     }
 
     /// No payload is being received.
@@ -312,18 +372,23 @@ impl Watch {
     /// The payload being received (`None`: none is, or another began
     /// while it was looked at).
     pub(crate) fn payload(&self) -> Option<Payload> {
-        let stamp = self.payload.load(Ordering::Acquire);
-        let since = stamp.checked_sub(1)?;
+        let seq = self.payload.load(Ordering::Acquire);
+        if seq == 0 {
+            return None;
+        }
         let got = self.received.load(Ordering::Relaxed);
         let len = self.payload_len.load(Ordering::Relaxed);
         let granted = self.granted.load(Ordering::Relaxed).checked_sub(1)?;
-        // (A payload that began between the loads is seen next time.)
-        if self.payload.load(Ordering::Acquire) != stamp {
+        let since = self.payload_since.load(Ordering::Relaxed).checked_sub(1)?;
+        // (A payload that began between the loads is seen next time: the
+        // fence keeps the loads above before the one below.)
+        fence(Ordering::Acquire);
+        if self.payload.load(Ordering::Relaxed) != seq {
             return None;
         }
         let at = |ms| self.epoch + Duration::from_millis(ms);
         Some(Payload {
-            stamp,
+            seq,
             since: at(since),
             granted: at(granted),
             len,
@@ -333,6 +398,7 @@ impl Watch {
 
     /// No reply is being sent.
     pub(crate) fn done(&self) {
+        self.reply.store(0, Ordering::Release);
         self.last.store(0, Ordering::Relaxed);
     }
 
@@ -363,7 +429,7 @@ impl Watch {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Payload {
     /// Tells this payload from the next one of the connection.
-    pub stamp: u64,
+    pub seq: u64,
     /// When its stall clock started: when its grant began to wait, else
     /// when its grant was taken.
     pub since: Instant,
@@ -373,6 +439,17 @@ pub(crate) struct Payload {
     pub len: u64,
     /// Bytes of it received.
     pub got: u64,
+}
+
+/// A reply being sent, as [`Watch::reply`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reply {
+    /// Tells this reply from the next one of the connection.
+    pub seq: u64,
+    /// When its first write began.
+    pub began: Instant,
+    /// Its length.
+    pub len: u64,
 }
 
 /// Whether a payload of `len` bytes, `got` of them received `elapsed`

@@ -51,8 +51,9 @@ pub struct ServerConfig {
     /// every second: for 32 MiB in 30 s about 1.1 MB/s, for 256 KiB
     /// 9 KB/s), or its connection is closed: a client that
     /// sent 16 KiB just inside each `stall_under_pressure` kept its grant
-    /// for ever. Nobody waiting, a payload may come as slowly as
-    /// `io_timeout` lets it.
+    /// for ever. The same pace holds for the client taking a reply,
+    /// timed from the reply's first write. Nobody waiting, a payload may
+    /// come, and a reply be taken, as slowly as `io_timeout` lets it.
     pub payload_time_under_pressure: Duration,
     /// A connection without requests for this long is closed (`None`:
     /// never, as qemu-nbd and nbdkit: clients such as nbd-client idle).
@@ -187,9 +188,14 @@ impl Stream {
     /// Bytes the client has taken from this socket so far, as far as it
     /// can be told: for TCP those it acknowledged (`TCP_INFO`'s
     /// `tcpi_bytes_acked`, counted by the kernel); for a Unix socket the
-    /// bytes written to it less its queue of unread bytes (`SIOCOUTQ`,
-    /// which counts a little more than the bytes: never more than was
-    /// taken). `None` where neither can be asked.
+    /// bytes written to it less its queue (`SIOCOUTQ`). That queue is
+    /// the memory charged for the buffers queued, not their bytes: each
+    /// buffer's overhead counts (a few percent), and a buffer the client
+    /// has read part of counts in full until it has read all of it (a
+    /// buffer holds at most what one write queued, and Linux queues a
+    /// large write in buffers of about 36 KiB). So what this says is less
+    /// than what was taken, by up to a buffer and a few percent of the
+    /// queue: never more. `None` where neither can be asked.
     ///
     /// (The drops of a Unix socket's queue from one look to the next
     /// were summed before: a writer that refilled the queue between two
@@ -323,7 +329,14 @@ impl Stream {
                     };
                     // SAFETY: `p` is one valid pollfd that lives across
                     // the call.
-                    unsafe { libc::poll(&mut p, 1, ms) };
+                    if unsafe { libc::poll(&mut p, 1, ms) } < 0 {
+                        // (Ignored, a failing poll made this loop spin
+                        // for ever when there was no deadline.)
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::Interrupted {
+                            return Err(e);
+                        }
+                    }
                 }
                 _ => return Err(e),
             }
@@ -472,8 +485,12 @@ struct Live {
     /// While a reply is being sent: the bytes the client had taken (see
     /// [`Stream::taken`]) when it last took [`MIN_DRAIN`] more, and when.
     drain_mark: Option<(u64, Instant)>,
-    /// While a write's payload is being received: its stamp (see
-    /// [`Watch::receiving`]), the bytes of it received when it last
+    /// While a reply is being sent: its sequence number (see
+    /// [`Watch::reply`]) and the bytes the client had taken when the
+    /// server first saw it, for its pace.
+    reply_mark: Option<(u64, u64)>,
+    /// While a write's payload is being received: its sequence number
+    /// (see [`Watch::receiving`]), the bytes of it received when it last
     /// brought [`MIN_DRAIN`] more, and when.
     payload_mark: Option<(u64, u64, Instant)>,
 }
@@ -622,6 +639,7 @@ impl Server {
                     peer,
                     watch,
                     drain_mark: None,
+                    reply_mark: None,
                     payload_mark: None,
                 });
             }
@@ -669,22 +687,45 @@ impl Server {
 /// grant was asked for if that waited (see `read_job`); and a payload
 /// that moves but falls behind the pace of
 /// `payload_time_under_pressure` ([`behind_pace`], timed from its grant)
-/// is shut as well. Called every tick of the accept loop.
+/// is shut as well, and so is a reply whose client takes it more slowly
+/// than that pace (timed from its first write). Called every tick of the
+/// accept loop.
 fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
     let cfg = &common.config;
     let patience = cfg.stall_under_pressure;
     let now = Instant::now();
     let mut cut = 0;
     for c in live.iter_mut() {
+        let window = cfg.payload_time_under_pressure;
+        let mut reply_slow = false;
         let reply = match c.watch.stalled_for() {
             None => {
                 c.drain_mark = None;
+                c.reply_mark = None;
                 None
             }
             Some(written) => {
+                let taken = c.stream.taken();
+                // Behind the pace that takes all of the reply within the
+                // stall time and `payload_time_under_pressure` of its
+                // first write, as a payload must arrive: the bytes the
+                // client took since the server first saw the reply
+                // (nothing of it is counted that was taken in the tick
+                // before; what is still queued of earlier replies is)
+                // against its length.
+                if let (Some(r), Some(t)) = (c.watch.reply(), taken) {
+                    let base = match c.reply_mark {
+                        Some((seq, base)) if seq == r.seq => base,
+                        _ => t,
+                    };
+                    c.reply_mark = Some((r.seq, base));
+                    let elapsed = now.saturating_duration_since(r.began);
+                    reply_slow =
+                        behind_pace(r.len, t.saturating_sub(base), elapsed, patience, window);
+                }
                 // Since when the client has taken less than MIN_DRAIN
                 // (where that can be told; else the writes alone say).
-                let draining_since = c.stream.taken().map(|taken| match c.drain_mark {
+                let draining_since = taken.map(|taken| match c.drain_mark {
                     Some((mark, since)) if taken < mark.saturating_add(MIN_DRAIN) => since,
                     _ => {
                         c.drain_mark = Some((taken, now));
@@ -703,19 +744,18 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
             }
             Some(p) => {
                 let mark = match c.payload_mark {
-                    Some(m) if m.0 == p.stamp => m,
+                    Some(m) if m.0 == p.seq => m,
                     // A payload not seen before: nothing of it counted yet.
-                    _ => (p.stamp, 0, p.since),
+                    _ => (p.seq, 0, p.since),
                 };
                 let mark = if p.got >= mark.1.saturating_add(MIN_DRAIN) {
-                    (p.stamp, p.got, now)
+                    (p.seq, p.got, now)
                 } else {
                     mark
                 };
                 c.payload_mark = Some(mark);
                 // Stalled (under the floor), or behind the pace.
                 let elapsed = now.saturating_duration_since(p.granted);
-                let window = cfg.payload_time_under_pressure;
                 Some((
                     now.saturating_duration_since(mark.2) >= patience,
                     behind_pace(p.len, p.got, elapsed, patience, window),
@@ -729,7 +769,7 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         let reply_stalled = reply.is_some_and(|s| s >= patience && patience < cfg.io_timeout);
         let payload_stalled = payload.is_some_and(|(stalled, _)| stalled);
         let payload_slow = payload.is_some_and(|(_, behind)| behind);
-        if !(reply_stalled || payload_stalled || payload_slow)
+        if !(reply_stalled || reply_slow || payload_stalled || payload_slow)
             || c.watch.was_cut()
             || !common.budget.others_wait(&c.watch)
         {
@@ -741,6 +781,11 @@ fn cut_stalled(live: &mut [Live], common: &Common) -> u64 {
         if cfg.verbose {
             let what = if reply_stalled {
                 format!("its reply did not move for {} s", patience.as_secs_f64())
+            } else if reply_slow {
+                format!(
+                    "it took its reply too slowly to take all of it within {} s of its first write",
+                    (patience + cfg.payload_time_under_pressure).as_secs_f64()
+                )
             } else if payload_stalled {
                 format!(
                     "its write's payload did not arrive for {} s",
@@ -948,6 +993,7 @@ fn connection(stream: Stream, common: &Common, watch: &Watch) -> Option<String> 
         idle_timeout: config.idle_timeout,
         draining: &common.draining,
         watch,
+        socket: Some(stream.fd()),
     };
     let (end, whole) = transmission::run(reader, &mut talk, export, neg, &limits);
     // Over TLS, close_notify after the last reply (NBD_CMD_DISC, the
@@ -977,36 +1023,61 @@ mod tests {
     use super::*;
     use cairn_blockdev::MemDev;
 
-    /// Write to `w` until its socket has had no room for 50 ms.
+    /// Write to `w` in writes of [`FILL_STEP`] until its socket has had
+    /// no room for 50 ms.
     fn fill(w: &mut Stream) {
         let _ = w.set_write_timeout(Some(Duration::from_millis(50)));
-        while w.write(&[7u8; 64 << 10]).is_ok() {}
+        while w.write(&[7u8; FILL_STEP]).is_ok() {}
     }
+
+    /// The size of [`fill`]'s writes, so the largest buffer queued.
+    const FILL_STEP: usize = 16 << 10;
 
     /// Issue: what a Unix client took was summed from the drops of the
     /// socket's queue from one look to the next, so a writer that
     /// refilled the queue between two looks hid what the client took in
-    /// between: here 100 KiB showed as nothing. A client taking its
+    /// between: here 128 KiB showed as nothing. A client taking its
     /// replies steadily could so show nothing for a second and be cut
     /// (the Unix test of stalled replies failed once in 13 runs). Now the
     /// bytes written, counted as they are queued, less the queue, show
-    /// it.
+    /// it. (`SIOCOUTQ` is memory charged, not bytes: a buffer partly
+    /// read counts in full, and each one's overhead too. The send buffer
+    /// is pinned, so the queue is bounded whatever the kernel's default;
+    /// what shows may fall short by a buffer and 5% of the queue.)
     #[test]
     fn what_a_unix_client_takes_shows_though_the_queue_is_refilled() {
         let (ours, mut theirs) = UnixStream::pair().unwrap_or_else(|e| panic!("pair: {e}"));
+        // (The kernel doubles it: a queue of 256 KiB at most.)
+        let sndbuf: libc::c_int = 128 << 10;
+        // SAFETY: the socket is open (`ours` keeps it so through the
+        // call); SO_SNDBUF reads one int from `sndbuf`, which lives
+        // across it.
+        let set = unsafe {
+            libc::setsockopt(
+                ours.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                &sndbuf as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "{}", io::Error::last_os_error());
+        let queue = 2 * sndbuf as u64;
         let stream = Stream::unix(ours);
         let mut writer = stream.try_clone().unwrap_or_else(|e| panic!("clone: {e}"));
         fill(&mut writer);
         let before = stream.taken().unwrap_or(0);
-        let mut got = vec![0u8; 100 << 10];
+        const TAKEN: u64 = 128 << 10;
+        let mut got = vec![0u8; TAKEN as usize];
         theirs
             .read_exact(&mut got)
             .unwrap_or_else(|e| panic!("read: {e}"));
         fill(&mut writer);
         let after = stream.taken().unwrap_or(0);
+        let short = FILL_STEP as u64 + queue / 20;
         assert!(
-            after >= before + (90 << 10),
-            "100 KiB taken showed as {}",
+            after >= before + TAKEN - short,
+            "{TAKEN} bytes taken showed as {}",
             after.saturating_sub(before)
         );
         // Nothing more taken, nothing more shows, however the queue is

@@ -21,7 +21,7 @@
 //! (NBD_CMD_DISC, NBD_OPT_ABORT, the end of the client's stream, a
 //! server stop) sends close_notify ([`TlsIo::close`]): both best effort,
 //! within [`FINAL_SEND`], and never while a writer is part-way through a
-//! record. (Before, the client saw the connection drop with no reason,
+//! record or after a send failed ([`Shared::torn`]). (Before, the client saw the connection drop with no reason,
 //! and a disconnect it could not tell from a truncation.)
 //!
 //! Lock order: send, then state. Certificates are read from a directory
@@ -37,6 +37,7 @@ use rustls::ServerConnection;
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -176,6 +177,22 @@ struct Shared {
     state: Mutex<Session>,
     /// Held while records are sealed and sent, so they leave in order.
     send: Mutex<()>,
+    /// A send of sealed records failed (part-way, or before a byte went:
+    /// either way the client's stream of records is broken); nothing is
+    /// sent after it, not even an alert or close_notify.
+    torn: AtomicBool,
+}
+
+impl Shared {
+    /// Write to `sock` records sealed under the send lock (held by the
+    /// caller); a failure tears the stream ([`Shared::torn`]).
+    fn send_sealed(&self, sock: &mut impl Write, out: &[u8]) -> io::Result<()> {
+        let sent = sock.write_all(out);
+        if sent.is_err() {
+            self.torn.store(true, Ordering::Release);
+        }
+        sent
+    }
 }
 
 /// A reader or writer of plaintext over a TLS session on a socket `S`.
@@ -200,6 +217,7 @@ impl<S: Read + Write + SendWithin> TlsIo<S> {
                     unfed: VecDeque::new(),
                 }),
                 send: Mutex::new(()),
+                torn: AtomicBool::new(false),
             }),
             sock,
             raw: vec![0u8; 16 << 10],
@@ -231,17 +249,22 @@ impl<S: Read + Write + SendWithin> TlsIo<S> {
                 c.write_tls(&mut out)?;
             }
         }
-        self.sock.write_all(&out)
+        self.shared.send_sealed(&mut self.sock, &out)
     }
 
     /// Send what the session has queued (the alert of a rejection), and
     /// first queue close_notify if `close`; best effort, within
     /// [`FINAL_SEND`]. Nothing is sent while another handle is sending:
-    /// its record may be part-way out, and nothing can follow it.
+    /// its record may be part-way out, and nothing can follow it; nor
+    /// after a send failed (the lock is free again then, but the stream
+    /// may end inside a record).
     fn send_last(&self, close: bool) {
         let Ok(_order) = self.shared.send.try_lock() else {
             return;
         };
+        if self.shared.torn.load(Ordering::Acquire) {
+            return;
+        }
         let mut out = Vec::new();
         {
             let c = &mut lock(&self.shared.state).conn;
@@ -255,8 +278,8 @@ impl<S: Read + Write + SendWithin> TlsIo<S> {
                 }
             }
         }
-        if !out.is_empty() {
-            let _ = self.sock.send_within(&out, FINAL_SEND);
+        if !out.is_empty() && self.sock.send_within(&out, FINAL_SEND).is_err() {
+            self.shared.torn.store(true, Ordering::Release);
         }
     }
 
@@ -324,7 +347,7 @@ impl<S: Read + Write + SendWithin> Write for TlsIo<S> {
             }
             n
         };
-        self.sock.write_all(&out)?;
+        self.shared.send_sealed(&mut self.sock, &out)?;
         Ok(n)
     }
 
@@ -333,6 +356,12 @@ impl<S: Read + Write + SendWithin> Write for TlsIo<S> {
     }
 }
 
+/// The TLS tests' client (shared with `tests/protocol.rs`).
+#[cfg(test)]
+#[path = "../tests/tls/client.rs"]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tls_client;
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
@@ -340,6 +369,102 @@ mod tests {
 
     fn err(dir: &Path, verify_peer: bool) -> String {
         server_config(dir, verify_peer).unwrap_err().to_string()
+    }
+
+    /// One end of an in-memory socket: what the client sent, to read;
+    /// what the server sent, kept; and writes that fail once `room`
+    /// (if set) more bytes went.
+    #[derive(Clone, Default)]
+    struct Pipe {
+        from_client: Arc<Mutex<VecDeque<u8>>>,
+        to_client: Arc<Mutex<Vec<u8>>>,
+        room: Arc<Mutex<Option<usize>>>,
+    }
+
+    impl Read for Pipe {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let mut q = lock(&self.from_client);
+            if q.is_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(q.len());
+            for (b, q) in buf.iter_mut().zip(q.drain(..n)) {
+                *b = q;
+            }
+            Ok(n)
+        }
+    }
+
+    impl Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let mut room = lock(&self.room);
+            let n = room.map_or(buf.len(), |r| r.min(buf.len()));
+            if n == 0 {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            if let Some(r) = room.as_mut() {
+                *r -= n;
+            }
+            lock(&self.to_client).extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl SendWithin for Pipe {
+        fn send_within(&self, buf: &[u8], _: Duration) -> io::Result<()> {
+            self.clone().write_all(buf)
+        }
+    }
+
+    use super::tls_client::{tls_client as client, tls_dir};
+
+    /// Issue: a write that failed part-way released the send lock, and a
+    /// rejection after it (`send_last`) appended its alert to the torn
+    /// record. Now nothing is sent after a failed send.
+    #[test]
+    fn no_alert_follows_a_record_that_failed_part_way() {
+        let pipe = Pipe::default();
+        let mut io = TlsIo::new(server_config(&tls_dir(), false).unwrap(), pipe.clone()).unwrap();
+        let mut c = client();
+        let mut scrap = [0u8; 64];
+        for _ in 0..20 {
+            {
+                let mut q = lock(&pipe.from_client);
+                let mut out = Vec::new();
+                while c.wants_write() {
+                    c.write_tls(&mut out).unwrap();
+                }
+                q.extend(out);
+            }
+            let _ = io.read(&mut scrap);
+            let got = std::mem::take(&mut *lock(&pipe.to_client));
+            c.read_tls(&mut &got[..]).unwrap();
+            c.process_new_packets().unwrap();
+        }
+        assert!(!c.is_handshaking(), "the handshake did not finish");
+        // A reply that fails 100 bytes into its record.
+        *lock(&pipe.room) = Some(100);
+        assert!(io.write(&[7u8; 4096]).is_err());
+        let torn = lock(&pipe.to_client).len();
+        assert_eq!(torn, 100);
+        // The socket takes bytes again; the client sends a record that no
+        // key sealed, which rustls rejects with an alert.
+        *lock(&pipe.room) = None;
+        let mut forged = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+        forged.extend_from_slice(&[0x5a; 0x40]);
+        lock(&pipe.from_client).extend(forged);
+        let read = io.read(&mut scrap).map_err(|e| e.kind());
+        assert_eq!(read, Err(io::ErrorKind::InvalidData));
+        assert_eq!(
+            lock(&pipe.to_client).len(),
+            torn,
+            "bytes followed the torn record"
+        );
+        io.close();
+        assert_eq!(lock(&pipe.to_client).len(), torn, "close_notify followed");
     }
 
     #[test]

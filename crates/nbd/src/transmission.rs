@@ -28,6 +28,7 @@ use crate::proto::{self, cflag, cmd, err, reply, Replies, Request, EXTENDED_REQU
 use crate::Export;
 use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
 use std::io::{self, BufReader, Read, Write};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -99,6 +100,10 @@ pub(crate) struct Limits<'a> {
     pub draining: &'a AtomicBool,
     /// What the server watches of this connection.
     pub watch: &'a Watch,
+    /// The connection's socket, looked at while a request waits for
+    /// budget: a client that is gone takes its waits out of the queue
+    /// (`None`: no socket, as in [`crate::session_over_bytes`]).
+    pub socket: Option<RawFd>,
 }
 
 struct Shared<'a, R, W> {
@@ -226,7 +231,7 @@ fn worker<R: Read, W: Write>(sh: &Shared<R, W>) {
 /// Write a reply's header (and short data) `head`, then `data`, in steps
 /// of at most [`SEND_STEP`], telling `watch` of each.
 fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) -> io::Result<()> {
-    watch.progress();
+    watch.begin_reply((head.len() + data.map_or(0, <[u8]>::len)) as u64);
     let sent = (|| {
         for part in [head, data.unwrap_or_default()] {
             for step in part.chunks(SEND_STEP) {
@@ -267,6 +272,49 @@ impl<R, W> Shared<'_, R, W> {
     /// them, and the spec has the server handle them all first.
     fn giving_up(&self) -> bool {
         self.dead.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
+    }
+
+    /// Whether the client is gone: the server cut the connection, the
+    /// socket was reset (`POLLERR`), or it was closed with nothing left
+    /// in it to read (`POLLHUP` without `POLLIN`); then the connection is
+    /// lost, as if a read had failed. Asked at each tick of a wait for
+    /// budget: a reader waiting for a payload's grant reads nothing
+    /// meanwhile, so without this a client that died kept its waits in
+    /// the queue, where they counted as others waiting and could get
+    /// honest slow clients cut. (Not asked between the pieces of a trim
+    /// or zeroing, which are finished after a disconnect. A client that
+    /// only shut its sending side, `POLLRDHUP`, or closed a Unix socket
+    /// with requests still queued in it, is not gone: an end of stream
+    /// leaves the requests it sent to be answered.)
+    fn peer_lost(&self) -> bool {
+        if self.dead.load(Ordering::Acquire) {
+            return true;
+        }
+        let Some(fd) = self.limits.socket else {
+            return false;
+        };
+        let mut gone = self.limits.watch.was_cut();
+        if !gone {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: `p` is one valid pollfd that lives across the call;
+            // the connection keeps `fd` open while its requests run. A
+            // timeout of 0 does not wait. (POLLHUP and POLLERR are always
+            // reported, and so is POLLIN: asked for.)
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            let hup_empty = p.revents & libc::POLLHUP != 0 && p.revents & libc::POLLIN == 0;
+            gone = n > 0 && (p.revents & libc::POLLERR != 0 || hup_empty);
+        }
+        if gone {
+            self.finish(End::Io(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the client went away while its request waited for memory",
+            )));
+        }
+        gone
     }
 }
 
@@ -393,10 +441,10 @@ fn read_job<R: Read, W>(
         let mut clock = None;
         if !grant.grow(payload, &|| true) {
             let since = watch.stamp();
-            if !grant.grow(payload, &stopping) {
+            if !grant.grow(payload, &|| stopping() || sh.peer_lost()) {
                 return Ok(None);
             }
-            clock = Some((since, watch.stamp()));
+            clock = Some((watch.next_seq(), since, watch.stamp()));
         }
         // The server is told how much has arrived from the second read
         // on: the first may bring only what the read buffer held with
@@ -408,11 +456,11 @@ fn read_job<R: Read, W>(
             got += n as u64;
             reads += 1;
             if reads > 1 && got < payload {
-                let (since, granted) = *clock.get_or_insert_with(|| {
+                let (seq, since, granted) = *clock.get_or_insert_with(|| {
                     let now = watch.stamp();
-                    (now, now)
+                    (watch.next_seq(), now, now)
                 });
-                watch.receiving(since, granted, payload, got);
+                watch.receiving(seq, since, granted, payload, got);
             }
         };
         buf.clear();
@@ -507,7 +555,7 @@ fn handle<'b, R, W>(
                 ok_reply(replies, &req, out);
                 return None;
             }
-            if !grant.grow(len, give_up) {
+            if !grant.grow(len, &|| give_up() || sh.peer_lost()) {
                 error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
@@ -582,7 +630,8 @@ fn handle<'b, R, W>(
                 let per_sector = req.len.div_ceil(512).saturating_add(1);
                 MAX_DESCRIPTORS.min(usize::try_from(per_sector).unwrap_or(MAX_DESCRIPTORS))
             };
-            if !grant.grow(status_reply_len(replies, most), give_up) {
+            let wait = || give_up() || sh.peer_lost();
+            if !grant.grow(status_reply_len(replies, most), &wait) {
                 error_reply(replies, &req, out, err::ESHUTDOWN, "server stopping");
                 return None;
             }
@@ -957,6 +1006,7 @@ mod tests {
             idle_timeout: None,
             draining: &draining,
             watch: &watch,
+            socket: None,
         };
         let mut out = Vec::new();
         run(requests, &mut out, &export, neg, &limits);

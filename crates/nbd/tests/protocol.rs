@@ -1279,10 +1279,10 @@ fn a_lone_client_waiting_on_the_server_budget_is_not_closed() {
 // ---------------------------------------------------------------------
 // TLS
 
-/// A CA and a server certificate for localhost (see the README there).
-fn tls_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tls")
-}
+/// A client session, and the test certificates (see tests/tls/README.md).
+#[path = "tls/client.rs"]
+mod tls_client;
+use tls_client::{tls_client, tls_dir};
 
 /// A server of [`exports`] that requires TLS, with `handshake_timeout`.
 fn start_tls(handshake_timeout: Duration) -> Running {
@@ -1295,24 +1295,6 @@ fn start_tls(handshake_timeout: Duration) -> Running {
             ..ServerConfig::default()
         },
     )
-}
-
-/// A client session for localhost that trusts the CA in tests/tls.
-fn tls_client() -> rustls::ClientConnection {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        rustls::pki_types::CertificateDer::pem_file_iter(tls_dir().join("ca-cert.pem")).unwrap()
-    {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap()
 }
 
 /// Whether the peer closes `s` within `limit` (bytes before the end are
@@ -1578,6 +1560,15 @@ fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
     assert!(report.cut_stalled >= 1, "{report:?}");
 }
 
+/// [`tight_budget`] of a write or read of the whole export per
+/// connection, with a pace window (`payload_time_under_pressure`) of 4 s.
+fn paced_budget() -> ServerConfig {
+    ServerConfig {
+        payload_time_under_pressure: Duration::from_secs(4),
+        ..tight_budget(SIZE as u64)
+    }
+}
+
 /// Issue: the floor of 16 KiB per stall time was the only rule for a
 /// payload, so a client that sent 16 KiB just inside each stall time (16
 /// KiB every 5 s at the defaults) kept its write's grant as long as its
@@ -1588,11 +1579,7 @@ fn a_write_payload_that_trickles_is_closed_while_others_wait_for_memory() {
 /// here: 256 KiB a second for 1 MiB) of its grant while others wait.
 #[test]
 fn a_write_payload_that_keeps_the_floor_but_not_the_pace_is_closed_while_others_wait() {
-    let config = ServerConfig {
-        payload_time_under_pressure: Duration::from_secs(4),
-        ..tight_budget(SIZE as u64)
-    };
-    let srv = start_configured(exports(), config);
+    let srv = start_configured(exports(), paced_budget());
     let addr = srv.addr.clone();
     const STEP: usize = 16 << 10;
     let stop = Arc::new(AtomicBool::new(false));
@@ -1615,24 +1602,32 @@ fn a_write_payload_that_keeps_the_floor_but_not_the_pace_is_closed_while_others_
             }
         })
     };
-    let (ta, tb) = (
+    let holders = vec![
         trickle(write_begun(&addr, STEP)),
         trickle(write_begun(&addr, STEP)),
-    );
+    ];
+    // (Well before the tricklers would have sent their payloads: 32 s.)
+    answered_while_held(srv, &stop, holders, Duration::from_secs(20));
+}
+
+/// Another client's read waits for memory that the clients of `holders`
+/// hold: they are closed and it is answered within `timeout`. Then
+/// `stop` ends the holders' threads and the server stops.
+fn answered_while_held(
+    srv: Running,
+    stop: &AtomicBool,
+    holders: Vec<std::thread::JoinHandle<()>>,
+    timeout: Duration,
+) {
     std::thread::sleep(Duration::from_millis(300));
-    // Another client's read waits for memory: the trickling clients are
-    // closed and it is answered (within its read timeout, well before
-    // the tricklers would have sent their payloads: 32 s).
-    let mut other = Client::connect(&addr);
+    let mut other = Client::connect(&srv.addr);
     other.go("mem");
-    other
-        .s
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    other.s.set_read_timeout(Some(timeout)).unwrap();
     let read = other.read(0, SIZE as u64);
     stop.store(true, Ordering::Release);
-    ta.join().unwrap();
-    tb.join().unwrap();
+    for h in holders {
+        h.join().unwrap();
+    }
     assert!(read.is_ok(), "the read was not answered");
     drop(other);
     let report = srv.stop();
@@ -1680,6 +1675,107 @@ fn writes_part_way_through_their_payloads_do_not_wait_on_each_other() {
     for w in writers {
         assert_eq!(w.join().unwrap(), 0);
     }
+    let report = srv.stop();
+    assert_eq!(report.cut_stalled, 0, "{report:?}");
+}
+
+/// Issue: only a write's payload had to keep a pace while others waited
+/// for memory; a reply had only to pass the floor (16 KiB per stall
+/// time), so a client that took its read replies at 16 KiB every 0.5 s
+/// (32 KiB/s: a 1 MiB reply in 32 s, a 32 MiB one at the default floor in
+/// hours) kept their grants as long as it liked: here two of them held
+/// the whole budget while another client's read waited. Now a reply must
+/// keep the same pace as a payload: all of it taken within the stall time
+/// and `payload_time_under_pressure` (4 s here) of its first write.
+#[test]
+fn a_reply_taken_above_the_floor_but_below_the_pace_is_closed_while_others_wait() {
+    let srv = start_configured(exports(), paced_budget());
+    let addr = srv.addr.clone();
+    const STEP: usize = 16 << 10;
+    let stop = Arc::new(AtomicBool::new(false));
+    let slow_reader = || {
+        // (Its receive buffer small from before it connects, so the reply
+        // waits in the server's socket, not in the client's.)
+        let mut c = Client::over(Sock::connect_with_rcvbuf(&addr, 2 << 10));
+        c.go("mem");
+        // (More replies than the sockets' buffers take: the first ones
+        // go out whole into them.)
+        reads_not_taken(&mut c, 8);
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Taken to a schedule, so a late wake-up is made up: a step
+            // every 0.5 s, well inside the 1 s stall time.
+            let began = Instant::now();
+            let (mut taken, mut b) = (0usize, vec![0u8; STEP]);
+            while !stop.load(Ordering::Acquire) {
+                let due = (1 + began.elapsed().as_millis() as usize / 500) * STEP;
+                if taken < due {
+                    let want = (due - taken).min(STEP);
+                    match c.s.read(&mut b[..want]) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => taken += n,
+                    }
+                } else {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let holders = vec![slow_reader(), slow_reader()];
+    // (Well before the slow readers would have taken their replies: 32 s
+    // each.)
+    answered_while_held(srv, &stop, holders, Duration::from_secs(15));
+}
+
+/// Close `c`'s TCP socket with a reset (SO_LINGER of 0), as a client that
+/// died with bytes unsent or unread.
+fn reset(c: Client) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: the socket is open (`c` keeps it so through the call);
+    // SO_LINGER reads one linger from `linger`, which lives across it.
+    let set = unsafe {
+        libc::setsockopt(
+            c.s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+    drop(c);
+}
+
+/// Issue: a request waiting for the server budget left the queue only
+/// when its connection was closing or the server stopping; a reader
+/// waiting for a write payload's grant reads nothing meanwhile, so a
+/// client that died then was never noticed, and its wait counted as
+/// another connection's: here it got a lone client that held the budget
+/// (and is not closed alone: see
+/// `a_lone_client_waiting_on_the_server_budget_is_not_closed`) cut after
+/// the 1 s stall time. Now each tick of a wait looks at the socket: a
+/// reset client leaves the queue.
+#[test]
+fn a_client_that_dies_while_its_write_waits_for_memory_leaves_the_queue() {
+    let srv = start_configured(exports(), tight_budget(2 * SIZE as u64));
+    let addr = srv.addr.clone();
+    let mut c = Client::connect(&addr);
+    c.go("mem");
+    let expected = c.read(0, SIZE as u64).unwrap();
+    let first = c.cookie + 1;
+    const READS: usize = 96;
+    reads_not_taken(&mut c, READS);
+    std::thread::sleep(Duration::from_millis(300));
+    // A write whose grant waits behind those reads; its client dies.
+    let dying = write_begun(&addr, 64 << 10);
+    std::thread::sleep(Duration::from_millis(300));
+    reset(dying);
+    std::thread::sleep(Duration::from_millis(2500));
+    take_replies(&mut c, first, READS, &expected, None);
+    drop(c);
     let report = srv.stop();
     assert_eq!(report.cut_stalled, 0, "{report:?}");
 }
