@@ -174,7 +174,7 @@ pub struct S3Config {
     pub token: Option<String>,
     /// How long a request is retried (`CAIRN_S3_RETRY_SECS`).
     pub retry: Duration,
-    /// One request's time limit, body included ([`REQUEST_TIMEOUT`];
+    /// One request's time limit, body included (120 s;
     /// tests of slow links shorten it).
     #[doc(hidden)]
     pub request_timeout: Duration,
