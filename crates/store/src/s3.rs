@@ -500,6 +500,16 @@ impl S3Backend {
         io_error(self.locate(key), what, e)
     }
 
+    /// A read the store answered wrongly (`why`): an I/O error, not
+    /// damage of the object.
+    fn failed(&self, key: &Key, why: String) -> StoreError {
+        StoreError::Io {
+            path: self.locate(key),
+            what: "read",
+            source: std::io::Error::other(why),
+        }
+    }
+
     /// A read whose object was replaced between two of its pieces.
     fn changed(&self, key: &Key) -> StoreError {
         StoreError::Io {
@@ -848,12 +858,23 @@ impl S3Backend {
                     return Err(self.changed(key))
                 }
                 Ok((n, _, tag)) if n == piece.len() => etag = etag.or(tag),
+                // The store misbehaved, the object is not known to be
+                // damaged: a failure to read, not damage.
                 Ok((n, _, _)) if n > piece.len() => {
-                    return Err(StoreError::corrupt(
-                        self.locate(key),
-                        from,
+                    return Err(self.failed(
+                        key,
                         format!(
-                            "the store sent more than the {} bytes asked for",
+                            "the store sent more than the {} bytes asked for at {from}",
+                            piece.len()
+                        ),
+                    ))
+                }
+                Ok((n, size, _)) if size >= end => {
+                    return Err(self.failed(
+                        key,
+                        format!(
+                            "the store sent {n} of the {} bytes asked for at {from} of an \
+                             object of {size}",
                             piece.len()
                         ),
                     ))
@@ -940,9 +961,8 @@ impl ReadBackend for S3Backend {
                     return Ok(Some(Vec::from(bytes)));
                 }
                 if bytes.len() != READ_PIECE.min(whole) {
-                    return Err(StoreError::corrupt(
-                        self.locate(key),
-                        0,
+                    return Err(self.failed(
+                        key,
                         format!(
                             "the store sent {} bytes of the first {} asked for",
                             bytes.len(),
