@@ -1011,6 +1011,8 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
     if a.json {
         print_json(&json!({
             "ok": r.problems.is_empty(),
+            "verdict": verdict(&r),
+            "unread_packs": r.unread_packs.len(),
             "images": r.images,
             "snapshots": r.snapshots,
             "chunks": r.chunks,
@@ -1872,8 +1874,14 @@ fn verdict(r: &cairn_store::VerifyReport) -> String {
             "NOT VERIFIED ({} pack(s) could not be read)",
             r.unread_packs.len()
         )
-    } else {
+    } else if r.unread_packs.is_empty() {
         "DAMAGED".into()
+    } else {
+        // (repair stops until every pack can be read: say so here.)
+        format!(
+            "DAMAGED, and {} pack(s) could not be read",
+            r.unread_packs.len()
+        )
     }
 }
 
@@ -1901,9 +1909,12 @@ mod tests {
         ];
         assert_eq!(verdict(&r), "NOT VERIFIED (1 pack(s) could not be read)");
         r.problems.push(problem("pack", "pack q is missing"));
-        assert_eq!(verdict(&r), "DAMAGED");
+        assert_eq!(verdict(&r), "DAMAGED, and 1 pack(s) could not be read");
         r.problems.pop();
         r.problems.push(problem("damaged-chunk", "chunk e"));
+        assert_eq!(verdict(&r), "DAMAGED, and 1 pack(s) could not be read");
+        r.unread_packs.clear();
+        r.problems = vec![problem("damaged-chunk", "chunk e")];
         assert_eq!(verdict(&r), "DAMAGED");
     }
 

@@ -390,7 +390,10 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             // the next run lists its length anew and
                             // takes only the records past its end.
                             Err(e) if !matches!(e, StoreError::Io { .. }) => {
-                                let why = e.to_string();
+                                let why = format!(
+                                    "{e} (the pack changed since verify listed it: run verify \
+                                     again before `cairn repair`, which stops until then)"
+                                );
                                 if let (Ok(mut v), Ok(mut c)) = (found.lock(), found_copies.lock())
                                 {
                                     for (prefix, _, copy) in &by_pack[*n] {
@@ -400,7 +403,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 }
                                 if let Ok(mut v) = io_errors.lock() {
                                     v.push(format!(
-                                        "{why} (changed since verify listed it: run again)"
+                                        "{e} (changed since verify listed it: run again)"
                                     ));
                                 }
                                 continue;
