@@ -29,7 +29,7 @@ use crate::Export;
 use cairn_blockdev::{BlockError, ErrorKind, Op, ZeroFlags};
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -127,7 +127,17 @@ struct Shared<'a, R, W> {
     /// it and leave at once rather than each waiting out the timeout.
     broken: AtomicBool,
     end: Mutex<Option<End>>,
+    /// When `peer_lost` last polled the socket: milliseconds after
+    /// `born`, or [`NEVER_POLLED`].
+    polled_ms: AtomicU64,
+    born: Instant,
 }
+
+/// How often, at most, a connection's waiters poll its socket.
+const POLL_EVERY: Duration = Duration::from_millis(100);
+
+/// `Shared::polled_ms` before the first poll.
+const NEVER_POLLED: u64 = u64::MAX;
 
 /// Serve requests until the client disconnects, the stream fails or the
 /// server drains. `reader` must have a short read timeout (see the module
@@ -152,6 +162,8 @@ pub(crate) fn run<R: Read + Send, W: Write + Send>(
         dead: AtomicBool::new(false),
         broken: AtomicBool::new(false),
         end: Mutex::new(None),
+        polled_ms: AtomicU64::new(NEVER_POLLED),
+        born: Instant::now(),
     };
     std::thread::scope(|s| {
         for _ in 1..limits.workers.max(1) {
@@ -246,6 +258,20 @@ fn send<W: Write>(w: &mut W, head: &[u8], data: Option<&[u8]>, watch: &Watch) ->
 }
 
 impl<R, W> Shared<'_, R, W> {
+    /// Whether [`POLL_EVERY`] has passed since the socket was last polled
+    /// (and, if so, it counts as polled now).
+    fn poll_due(&self) -> bool {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let every = u64::try_from(POLL_EVERY.as_millis()).unwrap_or(u64::MAX);
+        let last = self.polled_ms.load(Ordering::Relaxed);
+        if last != NEVER_POLLED && now.saturating_sub(last) < every {
+            return false;
+        }
+        self.polled_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
     /// The reader stops. A clean end (NBD_CMD_DISC, end of stream between
     /// requests) or an idle one leaves the requests in flight to finish
     /// and be answered, as the spec requires for NBD_CMD_DISC; any other
@@ -274,11 +300,13 @@ impl<R, W> Shared<'_, R, W> {
         self.dead.load(Ordering::Acquire) || self.limits.draining.load(Ordering::Acquire)
     }
 
-    /// Whether the client is gone: the server cut the connection, the
-    /// socket was reset (`POLLERR`), or it was closed with nothing left
-    /// in it to read (`POLLHUP` without `POLLIN`); then the connection is
-    /// lost, as if a read had failed. Asked at each tick of a wait for
-    /// budget: a reader waiting for a payload's grant reads nothing
+    /// Whether the client is gone: the server cut the connection, or the
+    /// socket was reset (`POLLERR`; a clean close cannot be told from a
+    /// half-close: Linux reports `POLLHUP` only with `POLLIN`); then the
+    /// connection is lost, as if a read had failed. Asked at each tick of
+    /// a wait for budget, under the budget's lock, so the socket is
+    /// polled at most once per [`POLL_EVERY`] for the connection, however
+    /// many waiters it has and however often they are woken: a reader waiting for a payload's grant reads nothing
     /// meanwhile, so without this a client that died kept its waits in
     /// the queue, where they counted as others waiting and could get
     /// honest slow clients cut. (Not asked between the pieces of a trim
@@ -294,7 +322,7 @@ impl<R, W> Shared<'_, R, W> {
             return false;
         };
         let mut gone = self.limits.watch.was_cut();
-        if !gone {
+        if !gone && self.poll_due() {
             let mut p = libc::pollfd {
                 fd,
                 events: libc::POLLIN,
