@@ -192,6 +192,14 @@ impl StoreError {
         }
     }
 
+    /// Whether a read's error is a failure to read (an I/O or network
+    /// error: what was asked for is not known to be damaged) rather than
+    /// damage found in what was read. verify, repair and restore tell
+    /// the two apart by this alone.
+    pub fn is_read_failure(&self) -> bool {
+        matches!(self, StoreError::Io { .. })
+    }
+
     /// A `Corrupt` error.
     pub(crate) fn corrupt(
         path: impl Into<PathBuf>,

@@ -659,7 +659,7 @@ impl<'a> Fetcher<'a> {
             Some(Ok(found)) => found,
             first => {
                 let (why, unread) = match (&first, known) {
-                    (Some(Err(err)), _) => (err.to_string(), is_unread(err)),
+                    (Some(Err(err)), _) => (err.to_string(), err.is_read_failure()),
                     (_, why) => why.unwrap_or_default(),
                 };
                 match (self.other_copy(loc, id, len, &why, unread), first) {
@@ -683,7 +683,7 @@ impl<'a> Fetcher<'a> {
             // The whole record is unusable: its other chunks go straight
             // to their other copies.
             self.damaged
-                .insert((loc.pack, loc.offset), (e.to_string(), is_unread(e)));
+                .insert((loc.pack, loc.offset), (e.to_string(), e.is_read_failure()));
         })?;
         let group = &self.kept[slot];
         let (s, e) = (loc.slice as usize, loc.slice as usize + len as usize);
@@ -727,12 +727,6 @@ impl<'a> Fetcher<'a> {
         self.recovered += 1;
         Some(found)
     }
-}
-
-/// Whether a record's error is a failed read (an I/O or network error:
-/// not known to be damaged) rather than damage.
-fn is_unread(e: &StoreError) -> bool {
-    matches!(e, StoreError::Io { .. })
 }
 
 /// The warning that chunk `id`, whose copy the index names failed with
@@ -1462,7 +1456,8 @@ mod tests {
         };
         let bad = StoreError::corrupt(path, 7, "bad CRC");
         let id = ChunkId([1; 32]);
-        let note = |e: &StoreError| other_copy_note(&e.to_string(), is_unread(e), &id, path, 9);
+        let note =
+            |e: &StoreError| other_copy_note(&e.to_string(), e.is_read_failure(), &id, path, 9);
         let (eio, bad) = (note(&eio), note(&bad));
         assert!(eio.contains("could not be read (I/O error)"), "{eio}");
         assert!(!eio.contains("repair"), "{eio}");

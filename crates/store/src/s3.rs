@@ -512,11 +512,7 @@ impl S3Backend {
 
     /// A read whose object was replaced between two of its pieces.
     fn changed(&self, key: &Key) -> StoreError {
-        StoreError::Io {
-            path: self.locate(key),
-            what: "read",
-            source: std::io::Error::other("the object changed while read: try again"),
-        }
+        self.failed(key, "the object changed while read: try again".into())
     }
 
     /// The object's length and ETag after a failed read, if a HEAD tells

@@ -14,7 +14,7 @@
 //! named damaged, nor taken for a damaged record. Each problem lists the
 //! images, snapshots and offsets it affects.
 
-use crate::error::{Result, StoreError};
+use crate::error::Result;
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
 use crate::index::{IdHash, Location};
 use crate::manifest::Extent;
@@ -389,7 +389,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             // pack stops repair as an unread one does:
                             // the next run lists its length anew and
                             // takes only the records past its end.
-                            Err(e) if !matches!(e, StoreError::Io { .. }) => {
+                            Err(e) if !e.is_read_failure() => {
                                 let why = format!(
                                     "{e} (the pack changed since verify listed it: run verify \
                                      again before `cairn repair`, which stops until then)"
@@ -817,7 +817,7 @@ impl CopyRecord {
                     table
                 }
                 Err(e) => {
-                    self.unread = matches!(e, StoreError::Io { .. });
+                    self.unread = e.is_read_failure();
                     Err(e.to_string())
                 }
             };
