@@ -330,11 +330,9 @@ impl<R, W> Shared<'_, R, W> {
             };
             // SAFETY: `p` is one valid pollfd that lives across the call;
             // the connection keeps `fd` open while its requests run. A
-            // timeout of 0 does not wait. (POLLHUP and POLLERR are always
-            // reported, and so is POLLIN: asked for.)
+            // timeout of 0 does not wait. (POLLERR is always reported.)
             let n = unsafe { libc::poll(&mut p, 1, 0) };
-            let hup_empty = p.revents & libc::POLLHUP != 0 && p.revents & libc::POLLIN == 0;
-            gone = n > 0 && (p.revents & libc::POLLERR != 0 || hup_empty);
+            gone = n > 0 && p.revents & libc::POLLERR != 0;
         }
         if gone {
             self.finish(End::Io(io::Error::new(
