@@ -27,7 +27,7 @@ use std::process::ExitCode;
 
 /// cairn: a storage stack for big images and streams.
 #[derive(Parser, Debug)]
-#[command(name = "cairn", version, about, long_about = None)]
+#[command(name = "cairn", version = env!("CAIRN_VERSION"), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -3622,3 +3622,30 @@ fn zstd_pass_through_is_taken_as_zstd_takes_it() {
         );
     }
 }
+
+/// `cairn --version` names the commit it was built from, when built in a
+/// git checkout (benchmark runs record it to say which build they timed).
+#[test]
+fn version_names_the_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let want = format!("cairn {} ", env!("CARGO_PKG_VERSION"));
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match head {
+        Ok(h) if h.status.success() => {
+            let commit = String::from_utf8(h.stdout).unwrap();
+            assert!(
+                line.starts_with(&format!("{want}({} ", commit.trim())),
+                "{line:?} does not name HEAD {commit:?}"
+            );
+        }
+        _ => assert_eq!(line.trim(), want.trim()),
+    }
+}

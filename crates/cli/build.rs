@@ -1,0 +1,46 @@
+//! The commit cairn is built from, for `cairn --version`: benchmark runs
+//! record which build they timed (`bench/*.py` print `--version`), and a
+//! bug report names the code it ran. Outside a git checkout (a crate
+//! tarball) the version is the package's alone.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+fn main() {
+    let version = env!("CARGO_PKG_VERSION");
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    let date = git(&["log", "-1", "--format=%cd", "--date=short"]);
+    let full = match (commit, date) {
+        (Some(c), Some(d)) => format!("{version} ({c} {d})"),
+        (Some(c), None) => format!("{version} ({c})"),
+        _ => version.to_string(),
+    };
+    println!("cargo:rustc-env=CAIRN_VERSION={full}");
+    // Built again when HEAD moves: a commit, a checkout (HEAD itself, the
+    // branch's ref, or packed refs after a gc).
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        let dir = PathBuf::from(dir);
+        watch(&dir.join("HEAD"));
+        if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            let common = git(&["rev-parse", "--git-common-dir"]).map_or(dir.clone(), PathBuf::from);
+            watch(&common.join(r));
+            watch(&common.join("packed-refs"));
+        }
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+}
+
+fn watch(p: &Path) {
+    if p.exists() {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+}
