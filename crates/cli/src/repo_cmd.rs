@@ -308,9 +308,25 @@ pub(crate) struct ForgetArgs {
     #[arg(long, value_name = "N")]
     pub keep_yearly: Option<u32>,
     /// Keep every snapshot less than DURATION older than the image's
-    /// newest (1y6m, 14d, 36h).
+    /// newest (1y6m, 14d, 36h; counted back on the calendar, as restic).
     #[arg(long, value_name = "DURATION")]
     pub keep_within: Option<String>,
+    /// Keep the newest snapshot of each hour among those --keep-within
+    /// DURATION would keep.
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_hourly: Option<String>,
+    /// ... of each day (UTC).
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_daily: Option<String>,
+    /// ... of each ISO week.
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_weekly: Option<String>,
+    /// ... of each month.
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_monthly: Option<String>,
+    /// ... of each year.
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_yearly: Option<String>,
     /// Keep every snapshot that has all the tags of T (a,b: both);
     /// repeated, any of them (`cairn tag` sets tags after a backup).
     #[arg(long = "keep-tag", value_name = "T[,T...]")]
@@ -1420,7 +1436,8 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
 }
 
 pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
-    use cairn_store::{apply_retention as apply, parse_duration, Dated, KeepPolicy};
+    use cairn_store::{apply_retention as apply, parse_span, Dated, KeepPolicy};
+    let span = |s: &Option<String>| s.as_deref().map(parse_span).transpose();
     let policy = KeepPolicy {
         last: a.keep_last,
         hourly: a.keep_hourly,
@@ -1428,7 +1445,12 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
         weekly: a.keep_weekly,
         monthly: a.keep_monthly,
         yearly: a.keep_yearly,
-        within: a.keep_within.as_deref().map(parse_duration).transpose()?,
+        within: span(&a.keep_within)?,
+        within_hourly: span(&a.keep_within_hourly)?,
+        within_daily: span(&a.keep_within_daily)?,
+        within_weekly: span(&a.keep_within_weekly)?,
+        within_monthly: span(&a.keep_within_monthly)?,
+        within_yearly: span(&a.keep_within_yearly)?,
         tags: tag_groups(&a.keep_tag)?,
     };
     if policy.is_empty() {

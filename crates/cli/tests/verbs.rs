@@ -2,7 +2,8 @@
 //! round-trip through backup, ls and forget; diff lists exactly the
 //! ranges a test changed; copy moves snapshots between repositories of
 //! different keys (and plain ones) byte for byte, and a second copy skips
-//! what the first copied.
+//! what the first copied; forget keeps what restic's forget keeps, run
+//! beside it on the same snapshots.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
@@ -914,4 +915,239 @@ fn init_takes_the_repository_as_every_verb_does() {
         &go(&mut plain(), &["init", "--encryption", "none"]),
         "no repository given",
     );
+}
+
+/// Snapshot times for the retention comparison with restic: two groups
+/// (restic's hosts, cairn's images), gaps from 20 minutes to 75 days
+/// over two years and more, so every rule meets hours, days, ISO weeks, months
+/// and years with one snapshot and with several; the month ends where
+/// a span counted back on the calendar differs from one of 30 or 365
+/// days: from 31 March 2024 a month back is 2 March (both groups end on
+/// such a day: 31 March 2024, and 1 August 2024, a month after 1 July).
+fn retention_times() -> Vec<(&'static str, Vec<String>)> {
+    let gaps = [
+        1200,
+        3 * 3600,
+        11 * 3600,
+        86400,
+        6 * 86400,
+        17 * 86400,
+        40 * 86400,
+        75 * 86400,
+    ];
+    let mut groups = Vec::new();
+    for (host, start, edges) in [
+        (
+            "h1",
+            "2022-07-01T08:00:00Z",
+            &[
+                "2024-01-31T10:00:00Z",
+                "2024-02-29T23:00:00Z",
+                "2024-03-01T18:00:00Z",
+                "2024-03-02T06:00:00Z",
+                "2024-03-02T12:30:00Z",
+                "2024-03-24T23:59:59Z",
+                "2024-03-25T00:00:01Z",
+                "2024-03-31T12:00:00Z",
+            ][..],
+        ),
+        (
+            "h2",
+            "2022-10-01T00:00:00Z",
+            &[
+                "2024-06-30T23:00:00Z",
+                "2024-07-01T12:00:00Z",
+                "2024-07-02T06:00:00Z",
+                "2024-08-01T00:00:00Z",
+            ][..],
+        ),
+    ] {
+        let first_edge = cairn_store::parse_time(edges[0]).unwrap();
+        let mut t = cairn_store::parse_time(start).unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ t as u64;
+        let mut times = Vec::new();
+        while t < first_edge - 45 * 86400 {
+            times.push(t);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t += gaps[(x % gaps.len() as u64) as usize] + (x >> 40) as i64 % 600;
+        }
+        times.extend(edges.iter().map(|e| cairn_store::parse_time(e).unwrap()));
+        let times = times.into_iter().map(utc).collect();
+        groups.push((host, times));
+    }
+    groups
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time, for both tools' --time.
+fn utc(t: i64) -> String {
+    cairn_store::format_time(t)
+        .trim_end_matches(" UTC")
+        .to_string()
+}
+
+/// restic on `repo`, in UTC (it counts periods in local time).
+fn restic(repo: &Path, args: &[&str]) -> Output {
+    ok(Command::new("restic")
+        .args(["--no-cache", "-q", "-r", s(repo)])
+        .args(args)
+        .env("RESTIC_PASSWORD", "restic")
+        .env("TZ", "UTC")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap())
+}
+
+/// Each group's kept times (Unix seconds) by `restic forget --dry-run`.
+fn restic_kept(repo: &Path, policy: &[&str]) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let mut args = vec!["forget", "--dry-run", "--json"];
+    args.extend(policy);
+    let out = restic(repo, &args);
+    let groups: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut kept = std::collections::BTreeMap::new();
+    for g in groups.as_array().unwrap() {
+        let mut times: Vec<i64> = g["keep"]
+            .as_array()
+            .map(|k| {
+                k.iter()
+                    .map(|snap| cairn_store::parse_time(snap["time"].as_str().unwrap()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        times.sort_unstable();
+        kept.insert(g["host"].as_str().unwrap().to_string(), times);
+    }
+    kept
+}
+
+/// `cairn forget --keep-*` keeps what `restic forget --keep-*` keeps,
+/// rule by rule and in combinations, run side by side with restic on the
+/// same snapshot times and tags (restic in UTC, as cairn counts periods):
+/// the counted rules, `--keep-within` counted back on the calendar, the
+/// `--keep-within-*` rules and `--keep-tag`. The one difference is
+/// cairn's own: an image's latest snapshot is never forgotten, where
+/// restic forgets it under a policy that only keeps tags.
+#[test]
+fn forget_keeps_what_restic_forget_keeps() {
+    if !have("restic") {
+        return;
+    }
+    let dir = tempdir();
+    let file = dir.path().join("data");
+    std::fs::write(&file, b"the same bytes in every snapshot").unwrap();
+    let restic_repo = dir.path().join("restic");
+    restic(&restic_repo, &["init"]);
+    let repo = init(dir.path(), "cairn", None);
+    let groups = retention_times();
+    // The two groups' backups at once: restic derives its key again for
+    // every command (about 0.7 s of CPU each).
+    std::thread::scope(|scope| {
+        for (host, times) in &groups {
+            let (restic_repo, repo, file) = (&restic_repo, &repo, &file);
+            scope.spawn(move || {
+                for (i, t) in times.iter().enumerate() {
+                    // Tags on some: every third "keep", every fifth "db" too.
+                    let mut tags = Vec::new();
+                    if i % 3 == 0 {
+                        tags.push("keep");
+                    }
+                    if i % 5 == 0 {
+                        tags.push("db");
+                    }
+                    let joined = tags.join(",");
+                    let mut r = vec!["backup", "--host", host, "--time", t];
+                    let mut c = vec!["--time", t];
+                    if !tags.is_empty() {
+                        r.extend(["--tag", &joined]);
+                        c.extend(["--tag", &joined]);
+                    }
+                    r.push(s(file));
+                    restic(restic_repo, &r);
+                    backup(repo, None, file, host, &c);
+                }
+            });
+        }
+    });
+    let newest: std::collections::BTreeMap<&str, i64> = groups
+        .iter()
+        .map(|(host, times)| {
+            (
+                *host,
+                cairn_store::parse_time(times.last().unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    let policies: &[&[&str]] = &[
+        &["--keep-last", "5"],
+        &["--keep-hourly", "10"],
+        &["--keep-daily", "7"],
+        &["--keep-weekly", "5"],
+        &["--keep-monthly", "6"],
+        &["--keep-yearly", "3"],
+        &["--keep-within", "1m"],
+        &["--keep-within", "1y2m3d4h"],
+        &["--keep-within", "7d"],
+        &["--keep-within-hourly", "2d"],
+        &["--keep-within-daily", "10d"],
+        &["--keep-within-weekly", "2m"],
+        &["--keep-within-monthly", "1y"],
+        &["--keep-within-yearly", "3y"],
+        &[
+            "--keep-last",
+            "2",
+            "--keep-daily",
+            "3",
+            "--keep-weekly",
+            "2",
+            "--keep-monthly",
+            "2",
+            "--keep-yearly",
+            "1",
+        ],
+        &[
+            "--keep-within",
+            "36h",
+            "--keep-within-daily",
+            "1m",
+            "--keep-monthly",
+            "3",
+        ],
+        &["--keep-tag", "keep"],
+        &[
+            "--keep-tag",
+            "keep,db",
+            "--keep-tag",
+            "db",
+            "--keep-daily",
+            "2",
+        ],
+    ];
+    for policy in policies {
+        let want = restic_kept(&restic_repo, policy);
+        let mut args = vec!["forget", "-r", &repo, "--dry-run", "--json"];
+        args.extend(policy.iter());
+        let got = json(&ok(go(&mut plain(), &args)));
+        for (host, _) in &groups {
+            let mut kept: Vec<i64> = got["snapshots"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|v| v["name"] == *host && v["keep"] == true)
+                .map(|v| v["time"].as_i64().unwrap())
+                .collect();
+            kept.sort_unstable();
+            let mut expect = want.get(*host).cloned().unwrap_or_default();
+            // cairn keeps an image's latest snapshot whatever the rules.
+            if !expect.contains(&newest[host]) {
+                expect.push(newest[host]);
+            }
+            let show = |v: &[i64]| v.iter().map(|&t| utc(t)).collect::<Vec<_>>();
+            assert_eq!(
+                show(&kept),
+                show(&expect),
+                "{host}, {policy:?}: cairn kept the first, restic the second"
+            );
+        }
+    }
 }

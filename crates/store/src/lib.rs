@@ -104,7 +104,8 @@ pub use repo::{
 // Snapshots: their extents, tags, and which to keep.
 pub use manifest::{parse_tags, tags_match, Extent, Manifest, SnapshotStats};
 pub use retention::{
-    apply as apply_retention, format_time, parse_duration, parse_time, Dated, KeepPolicy, Verdict,
+    apply as apply_retention, format_time, parse_span, parse_time, CalendarSpan, Dated, KeepPolicy,
+    Verdict,
 };
 pub use stats::{list as list_snapshots, stats, RepoStats, SnapshotInfo, TargetStats};
 // Writers.

@@ -8,7 +8,12 @@
 //!   have one; a period without snapshots does not count;
 //! - `within D` keeps every snapshot taken less than D before the image's
 //!   newest snapshot (not before now: a repository that stopped getting
-//!   backups does not empty itself);
+//!   backups does not empty itself). D is counted back on the calendar
+//!   as restic counts it (Go's `AddDate`): years and months first, a day
+//!   past the month's end carried into the next month (a month before
+//!   31 March is 2 March in a leap year), then days, then hours;
+//! - `within-hourly/daily/weekly/monthly/yearly D` keeps the newest
+//!   snapshot of each hour (day, ...) among those `within D` keeps;
 //! - a snapshot is kept if any rule keeps it; the others are forgotten;
 //! - the image's latest snapshot (the highest number: what `NAME`
 //!   restores) is always kept, also when its time is older than others'
@@ -37,8 +42,19 @@ pub struct KeepPolicy {
     pub monthly: Option<u32>,
     /// ... years.
     pub yearly: Option<u32>,
-    /// Every snapshot less than this many seconds older than the newest.
-    pub within: Option<u64>,
+    /// Every snapshot taken after this span before the newest.
+    pub within: Option<CalendarSpan>,
+    /// The newest of each hour among the snapshots taken after this span
+    /// before the newest (restic's `--keep-within-hourly`).
+    pub within_hourly: Option<CalendarSpan>,
+    /// ... of each day.
+    pub within_daily: Option<CalendarSpan>,
+    /// ... of each ISO week.
+    pub within_weekly: Option<CalendarSpan>,
+    /// ... of each month.
+    pub within_monthly: Option<CalendarSpan>,
+    /// ... of each year.
+    pub within_yearly: Option<CalendarSpan>,
     /// Every snapshot that has all the tags of one of these lists
     /// (restic's `--keep-tag`).
     pub tags: Vec<Vec<String>>,
@@ -59,7 +75,77 @@ impl KeepPolicy {
         .iter()
         .all(|n| n.unwrap_or(0) == 0)
             && self.within.is_none()
+            && self.within_buckets().iter().all(|(_, w)| w.is_none())
             && self.tags.is_empty()
+    }
+
+    /// The `within-*` rules, each with its period.
+    fn within_buckets(&self) -> [(&'static str, Option<CalendarSpan>); 5] {
+        [
+            ("within-hourly", self.within_hourly),
+            ("within-daily", self.within_daily),
+            ("within-weekly", self.within_weekly),
+            ("within-monthly", self.within_monthly),
+            ("within-yearly", self.within_yearly),
+        ]
+    }
+}
+
+/// A span of calendar time as restic writes it (`1y2m3d4h`): years,
+/// months, days and hours, counted back from a time on the calendar.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CalendarSpan {
+    /// Years.
+    pub years: u64,
+    /// Months.
+    pub months: u64,
+    /// Days.
+    pub days: u64,
+    /// Hours.
+    pub hours: u64,
+}
+
+impl CalendarSpan {
+    /// The time this span before `t` (Unix seconds, UTC), as Go's
+    /// `t.AddDate(-years, -months, -days).Add(-hours)` gives it: the
+    /// month moved back first, then the day of the month taken from the
+    /// first of that month, so a day past the month's end carries into
+    /// the next (a month before 31 March 2024 is 2 March); `None` before
+    /// the calendar's start (every snapshot is after it).
+    pub fn before(&self, t: i64) -> Option<i64> {
+        let at = DateTime::<Utc>::from_timestamp(t, 0)?;
+        let month = i128::from(at.year()) * 12 + i128::from(at.month0())
+            - i128::from(self.years) * 12
+            - i128::from(self.months);
+        let year = i32::try_from(month.div_euclid(12)).ok()?;
+        let month0 = u32::try_from(month.rem_euclid(12)).ok()?;
+        let first = chrono::NaiveDate::from_ymd_opt(year, month0 + 1, 1)?;
+        let day = i64::from(at.day0()).checked_sub(i64::try_from(self.days).ok()?)?;
+        let date = first.checked_add_signed(chrono::TimeDelta::try_days(day)?)?;
+        let back = date.and_time(at.time()).and_utc().timestamp();
+        back.checked_sub(i64::try_from(self.hours).ok()?.checked_mul(3600)?)
+    }
+
+    /// Whether a snapshot taken at `t` is within this span of `newest`:
+    /// strictly after the time the span before it.
+    fn holds(&self, newest: i64, t: i64) -> bool {
+        self.before(newest).is_none_or(|from| t > from)
+    }
+}
+
+impl std::fmt::Display for CalendarSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (n, unit) in [
+            (self.years, 'y'),
+            (self.months, 'm'),
+            (self.days, 'd'),
+            (self.hours, 'h'),
+        ] {
+            if n > 0 {
+                write!(f, "{n}{unit}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -133,6 +219,8 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
     let mut left: Vec<u32> = buckets.iter().map(|(_, n)| n.unwrap_or(0)).collect();
     let mut seen: Vec<Option<i64>> = vec![None; buckets.len()];
     let mut last_left = policy.last.unwrap_or(0);
+    let within_buckets = policy.within_buckets();
+    let mut within_seen: [Option<i64>; 5] = [None; 5];
     let mut out = Vec::with_capacity(sorted.len());
     for s in sorted {
         let mut reasons = Vec::new();
@@ -153,10 +241,21 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
             }
         }
         if let (Some(within), Some(newest)) = (policy.within, newest) {
-            // In i128: a duration past i64::MAX seconds wrapped negative
-            // in i64 and kept nothing.
-            if i128::from(newest.saturating_sub(s.created)) < i128::from(within) {
+            if within.holds(newest, s.created) {
                 reasons.push("within");
+            }
+        }
+        // No count: every period inside the span keeps its newest.
+        for (i, (rule, span)) in within_buckets.iter().enumerate() {
+            let (Some(span), Some(newest)) = (span, newest) else {
+                continue;
+            };
+            if span.holds(newest, s.created) {
+                let p = period(&rule["within-".len()..], &t);
+                if within_seen[i] != Some(p) {
+                    within_seen[i] = Some(p);
+                    reasons.push(*rule);
+                }
             }
         }
         if !policy.tags.is_empty() && crate::manifest::tags_match(&s.tags, &policy.tags) {
@@ -173,15 +272,15 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
     out
 }
 
-/// Parse a duration as restic writes them: `1y2m3d4h` (years of 365 days,
-/// months of 30), or plain `Nd`, `Nh`. Returns seconds.
-pub fn parse_duration(s: &str) -> Result<u64> {
+/// Parse a span as restic writes them: `1y2m3d4h`, each unit at most
+/// once and in any order (`36h`, `2h1d`), not all zero.
+pub fn parse_span(s: &str) -> Result<CalendarSpan> {
     let bad = || {
         StoreError::Invalid(format!(
             "bad duration {s:?}: use numbers with y, m, d or h, each at most once, as 1y6m or 14d or 36h"
         ))
     };
-    let mut total: u64 = 0;
+    let mut span = CalendarSpan::default();
     let mut num = String::new();
     // Each unit at most once (`1y1y` is a typo, not two years).
     let mut seen = 0u8;
@@ -192,26 +291,23 @@ pub fn parse_duration(s: &str) -> Result<u64> {
         }
         let n: u64 = num.parse().map_err(|_| bad())?;
         num.clear();
-        let (order, unit) = match c {
-            'y' => (1, 365 * 86400),
-            'm' => (2, 30 * 86400),
-            'd' => (3, 86400),
-            'h' => (4, 3600),
+        let (order, field) = match c {
+            'y' => (1, &mut span.years),
+            'm' => (2, &mut span.months),
+            'd' => (3, &mut span.days),
+            'h' => (4, &mut span.hours),
             _ => return Err(bad()),
         };
         if seen & 1 << order != 0 {
             return Err(bad());
         }
         seen |= 1 << order;
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
+        *field = n;
     }
-    if !num.is_empty() || total == 0 {
+    if !num.is_empty() || span == CalendarSpan::default() {
         return Err(bad());
     }
-    Ok(total)
+    Ok(span)
 }
 
 /// A Unix time as `2026-11-25 12:00:00 UTC`.
@@ -402,7 +498,7 @@ mod tests {
     fn within_counts_from_the_newest_snapshot() {
         let s = twice_daily();
         let p = KeepPolicy {
-            within: Some(parse_duration("2d").unwrap()),
+            within: Some(parse_span("2d").unwrap()),
             ..Default::default()
         };
         // Newest is day 10 18:00; less than 48 h before it: day 8 18:00
@@ -415,7 +511,7 @@ mod tests {
         let s = twice_daily();
         for within in ["292471208679y", "2562047788015216h"] {
             let p = KeepPolicy {
-                within: Some(parse_duration(within).unwrap()),
+                within: Some(parse_span(within).unwrap()),
                 ..Default::default()
             };
             assert_eq!(kept(&p, &s), (1..=20).collect::<Vec<_>>(), "{within}");
@@ -537,20 +633,111 @@ mod tests {
         }
         .is_empty());
         assert!(!KeepPolicy {
-            within: Some(3600),
+            within: Some(parse_span("1h").unwrap()),
+            ..Default::default()
+        }
+        .is_empty());
+        assert!(!KeepPolicy {
+            within_weekly: Some(parse_span("1m").unwrap()),
             ..Default::default()
         }
         .is_empty());
     }
 
+    /// A span is counted back on the calendar as restic's Go does:
+    /// months first, a day past the month's end carried over, then days
+    /// and hours.
+    #[test]
+    fn spans_count_back_on_the_calendar_as_restic_does() {
+        let back = |from: &str, span: &str| {
+            format_time(parse_span(span).unwrap().before(at(from)).unwrap())
+        };
+        // February 2024 has 29 days: its "31st" is 2 March.
+        assert_eq!(
+            back("2024-03-31T12:00:00Z", "1m"),
+            "2024-03-02 12:00:00 UTC"
+        );
+        assert_eq!(
+            back("2023-03-31T12:00:00Z", "1m"),
+            "2023-03-03 12:00:00 UTC"
+        );
+        assert_eq!(
+            back("2024-08-01T00:00:00Z", "1m"),
+            "2024-07-01 00:00:00 UTC"
+        );
+        assert_eq!(
+            back("2024-03-01T00:00:00Z", "1m"),
+            "2024-02-01 00:00:00 UTC"
+        );
+        // 29 February less a year is 1 March (28 February's next day).
+        assert_eq!(
+            back("2024-02-29T06:00:00Z", "1y"),
+            "2023-03-01 06:00:00 UTC"
+        );
+        // Months past a year carry into years; days past the month's
+        // start go back into the month before.
+        assert_eq!(
+            back("2024-01-15T00:00:00Z", "13m"),
+            "2022-12-15 00:00:00 UTC"
+        );
+        assert_eq!(
+            back("2024-03-05T00:00:00Z", "10d"),
+            "2024-02-24 00:00:00 UTC"
+        );
+        assert_eq!(
+            back("2024-03-01T01:00:00Z", "1d2h"),
+            "2024-02-28 23:00:00 UTC"
+        );
+        assert_eq!(
+            back("2024-03-31T00:00:00Z", "1m1d"),
+            "2024-03-01 00:00:00 UTC"
+        );
+        // Past the calendar's start: nothing is before it.
+        assert_eq!(parse_span("999999999y").unwrap().before(0), None);
+    }
+
+    /// `within-daily` keeps the newest of each day inside its span, with
+    /// no count; days outside it keep nothing.
+    #[test]
+    fn within_daily_keeps_each_days_newest_inside_the_span() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            within_daily: Some(parse_span("3d").unwrap()),
+            ..Default::default()
+        };
+        // Newest day 10 18:00; from day 7 18:00 (exclusive): day 8, 9, 10's
+        // 18:00 are each day's newest.
+        assert_eq!(kept(&p, &s), vec![16, 18, 20]);
+        let reasons: Vec<_> = apply(&p, &s)
+            .into_iter()
+            .filter(Verdict::keep)
+            .map(|v| v.reasons)
+            .collect();
+        assert!(
+            reasons.iter().all(|r| r == &["within-daily"]),
+            "{reasons:?}"
+        );
+        let p = KeepPolicy {
+            within_weekly: Some(parse_span("1m").unwrap()),
+            ..Default::default()
+        };
+        // 1-10 March 2026: ISO week 9 ends on Sunday 1 March, week 10 on
+        // the 8th, week 11 from the 9th.
+        assert_eq!(kept(&p, &s), vec![2, 16, 20]);
+    }
+
     #[test]
     fn durations_and_times_parse_or_fail_clearly() {
-        assert_eq!(
-            parse_duration("1y2m3d4h").unwrap(),
-            (365 + 60 + 3) * 86400 + 4 * 3600
-        );
-        assert_eq!(parse_duration("36h").unwrap(), 36 * 3600);
-        assert_eq!(parse_duration("2h1d").unwrap(), 26 * 3600);
+        let span = |years, months, days, hours| CalendarSpan {
+            years,
+            months,
+            days,
+            hours,
+        };
+        assert_eq!(parse_span("1y2m3d4h").unwrap(), span(1, 2, 3, 4));
+        assert_eq!(parse_span("36h").unwrap(), span(0, 0, 0, 36));
+        assert_eq!(parse_span("2h1d").unwrap(), span(0, 0, 1, 2));
+        assert_eq!(parse_span("2h1d").unwrap().to_string(), "1d2h");
         for bad in [
             "",
             "5",
@@ -559,8 +746,10 @@ mod tests {
             "99999999999999999999y",
             "1y1y",
             "1d2h3d",
+            "0d",
+            "0y0h",
         ] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
+            assert!(parse_span(bad).is_err(), "{bad}");
         }
         assert_eq!(at("2026-01-01T00:00:00Z"), 1_767_225_600);
         assert_eq!(at("2026-01-01 00:00:00"), 1_767_225_600);
