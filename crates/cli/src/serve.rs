@@ -72,9 +72,17 @@ pub(crate) struct ServeArgs {
     /// sent under 16 KiB of a write's payload, or that takes a reply or
     /// sends a payload slower than the pace that moves all of it within
     /// 5 s + 30 s of its start (after 5 s, its length / 30 s every
-    /// second: 32 MiB needs about 1.1 MB/s).
+    /// second: 32 MiB needs about 1.1 MB/s; --payload-time sets the 30 s).
     #[arg(long = "max-inflight", value_parser = crate::parse_size, default_value = "256M")]
     pub max_inflight: usize,
+    /// Seconds, after the first 5, in which a write's payload or a read's
+    /// reply must move whole while other clients wait for memory (see
+    /// --max-inflight): raise it for clients on slow links that send or
+    /// read large requests (32 MiB at 500 KB/s needs 70).
+    #[arg(long = "payload-time", value_name = "SECS",
+          default_value_t = ServerConfig::default().payload_time_under_pressure.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub payload_time: u64,
     /// Seconds a client may take to negotiate.
     #[arg(long = "handshake-timeout", value_name = "SECS", default_value_t = ServerConfig::default().handshake_timeout.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -563,6 +571,7 @@ pub(crate) fn serve(a: &ServeArgs) -> Result<()> {
             workers: a.workers,
             max_connections: a.max_connections,
             server_budget: a.max_inflight as u64,
+            payload_time_under_pressure: Duration::from_secs(a.payload_time),
             handshake_timeout: Duration::from_secs(a.handshake_timeout),
             io_timeout: Duration::from_secs(a.io_timeout),
             idle_timeout: (a.idle_timeout > 0).then(|| Duration::from_secs(a.idle_timeout)),
