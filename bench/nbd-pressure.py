@@ -21,6 +21,7 @@ any client that was cut (fio's errors).
 
 Usage: bench/nbd-pressure.py --build head=target/release/cairn [--build ...]
        [--rounds 3] [--seconds 30] [--budget 16M] [--size 4G] [--work /dev/shm]
+       bench/nbd-pressure.py --report RUN_DIR   (the table again from results.json)
 Results in bench/runs/<date>-nbd-pressure/.
 """
 import argparse
@@ -85,6 +86,8 @@ def measure(a, name, cmd, sock, export, jobfile):
     out = p.stdout
     if "{" not in out:
         raise RuntimeError(f"{name}: fio printed no result: {p.stderr[-2000:]}")
+    if p.returncode != 0:
+        log(f"  fio exited {p.returncode}: {p.stderr[-500:]}")
     j = json.loads(out[out.index("{"):])
     bulk = [job for job in j["jobs"] if job["jobname"] == "bulk"]
     probe = next(job for job in j["jobs"] if job["jobname"] == "probe")
@@ -108,6 +111,50 @@ def measure(a, name, cmd, sock, export, jobfile):
     }
 
 
+def measure_rounds(a, servers, sock, jobfile, rows):
+    """Every server once per round, rounds alternating the order; rows
+    appended as they come."""
+    for r in range(a.rounds):
+        order = servers if r % 2 == 0 else servers[::-1]
+        for name, cmd, export in order:
+            log(f"round {r + 1}: {name}")
+            row = measure(a, name, cmd, sock, export, jobfile)
+            row["round"] = r + 1
+            rows.append(row)
+            log(f"  bulk {row['bulk_mbs']:.0f} MB/s, probe p99 {row['probe_p99_us']:.0f} µs, "
+                f"max {row['probe_max_us']:.0f} µs, rss {row['rss_mib']:.0f} MiB, errors {row['errors']}")
+
+
+def table(rows):
+    """The report's table: per server, medians over rounds (and ranges)
+    of throughput and IOPS, medians of each round's percentiles, and the
+    largest maximum and peak RSS of any round."""
+    lines = ["| server | bulk MB/s | bulk p50 / p99 / max ms | probe IOPS | probe p50 / p99 / p99.9 / max µs "
+             "| peak RSS MiB | clients cut |",
+             "|---|--:|---|--:|---|--:|--:|"]
+    for name in dict.fromkeys(row["server"] for row in rows):
+        mine = [row for row in rows if row["server"] == name]
+
+        def med(key):
+            return statistics.median(row[key] for row in mine)
+
+        def most(key):
+            return max(row[key] for row in mine)
+
+        def rng(key, fmt):
+            v = [row[key] for row in mine]
+            return f"{statistics.median(v):{fmt}} ({min(v):{fmt}}-{max(v):{fmt}})"
+
+        lines.append(
+            f"| {name} | {rng('bulk_mbs', ',.0f')} | {med('bulk_p50_ms'):.1f} / {med('bulk_p99_ms'):.1f} / "
+            f"{most('bulk_max_ms'):.1f} | {rng('probe_iops', ',.0f')} | {med('probe_p50_us'):,.0f} / "
+            f"{med('probe_p99_us'):,.0f} / {med('probe_p999_us'):,.0f} / {most('probe_max_us'):,.0f} | "
+            f"{most('rss_mib'):.0f} | {sum(row['errors'] for row in mine)} |")
+    lines += ["", "Latencies are medians over rounds of each round's percentile; maxima and peak RSS are "
+              "the largest of any round."]
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", action="append", default=[], help="NAME=PATH of a cairn binary")
@@ -121,7 +168,17 @@ def main():
     ap.add_argument("--bulk-depth", type=int, default=32)
     ap.add_argument("--bulk-jobs", type=int, default=4)
     ap.add_argument("--work", default="/dev/shm")
+    ap.add_argument("--report", metavar="RUN_DIR", help="write RUN_DIR/report.md's table again from its "
+                    "results.json, measuring nothing")
     a = ap.parse_args()
+    if a.report:
+        path = os.path.join(a.report, "report.md")
+        head = open(path).read().split("\n| server |")[0]
+        rows = json.load(open(os.path.join(a.report, "results.json")))
+        with open(path, "w") as f:
+            f.write(head + "\n" + "\n".join(table(rows)) + "\n")
+        print(open(path).read())
+        return
     if not a.build:
         a.build = [f"head={os.path.join(ROOT, 'target/release/cairn')}"]
     for tool in ["fio"] + ([] if a.no_nbdkit else ["nbdkit"]):
@@ -144,15 +201,11 @@ def main():
         f.write(JOBFILE.format(uri=uri(sock, "disk"), size=a.size, ramp=a.ramp, seconds=a.seconds,
                                bulk_bs=a.bulk_bs, bulk_depth=a.bulk_depth, bulk_jobs=a.bulk_jobs))
     rows = []
-    for r in range(a.rounds):
-        order = servers if r % 2 == 0 else servers[::-1]
-        for name, cmd, export in order:
-            log(f"round {r + 1}: {name}")
-            row = measure(a, name, cmd, sock, export, jobfile)
-            row["round"] = r + 1
-            rows.append(row)
-            log(f"  bulk {row['bulk_mbs']:.0f} MB/s, probe p99 {row['probe_p99_us']:.0f} µs, "
-                f"max {row['probe_max_us']:.0f} µs, rss {row['rss_mib']:.0f} MiB, errors {row['errors']}")
+    try:
+        measure_rounds(a, servers, sock, jobfile, rows)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
     versions = [run([p, "--version"]).stdout.strip() for _, p in builds]
@@ -161,25 +214,8 @@ def main():
              f"bulk: {a.bulk_jobs} connections of random {a.bulk_bs} writes at depth {a.bulk_depth}; "
              f"probe: one connection of random 4 KiB reads at depth 1; file of {a.size} in {a.work}; "
              f"{a.seconds} s after {a.ramp} s of ramp; cairn's --max-inflight {a.budget}; "
-             f"medians of {a.rounds} rounds (range). Builds: " + "; ".join(versions), "",
-             "| server | bulk MB/s | bulk p50 / p99 / max ms | probe IOPS | probe p50 / p99 / p99.9 / max µs "
-             "| peak RSS MiB | clients cut |",
-             "|---|--:|---|--:|---|--:|--:|"]
-
-    def med(name, key):
-        v = [row[key] for row in rows if row["server"] == name]
-        return statistics.median(v), min(v), max(v)
-
-    for name, _, _ in servers:
-        m = {k: med(name, k) for k in rows[0] if k not in ("server", "round")}
-        rng = lambda k, fmt: f"{m[k][0]:{fmt}} ({m[k][1]:{fmt}}-{m[k][2]:{fmt}})"  # noqa: E731
-        lines.append(
-            f"| {name} | {rng('bulk_mbs', ',.0f')} | {m['bulk_p50_ms'][0]:.1f} / {m['bulk_p99_ms'][0]:.1f} / "
-            f"{m['bulk_max_ms'][0]:.1f} | {rng('probe_iops', ',.0f')} | {m['probe_p50_us'][0]:,.0f} / "
-            f"{m['probe_p99_us'][0]:,.0f} / {m['probe_p999_us'][0]:,.0f} / {m['probe_max_us'][2]:,.0f} | "
-            f"{m['rss_mib'][2]:.0f} | {sum(row['errors'] for row in rows if row['server'] == name)} |")
-    lines += ["", "Latencies are medians over rounds of each round's percentile; maxima and peak RSS are "
-              "the largest of any round."]
+             f"medians of {a.rounds} rounds (range). Builds: " + "; ".join(versions), ""]
+    lines += table(rows)
     save_run(out_dir, work, lines, commands)
 
 

@@ -919,11 +919,16 @@ fn init_takes_the_repository_as_every_verb_does() {
 
 /// Snapshot times for the retention comparison with restic: two groups
 /// (restic's hosts, cairn's images), gaps from 20 minutes to 75 days
-/// over two years and more, so every rule meets hours, days, ISO weeks, months
-/// and years with one snapshot and with several; the month ends where
-/// a span counted back on the calendar differs from one of 30 or 365
-/// days: from 31 March 2024 a month back is 2 March (both groups end on
-/// such a day: 31 March 2024, and 1 August 2024, a month after 1 July).
+/// over two years and more, so every rule meets hours, days, ISO weeks,
+/// months and years with one snapshot and with several; then times
+/// around the cuts of spans counted back from each group's newest (31
+/// March 2024, and 1 August 2024): exactly on a cut (not within it:
+/// restic keeps what is strictly after), and between the calendar's cut
+/// and the one 30-day months and 365-day years give, each the only
+/// snapshot of its hour, day, week, month or year inside the span:
+/// `1m` from 31 March is 2 March 12:00 (1 March 12:00 in 30 days), `1y`
+/// 31 March 2023 12:00 (1 April across 29 February), `1m` from 1 August
+/// 1 July 00:00 (2 July), `8m` 1 December 2023 (5 December).
 fn retention_times() -> Vec<(&'static str, Vec<String>)> {
     let gaps = [
         1200,
@@ -936,15 +941,18 @@ fn retention_times() -> Vec<(&'static str, Vec<String>)> {
         75 * 86400,
     ];
     let mut groups = Vec::new();
-    for (host, start, edges) in [
+    for (host, start, until, edges) in [
         (
             "h1",
             "2022-07-01T08:00:00Z",
+            "2023-12-15T00:00:00Z",
             &[
+                "2023-03-31T18:00:00Z",
                 "2024-01-31T10:00:00Z",
                 "2024-02-29T23:00:00Z",
                 "2024-03-01T18:00:00Z",
                 "2024-03-02T06:00:00Z",
+                "2024-03-02T12:00:00Z",
                 "2024-03-02T12:30:00Z",
                 "2024-03-24T23:59:59Z",
                 "2024-03-25T00:00:01Z",
@@ -954,19 +962,22 @@ fn retention_times() -> Vec<(&'static str, Vec<String>)> {
         (
             "h2",
             "2022-10-01T00:00:00Z",
+            "2024-05-15T00:00:00Z",
             &[
+                "2023-12-02T12:00:00Z",
                 "2024-06-30T23:00:00Z",
+                "2024-07-01T00:00:00Z",
                 "2024-07-01T12:00:00Z",
-                "2024-07-02T06:00:00Z",
+                "2024-07-08T06:00:00Z",
                 "2024-08-01T00:00:00Z",
             ][..],
         ),
     ] {
-        let first_edge = cairn_store::parse_time(edges[0]).unwrap();
+        let until = cairn_store::parse_time(until).unwrap();
         let mut t = cairn_store::parse_time(start).unwrap();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ t as u64;
         let mut times = Vec::new();
-        while t < first_edge - 45 * 86400 {
+        while t < until {
             times.push(t);
             x ^= x << 13;
             x ^= x >> 7;
@@ -1086,12 +1097,19 @@ fn forget_keeps_what_restic_forget_keeps() {
         &["--keep-monthly", "6"],
         &["--keep-yearly", "3"],
         &["--keep-within", "1m"],
+        &["--keep-within", "1y"],
+        &["--keep-within", "8m"],
         &["--keep-within", "1y2m3d4h"],
         &["--keep-within", "7d"],
+        &["--keep-within-hourly", "1m"],
+        &["--keep-within-daily", "1m"],
+        &["--keep-within-weekly", "1m"],
+        &["--keep-within-monthly", "1y"],
+        &["--keep-within-yearly", "8m"],
         &["--keep-within-hourly", "2d"],
         &["--keep-within-daily", "10d"],
         &["--keep-within-weekly", "2m"],
-        &["--keep-within-monthly", "1y"],
+        &["--keep-within-monthly", "6m"],
         &["--keep-within-yearly", "3y"],
         &[
             "--keep-last",
@@ -1123,6 +1141,7 @@ fn forget_keeps_what_restic_forget_keeps() {
             "2",
         ],
     ];
+    let mut wrong = Vec::new();
     for policy in policies {
         let want = restic_kept(&restic_repo, policy);
         let mut args = vec!["forget", "-r", &repo, "--dry-run", "--json"];
@@ -1142,12 +1161,26 @@ fn forget_keeps_what_restic_forget_keeps() {
             if !expect.contains(&newest[host]) {
                 expect.push(newest[host]);
             }
-            let show = |v: &[i64]| v.iter().map(|&t| utc(t)).collect::<Vec<_>>();
-            assert_eq!(
-                show(&kept),
-                show(&expect),
-                "{host}, {policy:?}: cairn kept the first, restic the second"
-            );
+            if kept != expect {
+                let only = |a: &[i64], b: &[i64]| {
+                    a.iter()
+                        .filter(|t| !b.contains(t))
+                        .map(|&t| utc(t))
+                        .collect::<Vec<_>>()
+                };
+                wrong.push(format!(
+                    "{host} {policy:?}: only cairn kept {:?}, only restic {:?}",
+                    only(&kept, &expect),
+                    only(&expect, &kept)
+                ));
+            }
         }
     }
+    let version = String::from_utf8(restic(&restic_repo, &["version"]).stdout).unwrap();
+    assert!(
+        wrong.is_empty(),
+        "against {}:\n{}",
+        version.trim(),
+        wrong.join("\n")
+    );
 }

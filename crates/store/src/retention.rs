@@ -20,8 +20,9 @@
 //!   (`backup --time`, a clock set back), where restic would sort it by
 //!   its time.
 //!
-//! Periods are calendar periods in UTC (restic uses the machine's local
-//! time zone; UTC gives every machine of a site the same answer).
+//! Periods are calendar periods in UTC (restic places each snapshot in
+//! the time zone its time was recorded in, the zone of the machine that
+//! took it; UTC gives every machine of a site the same answer).
 //! docs/retention.md has the table of which snapshot each rule keeps.
 
 use crate::error::{Result, StoreError};
@@ -125,11 +126,25 @@ impl CalendarSpan {
         let back = date.and_time(at.time()).and_utc().timestamp();
         back.checked_sub(i64::try_from(self.hours).ok()?.checked_mul(3600)?)
     }
+}
 
-    /// Whether a snapshot taken at `t` is within this span of `newest`:
-    /// strictly after the time the span before it.
-    fn holds(&self, newest: i64, t: i64) -> bool {
-        self.before(newest).is_none_or(|from| t > from)
+/// Where a span before the newest snapshot begins: a snapshot is within
+/// it when taken strictly after `after` (Go's `After`, as restic); with
+/// `None` (a span past the calendar's start) every snapshot is.
+#[derive(Clone, Copy)]
+struct Cut {
+    after: Option<i64>,
+}
+
+impl Cut {
+    fn new(span: CalendarSpan, newest: i64) -> Cut {
+        Cut {
+            after: span.before(newest),
+        }
+    }
+
+    fn holds(&self, t: i64) -> bool {
+        self.after.is_none_or(|from| t > from)
     }
 }
 
@@ -219,7 +234,12 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
     let mut left: Vec<u32> = buckets.iter().map(|(_, n)| n.unwrap_or(0)).collect();
     let mut seen: Vec<Option<i64>> = vec![None; buckets.len()];
     let mut last_left = policy.last.unwrap_or(0);
-    let within_buckets = policy.within_buckets();
+    // Each span's cut, once (no snapshots: no cuts, nothing to keep).
+    let cut = |span: Option<CalendarSpan>| Some(Cut::new(span?, newest?));
+    let within = cut(policy.within);
+    let within_buckets = policy
+        .within_buckets()
+        .map(|(rule, span)| (rule, cut(span)));
     let mut within_seen: [Option<i64>; 5] = [None; 5];
     let mut out = Vec::with_capacity(sorted.len());
     for s in sorted {
@@ -240,17 +260,12 @@ pub fn apply(policy: &KeepPolicy, snapshots: &[Dated]) -> Vec<Verdict> {
                 reasons.push(*rule);
             }
         }
-        if let (Some(within), Some(newest)) = (policy.within, newest) {
-            if within.holds(newest, s.created) {
-                reasons.push("within");
-            }
+        if within.is_some_and(|c| c.holds(s.created)) {
+            reasons.push("within");
         }
         // No count: every period inside the span keeps its newest.
-        for (i, (rule, span)) in within_buckets.iter().enumerate() {
-            let (Some(span), Some(newest)) = (span, newest) else {
-                continue;
-            };
-            if span.holds(newest, s.created) {
+        for (i, (rule, cut)) in within_buckets.iter().enumerate() {
+            if cut.is_some_and(|c| c.holds(s.created)) {
                 let p = period(&rule["within-".len()..], &t);
                 if within_seen[i] != Some(p) {
                     within_seen[i] = Some(p);
