@@ -1025,7 +1025,8 @@ impl BlockDev for FileDev {
 /// `flock(2)` on `file` with `op` (`libc::LOCK_EX`, `LOCK_SH`, `LOCK_UN`,
 /// with `LOCK_NB`), retried on EINTR; `Ok(false)` when a non-blocking
 /// request would block (another holder). The one flock of the project:
-/// the store's held objects and the write-back cache's device lock.
+/// the store's held objects and record of seen snapshots, and the
+/// write-back cache's device lock.
 pub fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
     loop {
         // SAFETY: flock on a descriptor this File owns; no memory is passed.

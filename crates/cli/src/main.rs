@@ -1915,6 +1915,10 @@ fn main() -> ExitCode {
         Command::Serve(a) => u8::from(a.verbose),
         _ => 0,
     });
+    // Each machine keeps what it has seen of a repository, so that a
+    // snapshot gone without a removal record is noticed (the library
+    // keeps nothing unless asked).
+    cairn_store::keep_seen_records();
     let result = match cli.command {
         Command::Pack(args) => pack::pack(&args),
         Command::Unpack(args) => pack::unpack(&args),

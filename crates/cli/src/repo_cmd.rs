@@ -214,6 +214,12 @@ pub(crate) struct VerifyArgs {
     /// Threads reading packs (default: number of cores).
     #[arg(short = 'T', long = "threads")]
     pub threads: Option<usize>,
+    /// Forget, on this machine, the snapshots it saw that are gone with no
+    /// removal record (`vanished-snapshot` problems: lost, deleted by
+    /// hand, or the repository rolled back), once you know they cannot be
+    /// got back: they are named, no longer reported, and gc runs again.
+    #[arg(long)]
+    pub accept_vanished: bool,
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -289,23 +295,24 @@ pub(crate) struct ForgetArgs {
     pub images: Vec<String>,
     #[command(flatten)]
     pub repo: RepoArg,
-    /// Keep the N newest snapshots.
-    #[arg(long, value_name = "N")]
+    /// Keep the N newest snapshots (`unlimited` or -1: all, as restic
+    /// 0.16 takes it; so for the rules below).
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_last: Option<u32>,
     /// Keep the newest snapshot of each of the N newest hours that have one.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_hourly: Option<u32>,
     /// ... of each of the N newest days (UTC).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_daily: Option<u32>,
     /// ... of each of the N newest ISO weeks.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_weekly: Option<u32>,
     /// ... of each of the N newest months.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_monthly: Option<u32>,
     /// ... of each of the N newest years.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_keep_count, allow_negative_numbers = true)]
     pub keep_yearly: Option<u32>,
     /// Keep every snapshot less than DURATION older than the image's
     /// newest (1y6m, 14d, 36h; counted back on the calendar, as restic).
@@ -980,6 +987,18 @@ fn utc(secs: i64) -> String {
     )
 }
 
+/// A `--keep-*` count: N, or `unlimited` (`-1`), as restic 0.16 and
+/// later take it, which keeps every period (a count no repository
+/// reaches).
+fn parse_keep_count(s: &str) -> Result<u32, String> {
+    match s {
+        "unlimited" | "-1" => Ok(u32::MAX),
+        _ => s
+            .parse::<u32>()
+            .map_err(|_| format!("{s:?} is not a count: give N (0 or more), or unlimited (-1)")),
+    }
+}
+
 /// `--read-data-subset`: `N/M`, `P%` or a size.
 fn parse_subset(s: &str) -> Result<cairn_store::DataSubset, String> {
     use cairn_store::DataSubset;
@@ -1010,6 +1029,19 @@ fn parse_subset(s: &str) -> Result<cairn_store::DataSubset, String> {
 
 pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
     let repo = open_repo(&a.repo)?;
+    let accepted = if a.accept_vanished {
+        repo.accept_vanished()?
+    } else {
+        Vec::new()
+    };
+    let accepted: Vec<String> = accepted.iter().map(|(n, s)| format!("{n}@{s}")).collect();
+    if !accepted.is_empty() && !a.json {
+        outln!(
+            "forgotten as gone ({} snapshot(s) with no removal record): {}",
+            accepted.len(),
+            accepted.join(", ")
+        );
+    }
     let read_data = a.read_data || a.read_data_subset.is_some();
     let bar = Progress::new("verify", None, !a.quiet && read_data);
     let progress = |done: u64, _total: u64| bar.read_to(done);
@@ -1037,6 +1069,7 @@ pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
             "packs_read": r.packs_read,
             "unindexed_packs": r.unindexed_packs,
             "problems": problems_json(&r.problems),
+            "accepted_vanished": accepted,
         }));
     } else {
         print_problems(&r.problems);
@@ -1421,7 +1454,8 @@ pub(crate) fn rm(a: &RmArgs) -> Result<()> {
         snaps.into_iter().map(|s| (a.image.clone(), s)).collect()
     };
     for (name, snap) in &removed {
-        repo.remove_snapshot(&lock, name, *snap)?;
+        let released = repo.remove_snapshot_freeing(&lock, name, *snap)?;
+        note_released(&repo, released);
     }
     if a.json {
         print_json(&json!({
@@ -1506,10 +1540,10 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
                 if let Some(lock) = &lock {
                     // Another forget run at once may have removed it first:
                     // forgotten either way.
-                    match repo.remove_snapshot(lock, name, v.snapshot.snapshot) {
+                    match repo.remove_snapshot_freeing(lock, name, v.snapshot.snapshot) {
                         Err(cairn_store::StoreError::Io { source, .. })
                             if source.kind() == std::io::ErrorKind::NotFound => {}
-                        r => r?,
+                        r => note_released(&repo, r?),
                     }
                 }
             }
@@ -1910,6 +1944,17 @@ fn verdict(r: &cairn_store::VerifyReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_counts_take_unlimited_as_restic_does() {
+        assert_eq!(parse_keep_count("3"), Ok(3));
+        assert_eq!(parse_keep_count("0"), Ok(0));
+        assert_eq!(parse_keep_count("unlimited"), Ok(u32::MAX));
+        assert_eq!(parse_keep_count("-1"), Ok(u32::MAX));
+        for bad in ["-2", "x", "", "1.5"] {
+            assert!(parse_keep_count(bad).is_err(), "{bad}");
+        }
+    }
 
     /// Packs that could not be read, alone, are no damage: NOT VERIFIED;
     /// with any other problem, DAMAGED.

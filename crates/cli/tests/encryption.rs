@@ -852,3 +852,229 @@ fn repository_files_are_private() {
     assert!(keys["keys"][0]["id"].is_string(), "{keys}");
     assert!(keys["keys"][0].get("master").is_none() && keys["keys"][0].get("salt").is_none());
 }
+
+/// Whether `out`'s stderr warns that `snap` vanished.
+fn warns_vanished(out: &Output, snap: &str) -> bool {
+    let err = String::from_utf8_lossy(&out.stderr);
+    err.lines().any(|l| {
+        l.contains(&format!("snapshot {snap} was seen")) && l.contains("no removal record")
+    })
+}
+
+/// `cairn` (a password, or none for a plain repository) keeping what it
+/// saw in `state`.
+fn with_state(plain_repo: bool, state: &Path) -> Command {
+    let mut c = if plain_repo { plain() } else { cairn() };
+    c.env("CAIRN_STATE_DIR", state);
+    c
+}
+
+/// `cp -a from to`.
+fn copy_tree(from: &Path, to: &Path) {
+    let st = Command::new("cp")
+        .args(["-a", s(from), s(to)])
+        .status()
+        .unwrap();
+    assert!(st.success(), "cp -a {}", from.display());
+}
+
+/// `repo`'s snapshots put back as `saved` held them: a rollback.
+fn roll_back(repo: &Path, saved: &Path) {
+    std::fs::remove_dir_all(repo.join("snapshots")).unwrap();
+    copy_tree(saved, &repo.join("snapshots"));
+}
+
+/// A test's folder, with its state directory, repository path and a data
+/// file of `len` bytes: (folder, state, repository, data).
+fn seen_setup(len: usize, seed: u64) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let dir = tempdir();
+    let state = dir.path().join("state");
+    let repo = dir.path().join("r");
+    let data = dir.path().join("data");
+    std::fs::write(&data, mixed(len, seed)).unwrap();
+    (dir, state, repo, data)
+}
+
+#[test]
+fn a_snapshot_gone_without_removal_is_reported_until_accepted() {
+    let (dir, state, repo, data) = seen_setup(256 << 10, 5);
+    let c = || with_state(false, &state);
+    let okr = |args: &[&str]| ok(run(&mut c(), args));
+    okr(&["init", s(&repo)]);
+    let backup = |expect: u64| {
+        let out = okr(&[
+            "backup",
+            "-q",
+            "--repo",
+            s(&repo),
+            "--name",
+            "img",
+            s(&data),
+        ]);
+        let list = json(&okr(&["ls", "--repo", s(&repo), "--json"]));
+        let last = list["snapshots"]
+            .as_array()
+            .and_then(|v| v.last())
+            .map(|v| v["snapshot"].as_u64().unwrap());
+        assert_eq!(last, Some(expect), "{list}");
+        out
+    };
+    backup(1);
+    backup(2);
+    // A removal through cairn leaves a sealed record, and is no loss.
+    okr(&["rm", "--repo", s(&repo), "img@1"]);
+    let removed: Vec<PathBuf> = files(&repo.join("removed"));
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert!(removed[0].ends_with("0000000001.rm"), "{removed:?}");
+    assert!(
+        holding(&repo.join("removed"), b"img").is_empty(),
+        "the name is sealed"
+    );
+    // The repository's snapshots as they were, to be put back.
+    let old = dir.path().join("old-snapshots");
+    copy_tree(&repo.join("snapshots"), &old);
+    backup(3);
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(!warns_vanished(&out, "img@1"), "removed, not lost");
+    // Rolled back: snapshot 3 is gone.
+    roll_back(&repo, &old);
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(warns_vanished(&out, "img@3"), "{out:?}");
+    // A record of another snapshot, copied into its place, and a damaged
+    // one, do not pass for its removal.
+    let rec_dir = removed[0].parent().unwrap();
+    let planted = rec_dir.join("0000000003.rm");
+    std::fs::copy(&removed[0], &planted).unwrap();
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(warns_vanished(&out, "img@3"), "{out:?}");
+    std::fs::write(&planted, b"CAIRNMET not a record").unwrap();
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(warns_vanished(&out, "img@3"), "{out:?}");
+    // gc would free its chunks: it refuses, naming it.
+    let out = run(&mut c(), &["gc", "--repo", s(&repo)]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("gc deletes nothing while"))
+        .collect();
+    assert!(refusal.len() == 1 && refusal[0].contains("img@3"), "{err}");
+    // verify reports it.
+    let out = run(&mut c(), &["verify", "--repo", s(&repo), "--json"]);
+    assert!(!out.status.success());
+    let v = json(&out);
+    let kinds: Vec<&str> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["vanished-snapshot"], "{v}");
+    // Another machine never saw it.
+    let elsewhere = dir.path().join("elsewhere");
+    let out = ok(run(
+        &mut with_state(false, &elsewhere),
+        &["ls", "--repo", s(&repo)],
+    ));
+    assert!(!warns_vanished(&out, "img@3"));
+    // Accepted: named once, then neither reported nor in gc's way.
+    let out = okr(&["verify", "--repo", s(&repo), "--accept-vanished"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("forgotten as gone") && said.contains("img@3"),
+        "{said}"
+    );
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(!warns_vanished(&out, "img@3"), "{out:?}");
+    okr(&["gc", "--repo", s(&repo)]);
+    // Numbers are never given twice: 3 has a record (planted, here), so
+    // the next backup is 4.
+    std::fs::remove_file(&planted).unwrap();
+    std::fs::copy(&removed[0], &planted).unwrap();
+    backup(4);
+    okr(&["rm", "--repo", s(&repo), "img@2"]);
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).trim().is_empty(),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_manifest_deleted_by_hand_in_a_plain_repository_is_reported() {
+    let (dir, state, repo, data) = seen_setup(64 << 10, 6);
+    let c = || with_state(true, &state);
+    let okr = |args: &[&str]| ok(run(&mut c(), args));
+    okr(&["init", "--encryption", "none", s(&repo)]);
+    for _ in 0..3 {
+        okr(&["backup", "-q", "--repo", s(&repo), "--name", "a", s(&data)]);
+    }
+    okr(&["backup", "-q", "--repo", s(&repo), "--name", "b", s(&data)]);
+    std::fs::remove_file(repo.join("snapshots/a/0000000002.snap")).unwrap();
+    // Any listing warns: of every image (ls), or of the one (restore).
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(warns_vanished(&out, "a@2"), "{out:?}");
+    let out = run(
+        &mut c(),
+        &[
+            "restore",
+            "-q",
+            "--repo",
+            s(&repo),
+            "a",
+            s(&dir.path().join("out")),
+        ],
+    );
+    assert!(
+        out.status.success() && warns_vanished(&out, "a@2"),
+        "{out:?}"
+    );
+    // The whole image removed by hand: every snapshot of it.
+    std::fs::remove_dir_all(repo.join("snapshots/b")).unwrap();
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(
+        warns_vanished(&out, "a@2") && warns_vanished(&out, "b@1"),
+        "{out:?}"
+    );
+    let out = okr(&["verify", "--repo", s(&repo), "--accept-vanished"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("a@2, b@1"), "{said}");
+    let out = okr(&["ls", "--repo", s(&repo)]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).trim().is_empty(),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_machine_that_only_backs_up_notices_its_latest_snapshot_lost() {
+    let (dir, state, repo, data) = seen_setup(64 << 10, 7);
+    let c = || with_state(true, &state);
+    let okr = |args: &[&str]| ok(run(&mut c(), args));
+    okr(&["init", "--encryption", "none", s(&repo)]);
+    let backup = || okr(&["backup", "-q", "--repo", s(&repo), "--name", "a", s(&data)]);
+    backup();
+    let before = dir.path().join("before");
+    copy_tree(&repo.join("snapshots"), &before);
+    // No listing between: the backup itself records its snapshot.
+    backup();
+    roll_back(&repo, &before);
+    // The next backup warns, and does not take the lost number (which
+    // would hide the loss).
+    let out = backup();
+    assert!(warns_vanished(&out, "a@2"), "{out:?}");
+    let list = json(&okr(&["ls", "--repo", s(&repo), "--json"]));
+    let numbers: Vec<u64> = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["snapshot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, [1, 3], "{list}");
+    let out = run(&mut c(), &["verify", "--repo", s(&repo), "--json"]);
+    assert!(!out.status.success());
+    assert!(
+        json(&out)["problems"].to_string().contains("a@2"),
+        "{out:?}"
+    );
+}

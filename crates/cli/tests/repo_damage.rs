@@ -1976,10 +1976,16 @@ fn gc_frees_a_full_disk_through_the_reserve() {
     assert!(disk.free().0 < 4, "the disk should be full");
     assert_eq!(reserve(), 256 << 10, "a backup must not touch the reserve");
 
-    ok(&run(&["rm", "first", "--repo", s(&repo)]));
+    // rm releases the reserve for its removal record (or gc, to work).
+    let out = run(&["rm", "first", "--repo", s(&repo)]);
+    let mut err = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
     let out = run(&["gc", "--repo", s(&repo)]);
-    let err = String::from_utf8_lossy(&ok(&out).stderr).into_owned();
+    err.push_str(&String::from_utf8_lossy(&ok(&out).stderr));
     assert!(err.contains("released the repository's reserve"), "{err}");
+    assert!(
+        repo.join("removed/first/0000000001.rm").is_file(),
+        "no record"
+    );
     // Space is free again, and the reserve is whole.
     assert!(disk.free().0 > 100, "gc freed nothing");
     assert_eq!(reserve(), 256 << 10);

@@ -8,9 +8,10 @@
 //!   contents, even by a repository made again at the same place; those
 //!   are cached. Everything else goes to the store each time: config,
 //!   sessions, locks, trash lists, markers, every listing, and manifests,
-//!   whose names come back (`rm NAME@3` then a backup makes another
-//!   `NAME@3`). So the store stays the truth: an index file is only asked
-//!   for after a listing named it.
+//!   whose names can come back (a backup by a cairn older than removal
+//!   records, after `rm NAME@3`, made another `NAME@3`; a manifest is
+//!   also rewritten by `tag`). So the store stays the truth: an index
+//!   file is only asked for after a listing named it.
 //! - **Checked, and damage is the cache's, not the repository's.** Each
 //!   entry carries the CRC-32C of its bytes; one that fails the check (a
 //!   torn write, a flipped bit on the cache disk) is dropped and fetched

@@ -231,7 +231,12 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     // of each kind and the largest group, for records gc rewrites.
     let mut specs: HashMap<CodecKind, (i64, CodecSpec)> = HashMap::new();
     let mut group: Option<usize> = None;
-    for (name, snaps) in repo.images()? {
+    let images = repo.images()?;
+    // A snapshot lost with no removal record (found by this listing or
+    // one before) may be put back: its chunks stay until it is accepted
+    // as gone.
+    repo.refuse_vanished("gc")?;
+    for (name, snaps) in images {
         for snap in snaps {
             // One removed since the listing (a forget or rm running
             // beside) uses nothing any more.
@@ -559,7 +564,14 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     let trash = repo.write_trash(session, garbage)?;
     // Temporaries of killed writers: a put's lives for milliseconds, so
     // one an hour old is abandoned.
-    for folder in ["index", "snapshots", "trash", "sessions", "locks"] {
+    for folder in [
+        "index",
+        "snapshots",
+        "removed",
+        "trash",
+        "sessions",
+        "locks",
+    ] {
         report.temporaries_removed += repo
             .backend()
             .sweep(folder, std::time::Duration::from_secs(3600))?;

@@ -90,6 +90,7 @@ mod reserve;
 mod restore;
 mod retention;
 mod s3;
+mod seen;
 mod stats;
 mod verify;
 
@@ -97,9 +98,9 @@ mod verify;
 pub use crypt::KdfParams;
 pub use id::{hex, ChunkId, PackId, RepoId, PREFIX_LEN};
 pub use repo::{
-    cache_dir, cache_root, state_dir, state_root, validate_name, HoldEntry, ImageLock, InitOptions,
-    KeyInfo, LoadedIndex, NoPassword, Password, PasswordSource, Repository, Session, SessionInfo,
-    Unlocked, DEFAULT_PACK_SIZE, UNNAMED,
+    cache_dir, cache_root, keep_seen_records, state_dir, state_root, validate_name, HoldEntry,
+    ImageLock, InitOptions, KeyInfo, LoadedIndex, NoPassword, Password, PasswordSource, Repository,
+    Session, SessionInfo, Unlocked, DEFAULT_PACK_SIZE, UNNAMED,
 };
 // Snapshots: their extents, tags, and which to keep.
 pub use manifest::{parse_tags, tags_match, Extent, Manifest, SnapshotStats};

@@ -5,7 +5,7 @@
 //! offset  size  field
 //! 0       8     magic "CAIRNMET"
 //! 8       4     kind (u32 LE): 1 config, 2 target marker, 3 index, 4 manifest, 5 trash list,
-//!               6 key; plus SEALED (0x100) when the body is encrypted
+//!               6 key, 7 removal record, 8 seen snapshots (local); plus SEALED (0x100) when the body is encrypted
 //! 12      4     format version of the body (u32 LE)
 //! 16      8     body length N (u64 LE)
 //! 24      N     body
@@ -49,6 +49,11 @@ pub enum Kind {
     Garbage = 5,
     /// `REPO/keys/*`.
     Key = 6,
+    /// `REPO/removed/DIR/*.rm` (`seen.rs`).
+    Removal = 7,
+    /// The snapshots seen, kept on the machine, not in a repository
+    /// (`seen.rs`).
+    Seen = 8,
 }
 
 /// Added to the kind of a file whose body is encrypted.
@@ -63,6 +68,8 @@ impl Kind {
             Kind::Manifest => "manifest",
             Kind::Garbage => "trash list",
             Kind::Key => "key",
+            Kind::Removal => "removal record",
+            Kind::Seen => "record of seen snapshots",
         }
     }
 }

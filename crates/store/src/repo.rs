@@ -33,8 +33,9 @@ use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FI
 use crate::manifest::Manifest;
 use crate::meta::{self, Kind};
 use crate::pack::{self, PACK_HEADER_LEN};
+use crate::seen::{Removal, Seen};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -381,6 +382,9 @@ pub struct Repository {
     crypt: Option<Arc<Crypt>>,
     /// The key file that opened it.
     key_id: Option<String>,
+    /// The snapshots this machine has seen in it, to notice those that
+    /// vanish without a removal record (`seen.rs`).
+    seen: Arc<std::sync::Mutex<Seen>>,
 }
 
 /// A running writer or reader, registered in the repository
@@ -664,6 +668,35 @@ pub fn state_root() -> Option<PathBuf> {
 /// `None` when none of those is set.
 pub fn state_dir(id: RepoId) -> Option<PathBuf> {
     Some(state_root()?.join(id.to_string()))
+}
+
+/// Whether repositories opened from now on keep the record of the
+/// snapshots seen ([`keep_seen_records`]).
+static KEEP_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keep, for every repository opened from now on, the record of the
+/// snapshots this machine has seen in it, in the user's state directory
+/// ([`state_root`]), and so notice those that vanish without a removal
+/// record (`seen.rs`). The cairn binary turns it on; a program using the
+/// library (its tests among them) keeps no such state unless it asks.
+pub fn keep_seen_records() {
+    KEEP_SEEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The record of the snapshots seen in repository `id` reached at `home`
+/// (a directory's canonical path) or `location` (a URL): one per place,
+/// so that a copy of a repository (the same id elsewhere) is not taken for
+/// it rolled back.
+fn seen_record(id: RepoId, home: Option<&Path>, location: &str) -> Seen {
+    if !KEEP_SEEN.load(std::sync::atomic::Ordering::Relaxed) {
+        return Seen::default();
+    }
+    let place = match home {
+        Some(h) => h.display().to_string(),
+        None => location.trim_end_matches('/').to_string(),
+    };
+    let h = blake3::hash(place.as_bytes()).to_hex();
+    Seen::at(state_dir(id), format!("seen-{}", &h[..32]))
 }
 
 /// The user running cairn, for key files.
@@ -1556,6 +1589,7 @@ impl Repository {
                 "config lists no targets",
             ));
         }
+        let seen = seen_record(id, home.as_deref(), &location);
         Ok(Repository {
             location,
             root,
@@ -1567,6 +1601,7 @@ impl Repository {
             encryption: config.encryption,
             crypt: None,
             key_id: None,
+            seen: Arc::new(std::sync::Mutex::new(seen)),
         })
     }
 
@@ -1982,16 +2017,19 @@ impl Repository {
     /// Every image with its snapshot numbers, sorted. In an encrypted
     /// repository an image's name is read from its latest manifest.
     pub fn images(&self) -> Result<Vec<(String, Vec<u64>)>> {
-        let mut by_dir: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        let mut by_dir: BTreeMap<String, Vec<u64>> = Default::default();
         for l in self.root.list("snapshots/")? {
             let Some((dir, n)) = self.parse_manifest_key(&l.key) else {
                 continue;
             };
             by_dir.entry(dir.to_string()).or_default().push(n);
         }
-        let mut out = Vec::new();
-        for (dir, mut v) in by_dir {
+        for v in by_dir.values_mut() {
             v.sort_unstable();
+        }
+        let mut out = Vec::new();
+        for (dir, v) in &by_dir {
+            let (dir, v) = (dir.clone(), v.clone());
             if self.crypt.is_none() {
                 out.push((dir, v));
                 continue;
@@ -2025,8 +2063,146 @@ impl Repository {
                 None => {}
             }
         }
+        let names: HashMap<String, String> = out
+            .iter()
+            .map(|(name, _)| (self.image_dir(name), name.clone()))
+            .collect();
+        self.note_listing(None, &by_dir, |dir| {
+            names
+                .get(dir)
+                .cloned()
+                .unwrap_or_else(|| format!("{UNNAMED}{dir}"))
+        });
         out.sort();
         Ok(out)
+    }
+
+    /// Take in a listing of snapshots (`present`, by image folder;
+    /// `scope`: the one folder listed, or `None` for every image): a
+    /// snapshot this machine saw before that is absent and that no removal
+    /// record names has vanished, and is warned of (`seen.rs`). `name_of`
+    /// names a folder's image.
+    fn note_listing(
+        &self,
+        scope: Option<&str>,
+        present: &BTreeMap<String, Vec<u64>>,
+        name_of: impl Fn(&str) -> String,
+    ) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if !seen.kept() {
+            return;
+        }
+        let mut removed = Vec::new();
+        let mut vanished = Vec::new();
+        for (place, name) in seen.missing(scope, present).0 {
+            if seen.is_vanished(&place) {
+                vanished.push((place, name));
+                continue;
+            }
+            match self.removal_recorded(&place) {
+                Ok(true) => removed.push(place),
+                Ok(false) => vanished.push((place, name)),
+                // Not read (a network error): neither, until it is.
+                Err(e) => tracing::debug!("removal record of {}@{}: {e}", name, place.1),
+            }
+        }
+        let listed = present.iter().flat_map(|(dir, v)| {
+            let name = name_of(dir);
+            v.iter().map(move |&n| ((dir.clone(), n), name.clone()))
+        });
+        seen.take(&removed, vanished, listed, &self.location);
+    }
+
+    fn removal_key(dir: &str, snapshot: u64) -> Key {
+        Key::new(format!("removed/{dir}/{snapshot:010}.rm"))
+    }
+
+    /// Whether a sound removal record names the snapshot at `place`
+    /// (`false` for none, and for one damaged, forged, or naming another
+    /// snapshot, which is said).
+    fn removal_recorded(&self, place: &(String, u64)) -> Result<bool> {
+        let key = Self::removal_key(&place.0, place.1);
+        let Some(data) = self.root.get(&key)? else {
+            return Ok(false);
+        };
+        let path = self.root.locate(&key);
+        match Removal::decode(&path, &data, self.crypt.as_deref()) {
+            Ok(r) if r.snapshot == place.1 && self.image_dir(&r.name) == place.0 => Ok(true),
+            Ok(r) => {
+                tracing::warn!(
+                    "{}: names {}@{}, not the snapshot of its place",
+                    path.display(),
+                    r.name,
+                    r.snapshot
+                );
+                Ok(false)
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                Ok(false)
+            }
+        }
+    }
+
+    /// The numbers of image `name`'s removal records, ascending.
+    fn removed_numbers(&self, name: &str) -> Result<Vec<u64>> {
+        let dir = self.image_dir(name);
+        let prefix = format!("removed/{dir}/");
+        let mut v: Vec<u64> = self
+            .root
+            .list(&prefix)?
+            .iter()
+            .filter_map(|l| {
+                l.key
+                    .as_str()
+                    .strip_prefix(&prefix)?
+                    .strip_suffix(".rm")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        v.sort_unstable();
+        Ok(v)
+    }
+
+    /// Snapshots this machine saw in the repository that are gone with no
+    /// removal record, found by the listings so far (run [`Repository::images`]
+    /// first for all of them): (image name, number).
+    pub fn vanished(&self) -> Vec<(String, u64)> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.vanished()
+    }
+
+    /// Forget the vanished snapshots on this machine (lost, or removed on
+    /// purpose by hand or by a cairn that wrote no removal records): they
+    /// are no longer reported, and gc runs again. Returns them.
+    pub fn accept_vanished(&self) -> Result<Vec<(String, u64)>> {
+        // Found without the warnings that say to run this.
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).quiet = true;
+        let listed = self.images();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.quiet = false;
+        listed?;
+        Ok(seen.accept_vanished())
+    }
+
+    /// Fail when snapshots have vanished (see [`Repository::vanished`]),
+    /// as found by the listings so far: for what would delete the chunks
+    /// only they use (gc, right after the listing it marks from).
+    pub fn refuse_vanished(&self, what: &str) -> Result<()> {
+        let v = self.vanished();
+        if v.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<String> = v.iter().take(5).map(|(n, s)| format!("{n}@{s}")).collect();
+        Err(StoreError::Invalid(format!(
+            "{what} deletes nothing while snapshots seen on this machine are gone from {} with no \
+             removal record ({}{}): they may be put back, or restored from elsewhere. \
+             `cairn verify` reports them; `cairn verify --accept-vanished` forgets them",
+            self.location,
+            shown.join(", "),
+            if v.len() > 5 { ", ..." } else { "" }
+        )))
     }
 
     fn parse_manifest_key<'k>(&self, key: &'k Key) -> Option<(&'k str, u64)> {
@@ -2053,7 +2229,9 @@ impl Repository {
             .map(|(_, s)| s)
             .collect();
         v.sort_unstable();
-        Ok(v)
+        let present = BTreeMap::from([(dir.clone(), v)]);
+        self.note_listing(Some(&dir), &present, |_| name.to_string());
+        Ok(present.into_values().next().unwrap_or_default())
     }
 
     /// `NAME` (latest snapshot) or `NAME@N` or `NAME@latest`.
@@ -2138,9 +2316,27 @@ impl Repository {
     /// one, again after it if a concurrent writer of the same image took
     /// that number first. Returns the number.
     pub fn commit_manifest(&self, session: &Session, m: &mut Manifest) -> Result<u64> {
+        // Never a number a removed snapshot had (a removal record names
+        // one snapshot), nor one this machine saw and lost (given again,
+        // it would hide the loss): `seen.rs`. The snapshots are listed
+        // before the removal records, so an `rm` running beside (its
+        // record written before its manifest is deleted) shows in one.
+        let dir = self.image_dir(&m.name);
         loop {
-            m.snapshot = self.snapshots(&m.name)?.last().map_or(1, |n| n + 1);
+            let last = self.snapshots(&m.name)?.last().copied().unwrap_or(0);
+            let removed = self.removed_numbers(&m.name)?.last().copied().unwrap_or(0);
+            let seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .highest(&dir)
+                .unwrap_or(0);
+            m.snapshot = last.max(removed).max(seen) + 1;
             if self.write_manifest(session, m)? {
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .add((dir, m.snapshot), m.name.clone());
                 return Ok(m.snapshot);
             }
         }
@@ -2153,7 +2349,8 @@ impl Repository {
     /// they are the same. Two changes of one snapshot's tags at once: the
     /// last one written wins. A snapshot removed between the read and the
     /// write is written again (its chunks are safe: gc waits for this
-    /// session before it deletes, and then reads the manifests).
+    /// session before it deletes, and then reads the manifests); never
+    /// over another snapshot, as numbers are not given twice.
     pub fn retag(
         &self,
         session: &Session,
@@ -2177,14 +2374,66 @@ impl Repository {
     }
 
     /// Remove a snapshot (its chunks stay until `gc`).
-    pub fn remove_snapshot(&self, _session: &Session, name: &str, snapshot: u64) -> Result<()> {
+    pub fn remove_snapshot(&self, session: &Session, name: &str, snapshot: u64) -> Result<()> {
+        self.remove_snapshot_freeing(session, name, snapshot)
+            .map(|_| ())
+    }
+
+    /// [`Repository::remove_snapshot`], on a full disk releasing the
+    /// reserve for the removal record; returns the bytes released (0
+    /// almost always). With no room even then, the snapshot is removed
+    /// without a record (said: a machine that listed it will report it
+    /// vanished), as removing frees space and must not need it.
+    pub fn remove_snapshot_freeing(
+        &self,
+        _session: &Session,
+        name: &str,
+        snapshot: u64,
+    ) -> Result<u64> {
         let key = self.manifest_key(name, snapshot);
-        if self.root.get(&key)?.is_none() {
+        let Some(data) = self.root.get(&key)? else {
             return Err(StoreError::Io {
                 path: self.root.locate(&key),
                 what: "remove",
                 source: std::io::ErrorKind::NotFound.into(),
             });
+        };
+        // The removal record first (`seen.rs`): a crash between the two
+        // leaves the snapshot, recorded as removed, which the next rm
+        // removes. A damaged manifest is recorded by its place alone.
+        let m = Manifest::decode_with(&self.root.locate(&key), &data, self.crypt.as_deref()).ok();
+        let record = Removal {
+            name: name.to_string(),
+            snapshot,
+            created: m.as_ref().map_or(0, |m| m.created),
+            size: m.as_ref().map_or(0, |m| m.size),
+            removed: now_secs(),
+        };
+        let dir = self.image_dir(name);
+        let record_key = Self::removal_key(&dir, snapshot);
+        let record = record.encode(self.crypt.as_deref())?;
+        let mut released = 0;
+        let mut written = self.root.put(&record_key, &record);
+        if matches!(&written, Err(e) if e.is_no_space()) {
+            released = self.release_reserve().unwrap_or(0);
+            if released > 0 {
+                written = self.root.put(&record_key, &record);
+            }
+        }
+        match written {
+            Ok(()) => {}
+            Err(e) if e.is_no_space() => {
+                tracing::warn!(
+                    "{name}@{snapshot}: no room for its removal record ({e}): removed without \
+                     one, so a machine that listed it will report it vanished (`cairn verify \
+                     --accept-vanished` there)"
+                );
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .forget(&(dir, snapshot));
+            }
+            Err(e) => return Err(e),
         }
         self.root.delete(&[key])?;
         // A local image's directory goes with its last snapshot.
@@ -2193,7 +2442,7 @@ impl Repository {
                 let _ = fs::remove_dir(home.join("snapshots").join(self.image_dir(name)));
             }
         }
-        Ok(())
+        Ok(released)
     }
 
     // ---- index ----
@@ -3025,6 +3274,7 @@ mod tests {
             encryption: None,
             crypt: None,
             key_id: None,
+            seen: Default::default(),
         };
         let lists = repo.trash_lists().unwrap();
         assert_eq!(lists.len(), 4);

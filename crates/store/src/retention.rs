@@ -31,7 +31,8 @@ use chrono::{DateTime, Datelike, Timelike, Utc};
 /// How many of each to keep; `None` (or 0): that rule keeps nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KeepPolicy {
-    /// The N newest snapshots.
+    /// The N newest snapshots (for this and the counts below, `u32::MAX`
+    /// keeps all: restic's `unlimited`).
     pub last: Option<u32>,
     /// The newest of each of the N newest hours.
     pub hourly: Option<u32>,
@@ -461,6 +462,21 @@ mod tests {
         };
         // Days 10, 9, 8: their 18:00 snapshots (20, 18, 16).
         assert_eq!(kept(&p, &s), vec![16, 18, 20]);
+    }
+
+    #[test]
+    fn an_unlimited_count_keeps_every_period() {
+        let s = twice_daily();
+        let p = KeepPolicy {
+            daily: Some(u32::MAX),
+            ..Default::default()
+        };
+        assert_eq!(kept(&p, &s), (1..=10).map(|d| 2 * d).collect::<Vec<u64>>());
+        let all = KeepPolicy {
+            last: Some(u32::MAX),
+            ..Default::default()
+        };
+        assert_eq!(kept(&all, &s), (1..=20).collect::<Vec<u64>>());
     }
 
     #[test]

@@ -144,7 +144,9 @@ pub struct Problem {
     /// pack that could not be read: an I/O or network error),
     /// `damaged-copy` (a damaged copy of a chunk stored twice whose other
     /// copy is sound), `unread-copy` (a copy of a chunk stored twice that
-    /// could not be read, whose other copy is sound: not known damaged).
+    /// could not be read, whose other copy is sound: not known damaged),
+    /// `vanished-snapshot` (a snapshot this machine saw is gone with no
+    /// removal record).
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
@@ -652,6 +654,18 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     let mut hit: HashMap<[u8; PREFIX_LEN], (ChunkId, Vec<Affected>), IdHash> = HashMap::default();
     let images = repo.images()?;
     report.images = images.len();
+    for (name, snapshot) in repo.vanished() {
+        report.problems.push(Problem {
+            kind: "vanished-snapshot",
+            message: format!(
+                "snapshot {name}@{snapshot} was seen on this machine and is gone, with no \
+                 removal record (damaged, deleted by hand, or the repository rolled back); \
+                 `cairn verify --accept-vanished` forgets it"
+            ),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
     for (name, snaps) in &images {
         for &snap in snaps {
             report.snapshots += 1;
