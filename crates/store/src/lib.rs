@@ -151,4 +151,5 @@ pub mod internals {
         RecordDecoder, RecordHeader, RECORD_FIXED_LEN,
     };
     pub use crate::repo::check_trash_list;
+    pub use crate::seen::{decode_seen, encode_seen, Removal};
 }

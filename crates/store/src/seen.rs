@@ -50,7 +50,7 @@ const SEEN_VERSION: u32 = 1;
 
 /// What a removal record says: which snapshot was removed, when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Removal {
+pub struct Removal {
     /// The image's name, as the removal named it (in an encrypted
     /// repository, `#` and its folder for an image whose manifests could
     /// not be read).
@@ -68,7 +68,7 @@ pub(crate) struct Removal {
 
 impl Removal {
     /// The record, sealed under `crypt` if the repository is encrypted.
-    pub(crate) fn encode(&self, crypt: Option<&Crypt>) -> Result<Vec<u8>> {
+    pub fn encode(&self, crypt: Option<&Crypt>) -> Result<Vec<u8>> {
         let mut w = Writer::default();
         w.str16(&self.name);
         w.u64(self.snapshot);
@@ -80,7 +80,7 @@ impl Removal {
 
     /// Read a record (`path` for messages): damaged, forged or of another
     /// repository's key is an error.
-    pub(crate) fn decode(path: &Path, data: &[u8], crypt: Option<&Crypt>) -> Result<Removal> {
+    pub fn decode(path: &Path, data: &[u8], crypt: Option<&Crypt>) -> Result<Removal> {
         let (_, body) = meta::open_with(path, data, Kind::Removal, REMOVAL_VERSION, crypt)?;
         let mut r = Reader::new(&body);
         let bad = |at: usize| StoreError::corrupt(path, at as u64, "removal record is truncated");
@@ -91,13 +91,20 @@ impl Removal {
             size: r.u64().map_err(bad)?,
             removed: r.i64().map_err(bad)?,
         };
+        if r.remaining() > 0 {
+            return Err(StoreError::corrupt(
+                path,
+                r.pos() as u64,
+                format!("removal record has {} bytes past its end", r.remaining()),
+            ));
+        }
         Ok(rec)
     }
 }
 
 /// A snapshot by its place: the image's folder under `snapshots/` (its
 /// name, or the keyed hash of it in an encrypted repository) and number.
-pub(crate) type Place = (String, u64);
+pub type Place = (String, u64);
 
 /// The snapshots this machine has seen in one repository, and those found
 /// vanished in this process.
@@ -371,7 +378,7 @@ impl Seen {
 
 /// The local record: u64 count, then per snapshot str16 folder, u64
 /// number, str16 image name; sorted, in the metadata envelope (kind 8).
-fn encode_seen(entries: &BTreeMap<Place, String>) -> Vec<u8> {
+pub fn encode_seen(entries: &BTreeMap<Place, String>) -> Vec<u8> {
     let mut w = Writer::default();
     w.u64(entries.len() as u64);
     for ((dir, n), name) in entries {
@@ -382,7 +389,8 @@ fn encode_seen(entries: &BTreeMap<Place, String>) -> Vec<u8> {
     meta::seal(Kind::Seen, SEEN_VERSION, &w.buf)
 }
 
-fn decode_seen(path: &Path, data: &[u8]) -> Result<BTreeMap<Place, String>> {
+/// Read the local record (`path` for messages).
+pub fn decode_seen(path: &Path, data: &[u8]) -> Result<BTreeMap<Place, String>> {
     let (_, body) = meta::open(path, data, Kind::Seen, SEEN_VERSION)?;
     let mut r = Reader::new(body);
     let bad =
@@ -394,6 +402,16 @@ fn decode_seen(path: &Path, data: &[u8]) -> Result<BTreeMap<Place, String>> {
         let n = r.u64().map_err(bad)?;
         let name = r.str16().map_err(bad)?;
         out.insert((dir, n), name);
+    }
+    if r.remaining() > 0 {
+        return Err(StoreError::corrupt(
+            path,
+            r.pos() as u64,
+            format!(
+                "record of seen snapshots has {} bytes past its end",
+                r.remaining()
+            ),
+        ));
     }
     Ok(out)
 }
@@ -415,6 +433,12 @@ mod tests {
             assert!(decode_seen(Path::new("s"), &bad).is_err(), "flip at {at}");
         }
         assert!(decode_seen(Path::new("s"), &data[..data.len() - 3]).is_err());
+        // A byte past the last entry, in a sound envelope.
+        let (_, body) = meta::open(Path::new("s"), &data, Kind::Seen, 1).unwrap();
+        let mut longer = body.to_vec();
+        longer.push(0);
+        let longer = meta::seal(Kind::Seen, 1, &longer);
+        assert!(decode_seen(Path::new("s"), &longer).is_err());
     }
 
     #[test]
@@ -431,6 +455,11 @@ mod tests {
         let mut bad = data.clone();
         bad[30] ^= 4;
         assert!(Removal::decode(Path::new("r"), &bad, None).is_err());
+        let (_, body) = meta::open(Path::new("r"), &data, Kind::Removal, 1).unwrap();
+        let mut longer = body.to_vec();
+        longer.push(0);
+        let longer = meta::seal(Kind::Removal, 1, &longer);
+        assert!(Removal::decode(Path::new("r"), &longer, None).is_err());
     }
 
     #[test]
