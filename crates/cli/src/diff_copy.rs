@@ -13,7 +13,7 @@ use clap::Args;
 use indicatif::HumanBytes;
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args, Debug)]
 pub(crate) struct DiffArgs {
@@ -125,16 +125,23 @@ pub(crate) fn diff(a: &DiffArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
-    let from = location(&a.from)?;
-    let src = match Repository::open_location_with(from, 0, &a.from_password) {
+/// The repository given as `--from` (of `copy`, and of `init
+/// --copy-chunker-params`), opened with its own password.
+pub(crate) fn open_from(from: &Path, password: &FromPasswordArgs) -> Result<Repository> {
+    let from = location(from)?;
+    Ok(match Repository::open_location_with(from, 0, password) {
         Err(StoreError::KeyNeeded(_)) => bail!(
             "--from {from}: the repository is encrypted; give its password \
              (--from-password-file, --from-password-command, CAIRN_FROM_PASSWORD_FILE \
              or CAIRN_FROM_PASSWORD)"
         ),
         r => r.with_context(|| format!("--from {from}"))?,
-    };
+    })
+}
+
+pub(crate) fn copy(a: &CopyArgs) -> Result<()> {
+    let from = location(&a.from)?;
+    let src = open_from(&a.from, &a.from_password)?;
     let dest = open_repo(&a.repo)?;
     let same = match (src.local_root(), dest.local_root()) {
         (Some(x), Some(y)) => std::fs::canonicalize(x).ok() == std::fs::canonicalize(y).ok(),

@@ -2,7 +2,7 @@
 //! stats. Each parses its arguments, opens what it needs, calls the store
 //! and prints a table or `--json`.
 
-use crate::key_cmd::{KdfArgs, PasswordArgs};
+use crate::key_cmd::{FromPasswordArgs, KdfArgs, PasswordArgs};
 use crate::report::Progress;
 use anyhow::{bail, Context, Result};
 use cairn_codec::CodecSpec;
@@ -89,6 +89,23 @@ pub(crate) struct InitArgs {
     pub password: PasswordArgs,
     #[command(flatten)]
     pub kdf: KdfArgs,
+    /// Cut chunks where the repository --from cuts them (restic's
+    /// --copy-chunker-params): backups into both, and snapshots copied
+    /// from one to the other, then dedup. Without it an encrypted
+    /// repository gets a chunker secret of its own.
+    #[arg(long, requires = "from")]
+    pub copy_chunker_params: bool,
+    /// The repository whose chunker --copy-chunker-params copies: a
+    /// directory or s3://BUCKET/PREFIX (its password from
+    /// --from-password-file, --from-password-command, CAIRN_FROM_*).
+    #[arg(
+        long = "from",
+        value_name = "SRC_REPO",
+        requires = "copy_chunker_params"
+    )]
+    pub from: Option<PathBuf>,
+    #[command(flatten)]
+    pub from_password: FromPasswordArgs,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -489,6 +506,19 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
         }
         _ => Some((a.password.new_password()?, a.kdf.params())),
     };
+    let chunker = match &a.from {
+        Some(from) => {
+            let params = crate::diff_copy::open_from(from, &a.from_password)?.chunker_params();
+            if params.keyed() && encryption.is_none() {
+                bail!(
+                    "--from {}: its chunker is keyed, and a repository with --encryption none has nowhere to keep the secret",
+                    from.display()
+                );
+            }
+            Some(params)
+        }
+        None => None,
+    };
     let repo = Repository::init_location_with(
         location(repo)?,
         &InitOptions {
@@ -496,6 +526,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             pack_size: a.pack_size.map(|s| s as u64),
             encryption,
             reserve: a.reserve as u64,
+            chunker,
         },
     )?;
     if a.json {
@@ -504,6 +535,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             "id": repo.id().to_string(),
             "targets": repo.target_locations(),
             "encryption": repo.encryption().unwrap_or("none"),
+            "chunker_table": if repo.chunker_keyed() { "keyed" } else { "public" },
         }));
     } else {
         errln!(
@@ -1780,6 +1812,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
         print_json(&json!({
             "repository": repo.location(),
             "encryption": repo.encryption().unwrap_or("none"),
+            "chunker_table": if repo.chunker_keyed() { "keyed" } else { "public" },
             "images": s.images,
             "snapshots": s.snapshots,
             "logical_bytes": s.logical_bytes,
@@ -1808,6 +1841,14 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
         outln!(
             "encryption     {}",
             repo.encryption().unwrap_or("none (not encrypted)")
+        );
+        outln!(
+            "chunker table  {}",
+            match (repo.chunker_keyed(), repo.encryption().is_some()) {
+                (true, _) => "keyed (where chunks are cut is secret)",
+                (false, true) => "public (made before 2026-12-02: where chunks are cut can be computed from a file; a repository made now cuts its backups with a secret table)",
+                (false, false) => "public (not encrypted)",
+            }
         );
         outln!("images         {} ({} snapshots)", s.images, s.snapshots);
         outln!(

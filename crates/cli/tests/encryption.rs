@@ -116,6 +116,8 @@ fn a_default_repository_holds_no_plaintext_and_a_plain_one_does() {
         &["stats", "--repo", s(&enc), "--json"],
     )));
     assert_eq!(st["encryption"], "aes-256-gcm", "{st}");
+    // Where chunks are cut is secret too (a gear table from the key files).
+    assert_eq!(st["chunker_table"], "keyed", "{st}");
     let listing = json(&ok(run(&mut cairn(), &["ls", "--repo", s(&enc), "--json"])));
     assert!(listing.to_string().contains(IMAGE_NAME), "{listing}");
     let out = d.join("out");
@@ -159,6 +161,7 @@ fn a_default_repository_holds_no_plaintext_and_a_plain_one_does() {
         &["stats", "--repo", s(&plain_repo), "--json"],
     )));
     assert_eq!(st["encryption"], "none", "{st}");
+    assert_eq!(st["chunker_table"], "public", "{st}");
     // A plain repository refuses a password (it could have been swapped
     // for the encrypted one, and backups would land in the clear).
     fails_with(
@@ -1081,4 +1084,70 @@ fn a_machine_that_only_backs_up_notices_its_latest_snapshot_lost() {
         json(&out)["problems"].to_string().contains("a@2"),
         "{out:?}"
     );
+}
+
+/// `init --from SRC --copy-chunker-params` cuts where SRC cuts (restic's
+/// flag of that name): a snapshot copied from SRC adds no chunk to a
+/// repository that already holds a backup of the same bytes. One made
+/// without it has a chunker secret of its own and stores the copy again.
+/// A plain repository cannot take a keyed chunker.
+#[test]
+fn init_can_cut_as_another_repository() {
+    let dir = tempdir();
+    let d = dir.path();
+    let img = d.join("img");
+    std::fs::write(&img, marked_image()).unwrap();
+    let src = d.join("src");
+    ok(run(&mut cairn(), &["init", s(&src)]));
+    let backup = |repo: &Path, name: &str| {
+        ok(run(
+            &mut cairn(),
+            &["backup", s(&img), "--repo", s(repo), "--name", name, "-q"],
+        ));
+    };
+    backup(&src, "a");
+    for shared in [true, false] {
+        let dst = d.join(format!("dst-{shared}"));
+        let mut args = vec!["init", s(&dst), "--json"];
+        if shared {
+            args.extend(["--from", s(&src), "--copy-chunker-params"]);
+        }
+        let init = json(&ok(run(
+            cairn().env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &args,
+        )));
+        assert_eq!(init["chunker_table"], "keyed", "{init}");
+        backup(&dst, "local");
+        let copied = json(&ok(run(
+            cairn().env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &["copy", "--from", s(&src), "--repo", s(&dst), "-q", "--json"],
+        )));
+        let new_chunks = copied["new_chunks"].as_u64().unwrap();
+        if shared {
+            assert_eq!(new_chunks, 0, "{copied}");
+        } else {
+            // 8 MiB in chunks of 32 KiB on average.
+            assert!(new_chunks > 100, "{copied}");
+        }
+    }
+    fails_with(
+        &run(
+            plain().env("CAIRN_FROM_PASSWORD", PASSWORD),
+            &[
+                "init",
+                s(&d.join("plain")),
+                "--encryption",
+                "none",
+                "--from",
+                s(&src),
+                "--copy-chunker-params",
+            ],
+        ),
+        "nowhere to keep the secret",
+    );
+    assert!(!d.join("plain").exists());
+    // --from alone says nothing about what to take from it.
+    let out = run(&mut cairn(), &["init", s(&d.join("x")), "--from", s(&src)]);
+    assert!(!out.status.success());
+    assert!(!d.join("x").exists());
 }

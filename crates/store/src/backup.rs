@@ -19,7 +19,7 @@
 //! no snapshot, only packs that the next backup salvages and reuses.
 
 use crate::backend::WriteBackend;
-use crate::chunker::ChunkerSpec;
+use crate::chunker::{Chunker, ChunkerSpec};
 use crate::crypt::Crypt;
 use crate::error::{Result, StoreError};
 use crate::id::{ChunkId, PREFIX_LEN};
@@ -329,7 +329,7 @@ pub fn backup(
     source: &mut dyn SparseRead,
     opts: &BackupOptions,
 ) -> Result<BackupReport> {
-    let chunker = check_options(opts)?;
+    let chunker = check_options(opts)?.build(&repo.gear_table());
     backup_batches(repo, session, reader(source, chunker), opts)
 }
 
@@ -515,13 +515,12 @@ pub(crate) fn backup_batches(
 /// that limits it).
 fn reader<'a>(
     source: &'a mut dyn SparseRead,
-    spec: ChunkerSpec,
+    chunker: Chunker,
 ) -> impl FnMut(&mut Batch) -> Result<Fill> + Send + 'a {
-    let max = spec.max_chunk() as usize;
+    let max = chunker.spec().max_chunk() as usize;
     let batch = BATCH.max(2 * max);
     let head = max.next_multiple_of(DIRECT_ALIGN);
     let whole_blocks = source.offer_blocks(head, batch);
-    let chunker = spec.build();
     let mut carry: Vec<u8> = Vec::new();
     let mut eof = false;
     // Stream offset of the next chunk's start (`carry[0]`).
@@ -989,7 +988,7 @@ mod tests {
     /// Run [`reader`] over `source` to the end, through three batches
     /// reused in turn as the pipeline does; the chunks it cut.
     fn cut_all(source: &mut dyn SparseRead, spec: ChunkerSpec) -> Vec<Vec<u8>> {
-        let mut fill = reader(source, spec);
+        let mut fill = reader(source, spec.build(&crate::chunker::GearTable::public()));
         let mut batches: Vec<Batch> = (0..3).map(|_| Batch::default()).collect();
         let mut chunks = Vec::new();
         for turn in 0.. {

@@ -12,6 +12,12 @@
 //! last) is carried over to the next batch, so the cuts never depend on
 //! batch boundaries.
 //!
+//! The gear table (the 256 random words the rolling hash adds) is the
+//! crate's public one, or, in an encrypted repository made since
+//! 2026-12-02, one derived from a secret kept with its master key
+//! ([`GearTable::keyed`]): where the cuts fall then tells nothing to whoever
+//! reads the store without the key (`docs/format/encryption.md`).
+//!
 //! The content-defined cut is computed here, not by the crate's loop
 //! ([`Gear`]): the same rule, tables and masks, so the same cuts (property
 //! tests hold it to the crate), but the gear hash is rolled on four
@@ -95,12 +101,14 @@ impl ChunkerSpec {
         }
     }
 
-    /// A chunker for this spec (computes what it needs once).
-    pub fn build(self) -> Chunker {
+    /// A chunker for this spec with the gear table `table` (the
+    /// repository's: [`crate::Repository::gear_table`]); computes what it
+    /// needs once.
+    pub fn build(self, table: &GearTable) -> Chunker {
         let (gear, zero_cut) = match self {
             ChunkerSpec::Fixed(size) => (None, size as usize),
             ChunkerSpec::Cdc { min, avg, max } => {
-                let gear = Gear::new(min, avg, max);
+                let gear = Gear::new(table, min, avg, max);
                 let zeros = vec![0u8; max as usize];
                 let zero_cut = gear.cut(&zeros).clamp(1, zeros.len());
                 (Some(gear), zero_cut)
@@ -114,8 +122,45 @@ impl ChunkerSpec {
     }
 }
 
-/// FastCDC 2020's cut rule (the `fastcdc` crate's `cut_gear` with its
-/// gear table, masks and normalization level 1): the chunk ends at the
+/// The words a gear hash adds, one per byte value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GearTable(Box<[u64; 256]>);
+
+impl fmt::Debug for GearTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A keyed table is a secret of its repository.
+        f.write_str("GearTable(..)")
+    }
+}
+
+impl GearTable {
+    /// The `fastcdc` crate's table (its seed 0): plain repositories, and
+    /// encrypted ones made before keyed tables (their cuts stay where
+    /// they were, so their next backups dedup).
+    pub fn public() -> GearTable {
+        GearTable(fastcdc::v2020::get_gear_with_seed(0).0)
+    }
+
+    /// The table of a repository whose chunker secret is `secret`: the
+    /// first 2048 bytes of BLAKE3's output in key derivation mode (context
+    /// `"cairn 2026-12 chunker gear table"`) over the secret, read as 256
+    /// little-endian words.
+    pub fn keyed(secret: &[u8; 32]) -> GearTable {
+        let mut bytes = zeroize::Zeroizing::new([0u8; 256 * 8]);
+        blake3::Hasher::new_derive_key("cairn 2026-12 chunker gear table")
+            .update(secret)
+            .finalize_xof()
+            .fill(&mut bytes[..]);
+        let mut table = Box::new([0u64; 256]);
+        for (word, b) in table.iter_mut().zip(bytes.chunks_exact(8)) {
+            *word = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        }
+        GearTable(table)
+    }
+}
+
+/// FastCDC 2020's cut rule (the `fastcdc` crate's `cut_gear` with a
+/// gear table ([`GearTable`]), masks and normalization level 1): the chunk ends at the
 /// first byte `i` from MIN on (MIN, AVG and the length rounded down to
 /// even) where the gear hash `h = (h << 1) + GEAR[byte]`, rolled from 0 at
 /// MIN and including byte `i`, has none of the mask's bits set: the
@@ -129,7 +174,7 @@ impl ChunkerSpec {
 /// match found in stretch order is the first match.
 #[derive(Debug, Clone)]
 struct Gear {
-    table: Box<[u64; 256]>,
+    table: GearTable,
     min: usize,
     avg: usize,
     max: usize,
@@ -147,12 +192,12 @@ const LANE: usize = 1024;
 const WINDOW: usize = 64;
 
 impl Gear {
-    fn new(min: u32, avg: u32, max: u32) -> Gear {
-        use fastcdc::v2020::{get_gear_with_seed, logarithm2, Normalization, MASKS};
+    fn new(table: &GearTable, min: u32, avg: u32, max: u32) -> Gear {
+        use fastcdc::v2020::{logarithm2, Normalization, MASKS};
         let bits = logarithm2(avg) as usize;
         let level = Normalization::Level1.bits() as usize;
         Gear {
-            table: get_gear_with_seed(0).0,
+            table: table.clone(),
             min: min as usize,
             avg: avg as usize,
             max: max as usize,
@@ -193,7 +238,7 @@ impl Gear {
         stop: usize,
         mask: u64,
     ) -> Option<usize> {
-        let gear = &*self.table;
+        let gear = &*self.table.0;
         let roll = |h: u64, byte: u8| (h << 1).wrapping_add(gear[usize::from(byte)]);
         while stop.saturating_sub(*at) >= LANES * LANE {
             let i = *at;
@@ -401,7 +446,7 @@ mod tests {
 
     /// Cut `data` fed in batches of `batch` bytes, as the backup reader does.
     fn cut_in_batches(spec: ChunkerSpec, data: &[u8], batch: usize) -> Vec<usize> {
-        let chunker = spec.build();
+        let chunker = spec.build(&GearTable::public());
         let mut out = Vec::new();
         let mut buf = Vec::new();
         let mut base = 0;
@@ -492,7 +537,7 @@ mod tests {
             "cdc:1K,4K,16K".parse().unwrap(),
             "fixed:4096".parse().unwrap(),
         ] {
-            let chunker = spec.build();
+            let chunker = spec.build(&GearTable::public());
             let max = spec.max_chunk() as usize;
             for z in [0, 1, max - 1, max, max + 1, 2 * max + 4095, 5 * max + 7] {
                 let mut data = vec![0u8; z];
@@ -548,6 +593,38 @@ mod tests {
         cdc.cut(0, src.len()).1
     }
 
+    /// The rule as [`Gear`] states it, one byte at a time, with any table
+    /// (held to the crate's cut with the public table below).
+    fn one_chain_cut(table: &GearTable, spec: ChunkerSpec, src: &[u8]) -> usize {
+        let ChunkerSpec::Cdc { min, avg, max } = spec else {
+            unreachable!("cdc specs only")
+        };
+        let masks = Gear::new(table, min, avg, max);
+        let len = src.len();
+        if len <= min as usize {
+            return len;
+        }
+        let (end, center) = if len > max as usize {
+            (max as usize, avg as usize)
+        } else {
+            (len, (avg as usize).min(len))
+        };
+        let mut h = 0u64;
+        let start = min as usize & !1;
+        for (i, &byte) in src.iter().enumerate().take(end & !1).skip(start) {
+            h = (h << 1).wrapping_add(table.0[usize::from(byte)]);
+            let mask = if i < center & !1 {
+                masks.mask_s
+            } else {
+                masks.mask_l
+            };
+            if h & mask == 0 {
+                return i;
+            }
+        }
+        end
+    }
+
     /// Bytes that match the masks often or never: few distinct bytes,
     /// zeros, one repeated byte, random.
     fn texture(kind: u8, n: usize, seed: u64) -> Vec<u8> {
@@ -576,7 +653,7 @@ mod tests {
             let max = (avg << max_extra).clamp(1024, 16 << 20);
             let spec = ChunkerSpec::Cdc { min, avg: avg + odd, max };
             let data = texture(kind, len, seed);
-            let gear = spec.build();
+            let gear = spec.build(&GearTable::public());
             let Some(g) = &gear.gear else { unreachable!("cdc") };
             let mut pos = 0;
             while pos < data.len() {
@@ -585,6 +662,75 @@ mod tests {
                 pos += want.max(1);
             }
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(100))]
+
+        /// A keyed table is cut by the same rule: the four-lane cut is the
+        /// one-chain cut with that table, and the one-chain cut with the
+        /// public table is the crate's.
+        #[test]
+        fn a_keyed_table_is_cut_by_the_same_rule(
+            secret in proptest::array::uniform32(0u8..), kind in 0u8..4,
+            seed in 1u64.., len in 0usize..200_000, spec_pick in 0usize..3,
+        ) {
+            let spec = [DEFAULT_CHUNKER, "cdc:256,1K,4K".parse().unwrap_or(DEFAULT_CHUNKER),
+                "cdc:2K,16K,64K".parse().unwrap_or(DEFAULT_CHUNKER)][spec_pick];
+            let data = texture(kind, len, seed);
+            let keyed = GearTable::keyed(&secret);
+            let chunker = spec.build(&keyed);
+            let Some(g) = &chunker.gear else { unreachable!("cdc") };
+            let mut pos = 0;
+            while pos < data.len() {
+                let want = one_chain_cut(&keyed, spec, &data[pos..]);
+                proptest::prop_assert_eq!(g.cut(&data[pos..]), want, "{} at {}", spec, pos);
+                proptest::prop_assert_eq!(
+                    one_chain_cut(&GearTable::public(), spec, &data[pos..]),
+                    crate_cut(spec, &data[pos..])
+                );
+                pos += want.max(1);
+            }
+        }
+    }
+
+    /// Cut `data` whole with `table`.
+    fn ends_with(table: &GearTable, data: &[u8]) -> Vec<u32> {
+        let mut ends = Vec::new();
+        DEFAULT_CHUNKER.build(table).cut(data, true, &mut ends);
+        ends
+    }
+
+    /// A keyed table moves the cuts (so their places tell nothing without
+    /// the secret), the same secret puts them in the same places (so a
+    /// repository's backups dedup), and the sizes stay the spec's.
+    #[test]
+    fn keyed_tables_cut_elsewhere_and_alike_for_one_secret() {
+        let data = texture(0, 4 << 20, 11);
+        let public = ends_with(&GearTable::public(), &data);
+        let a = ends_with(&GearTable::keyed(&[1; 32]), &data);
+        let b = ends_with(&GearTable::keyed(&[2; 32]), &data);
+        assert_eq!(a, ends_with(&GearTable::keyed(&[1; 32]), &data));
+        for (name, ends) in [("public", &public), ("a", &a), ("b", &b)] {
+            // About 4 MiB / 32 KiB chunks.
+            assert!((64..=256).contains(&ends.len()), "{name}: {}", ends.len());
+            let mut start = 0;
+            for (i, &e) in ends.iter().enumerate() {
+                let len = e - start;
+                assert!(len <= 131072, "{name}: chunk {i} of {len} bytes");
+                assert!(
+                    len >= 8192 || i + 1 == ends.len(),
+                    "{name}: chunk {i} of {len} bytes"
+                );
+                start = e;
+            }
+        }
+        // Random data: a cut of one table lands on a cut of another by
+        // chance only.
+        let shared = |x: &[u32], y: &[u32]| x.iter().filter(|e| y.contains(e)).count();
+        assert!(shared(&a, &public) < 8, "{}", shared(&a, &public));
+        assert!(shared(&a, &b) < 8, "{}", shared(&a, &b));
+        assert_eq!(format!("{:?}", GearTable::keyed(&[1; 32])), "GearTable(..)");
     }
 
     /// Long inputs of the default spec: many rounds of stretches, matches
@@ -603,7 +749,7 @@ mod tests {
     #[test]
     fn empty_and_tiny_inputs() {
         let mut ends = Vec::new();
-        let c = DEFAULT_CHUNKER.build();
+        let c = DEFAULT_CHUNKER.build(&GearTable::public());
         assert_eq!(c.cut(&[], true, &mut ends), 0);
         assert!(ends.is_empty());
         assert_eq!(c.cut(&[1], false, &mut ends), 0);

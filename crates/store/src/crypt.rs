@@ -10,19 +10,25 @@
 //! - **Chunk ids**: keyed BLAKE3 under a second key, so an id tells nothing
 //!   about a chunk's content (a plain BLAKE3 would let anyone holding a
 //!   candidate file test whether the repository holds it).
-//! - **Key files**: the 64-byte master key (AEAD key, id key) sealed under
-//!   a key derived from a password by Argon2id (the `argon2` crate), with
-//!   the repository id as associated data. Several key files may wrap the
-//!   same master key (`cairn key add`).
+//! - **Chunker secret**: 32 random bytes from which the content-defined
+//!   chunker's gear table is derived ([`GearTable::keyed`]), so where the
+//!   chunks are cut (and so the sizes of records) cannot be computed from
+//!   a file by someone without the key. Repositories made before it have
+//!   none and keep the public table.
+//! - **Key files**: the 64-byte master key (AEAD key, id key), and the
+//!   chunker secret, sealed under a key derived from a password by
+//!   Argon2id (the `argon2` crate), with the repository id as associated
+//!   data. Several key files may wrap the same keys (`cairn key add`).
 //!
 //! The formats and the threat model are in `docs/format/encryption.md`.
 
+use crate::chunker::GearTable;
 use crate::error::{Result, StoreError};
 use crate::id::{hex, unhex, ChunkId, RepoId};
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 /// The AEAD's name, as a config records it.
 pub const AEAD_NAME: &str = "aes-256-gcm";
@@ -31,13 +37,43 @@ pub const TAG_LEN: usize = 16;
 /// Bytes a sealed message adds to its plaintext: nonce and tag.
 pub const SEAL_OVERHEAD: usize = NONCE_LEN + TAG_LEN;
 const MASTER_LEN: usize = 64;
+const CHUNKER_SECRET_LEN: usize = 32;
+/// Bytes a key file wraps since keyed chunkers: master key, chunker secret.
+const WRAPPED_WITH_CHUNKER: usize = MASTER_LEN + CHUNKER_SECRET_LEN;
 
-/// A repository's keys, unwrapped: seals and opens its objects and
-/// computes its chunk ids.
+/// Where a repository's content-defined chunker cuts: its chunker secret,
+/// or none (the public gear table: a plain repository, or an encrypted one
+/// made before keyed chunkers). Held to give a new repository the same
+/// cuts ([`crate::Repository::chunker_params`]).
+#[derive(Clone, Default)]
+pub struct ChunkerParams(Option<Zeroizing<[u8; CHUNKER_SECRET_LEN]>>);
+
+impl ChunkerParams {
+    /// Whether the gear table is keyed.
+    pub fn keyed(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl fmt::Debug for ChunkerParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.keyed() {
+            "ChunkerParams(keyed)"
+        } else {
+            "ChunkerParams(public)"
+        })
+    }
+}
+
+/// A repository's keys, unwrapped: seals and opens its objects, computes
+/// its chunk ids and its chunker's gear table.
 pub struct Crypt {
     aead: LessSafeKey,
     id_key: Zeroizing<[u8; 32]>,
     master: Zeroizing<[u8; MASTER_LEN]>,
+    /// `None` in a repository made before keyed chunkers (key files of
+    /// version 1).
+    chunker: Option<Zeroizing<[u8; CHUNKER_SECRET_LEN]>>,
 }
 
 impl fmt::Debug for Crypt {
@@ -62,14 +98,30 @@ fn numbered(n: u64) -> Nonce {
 }
 
 impl Crypt {
-    /// A fresh random master key.
+    /// A fresh random master key and chunker secret.
     pub fn generate() -> Result<Crypt> {
-        let mut master = Zeroizing::new([0u8; MASTER_LEN]);
-        random_bytes(&mut master[..])?;
-        Crypt::from_master(master)
+        let mut chunker = Zeroizing::new([0u8; CHUNKER_SECRET_LEN]);
+        random_bytes(&mut chunker[..])?;
+        Crypt::generate_with(ChunkerParams(Some(chunker)))
     }
 
-    fn from_master(master: Zeroizing<[u8; MASTER_LEN]>) -> Result<Crypt> {
+    /// A fresh random master key, with the chunker of another repository
+    /// (`init --copy-chunker-params`: backups into either cut alike).
+    pub fn generate_with(chunker: ChunkerParams) -> Result<Crypt> {
+        let mut master = Zeroizing::new([0u8; MASTER_LEN]);
+        random_bytes(&mut master[..])?;
+        Crypt::from_master(master, chunker.0)
+    }
+
+    /// This repository's chunker, for another to share.
+    pub fn chunker_params(&self) -> ChunkerParams {
+        ChunkerParams(self.chunker.clone())
+    }
+
+    fn from_master(
+        master: Zeroizing<[u8; MASTER_LEN]>,
+        chunker: Option<Zeroizing<[u8; CHUNKER_SECRET_LEN]>>,
+    ) -> Result<Crypt> {
         let key = UnboundKey::new(&AES_256_GCM, &master[..32])
             .map_err(|_| StoreError::Invalid("AES-256-GCM key rejected".into()))?;
         let mut id_key = Zeroizing::new([0u8; 32]);
@@ -78,7 +130,33 @@ impl Crypt {
             aead: LessSafeKey::new(key),
             id_key,
             master,
+            chunker,
         })
+    }
+
+    /// The gear table of the repository's content-defined chunker: derived
+    /// from its chunker secret, or `None` (the public table) in a
+    /// repository made before keyed chunkers.
+    pub fn gear_table(&self) -> Option<GearTable> {
+        self.chunker.as_ref().map(|s| GearTable::keyed(s))
+    }
+
+    /// Whether there is a chunker secret (a repository made since keyed
+    /// chunkers).
+    pub fn has_chunker_secret(&self) -> bool {
+        self.chunker.is_some()
+    }
+
+    /// The version of the key files that wrap these keys: 2 with a
+    /// chunker secret, 1 without (so a cairn that knows no chunker secret
+    /// refuses the key file as newer, instead of writing chunks cut with
+    /// the public table into the repository).
+    pub fn key_file_version(&self) -> u32 {
+        if self.chunker.is_some() {
+            2
+        } else {
+            1
+        }
     }
 
     /// The name under which image `name` is stored (`snapshots/TAG/`,
@@ -309,13 +387,21 @@ impl KeyFile {
     ) -> Result<KeyFile> {
         let mut salt = [0u8; 32];
         random_bytes(&mut salt)?;
-        let kek = Crypt::from_master({
-            let mut m = Zeroizing::new([0u8; MASTER_LEN]);
-            m[..32].copy_from_slice(&derive(password, &salt, &params)?[..]);
-            m
-        })?;
+        let kek = Crypt::from_master(
+            {
+                let mut m = Zeroizing::new([0u8; MASTER_LEN]);
+                m[..32].copy_from_slice(&derive(password, &salt, &params)?[..]);
+                m
+            },
+            None,
+        )?;
+        let mut secrets = Zeroizing::new(Vec::with_capacity(WRAPPED_WITH_CHUNKER));
+        secrets.extend_from_slice(&crypt.master[..]);
+        if let Some(c) = &crypt.chunker {
+            secrets.extend_from_slice(&c[..]);
+        }
         let mut sealed = Vec::new();
-        kek.seal_to(&key_aad(repo), &crypt.master[..], &mut sealed)?;
+        kek.seal_to(&key_aad(repo), &secrets, &mut sealed)?;
         Ok(KeyFile {
             created,
             host,
@@ -328,8 +414,10 @@ impl KeyFile {
         })
     }
 
-    /// The master key, if `password` opens this key file; `Ok(None)` if
-    /// it does not, an error if the key file itself is malformed.
+    /// The keys, if `password` opens this key file; `Ok(None)` if it does
+    /// not, an error if the key file itself is malformed. The length of
+    /// what it wraps (authenticated) tells whether a chunker secret is
+    /// there; the envelope's version only warns older cairns off.
     pub fn unwrap(&self, repo: RepoId, password: &[u8]) -> Result<Option<Crypt>> {
         self.check()?;
         let mut salt = [0u8; 32];
@@ -337,25 +425,35 @@ impl KeyFile {
         if !unhex(&self.salt, &mut salt) || !unhex(&self.master, &mut sealed) {
             return Err(StoreError::Invalid("key file: bad hex".into()));
         }
-        let kek = Crypt::from_master({
-            let mut m = Zeroizing::new([0u8; MASTER_LEN]);
-            m[..32].copy_from_slice(&derive(password, &salt, &self.params)?[..]);
-            m
-        })?;
-        let mut plain = Vec::new();
+        let kek = Crypt::from_master(
+            {
+                let mut m = Zeroizing::new([0u8; MASTER_LEN]);
+                m[..32].copy_from_slice(&derive(password, &salt, &self.params)?[..]);
+                m
+            },
+            None,
+        )?;
+        // Room for all of it: a copy left behind by growing is not wiped.
+        let mut plain = Zeroizing::new(Vec::with_capacity(sealed.len()));
         if !kek.open_to(&key_aad(repo), &sealed, &mut plain) {
             return Ok(None);
         }
-        if plain.len() != MASTER_LEN {
-            plain.zeroize();
-            return Err(StoreError::Invalid(
-                "key file: master key of a wrong length".into(),
-            ));
-        }
+        let chunker = match plain.len() {
+            MASTER_LEN => None,
+            WRAPPED_WITH_CHUNKER => {
+                let mut c = Zeroizing::new([0u8; CHUNKER_SECRET_LEN]);
+                c.copy_from_slice(&plain[MASTER_LEN..]);
+                Some(c)
+            }
+            n => {
+                return Err(StoreError::Invalid(format!(
+                "key file: {n} bytes of keys where {MASTER_LEN} or {WRAPPED_WITH_CHUNKER} belong"
+            )))
+            }
+        };
         let mut master = Zeroizing::new([0u8; MASTER_LEN]);
-        master.copy_from_slice(&plain);
-        plain.zeroize();
-        Ok(Some(Crypt::from_master(master)?))
+        master.copy_from_slice(&plain[..MASTER_LEN]);
+        Ok(Some(Crypt::from_master(master, chunker)?))
     }
 }
 
@@ -418,5 +516,56 @@ mod tests {
         let mut bad = k.clone();
         bad.master.replace_range(0..2, "zz");
         assert!(bad.unwrap(repo, b"secret").is_err());
+    }
+
+    /// A key file carries the chunker secret (version 2) and gives back
+    /// the same gear table; one of a repository made before keyed chunkers
+    /// (the master key alone, version 1) opens without one; anything else
+    /// wrapped is refused.
+    #[test]
+    fn key_files_carry_the_chunker_secret_or_none() {
+        let repo = RepoId::random();
+        let c = Crypt::generate().unwrap();
+        assert_eq!(c.key_file_version(), 2);
+        let table = c.gear_table().unwrap();
+        assert_ne!(table, GearTable::public());
+        assert_ne!(Some(table.clone()), Crypt::generate().unwrap().gear_table());
+        let k = KeyFile::wrap(&c, repo, b"pw", fast(), "h".into(), "u".into(), 0).unwrap();
+        // Nonce, master key and secret, tag.
+        assert_eq!(k.master.len(), 2 * (NONCE_LEN + 96 + TAG_LEN));
+        assert_eq!(
+            k.unwrap(repo, b"pw").unwrap().unwrap().gear_table(),
+            Some(table)
+        );
+
+        let old = Crypt::from_master(c.master.clone(), None).unwrap();
+        assert_eq!(old.key_file_version(), 1);
+        let k = KeyFile::wrap(&old, repo, b"pw", fast(), "h".into(), "u".into(), 0).unwrap();
+        assert_eq!(k.master.len(), 2 * (NONCE_LEN + 64 + TAG_LEN));
+        let back = k.unwrap(repo, b"pw").unwrap().unwrap();
+        assert_eq!(back.gear_table(), None);
+        assert_eq!(back.chunk_id(b"q"), c.chunk_id(b"q"));
+
+        // A wrap of 65 bytes, sealed under the right key: refused.
+        let mut salt = [0u8; 32];
+        unhex(&k.salt, &mut salt);
+        let kek = Crypt::from_master(
+            {
+                let mut m = Zeroizing::new([0u8; MASTER_LEN]);
+                m[..32].copy_from_slice(&derive(b"pw", &salt, &k.params).unwrap()[..]);
+                m
+            },
+            None,
+        )
+        .unwrap();
+        let mut sealed = Vec::new();
+        kek.seal_to(&key_aad(repo), &[7u8; 65], &mut sealed)
+            .unwrap();
+        let bad = KeyFile {
+            master: hex(&sealed),
+            ..k
+        };
+        let e = bad.unwrap(repo, b"pw").unwrap_err().to_string();
+        assert!(e.contains("65 bytes of keys"), "{e}");
     }
 }

@@ -134,12 +134,13 @@ impl ImageEditor {
             .group
             .map_or(crate::backup::DEFAULT_GROUP_SIZE, |g| g as usize);
         let group_size = group_for_packs(group, repo.pack_size());
+        let chunker = spec.validate()?.build(&repo.gear_table());
         Ok(ImageEditor {
             repo,
             session,
             _lock: lock,
             index,
-            chunker: spec.validate()?.build(),
+            chunker,
             codec: codec_spec.build(),
             codec_spec,
             base,

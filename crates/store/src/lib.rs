@@ -95,7 +95,7 @@ mod stats;
 mod verify;
 
 // The repository, its sessions, keys and local directories.
-pub use crypt::KdfParams;
+pub use crypt::{ChunkerParams, KdfParams};
 pub use id::{hex, ChunkId, PackId, RepoId, PREFIX_LEN};
 pub use repo::{
     cache_dir, cache_root, keep_seen_records, state_dir, state_root, validate_name, HoldEntry,
@@ -113,7 +113,7 @@ pub use stats::{list as list_snapshots, stats, RepoStats, SnapshotInfo, TargetSt
 pub use backup::{
     backup, BackupOptions, BackupReport, Progress as BackupProgress, DEFAULT_GROUP_SIZE,
 };
-pub use chunker::{ChunkerSpec, DEFAULT_CHUNKER};
+pub use chunker::{ChunkerSpec, GearTable, DEFAULT_CHUNKER};
 pub use copy::{copy, Copied, CopyOptions, CopyProgress, CopyReport, Skipped};
 pub use edit::{EditReport, ImageEditor, Span};
 // Readers.

@@ -26,7 +26,8 @@
 //! protocol and why it loses nothing.
 
 use crate::backend::{Held, Key, Liveness, LocalDir, ReadBackend, WriteBackend};
-use crate::crypt::{Crypt, KdfParams, KeyFile, AEAD_NAME};
+use crate::chunker::GearTable;
+use crate::crypt::{ChunkerParams, Crypt, KdfParams, KeyFile, AEAD_NAME};
 use crate::error::{IoContext, Result, StoreError};
 use crate::id::{PackId, RepoId};
 use crate::index::{ChunkIndex, IndexFile, Location, PackInfo, MAX_ENTRIES_PER_FILE};
@@ -46,8 +47,10 @@ pub const REPO_VERSION: u32 = 1;
 /// Version of the config of an encrypted repository (a cairn that does
 /// not know encryption must refuse it, not write plain data into it).
 pub const ENCRYPTED_REPO_VERSION: u32 = 2;
-/// Version of key files.
-pub const KEY_VERSION: u32 = 1;
+/// The newest version of key files this cairn reads: 1 wraps the master
+/// key, 2 the master key and a chunker secret (what
+/// [`Crypt::key_file_version`] writes).
+pub const KEY_VERSION: u32 = 2;
 /// Default size at which a pack is sealed and a new one started.
 pub const DEFAULT_PACK_SIZE: u64 = 32 << 20;
 /// Smallest pack size accepted.
@@ -132,6 +135,12 @@ pub struct InitOptions {
     /// Bytes kept allocated in the repository's root so that `gc` can
     /// run on a full disk (0: none; see [`crate::DEFAULT_RESERVE`]).
     pub reserve: u64,
+    /// Cut as another repository does ([`Repository::chunker_params`]),
+    /// so that backups into either, and snapshots copied between them,
+    /// dedup; `None`: a new chunker secret (encrypted) or the public
+    /// table (plain). Only for an encrypted repository when keyed: a
+    /// plain one has nowhere to keep a secret.
+    pub chunker: Option<ChunkerParams>,
 }
 
 /// A key file's id and contents.
@@ -873,6 +882,7 @@ impl Repository {
                 pack_size,
                 encryption: None,
                 reserve: 0,
+                chunker: None,
             },
         )
     }
@@ -910,6 +920,16 @@ impl Repository {
         Self::check_new_root(Path::new(location))
     }
 
+    /// The pack size `opts` asks for, once its options are checked.
+    fn check_options(opts: &InitOptions) -> Result<u64> {
+        if opts.encryption.is_none() && opts.chunker.as_ref().is_some_and(|c| c.keyed()) {
+            return Err(StoreError::Invalid(
+                "the chunker to copy is keyed, and a repository that is not encrypted has nowhere to keep its secret".into(),
+            ));
+        }
+        Self::check_pack_size(opts.pack_size)
+    }
+
     fn check_pack_size(pack_size: Option<u64>) -> Result<u64> {
         let pack_size = pack_size.unwrap_or(DEFAULT_PACK_SIZE);
         if !(MIN_PACK_SIZE..=MAX_PACK_SIZE).contains(&pack_size) {
@@ -922,7 +942,7 @@ impl Repository {
 
     fn init_recording(root: &Path, opts: &InitOptions, made: &mut Made) -> Result<Repository> {
         let targets = &opts.targets;
-        let pack_size = Self::check_pack_size(opts.pack_size)?;
+        let pack_size = Self::check_options(opts)?;
         Self::check_new_root(root)?;
         made.dir_all(root)?;
         let root = fs::canonicalize(root).ctx(root, "resolve path")?;
@@ -1004,7 +1024,10 @@ impl Repository {
         let Some((password, params)) = &opts.encryption else {
             return Ok(None);
         };
-        let crypt = Crypt::generate()?;
+        let crypt = match &opts.chunker {
+            Some(c) => Crypt::generate_with(c.clone())?,
+            None => Crypt::generate()?,
+        };
         Self::write_key(root, id, &crypt, &password.0, *params).map(Some)
     }
 
@@ -1028,7 +1051,10 @@ impl Repository {
         let body =
             serde_json::to_vec_pretty(&file).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let key = Key::new(format!("keys/{}", PackId::random()));
-        if !root.put_new(&key, &meta::seal(Kind::Key, KEY_VERSION, &body))? {
+        if !root.put_new(
+            &key,
+            &meta::seal(Kind::Key, crypt.key_file_version(), &body),
+        )? {
             return Err(StoreError::AlreadyExists(root.locate(&key)));
         }
         Ok(key)
@@ -1069,7 +1095,7 @@ impl Repository {
         root: Arc<dyn WriteBackend>,
         opts: &InitOptions,
     ) -> Result<Repository> {
-        let pack_size = Self::check_pack_size(opts.pack_size)?;
+        let pack_size = Self::check_options(opts)?;
         if root.get(&Key::new("config"))?.is_some() {
             return Err(StoreError::AlreadyExists(PathBuf::from(location)));
         }
@@ -1167,6 +1193,7 @@ impl Repository {
                 pack_size,
                 encryption: None,
                 reserve: 0,
+                chunker: None,
             },
         )
     }
@@ -1456,6 +1483,30 @@ impl Repository {
     /// The repository's keys, in an encrypted repository.
     pub fn crypt(&self) -> Option<&Arc<Crypt>> {
         self.crypt.as_ref()
+    }
+
+    /// The gear table of the repository's content-defined chunker: keyed
+    /// in an encrypted repository that has a chunker secret, the public
+    /// one otherwise. Every writer that cuts chunks takes it from here.
+    pub fn gear_table(&self) -> GearTable {
+        self.crypt
+            .as_ref()
+            .and_then(|c| c.gear_table())
+            .unwrap_or_else(GearTable::public)
+    }
+
+    /// Whether the chunker's gear table is keyed ([`Self::gear_table`]).
+    pub fn chunker_keyed(&self) -> bool {
+        self.crypt.as_ref().is_some_and(|c| c.has_chunker_secret())
+    }
+
+    /// Where this repository's chunker cuts, for a new repository to cut
+    /// alike ([`InitOptions::chunker`]).
+    pub fn chunker_params(&self) -> ChunkerParams {
+        self.crypt
+            .as_ref()
+            .map(|c| c.chunker_params())
+            .unwrap_or_default()
     }
 
     /// The key file that opened an encrypted repository.

@@ -140,6 +140,12 @@ fn write_fixture(dir: &Path) {
 
 /// Back up [`images`] into `repo`; returns the lines of `images.tsv`.
 fn store_images(repo: &Repository) -> String {
+    store_images_counting(repo).0
+}
+
+/// [`store_images`], and how many chunks the backups added.
+fn store_images_counting(repo: &Repository) -> (String, u64) {
+    let mut new_chunks = 0;
     let mut table = String::from("# image\tsnapshot\tsize\tblake3\n");
     for (name, data, codec, group) in images() {
         let lock = repo.session("bless").unwrap();
@@ -161,6 +167,7 @@ fn store_images(repo: &Repository) -> String {
         )
         .unwrap();
         assert!(r.totals.zero > 0, "{name}: no hole");
+        new_chunks += r.totals.new_chunks;
         table.push_str(&format!(
             "{name}\t{}\t{}\t{}\n",
             r.snapshot,
@@ -168,7 +175,7 @@ fn store_images(repo: &Repository) -> String {
             blake3::hash(&data).to_hex()
         ));
     }
-    table
+    (table, new_chunks)
 }
 
 fn damaged_fixture(
@@ -794,17 +801,24 @@ fn merged(ranges: impl IntoIterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
 
 // ------------------------------------------------- the encrypted fixture
 
-/// The password of `tests/fixtures/repository-encrypted-v1/`.
+/// The password of `tests/fixtures/repository-encrypted-v*/`.
 const FIXTURE_PASSWORD: &str = "cairn fixture password";
 
-/// The committed encrypted repository (version 2 config, sealed records
+/// A committed encrypted repository (version 2 config, sealed records
 /// and metadata, keyed ids, hashed names), of the same images as
-/// `repository-v1`; with `CAIRN_BLESS=1`, written anew first.
-fn encrypted_root() -> PathBuf {
+/// `repository-v1`:
+///
+/// - `repository-encrypted-v1`: key files of version 1 (the master key
+///   alone: written before keyed chunkers, so cut with the public gear
+///   table). Frozen: this cairn no longer writes such a repository.
+/// - `repository-encrypted-v2`: key files of version 2 (master key and
+///   chunker secret); with `CAIRN_BLESS=1`, written anew first.
+fn encrypted_root(key_version: u32) -> PathBuf {
     static BLESSED: Once = Once::new();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/repository-encrypted-v1");
-    if std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../../tests/fixtures/repository-encrypted-v{key_version}"
+    ));
+    if key_version == 2 && std::env::var("CAIRN_BLESS").as_deref() == Ok("1") {
         BLESSED.call_once(|| {
             let _ = fs::remove_dir_all(dir.join("repo"));
             let opts = cairn_store::InitOptions {
@@ -831,7 +845,28 @@ fn encrypted_root() -> PathBuf {
 
 #[test]
 fn encrypted_repository_v1_restores_and_verifies_without_writing() {
-    let repo_dir = encrypted_root().join("repo");
+    check_encrypted_fixture(1);
+}
+
+#[test]
+fn encrypted_repository_v2_restores_and_verifies_without_writing() {
+    check_encrypted_fixture(2);
+}
+
+/// The lengths of `name@snap`'s chunks.
+fn chunk_lengths(repo: &Repository, name: &str, snap: u64) -> Vec<u32> {
+    let m = repo.read_manifest(name, snap).unwrap();
+    m.extents
+        .iter()
+        .filter_map(|e| match e {
+            Extent::Data { len, .. } => Some(*len),
+            Extent::Hole { .. } => None,
+        })
+        .collect()
+}
+
+fn check_encrypted_fixture(key_version: u32) {
+    let repo_dir = encrypted_root(key_version).join("repo");
     let before = snapshot_tree(&repo_dir);
     let password = cairn_store::Password::new(FIXTURE_PASSWORD);
     let repo = Repository::open_with(&repo_dir, &password)
@@ -839,10 +874,36 @@ fn encrypted_repository_v1_restores_and_verifies_without_writing() {
     assert_eq!(repo.encryption(), Some("aes-256-gcm"));
 
     // Config version 2; index files and manifests sealed (kind + 0x100);
-    // packs of version 2; no image name in any path or file.
+    // packs of version 2; key files of the fixture's version; no image
+    // name in any path or file.
     let config = fs::read(repo_dir.join("config")).unwrap();
     assert_eq!(&config[12..16], &2u32.to_le_bytes());
+    let mut key_files = 0;
+    for e in fs::read_dir(repo_dir.join("keys")).unwrap() {
+        let d = fs::read(e.unwrap().path()).unwrap();
+        assert_eq!(&d[12..16], &key_version.to_le_bytes());
+        key_files += 1;
+    }
+    assert_eq!(key_files, 1);
     let expected = expected_images();
+
+    // Version 1 keeps the public gear table: its images were cut where
+    // the plain fixture's were. Version 2 cuts with its secret's table.
+    let plain = Repository::open(&root().join("repo")).unwrap();
+    assert_eq!(
+        repo.gear_table() == cairn_store::GearTable::public(),
+        key_version == 1
+    );
+    let mut cut_alike = 0;
+    for (name, snap) in expected.keys() {
+        let lengths = chunk_lengths(&repo, name, *snap);
+        assert!(lengths.len() > 3, "{name}@{snap}: {lengths:?}");
+        if lengths == chunk_lengths(&plain, name, *snap) {
+            cut_alike += 1;
+        }
+    }
+    assert_eq!(cut_alike, if key_version == 1 { expected.len() } else { 0 });
+
     let mut sealed = repo
         .index_files()
         .unwrap()
@@ -862,7 +923,10 @@ fn encrypted_repository_v1_restores_and_verifies_without_writing() {
         let d = fs::read(f).unwrap();
         assert_eq!(&d[..8], b"CAIRNMET", "{}", f.display());
         assert_eq!(d[9], 1, "{}: not sealed", f.display());
-        assert_eq!(&d[12..16], &1u32.to_le_bytes(), "{}", f.display());
+        if key_version == 1 {
+            // Written then (the newer fixture has the manifests of now).
+            assert_eq!(&d[12..16], &1u32.to_le_bytes(), "{}", f.display());
+        }
     }
     let mut packs = 0;
     for (p, d, _) in &before {
@@ -916,4 +980,18 @@ fn encrypted_repository_v1_restores_and_verifies_without_writing() {
         snapshot_tree(&repo_dir) == before,
         "opening, restoring or verifying changed the committed repository"
     );
+
+    // A copy takes the same images again without a new chunk: the table
+    // a backup cuts with is the one the repository was cut with.
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&repo_dir, &dir.path().join("repo"));
+    let copy = Repository::open_with(&dir.path().join("repo"), &password).unwrap();
+    assert_eq!(store_images_counting(&copy).1, 0);
+
+    // A copy takes the same images again without a new chunk: the table
+    // a backup cuts with is the one the repository was cut with.
+    let dir = tempfile::tempdir().unwrap();
+    copy_tree(&repo_dir, &dir.path().join("repo"));
+    let copy = Repository::open_with(&dir.path().join("repo"), &password).unwrap();
+    assert_eq!(store_images_counting(&copy).1, 0);
 }

@@ -676,6 +676,7 @@ fn gc_reclaims_dead_chunks_inside_records() {
                     )
                 }),
                 reserve: 0,
+                chunker: None,
             };
             Repository::init_with(&dir.path().join(at), &opts).unwrap()
         };
@@ -1085,6 +1086,7 @@ fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
         )),
         // And a reserve beside the packs of two targets.
         reserve: 1 << 20,
+        chunker: None,
     };
     let r = Repository::init_with(&dir.path().join("repo"), &opts).unwrap();
     assert_eq!(r.reserve().unwrap(), Some((1 << 20, 1 << 20)));
@@ -1111,23 +1113,35 @@ fn an_encrypted_repository_backs_up_repacks_salvages_and_restores() {
     assert!(load(&r, "b", 1) == b);
     assert!(load(&r, "c", 2) == b);
     verify_clean(&r);
-    // The same bytes in a plain repository have other (unkeyed) ids.
+    // The same bytes in a plain repository have other (unkeyed) ids, cut
+    // in the same places by a fixed chunker; the content-defined one cuts
+    // them elsewhere (its gear table is keyed here).
     let (_d, plain) = repo(1);
+    let fixed: cairn_store::ChunkerSpec = "fixed:65536".parse().unwrap();
     store(&plain, "b", &b, cairn_store::DEFAULT_CHUNKER, "lz4", 1);
-    let ids = |r: &Repository| -> Vec<cairn_store::ChunkId> {
-        r.read_manifest("b", 1)
+    store(&plain, "f", &b, fixed, "lz4", 1);
+    store(&r, "f", &b, fixed, "lz4", 1);
+    let chunks = |r: &Repository, name: &str| -> Vec<(u32, cairn_store::ChunkId)> {
+        let snap = *r.snapshots(name).unwrap().last().unwrap();
+        r.read_manifest(name, snap)
             .unwrap()
             .extents
             .iter()
             .filter_map(|e| match e {
-                cairn_store::Extent::Data { id, .. } => Some(*id),
+                cairn_store::Extent::Data { id, len } => Some((*len, *id)),
                 _ => None,
             })
             .collect()
     };
-    let (enc_ids, plain_ids) = (ids(&r), ids(&plain));
-    assert_eq!(enc_ids.len(), plain_ids.len());
-    assert!(enc_ids.iter().zip(&plain_ids).all(|(x, y)| x != y));
+    let (enc, plain_f) = (chunks(&r, "f"), chunks(&plain, "f"));
+    assert_eq!(enc.len(), plain_f.len());
+    assert!(enc
+        .iter()
+        .zip(&plain_f)
+        .all(|(x, y)| x.0 == y.0 && x.1 != y.1));
+    let lengths =
+        |c: Vec<(u32, cairn_store::ChunkId)>| c.into_iter().map(|(l, _)| l).collect::<Vec<_>>();
+    assert_ne!(lengths(chunks(&r, "b")), lengths(chunks(&plain, "b")));
 }
 
 /// Regression (outside QA): two gcs at once and a backup begun before
