@@ -2150,11 +2150,24 @@ impl Repository {
                 vanished.push((place, name));
                 continue;
             }
+            seen.unchecked.remove(&place);
             match self.removal_recorded(&place) {
                 Ok(true) => removed.push(place),
                 Ok(false) => vanished.push((place, name)),
                 // Not read (a network error): neither, until it is.
-                Err(e) => tracing::debug!("removal record of {}@{}: {e}", name, place.1),
+                Err(e) => {
+                    tracing::warn!(
+                        "{name}@{}, seen on this machine, is gone, and its removal record cannot \
+                         be read: {e}",
+                        place.1
+                    );
+                    seen.unchecked.insert(place, name);
+                }
+            }
+        }
+        for (dir, numbers) in present {
+            for &n in numbers {
+                seen.unchecked.remove(&(dir.clone(), n));
             }
         }
         let listed = present.iter().flat_map(|(dir, v)| {
@@ -2241,18 +2254,32 @@ impl Repository {
     /// as found by the listings so far: for what would delete the chunks
     /// only they use (gc, right after the listing it marks from).
     pub fn refuse_vanished(&self, what: &str) -> Result<()> {
-        let v = self.vanished();
+        let (v, unchecked) = {
+            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            let unchecked: Vec<String> = seen
+                .unchecked
+                .iter()
+                .take(5)
+                .map(|(p, name)| format!("{name}@{}", p.1))
+                .chain((seen.unchecked.len() > 5).then(|| "...".to_string()))
+                .collect();
+            (seen.vanished(), unchecked)
+        };
         if v.is_empty() {
-            return Ok(());
+            if unchecked.is_empty() {
+                return Ok(());
+            }
+            return Err(StoreError::Invalid(format!(
+                "{what} deletes nothing while the removal records of snapshots seen on this \
+                 machine and gone from {} cannot be read ({}): run it again",
+                self.location,
+                unchecked.join(", ")
+            )));
         }
-        let shown: Vec<String> = v.iter().take(5).map(|(n, s)| format!("{n}@{s}")).collect();
         Err(StoreError::Invalid(format!(
-            "{what} deletes nothing while snapshots seen on this machine are gone from {} with no \
-             removal record ({}{}): they may be put back, or restored from elsewhere. \
-             `cairn verify` reports them; `cairn verify --accept-vanished` forgets them",
-            self.location,
-            shown.join(", "),
-            if v.len() > 5 { ", ..." } else { "" }
+            "{what} deletes nothing while what vanished may be put back ({}). `cairn verify` reports \
+             what is gone; `cairn verify --accept-vanished` forgets it",
+            crate::seen::gone_without_record(&v, &self.location)
         )))
     }
 
@@ -3161,6 +3188,42 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests fail loudly by design.
 
     use super::*;
+
+    /// A snapshot this machine saw, gone, whose removal record cannot be
+    /// read (a network error): said, and gc frees nothing until the record
+    /// is read (it was only logged at debug level, and gc went on: had the
+    /// snapshot been lost, its chunks would have been freed).
+    #[test]
+    fn gc_waits_for_a_removal_record_it_cannot_read() {
+        let mut r = crate::faults::FaultyRepo::new();
+        let state = tempfile::tempdir().unwrap();
+        r.repo.seen = Arc::new(std::sync::Mutex::new(Seen::at(
+            Some(state.path().to_path_buf()),
+            "seen-test".into(),
+        )));
+        r.backup("b");
+        assert_eq!(r.repo.images().unwrap().len(), 2);
+        // Removed by another cairn, with its record.
+        let other = Repository::open(&r.dir.path().join("repo")).unwrap();
+        let session = other.session("rm").unwrap();
+        other.remove_snapshot(&session, "b", 1).unwrap();
+        drop(session);
+        let record = r
+            .repo
+            .root
+            .locate(&Repository::removal_key(&r.repo.image_dir("b"), 1));
+        assert!(record.exists(), "{}", record.display());
+        r.faults.fail(&record);
+        r.repo.images().unwrap();
+        assert!(r.repo.vanished().is_empty());
+        let e = r.repo.refuse_vanished("gc").unwrap_err().to_string();
+        assert!(e.contains("b@1") && e.contains("cannot be read"), "{e}");
+        // Read at last: removed, and gc goes on.
+        r.faults.clear();
+        r.repo.images().unwrap();
+        r.repo.refuse_vanished("gc").unwrap();
+        assert!(r.repo.vanished().is_empty());
+    }
 
     /// `kill(pid, 0)` tells a process that exists, this one's or
     /// another user's (the check behind a pid `/proc` hides), from none,

@@ -123,6 +123,10 @@ pub(crate) struct Seen {
     vanished: BTreeMap<Place, String>,
     /// Vanished snapshots already warned of in this process.
     warned: BTreeSet<Place>,
+    /// Missing snapshots whose removal record could not be read (a
+    /// network error): neither removed nor vanished until it is, and gc
+    /// frees nothing meanwhile. With the image's name.
+    pub(crate) unchecked: BTreeMap<Place, String>,
     /// Warnings of vanished snapshots held back (while they are accepted).
     pub(crate) quiet: bool,
     /// A failure to read or write the record was already said.
@@ -272,10 +276,8 @@ impl Seen {
         for (p, name) in vanished {
             if !self.quiet && self.warned.insert(p.clone()) {
                 tracing::warn!(
-                    "snapshot {name}@{} was seen on this machine and is gone from {location} with \
-                     no removal record: damaged, deleted by hand, or the repository was rolled \
-                     back. gc deletes nothing until `cairn verify --accept-vanished` forgets it",
-                    p.1
+                    "{}. gc deletes nothing until `cairn verify --accept-vanished` forgets it",
+                    gone_without_record(&[(name.clone(), p.1)], location)
                 );
             }
             self.vanished.insert(p, name);
@@ -414,6 +416,30 @@ pub fn decode_seen(path: &Path, data: &[u8]) -> Result<BTreeMap<Place, String>> 
         ));
     }
     Ok(out)
+}
+
+/// What is said of vanished snapshots, wherever it is said (a listing's
+/// warning, verify's problem, gc's refusal): which, seen where, gone how.
+/// Names five at most.
+pub(crate) fn gone_without_record(snapshots: &[(String, u64)], location: &str) -> String {
+    let mut named: Vec<String> = snapshots
+        .iter()
+        .take(5)
+        .map(|(n, s)| format!("{n}@{s}"))
+        .collect();
+    if snapshots.len() > 5 {
+        named.push(format!("and {} more", snapshots.len() - 5));
+    }
+    let (what, verb) = match snapshots.len() {
+        1 => ("snapshot", "was"),
+        _ => ("snapshots", "were"),
+    };
+    format!(
+        "{what} {} {verb} seen on this machine and {} gone from {location} with no removal \
+         record: damaged, deleted by hand, or the repository was rolled back",
+        named.join(", "),
+        if snapshots.len() == 1 { "is" } else { "are" }
+    )
 }
 
 #[cfg(test)]
@@ -565,5 +591,21 @@ mod tests {
         assert!(!none.kept());
         none.take(&[], vec![], [(place("a", 1), "a".into())], "R");
         assert!(none.missing(None, &present(&[])).0.is_empty());
+    }
+
+    #[test]
+    fn one_sentence_names_one_or_many() {
+        let one = gone_without_record(&[("a".into(), 2)], "/r");
+        assert_eq!(
+            one,
+            "snapshot a@2 was seen on this machine and is gone from /r with no removal record: \
+             damaged, deleted by hand, or the repository was rolled back"
+        );
+        let many: Vec<(String, u64)> = (1..=7).map(|n| ("b".to_string(), n)).collect();
+        let m = gone_without_record(&many, "/r");
+        assert!(
+            m.starts_with("snapshots b@1, b@2, b@3, b@4, b@5, and 2 more were seen on this machine and are gone"),
+            "{m}"
+        );
     }
 }

@@ -658,9 +658,8 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         report.problems.push(Problem {
             kind: "vanished-snapshot",
             message: format!(
-                "snapshot {name}@{snapshot} was seen on this machine and is gone, with no \
-                 removal record (damaged, deleted by hand, or the repository rolled back); \
-                 `cairn verify --accept-vanished` forgets it"
+                "{}; `cairn verify --accept-vanished` forgets it",
+                crate::seen::gone_without_record(&[(name, snapshot)], repo.location())
             ),
             chunk: None,
             affected: Vec::new(),
