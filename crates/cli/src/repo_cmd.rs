@@ -497,6 +497,28 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
     };
     // Refused places are refused before a password is asked for.
     Repository::check_init_location(location(repo)?)?;
+    // The source first: a wrong password there wastes no new one.
+    let chunker = match &a.from {
+        Some(from) => {
+            let params = crate::diff_copy::open_from(from, &a.from_password)?.chunker_params();
+            if params.keyed() && a.encryption == "none" {
+                bail!(
+                    "--from {}: its chunker is keyed, and a repository with --encryption none has nowhere to keep the secret",
+                    from.display()
+                );
+            }
+            if !params.keyed() && a.encryption != "none" {
+                errln!(
+                    "cairn: warning: --from {} cuts chunks with the public table, and so will this \
+                     encrypted repository: where its chunks are cut can be computed from a file \
+                     (docs/format/encryption.md)",
+                    from.display()
+                );
+            }
+            Some(params)
+        }
+        None => None,
+    };
     let encryption = match a.encryption.as_str() {
         "none" => {
             if a.password.password_file.is_some() || a.password.password_command.is_some() {
@@ -505,19 +527,6 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             None
         }
         _ => Some((a.password.new_password()?, a.kdf.params())),
-    };
-    let chunker = match &a.from {
-        Some(from) => {
-            let params = crate::diff_copy::open_from(from, &a.from_password)?.chunker_params();
-            if params.keyed() && encryption.is_none() {
-                bail!(
-                    "--from {}: its chunker is keyed, and a repository with --encryption none has nowhere to keep the secret",
-                    from.display()
-                );
-            }
-            Some(params)
-        }
-        None => None,
     };
     let repo = Repository::init_location_with(
         location(repo)?,
@@ -1846,7 +1855,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "chunker table  {}",
             match (repo.chunker_keyed(), repo.encryption().is_some()) {
                 (true, _) => "keyed (where chunks are cut is secret)",
-                (false, true) => "public (made before 2026-12-02: where chunks are cut can be computed from a file; a repository made now cuts its backups with a secret table)",
+                (false, true) => "public (made before 2026-12-02, or cutting as such a repository: where chunks are cut can be computed from a file)",
                 (false, false) => "public (not encrypted)",
             }
         );

@@ -1146,8 +1146,39 @@ fn init_can_cut_as_another_repository() {
         "nowhere to keep the secret",
     );
     assert!(!d.join("plain").exists());
-    // --from alone says nothing about what to take from it.
-    let out = run(&mut cairn(), &["init", s(&d.join("x")), "--from", s(&src)]);
-    assert!(!out.status.success());
-    assert!(!d.join("x").exists());
+    // Cutting as a plain repository (the public table) is allowed, and
+    // warned of.
+    let plain_src = d.join("plain-src");
+    ok(run(
+        &mut plain(),
+        &["init", s(&plain_src), "--encryption", "none"],
+    ));
+    let out = ok(run(
+        &mut cairn(),
+        &[
+            "init",
+            s(&d.join("public")),
+            "--from",
+            s(&plain_src),
+            "--copy-chunker-params",
+            "--json",
+        ],
+    ));
+    assert_eq!(json(&out)["chunker_table"], "public");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: --from") && err.contains("public table"),
+        "{err}"
+    );
+    // Each flag needs the other.
+    let x = d.join("x");
+    for args in [vec!["--from", s(&src)], vec!["--copy-chunker-params"]] {
+        let mut all = vec!["init", s(&x)];
+        all.extend(args);
+        let out = run(&mut cairn(), &all);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("required"), "{err}");
+        assert!(!x.exists());
+    }
 }

@@ -133,6 +133,13 @@ impl fmt::Debug for GearTable {
     }
 }
 
+impl Drop for GearTable {
+    fn drop(&mut self) {
+        // A keyed table gives the cuts as its secret does.
+        zeroize::Zeroize::zeroize(&mut self.0[..]);
+    }
+}
+
 impl GearTable {
     /// The `fastcdc` crate's table (its seed 0): plain repositories, and
     /// encrypted ones made before keyed tables (their cuts stay where
@@ -675,8 +682,8 @@ mod tests {
             secret in proptest::array::uniform32(0u8..), kind in 0u8..4,
             seed in 1u64.., len in 0usize..200_000, spec_pick in 0usize..3,
         ) {
-            let spec = [DEFAULT_CHUNKER, "cdc:256,1K,4K".parse().unwrap_or(DEFAULT_CHUNKER),
-                "cdc:2K,16K,64K".parse().unwrap_or(DEFAULT_CHUNKER)][spec_pick];
+            let spec = [DEFAULT_CHUNKER, "cdc:256,1K,4K".parse().unwrap(),
+                "cdc:2K,16K,64K".parse().unwrap()][spec_pick];
             let data = texture(kind, len, seed);
             let keyed = GearTable::keyed(&secret);
             let chunker = spec.build(&keyed);

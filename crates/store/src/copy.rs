@@ -592,16 +592,17 @@ mod tests {
     fn copies_keep_extents_rekey_chunks_and_skip_what_was_copied() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        for (from, to) in [
-            (Some("one"), Some("two")),
-            (None, Some("two")),
-            (Some("one"), None),
+        // Source and destination encrypted or not, the destination cutting
+        // as the source does (`init --copy-chunker-params`) or not (a
+        // plain repository cannot keep a keyed source's secret).
+        for (from, to, shared) in [
+            (Some("one"), Some("two"), true),
+            (Some("one"), Some("two"), false),
+            (None, Some("two"), true),
+            (Some("one"), None, false),
         ] {
-            let tag = format!("{}-{}", from.is_some(), to.is_some());
+            let tag = format!("{}-{}-{shared}", from.is_some(), to.is_some());
             let src = repo(d, &format!("src-{tag}"), from);
-            // Cutting as the source does where it can keep the source's
-            // secret (a plain repository cannot).
-            let shared = to.is_some() || from.is_none();
             let dest = repo_cutting_as(
                 d,
                 &format!("dest-{tag}"),
@@ -679,8 +680,7 @@ mod tests {
             let m = dest.read_manifest("b", 1).unwrap();
             assert_eq!(m.tags, vec!["x".to_string(), "y".to_string()]);
             // b1 is also dest's a@1: all its chunks are there already,
-            // if both cut alike; a plain destination cut a@1 with the
-            // public table, the keyed source b1 with its secret one.
+            // if both cut alike; otherwise each cut it with its own table.
             if shared {
                 assert_eq!(r.new_chunks, 0, "{tag}: {r:?}");
             } else {

@@ -2145,23 +2145,27 @@ impl Repository {
         }
         let mut removed = Vec::new();
         let mut vanished = Vec::new();
-        for (place, name) in seen.missing(scope, present).0 {
+        let missing = seen.missing(scope, present).0;
+        seen.drop_settled();
+        for (place, name) in missing {
             if seen.is_vanished(&place) {
                 vanished.push((place, name));
                 continue;
             }
-            seen.unchecked.remove(&place);
+            let said = seen.unchecked.remove(&place).is_some();
             match self.removal_recorded(&place) {
                 Ok(true) => removed.push(place),
                 Ok(false) => vanished.push((place, name)),
-                // Not read (a network error): neither, until it is.
+                // Not read (an I/O or network error): neither, until it is.
                 Err(e) => {
-                    tracing::warn!(
-                        "{name}@{}, seen on this machine, is gone, and its removal record cannot \
-                         be read: {e}",
-                        place.1
-                    );
-                    seen.unchecked.insert(place, name);
+                    if !said {
+                        tracing::warn!(
+                            "{name}@{}, seen on this machine, is gone, and its removal record \
+                             cannot be read: {e}",
+                            place.1
+                        );
+                    }
+                    seen.unchecked.insert(place, (name, e.to_string()));
                 }
             }
         }
@@ -2254,33 +2258,45 @@ impl Repository {
     /// as found by the listings so far: for what would delete the chunks
     /// only they use (gc, right after the listing it marks from).
     pub fn refuse_vanished(&self, what: &str) -> Result<()> {
-        let (v, unchecked) = {
-            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            let unchecked: Vec<String> = seen
-                .unchecked
-                .iter()
-                .take(5)
-                .map(|(p, name)| format!("{name}@{}", p.1))
-                .chain((seen.unchecked.len() > 5).then(|| "...".to_string()))
-                .collect();
-            (seen.vanished(), unchecked)
-        };
-        if v.is_empty() {
-            if unchecked.is_empty() {
-                return Ok(());
-            }
-            return Err(StoreError::Invalid(format!(
-                "{what} deletes nothing while the removal records of snapshots seen on this \
-                 machine and gone from {} cannot be read ({}): run it again",
-                self.location,
-                unchecked.join(", ")
-            )));
+        let v = self.vanished();
+        let unchecked = self.unreadable_removals();
+        let mut why = Vec::new();
+        if !v.is_empty() {
+            why.push(format!(
+                "{}: it may be put back. `cairn verify` reports what is gone; `cairn verify \
+                 --accept-vanished` forgets it",
+                crate::seen::gone_without_record(&v, &self.location)
+            ));
+        }
+        if let Some((name, snapshot, error)) = unchecked.first() {
+            why.push(format!(
+                "the removal record of {name}@{snapshot} (seen on this machine, gone{}) cannot \
+                 be read: {error}. Run it again once the store reads; a record that never will \
+                 can be deleted, and the snapshot is then reported vanished",
+                match unchecked.len() {
+                    1 => String::new(),
+                    n => format!("; and {} more", n - 1),
+                }
+            ));
+        }
+        if why.is_empty() {
+            return Ok(());
         }
         Err(StoreError::Invalid(format!(
-            "{what} deletes nothing while what vanished may be put back ({}). `cairn verify` reports \
-             what is gone; `cairn verify --accept-vanished` forgets it",
-            crate::seen::gone_without_record(&v, &self.location)
+            "{what} deletes nothing while {}",
+            why.join("; and while ")
         )))
+    }
+
+    /// Snapshots this machine saw that are gone, whose removal record
+    /// could not be read by the listings so far: (image name, number, the
+    /// error). Neither removed nor vanished until it is read.
+    pub fn unreadable_removals(&self) -> Vec<(String, u64, String)> {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.unchecked
+            .iter()
+            .map(|(p, (name, e))| (name.clone(), p.1, e.clone()))
+            .collect()
     }
 
     fn parse_manifest_key<'k>(&self, key: &'k Key) -> Option<(&'k str, u64)> {
@@ -3214,15 +3230,22 @@ mod tests {
             .locate(&Repository::removal_key(&r.repo.image_dir("b"), 1));
         assert!(record.exists(), "{}", record.display());
         r.faults.fail(&record);
-        r.repo.images().unwrap();
+        let session = r.repo.session("gc").unwrap();
+        let gc = || crate::gc::gc(&r.repo, &session, &crate::gc::GcOptions::default());
+        for _ in 0..2 {
+            // Still unreadable the second time: still refused.
+            let e = gc().unwrap_err().to_string();
+            assert!(e.contains("b@1") && e.contains("cannot be read"), "{e}");
+        }
         assert!(r.repo.vanished().is_empty());
-        let e = r.repo.refuse_vanished("gc").unwrap_err().to_string();
-        assert!(e.contains("b@1") && e.contains("cannot be read"), "{e}");
+        let v = crate::verify::verify(&r.repo, &crate::verify::VerifyOptions::default()).unwrap();
+        let kinds: Vec<&str> = v.problems.iter().map(|p| p.kind).collect();
+        assert_eq!(kinds, vec!["unreadable-removal-record"], "{:?}", v.problems);
         // Read at last: removed, and gc goes on.
         r.faults.clear();
-        r.repo.images().unwrap();
-        r.repo.refuse_vanished("gc").unwrap();
+        gc().unwrap();
         assert!(r.repo.vanished().is_empty());
+        assert!(r.repo.unreadable_removals().is_empty());
     }
 
     /// `kill(pid, 0)` tells a process that exists, this one's or

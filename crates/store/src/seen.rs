@@ -123,10 +123,10 @@ pub(crate) struct Seen {
     vanished: BTreeMap<Place, String>,
     /// Vanished snapshots already warned of in this process.
     warned: BTreeSet<Place>,
-    /// Missing snapshots whose removal record could not be read (a
-    /// network error): neither removed nor vanished until it is, and gc
-    /// frees nothing meanwhile. With the image's name.
-    pub(crate) unchecked: BTreeMap<Place, String>,
+    /// Missing snapshots whose removal record could not be read (an I/O
+    /// or network error): neither removed nor vanished until it is, and
+    /// gc frees nothing meanwhile. With the image's name and the error.
+    pub(crate) unchecked: BTreeMap<Place, (String, String)>,
     /// Warnings of vanished snapshots held back (while they are accepted).
     pub(crate) quiet: bool,
     /// A failure to read or write the record was already said.
@@ -356,6 +356,13 @@ impl Seen {
             }
             Err(e) => self.say(&format!("{e}")),
         }
+    }
+
+    /// Drop the unchecked places the record no longer holds: settled
+    /// meanwhile by another process.
+    pub(crate) fn drop_settled(&mut self) {
+        let entries = &self.entries;
+        self.unchecked.retain(|p, _| entries.contains_key(p));
     }
 
     /// Forget `place`, removed by this process without a removal record.

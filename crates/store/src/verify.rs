@@ -665,6 +665,19 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
             affected: Vec::new(),
         });
     }
+    for (name, snapshot, error) in repo.unreadable_removals() {
+        report.problems.push(Problem {
+            kind: "unreadable-removal-record",
+            message: format!(
+                "snapshot {name}@{snapshot} was seen on this machine and is gone from {}, and \
+                 its removal record cannot be read ({error}): whether it was removed or lost is \
+                 not known, and gc deletes nothing until it is",
+                repo.location()
+            ),
+            chunk: None,
+            affected: Vec::new(),
+        });
+    }
     for (name, snaps) in &images {
         for &snap in snaps {
             report.snapshots += 1;
