@@ -497,6 +497,11 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
     };
     // Refused places are refused before a password is asked for.
     Repository::check_init_location(location(repo)?)?;
+    if a.encryption == "none"
+        && (a.password.password_file.is_some() || a.password.password_command.is_some())
+    {
+        bail!("--encryption none takes no password");
+    }
     // The source first: a wrong password there wastes no new one.
     let chunker = match &a.from {
         Some(from) => {
@@ -507,25 +512,12 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
                     from.display()
                 );
             }
-            if !params.keyed() && a.encryption != "none" {
-                errln!(
-                    "cairn: warning: --from {} cuts chunks with the public table, and so will this \
-                     encrypted repository: where its chunks are cut can be computed from a file \
-                     (docs/format/encryption.md)",
-                    from.display()
-                );
-            }
             Some(params)
         }
         None => None,
     };
     let encryption = match a.encryption.as_str() {
-        "none" => {
-            if a.password.password_file.is_some() || a.password.password_command.is_some() {
-                bail!("--encryption none takes no password");
-            }
-            None
-        }
+        "none" => None,
         _ => Some((a.password.new_password()?, a.kdf.params())),
     };
     let repo = Repository::init_location_with(
@@ -538,6 +530,14 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             chunker,
         },
     )?;
+    if let (Some(from), Some(_), false) = (&a.from, repo.encryption(), repo.chunker_keyed()) {
+        errln!(
+            "cairn: warning: --from {} cuts chunks with the public table, and so does this \
+             encrypted repository: where its chunks are cut can be computed from a file \
+             (docs/format/encryption.md)",
+            from.display()
+        );
+    }
     if a.json {
         print_json(&json!({
             "repository": repo.location(),
@@ -1855,7 +1855,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
             "chunker table  {}",
             match (repo.chunker_keyed(), repo.encryption().is_some()) {
                 (true, _) => "keyed (where chunks are cut is secret)",
-                (false, true) => "public (made before 2026-12-02, or cutting as such a repository: where chunks are cut can be computed from a file)",
+                (false, true) => "public (made before 2026-12-02, or cutting as a plain or older repository: where chunks are cut can be computed from a file)",
                 (false, false) => "public (not encrypted)",
             }
         );
@@ -1965,21 +1965,32 @@ fn group_text(group: Option<u32>) -> String {
 }
 
 /// verify's verdict: `ok`, `DAMAGED`, or, where the only problems are
-/// packs that could not be read (an I/O or network error) and their
-/// chunks, which are not known to be damaged, `NOT VERIFIED`.
+/// objects that could not be read (an I/O or network error: packs and
+/// their chunks, removal records), which are not known to be damaged,
+/// `NOT VERIFIED`.
 fn verdict(r: &cairn_store::VerifyReport) -> String {
     let unread = |p: &cairn_store::Problem| match p.kind {
-        "unread-chunk" | "unread-copy" => true,
+        "unread-chunk" | "unread-copy" | "unreadable-removal-record" => true,
         "pack" => r.unread_packs.contains(&p.message),
         _ => false,
     };
     if r.problems.is_empty() {
         "ok".into()
     } else if r.problems.iter().all(unread) {
-        format!(
-            "NOT VERIFIED ({} pack(s) could not be read)",
-            r.unread_packs.len()
-        )
+        let records = r
+            .problems
+            .iter()
+            .filter(|p| p.kind == "unreadable-removal-record")
+            .count();
+        let unread: Vec<String> = [
+            (r.unread_packs.len(), "pack(s)"),
+            (records, "removal record(s)"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        format!("NOT VERIFIED ({} could not be read)", unread.join(" and "))
     } else if r.unread_packs.is_empty() {
         "DAMAGED".into()
     } else {
@@ -2033,6 +2044,20 @@ mod tests {
         r.unread_packs.clear();
         r.problems = vec![problem("damaged-chunk", "chunk e")];
         assert_eq!(verdict(&r), "DAMAGED");
+        // A removal record that could not be read is no damage either.
+        r.problems = vec![problem("unreadable-removal-record", "a@1")];
+        assert_eq!(
+            verdict(&r),
+            "NOT VERIFIED (1 removal record(s) could not be read)"
+        );
+        r.unread_packs = vec!["p: read: EIO".into()];
+        r.problems.push(problem("pack", "p: read: EIO"));
+        assert_eq!(
+            verdict(&r),
+            "NOT VERIFIED (1 pack(s) and 1 removal record(s) could not be read)"
+        );
+        r.problems.push(problem("vanished-snapshot", "b@2"));
+        assert_eq!(verdict(&r), "DAMAGED, and 1 pack(s) could not be read");
     }
 
     #[test]

@@ -1146,6 +1146,27 @@ fn init_can_cut_as_another_repository() {
         "nowhere to keep the secret",
     );
     assert!(!d.join("plain").exists());
+    // A password for a plain repository is refused before the source is
+    // opened (no password of its own asked for).
+    let pw = d.join("pw");
+    std::fs::write(&pw, "x\n").unwrap();
+    fails_with(
+        &run(
+            plain().env_remove("CAIRN_FROM_PASSWORD"),
+            &[
+                "init",
+                s(&d.join("plain")),
+                "--encryption",
+                "none",
+                "--password-file",
+                s(&pw),
+                "--from",
+                s(&src),
+                "--copy-chunker-params",
+            ],
+        ),
+        "takes no password",
+    );
     // Cutting as a plain repository (the public table) is allowed, and
     // warned of.
     let plain_src = d.join("plain-src");

@@ -2270,12 +2270,12 @@ impl Repository {
         }
         if let Some((name, snapshot, error)) = unchecked.first() {
             why.push(format!(
-                "the removal record of {name}@{snapshot} (seen on this machine, gone{}) cannot \
-                 be read: {error}. Run it again once the store reads; a record that never will \
+                "the removal record of {name}@{snapshot} (seen on this machine, gone) cannot be \
+                 read: {error}{}. Run it again once the store reads; a record that never will \
                  can be deleted, and the snapshot is then reported vanished",
                 match unchecked.len() {
                     1 => String::new(),
-                    n => format!("; and {} more", n - 1),
+                    n => format!(" (and {} more records)", n - 1),
                 }
             ));
         }

@@ -358,11 +358,13 @@ impl Seen {
         }
     }
 
-    /// Drop the unchecked places the record no longer holds: settled
-    /// meanwhile by another process.
+    /// Drop the unchecked and vanished places the record no longer holds:
+    /// settled meanwhile by another process (a listing there read the
+    /// removal record, or `verify --accept-vanished` forgot them).
     pub(crate) fn drop_settled(&mut self) {
         let entries = &self.entries;
         self.unchecked.retain(|p, _| entries.contains_key(p));
+        self.vanished.retain(|p, _| entries.contains_key(p));
     }
 
     /// Forget `place`, removed by this process without a removal record.

@@ -146,7 +146,8 @@ pub struct Problem {
     /// copy is sound), `unread-copy` (a copy of a chunk stored twice that
     /// could not be read, whose other copy is sound: not known damaged),
     /// `vanished-snapshot` (a snapshot this machine saw is gone with no
-    /// removal record).
+    /// removal record), `unreadable-removal-record` (one it saw is gone
+    /// and its removal record could not be read: not known lost).
     pub kind: &'static str,
     /// One line saying what and where.
     pub message: String,
