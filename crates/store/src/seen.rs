@@ -131,6 +131,17 @@ pub(crate) struct Seen {
     pub(crate) quiet: bool,
     /// A failure to read or write the record was already said.
     complained: bool,
+    /// The record was found damaged or deleted while this process knew
+    /// entries: the next change writes them even if it adds nothing.
+    rewrite: bool,
+}
+
+/// The record file as read.
+enum Record {
+    /// Read and decoded.
+    Sound(BTreeMap<Place, String>),
+    /// Absent (never written, or deleted) or damaged.
+    Lost,
 }
 
 /// What a listing found missing: places seen before, now absent.
@@ -159,31 +170,36 @@ impl Seen {
     }
 
     /// Read the record if it changed since it was last read or written.
+    /// A record found damaged or deleted leaves what this process knew in
+    /// place: read as empty, it would make every snapshot found vanished
+    /// look settled by another process ([`Seen::drop_settled`]).
     fn load(&mut self) {
         let stamp = self.file_stamp();
         if stamp.is_some() && stamp == self.stamp {
             return;
         }
-        if let Some(entries) = self.read() {
-            self.entries = entries;
+        match self.read() {
+            Some(Record::Sound(entries)) => self.entries = entries,
+            Some(Record::Lost) => self.rewrite = !self.entries.is_empty(),
+            None => {}
         }
         self.stamp = stamp;
     }
 
-    /// The record as the file holds it (empty when there is none); `None`
-    /// when it cannot be read, which is said once.
-    fn read(&mut self) -> Option<BTreeMap<Place, String>> {
+    /// The record as the file holds it; `None` when it cannot be read,
+    /// which is said once, as damage is.
+    fn read(&mut self) -> Option<Record> {
         let (dir, key) = self.file.as_ref()?;
         let path = dir.locate(key);
         match dir.get(key) {
             Ok(Some(data)) => match decode_seen(&path, &data) {
-                Ok(entries) => Some(entries),
+                Ok(entries) => Some(Record::Sound(entries)),
                 Err(e) => {
                     self.say(&format!("{e}; it is written again from what is listed"));
-                    Some(BTreeMap::new())
+                    Some(Record::Lost)
                 }
             },
-            Ok(None) => Some(BTreeMap::new()),
+            Ok(None) => Some(Record::Lost),
             Err(e) => {
                 self.say(&format!("{e}"));
                 None
@@ -305,7 +321,7 @@ impl Seen {
     /// processes may have written it since), changed and written whole, so
     /// that one process's change is not undone by another's older copy.
     fn change(&mut self, remove: &[Place], add: Vec<(Place, String)>) {
-        if remove.is_empty() && add.is_empty() {
+        if remove.is_empty() && add.is_empty() && !self.rewrite {
             return;
         }
         for p in remove {
@@ -336,8 +352,12 @@ impl Seen {
             Ok(f) => f,
             Err(e) => return self.say(&format!("{e}")),
         };
-        let Some(mut merged) = self.read() else {
-            return;
+        // A damaged or missing record is written again from what this
+        // process knows (`entries`, changed above).
+        let mut merged = match self.read() {
+            Some(Record::Sound(m)) => m,
+            Some(Record::Lost) => self.entries.clone(),
+            None => return,
         };
         for p in remove {
             merged.remove(p);
@@ -353,6 +373,7 @@ impl Seen {
             Ok(()) => {
                 self.entries = merged;
                 self.stamp = self.file_stamp();
+                self.rewrite = false;
             }
             Err(e) => self.say(&format!("{e}")),
         }
@@ -600,6 +621,73 @@ mod tests {
         assert!(!none.kept());
         none.take(&[], vec![], [(place("a", 1), "a".into())], "R");
         assert!(none.missing(None, &present(&[])).0.is_empty());
+    }
+
+    /// A record damaged or deleted while a process runs does not make the
+    /// snapshots it found vanished look settled (gc would then free their
+    /// chunks), and is written again with them; one another process
+    /// rewrote soundly without them does.
+    #[test]
+    fn a_record_lost_meanwhile_settles_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("state").join("seen-x");
+        let place = |d: &str, n: u64| (d.to_string(), n);
+        let listed = |v: &[u64]| {
+            let mut m: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+            m.insert("a".into(), v.to_vec());
+            m
+        };
+        let names = |v: &[u64]| {
+            v.iter()
+                .map(|&n| (place("a", n), "a".to_string()))
+                .collect::<Vec<_>>()
+        };
+        let mut first = Seen::at(Some(t.path().join("state")), "seen-x".into());
+        first.missing(None, &listed(&[]));
+        first.take(&[], vec![], names(&[1, 2, 3]), "R");
+        let mut s = Seen::at(Some(t.path().join("state")), "seen-x".into());
+        let m = s.missing(None, &listed(&[1, 3]));
+        s.take(&[], m.0, names(&[1, 3]), "R");
+        assert_eq!(s.vanished(), vec![("a".to_string(), 2)]);
+        // A later mtime than the last write, so that the file is read again.
+        let touch = |data: Option<&[u8]>| {
+            match data {
+                Some(d) => std::fs::write(&file, d).unwrap(),
+                None => std::fs::remove_file(&file).unwrap(),
+            }
+            if data.is_some() {
+                let f = std::fs::File::options().write(true).open(&file).unwrap();
+                f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+                    .unwrap();
+            }
+        };
+        for damage in [Some(&b"not a record"[..]), None] {
+            touch(damage);
+            let m = s.missing(None, &listed(&[1, 3, 4]));
+            assert_eq!(m.0, names(&[2]), "{damage:?}");
+            s.drop_settled();
+            assert_eq!(s.vanished(), vec![("a".to_string(), 2)], "{damage:?}");
+            s.take(&[], m.0, names(&[1, 3, 4]), "R");
+            // Written again whole, the vanished snapshot in it.
+            let data = std::fs::read(&file).unwrap();
+            let back = decode_seen(&file, &data).unwrap();
+            assert_eq!(
+                back.keys().cloned().collect::<Vec<_>>(),
+                [1, 2, 3, 4].map(|n| place("a", n)).to_vec(),
+                "{damage:?}"
+            );
+        }
+        // Another process accepts it: settled.
+        let mut other = Seen::at(Some(t.path().join("state")), "seen-x".into());
+        let m = other.missing(None, &listed(&[1, 3, 4]));
+        other.take(&[], m.0, [], "R");
+        assert_eq!(other.accept_vanished(), vec![("a".to_string(), 2)]);
+        let f = std::fs::File::options().write(true).open(&file).unwrap();
+        f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(120))
+            .unwrap();
+        assert!(s.missing(None, &listed(&[1, 3, 4])).0.is_empty());
+        s.drop_settled();
+        assert!(s.vanished().is_empty());
     }
 
     #[test]
