@@ -506,12 +506,8 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
     let chunker = match &a.from {
         Some(from) => {
             let params = crate::diff_copy::open_from(from, &a.from_password)?.chunker_params();
-            if params.keyed() && a.encryption == "none" {
-                bail!(
-                    "--from {}: its chunker is keyed, and a repository with --encryption none has nowhere to keep the secret",
-                    from.display()
-                );
-            }
+            Repository::check_chunker_copy(&params, a.encryption != "none")
+                .with_context(|| format!("--from {}", from.display()))?;
             Some(params)
         }
         None => None,
@@ -544,7 +540,7 @@ pub(crate) fn init(a: &InitArgs) -> Result<()> {
             "id": repo.id().to_string(),
             "targets": repo.target_locations(),
             "encryption": repo.encryption().unwrap_or("none"),
-            "chunker_table": if repo.chunker_keyed() { "keyed" } else { "public" },
+            "chunker_table": repo.chunker_table(),
         }));
     } else {
         errln!(
@@ -1821,7 +1817,7 @@ pub(crate) fn stats(a: &StatsArgs) -> Result<()> {
         print_json(&json!({
             "repository": repo.location(),
             "encryption": repo.encryption().unwrap_or("none"),
-            "chunker_table": if repo.chunker_keyed() { "keyed" } else { "public" },
+            "chunker_table": repo.chunker_table(),
             "images": s.images,
             "snapshots": s.snapshots,
             "logical_bytes": s.logical_bytes,

@@ -1143,7 +1143,11 @@ fn init_can_cut_as_another_repository() {
                 "--copy-chunker-params",
             ],
         ),
-        "nowhere to keep the secret",
+        &format!(
+            "--from {}: its chunker is keyed, and a repository that is not encrypted has \
+             nowhere to keep the secret",
+            src.display()
+        ),
     );
     assert!(!d.join("plain").exists());
     // A password for a plain repository is refused before the source is

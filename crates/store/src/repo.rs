@@ -922,12 +922,23 @@ impl Repository {
 
     /// The pack size `opts` asks for, once its options are checked.
     fn check_options(opts: &InitOptions) -> Result<u64> {
-        if opts.encryption.is_none() && opts.chunker.as_ref().is_some_and(|c| c.keyed()) {
-            return Err(StoreError::Invalid(
-                "the chunker to copy is keyed, and a repository that is not encrypted has nowhere to keep its secret".into(),
-            ));
+        if let Some(c) = &opts.chunker {
+            Self::check_chunker_copy(c, opts.encryption.is_some())?;
         }
         Self::check_pack_size(opts.pack_size)
+    }
+
+    /// Whether a new repository, encrypted or not, can cut as `chunker`
+    /// says ([`InitOptions::chunker`]): a plain one has nowhere to keep a
+    /// keyed table's secret. For a caller to refuse before it asks for a
+    /// password; `init` checks it again.
+    pub fn check_chunker_copy(chunker: &ChunkerParams, encrypted: bool) -> Result<()> {
+        if chunker.keyed() && !encrypted {
+            return Err(StoreError::Invalid(
+                "its chunker is keyed, and a repository that is not encrypted has nowhere to keep the secret".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn check_pack_size(pack_size: Option<u64>) -> Result<u64> {
@@ -1498,6 +1509,15 @@ impl Repository {
     /// Whether the chunker's gear table is keyed ([`Self::gear_table`]).
     pub fn chunker_keyed(&self) -> bool {
         self.crypt.as_ref().is_some_and(|c| c.has_chunker_secret())
+    }
+
+    /// The chunker's gear table as reports name it: `keyed` or `public`.
+    pub fn chunker_table(&self) -> &'static str {
+        if self.chunker_keyed() {
+            "keyed"
+        } else {
+            "public"
+        }
     }
 
     /// Where this repository's chunker cuts, for a new repository to cut
