@@ -77,11 +77,18 @@ impl Sources<'_> {
             ))),
             (Some(f), None) => Some(from_file(f)),
             (None, Some(c)) => Some(from_command(c, self.command_flag)),
-            (None, None) => std::env::var_os(self.var).map(|p| {
+            (None, None) => self.variable().map(|p| {
                 use std::os::unix::ffi::OsStringExt;
                 first_line(p.into_vec(), self.var)
             }),
         }
+    }
+
+    /// The password variable's value; an empty one counts as unset, as
+    /// for the `*_FILE` and `*_COMMAND` variables (and restic's
+    /// `RESTIC_PASSWORD`).
+    fn variable(&self) -> Option<std::ffi::OsString> {
+        std::env::var_os(self.var).filter(|v| !v.is_empty())
     }
 
     /// The password of an existing repository: configured, else asked.
@@ -93,7 +100,7 @@ impl Sources<'_> {
     }
 
     fn given(&self) -> bool {
-        self.file.is_some() || self.command.is_some() || std::env::var_os(self.var).is_some()
+        self.file.is_some() || self.command.is_some() || self.variable().is_some()
     }
 }
 

@@ -325,6 +325,21 @@ fn wrong_missing_and_every_source_of_password() {
             .env("CAIRN_PASSWORD_COMMAND", ""),
         &ls,
     ));
+    // CAIRN_PASSWORD too: empty, it is no password given (it was one,
+    // and refused as empty, and a plain repository refused it as given).
+    fails_with(
+        &run(plain().env("CAIRN_PASSWORD", ""), &ls),
+        "the repository is encrypted; give its password",
+    );
+    let plain_repo = d.join("plain-repo");
+    ok(run(
+        &mut plain(),
+        &["init", s(&plain_repo), "--encryption", "none"],
+    ));
+    ok(run(
+        plain().env("CAIRN_PASSWORD", ""),
+        &["ls", "--repo", s(&plain_repo)],
+    ));
     let out = run(cairn().env("CAIRN_REPO", ""), &["ls"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
