@@ -446,6 +446,15 @@ pub(crate) fn open_repo(r: &RepoArg) -> Result<Repository> {
     )?)
 }
 
+/// [`open_repo`] without the local cache of a remote repository, for the
+/// commands that judge what the store holds (`verify`, `repair`).
+pub(crate) fn open_repo_uncached(r: &RepoArg) -> Result<Repository> {
+    Ok(Repository::open_location_uncached(
+        location(&r.repo)?,
+        &r.password,
+    )?)
+}
+
 /// A repository's location as given: a directory or `s3://BUCKET/PREFIX`.
 pub(crate) fn location(p: &Path) -> Result<&str> {
     p.to_str()
@@ -1065,7 +1074,7 @@ fn parse_subset(s: &str) -> Result<cairn_store::DataSubset, String> {
 }
 
 pub(crate) fn verify(a: &VerifyArgs) -> Result<()> {
-    let repo = open_repo(&a.repo)?;
+    let repo = open_repo_uncached(&a.repo)?;
     let accepted = if a.accept_vanished {
         repo.accept_vanished()?
     } else {
@@ -1203,7 +1212,7 @@ fn print_problems(problems: &[cairn_store::Problem]) {
 }
 
 pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
-    let repo = open_repo(&a.repo)?;
+    let repo = open_repo_uncached(&a.repo)?;
     let lock = session_freeing(&repo, "cairn repair")?;
     let bar = Progress::new("repair", None, !a.quiet);
     let progress = |done: u64, _total: u64| bar.read_to(done);

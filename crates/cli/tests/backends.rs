@@ -741,6 +741,21 @@ fn s3_damage_is_found_and_named() {
         .collect();
     assert!(packs.len() >= 2, "{packs:?}");
 
+    // An index file flipped in the bucket after a restore cached it
+    // locally: verify judges the bucket's copy, not the cache's (it said
+    // ok while the cache held the sound one).
+    assert_eq!(s.restore("a"), a);
+    let index = bucket.list("index/").unwrap()[0].key.clone();
+    let sound = bucket.get(&index).unwrap().unwrap();
+    let mut flipped = sound.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 1;
+    bucket.put(&index, &flipped).unwrap();
+    let v = s.verify();
+    assert_eq!(v["ok"], false, "{v}");
+    bucket.put(&index, &sound).unwrap();
+    assert_eq!(s.verify()["ok"], true);
+
     // A flipped byte in the middle of one pack.
     let mut data = bucket.get(&packs[0]).unwrap().unwrap();
     let mid = data.len() / 2;

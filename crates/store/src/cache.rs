@@ -29,6 +29,11 @@
 //!   same records again and again. Whole reads (`get`) of packs, as gc and
 //!   verify do once per pack, pass through: caching them would only evict
 //!   what a served image uses.
+//! - **Not for judging the store.** `verify` and `repair` open a remote
+//!   repository without the cache
+//!   ([`Repository::open_location_uncached`](crate::Repository::open_location_uncached)):
+//!   an index file damaged in the bucket after it was cached would
+//!   otherwise pass (restic's `check` uses a fresh cache for this).
 //!
 //! Written by hand: a few dozen lines of file handling over the backend
 //! traits; a caching crate would add a second store format to check.

@@ -1184,7 +1184,22 @@ impl Repository {
         pack_cache: u64,
         password: &dyn PasswordSource,
     ) -> Result<Repository> {
-        match Self::remote(location, pack_cache)? {
+        match Self::remote(location, Some(pack_cache))? {
+            Some(root) => Self::open_remote(location, root, password),
+            None => Self::open_with(Path::new(location), password),
+        }
+    }
+
+    /// [`Repository::open_location_with`] without the local cache of a
+    /// remote repository: every index file comes from the store. For
+    /// `verify` and `repair`, which must judge what the store holds, not
+    /// a copy made before it was damaged (restic's `check` uses a fresh
+    /// cache for the same reason).
+    pub fn open_location_uncached(
+        location: &str,
+        password: &dyn PasswordSource,
+    ) -> Result<Repository> {
+        match Self::remote(location, None)? {
             Some(root) => Self::open_remote(location, root, password),
             None => Self::open_with(Path::new(location), password),
         }
@@ -1211,7 +1226,7 @@ impl Repository {
 
     /// [`Repository::init_location`] with every option (encryption too).
     pub fn init_location_with(location: &str, opts: &InitOptions) -> Result<Repository> {
-        match Self::remote(location, 0)? {
+        match Self::remote(location, Some(0))? {
             Some(_) if !opts.targets.is_empty() => Err(StoreError::Invalid(format!(
                 "{location}: an object store's repository keeps its packs in it (no --target)"
             ))),
@@ -1220,13 +1235,16 @@ impl Repository {
         }
     }
 
-    /// The backend of a remote `location`, with its local cache; `None`
-    /// for a directory.
-    fn remote(location: &str, pack_cache: u64) -> Result<Option<Arc<dyn WriteBackend>>> {
+    /// The backend of a remote `location`, with its local cache (`None`:
+    /// without); `None` for a directory.
+    fn remote(location: &str, pack_cache: Option<u64>) -> Result<Option<Arc<dyn WriteBackend>>> {
         if !location.starts_with("s3://") {
             return Ok(None);
         }
         let s3: Arc<dyn WriteBackend> = Arc::new(crate::s3::S3Backend::from_url(location)?);
+        let Some(pack_cache) = pack_cache else {
+            return Ok(Some(s3));
+        };
         let Some(dir) = cache_dir(location) else {
             return Ok(Some(s3));
         };
