@@ -28,13 +28,12 @@
 //! member and ends without its end member, as htslib warns of a BGZF file
 //! without its end-of-file block.
 
-use super::{
-    in_stream, le32, pass_plain, BlockMeta, Mark, Marks, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT,
-};
+use super::{le32, pass_plain, BlockMeta, Mark, Marks, Unit, UnitKind, MAX_UNIT, PLAIN_UNIT};
 use crate::block::{BlockCodec, DeflateCodec};
 use crate::error::{CodecError, Result};
 use crate::inflate::index::GzipIndex;
 use crate::inflate::segmented::{self, Opened, Segmented};
+use crate::inflate::whole::{Outcome, Whole};
 use crate::inflate::zstream::ZInflate;
 use crate::inflate::{ParallelInflate, Resume, Workers, CHUNK};
 use crate::input::{begins_like, Input};
@@ -659,7 +658,8 @@ impl Splitter {
     /// extra field is only a hint for splitting: gzip itself skips it, so
     /// a member whose hint is nonsense is not refused but inflated as a
     /// stream (returns false, nothing consumed). A hint that passes these
-    /// checks and is still wrong makes the member fail its CRC: refused,
+    /// checks and covers more than one member has them inflated one by
+    /// one ([`Decoder`]); one that ends inside a member fails it: refused,
     /// never silently misread.
     fn take_sized_member(
         &mut self,
@@ -843,16 +843,20 @@ impl super::Splitter for Splitter {
 
 /// Inflates self-sizing members with libdeflate.
 pub struct Decoder {
-    inflate: DeflateCodec,
+    inflate: Option<Whole>,
 }
 
 impl Default for Decoder {
     fn default() -> Self {
         Decoder {
-            inflate: DeflateCodec::new(6),
+            inflate: Whole::new(),
         }
     }
 }
+
+/// Most bytes the members of one unit may inflate to when its length hint
+/// turned out to cover more than one ([`Decoder::members_one_by_one`]).
+const HINT_OVER_MEMBERS_MAX: usize = 2 * MAX_UNIT;
 
 impl super::UnitDecoder for Decoder {
     fn decode(&mut self, unit: &mut Unit, out: &mut Vec<u8>) -> Result<()> {
@@ -865,9 +869,41 @@ impl super::UnitDecoder for Decoder {
         let t = data.len() - TRAILER_LEN;
         let (crc, isize) = (le32(data, t), le32(data, t + 4) as usize);
         let start = out.len();
-        self.inflate
-            .decompress(body, out, isize)
-            .map_err(|e| in_stream(e, NAME, unit.offset + u64::from(header_len)))?;
+        let inflate = self
+            .inflate
+            .as_mut()
+            .ok_or_else(|| CodecError::corrupt(NAME, unit.offset, "libdeflate: out of memory"))?;
+        out.reserve_exact(isize);
+        match inflate.inflate(body, out) {
+            Outcome::Done { used } if used == body.len() => {}
+            // The DEFLATE stream ends before the trailer the length hint
+            // points at, or inflates to more than that trailer's size:
+            // the hint covers more than one member (a hint the splitter's
+            // checks cannot catch when members follow each other). Taking
+            // the last trailer for the first stream's would skip members
+            // whose trailer happens to be the same (runs of equal blocks).
+            Outcome::Done { .. } | Outcome::NoSpace => {
+                out.truncate(start);
+                return Self::members_one_by_one(unit, out);
+            }
+            Outcome::Bad => {
+                out.truncate(start);
+                return Err(CodecError::corrupt(
+                    NAME,
+                    unit.offset + u64::from(header_len),
+                    "invalid DEFLATE data",
+                ));
+            }
+        }
+        let got_len = out.len() - start;
+        if got_len != isize {
+            out.truncate(start);
+            return Err(CodecError::corrupt(
+                NAME,
+                unit.offset + t as u64 + 4,
+                format!("length mismatch: stored {isize}, decoded {got_len}"),
+            ));
+        }
         let got = crc32fast::hash(&out[start..]);
         if got != crc {
             out.truncate(start);
@@ -875,6 +911,39 @@ impl super::UnitDecoder for Decoder {
                 NAME,
                 unit.offset + t as u64,
                 format!("CRC mismatch: stored {crc:08x}, computed {got:08x}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Decoder {
+    /// The members in `unit`, one after another, each checked against its
+    /// own trailer, as gzip reads them: for a unit whose length hint
+    /// covered more than one member.
+    fn members_one_by_one(unit: &Unit, out: &mut Vec<u8>) -> Result<()> {
+        use std::io::Read;
+        tracing::debug!(
+            "gzip member at byte {}: its length hint covers more than one member; \
+             inflating them one by one",
+            unit.offset
+        );
+        let start = out.len();
+        let mut members = flate2::read::MultiGzDecoder::new(&unit.data[..])
+            .take(HINT_OVER_MEMBERS_MAX as u64 + 1);
+        if let Err(e) = members.read_to_end(out) {
+            out.truncate(start);
+            return Err(CodecError::corrupt(NAME, unit.offset, e.to_string()));
+        }
+        if out.len() - start > HINT_OVER_MEMBERS_MAX {
+            out.truncate(start);
+            return Err(CodecError::corrupt(
+                NAME,
+                unit.offset,
+                format!(
+                    "the members under one length hint inflate to more than {} MiB",
+                    HINT_OVER_MEMBERS_MAX >> 20
+                ),
             ));
         }
         Ok(())
@@ -906,6 +975,41 @@ mod tests {
         out.extend_from_slice(&crc32fast::hash(data).to_le_bytes());
         out.extend_from_slice(&(data.len() as u32).to_le_bytes());
         out
+    }
+
+    /// A length hint that covers two whole members (BGZF's BSIZE here):
+    /// the first member's stream ends before the trailer the hint points
+    /// at. Taken as the first member's trailer, a second member with the
+    /// same trailer (equal blocks) was skipped, exit 0; one with another
+    /// trailer failed a CRC gzip does not fail. Both decode as gzip does.
+    #[test]
+    fn a_length_hint_over_two_members_loses_neither() {
+        let bgzf = |data: &[u8], covers: Option<usize>| {
+            let mut m = member(data, b"BC\x02\x00\x00\x00", false);
+            let size = covers.unwrap_or(m.len());
+            m[16..18].copy_from_slice(&((size - 1) as u16).to_le_bytes());
+            m
+        };
+        let block: Vec<u8> = (0..30_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        let other: Vec<u8> = block.iter().map(|b| b ^ 0x5a).collect();
+        for second in [&block, &other] {
+            let plain_second = bgzf(second, None);
+            let first = bgzf(&block, Some(bgzf(&block, None).len() + plain_second.len()));
+            let mut file = first.clone();
+            file.extend_from_slice(&plain_second);
+            file.extend_from_slice(&bgzf(&block, None));
+            let mut want = block.clone();
+            want.extend_from_slice(second);
+            want.extend_from_slice(&block);
+            let got = crate::decode_all(&file).unwrap();
+            assert_eq!(got.len(), want.len());
+            assert!(got == want);
+            // Damage inside the covered members is still found.
+            let mut bad = file.clone();
+            let at = first.len() + plain_second.len() - 6;
+            bad[at] ^= 1;
+            assert!(crate::decode_all(&bad).is_err());
+        }
     }
 
     /// A length hint a little off (as a hand-edited or badly written file

@@ -36,7 +36,7 @@
 pub mod index;
 pub mod marker;
 pub mod segmented;
-mod whole;
+pub(crate) mod whole;
 pub(crate) mod zstream;
 
 use crate::error::{CodecError, Result};
