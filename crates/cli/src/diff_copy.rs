@@ -45,7 +45,7 @@ pub(crate) struct CopyArgs {
     #[command(flatten)]
     pub repo: RepoArg,
     /// Worker threads hashing and compressing (default: number of cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// No progress bar.
     #[arg(short = 'q', long)]

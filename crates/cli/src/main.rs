@@ -182,7 +182,8 @@ pub(crate) struct CommonArgs {
         short = 'T',
         long = "threads",
         visible_short_alias = 'p',
-        visible_alias = "processes"
+        visible_alias = "processes",
+        value_parser = parse_threads
     )]
     pub threads: Option<usize>,
     /// Keep input files (default: remove them after success, like gzip and pigz).
@@ -564,6 +565,10 @@ pub(crate) struct DecodeArgs {
 #[derive(Args, Debug)]
 #[command(args_override_self = true)]
 pub(crate) struct UnpackArgs {
+    /// Decompress (what unpack does anyway; taken so that `tar -I 'cairn
+    /// unpack'`, which adds -d to extract, works as with gunzip or unzstd).
+    #[arg(short = 'd', long = "decompress", visible_alias = "uncompress")]
+    pub decompress: bool,
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
@@ -594,6 +599,23 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         .and_then(|unit| n.checked_mul(unit))
         .filter(|&b| b > 0)
         .ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// Most worker threads `-T` takes: far more than cores is only memory
+/// and start-up time (each worker holds its buffers), as zstd caps its
+/// own at 256.
+pub(crate) const MAX_THREADS: usize = 1024;
+
+/// A `-T` count: 0 (every core) up to [`MAX_THREADS`].
+pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad thread count {s:?}"))?;
+    if n > MAX_THREADS {
+        return Err(format!("{n} threads: at most {MAX_THREADS}"));
+    }
+    Ok(n)
 }
 
 /// A block size: as [`parse_size`], but a bare number is KiB, as pigz's

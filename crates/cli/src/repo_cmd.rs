@@ -129,7 +129,7 @@ pub(crate) struct BackupArgs {
     #[arg(long, default_value_t = cairn_store::DEFAULT_CHUNKER.to_string())]
     pub chunker: String,
     /// Worker threads hashing and compressing (default: number of cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// Compress new chunks together in groups of about this size (up to
     /// 8M and a quarter of the pack size; 0: each chunk alone, for the
@@ -183,7 +183,7 @@ pub(crate) struct RestoreArgs {
     #[command(flatten)]
     pub repo: RepoArg,
     /// Worker threads reading and decompressing (default: number of cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// Overwrite an existing file or a block device (not one in use);
     /// write to a terminal.
@@ -229,7 +229,7 @@ pub(crate) struct VerifyArgs {
     #[arg(long, value_name = "SUBSET", value_parser = parse_subset)]
     pub read_data_subset: Option<cairn_store::DataSubset>,
     /// Threads reading packs (default: number of cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// Forget, on this machine, the snapshots it saw that are gone with no
     /// removal record (`vanished-snapshot` problems: lost, deleted by
@@ -253,7 +253,7 @@ pub(crate) struct RepairArgs {
     #[arg(short = 'n', long)]
     pub dry_run: bool,
     /// Threads reading packs (default: number of cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// No progress bar.
     #[arg(short = 'q', long)]

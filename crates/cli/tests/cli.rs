@@ -261,6 +261,18 @@ fn tar_creates_and_extracts_through_pack() {
         for (path, data) in &files {
             assert!(std::fs::read(path).unwrap() == *data, "{format}: {path:?}");
         }
+        // And through unpack, which tar also hands -d.
+        let out = bash(
+            dir.path(),
+            &format!("rm -r tree && tar -I \"$CAIRN unpack\" -xf x.{suffix}"),
+        );
+        assert!(out.status.success(), "unpack {format}: {}", stderr(&out));
+        for (path, data) in &files {
+            assert!(
+                std::fs::read(path).unwrap() == *data,
+                "unpack {format}: {path:?}"
+            );
+        }
     }
 }
 
@@ -3665,4 +3677,35 @@ fn version_names_the_commit() {
         }
         _ => assert_eq!(line.trim(), want.trim()),
     }
+}
+
+/// A thread count past any machine's is refused in one line (a backup
+/// with -T 100000 started that many workers and took 30 times as long).
+#[test]
+fn thread_counts_are_bounded() {
+    for args in [
+        &["pack", "-T", "100000", "-c", "/dev/null"][..],
+        &["unpack", "-p", "2000", "-c", "/dev/null"],
+        &[
+            "backup",
+            "-T",
+            "5000",
+            "/dev/null",
+            "--repo",
+            "/nonexistent",
+        ],
+    ] {
+        let out = cairn().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            stderr(&out).contains("threads: at most 1024"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    let out = cairn()
+        .args(["pack", "-T", "1024", "-c", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
 }

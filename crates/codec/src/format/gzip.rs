@@ -990,7 +990,9 @@ mod tests {
             m[16..18].copy_from_slice(&((size - 1) as u16).to_le_bytes());
             m
         };
-        let block: Vec<u8> = (0..30_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        let block: Vec<u8> = (0..30_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
         let other: Vec<u8> = block.iter().map(|b| b ^ 0x5a).collect();
         for second in [&block, &other] {
             let plain_second = bgzf(second, None);
