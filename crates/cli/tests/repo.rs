@@ -765,3 +765,38 @@ fn ls_states_each_snapshots_group_size() {
         .collect();
     assert_eq!(column, ["2M", "64K", "chunk"], "{table}");
 }
+
+/// A repository whose directory the user may not enter is a permission
+/// error, not "not a cairn repository" (restic says the same).
+#[test]
+fn a_repository_not_readable_says_so() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempdir();
+    let repo = dir.path().join("repo");
+    let out = cairn()
+        .args(["init", repo.to_str().unwrap(), "--encryption", "none"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut ls = cairn();
+    ls.args(["ls", "--repo", repo.to_str().unwrap()]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root enters any directory: ls runs as nobody.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        ls.uid(65534).gid(65534).env("HOME", "/tmp");
+    } else {
+        std::fs::set_permissions(&repo, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
+    let out = ls.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let _ = std::fs::set_permissions(&repo, std::fs::Permissions::from_mode(0o700));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("config: open: Permission denied"), "{err}");
+    assert!(!err.contains("not a cairn repository"), "{err}");
+}

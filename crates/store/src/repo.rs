@@ -1156,8 +1156,15 @@ impl Repository {
 
     /// [`Repository::open`] of a repository that may be encrypted.
     pub fn open_with(root: &Path, password: &dyn PasswordSource) -> Result<Repository> {
-        if !root.join("config").is_file() {
-            return Err(StoreError::NotARepository(root.to_path_buf()));
+        let config = root.join("config");
+        match fs::metadata(&config) {
+            Ok(m) if m.is_file() => {}
+            // A directory that cannot be entered is no proof there is no
+            // repository in it: say why it cannot be read.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(e).ctx(&config, "open");
+            }
+            _ => return Err(StoreError::NotARepository(root.to_path_buf())),
         }
         let home = fs::canonicalize(root).ctx(root, "resolve path")?;
         Self::open_backend(
