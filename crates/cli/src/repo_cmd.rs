@@ -674,6 +674,19 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     })?;
     let t = &r.totals;
     warn_writer_repairs(&r.quarantined, &r.lost_packs);
+    // A file written to while it is read is stored as it was read, which
+    // may be no state it ever was in (tar and borg warn of it too).
+    let changed = size.filter(|&s| named && s != t.bytes_in);
+    if let Some(s) = changed {
+        errln!(
+            "cairn: warning: {} was {s} bytes when the backup began and {} bytes were read: it \
+             changed during the backup, and {}@{} holds what was read",
+            a.source.display(),
+            t.bytes_in,
+            r.name,
+            r.snapshot
+        );
+    }
     let mbs = t.bytes_in as f64 / 1e6 / r.seconds.max(1e-9);
     if a.json {
         print_json(&json!({
@@ -695,6 +708,7 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
             "threads": opts.threads,
             "codec": codec.to_string(),
             "chunker": chunker.to_string(),
+            "source_size_changed": changed.is_some(),
         }));
     } else if !a.quiet {
         if r.salvaged.packs > 0 {

@@ -800,3 +800,42 @@ fn a_repository_not_readable_says_so() {
     assert!(err.contains("config: open: Permission denied"), "{err}");
     assert!(!err.contains("not a cairn repository"), "{err}");
 }
+
+/// A source whose size changed while it was read is stored as read, and
+/// said (as tar's "file changed as we read it"): here a /proc file, which
+/// says 0 bytes and reads more. A file that did not change is not.
+#[test]
+fn a_source_that_changed_size_while_read_is_warned_of() {
+    let dir = tempdir();
+    let repo = dir.path().join("repo");
+    ok(run(&["init", s(&repo)]));
+    let out = ok(run(&[
+        "backup",
+        "/proc/self/status",
+        "--repo",
+        s(&repo),
+        "-n",
+        "p",
+        "--json",
+    ]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/proc/self/status was 0 bytes when the backup began and")
+            && err.contains("p@1 holds what was read"),
+        "{err}"
+    );
+    assert_eq!(json(&out)["source_size_changed"], true);
+    let file = dir.path().join("f");
+    std::fs::write(&file, mixed(100_000, 3)).unwrap();
+    let out = ok(run(&[
+        "backup",
+        s(&file),
+        "--repo",
+        s(&repo),
+        "-n",
+        "f",
+        "--json",
+    ]));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("changed"));
+    assert_eq!(json(&out)["source_size_changed"], false);
+}
