@@ -629,6 +629,13 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let direct = a.direct.then_some((a.read_block, depth));
     let (mut source, size, label) = open_source(&a.source, direct)?;
     let named = a.source.as_os_str() != "-";
+    // A regular file's size and time when the read began (see below).
+    let stamp = |m: std::fs::Metadata| (m.len(), m.modified().ok());
+    let began = named
+        .then(|| std::fs::metadata(&a.source).ok())
+        .flatten()
+        .filter(|m| m.is_file())
+        .map(stamp);
     if let (true, Some(o), Some(size)) = (named, crate::cache_cmd::file_owner(&a.source), size) {
         // Not what a write-back cache in front of it still holds.
         crate::cache_bind::check(&a.source, &o, size, None)?;
@@ -675,12 +682,21 @@ pub(crate) fn backup(a: &BackupArgs) -> Result<()> {
     let t = &r.totals;
     warn_writer_repairs(&r.quarantined, &r.lost_packs);
     // A file written to while it is read is stored as it was read, which
-    // may be no state it ever was in (tar and borg warn of it too).
-    let changed = size.filter(|&s| named && s != t.bytes_in);
+    // may be no state it ever was in (tar and borg warn of it too): a
+    // regular file whose size or modification time moved meanwhile, a
+    // device that read other than its size. (Not a file's size against
+    // the bytes read: /proc and /sys files say 0 or 4096 bytes.)
+    let changed = match began {
+        Some(before) => {
+            let now = std::fs::metadata(&a.source).ok().map(stamp);
+            (now != Some(before)).then_some(before.0)
+        }
+        None => size.filter(|&s| named && s != t.bytes_in),
+    };
     if let Some(s) = changed {
         errln!(
-            "cairn: warning: {} was {s} bytes when the backup began and {} bytes were read: it \
-             changed during the backup, and {}@{} holds what was read",
+            "cairn: warning: {} changed during the backup ({s} bytes when it began, {} bytes \
+             read): {}@{} holds what was read",
             a.source.display(),
             t.bytes_in,
             r.name,

@@ -136,7 +136,7 @@ pub(crate) struct ServeArgs {
     #[arg(long = "chunk-cache", value_parser = crate::parse_size, default_value = "1G")]
     pub chunk_cache: usize,
     /// Threads decoding ahead of sequential readers (default: cores).
-    #[arg(short = 'T', long = "threads")]
+    #[arg(short = 'T', long = "threads", value_parser = crate::parse_threads)]
     pub threads: Option<usize>,
     /// Write-back cache: segments written back per batch.
     #[arg(long = "cache-batch", default_value_t = WbConfig::default().batch)]
