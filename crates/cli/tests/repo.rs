@@ -774,17 +774,12 @@ fn a_repository_not_readable_says_so() {
     use std::os::unix::process::CommandExt;
     let dir = tempdir();
     let repo = dir.path().join("repo");
-    let out = cairn()
-        .args(["init", repo.to_str().unwrap(), "--encryption", "none"])
+    ok(plain()
+        .args(["init", s(&repo), "--encryption", "none"])
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut ls = cairn();
-    ls.args(["ls", "--repo", repo.to_str().unwrap()]);
+        .unwrap());
+    let mut ls = plain();
+    ls.args(["ls", "--repo", s(&repo)]);
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         // Root enters any directory: ls runs as nobody.
