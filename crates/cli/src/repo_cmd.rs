@@ -1275,6 +1275,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                     | "pack-header"
                     | "pack-tail"
                     | "garbage"
+                    | "index-entry"
             )
         })
         .collect();
@@ -1294,6 +1295,7 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
             "dropped_entries": r.dropped,
             "entries_moved_to_sound_copies": r.switched,
             "rewritten_packs": r.rewritten,
+            "corrected_entries": r.corrected,
             "trash_lists_removed": r.trash_removed.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
             "affected_snapshots": snapshots,
             "found": problems_json(&r.found.problems),
@@ -1347,6 +1349,19 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                 r.rewritten
             );
         }
+        if r.corrected > 0 {
+            outln!(
+                "repair: {} {} index entr{} whose record length was wrong (the records are \
+                 sound, no chunk is lost)",
+                if a.dry_run {
+                    "would correct"
+                } else {
+                    "corrected"
+                },
+                r.corrected,
+                if r.corrected == 1 { "y" } else { "ies" }
+            );
+        }
         if r.dropped == 0 {
             outln!(
                 "repair: no damaged chunk found ({} read and checked)",
@@ -1397,6 +1412,13 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
     // -n is a check: damage found is a failure, as verify's.
     if a.dry_run && r.dropped > 0 {
         bail!("{} damaged chunk(s) would be dropped", r.dropped);
+    }
+    if a.dry_run && r.corrected > 0 {
+        bail!(
+            "{} index entr{} would be corrected",
+            r.corrected,
+            if r.corrected == 1 { "y" } else { "ies" }
+        );
     }
     if a.dry_run && missing > 0 {
         bail!("{missing} chunk(s) snapshots use are not in the index");

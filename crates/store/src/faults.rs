@@ -260,19 +260,25 @@ impl FaultyRepo {
 
     /// Back up the image again as `name`.
     pub(crate) fn backup(&self, name: &str) {
+        self.backup_of(name, &self.data, 0);
+    }
+
+    /// Back up `data` as `name`, in groups of `group_size` (0: a record
+    /// per chunk).
+    pub(crate) fn backup_of(&self, name: &str, data: &[u8], group_size: usize) {
         let session = self.repo.session("test").unwrap();
         let opts = crate::BackupOptions {
             name: name.into(),
             codec: "lz4".parse().unwrap(),
             chunker: "cdc:4K,16K,64K".parse().unwrap(),
             threads: 2,
-            group_size: 0,
+            group_size,
             source: "test".into(),
             progress: None,
             time: None,
             tags: Vec::new(),
         };
-        let mut src = std::io::Cursor::new(&self.data);
+        let mut src = std::io::Cursor::new(data);
         crate::backup(&self.repo, &session, &mut src, &opts).unwrap();
     }
 

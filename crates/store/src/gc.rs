@@ -55,6 +55,11 @@ pub struct GcOptions<'a> {
     /// damaged ([`crate::repair`]), their sound records copied into new
     /// packs.
     pub rewrite_packs: HashSet<PackId>,
+    /// Index entries whose record length is wrong while the record is
+    /// sound ([`crate::repair`]), by (pack, record offset, length the
+    /// entry says): the record's own length, which the new index gives
+    /// them.
+    pub fix_lengths: HashMap<(PackId, u32, u32), u32>,
 }
 
 impl Default for GcOptions<'_> {
@@ -64,6 +69,7 @@ impl Default for GcOptions<'_> {
             progress: None,
             drop_records: HashSet::new(),
             rewrite_packs: HashSet::new(),
+            fix_lengths: HashMap::new(),
         }
     }
 }
@@ -119,6 +125,9 @@ pub struct GcReport {
     /// Chunks of damaged records the index now finds in another, sound
     /// copy of theirs (not counted in `dropped`).
     pub switched: u64,
+    /// Index entries given their record's own length
+    /// ([`GcOptions::fix_lengths`]).
+    pub corrected: u64,
     /// Damaged live records met while repacking (their packs were kept
     /// as they are): one line each, naming the pack and offset.
     pub damaged: Vec<String>,
@@ -194,6 +203,13 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
     report.earlier_bytes_deleted = earlier_bytes;
     let mut index = w.index;
     report.chunks_before = index.len() as u64;
+    if !opts.fix_lengths.is_empty() {
+        let packs: Vec<PackId> = index.packs().iter().map(|p| p.id).collect();
+        report.corrected = index.correct_lengths(|loc| {
+            let pack = packs.get(loc.pack as usize)?;
+            opts.fix_lengths.get(&(*pack, loc.offset, loc.len)).copied()
+        }) as u64;
+    }
     // A damaged record's chunks stored twice (see
     // `ChunkIndex::other_copies`) stay, in their sound copies: the index
     // uses those from now on, and the damaged ones are dead.
@@ -377,6 +393,7 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         && report.lost_packs.is_empty()
         && opts.drop_records.is_empty()
         && opts.rewrite_packs.is_empty()
+        && report.corrected == 0
     {
         report.chunks_after = report.chunks_before;
         report.bytes_after = report.bytes_before - earlier_bytes;
@@ -523,11 +540,13 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
                 fresh.packs.push(index.packs()[global as usize]);
                 fresh.packs.len() as u32 - 1
             });
+            // (The location in memory: an entry repair corrects has its
+            // record's length there, not the file's.)
             fresh.entries.push((
                 *id,
                 Location {
                     pack: local,
-                    ..*loc
+                    ..here
                 },
             ));
         }

@@ -381,6 +381,35 @@ impl ChunkIndex {
         switched
     }
 
+    /// Give every entry (and other copy) for which `length` returns one
+    /// that record length instead of its own; returns how many changed.
+    /// `repair` corrects entries whose length is not their record's. A
+    /// copy that names the place its chunk's entry now does is no other
+    /// copy and goes.
+    pub fn correct_lengths(&mut self, mut length: impl FnMut(Location) -> Option<u32>) -> usize {
+        let mut changed = 0;
+        for e in self.entries.iter_mut().chain(self.others.iter_mut()) {
+            let loc = e.location();
+            if let Some(len) = length(loc).filter(|&len| len != loc.len && len <= MAX_24) {
+                *e = Entry::new(e.prefix, Location { len, ..loc });
+                changed += 1;
+            }
+        }
+        if changed > 0 {
+            let mut others = std::mem::take(&mut self.others);
+            others.retain(|o| {
+                let start = self.entries.partition_point(|e| e.prefix < o.prefix);
+                !self.entries[start..]
+                    .iter()
+                    .take_while(|e| e.prefix == o.prefix)
+                    .any(|e| e.location() == o.location())
+            });
+            others.dedup();
+            self.others = others;
+        }
+        changed
+    }
+
     /// The bucket of an id prefix: its first `bucket_bits` bits.
     fn bucket(&self, prefix: &[u8; PREFIX_LEN]) -> usize {
         let top = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);

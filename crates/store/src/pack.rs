@@ -420,6 +420,15 @@ impl RecordDecoder {
         self.crypt.as_deref()
     }
 
+    /// The length of the record that begins `data` (sealed or plain, as
+    /// the repository's are), if it parses, passes its CRC and, sealed,
+    /// decrypts: what its own header says, whatever an index says.
+    pub fn length_at(&mut self, data: &[u8]) -> Option<usize> {
+        open_record(data, self.crypt.as_deref(), &mut self.plain)
+            .ok()
+            .map(|(_, len)| len)
+    }
+
     /// Check (and decrypt) the record that is exactly `rec` (read from
     /// `path` at `offset`), replacing the contents of `out` with the
     /// decoded group. Chunks are not hashed here: see

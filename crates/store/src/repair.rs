@@ -40,7 +40,7 @@ use crate::error::{Result, StoreError};
 use crate::gc::{gc, GcOptions, GcReport};
 use crate::repo::{Repository, Session};
 use crate::verify::{verify, VerifyOptions, VerifyReport};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// How to repair.
 pub struct RepairOptions<'a> {
@@ -70,6 +70,9 @@ pub struct RepairReport {
     /// end, their sound records copied into new packs and the old ones
     /// removed (with `dry_run`: that would be).
     pub rewritten: u64,
+    /// Index entries whose record length was wrong (the record sound),
+    /// given the record's own (with `dry_run`: that would be).
+    pub corrected: u64,
     /// Snapshots (image, number) that use a dropped chunk: they read as
     /// missing chunks until a backup stores those chunks again.
     pub affected: Vec<(String, u64)>,
@@ -169,6 +172,11 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    let fix: HashMap<(crate::id::PackId, u32, u32), u32> = found
+        .misindexed
+        .iter()
+        .map(|&(pack, offset, says, own)| ((pack, offset, says), own))
+        .collect();
     let rewrite: HashSet<crate::id::PackId> = found
         .damaged_headers
         .iter()
@@ -180,12 +188,17 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         dropped: drop.len() as u64,
         switched: found.recoverable as u64,
         rewritten: rewrite.len() as u64,
+        corrected: found
+            .problems
+            .iter()
+            .filter(|p| p.kind == "index-entry")
+            .count() as u64,
         affected,
         found,
         gc: None,
         salvaged,
     };
-    if (drop.is_empty() && rewrite.is_empty()) || opts.dry_run {
+    if (drop.is_empty() && rewrite.is_empty() && fix.is_empty()) || opts.dry_run {
         return Ok(report);
     }
     // No repacking but of packs whose header is damaged (their sound
@@ -200,12 +213,14 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
             progress: None,
             drop_records: drop.clone(),
             rewrite_packs: rewrite,
+            fix_lengths: fix.clone(),
         },
     )?;
     // (`g.dropped` counts the entries gc still had in memory: those of a
     // cut or missing pack were left out when the index was loaded, and go
     // with the index files now. The check below says all went.)
     report.switched = g.switched;
+    report.corrected = g.corrected;
     let deferred = g.deferred;
     report.gc = Some(g);
     if deferred {
@@ -224,9 +239,10 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
     let still = index
         .locations()
         .filter(|(_, loc)| {
-            index
-                .pack(loc.pack)
-                .is_some_and(|p| drop.contains(&(p.id, loc.offset, loc.slice)))
+            index.pack(loc.pack).is_some_and(|p| {
+                drop.contains(&(p.id, loc.offset, loc.slice))
+                    || fix.contains_key(&(p.id, loc.offset, loc.len))
+            })
         })
         .count();
     if still > 0 {
@@ -311,5 +327,74 @@ mod tests {
         assert!(e.contains("an index file could not be read"), "{e}");
         assert!(e.contains("dropped nothing"), "{e}");
         assert!(!e.contains("pack"), "{e}");
+    }
+
+    /// An index entry whose record length is wrong while its record is
+    /// sound (a hand edit of a plain repository's index, with its
+    /// checksum made to match) is an entry to correct, not damage: verify
+    /// said the whole record damaged when the wrong entry came first in
+    /// it (and repair dropped every chunk of it, the sound entries'
+    /// too), and said nothing when it did not (while restore failed).
+    /// Now verify names both entries, repair gives them their records'
+    /// lengths and drops nothing, and both images restore.
+    #[test]
+    fn an_index_entry_with_a_wrong_length_is_corrected_not_dropped() {
+        let r = FaultyRepo::new();
+        let grouped = cairn_testkit::noise(1 << 20, 8);
+        r.backup_of("b", &grouped, 256 << 10);
+        // Records of several chunks, by index file: forge the first entry
+        // of one record and a later entry of another.
+        let mut forged = 0;
+        for path in files_under(&r.dir.path().join("repo/index")) {
+            let bytes = std::fs::read(&path).unwrap();
+            let mut file = crate::index::IndexFile::decode(&path, &bytes).unwrap();
+            let mut records: std::collections::BTreeMap<(u32, u32), Vec<usize>> =
+                Default::default();
+            for (i, (_, loc)) in file.entries.iter().enumerate() {
+                records.entry((loc.pack, loc.offset)).or_default().push(i);
+            }
+            let mut grouped: Vec<Vec<usize>> =
+                records.into_values().filter(|v| v.len() > 2).collect();
+            if grouped.len() < 2 {
+                continue;
+            }
+            for v in &mut grouped {
+                v.sort_by_key(|&i| file.entries[i].1.slice);
+            }
+            file.entries[grouped[0][0]].1.len -= 1;
+            file.entries[grouped[1][1]].1.len += 7;
+            std::fs::write(&path, file.encode()).unwrap();
+            forged += 2;
+            break;
+        }
+        assert_eq!(
+            forged, 2,
+            "no index file with two records of several chunks"
+        );
+        assert!(r.restore("b").is_err(), "restore reads the forged lengths");
+
+        let v = r.verify();
+        let kinds: Vec<&str> = v.problems.iter().map(|p| p.kind).collect();
+        assert_eq!(kinds, ["index-entry", "index-entry"], "{:?}", v.problems);
+        assert!(v.damaged_records.is_empty(), "{:?}", v.damaged_records);
+        assert_eq!(v.misindexed.len(), 2, "{:?}", v.misindexed);
+        assert!(
+            v.problems.iter().all(|p| !p.affected.is_empty()),
+            "the snapshot that reads them is named: {:?}",
+            v.problems
+        );
+
+        let report = run(&r).unwrap();
+        assert_eq!(
+            (report.dropped, report.corrected),
+            (0, 2),
+            "{:?}",
+            report.gc
+        );
+        assert!(report.affected.is_empty(), "{:?}", report.affected);
+        let after = r.verify();
+        assert!(after.problems.is_empty(), "{:?}", after.problems);
+        assert_eq!(r.restore("b").unwrap().0, grouped);
+        assert_eq!(r.restore("a").unwrap().0, r.data);
     }
 }

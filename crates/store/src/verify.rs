@@ -19,7 +19,7 @@
 
 use crate::error::Result;
 use crate::id::{ChunkId, PackId, PREFIX_LEN};
-use crate::index::{IdHash, Location};
+use crate::index::{IdHash, Location, MAX_24};
 use crate::manifest::Extent;
 use crate::pack;
 use crate::pack::RecordDecoder;
@@ -31,6 +31,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// A decoded record's chunk table, or why it could not be decoded.
+/// An entry sound once its record's own length is taken: its chunk,
+/// where it says, the record's length, and whether it is another copy.
+type WrongLength = ([u8; PREFIX_LEN], Location, u32, bool);
+
 type Decoded = std::result::Result<Vec<(ChunkId, u32, u32)>, String>;
 
 /// How to verify.
@@ -201,6 +205,12 @@ pub struct VerifyReport {
     /// else: a problem of its own, no record lost): `repair` rewrites
     /// them.
     pub overlong_packs: Vec<PackId>,
+    /// Index entries whose record length is wrong while the record at
+    /// their offset is sound and holds their chunk (`index-entry`
+    /// problems: a hand edit of a plain repository's index, or a writer's
+    /// bug), as (pack, record offset, length the index says, length of
+    /// the record there), once each: `repair` corrects them.
+    pub misindexed: Vec<(PackId, u32, u32, u32)>,
 }
 
 /// Verify the repository.
@@ -367,6 +377,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         let found_copies: Mutex<Vec<([u8; PREFIX_LEN], ChunkId, String)>> = Mutex::default();
         let sound_copies: Mutex<HashSet<[u8; PREFIX_LEN], IdHash>> = Mutex::default();
         let found_records: Mutex<Vec<(PackId, u32, u32)>> = Mutex::default();
+        let found_lengths: Mutex<Vec<WrongLength>> = Mutex::default();
         let bad_headers: Mutex<Vec<(PackId, String)>> = Mutex::default();
         let io_errors: Mutex<Vec<String>> = Mutex::default();
         let packs_read = AtomicUsize::new(0);
@@ -446,38 +457,39 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 v.push((index.packs()[*n].id, e.to_string()));
                             }
                         }
-                        // Entries sorted by record, so each record is decoded once.
+                        // Entries sorted by record (and the length each
+                        // gives it), so each record is decoded once.
                         let mut entries = by_pack[*n].clone();
-                        entries.sort_unstable_by_key(|(_, l, _)| (l.offset, l.slice));
-                        let mut last: Option<(u32, Decoded)> = None;
+                        entries.sort_unstable_by_key(|(_, l, _)| (l.offset, l.len, l.slice));
+                        // The record last decoded, by (offset, length the
+                        // entries give), and its own length where that
+                        // differs and it decodes at that one.
+                        let mut last: Option<((u32, u32), Decoded, Option<u32>)> = None;
                         let mut sizes = Vec::new();
                         for (prefix, loc, copy) in &entries {
-                            if last.as_ref().map(|(o, _)| *o) != Some(loc.offset) {
-                                let start = loc.offset as usize;
-                                let end = start + loc.len as usize;
-                                let decoded = if let Some(e) = &header_err {
-                                    Err(e.to_string())
-                                } else if end > data.len() {
-                                    Err("record runs past the end of the pack".to_string())
-                                } else {
-                                    dec.decode(
-                                        path,
-                                        u64::from(loc.offset),
-                                        &data[start..end],
-                                        &mut group,
-                                    )
-                                    .map(|r| r.chunks().collect())
-                                    .map_err(|e| e.to_string())
+                            if last.as_ref().map(|l| l.0) != Some((loc.offset, loc.len)) {
+                                let (decoded, own) = match &header_err {
+                                    Some(e) => (Err(e.to_string()), None),
+                                    None => decode_record(&mut dec, path, &data, *loc, &mut group),
                                 };
-                                last = Some((loc.offset, decoded));
+                                last = Some(((loc.offset, loc.len), decoded, own));
                             }
                             let verdict = match last.as_ref() {
-                                Some((_, decoded)) => {
+                                Some((_, decoded, _)) => {
                                     chunk_verdict(&mut dec, path, *loc, prefix, decoded, &group)
                                         .map(Some)
                                 }
                                 None => Ok(None),
                             };
+                            // Sound at the record's own length, not the
+                            // entry's: the entry is wrong, not the data.
+                            if let (Ok(Some(_)), Some(own)) =
+                                (&verdict, last.as_ref().and_then(|l| l.2))
+                            {
+                                if let Ok(mut v) = found_lengths.lock() {
+                                    v.push((*prefix, *loc, own, *copy));
+                                }
+                            }
                             let verdict_failed = verdict.is_err();
                             if let Ok(Some(n)) = verdict {
                                 sizes.push((*prefix, n));
@@ -546,6 +558,35 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         found_other = found_copies.into_inner().unwrap_or_default();
         sound = sound_copies.into_inner().unwrap_or_default();
         chunk_lengths = lengths.into_inner().unwrap_or_default();
+        let mut wrong = found_lengths.into_inner().unwrap_or_default();
+        wrong.sort_unstable_by_key(|(prefix, loc, _, _)| (loc.pack, loc.offset, loc.len, *prefix));
+        for (prefix, loc, own, copy) in wrong {
+            let pack = index.packs()[loc.pack as usize].id;
+            let why = format!(
+                "the index says its record at offset {} of pack {pack} is {} bytes; the record \
+                 there is {own} bytes and holds the chunk sound (`cairn repair` corrects the \
+                 index)",
+                loc.offset, loc.len
+            );
+            let fix = (pack, loc.offset, loc.len, own);
+            if report.misindexed.last() != Some(&fix) {
+                report.misindexed.push(fix);
+            }
+            match copy {
+                false => {
+                    bad.insert(prefix, (ChunkId([0; 32]), "index-entry", why));
+                }
+                true => report.problems.push(Problem {
+                    kind: "index-entry",
+                    message: format!(
+                        "chunk {}: {why} (a second copy, not the one the index uses)",
+                        shown(&prefix, None)
+                    ),
+                    chunk: None,
+                    affected: Vec::new(),
+                }),
+            }
+        }
     }
 
     // A chunk whose record the index uses is damaged affects no snapshot
@@ -808,6 +849,55 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
     Ok(report)
 }
 
+/// Decode the record entry `loc` names in the whole pack `data` (its
+/// group into `group`). Where that fails at the entry's length, the
+/// record at the entry's offset is decoded at its own length (from its
+/// header) and, when it decodes there, returned with that length: the
+/// entry is wrong then, not the data.
+fn decode_record(
+    dec: &mut RecordDecoder,
+    path: &Path,
+    data: &[u8],
+    loc: Location,
+    group: &mut Vec<u8>,
+) -> (Decoded, Option<u32>) {
+    let decoded = decode_at(dec, path, data, loc.offset, loc.len as usize, group);
+    if decoded.is_ok() {
+        return (decoded, None);
+    }
+    let own = data
+        .get(loc.offset as usize..)
+        .and_then(|d| dec.length_at(d))
+        .filter(|&len| len != loc.len as usize && len <= MAX_24 as usize);
+    if let Some(len) = own {
+        let table = decode_at(dec, path, data, loc.offset, len, group);
+        if let (Ok(table), Ok(len)) = (table, u32::try_from(len)) {
+            return (Ok(table), Some(len));
+        }
+    }
+    (decoded, None)
+}
+
+/// Decode the `len` bytes at `offset` of the whole pack `data` as a
+/// record (its group into `group`): its chunk table, or why not.
+fn decode_at(
+    dec: &mut RecordDecoder,
+    path: &Path,
+    data: &[u8],
+    offset: u32,
+    len: usize,
+    group: &mut Vec<u8>,
+) -> Decoded {
+    let start = offset as usize;
+    match data.get(start..start.saturating_add(len)) {
+        None => Err("record runs past the end of the pack".to_string()),
+        Some(rec) => dec
+            .decode(path, u64::from(offset), rec, group)
+            .map(|r| r.chunks().collect())
+            .map_err(|e| e.to_string()),
+    }
+}
+
 /// Whether chunk `prefix` is sound at `loc`, in a record that decoded to
 /// `table` (its chunks in `group`), or why not, with the id found there
 /// (zeros where none is).
@@ -844,12 +934,12 @@ fn chunk_verdict(
 }
 
 /// Records read one at a time for the other copies of damaged chunks:
-/// the last one decoded (pack, offset), kept for the next chunk in it
-/// (the chunks of a damaged record have their copies together, mostly in
-/// one record), so it is read and decoded once.
+/// the last one decoded (pack, offset, length), kept for the next chunk
+/// in it (the chunks of a damaged record have their copies together,
+/// mostly in one record), so it is read and decoded once.
 struct CopyRecord {
     dec: RecordDecoder,
-    at: Option<(u32, u32)>,
+    at: Option<(u32, u32, u32)>,
     path: PathBuf,
     table: Decoded,
     rec: Vec<u8>,
@@ -869,8 +959,8 @@ impl CopyRecord {
         prefix: &[u8; PREFIX_LEN],
         bytes_read: &mut u64,
     ) -> std::result::Result<u32, (ChunkId, String)> {
-        if self.at != Some((loc.pack, loc.offset)) {
-            self.at = Some((loc.pack, loc.offset));
+        if self.at != Some((loc.pack, loc.offset, loc.len)) {
+            self.at = Some((loc.pack, loc.offset, loc.len));
             self.unread = false;
             self.table = match reader.read_record(loc, &mut self.rec) {
                 Ok(path) => {
