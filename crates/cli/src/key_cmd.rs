@@ -272,7 +272,8 @@ impl NewKeyArgs {
     fn new_password(&self) -> Result<Password> {
         let p = match &self.new_password_file {
             Some(f) => from_file(f),
-            None => match std::env::var_os("CAIRN_NEW_PASSWORD") {
+            // (Empty counts as unset, as for the other password variables.)
+            None => match std::env::var_os("CAIRN_NEW_PASSWORD").filter(|v| !v.is_empty()) {
                 Some(p) => {
                     use std::os::unix::ffi::OsStringExt;
                     first_line(p.into_vec(), "CAIRN_NEW_PASSWORD")

@@ -249,6 +249,16 @@ fn the_cheapest_key_is_tried_first() {
         ],
     ));
     let r = ["--repo", s(&repo)];
+    // An empty CAIRN_NEW_PASSWORD is no new password given (as the
+    // other password variables): not "an empty password".
+    let out = fails_with(
+        &run(
+            cairn().env("CAIRN_NEW_PASSWORD", ""),
+            &[&["key", "add"][..], &r].concat(),
+        ),
+        "no password given and no terminal to ask on",
+    );
+    assert!(!out.contains("gives an empty password"), "{out}");
     // The costly key older by a second (keys of one second go by id).
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let added = json(&ok(run(
