@@ -1394,13 +1394,13 @@ pub(crate) fn repair(a: &RepairArgs) -> Result<()> {
                     snapshots.join(", ")
                 );
             }
-            if r.gc.as_ref().is_some_and(|g| g.deferred) {
-                outln!(
-                    "repair: a command that started during the repair still runs: the old \
-                     index files (which still name the damaged chunks) are deleted once it \
-                     ends, by the next command that writes (the damaged records stay out)"
-                );
-            }
+        }
+        if r.gc.as_ref().is_some_and(|g| g.deferred) {
+            outln!(
+                "repair: a command that started during the repair still runs: the old index \
+                 files (which still name what was repaired) are deleted once it ends, by the \
+                 next command that writes (the damaged records stay out)"
+            );
         }
     }
     if !left.is_empty() {

@@ -56,10 +56,10 @@ pub struct GcOptions<'a> {
     /// packs.
     pub rewrite_packs: HashSet<PackId>,
     /// Index entries whose record length is wrong while the record is
-    /// sound ([`crate::repair`]), by (pack, record offset, length the
-    /// entry says): the record's own length, which the new index gives
-    /// them.
-    pub fix_lengths: HashMap<(PackId, u32, u32), u32>,
+    /// sound ([`crate::repair`]), by (pack, record offset, offset in the
+    /// group, length the entry says): the record's own length, which the
+    /// new index gives them.
+    pub fix_lengths: HashMap<(PackId, u32, u32, u32), u32>,
 }
 
 impl Default for GcOptions<'_> {
@@ -207,7 +207,8 @@ pub fn gc(repo: &Repository, session: &Session, opts: &GcOptions) -> Result<GcRe
         let packs: Vec<PackId> = index.packs().iter().map(|p| p.id).collect();
         report.corrected = index.correct_lengths(|loc| {
             let pack = packs.get(loc.pack as usize)?;
-            opts.fix_lengths.get(&(*pack, loc.offset, loc.len)).copied()
+            let key = (*pack, loc.offset, loc.slice, loc.len);
+            opts.fix_lengths.get(&key).copied()
         }) as u64;
     }
     // A damaged record's chunks stored twice (see

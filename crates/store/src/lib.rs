@@ -125,7 +125,7 @@ pub use reader::{
     SpilledGroup,
 };
 pub use restore::{restore, Damaged, Destination, RestoreOptions, RestoreReport};
-pub use verify::{verify, Affected, DataSubset, Problem, VerifyOptions, VerifyReport};
+pub use verify::{verify, Affected, DataSubset, Problem, VerifyOptions, VerifyReport, WrongEntry};
 // Reclaiming space.
 pub use gc::{gc, Collected, GcOptions, GcReport};
 pub use repair::{repair, RepairOptions, RepairReport};

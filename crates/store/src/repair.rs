@@ -172,10 +172,10 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let fix: HashMap<(crate::id::PackId, u32, u32), u32> = found
+    let fix: HashMap<(crate::id::PackId, u32, u32, u32), u32> = found
         .misindexed
         .iter()
-        .map(|&(pack, offset, says, own)| ((pack, offset, says), own))
+        .map(|w| ((w.pack, w.offset, w.slice, w.says), w.own))
         .collect();
     let rewrite: HashSet<crate::id::PackId> = found
         .damaged_headers
@@ -188,11 +188,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         dropped: drop.len() as u64,
         switched: found.recoverable as u64,
         rewritten: rewrite.len() as u64,
-        corrected: found
-            .problems
-            .iter()
-            .filter(|p| p.kind == "index-entry")
-            .count() as u64,
+        corrected: found.misindexed.len() as u64,
         affected,
         found,
         gc: None,
@@ -241,7 +237,7 @@ pub fn repair(repo: &Repository, session: &Session, opts: &RepairOptions) -> Res
         .filter(|(_, loc)| {
             index.pack(loc.pack).is_some_and(|p| {
                 drop.contains(&(p.id, loc.offset, loc.slice))
-                    || fix.contains_key(&(p.id, loc.offset, loc.len))
+                    || fix.contains_key(&(p.id, loc.offset, loc.slice, loc.len))
             })
         })
         .count();
@@ -329,6 +325,53 @@ mod tests {
         assert!(!e.contains("pack"), "{e}");
     }
 
+    /// Image `b` (grouped records) backed up beside `a`, and two of its
+    /// index entries given wrong record lengths: the first entry of one
+    /// record one byte short, a later entry of another running past its
+    /// pack's end. Returns the image and the packs `b`'s index file does
+    /// not name (only `a`'s chunks are in them).
+    fn with_wrong_lengths(r: &FaultyRepo) -> (Vec<u8>, Vec<crate::PackId>) {
+        let grouped = cairn_testkit::noise(1 << 20, 8);
+        r.backup_of("b", &grouped, 256 << 10);
+        let mut files = Vec::new();
+        for path in files_under(&r.dir.path().join("repo/index")) {
+            let bytes = std::fs::read(&path).unwrap();
+            files.push((
+                crate::index::IndexFile::decode(&path, &bytes).unwrap(),
+                path,
+            ));
+        }
+        // Records of several chunks, by index file.
+        for (file, path) in &mut files {
+            let mut records: std::collections::BTreeMap<(u32, u32), Vec<usize>> =
+                Default::default();
+            for (i, (_, loc)) in file.entries.iter().enumerate() {
+                records.entry((loc.pack, loc.offset)).or_default().push(i);
+            }
+            let mut several: Vec<Vec<usize>> =
+                records.into_values().filter(|v| v.len() > 2).collect();
+            if several.len() < 2 {
+                continue;
+            }
+            for v in &mut several {
+                v.sort_by_key(|&i| file.entries[i].1.slice);
+            }
+            file.entries[several[0][0]].1.len -= 1;
+            let loc = &mut file.entries[several[1][1]].1;
+            let pack_len = file.packs[loc.pack as usize].len as u32;
+            loc.len = pack_len - loc.offset + 7;
+            std::fs::write(&*path, file.encode()).unwrap();
+            let b_packs: Vec<_> = file.packs.iter().map(|p| p.id).collect();
+            let only_a = files
+                .iter()
+                .flat_map(|(f, _)| f.packs.iter().map(|p| p.id))
+                .filter(|id| !b_packs.contains(id))
+                .collect();
+            return (grouped, only_a);
+        }
+        panic!("no index file with two records of several chunks");
+    }
+
     /// An index entry whose record length is wrong while its record is
     /// sound (a hand edit of a plain repository's index, with its
     /// checksum made to match) is an entry to correct, not damage: verify
@@ -340,37 +383,7 @@ mod tests {
     #[test]
     fn an_index_entry_with_a_wrong_length_is_corrected_not_dropped() {
         let r = FaultyRepo::new();
-        let grouped = cairn_testkit::noise(1 << 20, 8);
-        r.backup_of("b", &grouped, 256 << 10);
-        // Records of several chunks, by index file: forge the first entry
-        // of one record and a later entry of another.
-        let mut forged = 0;
-        for path in files_under(&r.dir.path().join("repo/index")) {
-            let bytes = std::fs::read(&path).unwrap();
-            let mut file = crate::index::IndexFile::decode(&path, &bytes).unwrap();
-            let mut records: std::collections::BTreeMap<(u32, u32), Vec<usize>> =
-                Default::default();
-            for (i, (_, loc)) in file.entries.iter().enumerate() {
-                records.entry((loc.pack, loc.offset)).or_default().push(i);
-            }
-            let mut grouped: Vec<Vec<usize>> =
-                records.into_values().filter(|v| v.len() > 2).collect();
-            if grouped.len() < 2 {
-                continue;
-            }
-            for v in &mut grouped {
-                v.sort_by_key(|&i| file.entries[i].1.slice);
-            }
-            file.entries[grouped[0][0]].1.len -= 1;
-            file.entries[grouped[1][1]].1.len += 7;
-            std::fs::write(&path, file.encode()).unwrap();
-            forged += 2;
-            break;
-        }
-        assert_eq!(
-            forged, 2,
-            "no index file with two records of several chunks"
-        );
+        let (grouped, _) = with_wrong_lengths(&r);
         assert!(r.restore("b").is_err(), "restore reads the forged lengths");
 
         let v = r.verify();
@@ -396,5 +409,41 @@ mod tests {
         assert!(after.problems.is_empty(), "{:?}", after.problems);
         assert_eq!(r.restore("b").unwrap().0, grouped);
         assert_eq!(r.restore("a").unwrap().0, r.data);
+    }
+
+    /// With a pack lost elsewhere, an entry that runs past its own whole
+    /// pack's end is still corrected, not left out of the index (the
+    /// writer's index left out every entry past its pack's end, in every
+    /// pack, once one pack was lost, and repair said it had corrected the
+    /// entry while its chunk went).
+    #[test]
+    fn a_wrong_length_is_corrected_beside_a_lost_pack() {
+        let r = FaultyRepo::new();
+        let (grouped, only_a) = with_wrong_lengths(&r);
+        let lost = only_a[0].to_string();
+        let path = files_under(&r.dir.path().join("repo"))
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains(&lost))
+            .unwrap();
+        std::fs::remove_file(path).unwrap();
+        let v = r.verify();
+        let wrong = v.problems.iter().filter(|p| p.kind == "index-entry");
+        assert_eq!(wrong.count(), 2, "{:?}", v.problems);
+
+        let report = run(&r).unwrap();
+        assert_eq!(report.corrected, 2, "{:?}", report.gc);
+        assert!(report.dropped > 0, "a's lost chunks are dropped");
+        let names: Vec<&str> = report.affected.iter().map(|a| a.0.as_str()).collect();
+        assert_eq!(names, ["a"], "{:?}", report.affected);
+        let after = r.verify();
+        assert!(
+            after
+                .problems
+                .iter()
+                .all(|p| p.kind == "missing-chunk" && p.affected.iter().all(|a| a.image == "a")),
+            "{:?}",
+            after.problems
+        );
+        assert_eq!(r.restore("b").unwrap().0, grouped);
     }
 }

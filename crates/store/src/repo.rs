@@ -3001,8 +3001,15 @@ impl Repository {
             }
         }
         if !lost_packs.is_empty() {
+            // Only the entries of those packs past their end: an entry of
+            // a whole pack that runs past it has a wrong length (repair
+            // corrects it from the record's own).
+            let cut: Vec<bool> = (loaded.index.packs().iter().zip(&sizes))
+                .map(|(p, &size)| size < p.len)
+                .collect();
             loaded.index.retain(|loc| {
-                u64::from(loc.offset) + u64::from(loc.len) <= sizes[loc.pack as usize]
+                let at = loc.pack as usize;
+                !cut[at] || u64::from(loc.offset) + u64::from(loc.len) <= sizes[at]
             });
         }
         Ok(WriterIndex {

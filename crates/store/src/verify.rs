@@ -33,7 +33,7 @@ use std::sync::Mutex;
 /// A decoded record's chunk table, or why it could not be decoded.
 /// An entry sound once its record's own length is taken: its chunk,
 /// where it says, the record's length, and whether it is another copy.
-type WrongLength = ([u8; PREFIX_LEN], Location, u32, bool);
+type WrongLength = (ChunkId, Location, u32, bool);
 
 type Decoded = std::result::Result<Vec<(ChunkId, u32, u32)>, String>;
 
@@ -208,9 +208,25 @@ pub struct VerifyReport {
     /// Index entries whose record length is wrong while the record at
     /// their offset is sound and holds their chunk (`index-entry`
     /// problems: a hand edit of a plain repository's index, or a writer's
-    /// bug), as (pack, record offset, length the index says, length of
-    /// the record there), once each: `repair` corrects them.
-    pub misindexed: Vec<(PackId, u32, u32, u32)>,
+    /// bug): `repair` corrects them.
+    pub misindexed: Vec<WrongEntry>,
+}
+
+/// An index entry that gives its record a wrong length
+/// ([`VerifyReport::misindexed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WrongEntry {
+    /// Where the entry says its chunk is: pack, record offset, offset
+    /// in the decoded group.
+    pub pack: PackId,
+    /// Record offset.
+    pub offset: u32,
+    /// Offset of the chunk in the decoded group.
+    pub slice: u32,
+    /// The record length the entry says.
+    pub says: u32,
+    /// The length of the record at that offset (its header's).
+    pub own: u32,
 }
 
 /// Verify the repository.
@@ -482,12 +498,17 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                                 None => Ok(None),
                             };
                             // Sound at the record's own length, not the
-                            // entry's: the entry is wrong, not the data.
-                            if let (Ok(Some(_)), Some(own)) =
-                                (&verdict, last.as_ref().and_then(|l| l.2))
+                            // entry's: the entry is wrong, not the data
+                            // (and no copy restore can read until
+                            // repair corrects it).
+                            let mut wrong = false;
+                            if let (Ok(Some(_)), Some((_, Ok(table), Some(own)))) =
+                                (&verdict, last.as_ref())
                             {
-                                if let Ok(mut v) = found_lengths.lock() {
-                                    v.push((*prefix, *loc, own, *copy));
+                                wrong = true;
+                                let id = table.iter().find(|(_, at, _)| *at == loc.slice);
+                                if let (Some((id, _, _)), Ok(mut v)) = (id, found_lengths.lock()) {
+                                    v.push((*id, *loc, *own, *copy));
                                 }
                             }
                             let verdict_failed = verdict.is_err();
@@ -496,6 +517,7 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
                             }
                             match (verdict, copy) {
                                 (Ok(_), false) => {}
+                                (Ok(_), true) if wrong => {}
                                 (Ok(_), true) => {
                                     if let Ok(mut v) = sound_copies.lock() {
                                         v.insert(*prefix);
@@ -559,33 +581,38 @@ pub fn verify(repo: &Repository, opts: &VerifyOptions) -> Result<VerifyReport> {
         sound = sound_copies.into_inner().unwrap_or_default();
         chunk_lengths = lengths.into_inner().unwrap_or_default();
         let mut wrong = found_lengths.into_inner().unwrap_or_default();
-        wrong.sort_unstable_by_key(|(prefix, loc, _, _)| (loc.pack, loc.offset, loc.len, *prefix));
-        for (prefix, loc, own, copy) in wrong {
+        wrong.sort_unstable_by_key(|(id, loc, _, _)| (loc.pack, loc.offset, loc.slice, *id));
+        for (id, loc, own, copy) in wrong {
             let pack = index.packs()[loc.pack as usize].id;
+            report.misindexed.push(WrongEntry {
+                pack,
+                offset: loc.offset,
+                slice: loc.slice,
+                says: loc.len,
+                own,
+            });
             let why = format!(
                 "the index says its record at offset {} of pack {pack} is {} bytes; the record \
                  there is {own} bytes and holds the chunk sound (`cairn repair` corrects the \
                  index)",
                 loc.offset, loc.len
             );
-            let fix = (pack, loc.offset, loc.len, own);
-            if report.misindexed.last() != Some(&fix) {
-                report.misindexed.push(fix);
-            }
-            match copy {
-                false => {
-                    bad.insert(prefix, (ChunkId([0; 32]), "index-entry", why));
+            // Restore reads another copy that is sound: then no snapshot
+            // is affected.
+            let note = match (copy, sound.contains(&id.prefix())) {
+                (true, _) => " (a second copy, not the one the index uses)",
+                (false, true) => "; another copy of it is sound, and restore reads that one",
+                (false, false) => {
+                    bad.insert(id.prefix(), (id, "index-entry", why));
+                    continue;
                 }
-                true => report.problems.push(Problem {
-                    kind: "index-entry",
-                    message: format!(
-                        "chunk {}: {why} (a second copy, not the one the index uses)",
-                        shown(&prefix, None)
-                    ),
-                    chunk: None,
-                    affected: Vec::new(),
-                }),
-            }
+            };
+            report.problems.push(Problem {
+                kind: "index-entry",
+                message: format!("chunk {id}: {why}{note}"),
+                chunk: Some(id),
+                affected: Vec::new(),
+            });
         }
     }
 
