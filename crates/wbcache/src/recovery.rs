@@ -8,9 +8,19 @@
 //! yet followed by a cache device flush) and the newest plog record. So:
 //!
 //! - the log of segments ends at the first one that fails its checks;
-//!   that is a torn tail, unless a later segment that is intact says (in
-//!   its header, format version 3) that the failed one was durable before
-//!   it was sealed: then flushed writes are unreadable, which is damage;
+//!   that is a torn tail, unless a later segment is intact (format
+//!   version 3 on): segments are written one at a time, each once the one
+//!   before it is written, so a crash of the process leaves at most the
+//!   last one torn. A later intact segment is damage then, whether it
+//!   says (in its header) that the failed one was durable before it was
+//!   sealed, or says nothing: a FLUSH acknowledged after both were
+//!   written, whose flush mark was not written yet, made the failed one
+//!   durable too, and nothing on the device says so (found by a
+//!   black-box test: a bit flipped in a middle segment was read as the
+//!   end of the log and flushed writes were dropped without a word). The
+//!   one crash that can leave this without damage, a power cut on a disk
+//!   that kept the later write and not the earlier one, loses only writes
+//!   no FLUSH had completed for, and accepting the loss says so;
 //! - the same test catches a watermark that went back in time (its newest
 //!   slot damaged after the ring moved on): the slot after it holds a newer
 //!   segment, and later intact segments claim it durable;
@@ -210,7 +220,9 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
     let first_missing = last + 1;
     let first_slot = segment_slot(first_missing, count);
     let mut in_first_slot = None;
-    let mut proof: Option<(u64, u64)> = None;
+    // The first intact segment past the log: its id, slot, and whether it
+    // says the failed one was durable when it was sealed.
+    let mut proof: Option<(u64, u64, bool)> = None;
     for slot in 0..count {
         let off = RING_OFFSET + slot * format::SEGMENT_BYTES;
         let mut hb = vec![0u8; BU];
@@ -228,16 +240,14 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
             continue;
         }
         let place = Place::Segment { id, slot };
-        if evident && proof.is_none_or(|(m, _)| id < m) {
+        if evident && proof.is_none_or(|(m, _, _)| id < m) {
             if let Some(h) = SegmentHeader::decode(&hb, &cid, id, blocks) {
-                if h.durable() >= first_missing {
-                    let mut data = vec![0u8; h.data_blocks() * BU];
-                    cache
-                        .read_at(&mut data, off + B)
-                        .map_err(|e| WbError::io(place, e))?;
-                    if h.check_crc(&data) {
-                        proof = Some((id, slot));
-                    }
+                let mut data = vec![0u8; h.data_blocks() * BU];
+                cache
+                    .read_at(&mut data, off + B)
+                    .map_err(|e| WbError::io(place, e))?;
+                if h.check_crc(&data) {
+                    proof = Some((id, slot, h.durable() >= first_missing));
                 }
             }
         }
@@ -265,18 +275,28 @@ pub(crate) fn scan(cache: &dyn BlockDev, backing_size: u64) -> Result<Scan> {
                  lost, and writes flushed to segments after {} would be lost",
                 wm.clean_id
             )
-        } else if let Some((m, slot)) = proof {
+        } else if let Some((m, slot, true)) = proof {
             format!(
                 "unreadable, but segment {m} (slot {slot}), written after it was flushed, is \
                  intact: writes flushed to segments {first_missing}..={m}, and every write \
                  flushed after them, would be lost"
             )
-        } else {
+        } else if marked_lost {
             format!(
                 "unreadable, but the flush mark (sequence {}) says segments up to {} were \
                  flushed: writes flushed to segments {first_missing}..={}, and every write \
                  flushed after them, would be lost",
                 marked.seq, marked.durable_id, marked.durable_id
+            )
+        } else {
+            let (m, slot) = proof.map_or((first_missing, first_slot), |(m, s, _)| (m, s));
+            format!(
+                "unreadable, but segment {m} (slot {slot}), written after it, is intact: \
+                 segments are written one at a time, so a crash leaves only the last one torn, \
+                 and this is damage (unless the power was cut on a disk that kept the later \
+                 write and lost this one before any FLUSH completed: then nothing flushed is \
+                 lost); writes to segments {first_missing}..={m}, and every write after them, \
+                 would be lost"
             )
         };
         damage.push(Damage { place, what });
@@ -589,10 +609,13 @@ mod tests {
     }
 
     #[test]
-    fn a_later_segment_that_claims_nothing_is_stale_not_proof() {
-        // Segment 3 was sealed before segment 2 was flushed (both in
-        // flight at the crash): 2 torn, 3 written, nothing lost that was
-        // flushed.
+    fn a_later_segment_that_claims_nothing_still_proves_damage() {
+        // Segment 3 was sealed before segment 2 was flushed, then a FLUSH
+        // made both durable and was acknowledged, and the process died
+        // before the flush mark was written: 2 fails, 3 is intact. The
+        // writer writes one segment at a time, so no crash of it tears 2
+        // and leaves 3 whole: damage, which flushed writes are lost to,
+        // is refused (it was read as a torn tail).
         let dev = formatted(8);
         put_segment(&dev, 8, 1, 0);
         put_segment(&dev, 8, 2, 1);
@@ -600,8 +623,14 @@ mod tests {
         flip(&dev, segment_offset(2, 8) + 4096 + 5);
         let s = scan(&dev, BACKING).unwrap();
         assert_eq!(s.last, 1);
-        assert!(s.damage.is_empty(), "{:?}", s.damage);
-        assert_eq!(s.stale.len(), 2);
+        assert_eq!(s.damage.len(), 1, "{:?}", s.damage);
+        let d = &s.damage[0];
+        assert_eq!(d.place, Place::Segment { id: 2, slot: 1 });
+        assert!(
+            d.what.contains("segment 3 (slot 2), written after it, is"),
+            "{d}"
+        );
+        assert_eq!(s.stale.len(), 2, "erased only if the loss is accepted");
     }
 
     #[test]
