@@ -1462,7 +1462,7 @@ pub(crate) fn tag(a: &TagArgs) -> Result<()> {
     let (add, remove) = (tags(&a.add)?, tags(&a.remove)?);
     let set = a.set.as_deref().map(tags).transpose()?;
     if set.is_none() && add.is_empty() && remove.is_empty() {
-        bail!("give --add, --remove or --set");
+        bail!("give --add, --remove or --set, with a tag (an empty one is no tag)");
     }
     let repo = open_repo(&a.repo)?;
     let lock = repo.session("cairn tag")?;
@@ -1489,12 +1489,13 @@ pub(crate) fn tag(a: &TagArgs) -> Result<()> {
                 if let Some(set) = &set {
                     t.clone_from(set);
                 }
-                t.retain(|x| !remove.contains(x));
+                // restic's order: set, add, then remove.
                 for x in &add {
                     if !t.contains(x) {
                         t.push(x.clone());
                     }
                 }
+                t.retain(|x| !remove.contains(x));
             })
             .with_context(|| format!("{name}@{snap}"))?;
         done.push((name, snap, before, after));

@@ -262,6 +262,9 @@ fn tag_changes_tags_and_forget_keep_tag_keeps_them() {
     assert_eq!(tags_of(1), ["daily", "keep", "audit"]);
     tag(&["vm@2", "--remove", "audit,daily"]);
     assert_eq!(tags_of(2), ["keep"]);
+    // restic's order: add, then remove.
+    tag(&["vm@2", "--add", "q", "--remove", "q"]);
+    assert_eq!(tags_of(2), ["keep"]);
     // NAME is its latest; --set replaces; --set '' clears.
     tag(&["vm", "--set", "x,y"]);
     assert_eq!(tags_of(4), ["x", "y"]);

@@ -618,6 +618,40 @@ fn writers_run_side_by_side_and_an_image_has_one_writable_open() {
     second.lock_image("a", "third").unwrap();
 }
 
+/// Tag changes of one snapshot at once all take (the last write won, and
+/// a tag meant to keep the snapshot from `forget` was lost), and a tag
+/// change an `rm` overtakes between its read and its write fails and
+/// leaves the snapshot removed (it brought the snapshot back). Found by
+/// a black-box test.
+#[test]
+fn tag_changes_at_once_all_take_and_never_bring_back_a_removed_snapshot() {
+    let (_d, r) = repo(1);
+    store(&r, "a", b"hello", cairn_store::DEFAULT_CHUNKER, "lz4", 1);
+    std::thread::scope(|s| {
+        for t in 0..3 {
+            let r = &r;
+            s.spawn(move || {
+                let session = r.session("tag").unwrap();
+                for i in 0..10 {
+                    r.retag(&session, "a", 1, |tags| tags.push(format!("t{t}-{i}")))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(r.read_manifest("a", 1).unwrap().tags.len(), 30);
+
+    let session = r.session("tag").unwrap();
+    let e = r
+        .retag(&session, "a", 1, |tags| {
+            r.remove_snapshot(&session, "a", 1).unwrap();
+            tags.push("late".into());
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("was removed while"), "{e}");
+    assert!(r.snapshots("a").unwrap().is_empty());
+}
+
 #[test]
 fn names_and_snapshots_are_checked() {
     let (_d, r) = repo(1);
