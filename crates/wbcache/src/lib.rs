@@ -1624,12 +1624,14 @@ impl BlockDev for WbCache {
     }
 
     fn block_sizes(&self) -> BlockSizes {
-        // Any write works (a partial block is merged); 512 is a hint, and
-        // one a device whose size is no multiple of it must not give:
-        // clients round the size to it (qemu aborts on the last request).
-        let minimum = if self.inner.size % 512 == 0 { 512 } else { 1 };
+        // Any write works (a partial block is merged), so the minimum is
+        // 1, as a plain file's: NBD clients take the minimum as a rule,
+        // not a hint (libnbd refuses smaller requests, and nbdfuse's
+        // filesystem was left inconsistent under 512: found by a
+        // black-box test), and a size no multiple of a larger one is
+        // rounded by some (qemu aborts on the last request).
         BlockSizes {
-            minimum,
+            minimum: 1,
             preferred: 4096,
             ..BlockSizes::default()
         }
