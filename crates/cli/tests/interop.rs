@@ -768,8 +768,8 @@ fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[
     std::fs::write(&index, &damaged).unwrap();
     refused(unpack(&["-c", s(file)]), "not a valid cairn gzip index");
     std::fs::write(&index, &written).unwrap();
-    // Where the index would replace the input or the output, or cannot be
-    // saved: refused, the input kept, no output left.
+    // Where the index would replace the input or the output: refused,
+    // the input kept, no output left.
     let gz = dir.path().join("copy.gz");
     let plain = dir.path().join("copy");
     std::fs::copy(file, &gz).unwrap();
@@ -778,12 +778,16 @@ fn checkpoint_index(dir: &tempfile::TempDir, file: &Path, data: &[u8], other: &[
         refused(out, what);
         assert!(gz.exists() && !plain.exists());
     }
+    // Where it cannot be saved: a warning (status 2), the output whole.
     let nowhere = dir.path().join("no such dir").join("x.gzx");
-    refused(
-        run(&["unpack", "-T", "2", "--index", s(&nowhere), s(&gz)]),
-        "not saved",
+    let out = run(&["unpack", "-T", "2", "-k", "--index", s(&nowhere), s(&gz)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("not saved") && err.contains("the output is whole"),
+        "{err}"
     );
-    assert!(gz.exists() && !plain.exists());
+    assert!(gz.exists() && std::fs::read(&plain).unwrap() == data);
 }
 
 /// `--range` writes exactly the bytes asked for, with the index made by
