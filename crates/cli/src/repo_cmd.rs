@@ -870,12 +870,29 @@ pub(crate) fn restore(a: &RestoreArgs) -> Result<()> {
             }
             r
         } else {
+            // A symlink to a file is written through, as cp and dd do (it
+            // was replaced by the image, and /dev/stdout with it: found by
+            // a black-box test); a directory is refused before anything
+            // is read (it failed at the end, the image written and
+            // thrown away).
+            let dest = match std::fs::symlink_metadata(&a.dest) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    std::fs::canonicalize(&a.dest).unwrap_or_else(|_| a.dest.clone())
+                }
+                _ => a.dest.clone(),
+            };
+            if dest.is_dir() {
+                bail!(
+                    "{} is a directory: restore writes the image to a file (name one inside it)",
+                    a.dest.display()
+                );
+            }
             let hooks = crate::pack::EngineHooks::silent();
-            let pending = PendingFile::create(&a.dest, a.force, &hooks)?;
+            let pending = PendingFile::create(&dest, a.force, &hooks)?;
             pending
                 .file()
                 .set_len(manifest.size)
-                .with_context(|| a.dest.display().to_string())?;
+                .with_context(|| dest.display().to_string())?;
             let r = cairn_store::restore(
                 &repo,
                 &loaded.index,
@@ -1605,7 +1622,13 @@ pub(crate) fn forget(a: &ForgetArgs) -> Result<()> {
                 bail!("no image named {n:?} in {}", repo.location());
             }
         }
-        a.images.clone()
+        // Each image once (`forget a a` judged and counted it twice).
+        let mut seen = std::collections::HashSet::new();
+        a.images
+            .iter()
+            .filter(|n| seen.insert(*n))
+            .cloned()
+            .collect()
     };
     let mut report = Vec::new();
     let mut unreadable = Vec::new();

@@ -312,6 +312,8 @@ fn tag_changes_tags_and_forget_keep_tag_keeps_them() {
             "forget",
             "-r",
             &repo,
+            "vm",
+            "vm",
             "--keep-tag",
             "keep",
             "--keep-last",
@@ -319,6 +321,7 @@ fn tag_changes_tags_and_forget_keep_tag_keeps_them() {
             "--json",
         ],
     )));
+    // (An image named twice is judged once.)
     assert_eq!(out["forgotten"], 1, "{out}");
     assert_eq!(
         ids(&ls(&repo, pw, &[])),
@@ -878,6 +881,43 @@ fn errors_are_one_line_and_exit_1() {
         ),
         "no image named \"gone\"",
     );
+    // restore -f onto a directory: refused before anything is written
+    // (it failed at the end, renaming the image over the directory).
+    let onto = d.join("a dir");
+    std::fs::create_dir(&onto).unwrap();
+    fails_with(
+        &go(
+            &mut with(Some(PASSWORD)),
+            &["restore", "vm", s(&onto), "-f", "-r", &src],
+        ),
+        "is a directory",
+    );
+    let left: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("cairn-tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // Onto a symlink to a file: written through, as cp and dd do; the
+    // link stays.
+    let target = d.join("target");
+    std::fs::write(&target, b"old").unwrap();
+    let link = d.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = go(
+        &mut with(Some(PASSWORD)),
+        &["restore", "vm", s(&link), "-f", "-q", "-r", &src],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap(), noise(100_000, 1));
 }
 
 /// `init` takes its repository as the other verbs do (`-r`, `--repo`,
