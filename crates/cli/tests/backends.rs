@@ -934,6 +934,11 @@ fn unlock_on_a_directory_keeps_the_locks_of_running_processes() {
     ok(s.run(&["init", &s.loc]));
     s.backup("vm", &image(1 << 20, 43));
     let srv = Served::start(&s, &["--image", "vm,rw"]);
+    // Without --remove-all: no hint that it would remove them.
+    let out = s.verb("unlock", &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("--remove-all removes it"), "{text}");
+    assert!(text.contains("held by a running process"), "{text}");
     let out = s.verb("unlock", &["--remove-all"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);

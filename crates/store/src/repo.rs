@@ -2015,7 +2015,14 @@ impl Repository {
                 kept: None,
             };
             if live == Liveness::Live && !all {
-                entry.kept = Some("live (--remove-all removes it)".into());
+                // In a directory a live one is a running process's lock,
+                // which --remove-all keeps too: no hint that it would not
+                // (found by a black-box test).
+                let why = match self.local_root() {
+                    Some(_) => "held by a running process (its lock is taken)",
+                    None => "live (--remove-all removes it)",
+                };
+                entry.kept = Some(why.into());
                 out.kept.push(entry);
                 continue;
             }
