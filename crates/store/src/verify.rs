@@ -30,11 +30,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// A decoded record's chunk table, or why it could not be decoded.
 /// An entry sound once its record's own length is taken: its chunk,
 /// where it says, the record's length, and whether it is another copy.
 type WrongLength = (ChunkId, Location, u32, bool);
 
+/// A decoded record's chunk table, or why it could not be decoded.
 type Decoded = std::result::Result<Vec<(ChunkId, u32, u32)>, String>;
 
 /// How to verify.
@@ -214,7 +214,7 @@ pub struct VerifyReport {
 
 /// An index entry that gives its record a wrong length
 /// ([`VerifyReport::misindexed`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WrongEntry {
     /// Where the entry says its chunk is: pack, record offset, offset
     /// in the decoded group.
